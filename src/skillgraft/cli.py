@@ -1,0 +1,177 @@
+"""The command line: ``skillgraft <verb>``. Each verb is a thin wrapper over a typed library function."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from skillgraft.errors import SkillgraftError
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Find where a fine-tuned model keeps a task's skill, store it as a sparse graft, use it.")
+console = Console(stderr=False)
+err = Console(stderr=True)
+
+
+def friendly(fn):
+    """Turn SkillgraftError into one red line and exit code 2 (no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except SkillgraftError as e:
+            err.print(f"[bold red]error:[/] {e}")
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def _warnings_to_console() -> None:
+    def show(message, category, filename, lineno, file=None, line=None):
+        err.print(f"[yellow]warning:[/] {message}")
+
+    warnings.showwarning = show
+
+
+_warnings_to_console()
+
+DataDir = typer.Option(None, "--data-dir", help="data root (default: $SKILLGRAFT_DATA, ./data, ../shared/data)")
+
+
+@app.command()
+@friendly
+def tasks(data_dir: Optional[Path] = DataDir,
+          task_file: Optional[Path] = typer.Option(None, help="YAML file of extra tasks to register first")) -> None:
+    """List every registered task, where its data was found, and its split sizes."""
+    from skillgraft.data import TASKS, load_task_yaml  # noqa: PLC0415
+    from skillgraft.data.loading import find_split_file, read_file, resolve_data_dir  # noqa: PLC0415
+
+    if task_file:
+        load_task_yaml(task_file)
+    table = Table(title="skillgraft tasks")
+    for col in ("task", "kind", "labels", "metric", "data", "train", "dev", "test"):
+        table.add_column(col)
+    for task in TASKS.values():
+        try:
+            root = resolve_data_dir(data_dir, task)
+        except SkillgraftError:
+            table.add_row(task.name, task.kind, str(task.num_labels), task.metric, "[red]not found[/]", "-", "-", "-")
+            continue
+        sizes = []
+        for split in ("train", "dev", "test"):
+            path = find_split_file(task, split, root)
+            sizes.append(str(len(read_file(task, path))) if path else "-")
+        table.add_row(task.name, task.kind, str(task.num_labels), task.metric, str(root / task.data_folder), *sizes)
+    console.print(table)
+
+
+@app.command()
+@friendly
+def finetune(
+    task: str = typer.Option(..., help="task name (see `skillgraft tasks`)"),
+    k: int = typer.Option(64, help="examples per label (k-shot)"),
+    seed: int = typer.Option(42, help="data seed (LM-BFF: 13, 21, 42, 87, 100)"),
+    model: Optional[str] = typer.Option(None, help="hub name or local path (default: bundled all-MiniLM-L6-v2)"),
+    mode: str = typer.Option("head", help="scorer: head | prompt | causal"),
+    pooling: Optional[str] = typer.Option(None, help="head pooling: cls | mean | last (default: mean; last for LMs)"),
+    optimizer: str = typer.Option("sgd", help="sgd | adamw"),
+    lr: Optional[float] = typer.Option(None, help="learning rate (default: 0.05 for SGD, 2e-5 for AdamW)"),
+    batch_size: int = typer.Option(8, help="examples per step"),
+    steps: Optional[int] = typer.Option(None, help="training steps (default: 16·n·k capped at 1000)"),
+    weight_decay: float = typer.Option(1e-4, help="weight decay"),
+    l1: float = typer.Option(0.0, help="L1 penalty λ on ‖θ−θ_pre‖₁ (1e-3 helps AdamW localize)"),
+    freeze_embeddings: bool = typer.Option(True, help="freeze embeddings"),
+    freeze_head: bool = typer.Option(False, help="freeze the (LM) head"),
+    bias_only: bool = typer.Option(False, help="train biases only (BitFit)"),
+    layers: Optional[str] = typer.Option(None, help="train only these blocks: '0,3,5', or fim:top-K / fim:bottom-K / random-K"),
+    model_seed: int = typer.Option(0, help="model seed (head init, batch order)"),
+    eval_every: int = typer.Option(100, help="dev evaluation interval"),
+    max_length: int = typer.Option(128, help="max tokens per example"),
+    test_limit: Optional[int] = typer.Option(None, help="evaluate on the first N test examples only"),
+    out: Optional[Path] = typer.Option(None, help="run directory (default: runs/ft-<task>-<k>-<seed>)"),
+    overwrite: bool = typer.Option(False, help="replace an existing run directory"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
+    """Fine-tune a model on a k-shot task and write a run directory (model, config, metrics, plots)."""
+    from skillgraft.train import FinetuneConfig, run_finetune  # noqa: PLC0415
+
+    lr = lr if lr is not None else (0.05 if optimizer == "sgd" else 2e-5)
+    layer_list = parse_layers(layers, task=task, model=model, mode=mode, k=k, seed=seed, data_dir=data_dir)
+    config = FinetuneConfig(optimizer=optimizer, lr=lr, batch_size=batch_size, weight_decay=weight_decay, steps=steps,
+                            l1=l1, freeze_embeddings=freeze_embeddings, freeze_head=freeze_head, bias_only=bias_only,
+                            layers=layer_list, seed=model_seed, eval_every=eval_every)
+    out = out or Path("runs") / f"ft-{task}-{k}-{seed}"
+    m = run_finetune(task, k, seed, out, model=model, mode=mode, pooling=pooling, config=config, data_dir=data_dir,
+                     max_length=max_length, test_limit=test_limit, overwrite=overwrite)
+    if "test" in m:
+        t = m["test"]
+        extra = f" F1 {t['f1']:.4f}" if "f1" in t else ""
+        console.print(f"[bold green]done[/] {m['task']} k={k} seed={seed}: test acc {t['accuracy']:.4f}{extra} "
+                      f"ECE {t['ece']:.4f} | {m['steps']} steps in {m['train_seconds']:.0f}s "
+                      f"({m['train_examples_per_second']:.1f} ex/s) → {out}")
+
+
+def parse_layers(spec: Optional[str], **context) -> Optional[list[int]]:
+    """'0,3,5' → [0, 3, 5]; 'fim:top-2' etc. are resolved by the Fisher module."""
+    if spec is None:
+        return None
+    if ":" in spec or spec.startswith("random"):
+        from skillgraft.fisher.surgical import resolve_layer_spec  # noqa: PLC0415
+
+        return resolve_layer_spec(spec, **context)
+    try:
+        return [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise SkillgraftError(f"--layers {spec!r}: expected block indices like '0,3,5' or fim:top-K") from None
+
+
+@app.command()
+@friendly
+def evaluate(
+    model_dir: Path = typer.Argument(..., help="a fine-tuned model folder (run dir or its model/)"),
+    task: Optional[str] = typer.Option(None, help="task to evaluate on (default: the model's task)"),
+    split: str = typer.Option("test", help="train | dev | test"),
+    data_dir: Optional[Path] = DataDir,
+    limit: Optional[int] = typer.Option(None, help="first N examples only"),
+    out: Optional[Path] = typer.Option(None, help="write metrics JSON + plots into this folder"),
+) -> None:
+    """Evaluate a saved model: accuracy/F1, ECE, and (with --out) plots."""
+    from skillgraft.data import get_task, load_split  # noqa: PLC0415
+    from skillgraft.evaluate import evaluate as run_eval, labels_of  # noqa: PLC0415
+    from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram  # noqa: PLC0415
+    from skillgraft.io import write_json  # noqa: PLC0415
+    from skillgraft.models import Scorer  # noqa: PLC0415
+
+    folder = model_dir / "model" if (model_dir / "model").is_dir() else model_dir
+    scorer = Scorer.from_pretrained(folder, task=task)
+    examples = load_split(get_task(task or scorer.task.name) if task else scorer.task, split, data_dir)[:limit]
+    metrics, probs = run_eval(scorer, examples, progress=split)
+    if out:
+        write_json(out / "metrics.json", metrics)
+        confidence_histogram({"model": probs}, out / "confidence.png")
+        reliability_diagram({"model": (probs, labels_of(examples))}, out / "reliability.png")
+    console.print(f"{scorer.task.name} {split} (n={metrics['n']}): acc {metrics['accuracy']:.4f} "
+                  f"ECE {metrics['ece']:.4f}" + (f" F1 {metrics['f1']:.4f}" if "f1" in metrics else ""))
+
+
+def main() -> None:  # pragma: no cover - entry point
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("[red]interrupted[/]")
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,237 @@
+"""Reading task data: the JSONL layout of ``shared/data``, LM-BFF's TSV/CSV layout, and HF ``datasets``.
+
+Layouts under a data root:
+
+* JSONL: ``<root>/<task folder>/{train,dev,test}.jsonl``, one object per line with ``text`` (single) or
+  ``text_a``/``text_b`` (pair) and ``label`` (the label string).
+* LM-BFF: ``<root>/original/<TASK>/{train,dev,test}.{tsv,csv}`` and
+  ``<root>/k-shot/<TASK>/<K>-<SEED>/{train,dev,test}.{tsv,csv}``.
+
+Data root resolution: explicit argument, then ``$SKILLGRAFT_DATA``, then ``./data``, then
+``../shared/data`` (relative to the working directory, then to the source checkout).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from skillgraft.data.tasks import Task, get_task
+from skillgraft.errors import SkillgraftError
+
+SPLITS = ("train", "dev", "test")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One labelled example; ``label`` is the index into ``task.labels``."""
+
+    text_a: str
+    label: int
+    text_b: str | None = None
+
+
+def candidate_data_roots(explicit: str | os.PathLike | None = None) -> list[tuple[str, Path]]:
+    """Where data is looked for, in order, each with the rule that produced it."""
+    roots: list[tuple[str, Path]] = []
+    if explicit is not None:
+        return [("--data-dir", Path(explicit))]
+    if os.environ.get("SKILLGRAFT_DATA"):
+        roots.append(("$SKILLGRAFT_DATA", Path(os.environ["SKILLGRAFT_DATA"])))
+    roots.append(("./data", Path("data")))
+    roots.append(("../shared/data", Path("..") / "shared" / "data"))
+    checkout = Path(__file__).resolve().parents[3]
+    roots.append(("checkout ../shared/data", checkout.parent / "shared" / "data"))
+    return roots
+
+
+def resolve_data_dir(explicit: str | os.PathLike | None = None, task: Task | str | None = None) -> Path:
+    """The first candidate root that holds the task's data (or simply exists, without a task)."""
+    tried = []
+    for rule, root in candidate_data_roots(explicit):
+        tried.append(f"{rule} = {root}")
+        if not root.is_dir():
+            continue
+        if task is None or find_split_file(get_task(task), "test", root) or find_split_file(get_task(task), "train", root):
+            return root
+    what = f" holding task {get_task(task).name!r}" if task is not None else ""
+    raise SkillgraftError(
+        "no data directory" + what + " found; tried " + "; ".join(tried)
+        + ". Pass --data-dir or set SKILLGRAFT_DATA."
+    )
+
+
+def find_split_file(task: Task, split: str, root: Path) -> Path | None:
+    """The file holding ``split`` of ``task`` under ``root`` (JSONL or LM-BFF original), or None."""
+    folder = task.data_folder
+    for candidate in (
+        root / folder / f"{split}.jsonl",
+        root / "original" / folder / f"{split}.tsv",
+        root / "original" / folder / f"{split}.csv",
+    ):
+        if candidate.is_file():
+            return candidate
+    if split == "test" and task.name == "MNLI":
+        for name in ("dev_matched.tsv",):
+            if (root / "original" / folder / name).is_file():
+                return root / "original" / folder / name
+    return None
+
+
+def load_split(task: Task | str, split: str, data_dir: str | os.PathLike | None = None) -> list[Example]:
+    """Load one split of a task as a list of :class:`Example` (errors name the file and line)."""
+    task = get_task(task)
+    if split not in SPLITS:
+        raise SkillgraftError(f"unknown split {split!r}; expected one of {SPLITS}")
+    root = resolve_data_dir(data_dir, task)
+    path = find_split_file(task, split, root)
+    if path is None:
+        raise SkillgraftError(
+            f"task {task.name!r} has no {split} split under {root} (looked for "
+            f"{root / task.data_folder / (split + '.jsonl')} and the LM-BFF original/ layout)"
+        )
+    return read_file(task, path)
+
+
+def read_file(task: Task, path: Path) -> list[Example]:
+    """Parse a JSONL, TSV or CSV file of ``task`` examples."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        examples = _read_jsonl(task, path)
+    elif path.suffix == ".tsv":
+        examples = _read_tsv(task, path)
+    elif path.suffix == ".csv":
+        examples = _read_csv(task, path)
+    else:
+        raise SkillgraftError(f"{path}: unsupported file type (expected .jsonl, .tsv or .csv)")
+    if not examples:
+        raise SkillgraftError(f"{path}: the split is empty (no examples)")
+    return examples
+
+
+def _label(task: Task, raw: object, where: str) -> int:
+    label = str(raw).strip()
+    if label not in task.labels:
+        raise SkillgraftError(f"{where}: unknown label {label!r}; task {task.name!r} has labels {list(task.labels)}")
+    return task.labels.index(label)
+
+
+def _text(value: object, where: str, field: str) -> str:
+    if value is None:
+        raise SkillgraftError(f"{where}: field {field!r} is missing")
+    if not isinstance(value, str):
+        raise SkillgraftError(f"{where}: field {field!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _read_jsonl(task: Task, path: Path) -> list[Example]:
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SkillgraftError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(row, dict):
+                raise SkillgraftError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            if "label" not in row:
+                raise SkillgraftError(f"{where}: field 'label' is missing")
+            label = _label(task, row["label"], where)
+            if task.kind == "single":
+                out.append(Example(_text(row.get("text"), where, "text"), label))
+            else:
+                out.append(Example(_text(row.get("text_a"), where, "text_a"), label,
+                                   _text(row.get("text_b"), where, "text_b")))
+    return out
+
+
+# GLUE TSV headers: which columns hold the sentences and the label.
+_TSV_COLUMNS = [
+    (("sentence",), "label"),
+    (("sentence1", "sentence2"), "gold_label"),
+    (("sentence1", "sentence2"), "label"),
+    (("question", "sentence"), "label"),
+    (("#1 String", "#2 String"), "Quality"),
+    (("question1", "question2"), "is_duplicate"),
+]
+
+
+def _read_tsv(task: Task, path: Path) -> list[Example]:
+    with path.open(encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    if not lines:
+        raise SkillgraftError(f"{path}: the split is empty (no examples)")
+    header = lines[0].split("\t")
+    for text_cols, label_col in _TSV_COLUMNS:
+        if all(c in header for c in text_cols) and label_col in header:
+            break
+    else:
+        raise SkillgraftError(f"{path}: unrecognised TSV header {header}; expected GLUE column names")
+    idx = [header.index(c) for c in text_cols]
+    lab = len(header) - 1 if label_col in ("gold_label", "label") and header[-1] == label_col else header.index(label_col)
+    out = []
+    for lineno, line in enumerate(lines[1:], 2):
+        if not line.strip():
+            continue
+        cols = line.split("\t")
+        where = f"{path}:{lineno}"
+        if len(cols) <= max(idx + [lab]):
+            raise SkillgraftError(f"{where}: expected {len(header)} tab-separated columns, got {len(cols)}")
+        label = _label(task, cols[lab], where)
+        texts = [cols[i] for i in idx]
+        out.append(Example(texts[0], label, texts[1] if len(texts) > 1 and task.kind == "pair" else None))
+    return out
+
+
+def _read_csv(task: Task, path: Path) -> list[Example]:
+    out = []
+    with path.open(encoding="utf-8", newline="") as f:
+        for lineno, row in enumerate(csv.reader(f), 1):
+            if not row:
+                continue
+            where = f"{path}:{lineno}"
+            if len(row) < 2:
+                raise SkillgraftError(f"{where}: expected 'label,text' columns, got {len(row)} column(s)")
+            label = _label(task, row[0], where)
+            if task.kind == "pair":
+                if len(row) < 3:
+                    raise SkillgraftError(f"{where}: pair task needs 'label,text_a,text_b'")
+                out.append(Example(row[1], label, row[2]))
+            else:
+                out.append(Example(" ".join(row[1:]), label))
+    return out
+
+
+def load_hf_split(task: Task | str, split: str, dataset: str, config: str | None = None,
+                  text_fields: tuple[str, ...] | None = None, label_field: str = "label") -> list[Example]:
+    """Load a split from the Hugging Face hub with ``datasets`` (needs network or a local cache).
+
+    Integer labels are taken as indices into ``task.labels``; string labels must match them.
+    """
+    task = get_task(task)
+    try:
+        import datasets  # noqa: PLC0415 - optional dependency
+    except ImportError:
+        raise SkillgraftError("loading from the hub needs the 'datasets' package: pip install datasets") from None
+    try:
+        ds = datasets.load_dataset(dataset, config, split=split)
+    except Exception as e:  # noqa: BLE001 - any hub failure becomes one clear message
+        raise SkillgraftError(f"could not load {dataset!r} split {split!r} from the hub: {e}") from None
+    fields = text_fields or (("sentence", "text") if task.kind == "single" else ("sentence1", "sentence2"))
+    present = [f for f in fields if f in ds.column_names]
+    if task.kind == "single":
+        present = present[:1]
+    if not present or (task.kind == "pair" and len(present) < 2):
+        raise SkillgraftError(f"{dataset}: no text columns among {fields}; columns are {ds.column_names}")
+    out = []
+    for i, row in enumerate(ds):
+        raw = row[label_field]
+        label = raw if isinstance(raw, int) and 0 <= raw < task.num_labels else _label(task, raw, f"{dataset}[{i}]")
+        out.append(Example(row[present[0]], label, row[present[1]] if task.kind == "pair" else None))
+    return out

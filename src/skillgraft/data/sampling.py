@@ -1,0 +1,80 @@
+"""k-shot sampling exactly as LM-BFF: seeded shuffle, train = first K per label, dev = next K per label.
+
+LM-BFF (``tools/generate_k_shot_data.py``) seeds NumPy with the data seed, shuffles the training lines,
+then keeps the first K examples of every label for train and the next K for dev; test is the task's
+test split. The result is deterministic for a (task, K, seed). Where an LM-BFF ``k-shot/<TASK>/<K>-<SEED>``
+folder exists under the data root its files are used as they are.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from skillgraft.data.loading import Example, load_split, read_file, resolve_data_dir
+from skillgraft.data.tasks import Task, get_task
+from skillgraft.errors import SkillgraftError
+
+
+@dataclass(frozen=True)
+class FewShotData:
+    """The three splits of one k-shot draw."""
+
+    task: Task
+    k: int
+    seed: int
+    train: list[Example]
+    dev: list[Example]
+    test: list[Example]
+
+
+def sample_kshot(examples: list[Example], num_labels: int, k: int, seed: int, *, source: str = "train",
+                 dev: bool = True) -> tuple[list[Example], list[Example]]:
+    """Split ``examples`` into (train, dev) with K per label each, LM-BFF style."""
+    if k <= 0:
+        raise SkillgraftError(f"K must be a positive number of examples per label, got {k}")
+    shuffled = list(examples)
+    np.random.RandomState(seed).shuffle(shuffled)
+    by_label: dict[int, list[Example]] = {i: [] for i in range(num_labels)}
+    for ex in shuffled:
+        by_label[ex.label].append(ex)
+    need = 2 * k if dev else k
+    counts = {lab: len(v) for lab, v in by_label.items()}
+    smallest = min(counts, key=counts.get)
+    if counts[smallest] < need:
+        raise SkillgraftError(
+            f"{source}: K={k} needs {need} examples per label ({'train + dev' if dev else 'train'}), but label "
+            f"index {smallest} has only {counts[smallest]} (per-label counts: {counts})"
+        )
+    train = [ex for lab in range(num_labels) for ex in by_label[lab][:k]]
+    dev_split = [ex for lab in range(num_labels) for ex in by_label[lab][k:2 * k]] if dev else []
+    return train, dev_split
+
+
+def load_kshot(task: Task | str, k: int, seed: int, data_dir: str | os.PathLike | None = None,
+               *, test_limit: int | None = None) -> FewShotData:
+    """The (train, dev, test) splits of a k-shot draw of ``task``.
+
+    ``test_limit`` keeps only the first N test examples (for quick runs); None keeps all.
+    """
+    task = get_task(task)
+    if not task.has_train:
+        raise SkillgraftError(f"task {task.name!r} is evaluation-only (no train split); it cannot be k-shot sampled")
+    root = resolve_data_dir(data_dir, task)
+    kshot_dir = root / "k-shot" / task.data_folder / f"{k}-{seed}"
+    if kshot_dir.is_dir():
+        def split(name: str) -> list[Example]:
+            for ext in (".jsonl", ".tsv", ".csv"):
+                if (kshot_dir / (name + ext)).is_file():
+                    return read_file(task, kshot_dir / (name + ext))
+            raise SkillgraftError(f"{kshot_dir}: no {name} file")
+        train, dev, test = split("train"), split("dev"), split("test")
+    else:
+        full = load_split(task, "train", root)
+        train, dev = sample_kshot(full, task.num_labels, k, seed, source=f"{task.name} train split")
+        test = load_split(task, "test", root)
+    if test_limit is not None:
+        test = test[:test_limit]
+    return FewShotData(task, k, seed, train, dev, test)

@@ -1,0 +1,59 @@
+"""PNG plots: confidence histograms and reliability diagrams (one or several models side by side)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from skillgraft.evaluate.metrics import ece, reliability_bins  # noqa: E402
+from skillgraft.io import atomic_path  # noqa: E402
+
+
+def confidence_histogram(models: dict[str, np.ndarray], path: str | os.PathLike, *, title: str = "") -> Path:
+    """Histogram of max-probability per model (paper Fig. 6): over-confident models pile up near 1."""
+    fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.2), squeeze=False, sharey=True)
+    for ax, (name, probs) in zip(axes[0], models.items()):
+        conf = probs.max(-1)
+        ax.hist(conf, bins=np.linspace(1 / probs.shape[1], 1, 21), color="tab:blue", edgecolor="white")
+        ax.set_title(f"{name}\nmean conf {conf.mean():.3f}", fontsize=9)
+        ax.set_xlabel("confidence (max probability)")
+    axes[0][0].set_ylabel("examples")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def reliability_diagram(models: dict[str, tuple[np.ndarray, np.ndarray]], path: str | os.PathLike, *,
+                        title: str = "") -> Path:
+    """Accuracy vs confidence per bin (10 equal-width bins) for each ``name: (probs, labels)``."""
+    fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.6), squeeze=False)
+    for ax, (name, (probs, labels)) in zip(axes[0], models.items()):
+        bins = reliability_bins(probs, labels)
+        centers = [(lo + hi) / 2 for lo, hi in zip(bins["lo"], bins["hi"])]
+        acc = [0 if np.isnan(a) else a for a in bins["accuracy"]]
+        ax.bar(centers, acc, width=0.1, edgecolor="black", color="tab:orange", label="accuracy")
+        ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{name}\nECE {ece(probs, labels):.3f}", fontsize=9)
+        ax.set_xlabel("confidence")
+    axes[0][0].set_ylabel("accuracy")
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def _save(fig, path: str | os.PathLike) -> Path:
+    path = Path(path)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    return path

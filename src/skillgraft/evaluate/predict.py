@@ -1,0 +1,43 @@
+"""Running a Scorer over examples: label probabilities in eval mode, batched, with a progress bar."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from skillgraft.data.loading import Example
+from skillgraft.evaluate.metrics import summarize
+
+
+@torch.no_grad()
+def predict_probs(scorer, examples: list[Example], *, batch_size: int = 64, progress: bool | str = False
+                  ) -> np.ndarray:
+    """Softmax over the label logits for every example, ``[n, num_labels]`` (float64)."""
+    was_training = scorer.training
+    scorer.eval()
+    device = scorer.device
+    order = np.argsort([len(ex.text_a) + len(ex.text_b or "") for ex in examples])  # length-sorted batches
+    out = np.zeros((len(examples), scorer.task.num_labels))
+    desc = progress if isinstance(progress, str) else "predict"
+    for start in tqdm(range(0, len(examples), batch_size), desc=desc, disable=not progress, leave=False):
+        idx = order[start:start + batch_size]
+        batch = scorer.collate([examples[i] for i in idx])
+        batch = {k: v.to(device) for k, v in batch.items()}
+        logits = scorer(**batch).float()
+        out[idx] = torch.softmax(logits, -1).cpu().double().numpy()
+    scorer.train(was_training)
+    return out
+
+
+def labels_of(examples: list[Example]) -> np.ndarray:
+    return np.array([ex.label for ex in examples])
+
+
+def evaluate(scorer, examples: list[Example], *, batch_size: int = 64, reference: np.ndarray | None = None,
+             progress: bool | str = False) -> tuple[dict[str, float], np.ndarray]:
+    """Metrics (accuracy/F1, ECE, agreement with ``reference``) and the probabilities."""
+    probs = predict_probs(scorer, examples, batch_size=batch_size, progress=progress)
+    task = scorer.task
+    positive = task.labels.index(task.positive_label) if task.positive_label else 1
+    return summarize(probs, labels_of(examples), metric=task.metric, positive=positive, reference=reference), probs

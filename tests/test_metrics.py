@@ -1,0 +1,40 @@
+import numpy as np
+import pytest
+
+from skillgraft.evaluate import accuracy, agreement, ece, f1, reliability_bins, summarize
+from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram
+
+
+def test_ece_hand_computed():
+    # two bins used: conf 0.95 (2 examples, 1 correct) and conf 0.65 (2 examples, both correct)
+    probs = np.array([[0.95, 0.05], [0.05, 0.95], [0.65, 0.35], [0.35, 0.65]])
+    labels = np.array([0, 0, 0, 1])
+    expect = 0.5 * abs(0.5 - 0.95) + 0.5 * abs(1.0 - 0.65)
+    assert ece(probs, labels) == pytest.approx(expect)
+    assert ece(np.array([[1.0, 0.0]]), np.array([0])) == pytest.approx(0.0)
+
+
+def test_ece_bin_edges_right_closed():
+    # confidence exactly 0.7 falls in bin (0.6, 0.7], not (0.7, 0.8]
+    bins = reliability_bins(np.array([[0.7, 0.3]]), np.array([0]))
+    assert bins["count"][6] == 1 and sum(bins["count"]) == 1
+
+
+def test_accuracy_f1_agreement():
+    probs = np.array([[0.2, 0.8], [0.6, 0.4], [0.3, 0.7], [0.9, 0.1]])
+    labels = np.array([1, 1, 0, 0])
+    assert accuracy(probs, labels) == 0.5
+    assert f1(probs, labels) == pytest.approx(2 * 1 / (2 * 1 + 1 + 1))
+    assert agreement(probs, probs[::-1]) == 0.0
+    s = summarize(probs, labels, metric="f1", reference=probs)
+    assert s["score"] == s["f1"] and s["agreement"] == 1.0
+
+
+def test_plots_are_pngs(tmp_path):
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet([1, 1], size=50)
+    y = rng.integers(0, 2, 50)
+    for path in (confidence_histogram({"a": p, "b": p}, tmp_path / "c.png"),
+                 reliability_diagram({"a": (p, y)}, tmp_path / "r.png")):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob(".*tmp"))
