@@ -1,0 +1,222 @@
+"""Region: a sparse set of parameter coordinates, per named tensor, with set algebra.
+
+A region γ ⊆ {(tensor, flat index)} over a *universe* of graftable tensors (their shapes). Its size is
+|γ|; its density is |γ| / (number of universe coordinates). Regions are stored as sorted unique int64
+flat indices per tensor, never as dense masks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from skillgraft.errors import SkillgraftError
+from skillgraft.io import atomic_dir
+
+# Module types by parameter-name pattern (BERT/RoBERTa, GPT-2, Llama spellings). Order matters.
+MODULE_TYPES: list[tuple[str, str]] = [
+    (r"(LayerNorm|layer_norm|layernorm|ln_\d|ln_f|norm)\b", "layernorm"),
+    (r"(attention\.self\.query|q_proj)\b", "attn.query"),
+    (r"(attention\.self\.key|k_proj)\b", "attn.key"),
+    (r"(attention\.self\.value|v_proj)\b", "attn.value"),
+    (r"attn\.c_attn\b", "attn.qkv"),
+    (r"(attention\.output\.dense|o_proj|attn\.c_proj)\b", "attn.output"),
+    (r"(intermediate\.dense|gate_proj|up_proj|mlp\.c_fc)\b", "ffn.intermediate"),
+    (r"(output\.dense|down_proj|mlp\.c_proj)\b", "ffn.output"),
+    (r"(embeddings|wte|wpe|embed_tokens)", "embeddings"),
+    (r"^head\.|lm_head|cls\.predictions", "head"),
+]
+
+
+def module_type(name: str) -> str:
+    """Coarse module type of a parameter name (``attn.value``, ``ffn.intermediate``, ``layernorm`` …)."""
+    for pattern, kind in MODULE_TYPES:
+        if re.search(pattern, name):
+            return kind
+    return "other"
+
+
+@dataclass
+class Region:
+    """Sparse coordinates ``indices[name]`` (sorted unique flat int64) over tensors of ``shapes``."""
+
+    shapes: dict[str, tuple[int, ...]]
+    indices: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.shapes = {k: tuple(int(d) for d in v) for k, v in self.shapes.items()}
+        clean = {}
+        for name, idx in self.indices.items():
+            if name not in self.shapes:
+                raise SkillgraftError(f"region names tensor {name!r} that is not in its universe")
+            idx = torch.as_tensor(idx, dtype=torch.long).reshape(-1).cpu()
+            if idx.numel():
+                idx = torch.unique(idx)  # sorted
+                if idx[0] < 0 or idx[-1] >= _numel(self.shapes[name]):
+                    raise SkillgraftError(f"region indices out of range for {name!r} of shape {self.shapes[name]}")
+                clean[name] = idx
+        self.indices = clean
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_masks(cls, masks: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]] | None = None) -> Region:
+        shapes = shapes or {k: tuple(v.shape) for k, v in masks.items()}
+        return cls(shapes, {k: torch.nonzero(m.reshape(-1), as_tuple=False).reshape(-1).cpu()
+                            for k, m in masks.items()})
+
+    @classmethod
+    def empty(cls, shapes: dict[str, tuple[int, ...]]) -> Region:
+        return cls(shapes, {})
+
+    @classmethod
+    def full(cls, shapes: dict[str, tuple[int, ...]]) -> Region:
+        return cls(shapes, {k: torch.arange(_numel(s)) for k, s in shapes.items()})
+
+    def to_masks(self, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """Dense boolean masks (only for tensors of the universe; use sparingly on big models)."""
+        out = {}
+        for name, shape in self.shapes.items():
+            m = torch.zeros(_numel(shape), dtype=torch.bool, device=device)
+            if name in self.indices:
+                m[self.indices[name].to(device)] = True
+            out[name] = m.view(shape)
+        return out
+
+    # ------------------------------------------------------------------ size
+    def __len__(self) -> int:
+        return sum(int(v.numel()) for v in self.indices.values())
+
+    @property
+    def size(self) -> int:
+        return len(self)
+
+    @property
+    def universe_size(self) -> int:
+        return sum(_numel(s) for s in self.shapes.values())
+
+    @property
+    def density(self) -> float:
+        """|γ| / graftable coordinates."""
+        return len(self) / max(1, self.universe_size)
+
+    def density_of(self, total_parameters: int) -> float:
+        return len(self) / max(1, total_parameters)
+
+    def __repr__(self) -> str:
+        return f"Region(size={len(self)}, density={self.density:.3g}, tensors={len(self.indices)}/{len(self.shapes)})"
+
+    # ------------------------------------------------------------------ algebra
+    def _check(self, other: Region) -> None:
+        for name in set(self.shapes) & set(other.shapes):
+            if self.shapes[name] != other.shapes[name]:
+                raise SkillgraftError(f"regions disagree on the shape of {name!r}: "
+                                      f"{self.shapes[name]} vs {other.shapes[name]}")
+
+    def _combine(self, other: Region, op: str) -> Region:
+        self._check(other)
+        shapes = {**self.shapes, **other.shapes}
+        out = {}
+        for name in shapes:
+            a = self.indices.get(name, torch.empty(0, dtype=torch.long))
+            b = other.indices.get(name, torch.empty(0, dtype=torch.long))
+            if op == "or":
+                out[name] = torch.cat([a, b])
+            elif op == "and":
+                out[name] = a[torch.isin(a, b)]
+            else:
+                out[name] = a[~torch.isin(a, b)]
+        return Region(shapes, out)
+
+    def union(self, other: Region) -> Region:
+        return self._combine(other, "or")
+
+    def intersection(self, other: Region) -> Region:
+        return self._combine(other, "and")
+
+    def difference(self, other: Region) -> Region:
+        return self._combine(other, "sub")
+
+    __or__ = union
+    __and__ = intersection
+    __sub__ = difference
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Region):
+            return NotImplemented
+        keys = set(self.indices) | set(other.indices)
+        return all(name in self.indices and name in other.indices
+                   and torch.equal(self.indices[name], other.indices[name]) for name in keys)
+
+    def overlap(self, other: Region) -> float:
+        """|A ∩ B| / |B| (paper §5): the share of ``other`` that ``self`` also covers."""
+        return len(self & other) / len(other) if len(other) else 0.0
+
+    def iou(self, other: Region) -> float:
+        union = len(self | other)
+        return len(self & other) / union if union else 0.0
+
+    def contains(self, name: str, flat_index: int) -> bool:
+        idx = self.indices.get(name)
+        return bool(idx is not None and torch.isin(torch.tensor([flat_index]), idx).item())
+
+    # ------------------------------------------------------------------ analysis
+    def counts_by(self, key) -> dict[str, int]:
+        """Region size grouped by ``key(name) -> str`` (e.g. a layer or module type)."""
+        c: Counter[str] = Counter()
+        for name, idx in self.indices.items():
+            c[key(name)] += int(idx.numel())
+        return dict(c)
+
+    def module_type_counts(self) -> dict[str, int]:
+        return self.counts_by(lambda n: "bias" if n.endswith("bias") and module_type(n) != "layernorm"
+                              else module_type(n))
+
+    # ------------------------------------------------------------------ files
+    def state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        tensors = {f"{name}::indices": _compact(idx) for name, idx in self.indices.items()}
+        return tensors, {"shapes": {k: list(v) for k, v in self.shapes.items()}}
+
+    def save(self, directory: str | os.PathLike, *, overwrite: bool = True) -> Path:
+        """Write ``region.json`` (universe) + ``region.safetensors`` (indices) atomically."""
+        from safetensors.torch import save_file  # noqa: PLC0415
+
+        tensors, meta = self.state()
+        meta["size"] = len(self)
+        with atomic_dir(directory, overwrite=overwrite) as tmp:
+            save_file(tensors, str(tmp / "region.safetensors"))
+            (tmp / "region.json").write_text(json.dumps(meta, indent=1))
+        return Path(directory)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> Region:
+        from safetensors.torch import load_file  # noqa: PLC0415
+
+        directory = Path(directory)
+        if not (directory / "region.json").is_file():
+            raise SkillgraftError(f"{directory}: no region.json")
+        meta = json.loads((directory / "region.json").read_text())
+        tensors = load_file(str(directory / "region.safetensors"))
+        return cls.from_state(tensors, meta)
+
+    @classmethod
+    def from_state(cls, tensors: dict[str, torch.Tensor], meta: dict) -> Region:
+        idx = {k[: -len("::indices")]: v.long() for k, v in tensors.items() if k.endswith("::indices")}
+        return cls({k: tuple(v) for k, v in meta["shapes"].items()}, idx)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _compact(idx: torch.Tensor) -> torch.Tensor:
+    """Indices as int32 when they fit (4 bytes per coordinate), else int64."""
+    return idx.to(torch.int32) if (idx.numel() == 0 or int(idx.max()) < 2**31 - 1) else idx
