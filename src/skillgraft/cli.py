@@ -165,6 +165,20 @@ def evaluate(
                   f"ECE {metrics['ece']:.4f}" + (f" F1 {metrics['f1']:.4f}" if "f1" in metrics else ""))
 
 
+@app.command("run")
+@friendly
+def run_cmd(
+    recipe_file: Path = typer.Argument(..., help="a recipe YAML (see recipes/)"),
+    out: Optional[Path] = typer.Option(None, help="run directory (default: runs/<yaml name>)"),
+    cache: Optional[Path] = typer.Option(None, help="cache of fine-tuned models (default: runs/cache)"),
+) -> None:
+    """Run a paper experiment described by a recipe YAML; writes metrics, CSVs, plots and report.md."""
+    from skillgraft.recipes import run_recipe  # noqa: PLC0415
+
+    path = run_recipe(recipe_file, out, cache=cache)
+    console.print(f"[bold green]done[/] {recipe_file} → {path}/report.md")
+
+
 def main() -> None:  # pragma: no cover - entry point
     try:
         app()
