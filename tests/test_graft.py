@@ -1,0 +1,254 @@
+import json
+
+import pytest
+import torch
+
+from skillgraft.data import load_kshot
+from skillgraft.errors import SkillgraftError
+from skillgraft.evaluate import evaluate
+from skillgraft.graft import (Graft, LocalizeConfig, Region, bias_region, fingerprint, graftable_names, localize,
+                              module_type, random_region, top_k_masks, top_movement)
+from skillgraft.graft.localize import _Working
+from skillgraft.models import build_scorer
+from skillgraft.train import FinetuneConfig, finetune
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_bert, toy_data):
+    """(pre, ft, data): a tiny BERT and its fine-tuned copy on the toy task."""
+    data = load_kshot("SST-2", 16, 13, toy_data)
+    ft = build_scorer(str(tiny_bert), "SST-2", "head")
+    finetune(ft, data.train, data.dev, FinetuneConfig(optimizer="adamw", lr=1e-3, steps=60, eval_every=20,
+                                                      freeze_embeddings=True), progress=False)
+    pre = build_scorer(str(tiny_bert), "SST-2", "head")
+    return pre, ft, data
+
+
+def shapes():
+    return {"a": (2, 3), "b": (4,)}
+
+
+def test_region_algebra():
+    A = Region(shapes(), {"a": [0, 1, 5], "b": [2]})
+    B = Region(shapes(), {"a": [1, 2], "b": [2, 3]})
+    assert len(A | B) == 6 and len(A & B) == 2 and len(A - B) == 2
+    assert A.overlap(B) == pytest.approx(2 / 4) and B.overlap(A) == pytest.approx(2 / 4)
+    assert A.iou(B) == pytest.approx(2 / 6)
+    assert (A | B) - B == A - B
+    assert A.density == pytest.approx(4 / 10)
+    assert Region.from_masks(A.to_masks()) == A
+    assert A.contains("a", 5) and not A.contains("a", 4)
+    with pytest.raises(SkillgraftError, match="out of range"):
+        Region(shapes(), {"b": [4]})
+    with pytest.raises(SkillgraftError, match="not in its universe"):
+        Region(shapes(), {"c": [0]})
+
+
+def test_region_save_load(tmp_path):
+    A = Region(shapes(), {"a": [0, 5], "b": [1]})
+    A.save(tmp_path / "r")
+    assert Region.load(tmp_path / "r") == A
+
+
+def test_module_types():
+    assert module_type("model.encoder.layer.3.attention.self.value.weight") == "attn.value"
+    assert module_type("model.encoder.layer.3.intermediate.dense.weight") == "ffn.intermediate"
+    assert module_type("model.encoder.layer.3.output.dense.bias") == "ffn.output"
+    assert module_type("model.encoder.layer.3.attention.output.LayerNorm.weight") == "layernorm"
+    assert module_type("model.model.layers.0.mlp.down_proj.weight") == "ffn.output"
+    assert module_type("model.transformer.h.0.attn.c_attn.weight") == "attn.qkv"
+
+
+def test_top_k_exact_with_ties():
+    scores = {"a": torch.ones(3, 3), "b": torch.ones(5)}
+    masks = top_k_masks(scores, 4)
+    assert sum(int(m.sum()) for m in masks.values()) == 4
+    assert sum(int(m.sum()) for m in top_k_masks(scores, 0).values()) == 0
+
+
+def test_save_load_apply_revert_bit_exact(pair, tmp_path):
+    pre, ft, _ = pair
+    region = top_movement(pre, ft, 0.01)
+    graft = Graft.from_models(pre, ft, region, {"task": "SST-2"})
+    before = {n: p.detach().clone() for n, p in pre.named_parameters()}
+    graft.save_pretrained(tmp_path / "g")
+    loaded = Graft.from_pretrained(tmp_path / "g")
+    assert loaded.region == region and loaded.base_fingerprint == fingerprint(pre)
+    loaded.apply(pre)
+    p_pre, p_ft = dict(pre.named_parameters()), dict(ft.named_parameters())
+    for name, idx in region.indices.items():
+        assert torch.equal(p_pre[name].view(-1)[idx], p_ft[name].view(-1)[idx])
+        outside = torch.ones(p_pre[name].numel(), dtype=torch.bool)
+        outside[idx] = False
+        assert torch.equal(p_pre[name].view(-1)[outside], before[name].view(-1)[outside])
+    assert torch.equal(p_pre["head.weight"], p_ft["head.weight"])  # the new head travels with the graft
+    with pytest.raises(SkillgraftError, match="already applied"):
+        loaded.apply(pre)
+    loaded.revert(pre)
+    for n, p in pre.named_parameters():
+        assert torch.equal(p, before[n]), n
+    cfg = json.loads((tmp_path / "g" / "graft_config.json").read_text())
+    assert cfg["size"] == len(region) and cfg["carried_parameters"] == 2 * 32 + 2
+
+
+def test_file_is_about_eight_bytes_per_parameter(pair, tmp_path):
+    pre, ft, _ = pair
+    region = top_movement(pre, ft, 0.2)
+    g = Graft.from_models(pre, ft, region)
+    g.carried = {}
+    g.save_pretrained(tmp_path / "g")
+    size = (tmp_path / "g" / "graft.safetensors").stat().st_size
+    header = int.from_bytes((tmp_path / "g" / "graft.safetensors").read_bytes()[:8], "little") + 8
+    assert (size - header) / len(region) == pytest.approx(8.0)
+
+
+def test_wrong_base_is_refused(pair, tiny_models):
+    pre, ft, _ = pair
+    graft = Graft.from_models(pre, ft, top_movement(pre, ft, 0.01))
+    other = build_scorer(str(tiny_models["bert"]), "SST-2", "head")
+    with torch.no_grad():
+        other.model.encoder.layer[0].output.dense.weight.add_(0.01)
+    with pytest.raises(SkillgraftError, match="fingerprint"):
+        graft.apply(other)
+    graft.apply(other, force=True)
+    graft.revert(other)
+    llama = build_scorer(str(tiny_models["llama"]), "SST-2", "head")
+    with pytest.raises(SkillgraftError, match="different architecture"):
+        graft.apply(llama, force=True)
+
+
+def test_architecture_mismatch_is_clear(pair, tiny_models):
+    pre, _, _ = pair
+    gpt2 = build_scorer(str(tiny_models["gpt2"]), "SST-2", "head")
+    with pytest.raises(SkillgraftError, match="differ in architecture"):
+        top_movement(pre, gpt2, 0.01)
+
+
+def test_missing_graft_folder(tmp_path):
+    with pytest.raises(SkillgraftError, match="not a graft folder"):
+        Graft.from_pretrained(tmp_path)
+
+
+def test_baselines_match_size(pair):
+    pre, ft, _ = pair
+    n = len(top_movement(pre, ft, 50))
+    assert n == 50 and len(random_region(pre, 50)) == 50 and len(bias_region(pre, ft, 20)) == 20
+    assert all(name.endswith("bias") for name in bias_region(pre, ft).indices)
+    assert random_region(pre, 50, seed=1) != random_region(pre, 50, seed=2)
+    for bad in (0, 0.0, 1.5, -1):
+        with pytest.raises(SkillgraftError, match="impossible"):
+            top_movement(pre, ft, bad)
+
+
+def test_lottery_ticket_zero_outside(pair, toy_data):
+    pre, ft, data = pair
+    graft = Graft.from_models(pre, ft, top_movement(pre, ft, 0.01))
+    graft.apply(pre, outside="zero")
+    name = graftable_names(pre)[0]
+    p = dict(pre.named_parameters())[name]
+    outside = torch.ones(p.numel(), dtype=torch.bool)
+    outside[graft.region.indices.get(name, torch.empty(0, dtype=torch.long))] = False
+    assert (p.view(-1)[outside] == 0).all()
+    graft.revert(pre)
+
+
+def test_localization_gradient_matches_autograd(pair):
+    """The hand-written dL/dS equals autograd through θ_pre + γ(S)⊙Δ (functional_call)."""
+    pre, ft, data = pair
+    cfg = LocalizeConfig(sparsity=0.05, sigmoid_bias=2.0)
+    names = graftable_names(pre)[:4]
+    pre_state = {n: p.detach().clone() for n, p in pre.named_parameters()}
+    batch = pre.collate(data.train[:8])
+    labels = batch.pop("labels")
+    # autograd reference
+    S = {n: torch.rand(pre_state[n].shape, generator=torch.Generator().manual_seed(i)).requires_grad_(True)
+         for i, n in enumerate(names)}
+    ftp = dict(ft.named_parameters())
+    delta = {n: ftp[n].detach() - pre_state[n] for n in names}
+    base = top_k_masks({n: delta[n].abs() for n in names}, 10)
+    params = dict(pre_state)
+    params.update({n: ftp[n].detach() for n in pre_state if n.startswith("head.")})
+    for n in names:
+        s = torch.sigmoid(S[n] - cfg.sigmoid_bias)
+        params[n] = pre_state[n] + torch.where(base[n], 1 - s, s) * delta[n]
+    loss = torch.nn.functional.cross_entropy(torch.func.functional_call(pre, params, kwargs=batch), labels)
+    loss.backward()
+    # manual formula, as in localize()
+    with torch.no_grad():
+        for n in pre_state:
+            if n.startswith("head."):
+                dict(pre.named_parameters())[n].copy_(ftp[n])
+    theta = {n: (pre_state[n] + (params[n].detach() - pre_state[n])).requires_grad_(True) for n in names}
+    full = dict(pre.named_parameters())
+    full = {k: v.detach() for k, v in full.items()}
+    full.update(theta)
+    loss2 = torch.nn.functional.cross_entropy(torch.func.functional_call(pre, full, kwargs=batch), labels)
+    loss2.backward()
+    for n in names:
+        s = torch.sigmoid(S[n].detach() - cfg.sigmoid_bias)
+        manual = theta[n].grad * delta[n] * (1 - 2 * base[n].float()) * s * (1 - s)
+        assert torch.allclose(manual, S[n].grad, atol=1e-7, rtol=1e-4), n
+    with torch.no_grad():
+        for n, p in pre.named_parameters():
+            p.copy_(pre_state[n])
+
+
+def test_localize_restores_pre_and_learns(pair):
+    pre, ft, data = pair
+    before = {n: p.detach().clone() for n, p in pre.named_parameters()}
+    res = localize(pre, ft, data.train, data.dev, LocalizeConfig(sparsity=0.01, steps=6, eval_every=2),
+                   progress=False)
+    for n, p in pre.named_parameters():
+        assert torch.equal(p, before[n]), n  # working model restored bit-exactly (incl. the head)
+    assert res.base_size == round(0.01 * res.region.universe_size)
+    assert [h["step"] for h in res.history] == [0, 2, 4, 6]
+    assert len(res.region) == res.history[[h["step"] for h in res.history].index(res.best_step["round"])]["round:size"]
+    assert res.step_seconds > 0
+
+
+def test_localize_with_full_base_recovers_finetuned(pair):
+    """γ_base = everything ⇒ the rounded graft is θ_ft: its accuracy equals the fine-tuned model's."""
+    pre, ft, data = pair
+    res = localize(pre, ft, data.train, None, LocalizeConfig(sparsity=1.0, steps=1), progress=False)
+    graft = Graft.from_models(pre, ft, res.region)
+    assert graft.region.density == 1.0
+    graft.apply(pre)
+    a, _ = evaluate(pre, data.test)
+    graft.revert(pre)
+    b, _ = evaluate(ft, data.test)
+    assert a["accuracy"] == b["accuracy"]
+
+
+def test_localize_budgets_exact_and_validation(pair):
+    pre, ft, data = pair
+    res = localize(pre, ft, data.train, data.dev, LocalizeConfig(sparsity=0.01, steps=2, budgets=[0.001, 0.02]),
+                   progress=False)
+    universe = res.region.universe_size
+    assert len(res.regions["budget=0.001"]) == round(0.001 * universe)
+    assert len(res.regions["budget=0.02"]) == round(0.02 * universe)
+    for bad in ([0.0], [1.5], [-0.1]):
+        with pytest.raises(SkillgraftError, match="impossible"):
+            localize(pre, ft, data.train, None, LocalizeConfig(budgets=bad), progress=False)
+    with pytest.raises(SkillgraftError, match="sparsity"):
+        localize(pre, ft, data.train, None, LocalizeConfig(sparsity=2.0), progress=False)
+
+
+def test_working_state_is_memory_lean(pair):
+    """Δ is kept in the model dtype and the base patch as booleans; S covers only graftable tensors."""
+    pre, ft, _ = pair
+    names = graftable_names(pre)
+    w = _Working(pre, ft, names, LocalizeConfig(sparsity=0.01))
+    assert all(w.delta[n].dtype == dict(pre.named_parameters())[n].dtype for n in names)
+    assert all(w.base[n].dtype == torch.bool for n in names)
+    assert set(w.S) == set(names)
+    w.restore()
+
+
+def test_union_policies(pair):
+    pre, ft, _ = pair
+    a = Graft.from_models(pre, ft, top_movement(pre, ft, 30))
+    b = Graft.from_models(pre, ft, random_region(pre, 30, seed=0) | top_movement(pre, ft, 5))
+    with pytest.raises(SkillgraftError, match="overlap"):
+        a.union(b)
+    u = a.union(b, policy="first")
+    assert len(u.region) == len(a.region | b.region)
