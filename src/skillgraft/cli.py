@@ -19,8 +19,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find where a fine-tuned model keeps a task's skill, store it as a sparse graft, use it.")
-console = Console(stderr=False)
-err = Console(stderr=True)
+console = Console(stderr=False, soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 def friendly(fn):
@@ -177,6 +177,153 @@ def run_cmd(
 
     path = run_recipe(recipe_file, out, cache=cache)
     console.print(f"[bold green]done[/] {recipe_file} → {path}/report.md")
+
+
+def _floats(spec: Optional[str]) -> Optional[list[float]]:
+    if not spec:
+        return None
+    try:
+        return [float(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise SkillgraftError(f"expected comma-separated numbers, got {spec!r}") from None
+
+
+@app.command()
+@friendly
+def graft(
+    finetuned: Path = typer.Option(..., help="a fine-tuning run directory (from `skillgraft finetune`)"),
+    out: Optional[Path] = typer.Option(None, help="output folder (default: <finetuned>/graft)"),
+    sparsity: float = typer.Option(1e-4, help="base patch γ_base: top fraction of |θ_ft − θ_pre| (Eq. 3)"),
+    budgets: Optional[str] = typer.Option(None, help="exact region sizes, comma-separated fractions of graftable "
+                                          "parameters (one trajectory, top-k of γ); default: round γ at 0.5"),
+    steps: int = typer.Option(100, help="localization steps"),
+    lr: float = typer.Option(1e7, help="learning rate on S"),
+    graftable: str = typer.Option("body", help="body | body+embeddings | all | bias"),
+    l1: float = typer.Option(0.0, help="L1 on γ (Localize-and-Stitch style)"),
+    eval_every: int = typer.Option(1, help="score the rounded graft every N steps"),
+    seed: int = typer.Option(0, help="seed of S's initialisation"),
+    test_limit: Optional[int] = typer.Option(None, help="evaluate on the first N test examples"),
+    baselines: bool = typer.Option(True, help="also score matched-size baselines"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
+    """Learn sparse grafts from a pre-trained + fine-tuned pair and compare them (writes report.md)."""
+    from skillgraft.graft import LocalizeConfig  # noqa: PLC0415
+    from skillgraft.graft.run import run_graft  # noqa: PLC0415
+
+    cfg = LocalizeConfig(sparsity=sparsity, budgets=_floats(budgets), steps=steps, lr=lr, graftable=graftable, l1=l1,
+                         eval_every=eval_every, seed=seed)
+    out = out or finetuned / "graft"
+    m = run_graft(finetuned, out, config=cfg, data_dir=str(data_dir) if data_dir else None, test_limit=test_limit,
+                  baselines=baselines)
+    for r in m["rows"]:
+        if r["model"].startswith("graft") or r["model"] == "fine-tuned":
+            size = f", {r['file_bytes'] / 1024:.1f} KiB" if r.get("file_bytes") else ""
+            console.print(f"{r['model']:>22}: {m['task']} {r['score']:.4f} ECE {r['ece']:.4f} "
+                          f"| {r['params']:,} params ({r['density']:.2e}){size}")
+    console.print(f"[bold green]done[/] → {out}/report.md")
+
+
+@app.command()
+@friendly
+def apply(
+    graft_dir: Path = typer.Argument(..., help="a graft folder (graft_config.json + graft.safetensors)"),
+    model: Optional[str] = typer.Option(None, help="base model (default: the one recorded in the graft)"),
+    task: Optional[str] = typer.Option(None, help="task (default: the graft's task)"),
+    mode: str = typer.Option("head", help="scorer mode the graft was learned with"),
+    export: Optional[Path] = typer.Option(None, help="write the grafted model as a Hugging Face checkpoint here"),
+    evaluate_on: Optional[str] = typer.Option("test", help="split to evaluate on (empty: skip)"),
+    limit: Optional[int] = typer.Option(None, help="first N examples only"),
+    force: bool = typer.Option(False, help="apply even if the base model's fingerprint differs"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
+    """Apply a graft to its base model: evaluate it and/or export the grafted model."""
+    from skillgraft.data import load_split  # noqa: PLC0415
+    from skillgraft.graft import Graft  # noqa: PLC0415
+    from skillgraft.graft.scoring import evaluate_graft  # noqa: PLC0415
+    from skillgraft.models import build_scorer  # noqa: PLC0415
+
+    g = Graft.from_pretrained(graft_dir)
+    task = task or g.metadata.get("task")
+    if not task:
+        raise SkillgraftError(f"{graft_dir}: the graft records no task; pass --task")
+    ft_mode = g.metadata.get("mode", mode)
+    pre = build_scorer(model or g.base_model or None, task, ft_mode)
+    if export:
+        g.export(pre, export, force=force)
+        console.print(f"exported grafted model → {export}")
+    if evaluate_on:
+        examples = load_split(task, evaluate_on, data_dir)[:limit]
+        m, _ = evaluate_graft(pre, g, examples, force=force, progress=evaluate_on)
+        console.print(f"graft {graft_dir}: {task} {evaluate_on} (n={m['n']}) acc {m['accuracy']:.4f} "
+                      f"ECE {m['ece']:.4f} | {g.size:,} params ({g.region.density:.2e})")
+
+
+@app.command()
+@friendly
+def inspect(
+    graft_dir: Path = typer.Argument(..., help="a graft folder"),
+    out: Optional[Path] = typer.Option(None, help="write the distribution PNG + JSON here (default: the graft folder)"),
+) -> None:
+    """Size, density and where a graft's parameters sit (per layer × module type; paper Figs. 9/10)."""
+    from skillgraft.graft import Graft  # noqa: PLC0415
+    from skillgraft.graft.inspect import distribution, plot_distribution  # noqa: PLC0415
+    from skillgraft.io import write_json  # noqa: PLC0415
+
+    g = Graft.from_pretrained(graft_dir)
+    dist = distribution(g.region)
+    size = (graft_dir / "graft.safetensors").stat().st_size
+    console.print(f"[bold]{graft_dir}[/]: {g.size:,} grafted parameters, density {g.region.density:.3e} of "
+                  f"{g.region.universe_size:,} graftable; carried {g.carried_size:,}; file {size / 1024:.1f} KiB "
+                  f"({size / max(1, g.size):.1f} bytes/parameter); base {g.base_model} [{g.base_fingerprint[:12]}]")
+    table = Table(title="region by layer × module type")
+    table.add_column("layer")
+    for col in dist["module_types"]:
+        table.add_column(col, justify="right")
+    table.add_column("total", justify="right")
+    for layer, row in dist["table"].items():
+        table.add_row(layer, *[str(row.get(c, 0)) for c in dist["module_types"]], str(sum(row.values())))
+    console.print(table)
+    out = out or graft_dir
+    write_json(out / "distribution.json", dist)
+    plot_distribution(dist, out / "distribution.png", title=f"{g.metadata.get('task', '')} graft")
+    console.print(f"→ {out / 'distribution.png'}")
+
+
+@app.command()
+@friendly
+def sweep(
+    finetuned: Path = typer.Option(..., help="a fine-tuning run directory"),
+    out: Optional[Path] = typer.Option(None, help="output folder (default: <finetuned>/sweep)"),
+    levels: str = typer.Option("1e-5,1e-4,1e-3,1e-2,1e-1,1", help="sparsity levels (fractions of graftable)"),
+    learned: bool = typer.Option(True, help="include learned grafts (one trajectory, top-k of γ per level ≤ 1e-2)"),
+    steps: int = typer.Option(100, help="localization steps"),
+    eval_every: int = typer.Option(10, help="score interval during localization"),
+    test_limit: Optional[int] = typer.Option(None, help="evaluate on the first N test examples"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
+    """Accuracy vs region size for learned, top-movement and random regions (paper Figs. 2/4): CSV + PNG."""
+    from skillgraft.graft.sweep import run_sweep  # noqa: PLC0415
+
+    out = out or finetuned / "sweep"
+    rows = run_sweep(finetuned, out, levels=_floats(levels), learned=learned, steps=steps, eval_every=eval_every,
+                     test_limit=test_limit, data_dir=str(data_dir) if data_dir else None)
+    for r in rows:
+        console.print(f"{r['localizer']:>13} {r['level']:.0e}: {r['score']:.4f} (ECE {r['ece']:.4f})")
+    console.print(f"[bold green]done[/] → {out}/sweep.csv, {out}/sweep.png")
+
+
+@app.command()
+@friendly
+def demo(
+    out: Path = typer.Option(Path("runs/demo"), help="demo folder (stages are cached here and reused)"),
+    seed: int = typer.Option(42, help="data seed"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
+    """The main job: fine-tune MiniLM 64-shot on SST-2, learn grafts at 3 sizes, compare, write report.md."""
+    from skillgraft.demo import run_demo  # noqa: PLC0415
+
+    report = run_demo(out, seed=seed, data_dir=str(data_dir) if data_dir else None)
+    console.print(f"[bold green]done[/] → {report}")
 
 
 def main() -> None:  # pragma: no cover - entry point

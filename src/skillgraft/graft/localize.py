@@ -94,15 +94,24 @@ def top_k_masks(scores: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tens
 class _Working:
     """The working model's graftable tensors with Δ, S and γ_base, and the incremental θ updates."""
 
-    def __init__(self, pre, ft, names: list[str], config: LocalizeConfig):
+    def __init__(self, pre, ft, names: list[str], config: LocalizeConfig, base: Region | None = None):
         p_pre, p_ft = dict(pre.named_parameters()), dict(ft.named_parameters())
         self.names = names
         self.params = {n: p_pre[n] for n in names}
         self.original = {n: p.detach().to("cpu", copy=True) for n, p in self.params.items()}  # offloaded θ_pre
         self.delta = {n: (p_ft[n].detach().to(p_pre[n].device) - p_pre[n].detach()) for n in names}
         self.universe = sum(d.numel() for d in self.delta.values())
-        k = int(round(config.sparsity * self.universe))
-        self.base = top_k_masks({n: d.abs() for n, d in self.delta.items()}, k)
+        if base is None:
+            k = int(round(config.sparsity * self.universe))
+            self.base = top_k_masks({n: d.abs() for n, d in self.delta.items()}, k)
+        else:  # an explicit γ_base (e.g. a union of task regions to purify, paper §5.1)
+            bad = [n for n in base.indices if n not in self.delta]
+            if bad or any(tuple(self.delta[n].shape) != s for n, s in base.shapes.items() if n in self.delta):
+                raise SkillgraftError(f"base region does not fit the graftable tensors (e.g. {bad[:2]})")
+            masks = base.to_masks()
+            self.base = {n: (masks[n].to(self.delta[n].device) if n in masks
+                             else torch.zeros_like(self.delta[n], dtype=torch.bool)) for n in names}
+            k = int(sum(int(m.sum()) for m in self.base.values()))
         self.base_size = k
         gen = torch.Generator().manual_seed(config.seed)
         self.S = {n: torch.rand(d.shape, generator=gen).to(d.device) for n, d in self.delta.items()}
@@ -130,11 +139,12 @@ class _Working:
 
 
 def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, config: LocalizeConfig | None = None,
-             *, accelerator=None, progress: bool = True) -> LocalizeResult:
+             *, accelerator=None, progress: bool = True, base: Region | None = None) -> LocalizeResult:
     """Learn a sparse region γ such that θ_pre + γ⊙(θ_ft − θ_pre) keeps the fine-tuned skill.
 
     ``pre`` is used as the working model and restored exactly on return. A new task head (head mode)
-    is copied from ``ft`` for the duration (it travels whole with the graft).
+    is copied from ``ft`` for the duration (it travels whole with the graft). ``base`` sets γ_base to
+    that region instead of the top-``sparsity`` movement (config.sparsity is then ignored).
     """
     from accelerate import Accelerator  # noqa: PLC0415
 
@@ -155,7 +165,7 @@ def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, co
                 p.copy_(ft_params[n])
     for p in pre.parameters():
         p.requires_grad_(False)
-    work = _Working(pre, ft, names, config)
+    work = _Working(pre, ft, names, config, base)
     for n in names:
         work.params[n].requires_grad_(True)
     keys = ["round"] if not config.budgets else [f"budget={b:g}" for b in config.budgets]
