@@ -68,7 +68,7 @@ class LocalizeResult:
     best_score: dict[str, float]
     history: list[dict]
     base_size: int
-    step_seconds: float               # mean time of one localization step (forward/backward + S update)
+    step_seconds: float               # median time of one localization step (forward/backward + S update)
     config: dict
 
     @property
@@ -236,7 +236,7 @@ def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, co
                 p.copy_(head_backup[n])
     return LocalizeResult({k: best[k][2] for k in keys}, {k: best[k][1] for k in keys},
                           {k: best[k][0] for k in keys}, history, work.base_size,
-                          float(np.mean(step_times)) if step_times else 0.0, asdict(config))
+                          float(np.median(step_times)) if step_times else 0.0, asdict(config))
 
 
 @torch.no_grad()
