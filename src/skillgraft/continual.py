@@ -1,0 +1,293 @@
+"""Forget-free continual learning by grafting (paper §5.2, App. C.3).
+
+Tasks arrive in order t_1, t_2, …; each t_n comes with a grafting region γ_{t_n} (learned from an
+independent single-task run). When t_n arrives, only the coordinates
+
+    owned(t_n) = γ_{t_n} \\ ∪_{i<n} γ_{t_i}
+
+of the shared body are trained (plus t_n's own head), starting from the current model; every other
+coordinate keeps its value bit-exactly. Task t_n is inferred with the grafted model
+
+    θ_pre + (∪_{i≤n} γ_{t_i}) ⊙ (θ_current − θ_pre)
+
+whose coordinates were all fixed by step n, so later tasks can never change what t_n sees.
+
+The state is a folder a user can read and extend (``skillgraft continual add --state DIR --task …``):
+
+    continual.json           arrival order, per-task region/owned sizes, metrics, base model identity
+    model/                   the current body + one head per task (MultiTaskScorer format)
+    regions/<n>-<task>/      γ_{t_n}                      (Region: region.json + region.safetensors)
+    owned/<n>-<task>/        γ_{t_n} \\ ∪_{i<n} γ_{t_i}    (the coordinates task n trained and owns)
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from skillgraft.data.loading import Example
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft.graft import Graft, fingerprint, graftable_names
+from skillgraft.graft.region import Region
+from skillgraft.io import atomic_dir
+from skillgraft.train.finetune import FinetuneConfig
+from skillgraft.train.multitask import MultiTaskScorer, finetune_region
+
+STATE_FILE = "continual.json"
+
+
+def _slug(n: int, task: str) -> str:
+    return f"{n}-{task.replace('/', '_')}"
+
+
+class ContinualLearner:
+    """The current model, θ_pre, and the bookkeeping of which task owns which coordinates."""
+
+    def __init__(self, current: MultiTaskScorer | None, pre: MultiTaskScorer | None, entries: list[dict],
+                 regions: dict[str, Region], settings: dict):
+        self.current = current
+        self.pre = pre
+        self.entries = entries
+        self.regions = regions
+        self.settings = settings
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(cls, model: str | None = None, mode: str = "head", *, pooling: str | None = None,
+               max_length: int = 128) -> ContinualLearner:
+        return cls(None, None, [], {}, {"model": model, "mode": mode, "pooling": pooling, "max_length": max_length})
+
+    @property
+    def tasks(self) -> list[str]:
+        return [e["task"] for e in self.entries]
+
+    def _pre_view(self, task: str):
+        if self.pre is None:
+            s = self.settings
+            self.pre = MultiTaskScorer.build(s["model"], [task], s["mode"], pooling=s["pooling"],
+                                             max_length=s["max_length"])
+            if s.get("base_fingerprint") and fingerprint(self.pre.reference) != s["base_fingerprint"]:
+                raise SkillgraftError(f"the base model {s['model']!r} no longer matches the fingerprint recorded in "
+                                      f"{STATE_FILE}; continual state needs its original pre-trained model")
+        if task not in self.pre.tasks:
+            self.pre.add_task(task)
+        return self.pre.view(task)
+
+    def union_through(self, task: str) -> Region:
+        """∪_{i≤n} γ_{t_i} for task t_n (the region task t_n is inferred with)."""
+        n = self._order(task)
+        union = self.regions[self.entries[0]["task"]]
+        for e in self.entries[1:n]:
+            union = union | self.regions[e["task"]]
+        return union
+
+    def owned(self, task: str) -> Region:
+        """γ_{t_n} \\ ∪_{i<n} γ_{t_i}: the coordinates task t_n trained."""
+        n = self._order(task)
+        own = self.regions[task]
+        for e in self.entries[: n - 1]:
+            own = own - self.regions[e["task"]]
+        return own
+
+    def _order(self, task: str) -> int:
+        for e in self.entries:
+            if e["task"] == task:
+                return e["order"]
+        raise SkillgraftError(f"task {task!r} has not been learned yet (learned: {self.tasks})")
+
+    # ------------------------------------------------------------------ learning
+    def add_task(self, task: str, region: Region, train: list[Example], dev: list[Example] | None,
+                 config: FinetuneConfig, *, init: Graft | None = None, progress: bool = True,
+                 info: dict | None = None) -> dict:
+        """Learn task ``task`` on γ_task minus the earlier tasks' regions (the rest of the body is untouched).
+
+        ``init`` (optional): a graft of a single-task model on this task; its values are copied onto the
+        owned coordinates (and its head) before training, instead of starting from the current values.
+        """
+        if task in self.tasks:
+            raise SkillgraftError(f"task {task!r} was already learned (order {self._order(task)}); tasks are learned once")
+        pre_view = self._pre_view(task)
+        universe = set(graftable_names(pre_view, "body"))
+        bad = [n for n in region.shapes if n not in universe]
+        if bad:
+            raise SkillgraftError(f"region for {task!r} names tensors outside the model's body, e.g. {bad[:2]}")
+        if self.current is None:
+            self.current = MultiTaskScorer.build(self.settings["model"], [task], self.settings["mode"],
+                                                 pooling=self.settings["pooling"],
+                                                 max_length=self.settings["max_length"], head_seed=config.seed)
+            self.settings["base_model"] = self.current.base_model
+            self.settings["base_fingerprint"] = fingerprint(pre_view)
+        else:
+            self.current.add_task(task, head_seed=config.seed)
+        n = len(self.entries) + 1
+        entry = {"order": n, "task": task, "region": f"regions/{_slug(n, task)}", "owned": f"owned/{_slug(n, task)}",
+                 "added": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **(info or {})}
+        self.entries.append(entry)
+        self.regions[task] = region
+        own = self.owned(task)
+        entry.update(region_size=len(region), owned_size=len(own), shared_with_earlier=len(region) - len(own),
+                     init="graft" if init is not None else "current")
+        view = self.current.view(task)
+        if init is not None:
+            _copy_graft_values(view, init, own)
+        if len(own) == 0 and view.head is None:
+            entry["train"] = {"steps": 0, "note": "nothing to train: region fully owned by earlier tasks"}
+            return entry
+        result = finetune_region(self.current, task, train, dev, own, config, progress=progress)
+        entry["train"] = {"steps": result.steps, "best_step": result.best_step, "best_dev": result.best_dev,
+                          "seconds": round(result.seconds, 2), "trainable_parameters": result.trainable_parameters}
+        return entry
+
+    def graft(self, task: str) -> Graft:
+        """The graft task t_n is inferred with: ∪_{i≤n} γ_{t_i}, current values, t_n's head."""
+        pre_view = self._pre_view(task)
+        return Graft.from_models(pre_view, self.current.view(task), self.union_through(task),
+                                 {"task": task, "continual_order": self._order(task)})
+
+    def evaluate(self, task: str, examples: list[Example], **kwargs) -> tuple[dict, object]:
+        from skillgraft.graft.scoring import evaluate_graft  # noqa: PLC0415
+
+        return evaluate_graft(self._pre_view(task), self.graft(task), examples, **kwargs)
+
+    def ownership(self) -> list[dict]:
+        """Per task: region size, coordinates it owns, coordinates shared with earlier tasks."""
+        return [{"order": e["order"], "task": e["task"], "region_size": len(self.regions[e["task"]]),
+                 "owned": len(self.owned(e["task"])), "union_size": len(self.union_through(e["task"]))}
+                for e in self.entries]
+
+    # ------------------------------------------------------------------ files
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write the whole state folder atomically (it is replaced only when complete)."""
+        if self.current is None:
+            raise SkillgraftError("nothing to save: no task learned yet")
+        directory = Path(directory)
+        with atomic_dir(directory, overwrite=True) as tmp:
+            self.current.save_pretrained(tmp / "model")
+            for e in self.entries:
+                self.regions[e["task"]].save(tmp / e["region"])
+                self.owned(e["task"]).save(tmp / e["owned"])
+            state = {"format": "skillgraft.continual", "format_version": 1, **self.settings,
+                     "tasks": self.entries, "ownership": self.ownership()}
+            (tmp / STATE_FILE).write_text(json.dumps(state, indent=2, default=str) + "\n")
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> ContinualLearner:
+        directory = Path(directory)
+        path = directory / STATE_FILE
+        if not path.is_file():
+            raise SkillgraftError(f"{directory}: no {STATE_FILE}; not a continual-learning state folder")
+        try:
+            state = json.loads(path.read_text())
+            entries = state["tasks"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise SkillgraftError(f"{path}: unreadable continual state ({e})") from None
+        if state.get("format") != "skillgraft.continual":
+            raise SkillgraftError(f"{path}: not a skillgraft continual state")
+        regions = {}
+        for e in entries:
+            try:
+                regions[e["task"]] = Region.load(directory / e["region"])
+            except (KeyError, FileNotFoundError) as err:
+                raise SkillgraftError(f"{path}: task entry {e.get('task')!r} has no readable region ({err})") from None
+        settings = {k: state.get(k) for k in ("model", "mode", "pooling", "max_length", "base_model",
+                                               "base_fingerprint")}
+        current = MultiTaskScorer.from_pretrained(directory / "model")
+        if current.tasks != [e["task"] for e in entries]:
+            raise SkillgraftError(f"{path}: tasks {[e['task'] for e in entries]} but the saved model has {current.tasks}")
+        return cls(current, None, entries, regions, settings)
+
+
+@torch.no_grad()
+def _copy_graft_values(view, graft: Graft, region: Region) -> None:
+    """Write ``graft``'s values on the coordinates of ``region`` (⊆ graft.region) and its head into ``view``."""
+    params = dict(view.named_parameters())
+    for name, idx in region.indices.items():
+        src = graft.region.indices.get(name)
+        if src is None or not torch.isin(idx, src).all():
+            raise SkillgraftError(f"init graft does not cover the owned coordinates of {name!r}")
+        pos = torch.searchsorted(src, idx)
+        flat = params[name].data.view(-1)
+        flat[idx.to(flat.device)] = graft.values[name][pos].to(flat.device, flat.dtype)
+    for name, t in graft.carried.items():
+        if name in params and params[name].shape == t.shape:
+            params[name].data.copy_(t)
+
+
+def task_region(task: str, train: list[Example], dev: list[Example] | None, *, model: str | None = None,
+                mode: str = "head", finetune_config: FinetuneConfig | None = None, localize_config=None,
+                progress: bool = True) -> tuple[Region, Graft, dict]:
+    """γ_t from an independent single-task run: fine-tune a fresh model on ``task``, then localize."""
+    from skillgraft.graft.localize import LocalizeConfig, localize  # noqa: PLC0415
+    from skillgraft.models.scorer import build_scorer  # noqa: PLC0415
+    from skillgraft.train.finetune import finetune  # noqa: PLC0415
+
+    cfg = finetune_config or FinetuneConfig()
+    ft = build_scorer(model, task, mode, head_seed=cfg.seed)
+    res = finetune(ft, train, dev, cfg, progress=progress)
+    pre = build_scorer(model, task, mode, head_seed=cfg.seed)
+    loc = localize(pre, ft, train, dev, localize_config or LocalizeConfig(), progress=progress)
+    graft = Graft.from_models(pre, ft, loc.region, {"task": task})
+    return loc.region, graft, {"finetune_steps": res.steps, "finetune_best_dev": res.best_dev,
+                               "localize_best_step": next(iter(loc.best_step.values())), "region_size": len(loc.region)}
+
+
+def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int = 13, data_dir=None,
+                  model: str | None = None, mode: str = "head", region: str | os.PathLike | None = None,
+                  finetune_config: FinetuneConfig | None = None, region_finetune_config: FinetuneConfig | None = None,
+                  localize_config=None, init: str = "current", test_limit: int | None = None,
+                  progress: bool = True) -> dict:
+    """Add ``task`` to the continual state folder ``state`` (created on first use); returns its entry.
+
+    γ_task is read from ``region`` (a Region or Graft folder) or learned from an independent single-task
+    run (fine-tune + localize). After training, every learned task is evaluated on its test split with
+    its own union graft, and the state is saved atomically.
+    """
+    from skillgraft.data.sampling import load_kshot  # noqa: PLC0415
+
+    if init not in ("current", "graft"):
+        raise SkillgraftError(f"init must be 'current' or 'graft', got {init!r}")
+    state = Path(state)
+    learner = ContinualLearner.load(state) if (state / STATE_FILE).is_file() else None
+    if learner is None:
+        if state.exists() and any(state.iterdir()):
+            raise SkillgraftError(f"{state} exists and is not a continual state folder (no {STATE_FILE})")
+        learner = ContinualLearner.create(model, mode)
+    data = load_kshot(task, k, seed, data_dir, test_limit=test_limit)
+    task = data.task.name
+    info = {"k": k, "seed": seed}
+    init_graft = None
+    if region is not None:
+        region_path = Path(region)
+        if (region_path / "region.json").is_file():
+            gamma = Region.load(region_path)
+        elif (region_path / "graft_config.json").is_file():
+            init_graft = Graft.from_pretrained(region_path)
+            gamma = init_graft.region
+        else:
+            raise SkillgraftError(f"--region {region_path}: neither a region folder (region.json) nor a graft folder")
+        info["region_source"] = str(region_path)
+    else:
+        gamma, init_graft, single = task_region(task, data.train, data.dev, model=learner.settings["model"],
+                                                mode=learner.settings["mode"],
+                                                finetune_config=region_finetune_config or finetune_config,
+                                                localize_config=localize_config, progress=progress)
+        info["region_source"] = "single-task fine-tune + localize"
+        info["single_task"] = single
+    if init == "graft" and init_graft is None:
+        raise SkillgraftError("init='graft' needs a graft (give --region a graft folder, or let it learn one)")
+    entry = learner.add_task(task, gamma, data.train, data.dev, finetune_config or FinetuneConfig(),
+                             init=init_graft if init == "graft" else None, progress=progress, info=info)
+    for e in learner.entries:
+        test = data.test if e["task"] == task else load_kshot(e["task"], e.get("k", k), e.get("seed", seed), data_dir,
+                                                               test_limit=test_limit).test
+        metrics, _ = learner.evaluate(e["task"], test)
+        e.setdefault("test_history", []).append({"after": task, "score": metrics["score"], "n": metrics["n"]})
+        if e["task"] == task:
+            e["test"] = metrics
+    learner.save(state)
+    return entry

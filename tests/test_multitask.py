@@ -1,0 +1,195 @@
+"""Multi-task fine-tuning, per-task views, joint-loss purification and forget-free continual learning."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from skillgraft.continual import ContinualLearner, continual_add
+from skillgraft.data import load_kshot
+from skillgraft.errors import SkillgraftError
+from skillgraft.evaluate import evaluate
+from skillgraft.graft import Graft, LocalizeConfig, Region, localize, random_region
+from skillgraft.train import FinetuneConfig
+from skillgraft.train.multitask import JointScorer, MultiTaskScorer, finetune_region, multitask_finetune, tag
+
+from tiny import FILLER, write_sentiment_data
+
+TOPICS = {"1": ["war", "election"], "2": ["football", "tennis"], "3": ["market", "stocks"], "4": ["software", "chip"]}
+FAST = FinetuneConfig(optimizer="adamw", lr=2e-3, steps=60, eval_every=30, freeze_embeddings=False, weight_decay=0.0)
+
+
+def write_topic_data(root, folder="ag_news", n_train=160, n_test=80, seed=0):
+    """A learnable toy 4-way topic task (labels 1..4, like ag_news)."""
+    rng = random.Random(seed)
+    (root / folder).mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("test", n_test)):
+        with open(root / folder / f"{split}.jsonl", "w") as f:
+            for i in range(n):
+                y = str(i % 4 + 1)
+                words = rng.sample(FILLER, 4) + [rng.choice(TOPICS[y])]
+                rng.shuffle(words)
+                f.write(json.dumps({"text": " ".join(words), "label": y}) + "\n")
+    return root
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One torch thread: on a shared 2-core machine thread oversubscription makes tiny models 50x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def multi_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("multi-data")
+    write_sentiment_data(root, "SST-2", seed=0)
+    write_sentiment_data(root, "cr", seed=1)
+    write_topic_data(root)
+    return root
+
+
+def kdata(root, task, k=8):
+    d = load_kshot(task, k, 13, root, test_limit=40)
+    return d
+
+
+def test_views_share_one_body_and_round_trip(tiny_bert, tmp_path, multi_data):
+    mt = MultiTaskScorer.build(str(tiny_bert), ["SST-2", "ag_news"], "head")
+    assert mt["SST-2"].model is mt["ag_news"].model
+    assert mt["ag_news"].head.out_features == 4
+    names = [n for n, _ in mt.named_parameters()]
+    assert "heads.SST-2.weight" in names and "heads.ag_news.weight" in names
+    assert sum(n.startswith("model.") for n in names) == len(list(mt.model.parameters()))
+    mt.save_pretrained(tmp_path / "mt")
+    back = MultiTaskScorer.from_pretrained(tmp_path / "mt")
+    assert back.tasks == ["SST-2", "ag_news"]
+    ex = kdata(multi_data, "ag_news").test[:6]
+    batch = mt["ag_news"].collate(ex)
+    batch.pop("labels")
+    with torch.no_grad():
+        assert torch.allclose(mt["ag_news"](**batch), back["ag_news"](**batch))
+    with pytest.raises(SkillgraftError, match="not in this multi-task model"):
+        mt.view("QNLI")
+    with pytest.raises(SkillgraftError, match="no multitask_config.json"):
+        MultiTaskScorer.from_pretrained(tmp_path)
+
+
+def test_multitask_loop_trains_both_tasks(tiny_bert, multi_data):
+    mt = MultiTaskScorer.build(str(tiny_bert), ["SST-2", "ag_news"], "head")
+    data = {t: kdata(multi_data, t) for t in ("SST-2", "ag_news")}
+    heads = {t: mt[t].head.weight.detach().clone() for t in data}
+    before = {t: evaluate(mt[t], data[t].test)[0]["accuracy"] for t in data}
+    cfg = FinetuneConfig(**{**FAST.__dict__, "steps": 160, "eval_every": 80})
+    res = multitask_finetune(mt, {t: (d.train, d.dev) for t, d in data.items()}, cfg, progress=False)
+    assert set(res.task_steps) == {"SST-2", "ag_news"} and min(res.task_steps.values()) > 50
+    assert sum(res.task_steps.values()) == 160
+    for t in data:
+        assert not torch.equal(heads[t], mt[t].head.weight)
+        after = evaluate(mt[t], data[t].test)[0]["accuracy"]
+        assert after > before[t] and after >= 0.6, (t, before[t], after)
+    assert {"dev", "dev:SST-2", "dev:ag_news"} <= set(res.history[0])
+
+
+def test_region_training_never_changes_other_coordinates(tiny_bert, multi_data):
+    mt = MultiTaskScorer.build(str(tiny_bert), ["SST-2"], "head")
+    d = kdata(multi_data, "SST-2")
+    region = random_region(mt["SST-2"], 0.02, seed=1)
+    start = {n: p.detach().clone() for n, p in mt["SST-2"].named_parameters()}
+    cfg = FinetuneConfig(optimizer="sgd", lr=0.5, steps=20, eval_every=0, weight_decay=0.1)  # wd would move all
+    finetune_region(mt, "SST-2", d.train, None, region, cfg, progress=False)
+    masks = region.to_masks()
+    moved_inside = 0
+    for n, p in mt["SST-2"].named_parameters():
+        if n.startswith("head."):
+            assert not torch.equal(p, start[n])
+            continue
+        inside = masks[n] if n in masks else torch.zeros_like(p, dtype=torch.bool)
+        assert torch.equal(p[~inside], start[n][~inside]), n  # bit-exact outside the region
+        moved_inside += int((p[inside] != start[n][inside]).sum())
+    assert moved_inside > 0.5 * len(region)
+
+
+def test_joint_scorer_purifies_a_union(tiny_bert, multi_data):
+    tasks = ["SST-2", "ag_news"]
+    ft = MultiTaskScorer.build(str(tiny_bert), tasks, "head")
+    data = {t: kdata(multi_data, t) for t in tasks}
+    multitask_finetune(ft, {t: (d.train, None) for t, d in data.items()}, FAST, progress=False)
+    pre = MultiTaskScorer.build(str(tiny_bert), tasks, "head")
+    before = {n: p.detach().clone() for n, p in pre.named_parameters()}
+    joint_pre, joint_ft = JointScorer(pre, tasks), JointScorer(ft, tasks)
+    train = [ex for t in tasks for ex in tag(t, data[t].train)]
+    batch = joint_ft.collate(train[:3] + train[-3:])
+    labels = batch.pop("labels")
+    logits = joint_ft(**batch)
+    assert logits.shape == (6, 4) and torch.isinf(logits[:3, 2:]).all() and torch.isfinite(logits[3:]).all()
+    loss = torch.nn.functional.cross_entropy(logits, labels)
+    assert torch.isfinite(loss)
+    union = random_region(pre["SST-2"], 0.05, seed=0) | random_region(pre["SST-2"], 0.05, seed=1)
+    res = localize(joint_pre, joint_ft, train, None, LocalizeConfig(steps=3, select_on="last"), base=union,
+                   progress=False)
+    assert res.base_size == len(union)
+    assert res.history[0]["round:size"] == len(union)  # step 0 is the union itself
+    assert all(torch.equal(p, before[n]) for n, p in pre.named_parameters())  # working model restored
+
+
+def test_continual_never_changes_coordinates_of_earlier_tasks(tiny_bert, multi_data, tmp_path):
+    learner = ContinualLearner.create(str(tiny_bert), "head")
+    tasks = ["ag_news", "SST-2", "cr"]
+    data = {t: kdata(multi_data, t) for t in tasks}
+    probe = learner._pre_view("ag_news")
+    regions = {t: random_region(probe, 0.03, seed=i) for i, t in enumerate(tasks)}
+    cfg = FinetuneConfig(optimizer="sgd", lr=0.5, steps=15, eval_every=0, weight_decay=0.1)
+    snapshots, graft_values = [], []
+    for t in tasks:
+        learner.add_task(t, regions[t], data[t].train, data[t].dev, cfg, progress=False)
+        snapshots.append({n: p.detach().clone() for n, p in learner.current.model.named_parameters()})
+        graft_values.append({e["task"]: learner.graft(e["task"]).values for e in learner.entries})
+    first_owned = learner.owned("ag_news").to_masks()
+    for later in snapshots[1:]:
+        for n, m in first_owned.items():
+            name = n[len("model."):]
+            assert torch.equal(later[name][m], snapshots[0][name][m]), n
+    # every earlier task's inference graft is bit-identical after later tasks were learned
+    for t in ("ag_news", "SST-2"):
+        for name, v in graft_values[tasks.index(t)][t].items():
+            assert torch.equal(v, graft_values[-1][t][name])
+    assert learner.owned("SST-2") == regions["SST-2"] - regions["ag_news"]
+    assert learner.union_through("cr") == regions["ag_news"] | regions["SST-2"] | regions["cr"]
+    # outside every region the body is still pre-trained
+    pre = dict(learner._pre_view("ag_news").named_parameters())
+    all_regions = learner.union_through("cr").to_masks()
+    for n, m in all_regions.items():
+        assert torch.equal(dict(learner.current["ag_news"].named_parameters())[n][~m], pre[n][~m])
+    learner.save(tmp_path / "state")
+    back = ContinualLearner.load(tmp_path / "state")
+    assert back.tasks == tasks and back.owned("cr") == learner.owned("cr")
+    state = json.loads((tmp_path / "state" / "continual.json").read_text())
+    assert [e["task"] for e in state["tasks"]] == tasks and state["ownership"][1]["owned"] == len(learner.owned("SST-2"))
+    assert (tmp_path / "state" / "owned" / "2-SST-2" / "region.safetensors").is_file()
+    with pytest.raises(SkillgraftError, match="already learned"):
+        back.add_task("cr", regions["cr"], data["cr"].train, None, cfg, progress=False)
+
+
+def test_continual_add_learns_region_and_extends_state(tiny_bert, multi_data, tmp_path):
+    state = tmp_path / "cl"
+    loc = LocalizeConfig(sparsity=0.01, steps=3)
+    kw = dict(k=8, seed=13, data_dir=multi_data, model=str(tiny_bert), finetune_config=FAST, localize_config=loc,
+              test_limit=40, progress=False)
+    e1 = continual_add(state, "ag_news", **kw)
+    assert e1["order"] == 1 and e1["region_size"] > 0 and e1["test"]["n"] == 40
+    Region.load(state / "regions" / "1-ag_news").save(tmp_path / "r")
+    e2 = continual_add(state, "SST-2", region=tmp_path / "r", **kw)  # γ given: all of it owned by ag_news
+    assert e2["owned_size"] == 0 and e2["shared_with_earlier"] == e1["region_size"]
+    st = json.loads((state / "continual.json").read_text())
+    hist = st["tasks"][0]["test_history"]
+    assert [h["after"] for h in hist] == ["ag_news", "SST-2"] and hist[0]["score"] == hist[1]["score"]
+    with pytest.raises(SkillgraftError, match="not a continual state"):
+        (tmp_path / "junk").mkdir()
+        (tmp_path / "junk" / "x").write_text("x")
+        continual_add(tmp_path / "junk", "SST-2", **kw)
+    g = ContinualLearner.load(state).graft("SST-2")
+    assert isinstance(g, Graft) and len(g.region) == e1["region_size"]
