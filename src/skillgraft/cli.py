@@ -326,6 +326,53 @@ def demo(
     console.print(f"[bold green]done[/] → {report}")
 
 
+@app.command()
+@friendly
+def fim(
+    task: str = typer.Option(..., help="task name (see `skillgraft tasks`)"),
+    model: Optional[str] = typer.Option(None, help="hub name or local path (default: bundled all-MiniLM-L6-v2)"),
+    mode: str = typer.Option("head", help="scorer: head | prompt | causal"),
+    pooling: Optional[str] = typer.Option(None, help="head pooling: cls | mean | last"),
+    k: int = typer.Option(16, help="examples per label of the k-shot training set the Fisher is taken over"),
+    seed: int = typer.Option(42, help="data seed"),
+    n_examples: Optional[int] = typer.Option(None, "--n", help="use the first N training examples (default: all)"),
+    kind: str = typer.Option("empirical", help="empirical | true | sampled"),
+    aggregate: str = typer.Option("sum", help="block score: sum (of Fisher entries) | frobenius (reference code)"),
+    normalize: bool = typer.Option(False, help="divide each block's score by its parameter count"),
+    chunk_size: int = typer.Option(16, help="per-example gradients held in memory at once"),
+    out: Optional[Path] = typer.Option(None, help="output folder (default: runs/fim-<task>-<k>-<seed>)"),
+    data_dir: Optional[Path] = DataDir,
+) -> None:
+    """Per-layer FIM scores of the pre-trained model (surgical fine-tuning): ranking table, fim.json, fim.png."""
+    from skillgraft.data import load_kshot  # noqa: PLC0415
+    from skillgraft.fisher import FisherConfig, fim_layer_scores  # noqa: PLC0415
+    from skillgraft.fisher.plots import layer_scores_bar  # noqa: PLC0415
+    from skillgraft.io import write_json  # noqa: PLC0415
+    from skillgraft.models import build_scorer  # noqa: PLC0415
+
+    if aggregate not in ("sum", "frobenius"):
+        raise SkillgraftError(f"--aggregate must be sum or frobenius, got {aggregate!r}")
+    config = FisherConfig(kind=kind, n_examples=n_examples, chunk_size=chunk_size)
+    config.validate()
+    data = load_kshot(task, k, seed, data_dir)
+    scorer = build_scorer(model, data.task, mode, pooling=pooling)
+    scores = fim_layer_scores(scorer, data.train, aggregate=aggregate, normalize=normalize, config=config,
+                              progress="fisher")
+    ranks = scores.rank_of()
+    table = Table(title=f"FIM layer ranking: {data.task.name} k={k} seed={seed} ({kind}, {aggregate})")
+    for col in ("block", "score", "rank", "parameters"):
+        table.add_column(col, justify="right")
+    for i in scores.ranking():
+        table.add_row(str(i), f"{scores.scores[i]:.4g}", str(ranks[i] + 1), f"{scores.num_parameters[i]:,}")
+    console.print(table)
+    out = out or Path("runs") / f"fim-{data.task.name}-{k}-{seed}"
+    n_used = min(len(data.train), n_examples or len(data.train))
+    write_json(out / "fim.json", {"task": data.task.name, "k": k, "seed": seed, "model": scorer.base_model,
+                                  "mode": mode, "n_examples": n_used, **scores.to_dict()})
+    layer_scores_bar(scores, out / "fim.png", title=f"{data.task.name} FIM per block (N={n_used})")
+    console.print(f"top → bottom: {scores.ranking()}  → {out}/fim.json, {out}/fim.png")
+
+
 def main() -> None:  # pragma: no cover - entry point
     try:
         app()

@@ -104,8 +104,12 @@ def freeze_unused(scorer, examples: list[Example], trainable: dict[str, bool] | 
 
 
 def finetune(scorer, train: list[Example], dev: list[Example] | None, config: FinetuneConfig, *, k: int | None = None,
-             accelerator=None, progress: bool = True) -> FinetuneResult:
-    """Train ``scorer`` in place on ``train`` (best dev checkpoint restored at the end)."""
+             accelerator=None, progress: bool = True, step_hook=None) -> FinetuneResult:
+    """Train ``scorer`` in place on ``train`` (best dev checkpoint restored at the end).
+
+    ``step_hook(step, optimizer)``, if given, runs after backward/clipping and before each optimizer step
+    (``step`` = updates done so far): per-tensor learning rates (Auto-RGN), checkpoint snapshots.
+    """
     from accelerate import Accelerator  # noqa: PLC0415
 
     config.validate()
@@ -164,6 +168,8 @@ def finetune(scorer, train: list[Example], dev: list[Example] | None, config: Fi
         accelerator.backward(loss)
         if config.max_grad_norm:
             accelerator.clip_grad_norm_(params, config.max_grad_norm)
+        if step_hook is not None:
+            step_hook(step, opt)
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss_ema = loss.item() if loss_ema is None else 0.9 * loss_ema + 0.1 * loss.item()
