@@ -193,3 +193,59 @@ def test_continual_add_learns_region_and_extends_state(tiny_bert, multi_data, tm
         continual_add(tmp_path / "junk", "SST-2", **kw)
     g = ContinualLearner.load(state).graft("SST-2")
     assert isinstance(g, Graft) and len(g.region) == e1["region_size"]
+
+
+def test_multitask_recipe_runs_end_to_end(tiny_bert, multi_data, tmp_path):
+    import yaml
+
+    from skillgraft.recipes import run_recipe
+
+    cfg = {"recipe": "multitask", "model": str(tiny_bert), "tasks": ["SST-2", "cr", "ag_news"], "k": 8, "seed": 13,
+           "data_dir": str(multi_data), "test_limit": 40,
+           "finetune": {"optimizer": "adamw", "lr": 2e-3, "steps": 40, "eval_every": 20, "weight_decay": 0.0},
+           "multitask": {"optimizer": "adamw", "lr": 2e-3, "steps": 90, "eval_every": 45, "weight_decay": 0.0},
+           "localize": {"steps": 3, "eval_every": 1}, "bases": [0.0, 1.0e-3],
+           "groups": [["SST-2", "cr"], ["ag_news"]], "purify": {"steps": 2}}
+    (tmp_path / "mt.yaml").write_text(yaml.safe_dump(cfg))
+    out = run_recipe(tmp_path / "mt.yaml", tmp_path / "run", cache=tmp_path / "cache")
+    for f in ("report.md", "accuracy.csv", "matrices.csv", "unions.csv", "overlap_base-0.png",
+              "relative_gain_base-0.001.png", "union_relative_gain.png", "purified_relative_gain.png"):
+        assert (out / f).is_file(), f
+    m = json.loads((out / "metrics.json").read_text())
+    assert len(m["matrices"]) == 2 * 9 and len(m["unions"]) == 2 * 3
+    diag = [r["overlap"] for r in m["matrices"] if r["region"] == r["task"] and r["base"] == 0.001]
+    assert all(v == 1.0 for v in diag)
+    assert "Relative gain" in (out / "report.md").read_text()
+
+
+def test_continual_recipe_and_cli(tiny_bert, multi_data, tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from skillgraft.cli import app
+    from skillgraft.recipes import run_recipe
+
+    fast = {"optimizer": "adamw", "lr": 2e-3, "steps": 30, "eval_every": 15, "weight_decay": 0.0}
+    cfg = {"recipe": "continual", "model": str(tiny_bert), "tasks": ["ag_news", "SST-2"], "k": 8, "seed": 13,
+           "data_dir": str(multi_data), "test_limit": 40, "finetune": fast, "continual_finetune": fast,
+           "localize": {"sparsity": 0.01, "steps": 2}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = run_recipe(tmp_path / "c.yaml", tmp_path / "run", cache=tmp_path / "cache")
+    m = json.loads((out / "metrics.json").read_text())
+    methods = {r["method"] for r in m["rows"]}
+    assert methods == {"single-task FT", "naive continual FT", "grafting continual"}
+    for r in m["rows"]:
+        if r["method"] == "grafting continual":  # forget-free: the score after all tasks = right after its own
+            assert r["score_after_all"] == r["score_right_after_own_task"]
+    assert "Table 4" in (out / "report.md").read_text() and (out / "state" / "continual.json").is_file()
+    # the CLI extends the recipe's state with a new task, then shows it
+    runner = CliRunner()
+    res = runner.invoke(app, ["continual", "add", "--state", str(out / "state"), "--task", "cr", "--k", "8",
+                              "--data-dir", str(multi_data), "--steps", "5", "--localize-steps", "2",
+                              "--sparsity", "0.01", "--test-limit", "20"])
+    assert res.exit_code == 0, res.output
+    assert "as task #3" in res.output
+    res = runner.invoke(app, ["continual", "show", str(out / "state")])
+    assert res.exit_code == 0 and "cr" in res.output
+    res = runner.invoke(app, ["continual", "show", str(tmp_path)])
+    assert res.exit_code == 2 and "not a continual state" in res.output

@@ -373,6 +373,63 @@ def fim(
     console.print(f"top → bottom: {scores.ranking()}  → {out}/fim.json, {out}/fim.png")
 
 
+continual_app = typer.Typer(no_args_is_help=True, help="Forget-free continual learning by grafting (paper §5.2).")
+app.add_typer(continual_app, name="continual")
+
+
+@continual_app.command("add")
+@friendly
+def continual_add_cmd(
+    state: Path = typer.Option(..., help="continual state folder (created on first use)"),
+    task: str = typer.Option(..., help="the task that arrives now"),
+    k: int = typer.Option(16, help="examples per label"),
+    seed: int = typer.Option(13, help="data seed"),
+    data_dir: Optional[Path] = DataDir,
+    model: Optional[str] = typer.Option(None, help="base model (only when creating the state; default MiniLM)"),
+    mode: str = typer.Option("head", help="head | prompt (only when creating the state)"),
+    region: Optional[Path] = typer.Option(None, help="γ_task: a region or graft folder (default: learn it from a "
+                                                     "single-task fine-tune + localize)"),
+    lr: float = typer.Option(0.01, help="learning rate (SGD) of fine-tuning and of the owned-region training"),
+    steps: int = typer.Option(400, help="training steps"),
+    sparsity: float = typer.Option(1e-4, help="γ_base sparsity when learning γ_task"),
+    localize_steps: int = typer.Option(30, help="localization steps when learning γ_task"),
+    init: str = typer.Option("current", help="current (paper: train owned coordinates from the current model) | "
+                                             "graft (start them from the single-task graft)"),
+    test_limit: Optional[int] = typer.Option(None, help="evaluate on the first N test examples"),
+) -> None:
+    """Learn TASK on its region minus earlier tasks' regions; earlier tasks' coordinates never change."""
+    from skillgraft.continual import continual_add  # noqa: PLC0415
+    from skillgraft.graft import LocalizeConfig  # noqa: PLC0415
+    from skillgraft.train import FinetuneConfig  # noqa: PLC0415
+
+    cfg = FinetuneConfig(lr=lr, steps=steps, eval_every=max(1, steps // 4))
+    entry = continual_add(state, task, k=k, seed=seed, data_dir=data_dir, model=model, mode=mode, region=region,
+                          finetune_config=cfg, localize_config=LocalizeConfig(sparsity=sparsity, steps=localize_steps),
+                          init=init, test_limit=test_limit)
+    console.print(f"[bold green]added[/] {entry['task']} as task #{entry['order']}: |γ|={entry['region_size']}, "
+                  f"owned {entry['owned_size']} (shared with earlier {entry['shared_with_earlier']}); "
+                  f"test {entry['test']['score']:.4f} → {state}/continual.json")
+
+
+@continual_app.command("show")
+@friendly
+def continual_show_cmd(state: Path = typer.Argument(..., help="continual state folder")) -> None:
+    """Arrival order, region sizes, owned coordinates and test scores of a continual state."""
+    from skillgraft.io import read_json  # noqa: PLC0415
+
+    if not (state / "continual.json").is_file():
+        raise SkillgraftError(f"{state}: no continual.json; not a continual state folder")
+    st = read_json(state / "continual.json")
+    table = Table(title=f"continual state {state} (base {st.get('base_model')})")
+    for col in ("order", "task", "|γ|", "owned", "shared w/ earlier", "test (latest)"):
+        table.add_column(col)
+    for e in st["tasks"]:
+        hist = e.get("test_history") or []
+        table.add_row(str(e["order"]), e["task"], str(e.get("region_size")), str(e.get("owned_size")),
+                      str(e.get("shared_with_earlier")), f"{hist[-1]['score']:.4f}" if hist else "-")
+    console.print(table)
+
+
 def main() -> None:  # pragma: no cover - entry point
     try:
         app()
