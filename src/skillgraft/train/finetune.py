@@ -27,7 +27,7 @@ class FinetuneConfig:
     """Settings of one fine-tuning run (defaults: the paper's SGD recipe, tuned for MiniLM)."""
 
     optimizer: Literal["sgd", "adamw"] = field(default="sgd", metadata={"help": "sgd (paper default) or adamw"})
-    lr: float = field(default=0.05, metadata={"help": "learning rate"})
+    lr: float = field(default=0.01, metadata={"help": "learning rate (SGD; MiniLM SST-2 sweep in bench/RESULTS.md)"})
     batch_size: int = field(default=8, metadata={"help": "examples per step (split over processes)"})
     weight_decay: float = field(default=1e-4, metadata={"help": "weight decay"})
     max_grad_norm: float | None = field(default=1.0, metadata={"help": "gradient clipping (None: off)"})
@@ -141,11 +141,15 @@ def finetune(scorer, train: list[Example], dev: list[Example] | None, config: Fi
     names = [n for n, on in trainable.items() if on]
     best_state, best_dev, best_step, history = None, None, 0, []
 
+    eval_seconds = 0.0
+
     def dev_score(step: int) -> None:
-        nonlocal best_state, best_dev, best_step
+        nonlocal best_state, best_dev, best_step, eval_seconds
         if not dev:
             return
+        t_eval = time.perf_counter()
         metrics, _ = evaluate(raw, dev, batch_size=config.eval_batch_size)
+        eval_seconds += time.perf_counter() - t_eval
         history.append({"step": step, "dev": metrics["score"], "dev_ece": metrics["ece"]})
         if best_dev is None or metrics["score"] > best_dev:
             best_dev, best_step = metrics["score"], step
@@ -179,7 +183,7 @@ def finetune(scorer, train: list[Example], dev: list[Example] | None, config: Fi
             bar.set_postfix(loss=f"{loss_ema:.3f}", dev=f"{history[-1]['dev']:.3f}" if history else "-")
         elif step % 10 == 0:
             bar.set_postfix(loss=f"{loss_ema:.3f}")
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start - eval_seconds  # training only (dev evaluations excluded)
     dev_score(steps)
     if best_state is not None:
         with torch.no_grad():
