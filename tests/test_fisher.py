@@ -1,0 +1,243 @@
+import json
+
+import pytest
+import torch
+
+from skillgraft.data import load_kshot
+from skillgraft.data.loading import Example
+from skillgraft.errors import SkillgraftError
+from skillgraft.fisher import (AutoRGN, FisherConfig, Snapshots, aggregate_layers, block_names, fim_layer_scores,
+                               fish_region, fisher_diagonal, rank_correlation, ranking_stability, resolve_layer_spec)
+from skillgraft.graft import graftable_names
+from skillgraft.models import build_scorer
+from skillgraft.train import FinetuneConfig, finetune
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run far faster on one intra-op thread (no OpenMP spin-waiting on a shared 2-core box)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+EXAMPLES = [Example("the movie was great", 1), Example("bad plot really boring it is a film", 0),
+            Example("fine", 1), Example("it is a dull story", 0), Example("lovely acting", 1)]
+
+
+def _close(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    scale = max(float(t.abs().max()) for t in b.values())
+    assert scale > 0
+    for n in a:
+        assert torch.allclose(a[n], b[n], rtol=1e-3, atol=1e-6 * scale), n
+
+
+@pytest.mark.parametrize("kind,mode", [("bert", "head"), ("bert", "prompt"), ("gpt2", "causal"), ("gpt2", "head")])
+@pytest.mark.parametrize("fisher_kind", ["empirical", "true"])
+def test_vectorised_fisher_equals_loop(tiny_models, kind, mode, fisher_kind):
+    scorer = build_scorer(str(tiny_models[kind]), "SST-2", mode)
+    fast = fisher_diagonal(scorer, EXAMPLES, kind=fisher_kind, chunk_size=2)  # several padded chunks
+    ref = fisher_diagonal(scorer, EXAMPLES, kind=fisher_kind, method="loop")
+    _close(fast, ref)
+    assert all(n.startswith("model.") for n in fast)  # default: every tensor of scorer.model
+    assert sum(float(t.sum()) for t in fast.values()) > 0
+    assert scorer.model.config._attn_implementation != "skillgraft_vmap"  # attention restored
+
+
+def test_true_fisher_is_expectation_and_sampled_is_seeded(tiny_bert):
+    scorer = build_scorer(str(tiny_bert), "SST-2", "head")
+    names = [n for n, _ in scorer.named_parameters() if "layer.0.output.dense" in n]
+    # with two labels, E_y[(∇log p_y)²] = Σ_y p_y (∇log p_y)²; check against the explicit formula
+    true = fisher_diagonal(scorer, EXAMPLES[:2], kind="true", names=names, method="loop")
+    manual = {n: torch.zeros_like(t) for n, t in true.items()}
+    scorer.eval()
+    for ex in EXAMPLES[:2]:
+        for y in (0, 1):
+            e = Example(ex.text_a, y)
+            with torch.no_grad():
+                p = torch.softmax(scorer(**{k: v for k, v in scorer.collate([e]).items() if k != "labels"}), -1)[0, y]
+            emp = fisher_diagonal(scorer, [e], kind="empirical", names=names, method="loop")
+            for n in names:
+                manual[n] += float(p) * emp[n] / 2
+    _close(true, manual)
+    a = fisher_diagonal(scorer, EXAMPLES, kind="sampled", names=names, seed=3)
+    b = fisher_diagonal(scorer, EXAMPLES, kind="sampled", names=names, seed=3)
+    _close(a, b)
+
+
+def test_fisher_leaves_model_state_alone(tiny_bert):
+    scorer = build_scorer(str(tiny_bert), "SST-2", "head")
+    scorer.train()
+    scorer.model.eval()  # a mixed state must come back exactly
+    before = {n: p.detach().clone() for n, p in scorer.named_parameters()}
+    flags = {n: p.requires_grad for n, p in scorer.named_parameters()}
+    fisher_diagonal(scorer, EXAMPLES)
+    assert scorer.training and not scorer.model.training
+    assert flags == {n: p.requires_grad for n, p in scorer.named_parameters()}
+    assert all(torch.equal(before[n], p) for n, p in scorer.named_parameters())
+
+
+def test_fisher_bad_input(tiny_bert):
+    scorer = build_scorer(str(tiny_bert), "SST-2", "head")
+    with pytest.raises(SkillgraftError, match="kind"):
+        fisher_diagonal(scorer, EXAMPLES, kind="exact")
+    with pytest.raises(SkillgraftError, match="unknown parameter"):
+        fisher_diagonal(scorer, EXAMPLES, names=["model.nope"])
+    with pytest.raises(SkillgraftError, match="no examples"):
+        fisher_diagonal(scorer, [])
+    with pytest.raises(SkillgraftError, match="unknown option"):
+        fisher_diagonal(scorer, EXAMPLES, chunk=3)
+
+
+@pytest.fixture(scope="module")
+def bert12(tmp_path_factory):
+    from tiny import build_tiny
+
+    return build_tiny("bert", tmp_path_factory.mktemp("bert12") / "bert12", layers=12, mlm_head=False)
+
+
+def test_layer_name_collision_cannot_happen(bert12, toy_data):
+    scorer = build_scorer(str(bert12), "SST-2", "head")
+    blocks = block_names(scorer)
+    assert len(blocks) == 12
+    assert all(".layer.1." in n for n in blocks[1]) and not any(".layer.10." in n for n in blocks[1])
+    scores = aggregate_layers({n: torch.ones_like(p) for n, p in scorer.named_parameters()}, scorer)
+    assert len(set(scores.num_parameters)) == 1  # block 1 holds exactly one block's tensors
+    # a FIM selection of block 1 trains nothing of blocks 10/11
+    before = {n: p.detach().clone() for n, p in scorer.named_parameters()}
+    data = load_kshot("SST-2", 4, 13, toy_data)
+    fake = {n: torch.full_like(p, 5.0 if n in blocks[1] else 1.0) for n, p in scorer.named_parameters()}
+    layers = aggregate_layers(fake, scorer).top(1)
+    assert layers == [1]
+    finetune(scorer, data.train, None, FinetuneConfig(steps=3, eval_every=0, layers=layers, lr=0.5), progress=False)
+    moved = {n for n, p in scorer.named_parameters() if not torch.equal(before[n], p)}
+    assert moved and all(n in blocks[1] or n.startswith("head.") for n in moved)
+    assert any(n in blocks[1] for n in moved)
+
+
+def test_fim_ranking_shape_and_order(tiny_bert):
+    scorer = build_scorer(str(tiny_bert), "SST-2", "head")
+    s = fim_layer_scores(scorer, EXAMPLES)
+    assert len(s.scores) == 2 and len(s.num_parameters) == 2 and all(x > 0 for x in s.scores)
+    assert sorted(s.ranking()) == [0, 1]
+    assert s.scores[s.ranking()[0]] >= s.scores[s.ranking()[1]]
+    assert set(s.top(1)) | set(s.bottom(1)) == {0, 1}
+    f = fim_layer_scores(scorer, EXAMPLES, aggregate="frobenius", normalize=True)
+    assert f.aggregate == "frobenius" and f.normalize and len(f.scores) == 2
+    # aggregation by hand: sum of entries vs sum of per-tensor Frobenius norms
+    fisher = fisher_diagonal(scorer, EXAMPLES)
+    blocks = block_names(scorer)
+    assert aggregate_layers(fisher, scorer).scores[0] == pytest.approx(sum(float(fisher[n].sum()) for n in blocks[0]))
+    assert aggregate_layers(fisher, scorer, aggregate="frobenius").scores[1] == pytest.approx(
+        sum(float(fisher[n].norm()) for n in blocks[1]), rel=1e-6)
+    with pytest.raises(SkillgraftError, match="aggregate"):
+        aggregate_layers(fisher, scorer, aggregate="max")
+    assert rank_correlation([1, 2, 3], [1, 2, 3]) == {"spearman": 1.0, "kendall": 1.0}
+    assert rank_correlation([1, 2, 3], [3, 2, 1])["spearman"] == pytest.approx(-1.0)
+
+
+def test_fish_region_has_exactly_k_coords(tiny_bert):
+    pre = build_scorer(str(tiny_bert), "SST-2", "head")
+    region = fish_region(pre, EXAMPLES, 37)
+    assert len(region) == 37
+    assert set(region.shapes) == set(graftable_names(pre, "body"))
+    frac = fish_region(pre, EXAMPLES, 0.01)
+    assert len(frac) == round(0.01 * frac.universe_size)
+    assert fish_region(pre, EXAMPLES, 37).iou(region) == 1.0
+    with pytest.raises(SkillgraftError, match="budget"):
+        fish_region(pre, EXAMPLES, 0.0)
+
+
+def test_resolve_layer_spec(tiny_bert, toy_data):
+    kw = dict(task="SST-2", model=str(tiny_bert), mode="head", k=4, seed=13, data_dir=toy_data)
+    top = resolve_layer_spec("fim:top-1", **kw)
+    bottom = resolve_layer_spec("fim:bottom-1", **kw)
+    assert len(top) == 1 and len(bottom) == 1 and set(top) | set(bottom) == {0, 1}
+    assert resolve_layer_spec("fim:top-2", **kw) == [0, 1]
+    assert resolve_layer_spec("fim-frob:top-1", **kw)[0] in (0, 1)
+    r = resolve_layer_spec("random-1", **kw)
+    assert r == resolve_layer_spec("random-1", **kw) and r[0] in (0, 1)
+    assert resolve_layer_spec("1, 0", **kw) == [0, 1]
+    for bad in ("fim:top-3", "fim:middle-1", "random-0", "fim:top-x", "5", "bogus:1"):
+        with pytest.raises(SkillgraftError, match="layers"):
+            resolve_layer_spec(bad, **kw)
+
+
+def test_auto_rgn_sets_per_tensor_learning_rates(tiny_bert, toy_data):
+    data = load_kshot("SST-2", 4, 13, toy_data)
+    scorer = build_scorer(str(tiny_bert), "SST-2", "head")
+    rgn = AutoRGN(record_every=1)
+    snaps = Snapshots(scorer, [0, 2])
+    from skillgraft.fisher import chain_hooks
+
+    finetune(scorer, data.train, None, FinetuneConfig(steps=3, eval_every=0), progress=False,
+             step_hook=chain_hooks(rgn, snaps))
+    mults = list(rgn.history[-1]["multipliers"].values())
+    assert len(mults) > 10 and max(mults) == pytest.approx(1.0) and min(mults) < 0.5
+    assert sorted(snaps.states) == [0, 2]
+    rows, scores = ranking_stability({s: snaps.scorer_at(s) for s in (0, 2)}, EXAMPLES)
+    assert [r["step"] for r in rows] == [0, 2] and rows[0]["spearman_vs_first"] == pytest.approx(1.0)
+    assert len(scores[2].scores) == 2
+
+
+def test_cli_fim_and_finetune_fim_layers(tiny_bert, toy_data, tmp_path):
+    from typer.testing import CliRunner
+
+    from skillgraft.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["fim", "--task", "SST-2", "--model", str(tiny_bert), "--k", "4", "--seed", "13",
+                              "--data-dir", str(toy_data), "--out", str(tmp_path / "fim")])
+    assert res.exit_code == 0, res.output
+    saved = json.loads((tmp_path / "fim" / "fim.json").read_text())
+    assert sorted(saved["ranking"]) == [0, 1] and (tmp_path / "fim" / "fim.png").stat().st_size > 0
+    res = runner.invoke(app, ["finetune", "--task", "SST-2", "--model", str(tiny_bert), "--k", "4", "--seed", "13",
+                              "--data-dir", str(toy_data), "--layers", "fim:top-1", "--steps", "2",
+                              "--eval-every", "0", "--out", str(tmp_path / "ft")])
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((tmp_path / "ft" / "config.json").read_text())
+    assert cfg["finetune"]["layers"] == [saved["ranking"][0]]
+    res = runner.invoke(app, ["fim", "--task", "SST-2", "--model", str(tiny_bert), "--k", "4",
+                              "--data-dir", str(toy_data), "--aggregate", "max", "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "aggregate" in res.output
+
+
+def test_surgical_recipe_tiny(tiny_bert, toy_data, tmp_path):
+    from skillgraft.recipes import run_recipe
+
+    out = run_recipe("recipes/surgical.yaml", tmp_path / "surgical", cache=tmp_path / "cache", overrides={
+        "model": str(tiny_bert), "data_dir": str(toy_data), "tasks": ["SST-2"], "seeds": [13], "k": 4,
+        "layers_k": [1], "methods": ["full", "fim-top", "fim-bottom", "random", "auto-rgn"],
+        "finetune": {"steps": 4, "eval_every": 0, "batch_size": 4}, "test_limit": 20, "fisher_examples": 8,
+        "stability_steps": [0, 2, 4]})
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert {r["method"] for r in metrics["rows"]} == {"full", "fim-top-1", "fim-bottom-1", "random-1", "auto-rgn"}
+    full = next(r for r in metrics["rows"] if r["method"] == "full")
+    top = next(r for r in metrics["rows"] if r["method"] == "fim-top-1")
+    assert top["trainable_parameters"] < full["trainable_parameters"]
+    assert metrics["stability"] and "spearman_vs_first" in metrics["stability"][0]
+    report = (out / "report.md").read_text()
+    assert "fim-top-1" in report and "Spearman" in report
+    assert (out / "results.csv").is_file() and (out / "surgical.png").is_file()
+
+
+def test_fish_recipe_tiny(tiny_bert, toy_data, tmp_path):
+    from skillgraft.recipes import run_recipe
+
+    out = run_recipe("recipes/fish.yaml", tmp_path / "fish", cache=tmp_path / "cache", overrides={
+        "model": str(tiny_bert), "data_dir": str(toy_data), "tasks": ["SST-2"], "seeds": [13], "k": 4,
+        "finetune": {"steps": 6, "eval_every": 0, "batch_size": 4, "lr": 0.5}, "test_limit": 20,
+        "sparsities": [0.01, 0.05], "localize": {"steps": 2}, "fisher_examples": 8,
+        "heatmap_tasks": ["SST-2"], "tracking": {"task": "SST-2", "steps": [2, 4, 6], "learn_at": 4}})
+    metrics = json.loads((out / "metrics.json").read_text())
+    rows = metrics["rows"]
+    assert {r["sparsity"] for r in rows} == {0.01, 0.05}
+    assert all(0.0 <= r["iou_fish_learned"] <= 1.0 for r in rows)
+    assert all(r["fish_size"] == r["learned_size"] == r["random_size"] for r in rows)
+    assert [r["step"] for r in metrics["tracking"]] == [2, 4, 6]
+    assert "IoU" in (out / "report.md").read_text()
+    for f in ("fish.csv", "heatmap.png", "tracking.png", "tracking.csv"):
+        assert (out / f).is_file(), f
