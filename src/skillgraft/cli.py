@@ -339,7 +339,7 @@ def fim(
     kind: str = typer.Option("empirical", help="empirical | true | sampled"),
     aggregate: str = typer.Option("sum", help="block score: sum (of Fisher entries) | frobenius (reference code)"),
     normalize: bool = typer.Option(False, help="divide each block's score by its parameter count"),
-    chunk_size: int = typer.Option(16, help="per-example gradients held in memory at once"),
+    chunk_size: Optional[int] = typer.Option(None, help="per-example gradients held at once (default: 4 CPU, 32 GPU)"),
     out: Optional[Path] = typer.Option(None, help="output folder (default: runs/fim-<task>-<k>-<seed>)"),
     data_dir: Optional[Path] = DataDir,
 ) -> None:
