@@ -210,7 +210,7 @@ def report(cfg: dict, seeds: list[int], agg: list[dict], fim_rows: list[dict], s
                      f"{params:,}", g["n_seeds"]])
     lines += [C.md_table(["task", "method", "score %", "accuracy %", "ECE %", "trainable (body)", "seeds"], rows), ""]
     lines += ["## FIM ranking of the pre-trained model", "",
-              C.md_table(["task", "seed", "ranking (high → low)", "scores", "seconds"],
+              C.md_table(["task", "seed", "ranking (high → low)", "scores by block (0, 1, …)", "seconds"],
                          [[r["task"], r["seed"], " ".join(map(str, r["ranking"])),
                            " ".join(f"{s:.3g}" for s in r["scores"]), r["seconds"]] for r in fim_rows]), ""]
     if stability:
