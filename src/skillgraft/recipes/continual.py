@@ -131,7 +131,7 @@ def _report(cfg, tasks, k, seed, rows, learner, region_info, entries, timings, f
              "Paper (RoBERTa-base, 4096-shot, prompt FT): " + "; ".join(
                  f"{m}: " + ", ".join(f"{t} {v}" for t, v in row.items()) for m, row in PAPER_TABLE4.items()) + ".", "",
              "## Who owns which coordinates", "",
-             C.md_table(["order", "task", "|γ_t|", "owned (trained)", "shared with earlier", "union used for inference",
+             C.md_table(["order", "task", "size of γ_t", "owned (trained)", "shared with earlier", "union used for inference",
                          "trainable params (incl. head)"],
                         [[o["order"], o["task"], o["region_size"], o["owned"], o["region_size"] - o["owned"],
                           o["union_size"], (e.get("train") or {}).get("trainable_parameters", "-")]
