@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(VENV)/bin/skillgraft demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" --durations=15 $(PYTEST_ARGS)
 
 test-all: $(STAMP)
 	SKILLGRAFT_SLOW=1 $(PY) -m pytest -q $(PYTEST_ARGS)
