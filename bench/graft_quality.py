@@ -29,20 +29,26 @@ def main() -> None:
     ap.add_argument("--seeds", default="13,21,42")
     ap.add_argument("--budgets", default="1e-4,3e-4,1e-3")
     ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--aggregate", action="store_true", help="only aggregate the per-seed results already written")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     budgets = [float(b) for b in args.budgets.split(",")]
     config = replace(DEMO_LOCALIZE, budgets=budgets, eval_every=args.eval_every)
     per_seed = {}
+    (HERE / "results").mkdir(exist_ok=True)
     for seed in seeds:
+        done = HERE / "results" / f"graft_quality-{seed}.json"
+        if args.aggregate:
+            per_seed[seed] = json.loads(done.read_text())
+            continue
         t0 = time.perf_counter()
         # the demo's caches: seed 42 with the demo's budgets is exactly `make demo` and is reused
         ft_dir = cached_finetune(TASK, K, seed, cache=Path("runs/demo/cache"), config=DEMO_FINETUNE)
         m = run_graft(ft_dir, Path("runs/demo") if seed == 42 else Path(f"runs/demo-seed{seed}"), config=config)
         per_seed[seed] = {"rows": m["rows"], "seconds": time.perf_counter() - t0,
                           "step_seconds": m["localization"]["step_seconds"]}
+        done.write_text(json.dumps(per_seed[seed], indent=2))
         print(f"seed {seed} done in {per_seed[seed]['seconds']:.0f}s", flush=True)
-    (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "graft_quality.json").write_text(json.dumps(per_seed, indent=2))
 
     def stat(model: str, key: str = "score") -> tuple[float, float]:

@@ -24,7 +24,7 @@ def test_batch_schedule_deterministic_epochs():
 def test_default_steps_rule():
     assert FinetuneConfig(max_steps=None).resolved_steps(2, 16) == 512
     assert FinetuneConfig(max_steps=None).resolved_steps(2, 1000) == 16 * 2 * 512
-    assert FinetuneConfig().resolved_steps(2, 64) == 1000
+    assert FinetuneConfig().resolved_steps(2, 64) == 400
 
 
 def test_finetune_learns_toy_task(tiny_bert, toy_data):

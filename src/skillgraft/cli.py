@@ -86,9 +86,9 @@ def finetune(
     mode: str = typer.Option("head", help="scorer: head | prompt | causal"),
     pooling: Optional[str] = typer.Option(None, help="head pooling: cls | mean | last (default: mean; last for LMs)"),
     optimizer: str = typer.Option("sgd", help="sgd | adamw"),
-    lr: Optional[float] = typer.Option(None, help="learning rate (default: 0.01 for SGD, 2e-5 for AdamW)"),
+    lr: Optional[float] = typer.Option(None, help="learning rate (default: 0.1 for SGD, 2e-5 for AdamW)"),
     batch_size: int = typer.Option(8, help="examples per step"),
-    steps: Optional[int] = typer.Option(None, help="training steps (default: 16·n·k capped at 1000)"),
+    steps: Optional[int] = typer.Option(None, help="training steps (default: 16·n·k capped at 400)"),
     weight_decay: float = typer.Option(1e-4, help="weight decay"),
     l1: float = typer.Option(0.0, help="L1 penalty λ on ‖θ−θ_pre‖₁ (1e-3 helps AdamW localize)"),
     freeze_embeddings: bool = typer.Option(True, help="freeze embeddings"),
@@ -106,7 +106,7 @@ def finetune(
     """Fine-tune a model on a k-shot task and write a run directory (model, config, metrics, plots)."""
     from skillgraft.train import FinetuneConfig, run_finetune  # noqa: PLC0415
 
-    lr = lr if lr is not None else (0.01 if optimizer == "sgd" else 2e-5)
+    lr = lr if lr is not None else (0.1 if optimizer == "sgd" else 2e-5)
     layer_list = parse_layers(layers, task=task, model=model, mode=mode, k=k, seed=seed, data_dir=data_dir)
     config = FinetuneConfig(optimizer=optimizer, lr=lr, batch_size=batch_size, weight_decay=weight_decay, steps=steps,
                             l1=l1, freeze_embeddings=freeze_embeddings, freeze_head=freeze_head, bias_only=bias_only,

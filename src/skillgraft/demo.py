@@ -16,8 +16,8 @@ from skillgraft.recipes.base import cached_finetune
 from skillgraft.train.finetune import FinetuneConfig
 
 TASK, K = "SST-2", 64
-DEMO_FINETUNE = FinetuneConfig(optimizer="sgd", lr=0.01, batch_size=8, steps=400, eval_every=100)
-DEMO_LOCALIZE = LocalizeConfig(sparsity=1e-4, steps=100, budgets=[1e-4, 3e-4, 1e-3], eval_every=10)
+DEMO_FINETUNE = FinetuneConfig(optimizer="sgd", lr=0.1, batch_size=8, steps=400, eval_every=100)
+DEMO_LOCALIZE = LocalizeConfig(sparsity=1e-4, steps=50, budgets=[1e-4, 3e-4, 1e-3], eval_every=10)
 
 
 def run_demo(out: str | os.PathLike = "runs/demo", *, seed: int = 42, data_dir: str | None = None) -> Path:

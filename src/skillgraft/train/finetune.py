@@ -27,12 +27,12 @@ class FinetuneConfig:
     """Settings of one fine-tuning run (defaults: the paper's SGD recipe, tuned for MiniLM)."""
 
     optimizer: Literal["sgd", "adamw"] = field(default="sgd", metadata={"help": "sgd (paper default) or adamw"})
-    lr: float = field(default=0.01, metadata={"help": "learning rate (SGD; MiniLM SST-2 sweep in bench/RESULTS.md)"})
+    lr: float = field(default=0.1, metadata={"help": "learning rate (SGD; MiniLM SST-2 sweep in bench/RESULTS.md)"})
     batch_size: int = field(default=8, metadata={"help": "examples per step (split over processes)"})
     weight_decay: float = field(default=1e-4, metadata={"help": "weight decay"})
     max_grad_norm: float | None = field(default=1.0, metadata={"help": "gradient clipping (None: off)"})
     steps: int | None = field(default=None, metadata={"help": "steps; None: 16·n·k capped at 16·n·512"})
-    max_steps: int | None = field(default=1000, metadata={"help": "cap on the default step count (None: none)"})
+    max_steps: int | None = field(default=400, metadata={"help": "cap on the default step count (None: none)"})
     eval_every: int = field(default=100, metadata={"help": "dev evaluation interval in steps (0: only at end)"})
     l1: float = field(default=0.0, metadata={"help": "λ of the L1 penalty λ‖θ−θ_pre‖₁ on movement"})
     freeze_embeddings: bool = field(default=True, metadata={"help": "freeze embeddings (paper default)"})
