@@ -193,15 +193,17 @@ def test_ood_recipe_tiny(tiny_bert, toy_root, tmp_path):
 def test_wise_recipe_tiny(tiny_bert, toy_root, tmp_path):
     over = tiny_overrides(tiny_bert, toy_root, seeds=[13], alphas=[0, 0.5, 1], graft_budgets=[0.1],
                           transfers=[{"source": "SST-2", "targets": [{"task": "imdb",
-                                                                      "labels": {"neg": "0", "pos": "1"}}]}])
+                                                                      "labels": {"neg": "0", "pos": "1"}}]},
+                                     {"source": "mpqa", "targets": ["SST-2"]}])
     out = run_recipe(RECIPES / "wise.yaml", tmp_path / "run", overrides=over, cache=tmp_path / "cache")
     m = json.loads((out / "metrics.json").read_text())
-    curves = {(r["curve"], r["alpha"]) for r in m["curves"]}
+    curves = {(r["curve"], r["alpha"]) for r in m["curves"] if r["source"] == "SST-2"}
     assert curves == {(c, a) for c in ("WiSE-FT", "WiSE-graft 0.1") for a in (0.0, 0.5, 1.0)}
-    pts = {(p["curve"], p["alpha"]): p for p in m["points"]}
+    pts = {(p["curve"], p["alpha"]): p for p in m["points"] if p["source"] == "SST-2"}
     # α = 0 is the same model (head only) on both curves
     assert pts[("WiSE-FT", 0.0)]["imdb:score"] == pts[("WiSE-graft 0.1", 0.0)]["imdb:score"]
     assert (out / "wise_SST-2_to_imdb.png").stat().st_size > 1000
+    assert (out / "wise_mpqa_to_SST-2.png").stat().st_size > 1000  # a second source with other eval sets
     assert (out / "points.csv").is_file() and "WiSE-graft" in (out / "report.md").read_text()
 
 

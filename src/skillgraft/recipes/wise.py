@@ -76,7 +76,7 @@ def wise(cfg: dict, run: RunDir) -> dict:
 
 
 def _mean_curves(points: list[dict]) -> list[dict]:
-    keys = [k for k in points[0] if k.endswith(":score") or k.endswith(":ece")] if points else []
+    keys = list(dict.fromkeys(k for p in points for k in p if k.endswith(":score") or k.endswith(":ece")))
     out: dict[tuple, dict] = {}
     for p in points:
         g = (p["source"], p["curve"], p["alpha"])
@@ -86,7 +86,9 @@ def _mean_curves(points: list[dict]) -> list[dict]:
         for k in keys:
             if k in p:
                 row[k].append(p[k])
-    return [{**r, **{k: float(np.mean(r[k])) for k in keys if r.get(k)}} for r in out.values()]
+    # sources evaluate on different sets: keep only the keys a curve has values for
+    return [{k: (float(np.mean(v)) if k in keys else v) for k, v in r.items() if k not in keys or v}
+            for r in out.values()]
 
 
 def _plot(run: RunDir, rows: list[dict], source: str, target: str) -> None:
