@@ -98,7 +98,7 @@ def finetune(
     model_seed: int = typer.Option(0, help="model seed (head init, batch order)"),
     eval_every: int = typer.Option(100, help="dev evaluation interval"),
     max_length: int = typer.Option(128, help="max tokens per example"),
-    test_limit: Optional[int] = typer.Option(None, help="evaluate on the first N test examples only"),
+    test_limit: Optional[int] = typer.Option(None, help="evaluate on a fixed seeded sample of N test examples"),
     out: Optional[Path] = typer.Option(None, help="run directory (default: runs/ft-<task>-<k>-<seed>)"),
     overwrite: bool = typer.Option(False, help="replace an existing run directory"),
     data_dir: Optional[Path] = DataDir,
@@ -202,7 +202,7 @@ def graft(
     l1: float = typer.Option(0.0, help="L1 on γ (Localize-and-Stitch style)"),
     eval_every: int = typer.Option(1, help="score the rounded graft every N steps"),
     seed: int = typer.Option(0, help="seed of S's initialisation"),
-    test_limit: Optional[int] = typer.Option(None, help="evaluate on the first N test examples"),
+    test_limit: Optional[int] = typer.Option(None, help="evaluate on a fixed seeded sample of N test examples"),
     baselines: bool = typer.Option(True, help="also score matched-size baselines"),
     data_dir: Optional[Path] = DataDir,
 ) -> None:
@@ -298,7 +298,7 @@ def sweep(
     learned: bool = typer.Option(True, help="include learned grafts (one trajectory, top-k of γ per level ≤ 1e-2)"),
     steps: int = typer.Option(100, help="localization steps"),
     eval_every: int = typer.Option(10, help="score interval during localization"),
-    test_limit: Optional[int] = typer.Option(None, help="evaluate on the first N test examples"),
+    test_limit: Optional[int] = typer.Option(None, help="evaluate on a fixed seeded sample of N test examples"),
     data_dir: Optional[Path] = DataDir,
 ) -> None:
     """Accuracy vs region size for learned, top-movement and random regions (paper Figs. 2/4): CSV + PNG."""
@@ -395,7 +395,7 @@ def continual_add_cmd(
     localize_steps: int = typer.Option(30, help="localization steps when learning γ_task"),
     init: str = typer.Option("current", help="current (paper: train owned coordinates from the current model) | "
                                              "graft (start them from the single-task graft)"),
-    test_limit: Optional[int] = typer.Option(None, help="evaluate on the first N test examples"),
+    test_limit: Optional[int] = typer.Option(None, help="evaluate on a fixed seeded sample of N test examples"),
 ) -> None:
     """Learn TASK on its region minus earlier tasks' regions; earlier tasks' coordinates never change."""
     from skillgraft.continual import continual_add  # noqa: PLC0415

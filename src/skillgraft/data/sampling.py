@@ -57,7 +57,8 @@ def load_kshot(task: Task | str, k: int, seed: int, data_dir: str | os.PathLike 
                *, test_limit: int | None = None) -> FewShotData:
     """The (train, dev, test) splits of a k-shot draw of ``task``.
 
-    ``test_limit`` keeps only the first N test examples (for quick runs); None keeps all.
+    ``test_limit`` keeps a fixed, seeded sample of N test examples in file order (for quick runs; several
+    test files are sorted by label, so a plain head would be one-sided); None keeps all.
     """
     task = get_task(task)
     if not task.has_train:
@@ -75,6 +76,7 @@ def load_kshot(task: Task | str, k: int, seed: int, data_dir: str | os.PathLike 
         full = load_split(task, "train", root)
         train, dev = sample_kshot(full, task.num_labels, k, seed, source=f"{task.name} train split")
         test = load_split(task, "test", root)
-    if test_limit is not None:
-        test = test[:test_limit]
+    if test_limit is not None and test_limit < len(test):
+        keep = np.sort(np.random.RandomState(0).choice(len(test), test_limit, replace=False))
+        test = [test[i] for i in keep]
     return FewShotData(task, k, seed, train, dev, test)
