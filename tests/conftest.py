@@ -11,7 +11,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import torch  # noqa: E402
 from tiny import build_tiny, write_sentiment_data  # noqa: E402
+
+# One intra-op thread: tiny models are dominated by thread overhead, and on a shared 2-core machine
+# OpenMP spin-waiting across processes makes them 10-100x slower. SKILLGRAFT_TEST_THREADS overrides.
+torch.set_num_threads(int(os.environ.get("SKILLGRAFT_TEST_THREADS", "1")))
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -6,21 +6,13 @@ import torch
 from skillgraft.data import load_kshot
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
-from skillgraft.fisher import (AutoRGN, FisherConfig, Snapshots, aggregate_layers, block_names, fim_layer_scores,
+from skillgraft.fisher import (AutoRGN, Snapshots, aggregate_layers, block_names, fim_layer_scores,
                                fish_region, fisher_diagonal, rank_correlation, ranking_stability, resolve_layer_spec)
 from skillgraft.graft import graftable_names
 from skillgraft.models import build_scorer
 from skillgraft.train import FinetuneConfig, finetune
 
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run far faster on one intra-op thread (no OpenMP spin-waiting on a shared 2-core box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 EXAMPLES = [Example("the movie was great", 1), Example("bad plot really boring it is a film", 0),

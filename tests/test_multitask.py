@@ -34,14 +34,6 @@ def write_topic_data(root, folder="ag_news", n_train=160, n_test=80, seed=0):
     return root
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: on a shared 2-core machine thread oversubscription makes tiny models 50x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.fixture(scope="module")
 def multi_data(tmp_path_factory):

@@ -13,7 +13,7 @@ from tiny import write_sentiment_data
 from skillgraft.data import Example, load_kshot
 from skillgraft.data.label_map import check_label_map, map_examples
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft import Graft, LocalizeConfig, Region, localize, top_movement
+from skillgraft.graft import Graft, top_movement
 from skillgraft.graft.interpolate import interpolate
 from skillgraft.models import build_scorer
 from skillgraft.recipes import run_recipe
@@ -24,14 +24,6 @@ TINY_FT = {"optimizer": "adamw", "lr": 3e-3, "steps": 16, "eval_every": 8, "free
 TINY_LOC = {"sparsity": 0.01, "steps": 2, "eval_every": 1, "budgets": [0.01, 0.1], "micro_batch": 32}
 SHORT = {**TINY_FT, "steps": 4, "eval_every": 0}
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These runs are tiny: one thread avoids oversubscription on a busy 2-core machine (10x faster)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

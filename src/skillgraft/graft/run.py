@@ -15,7 +15,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from skillgraft.data.sampling import load_kshot
 from skillgraft.errors import SkillgraftError

@@ -19,7 +19,7 @@ from skillgraft.continual import ContinualLearner
 from skillgraft.data import get_task, load_kshot
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.predict import evaluate
-from skillgraft.graft import Graft, localize
+from skillgraft.graft import Graft
 from skillgraft.recipes import common as C
 from skillgraft.recipes.base import RunDir, cached_finetune, load_finetuned, recipe
 from skillgraft.train.multitask import MultiTaskScorer, multitask_finetune
