@@ -100,6 +100,14 @@ def test_file_is_about_eight_bytes_per_parameter(pair, tmp_path):
     size = (tmp_path / "g" / "graft.safetensors").stat().st_size
     header = int.from_bytes((tmp_path / "g" / "graft.safetensors").read_bytes()[:8], "little") + 8
     assert (size - header) / len(region) == pytest.approx(8.0)
+    assert header < 1024  # one packed indices tensor + one values tensor, whatever the number of tensors
+    assert Graft.from_pretrained(tmp_path / "g").region == region
+    # values of mixed dtypes fall back to per-tensor entries and still round-trip
+    first = next(iter(g.values))
+    g.values[first] = g.values[first].double()
+    g.save_pretrained(tmp_path / "mixed")
+    back = Graft.from_pretrained(tmp_path / "mixed")
+    assert back.region == region and back.values[first].dtype == torch.float64
 
 
 def test_wrong_base_is_refused(pair, tiny_models):

@@ -190,16 +190,43 @@ class Graft:
                 "carried_parameters": self.carried_size, "carried": sorted(self.carried),
                 "shapes": {k: list(v) for k, v in self.region.shapes.items()}, "metadata": self.metadata}
 
+    def _offsets(self) -> dict[str, int]:
+        """Start of each universe tensor in the concatenation of all of them (``shapes`` order)."""
+        out, start = {}, 0
+        for name, shape in self.region.shapes.items():
+            out[name] = start
+            start += int(torch.Size(shape).numel())
+        return out
+
+    def _packed_tensors(self) -> dict[str, torch.Tensor]:
+        """One flat ``indices`` tensor (positions in the concatenated universe) and one ``values`` tensor.
+
+        Two entries instead of two per tensor keep the safetensors header to a few hundred bytes; a graft
+        whose values mix dtypes falls back to per-tensor entries.
+        """
+        names = [n for n in self.region.shapes if n in self.region.indices]
+        dtypes = {self.values[n].dtype for n in names}
+        tensors: dict[str, torch.Tensor] = {}
+        if len(dtypes) <= 1:
+            offsets = self._offsets()
+            flat = torch.cat([self.region.indices[n] + offsets[n] for n in names]) if names else \
+                torch.empty(0, dtype=torch.long)
+            tensors["indices"] = _compact(flat)
+            tensors["values"] = (torch.cat([self.values[n].reshape(-1) for n in names]) if names
+                                 else torch.empty(0)).contiguous()
+        else:
+            for name in names:
+                tensors[f"{name}::indices"] = _compact(self.region.indices[name])
+                tensors[f"{name}::values"] = self.values[name].contiguous()
+        for name, t in self.carried.items():
+            tensors[f"carried::{name}"] = t.contiguous()
+        return tensors
+
     def save_pretrained(self, directory: str | os.PathLike, *, overwrite: bool = True) -> Path:
         """Write ``graft_config.json`` + ``graft.safetensors`` atomically (the folder appears complete)."""
         from safetensors.torch import save_file  # noqa: PLC0415
 
-        tensors = {}
-        for name, idx in self.region.indices.items():
-            tensors[f"{name}::indices"] = _compact(idx)
-            tensors[f"{name}::values"] = self.values[name].contiguous()
-        for name, t in self.carried.items():
-            tensors[f"carried::{name}"] = t.contiguous()
+        tensors = self._packed_tensors()
         with atomic_dir(directory, overwrite=overwrite) as tmp:
             save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "skillgraft.graft"})
             (tmp / CONFIG_FILE).write_text(json.dumps(self.config(), indent=2))
@@ -223,8 +250,18 @@ class Graft:
             raise SkillgraftError(f"{cfg_path}: format version {cfg['format_version']} is newer than this skillgraft")
         tensors = load_file(str(w_path))
         shapes = {k: tuple(v) for k, v in cfg["shapes"].items()}
-        indices = {k[: -len("::indices")]: v.long() for k, v in tensors.items() if k.endswith("::indices")}
-        values = {k[: -len("::values")]: v for k, v in tensors.items() if k.endswith("::values")}
+        if "indices" in tensors:  # packed layout: positions in the concatenated universe
+            indices, values = {}, {}
+            flat, vals, start = tensors["indices"].long(), tensors["values"], 0
+            for name, shape in shapes.items():
+                end = start + int(torch.Size(shape).numel())
+                lo, hi = torch.searchsorted(flat, torch.tensor([start, end])).tolist()
+                if hi > lo:
+                    indices[name], values[name] = flat[lo:hi] - start, vals[lo:hi]
+                start = end
+        else:
+            indices = {k[: -len("::indices")]: v.long() for k, v in tensors.items() if k.endswith("::indices")}
+            values = {k[: -len("::values")]: v for k, v in tensors.items() if k.endswith("::values")}
         carried = {k[len("carried::"):]: v for k, v in tensors.items() if k.startswith("carried::")}
         return cls(Region(shapes, indices), values, carried, cfg.get("base_model", ""),
                    cfg.get("base_fingerprint", ""), cfg.get("metadata", {}))
