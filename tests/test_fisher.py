@@ -37,6 +37,10 @@ def test_vectorised_fisher_equals_loop(tiny_models, kind, mode, fisher_kind):
     assert all(n.startswith("model.") for n in fast)  # default: every tensor of scorer.model
     assert sum(float(t.sum()) for t in fast.values()) > 0
     assert scorer.model.config._attn_implementation != "skillgraft_vmap"  # attention restored
+    # per-example gradients from one batched backward + layer hooks (Linear/LayerNorm/Conv1D tensors)
+    layered = [n for n in ref if ".layer." in n or ".h." in n]  # the transformer blocks
+    hooked = fisher_diagonal(scorer, EXAMPLES, kind=fisher_kind, method="hooks", chunk_size=2, names=layered)
+    _close(hooked, {n: ref[n] for n in layered})
 
 
 def test_true_fisher_is_expectation_and_sampled_is_seeded(tiny_bert):

@@ -42,14 +42,16 @@ class FisherConfig:
     n_examples: int | None = field(default=None, metadata={"help": "use the first N examples (None: all)"})
     chunk_size: int | None = field(default=None, metadata={
         "help": "per-example gradients held at once (None: 4 on CPU, where larger chunks are slower, 32 on GPU)"})
-    method: Literal["vmap", "loop"] = field(default="vmap", metadata={"help": "vmap (fast) or loop (reference)"})
+    method: Literal["auto", "hooks", "vmap", "loop"] = field(default="vmap", metadata={
+        "help": "auto (hooks when every tensor sits in a Linear/LayerNorm/Conv1D, else vmap) | hooks | vmap | "
+                "loop (reference)"})
     seed: int = field(default=0, metadata={"help": "seed of the labels drawn for kind=sampled"})
 
     def validate(self) -> None:
         if self.kind not in KINDS:
             raise SkillgraftError(f"fisher kind must be one of {KINDS}, got {self.kind!r}")
-        if self.method not in ("vmap", "loop"):
-            raise SkillgraftError(f"fisher method must be 'vmap' or 'loop', got {self.method!r}")
+        if self.method not in ("auto", "hooks", "vmap", "loop"):
+            raise SkillgraftError(f"fisher method must be auto, hooks, vmap or loop, got {self.method!r}")
         if self.chunk_size is not None and self.chunk_size < 1:
             raise SkillgraftError(f"fisher chunk_size must be ≥ 1, got {self.chunk_size}")
         if self.n_examples is not None and self.n_examples < 1:
@@ -162,7 +164,115 @@ def fisher_diagonal(scorer, examples: list[Example], config: FisherConfig | None
     config.validate()
     if config.method == "loop":
         return fisher_loop(scorer, examples, config, names=names, progress=progress)
+    if config.method in ("auto", "hooks"):
+        owners = _hook_owners(scorer, _check_names(scorer, names))
+        if owners is not None:
+            return _fisher_hooks(scorer, examples, config, owners, progress=progress)
+        if config.method == "hooks":
+            raise SkillgraftError("fisher method 'hooks' needs every tensor inside a Linear, LayerNorm or Conv1D; "
+                                  "use vmap for the others (e.g. embeddings, RMSNorm)")
     return _fisher_vmap(scorer, examples, config, names=names, progress=progress)
+
+
+def _hook_owners(scorer, names: list[str]) -> dict | None:
+    """``{module: {param_name: full_name}}`` when every name is a Linear/LayerNorm/Conv1D tensor, else None."""
+    wanted, owners = set(names), {}
+    for mod_name, module in scorer.named_modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.LayerNorm)) or type(module).__name__ == "Conv1D":
+            for pname, _ in module.named_parameters(recurse=False):
+                full = f"{mod_name}.{pname}" if mod_name else pname
+                if full in wanted:
+                    owners.setdefault(module, {})[pname] = full
+    covered = {full for d in owners.values() for full in d.values()}
+    return owners if covered == wanted else None
+
+
+def _per_example_grads(module, x: torch.Tensor, delta: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-example gradients ``[B, *param.shape]`` of a layer from its input x and output gradient δ.
+
+    Linear: G_i = Σ_t δ_itᵀ x_it (one batched matmul); Conv1D (GPT-2): its transpose; LayerNorm:
+    Σ_t δ_it ⊙ x̂_it for the weight, Σ_t δ_it for the bias.
+    """
+    b = x.shape[0]
+    x = x.reshape(b, -1, x.shape[-1]).float()
+    delta = delta.reshape(b, -1, delta.shape[-1]).float()
+    out = {"bias": delta.sum(1)}
+    if isinstance(module, torch.nn.LayerNorm):
+        mean = x.mean(-1, keepdim=True)
+        var = x.var(-1, keepdim=True, unbiased=False)
+        out["weight"] = (delta * (x - mean) / torch.sqrt(var + module.eps)).sum(1)
+    elif isinstance(module, torch.nn.Linear):
+        out["weight"] = torch.bmm(delta.transpose(1, 2), x)
+    else:  # Conv1D: weight is [in, out]
+        out["weight"] = torch.bmm(x.transpose(1, 2), delta)
+    return out
+
+
+def _fisher_hooks(scorer, examples, config: FisherConfig, owners: dict, *, progress) -> dict[str, torch.Tensor]:
+    """Per-example gradients from ONE batched forward/backward per label target.
+
+    Forward hooks keep each layer's input x and output; ``autograd.grad`` of Σ_i w_i·log p(·|x_i) with
+    respect to the layer outputs gives every example's δ at once (examples do not interact), and the
+    per-example parameter gradients follow in closed form (:func:`_per_example_grads`).
+    """
+    examples = _examples(examples, config)
+    device = scorer.device
+    params = dict(scorer.named_parameters())
+    total = {full: torch.zeros(params[full].shape, dtype=torch.float32, device=device)
+             for d in owners.values() for full in d.values()}
+    gen = torch.Generator().manual_seed(config.seed)
+    chunk = config.chunk_size or 16
+    seen: dict = {}
+
+    def keep(module, inputs, output):
+        seen[module] = (inputs[0].detach(), output)
+
+    handles = [m.register_forward_hook(keep) for m in owners]
+    bar = tqdm(range(0, len(examples), chunk), desc=progress if isinstance(progress, str) else "fisher",
+               disable=not progress, leave=False)
+    try:
+        with _eval_frozen(scorer):
+            for p in scorer.parameters():
+                p.requires_grad_(False)
+            for start in bar:
+                part = examples[start:start + chunk]
+                batch = {k: v.to(device) for k, v in scorer.collate(part).items()}
+                labels = batch.pop("labels")
+                if batch["input_ids"].shape[0] != len(part):  # rows are not examples (multi-token causal)
+                    raise _NotPerExample
+                seen.clear()
+                with torch.enable_grad():
+                    inputs_embeds_hook = scorer.model.get_input_embeddings().register_forward_hook(
+                        lambda m, i, o: o.requires_grad_(True))
+                    try:
+                        logp = torch.log_softmax(scorer(**batch).float(), -1)
+                    finally:
+                        inputs_embeds_hook.remove()
+                    weights = _targets(logp.detach().exp(), labels, config.kind, gen)  # [B, R, C]
+                    mods = list(seen)
+                    outs = [seen[m][1] for m in mods]
+                    for r in range(weights.shape[1]):
+                        deltas = torch.autograd.grad((logp * weights[:, r]).sum(), outs, allow_unused=True,
+                                                     retain_graph=r + 1 < weights.shape[1])
+                        for m, d in zip(mods, deltas):
+                            if d is None:
+                                continue
+                            grads = _per_example_grads(m, seen[m][0], d)
+                            for pname, full in owners[m].items():
+                                total[full] += grads[pname].pow(2).sum(0)
+    except _NotPerExample:
+        for h in handles:
+            h.remove()
+        handles = []
+        return _fisher_vmap(scorer, examples, config, names=list(total), progress=progress)
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: (t / len(examples)).cpu() for n, t in total.items()}
+
+
+class _NotPerExample(Exception):
+    """The scorer's batch rows are not one per example; per-example hooks do not apply."""
 
 
 def _fisher_vmap(scorer, examples, config: FisherConfig, *, names, progress) -> dict[str, torch.Tensor]:
