@@ -70,6 +70,7 @@ def test_run_directory_complete_and_atomic(tiny_bert, toy_data, tmp_path):
                      config=FinetuneConfig(steps=10, eval_every=5), progress=False)
     names = {p.name for p in out.iterdir()}
     assert {"model", "config.json", "metrics.json", "test_probs.csv", "confidence.png", "reliability.png"} <= names
+    assert out.stat().st_mode & 0o055 and (out / "metrics.json").stat().st_mode & 0o044  # readable, not 0700/0600
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["test"]["accuracy"] == m["test"]["accuracy"] and "ece" in saved["test"]
     assert Scorer.from_pretrained(out / "model").task.name == "SST-2"
