@@ -228,16 +228,11 @@ def _fisher_hooks(scorer, examples, config: FisherConfig, owners: dict, *, progr
         seen[module] = (inputs[0].detach(), output)
 
     handles = [m.register_forward_hook(keep) for m in owners]
-    bar = tqdm(range(0, len(examples), chunk), desc=progress if isinstance(progress, str) else "fisher",
-               disable=not progress, leave=False)
     try:
         with _eval_frozen(scorer):
             for p in scorer.parameters():
                 p.requires_grad_(False)
-            for start in bar:
-                part = examples[start:start + chunk]
-                batch = {k: v.to(device) for k, v in scorer.collate(part).items()}
-                labels = batch.pop("labels")
+            for part, batch, labels in _chunks(scorer, examples, chunk, progress):
                 if batch["input_ids"].shape[0] != len(part):  # rows are not examples (multi-token causal)
                     raise _NotPerExample
                 seen.clear()
@@ -275,6 +270,16 @@ class _NotPerExample(Exception):
     """The scorer's batch rows are not one per example; per-example hooks do not apply."""
 
 
+def _chunks(scorer, examples: list[Example], chunk: int, progress):
+    """Batches of ``chunk`` examples on the scorer's device: yields (examples, batch without labels, labels)."""
+    bar = tqdm(range(0, len(examples), chunk), desc=progress if isinstance(progress, str) else "fisher",
+               disable=not progress, leave=False)
+    for start in bar:
+        part = examples[start:start + chunk]
+        batch = {k: v.to(scorer.device) for k, v in scorer.collate(part).items()}
+        yield part, batch, batch.pop("labels")
+
+
 def _fisher_vmap(scorer, examples, config: FisherConfig, *, names, progress) -> dict[str, torch.Tensor]:
     from torch.func import functional_call, grad, vmap  # noqa: PLC0415
 
@@ -297,15 +302,10 @@ def _fisher_vmap(scorer, examples, config: FisherConfig, *, names, progress) -> 
     # outer vmap: examples; inner vmap: label targets of one example (one forward, R backwards)
     per_target = vmap(grad(log_lik), in_dims=(None, None, 0))
     per_example = vmap(per_target, in_dims=(None, 0, 0))
-    bar = tqdm(range(0, len(examples), chunk), desc=progress if isinstance(progress, str) else "fisher",
-               disable=not progress, leave=False)
     with _eval_frozen(scorer), torch.no_grad():
         for p in scorer.parameters():
             p.requires_grad_(False)
-        for start in bar:
-            part = examples[start:start + chunk]
-            batch = {k: v.to(device) for k, v in scorer.collate(part).items()}
-            labels = batch.pop("labels")
+        for part, batch, labels in _chunks(scorer, examples, chunk, progress):
             if config.kind == "empirical":  # no forward needed to pick the targets
                 probs = torch.ones(len(part), scorer.task.num_labels, device=device)
             else:
