@@ -33,7 +33,7 @@ from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft, fingerprint, graftable_names
 from skillgraft.graft.region import Region
-from skillgraft.io import atomic_dir
+from skillgraft.io import atomic_dir, read_json
 from skillgraft.train.finetune import FinetuneConfig
 from skillgraft.train.multitask import MultiTaskScorer, finetune_region
 
@@ -181,11 +181,8 @@ class ContinualLearner:
         path = directory / STATE_FILE
         if not path.is_file():
             raise SkillgraftError(f"{directory}: no {STATE_FILE}; not a continual-learning state folder")
-        try:
-            state = json.loads(path.read_text())
-            entries = state["tasks"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise SkillgraftError(f"{path}: unreadable continual state ({e})") from None
+        state = read_json(path, required=("tasks",), what="continual state")
+        entries = state["tasks"]
         if state.get("format") != "skillgraft.continual":
             raise SkillgraftError(f"{path}: not a skillgraft continual state")
         regions = {}

@@ -78,11 +78,23 @@ def _jsonable(x):
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
-def read_json(path: str | os.PathLike) -> dict:
+def read_json(path: str | os.PathLike, *, required: tuple[str, ...] = (), what: str = "file") -> dict:
+    """A JSON object from ``path``; missing file, bad JSON or a missing ``required`` key → one clear error."""
     path = Path(path)
     if not path.is_file():
-        raise SkillgraftError(f"file not found: {path}")
+        raise SkillgraftError(f"{what} not found: {path}")
     try:
-        return json.loads(path.read_text())
+        obj = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise SkillgraftError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    missing = [k for k in required if not isinstance(obj, dict) or k not in obj]
+    if missing:
+        raise SkillgraftError(f"{path}: unreadable {what} (missing field(s) {missing})")
+    return obj
+
+
+def config_hash(obj) -> str:
+    """Short stable hash of a JSON-able config (cache keys)."""
+    import hashlib  # noqa: PLC0415
+
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]

@@ -30,7 +30,7 @@ from skillgraft.io import atomic_path, read_json, write_json
 
 
 def _region_cache(out_dir: Path, key: dict) -> Path:
-    from skillgraft.recipes.base import config_hash  # noqa: PLC0415
+    from skillgraft.io import config_hash  # noqa: PLC0415
 
     return out_dir / ".cache" / f"localize-{config_hash(key)}"
 
@@ -61,7 +61,7 @@ def run_graft(ft_dir: str | os.PathLike, out_dir: str | os.PathLike, *, config: 
               data_dir: str | None = None, test_limit: int | None = None, baselines: bool = True,
               progress: bool = True) -> dict:
     """Learn grafts from the fine-tuning run ``ft_dir`` and compare them; returns the metrics."""
-    from skillgraft.recipes.base import load_finetuned  # noqa: PLC0415
+    from skillgraft.train.run import load_finetuned  # noqa: PLC0415
 
     config = config or LocalizeConfig()
     config.validate()

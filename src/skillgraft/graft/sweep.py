@@ -20,7 +20,7 @@ def run_sweep(ft_dir: str | os.PathLike, out_dir: str | os.PathLike, *, levels: 
               learned: bool = True, steps: int = 100, eval_every: int = 10, sparsity: float = 1e-4,
               test_limit: int | None = None, data_dir: str | None = None, progress: bool = True) -> list[dict]:
     """Score learned, top-movement and random regions at each level; writes ``sweep.csv`` and ``sweep.png``."""
-    from skillgraft.recipes.base import load_finetuned  # noqa: PLC0415
+    from skillgraft.train.run import load_finetuned  # noqa: PLC0415
 
     levels = sorted(levels or [1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0])
     out_dir = Path(out_dir)

@@ -11,8 +11,6 @@ and ``report.md`` through :class:`RunDir`. Finished fine-tuning runs are cached 
 from __future__ import annotations
 
 import csv
-import hashlib
-import json
 import os
 from collections.abc import Callable
 from dataclasses import asdict
@@ -22,7 +20,8 @@ import numpy as np
 import yaml
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.io import atomic_dir, atomic_path, read_json, write_json
+from skillgraft.io import atomic_dir, atomic_path, config_hash, write_json
+from skillgraft.train.run import load_finetuned  # noqa: F401 - re-exported for recipes
 
 RECIPES: dict[str, Callable] = {}
 DEFAULT_CACHE = Path("runs") / "cache"
@@ -110,8 +109,6 @@ def run_recipe(path: str | os.PathLike, out: str | os.PathLike | None = None, *,
     return out
 
 
-def config_hash(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def cached_finetune(task: str, k: int, seed: int, *, cache: str | os.PathLike = DEFAULT_CACHE, model: str | None = None,
@@ -137,18 +134,3 @@ def mean_std(values: list[float]) -> str:
     if not arr.size:
         return "-"
     return f"{arr.mean():.4f} ({arr.std():.4f})" if arr.size > 1 else f"{arr.mean():.4f}"
-
-
-def load_finetuned(run_dir: str | os.PathLike):
-    """(fine-tuned scorer, pre-trained scorer, resolved config) of a fine-tuning run directory."""
-    from skillgraft.models import Scorer, build_scorer  # noqa: PLC0415
-
-    run_dir = Path(run_dir)
-    model_dir = run_dir / "model"
-    if not model_dir.is_dir():
-        raise SkillgraftError(f"{run_dir}: not a fine-tuning run directory (no model/ folder)")
-    cfg = read_json(run_dir / "config.json")
-    ft = Scorer.from_pretrained(model_dir)
-    pre = build_scorer(cfg["model"], ft.task, cfg["mode"], pooling=cfg["pooling"], max_length=cfg["max_length"],
-                       head_seed=cfg["finetune"]["seed"])
-    return ft, pre, cfg

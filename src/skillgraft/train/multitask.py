@@ -32,7 +32,7 @@ from skillgraft.data.loading import Example
 from skillgraft.data.tasks import Task, get_task, task_from_dict
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.predict import evaluate
-from skillgraft.io import atomic_dir
+from skillgraft.io import atomic_dir, read_json
 from skillgraft.models.freezing import freeze
 from skillgraft.models.scorer import Scorer, build_scorer
 from skillgraft.train.finetune import FinetuneConfig, batch_schedule, freeze_unused
@@ -150,12 +150,8 @@ class MultiTaskScorer(nn.Module):
         cfg_path = directory / MT_CONFIG
         if not cfg_path.is_file():
             raise SkillgraftError(f"{directory}: no {MT_CONFIG}; not a skillgraft multi-task model folder")
-        try:
-            cfg = json.loads(cfg_path.read_text())
-            scorers = cfg["scorers"]
-            order = cfg["tasks"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise SkillgraftError(f"{cfg_path}: unreadable multi-task config ({e})") from None
+        cfg = read_json(cfg_path, required=("scorers", "tasks"), what="multi-task config")
+        scorers, order = cfg["scorers"], cfg["tasks"]
         first = scorers[order[0]]
         mode = first["mode"]
         kind = "base" if mode == "head" or first.get("tied_decoder") else ("mlm" if mode == "prompt" else "causal")

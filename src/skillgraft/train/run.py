@@ -14,7 +14,8 @@ from skillgraft import __version__
 from skillgraft.data.sampling import load_kshot
 from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram
 from skillgraft.evaluate.predict import evaluate, labels_of
-from skillgraft.io import atomic_dir, atomic_path, write_json
+from skillgraft.errors import SkillgraftError
+from skillgraft.io import atomic_dir, atomic_path, read_json, write_json
 from skillgraft.models.scorer import build_scorer
 from skillgraft.train.finetune import FinetuneConfig, finetune
 
@@ -74,3 +75,18 @@ def run_finetune(task: str, k: int, seed: int, out_dir: str | os.PathLike, *, mo
         confidence_histogram({"fine-tuned": probs}, tmp / "confidence.png", title=f"{data.task.name} test")
         reliability_diagram({"fine-tuned": (probs, labels)}, tmp / "reliability.png", title=f"{data.task.name} test")
     return metrics
+
+
+def load_finetuned(run_dir: str | os.PathLike):
+    """(fine-tuned scorer, pre-trained scorer, resolved config) of a fine-tuning run directory."""
+    from skillgraft.models import Scorer  # noqa: PLC0415
+
+    run_dir = Path(run_dir)
+    model_dir = run_dir / "model"
+    if not model_dir.is_dir():
+        raise SkillgraftError(f"{run_dir}: not a fine-tuning run directory (no model/ folder)")
+    cfg = read_json(run_dir / "config.json", what="fine-tuning run config")
+    ft = Scorer.from_pretrained(model_dir)
+    pre = build_scorer(cfg["model"], ft.task, cfg["mode"], pooling=cfg["pooling"], max_length=cfg["max_length"],
+                       head_seed=cfg["finetune"]["seed"])
+    return ft, pre, cfg
