@@ -43,6 +43,63 @@ def test_vectorised_fisher_equals_loop(tiny_models, kind, mode, fisher_kind):
     _close(hooked, {n: ref[n] for n in layered})
 
 
+@pytest.mark.parametrize("kind", ["bert", "roberta", "gpt2", "llama"])
+def test_hooks_fisher_covers_the_whole_body(tiny_models, kind, monkeypatch):
+    """Closed-form per-example gradients for every body tensor: Linear/Conv1D, LayerNorm/RMSNorm and the
+    embedding tables (word, position — shared [1, T] position ids included — and token type)."""
+    import skillgraft.fisher.fisher as F
+
+    scorer = build_scorer(str(tiny_models[kind]), "SST-2", "head")
+    ref = fisher_diagonal(scorer, EXAMPLES, kind="true", method="loop")
+    monkeypatch.setattr(F, "_fisher_vmap", lambda *a, **k: pytest.fail("fell back to vmap"))
+    hooked = fisher_diagonal(scorer, EXAMPLES, kind="true", method="hooks", chunk_size=3)
+    _close(hooked, ref)
+    embeddings = [n for n in ref if "embed" in n or ".wte." in n or ".wpe." in n]
+    assert embeddings and all(float(hooked[n].sum()) > 0 for n in embeddings)
+
+
+def test_hooks_fisher_refuses_tied_weights_and_auto_falls_back(tiny_bert):
+    scorer = build_scorer(str(tiny_bert), "SST-2", "prompt")  # MLM decoder tied to the word embeddings
+    with pytest.raises(SkillgraftError, match="tied"):
+        fisher_diagonal(scorer, EXAMPLES, method="hooks")
+    _close(fisher_diagonal(scorer, EXAMPLES, method="auto", chunk_size=2),
+           fisher_diagonal(scorer, EXAMPLES, method="loop"))
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "llama"])
+def test_fisher_traces_equal_the_summed_loop_diagonal(tiny_models, kind, monkeypatch):
+    import skillgraft.fisher.fisher as F
+
+    scorer = build_scorer(str(tiny_models[kind]), "SST-2", "head")
+    ref = fisher_diagonal(scorer, EXAMPLES, method="loop")
+    monkeypatch.setattr(F, "_fisher_vmap", lambda *a, **k: pytest.fail("fell back to vmap"))
+    traces = F.fisher_traces(scorer, EXAMPLES, F.FisherConfig(chunk_size=2))
+    assert traces.keys() == ref.keys()
+    for n, t in ref.items():
+        assert traces[n] == pytest.approx(float(t.double().sum()), rel=1e-3, abs=1e-9), n
+    scores = fim_layer_scores(scorer, EXAMPLES)  # sum aggregation: from the traces
+    assert scores.scores == pytest.approx(aggregate_layers(ref, scorer).scores, rel=1e-3)
+    with pytest.raises(SkillgraftError, match="diagonal"):
+        aggregate_layers(traces, scorer, aggregate="frobenius")
+
+
+@pytest.mark.parametrize("tokens", [3, 40])  # Gram form (T² (in+out) < in·out) and the explicit product
+def test_per_example_squares_of_a_linear_layer(tokens):
+    from skillgraft.fisher.fisher import _accumulate_squares
+
+    layer = torch.nn.Linear(16, 24)
+    x, delta = torch.randn(5, tokens, 16), torch.randn(5, tokens, 24)
+    grads = torch.einsum("bto,bti->boi", delta, x)
+    diag = {"weight": torch.zeros(24, 16), "bias": torch.zeros(24)}
+    _accumulate_squares(layer, x, delta, diag)
+    assert torch.allclose(diag["weight"], grads.pow(2).sum(0), rtol=1e-4)
+    assert torch.allclose(diag["bias"], delta.sum(1).pow(2).sum(0), rtol=1e-4)
+    trace = {"weight": torch.zeros(()), "bias": torch.zeros(())}
+    _accumulate_squares(layer, x, delta, trace, trace=True)
+    assert float(trace["weight"]) == pytest.approx(float(grads.pow(2).sum()), rel=1e-4)
+    assert float(trace["bias"]) == pytest.approx(float(diag["bias"].sum()), rel=1e-4)
+
+
 def test_true_fisher_is_expectation_and_sampled_is_seeded(tiny_bert):
     scorer = build_scorer(str(tiny_bert), "SST-2", "head")
     names = [n for n, _ in scorer.named_parameters() if "layer.0.output.dense" in n]

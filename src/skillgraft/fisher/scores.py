@@ -18,7 +18,7 @@ import torch
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
-from skillgraft.fisher.fisher import FisherConfig, fisher_diagonal
+from skillgraft.fisher.fisher import FisherConfig, fisher_diagonal, fisher_traces
 from skillgraft.models.freezing import block_index, param_groups
 
 Aggregate = Literal["sum", "frobenius"]
@@ -66,23 +66,30 @@ def block_names(scorer) -> dict[int, list[str]]:
     return dict(sorted(out.items()))
 
 
-def aggregate_layers(fisher: dict[str, torch.Tensor], scorer, *, aggregate: Aggregate = "sum",
+def aggregate_layers(fisher: dict[str, torch.Tensor | float], scorer, *, aggregate: Aggregate = "sum",
                      normalize: bool = False) -> LayerScores:
-    """Aggregate a diagonal Fisher into one score per block (see the module docstring)."""
+    """Aggregate a diagonal Fisher into one score per block (see the module docstring).
+
+    For ``sum`` the values may also be per-tensor traces (floats or 0-d tensors, :func:`fisher_traces`).
+    """
     if aggregate not in ("sum", "frobenius"):
         raise SkillgraftError(f"FIM aggregate must be 'sum' or 'frobenius', got {aggregate!r}")
     blocks = block_names(scorer)
     missing = [n for names in blocks.values() for n in names if n not in fisher]
     if missing:
         raise SkillgraftError(f"the Fisher does not cover block parameter(s) {missing[:3]}; compute it over them")
+    params = dict(scorer.named_parameters())
+    if aggregate == "frobenius" and any(torch.as_tensor(fisher[n]).numel() != params[n].numel()
+                                        for names in blocks.values() for n in names):
+        raise SkillgraftError("FIM aggregate 'frobenius' needs the diagonal Fisher, not per-tensor traces")
     scores, sizes = [], []
     for i in range(len(blocks)):
-        tensors = [fisher[n].double() for n in blocks[i]]
+        tensors = [torch.as_tensor(fisher[n]).double() for n in blocks[i]]
         if aggregate == "sum":
             s = sum(float(t.sum()) for t in tensors)
         else:
             s = sum(float(t.norm()) for t in tensors)
-        n = sum(t.numel() for t in tensors)
+        n = sum(params[name].numel() for name in blocks[i])
         scores.append(s / n if normalize else s)
         sizes.append(n)
     return LayerScores(scores, sizes, aggregate, normalize)
@@ -90,10 +97,17 @@ def aggregate_layers(fisher: dict[str, torch.Tensor], scorer, *, aggregate: Aggr
 
 def fim_layer_scores(scorer, examples: list[Example], *, aggregate: Aggregate = "sum", normalize: bool = False,
                      config: FisherConfig | None = None, progress: bool | str = False) -> LayerScores:
-    """Compute the Fisher over the block parameters of ``scorer`` and score every block."""
+    """Compute the Fisher over the block parameters of ``scorer`` and score every block.
+
+    ``sum`` needs only each tensor's Fisher mass (:func:`fisher_traces`, cheaper than the diagonal);
+    ``frobenius`` needs the diagonal.
+    """
     config = config or FisherConfig()
     names = [n for names in block_names(scorer).values() for n in names]
-    fisher = fisher_diagonal(scorer, examples, config, names=names, progress=progress)
+    if aggregate == "sum":
+        fisher = fisher_traces(scorer, examples, config, names=names, progress=progress)
+    else:
+        fisher = fisher_diagonal(scorer, examples, config, names=names, progress=progress)
     out = aggregate_layers(fisher, scorer, aggregate=aggregate, normalize=normalize)
     out.fisher = asdict(config)
     return out
