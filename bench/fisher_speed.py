@@ -70,11 +70,30 @@ def main() -> None:
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
 
+    # roofline: the matmul FLOPs every exact path must do — forward, input-gradient backward and the
+    # per-example weight gradients of the Linear layers, 2·T·in·out each (attention/softmax/norms excluded)
+    linear = sum(m.weight.numel() for n, m in scorer.model.named_modules() if isinstance(m, torch.nn.Linear)
+                 and (names is None or f"model.{n}.weight" in names))
+    flops = 3 * 2 * sum(tokens) * linear
+    a = torch.randn(1024, 1024, device=args.device)
+    for _ in range(3):
+        a @ a
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    sync()
+    peak = 10 * 2 * 1024**3 / (time.perf_counter() - t0)
+
     ref, t_loop = timed("loop", None)
     scale = max(float(t.abs().max()) for t in ref.values())
     out = {"n": len(examples), "params": args.params, "fisher_parameters": n_params, "device": args.device,
            "threads": torch.get_num_threads(), "mean_tokens": round(sum(tokens) / len(tokens), 1),
-           "loop_seconds": round(t_loop, 2), "loop_examples_per_second": round(len(examples) / t_loop, 2)}
+           "loop_seconds": round(t_loop, 2), "loop_examples_per_second": round(len(examples) / t_loop, 2),
+           "matmul_gflop": round(flops / 1e9, 1), "gemm_peak_gflops": round(peak / 1e9, 1),
+           "loop_gflops": round(flops / t_loop / 1e9, 1),
+           # no exact diagonal can beat the time of its matmuls at the GEMM peak of this machine
+           "best_possible_diagonal_speedup": round(t_loop / (flops / peak), 2)}
     for method in methods:
         fast, t = timed(method, args.chunk_size)
         if method == "traces":

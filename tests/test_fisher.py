@@ -247,6 +247,12 @@ def test_cli_fim_and_finetune_fim_layers(tiny_bert, toy_data, tmp_path):
     assert res.exit_code == 0, res.output
     saved = json.loads((tmp_path / "fim" / "fim.json").read_text())
     assert sorted(saved["ranking"]) == [0, 1] and (tmp_path / "fim" / "fim.png").stat().st_size > 0
+    res = runner.invoke(app, ["fim", "--task", "SST-2", "--model", str(tiny_bert), "--k", "4", "--seed", "13",
+                              "--data-dir", str(toy_data), "--method", "loop", "--out", str(tmp_path / "fim-loop")])
+    assert res.exit_code == 0, res.output
+    loop = json.loads((tmp_path / "fim-loop" / "fim.json").read_text())
+    assert loop["fisher"]["method"] == "loop" and saved["fisher"]["method"] == "auto"
+    assert loop["scores"] == pytest.approx(saved["scores"], rel=1e-3)
     res = runner.invoke(app, ["finetune", "--task", "SST-2", "--model", str(tiny_bert), "--k", "4", "--seed", "13",
                               "--data-dir", str(toy_data), "--layers", "fim:top-1", "--steps", "2",
                               "--eval-every", "0", "--out", str(tmp_path / "ft")])

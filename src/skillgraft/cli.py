@@ -339,7 +339,9 @@ def fim(
     kind: str = typer.Option("empirical", help="empirical | true | sampled"),
     aggregate: str = typer.Option("sum", help="block score: sum (of Fisher entries) | frobenius (reference code)"),
     normalize: bool = typer.Option(False, help="divide each block's score by its parameter count"),
-    chunk_size: Optional[int] = typer.Option(None, help="per-example gradients held at once (default: 4 CPU, 32 GPU)"),
+    chunk_size: Optional[int] = typer.Option(None, help="examples per vectorised chunk (default: hooks 16; vmap 4 "
+                                                        "on CPU, 32 on GPU)"),
+    method: str = typer.Option("auto", help="per-example gradients: auto | hooks | vmap | loop (reference)"),
     out: Optional[Path] = typer.Option(None, help="output folder (default: runs/fim-<task>-<k>-<seed>)"),
     data_dir: Optional[Path] = DataDir,
 ) -> None:
@@ -352,7 +354,7 @@ def fim(
 
     if aggregate not in ("sum", "frobenius"):
         raise SkillgraftError(f"--aggregate must be sum or frobenius, got {aggregate!r}")
-    config = FisherConfig(kind=kind, n_examples=n_examples, chunk_size=chunk_size)
+    config = FisherConfig(kind=kind, n_examples=n_examples, chunk_size=chunk_size, method=method)
     config.validate()
     data = load_kshot(task, k, seed, data_dir)
     scorer = build_scorer(model, data.task, mode, pooling=pooling)
