@@ -209,6 +209,11 @@ def report(cfg: dict, seeds: list[int], agg: list[dict], fim_rows: list[dict], s
         rows.append([g["task"], g["method"], C.pct(g["score"]), C.pct(g["accuracy"]), C.pct(g["ece"]),
                      f"{params:,}", g["n_seeds"]])
     lines += [C.md_table(["task", "method", "score %", "accuracy %", "ECE %", "trainable (body)", "seeds"], rows), ""]
+    lines += ["## Average over tasks", "",
+              "Per method: the mean over tasks of the per-task mean score and ECE; *tasks ≥ full* counts the tasks "
+              "where the method's mean score is at least full fine-tuning's.", "",
+              C.md_table(["method", "score %", "ECE %", "trainable (body)", "tasks ≥ full", "tasks"],
+                         task_averages(agg)), ""]
     lines += ["## FIM ranking of the pre-trained model", "",
               C.md_table(["task", "seed", "ranking (high → low)", "scores by block (0, 1, …)", "seconds"],
                          [[r["task"], r["seed"], " ".join(map(str, r["ranking"])),
@@ -229,6 +234,22 @@ def report(cfg: dict, seeds: list[int], agg: list[dict], fim_rows: list[dict], s
                                           for t in timings]), "",
               "Files: results.csv, summary.csv, fim.csv, stability.csv, surgical.png, fim.png."]
     return "\n".join(lines) + "\n"
+
+
+def task_averages(agg: list[dict]) -> list[list]:
+    """One row per method: mean over tasks of (mean score, mean ECE, trainable parameters), tasks ≥ full."""
+    methods = list(dict.fromkeys(g["method"] for g in agg))
+    full = {g["task"]: float(np.mean(g["score"])) for g in agg if g["method"] == "full"}
+    out = []
+    for m in methods:
+        groups = [g for g in agg if g["method"] == m]
+        scores = {g["task"]: float(np.mean(g["score"])) for g in groups}
+        at_least = sum(1 for t, v in scores.items() if t in full and v >= full[t] - 1e-12)
+        out.append([m, f"{100 * np.mean(list(scores.values())):.1f}",
+                    f"{100 * np.mean([np.mean(g['ece']) for g in groups]):.1f}",
+                    f"{int(np.mean([np.mean(g['trainable_parameters']) for g in groups])):,}",
+                    f"{at_least}/{len(full)}" if full else "-", len(groups)])
+    return out
 
 
 def _f(x) -> str:
