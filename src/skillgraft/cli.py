@@ -231,6 +231,7 @@ def apply(
     task: Optional[str] = typer.Option(None, help="task (default: the graft's task)"),
     mode: str = typer.Option("head", help="scorer mode the graft was learned with"),
     export: Optional[Path] = typer.Option(None, help="write the grafted model as a Hugging Face checkpoint here"),
+    overwrite: bool = typer.Option(False, help="replace an existing --export folder (it is never mixed into)"),
     evaluate_on: Optional[str] = typer.Option("test", help="split to evaluate on (empty: skip)"),
     limit: Optional[int] = typer.Option(None, help="first N examples only"),
     force: bool = typer.Option(False, help="apply even if the base model's fingerprint differs"),
@@ -240,8 +241,11 @@ def apply(
     from skillgraft.data import load_split  # noqa: PLC0415
     from skillgraft.graft import Graft  # noqa: PLC0415
     from skillgraft.graft.scoring import evaluate_graft  # noqa: PLC0415
+    from skillgraft.io import check_target  # noqa: PLC0415
     from skillgraft.models import build_scorer  # noqa: PLC0415
 
+    if export:
+        check_target(export, overwrite)  # before any work: an existing folder is never deleted by surprise
     g = Graft.from_pretrained(graft_dir)
     task = task or g.metadata.get("task")
     if not task:
@@ -249,7 +253,7 @@ def apply(
     ft_mode = g.metadata.get("mode", mode)
     pre = build_scorer(model or g.base_model or None, task, ft_mode)
     if export:
-        g.export(pre, export, force=force)
+        g.export(pre, export, force=force, overwrite=overwrite)
         console.print(f"exported grafted model → {export}")
     if evaluate_on:
         examples = load_split(task, evaluate_on, data_dir)[:limit]

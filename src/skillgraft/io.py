@@ -35,15 +35,23 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.unlink(tmp)
 
 
+def check_target(path: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Refuse an existing output ``path`` unless ``overwrite``: call it before any work."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        what = "folder" if path.is_dir() else "file"
+        raise SkillgraftError(f"{path} already exists ({what}); refusing to replace it. Pass --overwrite to "
+                              "replace it whole, or choose another output path")
+    return path
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary folder beside ``path``; it becomes ``path`` only if the block succeeds.
 
     An existing ``path`` is an error unless ``overwrite``; then it is replaced only after success.
     """
-    path = Path(path)
-    if path.exists() and not overwrite:
-        raise SkillgraftError(f"{path} already exists; pass --overwrite to replace it")
+    path = check_target(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:

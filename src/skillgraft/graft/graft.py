@@ -20,7 +20,7 @@ import torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.region import Region, _compact
-from skillgraft.io import atomic_dir
+from skillgraft.io import atomic_dir, check_target
 from skillgraft.models.freezing import param_groups
 
 FORMAT_VERSION = 1
@@ -266,11 +266,17 @@ class Graft:
         return cls(Region(shapes, indices), values, carried, cfg.get("base_model", ""),
                    cfg.get("base_fingerprint", ""), cfg.get("metadata", {}))
 
-    def export(self, base_scorer, directory: str | os.PathLike, *, force: bool = False) -> Path:
-        """Write the grafted model as an ordinary Hugging Face checkpoint (+ scorer config), atomically."""
+    def export(self, base_scorer, directory: str | os.PathLike, *, force: bool = False,
+               overwrite: bool = False) -> Path:
+        """Write the grafted model as an ordinary Hugging Face checkpoint (+ scorer config), atomically.
+
+        An existing ``directory`` is refused before any work unless ``overwrite`` (then it is replaced whole,
+        only once the new checkpoint is complete): nothing already there is deleted by surprise.
+        """
+        check_target(directory, overwrite)
         self.apply(base_scorer, force=force)
         try:
-            with atomic_dir(directory, overwrite=True) as tmp:
+            with atomic_dir(directory, overwrite=overwrite) as tmp:
                 base_scorer.save_pretrained(tmp)
         finally:
             self.revert(base_scorer)
