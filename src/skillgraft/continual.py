@@ -31,7 +31,8 @@ import torch
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.graft import Graft, fingerprint, graftable_names
+from skillgraft.graft.graft import Graft
+from skillgraft.models.anatomy import fingerprint, graftable_names
 from skillgraft.graft.region import Region
 from skillgraft.io import atomic_dir, read_json
 from skillgraft.train.finetune import FinetuneConfig

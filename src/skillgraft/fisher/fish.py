@@ -13,7 +13,7 @@ import torch
 from skillgraft.data.loading import Example
 from skillgraft.fisher.fisher import FisherConfig, fisher_diagonal
 from skillgraft.graft.baselines import size_from
-from skillgraft.graft.graft import Graftable, carried_names, graftable_names
+from skillgraft.models.anatomy import Graftable, carried_names, graftable_names
 from skillgraft.graft.localize import top_k_masks
 from skillgraft.graft.region import Region
 

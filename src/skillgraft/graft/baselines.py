@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.graft import Graftable, check_compatible, graftable_names
+from skillgraft.models.anatomy import Graftable, check_compatible, graftable_names
 from skillgraft.graft.localize import top_k_masks
 from skillgraft.graft.region import Region
 

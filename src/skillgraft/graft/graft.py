@@ -8,7 +8,6 @@ values per tensor; no dense masks, no pickle).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import weakref
@@ -21,73 +20,11 @@ import torch
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.region import Region, _compact
 from skillgraft.io import atomic_dir, check_target
-from skillgraft.models.freezing import param_groups
+from skillgraft.models.anatomy import carried_names, check_compatible, fingerprint
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "graft_config.json"
 WEIGHTS_FILE = "graft.safetensors"
-Graftable = Literal["body", "body+embeddings", "all", "bias"]
-
-
-def graftable_names(scorer, which: Graftable = "body") -> list[str]:
-    """Names of the tensors a region may cover.
-
-    ``body``: transformer blocks + final norms/poolers; ``body+embeddings``; ``all`` (also the LM head);
-    ``bias``: biases of the body. A new classification head (``head.*``) is never graftable: it is carried.
-    """
-    if which not in ("body", "body+embeddings", "all", "bias"):
-        raise SkillgraftError(f"graftable must be body, body+embeddings, all or bias; got {which!r}")
-    groups = param_groups(scorer)
-    names = []
-    for name, group in groups.items():
-        if name.startswith("head."):
-            continue
-        if group == "embeddings" and which not in ("body+embeddings", "all"):
-            continue
-        if group == "head" and which != "all":
-            continue
-        if which == "bias" and not name.endswith("bias"):
-            continue
-        names.append(name)
-    return names
-
-
-def carried_names(scorer) -> list[str]:
-    """Tensors that exist only in the fine-tuned scorer (a new classification head)."""
-    return [n for n, _ in scorer.named_parameters() if n.startswith("head.")]
-
-
-def fingerprint(scorer) -> str:
-    """Content fingerprint of the base model's weights (``scorer.model``; the new head excluded).
-
-    sha256 over every tensor's name, shape, dtype and up to 8192 evenly strided values: cheap on big
-    models, and any real change of base weights (another checkpoint, a different seed) changes it.
-    """
-    h = hashlib.sha256()
-    for name, p in scorer.model.named_parameters():
-        flat = p.detach().reshape(-1)
-        step = max(1, flat.numel() // 8192)
-        sample = flat[::step][:8192].float().cpu().contiguous()
-        h.update(f"{name}|{tuple(p.shape)}|{p.dtype}|".encode())
-        h.update(sample.numpy().tobytes())
-    return h.hexdigest()[:32]
-
-
-def check_compatible(pre, ft, names: list[str] | None = None) -> None:
-    """Pre-trained and fine-tuned scorers must have the same tensors with the same shapes."""
-    a, b = dict(pre.named_parameters()), dict(ft.named_parameters())
-    missing = sorted(set(a) ^ set(b))
-    if missing:
-        raise SkillgraftError(
-            f"pre-trained and fine-tuned models differ in architecture: {len(missing)} tensor(s) present in only "
-            f"one of them, e.g. {missing[:3]}"
-        )
-    for name in names or a:
-        if a[name].shape != b[name].shape:
-            raise SkillgraftError(f"pre-trained and fine-tuned models differ in the shape of {name!r}: "
-                                  f"{tuple(a[name].shape)} vs {tuple(b[name].shape)}")
-
-
 _BACKUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 

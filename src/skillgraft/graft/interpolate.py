@@ -20,7 +20,8 @@ from typing import Literal
 import torch
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.graft import Graft, check_compatible
+from skillgraft.graft.graft import Graft
+from skillgraft.models.anatomy import check_compatible, is_carried
 
 HeadPolicy = Literal["carry", "interpolate"]
 
@@ -54,8 +55,8 @@ def interpolate(pre, target, alpha: float, *, head: HeadPolicy = "carry") -> Ite
     else:
         check_compatible(pre, target)
         tparams = dict(target.named_parameters())
-        ends = {n: (None, tparams[n].detach()) for n in params if not n.startswith("head.")}
-        carried = {n: tparams[n].detach() for n in params if n.startswith("head.")}
+        ends = {n: (None, tparams[n].detach()) for n in params if not is_carried(n)}
+        carried = {n: tparams[n].detach() for n in params if is_carried(n)}
     backup = {n: params[n].detach().clone() for n in [*ends, *carried]}
     try:
         with torch.no_grad():

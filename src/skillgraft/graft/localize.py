@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.graft import Graftable, carried_names, check_compatible, graftable_names
+from skillgraft.models.anatomy import Graftable, carried_names, check_compatible, graftable_names
 from skillgraft.graft.region import Region
 
 

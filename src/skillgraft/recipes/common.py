@@ -27,7 +27,8 @@ from skillgraft.data.loading import Example, load_split
 from skillgraft.data.sampling import FewShotData, load_kshot
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.predict import evaluate
-from skillgraft.graft import Graft, LocalizeConfig, Region, fingerprint, localize
+from skillgraft.graft import Graft, LocalizeConfig, Region, localize
+from skillgraft.models.anatomy import fingerprint, is_carried
 from skillgraft.graft.baselines import region_universe
 from skillgraft.io import read_json, write_json
 from skillgraft.recipes.base import RunDir, cached_finetune, config_hash, load_finetuned
@@ -164,7 +165,7 @@ def delta_graft(pre, state: dict[str, torch.Tensor], metadata: dict | None = Non
     for name, t in state.items():
         if name not in params:
             raise SkillgraftError(f"trained state has tensor {name!r} that the pre-trained model lacks")
-        if name.startswith("head."):
+        if is_carried(name):
             carried[name] = t.detach().cpu().clone()
             continue
         base = params[name].detach()
@@ -236,7 +237,7 @@ def base_variants(setup: Setup) -> list[Variant]:
         empty = Region.empty(region_universe(setup.pre))
         out.append(Variant("head only", "head-only", 0, Graft.from_models(setup.pre, setup.ft, empty)))
     body = sum(p.numel() for n, p in setup.ft.named_parameters()
-               if not n.startswith("head.") and not _frozen_by_ft(setup, n))
+               if not is_carried(n) and not _frozen_by_ft(setup, n))
     out.append(Variant("fine-tuned", "ft", body))
     return out
 
@@ -379,7 +380,7 @@ def bitfit_variant(setup: Setup, config: FinetuneConfig, cache: Path) -> Variant
     def train():
         scorer = fresh_pre(setup)
         res = finetune(scorer, setup.data.train, setup.data.dev, config, k=setup.k, progress=False)
-        body = res.trainable_parameters - sum(p.numel() for n, p in scorer.named_parameters() if n.startswith("head."))
+        body = res.trainable_parameters - sum(p.numel() for n, p in scorer.named_parameters() if is_carried(n))
         return ({n: p.detach() for n, p in scorer.named_parameters()},
                 {"trainable": body, "best_dev": res.best_dev, "steps": res.steps})
 

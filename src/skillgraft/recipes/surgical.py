@@ -32,6 +32,7 @@ from skillgraft.fisher import AutoRGN, FisherConfig, Snapshots, fim_layer_scores
 from skillgraft.fisher.plots import layer_scores_bar  # noqa: E402
 from skillgraft.io import read_json, write_json  # noqa: E402
 from skillgraft.models import build_scorer  # noqa: E402
+from skillgraft.models.anatomy import is_carried  # noqa: E402
 from skillgraft.recipes import common as C  # noqa: E402
 from skillgraft.recipes.base import RunDir, config_hash, recipe  # noqa: E402
 from skillgraft.train import FinetuneConfig, finetune  # noqa: E402
@@ -87,7 +88,7 @@ def train_and_test(pre, data, test, config: FinetuneConfig, *, auto_rgn: bool, c
     res = finetune(scorer, data.train, data.dev, config, k=data.k, progress=False, step_hook=hook)
     seconds = time.perf_counter() - t0
     metrics, _ = evaluate(res.scorer, test)
-    head = sum(p.numel() for n, p in res.scorer.named_parameters() if n.startswith("head."))
+    head = sum(p.numel() for n, p in res.scorer.named_parameters() if is_carried(n))
     out = {"score": metrics["score"], "accuracy": metrics["accuracy"], "ece": metrics["ece"],
            "trainable_parameters": res.trainable_parameters - head, "trainable_with_head": res.trainable_parameters,
            "best_dev": res.best_dev, "best_step": res.best_step, "train_seconds": round(seconds, 2)}

@@ -16,6 +16,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from skillgraft.data.loading import Example
 from skillgraft.graft.region import Region
+from skillgraft.models.anatomy import is_carried
 from skillgraft.train.finetune import FinetuneConfig, FinetuneResult, finetune
 
 
@@ -32,7 +33,7 @@ def finetune_masked(scorer, train: list[Example], dev: list[Example] | None, con
     allowed: dict[str, torch.Tensor | bool] = {}
     masks = region.to_masks() if region is not None else {}
     for name, p in params.items():
-        if (train_head and name.startswith("head.")) or (trainable is not None and trainable(name)):
+        if (train_head and is_carried(name)) or (trainable is not None and trainable(name)):
             allowed[name] = True
         elif name in masks and masks[name].any():
             allowed[name] = masks[name].to(p.device)
@@ -73,5 +74,5 @@ def finetune_masked(scorer, train: list[Example], dev: list[Example] | None, con
     # trainable_parameters: what actually moved-or-could-move in the body (the new head not counted)
     result.trainable_parameters = sum(
         (p.numel() if allowed[n] is True else int(allowed[n].sum()))
-        for n, p in params.items() if allowed[n] is not False and not n.startswith("head.") and n in trained)
+        for n, p in params.items() if allowed[n] is not False and not is_carried(n) and n in trained)
     return result

@@ -33,6 +33,7 @@ from skillgraft.data.tasks import Task, get_task, task_from_dict
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.predict import evaluate
 from skillgraft.io import atomic_dir, read_json
+from skillgraft.models.anatomy import is_carried
 from skillgraft.models.freezing import freeze
 from skillgraft.models.scorer import Scorer, build_scorer
 from skillgraft.train.finetune import FinetuneConfig, batch_schedule, freeze_unused
@@ -227,7 +228,7 @@ def multitask_finetune(mt: MultiTaskScorer, data: dict[str, tuple[list[Example],
                layers=config.layers)
         if trainable is not None:
             for pname, p in view.named_parameters():
-                if pname.startswith("head."):
+                if is_carried(pname):
                     continue
                 idx = trainable.indices.get(pname)
                 p.requires_grad_(idx is not None and idx.numel() > 0)
