@@ -57,8 +57,7 @@ def load_kshot(task: Task | str, k: int, seed: int, data_dir: str | os.PathLike 
                *, test_limit: int | None = None) -> FewShotData:
     """The (train, dev, test) splits of a k-shot draw of ``task``.
 
-    ``test_limit`` keeps a fixed, seeded sample of N test examples in file order (for quick runs; several
-    test files are sorted by label, so a plain head would be one-sided); None keeps all.
+    ``test_limit`` keeps a fixed, seeded sample of N test examples (:func:`eval_subset`); None keeps all.
     """
     task = get_task(task)
     if not task.has_train:
@@ -76,7 +75,19 @@ def load_kshot(task: Task | str, k: int, seed: int, data_dir: str | os.PathLike 
         full = load_split(task, "train", root)
         train, dev = sample_kshot(full, task.num_labels, k, seed, source=f"{task.name} train split")
         test = load_split(task, "test", root)
-    if test_limit is not None and test_limit < len(test):
-        keep = np.sort(np.random.RandomState(0).choice(len(test), test_limit, replace=False))
-        test = [test[i] for i in keep]
-    return FewShotData(task, k, seed, train, dev, test)
+    return FewShotData(task, k, seed, train, dev, eval_subset(test, test_limit))
+
+
+def eval_subset(examples: list[Example], limit: int | None) -> list[Example]:
+    """The one evaluation-subset sampler: a fixed seeded sample of ``limit`` examples, in file order.
+
+    Every runner (``skillgraft graft``, ``finetune``, every recipe, OOD sets) draws test subsets here, so
+    the same (task, k, seed, test limit) always means the same examples. Test files may be sorted by
+    label, so a plain head would be one-sided; None (or a limit ≥ the split) keeps all.
+    """
+    if limit is None or limit >= len(examples):
+        return list(examples)
+    if limit < 1:
+        raise SkillgraftError(f"test limit must be ≥ 1, got {limit}")
+    keep = np.sort(np.random.RandomState(0).choice(len(examples), limit, replace=False))
+    return [examples[i] for i in keep]

@@ -1,0 +1,26 @@
+"""ModelSpec: which pre-trained model, scored how (head / prompt / causal)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from skillgraft.spec import Spec
+
+
+class ModelSpec(Spec):
+    """A Hugging Face model by hub name or local path, wrapped as a Scorer of one mode."""
+
+    model: str | None = Field(None, description="hub name or local path (default: bundled all-MiniLM-L6-v2)")
+    mode: Literal["head", "prompt", "causal"] = Field("head", description="scorer: head | prompt | causal")
+    pooling: Literal["cls", "mean", "last"] | None = Field(
+        None, description="head pooling: cls | mean | last (default: mean; last for decoder LMs)")
+    max_length: int = Field(128, ge=8, description="max tokens per example")
+
+    def scorer(self, task, *, head_seed: int = 0, dtype=None):
+        """A pre-trained Scorer of this spec for ``task`` (a new head initialised from ``head_seed``)."""
+        from skillgraft.models.scorer import build_scorer  # noqa: PLC0415
+
+        return build_scorer(self.model, task, self.mode, pooling=self.pooling, max_length=self.max_length,
+                            head_seed=head_seed, dtype=dtype)
