@@ -18,8 +18,12 @@ class DataSpec(Spec):
     data_dir: Path | None = Field(None, description="data root (default: $SKILLGRAFT_DATA, ./data, ../shared/data)")
     test_limit: int | None = Field(None, ge=1, description="evaluate on a fixed seeded sample of N test examples")
 
-    def load(self):
-        """The :class:`~skillgraft.data.sampling.FewShotData` of this draw (test subset applied)."""
+    def load(self, task=None):
+        """The :class:`~skillgraft.data.sampling.FewShotData` of this draw (test subset applied).
+
+        ``task``: a Task object to use instead of looking ``self.task`` up in the registry (e.g. the task
+        a saved model records).
+        """
         from skillgraft.data.sampling import load_kshot  # noqa: PLC0415
 
-        return load_kshot(self.task, self.k, self.seed, self.data_dir, test_limit=self.test_limit)
+        return load_kshot(task or self.task, self.k, self.seed, self.data_dir, test_limit=self.test_limit)

@@ -1,0 +1,140 @@
+"""CLI options generated from typed specs: each field's name, type, default and help are written once.
+
+    @app.command()
+    @from_specs(localize=Options(LocalizeConfig, rename={"seed": "s-seed"}))
+    def graft(finetuned: Path = typer.Option(...), *, localize: LocalizeConfig): ...
+
+``from_specs`` replaces the function's signature with its own parameters plus one ``--option`` per spec
+field (``snake_case`` → ``--snake-case``; lists are given comma-separated), and calls the function with
+validated spec objects. A bad value is one line naming the option (``--lr: must be > 0 (got -1)``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import typer
+from pydantic import ValidationError
+
+from skillgraft.errors import SkillgraftError
+from skillgraft.spec import Spec
+
+
+@dataclass
+class Options:
+    """Which fields of ``spec`` become options, under which names."""
+
+    spec: type[Spec]
+    rename: dict[str, str] = field(default_factory=dict)   # field → option name (no dashes, snake_case)
+    skip: tuple[str, ...] = ()                             # fields not offered on the command line
+    fixed: dict[str, Any] = field(default_factory=dict)    # fields set by the verb, not by the user
+    help: dict[str, str] = field(default_factory=dict)     # extra help for a field in this verb only
+
+    def fields(self) -> dict[str, Any]:
+        return {n: f for n, f in self.spec.model_fields.items() if n not in self.skip and n not in self.fixed}
+
+    def option(self, name: str) -> str:
+        return self.rename.get(name, name)
+
+
+def _unwrap_optional(tp):
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def _cli_type(tp):
+    """(annotation typer understands, is_list)."""
+    inner, optional = _unwrap_optional(tp)
+    origin = typing.get_origin(inner)
+    if origin in (list, tuple):
+        return Optional[str], True
+    if origin is Literal:
+        return (Optional[inner] if optional else inner), False
+    if inner in (bool, int, float, str, Path):
+        return (Optional[inner] if optional else inner), False
+    return Optional[str], False  # anything else (e.g. a Budget) is parsed by the spec from its text
+
+
+def _parse_list(text: str | None, option: str):
+    if text is None:
+        return None
+    items = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not items:
+        raise SkillgraftError(f"--{option.replace('_', '-')}: expected a comma-separated list, got {text!r}")
+    return items
+
+
+def from_specs(**sections: Options):
+    """Generate ``--options`` from the specs' fields; call the function with built spec objects."""
+
+    def decorate(fn):
+        sig = inspect.signature(fn)
+        own = [p for name, p in sig.parameters.items() if name not in sections]
+        taken = {p.name for p in own}
+        generated: list[inspect.Parameter] = []
+        lists: dict[str, tuple[str, str]] = {}
+        owner: dict[str, tuple[str, str]] = {}          # parameter name → (section, field)
+        for section, opts in sections.items():
+            for name, info in opts.fields().items():
+                opt = opts.option(name)
+                if opt in taken:
+                    raise RuntimeError(f"{fn.__name__}: option --{opt} declared twice; rename one")
+                taken.add(opt)
+                annotation, is_list = _cli_type(info.annotation)
+                default = info.get_default(call_default_factory=True)
+                if is_list:
+                    default = None if default is None else ",".join(str(x) for x in default)
+                    lists[opt] = (section, name)
+                elif not isinstance(default, (bool, int, float, str, Path, type(None))):
+                    default = str(default)
+                help_text = opts.help.get(name) or info.description or ""
+                param = inspect.Parameter(opt, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                                          default=typer.Option(default, f"--{opt.replace('_', '-')}", help=help_text))
+                generated.append(param)
+                owner[opt] = (section, name)
+        kinds = [p for p in own if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own if p not in kinds]
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            values: dict[str, dict[str, Any]] = {s: dict(o.fixed) for s, o in sections.items()}
+            for opt, (section, name) in owner.items():
+                if opt not in kwargs:
+                    continue
+                v = kwargs.pop(opt)
+                if opt in lists:
+                    v = _parse_list(v, opt)
+                values[section][name] = v
+            built = {s: build(sections[s], values[s]) for s in sections}
+            return fn(*args, **kwargs, **built)
+
+        wrapper.__signature__ = sig.replace(parameters=[*kinds, *rest, *generated])
+        wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
+        return wrapper
+
+    return decorate
+
+
+def build(opts: Options, values: dict[str, Any]) -> Spec:
+    """The spec from CLI values; a validation error names the option (``--name: problem (got value)``)."""
+    values = {k: v for k, v in values.items() if v is not None or k in opts.fixed}
+    try:
+        return opts.spec.model_validate(values)
+    except ValidationError as e:
+        parts = []
+        for item in e.errors():
+            name = str(item["loc"][0]) if item["loc"] else ""
+            opt = "--" + opts.option(name).replace("_", "-") if name else opts.spec.__name__
+            msg = item["msg"].removeprefix("Value error, ")
+            got = item.get("input")
+            parts.append(f"{opt}: {msg}" + ("" if isinstance(got, dict) else f" (got {got!r})"))
+        raise SkillgraftError("; ".join(parts)) from None

@@ -1,0 +1,107 @@
+"""The one writer of run outputs: the run folder, CSV tables, Markdown tables, mean (std) over seeds."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import numpy as np
+
+from skillgraft.io import atomic_path, write_json
+
+
+class RunDir:
+    """The folder a run writes into (a temporary sibling until the run finished), with small writers."""
+
+    def __init__(self, path: str | os.PathLike, store=None):
+        self.path = Path(path)
+        self.store = store
+
+    def file(self, name: str) -> Path:
+        p = self.path / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def json(self, name: str, obj) -> Path:
+        return write_json(self.file(name), obj)
+
+    def csv(self, name: str, rows: list[dict]) -> Path:
+        return write_csv(self.file(name), rows)
+
+    def report(self, markdown: str, name: str = "report.md") -> Path:
+        with atomic_path(self.file(name)) as tmp:
+            tmp.write_text(markdown)
+        return self.path / name
+
+
+def write_csv(path: str | os.PathLike, rows: list[dict]) -> Path:
+    """Rows of dicts as CSV (columns: union of keys in first-seen order; floats to 6 significant digits)."""
+    cols: list[str] = []
+    for r in rows:
+        cols.extend(k for k in r if k not in cols)
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    return Path(path)
+
+
+def md_table(headers: list[str], rows: list[list]) -> str:
+    """A GitHub Markdown table."""
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def mean_std(values: list[float]) -> str:
+    """``mean (std)`` over seeds, as the paper's tables print it."""
+    arr = np.asarray([v for v in values if v is not None], dtype=float)
+    if not arr.size:
+        return "-"
+    return f"{arr.mean():.4f} ({arr.std():.4f})" if arr.size > 1 else f"{arr.mean():.4f}"
+
+
+def pct(values: list[float] | float | None, digits: int = 1) -> str:
+    """Percent ``mean (std)`` over seeds (std only when there are ≥ 2 values)."""
+    if values is None:
+        return "-"
+    if not isinstance(values, (list, tuple, np.ndarray)):
+        values = [values]
+    arr = np.asarray([v for v in values if v is not None and not np.isnan(v)], dtype=float) * 100
+    if not arr.size:
+        return "-"
+    return f"{arr.mean():.{digits}f} ({arr.std():.{digits}f})" if arr.size > 1 else f"{arr.mean():.{digits}f}"
+
+
+def aggregate(rows: list[dict], keys: list[str], metrics: list[str]) -> list[dict]:
+    """Group ``rows`` by ``keys`` (first-seen order); each metric becomes a list over the group (seeds)."""
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        g = tuple(r.get(k) for k in keys)
+        if g not in groups:
+            groups[g] = {k: r.get(k) for k in keys} | {m: [] for m in metrics} | {"n_seeds": 0}
+        groups[g]["n_seeds"] += 1
+        for m in metrics:
+            if r.get(m) is not None:
+                groups[g][m].append(r[m])
+    return list(groups.values())
+
+
+def summary_rows(agg: list[dict], metrics: list[str]) -> list[dict]:
+    """Aggregated rows with ``<metric>_mean`` / ``<metric>_std`` (for CSV / JSON)."""
+    out = []
+    for g in agg:
+        row = {k: v for k, v in g.items() if k not in metrics}
+        for m in metrics:
+            vals = np.asarray(g[m], dtype=float)
+            row[f"{m}_mean"] = float(vals.mean()) if vals.size else None
+            row[f"{m}_std"] = float(vals.std()) if vals.size else None
+        out.append(row)
+    return out

@@ -1,0 +1,99 @@
+"""The one cache of finished stages: fine-tuned runs, learned regions, trained baselines, evaluations.
+
+An entry is a folder ``<root>/<kind>-<label>-<hash>`` where the hash covers everything that determines
+the result: the resolved specs, the content hashes of the data files, the model's identity and the
+store's format version. Entries are written to a temporary sibling and renamed into place only when
+complete (``key.json`` inside records the key), so an interrupted run leaves no half entry and a re-run
+resumes from the last finished stage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from skillgraft.io import atomic_dir
+from skillgraft.spec import stable_hash
+
+FORMAT_VERSION = 1
+KEY_FILE = "key.json"
+DEFAULT_ROOT = Path("runs") / "cache"
+
+
+class Store:
+    """Finished stages keyed by what determines them (see the module doc)."""
+
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = Path(root) if root is not None else Path(os.environ.get("SKILLGRAFT_CACHE", DEFAULT_ROOT))
+
+    def path(self, kind: str, key: dict[str, Any], label: str = "") -> Path:
+        """Where the entry for ``key`` lives (it may not exist yet)."""
+        digest = stable_hash({"store_format": FORMAT_VERSION, "kind": kind, **key})
+        name = "-".join(x for x in (kind, _slug(label), digest) if x)
+        return self.root / name
+
+    def get(self, kind: str, key: dict[str, Any], label: str = "") -> Path | None:
+        """The finished entry, or None."""
+        path = self.path(kind, key, label)
+        return path if (path / KEY_FILE).is_file() else None
+
+    def fetch(self, kind: str, key: dict[str, Any], make: Callable[[Path], None], label: str = "") -> Path:
+        """The finished entry for ``key``; if there is none, ``make(folder)`` writes it (atomically)."""
+        found = self.get(kind, key, label)
+        if found is not None:
+            return found
+        path = self.path(kind, key, label)
+        with atomic_dir(path, overwrite=True) as tmp:  # only an unfinished (keyless) entry can be here
+            make(tmp)
+            (tmp / KEY_FILE).write_text(json.dumps({"kind": kind, **key}, indent=1, default=str) + "\n")
+        return path
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in str(label))[:60]
+
+
+def file_digest(paths: list[Path]) -> str:
+    """sha256 of the files' contents (data files in cache keys: other rows → another key)."""
+    h = hashlib.sha256()
+    for p in sorted(Path(x) for x in paths):
+        h.update(p.name.encode())
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def data_digest(task, data_dir=None) -> str:
+    """Content hash of every split file of ``task`` found under its data root."""
+    from skillgraft.data.loading import find_split_file, resolve_data_dir  # noqa: PLC0415
+    from skillgraft.data.tasks import get_task  # noqa: PLC0415
+
+    task = get_task(task)
+    root = resolve_data_dir(data_dir, task)
+    files = [f for split in ("train", "dev", "test") if (f := find_split_file(task, split, root)) is not None]
+    kshot = root / "k-shot" / task.data_folder
+    if kshot.is_dir():
+        files += [f for f in kshot.rglob("*") if f.is_file()]
+    return file_digest(files)
+
+
+def model_digest(model: str | None) -> str:
+    """Identity of a pre-trained model for cache keys: for a local folder its config and weight files
+    (name, size, modification time), for the bundled MiniLM its package version, else the hub name."""
+    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+
+    ref = model_reference(model)
+    folder = Path(ref.path)
+    if not folder.is_dir():
+        return ref.name
+    h = hashlib.sha256(ref.name.encode())
+    for f in sorted(folder.iterdir()):
+        if f.is_file() and (f.suffix in (".safetensors", ".bin", ".json") or f.name.startswith("tokenizer")):
+            st = f.stat()
+            h.update(f"{f.name}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]

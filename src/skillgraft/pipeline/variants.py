@@ -1,0 +1,123 @@
+"""Models to compare: pre-trained, head only, fine-tuned, and θ_pre with a graft applied — and their rows.
+
+Every report shows the same baselines (DESIGN: pre-trained; fine-tuned; with a new head, *head only*),
+and every row gets the same derived columns, computed here once:
+
+    share of FT = score / score_FT
+    gap closed  = (score − score_ref) / (score_FT − score_ref),  ref = head only (head mode) else pre-trained
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from skillgraft.data.loading import Example
+from skillgraft.evaluate.predict import evaluate
+from skillgraft.graft.graft import Graft
+from skillgraft.graft.region import Region
+from skillgraft.models.anatomy import graftable_names, is_carried
+from skillgraft.pipeline.setup import Setup
+
+
+@dataclass
+class Variant:
+    """A model to evaluate: the FT scorer itself, θ_pre, or θ_pre with a graft applied."""
+
+    name: str
+    kind: str                      # pre | head-only | ft | graft | retrain | bitfit | lora | ia3 | baseline ...
+    params: int                    # body parameters it changes/trains (the new head not counted)
+    graft: Graft | None = None
+    budget: float | None = None
+    outside: str = "pre"           # "zero": lottery-ticket-zero (graftable coordinates outside γ set to 0)
+    info: dict = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def use(self, setup: Setup) -> Iterator:
+        """The scorer computing this variant (θ_pre is restored bit-exactly on exit)."""
+        if self.kind == "ft":
+            yield setup.ft
+        elif self.graft is None:
+            yield setup.pre
+        else:
+            with self.graft.applied(setup.pre, outside=self.outside):
+                yield setup.pre
+
+
+def universe(pre) -> dict[str, tuple[int, ...]]:
+    """Shapes of the graftable body tensors (the universe regions live in)."""
+    names = set(graftable_names(pre))
+    return {n: tuple(p.shape) for n, p in pre.named_parameters() if n in names}
+
+
+def base_variants(setup: Setup) -> list[Variant]:
+    """The baselines every graft report shows: pre-trained, head only (head mode), fine-tuned."""
+    out = [Variant("pre-trained", "pre", 0)]
+    if setup.pre.mode == "head":
+        empty = Region.empty(universe(setup.pre))
+        out.append(Variant("head only", "head-only", 0, Graft.from_models(setup.pre, setup.ft, empty)))
+    frozen_embeddings = setup.finetune_config.freeze_embeddings
+    body = sum(p.numel() for n, p in setup.ft.named_parameters()
+               if not is_carried(n) and not (frozen_embeddings and "embeddings" in n))
+    out.append(Variant("fine-tuned", "ft", body))
+    return out
+
+
+def graft_label(budget) -> str:
+    """Report label of a learned graft of ``budget`` (a Budget, a fraction, or None for rounded γ)."""
+    label = getattr(budget, "label", None)
+    if label is not None:
+        return "graft (rounded γ)" if label == "round" else f"graft {label}"
+    return "graft (rounded γ)" if budget is None else f"graft {float(budget):g}"
+
+
+def graft_variant(setup: Setup, region: Region, budget, metadata: dict | None = None, *, name: str | None = None,
+                  kind: str = "graft", outside: str = "pre") -> Variant:
+    """θ_pre + γ⊙(θ_ft − θ_pre) on ``region`` (plus the new head), as a Variant."""
+    meta = {"task": setup.task, "mode": setup.pre.mode, "k": setup.k, "seed": setup.seed, **(metadata or {})}
+    graft = Graft.from_models(setup.pre, setup.ft, region, meta)
+    fraction = getattr(budget, "fraction", budget if isinstance(budget, float) else None)
+    return Variant(name or graft_label(budget), kind, len(region), graft, fraction, outside)
+
+
+def evaluate_variant(setup: Setup, variant: Variant, examples: list[Example], set_name: str = "test",
+                     batch_size: int = 64, progress: bool | str = False) -> tuple[dict, np.ndarray]:
+    """Metrics of a variant on ``examples`` (agreement with FT on the same set when FT was run first)."""
+    with variant.use(setup) as scorer:
+        metrics, probs = evaluate(scorer, examples, batch_size=batch_size, reference=setup.probs.get(set_name),
+                                  progress=progress)
+    if variant.kind == "ft":
+        setup.probs[set_name] = probs
+        metrics["agreement"] = 1.0
+    return metrics, probs
+
+
+def compare(setup: Setup, variants: list[Variant], examples: list[Example] | None = None, set_name: str = "test",
+            progress: bool = False) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """Every variant on one evaluation set (FT first: the agreement reference); rows with derived columns."""
+    examples = setup.test if examples is None else examples
+    rows, probs = [], {}
+    for v in sorted(variants, key=lambda v: v.kind != "ft"):
+        m, p = evaluate_variant(setup, v, examples, set_name, progress=v.name if progress else False)
+        probs[v.name] = p
+        rows.append({"model": v.name, "kind": v.kind, "params": v.params, **m})
+    order = {v.name: i for i, v in enumerate(variants)}
+    rows.sort(key=lambda r: order[r["model"]])
+    return derive(rows, universe_size=sum(int(np.prod(s)) for s in universe(setup.pre).values())), probs
+
+
+def derive(rows: list[dict], *, universe_size: int) -> list[dict]:
+    """Add density, share of FT and gap closed (from head only, else from pre-trained) to each row."""
+    score = {r["kind"]: r["score"] for r in rows if r["kind"] in ("ft", "head-only", "pre")}
+    ft = score.get("ft")
+    ref = score.get("head-only", score.get("pre"))
+    for r in rows:
+        r["density"] = r["params"] / universe_size if universe_size else 0.0
+        if ft:
+            r["share_of_ft"] = r["score"] / ft
+        if ft is not None and ref is not None and ft != ref:
+            r["gap_closed"] = (r["score"] - ref) / (ft - ref)
+    return rows
