@@ -80,7 +80,7 @@ def finetuned_run(store: Store, model: ModelSpec, data: DataSpec, finetune: Fine
 
     key = {"model": model.to_dict(), "model_digest": model_digest(model.model),
            "data": data.to_dict() | {"data_dir": None}, "data_digest": data_digest(data.task, data.data_dir),
-           "finetune": finetune.to_dict()}
+           "finetune": _as_dict(finetune)}
     t0 = time.perf_counter()
 
     def make(folder: Path) -> None:
@@ -120,3 +120,10 @@ def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = 
                           where=f"{ft_dir}/config.json")
     data = spec.load(ft.task)
     return Setup(ft, pre, data, ft_dir, cfg, data_root=str(spec.data_dir) if spec.data_dir else None)
+
+
+def _as_dict(config) -> dict:
+    """TRANSITION: FinetuneConfig is becoming a Spec; until then it may still be a dataclass."""
+    from dataclasses import asdict, is_dataclass  # noqa: PLC0415
+
+    return asdict(config) if is_dataclass(config) else config.to_dict()

@@ -1,136 +1,155 @@
-"""Recipes: paper experiments configured by a YAML file and run by ``skillgraft run FILE.yaml``.
+"""Recipes: experiments described by a typed spec and run by ``skillgraft run FILE.yaml``.
 
-A recipe is a function ``fn(cfg: dict, run: RunDir) -> dict`` registered with ``@recipe("name")``.
-The YAML names it (``recipe: calibration``) and holds its settings. ``run_recipe`` resolves the config,
-builds the run directory atomically (it appears only when the recipe finished), and writes
-``config.json`` (resolved) and ``metrics.json`` (what the function returned). Recipes write CSVs, PNGs
-and ``report.md`` through :class:`RunDir`. Finished fine-tuning runs are cached across recipes
-(:func:`cached_finetune`), so a re-run reuses them.
+A recipe is a function ``fn(spec, run: RunDir) -> dict`` registered with ``@recipe("name", Spec)``, where
+``Spec`` (a subclass of :class:`ExperimentSpec`) declares every setting the recipe reads, with its default,
+range and help. The YAML names the recipe (``recipe: calibration``) and sets fields of its spec; an unknown
+or misspelt field, or a bad value, is refused with its name before any work and before any output folder
+exists. ``run_recipe`` writes the run folder atomically (it appears only when the recipe finished), with
+``config.json`` (the resolved spec) and ``metrics.json`` (what the function returned). Expensive stages
+(fine-tuning, localization, trained baselines) live in the :class:`~skillgraft.pipeline.Store`, so a
+re-run or another recipe on the same settings reuses them.
 """
 
 from __future__ import annotations
 
-import csv
 import os
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-import numpy as np
-import yaml
+from pydantic import Field, field_validator
 
+from skillgraft.data.spec import DataSpec
 from skillgraft.errors import SkillgraftError
-from skillgraft.io import atomic_dir, atomic_path, config_hash, write_json
-from skillgraft.train.run import load_finetuned  # noqa: F401 - re-exported for recipes
+from skillgraft.io import atomic_dir, check_target, write_json
+from skillgraft.models.spec import ModelSpec
+from skillgraft.pipeline.report import RunDir, mean_std  # noqa: F401 - re-exported for recipes
+from skillgraft.pipeline.setup import Setup, prepare
+from skillgraft.pipeline.store import Store
+from skillgraft.spec import Spec, read_yaml
+from skillgraft.train import FinetuneConfig
 
-RECIPES: dict[str, Callable] = {}
-DEFAULT_CACHE = Path("runs") / "cache"
+
+class ExperimentSpec(Spec):
+    """Settings every recipe shares: the model, the k-shot data, the fine-tuning, where stages are cached."""
+
+    recipe: str = Field(description="the recipe's registered name")
+    model: str | None = Field(None, description="hub name or local path (null: bundled all-MiniLM-L6-v2)")
+    mode: Literal["head", "prompt", "causal"] = Field("head", description="scorer: head | prompt | causal")
+    pooling: Literal["cls", "mean", "last"] | None = Field(None, description="head pooling (null: the model's default)")
+    max_length: int = Field(128, ge=8, description="max tokens per example")
+    k: int = Field(16, ge=1, description="examples per label (train; dev = the next k per label)")
+    data_dir: Path | None = Field(None, description="data root (null: $SKILLGRAFT_DATA, ./data, ../shared/data)")
+    test_limit: int | None = Field(None, ge=1, description="seeded sample of N test examples (null: all)")
+    cache_dir: Path | None = Field(None, description="store of finished stages (null: $SKILLGRAFT_CACHE or runs/cache)")
+    progress: bool = Field(False, description="progress bars for every stage")
+    finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, description="the fine-tuning grafts come from")
+
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec(model=self.model, mode=self.mode, pooling=self.pooling, max_length=self.max_length)
+
+    def data_spec(self, task: str, seed: int, *, k: int | None = None) -> DataSpec:
+        return DataSpec(task=task, k=k or self.k, seed=seed, data_dir=self.data_dir, test_limit=self.test_limit)
+
+    def setup(self, run: RunDir, task: str, seed: int, *, k: int | None = None) -> Setup:
+        """Fine-tune (or find in the store) ``task`` at data ``seed``; θ_ft, θ_pre and the data."""
+        return prepare(run.store, self.model_spec(), self.data_spec(task, seed, k=k), self.finetune,
+                       progress=self.progress)
 
 
-def recipe(name: str):
-    """Register a recipe function under ``name``."""
+class SeedsMixin(Spec):
+    """Tasks × data seeds → mean (std)."""
+
+    tasks: list[str] = Field(default_factory=lambda: ["SST-2"], min_length=1, description="tasks to run")
+    seeds: list[int] = Field(default_factory=lambda: [13], min_length=1,
+                             description="data seeds → mean (std); the paper uses [13, 21, 42, 87, 100]")
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _one_seed(cls, v):
+        return [v] if isinstance(v, int) else v
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    spec: type[ExperimentSpec]
+    fn: Callable
+
+
+RECIPES: dict[str, Recipe] = {}
+
+
+def recipe(name: str, spec: type[ExperimentSpec] | None = None):
+    """Register ``fn(spec, run) -> dict`` as recipe ``name`` with its typed spec."""
 
     def wrap(fn):
-        RECIPES[name] = fn
+        RECIPES[name] = Recipe(name, spec, fn)
         return fn
 
     return wrap
 
 
-class RunDir:
-    """The (temporary, until success) folder a recipe writes into, with small helpers."""
+def load_recipe(path: str | os.PathLike, overrides: dict | None = None) -> tuple[Recipe, ExperimentSpec]:
+    """The recipe a YAML file names and its validated spec (errors name the file and the field)."""
+    import skillgraft.recipes  # noqa: F401, PLC0415 - registers the built-in recipes
 
-    def __init__(self, path: Path, cache: Path):
-        self.path = path
-        self.cache = cache
-
-    def file(self, name: str) -> Path:
-        p = self.path / name
-        p.parent.mkdir(parents=True, exist_ok=True)
-        return p
-
-    def json(self, name: str, obj) -> Path:
-        return write_json(self.file(name), obj)
-
-    def csv(self, name: str, rows: list[dict]) -> Path:
-        """Write a list of dicts as CSV (columns: union of keys, first-seen order)."""
-        cols: list[str] = []
-        for r in rows:
-            cols.extend(k for k in r if k not in cols)
-        with atomic_path(self.file(name)) as tmp, tmp.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=cols)
-            w.writeheader()
-            for r in rows:
-                w.writerow({k: _fmt(v) for k, v in r.items()})
-        return self.path / name
-
-    def report(self, markdown: str, name: str = "report.md") -> Path:
-        with atomic_path(self.file(name)) as tmp:
-            tmp.write_text(markdown)
-        return self.path / name
-
-
-def _fmt(v):
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return v
-
-
-def load_recipe_config(path: str | os.PathLike, overrides: dict | None = None) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise SkillgraftError(f"recipe file not found: {path}")
-    try:
-        cfg = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise SkillgraftError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(cfg, dict) or "recipe" not in cfg:
+    values = {**read_yaml(path), **(overrides or {})}
+    name = values.get("recipe")
+    if name is None:
         raise SkillgraftError(f"{path}: needs a top-level 'recipe:' naming one of {sorted(RECIPES)}")
-    cfg.update(overrides or {})
-    return cfg
+    if name not in RECIPES:
+        raise SkillgraftError(f"{path}: unknown recipe {name!r}; known: {sorted(RECIPES)}")
+    entry = RECIPES[name]
+    if entry.spec is None:  # TRANSITION: untyped recipe still reading a dict
+        return entry, values
+    return entry, entry.spec.build(values, where=str(path))
 
 
 def run_recipe(path: str | os.PathLike, out: str | os.PathLike | None = None, *, overrides: dict | None = None,
-               cache: str | os.PathLike | None = None, overwrite: bool = True) -> Path:
-    """Run the recipe a YAML file describes; returns the run directory."""
-    import skillgraft.recipes  # noqa: F401, PLC0415 - registers the built-in recipes
+               cache: str | os.PathLike | None = None, overwrite: bool = False) -> Path:
+    """Run the recipe a YAML file describes; returns the run directory.
 
-    cfg = load_recipe_config(path, overrides)
-    name = cfg["recipe"]
-    if name not in RECIPES:
-        raise SkillgraftError(f"{path}: unknown recipe {name!r}; known: {sorted(RECIPES)}")
+    Everything is checked before any work: the spec, and the output folder (an existing one is refused
+    unless ``overwrite``; then it is replaced whole when the new run is complete).
+    """
+    entry, spec = load_recipe(path, overrides)
     out = Path(out) if out else Path("runs") / Path(path).stem
-    cache = Path(cache) if cache else Path(cfg.get("cache_dir", DEFAULT_CACHE))
+    check_target(out, overwrite)
+    if entry.spec is None:  # TRANSITION: untyped recipe
+        store = Store(cache if cache is not None else spec.get("cache_dir"))
+        with atomic_dir(out, overwrite=overwrite) as tmp:
+            run = RunDir(tmp, store)
+            run.cache = store.root
+            write_json(tmp / "config.json", spec)
+            metrics = entry.fn(spec, run) or {}
+            write_json(tmp / "metrics.json", metrics)
+        return out
+    store = Store(cache if cache is not None else spec.cache_dir)
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        run = RunDir(tmp, cache)
-        write_json(tmp / "config.json", cfg)
-        metrics = RECIPES[name](cfg, run) or {}
+        run = RunDir(tmp, store)
+        write_json(tmp / "config.json", spec.to_dict())
+        metrics = entry.fn(spec, run) or {}
         write_json(tmp / "metrics.json", metrics)
     return out
 
 
+# ---------------------------------------------------------------------------------------------- TRANSITION
+# Kept only until every recipe reads its typed spec; removed with the last untyped recipe.
+from skillgraft.io import config_hash  # noqa: E402, F401
+from skillgraft.train.run import load_finetuned  # noqa: E402, F401
+
+DEFAULT_CACHE = Path("runs") / "cache"
 
 
-def cached_finetune(task: str, k: int, seed: int, *, cache: str | os.PathLike = DEFAULT_CACHE, model: str | None = None,
-                    mode: str = "head", pooling: str | None = None, config=None, data_dir: str | None = None,
+def cached_finetune(task: str, k: int, seed: int, *, cache=DEFAULT_CACHE, model: str | None = None,
+                    mode: str = "head", pooling: str | None = None, config=None, data_dir=None,
                     max_length: int = 128, test_limit: int | None = None, progress: bool = True) -> Path:
-    """A fine-tuned run directory for these settings, trained once and reused afterwards."""
-    from skillgraft.train import FinetuneConfig, run_finetune  # noqa: PLC0415
+    """TRANSITION: the store's fine-tuning entry for these settings (see pipeline.setup.finetuned_run)."""
+    from skillgraft.pipeline.setup import finetuned_run  # noqa: PLC0415
 
-    config = config or FinetuneConfig()
-    key = {"task": task, "k": k, "seed": seed, "model": model, "mode": mode, "pooling": pooling,
-           "config": asdict(config), "max_length": max_length, "test_limit": test_limit}
-    out = Path(cache) / f"ft-{task}-{k}-{seed}-{mode}-{config_hash(key)}"
-    if (out / "metrics.json").is_file():
-        return out
-    run_finetune(task, k, seed, out, model=model, mode=mode, pooling=pooling, config=config, data_dir=data_dir,
-                 max_length=max_length, test_limit=test_limit, overwrite=True, progress=progress)
-    return out
-
-
-def mean_std(values: list[float]) -> str:
-    """``mean (std)`` over seeds, as the paper's tables print it."""
-    arr = np.asarray([v for v in values if v is not None], dtype=float)
-    if not arr.size:
-        return "-"
-    return f"{arr.mean():.4f} ({arr.std():.4f})" if arr.size > 1 else f"{arr.mean():.4f}"
+    ft_dir, _ = finetuned_run(Store(cache), ModelSpec(model=model, mode=mode, pooling=pooling, max_length=max_length),
+                              DataSpec(task=task, k=k, seed=seed, data_dir=data_dir, test_limit=test_limit),
+                              config or FinetuneConfig(), progress=progress)
+    return ft_dir
