@@ -26,7 +26,7 @@ def confidence_histogram(models: dict[str, np.ndarray], path: str | os.PathLike,
     axes[0][0].set_ylabel("examples")
     if title:
         fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def reliability_diagram(models: dict[str, tuple[np.ndarray, np.ndarray]], path: str | os.PathLike, *,
@@ -47,10 +47,11 @@ def reliability_diagram(models: dict[str, tuple[np.ndarray, np.ndarray]], path: 
     axes[0][0].legend(fontsize=7, loc="upper left")
     if title:
         fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def _save(fig, path: str | os.PathLike) -> Path:
+def save_figure(fig, path: str | os.PathLike) -> Path:
+    """Write a matplotlib figure as PNG atomically (tight layout, 110 dpi) and close it."""
     path = Path(path)
     fig.tight_layout()
     with atomic_path(path) as tmp:

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from skillgraft.evaluate.plots import _save  # noqa: E402
+from skillgraft.evaluate.plots import save_figure  # noqa: E402
 from skillgraft.fisher.scores import LayerScores  # noqa: E402
 
 
@@ -32,7 +32,7 @@ def layer_scores_bar(scores: LayerScores | dict[str, LayerScores], path: str | o
         ax.legend(fontsize=7)
     if title:
         ax.set_title(title, fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def heatmap(matrix: np.ndarray, rows: list[str], cols: list[str], path: str | os.PathLike, *, title: str = "",
@@ -45,4 +45,4 @@ def heatmap(matrix: np.ndarray, rows: list[str], cols: list[str], path: str | os
     fig.colorbar(im, ax=ax, label=cbar)
     if title:
         ax.set_title(title, fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -48,7 +48,7 @@ def plot_distribution(dist: dict, path: str | os.PathLike, title: str = "") -> P
     """Heatmap of grafted parameters per layer × module type (share of that cell's parameters)."""
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    from skillgraft.evaluate.plots import _save  # noqa: PLC0415
+    from skillgraft.evaluate.plots import save_figure  # noqa: PLC0415
 
     layers, kinds = list(dist["table"]), dist["module_types"]
     counts = np.array([[dist["table"][l].get(k, 0) for k in kinds] for l in layers], dtype=float)
@@ -64,4 +64,4 @@ def plot_distribution(dist: dict, path: str | os.PathLike, title: str = "") -> P
                 ax.text(j, i, f"{int(counts[i, j])}", ha="center", va="center", fontsize=7, color="w")
     fig.colorbar(im, ax=ax, label="share of parameters grafted")
     ax.set_title(title or "graft distribution", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)

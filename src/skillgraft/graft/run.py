@@ -99,7 +99,7 @@ def run_graft(ft_dir: str | os.PathLike, out_dir: str | os.PathLike, *, config: 
         meta = {"task": task.name, "mode": ft.mode, "k": ft_cfg["k"], "seed": ft_cfg["seed"], "localizer": "learned",
                 "region": key_name, "localize": asdict(config), "finetuned_run": str(ft_dir)}
         graft = Graft.from_models(pre, ft, region, meta)
-        path = graft.save_pretrained(grafts_dir / key_name.replace("=", "-"))
+        path = graft.save_pretrained(grafts_dir / key_name.replace("=", "-"), overwrite=True)  # re-runs
         m, probs = evaluate_graft(pre, graft, data.test, reference=ft_probs, progress=label)
         probs_by[label] = probs
         rows.append({"model": label, "params": len(region), "file_bytes": (path / "graft.safetensors").stat().st_size,
@@ -155,7 +155,7 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 def _size_plot(rows: list[dict], path: Path, metric: str) -> None:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    from skillgraft.evaluate.plots import _save  # noqa: PLC0415
+    from skillgraft.evaluate.plots import save_figure  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(6, 3.8))
     groups: dict[str, list[tuple[int, float]]] = {}
@@ -174,7 +174,7 @@ def _size_plot(rows: list[dict], path: Path, metric: str) -> None:
     ax.set_xlabel("grafted parameters")
     ax.set_ylabel(metric)
     ax.legend(fontsize=7)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def report_markdown(metrics: dict) -> str:

@@ -51,7 +51,7 @@ def run_sweep(ft_dir: str | os.PathLike, out_dir: str | os.PathLike, *, levels: 
 def _plot(rows: list[dict], ft_score: float, path: Path, task: str) -> None:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    from skillgraft.evaluate.plots import _save  # noqa: PLC0415
+    from skillgraft.evaluate.plots import save_figure  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for name in ("learned", "top-movement", "random"):
@@ -64,4 +64,4 @@ def _plot(rows: list[dict], ft_score: float, path: Path, task: str) -> None:
     ax.set_ylabel("test score")
     ax.set_title(f"{task}: graft score vs sparsity")
     ax.legend(fontsize=8)
-    _save(fig, path)
+    save_figure(fig, path)

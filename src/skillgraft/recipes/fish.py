@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 
 from skillgraft.data import load_kshot  # noqa: E402
 from skillgraft.errors import SkillgraftError  # noqa: E402
-from skillgraft.evaluate.plots import _save  # noqa: E402
+from skillgraft.evaluate.plots import save_figure  # noqa: E402
 from skillgraft.evaluate.predict import evaluate  # noqa: E402
 from skillgraft.fisher import Snapshots, fish_region, fish_scores  # noqa: E402
 from skillgraft.graft import Graft, Region, localize, random_region  # noqa: E402
@@ -154,7 +154,7 @@ def plot_heatmaps(regions: dict[str, tuple], path) -> dict:
         fig.colorbar(im, ax=ax, fraction=0.046, label="share of cell in region")
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
-    _save(fig, path)
+    save_figure(fig, path)
     return panels
 
 
@@ -211,7 +211,7 @@ def plot_tracking(rows: list[dict], path) -> None:
     ax.set_ylabel("test score (%)")
     ax.set_title(f"{rows[0]['task']}: tracking one region across checkpoints", fontsize=9)
     ax.legend(fontsize=7)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------- report

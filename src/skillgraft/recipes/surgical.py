@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 
 from skillgraft.data import load_kshot  # noqa: E402
 from skillgraft.errors import SkillgraftError  # noqa: E402
-from skillgraft.evaluate.plots import _save  # noqa: E402
+from skillgraft.evaluate.plots import save_figure  # noqa: E402
 from skillgraft.evaluate.predict import evaluate  # noqa: E402
 from skillgraft.fisher import AutoRGN, FisherConfig, Snapshots, fim_layer_scores, ranking_stability  # noqa: E402
 from skillgraft.fisher.plots import layer_scores_bar  # noqa: E402
@@ -188,7 +188,7 @@ def plot_methods(agg: list[dict], path) -> None:
     ax.set_ylabel("test score (%)")
     ax.set_title("Surgical fine-tuning: which blocks train", fontsize=10)
     ax.legend(fontsize=6, ncol=2)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def report(cfg: dict, seeds: list[int], agg: list[dict], fim_rows: list[dict], stability: list[dict],
