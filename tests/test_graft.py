@@ -253,10 +253,14 @@ def test_working_state_is_memory_lean(pair):
 
 
 def test_union_policies(pair):
+    """Graft.union is gone: compose (graft/compose.py) is the one way to combine grafts."""
+    from skillgraft.graft.compose import compose
+
     pre, ft, _ = pair
     a = Graft.from_models(pre, ft, top_movement(pre, ft, 30))
     b = Graft.from_models(pre, ft, random_region(pre, 30, seed=0) | top_movement(pre, ft, 5))
     with pytest.raises(SkillgraftError, match="overlap"):
-        a.union(b)
-    u = a.union(b, policy="first")
+        compose([a, b])
+    u = compose([a, b], policy="first")
     assert len(u.region) == len(a.region | b.region)
+    assert not hasattr(Graft, "union")

@@ -2,15 +2,23 @@
 
 Grafting (paper Eq. 1): θ = θ_pre + γ ⊙ (θ_ft − θ_pre), i.e. copy θ_ft on the region γ and keep θ_pre
 elsewhere. A new task head (standard FT) does not exist in θ_pre, so it travels whole as a *carried*
-tensor and is counted separately. Files: ``graft_config.json`` + ``graft.safetensors`` (int32 indices and
-values per tensor; no dense masks, no pickle).
+tensor and is counted separately. Files: ``graft_config.json`` + ``graft.safetensors``
+(:mod:`skillgraft.graft.graft_file`: packed positions and values, no dense masks, no pickle; validated
+on load).
+
+Applying writes the region's values into the model in place and keeps a backup of exactly the
+coordinates it overwrote *with the model* (an attribute of its base body), so that ``revert`` is
+bit-exact, a second graft on the same model is refused, and ``with graft.applied(model):`` restores
+the model whatever happens in the block. Switching skills is a few scattered writes: the base model's
+content fingerprint is cached per model and reused while none of its parameters changed (PyTorch's
+in-place version counters; see :func:`cached_fingerprint`).
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
-import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -18,14 +26,84 @@ from typing import Literal
 import torch
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.graft.graft_file import FORMAT, FORMAT_VERSION, read_graft_file, write_graft_file
 from skillgraft.graft.region import Region, _compact
 from skillgraft.io import atomic_dir, check_target
 from skillgraft.models.anatomy import carried_names, check_compatible, fingerprint
 
-FORMAT_VERSION = 1
-CONFIG_FILE = "graft_config.json"
-WEIGHTS_FILE = "graft.safetensors"
-_BACKUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+__all__ = ["FORMAT_VERSION", "Graft", "active_graft", "cached_fingerprint", "forget_fingerprint"]
+
+Outside = Literal["pre", "zero"]
+_APPLIED = "_skillgraft_applied"          # attribute of the base body: the record of the graft applied to it
+_FINGERPRINT = "_skillgraft_fingerprint"  # attribute of the base body: (state key, content fingerprint)
+
+
+# ---------------------------------------------------------------------------------------------- base identity
+def _body(scorer) -> torch.nn.Module:
+    """The base model a graft is tied to: ``scorer.model`` (shared by every view of a multi-task model)."""
+    return getattr(scorer, "model", scorer)
+
+
+def _state_key(body: torch.nn.Module) -> tuple:
+    """Identity, storage and in-place version counter of every parameter: any change to one changes the key."""
+    return tuple((id(p), p.data_ptr(), p._version) for p in body.parameters())
+
+
+def cached_fingerprint(scorer) -> str:
+    """:func:`~skillgraft.models.anatomy.fingerprint` of ``scorer``, recomputed only when a parameter changed.
+
+    The cache lives on the base body, keyed by each parameter's identity, storage and in-place version
+    counter (``tensor._version``): an optimizer step, ``load_state_dict``, ``copy_``/``add_`` under
+    ``no_grad``, a ``.to()`` or a replaced parameter all invalidate it. Writes through ``param.data``
+    bypass PyTorch's version counter; after such a write call ``forget_fingerprint(model)``.
+    """
+    return _fingerprint(scorer, _state_key(_body(scorer)))
+
+
+def _fingerprint(scorer, key: tuple) -> str:
+    body = _body(scorer)
+    hit = body.__dict__.get(_FINGERPRINT)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    fp = fingerprint(scorer)
+    body.__dict__[_FINGERPRINT] = (key, fp)
+    return fp
+
+
+def forget_fingerprint(scorer) -> None:
+    """Drop the cached fingerprint (needed only after writing weights through ``param.data``)."""
+    _body(scorer).__dict__.pop(_FINGERPRINT, None)
+
+
+def _known_fingerprint(body: torch.nn.Module, key: tuple) -> str | None:
+    hit = body.__dict__.get(_FINGERPRINT)
+    return hit[1] if hit is not None and hit[0] == key else None
+
+
+@dataclass
+class _Applied:
+    """What ``apply`` overwrote: (parameter, flat positions or None for the whole tensor, old values)."""
+
+    graft: Graft
+    saved: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]
+    outside: str
+    key: tuple | None = None          # state key right after applying (to re-validate the fingerprint on revert)
+    fingerprint: str | None = None    # the base's fingerprint before applying, when it was known
+
+
+def active_graft(scorer) -> Graft | None:
+    """The graft currently applied to ``scorer`` (or to another view of its base body), if any."""
+    rec = _body(scorer).__dict__.get(_APPLIED)
+    return rec.graft if rec is not None else None
+
+
+def _restore(saved: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]) -> None:
+    for p, idx, old in reversed(saved):
+        d = p.detach()  # shares storage and version counter with p
+        if idx is None:
+            d.copy_(old)
+        else:
+            d.put_(idx, old)
 
 
 @dataclass
@@ -38,17 +116,40 @@ class Graft:
     base_model: str = ""
     base_fingerprint: str = ""
     metadata: dict = field(default_factory=dict)
+    source: Path | None = field(default=None, compare=False)  # the folder it was read from, for messages
+
+    def __post_init__(self) -> None:
+        self._check_values()
+
+    def _check_values(self) -> None:
+        for name, idx in self.region.indices.items():
+            v = self.values.get(name)
+            if v is None or v.numel() != idx.numel():
+                raise SkillgraftError(f"{self._where()}: {idx.numel()} coordinates of {name!r} but "
+                                      f"{'no' if v is None else v.numel()} values")
+
+    def _where(self) -> str:
+        return f"graft {self.source}" if self.source else "graft"
+
+    def __repr__(self) -> str:
+        return (f"Graft(size={self.size}, density={self.region.density:.3g}, carried={sorted(self.carried)}, "
+                f"base={self.base_model!r} [{(self.base_fingerprint or 'no fingerprint')[:12]}]"
+                + (f", source={str(self.source)!r}" if self.source else "") + ")")
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_models(cls, pre, ft, region: Region, metadata: dict | None = None) -> Graft:
         """Take θ_ft's values on ``region`` (and the new head) from the fine-tuned scorer ``ft``."""
+        if active_graft(pre) is not None:
+            raise SkillgraftError("the pre-trained model has a graft applied; revert it before taking a graft "
+                                  "against it (its fingerprint would be the grafted model's)")
         check_compatible(pre, ft, list(region.shapes))
         ft_params = dict(ft.named_parameters())
         values = {name: ft_params[name].detach().reshape(-1)[idx.to(ft_params[name].device)].cpu().clone()
                   for name, idx in region.indices.items()}
         carried = {name: ft_params[name].detach().cpu().clone() for name in carried_names(ft)}
-        return cls(region, values, carried, getattr(pre, "base_model", ""), fingerprint(pre), dict(metadata or {}))
+        return cls(region, values, carried, getattr(pre, "base_model", ""), cached_fingerprint(pre),
+                   dict(metadata or {}))
 
     @property
     def size(self) -> int:
@@ -60,71 +161,119 @@ class Graft:
 
     # ------------------------------------------------------------------ apply / revert
     def _check_target(self, scorer, force: bool) -> dict[str, torch.nn.Parameter]:
+        """Everything ``apply`` needs, checked before anything is written; returns the named parameters."""
+        return self._prepare(scorer, force)[0]
+
+    def _prepare(self, scorer, force: bool) -> tuple[dict[str, torch.nn.Parameter], tuple]:
+        body = _body(scorer)
+        rec = body.__dict__.get(_APPLIED)
+        if rec is not None:
+            other = "this graft" if rec.graft is self else "another graft"
+            raise SkillgraftError(f"{other} is already applied to this model; revert it first (or use "
+                                  "`with graft.applied(model):`, which reverts on exit)")
         params = dict(scorer.named_parameters())
+        key = _state_key(body)
         for name, shape in self.region.shapes.items():
             if name not in params:
-                raise SkillgraftError(f"this graft covers tensor {name!r}, which the target model does not have; "
-                                      "it was learned on a different architecture")
+                raise SkillgraftError(f"{self._where()} covers tensor {name!r}, which the target model does not "
+                                      "have; it was learned on a different architecture")
             if tuple(params[name].shape) != shape:
-                raise SkillgraftError(f"this graft expects {name!r} of shape {shape}, the target model has "
+                raise SkillgraftError(f"{self._where()} expects {name!r} of shape {shape}, the target model has "
                                       f"{tuple(params[name].shape)}; it was learned on a different architecture")
+        self._check_values()
         for name, t in self.carried.items():
             if name not in params or params[name].shape != t.shape:
-                raise SkillgraftError(f"carried tensor {name!r} {tuple(t.shape)} does not fit the target model "
-                                      "(a head for a different number of labels?)")
-        if not force and self.base_fingerprint:
-            got = fingerprint(scorer)
+                raise SkillgraftError(f"carried tensor {name!r} {tuple(t.shape)} of {self._where()} does not fit "
+                                      "the target model (a head for a different number of labels?)")
+        if not force:
+            if not self.base_fingerprint:
+                raise SkillgraftError(f"{self._where()} records no base_fingerprint, so it cannot be checked against "
+                                      "the model it is applied to; apply it anyway with force=True (CLI: --force)")
+            got = _fingerprint(scorer, key)
             if got != self.base_fingerprint:
                 raise SkillgraftError(
-                    f"this graft was learned on base model {self.base_model or '?'} with fingerprint "
+                    f"{self._where()} was learned on base model {self.base_model or '?'} with fingerprint "
                     f"{self.base_fingerprint}; the target model's fingerprint is {got} (a different checkpoint, or "
-                    "a graft is already applied). Apply it to its base model, or force it (--force)."
+                    "changed weights). Apply it to its base model, or force it (--force)."
                 )
-        return params
+        return params, key
 
     @torch.no_grad()
-    def apply(self, scorer, *, outside: Literal["pre", "zero"] = "pre", force: bool = False):
+    def apply(self, scorer, *, outside: Outside = "pre", force: bool = False):
         """Write the graft into ``scorer`` in place; :meth:`revert` restores the exact previous values.
 
+        Every check (architecture, carried shapes, base fingerprint, no graft already applied) runs before
+        the first write, and a failure while writing restores what was written, so a failed apply leaves
+        the model as it was. Only the overwritten coordinates are backed up (plus carried tensors).
         ``outside="zero"`` sets graftable coordinates outside the region to 0 instead of θ_pre (the
-        lottery-ticket-zero baseline).
+        lottery-ticket-zero baseline); it backs up the whole universe tensors. ``force`` skips the
+        base-fingerprint check (never the shape checks).
         """
-        if scorer in _BACKUPS:
-            raise SkillgraftError("a graft is already applied to this model; revert it first")
-        params = self._check_target(scorer, force)
-        backup: dict[str, torch.Tensor] = {}
-        for name in self.region.shapes if outside == "zero" else self.region.indices:
-            p = params[name]
-            backup[name] = p.detach().clone()
-            flat = p.data.view(-1)
+        if outside not in ("pre", "zero"):
+            raise SkillgraftError(f"outside must be 'pre' or 'zero', got {outside!r}")
+        params, key_before = self._prepare(scorer, force)
+        body = _body(scorer)
+        fp_before = _known_fingerprint(body, key_before)
+        saved: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
+        try:
             if outside == "zero":
-                flat.zero_()
-            if name in self.region.indices:
-                idx = self.region.indices[name].to(p.device)
-                flat[idx] = self.values[name].to(device=p.device, dtype=p.dtype)
-        for name, t in self.carried.items():
-            backup[name] = params[name].detach().clone()
-            params[name].data.copy_(t.to(params[name].device, params[name].dtype))
-        _BACKUPS[scorer] = backup
+                for name in self.region.shapes:
+                    p = params[name]
+                    saved.append((p, None, p.detach().clone()))
+                    p.detach().zero_()
+            for name, idx in self.region.indices.items():
+                p = params[name]
+                d = p.detach()
+                i = idx.to(d.device)
+                if outside == "pre":
+                    saved.append((p, i, torch.take(d, i)))
+                d.put_(i, self.values[name].to(d.device, d.dtype))
+            for name, t in self.carried.items():
+                p = params[name]
+                saved.append((p, None, p.detach().clone()))
+                p.detach().copy_(t.to(p.device, p.dtype))
+        except BaseException:
+            _restore(saved)
+            raise
+        rec = _Applied(self, saved, outside)
+        if fp_before is not None:
+            rec.key, rec.fingerprint = _state_key(body), fp_before
+        body.__dict__[_APPLIED] = rec
         return scorer
 
     @torch.no_grad()
     def revert(self, scorer):
         """Restore the values ``scorer`` had before :meth:`apply` (bit-exact)."""
-        backup = _BACKUPS.pop(scorer, None)
-        if backup is None:
-            raise SkillgraftError("no graft is applied to this model")
-        params = dict(scorer.named_parameters())
-        for name, old in backup.items():
-            params[name].data.copy_(old)
+        body = _body(scorer)
+        rec = body.__dict__.get(_APPLIED)
+        if rec is None:
+            raise SkillgraftError("no graft is applied to this model (nothing to revert)")
+        if rec.graft is not self:
+            raise SkillgraftError("another graft is applied to this model; revert it with that graft")
+        untouched = rec.key is not None and _state_key(body) == rec.key
+        _restore(rec.saved)
+        del body.__dict__[_APPLIED]
+        if untouched:  # nothing else changed while applied: the base is bit-exactly what was fingerprinted
+            body.__dict__[_FINGERPRINT] = (_state_key(body), rec.fingerprint)
         return scorer
+
+    @contextlib.contextmanager
+    def applied(self, scorer, *, outside: Outside = "pre", force: bool = False) -> Iterator:
+        """``with graft.applied(model) as m: ...`` — apply, yield the model, revert bit-exactly on any exit."""
+        self.apply(scorer, outside=outside, force=force)
+        try:
+            yield scorer
+        finally:
+            self.revert(scorer)
 
     # ------------------------------------------------------------------ files
     def config(self) -> dict:
-        return {"format": "skillgraft.graft", "format_version": FORMAT_VERSION, "base_model": self.base_model,
-                "base_fingerprint": self.base_fingerprint, "size": self.size,
+        """The ``graft_config.json`` fields (the weights' checksum is added when writing)."""
+        return {"format": FORMAT, "format_version": FORMAT_VERSION, "base_model": self.base_model,
+                "base_fingerprint": self.base_fingerprint or None, "size": self.size,
                 "density": self.region.density, "graftable_parameters": self.region.universe_size,
                 "carried_parameters": self.carried_size, "carried": sorted(self.carried),
+                "carried_shapes": {k: list(self.carried[k].shape) for k in sorted(self.carried)},
                 "shapes": {k: list(v) for k, v in self.region.shapes.items()}, "metadata": self.metadata}
 
     def _offsets(self) -> dict[str, int]:
@@ -154,54 +303,25 @@ class Graft:
         else:
             for name in names:
                 tensors[f"{name}::indices"] = _compact(self.region.indices[name])
-                tensors[f"{name}::values"] = self.values[name].contiguous()
+                tensors[f"{name}::values"] = self.values[name].reshape(-1).contiguous()
         for name, t in self.carried.items():
             tensors[f"carried::{name}"] = t.contiguous()
         return tensors
 
-    def save_pretrained(self, directory: str | os.PathLike, *, overwrite: bool = True) -> Path:
-        """Write ``graft_config.json`` + ``graft.safetensors`` atomically (the folder appears complete)."""
-        from safetensors.torch import save_file  # noqa: PLC0415
+    def save_pretrained(self, directory: str | os.PathLike, *, overwrite: bool = False) -> Path:
+        """Write ``graft_config.json`` + ``graft.safetensors`` atomically (the folder appears complete).
 
-        tensors = self._packed_tensors()
-        with atomic_dir(directory, overwrite=overwrite) as tmp:
-            save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "skillgraft.graft"})
-            (tmp / CONFIG_FILE).write_text(json.dumps(self.config(), indent=2))
-        return Path(directory)
+        An existing ``directory`` is refused unless ``overwrite`` (then it is replaced whole).
+        """
+        return write_graft_file(directory, self._packed_tensors(), self.config(), overwrite=overwrite)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike) -> Graft:
-        from safetensors.torch import load_file  # noqa: PLC0415
-
-        directory = Path(directory)
-        cfg_path, w_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
-        if not cfg_path.is_file() or not w_path.is_file():
-            raise SkillgraftError(f"{directory}: not a graft folder (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
-        try:
-            cfg = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as e:
-            raise SkillgraftError(f"{cfg_path}: not valid JSON ({e.msg})") from None
-        if cfg.get("format") != "skillgraft.graft":
-            raise SkillgraftError(f"{cfg_path}: not a skillgraft graft config")
-        if cfg.get("format_version", 0) > FORMAT_VERSION:
-            raise SkillgraftError(f"{cfg_path}: format version {cfg['format_version']} is newer than this skillgraft")
-        tensors = load_file(str(w_path))
-        shapes = {k: tuple(v) for k, v in cfg["shapes"].items()}
-        if "indices" in tensors:  # packed layout: positions in the concatenated universe
-            indices, values = {}, {}
-            flat, vals, start = tensors["indices"].long(), tensors["values"], 0
-            for name, shape in shapes.items():
-                end = start + int(torch.Size(shape).numel())
-                lo, hi = torch.searchsorted(flat, torch.tensor([start, end])).tolist()
-                if hi > lo:
-                    indices[name], values[name] = flat[lo:hi] - start, vals[lo:hi]
-                start = end
-        else:
-            indices = {k[: -len("::indices")]: v.long() for k, v in tensors.items() if k.endswith("::indices")}
-            values = {k[: -len("::values")]: v for k, v in tensors.items() if k.endswith("::values")}
-        carried = {k[len("carried::"):]: v for k, v in tensors.items() if k.startswith("carried::")}
-        return cls(Region(shapes, indices), values, carried, cfg.get("base_model", ""),
-                   cfg.get("base_fingerprint", ""), cfg.get("metadata", {}))
+        """Read a graft folder, validated (:func:`~skillgraft.graft.graft_file.read_graft_file`)."""
+        f = read_graft_file(directory)
+        cfg = f.config
+        return cls(Region(f.shapes, f.indices), f.values, f.carried, cfg.base_model, cfg.base_fingerprint or "",
+                   dict(cfg.metadata), Path(directory))
 
     def export(self, base_scorer, directory: str | os.PathLike, *, force: bool = False,
                overwrite: bool = False) -> Path:
@@ -211,40 +331,6 @@ class Graft:
         only once the new checkpoint is complete): nothing already there is deleted by surprise.
         """
         check_target(directory, overwrite)
-        self.apply(base_scorer, force=force)
-        try:
-            with atomic_dir(directory, overwrite=overwrite) as tmp:
-                base_scorer.save_pretrained(tmp)
-        finally:
-            self.revert(base_scorer)
+        with self.applied(base_scorer, force=force), atomic_dir(directory, overwrite=overwrite) as tmp:
+            base_scorer.save_pretrained(tmp)
         return Path(directory)
-
-    # ------------------------------------------------------------------ composition
-    def union(self, other: Graft, policy: Literal["error", "first", "average"] = "error") -> Graft:
-        """Compose two grafts on the same base: their regions' union, with a declared overlap policy."""
-        if self.base_fingerprint and other.base_fingerprint and self.base_fingerprint != other.base_fingerprint:
-            raise SkillgraftError("grafts learned on different base models cannot be composed")
-        region = self.region | other.region
-        values = {}
-        for name, idx in region.indices.items():
-            out = torch.empty(idx.numel(), dtype=next(iter(self.values.values() or other.values.values())).dtype)
-            filled = torch.zeros(idx.numel(), dtype=torch.bool)
-            for g in (self, other):
-                if name not in g.region.indices:
-                    continue
-                src = g.region.indices[name]
-                pos = torch.searchsorted(idx, src)
-                clash = filled[pos]
-                if clash.any():
-                    if policy == "error":
-                        raise SkillgraftError(f"grafts overlap on {int(clash.sum())} coordinate(s) of {name!r}; "
-                                              "choose an overlap policy: first or average")
-                    if policy == "average":
-                        out[pos[clash]] = (out[pos[clash]] + g.values[name][clash]) / 2
-                    out[pos[~clash]] = g.values[name][~clash]
-                else:
-                    out[pos] = g.values[name]
-                filled[pos] = True
-            values[name] = out
-        return Graft(region, values, {**other.carried, **self.carried}, self.base_model, self.base_fingerprint,
-                     {"composed_of": [self.metadata, other.metadata], "overlap_policy": policy})

@@ -13,8 +13,5 @@ def evaluate_graft(pre, graft: Graft, examples: list[Example], *, reference: np.
                    outside: str = "pre", batch_size: int = 64, progress: bool | str = False,
                    force: bool = False) -> tuple[dict, np.ndarray]:
     """Metrics and probabilities of θ_pre + γ⊙Δ (or γ⊙θ_ft with ``outside='zero'``) on ``examples``."""
-    graft.apply(pre, outside=outside, force=force)
-    try:
+    with graft.applied(pre, outside=outside, force=force):
         return evaluate(pre, examples, batch_size=batch_size, reference=reference, progress=progress)
-    finally:
-        graft.revert(pre)

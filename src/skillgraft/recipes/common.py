@@ -189,7 +189,7 @@ def cached_trained(setup: Setup, kind: str, spec: dict, cache: Path, train_fn: C
     state, info = train_fn()
     info = {**info, "seconds": round(time.perf_counter() - t0, 2), "key": key}
     graft = delta_graft(setup.pre, state, {"kind": kind, **spec})
-    graft.save_pretrained(folder / "graft")
+    graft.save_pretrained(folder / "graft", overwrite=True)  # a leftover of an interrupted run
     write_json(folder / "info.json", info)
     return graft, info
 
@@ -223,11 +223,8 @@ class Variant:
         elif self.kind == "pre":
             yield setup.pre
         else:
-            self.graft.apply(setup.pre)
-            try:
-                yield setup.pre
-            finally:
-                self.graft.revert(setup.pre)
+            with self.graft.applied(setup.pre) as model:
+                yield model
 
 
 def base_variants(setup: Setup) -> list[Variant]:
