@@ -264,3 +264,122 @@ def test_union_policies(pair):
     u = compose([a, b], policy="first")
     assert len(u.region) == len(a.region | b.region)
     assert not hasattr(Graft, "union")
+
+
+# ---------------------------------------------------------------------------------------------- apply / revert safety
+def _two_grafts(pre, ft):
+    """Two grafts on different (overlapping) coordinates of the body, taken from ``ft``."""
+    names = graftable_names(pre)
+    shapes = {n: tuple(p.shape) for n, p in pre.named_parameters() if n in names}
+    a = Region(shapes, {names[0]: list(range(0, 40)), names[3]: [1, 5, 9]})
+    b = Region(shapes, {names[0]: list(range(30, 70)), names[5]: [0, 2]})
+    return Graft.from_models(pre, ft, a, {"task": "A"}), Graft.from_models(pre, ft, b, {"task": "B"})
+
+
+def _state(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _same(model, state):
+    return all(torch.equal(p, state[n]) for n, p in model.named_parameters())
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_applied_reverts_bit_exactly_after_an_exception(pair, error):
+    from skillgraft.graft.graft import active_graft
+
+    pre, ft, _ = pair
+    g, _ = _two_grafts(pre, ft)
+    before = _state(pre)
+    with pytest.raises(error):
+        with g.applied(pre) as model:
+            assert model is pre and active_graft(pre) is g
+            assert not _same(pre, before)
+            raise error("boom")
+    assert _same(pre, before) and active_graft(pre) is None
+    with g.applied(pre, outside="zero"):
+        assert not _same(pre, before)
+    assert _same(pre, before)
+
+
+def test_failed_apply_leaves_the_model_unchanged(pair):
+    pre, ft, _ = pair
+    g, _ = _two_grafts(pre, ft)
+    before = _state(pre)
+    bad_head = Graft(g.region, g.values, {**g.carried, "head.weight": torch.zeros(3, 32)}, g.base_model,
+                     g.base_fingerprint)
+    with pytest.raises(SkillgraftError, match="does not fit"):
+        bad_head.apply(pre)
+    assert _same(pre, before)
+    # a failure while writing (after the checks passed): what was written is undone
+    last = list(g.region.indices)[-1]
+    broken = Graft(g.region, {**g.values, last: torch.empty(g.values[last].numel(), device="meta")}, g.carried,
+                   g.base_model, g.base_fingerprint)
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        broken.apply(pre)
+    assert _same(pre, before)
+    with pytest.raises(SkillgraftError, match="no graft is applied"):
+        g.revert(pre)
+    g.apply(pre)  # nothing is left marked as applied
+    g.revert(pre)
+    assert _same(pre, before)
+
+
+def test_swap_skills_on_one_model(pair):
+    pre, ft, _ = pair
+    a, b = _two_grafts(pre, ft)
+    before = _state(pre)
+    with a.applied(pre):
+        with_a = _state(pre)
+        with pytest.raises(SkillgraftError, match="already applied"):
+            b.apply(pre)
+        with pytest.raises(SkillgraftError, match="another graft"):
+            b.revert(pre)
+    assert _same(pre, before)
+    with b.applied(pre):
+        with_b = _state(pre)
+    assert _same(pre, before)
+    with a.applied(pre):
+        assert _same(pre, with_a)
+    assert _same(pre, before) and not all(torch.equal(with_a[n], with_b[n]) for n in with_a)
+    p_ft = dict(ft.named_parameters())
+    for name, idx in b.region.indices.items():
+        assert torch.equal(with_b[name].view(-1)[idx], p_ft[name].detach().view(-1)[idx])
+
+
+def test_swaps_reuse_the_fingerprint_until_a_weight_changes(pair, monkeypatch):
+    import skillgraft.graft.graft as graft_module
+
+    pre, ft, _ = pair
+    a, b = _two_grafts(pre, ft)
+    calls = []
+    real = graft_module.fingerprint
+    monkeypatch.setattr(graft_module, "fingerprint", lambda s: calls.append(1) or real(s))
+    graft_module.forget_fingerprint(pre)
+    for g in (a, b, a, b):
+        with g.applied(pre):
+            pass
+    assert len(calls) == 1  # computed once, then reused: a swap is a few index writes
+    weight = dict(pre.named_parameters())[graftable_names(pre)[0]]
+    saved = weight.detach().clone()
+    with torch.no_grad():
+        weight.add_(0.5)  # the base changes in place: the cached fingerprint is no longer valid
+    with pytest.raises(SkillgraftError, match="fingerprint"):
+        a.apply(pre)
+    assert len(calls) == 2
+    with torch.no_grad():
+        weight.copy_(saved)
+    with a.applied(pre):
+        pass
+    assert len(calls) == 3
+
+
+def test_save_pretrained_refuses_an_existing_folder(pair, tmp_path):
+    pre, ft, _ = pair
+    a, b = _two_grafts(pre, ft)
+    a.save_pretrained(tmp_path / "g")
+    with pytest.raises(SkillgraftError, match="already exists"):
+        b.save_pretrained(tmp_path / "g")
+    assert Graft.from_pretrained(tmp_path / "g").metadata == {"task": "A"}
+    b.save_pretrained(tmp_path / "g", overwrite=True)
+    assert Graft.from_pretrained(tmp_path / "g").metadata == {"task": "B"}
