@@ -265,20 +265,28 @@ def apply(
 @app.command()
 @friendly
 def inspect(
-    graft_dir: Path = typer.Argument(..., help="a graft folder"),
+    graft_dir: Path = typer.Argument(..., help="a graft folder, or a PEFT SHiRA adapter folder"),
     out: Optional[Path] = typer.Option(None, help="write the distribution PNG + JSON here (default: the graft folder)"),
+    model: Optional[str] = typer.Option(None, help="base model of a PEFT adapter (default: its "
+                                                   "base_model_name_or_path)"),
+    compare: Optional[Path] = typer.Option(None, help="another graft or SHiRA adapter folder: overlap and IoU"),
 ) -> None:
     """Size, density and where a graft's parameters sit (per layer × module type; paper Figs. 9/10)."""
-    from skillgraft.graft import Graft  # noqa: PLC0415
+    from skillgraft.graft.export import read_graft_or_adapter  # noqa: PLC0415
     from skillgraft.graft.inspect import distribution, plot_distribution  # noqa: PLC0415
     from skillgraft.io import write_json  # noqa: PLC0415
 
-    g = Graft.from_pretrained(graft_dir)
+    g, weights = read_graft_or_adapter(graft_dir, model)
     dist = distribution(g.region)
-    size = (graft_dir / "graft.safetensors").stat().st_size
+    size = weights.stat().st_size
     console.print(f"[bold]{graft_dir}[/]: {g.size:,} grafted parameters, density {g.region.density:.3e} of "
                   f"{g.region.universe_size:,} graftable; carried {g.carried_size:,}; file {size / 1024:.1f} KiB "
                   f"({size / max(1, g.size):.1f} bytes/parameter); base {g.base_model} [{g.base_fingerprint[:12]}]")
+    if compare is not None:
+        other = read_graft_or_adapter(compare, model)[0].region
+        console.print(f"vs {compare}: shared {len(g.region & other):,}; overlap |A∩B|/|B| "
+                      f"{g.region.overlap(other):.4f}; |A∩B|/|A| {other.overlap(g.region):.4f}; "
+                      f"IoU {g.region.iou(other):.4f}")
     table = Table(title="region by layer × module type")
     table.add_column("layer")
     for col in dist["module_types"]:
@@ -291,6 +299,49 @@ def inspect(
     write_json(out / "distribution.json", dist)
     plot_distribution(dist, out / "distribution.png", title=f"{g.metadata.get('task', '')} graft")
     console.print(f"→ {out / 'distribution.png'}")
+
+
+@app.command("export")
+@friendly
+def export_cmd(
+    graft_dir: Path = typer.Argument(..., help="a graft folder (graft_config.json + graft.safetensors)"),
+    to: str = typer.Option("peft", help="peft: a PEFT SHiRA adapter folder | hf: the grafted model as a Hugging Face "
+                                        "checkpoint | delta: delta.safetensors of per-tensor int32 indices + values"),
+    out: Path = typer.Option(..., help="output folder (refused if it exists, unless --overwrite)"),
+    overwrite: bool = typer.Option(False, help="replace an existing output folder whole (never mixed into)"),
+    model: Optional[str] = typer.Option(None, help="base model (default: the one recorded in the graft)"),
+    force: bool = typer.Option(False, help="export even if the base model's fingerprint differs from the graft's"),
+    non_linear: str = typer.Option("modules_to_save", "--non-linear",
+                                   help="coordinates SHiRA cannot hold (biases, norms, embeddings, Conv1D, tied "
+                                        "weights): modules_to_save (their modules stored whole) | refuse"),
+    head: str = typer.Option("separate", help="a head-mode graft's task head: separate (skillgraft_head.safetensors "
+                                              "beside the adapter) | refuse"),
+) -> None:
+    """Write a graft as a PEFT SHiRA adapter, a plain safetensors delta or an HF checkpoint (docs/export.md)."""
+    from skillgraft.graft import Graft  # noqa: PLC0415
+    from skillgraft.graft.export import ExportSpec, export_graft  # noqa: PLC0415
+    from skillgraft.io import check_target  # noqa: PLC0415
+
+    spec = ExportSpec.build(dict(to=to, model=model, non_linear=non_linear, head=head, overwrite=overwrite,
+                                 force=force), where="export")
+    check_target(out, overwrite)  # before any work
+    s = export_graft(Graft.from_pretrained(graft_dir), out, spec)
+    routes = s.get("routes", {})
+    if "shira" in routes:
+        sh, ms = routes["shira"], routes["modules_to_save"]
+        console.print(f"SHiRA: {sh['coordinates']:,} coordinates in {sh['modules']} Linear weight(s) "
+                      f"(+{sh['padding_entries']:,} zero entries, r={sh['r']})"
+                      + (f", zero placeholder target {sh['placeholder']}" if sh["placeholder"] else ""))
+        console.print(f"modules_to_save: {ms['coordinates']:,} coordinates in {len(ms['modules'])} module(s) stored "
+                      f"whole ({ms['stored_parameters']:,} parameters)")
+    head_info = routes.get("head") or s.get("head")
+    if head_info:
+        console.print(f"[yellow]task head ({head_info['parameters']:,} parameters) written separately to "
+                      f"{out}/skillgraft_head.safetensors: the adapter alone outputs hidden states, not labels[/]")
+    if s.get("inexact"):
+        err.print(f"[yellow]warning:[/] {s['inexact']} coordinate(s) cannot be reached exactly by an additive delta")
+    size = f" ({s['bytes'] / 1024:.1f} KiB)" if "bytes" in s else ""
+    console.print(f"[bold green]exported[/] {s['coordinates']:,} grafted coordinates as {s['to']} → {out}{size}")
 
 
 @app.command()

@@ -1,0 +1,627 @@
+"""Grafts in the tools users already have: a PEFT SHiRA adapter, a plain per-tensor delta, an HF checkpoint.
+
+The grafted model is θ = θ_pre + γ ⊙ (θ_ft − θ_pre) (paper Eq. 1). Three ways to write it:
+
+* ``peft``  — a PEFT **SHiRA** adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``) for
+  the plain Hugging Face base model, so that ``PeftModel.from_pretrained(base, dir)`` computes the grafted
+  model and ``merge_and_unload()`` gives its weights. SHiRA stores, per targeted ``nn.Linear``, exactly
+  r·(m+n) COO entries (indices ``[2, N]`` int32 of (row, col) in the ``[out, in]`` weight, values ``[N]``)
+  with one global r; the saved indices replace the random mask on load. The region of each Linear weight
+  is written as its entries, padded with zero-valued entries at coordinates outside the region. Each value
+  is the additive delta d chosen so that fl(θ_pre + d) == θ_ft bit for bit (see :func:`exact_delta`).
+  Coordinates SHiRA cannot hold — biases, norms, embeddings, GPT-2 ``Conv1D`` (peft's SHiRA wraps
+  ``nn.Linear`` only), weights tied to another module, a Linear whose region would force a costlier global
+  r — take the ``non_linear`` route: ``modules_to_save`` stores those modules whole (faithful, dense), or
+  ``refuse`` lists them and writes nothing.
+* ``delta`` — ``delta.safetensors`` readable with the stock ``safetensors`` reader: per base tensor (its
+  Hugging Face name) ``<name>::indices`` (int32 flat row-major positions), ``<name>::values`` (the grafted
+  values: ``w.view(-1)[indices] = values``) and ``<name>::delta`` (the exact additive form).
+* ``hf``    — the grafted model as an ordinary checkpoint (:meth:`Graft.export`).
+
+A head-mode graft carries a new task head that the base model lacks. It is never hidden inside the
+adapter: ``head="separate"`` writes it to ``skillgraft_head.safetensors`` beside the adapter (with its
+pooling and labels in the header, and a README saying the adapter alone outputs hidden states, not labels);
+``head="refuse"`` refuses. :func:`graft_from_peft` reads a SHiRA adapter back as a Graft (a Region to
+inspect, compare and compose).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Optional
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft.graft import Graft, cached_fingerprint
+from skillgraft.graft.region import Region, _compact
+from skillgraft.io import atomic_dir, check_target
+from skillgraft.models.anatomy import graftable_names
+from skillgraft.spec import Spec
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+DELTA_FILE = "delta.safetensors"
+HEAD_FILE = "skillgraft_head.safetensors"
+SUMMARY_FILE = "skillgraft_export.json"
+PEFT_PREFIX = "base_model.model."
+SCORER_PREFIX = "model."
+_HUB_IDS = {"all-MiniLM-L6-v2": "sentence-transformers/all-MiniLM-L6-v2"}
+
+
+class ExportSpec(Spec):
+    """Options of ``skillgraft export`` (one source for the CLI and the library)."""
+
+    to: Literal["peft", "hf", "delta"] = Field(
+        "peft", description="peft: a PEFT SHiRA adapter folder; hf: the grafted model as a Hugging Face checkpoint; "
+                            "delta: delta.safetensors of per-tensor int32 indices + values (stock safetensors reader)")
+    model: Optional[str] = Field(None, description="base model (default: the one recorded in the graft)")
+    non_linear: Literal["modules_to_save", "refuse"] = Field(
+        "modules_to_save", description="coordinates SHiRA cannot hold (biases, norms, embeddings, Conv1D, tied "
+                                       "weights): modules_to_save stores their modules whole (faithful, dense); "
+                                       "refuse lists them and writes nothing")
+    head: Literal["separate", "refuse"] = Field(
+        "separate", description="a head-mode graft's new task head: separate writes skillgraft_head.safetensors "
+                                "beside the adapter/delta (the adapter alone outputs hidden states); refuse")
+    overwrite: bool = Field(False, description="replace an existing output folder whole (never mixed into)")
+    force: bool = Field(False, description="export even if the base model's fingerprint differs from the graft's")
+
+
+# ---------------------------------------------------------------------------------------------- base model
+class _Body(nn.Module):
+    """A plain HF model seen with Scorer parameter names (``model.<HF name>``)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+
+def _as_scorer(base) -> nn.Module:
+    """A Scorer stays itself; a plain Hugging Face model is wrapped so its parameters read ``model.*``."""
+    from transformers import PreTrainedModel  # noqa: PLC0415
+
+    if not isinstance(base, PreTrainedModel) and isinstance(getattr(base, "model", None), nn.Module):
+        return base
+    if isinstance(base, nn.Module):
+        return _Body(base)
+    raise SkillgraftError(f"expected a Scorer or a Hugging Face model as the base, got {type(base).__name__}")
+
+
+def _hf_name(name: str) -> str:
+    if not name.startswith(SCORER_PREFIX):
+        raise SkillgraftError(f"graft tensor {name!r} is not part of the base model (expected 'model.<name>')")
+    return name[len(SCORER_PREFIX):]
+
+
+def _check_base(graft: Graft, scorer, force: bool) -> dict[str, torch.Tensor]:
+    """The base must have every graft tensor with its shape, and (unless ``force``) the graft's fingerprint."""
+    params = dict(scorer.named_parameters())
+    for name, shape in graft.region.shapes.items():
+        if name.startswith("head."):
+            continue
+        if name not in params:
+            raise SkillgraftError(f"this graft covers tensor {name!r}, which the base model does not have; it was "
+                                  "learned on a different architecture")
+        if tuple(params[name].shape) != tuple(shape):
+            raise SkillgraftError(f"this graft expects {name!r} of shape {tuple(shape)}, the base model has "
+                                  f"{tuple(params[name].shape)}")
+    if not force and graft.base_fingerprint:
+        got = cached_fingerprint(scorer)
+        if got != graft.base_fingerprint:
+            raise SkillgraftError(f"this graft was learned on base model {graft.base_model or '?'} with fingerprint "
+                                  f"{graft.base_fingerprint}; the given base has {got}. Export against its base "
+                                  "model, or force it (--force)")
+    return params
+
+
+def load_graft_base(graft: Graft, model: str | None = None):
+    """The graft's base: a Scorer when its task is known (head pooling then known), else the plain HF model."""
+    from skillgraft.data.tasks import get_task  # noqa: PLC0415
+    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+    from skillgraft.models.scorer import _load_for_mode, build_scorer  # noqa: PLC0415
+
+    mode = graft.metadata.get("mode", "head")
+    name = model or graft.base_model or None
+    task = graft.metadata.get("task")
+    if task:
+        try:
+            get_task(task)
+        except SkillgraftError:
+            task = None
+    if task:
+        return build_scorer(name, task, mode)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)  # as build_scorer: weights missing from the checkpoint initialise the same way
+        return _load_for_mode(model_reference(name), mode, None)[0]
+
+
+def load_adapter_base(directory: str | os.PathLike, model: str | None = None) -> nn.Module:
+    """The plain HF base model of a PEFT adapter folder (``--model`` or its ``base_model_name_or_path``)."""
+    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+    from skillgraft.models.scorer import _load_for_mode  # noqa: PLC0415
+
+    cfg, meta = _read_adapter(Path(directory))
+    name = model or cfg.get("base_model_name_or_path")
+    if not name:
+        raise SkillgraftError(f"{directory}: the adapter names no base model; pass --model")
+    if meta.get("mode"):
+        mode = meta["mode"]
+    else:
+        cls = str((cfg.get("auto_mapping") or {}).get("base_model_class", ""))
+        mode = "causal" if cfg.get("task_type") == "CAUSAL_LM" or cls.endswith("ForCausalLM") else \
+            "prompt" if cls.endswith("ForMaskedLM") else "head"
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return _load_for_mode(model_reference(name), mode, None)[0]
+
+
+# ---------------------------------------------------------------------------------------------- exact deltas
+def exact_delta(base: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Additive deltas d (in ``base``'s dtype) with fl(base + d) == target; returns d and how many miss.
+
+    d = target − base rounded once is usually exact; where it is not, the rounding residual is folded back
+    in (and a last ulp step tried). A miss is only possible where fine-tuning moved a weight far below its
+    own ulp of θ_pre (|target| ≪ |base|); the miss is then below half an ulp of θ_pre.
+    """
+    base, target = base.reshape(-1), target.reshape(-1).to(base.dtype)
+    b64, t64 = base.double(), target.double()
+    d = (t64 - b64).to(base.dtype)
+    for _ in range(4):
+        bad = (base + d) != target
+        if not bool(bad.any()):
+            return d, 0
+        got = (base[bad] + d[bad]).double()
+        d[bad] = (d[bad].double() + (t64[bad] - got)).to(base.dtype)
+    bad = (base + d) != target
+    if bool(bad.any()) and base.dtype in (torch.float32, torch.float64):
+        up = torch.where(target[bad] > base[bad] + d[bad], math.inf, -math.inf).to(base.dtype)
+        step = torch.nextafter(d[bad], up)
+        fixed = (base[bad] + step) == target[bad]
+        d[bad] = torch.where(fixed, step, d[bad])
+    finite = torch.isfinite(target)
+    return d, int(((base + d) != target)[finite].sum())
+
+
+# ---------------------------------------------------------------------------------------------- PEFT plan
+@dataclass
+class _Layer:
+    """A touched module of the base model and what the graft changes in it."""
+
+    path: str
+    module: nn.Module
+    touched: dict[str, str] = field(default_factory=dict)  # param name → scorer tensor name
+    reason: str = ""  # why SHiRA cannot hold it ('' when it can)
+
+    def shira_need(self, graft: Graft) -> int:
+        m, n = self.module.weight.shape
+        return max(1, math.ceil(len(graft.region.indices[self.touched["weight"]]) / (m + n)))
+
+
+def _owners(hf: nn.Module) -> dict[int, list[str]]:
+    """Parameter id → every module path holding it (more than one: tied weights)."""
+    out: dict[int, list[str]] = {}
+    for name, p in hf.named_parameters(remove_duplicate=False):
+        out.setdefault(id(p), []).append(name.rpartition(".")[0])
+    return out
+
+
+def _why_not_shira(module: nn.Module, touched: set[str], tied: bool) -> str:
+    if tied:
+        return "weight tied to another module"
+    if not isinstance(module, nn.Linear):
+        kind = type(module).__name__
+        return f"{kind} (peft's SHiRA wraps nn.Linear only)" if kind == "Conv1D" else kind
+    if touched != {"weight"}:
+        return "Linear bias"
+    return ""
+
+
+def _plan(graft: Graft, hf: nn.Module, non_linear: str) -> tuple[list[_Layer], list[_Layer], int]:
+    """Split the touched modules into SHiRA layers and whole modules; pick the global r.
+
+    With ``modules_to_save`` the split minimises bytes: each SHiRA entry costs two int32 indices plus a
+    value, and every SHiRA layer holds r·(m+n) entries, so a Linear needing a much larger r than the rest
+    is cheaper stored whole (and one that cannot fit r·(m+n) ≤ m·n must be).
+    """
+    owners = _owners(hf)
+    layers: dict[str, _Layer] = {}
+    for name in graft.region.indices:
+        path, _, pname = _hf_name(name).rpartition(".")
+        try:
+            module = hf.get_submodule(path)
+        except AttributeError:
+            raise SkillgraftError(f"graft tensor {name!r}: the base model has no module {path!r}") from None
+        layers.setdefault(path, _Layer(path, module)).touched[pname] = name
+    for layer in layers.values():
+        tied = any(len(owners.get(id(p), [])) > 1 for p in layer.module.parameters(recurse=False))
+        layer.reason = _why_not_shira(layer.module, set(layer.touched), tied)
+    # tied weights: every module sharing a parameter with a dense module is stored whole too
+    for layer in list(layers.values()):
+        if layer.reason == "weight tied to another module":
+            for p in layer.module.parameters(recurse=False):
+                for path in owners.get(id(p), []):
+                    if path not in layers:
+                        layers[path] = _Layer(path, hf.get_submodule(path), {}, f"tied to {layer.path}")
+    candidates = [l for l in layers.values() if not l.reason]
+    dense = [l for l in layers.values() if l.reason]
+    if non_linear == "refuse":
+        r = max((l.shira_need(graft) for l in candidates), default=1)
+        dense += [l for l in candidates if r * sum(l.module.weight.shape) > l.module.weight.numel()]
+        for l in dense:
+            if not l.reason:
+                l.reason = f"Linear whose region needs r={r}·(m+n) > m·n entries"
+        if dense:
+            listed = ", ".join(f"{l.path} ({l.reason}: {_count(graft, l)} coordinates)" for l in dense[:8])
+            more = f" and {len(dense) - 8} more" if len(dense) > 8 else ""
+            raise SkillgraftError(
+                f"{sum(_count(graft, l) for l in dense)} graft coordinate(s) in {len(dense)} module(s) cannot be held "
+                f"by a SHiRA adapter: {listed}{more}. Use --non-linear modules_to_save (stores those modules whole), "
+                "or --to delta / --to hf")
+        return candidates, [], r
+    best = None
+    for r in sorted({l.shira_need(graft) for l in candidates}) or [1]:
+        shira = [l for l in candidates
+                 if l.shira_need(graft) <= r and r * sum(l.module.weight.shape) <= l.module.weight.numel()]
+        rest = [l for l in candidates if l not in shira]
+        cost = sum(r * sum(l.module.weight.shape) * (8 + l.module.weight.element_size()) for l in shira) + \
+            sum(_module_bytes(l.module) for l in rest)
+        if best is None or cost < best[0]:
+            best = (cost, shira, rest, r)
+    _, shira, rest, r = best
+    for l in rest:
+        l.reason = f"Linear whose region is cheaper stored whole than at the global r={r}"
+    dense += rest
+    # a module stored whole already holds everything below it
+    dense_paths = [l.path for l in dense]
+    inside = lambda p: any(p != d and p.startswith(d + ".") for d in dense_paths)  # noqa: E731
+    dense = [l for l in dense if not inside(l.path)]
+    shira = [l for l in shira if not inside(l.path)]
+    return shira, dense, r
+
+
+def _count(graft: Graft, layer: _Layer) -> int:
+    return sum(len(graft.region.indices[n]) for n in layer.touched.values())
+
+
+def _module_bytes(module: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+
+def _placeholder(hf: nn.Module, taken: set[str]) -> _Layer:
+    """A SHiRA target for an adapter whose coordinates all went whole (peft needs at least one target).
+
+    Its r·(m+n) entries are all zero, so it changes nothing; the smallest untied Linear is preferred.
+    """
+    owners = _owners(hf)
+    linears = [(p, m) for p, m in hf.named_modules() if isinstance(m, nn.Linear) and p not in taken
+               and sum(m.weight.shape) <= m.weight.numel() and not any(p.startswith(t + ".") for t in taken)]
+    if not linears:
+        raise SkillgraftError("a SHiRA adapter needs at least one nn.Linear target, and every nn.Linear of the base "
+                              "model has to be stored whole (its bias or a tied weight is grafted); use --to delta or "
+                              "--to hf")
+    linears.sort(key=lambda pm: (len(owners.get(id(pm[1].weight), [])) > 1, sum(pm[1].weight.shape)))
+    return _Layer(linears[0][0], linears[0][1], {}, "")
+
+
+# ---------------------------------------------------------------------------------------------- writers
+def _head_file(graft: Graft, scorer, tmp: Path, head: str, what: str) -> dict | None:
+    """Write the carried head beside the adapter/delta (or refuse); returns its summary."""
+    if not graft.carried:
+        return None
+    names = {k: tuple(v.shape) for k, v in graft.carried.items()}
+    if head == "refuse":
+        raise SkillgraftError(
+            f"this graft carries a new task head {names} that the base model lacks; a {what} for the base model "
+            "cannot hold it. Use --head separate (writes it to skillgraft_head.safetensors beside it) or --to hf")
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    pooling = graft.metadata.get("pooling") or getattr(scorer, "pooling", None) or "unknown"
+    task = getattr(scorer, "task", None)
+    meta = {"format": "skillgraft.head", "pooling": str(pooling),
+            "labels": json.dumps(list(task.labels) if task is not None else []),
+            "usage": "logits = pool(last_hidden_state of the grafted base model) @ weight.T + bias"}
+    save_file({k.removeprefix("head."): v.detach().cpu().contiguous() for k, v in graft.carried.items()},
+              str(tmp / HEAD_FILE), metadata=meta)
+    return {"route": f"separate file {HEAD_FILE}", "tensors": sorted(graft.carried),
+            "parameters": graft.carried_size, "pooling": str(pooling)}
+
+
+def _header(graft: Graft, extra: dict) -> dict[str, str]:
+    """safetensors header metadata (strings): the graft's config, so an import restores it exactly."""
+    return {"format": "pt", "skillgraft": json.dumps({**graft.config(), **extra})}
+
+
+def _grafted(param: torch.Tensor, graft: Graft, name: str) -> torch.Tensor:
+    """θ_pre of one tensor with the graft written in (a CPU copy)."""
+    out = param.detach().cpu().clone()
+    if name in graft.region.indices:
+        out.view(-1)[graft.region.indices[name]] = graft.values[name].to(out.dtype)
+    return out
+
+
+def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str = "modules_to_save",
+                head: str = "separate", overwrite: bool = False, force: bool = False) -> dict:
+    """Write ``graft`` as a PEFT SHiRA adapter for ``base`` (a Scorer or its plain HF model); returns the summary.
+
+    ``PeftModel.from_pretrained(base_hf_model, out)`` then computes the grafted model, and
+    ``merge_and_unload()`` gives the weights of :meth:`Graft.export` (bit for bit except the rare
+    ``inexact`` coordinates counted in the summary).
+    """
+    check_target(out, overwrite)
+    spec = ExportSpec.build({"non_linear": non_linear, "head": head}, where="export_peft")
+    scorer = _as_scorer(base)
+    params = _check_base(graft, scorer, force)
+    hf = scorer.model
+    if graft.carried and spec.head == "refuse":
+        _head_file(graft, scorer, Path(out), "refuse", "PEFT adapter")
+    shira, dense, r = _plan(graft, hf, spec.non_linear)
+    placeholder = None
+    if not shira:
+        placeholder = _placeholder(hf, {l.path for l in dense})
+        shira, r = [placeholder], 1
+    tensors: dict[str, torch.Tensor] = {}
+    entries: dict[str, int] = {}
+    inexact, padding = 0, 0
+    for layer in shira:
+        weight = layer.module.weight
+        rows, cols = weight.shape
+        name = layer.touched.get("weight")
+        idx = graft.region.indices[name] if name else torch.empty(0, dtype=torch.long)
+        base_flat = weight.detach().reshape(-1).cpu()
+        d, miss = exact_delta(base_flat[idx], graft.values[name]) if name else (torch.empty(0, dtype=weight.dtype), 0)
+        inexact += miss
+        n_pad = r * (rows + cols) - idx.numel()
+        window = torch.arange(min(rows * cols, idx.numel() + n_pad))
+        pad = window[~torch.isin(window, idx)][:n_pad]
+        flat = torch.cat([idx, pad])
+        tensors[f"{PEFT_PREFIX}{layer.path}.shira_indices"] = torch.stack([flat // cols, flat % cols]).to(torch.int32)
+        tensors[f"{PEFT_PREFIX}{layer.path}.shira_weight"] = torch.cat([d, torch.zeros(n_pad, dtype=d.dtype)])
+        entries[layer.path] = int(idx.numel())
+        padding += n_pad
+    dense_stored = 0
+    canonical = {id(p): n for n, p in params.items()}  # a tied weight is named once, by its first owner
+    for layer in dense:
+        for key, t in layer.module.state_dict(keep_vars=True).items():
+            sname = canonical.get(id(t))
+            value = _grafted(t, graft, sname) if sname else t.detach().cpu().clone()
+            tensors[f"{PEFT_PREFIX}{layer.path}.{key}"] = value.contiguous()
+            dense_stored += value.numel()
+    shira_coords = sum(entries.values())
+    summary = {
+        "to": "peft", "out": str(out), "format": "PEFT SHiRA adapter", "base_model": _base_name(graft, scorer),
+        "coordinates": graft.size,
+        "routes": {
+            "shira": {"modules": len(shira) - (placeholder is not None), "coordinates": shira_coords,
+                      "padding_entries": padding, "entries": shira_coords + padding, "r": r,
+                      "placeholder": placeholder.path if placeholder else None},
+            "modules_to_save": {"modules": {l.path: l.reason for l in dense},
+                                "coordinates": sum(_count(graft, l) for l in dense),
+                                "stored_parameters": dense_stored},
+        },
+        "inexact": inexact,
+    }
+    from peft import ShiraConfig  # noqa: PLC0415
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    config = ShiraConfig(r=r, target_modules=sorted(l.path for l in shira),
+                         modules_to_save=sorted(l.path for l in dense) or None, fan_in_fan_out=False,
+                         base_model_name_or_path=summary["base_model"], inference_mode=True,
+                         task_type="CAUSAL_LM" if graft.metadata.get("mode", getattr(scorer, "mode", "")) == "causal"
+                         else None)
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        summary["routes"]["head"] = _head_file(graft, scorer, tmp, spec.head, "PEFT adapter")
+        save_file(tensors, str(tmp / ADAPTER_WEIGHTS),
+                  metadata=_header(graft, {"shira_entries": entries, "mode": graft.metadata.get("mode") or
+                                           getattr(scorer, "mode", None)}))
+        config.save_pretrained(str(tmp), auto_mapping_dict={"base_model_class": type(hf).__name__,
+                                                            "parent_library": type(hf).__module__})
+        summary["bytes"] = (tmp / ADAPTER_WEIGHTS).stat().st_size
+        (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+        (tmp / "README.md").write_text(_readme(summary, type(hf).__name__))
+    return summary
+
+
+def _base_name(graft: Graft, scorer) -> str:
+    name = graft.base_model or getattr(scorer, "base_model", "") or ""
+    return _HUB_IDS.get(name, name)
+
+
+def _readme(summary: dict, model_class: str) -> str:
+    routes = summary["routes"]
+    lines = [
+        "---", "library_name: peft", f"base_model: {summary['base_model']}", "tags: [skillgraft, shira]", "---", "",
+        "# skillgraft graft as a PEFT SHiRA adapter", "",
+        f"Load on `{model_class}.from_pretrained({summary['base_model']!r})` with "
+        "`PeftModel.from_pretrained(base, this_folder)`; `merge_and_unload()` gives the grafted weights.", "",
+        f"- graft coordinates: {summary['coordinates']:,}",
+        f"- SHiRA entries: {routes['shira']['coordinates']:,} grafted + {routes['shira']['padding_entries']:,} "
+        f"zero padding (r={routes['shira']['r']})",
+        f"- modules stored whole (modules_to_save): {len(routes['modules_to_save']['modules'])} holding "
+        f"{routes['modules_to_save']['coordinates']:,} graft coordinates in "
+        f"{routes['modules_to_save']['stored_parameters']:,} stored parameters",
+    ]
+    if routes.get("head"):
+        lines += ["", f"**Not a complete classifier.** The adapter outputs the base model's hidden states. The task "
+                  f"head ({routes['head']['parameters']:,} parameters) is in `{HEAD_FILE}`: "
+                  f"logits = pool(last_hidden_state) @ weight.T + bias, pooling `{routes['head']['pooling']}`."]
+    return "\n".join(lines) + "\n"
+
+
+def export_delta(graft: Graft, out: str | os.PathLike, *, base=None, head: str = "separate",
+                 overwrite: bool = False, force: bool = False) -> dict:
+    """Write ``delta.safetensors``: per base tensor ``<hf name>::indices`` (int32) and ``::values``.
+
+    With ``base`` (a Scorer or HF model; checked like :meth:`Graft.apply`) also ``::delta``, additive deltas
+    with fl(w + delta) == values. Names are the base model's own (``encoder.layer.0...weight``).
+    """
+    check_target(out, overwrite)
+    spec = ExportSpec.build({"head": head}, where="export_delta")
+    scorer = _as_scorer(base) if base is not None else None
+    params = _check_base(graft, scorer, force) if scorer is not None else {}
+    if graft.carried and spec.head == "refuse":
+        _head_file(graft, scorer, Path(out), "refuse", "delta file")
+    tensors: dict[str, torch.Tensor] = {}
+    inexact = 0
+    for name, idx in graft.region.indices.items():
+        hf = _hf_name(name)
+        tensors[f"{hf}::indices"] = _compact(idx).contiguous()
+        tensors[f"{hf}::values"] = graft.values[name].reshape(-1).contiguous()
+        if name in params:
+            d, miss = exact_delta(params[name].detach().reshape(-1).cpu()[idx], graft.values[name])
+            tensors[f"{hf}::delta"] = d.contiguous()
+            inexact += miss
+    summary = {"to": "delta", "out": str(out), "format": "safetensors: <name>::indices int32 flat (row-major), "
+               "<name>::values (set: w.view(-1)[indices] = values)" + (", <name>::delta (add)" if params else ""),
+               "coordinates": graft.size, "tensors": len(graft.region.indices), "inexact": inexact}
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        summary["head"] = _head_file(graft, scorer, tmp, spec.head, "delta file")
+        meta = _header(graft, {"format": "skillgraft.delta", "layout": summary["format"]})
+        save_file(tensors, str(tmp / DELTA_FILE), metadata=meta)
+        summary["bytes"] = (tmp / DELTA_FILE).stat().st_size
+        (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def export_hf(graft: Graft, base_scorer, out: str | os.PathLike, *, overwrite: bool = False,
+              force: bool = False) -> dict:
+    """The grafted model as an ordinary Hugging Face checkpoint (+ scorer config and head): :meth:`Graft.export`."""
+    if not hasattr(base_scorer, "scorer_config"):
+        raise SkillgraftError("--to hf needs the graft's Scorer (its task must be registered); use --to peft or "
+                              "--to delta for the plain model")
+    graft.export(base_scorer, out, force=force, overwrite=overwrite)
+    return {"to": "hf", "out": str(out), "format": "Hugging Face checkpoint + scorer_config.json",
+            "coordinates": graft.size, "carried": graft.carried_size}
+
+
+def export_graft(graft: Graft, out: str | os.PathLike, spec: ExportSpec | None = None, base=None) -> dict:
+    """``skillgraft export``: check the target, load the base when not given, write ``spec.to``."""
+    spec = spec or ExportSpec()
+    check_target(out, spec.overwrite)
+    if graft.carried and spec.head == "refuse" and spec.to != "hf":
+        _head_file(graft, None, Path(out), "refuse", "PEFT adapter" if spec.to == "peft" else "delta file")
+    base = base if base is not None else load_graft_base(graft, spec.model)
+    if spec.to == "hf":
+        return export_hf(graft, base, out, overwrite=spec.overwrite, force=spec.force)
+    if spec.to == "delta":
+        return export_delta(graft, out, base=base, head=spec.head, overwrite=spec.overwrite, force=spec.force)
+    return export_peft(graft, base, out, non_linear=spec.non_linear, head=spec.head, overwrite=spec.overwrite,
+                       force=spec.force)
+
+
+# ---------------------------------------------------------------------------------------------- import
+def _read_adapter(directory: Path) -> tuple[dict, dict]:
+    """(adapter_config, skillgraft header metadata or {}) of a PEFT adapter folder; SHiRA only."""
+    from skillgraft.io import read_json  # noqa: PLC0415
+
+    cfg_path = directory / ADAPTER_CONFIG
+    if not cfg_path.is_file():
+        raise SkillgraftError(f"{directory}: not a PEFT adapter folder (no {ADAPTER_CONFIG})")
+    cfg = read_json(cfg_path, required=("peft_type",), what="PEFT adapter config")
+    if str(cfg["peft_type"]).upper() != "SHIRA":
+        raise SkillgraftError(f"{cfg_path}: a {cfg['peft_type']} adapter; only SHiRA adapters (sparse weights) "
+                              "import as a graft region")
+    w_path = directory / ADAPTER_WEIGHTS
+    if not w_path.is_file():
+        other = "adapter_model.bin (pickle, not read)" if (directory / "adapter_model.bin").is_file() else "none"
+        raise SkillgraftError(f"{directory}: no {ADAPTER_WEIGHTS} (found: {other})")
+    from safetensors import safe_open  # noqa: PLC0415
+
+    with safe_open(str(w_path), "pt") as f:
+        header = f.metadata() or {}
+    try:
+        meta = json.loads(header["skillgraft"]) if "skillgraft" in header else {}
+    except json.JSONDecodeError:
+        meta = {}
+    return cfg, meta
+
+
+def graft_from_peft(directory: str | os.PathLike, base, *, force: bool = False) -> Graft:
+    """Read a PEFT SHiRA adapter as a Graft on ``base`` (a Scorer or its plain HF model).
+
+    The region is the adapter's support: every stored SHiRA entry (for an adapter written by
+    :func:`export_peft`, its grafted entries without the zero padding), plus, in modules stored whole, the
+    coordinates that differ from the base. Values are what peft's merge computes, fl(θ_pre + w).
+    """
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    directory = Path(directory)
+    cfg, meta = _read_adapter(directory)
+    scorer = _as_scorer(base)
+    params = dict(scorer.named_parameters())
+    canonical = {id(p): n for n, p in params.items()}  # a tied weight is named once, by its first owner
+    got = cached_fingerprint(scorer)
+    if meta.get("base_fingerprint") and meta["base_fingerprint"] != got and not force:
+        raise SkillgraftError(f"{directory}: the adapter was exported from base {meta.get('base_model') or '?'} "
+                              f"[{meta['base_fingerprint']}]; the given base has fingerprint {got}. Pass its base "
+                              "model, or force it")
+    tensors = load_file(str(directory / ADAPTER_WEIGHTS))
+    entries = meta.get("shira_entries", {})
+    indices: dict[str, torch.Tensor] = {}
+    values: dict[str, torch.Tensor] = {}
+    for key, t in tensors.items():
+        path = key.removeprefix(PEFT_PREFIX)
+        if path.endswith(".shira_weight"):
+            path = path[: -len(".shira_weight")]
+            try:
+                module = scorer.model.get_submodule(path)
+            except AttributeError:
+                module = None
+            if not isinstance(module, nn.Linear):
+                raise SkillgraftError(f"{directory}: SHiRA layer {path!r} is not a Linear of the given base model")
+            if entries.get(path, -1) == 0:
+                continue  # a zero placeholder target (export_peft found no Linear weight to hold)
+            name = canonical[id(module.weight)]
+            ij = tensors.get(f"{PEFT_PREFIX}{path}.shira_indices")
+            if ij is None:
+                raise SkillgraftError(f"{directory}: {key} has no matching shira_indices")
+            w = params[name]
+            ij, t = ij.long(), t.reshape(-1)
+            if path in entries:  # written by export_peft: grafted entries first, zero padding after
+                ij, t = ij[:, : entries[path]], t[: entries[path]]
+            flat = ij[0] * w.shape[1] + ij[1]
+            idx, inverse = torch.unique(flat, return_inverse=True)  # duplicate COO entries add up, as in peft
+            delta = torch.zeros(idx.numel(), dtype=w.dtype).index_add_(0, inverse, t.to(w.dtype))
+            indices[name] = idx
+            values[name] = w.detach().reshape(-1).cpu()[idx] + delta
+        elif not path.endswith(".shira_indices"):
+            name = SCORER_PREFIX + path
+            if name not in params:
+                continue  # a buffer of a module stored whole
+            old = params[name].detach().cpu().reshape(-1)
+            new = t.reshape(-1).to(old.dtype)
+            if new.numel() != old.numel():
+                raise SkillgraftError(f"{directory}: {path} has {new.numel()} values, the base model's has "
+                                      f"{old.numel()}")
+            changed = torch.nonzero(new != old).reshape(-1)
+            if changed.numel():
+                indices[name], values[name] = changed, new[changed]
+    if meta.get("shapes"):
+        shapes = {k: tuple(v) for k, v in meta["shapes"].items()}
+    else:
+        shapes = {n: tuple(params[n].shape) for n in graftable_names(scorer)}
+    shapes.update({n: tuple(params[n].shape) for n in indices if n not in shapes})
+    carried = {}
+    if (directory / HEAD_FILE).is_file():
+        carried = {f"head.{k}": v for k, v in load_file(str(directory / HEAD_FILE)).items()}
+    metadata = {**meta.get("metadata", {}), "imported_from": str(directory), "peft_type": "SHIRA",
+                "r": cfg.get("r")}
+    return Graft(Region(shapes, indices), values, carried, meta.get("base_model") or cfg.get("base_model_name_or_path")
+                 or "", got, metadata, directory)
+
+
+def read_graft_or_adapter(directory: str | os.PathLike, model: str | None = None) -> tuple[Graft, Path]:
+    """A graft folder, or a PEFT SHiRA adapter folder read on its base model; returns (graft, weights file)."""
+    from skillgraft.graft.graft_file import WEIGHTS_FILE  # noqa: PLC0415
+
+    directory = Path(directory)
+    if (directory / ADAPTER_CONFIG).is_file():
+        return graft_from_peft(directory, load_adapter_base(directory, model)), directory / ADAPTER_WEIGHTS
+    return Graft.from_pretrained(directory), directory / WEIGHTS_FILE

@@ -1,0 +1,385 @@
+"""Export targets (PEFT SHiRA adapter, plain delta, HF checkpoint) and SHiRA import, on tiny BERT / GPT-2 / Llama.
+
+The reading side never uses skillgraft: ``plain_*`` below import only torch, transformers, peft and
+safetensors (and one test runs the reader in a fresh interpreter to prove it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft import Graft, Region, graftable_names
+from skillgraft.graft.export import (ExportSpec, exact_delta, export_delta, export_graft, export_peft,
+                                     graft_from_peft)
+from skillgraft.models import build_scorer
+
+HF_CLASS = {"head": "AutoModel", "prompt": "AutoModelForMaskedLM", "causal": "AutoModelForCausalLM"}
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def make_graft(path, mode, *, keep=lambda name: True, count=40, graftable="body", seed=0):
+    """(pre, graft): a base scorer and a graft of ``count`` random coordinates per kept tensor of a perturbed copy."""
+    pre = build_scorer(str(path), "SST-2", mode)
+    ft = build_scorer(str(path), "SST-2", mode)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in ft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    params = dict(pre.named_parameters())
+    shapes = {n: tuple(params[n].shape) for n in graftable_names(pre, graftable)}
+    idx = {n: torch.randperm(params[n].numel(), generator=gen)[:count] for n in shapes if keep(n)}
+    return pre, Graft.from_models(pre, ft, Region(shapes, idx), {"task": "SST-2", "mode": mode})
+
+
+def linear_weights_only(name: str) -> bool:
+    return name.endswith("weight") and "LayerNorm" not in name
+
+
+def batch(pre, n=3):
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 120, (n, 7), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, -2:] = 0
+    return ids, mask
+
+
+def grafted_outputs(pre, graft, ids, mask):
+    with graft.applied(pre), torch.no_grad():
+        out = pre.model(input_ids=ids, attention_mask=mask)
+        labels = pre(input_ids=ids, attention_mask=mask) if pre.mode == "head" else None
+    return _main_output(out), labels
+
+
+def _main_output(out):
+    return out.logits if "logits" in out else out.last_hidden_state
+
+
+def exported_weights(pre, graft, folder):
+    """What ``skillgraft apply --export`` writes: the HF weights of the grafted model."""
+    from safetensors.torch import load_file
+
+    graft.export(pre, folder)
+    return load_file(str(folder / "model.safetensors"))
+
+
+def plain_peft(base_dir, adapter_dir, cls_name, ids, mask):
+    """A user without skillgraft: base model + ``PeftModel.from_pretrained``; outputs and merged weights."""
+    import peft
+    import transformers
+
+    torch.manual_seed(0)  # weights missing from the tiny checkpoint (BERT's pooler) initialise as skillgraft's do
+    base = getattr(transformers, cls_name).from_pretrained(str(base_dir))
+    model = peft.PeftModel.from_pretrained(base, str(adapter_dir)).eval()
+    with torch.no_grad():
+        out = _main_output(model(input_ids=ids, attention_mask=mask))
+    merged = model.merge_and_unload()
+    return out, {k: v.detach().clone() for k, v in merged.state_dict().items()}
+
+
+def plain_delta(base_dir, delta_dir, cls_name, semantics="values"):
+    """A user without skillgraft: the stock safetensors reader writes the delta into the base weights."""
+    import transformers
+    from safetensors import safe_open
+
+    torch.manual_seed(0)
+    state = getattr(transformers, cls_name).from_pretrained(str(base_dir)).state_dict()
+    with safe_open(str(delta_dir / "delta.safetensors"), "pt") as f:
+        for name in {k.rsplit("::", 1)[0] for k in f.keys()}:
+            w = state[name].view(-1)
+            idx = f.get_tensor(f"{name}::indices").long()
+            if semantics == "values":
+                w[idx] = f.get_tensor(f"{name}::values")
+            else:
+                w[idx] += f.get_tensor(f"{name}::delta")
+    return state
+
+
+def assert_same_weights(merged: dict, reference: dict):
+    assert set(reference) <= set(merged)
+    bad = [k for k in reference if not torch.equal(merged[k], reference[k])]
+    assert not bad, f"weights differ from the exported checkpoint: {bad[:5]}"
+
+
+# ---------------------------------------------------------------------------------------------- PEFT export
+def test_head_mode_linear_weights_are_pure_shira(tiny_bert, tmp_path):
+    pre, graft = make_graft(tiny_bert, "head", keep=linear_weights_only)
+    ids, mask = batch(pre)
+    s = export_peft(graft, pre, tmp_path / "adapter")
+    shira, dense = s["routes"]["shira"], s["routes"]["modules_to_save"]
+    assert shira["coordinates"] == graft.size and dense["coordinates"] == 0 and not dense["modules"]
+    assert shira["entries"] == shira["coordinates"] + shira["padding_entries"] and s["inexact"] == 0
+    cfg = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert cfg["peft_type"] == "SHIRA" and cfg["r"] == shira["r"] and cfg["modules_to_save"] is None
+    # every target holds exactly r·(m+n) entries (SHiRA's format)
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    for path in cfg["target_modules"]:
+        w = pre.model.get_submodule(path).weight
+        ij = tensors[f"base_model.model.{path}.shira_indices"]
+        assert ij.dtype == torch.int32 and ij.shape == (2, cfg["r"] * sum(w.shape))
+    out, merged = plain_peft(tiny_bert, tmp_path / "adapter", "AutoModel", ids, mask)
+    ref, ref_labels = grafted_outputs(pre, graft, ids, mask)
+    assert (out - ref).abs().max() <= 1e-6
+    assert_same_weights(merged, exported_weights(pre, graft, tmp_path / "hf"))
+    # the task head travels separately, clearly labelled, and completes the classifier
+    from safetensors import safe_open
+
+    head_path = tmp_path / "adapter" / "skillgraft_head.safetensors"
+    with safe_open(str(head_path), "pt") as f:
+        meta, weight, bias = f.metadata(), f.get_tensor("weight"), f.get_tensor("bias")
+    assert meta["pooling"] == "mean" and json.loads(meta["labels"]) == list(pre.task.labels)
+    m = mask.unsqueeze(-1).float()
+    logits = ((out * m).sum(1) / m.sum(1)) @ weight.T + bias
+    assert (logits - ref_labels).abs().max() <= 1e-6
+    assert "Not a complete classifier" in (tmp_path / "adapter" / "README.md").read_text()
+    assert s["routes"]["head"]["parameters"] == graft.carried_size
+
+
+@pytest.mark.parametrize("kind,mode", [("bert", "prompt"), ("bert", "head"), ("gpt2", "causal"), ("llama", "causal")])
+def test_peft_plain_load_equals_grafted_model(tiny_models, tmp_path, kind, mode):
+    """Every body tensor touched (weights, biases, norms): plain peft computes the grafted model exactly.
+
+    (BERT's pooler, unused by mean pooling and so never in a learned head-mode region, stays untouched: with
+    every Linear bias grafted, it is the one nn.Linear left to carry the SHiRA adapter.)
+    """
+    pre, graft = make_graft(tiny_models[kind], mode, keep=lambda n: "pooler" not in n)
+    ids, mask = batch(pre)
+    s = export_peft(graft, pre, tmp_path / "adapter")
+    routes = s["routes"]
+    assert routes["shira"]["coordinates"] + routes["modules_to_save"]["coordinates"] == graft.size
+    assert routes["modules_to_save"]["stored_parameters"] >= routes["modules_to_save"]["coordinates"]
+    if kind == "gpt2":  # peft's SHiRA wraps nn.Linear only: GPT-2's Conv1D modules are stored whole
+        assert any("Conv1D" in why for why in routes["modules_to_save"]["modules"].values())
+        assert routes["shira"]["coordinates"] == 0 and routes["shira"]["placeholder"] == "lm_head"
+    if kind == "llama":
+        assert routes["shira"]["coordinates"] > 0
+        assert set(routes["modules_to_save"]["modules"].values()) == {"LlamaRMSNorm"}
+    out, merged = plain_peft(tiny_models[kind], tmp_path / "adapter", HF_CLASS[mode], ids, mask)
+    ref, _ = grafted_outputs(pre, graft, ids, mask)
+    assert (out - ref).abs().max() <= 1e-6
+    assert_same_weights(merged, exported_weights(pre, graft, tmp_path / "hf"))
+    # SHiRA import round-trips: same region, same values, same head
+    back = graft_from_peft(tmp_path / "adapter", pre)
+    assert back.region == graft.region and back.region.shapes == graft.region.shapes
+    assert all(torch.equal(back.values[n], graft.values[n]) for n in graft.values)
+    assert set(back.carried) == set(graft.carried)
+    assert all(torch.equal(back.carried[n], graft.carried[n]) for n in graft.carried)
+    assert back.base_fingerprint == graft.base_fingerprint and back.metadata["mode"] == mode
+
+
+def test_tied_embeddings_go_whole_with_their_partner(tiny_bert, tmp_path):
+    """BERT's MLM decoder is tied to the word embeddings: both are stored whole, and the result is exact."""
+    pre, graft = make_graft(tiny_bert, "prompt", keep=lambda n: "word_embeddings" in n or "query.weight" in n,
+                            graftable="body+embeddings")
+    ids, mask = batch(pre)
+    s = export_peft(graft, pre, tmp_path / "adapter")
+    dense = s["routes"]["modules_to_save"]["modules"]
+    assert "bert.embeddings.word_embeddings" in dense and "cls.predictions.decoder" in dense
+    out, merged = plain_peft(tiny_bert, tmp_path / "adapter", "AutoModelForMaskedLM", ids, mask)
+    ref, _ = grafted_outputs(pre, graft, ids, mask)
+    assert (out - ref).abs().max() <= 1e-6
+    assert_same_weights(merged, exported_weights(pre, graft, tmp_path / "hf"))
+
+
+def test_unrepresentable_coordinates_are_refused_with_names(tiny_models, tmp_path):
+    pre, graft = make_graft(tiny_models["bert"], "prompt")
+    with pytest.raises(SkillgraftError, match=r"cannot be held by a SHiRA adapter: .*LayerNorm") as e:
+        export_peft(graft, pre, tmp_path / "a", non_linear="refuse")
+    assert "Linear bias" in str(e.value) and "--non-linear modules_to_save" in str(e.value)
+    pre, graft = make_graft(tiny_models["gpt2"], "causal")
+    with pytest.raises(SkillgraftError, match=r"transformer\.h\.0\.attn\.c_attn \(Conv1D"):
+        export_peft(graft, pre, tmp_path / "a", non_linear="refuse")
+    # GPT-2's only nn.Linear is lm_head, tied to wte: a graft on wte leaves no SHiRA target at all
+    pre, graft = make_graft(tiny_models["gpt2"], "causal", keep=lambda n: "wte" in n, graftable="body+embeddings")
+    with pytest.raises(SkillgraftError, match="at least one nn.Linear target"):
+        export_peft(graft, pre, tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+    # a head-mode graft with head="refuse" names the head
+    pre, graft = make_graft(tiny_models["bert"], "head", keep=linear_weights_only)
+    with pytest.raises(SkillgraftError, match=r"new task head .*head\.weight"):
+        export_peft(graft, pre, tmp_path / "a", head="refuse")
+    with pytest.raises(SkillgraftError, match="new task head"):
+        export_graft(graft, tmp_path / "a", ExportSpec(to="delta", head="refuse"), base=pre)
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(SkillgraftError, match="non_linear"):
+        export_peft(graft, pre, tmp_path / "a", non_linear="dense")
+
+
+def test_wrong_base_is_refused(tiny_models, tmp_path):
+    pre, graft = make_graft(tiny_models["bert"], "prompt", keep=linear_weights_only)
+    other = build_scorer(str(tiny_models["bert"]), "SST-2", "prompt")
+    with torch.no_grad():
+        next(other.model.parameters()).add_(1.0)
+    with pytest.raises(SkillgraftError, match="fingerprint"):
+        export_peft(graft, other, tmp_path / "a")
+    llama = build_scorer(str(tiny_models["llama"]), "SST-2", "causal")
+    with pytest.raises(SkillgraftError, match="does not have"):
+        export_peft(graft, llama, tmp_path / "a")
+
+
+# ---------------------------------------------------------------------------------------------- delta, hf, targets
+@pytest.mark.parametrize("kind,mode", [("bert", "head"), ("gpt2", "causal")])
+def test_delta_with_the_stock_safetensors_reader(tiny_models, tmp_path, kind, mode):
+    pre, graft = make_graft(tiny_models[kind], mode)
+    s = export_delta(graft, tmp_path / "delta", base=pre)
+    assert s["coordinates"] == graft.size and s["inexact"] == 0
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "delta" / "delta.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        assert all(f.get_tensor(k).dtype == torch.int32 for k in keys if k.endswith("::indices"))
+        meta = json.loads(f.metadata()["skillgraft"])
+    assert not any(k.startswith("model.") for k in keys)  # the base model's own tensor names
+    assert meta["base_fingerprint"] == graft.base_fingerprint
+    reference = exported_weights(pre, graft, tmp_path / "hf")
+    for semantics in ("values", "delta"):
+        assert_same_weights(plain_delta(tiny_models[kind], tmp_path / "delta", HF_CLASS[mode], semantics), reference)
+    assert (tmp_path / "delta" / "skillgraft_head.safetensors").is_file() == (mode == "head")
+
+
+def test_existing_target_is_refused_before_any_work(tiny_bert, tmp_path):
+    pre, graft = make_graft(tiny_bert, "head", keep=linear_weights_only)
+    for to in ("peft", "delta", "hf"):
+        target = tmp_path / to
+        target.mkdir()
+        (target / "keep.txt").write_text("mine")
+        with pytest.raises(SkillgraftError, match="already exists"):
+            export_graft(graft, target, ExportSpec(to=to), base=pre)
+        assert (target / "keep.txt").read_text() == "mine"
+        s = export_graft(graft, target, ExportSpec(to=to, overwrite=True), base=pre)
+        assert not (target / "keep.txt").exists() and s["to"] == to and s["coordinates"] == graft.size
+    assert (tmp_path / "hf" / "scorer_config.json").is_file()
+    assert (tmp_path / "peft" / "adapter_config.json").is_file()
+
+
+def test_exact_delta_reaches_every_reachable_value():
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(10000, generator=gen)
+    b = a + torch.randn(10000, generator=gen) * torch.logspace(-8, 0, 10000)
+    d, miss = exact_delta(a, b)
+    assert miss == 0 and torch.equal(a + d, b)
+    # a weight moved to ~0 from far away cannot be hit by an additive fp32 delta: counted, error below an ulp of a
+    a, b = torch.tensor([1.0, 3.0]), torch.tensor([2.0 ** -40, 3.5])
+    d, miss = exact_delta(a, b)
+    assert miss == 1 and (a + d - b).abs().max() <= 2.0 ** -24
+
+
+# ---------------------------------------------------------------------------------------------- import
+def test_a_users_shira_adapter_imports_as_a_region(tiny_bert, tmp_path):
+    import peft
+    import transformers
+
+    torch.manual_seed(0)
+    base = transformers.AutoModel.from_pretrained(str(tiny_bert))
+    config = peft.ShiraConfig(r=2, target_modules=["query", "value"], init_weights=False, random_seed=3)
+    model = peft.get_peft_model(base, config)
+    model.save_pretrained(str(tmp_path / "shira"))
+    ids, mask = batch(None)
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    pre = build_scorer(str(tiny_bert), "SST-2", "head")
+    g = Graft.from_peft(tmp_path / "shira", pre)
+    layers = [n for n in g.region.indices]
+    assert len(layers) == 4 and all(len(g.region.indices[n]) == 2 * (32 + 32) for n in layers)
+    assert g.metadata["peft_type"] == "SHIRA" and g.metadata["r"] == 2 and not g.carried
+    assert g.region.universe_size == sum(torch.Size(s).numel() for s in g.region.shapes.values())
+    got, _ = grafted_outputs(pre, g, ids, mask)
+    assert (got - want).abs().max() <= 1e-6
+    # compare with a learned-style graft on the same base: set algebra and IoU on one universe
+    _, other = make_graft(tiny_bert, "head", keep=lambda n: "query.weight" in n, count=500)
+    shared = g.region & other.region
+    assert 0 < len(shared) < len(other.region)
+    assert g.region.iou(other.region) == pytest.approx(len(shared) / len(g.region | other.region))
+    # not a SHiRA adapter → clear refusal
+    lora = peft.get_peft_model(transformers.AutoModel.from_pretrained(str(tiny_bert)),
+                               peft.LoraConfig(r=2, target_modules=["query"]))
+    lora.save_pretrained(str(tmp_path / "lora"))
+    with pytest.raises(SkillgraftError, match="only SHiRA"):
+        Graft.from_peft(tmp_path / "lora", pre)
+    with pytest.raises(SkillgraftError, match="not a PEFT adapter folder"):
+        Graft.from_peft(tmp_path, pre)
+
+
+# ------------------------------------------------------------------------------------------- reader without skillgraft
+READER = textwrap.dedent("""
+    import sys, torch, transformers, peft
+    from safetensors.torch import save_file
+    base_dir, adapter_dir, out = sys.argv[1:4]
+    torch.manual_seed(0)
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
+    model = peft.PeftModel.from_pretrained(base, adapter_dir).eval()
+    ids = torch.arange(5, 26).view(3, 7)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    merged = model.merge_and_unload().state_dict()
+    assert not any(m.startswith("skillgraft") for m in sys.modules), "the reader imported skillgraft"
+    save_file({"logits": logits.contiguous(), **{k: v.contiguous() for k, v in merged.items()}}, out)
+""")
+
+
+def test_fresh_interpreter_reads_the_adapter_without_skillgraft(tiny_models, tmp_path):
+    from safetensors.torch import load_file
+
+    pre, graft = make_graft(tiny_models["llama"], "causal")
+    export_peft(graft, pre, tmp_path / "adapter")
+    subprocess.run([sys.executable, "-c", READER, str(tiny_models["llama"]), str(tmp_path / "adapter"),
+                    str(tmp_path / "read.safetensors")], check=True, capture_output=True, cwd=tmp_path)
+    read = load_file(str(tmp_path / "read.safetensors"))
+    ids = torch.arange(5, 26).view(3, 7)
+    ref, _ = grafted_outputs(pre, graft, ids, torch.ones_like(ids))
+    assert (read.pop("logits") - ref).abs().max() <= 1e-6
+    assert_same_weights(read, exported_weights(pre, graft, tmp_path / "hf"))
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def test_cli_export_and_inspect_an_adapter(tiny_bert, tmp_path):
+    from typer.testing import CliRunner
+
+    from skillgraft.cli import app
+
+    pre, graft = make_graft(tiny_bert, "head", keep=lambda n: "pooler" not in n)
+    graft.save_pretrained(tmp_path / "g")
+    runner = CliRunner()
+    r = runner.invoke(app, ["export", str(tmp_path / "g"), "--to", "peft", "--out", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    assert "modules_to_save" in r.output and "skillgraft_head.safetensors" in r.output
+    r = runner.invoke(app, ["export", str(tmp_path / "g"), "--to", "peft", "--out", str(tmp_path / "a")])
+    assert r.exit_code == 2 and "already exists" in r.output
+    r = runner.invoke(app, ["export", str(tmp_path / "g"), "--to", "peft", "--out", str(tmp_path / "b"),
+                            "--non-linear", "refuse"])
+    assert r.exit_code == 2 and "cannot be held by a SHiRA adapter" in r.output and not (tmp_path / "b").exists()
+    r = runner.invoke(app, ["export", str(tmp_path / "g"), "--to", "delta", "--out", str(tmp_path / "d")])
+    assert r.exit_code == 0 and (tmp_path / "d" / "delta.safetensors").is_file(), r.output
+    r = runner.invoke(app, ["inspect", str(tmp_path / "a"), "--compare", str(tmp_path / "g"), "--out",
+                            str(tmp_path / "i")])
+    assert r.exit_code == 0, r.output
+    assert f"{graft.size:,} grafted parameters" in r.output and "IoU 1.0000" in r.output
+
+
+# ---------------------------------------------------------------------------------------------- real model
+@pytest.mark.real
+def test_minilm_graft_exports_and_reloads_with_plain_peft(tmp_path):
+    from skillgraft.models.loading import bundled_minilm_path
+
+    path = bundled_minilm_path()
+    pre, graft = make_graft(path, "head", count=200,
+                            keep=lambda n: (".layer.3." in n and linear_weights_only(n)) or ".layer.5." in n)
+    ids, mask = batch(pre)
+    s = export_peft(graft, pre, tmp_path / "adapter")
+    routes = s["routes"]
+    assert routes["shira"]["coordinates"] == 6 * 200 and routes["modules_to_save"]["coordinates"] == graft.size - 1200
+    assert s["inexact"] == 0
+    out, merged = plain_peft(path, tmp_path / "adapter", "AutoModel", ids, mask)
+    ref, _ = grafted_outputs(pre, graft, ids, mask)
+    assert (out - ref).abs().max() <= 1e-6
+    assert_same_weights(merged, exported_weights(pre, graft, tmp_path / "hf"))
+    back = Graft.from_peft(tmp_path / "adapter", pre)
+    assert back.region == graft.region
