@@ -37,7 +37,7 @@ def phase(name: str, n: int, steps: int) -> dict:
     from skillgraft.data import load_kshot
     from skillgraft.graft import LocalizeConfig, localize
     from skillgraft.models import build_scorer
-    from skillgraft.train.finetune import freeze_unused
+    from skillgraft.train.core import freeze_unused
 
     torch.manual_seed(0)
     data = load_kshot("SST-2", n // 2, 42)

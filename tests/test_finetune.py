@@ -59,9 +59,9 @@ def test_frozen_embeddings_do_not_move(tiny_bert, toy_data):
 
 def test_bad_config_errors():
     with pytest.raises(SkillgraftError, match="optimizer"):
-        FinetuneConfig(optimizer="adam").validate()
+        FinetuneConfig.build({"optimizer": "adam"})
     with pytest.raises(SkillgraftError, match="lr"):
-        FinetuneConfig(lr=0).validate()
+        FinetuneConfig.build({"lr": 0})
 
 
 def test_run_directory_complete_and_atomic(tiny_bert, toy_data, tmp_path):

@@ -6,11 +6,11 @@ import torch
 from skillgraft.data import load_kshot
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
-from skillgraft.fisher import (AutoRGN, Snapshots, aggregate_layers, block_names, fim_layer_scores,
+from skillgraft.fisher import (aggregate_layers, block_names, fim_layer_scores,
                                fish_region, fisher_diagonal, rank_correlation, ranking_stability, resolve_layer_spec)
 from skillgraft.graft import graftable_names
 from skillgraft.models import build_scorer
-from skillgraft.train import FinetuneConfig, finetune
+from skillgraft.train import AutoRGN, FinetuneConfig, Snapshots, finetune
 
 
 
@@ -224,10 +224,7 @@ def test_auto_rgn_sets_per_tensor_learning_rates(tiny_bert, toy_data):
     scorer = build_scorer(str(tiny_bert), "SST-2", "head")
     rgn = AutoRGN(record_every=1)
     snaps = Snapshots(scorer, [0, 2])
-    from skillgraft.fisher import chain_hooks
-
-    finetune(scorer, data.train, None, FinetuneConfig(steps=3, eval_every=0), progress=False,
-             step_hook=chain_hooks(rgn, snaps))
+    finetune(scorer, data.train, None, FinetuneConfig(steps=3, eval_every=0), progress=False, callbacks=[rgn, snaps])
     mults = list(rgn.history[-1]["multipliers"].values())
     assert len(mults) > 10 and max(mults) == pytest.approx(1.0) and min(mults) < 0.5
     assert sorted(snaps.states) == [0, 2]

@@ -75,7 +75,7 @@ def test_multitask_loop_trains_both_tasks(tiny_bert, multi_data):
     data = {t: kdata(multi_data, t) for t in ("SST-2", "ag_news")}
     heads = {t: mt[t].head.weight.detach().clone() for t in data}
     before = {t: evaluate(mt[t], data[t].test)[0]["accuracy"] for t in data}
-    cfg = FinetuneConfig(**{**FAST.__dict__, "steps": 160, "eval_every": 80})
+    cfg = FAST.replace(steps=160, eval_every=80)
     res = multitask_finetune(mt, {t: (d.train, d.dev) for t, d in data.items()}, cfg, progress=False)
     assert set(res.task_steps) == {"SST-2", "ag_news"} and min(res.task_steps.values()) > 50
     assert sum(res.task_steps.values()) == 160

@@ -108,9 +108,10 @@ def finetune(
 
     lr = lr if lr is not None else (0.1 if optimizer == "sgd" else 2e-5)
     layer_list = parse_layers(layers, task=task, model=model, mode=mode, k=k, seed=seed, data_dir=data_dir)
-    config = FinetuneConfig(optimizer=optimizer, lr=lr, batch_size=batch_size, weight_decay=weight_decay, steps=steps,
-                            l1=l1, freeze_embeddings=freeze_embeddings, freeze_head=freeze_head, bias_only=bias_only,
-                            layers=layer_list, seed=model_seed, eval_every=eval_every)
+    config = FinetuneConfig.build(dict(optimizer=optimizer, lr=lr, batch_size=batch_size, weight_decay=weight_decay,
+                                       steps=steps, l1=l1, freeze_embeddings=freeze_embeddings, freeze_head=freeze_head,
+                                       bias_only=bias_only, layers=layer_list, seed=model_seed, eval_every=eval_every),
+                                  where="finetune")
     out = out or Path("runs") / f"ft-{task}-{k}-{seed}"
     m = run_finetune(task, k, seed, out, model=model, mode=mode, pooling=pooling, config=config, data_dir=data_dir,
                      max_length=max_length, test_limit=test_limit, overwrite=overwrite)
@@ -459,7 +460,7 @@ def continual_add_cmd(
     from skillgraft.graft import LocalizeConfig  # noqa: PLC0415
     from skillgraft.train import FinetuneConfig  # noqa: PLC0415
 
-    cfg = FinetuneConfig(lr=lr, steps=steps, eval_every=max(1, steps // 4))
+    cfg = FinetuneConfig.build(dict(lr=lr, steps=steps, eval_every=max(1, steps // 4)), where="continual add")
     entry = continual_add(state, task, k=k, seed=seed, data_dir=data_dir, model=model, mode=mode, region=region,
                           finetune_config=cfg, localize_config=LocalizeConfig(sparsity=sparsity, steps=localize_steps),
                           init=init, test_limit=test_limit)

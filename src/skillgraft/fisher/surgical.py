@@ -1,4 +1,4 @@
-"""Surgical fine-tuning: which blocks to train (FIM score, random, explicit), Auto-RGN, ranking stability.
+"""Surgical fine-tuning: which blocks to train (FIM score, random, explicit) and FIM ranking stability.
 
 * ``fim:top-K``    — train the K blocks with the highest FIM score on the pre-trained model (Lodha et al.);
 * ``fim:bottom-K`` — the K lowest (the control);
@@ -6,17 +6,14 @@
 * ``0,3,5``        — explicit block indices.
 The head (and whatever the fine-tuning config leaves on) always trains; every other block is frozen.
 
-Auto-RGN (Lee et al., ICLR 2023): each tensor's learning rate is multiplied by its relative gradient norm
-RGN_t = ‖∇_t L‖ / ‖θ_t‖, normalised by the largest RGN of the step (so the multiplier is in (0, 1]).
+Auto-RGN and weight snapshots during training are callbacks of the training core
+(:class:`skillgraft.train.callbacks.AutoRGN`, :class:`~skillgraft.train.callbacks.Snapshots`).
 """
 
 from __future__ import annotations
 
-import copy
 import random
 import re
-
-import torch
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
@@ -81,79 +78,6 @@ def _n_blocks(scorer, model, task, mode, pooling) -> int:
 
         scorer = build_scorer(model, task, mode, pooling=pooling)
     return len(block_names(scorer))
-
-
-# ---------------------------------------------------------------------------------------------- step hooks
-class AutoRGN:
-    """``finetune(..., step_hook=AutoRGN())``: per-tensor lr = base lr · RGN_t / max_t RGN_t.
-
-    On its first call it splits the optimizer's parameter groups into one group per tensor (optimizer
-    state is keyed by parameter, so nothing is lost). Tensors with ‖θ‖ = 0 (a zero-initialised bias)
-    have no defined RGN: they keep the base learning rate and do not enter the maximum.
-    """
-
-    def __init__(self, record_every: int = 0, names: dict[int, str] | None = None):
-        self.record_every = record_every
-        self.names = names or {}
-        self.base_lr: list[float] | None = None
-        self.history: list[dict] = []
-
-    def __call__(self, step: int, optimizer) -> None:
-        groups = optimizer.param_groups
-        if self.base_lr is None:
-            split = [{**g, "params": [p]} for g in groups for p in g["params"]]
-            groups[:] = split
-            self.base_lr = [g["lr"] for g in groups]
-        rgn = []
-        with torch.no_grad():
-            for g in groups:
-                p = g["params"][0]
-                w = float(p.detach().float().norm())
-                gn = float(p.grad.detach().float().norm()) if p.grad is not None else 0.0
-                rgn.append(gn / w if w > 0 else None)
-        finite = [r for r in rgn if r is not None]
-        top = max(finite) if finite and max(finite) > 0 else 1.0
-        mult = [1.0 if r is None else r / top for r in rgn]
-        for g, base, m in zip(groups, self.base_lr, mult):
-            g["lr"] = base * m
-        if self.record_every and step % self.record_every == 0:
-            self.history.append({"step": step, "multipliers": {self.names.get(id(g["params"][0]), str(i)): m
-                                                               for i, (g, m) in enumerate(zip(groups, mult))}})
-
-
-class Snapshots:
-    """``finetune(..., step_hook=Snapshots(scorer, [0, 50, 100]))``: copies of the weights after N updates."""
-
-    def __init__(self, scorer, steps: list[int]):
-        self.scorer = scorer
-        self.steps = set(int(s) for s in steps)
-        self.states: dict[int, dict[str, torch.Tensor]] = {}
-
-    def __call__(self, step: int, optimizer) -> None:
-        if step in self.steps:
-            self.states[step] = {n: p.detach().to("cpu", copy=True) for n, p in self.scorer.named_parameters()}
-
-    def scorer_at(self, step: int):
-        """A copy of the scorer holding the weights after ``step`` updates."""
-        if step not in self.states:
-            raise SkillgraftError(f"no snapshot at step {step}; have {sorted(self.states)}")
-        out = copy.deepcopy(self.scorer)
-        with torch.no_grad():
-            for n, p in out.named_parameters():
-                p.copy_(self.states[step][n])
-        out.eval()
-        return out
-
-
-def chain_hooks(*hooks):
-    """One step hook calling several in order (None entries skipped)."""
-    live = [h for h in hooks if h is not None]
-
-    def hook(step, optimizer):
-        for h in live:
-            h(step, optimizer)
-
-    return hook if live else None
 
 
 def ranking_stability(scorers: dict[int, object], examples: list[Example], *, aggregate: str = "sum",

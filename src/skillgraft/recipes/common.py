@@ -32,6 +32,7 @@ from skillgraft.models.anatomy import fingerprint, is_carried
 from skillgraft.graft.baselines import region_universe
 from skillgraft.io import read_json, write_json
 from skillgraft.recipes.base import RunDir, cached_finetune, config_hash, load_finetuned
+from skillgraft.spec import Spec
 from skillgraft.train import FinetuneConfig
 
 # Fine-tuning defaults of the recipes (head mode on MiniLM: SGD lr 0.01, 400 steps reach ~80% on SST-2 64-shot)
@@ -42,6 +43,8 @@ FT_DEFAULTS = {"lr": 0.01, "steps": 400, "eval_every": 100}
 def dataclass_from(cls, spec: dict | None, where: str, defaults: dict | None = None):
     """Build a config dataclass from a YAML dict; unknown keys are a clear error naming ``where``."""
     spec = {**(defaults or {}), **(spec or {})}
+    if isinstance(cls, type) and issubclass(cls, Spec):  # typed specs validate themselves
+        return cls.build(spec, where=where)
     if not isinstance(spec, dict):
         raise SkillgraftError(f"{where}: expected a mapping, got {type(spec).__name__}")
     known = {f.name for f in fields(cls)}
@@ -58,8 +61,10 @@ def dataclass_from(cls, spec: dict | None, where: str, defaults: dict | None = N
 
 
 def finetune_config(cfg: dict, key: str = "finetune", defaults: dict | None = None) -> FinetuneConfig:
-    return dataclass_from(FinetuneConfig, cfg.get(key), f"recipe field {key!r}",
-                          FT_DEFAULTS if defaults is None else defaults)
+    spec = cfg.get(key) or {}
+    if not isinstance(spec, dict):
+        raise SkillgraftError(f"recipe field {key!r}: expected a mapping of settings, got {type(spec).__name__}")
+    return FinetuneConfig.build({**(FT_DEFAULTS if defaults is None else defaults), **spec}, where=f"recipe field {key!r}")
 
 
 def localize_config(cfg: dict, key: str = "localize") -> LocalizeConfig:
@@ -245,7 +250,7 @@ def _frozen_by_ft(setup: Setup, name: str) -> bool:
 
 def finetune_config_of(setup: Setup) -> FinetuneConfig:
     cfg = read_json(setup.ft_dir / "config.json")["finetune"]
-    return FinetuneConfig(**cfg)
+    return FinetuneConfig.build(cfg, where=f"{setup.ft_dir / 'config.json'} finetune")
 
 
 def graft_variants(setup: Setup, regions: dict[str, Region], summary: dict | None = None) -> list[Variant]:
@@ -363,7 +368,7 @@ def retrain_variant(setup: Setup, region: Region, config: FinetuneConfig, cache:
         return ({n: p.detach() for n, p in scorer.named_parameters()},
                 {"trainable": res.trainable_parameters, "best_dev": res.best_dev, "steps": res.steps})
 
-    spec = {"region_size": len(region), "region_hash": _region_hash(region), "finetune": asdict(config)}
+    spec = {"region_size": len(region), "region_hash": _region_hash(region), "finetune": config.to_dict()}
     graft, info = cached_trained(setup, "retrain", spec, cache, train)
     return Variant(label, "retrain", len(region), graft, budget, info)
 
@@ -372,7 +377,7 @@ def bitfit_variant(setup: Setup, config: FinetuneConfig, cache: Path) -> Variant
     """BitFit (Ben Zaken et al., 2022): from θ_pre, train only the biases (+ the new head)."""
     from skillgraft.train import finetune  # noqa: PLC0415
 
-    config.bias_only = True
+    config = config.replace(bias_only=True)
 
     def train():
         scorer = fresh_pre(setup)
@@ -381,7 +386,7 @@ def bitfit_variant(setup: Setup, config: FinetuneConfig, cache: Path) -> Variant
         return ({n: p.detach() for n, p in scorer.named_parameters()},
                 {"trainable": body, "best_dev": res.best_dev, "steps": res.steps})
 
-    graft, info = cached_trained(setup, "bitfit", {"finetune": asdict(config)}, cache, train)
+    graft, info = cached_trained(setup, "bitfit", {"finetune": config.to_dict()}, cache, train)
     return Variant("BitFit", "bitfit", int(info["trainable"]), graft, None, info)
 
 
@@ -398,7 +403,7 @@ def adapter_variant(setup: Setup, adapter, config: FinetuneConfig, cache: Path) 
                               k=setup.k, progress=False)
         return merged_state(scorer), {"trainable": count, "best_dev": res.best_dev, "steps": res.steps}
 
-    spec = {"adapter": asdict(adapter), "finetune": asdict(config)}
+    spec = {"adapter": asdict(adapter), "finetune": config.to_dict()}
     graft, info = cached_trained(setup, adapter.method, spec, cache, train)
     return Variant(adapter.label, adapter.method, int(info["trainable"]), graft, None, info)
 

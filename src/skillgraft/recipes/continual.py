@@ -13,7 +13,6 @@ Tasks arrive in order (paper: QNLI → AG News → SST-2). Three ways to learn t
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 
 from skillgraft.continual import ContinualLearner
 from skillgraft.data import get_task, load_kshot
@@ -107,7 +106,7 @@ def continual(cfg: dict, run: RunDir) -> dict:
     run.report(_report(cfg, tasks, k, seed, rows, learner, region_info, entries, timings, ft_cfg, cont_cfg, init))
     return {"rows": rows, "ownership": learner.ownership(), "regions": region_info, "timings": timings,
             "continual_train": [e.get("train") for e in entries], "init": init,
-            "finetune": asdict(ft_cfg), "continual_finetune": asdict(cont_cfg)}
+            "finetune": ft_cfg.to_dict(), "continual_finetune": cont_cfg.to_dict()}
 
 
 def _report(cfg, tasks, k, seed, rows, learner, region_info, entries, timings, ft_cfg, cont_cfg, init) -> str:

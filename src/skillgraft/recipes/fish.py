@@ -27,7 +27,7 @@ from skillgraft.data import load_kshot  # noqa: E402
 from skillgraft.errors import SkillgraftError  # noqa: E402
 from skillgraft.evaluate.plots import save_figure  # noqa: E402
 from skillgraft.evaluate.predict import evaluate  # noqa: E402
-from skillgraft.fisher import Snapshots, fish_region, fish_scores  # noqa: E402
+from skillgraft.fisher import fish_region, fish_scores  # noqa: E402
 from skillgraft.graft import Graft, Region, localize, random_region  # noqa: E402
 from skillgraft.graft.inspect import kind_of  # noqa: E402
 from skillgraft.graft.scoring import evaluate_graft  # noqa: E402
@@ -35,7 +35,7 @@ from skillgraft.models import build_scorer, param_groups  # noqa: E402
 from skillgraft.recipes import common as C  # noqa: E402
 from skillgraft.recipes.base import RunDir, recipe  # noqa: E402
 from skillgraft.recipes.surgical import fisher_config  # noqa: E402
-from skillgraft.train import finetune  # noqa: E402
+from skillgraft.train import Snapshots, finetune  # noqa: E402
 
 METRICS = ["iou_fish_learned", "learned_score", "fish_score", "random_score", "learned_ece", "fish_ece", "random_ece"]
 
@@ -171,7 +171,7 @@ def tracking_rows(cfg: dict, run: RunDir, loc) -> list[dict]:
     ft_cfg = C.finetune_config(cfg)
     data = load_kshot(task, k, seed, cfg.get("data_dir"))
     test = C.sample(data.test, cfg.get("test_limit"), seed=0)
-    config = replace(ft_cfg, eval_every=0)
+    config = ft_cfg.replace(eval_every=0)
     total = config.resolved_steps(data.task.num_labels, k)
     steps = sorted({int(s) for s in spec["steps"]})
     learn_at = int(spec.get("learn_at", steps[len(steps) // 2]))
@@ -183,8 +183,8 @@ def tracking_rows(cfg: dict, run: RunDir, loc) -> list[dict]:
     pre = build_scorer(cfg.get("model"), data.task, **build).eval()
     scorer = build_scorer(cfg.get("model"), data.task, **build)
     snaps = Snapshots(scorer, [s for s in steps if s < total])
-    config = replace(config, steps=total)
-    finetune(scorer, data.train, None, config, k=k, progress=False, step_hook=snaps)
+    config = config.replace(steps=total)
+    finetune(scorer, data.train, None, config, k=k, progress=False, callbacks=[snaps])
     ckpts = {s: snaps.scorer_at(s) for s in snaps.states}
     if total in steps:
         ckpts[total] = scorer

@@ -93,7 +93,7 @@ def _train_multitask(ctx: _Context) -> tuple[MultiTaskScorer, dict]:
     mt_cfg = C.dataclass_from(C.FinetuneConfig, cfg.get("multitask"), "recipe field 'multitask'",
                               {**MT_DEFAULTS, **{k: v for k, v in (cfg.get("finetune") or {}).items() if k != "steps"}})
     key = {"tasks": ctx.tasks, "k": ctx.k, "seed": ctx.seed, "model": cfg.get("model"), "mode": cfg.get("mode", "head"),
-           "pooling": cfg.get("pooling"), "max_length": cfg.get("max_length", 128), "config": asdict(mt_cfg),
+           "pooling": cfg.get("pooling"), "max_length": cfg.get("max_length", 128), "config": mt_cfg.to_dict(),
            "data_dir": str(cfg.get("data_dir"))}
     folder = ctx.run.cache / f"mt-{'+'.join(ctx.tasks)}-{ctx.k}-{ctx.seed}-{config_hash(key)}"
     if (folder / "info.json").is_file():

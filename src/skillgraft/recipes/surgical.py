@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict, replace
 from pathlib import Path
 
 import matplotlib
@@ -28,14 +27,14 @@ from skillgraft.data import load_kshot  # noqa: E402
 from skillgraft.errors import SkillgraftError  # noqa: E402
 from skillgraft.evaluate.plots import save_figure  # noqa: E402
 from skillgraft.evaluate.predict import evaluate  # noqa: E402
-from skillgraft.fisher import AutoRGN, FisherConfig, Snapshots, fim_layer_scores, ranking_stability  # noqa: E402
+from skillgraft.fisher import FisherConfig, fim_layer_scores, ranking_stability  # noqa: E402
 from skillgraft.fisher.plots import layer_scores_bar  # noqa: E402
 from skillgraft.io import read_json, write_json  # noqa: E402
 from skillgraft.models import build_scorer  # noqa: E402
 from skillgraft.models.anatomy import is_carried  # noqa: E402
 from skillgraft.recipes import common as C  # noqa: E402
 from skillgraft.recipes.base import RunDir, config_hash, recipe  # noqa: E402
-from skillgraft.train import FinetuneConfig, finetune  # noqa: E402
+from skillgraft.train import AutoRGN, FinetuneConfig, Snapshots, finetune  # noqa: E402
 
 METHODS = ("full", "fim-top", "fim-bottom", "random", "auto-rgn")
 METRICS = ["score", "accuracy", "ece", "trainable_parameters"]
@@ -83,9 +82,9 @@ def train_and_test(pre, data, test, config: FinetuneConfig, *, auto_rgn: bool, c
     if path.is_file():
         return read_json(path)
     scorer = copy.deepcopy(pre)
-    hook = AutoRGN() if auto_rgn else None
     t0 = time.perf_counter()
-    res = finetune(scorer, data.train, data.dev, config, k=data.k, progress=False, step_hook=hook)
+    res = finetune(scorer, data.train, data.dev, config, k=data.k, progress=False,
+                   callbacks=[AutoRGN()] if auto_rgn else [])
     seconds = time.perf_counter() - t0
     metrics, _ = evaluate(res.scorer, test)
     head = sum(p.numel() for n, p in res.scorer.named_parameters() if is_carried(n))
@@ -124,9 +123,9 @@ def surgical(cfg: dict, run: RunDir) -> dict:
             fim_plot.setdefault(data.task.name, scores)
             n_blocks = len(scores.scores)
             for label, layers in selections(methods, layers_k, scores, n_blocks, seed):
-                config = replace(ft_cfg, layers=layers)
+                config = ft_cfg.replace(layers=layers)
                 key = {"task": data.task.name, "k": k, "seed": seed, "model": model, "mode": mode,
-                       "pooling": cfg.get("pooling"), "finetune": asdict(config), "auto_rgn": label == "auto-rgn",
+                       "pooling": cfg.get("pooling"), "finetune": config.to_dict(), "auto_rgn": label == "auto-rgn",
                        "test_limit": cfg.get("test_limit")}
                 m = train_and_test(pre, data, test, config, auto_rgn=label == "auto-rgn", cache=run.cache, key=key)
                 rows.append({"task": data.task.name, "seed": seed, "method": label,
@@ -158,11 +157,11 @@ def stability_rows(cfg: dict, run: RunDir, ft_cfg: FinetuneConfig, fcfg: FisherC
     data = load_kshot(task, k, seed, cfg.get("data_dir"))
     scorer = build_scorer(cfg.get("model"), data.task, cfg.get("mode", "head"), pooling=cfg.get("pooling"),
                           max_length=int(cfg.get("max_length", 128)), head_seed=ft_cfg.seed)
-    config = replace(ft_cfg, eval_every=0, layers=None)  # no best-dev restore: the last checkpoint is the last step
+    config = ft_cfg.replace(eval_every=0, layers=None)  # no best-dev restore: the last checkpoint is the last step
     steps_total = config.resolved_steps(data.task.num_labels, k)
     wanted = sorted({int(s) for s in cfg["stability_steps"] if int(s) <= steps_total})
     snaps = Snapshots(scorer, [s for s in wanted if s < steps_total])
-    finetune(scorer, data.train, None, config, k=k, progress=False, step_hook=snaps)
+    finetune(scorer, data.train, None, config, k=k, progress=False, callbacks=[snaps])
     checkpoints = {s: snaps.scorer_at(s) for s in snaps.states}
     if steps_total in wanted:
         checkpoints[steps_total] = scorer

@@ -19,24 +19,21 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from skillgraft.data.loading import Example
 from skillgraft.data.tasks import Task, get_task, task_from_dict
 from skillgraft.errors import SkillgraftError
-from skillgraft.evaluate.predict import evaluate
 from skillgraft.io import atomic_dir, read_json
-from skillgraft.models.anatomy import is_carried
-from skillgraft.models.freezing import freeze
 from skillgraft.models.scorer import Scorer, build_scorer
-from skillgraft.train.finetune import FinetuneConfig, batch_schedule, freeze_unused
+from skillgraft.train.callbacks import BestDev, RegionMask
+from skillgraft.train.config import FinetuneConfig
+from skillgraft.train.core import TrainResult, fit
+from skillgraft.train.samplers import MultiTask
 
 MT_CONFIG = "multitask_config.json"
 MT_HEADS = "heads.safetensors"
@@ -175,157 +172,38 @@ class MultiTaskScorer(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------- training
-@dataclass
-class MultiTaskResult:
-    model: MultiTaskScorer
-    steps: int
-    best_step: int
-    best_dev: float | None            # mean dev score over tasks at the best step
-    history: list[dict]
-    task_steps: dict[str, int]        # how many steps each task was drawn
-    seconds: float
-    trainable_parameters: int
+MultiTaskResult = TrainResult
 
 
 def multitask_finetune(mt: MultiTaskScorer, data: dict[str, tuple[list[Example], list[Example] | None]],
-                       config: FinetuneConfig, *, trainable=None, accelerator=None,
-                       progress: bool = True) -> MultiTaskResult:
+                       config: FinetuneConfig, *, trainable=None, accelerator=None, progress: bool = True,
+                       callbacks=()) -> MultiTaskResult:
     """Train the tasks of ``data`` (task → (train, dev)) together on ``mt``'s shared body, in place.
 
-    Each step draws one task uniformly at random (``config.seed``) and takes a batch of that task.
-    Steps: ``config.steps``, or the sum of the single-task default step counts (paper App. C.1: the
-    MT run gets as many iterations as all single-task runs together). ``trainable`` (a Region over
-    body tensors) restricts the body's training to those coordinates; others stay bit-exact.
+    The training core with a :class:`MultiTask` sampler: each step draws one task uniformly at random
+    (``config.seed``) and takes a batch of that task. Steps: ``config.steps``, or the sum of the
+    single-task default step counts (paper App. C.1: the MT run gets as many iterations as all
+    single-task runs together). The best checkpoint is the one with the best *mean* dev score.
+    ``trainable`` (a Region over body tensors, or anything with ``indices``/``shapes``) restricts the
+    body's training to those coordinates (a :class:`RegionMask`); the others stay bit-exact.
     """
-    from accelerate import Accelerator, DistributedDataParallelKwargs  # noqa: PLC0415
-
-    config.validate()
     if not data:
         raise SkillgraftError("multi-task training needs at least one task")
-    for name, (train, _) in data.items():
-        mt.view(name)
-        if not train:
-            raise SkillgraftError(f"task {name!r}: the training split is empty")
-    accelerator = accelerator or Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
-    world, rank = accelerator.num_processes, accelerator.process_index
-    if config.batch_size % world:
-        raise SkillgraftError(f"batch_size {config.batch_size} must be divisible by the {world} processes")
-    names = list(data)
-    views = {n: mt.view(n) for n in names}
+    views = {n: mt.view(n) for n in data}
     if config.steps is not None:
         steps = config.steps
     else:
-        steps = sum(config.resolved_steps(views[n].task.num_labels, max(1, len(data[n][0]) // views[n].task.num_labels))
-                    for n in names)
-
-    # ---- which parameters train
-    for p in mt.parameters():
-        p.requires_grad_(False)
-    masks: dict[int, torch.Tensor] = {}
-    for n in names:
-        view = views[n]
-        freeze(view, embeddings=config.freeze_embeddings, head=config.freeze_head, bias_only=config.bias_only,
-               layers=config.layers)
-        if trainable is not None:
-            for pname, p in view.named_parameters():
-                if is_carried(pname):
-                    continue
-                idx = trainable.indices.get(pname)
-                p.requires_grad_(idx is not None and idx.numel() > 0)
-                if p.requires_grad:
-                    if tuple(p.shape) != trainable.shapes[pname]:
-                        raise SkillgraftError(f"trainable region: {pname!r} has shape {trainable.shapes[pname]}, "
-                                              f"the model has {tuple(p.shape)}")
-                    m = torch.zeros(p.numel(), dtype=torch.bool)
-                    m[idx] = True
-                    masks[id(p)] = m.view(p.shape).to(p.device)
-    for n in names:
-        freeze_unused(views[n], data[n][0][: min(2, len(data[n][0]))])
-    params, seen = [], set()
-    for n in names:
-        for p in views[n].parameters():
-            if p.requires_grad and id(p) not in seen:
-                seen.add(id(p))
-                params.append(p)
-    if not params:
-        raise SkillgraftError("no trainable parameters left after freezing")
-    frozen = {id(p): p.detach().clone() for p in params if id(p) in masks}
-    n_trainable = sum(int(masks[id(p)].sum()) if id(p) in masks else p.numel() for p in params)
-
-    torch.manual_seed(config.seed)
-    if config.optimizer == "sgd":
-        opt = torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay)
-    else:
-        opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    model, opt = accelerator.prepare(mt, opt)
-    raw = accelerator.unwrap_model(model)
-    rng = np.random.RandomState(config.seed)
-    order = rng.randint(len(names), size=steps)
-    task_steps = {n: int((order == i).sum()) for i, n in enumerate(names)}
-    schedules = {n: batch_schedule(len(data[n][0]), config.batch_size, task_steps[n], config.seed + i)
-                 for i, n in enumerate(names)}
-    cursor = dict.fromkeys(names, 0)
-    best_state, best_dev, best_step, history = None, None, 0, []
-
-    def dev_score(step: int) -> None:
-        nonlocal best_state, best_dev, best_step
-        scores = {}
-        for n in names:
-            if data[n][1]:
-                metrics, _ = evaluate(raw.view(n), data[n][1], batch_size=config.eval_batch_size)
-                scores[n] = metrics["score"]
-        if not scores:
-            return
-        mean = float(np.mean(list(scores.values())))
-        history.append({"step": step, "dev": mean, **{f"dev:{n}": s for n, s in scores.items()}})
-        if best_dev is None or mean > best_dev:
-            best_dev, best_step = mean, step
-            best_state = [p.detach().clone() for p in params]
-
-    start = time.perf_counter()
-    model.train()
-    desc = "multitask" if len(names) > 1 else f"finetune {names[0]}" + (" (region)" if trainable is not None else "")
-    bar = tqdm(range(steps), desc=desc, disable=not (progress and accelerator.is_main_process))
-    loss_ema = None
-    for step in bar:
-        n = names[order[step]]
-        shard = schedules[n][cursor[n]][rank::world]
-        cursor[n] += 1
-        train = data[n][0]
-        batch = raw.view(n).collate([train[i] for i in shard])
-        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-        labels = batch.pop("labels")
-        loss = torch.nn.functional.cross_entropy(model(n, **batch).float(), labels)
-        accelerator.backward(loss)
-        with torch.no_grad():
-            for p in params:
-                if id(p) in masks and p.grad is not None:
-                    p.grad.mul_(masks[id(p)])
-        if config.max_grad_norm:
-            accelerator.clip_grad_norm_(params, config.max_grad_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        with torch.no_grad():  # coordinates outside the region: back to their frozen values, bit-exact
-            for p in params:
-                if id(p) in masks:
-                    p.copy_(torch.where(masks[id(p)], p, frozen[id(p)]))
-        loss_ema = loss.item() if loss_ema is None else 0.9 * loss_ema + 0.1 * loss.item()
-        if config.eval_every and (step + 1) % config.eval_every == 0 and step + 1 < steps:
-            dev_score(step + 1)
-            model.train()
-        if step % 10 == 0:
-            bar.set_postfix(loss=f"{loss_ema:.3f}", dev=f"{history[-1]['dev']:.3f}" if history else "-")
-    seconds = time.perf_counter() - start
-    dev_score(steps)
-    if best_state is not None:
-        with torch.no_grad():
-            for p, v in zip(params, best_state):
-                p.copy_(v)
-    raw.eval()
-    for p in raw.parameters():
-        p.requires_grad_(False)
-    return MultiTaskResult(raw, steps, best_step if history else steps, best_dev, history, task_steps, seconds,
-                           n_trainable)
+        steps = sum(config.resolved_steps(v.task.num_labels, max(1, len(data[n][0]) // v.task.num_labels))
+                    for n, v in views.items())
+    sampler = MultiTask(data, batch_size=config.batch_size, steps=steps, seed=config.seed)
+    masks = []
+    if trainable is not None:
+        heads = [] if config.freeze_head else [f"heads.{_key(n)}.{h}" for n, v in views.items() if v.head is not None
+                                               for h, _ in v.head.named_parameters()]
+        masks.append(RegionMask(trainable.indices, heads, shapes=trainable.shapes))
+    desc = "multitask" if len(views) > 1 else f"finetune {next(iter(views))}" + (" (region)" if masks else "")
+    return fit(mt, sampler, config, [*masks, BestDev(), *callbacks], accelerator=accelerator, progress=progress,
+               desc=desc)
 
 
 def finetune_region(mt: MultiTaskScorer, task: str, train: list[Example], dev: list[Example] | None, region,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import os
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,8 @@ from skillgraft.evaluate.predict import evaluate, labels_of
 from skillgraft.errors import SkillgraftError
 from skillgraft.io import atomic_dir, atomic_path, read_json, write_json
 from skillgraft.models.scorer import build_scorer
-from skillgraft.train.finetune import FinetuneConfig, finetune
+from skillgraft.train.config import FinetuneConfig
+from skillgraft.train.finetune import finetune
 
 
 def write_probs(path: Path, probs: np.ndarray, labels: np.ndarray, label_names) -> None:
@@ -27,12 +27,6 @@ def write_probs(path: Path, probs: np.ndarray, labels: np.ndarray, label_names) 
         w.writerow(["index", "label", *[f"p_{name}" for name in label_names]])
         for i, (row, y) in enumerate(zip(probs, labels)):
             w.writerow([i, label_names[y], *[f"{p:.6f}" for p in row]])
-
-
-def read_probs(path: Path) -> np.ndarray:
-    with open(path) as f:
-        rows = list(csv.reader(f))[1:]
-    return np.array([[float(x) for x in r[2:]] for r in rows])
 
 
 def run_finetune(task: str, k: int, seed: int, out_dir: str | os.PathLike, *, model: str | None = None,
@@ -47,7 +41,6 @@ def run_finetune(task: str, k: int, seed: int, out_dir: str | os.PathLike, *, mo
     from accelerate import Accelerator  # noqa: PLC0415
 
     config = config or FinetuneConfig()
-    config.validate()
     accelerator = accelerator or Accelerator()
     data = load_kshot(task, k, seed, data_dir, test_limit=test_limit)
     scorer = build_scorer(model, data.task, mode, pooling=pooling, max_length=max_length, head_seed=config.seed)
@@ -65,7 +58,7 @@ def run_finetune(task: str, k: int, seed: int, out_dir: str | os.PathLike, *, mo
     resolved = {"skillgraft_version": __version__, "task": data.task.name, "k": k, "seed": seed,
                 "model": scorer.base_model, "mode": mode, "pooling": scorer.pooling, "max_length": max_length,
                 "data_dir": str(data_dir) if data_dir else None, "test_limit": test_limit,
-                "finetune": asdict(config), "num_processes": accelerator.num_processes}
+                "finetune": config.to_dict(), "num_processes": accelerator.num_processes}
     labels = labels_of(data.test)
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         result.scorer.save_pretrained(tmp / "model")

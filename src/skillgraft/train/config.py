@@ -1,0 +1,37 @@
+"""The settings of one fine-tuning run: a typed spec, the one place their defaults and ranges live."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from skillgraft.spec import Spec
+
+
+class FinetuneConfig(Spec):
+    """Settings of one fine-tuning run (defaults: the paper's SGD recipe, tuned for MiniLM)."""
+
+    optimizer: Literal["sgd", "adamw"] = Field("sgd", description="sgd (paper default) or adamw")
+    lr: float = Field(0.1, gt=0, description="learning rate (SGD; MiniLM SST-2 sweep in bench/RESULTS.md)")
+    batch_size: int = Field(8, ge=1, description="examples per step (split over processes)")
+    weight_decay: float = Field(1e-4, ge=0, description="weight decay")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="gradient clipping by global norm (None: off)")
+    steps: int | None = Field(None, ge=0, description="training steps (None: 16·n·k capped at max_steps)")
+    max_steps: int | None = Field(400, ge=1, description="cap on the default step count (None: no cap)")
+    eval_every: int = Field(100, ge=0, description="dev evaluation interval in steps (0: only at the end)")
+    l1: float = Field(0.0, ge=0, description="λ of the L1 penalty λ‖θ−θ_pre‖₁ on movement")
+    freeze_embeddings: bool = Field(True, description="freeze the embeddings (paper default)")
+    freeze_head: bool = Field(False, description="freeze the head (the LM head in prompt mode)")
+    bias_only: bool = Field(False, description="train only biases (BitFit)")
+    layers: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, description="train only these transformer blocks, 0-based (+ the head); None: all")
+    seed: int = Field(0, ge=0, description="model seed (batch order, head init)")
+    eval_batch_size: int = Field(64, ge=1, description="batch size of dev evaluation")
+
+    def resolved_steps(self, num_labels: int, k: int) -> int:
+        """``steps``, or the LM-BFF rule 16·n·min(k, 512) capped at ``max_steps``."""
+        if self.steps is not None:
+            return self.steps
+        steps = 16 * num_labels * min(k, 512)
+        return min(steps, self.max_steps) if self.max_steps else steps

@@ -1,0 +1,209 @@
+"""The training core: one loop on Hugging Face Accelerate (one CPU, one GPU, or ``accelerate launch`` many).
+
+nanoGPT style, top to bottom: the sampler gives each step's task and global batch; each process takes its
+shard; loss = cross-entropy on the task scorer's label logits (+ λ‖θ−θ_pre‖₁ when ``config.l1`` > 0);
+backward, clip, optimizer step; every ``eval_every`` steps (and at the end) the dev sets are scored.
+Everything else — keeping the best dev weights, region masks, Auto-RGN, snapshots — is a callback
+(:mod:`skillgraft.train.callbacks`). The model is a Scorer (with a :class:`SingleTask` sampler) or a
+``MultiTaskScorer`` (with a :class:`MultiTask` sampler).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from skillgraft.data.loading import Example
+from skillgraft.errors import SkillgraftError
+from skillgraft.evaluate.predict import evaluate
+from skillgraft.models.freezing import freeze
+from skillgraft.train.config import FinetuneConfig
+
+
+@dataclass
+class TrainState:
+    """What callbacks see: the model being trained (unwrapped), its trainable parameters and optimizer."""
+
+    model: nn.Module
+    config: FinetuneConfig
+    steps: int
+    accelerator: object
+    params: list[nn.Parameter] = field(default_factory=list)
+    optimizer: object = None
+    trainable_parameters: int = 0      # coordinates that may move (a RegionMask lowers it)
+    history: list[dict] = field(default_factory=list)
+    best_step: int | None = None       # set by BestDev when it restores a checkpoint
+    best_dev: float | None = None
+
+
+@dataclass
+class TrainResult:
+    model: nn.Module
+    steps: int
+    best_step: int                     # the step whose weights the model holds (``steps`` without BestDev)
+    best_dev: float | None             # its dev score (mean over tasks)
+    history: list[dict]                # {"step", "dev", "dev_ece"[, "dev:<task>" …]} per evaluation
+    seconds: float                     # training only (dev evaluations excluded)
+    examples_per_second: float
+    trainable_parameters: int
+    task_steps: dict[str, int]         # how many steps each task was drawn
+
+    @property
+    def scorer(self) -> nn.Module:
+        return self.model
+
+
+def view_of(model, task: str | None):
+    """The Scorer of ``task`` (``None``: the model itself)."""
+    return model if task is None else model.view(task)
+
+
+def freeze_unused(scorer, examples: list[Example], trainable: dict[str, bool] | None = None) -> list[str]:
+    """Freeze parameters the scorer's output does not depend on (e.g. BERT's pooler under mean pooling).
+
+    Found by one probe backward pass; keeps DDP and weight decay from touching parameters that never
+    receive a gradient. Returns the names frozen.
+    """
+    batch = scorer.collate(examples)
+    batch.pop("labels")
+    batch = {k: v.to(scorer.device) for k, v in batch.items()}
+    scorer.zero_grad(set_to_none=True)
+    scorer(**batch).float().sum().backward()
+    unused = []
+    for name, p in scorer.named_parameters():
+        if p.requires_grad and p.grad is None:
+            p.requires_grad_(False)
+            unused.append(name)
+            if trainable is not None:
+                trainable[name] = False
+    scorer.zero_grad(set_to_none=True)
+    return unused
+
+
+def trainable_parameters(model, sampler, config: FinetuneConfig, state: TrainState, callbacks) -> list[nn.Parameter]:
+    """Freezing rules on each task's scorer, then callbacks' ``on_setup`` (region masks), then a probe
+    that drops parameters without gradient; the parameters left, each once, in scorer order."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    views = [view_of(model, t) for t in sampler.data]
+    for view in views:
+        freeze(view, embeddings=config.freeze_embeddings, head=config.freeze_head, bias_only=config.bias_only,
+               layers=config.layers)
+    emit(callbacks, "on_setup", state)
+    for view, (train, _) in zip(views, sampler.data.values()):
+        freeze_unused(view, train[: min(2, len(train))])
+    params, seen = [], set()
+    for view in views:
+        for p in view.parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+    if not params:
+        raise SkillgraftError("no trainable parameters left after freezing")
+    return params
+
+
+def emit(callbacks, hook: str, *args) -> None:
+    for cb in callbacks:
+        fn = getattr(cb, hook, None)
+        if fn is not None:
+            fn(*args)
+
+
+def dev_metrics(model, sampler, step: int, batch_size: int) -> dict | None:
+    """Dev score of every task that has a dev set: ``{"step", "dev", "dev_ece"}`` (means over tasks) and,
+    for named tasks, ``"dev:<task>"``; None without dev data."""
+    scores, eces = {}, []
+    for task, (_, dev) in sampler.data.items():
+        if dev:
+            metrics, _ = evaluate(view_of(model, task), dev, batch_size=batch_size)
+            scores[task] = metrics["score"]
+            eces.append(metrics["ece"])
+    if not scores:
+        return None
+    return {"step": step, "dev": float(np.mean(list(scores.values()))), "dev_ece": float(np.mean(eces)),
+            **{f"dev:{t}": s for t, s in scores.items() if t is not None}}
+
+
+def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=None, progress: bool = True,
+        desc: str = "train") -> TrainResult:
+    """Train ``model`` in place on ``sampler``'s batches; afterwards it is in eval mode with every
+    ``requires_grad`` off. Callbacks (:mod:`skillgraft.train.callbacks`) run at the documented points."""
+    from accelerate import Accelerator, DistributedDataParallelKwargs  # noqa: PLC0415
+
+    multi = any(t is not None for t in sampler.data)
+    accelerator = accelerator or Accelerator(
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=multi)])
+    world, rank = accelerator.num_processes, accelerator.process_index
+    if config.batch_size % world:
+        raise SkillgraftError(f"batch_size {config.batch_size} must be divisible by the {world} processes")
+    steps = sampler.steps
+    state = TrainState(model, config, steps, accelerator)
+    params = trainable_parameters(model, sampler, config, state, callbacks)
+    torch.manual_seed(config.seed)
+    if config.optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay)
+    else:
+        opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    anchors = [p.detach().clone() for p in params] if config.l1 > 0 else None
+    wrapped, opt = accelerator.prepare(model, opt)
+    raw = accelerator.unwrap_model(wrapped)
+    state.model, state.params, state.optimizer = raw, params, opt
+    state.trainable_parameters = sum(p.numel() for p in params)
+    emit(callbacks, "on_train_start", state)
+
+    eval_seconds = 0.0
+
+    def dev_score(step: int) -> None:
+        nonlocal eval_seconds
+        t0 = time.perf_counter()
+        metrics = dev_metrics(raw, sampler, step, config.eval_batch_size)
+        eval_seconds += time.perf_counter() - t0
+        if metrics is not None:
+            state.history.append(metrics)
+            emit(callbacks, "on_evaluate", step, metrics)
+
+    start = time.perf_counter()
+    wrapped.train()
+    bar = tqdm(sampler, total=steps, desc=desc, disable=not (progress and accelerator.is_main_process))
+    loss_ema = None
+    for step, (task, examples) in enumerate(bar):
+        batch = view_of(raw, task).collate(examples[rank::world])
+        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+        labels = batch.pop("labels")
+        logits = wrapped(**batch) if task is None else wrapped(task, **batch)
+        loss = torch.nn.functional.cross_entropy(logits.float(), labels)
+        if anchors is not None:
+            loss = loss + config.l1 * sum((p - a).abs().sum() for p, a in zip(params, anchors))
+        accelerator.backward(loss)
+        emit(callbacks, "on_after_backward", step)
+        if config.max_grad_norm:
+            accelerator.clip_grad_norm_(params, config.max_grad_norm)
+        emit(callbacks, "on_before_optimizer_step", step, opt)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        emit(callbacks, "on_after_optimizer_step", step)
+        loss_ema = loss.item() if loss_ema is None else 0.9 * loss_ema + 0.1 * loss.item()
+        evaluated = config.eval_every and (step + 1) % config.eval_every == 0 and step + 1 < steps
+        if evaluated:
+            dev_score(step + 1)
+            wrapped.train()
+        if evaluated or step % 10 == 0:
+            bar.set_postfix(loss=f"{loss_ema:.3f}", dev=f"{state.history[-1]['dev']:.3f}" if state.history else "-")
+    seconds = time.perf_counter() - start - eval_seconds
+    dev_score(steps)
+    emit(callbacks, "on_train_end", state)
+    raw.eval()
+    for p in raw.parameters():
+        p.requires_grad_(False)
+    if state.best_step is None:  # no BestDev: the model holds the last step's weights
+        state.best_step = steps
+        state.best_dev = state.history[-1]["dev"] if state.history and state.history[-1]["step"] == steps else None
+    return TrainResult(raw, steps, state.best_step, state.best_dev, state.history, seconds,
+                       steps * config.batch_size / max(seconds, 1e-9), state.trainable_parameters,
+                       dict(sampler.task_steps))
