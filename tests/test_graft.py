@@ -383,3 +383,21 @@ def test_save_pretrained_refuses_an_existing_folder(pair, tmp_path):
     assert Graft.from_pretrained(tmp_path / "g").metadata == {"task": "A"}
     b.save_pretrained(tmp_path / "g", overwrite=True)
     assert Graft.from_pretrained(tmp_path / "g").metadata == {"task": "B"}
+
+
+def test_a_changed_base_never_gets_a_stale_backup(pair):
+    """The θ_pre values a graft backed up are reused only while the base is known unchanged."""
+    pre, ft, _ = pair
+    a, _ = _two_grafts(pre, ft)
+    with a.applied(pre):
+        pass
+    weight = dict(pre.named_parameters())[next(iter(a.region.indices))]
+    saved = weight.detach().clone()
+    with torch.no_grad():
+        weight.add_(1.0)  # every coordinate of a region tensor changes
+    changed = _state(pre)
+    with a.applied(pre, force=True):
+        pass
+    assert _same(pre, changed)  # restored to the changed values, not to the first backup
+    with torch.no_grad():
+        weight.copy_(saved)
