@@ -235,7 +235,7 @@ def apply(
     overwrite: bool = typer.Option(False, help="replace an existing --export folder (it is never mixed into)"),
     evaluate_on: Optional[str] = typer.Option("test", help="split to evaluate on (empty: skip)"),
     limit: Optional[int] = typer.Option(None, help="first N examples only"),
-    force: bool = typer.Option(False, help="apply even if the base model's fingerprint differs"),
+    force: bool = typer.Option(False, help="apply even if the base fingerprint differs or the graft records none"),
     data_dir: Optional[Path] = DataDir,
 ) -> None:
     """Apply a graft to its base model: evaluate it and/or export the grafted model."""
