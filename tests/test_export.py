@@ -7,6 +7,7 @@ safetensors (and one test runs the reader in a fresh interpreter to prove it).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -202,6 +203,10 @@ def test_unrepresentable_coordinates_are_refused_with_names(tiny_models, tmp_pat
     with pytest.raises(SkillgraftError, match="at least one nn.Linear target"):
         export_peft(graft, pre, tmp_path / "a")
     assert not (tmp_path / "a").exists()
+    # BERT's MLM-head bias belongs to a container module: peft could store it whole but not merge it
+    pre, graft = make_graft(tiny_models["bert"], "prompt", keep=lambda n: n.startswith("model.cls."), graftable="all")
+    with pytest.raises(SkillgraftError, match=r"cls\.predictions \(BertLMPredictionHead.*merge_and_unload"):
+        export_peft(graft, pre, tmp_path / "a")
     # a head-mode graft with head="refuse" names the head
     pre, graft = make_graft(tiny_models["bert"], "head", keep=linear_weights_only)
     with pytest.raises(SkillgraftError, match=r"new task head .*head\.weight"):
@@ -337,6 +342,53 @@ def test_fresh_interpreter_reads_the_adapter_without_skillgraft(tiny_models, tmp
     ref, _ = grafted_outputs(pre, graft, ids, torch.ones_like(ids))
     assert (read.pop("logits") - ref).abs().max() <= 1e-6
     assert_same_weights(read, exported_weights(pre, graft, tmp_path / "hf"))
+
+
+# ---------------------------------------------------------------------------------------------- mergekit
+MERGEKIT_YAML = """merge_method: passthrough
+models:
+  - model: {base}+{adapter}
+dtype: float32
+"""
+
+
+def mergekit_style_merge(base_dir, adapter_dir, out_dir):
+    """What mergekit does with ``model: BASE+ADAPTER`` (mergekit.common.ModelReference.merged, 0.1.5): the base
+    loaded by its config's architecture, ``PeftModel.from_pretrained``, ``merge_and_unload``, safetensors save."""
+    import peft
+    import transformers
+
+    arch = transformers.AutoConfig.from_pretrained(str(base_dir)).architectures[0]
+    model = getattr(transformers, arch).from_pretrained(str(base_dir), low_cpu_mem_usage=True)
+    model = peft.PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
+    model.merge_and_unload().save_pretrained(str(out_dir), safe_serialization=True)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_mergekit_adapter_path(tiny_models, tmp_path, kind):
+    """mergekit is not a dependency (it pulls datasets/pyarrow/pandas); its adapter path is peft's merge, run here
+    exactly as mergekit runs it."""
+    from safetensors.torch import load_file
+
+    pre, graft = make_graft(tiny_models[kind], "causal")
+    export_peft(graft, pre, tmp_path / "adapter")
+    mergekit_style_merge(tiny_models[kind], tmp_path / "adapter", tmp_path / "merged")
+    reference = exported_weights(pre, graft, tmp_path / "hf")
+    assert_same_weights(load_file(str(tmp_path / "merged" / "model.safetensors")), reference)
+
+
+@pytest.mark.skipif(shutil.which("mergekit-yaml") is None, reason="mergekit not installed (not a dependency)")
+def test_mergekit_yaml_merges_the_adapter(tiny_models, tmp_path):
+    """The YAML of docs/export.md through mergekit itself, where it is installed."""
+    from safetensors.torch import load_file
+
+    pre, graft = make_graft(tiny_models["llama"], "causal")
+    export_peft(graft, pre, tmp_path / "adapter")
+    (tmp_path / "merge.yml").write_text(MERGEKIT_YAML.format(base=tiny_models["llama"], adapter=tmp_path / "adapter"))
+    subprocess.run(["mergekit-yaml", str(tmp_path / "merge.yml"), str(tmp_path / "mk"), "--lora-merge-cache",
+                    str(tmp_path / "cache")], check=True, capture_output=True)
+    reference = exported_weights(pre, graft, tmp_path / "hf")
+    assert_same_weights(load_file(str(tmp_path / "mk" / "model.safetensors")), reference)
 
 
 # ---------------------------------------------------------------------------------------------- CLI

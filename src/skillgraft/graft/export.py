@@ -277,12 +277,26 @@ def _plan(graft: Graft, hf: nn.Module, non_linear: str) -> tuple[list[_Layer], l
     for l in rest:
         l.reason = f"Linear whose region is cheaper stored whole than at the global r={r}"
     dense += rest
-    # a module stored whole already holds everything below it
-    dense_paths = [l.path for l in dense]
-    inside = lambda p: any(p != d and p.startswith(d + ".") for d in dense_paths)  # noqa: E731
-    dense = [l for l in dense if not inside(l.path)]
-    shira = [l for l in shira if not inside(l.path)]
+    shira, dense = _absorb(shira, dense)
+    unmergeable = [l for l in dense if not isinstance(getattr(l.module, "weight", None), torch.Tensor)]
+    if unmergeable:
+        listed = ", ".join(f"{l.path} ({type(l.module).__name__}: {_count(graft, l)} coordinates)" for l in unmergeable)
+        raise SkillgraftError(f"graft coordinates in {listed} would need that module stored whole, and peft's "
+                              "merge_and_unload cannot unload a module without a weight; use --to delta or --to hf")
     return shira, dense, r
+
+
+def _absorb(shira: list[_Layer], dense: list[_Layer]) -> tuple[list[_Layer], list[_Layer]]:
+    """A module stored whole already holds everything below it: nested layers join their container."""
+    outer = {l.path: l for l in dense}
+
+    def container(path: str) -> str | None:
+        return min((d for d in outer if path != d and path.startswith(d + ".")), key=len, default=None)
+
+    for layer in shira + dense:
+        if (c := container(layer.path)) is not None:
+            outer[c].touched.update({f"{layer.path[len(c) + 1:]}.{k}": v for k, v in layer.touched.items()})
+    return [l for l in shira if container(l.path) is None], [l for l in dense if container(l.path) is None]
 
 
 def _count(graft: Graft, layer: _Layer) -> int:
