@@ -258,13 +258,14 @@ def _packed(path: Path, tensors: dict[str, torch.Tensor], shapes: dict[str, tupl
                             "the coordinates of 'shapes'")
     if flat.numel() != size:
         raise SkillgraftError(f"{path}: holds {flat.numel()} positions and values; {CONFIG_FILE} 'size' declares {size}")
-    indices, values, start = {}, {}, 0
-    for name, shape in shapes.items():
-        end = start + numel(shape)
-        lo, hi = torch.searchsorted(flat, torch.tensor([start, end])).tolist()
+    sizes = [numel(s) for s in shapes.values()]
+    ends = torch.tensor(sizes, dtype=torch.long).cumsum(0)
+    cuts = [0, *torch.searchsorted(flat, ends).tolist()]  # where each universe tensor's positions end
+    indices, values = {}, {}
+    for k, name in enumerate(shapes):
+        lo, hi = cuts[k], cuts[k + 1]
         if hi > lo:
-            indices[name], values[name] = flat[lo:hi] - start, vals[lo:hi]
-        start = end
+            indices[name], values[name] = flat[lo:hi] - (int(ends[k]) - sizes[k]), vals[lo:hi]
     return indices, values
 
 
