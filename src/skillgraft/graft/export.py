@@ -211,9 +211,12 @@ def _owners(hf: nn.Module) -> dict[int, list[str]]:
     return out
 
 
+TIED = "parameter shared with another module (tied)"
+
+
 def _why_not_shira(module: nn.Module, touched: set[str], tied: bool) -> str:
     if tied:
-        return "weight tied to another module"
+        return TIED
     if not isinstance(module, nn.Linear):
         kind = type(module).__name__
         return f"{kind} (peft's SHiRA wraps nn.Linear only)" if kind == "Conv1D" else kind
@@ -238,14 +241,15 @@ def _plan(graft: Graft, hf: nn.Module, non_linear: str) -> tuple[list[_Layer], l
         except AttributeError:
             raise SkillgraftError(f"graft tensor {name!r}: the base model has no module {path!r}") from None
         layers.setdefault(path, _Layer(path, module)).touched[pname] = name
+    shared = lambda layer: [getattr(layer.module, n) for n in layer.touched  # noqa: E731
+                            if len(owners.get(id(getattr(layer.module, n)), [])) > 1]
     for layer in layers.values():
-        tied = any(len(owners.get(id(p), [])) > 1 for p in layer.module.parameters(recurse=False))
-        layer.reason = _why_not_shira(layer.module, set(layer.touched), tied)
-    # tied weights: every module sharing a parameter with a dense module is stored whole too
+        layer.reason = _why_not_shira(layer.module, set(layer.touched), bool(shared(layer)))
+    # a grafted tied parameter: every module sharing it is stored whole too (a delta on one would miss the others)
     for layer in list(layers.values()):
-        if layer.reason == "weight tied to another module":
-            for p in layer.module.parameters(recurse=False):
-                for path in owners.get(id(p), []):
+        if layer.reason == TIED:
+            for p in shared(layer):
+                for path in owners[id(p)]:
                     if path not in layers:
                         layers[path] = _Layer(path, hf.get_submodule(path), {}, f"tied to {layer.path}")
     candidates = [l for l in layers.values() if not l.reason]
