@@ -209,11 +209,11 @@ def _copy_graft_values(view, graft: Graft, region: Region) -> None:
         if src is None or not torch.isin(idx, src).all():
             raise SkillgraftError(f"init graft does not cover the owned coordinates of {name!r}")
         pos = torch.searchsorted(src, idx)
-        flat = params[name].data.view(-1)
+        flat = params[name].detach().view(-1)  # (not .data: in-place version counters must see the write)
         flat[idx.to(flat.device)] = graft.values[name][pos].to(flat.device, flat.dtype)
     for name, t in graft.carried.items():
         if name in params and params[name].shape == t.shape:
-            params[name].data.copy_(t)
+            params[name].detach().copy_(t)
 
 
 def task_region(task: str, train: list[Example], dev: list[Example] | None, *, model: str | None = None,

@@ -65,7 +65,7 @@ def interpolate(pre, target, alpha: float, *, head: HeadPolicy = "carry") -> Ite
                 if idx is None:
                     p.copy_(_lerp(p.detach(), end.to(p.device, p.dtype), alpha))
                 else:
-                    flat = p.data.view(-1)
+                    flat = p.detach().view(-1)  # shares the version counter: cached fingerprints see it
                     i = idx.to(p.device)
                     flat[i] = _lerp(flat[i], end.to(p.device, p.dtype), alpha)
             for name, t in carried.items():
