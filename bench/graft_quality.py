@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +32,7 @@ def main() -> None:
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     budgets = [float(b) for b in args.budgets.split(",")]
-    config = replace(DEMO_LOCALIZE, budgets=budgets, eval_every=args.eval_every)
+    config = DEMO_LOCALIZE.replace(budgets=budgets, eval_every=args.eval_every)
     per_seed = {}
     (HERE / "results").mkdir(exist_ok=True)
     for seed in seeds:

@@ -6,9 +6,9 @@ import torch
 from skillgraft.data import load_kshot
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
-from skillgraft.fisher import (aggregate_layers, block_names, fim_layer_scores,
-                               fish_region, fisher_diagonal, rank_correlation, ranking_stability, resolve_layer_spec)
-from skillgraft.graft import graftable_names
+from skillgraft.fisher import (aggregate_layers, block_names, fim_layer_scores, fisher_diagonal, rank_correlation,
+                               ranking_stability, resolve_layer_spec)
+from skillgraft.graft import get_localizer, graftable_names
 from skillgraft.models import build_scorer
 from skillgraft.train import AutoRGN, FinetuneConfig, Snapshots, finetune
 
@@ -190,6 +190,11 @@ def test_fim_ranking_shape_and_order(tiny_bert):
         aggregate_layers(fisher, scorer, aggregate="max")
     assert rank_correlation([1, 2, 3], [1, 2, 3]) == {"spearman": 1.0, "kendall": 1.0}
     assert rank_correlation([1, 2, 3], [3, 2, 1])["spearman"] == pytest.approx(-1.0)
+
+
+def fish_region(pre, examples, budget):
+    """The FISH localizer on θ_pre with its own head."""
+    return get_localizer("fish").region(pre, None, examples, budget, {"head": "pre"})
 
 
 def test_fish_region_has_exactly_k_coords(tiny_bert):

@@ -6,9 +6,9 @@ import torch
 from skillgraft.data import load_kshot
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate import evaluate
-from skillgraft.graft import (Graft, LocalizeConfig, Region, bias_region, fingerprint, graftable_names, localize,
-                              module_type, random_region, top_k_masks, top_movement)
-from skillgraft.graft.localize import _Working
+from skillgraft.graft import (ROUND, Budget, Graft, LocalizeConfig, Region, fingerprint, get_localizer, graftable_names,
+                              localize, module_type, top_k_masks)
+from skillgraft.graft.localizers.learned import _Working
 from skillgraft.models import build_scorer
 from skillgraft.train import FinetuneConfig, finetune
 
@@ -22,6 +22,14 @@ def pair(tiny_bert, toy_data):
                                                       freeze_embeddings=True), progress=False)
     pre = build_scorer(str(tiny_bert), "SST-2", "head")
     return pre, ft, data
+
+
+def top_movement(pre, ft, budget):
+    return get_localizer("movement").region(pre, ft, None, budget)
+
+
+def random_region(pre, budget, seed=0):
+    return get_localizer("random").region(pre, None, None, budget, {"seed": seed})
 
 
 def shapes():
@@ -140,8 +148,9 @@ def test_missing_graft_folder(tmp_path):
 def test_baselines_match_size(pair):
     pre, ft, _ = pair
     n = len(top_movement(pre, ft, 50))
-    assert n == 50 and len(random_region(pre, 50)) == 50 and len(bias_region(pre, ft, 20)) == 20
-    assert all(name.endswith("bias") for name in bias_region(pre, ft).indices)
+    bias = get_localizer("bias")
+    assert n == 50 and len(random_region(pre, 50)) == 50 and len(bias.region(pre, ft, None, 20)) == 20
+    assert all(name.endswith("bias") for name in bias.region(pre, ft, None, 1.0, {"graftable": "bias"}).indices)
     assert random_region(pre, 50, seed=1) != random_region(pre, 50, seed=2)
     for bad in (0, 0.0, 1.5, -1):
         with pytest.raises(SkillgraftError, match="impossible"):
@@ -210,7 +219,7 @@ def test_localize_restores_pre_and_learns(pair):
         assert torch.equal(p, before[n]), n  # working model restored bit-exactly (incl. the head)
     assert res.base_size == round(0.01 * res.region.universe_size)
     assert [h["step"] for h in res.history] == [0, 2, 4, 6]
-    assert len(res.region) == res.history[[h["step"] for h in res.history].index(res.best_step["round"])]["round:size"]
+    assert len(res.region) == res.history[[h["step"] for h in res.history].index(res.best_step[ROUND])]["round:size"]
     assert res.step_seconds > 0
 
 
@@ -232,13 +241,13 @@ def test_localize_budgets_exact_and_validation(pair):
     res = localize(pre, ft, data.train, data.dev, LocalizeConfig(sparsity=0.01, steps=2, budgets=[0.001, 0.02]),
                    progress=False)
     universe = res.region.universe_size
-    assert len(res.regions["budget=0.001"]) == round(0.001 * universe)
-    assert len(res.regions["budget=0.02"]) == round(0.02 * universe)
+    assert len(res.regions[Budget.parse(0.001)]) == round(0.001 * universe)
+    assert len(res.regions[Budget.parse(0.02)]) == round(0.02 * universe)
     for bad in ([0.0], [1.5], [-0.1]):
         with pytest.raises(SkillgraftError, match="impossible"):
-            localize(pre, ft, data.train, None, LocalizeConfig(budgets=bad), progress=False)
+            localize(pre, ft, data.train, None, LocalizeConfig.build({"budgets": bad}), progress=False)
     with pytest.raises(SkillgraftError, match="sparsity"):
-        localize(pre, ft, data.train, None, LocalizeConfig(sparsity=2.0), progress=False)
+        localize(pre, ft, data.train, None, LocalizeConfig.build({"sparsity": 2.0}), progress=False)
 
 
 def test_working_state_is_memory_lean(pair):

@@ -10,11 +10,16 @@ from skillgraft.continual import ContinualLearner, continual_add
 from skillgraft.data import load_kshot
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate import evaluate
-from skillgraft.graft import Graft, LocalizeConfig, Region, localize, random_region
+from skillgraft.graft import Graft, LocalizeConfig, Region, get_localizer, localize
 from skillgraft.train import FinetuneConfig
 from skillgraft.train.multitask import JointScorer, MultiTaskScorer, finetune_region, multitask_finetune, tag
 
 from tiny import FILLER, write_sentiment_data
+
+
+def random_region(pre, budget, seed=0):
+    return get_localizer("random").region(pre, None, None, budget, {"seed": seed})
+
 
 TOPICS = {"1": ["war", "election"], "2": ["football", "tennis"], "3": ["market", "stocks"], "4": ["software", "chip"]}
 FAST = FinetuneConfig(optimizer="adamw", lr=2e-3, steps=60, eval_every=30, freeze_embeddings=False, weight_decay=0.0)

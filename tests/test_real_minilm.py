@@ -5,7 +5,7 @@ import torch
 
 from skillgraft.data import load_kshot
 from skillgraft.evaluate import evaluate
-from skillgraft.graft import Graft, fingerprint, top_movement
+from skillgraft.graft import Graft, fingerprint, get_localizer
 from skillgraft.models import build_scorer, param_groups
 from skillgraft.train import FinetuneConfig, finetune
 
@@ -46,7 +46,7 @@ def test_graft_on_minilm_keeps_head_and_reverts(tuned, sst2):
     _, test = sst2
     pre = build_scorer(None, "SST-2", "head")
     fp = fingerprint(pre)
-    graft = Graft.from_models(pre, tuned, top_movement(pre, tuned, 1e-3))
+    graft = Graft.from_models(pre, tuned, get_localizer("movement").region(pre, tuned, None, 1e-3))
     assert graft.carried_size == 384 * 2 + 2
     full, _ = evaluate(tuned, test[:64])
     graft.apply(pre)

@@ -13,7 +13,7 @@ from tiny import write_sentiment_data
 from skillgraft.data import Example, load_kshot
 from skillgraft.data.label_map import check_label_map, map_examples
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft import Graft, top_movement
+from skillgraft.graft import Graft, get_localizer
 from skillgraft.graft.interpolate import interpolate
 from skillgraft.models import build_scorer
 from skillgraft.recipes import run_recipe
@@ -96,7 +96,7 @@ def test_wise_endpoints_are_exact_and_restored(ft_pair):
         n = "head.weight"
         assert torch.allclose(dict(s.named_parameters())[n], (before[n] + ft_state[n]) / 2, atol=1e-6)
     assert all(torch.equal(p, before[n]) for n, p in pre.named_parameters())  # restored exactly
-    graft = Graft.from_models(pre, ft, top_movement(pre, ft, 0.05))
+    graft = Graft.from_models(pre, ft, get_localizer("movement").region(pre, ft, None, 0.05))
     graft.apply(pre)
     grafted = _state(pre)
     graft.revert(pre)
@@ -114,7 +114,7 @@ def test_masked_retraining_moves_only_the_region(ft_pair):
     from skillgraft.train.masked import finetune_masked
 
     pre, ft, data = ft_pair
-    region = top_movement(pre, ft, 0.02)
+    region = get_localizer("movement").region(pre, ft, None, 0.02)
     import copy
 
     scorer = copy.deepcopy(pre)

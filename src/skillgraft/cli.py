@@ -211,8 +211,8 @@ def graft(
     from skillgraft.graft import LocalizeConfig  # noqa: PLC0415
     from skillgraft.graft.run import run_graft  # noqa: PLC0415
 
-    cfg = LocalizeConfig(sparsity=sparsity, budgets=_floats(budgets), steps=steps, lr=lr, graftable=graftable, l1=l1,
-                         eval_every=eval_every, seed=seed)
+    cfg = LocalizeConfig.build(dict(sparsity=sparsity, budgets=budgets, steps=steps, lr=lr, graftable=graftable, l1=l1,
+                                    eval_every=eval_every, seed=seed), where="graft")
     out = out or finetuned / "graft"
     m = run_graft(finetuned, out, config=cfg, data_dir=str(data_dir) if data_dir else None, test_limit=test_limit,
                   baselines=baselines)

@@ -220,7 +220,7 @@ def task_region(task: str, train: list[Example], dev: list[Example] | None, *, m
                 mode: str = "head", finetune_config: FinetuneConfig | None = None, localize_config=None,
                 progress: bool = True) -> tuple[Region, Graft, dict]:
     """γ_t from an independent single-task run: fine-tune a fresh model on ``task``, then localize."""
-    from skillgraft.graft.localize import LocalizeConfig, localize  # noqa: PLC0415
+    from skillgraft.graft.localizers import LocalizeConfig, localize  # noqa: PLC0415
     from skillgraft.models.scorer import build_scorer  # noqa: PLC0415
     from skillgraft.train.finetune import finetune  # noqa: PLC0415
 

@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from skillgraft.graft.localize import LocalizeConfig
+from skillgraft.graft.localizers import LocalizeConfig
 from skillgraft.graft.run import run_graft
 from skillgraft.recipes.base import cached_finetune
 from skillgraft.train.finetune import FinetuneConfig

@@ -1,11 +1,13 @@
-"""Regions, grafts, localizers (learned and baselines), apply/revert and the graft file format."""
+"""Regions, budgets and the shared selection, the localizer registry, grafts, apply/revert and the graft file."""
 
-from skillgraft.graft.baselines import bias_region, movement, random_region, region_universe, size_from, top_movement
 from skillgraft.graft.graft import Graft
-from skillgraft.models.anatomy import carried_names, check_compatible, fingerprint, graftable_names
-from skillgraft.graft.localize import LocalizeConfig, LocalizeResult, localize, top_k_masks
+from skillgraft.graft.localizers import (LOCALIZERS, LocalizeConfig, LocalizeResult, Localizer, get_localizer,
+                                         localize, movement, register_localizer)
 from skillgraft.graft.region import Region, module_type
+from skillgraft.graft.selection import ROUND, Budget, parse_budgets, region_universe, select, top_k_masks
+from skillgraft.models.anatomy import carried_names, check_compatible, fingerprint, graftable_names
 
-__all__ = ["Graft", "LocalizeConfig", "LocalizeResult", "Region", "bias_region", "carried_names", "check_compatible",
-           "fingerprint", "graftable_names", "localize", "module_type", "movement", "random_region",
-           "region_universe", "size_from", "top_k_masks", "top_movement"]
+__all__ = ["LOCALIZERS", "ROUND", "Budget", "Graft", "LocalizeConfig", "LocalizeResult", "Localizer", "Region",
+           "carried_names", "check_compatible", "fingerprint", "get_localizer", "graftable_names", "localize",
+           "module_type", "movement", "parse_budgets", "region_universe", "register_localizer", "select",
+           "top_k_masks"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -21,11 +20,11 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.metrics import summarize
 from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram
 from skillgraft.evaluate.predict import evaluate, labels_of
-from skillgraft.graft.baselines import bias_region, random_region, top_movement
 from skillgraft.graft.graft import Graft
-from skillgraft.graft.localize import LocalizeConfig, localize
+from skillgraft.graft.localizers import LocalizeConfig, get_localizer, localize
 from skillgraft.graft.region import Region
 from skillgraft.graft.scoring import evaluate_graft
+from skillgraft.graft.selection import Budget
 from skillgraft.io import atomic_path, read_json, write_json
 
 
@@ -36,25 +35,26 @@ def _region_cache(out_dir: Path, key: dict) -> Path:
 
 
 def learn_regions(pre, ft, data, config: LocalizeConfig, cache_dir: Path | None = None,
-                  progress: bool = True) -> tuple[dict[str, Region], dict]:
-    """Localize once (or load the cached result); returns regions by key and a summary."""
+                  progress: bool = True) -> tuple[dict[Budget, Region], dict]:
+    """Localize once (or load the cached result); returns regions by budget and a summary."""
     if cache_dir is not None and (cache_dir / "summary.json").is_file():
-        summary = read_json(cache_dir / "summary.json")
-        return {k: Region.load(cache_dir / k) for k in summary["keys"]}, summary
+        summary = read_json(cache_dir / "summary.json")  # keys: Budget.key ("budget=…" in older caches)
+        return {Budget.parse(k.removeprefix("budget=")): Region.load(cache_dir / k) for k in summary["keys"]}, summary
     t0 = time.perf_counter()
     res = localize(pre, ft, data.train, data.dev, config, progress=progress)
-    summary = {"keys": list(res.regions), "best_step": res.best_step, "best_train_dev_acc": res.best_score,
+    found = res.summary
+    summary = {"keys": found["budgets"], "best_step": found["best_step"], "best_train_dev_acc": found["best_score"],
                "base_size": res.base_size, "step_seconds": res.step_seconds,
-               "seconds": time.perf_counter() - t0, "history": res.history, "config": asdict(config)}
+               "seconds": time.perf_counter() - t0, "history": res.history, "config": config.to_dict()}
     if cache_dir is not None:
         for k, region in res.regions.items():
-            region.save(cache_dir / k)
+            region.save(cache_dir / k.key)
         write_json(cache_dir / "summary.json", summary)
     return res.regions, summary
 
 
-def graft_label(key: str) -> str:
-    return "graft (rounded γ)" if key == "round" else f"graft {key.split('=')[1]}"
+def graft_label(key: Budget) -> str:
+    return "graft (rounded γ)" if key.rounding else f"graft {key.label}"
 
 
 def run_graft(ft_dir: str | os.PathLike, out_dir: str | os.PathLike, *, config: LocalizeConfig | None = None,
@@ -64,13 +64,12 @@ def run_graft(ft_dir: str | os.PathLike, out_dir: str | os.PathLike, *, config: 
     from skillgraft.train.run import load_finetuned  # noqa: PLC0415
 
     config = config or LocalizeConfig()
-    config.validate()
     out_dir = Path(out_dir)
     ft, pre, ft_cfg = load_finetuned(ft_dir)
     task = ft.task
     data = load_kshot(task, ft_cfg["k"], ft_cfg["seed"], data_dir or ft_cfg.get("data_dir"), test_limit=test_limit)
     key = {"ft": str(Path(ft_dir).resolve()), "ft_metrics_mtime": os.path.getmtime(Path(ft_dir) / "metrics.json"),
-           "localize": asdict(config)}
+           "localize": config.to_dict()}
     regions, summary = learn_regions(pre, ft, data, config, _region_cache(out_dir, key), progress)
     labels = labels_of(data.test)
     positive = task.labels.index(task.positive_label) if task.positive_label else 1
@@ -97,9 +96,9 @@ def run_graft(ft_dir: str | os.PathLike, out_dir: str | os.PathLike, *, config: 
     for key_name, region in regions.items():
         label = graft_label(key_name)
         meta = {"task": task.name, "mode": ft.mode, "k": ft_cfg["k"], "seed": ft_cfg["seed"], "localizer": "learned",
-                "region": key_name, "localize": asdict(config), "finetuned_run": str(ft_dir)}
+                "region": key_name.key, "localize": config.to_dict(), "finetuned_run": str(ft_dir)}
         graft = Graft.from_models(pre, ft, region, meta)
-        path = graft.save_pretrained(grafts_dir / key_name.replace("=", "-"), overwrite=True)  # re-runs
+        path = graft.save_pretrained(grafts_dir / ("round" if key_name.rounding else f"budget-{key_name.label}"), overwrite=True)  # re-runs
         m, probs = evaluate_graft(pre, graft, data.test, reference=ft_probs, progress=label)
         probs_by[label] = probs
         rows.append({"model": label, "params": len(region), "file_bytes": (path / "graft.safetensors").stat().st_size,
@@ -107,9 +106,11 @@ def run_graft(ft_dir: str | os.PathLike, out_dir: str | os.PathLike, *, config: 
         if not baselines:
             continue
         size = len(region)
-        candidates = {"top-movement": lambda: top_movement(pre, ft, size, config.graftable),
-                      "random": lambda: random_region(pre, size, config.graftable, seed=config.seed),
-                      "bias-only": lambda: bias_region(pre, ft, size)}
+        candidates = {"top-movement": lambda: get_localizer("movement").region(pre, ft, None, size,
+                                                                                {"graftable": config.graftable}),
+                      "random": lambda: get_localizer("random").region(pre, ft, None, size,
+                                                                        {"graftable": config.graftable, "seed": config.seed}),
+                      "bias-only": lambda: get_localizer("bias").region(pre, ft, None, size)}
         for base_name, make in candidates.items():
             try:
                 base_region = make()

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from skillgraft.data.sampling import load_kshot
 from skillgraft.evaluate.predict import evaluate
-from skillgraft.graft.baselines import random_region, top_movement
 from skillgraft.graft.graft import Graft
-from skillgraft.graft.localize import LocalizeConfig
+from skillgraft.graft.localizers import LocalizeConfig, get_localizer
 from skillgraft.graft.run import _region_cache, _write_csv, learn_regions
 from skillgraft.graft.scoring import evaluate_graft
+from skillgraft.graft.selection import Budget
 
 LEARNED_MAX = 1e-2  # learned regions beyond this size are top-movement in all but name
 
@@ -35,9 +35,10 @@ def run_sweep(ft_dir: str | os.PathLike, out_dir: str | os.PathLike, *, levels: 
         key = {"ft": str(Path(ft_dir).resolve()), "sweep": True, "localize": str(config)}
         learned_regions, _ = learn_regions(pre, ft, data, config, _region_cache(out_dir, key), progress)
     for level in levels:
-        regions = {"top-movement": top_movement(pre, ft, level), "random": random_region(pre, level)}
-        if f"budget={level:g}" in learned_regions:
-            regions["learned"] = learned_regions[f"budget={level:g}"]
+        regions = {"top-movement": get_localizer("movement").region(pre, ft, None, level),
+                   "random": get_localizer("random").region(pre, ft, None, level)}
+        if Budget.parse(level) in learned_regions:
+            regions["learned"] = learned_regions[Budget.parse(level)]
         for name, region in regions.items():
             m, _ = evaluate_graft(pre, Graft.from_models(pre, ft, region), data.test, reference=ft_probs,
                                   progress=f"{name} {level:g}")

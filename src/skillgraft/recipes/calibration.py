@@ -30,15 +30,15 @@ def model_variants(setup: C.Setup, cfg: dict, run: RunDir, rows_info: dict) -> l
     retrain = cfg.get("retrain")
     if retrain:
         budget = retrain.get("budget") if isinstance(retrain, dict) else None
-        key = f"budget={float(budget):g}" if budget is not None else next(iter(regions))
+        key = C.Budget.parse(budget) if budget is not None else next(iter(regions))
         if key not in regions:
             raise C.SkillgraftError(f"recipe field 'retrain.budget': {budget} is not among localize.budgets "
-                                    f"({sorted(regions)})")
+                                    f"({[str(b) for b in regions]})")
         ft_cfg = C.finetune_config(retrain if isinstance(retrain, dict) else {}, "finetune",
                                    {**C.FT_DEFAULTS, **(cfg.get("finetune") or {})})
-        b = float(key.split("=")[1]) if "=" in key else None
+        b = None if key.rounding else key.value
         variants.append(C.retrain_variant(setup, regions[key], ft_cfg, run.cache,
-                                          label=f"graft re-training {b:g}" if b else "graft re-training", budget=b))
+                                          label=f"graft re-training {key}" if b else "graft re-training", budget=b))
     bitfit = cfg.get("bitfit")
     if bitfit:
         spec = (bitfit if isinstance(bitfit, dict) else {}).get("finetune")

@@ -29,7 +29,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.predict import evaluate
 from skillgraft.graft import Graft, LocalizeConfig, Region, localize
 from skillgraft.models.anatomy import fingerprint, is_carried
-from skillgraft.graft.baselines import region_universe
+from skillgraft.graft.selection import Budget, region_universe
 from skillgraft.io import read_json, write_json
 from skillgraft.recipes.base import RunDir, cached_finetune, config_hash, load_finetuned
 from skillgraft.spec import Spec
@@ -68,13 +68,7 @@ def finetune_config(cfg: dict, key: str = "finetune", defaults: dict | None = No
 
 
 def localize_config(cfg: dict, key: str = "localize") -> LocalizeConfig:
-    spec = dict(cfg.get(key) or {})
-    if "budgets" in spec and spec["budgets"] is not None:
-        spec["budgets"] = [float(b) for b in spec["budgets"]]
-    for name in ("sparsity", "lr"):
-        if name in spec:
-            spec[name] = float(spec[name])
-    return dataclass_from(LocalizeConfig, spec, f"recipe field {key!r}")
+    return LocalizeConfig.build(cfg.get(key), where=f"recipe field {key!r}")
 
 
 def seeds_of(cfg: dict) -> list[int]:
@@ -139,21 +133,23 @@ def prepare(cfg: dict, run: RunDir, task: str, seed: int, *, k: int | None = Non
 
 
 def learned_regions(setup: Setup, loc: LocalizeConfig, cache: Path, *, progress: bool = False
-                    ) -> tuple[dict[str, Region], dict]:
+                    ) -> tuple[dict[Budget, Region], dict]:
     """Learned regions (one per budget, or ``round``) of a setup's fine-tuned model, cached by config hash."""
-    key = {"ft": setup.ft_dir.name, "localize": asdict(loc)}
+    key = {"ft": setup.ft_dir.name, "localize": loc.to_dict()}
     folder = Path(cache) / f"regions-{setup.task}-{setup.k}-{setup.seed}-{config_hash(key)}"
     if (folder / "summary.json").is_file():
         summary = read_json(folder / "summary.json")
-        return {name: Region.load(folder / sub) for name, sub in summary["folders"].items()}, summary
+        return {Budget.parse(name.removeprefix("budget=")): Region.load(folder / sub)  # "budget=…": older caches
+                for name, sub in summary["folders"].items()}, summary
     t0 = time.perf_counter()
     result = localize(setup.pre, setup.ft, setup.data.train, setup.data.dev, loc, progress=progress)
     seconds = time.perf_counter() - t0
-    subs = {name: name.replace("=", "-") for name in result.regions}
-    for name, region in result.regions.items():
-        region.save(folder / subs[name])
-    summary = {"key": key, "folders": subs, "best_step": result.best_step, "best_score": result.best_score,
-               "sizes": {n: len(r) for n, r in result.regions.items()}, "base_size": result.base_size,
+    subs = {b.key: b.key for b in result.regions}
+    for b, region in result.regions.items():
+        region.save(folder / b.key)
+    found = result.summary
+    summary = {"key": key, "folders": subs, "best_step": found["best_step"], "best_score": found["best_score"],
+               "sizes": {b.key: len(r) for b, r in result.regions.items()}, "base_size": result.base_size,
                "step_seconds": result.step_seconds, "seconds": seconds, "history": result.history}
     write_json(folder / "summary.json", summary)
     return result.regions, summary
@@ -253,14 +249,14 @@ def finetune_config_of(setup: Setup) -> FinetuneConfig:
     return FinetuneConfig.build(cfg, where=f"{setup.ft_dir / 'config.json'} finetune")
 
 
-def graft_variants(setup: Setup, regions: dict[str, Region], summary: dict | None = None) -> list[Variant]:
+def graft_variants(setup: Setup, regions: dict[Budget, Region], summary: dict | None = None) -> list[Variant]:
     out = []
     for key, region in regions.items():
-        budget = float(key.split("=", 1)[1]) if key.startswith("budget=") else None
-        label = f"graft {budget:g}" if budget is not None else "graft (rounded)"
-        meta = {"task": setup.task, "k": setup.k, "seed": setup.seed, "region": key}
+        budget = None if key.rounding else key.value
+        label = f"graft {key.label}" if budget is not None else "graft (rounded)"
+        meta = {"task": setup.task, "k": setup.k, "seed": setup.seed, "region": key.key}
         out.append(Variant(label, "graft", len(region), Graft.from_models(setup.pre, setup.ft, region, meta), budget,
-                           {"best_step": (summary or {}).get("best_step", {}).get(key)}))
+                           {"best_step": (summary or {}).get("best_step", {}).get(key.key)}))
     return out
 
 

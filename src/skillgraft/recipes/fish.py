@@ -15,7 +15,6 @@ Writes ``fish.csv`` (one row per task × seed × sparsity), ``summary.csv``, ``h
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import matplotlib
 
@@ -27,8 +26,7 @@ from skillgraft.data import load_kshot  # noqa: E402
 from skillgraft.errors import SkillgraftError  # noqa: E402
 from skillgraft.evaluate.plots import save_figure  # noqa: E402
 from skillgraft.evaluate.predict import evaluate  # noqa: E402
-from skillgraft.fisher import fish_region, fish_scores  # noqa: E402
-from skillgraft.graft import Graft, Region, localize, random_region  # noqa: E402
+from skillgraft.graft import Budget, Graft, Region, get_localizer, localize  # noqa: E402
 from skillgraft.graft.inspect import kind_of  # noqa: E402
 from skillgraft.graft.scoring import evaluate_graft  # noqa: E402
 from skillgraft.models import build_scorer, param_groups  # noqa: E402
@@ -67,8 +65,9 @@ def fish(cfg: dict, run: RunDir) -> dict:
             learned, summary = C.learned_regions(setup, loc, run.cache, progress=bool(cfg.get("progress", False)))
             t_loc = time.perf_counter() - t0
             t0 = time.perf_counter()
-            fisher = fish_scores(setup.pre, setup.data.train, config=fcfg,
-                                 head_from=setup.ft if head_source == "ft" else None)
+            sizes = [len(learned[Budget.parse(sp)]) for sp in sparsities]  # FISH regions of the learned sizes
+            fish = get_localizer("fish").regions(setup.pre, setup.ft, setup.data, sizes,
+                                                 {"fisher": fcfg, "head": head_source})
             t_fish = time.perf_counter() - t0
             ft_m, _ = evaluate(setup.ft, setup.test)
             head_only = Graft.from_models(setup.pre, setup.ft, Region.empty(_universe(setup.pre, learned)))
@@ -76,10 +75,10 @@ def fish(cfg: dict, run: RunDir) -> dict:
             base_rows.append({"task": setup.task, "seed": seed, "ft_score": ft_m["score"], "ft_ece": ft_m["ece"],
                               "head_only_score": ho_m["score"]})
             for sp in sparsities:
-                region = learned[f"budget={sp:g}"]
+                region = learned[Budget.parse(sp)]
                 n = len(region)
-                fish_r = fish_region(setup.pre, budget=n, scores=fisher)
-                rand_r = random_region(setup.pre, n, seed=seed)
+                fish_r = fish[Budget.parse(n)]
+                rand_r = get_localizer("random").region(setup.pre, setup.ft, None, n, {"seed": seed})
                 row = {"task": setup.task, "seed": seed, "sparsity": sp, "learned_size": n, "fish_size": len(fish_r),
                        "random_size": len(rand_r), "iou_fish_learned": fish_r.iou(region),
                        "iou_random_learned": rand_r.iou(region)}
@@ -188,8 +187,8 @@ def tracking_rows(cfg: dict, run: RunDir, loc) -> list[dict]:
     ckpts = {s: snaps.scorer_at(s) for s in snaps.states}
     if total in steps:
         ckpts[total] = scorer
-    sparsity = float(spec.get("sparsity", sorted(loc.budgets)[len(loc.budgets) // 2]))
-    learn_cfg = replace(loc, budgets=[sparsity])
+    sparsity = float(spec.get("sparsity", sorted(b.fraction for b in loc.budgets)[len(loc.budgets) // 2]))
+    learn_cfg = loc.replace(budgets=[sparsity])
     region = localize(pre, ckpts[learn_at], data.train, data.dev, learn_cfg, progress=False).region
     rows = []
     for s, ck in sorted(ckpts.items()):

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, replace
 
 import numpy as np
 
@@ -22,7 +21,7 @@ from skillgraft.data import get_task, load_kshot
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.predict import evaluate
 from skillgraft.graft import Graft, LocalizeConfig, Region, localize
-from skillgraft.graft.baselines import region_universe
+from skillgraft.graft.selection import region_universe
 from skillgraft.graft.scoring import evaluate_graft
 from skillgraft.io import read_json, write_json
 from skillgraft.recipes import common as C
@@ -111,10 +110,10 @@ def _train_multitask(ctx: _Context) -> tuple[MultiTaskScorer, dict]:
 
 def _regions(ctx: _Context, base: float, loc: LocalizeConfig, mt_info: dict) -> tuple[dict[str, Region], dict]:
     """γ_i per task for one γ_base sparsity (cached by the MT model and the localizer config)."""
-    loc = replace(loc, sparsity=float(base))
+    loc = loc.replace(sparsity=float(base))
     out, info = {}, {}
     for t in ctx.tasks:
-        key = {"mt": mt_info["key"], "task": t, "localize": asdict(loc)}
+        key = {"mt": mt_info["key"], "task": t, "localize": loc.to_dict()}
         folder = ctx.run.cache / f"mtregion-{t}-{config_hash(key)}"
         if (folder / "summary.json").is_file():
             out[t], info[t] = Region.load(folder / "region"), read_json(folder / "summary.json")
@@ -123,8 +122,8 @@ def _regions(ctx: _Context, base: float, loc: LocalizeConfig, mt_info: dict) -> 
         d = ctx.data[t]
         res = localize(ctx.pre[t], ctx.mt[t], d.train, d.dev, loc, progress=bool(ctx.cfg.get("progress", False)))
         out[t] = res.region
-        info[t] = {"size": len(res.region), "base_size": res.base_size, "best_step": res.best_step,
-                   "best_score": res.best_score, "seconds": round(time.perf_counter() - t0, 1)}
+        info[t] = {"size": len(res.region), "base_size": res.base_size, "best_step": res.summary["best_step"],
+                   "best_score": res.summary["best_score"], "seconds": round(time.perf_counter() - t0, 1)}
         res.region.save(folder / "region")
         write_json(folder / "summary.json", info[t])
     return out, info
@@ -202,8 +201,8 @@ def multitask(cfg: dict, run: RunDir) -> dict:
         if missing or len(g) < 1:
             raise SkillgraftError(f"recipe field 'groups': group {g} names tasks not in 'tasks' ({missing})")
     purify = cfg.get("purify") or {}
-    purify_cfg = replace(loc, steps=int(purify.get("steps", 10)), eval_every=1,
-                         select_on=purify.get("select_on", "last"))
+    purify_cfg = loc.replace(steps=int(purify.get("steps", 10)), eval_every=1,
+                             select_on=purify.get("select_on", "last"))
     regions0 = per_base[bases[0]]["regions"]
     union_rows = []
     union_rel, pure_rel = [], []

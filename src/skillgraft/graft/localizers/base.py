@@ -1,0 +1,106 @@
+"""What a localizer is: it scores the graftable coordinates; the shared selection makes the Regions.
+
+    regions(pre, ft, data, budgets, options) → {Budget: Region},   |region| = budget.size(|U|)
+    run(pre, ft, data, options)              → Localization(regions for options.budgets, summary)
+
+A score-based localizer implements only ``scores`` (one pass, whatever the number of budgets) and
+inherits ``run``/``regions``, which call :func:`~skillgraft.graft.selection.select` once per budget.
+The learned localizer (paper Eq. 3–4) overrides ``run``: its selection happens inside the optimisation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from pydantic import Field
+
+from skillgraft.data.loading import Example
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft.region import Region
+from skillgraft.graft.selection import Budget, Budgets, parse_budgets, region_universe, select
+from skillgraft.models.anatomy import Graftable
+from skillgraft.spec import Spec
+
+
+class LocalizerOptions(Spec):
+    """Options every localizer has: the universe U of a region and the budgets ``run`` selects."""
+
+    graftable: Graftable = Field("body", description="the universe of a region: body | body+embeddings | all | bias")
+    budgets: Budgets = Field(None, description=(
+        "region sizes: fractions of the graftable parameters in (0, 1] or counts ≥ 1 (exact top-k)"))
+
+
+@dataclass
+class Localization:
+    """What ``Localizer.run`` returns: a Region per budget and a JSON-able summary."""
+
+    regions: dict[Budget, Region]
+    summary: dict = field(default_factory=dict)
+
+    @property
+    def region(self) -> Region:
+        return next(iter(self.regions.values()))
+
+
+def examples_of(data: Any) -> tuple[list[Example], list[Example]]:
+    """(train, dev) from ``data``: an object with ``.train`` (and ``.dev``), a list of examples, or None."""
+    if data is None:
+        return [], []
+    if isinstance(data, (list, tuple)):
+        return list(data), []
+    if hasattr(data, "train"):
+        return list(data.train), list(getattr(data, "dev", None) or [])
+    raise SkillgraftError(f"localizer data must be examples or an object with .train/.dev, got {type(data).__name__}")
+
+
+class Localizer:
+    """Base of every localizer. Subclasses set ``Options`` and implement ``scores`` (or ``regions``)."""
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[Spec]] = LocalizerOptions
+    summary: ClassVar[str] = ""
+
+    def options(self, options: Spec | dict | None = None) -> Spec:
+        """``options`` validated as this localizer's Options (a dict, an instance, or None for defaults)."""
+        if isinstance(options, self.Options):
+            return options
+        if options is not None and not isinstance(options, dict):
+            raise SkillgraftError(f"localizer {self.name!r} takes {self.Options.__name__} options, got "
+                                  f"{type(options).__name__}")
+        return self.Options.build(options, where=f"localizer {self.name!r} options")
+
+    def scores(self, pre, ft, data, options: Spec, *, progress: bool = False) -> dict[str, torch.Tensor]:
+        """One score per graftable coordinate (higher = more likely in the region), per tensor."""
+        raise NotImplementedError(f"localizer {self.name!r} does not score coordinates")
+
+    def run(self, pre, ft, data, options: Spec | dict | None = None, *, progress: bool = False) -> Localization:
+        """Regions for ``options.budgets`` (scores computed once) and a summary (seconds)."""
+        opts = self.options(options)
+        budgets = list(dict.fromkeys(opts.budgets or []))
+        if not budgets or any(b.rounding for b in budgets):
+            raise SkillgraftError(f"localizer {self.name!r} needs budgets that are fractions or counts (the 'round' "
+                                  "budget, γ rounded at 0.5, is the learned localizer's)")
+        t0 = time.perf_counter()
+        scores = self.scores(pre, ft, data, opts, progress=progress)
+        shapes = region_universe(pre, opts.graftable)
+        regions = {b: select(scores, b, shapes) for b in budgets}
+        return Localization(regions, {"budgets": [b.key for b in regions], "config": opts.to_dict(),
+                                      "score_seconds": time.perf_counter() - t0})
+
+    def regions(self, pre, ft, data, budgets: Sequence[Budget | float | int | str], options: Spec | dict | None = None,
+                *, progress: bool = False) -> dict[Budget, Region]:
+        """A Region of exactly each budget's size, keyed by Budget (``budgets`` replace ``options.budgets``)."""
+        opts = self.options(options).replace(budgets=parse_budgets(budgets) or None)
+        return self.run(pre, ft, data, opts, progress=progress).regions
+
+    def region(self, pre, ft, data, budget: Budget | float | int | str, options: Spec | dict | None = None,
+               *, progress: bool = False) -> Region:
+        """The Region of one budget."""
+        return next(iter(self.regions(pre, ft, data, [budget], options, progress=progress).values()))
+
+    def __repr__(self) -> str:
+        return f"<localizer {self.name!r}: {self.summary}>"

@@ -1,0 +1,33 @@
+"""Random regions: k coordinates drawn uniformly (without replacement) from the graftable universe.
+
+The draw is one seeded permutation π of the universe, so the region of size k is {π_1, …, π_k}:
+regions of several sizes from one seed are nested. As scores: s_{π_i} = |U| − i.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from skillgraft.graft.localizers.base import Localizer, LocalizerOptions
+from skillgraft.graft.selection import region_universe
+
+
+class RandomOptions(LocalizerOptions):
+    seed: int = Field(0, description="seed of the permutation the coordinates are drawn from")
+
+
+class Random(Localizer):
+    """k uniformly random graftable coordinates (a seeded permutation's first k)."""
+
+    Options = RandomOptions
+    summary = "uniformly random coordinates (seeded)"
+
+    def scores(self, pre, ft, data, options, *, progress: bool = False) -> dict[str, torch.Tensor]:
+        shapes = region_universe(pre, options.graftable)
+        sizes = [torch.Size(s).numel() for s in shapes.values()]
+        universe = sum(sizes)
+        order = torch.randperm(universe, generator=torch.Generator().manual_seed(options.seed))
+        rank = torch.empty(universe, dtype=torch.float64)  # exact for universes below 2**53
+        rank[order] = torch.arange(universe, 0, -1, dtype=torch.float64)
+        return {n: r.view(s) for (n, s), r in zip(shapes.items(), rank.split(sizes))}

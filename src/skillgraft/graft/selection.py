@@ -1,0 +1,219 @@
+"""Budgets and the one shared selection: scores over graftable coordinates → a Region of the requested size.
+
+A budget is a fraction f ∈ (0, 1] of the graftable universe U (k = max(1, round(f·|U|))), a count
+k ≥ 1, or — for the learned localizer only — ``round``: γ rounded at 0.5 (size not fixed in advance).
+Selection keeps exactly the k highest scores over all scored tensors (ties broken by position):
+
+    γ = top-k_j s_j,        |γ| = k
+
+Scores may cover only part of the universe (e.g. biases); a fraction still refers to the whole universe.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Annotated, Any, Literal
+
+import torch
+from pydantic import BaseModel, BeforeValidator, ConfigDict, model_serializer, model_validator
+
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft.region import Region, _numel
+from skillgraft.models.anatomy import Graftable, graftable_names
+
+Shapes = dict[str, tuple[int, ...]]
+
+
+class Budget(BaseModel):
+    """A region size: ``Budget.parse(1e-4)`` (fraction), ``Budget.parse(100)`` / ``"100"`` (count), or ROUND.
+
+    Frozen and hashable (a dict key). Numbers in (0, 1] are fractions of the graftable coordinates;
+    integers ≥ 1 (and whole numbers above 1 such as ``1e3``) are counts. It serialises to that number
+    (or ``"round"``), so configs holding budgets read and write as plain numbers.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["fraction", "count", "round"]
+    value: int | float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_scalar(cls, data: Any) -> Any:
+        if isinstance(data, (dict, Budget)):
+            return data
+        try:
+            return _parse_fields(data)
+        except SkillgraftError as e:
+            raise ValueError(str(e)) from None
+
+    @model_validator(mode="after")
+    def _check(self) -> Budget:
+        if self.kind == "round" and self.value is not None:
+            raise ValueError("the round budget takes no value")
+        if self.kind == "fraction" and not (isinstance(self.value, numbers.Real) and 0 < self.value <= 1):
+            raise ValueError(f"budget fraction {self.value} is impossible: give a fraction in (0, 1]")
+        if self.kind == "count" and not (isinstance(self.value, numbers.Integral) and self.value >= 1):
+            raise ValueError(f"budget count {self.value} is impossible: give a count ≥ 1")
+        return self
+
+    @model_serializer
+    def _to_scalar(self) -> int | float | str:
+        return "round" if self.kind == "round" else self.value
+
+    @classmethod
+    def parse(cls, value: Budget | float | int | str) -> Budget:
+        """A budget from a number, a string (``"1e-4"``, ``"100"``, ``"round"``) or a Budget."""
+        if isinstance(value, Budget):
+            return value
+        return cls(**_parse_fields(value))
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def rounding(self) -> bool:
+        """The learned localizer's budget: γ rounded at 0.5."""
+        return self.kind == "round"
+
+    @property
+    def fraction(self) -> float | None:
+        return float(self.value) if self.kind == "fraction" else None
+
+    @property
+    def count(self) -> int | None:
+        return int(self.value) if self.kind == "count" else None
+
+    @property
+    def label(self) -> str:
+        """Readable name for reports: ``0.001``, ``1e-05``, ``100``, ``round``."""
+        if self.kind == "fraction":
+            return f"{self.value:g}"
+        return "round" if self.kind == "round" else str(self.value)
+
+    @property
+    def key(self) -> str:
+        """Exact string form (JSON keys, folder names): ``Budget.parse(b.key) == b``."""
+        if self.kind == "fraction":
+            return repr(float(self.value))
+        return "round" if self.kind == "round" else str(self.value)
+
+    def size(self, universe: int) -> int:
+        """Exact region size k for a universe of ``universe`` coordinates."""
+        if self.kind == "round":
+            raise SkillgraftError("the 'round' budget (γ rounded at 0.5) has no fixed size; only the learned "
+                                  "localizer takes it")
+        if self.kind == "count":
+            if self.value > universe:
+                raise SkillgraftError(f"budget {self.value} exceeds the {universe} graftable parameters")
+            return int(self.value)
+        return max(1, int(round(float(self.value) * universe)))
+
+    def __str__(self) -> str:
+        return self.label
+
+    def __repr__(self) -> str:
+        return f"Budget({self.key})"
+
+
+def _parse_fields(value: Any) -> dict:
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("round", "rounded"):
+            return {"kind": "round"}
+        try:
+            value = int(text)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                raise SkillgraftError(f"budget {value!r} is not a number: give a fraction in (0, 1], a count ≥ 1 "
+                                      "or 'round'") from None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise SkillgraftError(f"budget must be a number (a fraction in (0, 1] or a count ≥ 1), got {value!r}")
+    if isinstance(value, numbers.Integral):
+        if value < 1:
+            raise SkillgraftError(f"budget {value} is impossible: give a fraction in (0, 1] or a count ≥ 1")
+        return {"kind": "count", "value": int(value)}
+    value = float(value)
+    if math.isfinite(value) and 0 < value <= 1:
+        return {"kind": "fraction", "value": value}
+    if math.isfinite(value) and value > 1 and value.is_integer():
+        return {"kind": "count", "value": int(value)}
+    raise SkillgraftError(f"budget {value:g} is impossible: give a fraction in (0, 1] or a count ≥ 1")
+
+
+ROUND = Budget(kind="round")
+
+
+def _as_list(values: Any) -> list | None:
+    """One value, a list, or a comma-separated string (``"1e-4,1e-3"``) as a list; empty → None."""
+    if isinstance(values, str):
+        values = [v for v in values.split(",") if v.strip()]
+    elif values is not None and not isinstance(values, (list, tuple)):
+        values = [values]
+    return list(values) if values else None
+
+
+def parse_budgets(values) -> list[Budget]:
+    """Budgets from a list (or one value, or a comma-separated string such as ``"1e-4,1e-3"``)."""
+    return [Budget.parse(v) for v in _as_list(values) or []]
+
+
+# A config field holding budgets: accepts one value, a list or "1e-4,100"; serialises as plain numbers.
+Budgets = Annotated[list[Budget] | None, BeforeValidator(_as_list)]
+
+
+def region_universe(pre, graftable: Graftable = "body") -> Shapes:
+    """Shapes of the graftable tensors, in model order: the universe every region is drawn from."""
+    names = set(graftable_names(pre, graftable))
+    return {n: tuple(p.shape) for n, p in pre.named_parameters() if n in names}
+
+
+def top_k_masks(scores: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
+    """Boolean masks of exactly the k largest entries over all tensors (ties broken by position).
+
+    Scores are compared in float32, or float64 when any tensor is float64 or integer (e.g. ranks).
+    """
+    if k <= 0:
+        return {n: torch.zeros_like(s, dtype=torch.bool) for n, s in scores.items()}
+    wide = any(s.dtype == torch.float64 or not s.is_floating_point() for s in scores.values())
+    dtype = torch.float64 if wide else torch.float32
+    flat = torch.cat([s.reshape(-1).to(dtype) for s in scores.values()])
+    k = min(k, flat.numel())
+    chosen = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
+    chosen[torch.topk(flat, k, sorted=False).indices] = True
+    out, start = {}, 0
+    for n, s in scores.items():
+        out[n] = chosen[start:start + s.numel()].view(s.shape)
+        start += s.numel()
+    return out
+
+
+def select_masks(scores: dict[str, torch.Tensor], budget: Budget | float | int | str,
+                 universe: int | None = None) -> dict[str, torch.Tensor]:
+    """Boolean masks of the selection: exact top-k by ``budget`` (of ``universe`` coordinates), or s > 0.5."""
+    budget = Budget.parse(budget)
+    if budget.rounding:
+        return {n: s > 0.5 for n, s in scores.items()}
+    scored = sum(s.numel() for s in scores.values())
+    k = budget.size(scored if universe is None else universe)
+    if k > scored:
+        raise SkillgraftError(f"budget {budget} asks for {k} coordinates but only {scored} can be chosen "
+                              f"(the scored tensors: {list(scores)[:3]}{' …' if len(scores) > 3 else ''})")
+    return top_k_masks(scores, k)
+
+
+def select(scores: dict[str, torch.Tensor], budget: Budget | float | int | str,
+           shapes: Shapes | None = None) -> Region:
+    """The one shared selection: the Region of the top-``budget`` scores over the universe ``shapes``.
+
+    ``shapes`` defaults to the scored tensors; scores may cover a subset of it (unscored coordinates are
+    never chosen), and a fractional budget is a fraction of the whole of ``shapes``.
+    """
+    shapes = {n: tuple(s.shape) for n, s in scores.items()} if shapes is None else dict(shapes)
+    for n, s in scores.items():
+        if n not in shapes or tuple(shapes[n]) != tuple(s.shape):
+            raise SkillgraftError(f"scores for {n!r} of shape {tuple(s.shape)} do not fit the universe "
+                                  f"({shapes.get(n, 'absent')})")
+    masks = select_masks(scores, budget, sum(_numel(s) for s in shapes.values()))
+    return Region.from_masks({n: m.cpu() for n, m in masks.items()}, shapes)
