@@ -98,7 +98,8 @@ def run_graft(ft_dir: str | os.PathLike, out_dir: str | os.PathLike, *, config: 
         meta = {"task": task.name, "mode": ft.mode, "k": ft_cfg["k"], "seed": ft_cfg["seed"], "localizer": "learned",
                 "region": key_name.key, "localize": config.to_dict(), "finetuned_run": str(ft_dir)}
         graft = Graft.from_models(pre, ft, region, meta)
-        path = graft.save_pretrained(grafts_dir / ("round" if key_name.rounding else f"budget-{key_name.label}"), overwrite=True)  # re-runs
+        folder = "round" if key_name.rounding else f"budget-{key_name.label}"
+        path = graft.save_pretrained(grafts_dir / folder, overwrite=True)  # re-runs
         m, probs = evaluate_graft(pre, graft, data.test, reference=ft_probs, progress=label)
         probs_by[label] = probs
         rows.append({"model": label, "params": len(region), "file_bytes": (path / "graft.safetensors").stat().st_size,
@@ -109,7 +110,8 @@ def run_graft(ft_dir: str | os.PathLike, out_dir: str | os.PathLike, *, config: 
         candidates = {"top-movement": lambda: get_localizer("movement").region(pre, ft, None, size,
                                                                                 {"graftable": config.graftable}),
                       "random": lambda: get_localizer("random").region(pre, ft, None, size,
-                                                                        {"graftable": config.graftable, "seed": config.seed}),
+                                                                        {"graftable": config.graftable,
+                                                                         "seed": config.seed}),
                       "bias-only": lambda: get_localizer("bias").region(pre, ft, None, size)}
         for base_name, make in candidates.items():
             try:

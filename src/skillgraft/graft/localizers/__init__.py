@@ -11,7 +11,7 @@ and a line below (or ``@register_localizer("name")`` in your own code). See docs
 from __future__ import annotations
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.localizers.base import Localizer, LocalizerOptions
+from skillgraft.graft.localizers.base import Localization, Localizer, LocalizerOptions
 from skillgraft.graft.localizers.bias import Bias
 from skillgraft.graft.localizers.fish import Fish, FishOptions
 from skillgraft.graft.localizers.learned import Learned, LocalizeConfig, LocalizeResult, localize
@@ -47,5 +47,5 @@ register_localizer("random")(Random)
 register_localizer("bias")(Bias)
 register_localizer("fish")(Fish)
 
-__all__ = ["LOCALIZERS", "FishOptions", "LocalizeConfig", "LocalizeResult", "Localizer", "LocalizerOptions",
-           "RandomOptions", "get_localizer", "localize", "movement", "register_localizer"]
+__all__ = ["LOCALIZERS", "FishOptions", "LocalizeConfig", "LocalizeResult", "Localization", "Localizer",
+           "LocalizerOptions", "RandomOptions", "get_localizer", "localize", "movement", "register_localizer"]

@@ -248,7 +248,7 @@ def _accuracy(scorer, examples: list[Example], micro_batch: int, accelerator) ->
 
 
 class Learned(Localizer):
-    """Paper Eq. 3–4: γ learned on train (+ dev) from γ_base = top-``sparsity`` |Δ|; one trajectory, all budgets."""
+    """Paper Eq. 3–4: γ learned on train (+ dev) from γ_base = top-``sparsity`` |Δ|; all budgets in one run."""
 
     Options = LocalizeConfig
     summary = "learned γ (paper Eq. 3–4); takes 'round' too"

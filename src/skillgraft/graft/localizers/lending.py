@@ -34,7 +34,8 @@ def preserved(model: torch.nn.Module, names: Iterable[str]) -> Iterator[dict[str
             for n, value in saved.items():
                 params[n].copy_(value.to(params[n].device))
         for n, p in params.items():
-            p.grad = grads[n]
+            grad = grads[n]
+            p.grad = grad.to(p.device) if grad is not None and grad.device != p.device else grad  # model moved
             p.requires_grad_(flags[n])
         for m, training in modes:  # each module exactly as it was (not model.train(), which recurses)
             m.training = training
