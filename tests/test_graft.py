@@ -410,3 +410,17 @@ def test_a_changed_base_never_gets_a_stale_backup(pair):
     assert _same(pre, changed)  # restored to the changed values, not to the first backup
     with torch.no_grad():
         weight.copy_(saved)
+
+
+def test_backup_follows_region_changes_and_grafted_bases_are_refused(pair):
+    pre, ft, _ = pair
+    a, _ = _two_grafts(pre, ft)
+    before = _state(pre)
+    with a.applied(pre):
+        with pytest.raises(SkillgraftError, match="has a graft applied"):
+            Graft.from_models(pre, ft, a.region)  # its fingerprint would be the grafted model's
+    name = next(iter(a.region.indices))
+    a.region.indices[name].add_(1)  # moved in place: the cached θ_pre backup no longer matches
+    with a.applied(pre):
+        pass
+    assert _same(pre, before)

@@ -142,6 +142,11 @@ def active_graft(scorer) -> Graft | None:
     return rec.graft if rec is not None else None
 
 
+def _same(a: list, b: list) -> bool:
+    """Same region object and the same index tensors at the same in-place versions."""
+    return len(a) == len(b) and a[0] is b[0] and all(x[0] is y[0] and x[1] == y[1] for x, y in zip(a[1:], b[1:]))
+
+
 def _restore(saved: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]) -> None:
     for p, idx, old in reversed(saved):
         d = p.detach()  # shares storage and version counter with p
@@ -260,8 +265,10 @@ class Graft:
             raise SkillgraftError(f"outside must be 'pre' or 'zero', got {outside!r}")
         params, key, base = self._prepare(scorer, force)
         body = _body(scorer)
+        # the backup of θ_pre on the region is for exactly these index tensors, unchanged, on this base content
+        anchor = [self.region, *[(t, t._version) for t in self.region.indices.values()]]
         reuse = self.__dict__.get("_backup")
-        if reuse is None or base is None or reuse[0] is not base.epoch or reuse[1] is not self.region:
+        if reuse is None or base is None or reuse[0] is not base.epoch or not _same(reuse[1], anchor):
             reuse = None
         saved: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
         try:
@@ -274,7 +281,7 @@ class Graft:
                 p = params[name]
                 d = p.detach()
                 if outside == "pre":
-                    i, old = reuse[2][name] if reuse is not None else (idx.to(d.device), None)
+                    i, old = reuse[2][name] if reuse is not None else (idx.to(d.device, copy=True), None)
                     saved.append((p, i, old if old is not None else torch.take(d, i)))
                 else:
                     i = idx.to(d.device)
@@ -290,7 +297,7 @@ class Graft:
         if base is not None:
             rec.key, rec.base = _bumped(key, [p for p, _, _ in saved]), base
             if outside == "pre" and reuse is None:  # θ_pre on the region, valid while the base keeps this epoch
-                self.__dict__["_backup"] = (base.epoch, self.region,
+                self.__dict__["_backup"] = (base.epoch, anchor,
                                             {name: (i, old) for (_, i, old), name in zip(saved, self.region.indices)})
         body.__dict__[_APPLIED] = rec
         return scorer
