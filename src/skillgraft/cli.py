@@ -314,7 +314,9 @@ def export_cmd(
     force: bool = typer.Option(False, help="export even if the base model's fingerprint differs from the graft's"),
     non_linear: str = typer.Option("modules_to_save", "--non-linear",
                                    help="coordinates SHiRA cannot hold (biases, norms, embeddings, Conv1D, tied "
-                                        "weights): modules_to_save (their modules stored whole) | refuse"),
+                                        "weights): modules_to_save (their modules stored whole, peft's own route) | "
+                                        "tensors (just those tensors, loaded into the base model like LoRA's "
+                                        "bias='all': small, but disabling the adapter does not undo them) | refuse"),
     head: str = typer.Option("separate", help="a head-mode graft's task head: separate (skillgraft_head.safetensors "
                                               "beside the adapter) | refuse"),
 ) -> None:
@@ -329,18 +331,27 @@ def export_cmd(
     s = export_graft(Graft.from_pretrained(graft_dir), out, spec)
     routes = s.get("routes", {})
     if "shira" in routes:
-        sh, ms = routes["shira"], routes["modules_to_save"]
+        sh, ms, ts = routes["shira"], routes["modules_to_save"], routes["tensors"]
         console.print(f"SHiRA: {sh['coordinates']:,} coordinates in {sh['modules']} Linear weight(s) "
                       f"(+{sh['padding_entries']:,} zero entries, r={sh['r']})"
                       + (f", zero placeholder target {sh['placeholder']}" if sh["placeholder"] else ""))
-        console.print(f"modules_to_save: {ms['coordinates']:,} coordinates in {len(ms['modules'])} module(s) stored "
-                      f"whole ({ms['stored_parameters']:,} parameters)")
+        if ms["modules"]:
+            console.print(f"modules_to_save: {ms['coordinates']:,} coordinates in {len(ms['modules'])} module(s) "
+                          f"stored whole ({ms['stored_parameters']:,} parameters)")
+            if ms["stored_parameters"] > 20 * max(1, s["coordinates"]):
+                console.print("[yellow]hint:[/] --non-linear tensors stores only the grafted tensors (biases and "
+                              "norms, not whole modules); --to delta stores only the coordinates")
+        if ts["tensors"]:
+            console.print(f"tensors: {ts['coordinates']:,} coordinates in {len(ts['tensors'])} tensor(s) stored whole "
+                          f"({ts['stored_parameters']:,} parameters; loaded into the base model, not undone by "
+                          "disabling the adapter)")
     head_info = routes.get("head") or s.get("head")
     if head_info:
         console.print(f"[yellow]task head ({head_info['parameters']:,} parameters) written separately to "
                       f"{out}/skillgraft_head.safetensors: the adapter alone outputs hidden states, not labels[/]")
     if s.get("inexact"):
-        err.print(f"[yellow]warning:[/] {s['inexact']} coordinate(s) cannot be reached exactly by an additive delta")
+        err.print(f"[yellow]warning:[/] {s['inexact']} coordinate(s) are not reproduced bit for bit by the additive "
+                  "form (within an ulp)")
     size = f" ({s['bytes'] / 1024:.1f} KiB)" if "bytes" in s else ""
     console.print(f"[bold green]exported[/] {s['coordinates']:,} grafted coordinates as {s['to']} → {out}{size}")
 

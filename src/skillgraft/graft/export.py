@@ -6,16 +6,18 @@ The grafted model is θ = θ_pre + γ ⊙ (θ_ft − θ_pre) (paper Eq. 1). Thre
   the plain Hugging Face base model, so that ``PeftModel.from_pretrained(base, dir)`` computes the grafted
   model and ``merge_and_unload()`` gives its weights. SHiRA stores, per targeted ``nn.Linear``, exactly
   r·(m+n) COO entries (indices ``[2, N]`` int32 of (row, col) in the ``[out, in]`` weight, values ``[N]``)
-  with one global r; the saved indices replace the random mask on load. The region of each Linear weight
-  is written as its entries, padded with zero-valued entries at coordinates outside the region. Each value
-  is the additive delta d chosen so that fl(θ_pre + d) == θ_ft bit for bit (see :func:`exact_delta`).
-  Coordinates SHiRA cannot hold — biases, norms, embeddings, GPT-2 ``Conv1D`` (peft's SHiRA wraps
-  ``nn.Linear`` only), weights tied to another module, a Linear whose region would force a costlier global
-  r — take the ``non_linear`` route: ``modules_to_save`` stores those modules whole (faithful, dense), or
-  ``refuse`` lists them and writes nothing.
+  with one global r; the saved indices replace the random mask on load. Each Linear weight's region becomes
+  its entries, padded with zero-valued entries outside the region. A value is the additive delta d with
+  fl(θ_pre + d) == θ_ft; where no single fp32 addition reaches θ_ft, two entries at that position, −θ_pre
+  then θ_ft (:func:`shira_entries`), so the merge is bit-exact. Coordinates SHiRA cannot hold — biases,
+  norms, embeddings, GPT-2 ``Conv1D`` (peft's SHiRA wraps ``nn.Linear`` only), weights tied to another
+  module, a Linear whose region would force a costlier global r — take the ``non_linear`` route:
+  ``modules_to_save`` stores their modules whole (peft's own mechanism; dense), ``tensors`` stores just those
+  tensors, which peft loads into the base model (as for LoRA's ``bias="all"``), ``refuse`` lists them.
 * ``delta`` — ``delta.safetensors`` readable with the stock ``safetensors`` reader: per base tensor (its
   Hugging Face name) ``<name>::indices`` (int32 flat row-major positions), ``<name>::values`` (the grafted
-  values: ``w.view(-1)[indices] = values``) and ``<name>::delta`` (the exact additive form).
+  values: ``w.view(-1)[indices] = values``, exact) and ``<name>::delta`` (additive, ``w += delta``: exact
+  except where no single fp32 addition reaches the value; counted as ``inexact``).
 * ``hf``    — the grafted model as an ordinary checkpoint (:meth:`Graft.export`).
 
 A head-mode graft carries a new task head that the base model lacks. It is never hidden inside the
@@ -62,9 +64,11 @@ class ExportSpec(Spec):
         "peft", description="peft: a PEFT SHiRA adapter folder; hf: the grafted model as a Hugging Face checkpoint; "
                             "delta: delta.safetensors of per-tensor int32 indices + values (stock safetensors reader)")
     model: Optional[str] = Field(None, description="base model (default: the one recorded in the graft)")
-    non_linear: Literal["modules_to_save", "refuse"] = Field(
+    non_linear: Literal["modules_to_save", "tensors", "refuse"] = Field(
         "modules_to_save", description="coordinates SHiRA cannot hold (biases, norms, embeddings, Conv1D, tied "
-                                       "weights): modules_to_save stores their modules whole (faithful, dense); "
+                                       "weights): modules_to_save stores their modules whole (peft's own route; "
+                                       "dense); tensors stores just those tensors, loaded into the base model like "
+                                       "peft's LoRA bias='all' (small; disabling the adapter does not undo them); "
                                        "refuse lists them and writes nothing")
     head: Literal["separate", "refuse"] = Field(
         "separate", description="a head-mode graft's new task head: separate writes skillgraft_head.safetensors "
@@ -162,12 +166,13 @@ def load_adapter_base(directory: str | os.PathLike, model: str | None = None) ->
 
 
 # ---------------------------------------------------------------------------------------------- exact deltas
-def exact_delta(base: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Additive deltas d (in ``base``'s dtype) with fl(base + d) == target; returns d and how many miss.
+def exact_delta(base: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Additive deltas d (in ``base``'s dtype) with fl(base + d) == target; returns d and a mask of misses.
 
     d = target − base rounded once is usually exact; where it is not, the rounding residual is folded back
-    in (and a last ulp step tried). A miss is only possible where fine-tuning moved a weight far below its
-    own ulp of θ_pre (|target| ≪ |base|); the miss is then below half an ulp of θ_pre.
+    in (and a last ulp step tried). Some targets no single addition reaches: when fine-tuning shrank a weight
+    (|target| < |base|/2), target may sit on a finer grid than both base and d; d then lands on the nearest
+    reachable value, within half an ulp of max(|base|, |d|) (about 15% of a real MiniLM graft's coordinates).
     """
     base, target = base.reshape(-1), target.reshape(-1).to(base.dtype)
     b64, t64 = base.double(), target.double()
@@ -175,7 +180,7 @@ def exact_delta(base: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor,
     for _ in range(4):
         bad = (base + d) != target
         if not bool(bad.any()):
-            return d, 0
+            break
         got = (base[bad] + d[bad]).double()
         d[bad] = (d[bad].double() + (t64[bad] - got)).to(base.dtype)
     bad = (base + d) != target
@@ -184,8 +189,30 @@ def exact_delta(base: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor,
         step = torch.nextafter(d[bad], up)
         fixed = (base[bad] + step) == target[bad]
         d[bad] = torch.where(fixed, step, d[bad])
-    finite = torch.isfinite(target)
-    return d, int(((base + d) != target)[finite].sum())
+    return d, ((base + d) != target) & torch.isfinite(target)
+
+
+def shira_entries(base: torch.Tensor, idx: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """COO entries (flat positions, values) that turn ``base.view(-1)[idx]`` into ``target`` by addition.
+
+    One entry d per coordinate (:func:`exact_delta`); where no single addition is exact, two entries at the
+    same position, −θ_pre then θ_ft: PyTorch adds duplicate COO entries one after the other into the dense
+    weight (``W += sparse``, what SHiRA's forward and merge do), so θ_pre − θ_pre + θ_ft is exactly θ_ft. If an
+    implementation summed duplicates first instead, the pair would degrade to the single rounded delta.
+    """
+    a = base.reshape(-1)[idx]
+    d, missed = exact_delta(a, target)
+    d[missed] = -a[missed]
+    return torch.cat([idx, idx[missed]]), torch.cat([d, target.reshape(-1).to(a.dtype)[missed]])
+
+
+def apply_entries(weight: torch.Tensor, flat: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``weight + sparse(flat, values)`` exactly as SHiRA computes it (a new tensor)."""
+    rows, cols = weight.shape
+    out = weight.detach().cpu().clone()
+    out += torch.sparse_coo_tensor(torch.stack([flat // cols, flat % cols]), values.to(out.dtype), (rows, cols),
+                                   check_invariants=False)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- PEFT plan
@@ -198,9 +225,31 @@ class _Layer:
     touched: dict[str, str] = field(default_factory=dict)  # param name → scorer tensor name
     reason: str = ""  # why SHiRA cannot hold it ('' when it can)
 
+    entries: tuple[torch.Tensor, torch.Tensor] | None = None  # SHiRA (flat positions, values) of the weight
+
     def shira_need(self, graft: Graft) -> int:
         m, n = self.module.weight.shape
-        return max(1, math.ceil(len(graft.region.indices[self.touched["weight"]]) / (m + n)))
+        if self.entries is None:
+            name = self.touched["weight"]
+            self.entries = shira_entries(self.module.weight.detach().cpu(), graft.region.indices[name],
+                                         graft.values[name])
+        return max(1, math.ceil(len(self.entries[0]) / (m + n)))
+
+    def fits(self, r: int) -> bool:
+        return r * sum(self.module.weight.shape) <= self.module.weight.numel()
+
+
+@dataclass
+class _Plan:
+    """Where each grafted coordinate goes: SHiRA entries, whole modules, or whole base tensors."""
+
+    shira: list[_Layer]
+    whole: list[_Layer]
+    tensors: dict[str, str]  # scorer tensor name → why it is not in SHiRA
+    r: int
+
+
+TIED = "parameter shared with another module (tied)"
 
 
 def _owners(hf: nn.Module) -> dict[int, list[str]]:
@@ -209,9 +258,6 @@ def _owners(hf: nn.Module) -> dict[int, list[str]]:
     for name, p in hf.named_parameters(remove_duplicate=False):
         out.setdefault(id(p), []).append(name.rpartition(".")[0])
     return out
-
-
-TIED = "parameter shared with another module (tied)"
 
 
 def _why_not_shira(module: nn.Module, touched: set[str], tied: bool) -> str:
@@ -225,13 +271,23 @@ def _why_not_shira(module: nn.Module, touched: set[str], tied: bool) -> str:
     return ""
 
 
-def _plan(graft: Graft, hf: nn.Module, non_linear: str) -> tuple[list[_Layer], list[_Layer], int]:
-    """Split the touched modules into SHiRA layers and whole modules; pick the global r.
+def _choose_r(graft: Graft, candidates: list[_Layer]) -> tuple[list[_Layer], list[_Layer], int]:
+    """The global r minimising bytes: every SHiRA layer holds r·(m+n) entries (two int32 indices + a value
+    each), so a Linear needing a much larger r than the rest is cheaper stored whole, and one that cannot fit
+    r·(m+n) ≤ m·n must be."""
+    best = None
+    for r in sorted({l.shira_need(graft) for l in candidates}) or [1]:
+        shira = [l for l in candidates if l.shira_need(graft) <= r and l.fits(r)]
+        rest = [l for l in candidates if l not in shira]
+        cost = sum(r * sum(l.module.weight.shape) * (8 + l.module.weight.element_size()) for l in shira) + \
+            sum(_module_bytes(l.module) for l in rest)
+        if best is None or cost < best[0]:
+            best = (cost, shira, rest, r)
+    return best[1], best[2], best[3]
 
-    With ``modules_to_save`` the split minimises bytes: each SHiRA entry costs two int32 indices plus a
-    value, and every SHiRA layer holds r·(m+n) entries, so a Linear needing a much larger r than the rest
-    is cheaper stored whole (and one that cannot fit r·(m+n) ≤ m·n must be).
-    """
+
+def _plan(graft: Graft, hf: nn.Module, non_linear: str) -> _Plan:
+    """Split the grafted coordinates between SHiRA entries and the ``non_linear`` route."""
     owners = _owners(hf)
     layers: dict[str, _Layer] = {}
     for name in graft.region.indices:
@@ -241,53 +297,57 @@ def _plan(graft: Graft, hf: nn.Module, non_linear: str) -> tuple[list[_Layer], l
         except AttributeError:
             raise SkillgraftError(f"graft tensor {name!r}: the base model has no module {path!r}") from None
         layers.setdefault(path, _Layer(path, module)).touched[pname] = name
-    shared = lambda layer: [getattr(layer.module, n) for n in layer.touched  # noqa: E731
-                            if len(owners.get(id(getattr(layer.module, n)), [])) > 1]
+
+    def tied(layer: _Layer, pname: str) -> bool:
+        return len(owners.get(id(getattr(layer.module, pname)), [])) > 1
+
     for layer in layers.values():
-        layer.reason = _why_not_shira(layer.module, set(layer.touched), bool(shared(layer)))
-    # a grafted tied parameter: every module sharing it is stored whole too (a delta on one would miss the others)
-    for layer in list(layers.values()):
-        if layer.reason == TIED:
-            for p in shared(layer):
-                for path in owners[id(p)]:
-                    if path not in layers:
-                        layers[path] = _Layer(path, hf.get_submodule(path), {}, f"tied to {layer.path}")
-    candidates = [l for l in layers.values() if not l.reason]
-    dense = [l for l in layers.values() if l.reason]
+        layer.reason = _why_not_shira(layer.module, set(layer.touched), any(tied(layer, n) for n in layer.touched))
     if non_linear == "refuse":
+        candidates = [l for l in layers.values() if not l.reason]
         r = max((l.shira_need(graft) for l in candidates), default=1)
-        dense += [l for l in candidates if r * sum(l.module.weight.shape) > l.module.weight.numel()]
+        dense = [l for l in layers.values() if l.reason or not l.fits(r)]
         for l in dense:
-            if not l.reason:
-                l.reason = f"Linear whose region needs r={r}·(m+n) > m·n entries"
+            l.reason = l.reason or f"Linear whose region needs r={r}·(m+n) > m·n entries"
         if dense:
             listed = ", ".join(f"{l.path} ({l.reason}: {_count(graft, l)} coordinates)" for l in dense[:8])
             more = f" and {len(dense) - 8} more" if len(dense) > 8 else ""
             raise SkillgraftError(
                 f"{sum(_count(graft, l) for l in dense)} graft coordinate(s) in {len(dense)} module(s) cannot be held "
-                f"by a SHiRA adapter: {listed}{more}. Use --non-linear modules_to_save (stores those modules whole), "
-                "or --to delta / --to hf")
-        return candidates, [], r
-    best = None
-    for r in sorted({l.shira_need(graft) for l in candidates}) or [1]:
-        shira = [l for l in candidates
-                 if l.shira_need(graft) <= r and r * sum(l.module.weight.shape) <= l.module.weight.numel()]
-        rest = [l for l in candidates if l not in shira]
-        cost = sum(r * sum(l.module.weight.shape) * (8 + l.module.weight.element_size()) for l in shira) + \
-            sum(_module_bytes(l.module) for l in rest)
-        if best is None or cost < best[0]:
-            best = (cost, shira, rest, r)
-    _, shira, rest, r = best
+                f"by a SHiRA adapter: {listed}{more}. Use --non-linear modules_to_save (stores those modules whole) or "
+                "tensors (stores those tensors whole), or --to delta / --to hf")
+        return _Plan(candidates, [], {}, r)
+    if non_linear == "tensors":  # a Linear's weight can be SHiRA even when its bias is grafted
+        candidates = [l for l in layers.values() if isinstance(l.module, nn.Linear) and "weight" in l.touched
+                      and not tied(l, "weight")]
+        shira, rest, r = _choose_r(graft, candidates)
+        tensors = {}
+        for layer in layers.values():
+            for pname, name in layer.touched.items():
+                if pname == "weight" and layer in shira:
+                    continue
+                tensors[name] = (TIED if tied(layer, pname) else
+                                 f"Linear weight cheaper stored whole than at the global r={r}" if layer in rest
+                                 and pname == "weight" else
+                                 "Linear bias" if isinstance(layer.module, nn.Linear) else layer.reason)
+        return _Plan(shira, [], tensors, r)
+    shira, rest, r = _choose_r(graft, [l for l in layers.values() if not l.reason])
     for l in rest:
         l.reason = f"Linear whose region is cheaper stored whole than at the global r={r}"
-    dense += rest
-    shira, dense = _absorb(shira, dense)
-    unmergeable = [l for l in dense if not isinstance(getattr(l.module, "weight", None), torch.Tensor)]
+    # a grafted tied parameter: every module sharing it is stored whole too (a copy of one would miss the others)
+    for layer in [l for l in layers.values() if l.reason == TIED]:
+        for pname in [n for n in layer.touched if tied(layer, n)]:
+            for path in owners[id(getattr(layer.module, pname))]:
+                if path not in layers:
+                    layers[path] = _Layer(path, hf.get_submodule(path), {}, f"tied to {layer.path}")
+    shira, whole = _absorb(shira, [l for l in layers.values() if l.reason])
+    unmergeable = [l for l in whole if not isinstance(getattr(l.module, "weight", None), torch.Tensor)]
     if unmergeable:
         listed = ", ".join(f"{l.path} ({type(l.module).__name__}: {_count(graft, l)} coordinates)" for l in unmergeable)
         raise SkillgraftError(f"graft coordinates in {listed} would need that module stored whole, and peft's "
-                              "merge_and_unload cannot unload a module without a weight; use --to delta or --to hf")
-    return shira, dense, r
+                              "merge_and_unload cannot unload a module without a weight; use --non-linear tensors, "
+                              "--to delta or --to hf")
+    return _Plan(shira, whole, {}, r)
 
 
 def _absorb(shira: list[_Layer], dense: list[_Layer]) -> tuple[list[_Layer], list[_Layer]]:
@@ -312,7 +372,7 @@ def _module_bytes(module: nn.Module) -> int:
 
 
 def _placeholder(hf: nn.Module, taken: set[str]) -> _Layer:
-    """A SHiRA target for an adapter whose coordinates all went whole (peft needs at least one target).
+    """A SHiRA target for an adapter whose coordinates all went another route (peft needs at least one target).
 
     Its r·(m+n) entries are all zero, so it changes nothing; the smallest untied Linear is preferred.
     """
@@ -321,8 +381,8 @@ def _placeholder(hf: nn.Module, taken: set[str]) -> _Layer:
                and sum(m.weight.shape) <= m.weight.numel() and not any(p.startswith(t + ".") for t in taken)]
     if not linears:
         raise SkillgraftError("a SHiRA adapter needs at least one nn.Linear target, and every nn.Linear of the base "
-                              "model has to be stored whole (its bias or a tied weight is grafted); use --to delta or "
-                              "--to hf")
+                              "model has to be stored whole (its bias or a tied weight is grafted); use --non-linear "
+                              "tensors, --to delta or --to hf")
     linears.sort(key=lambda pm: (len(owners.get(id(pm[1].weight), [])) > 1, sum(pm[1].weight.shape)))
     return _Layer(linears[0][0], linears[0][1], {}, "")
 
@@ -368,8 +428,8 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
     """Write ``graft`` as a PEFT SHiRA adapter for ``base`` (a Scorer or its plain HF model); returns the summary.
 
     ``PeftModel.from_pretrained(base_hf_model, out)`` then computes the grafted model, and
-    ``merge_and_unload()`` gives the weights of :meth:`Graft.export` (bit for bit except the rare
-    ``inexact`` coordinates counted in the summary).
+    ``merge_and_unload()`` gives the weights of :meth:`Graft.export` bit for bit (:func:`shira_entries`; the
+    summary's ``inexact`` counts coordinates where this machine's PyTorch would not, checked at export).
     """
     check_target(out, overwrite)
     spec = ExportSpec.build({"non_linear": non_linear, "head": head}, where="export_peft")
@@ -378,57 +438,70 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
     hf = scorer.model
     if graft.carried and spec.head == "refuse":
         _head_file(graft, scorer, Path(out), "refuse", "PEFT adapter")
-    shira, dense, r = _plan(graft, hf, spec.non_linear)
+    plan = _plan(graft, hf, spec.non_linear)
     placeholder = None
-    if not shira:
-        placeholder = _placeholder(hf, {l.path for l in dense})
-        shira, r = [placeholder], 1
+    if not plan.shira:
+        placeholder = _placeholder(hf, {l.path for l in plan.whole})
+        plan.shira, plan.r = [placeholder], 1
     tensors: dict[str, torch.Tensor] = {}
     entries: dict[str, int] = {}
-    inexact, padding = 0, 0
-    for layer in shira:
+    inexact, pairs, padding = 0, 0, 0
+    for layer in plan.shira:
         weight = layer.module.weight
         rows, cols = weight.shape
         name = layer.touched.get("weight")
-        idx = graft.region.indices[name] if name else torch.empty(0, dtype=torch.long)
-        base_flat = weight.detach().reshape(-1).cpu()
-        d, miss = exact_delta(base_flat[idx], graft.values[name]) if name else (torch.empty(0, dtype=weight.dtype), 0)
-        inexact += miss
-        n_pad = r * (rows + cols) - idx.numel()
-        window = torch.arange(min(rows * cols, idx.numel() + n_pad))
-        pad = window[~torch.isin(window, idx)][:n_pad]
-        flat = torch.cat([idx, pad])
+        if name:
+            layer.shira_need(graft)
+            flat, vals = layer.entries
+            idx = graft.region.indices[name]
+            pairs += len(flat) - len(idx)
+            got = apply_entries(weight, flat, vals).view(-1)[idx]  # what peft will compute, checked here
+            inexact += int((got != graft.values[name].to(got.dtype)).sum())
+        else:  # the zero placeholder
+            flat, vals = torch.empty(0, dtype=torch.long), torch.empty(0, dtype=weight.dtype)
+        n_pad = plan.r * (rows + cols) - flat.numel()
+        window = torch.arange(min(rows * cols, flat.numel() + n_pad))
+        pad = window[~torch.isin(window, flat)][:n_pad]
+        flat = torch.cat([flat, pad])
         tensors[f"{PEFT_PREFIX}{layer.path}.shira_indices"] = torch.stack([flat // cols, flat % cols]).to(torch.int32)
-        tensors[f"{PEFT_PREFIX}{layer.path}.shira_weight"] = torch.cat([d, torch.zeros(n_pad, dtype=d.dtype)])
-        entries[layer.path] = int(idx.numel())
+        tensors[f"{PEFT_PREFIX}{layer.path}.shira_weight"] = torch.cat([vals, torch.zeros(n_pad, dtype=vals.dtype)])
+        entries[layer.path] = int(flat.numel() - n_pad)
         padding += n_pad
-    dense_stored = 0
     canonical = {id(p): n for n, p in params.items()}  # a tied weight is named once, by its first owner
-    for layer in dense:
+    whole_stored = 0
+    for layer in plan.whole:
         for key, t in layer.module.state_dict(keep_vars=True).items():
             sname = canonical.get(id(t))
             value = _grafted(t, graft, sname) if sname else t.detach().cpu().clone()
             tensors[f"{PEFT_PREFIX}{layer.path}.{key}"] = value.contiguous()
-            dense_stored += value.numel()
-    shira_coords = sum(entries.values())
+            whole_stored += value.numel()
+    targets = {l.path for l in plan.shira}
+    for name in plan.tensors:  # whole base tensors, loaded into the base model (like peft's LoRA bias="all")
+        path, _, pname = _hf_name(name).rpartition(".")
+        key = f"{path}.base_layer.{pname}" if path in targets else f"{path}.{pname}"
+        tensors[PEFT_PREFIX + key] = _grafted(params[name], graft, name).contiguous()
+    shira_coords = sum(len(graft.region.indices[l.touched["weight"]]) for l in plan.shira if l.touched)
     summary = {
         "to": "peft", "out": str(out), "format": "PEFT SHiRA adapter", "base_model": _base_name(graft, scorer),
         "coordinates": graft.size,
         "routes": {
-            "shira": {"modules": len(shira) - (placeholder is not None), "coordinates": shira_coords,
-                      "padding_entries": padding, "entries": shira_coords + padding, "r": r,
+            "shira": {"modules": len(plan.shira) - (placeholder is not None), "coordinates": shira_coords,
+                      "padding_entries": padding, "entries": sum(entries.values()) + padding, "r": plan.r,
                       "placeholder": placeholder.path if placeholder else None},
-            "modules_to_save": {"modules": {l.path: l.reason for l in dense},
-                                "coordinates": sum(_count(graft, l) for l in dense),
-                                "stored_parameters": dense_stored},
+            "modules_to_save": {"modules": {l.path: l.reason for l in plan.whole},
+                                "coordinates": sum(_count(graft, l) for l in plan.whole),
+                                "stored_parameters": whole_stored},
+            "tensors": {"tensors": {_hf_name(n): why for n, why in plan.tensors.items()},
+                        "coordinates": sum(len(graft.region.indices[n]) for n in plan.tensors),
+                        "stored_parameters": sum(params[n].numel() for n in plan.tensors)},
         },
-        "inexact": inexact,
+        "replace_pairs": pairs, "inexact": inexact,
     }
     from peft import ShiraConfig  # noqa: PLC0415
     from safetensors.torch import save_file  # noqa: PLC0415
 
-    config = ShiraConfig(r=r, target_modules=sorted(l.path for l in shira),
-                         modules_to_save=sorted(l.path for l in dense) or None, fan_in_fan_out=False,
+    config = ShiraConfig(r=plan.r, target_modules=sorted(targets),
+                         modules_to_save=sorted(l.path for l in plan.whole) or None, fan_in_fan_out=False,
                          base_model_name_or_path=summary["base_model"], inference_mode=True,
                          task_type="CAUSAL_LM" if graft.metadata.get("mode", getattr(scorer, "mode", "")) == "causal"
                          else None)
@@ -464,6 +537,14 @@ def _readme(summary: dict, model_class: str) -> str:
         f"{routes['modules_to_save']['coordinates']:,} graft coordinates in "
         f"{routes['modules_to_save']['stored_parameters']:,} stored parameters",
     ]
+    if routes["tensors"]["tensors"]:
+        lines += [f"- tensors stored whole: {len(routes['tensors']['tensors'])} holding "
+                  f"{routes['tensors']['coordinates']:,} graft coordinates in "
+                  f"{routes['tensors']['stored_parameters']:,} parameters. peft loads them into the base model "
+                  "itself (as it does LoRA's bias='all'): disabling or unloading the adapter does not undo them."]
+    if summary["replace_pairs"]:
+        lines += [f"- {summary['replace_pairs']:,} coordinates no single fp32 addition reaches are written as two "
+                  "entries at the same position, -θ_pre then θ_ft (PyTorch adds duplicate COO entries in turn)."]
     if routes.get("head"):
         lines += ["", f"**Not a complete classifier.** The adapter outputs the base model's hidden states. The task "
                   f"head ({routes['head']['parameters']:,} parameters) is in `{HEAD_FILE}`: "
@@ -491,9 +572,9 @@ def export_delta(graft: Graft, out: str | os.PathLike, *, base=None, head: str =
         tensors[f"{hf}::indices"] = _compact(idx).contiguous()
         tensors[f"{hf}::values"] = graft.values[name].reshape(-1).contiguous()
         if name in params:
-            d, miss = exact_delta(params[name].detach().reshape(-1).cpu()[idx], graft.values[name])
+            d, missed = exact_delta(params[name].detach().reshape(-1).cpu()[idx], graft.values[name])
             tensors[f"{hf}::delta"] = d.contiguous()
-            inexact += miss
+            inexact += int(missed.sum())
     summary = {"to": "delta", "out": str(out), "format": "safetensors: <name>::indices int32 flat (row-major), "
                "<name>::values (set: w.view(-1)[indices] = values)" + (", <name>::delta (add)" if params else ""),
                "coordinates": graft.size, "tensors": len(graft.region.indices), "inexact": inexact}
@@ -605,13 +686,16 @@ def graft_from_peft(directory: str | os.PathLike, base, *, force: bool = False) 
             if path in entries:  # written by export_peft: grafted entries first, zero padding after
                 ij, t = ij[:, : entries[path]], t[: entries[path]]
             flat = ij[0] * w.shape[1] + ij[1]
-            idx, inverse = torch.unique(flat, return_inverse=True)  # duplicate COO entries add up, as in peft
-            delta = torch.zeros(idx.numel(), dtype=w.dtype).index_add_(0, inverse, t.to(w.dtype))
-            indices[name] = idx
-            values[name] = w.detach().reshape(-1).cpu()[idx] + delta
-        elif not path.endswith(".shira_indices"):
-            name = SCORER_PREFIX + path
-            if name not in params:
+            indices[name] = torch.unique(flat)
+            values[name] = apply_entries(w, flat, t).view(-1)[indices[name]]  # as peft computes it
+        elif not path.endswith(".shira_indices"):  # a module or tensor stored whole
+            owner, _, pname = path.replace(".base_layer.", ".").rpartition(".")
+            try:
+                p = getattr(scorer.model.get_submodule(owner), pname, None)
+            except AttributeError:
+                p = None
+            name = canonical.get(id(p)) if isinstance(p, torch.Tensor) else None
+            if name is None:
                 continue  # a buffer of a module stored whole
             old = params[name].detach().cpu().reshape(-1)
             new = t.reshape(-1).to(old.dtype)
