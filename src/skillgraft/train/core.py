@@ -63,7 +63,7 @@ def view_of(model, task: str | None):
     return model if task is None else model.view(task)
 
 
-def freeze_unused(scorer, examples: list[Example], trainable: dict[str, bool] | None = None) -> list[str]:
+def freeze_unused(scorer, examples: list[Example]) -> list[str]:
     """Freeze parameters the scorer's output does not depend on (e.g. BERT's pooler under mean pooling).
 
     Found by one probe backward pass; keeps DDP and weight decay from touching parameters that never
@@ -79,8 +79,6 @@ def freeze_unused(scorer, examples: list[Example], trainable: dict[str, bool] | 
         if p.requires_grad and p.grad is None:
             p.requires_grad_(False)
             unused.append(name)
-            if trainable is not None:
-                trainable[name] = False
     scorer.zero_grad(set_to_none=True)
     return unused
 
