@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from skillgraft.spec import Spec
+
+
+DEFAULT_LR = {"sgd": 0.1, "adamw": 2e-5}
 
 
 class FinetuneConfig(Spec):
     """Settings of one fine-tuning run (defaults: the paper's SGD recipe, tuned for MiniLM)."""
 
     optimizer: Literal["sgd", "adamw"] = Field("sgd", description="sgd (paper default) or adamw")
-    lr: float = Field(0.1, gt=0, description="learning rate (SGD; MiniLM SST-2 sweep in bench/RESULTS.md)")
+    lr: float | None = Field(None, gt=0, description=(
+        "learning rate (default: 0.1 for SGD, the MiniLM SST-2 sweep in bench/RESULTS.md; 2e-5 for AdamW)"))
     batch_size: int = Field(8, ge=1, description="examples per step (split over processes)")
     weight_decay: float = Field(1e-4, ge=0, description="weight decay")
     max_grad_norm: float | None = Field(1.0, gt=0, description="gradient clipping by global norm (None: off)")
@@ -28,6 +32,12 @@ class FinetuneConfig(Spec):
         None, description="train only these transformer blocks, 0-based (+ the head); None: all")
     seed: int = Field(0, ge=0, description="model seed (batch order, head init)")
     eval_batch_size: int = Field(64, ge=1, description="batch size of dev evaluation")
+
+    @model_validator(mode="after")
+    def _default_lr(self) -> FinetuneConfig:
+        if self.lr is None:  # the one place the per-optimizer default lives
+            object.__setattr__(self, "lr", DEFAULT_LR[self.optimizer])
+        return self
 
     def resolved_steps(self, num_labels: int, k: int) -> int:
         """``steps``, or the LM-BFF rule 16·n·min(k, 512) capped at ``max_steps``."""
