@@ -421,8 +421,8 @@ def fim(
 
     if aggregate not in ("sum", "frobenius"):
         raise SkillgraftError(f"--aggregate must be sum or frobenius, got {aggregate!r}")
-    config = FisherConfig(kind=kind, n_examples=n_examples, chunk_size=chunk_size, method=method)
-    config.validate()
+    config = FisherConfig.build(dict(kind=kind, n_examples=n_examples, chunk_size=chunk_size, method=method),
+                                where="fim")
     data = load_kshot(task, k, seed, data_dir)
     scorer = build_scorer(model, data.task, mode, pooling=pooling)
     scores = fim_layer_scores(scorer, data.train, aggregate=aggregate, normalize=normalize, config=config,

@@ -25,43 +25,32 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
+from pydantic import Field
 from tqdm.auto import tqdm
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
+from skillgraft.spec import Spec
 
 FisherKind = Literal["empirical", "true", "sampled"]
-KINDS = ("empirical", "true", "sampled")
 _VMAP_ATTENTION = "skillgraft_vmap"
 
 
-@dataclass
-class FisherConfig:
+class FisherConfig(Spec):
     """How to estimate the diagonal Fisher."""
 
-    kind: FisherKind = field(default="empirical", metadata={
-        "help": "empirical (true labels) | true (expectation over the model's labels) | sampled (one drawn label)"})
-    n_examples: int | None = field(default=None, metadata={"help": "use the first N examples (None: all)"})
-    chunk_size: int | None = field(default=None, metadata={
-        "help": "examples per vectorised chunk (None: hooks 16; vmap 4 on CPU, where larger is slower, 32 on GPU)"})
-    method: Literal["auto", "hooks", "vmap", "loop"] = field(default="auto", metadata={
-        "help": "auto (hooks when every tensor sits in a Linear/Conv1D/LayerNorm/RMSNorm/Embedding, else vmap) | "
-                "hooks | vmap | loop (reference)"})
-    seed: int = field(default=0, metadata={"help": "seed of the labels drawn for kind=sampled"})
-
-    def validate(self) -> None:
-        if self.kind not in KINDS:
-            raise SkillgraftError(f"fisher kind must be one of {KINDS}, got {self.kind!r}")
-        if self.method not in ("auto", "hooks", "vmap", "loop"):
-            raise SkillgraftError(f"fisher method must be auto, hooks, vmap or loop, got {self.method!r}")
-        if self.chunk_size is not None and self.chunk_size < 1:
-            raise SkillgraftError(f"fisher chunk_size must be ≥ 1, got {self.chunk_size}")
-        if self.n_examples is not None and self.n_examples < 1:
-            raise SkillgraftError(f"fisher n_examples must be ≥ 1 (or None for all), got {self.n_examples}")
+    kind: FisherKind = Field("empirical", description=(
+        "empirical (true labels) | true (expectation over the model's labels) | sampled (one drawn label)"))
+    n_examples: int | None = Field(None, ge=1, description="use the first N examples (None: all)")
+    chunk_size: int | None = Field(None, ge=1, description=(
+        "examples per vectorised chunk (None: hooks 16; vmap 4 on CPU, where larger is slower, 32 on GPU)"))
+    method: Literal["auto", "hooks", "vmap", "loop"] = Field("auto", description=(
+        "auto (hooks when every tensor sits in a Linear/Conv1D/LayerNorm/RMSNorm/Embedding, else vmap) | "
+        "hooks | vmap | loop (reference)"))
+    seed: int = Field(0, description="seed of the labels drawn for kind=sampled")
 
 
 def body_names(scorer) -> list[str]:
@@ -163,11 +152,10 @@ def fisher_diagonal(scorer, examples: list[Example], config: FisherConfig | None
     """
     config = config or FisherConfig()
     if overrides:
-        bad = [k for k in overrides if k not in FisherConfig.__dataclass_fields__]
+        bad = [k for k in overrides if k not in FisherConfig.model_fields]
         if bad:
-            raise SkillgraftError(f"fisher: unknown option(s) {bad}; known: {list(FisherConfig.__dataclass_fields__)}")
-        config = FisherConfig(**{**config.__dict__, **overrides})
-    config.validate()
+            raise SkillgraftError(f"fisher: unknown option(s) {bad}; known: {list(FisherConfig.model_fields)}")
+        config = FisherConfig.build({**config.model_dump(), **overrides}, where="fisher")
     if config.method == "loop":
         return fisher_loop(scorer, examples, config, names=names, progress=progress)
     if config.method in ("auto", "hooks"):
@@ -190,7 +178,6 @@ def fisher_traces(scorer, examples: list[Example], config: FisherConfig | None =
     it sums :func:`fisher_diagonal`.
     """
     config = config or FisherConfig()
-    config.validate()
     if config.method in ("auto", "hooks"):
         owners = _hook_owners(scorer, _check_names(scorer, names))
         if owners is not None:
@@ -430,7 +417,6 @@ def fisher_loop(scorer, examples: list[Example], config: FisherConfig | None = N
                 names: list[str] | None = None, progress: bool | str = False) -> dict[str, torch.Tensor]:
     """Reference: one example at a time (no padding), one ``autograd.grad`` per label target."""
     config = config or FisherConfig(method="loop")
-    config.validate()
     names = _check_names(scorer, names)
     examples = _examples(examples, config)
     device = scorer.device

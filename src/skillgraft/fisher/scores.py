@@ -109,7 +109,7 @@ def fim_layer_scores(scorer, examples: list[Example], *, aggregate: Aggregate = 
     else:
         fisher = fisher_diagonal(scorer, examples, config, names=names, progress=progress)
     out = aggregate_layers(fisher, scorer, aggregate=aggregate, normalize=normalize)
-    out.fisher = asdict(config)
+    out.fisher = config.to_dict()
     return out
 
 
