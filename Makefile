@@ -30,4 +30,4 @@ bench: $(STAMP)
 	$(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) runs/demo
+	rm -rf $(VENV) runs/demo runs/cache

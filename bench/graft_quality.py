@@ -2,7 +2,7 @@
 
 Usage: .venv/bin/python bench/graft_quality.py [--seeds 13,21,42] [--budgets 5e-5,1e-4,3e-4,1e-3]
 
-Fine-tunes with the demo settings (cached in runs/demo/cache, shared with `make demo`), learns one localization trajectory per seed
+Fine-tunes with the demo settings (in the store, runs/cache, shared with `make demo`), learns one localization trajectory per seed
 with exact budgets (top-k of γ), scores grafts and matched top-movement / random regions on the full
 test set, and prints a Markdown table; raw rows go to bench/results/graft_quality.json.
 """
@@ -16,9 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from skillgraft.demo import DEMO_FINETUNE, DEMO_LOCALIZE, K, TASK
-from skillgraft.graft.run import run_graft
-from skillgraft.recipes.base import cached_finetune
+from skillgraft.recipes.base import RECIPES, run_spec
+from skillgraft.recipes.demo import DEMO
 
 HERE = Path(__file__).resolve().parent
 
@@ -32,7 +31,7 @@ def main() -> None:
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     budgets = [float(b) for b in args.budgets.split(",")]
-    config = DEMO_LOCALIZE.replace(budgets=budgets, eval_every=args.eval_every)
+    config = DEMO.localize.replace(budgets=budgets, eval_every=args.eval_every)
     per_seed = {}
     (HERE / "results").mkdir(exist_ok=True)
     for seed in seeds:
@@ -41,9 +40,10 @@ def main() -> None:
             per_seed[seed] = json.loads(done.read_text())
             continue
         t0 = time.perf_counter()
-        # the demo's caches: seed 42 with the demo's budgets is exactly `make demo` and is reused
-        ft_dir = cached_finetune(TASK, K, seed, cache=Path("runs/demo/cache"), config=DEMO_FINETUNE)
-        m = run_graft(ft_dir, Path("runs/demo") if seed == 42 else Path(f"runs/demo-seed{seed}"), config=config)
+        # the demo's stages: seed 42 with the demo's budgets is exactly `make demo`, found in the store
+        out = run_spec(RECIPES["graft"], DEMO.replace(seed=seed, localize=config, progress=False),
+                       Path(f"runs/bench-graft-quality-{seed}"), overwrite=True)
+        m = json.loads((out / "metrics.json").read_text())
         per_seed[seed] = {"rows": m["rows"], "seconds": time.perf_counter() - t0,
                           "step_seconds": m["localization"]["step_seconds"]}
         done.write_text(json.dumps(per_seed[seed], indent=2))

@@ -30,6 +30,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"needs {SHARED_DATA}"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def isolated_store(tmp_path_factory):
+    """Every test's store of finished stages lives in a temporary folder, never in ./runs/cache."""
+    root = tmp_path_factory.mktemp("store")
+    old = os.environ.get("SKILLGRAFT_CACHE")
+    os.environ["SKILLGRAFT_CACHE"] = str(root)
+    yield root
+    if old is None:
+        os.environ.pop("SKILLGRAFT_CACHE", None)
+    else:
+        os.environ["SKILLGRAFT_CACHE"] = old
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny-models")

@@ -55,10 +55,13 @@ def test_graft_inspect_apply(ft_run, toy_data, tmp_path):
     r = invoke("apply", graft_dir, "--data-dir", toy_data, "--export", exported)
     assert r.exit_code == 0, r.output
     assert (exported / "config.json").is_file() and "acc" in r.output
-    # re-running reuses the cached localization (same regions)
-    r2 = invoke("graft", "--finetuned", ft_run, "--out", out, "--budgets", "0.001,0.01", "--steps", 4,
-                "--eval-every", 2, "--data-dir", toy_data)
-    assert r2.exit_code == 0
+    # an existing report folder is refused before any work; --overwrite re-runs from the stored regions
+    args = ["graft", "--finetuned", ft_run, "--out", out, "--budgets", "0.001,0.01", "--steps", 4, "--eval-every", 2,
+            "--data-dir", toy_data]
+    r2 = invoke(*args)
+    assert r2.exit_code == 2 and "already exists" in r2.output
+    r2 = invoke(*args, "--overwrite")
+    assert r2.exit_code == 0, r2.output
     assert json.loads((out / "metrics.json").read_text())["rows"] == metrics["rows"]
 
 

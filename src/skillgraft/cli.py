@@ -1,4 +1,8 @@
-"""The command line: ``skillgraft <verb>``. Each verb is a thin wrapper over a typed library function."""
+"""The command line: ``skillgraft <verb>``. Each verb is a thin wrapper over a typed library function.
+
+Options that configure the work come from the typed specs (``clispec.from_specs``): their names, defaults,
+ranges and help are declared once, on the spec's fields.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from skillgraft.clispec import Options, from_specs
+from skillgraft.data.spec import DataSpec
 from skillgraft.errors import SkillgraftError
+from skillgraft.graft.export import ExportSpec
+from skillgraft.graft.localizers import LocalizeConfig
+from skillgraft.models.spec import ModelSpec
+from skillgraft.recipes.graft import ReportSpec, SweepSpec
+from skillgraft.train.config import FinetuneConfig
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -78,48 +89,31 @@ def tasks(data_dir: Optional[Path] = DataDir,
 
 @app.command()
 @friendly
+@from_specs(data=Options(DataSpec), model=Options(ModelSpec),
+            finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",)))
 def finetune(
-    task: str = typer.Option(..., help="task name (see `skillgraft tasks`)"),
-    k: int = typer.Option(64, help="examples per label (k-shot)"),
-    seed: int = typer.Option(42, help="data seed (LM-BFF: 13, 21, 42, 87, 100)"),
-    model: Optional[str] = typer.Option(None, help="hub name or local path (default: bundled all-MiniLM-L6-v2)"),
-    mode: str = typer.Option("head", help="scorer: head | prompt | causal"),
-    pooling: Optional[str] = typer.Option(None, help="head pooling: cls | mean | last (default: mean; last for LMs)"),
-    optimizer: str = typer.Option("sgd", help="sgd | adamw"),
-    lr: Optional[float] = typer.Option(None, help="learning rate (default: 0.1 for SGD, 2e-5 for AdamW)"),
-    batch_size: int = typer.Option(8, help="examples per step"),
-    steps: Optional[int] = typer.Option(None, help="training steps (default: 16·n·k capped at 400)"),
-    weight_decay: float = typer.Option(1e-4, help="weight decay"),
-    l1: float = typer.Option(0.0, help="L1 penalty λ on ‖θ−θ_pre‖₁ (1e-3 helps AdamW localize)"),
-    freeze_embeddings: bool = typer.Option(True, help="freeze embeddings"),
-    freeze_head: bool = typer.Option(False, help="freeze the (LM) head"),
-    bias_only: bool = typer.Option(False, help="train biases only (BitFit)"),
-    layers: Optional[str] = typer.Option(None, help="train only these blocks: '0,3,5', or fim:top-K / fim:bottom-K / random-K"),
-    model_seed: int = typer.Option(0, help="model seed (head init, batch order)"),
-    eval_every: int = typer.Option(100, help="dev evaluation interval"),
-    max_length: int = typer.Option(128, help="max tokens per example"),
-    test_limit: Optional[int] = typer.Option(None, help="evaluate on a fixed seeded sample of N test examples"),
+    layers: Optional[str] = typer.Option(None, help="train only these blocks: '0,3,5', or fim:top-K / fim:bottom-K / "
+                                                    "random-K (surgical fine-tuning)"),
     out: Optional[Path] = typer.Option(None, help="run directory (default: runs/ft-<task>-<k>-<seed>)"),
-    overwrite: bool = typer.Option(False, help="replace an existing run directory"),
-    data_dir: Optional[Path] = DataDir,
+    overwrite: bool = typer.Option(False, help="replace an existing run directory whole (checked before training)"),
+    *, data: DataSpec, model: ModelSpec, finetune: FinetuneConfig,
 ) -> None:
     """Fine-tune a model on a k-shot task and write a run directory (model, config, metrics, plots)."""
-    from skillgraft.train import FinetuneConfig, run_finetune  # noqa: PLC0415
+    from skillgraft.io import check_target  # noqa: PLC0415
+    from skillgraft.train import run_finetune  # noqa: PLC0415
 
-    lr = lr if lr is not None else (0.1 if optimizer == "sgd" else 2e-5)
-    layer_list = parse_layers(layers, task=task, model=model, mode=mode, k=k, seed=seed, data_dir=data_dir)
-    config = FinetuneConfig.build(dict(optimizer=optimizer, lr=lr, batch_size=batch_size, weight_decay=weight_decay,
-                                       steps=steps, l1=l1, freeze_embeddings=freeze_embeddings, freeze_head=freeze_head,
-                                       bias_only=bias_only, layers=layer_list, seed=model_seed, eval_every=eval_every),
-                                  where="finetune")
-    out = out or Path("runs") / f"ft-{task}-{k}-{seed}"
-    m = run_finetune(task, k, seed, out, model=model, mode=mode, pooling=pooling, config=config, data_dir=data_dir,
-                     max_length=max_length, test_limit=test_limit, overwrite=overwrite)
+    out = check_target(out or Path("runs") / f"ft-{data.task}-{data.k}-{data.seed}", overwrite)  # before any work
+    if layers is not None:
+        finetune = finetune.replace(layers=parse_layers(layers, task=data.task, model=model.model, mode=model.mode,
+                                                        k=data.k, seed=data.seed, data_dir=data.data_dir))
+    m = run_finetune(data.task, data.k, data.seed, out, model=model.model, mode=model.mode, pooling=model.pooling,
+                     config=finetune, data_dir=data.data_dir, max_length=model.max_length, test_limit=data.test_limit,
+                     overwrite=overwrite)
     if "test" in m:
         t = m["test"]
         extra = f" F1 {t['f1']:.4f}" if "f1" in t else ""
-        console.print(f"[bold green]done[/] {m['task']} k={k} seed={seed}: test acc {t['accuracy']:.4f}{extra} "
-                      f"ECE {t['ece']:.4f} | {m['steps']} steps in {m['train_seconds']:.0f}s "
+        console.print(f"[bold green]done[/] {m['task']} k={data.k} seed={data.seed}: test acc {t['accuracy']:.4f}"
+                      f"{extra} ECE {t['ece']:.4f} | {m['steps']} steps in {m['train_seconds']:.0f}s "
                       f"({m['train_examples_per_second']:.1f} ex/s) → {out}")
 
 
@@ -169,57 +163,55 @@ def evaluate(
 @app.command("run")
 @friendly
 def run_cmd(
-    recipe_file: Path = typer.Argument(..., help="a recipe YAML (see recipes/)"),
+    recipe_file: Path = typer.Argument(..., help="a recipe YAML (see recipes/ and docs/recipes.md)"),
     out: Optional[Path] = typer.Option(None, help="run directory (default: runs/<yaml name>)"),
-    cache: Optional[Path] = typer.Option(None, help="cache of fine-tuned models (default: runs/cache)"),
+    cache: Optional[Path] = typer.Option(None, help="store of finished stages (default: the recipe's cache_dir, "
+                                                    "$SKILLGRAFT_CACHE or runs/cache)"),
+    overwrite: bool = typer.Option(False, help="replace an existing run directory whole (checked before any work)"),
 ) -> None:
-    """Run a paper experiment described by a recipe YAML; writes metrics, CSVs, plots and report.md."""
+    """Run an experiment described by a recipe YAML; writes metrics, CSVs, plots and report.md."""
     from skillgraft.recipes import run_recipe  # noqa: PLC0415
 
-    path = run_recipe(recipe_file, out, cache=cache)
+    path = run_recipe(recipe_file, out, cache=cache, overwrite=overwrite)
     console.print(f"[bold green]done[/] {recipe_file} → {path}/report.md")
 
 
-def _floats(spec: Optional[str]) -> Optional[list[float]]:
-    if not spec:
-        return None
-    try:
-        return [float(x) for x in spec.split(",") if x.strip()]
-    except ValueError:
-        raise SkillgraftError(f"expected comma-separated numbers, got {spec!r}") from None
+def _report_folder(out: Path, overwrite: bool, cache: Optional[Path], write) -> None:
+    """Run ``write(RunDir)`` into a temporary sibling of ``out``; it becomes ``out`` only when complete."""
+    from skillgraft.io import atomic_dir  # noqa: PLC0415
+    from skillgraft.pipeline import RunDir, Store  # noqa: PLC0415
+
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        write(RunDir(tmp, Store(cache)))
+
+
+Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_CACHE or runs/cache)")
 
 
 @app.command()
 @friendly
+@from_specs(localize=Options(LocalizeConfig), report=Options(ReportSpec),
+            data=Options(DataSpec, skip=("task", "k", "seed")))
 def graft(
     finetuned: Path = typer.Option(..., help="a fine-tuning run directory (from `skillgraft finetune`)"),
     out: Optional[Path] = typer.Option(None, help="output folder (default: <finetuned>/graft)"),
-    sparsity: float = typer.Option(1e-4, help="base patch γ_base: top fraction of |θ_ft − θ_pre| (Eq. 3)"),
-    budgets: Optional[str] = typer.Option(None, help="exact region sizes, comma-separated fractions of graftable "
-                                          "parameters (one trajectory, top-k of γ); default: round γ at 0.5"),
-    steps: int = typer.Option(100, help="localization steps"),
-    lr: float = typer.Option(1e7, help="learning rate on S"),
-    graftable: str = typer.Option("body", help="body | body+embeddings | all | bias"),
-    l1: float = typer.Option(0.0, help="L1 on γ (Localize-and-Stitch style)"),
-    eval_every: int = typer.Option(1, help="score the rounded graft every N steps"),
-    seed: int = typer.Option(0, help="seed of S's initialisation"),
-    test_limit: Optional[int] = typer.Option(None, help="evaluate on a fixed seeded sample of N test examples"),
-    baselines: bool = typer.Option(True, help="also score matched-size baselines"),
-    data_dir: Optional[Path] = DataDir,
+    overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
+    cache: Optional[Path] = Cache,
+    *, localize: LocalizeConfig, report: ReportSpec, data: DataSpec,
 ) -> None:
     """Learn sparse grafts from a pre-trained + fine-tuned pair and compare them (writes report.md)."""
-    from skillgraft.graft import LocalizeConfig  # noqa: PLC0415
-    from skillgraft.graft.run import run_graft  # noqa: PLC0415
+    from skillgraft.io import check_target  # noqa: PLC0415
+    from skillgraft.pipeline.setup import from_run  # noqa: PLC0415
+    from skillgraft.recipes.graft import graft_report  # noqa: PLC0415
 
-    cfg = LocalizeConfig.build(dict(sparsity=sparsity, budgets=budgets, steps=steps, lr=lr, graftable=graftable, l1=l1,
-                                    eval_every=eval_every, seed=seed), where="graft")
-    out = out or finetuned / "graft"
-    m = run_graft(finetuned, out, config=cfg, data_dir=str(data_dir) if data_dir else None, test_limit=test_limit,
-                  baselines=baselines)
-    for r in m["rows"]:
-        if r["model"].startswith("graft") or r["model"] == "fine-tuned":
+    out = check_target(out or finetuned / "graft", overwrite)
+    setup = from_run(finetuned, data_dir=data.data_dir, test_limit=data.test_limit)
+    result = {}
+    _report_folder(out, overwrite, cache, lambda run: result.update(graft_report(setup, run, report, localize)))
+    for r in result["rows"]:
+        if r["kind"] in ("graft", "ft"):
             size = f", {r['file_bytes'] / 1024:.1f} KiB" if r.get("file_bytes") else ""
-            console.print(f"{r['model']:>22}: {m['task']} {r['score']:.4f} ECE {r['ece']:.4f} "
+            console.print(f"{r['model']:>22}: {result['task']} {r['score']:.4f} ECE {r['ece']:.4f} "
                           f"| {r['params']:,} params ({r['density']:.2e}){size}")
     console.print(f"[bold green]done[/] → {out}/report.md")
 
@@ -304,30 +296,18 @@ def inspect(
 
 @app.command("export")
 @friendly
+@from_specs(spec=Options(ExportSpec))
 def export_cmd(
     graft_dir: Path = typer.Argument(..., help="a graft folder (graft_config.json + graft.safetensors)"),
-    to: str = typer.Option("peft", help="peft: a PEFT SHiRA adapter folder | hf: the grafted model as a Hugging Face "
-                                        "checkpoint | delta: delta.safetensors of per-tensor int32 indices + values"),
     out: Path = typer.Option(..., help="output folder (refused if it exists, unless --overwrite)"),
-    overwrite: bool = typer.Option(False, help="replace an existing output folder whole (never mixed into)"),
-    model: Optional[str] = typer.Option(None, help="base model (default: the one recorded in the graft)"),
-    force: bool = typer.Option(False, help="export even if the base model's fingerprint differs from the graft's"),
-    non_linear: str = typer.Option("modules_to_save", "--non-linear",
-                                   help="coordinates SHiRA cannot hold (biases, norms, embeddings, Conv1D, tied "
-                                        "weights): modules_to_save (their modules stored whole, peft's own route) | "
-                                        "tensors (just those tensors, loaded into the base model like LoRA's "
-                                        "bias='all': small, but disabling the adapter does not undo them) | refuse"),
-    head: str = typer.Option("separate", help="a head-mode graft's task head: separate (skillgraft_head.safetensors "
-                                              "beside the adapter) | refuse"),
+    *, spec: ExportSpec,
 ) -> None:
     """Write a graft as a PEFT SHiRA adapter, a plain safetensors delta or an HF checkpoint (docs/export.md)."""
     from skillgraft.graft import Graft  # noqa: PLC0415
-    from skillgraft.graft.export import ExportSpec, export_graft  # noqa: PLC0415
+    from skillgraft.graft.export import export_graft  # noqa: PLC0415
     from skillgraft.io import check_target  # noqa: PLC0415
 
-    spec = ExportSpec.build(dict(to=to, model=model, non_linear=non_linear, head=head, overwrite=overwrite,
-                                 force=force), where="export")
-    check_target(out, overwrite)  # before any work
+    check_target(out, spec.overwrite)  # before any work
     s = export_graft(Graft.from_pretrained(graft_dir), out, spec)
     routes = s.get("routes", {})
     if "shira" in routes:
@@ -358,38 +338,41 @@ def export_cmd(
 
 @app.command()
 @friendly
+@from_specs(sweep=Options(SweepSpec), localize=Options(LocalizeConfig, skip=("budgets",)),
+            data=Options(DataSpec, skip=("task", "k", "seed")))
 def sweep(
     finetuned: Path = typer.Option(..., help="a fine-tuning run directory"),
     out: Optional[Path] = typer.Option(None, help="output folder (default: <finetuned>/sweep)"),
-    levels: str = typer.Option("1e-5,1e-4,1e-3,1e-2,1e-1,1", help="sparsity levels (fractions of graftable)"),
-    learned: bool = typer.Option(True, help="include learned grafts (one trajectory, top-k of γ per level ≤ 1e-2)"),
-    steps: int = typer.Option(100, help="localization steps"),
-    eval_every: int = typer.Option(10, help="score interval during localization"),
-    test_limit: Optional[int] = typer.Option(None, help="evaluate on a fixed seeded sample of N test examples"),
-    data_dir: Optional[Path] = DataDir,
+    overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
+    cache: Optional[Path] = Cache,
+    *, sweep: SweepSpec, localize: LocalizeConfig, data: DataSpec,
 ) -> None:
     """Accuracy vs region size for learned, top-movement and random regions (paper Figs. 2/4): CSV + PNG."""
-    from skillgraft.graft.sweep import run_sweep  # noqa: PLC0415
+    from skillgraft.io import check_target  # noqa: PLC0415
+    from skillgraft.pipeline.setup import from_run  # noqa: PLC0415
+    from skillgraft.recipes.graft import sweep_report  # noqa: PLC0415
 
-    out = out or finetuned / "sweep"
-    rows = run_sweep(finetuned, out, levels=_floats(levels), learned=learned, steps=steps, eval_every=eval_every,
-                     test_limit=test_limit, data_dir=str(data_dir) if data_dir else None)
+    out = check_target(out or finetuned / "sweep", overwrite)
+    setup = from_run(finetuned, data_dir=data.data_dir, test_limit=data.test_limit)
+    rows: list = []
+    _report_folder(out, overwrite, cache, lambda run: rows.extend(sweep_report(setup, run, sweep, localize)))
     for r in rows:
-        console.print(f"{r['localizer']:>13} {r['level']:.0e}: {r['score']:.4f} (ECE {r['ece']:.4f})")
+        console.print(f"{r['localizer']:>13} {float(r['level']):.0e}: {r['score']:.4f} (ECE {r['ece']:.4f})")
     console.print(f"[bold green]done[/] → {out}/sweep.csv, {out}/sweep.png")
 
 
 @app.command()
 @friendly
 def demo(
-    out: Path = typer.Option(Path("runs/demo"), help="demo folder (stages are cached here and reused)"),
+    out: Path = typer.Option(Path("runs/demo"), help="demo folder (replaced whole when the run is complete)"),
     seed: int = typer.Option(42, help="data seed"),
     data_dir: Optional[Path] = DataDir,
+    cache: Optional[Path] = Cache,
 ) -> None:
     """The main job: fine-tune MiniLM 64-shot on SST-2, learn grafts at 3 sizes, compare, write report.md."""
-    from skillgraft.demo import run_demo  # noqa: PLC0415
+    from skillgraft.recipes.demo import run_demo  # noqa: PLC0415
 
-    report = run_demo(out, seed=seed, data_dir=str(data_dir) if data_dir else None)
+    report = run_demo(out, seed=seed, data_dir=data_dir, cache=cache)
     console.print(f"[bold green]done[/] → {report}")
 
 

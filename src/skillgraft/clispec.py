@@ -64,13 +64,10 @@ def _cli_type(tp):
     return Optional[str], False  # anything else (e.g. a Budget) is parsed by the spec from its text
 
 
-def _parse_list(text: str | None, option: str):
+def _parse_list(text: str | None):
     if text is None:
         return None
-    items = [x.strip() for x in str(text).split(",") if x.strip()]
-    if not items:
-        raise SkillgraftError(f"--{option.replace('_', '-')}: expected a comma-separated list, got {text!r}")
-    return items
+    return [x.strip() for x in str(text).split(",") if x.strip()]  # "" → an empty list
 
 
 def from_specs(**sections: Options):
@@ -112,7 +109,7 @@ def from_specs(**sections: Options):
                     continue
                 v = kwargs.pop(opt)
                 if opt in lists:
-                    v = _parse_list(v, opt)
+                    v = _parse_list(v)
                 values[section][name] = v
             built = {s: build(sections[s], values[s]) for s in sections}
             return fn(*args, **kwargs, **built)

@@ -13,7 +13,8 @@ class DataSpec(Spec):
     """A k-shot draw of a registered task (LM-BFF sampling) and the test subset it is evaluated on."""
 
     task: str = Field("SST-2", description="task name (see `skillgraft tasks`)")
-    k: int = Field(16, ge=1, description="examples per label (k-shot); dev = the next k per label")
+    k: int = Field(64, ge=1, description="examples per label (k-shot; the paper's main tables use 64); dev = the "
+                                       "next k per label")
     seed: int = Field(42, description="data seed (LM-BFF: 13, 21, 42, 87, 100)")
     data_dir: Path | None = Field(None, description="data root (default: $SKILLGRAFT_DATA, ./data, ../shared/data)")
     test_limit: int | None = Field(None, ge=1, description="evaluate on a fixed seeded sample of N test examples")

@@ -35,13 +35,13 @@ class ExperimentSpec(Spec):
     """Settings every recipe shares: the model, the k-shot data, the fine-tuning, where stages are cached."""
 
     recipe: str = Field(description="the recipe's registered name")
-    model: str | None = Field(None, description="hub name or local path (null: bundled all-MiniLM-L6-v2)")
-    mode: Literal["head", "prompt", "causal"] = Field("head", description="scorer: head | prompt | causal")
-    pooling: Literal["cls", "mean", "last"] | None = Field(None, description="head pooling (null: the model's default)")
-    max_length: int = Field(128, ge=8, description="max tokens per example")
-    k: int = Field(16, ge=1, description="examples per label (train; dev = the next k per label)")
-    data_dir: Path | None = Field(None, description="data root (null: $SKILLGRAFT_DATA, ./data, ../shared/data)")
-    test_limit: int | None = Field(None, ge=1, description="seeded sample of N test examples (null: all)")
+    model: str | None = ModelSpec.model_fields["model"]
+    mode: Literal["head", "prompt", "causal"] = ModelSpec.model_fields["mode"]
+    pooling: Literal["cls", "mean", "last"] | None = ModelSpec.model_fields["pooling"]
+    max_length: int = ModelSpec.model_fields["max_length"]
+    k: int = DataSpec.model_fields["k"]
+    data_dir: Path | None = DataSpec.model_fields["data_dir"]
+    test_limit: int | None = DataSpec.model_fields["test_limit"]
     cache_dir: Path | None = Field(None, description="store of finished stages (null: $SKILLGRAFT_CACHE or runs/cache)")
     progress: bool = Field(False, description="progress bars for every stage")
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, description="the fine-tuning grafts come from")
@@ -115,7 +115,15 @@ def run_recipe(path: str | os.PathLike, out: str | os.PathLike | None = None, *,
     unless ``overwrite``; then it is replaced whole when the new run is complete).
     """
     entry, spec = load_recipe(path, overrides)
-    out = Path(out) if out else Path("runs") / Path(path).stem
+    return run_spec(entry, spec, Path(out) if out else Path("runs") / Path(path).stem, cache=cache,
+                    overwrite=overwrite)
+
+
+def run_spec(entry: Recipe, spec, out: str | os.PathLike, *, cache: str | os.PathLike | None = None,
+             overwrite: bool = False) -> Path:
+    """Run a registered recipe with a validated spec into ``out`` (atomic; refused if it exists unless
+    ``overwrite``)."""
+    out = Path(out)
     check_target(out, overwrite)
     if entry.spec is None:  # TRANSITION: untyped recipe
         store = Store(cache if cache is not None else spec.get("cache_dir"))

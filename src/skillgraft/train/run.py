@@ -14,7 +14,7 @@ from skillgraft.data.sampling import load_kshot
 from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram
 from skillgraft.evaluate.predict import evaluate, labels_of
 from skillgraft.errors import SkillgraftError
-from skillgraft.io import atomic_dir, atomic_path, read_json, write_json
+from skillgraft.io import atomic_dir, atomic_path, check_target, read_json, write_json
 from skillgraft.models.scorer import build_scorer
 from skillgraft.train.config import FinetuneConfig
 from skillgraft.train.finetune import finetune
@@ -36,10 +36,12 @@ def run_finetune(task: str, k: int, seed: int, out_dir: str | os.PathLike, *, mo
     """Fine-tune ``model`` on a k-shot draw of ``task`` and write ``out_dir``; returns the metrics.
 
     ``out_dir`` gets ``model/`` (HF checkpoint + scorer config), ``config.json``, ``metrics.json``,
-    ``test_probs.csv``, ``confidence.png`` and ``reliability.png``; it appears only when complete.
+    ``test_probs.csv``, ``confidence.png`` and ``reliability.png``; it appears only when complete. An existing
+    ``out_dir`` is refused before any training unless ``overwrite``.
     """
     from accelerate import Accelerator  # noqa: PLC0415
 
+    check_target(out_dir, overwrite)
     config = config or FinetuneConfig()
     accelerator = accelerator or Accelerator()
     data = load_kshot(task, k, seed, data_dir, test_limit=test_limit)
