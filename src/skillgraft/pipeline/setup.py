@@ -36,6 +36,7 @@ class Setup:
     data_root: str | None = None  # the data root the examples were read from
     ft_seconds: float = 0.0
     probs: dict[str, np.ndarray] = field(default_factory=dict)  # FT's probabilities per evaluation set
+    _identity: dict | None = field(default=None, repr=False)
 
     @property
     def task(self) -> str:
@@ -63,14 +64,32 @@ class Setup:
         return FinetuneConfig.build(self.run_config["finetune"], where=f"{self.ft_dir}/config.json finetune")
 
     def identity(self) -> dict:
-        """What determines this setup's fine-tuned model (part of every downstream cache key)."""
-        return {"finetuned": self.ft_dir.name, "data": self.data_key}
+        """What determines everything learned from this setup (part of every downstream cache key): the
+        contents of θ_ft (with its head) and θ_pre, and the data (the draw and the files' content digest)."""
+        if self._identity is None:
+            self._identity = {"finetuned": scorer_digest(self.ft), "pretrained": scorer_digest(self.pre),
+                              "mode": self.pre.mode, "data": self.data_key}
+        return self._identity
 
     @property
     def data_key(self) -> dict:
         """The k-shot draw and the content hash of the data files it was drawn from."""
         return {"task": self.task, "k": self.k, "seed": self.seed, "test_n": len(self.test),
                 "digest": data_digest(self.data.task, self.data_root)}
+
+
+def scorer_digest(scorer) -> str:
+    """Content digest of a scorer: the base model's fingerprint plus its task head's exact values."""
+    import hashlib  # noqa: PLC0415
+
+    from skillgraft.models.anatomy import carried_names, fingerprint  # noqa: PLC0415
+
+    h = hashlib.sha256(fingerprint(scorer).encode())
+    params = dict(scorer.named_parameters())
+    for name in carried_names(scorer):
+        h.update(name.encode())
+        h.update(params[name].detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def finetuned_run(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, *,
