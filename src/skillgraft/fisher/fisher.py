@@ -441,20 +441,3 @@ def fisher_loop(scorer, examples: list[Example], config: FisherConfig | None = N
                     if g is not None:
                         total[n] += g.float().pow(2)
     return {n: (t / len(examples)).cpu() for n, t in total.items()}
-
-
-def fisher_total(fisher: dict[str, torch.Tensor]) -> float:
-    """Σ_j F_jj (the trace of the diagonal Fisher)."""
-    return float(sum(t.double().sum() for t in fisher.values()))
-
-
-def per_example_memory(scorer, names: list[str] | None = None) -> int:
-    """Bytes one example's per-parameter gradient takes (to pick ``chunk_size`` for big models)."""
-    names = _check_names(scorer, names)
-    params = dict(scorer.named_parameters())
-    return sum(params[n].numel() * 4 for n in names)
-
-
-def suggest_chunk_size(scorer, names: list[str] | None = None, budget_bytes: float = 2e9) -> int:
-    """Largest chunk whose per-example gradients fit in ``budget_bytes`` (at least 1)."""
-    return max(1, int(math.floor(budget_bytes / max(1, per_example_memory(scorer, names)))))
