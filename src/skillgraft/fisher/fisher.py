@@ -24,7 +24,6 @@ cannot take), so during the vectorised pass the model uses its eager attention w
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Literal
 
 import torch
