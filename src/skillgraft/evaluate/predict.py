@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from tqdm.auto import tqdm
@@ -9,9 +11,12 @@ from tqdm.auto import tqdm
 from skillgraft.data.loading import Example
 from skillgraft.evaluate.metrics import summarize
 
+if TYPE_CHECKING:
+    from skillgraft.models.scorer import Scorer
+
 
 @torch.no_grad()
-def predict_probs(scorer, examples: list[Example], *, batch_size: int = 64, progress: bool | str = False
+def predict_probs(scorer: Scorer, examples: list[Example], *, batch_size: int = 64, progress: bool | str = False
                   ) -> np.ndarray:
     """Softmax over the label logits for every example, ``[n, num_labels]`` (float64)."""
     was_training = scorer.training
@@ -34,7 +39,7 @@ def labels_of(examples: list[Example]) -> np.ndarray:
     return np.array([ex.label for ex in examples])
 
 
-def evaluate(scorer, examples: list[Example], *, batch_size: int = 64, reference: np.ndarray | None = None,
+def evaluate(scorer: Scorer, examples: list[Example], *, batch_size: int = 64, reference: np.ndarray | None = None,
              progress: bool | str = False) -> tuple[dict[str, float], np.ndarray]:
     """Metrics (accuracy/F1, ECE, agreement with ``reference``) and the probabilities."""
     probs = predict_probs(scorer, examples, batch_size=batch_size, progress=progress)

@@ -24,7 +24,7 @@ cannot take), so during the vectorised pass the model uses its eager attention w
 from __future__ import annotations
 
 import contextlib
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from pydantic import Field
@@ -33,6 +33,9 @@ from tqdm.auto import tqdm
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
 from skillgraft.spec import Spec
+
+if TYPE_CHECKING:
+    from skillgraft.models.scorer import Scorer
 
 FisherKind = Literal["empirical", "true", "sampled"]
 _VMAP_ATTENTION = "skillgraft_vmap"
@@ -52,7 +55,7 @@ class FisherConfig(Spec):
     seed: int = Field(0, description="seed of the labels drawn for kind=sampled")
 
 
-def body_names(scorer) -> list[str]:
+def body_names(scorer: Scorer) -> list[str]:
     """Default Fisher parameters: every tensor of ``scorer.model`` (the pre-trained network)."""
     return [n for n, _ in scorer.named_parameters() if n.startswith("model.")]
 
@@ -142,7 +145,7 @@ def vmap_attention(model):
         model.set_attn_implementation(old)
 
 
-def fisher_diagonal(scorer, examples: list[Example], config: FisherConfig | None = None, *,
+def fisher_diagonal(scorer: Scorer, examples: list[Example], config: FisherConfig | None = None, *,
                     names: list[str] | None = None, progress: bool | str = False, **overrides) -> dict[str, torch.Tensor]:
     """Diagonal Fisher ``{name: tensor}`` (float32, CPU, mean over the N examples) of the named parameters.
 
@@ -168,7 +171,7 @@ def fisher_diagonal(scorer, examples: list[Example], config: FisherConfig | None
     return _fisher_vmap(scorer, examples, config, names=names, progress=progress)
 
 
-def fisher_traces(scorer, examples: list[Example], config: FisherConfig | None = None, *,
+def fisher_traces(scorer: Scorer, examples: list[Example], config: FisherConfig | None = None, *,
                   names: list[str] | None = None, progress: bool | str = False) -> dict[str, float]:
     """``{name: Σ_j F_jj over the tensor}``: the Fisher mass of each tensor (what the ``sum`` FIM score adds up).
 

@@ -9,10 +9,13 @@ Fisher, training, continual learning) asks this module.
 from __future__ import annotations
 
 import hashlib
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.models.freezing import param_groups
+
+if TYPE_CHECKING:
+    from skillgraft.models.scorer import Scorer
 
 HEAD_PREFIX = "head."
 
@@ -25,7 +28,7 @@ def is_carried(name: str) -> bool:
 Graftable = Literal["body", "body+embeddings", "all", "bias"]
 
 
-def graftable_names(scorer, which: Graftable = "body") -> list[str]:
+def graftable_names(scorer: Scorer, which: Graftable = "body") -> list[str]:
     """Names of the tensors a region may cover.
 
     ``body``: transformer blocks + final norms/poolers; ``body+embeddings``; ``all`` (also the LM head);
@@ -48,12 +51,12 @@ def graftable_names(scorer, which: Graftable = "body") -> list[str]:
     return names
 
 
-def carried_names(scorer) -> list[str]:
+def carried_names(scorer: Scorer) -> list[str]:
     """Tensors that exist only in the fine-tuned scorer (a new classification head)."""
     return [n for n, _ in scorer.named_parameters() if is_carried(n)]
 
 
-def fingerprint(scorer) -> str:
+def fingerprint(scorer: Scorer) -> str:
     """Content fingerprint of the base model's weights (``scorer.model``; the new head excluded).
 
     sha256 over every tensor's name, shape, dtype and up to 8192 evenly strided values: cheap on big
@@ -69,7 +72,7 @@ def fingerprint(scorer) -> str:
     return h.hexdigest()[:32]
 
 
-def check_compatible(pre, ft, names: list[str] | None = None) -> None:
+def check_compatible(pre: Scorer, ft: Scorer, names: list[str] | None = None) -> None:
     """Pre-trained and fine-tuned scorers must have the same tensors with the same shapes."""
     a, b = dict(pre.named_parameters()), dict(ft.named_parameters())
     missing = sorted(set(a) ^ set(b))

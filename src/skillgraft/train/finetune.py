@@ -7,18 +7,23 @@ weights are kept (F1 tasks by F1) and restored at the end.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from skillgraft.data.loading import Example
 from skillgraft.train.callbacks import BestDev
 from skillgraft.train.config import FinetuneConfig
 from skillgraft.train.core import TrainResult, fit
 from skillgraft.train.samplers import SingleTask, batch_schedule
 
+if TYPE_CHECKING:
+    from skillgraft.models.scorer import Scorer
+
 FinetuneResult = TrainResult
 
 __all__ = ["FinetuneConfig", "FinetuneResult", "batch_schedule", "finetune"]
 
 
-def finetune(scorer, train: list[Example], dev: list[Example] | None, config: FinetuneConfig, *, k: int | None = None,
+def finetune(scorer: Scorer, train: list[Example], dev: list[Example] | None, config: FinetuneConfig, *, k: int | None = None,
              accelerator=None, progress: bool = True, callbacks=()) -> FinetuneResult:
     """Train ``scorer`` in place on ``train`` (best dev checkpoint restored at the end).
 

@@ -10,6 +10,7 @@ never move them, and they stay bit-exact.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from skillgraft.data.loading import Example
 from skillgraft.models.anatomy import is_carried
@@ -17,8 +18,11 @@ from skillgraft.train.callbacks import RegionMask
 from skillgraft.train.config import FinetuneConfig
 from skillgraft.train.finetune import FinetuneResult, finetune
 
+if TYPE_CHECKING:
+    from skillgraft.models.scorer import Scorer
 
-def finetune_masked(scorer, train: list[Example], dev: list[Example] | None, config: FinetuneConfig, *,
+
+def finetune_masked(scorer: Scorer, train: list[Example], dev: list[Example] | None, config: FinetuneConfig, *,
                     region=None, trainable: Callable[[str], bool] | None = None, train_head: bool = True,
                     k: int | None = None, accelerator=None, progress: bool = True, callbacks=()) -> FinetuneResult:
     """Fine-tune ``scorer`` in place, changing only the allowed coordinates.
