@@ -215,7 +215,7 @@ def test_peft_recipe_tiny(tiny_bert, toy_root, tmp_path):
 
 
 def test_peft_adapter_keeps_scorer_interface(tiny_bert):
-    from skillgraft.recipes.common import delta_graft
+    from skillgraft.pipeline.trained import delta_graft
     from skillgraft.train.adapters import AdapterConfig, add_adapter, merged_state
 
     scorer = build_scorer(str(tiny_bert), "SST-2", "head")
@@ -235,4 +235,95 @@ def test_peft_adapter_keeps_scorer_interface(tiny_bert):
     assert torch.allclose(pre(**batch), out, atol=1e-5)  # merged delta reproduces the adapter model
     graft.revert(pre)
     with pytest.raises(SkillgraftError, match="lora or ia3|'lora' or 'ia3'"):
-        add_adapter(scorer, AdapterConfig(method="houlsby"))
+        add_adapter(scorer, AdapterConfig.build({"method": "houlsby"}))
+
+
+def test_every_recipe_yaml_validates_against_its_spec():
+    from skillgraft.recipes.base import ExperimentSpec, load_recipe
+
+    files = sorted(RECIPES.glob("*.yaml"))
+    assert len(files) >= 8
+    for path in files:
+        _, spec = load_recipe(path)
+        assert isinstance(spec, ExperimentSpec), path
+        assert type(spec).build(spec.to_dict()) == spec  # the resolved spec reads back as itself
+
+
+@pytest.mark.parametrize("name, nested, where", [
+    ("calibration", {"retrain": {"budget": 1e-3, "finetune": {"stepz": 3}}}, r"retrain\.finetune\.stepz"),
+    ("calibration", {"bitfit": {"finetun": {"lr": 0.1}}}, r"bitfit\.finetun"),
+    ("ood", {"transfers": [{"source": "SST-2", "targets": [{"task": "imdb", "lables": {}}]}]},
+     r"transfers\.0\.targets\.0\.lables"),
+    ("ood", {"localize": {"budget": [1e-3]}}, r"localize\.budget"),
+    ("wise", {"localize": {"stepz": 3}}, r"localize\.stepz"),
+    ("peft-baselines", {"lora": {"rank": 4}}, r"lora\.rank"),
+    ("peft-baselines", {"ia3_finetune": {"learning_rate": 1e-3}}, r"ia3_finetune\.learning_rate"),
+])
+def test_unknown_nested_field_is_refused_by_name(name, nested, where, tmp_path):
+    import yaml
+
+    from skillgraft.recipes.base import load_recipe
+
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({**yaml.safe_load((RECIPES / f"{name}.yaml").read_text()), **nested}))
+    with pytest.raises(SkillgraftError, match=rf"r\.yaml\.{where}: unknown field"):
+        load_recipe(path)
+
+
+def test_recipe_specs_resolve_their_defaults():
+    from skillgraft.recipes.calibration import CalibrationSpec
+    from skillgraft.recipes.ood import OodSpec
+    from skillgraft.recipes.peft_baselines import PeftSpec
+    from skillgraft.recipes.wise import WiseSpec
+
+    cal = CalibrationSpec.build({"recipe": "calibration", "finetune": {"lr": 0.05, "steps": 40},
+                                 "localize": {"budgets": [1e-3, 1e-2]},
+                                 "retrain": {"finetune": {"steps": 20}}, "bitfit": True})
+    assert cal.retrain.finetune == FinetuneConfig(lr=0.05, steps=20)  # the recipe's finetune, changed
+    assert cal.retrain.budget is None and cal.finetune.lr == 0.05
+    assert cal.bitfit.finetune == FinetuneConfig(optimizer="adamw", lr=1e-3, steps=400, eval_every=100,
+                                                 weight_decay=0.0)  # BitFit's own defaults
+    assert CalibrationSpec.build({"recipe": "calibration", "bitfit": {"finetune": {"steps": 7}}}).bitfit.finetune \
+        == FinetuneConfig(optimizer="adamw", lr=1e-3, steps=7, eval_every=100, weight_decay=0.0)
+    assert CalibrationSpec.build({"recipe": "calibration"}).finetune == FinetuneConfig()  # lr 0.1: one default
+    with pytest.raises(SkillgraftError, match=r"x: retrain\.budget: 0\.5 is not among localize\.budgets"):
+        CalibrationSpec.build({"recipe": "calibration", "localize": {"budgets": [1e-3]},
+                               "retrain": {"budget": 0.5}}, where="x")
+
+    transfers = [{"source": "sst-2", "targets": ["mpqa", {"task": "imdb", "labels": {"neg": 0, "pos": 1},
+                                                          "limit": 5}]}]
+    ood = OodSpec.build({"recipe": "ood", "test_limit": 40, "transfers": transfers})
+    assert ood.ood_limit == 40 and [t.limit for t in ood.transfers[0].targets] == [40, 5]
+    assert ood.transfers[0].source == "SST-2" and ood.transfers[0].targets[1].labels == {"neg": "0", "pos": "1"}
+    assert OodSpec.build({"recipe": "ood", "test_limit": 40, "ood_limit": None, "transfers": transfers}).ood_limit \
+        is None
+    with pytest.raises(SkillgraftError, match=r"transfers\[0\]\.targets\[0\]: .*pair task|transfers\[0\].*cannot"):
+        OodSpec.build({"recipe": "ood", "transfers": [{"source": "QNLI", "targets": ["SST-2"]}]})
+    with pytest.raises(SkillgraftError, match=r"transfers\.0\.source: .*unknown task"):
+        OodSpec.build({"recipe": "ood", "transfers": [{"source": "nope", "targets": ["SST-2"]}]})
+
+    wise = WiseSpec.build({"recipe": "wise", "alphas": [1, 0, 0.5, 0.5], "transfers": transfers,
+                           "localize": {"budgets": [1e-3, 7e-3]}, "graft_budgets": [7e-3]})
+    assert wise.alphas == [0.0, 0.5, 1.0]
+    with pytest.raises(SkillgraftError, match=r"graft_budgets: \['0\.002'\] are not among"):
+        wise.replace(graft_budgets=[2e-3])
+    with pytest.raises(SkillgraftError, match=r"alphas\.0: .*less than or equal to 1"):
+        wise.replace(alphas=[1.5])
+
+    peft = PeftSpec.build({"recipe": "peft-baselines", "transfers": transfers, "bitfit": False,
+                           "lora_finetune": {"steps": 9}})
+    assert peft.bitfit is None and peft.lora_finetune.lr == 5e-4 and peft.lora_finetune.steps == 9
+    assert peft.ia3_finetune.lr == 3e-3 and peft.replace() == peft
+    with pytest.raises(SkillgraftError, match=r"lora\.r: the LoRA ranks are `lora_ranks`"):
+        PeftSpec.build({"recipe": "peft-baselines", "transfers": transfers, "lora": {"r": 4}})
+
+
+def test_ood_sets_use_the_one_sampler(toy_root):
+    from skillgraft.data import eval_subset, load_split
+    from skillgraft.pipeline.ood import TargetSpec, ood_examples
+
+    target = TargetSpec.build({"task": "imdb", "labels": {"neg": "0", "pos": "1"}, "limit": 30})
+    got = ood_examples("SST-2", target, toy_root)
+    raw = load_split("imdb", "test", toy_root)
+    expected = eval_subset(map_examples("SST-2", "imdb", raw, {"neg": "0", "pos": "1"}), 30)
+    assert got == expected and len(got) == 30 and {e.label for e in got} == {0, 1}

@@ -1,86 +1,140 @@
 """Calibration recipe (paper Table 1/2, Fig. 6): fine-tuned model vs grafts at several sparsities.
 
-For each task and data seed: fine-tune (cached), learn regions at the configured budgets (cached), then
-evaluate pre-trained, head only, FT, each graft, optionally graft re-training (Table 1) and BitFit on the
-test subset: accuracy/F1, ECE (10 equal-width bins), agreement with FT. Writes ``metrics.csv`` (one row
-per task × seed × model), ``summary.csv`` (mean/std over seeds), confidence histograms and reliability
-diagrams (FT vs grafts side by side, first seed) and ``report.md`` with the paper's numbers beside ours.
+For each task and data seed: fine-tune (from the store), learn regions at the configured budgets (the one
+regions cache, :func:`skillgraft.recipes.graft.learned_regions`), then compare pre-trained, head only, FT,
+each graft, optionally graft re-training (Table 1) and BitFit on the test subset
+(:func:`skillgraft.pipeline.variants.compare`): accuracy/F1, ECE (10 equal-width bins), agreement with FT,
+share of FT, gap closed. Writes ``metrics.csv`` (one row per task × seed × model), ``summary.csv``
+(mean/std over seeds), confidence histograms and reliability diagrams (FT vs grafts side by side, first
+seed) and ``report.md`` with the paper's numbers beside ours. ECE reduction = 1 − ECE / ECE_FT.
 """
 
 from __future__ import annotations
 
 import time
 
+from pydantic import Field, field_validator, model_validator
+
 from skillgraft.data import get_task
 from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram
 from skillgraft.evaluate.predict import labels_of
-from skillgraft.recipes import common as C
-from skillgraft.recipes.base import RunDir, recipe
+from skillgraft.graft.localizers import LocalizeConfig
+from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, summary_rows
+from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.trained import BitFitSpec, RetrainSpec, bitfit_variant, retrain_variant
+from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
+from skillgraft.recipes.base import ExperimentSpec, SeedsMixin, recipe
+from skillgraft.recipes.graft import learned_regions
 from skillgraft.recipes.paper_numbers import PAPER_NOTE, TABLE1_4096, TABLE2_64
+from skillgraft.spec import Spec
 
 METRICS = ["score", "accuracy", "ece", "agreement", "mean_confidence"]
 
 
-def model_variants(setup: C.Setup, cfg: dict, run: RunDir, rows_info: dict) -> list[C.Variant]:
-    """pre, head only, FT, learned grafts, and (if configured) re-trained graft and BitFit."""
-    loc = C.localize_config(cfg)
-    regions, summary = C.learned_regions(setup, loc, run.cache, progress=bool(cfg.get("progress", False)))
-    rows_info["localize_seconds"] = summary.get("seconds")
-    variants = C.base_variants(setup) + C.graft_variants(setup, regions, summary)
-    retrain = cfg.get("retrain")
-    if retrain:
-        budget = retrain.get("budget") if isinstance(retrain, dict) else None
-        key = C.Budget.parse(budget) if budget is not None else next(iter(regions))
-        if key not in regions:
-            raise C.SkillgraftError(f"recipe field 'retrain.budget': {budget} is not among localize.budgets "
-                                    f"({[str(b) for b in regions]})")
-        ft_cfg = C.finetune_config(retrain if isinstance(retrain, dict) else {}, "finetune",
-                                   {**C.FT_DEFAULTS, **(cfg.get("finetune") or {})})
-        b = None if key.rounding else key.value
-        variants.append(C.retrain_variant(setup, regions[key], ft_cfg, run.cache,
-                                          label=f"graft re-training {key}" if b else "graft re-training", budget=b))
-    bitfit = cfg.get("bitfit")
-    if bitfit:
-        spec = (bitfit if isinstance(bitfit, dict) else {}).get("finetune")
-        variants.append(C.bitfit_variant(setup, C.dataclass_from(C.FinetuneConfig, spec, "recipe field 'bitfit'",
-                                                                 C.BITFIT_DEFAULTS), run.cache))
-    return variants
+def switch(v):
+    """YAML ``true`` turns an optional sub-spec on with its defaults, ``false`` off."""
+    return {} if v is True else None if v is False else v
 
 
-@recipe("calibration")
-def calibration(cfg: dict, run: RunDir) -> dict:
-    tasks = cfg.get("tasks") or ["SST-2"]
-    seeds = C.seeds_of(cfg)
+class GraftVariantsMixin(Spec):
+    """The models a calibration / OOD comparison holds beside FT: learned grafts, re-training, BitFit."""
+
+    localize: LocalizeConfig = Field(default_factory=LocalizeConfig, description=(
+        "the learned localizer's settings; `budgets` gives one region per budget from one localization"))
+    retrain: RetrainSpec | None = Field(None, description=(
+        "graft re-training (Table 1) of one learned region; its `finetune` fields change the recipe's "
+        "`finetune` (null: off)"))
+    bitfit: BitFitSpec | None = Field(None, description="BitFit beside the grafts (null: off)")
+
+    @field_validator("retrain", "bitfit", mode="before")
+    @classmethod
+    def _switch(cls, v):
+        return switch(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retrain_from_finetune(cls, values):
+        """``retrain.finetune`` is the recipe's ``finetune`` with the given fields changed."""
+        if not isinstance(values, dict):
+            return values
+        retrain = switch(values.get("retrain"))
+        if isinstance(retrain, dict) and (retrain.get("finetune") is None or isinstance(retrain["finetune"], dict)):
+            base = values.get("finetune") or {}
+            base = base.to_dict() if isinstance(base, Spec) else base
+            if isinstance(base, dict):
+                values = {**values, "retrain": {**retrain, "finetune": {**base, **(retrain.get("finetune") or {})}}}
+        return values
+
+    @model_validator(mode="after")
+    def _retrain_budget_is_learned(self):
+        budget = self.retrain.budget if self.retrain else None
+        if budget is not None and budget not in self.localize.budget_list:
+            raise ValueError(f"retrain.budget: {budget} is not among localize.budgets "
+                             f"{[b.label for b in self.localize.budget_list]}")
+        return self
+
+
+class CalibrationSpec(ExperimentSpec, SeedsMixin, GraftVariantsMixin):
+    """Calibration of grafts vs FT (paper Table 1/2, Fig. 6)."""
+
+
+def model_variants(setup: Setup, spec: GraftVariantsMixin, run: RunDir) -> tuple[list[Variant], dict]:
+    """pre, head only, FT, learned grafts, and (if configured) re-trained graft and BitFit; + the
+    localization summary."""
+    regions, summary = learned_regions(setup, run.store, "learned", spec.localize, progress=spec.progress)
+    variants = base_variants(setup) + [graft_variant(setup, region, budget, {"budget": budget.key})
+                                       for budget, region in regions.items()]
+    if spec.retrain:
+        key = spec.retrain.budget or next(iter(regions))
+        label = "graft re-training" if key.rounding else f"graft re-training {key.label}"
+        variants.append(retrain_variant(setup, run.store, regions[key], spec.retrain.finetune, label=label,
+                                        budget=key.fraction))
+    if spec.bitfit:
+        variants.append(bitfit_variant(setup, run.store, spec.bitfit.finetune))
+    return variants, summary
+
+
+def rows_of(setup: Setup, rows: list[dict], **extra) -> list[dict]:
+    """``compare`` rows with the draw they belong to and params as % of all model parameters."""
+    return [{**extra, "task": setup.task, "k": setup.k, "seed": setup.seed, **r,
+             "params_pct": 100.0 * r["params"] / setup.total_parameters} for r in rows]
+
+
+def setting_line(spec: ExperimentSpec, extra: str = "") -> str:
+    """One sentence of the report: model, k, seeds, test subset."""
+    model = spec.model or "bundled all-MiniLM-L6-v2"
+    return (f"Model {model} ({spec.mode} mode), k={spec.k} per label, data seeds {spec.seeds}, test subset "
+            f"{spec.test_limit or 'full'} examples (seeded sample)" + (f", {extra}" if extra else "") + ".")
+
+
+@recipe("calibration", CalibrationSpec)
+def calibration(spec: CalibrationSpec, run: RunDir) -> dict:
     rows, timings = [], []
-    for task in tasks:
-        for seed in seeds:
+    for task in spec.tasks:
+        for seed in spec.seeds:
             t0 = time.perf_counter()
-            setup = C.prepare(cfg, run, task, seed)
-            info: dict = {}
-            variants = model_variants(setup, cfg, run, info)
-            probs = {}
-            for v in sorted(variants, key=lambda v: v.kind != "ft"):  # FT first: the agreement reference
-                metrics, p = C.evaluate_variant(setup, v, setup.test, "test")
-                probs[v.name] = p
-                rows.append({**C.variant_row(setup, v), **{m: metrics.get(m) for m in METRICS},
-                             "n_test": metrics["n"]})
-            if seed == seeds[0]:
+            setup = spec.setup(run, task, seed)
+            variants, summary = model_variants(setup, spec, run)
+            found, probs = compare(setup, variants)
+            rows += rows_of(setup, found)
+            if seed == spec.seeds[0]:
                 _plots(run, setup, probs, variants)
             timings.append({"task": setup.task, "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
-                            "localize_seconds": info.get("localize_seconds")})
+                            "localize_seconds": summary.get("seconds")})
     ft_ece = {(r["task"], r["seed"]): r["ece"] for r in rows if r["kind"] == "ft"}
     for r in rows:
         e = ft_ece.get((r["task"], r["seed"]))
         r["ece_reduction"] = (1 - r["ece"] / e) if e else None
-    agg = C.aggregate(rows, ["task", "model", "kind"], METRICS + ["ece_reduction", "params", "params_pct"])
-    summary = C.summary_rows(agg, METRICS + ["ece_reduction", "params", "params_pct"])
+    columns = METRICS + ["ece_reduction", "params", "params_pct"]
+    agg = aggregate(rows, ["task", "model", "kind"], columns)
+    summary = summary_rows(agg, columns)
     run.csv("metrics.csv", rows)
     run.csv("summary.csv", summary)
-    run.report(_report(cfg, seeds, tasks, agg, timings))
+    run.report(_report(spec, agg, timings))
     return {"rows": rows, "summary": summary, "timings": timings}
 
 
-def _plots(run: RunDir, setup: C.Setup, probs: dict, variants: list[C.Variant]) -> None:
+def _plots(run: RunDir, setup: Setup, probs: dict, variants: list[Variant]) -> None:
     shown = [v.name for v in variants if v.kind in ("ft", "graft", "retrain", "bitfit", "head-only")]
     labels = labels_of(setup.test)
     tag = setup.task.replace("/", "_")
@@ -90,23 +144,23 @@ def _plots(run: RunDir, setup: C.Setup, probs: dict, variants: list[C.Variant]) 
                         title=f"{setup.task} test, k={setup.k}, seed {setup.seed}")
 
 
-def _report(cfg: dict, seeds: list[int], tasks: list[str], agg: list[dict], timings: list[dict]) -> str:
+def _report(spec: CalibrationSpec, agg: list[dict], timings: list[dict]) -> str:
     lines = ["# Calibration: fine-tuning vs grafting (paper Table 1/2, Fig. 6)", "",
-             C.sizes_line(cfg, seeds), "",
+             setting_line(spec), "",
              "Score is accuracy (F1 for MRPC/QQP); ECE with 10 equal-width bins; agreement = share of test "
              "examples where the model predicts the same label as FT; ECE reduction = 1 − ECE/ECE_FT. Params = "
              "body parameters changed or trained (the new head, which every non-pre model carries, not counted), "
              "% of all model parameters. All numbers in %, mean (std) over data seeds.", ""]
-    for task in tasks:
+    for task in spec.tasks:
         group = [g for g in agg if g["task"] == get_task(task).name]
         if not group:
             continue
         name = group[0]["task"]
-        lines += [f"## {name}", "", C.md_table(
+        lines += [f"## {name}", "", md_table(
             ["model", "params", "params %", "score", "ECE", "ECE reduction vs FT", "agreement w/ FT", "mean conf."],
             [[g["model"], int(g["params"][0]) if g["params"] else "-", f"{g['params_pct'][0]:.4f}",
-              C.pct(g["score"]), C.pct(g["ece"]), C.pct(g["ece_reduction"]) if g["kind"] != "ft" else "-",
-              C.pct(g["agreement"]), C.pct(g["mean_confidence"])] for g in group]), ""]
+              pct(g["score"]), pct(g["ece"]), pct(g["ece_reduction"]) if g["kind"] != "ft" else "-",
+              pct(g["agreement"]), pct(g["mean_confidence"])] for g in group]), ""]
         lines += [f"![confidence]({'confidence_' + name}.png)", "", f"![reliability]({'reliability_' + name}.png)", ""]
         paper = []
         if name in TABLE2_64:
@@ -122,6 +176,6 @@ def _report(cfg: dict, seeds: list[int], tasks: list[str], agg: list[dict], timi
               "vs FT' column is that quantity for our runs; compare a graft's score with both FT and 'head only' "
               "(the pre-trained body with the fine-tuned head), since in head mode the head alone already carries "
               "part of the skill.", "", PAPER_NOTE, "", "## Time", "",
-              C.md_table(["task", "seed", "seconds (incl. cached steps)", "localization seconds (when run)"],
-                         [[t["task"], t["seed"], t["seconds"], t["localize_seconds"]] for t in timings]), ""]
+              md_table(["task", "seed", "seconds (incl. cached steps)", "localization seconds (when run)"],
+                       [[t["task"], t["seed"], t["seconds"], t["localize_seconds"]] for t in timings]), ""]
     return "\n".join(lines)

@@ -2,86 +2,120 @@
 
 Each transfer names a source task and target tasks; a target's labels are mapped into the source's label
 space by NAME (``labels: {target_label: source_label | null}``; null drops that label). A pair whose labels
-cannot be mapped is refused before anything is trained. Models: pre-trained, head only, FT, learned
-grafts at the configured budgets, optionally graft re-training and BitFit (Table 3). Reports ID and OOD
-accuracy and ECE, mean (std) over data seeds.
+cannot be mapped is refused when the recipe is validated, before any work. Models: pre-trained, head only,
+FT, learned grafts at the configured budgets, optionally graft re-training and BitFit (Table 3). Reports ID
+and OOD accuracy and ECE, mean (std) over data seeds; OOD sets come from :mod:`skillgraft.pipeline.ood`.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
-from skillgraft.data import get_task
-from skillgraft.data.label_map import check_label_map
+from pydantic import Field, field_validator, model_validator
+
 from skillgraft.errors import SkillgraftError
-from skillgraft.recipes import common as C
-from skillgraft.recipes.base import RunDir, recipe
+from skillgraft.pipeline.ood import TransferSpec, ood_examples
+from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, summary_rows
+from skillgraft.pipeline.variants import compare
+from skillgraft.recipes.base import ExperimentSpec, recipe
+from skillgraft.recipes.calibration import GraftVariantsMixin, model_variants, rows_of, setting_line
 from skillgraft.recipes.paper_numbers import PAPER_NOTE, TABLE3_4096, TABLE7_4096, TABLE7_COLUMNS
+from skillgraft.spec import Spec
 
 METRICS = ["score", "accuracy", "ece", "agreement"]
 
 
-def transfers_of(cfg: dict) -> list[dict]:
-    """The configured transfers, validated (label maps checked by name) before any training."""
-    transfers = cfg.get("transfers")
-    if not transfers or not isinstance(transfers, list):
-        raise SkillgraftError("recipe field 'transfers' must be a list of {source: TASK, targets: [{task, labels}]}")
-    out = []
-    for i, t in enumerate(transfers):
-        where = f"recipe field transfers[{i}]"
-        if not isinstance(t, dict) or "source" not in t or not t.get("targets"):
-            raise SkillgraftError(f"{where}: needs 'source' and a non-empty 'targets' list")
-        source = get_task(t["source"]).name
-        targets = []
-        for j, target in enumerate(t["targets"]):
-            if isinstance(target, str):
-                target = {"task": target}
-            w = f"{where}.targets[{j}]"
-            if not isinstance(target, dict) or "task" not in target:
-                raise SkillgraftError(f"{w}: needs 'task'")
-            check_label_map(source, target["task"], target.get("labels"), w)
-            targets.append({**target, "task": get_task(target["task"]).name, "where": w})
-        out.append({"source": source, "targets": targets})
-    return out
+class TransfersMixin(Spec):
+    """Source → OOD target transfers, each over data seeds (label maps checked before any work)."""
+
+    seeds: list[int] = Field(default_factory=lambda: [13], min_length=1,
+                             description="data seeds → mean (std); the paper uses [13, 21, 42, 87, 100]")
+    ood_limit: int | None = Field(None, ge=1, description=(
+        "each OOD set: seeded sample of N examples after label mapping (not given: test_limit; null: all); a "
+        "target's own `limit` wins"))
+    transfers: list[TransferSpec] = Field(min_length=1, description=(
+        "[{source: TASK, targets: [{task, labels: {target label: source label | null}}]}]; a bare target "
+        "name means identical label names"))
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _one_seed(cls, v):
+        return [v] if isinstance(v, int) else v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _limits(cls, values):
+        """``ood_limit`` defaults to ``test_limit``; each target's ``limit`` to ``ood_limit``."""
+        if not isinstance(values, dict):
+            return values
+        limit = values.get("ood_limit", values.get("test_limit"))
+        transfers = values.get("transfers")
+        if isinstance(transfers, list):
+            transfers = [{**t, "targets": [_with_limit(x, limit) for x in t["targets"]]}
+                         if isinstance(t, dict) and isinstance(t.get("targets"), list) else t for t in transfers]
+        return {**values, "ood_limit": limit, **({"transfers": transfers} if transfers is not None else {})}
+
+    @model_validator(mode="after")
+    def _mappable(self):
+        for i, transfer in enumerate(self.transfers):
+            try:
+                transfer.check(f"transfers[{i}]")
+            except SkillgraftError as e:
+                raise ValueError(str(e)) from None
+        return self
 
 
-def run_transfers(cfg: dict, run: RunDir, variants_fn, *, title: str, paper_lines) -> dict:
+def _with_limit(target, limit):
+    target = {"task": target} if isinstance(target, str) else target
+    return {**target, "limit": limit} if isinstance(target, dict) and "limit" not in target else target
+
+
+class OodSpec(ExperimentSpec, GraftVariantsMixin, TransfersMixin):  # last base validates first: label maps
+    """Grafts vs FT out of distribution (paper Fig. 7, Tables 3, 7)."""
+
+
+def run_transfers(spec, run: RunDir, variants_fn: Callable, *, title: str, paper_lines: Callable) -> dict:
     """Shared loop of the OOD and PEFT recipes: per source × seed, every variant on ID test + OOD sets."""
-    transfers = transfers_of(cfg)
-    seeds = C.seeds_of(cfg)
     rows, timings = [], []
-    for t in transfers:
-        ood_sets = {tg["task"]: C.ood_examples(t["source"], tg, cfg, tg["where"]) for tg in t["targets"]}
-        for seed in seeds:
+    for i, t in enumerate(spec.transfers):
+        ood_sets = {tg.task: ood_examples(t.source, tg, spec.data_dir, f"transfers[{i}].targets[{j}]")
+                    for j, tg in enumerate(t.targets)}
+        for seed in spec.seeds:
             t0 = time.perf_counter()
-            setup = C.prepare(cfg, run, t["source"], seed)
-            variants = variants_fn(setup, cfg, run)
+            setup = spec.setup(run, t.source, seed)
+            variants = variants_fn(setup, spec, run)
             sets = {f"{setup.task} (ID)": setup.test, **ood_sets}
-            r, _ = C.evaluate_on_sets(setup, variants, sets, METRICS)
-            rows += [{"source": setup.task, **x} for x in r]
+            found = []
+            for set_name, examples in sets.items():
+                block, _ = compare(setup, variants, examples, set_name)
+                found += rows_of(setup, block, source=setup.task, eval=set_name)
+            order = {v.name: n for n, v in enumerate(variants)}
+            rows += sorted(found, key=lambda r: order[r["model"]])  # stable: sets in order within a model
             timings.append({"source": setup.task, "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
                             "n_eval": {k: len(v) for k, v in sets.items()}})
-    agg = C.aggregate(rows, ["source", "model", "kind", "eval"], METRICS + ["params", "params_pct"])
-    summary = C.summary_rows(agg, METRICS + ["params", "params_pct"])
+    columns = METRICS + ["params", "params_pct"]
+    agg = aggregate(rows, ["source", "model", "kind", "eval"], columns)
+    summary = summary_rows(agg, columns)
     run.csv("metrics.csv", rows)
     run.csv("summary.csv", summary)
-    run.report(_report(cfg, seeds, transfers, agg, timings, title, paper_lines))
+    run.report(_report(spec, agg, timings, title, paper_lines))
     return {"rows": rows, "summary": summary, "timings": timings}
 
 
-def _report(cfg, seeds, transfers, agg, timings, title, paper_lines) -> str:
-    lines = [f"# {title}", "", C.sizes_line(cfg, seeds, f"OOD subsets of {cfg.get('ood_limit') or cfg.get('test_limit') or 'all'} "
-                                                       "examples (seeded sample, after label mapping)"), "",
+def _report(spec, agg, timings, title, paper_lines) -> str:
+    lines = [f"# {title}", "", setting_line(spec, f"OOD subsets of {spec.ood_limit or 'all'} examples (seeded "
+                                                  "sample, after label mapping)"), "",
              "Score = accuracy (F1 for MRPC/QQP) in %, mean (std) over data seeds; ECE in %. Params = body "
              "parameters changed or trained, % of all model parameters (the new head is carried by every "
              "non-pre model and not counted). Label mappings (target label → source label; null = dropped):", ""]
-    for t in transfers:
-        for tg in t["targets"]:
-            lines.append(f"- {t['source']} → {tg['task']}: `{tg.get('labels') or 'identity'}`")
+    for t in spec.transfers:
+        for tg in t.targets:
+            lines.append(f"- {t.source} → {tg.task}: `{tg.labels or 'identity'}`")
     lines.append("")
-    for t in transfers:
-        src = t["source"]
-        evals = [f"{src} (ID)"] + [tg["task"] for tg in t["targets"]]
+    for t in spec.transfers:
+        src = t.source
+        evals = [f"{src} (ID)"] + [tg.task for tg in t.targets]
         models = []
         for g in agg:
             if g["source"] == src and g["model"] not in models:
@@ -91,9 +125,9 @@ def _report(cfg, seeds, transfers, agg, timings, title, paper_lines) -> str:
         body = []
         for m in models:
             first = cell[(m, evals[0])]
-            body.append([m, f"{first['params_pct'][0]:.4f}"] + [C.pct(cell[(m, e)]["score"]) for e in evals]
-                        + [C.pct(cell[(m, e)]["ece"]) for e in evals])
-        lines += [f"## Source: {src}", "", C.md_table(header, body), ""]
+            body.append([m, f"{first['params_pct'][0]:.4f}"] + [pct(cell[(m, e)]["score"]) for e in evals]
+                        + [pct(cell[(m, e)]["ece"]) for e in evals])
+        lines += [f"## Source: {src}", "", md_table(header, body), ""]
         ft = {e: cell[("fine-tuned", e)]["score"] for e in evals[1:] if ("fine-tuned", e) in cell}
         gains = []
         for m in models:
@@ -102,11 +136,11 @@ def _report(cfg, seeds, transfers, agg, timings, title, paper_lines) -> str:
             for e in evals[1:]:
                 if e in ft and ft[e]:
                     d = [a - b for a, b in zip(cell[(m, e)]["score"], ft[e])]
-                    gains.append(f"{m} → {e}: {C.pct(d)} points vs FT")
+                    gains.append(f"{m} → {e}: {pct(d)} points vs FT")
         if gains:
             lines += ["OOD difference to FT (same seeds): " + "; ".join(gains) + ".", ""]
-        lines += paper_lines(src, [tg["task"] for tg in t["targets"]])
-    lines += [PAPER_NOTE, "", "## Time", "", C.md_table(
+        lines += paper_lines(src, [tg.task for tg in t.targets])
+    lines += [PAPER_NOTE, "", "## Time", "", md_table(
         ["source", "seed", "seconds (incl. cached steps)", "eval set sizes"],
         [[x["source"], x["seed"], x["seconds"], x["n_eval"]] for x in timings]), ""]
     return "\n".join(lines)
@@ -126,10 +160,8 @@ def paper_ood_lines(src: str, targets: list[str]) -> list[str]:
     return (["Paper's numbers:", "", *out, ""]) if out else []
 
 
-@recipe("ood")
-def ood(cfg: dict, run: RunDir) -> dict:
-    from skillgraft.recipes.calibration import model_variants  # noqa: PLC0415
-
-    return run_transfers(cfg, run, lambda s, c, r: model_variants(s, c, r, {}),
+@recipe("ood", OodSpec)
+def ood(spec: OodSpec, run: RunDir) -> dict:
+    return run_transfers(spec, run, lambda setup, spec, run: model_variants(setup, spec, run)[0],
                          title="Out-of-distribution: fine-tuning vs grafting (paper Fig. 7, Tables 3, 7)",
                          paper_lines=paper_ood_lines)

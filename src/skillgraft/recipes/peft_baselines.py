@@ -3,41 +3,84 @@
 Every method starts from θ_pre with the same new head and trains with its own usual optimizer settings
 (AdamW); LoRA (ranks from ``lora_ranks``) and IA³ come from the ``peft`` library (peft has no sequential
 bottleneck adapter — Houlsby/Pfeiffer — so IA³ is the adapter baseline; see
-:mod:`skillgraft.train.adapters`). Grafts are learned on the SGD fine-tuned model at budgets chosen to
+:mod:`skillgraft.train.adapters`). Trained baselines are stored as weight deltas
+(:mod:`skillgraft.pipeline.trained`). Grafts are learned on the SGD fine-tuned model at budgets chosen to
 bracket those parameter counts. Evaluated like the OOD recipe: ID test + mapped OOD sets, accuracy and ECE.
 """
 
 from __future__ import annotations
 
-from skillgraft.errors import SkillgraftError
-from skillgraft.recipes import common as C
-from skillgraft.recipes.base import RunDir, recipe
-from skillgraft.recipes.ood import paper_ood_lines, run_transfers
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
+
+from skillgraft.graft.localizers import LocalizeConfig
+from skillgraft.pipeline.report import RunDir
+from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.trained import (IA3_FINETUNE, LORA_FINETUNE, BitFitSpec, adapter_variant, bitfit_variant,
+                                         with_defaults)
+from skillgraft.pipeline.variants import Variant, base_variants, graft_variant
+from skillgraft.recipes.base import ExperimentSpec, recipe
+from skillgraft.recipes.calibration import switch
+from skillgraft.recipes.graft import learned_regions
+from skillgraft.recipes.ood import TransfersMixin, paper_ood_lines, run_transfers
 from skillgraft.recipes.paper_numbers import TABLE6_4096
+from skillgraft.train import FinetuneConfig
 from skillgraft.train.adapters import AdapterConfig
 
+DEFAULT_LORA_R = AdapterConfig.model_fields["r"].default
 
-def peft_variants(setup: C.Setup, cfg: dict, run: RunDir) -> list[C.Variant]:
-    loc = C.localize_config(cfg)
-    regions, summary = C.learned_regions(setup, loc, run.cache, progress=bool(cfg.get("progress", False)))
-    variants = C.base_variants(setup) + C.graft_variants(setup, regions, summary)
-    if cfg.get("bitfit", True):
-        spec = (cfg["bitfit"] if isinstance(cfg.get("bitfit"), dict) else {}).get("finetune")
-        variants.append(C.bitfit_variant(setup, C.dataclass_from(C.FinetuneConfig, spec, "recipe field 'bitfit'",
-                                                                 C.BITFIT_DEFAULTS), run.cache))
-    ranks = cfg.get("lora_ranks", [1, 2, 8])
-    if not isinstance(ranks, list) or not all(isinstance(r, int) and r >= 1 for r in ranks):
-        raise SkillgraftError(f"recipe field 'lora_ranks' must be a list of integers ≥ 1, got {ranks!r}")
-    lora_ft = C.dataclass_from(C.FinetuneConfig, cfg.get("lora_finetune"), "recipe field 'lora_finetune'",
-                               C.ADAPTER_DEFAULTS)
-    for r in ranks:
-        adapter = C.dataclass_from(AdapterConfig, {**(cfg.get("lora") or {}), "method": "lora", "r": r},
-                                   "recipe field 'lora'")
-        variants.append(C.adapter_variant(setup, adapter, lora_ft, run.cache))
-    if cfg.get("ia3", True):
-        ia3_ft = C.dataclass_from(C.FinetuneConfig, cfg.get("ia3_finetune"), "recipe field 'ia3_finetune'",
-                                  {**C.ADAPTER_DEFAULTS, "lr": 3e-3})
-        variants.append(C.adapter_variant(setup, AdapterConfig(method="ia3"), ia3_ft, run.cache))
+
+class PeftSpec(ExperimentSpec, TransfersMixin):
+    """Grafts vs BitFit, LoRA and IA³ at matched size (paper Tables 6, 7)."""
+
+    localize: LocalizeConfig = Field(default_factory=LocalizeConfig, description=(
+        "the learned localizer's settings; `budgets` gives one region per budget from one localization"))
+    bitfit: BitFitSpec | None = Field(default_factory=BitFitSpec, description="BitFit (null or false: off)")
+    lora_ranks: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 2, 8], description=(
+        "one LoRA baseline per rank (empty: none)"))
+    lora: AdapterConfig = Field(default_factory=AdapterConfig, description=(
+        "LoRA settings (target_modules, lora_alpha, lora_dropout); the ranks are `lora_ranks`"))
+    lora_finetune: FinetuneConfig = Field(default_factory=lambda: FinetuneConfig(**LORA_FINETUNE), description=(
+        "LoRA training; fields not given: AdamW, lr 5e-4, 400 steps, eval every 100, no weight decay"))
+    ia3: bool = Field(True, description="an IA³ baseline (peft's default targets)")
+    ia3_finetune: FinetuneConfig = Field(default_factory=lambda: FinetuneConfig(**IA3_FINETUNE), description=(
+        "IA³ training; fields not given: AdamW, lr 3e-3, 400 steps, eval every 100, no weight decay"))
+
+    @field_validator("bitfit", mode="before")
+    @classmethod
+    def _switch(cls, v):
+        return switch(v)
+
+    @field_validator("lora_finetune", mode="before")
+    @classmethod
+    def _lora_defaults(cls, v):
+        return with_defaults(LORA_FINETUNE, v)
+
+    @field_validator("ia3_finetune", mode="before")
+    @classmethod
+    def _ia3_defaults(cls, v):
+        return with_defaults(IA3_FINETUNE, v)
+
+    @model_validator(mode="after")
+    def _lora_only(self):
+        if self.lora.method != "lora":
+            raise ValueError("lora.method: must be lora (IA³ is the `ia3` field)")
+        if self.lora.r != DEFAULT_LORA_R:
+            raise ValueError("lora.r: the LoRA ranks are `lora_ranks`; leave lora.r unset")
+        return self
+
+
+def peft_variants(setup: Setup, spec: PeftSpec, run: RunDir) -> list[Variant]:
+    regions, _ = learned_regions(setup, run.store, "learned", spec.localize, progress=spec.progress)
+    variants = base_variants(setup) + [graft_variant(setup, region, budget, {"budget": budget.key})
+                                       for budget, region in regions.items()]
+    if spec.bitfit:
+        variants.append(bitfit_variant(setup, run.store, spec.bitfit.finetune))
+    for r in spec.lora_ranks:
+        variants.append(adapter_variant(setup, run.store, spec.lora.replace(r=r), spec.lora_finetune))
+    if spec.ia3:
+        variants.append(adapter_variant(setup, run.store, AdapterConfig(method="ia3"), spec.ia3_finetune))
     return variants
 
 
@@ -49,8 +92,8 @@ def paper_lines(src: str, targets: list[str]) -> list[str]:
     return out
 
 
-@recipe("peft-baselines")
-def peft_baselines(cfg: dict, run: RunDir) -> dict:
-    return run_transfers(cfg, run, peft_variants,
+@recipe("peft-baselines", PeftSpec)
+def peft_baselines(spec: PeftSpec, run: RunDir) -> dict:
+    return run_transfers(spec, run, peft_variants,
                          title="Parameter-efficient baselines vs grafting at matched size (paper Tables 6, 7)",
                          paper_lines=paper_lines)

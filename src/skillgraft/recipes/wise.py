@@ -10,55 +10,71 @@ with the ID-vs-OOD curves of WiSE-FT and WiSE-graft (FT and the graft are their 
 from __future__ import annotations
 
 import time
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import Field, field_validator, model_validator
 
-from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.predict import evaluate
 from skillgraft.graft.interpolate import interpolate
+from skillgraft.graft.localizers import LocalizeConfig
+from skillgraft.graft.selection import Budget
 from skillgraft.io import atomic_path
-from skillgraft.recipes import common as C
-from skillgraft.recipes.base import RunDir, recipe
-from skillgraft.recipes.ood import transfers_of
+from skillgraft.pipeline.ood import ood_examples
+from skillgraft.pipeline.report import RunDir, md_table
+from skillgraft.pipeline.variants import graft_label, graft_variant
+from skillgraft.recipes.base import ExperimentSpec, recipe
+from skillgraft.recipes.calibration import setting_line
+from skillgraft.recipes.graft import learned_regions
+from skillgraft.recipes.ood import TransfersMixin
 from skillgraft.recipes.paper_numbers import FIG7_NLI_OPTIMA, PAPER_NOTE
 
 
-def alphas_of(cfg: dict) -> list[float]:
-    alphas = cfg.get("alphas", [0.0, 0.25, 0.5, 0.75, 1.0])
-    try:
-        alphas = sorted({float(a) for a in alphas})
-    except (TypeError, ValueError):
-        raise SkillgraftError(f"recipe field 'alphas' must be a list of numbers in [0, 1], got {alphas!r}") from None
-    if not alphas or alphas[0] < 0 or alphas[-1] > 1:
-        raise SkillgraftError(f"recipe field 'alphas' must be numbers in [0, 1], got {alphas}")
-    return alphas
+class WiseSpec(ExperimentSpec, TransfersMixin):
+    """WiSE-FT vs WiSE-graft along α (paper Fig. 7)."""
+
+    localize: LocalizeConfig = Field(default_factory=LocalizeConfig, description=(
+        "the learned localizer's settings; `budgets` gives one region per budget from one localization"))
+    alphas: list[Annotated[float, Field(ge=0, le=1)]] = Field(
+        default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], min_length=1,
+        description="interpolation weights α in [0, 1] (sorted, repeats dropped)")
+    head: Literal["carry", "interpolate"] = Field("carry", description=(
+        "carry: the fine-tuned head at every α (α = 0 is head only) | interpolate: the head too"))
+    graft_budgets: list[Budget] | None = Field(None, min_length=1, description=(
+        "which learned regions (of localize.budgets) get a WiSE-graft curve (null: every one)"))
+
+    @field_validator("alphas")
+    @classmethod
+    def _sorted(cls, v: list[float]) -> list[float]:
+        return sorted(set(v))
+
+    @model_validator(mode="after")
+    def _budgets_are_learned(self):
+        learned = self.localize.budget_list
+        missing = [b.label for b in self.graft_budgets or [] if b not in learned]
+        if missing:
+            raise ValueError(f"graft_budgets: {missing} are not among localize.budgets {[b.label for b in learned]}")
+        return self
 
 
-@recipe("wise")
-def wise(cfg: dict, run: RunDir) -> dict:
-    transfers = transfers_of(cfg)
-    alphas = alphas_of(cfg)
-    seeds = C.seeds_of(cfg)
-    head = cfg.get("head", "carry")
+@recipe("wise", WiseSpec)
+def wise(spec: WiseSpec, run: RunDir) -> dict:
     points, timings = [], []
-    for t in transfers:
-        ood_sets = {tg["task"]: C.ood_examples(t["source"], tg, cfg, tg["where"]) for tg in t["targets"]}
-        for seed in seeds:
+    for i, t in enumerate(spec.transfers):
+        ood_sets = {tg.task: ood_examples(t.source, tg, spec.data_dir, f"transfers[{i}].targets[{j}]")
+                    for j, tg in enumerate(t.targets)}
+        for seed in spec.seeds:
             t0 = time.perf_counter()
-            setup = C.prepare(cfg, run, t["source"], seed)
-            regions, summary = C.learned_regions(setup, C.localize_config(cfg), run.cache,
-                                                 progress=bool(cfg.get("progress", False)))
+            setup = spec.setup(run, t.source, seed)
+            regions, _ = learned_regions(setup, run.store, "learned", spec.localize, progress=spec.progress)
             curves = {"WiSE-FT": setup.ft}
-            chosen = cfg.get("graft_budgets")
-            for v in C.graft_variants(setup, regions, summary):
-                if chosen is None or (v.budget is not None and any(abs(v.budget - float(b)) < 1e-12 for b in chosen)):
-                    curves[f"WiSE-{v.name}"] = v.graft
-            if len(curves) == 1:
-                raise SkillgraftError(f"recipe field 'graft_budgets': none of {chosen} is among localize.budgets")
+            for budget, region in regions.items():
+                if spec.graft_budgets is None or budget in spec.graft_budgets:
+                    curves[f"WiSE-{graft_label(budget)}"] = graft_variant(setup, region, budget).graft
             sets = {f"{setup.task} (ID)": setup.test, **ood_sets}
             for curve, target in curves.items():
-                for alpha in alphas:
-                    with interpolate(setup.pre, target, alpha, head=head) as scorer:
+                for alpha in spec.alphas:
+                    with interpolate(setup.pre, target, alpha, head=spec.head) as scorer:
                         row = {"source": setup.task, "seed": seed, "curve": curve, "alpha": alpha}
                         for name, examples in sets.items():
                             m, _ = evaluate(scorer, examples)
@@ -68,10 +84,10 @@ def wise(cfg: dict, run: RunDir) -> dict:
     curves_rows = _mean_curves(points)
     run.csv("points.csv", points)
     run.csv("curves.csv", curves_rows)
-    for t in transfers:
-        for tg in t["targets"]:
-            _plot(run, curves_rows, t["source"], tg["task"])
-    run.report(_report(cfg, seeds, alphas, head, transfers, curves_rows, timings))
+    for t in spec.transfers:
+        for tg in t.targets:
+            _plot(run, curves_rows, t.source, tg.task)
+    run.report(_report(spec, curves_rows, timings))
     return {"points": points, "curves": curves_rows, "timings": timings}
 
 
@@ -117,19 +133,19 @@ def _plot(run: RunDir, rows: list[dict], source: str, target: str) -> None:
     plt.close(fig)
 
 
-def _report(cfg, seeds, alphas, head, transfers, rows, timings) -> str:
+def _report(spec: WiseSpec, rows, timings) -> str:
     lines = ["# WiSE-FT vs WiSE-graft: ID vs OOD along interpolations (paper Fig. 7)", "",
-             C.sizes_line(cfg, seeds, f"α grid {alphas}, head policy '{head}'"), "",
+             setting_line(spec, f"α grid {spec.alphas}, head policy '{spec.head}'"), "",
              "WiSE-FT: θ_pre + α(θ_ft − θ_pre). WiSE-graft: θ_pre + α·γ⊙(θ_ft − θ_pre). Accuracy in %, mean over "
              "data seeds (per-seed points in points.csv). With head policy 'carry' the fine-tuned head is used at "
              "every α, so α = 0 is the head-only model.", ""]
-    for t in transfers:
-        src = t["source"]
-        targets = [tg["task"] for tg in t["targets"]]
+    for t in spec.transfers:
+        src = t.source
+        targets = [tg.task for tg in t.targets]
         header = ["curve", "α", f"{src} (ID)"] + targets
         body = [[r["curve"], r["alpha"], f"{100 * r[f'{src} (ID):score']:.1f}"]
                 + [f"{100 * r[f'{tg}:score']:.1f}" for tg in targets] for r in rows if r["source"] == src]
-        lines += [f"## {src}", "", C.md_table(header, body), ""]
+        lines += [f"## {src}", "", md_table(header, body), ""]
         for tg in targets:
             best = max((r for r in rows if r["source"] == src), key=lambda r: r[f"{src} (ID):score"] + r[f"{tg}:score"])
             lines.append(f"- best ID+OOD point → {tg}: {best['curve']} α={best['alpha']} "
@@ -138,6 +154,6 @@ def _report(cfg, seeds, alphas, head, transfers, rows, timings) -> str:
     lines += ["Paper (Fig. 7e caption, QNLI → NLI, RoBERTa-base 4096-shot): optimal (ID, OOD) point of WiSE-FT "
               f"{FIG7_NLI_OPTIMA['WiSE-FT']}, of grafting {FIG7_NLI_OPTIMA['grafting']}; Fig. 7f: WiSE-graft gets a "
               "competitive ID-OOD curve for the sentiment transfer (no numbers printed).", "", PAPER_NOTE, "",
-              "## Time", "", C.md_table(["source", "seed", "seconds"],
+              "## Time", "", md_table(["source", "seed", "seconds"],
                                         [[x["source"], x["seed"], x["seconds"]] for x in timings]), ""]
     return "\n".join(lines)

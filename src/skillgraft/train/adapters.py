@@ -14,32 +14,26 @@ adapter baseline.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
+from pydantic import Field
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.spec import Spec
 
 Method = Literal["lora", "ia3"]
 
 
-@dataclass
-class AdapterConfig:
+class AdapterConfig(Spec):
     """One peft adapter (defaults: peft's own, LoRA on query/value as in Hu et al. 2022)."""
 
-    method: Method = field(default="lora", metadata={"help": "lora or ia3"})
-    r: int = field(default=8, metadata={"help": "LoRA rank"})
-    lora_alpha: float = field(default=8, metadata={"help": "LoRA scaling numerator (scale = alpha / r)"})
-    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
-    target_modules: list[str] | None = field(default=None, metadata={
-        "help": "module names to adapt (None: query/value for LoRA, peft's defaults for IA³)"})
-
-    def validate(self) -> None:
-        if self.method not in ("lora", "ia3"):
-            raise SkillgraftError(f"adapter method must be 'lora' or 'ia3', got {self.method!r}")
-        if self.method == "lora" and self.r < 1:
-            raise SkillgraftError(f"LoRA rank r must be ≥ 1, got {self.r}")
+    method: Method = Field("lora", description="lora or ia3")
+    r: int = Field(8, ge=1, description="LoRA rank")
+    lora_alpha: float = Field(8, gt=0, description="LoRA scaling numerator (scale = alpha / r)")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout")
+    target_modules: list[str] | None = Field(None, description=(
+        "module names to adapt (None: query/value for LoRA, peft's defaults for IA³)"))
 
     @property
     def label(self) -> str:
@@ -62,7 +56,6 @@ def add_adapter(scorer, config: AdapterConfig) -> list[str]:
     """Inject the adapter into ``scorer.model`` in place; returns the adapter parameter names."""
     import peft  # noqa: PLC0415
 
-    config.validate()
     before = {n for n, _ in scorer.named_parameters()}
     try:
         peft.inject_adapter_in_model(_peft_config(config, scorer.model), scorer.model)
