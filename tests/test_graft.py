@@ -424,3 +424,23 @@ def test_backup_follows_region_changes_and_grafted_bases_are_refused(pair):
     with a.applied(pre):
         pass
     assert _same(pre, before)
+
+
+def test_views_sharing_a_body_share_the_applied_state(tiny_bert):
+    """Two task views of one multi-task body: a graft applied through one blocks the other (one body, one graft)."""
+    from skillgraft.graft.graft import active_graft
+    from skillgraft.train.multitask import MultiTaskScorer
+
+    mt = MultiTaskScorer.build(str(tiny_bert), ["SST-2", "ag_news"], "head")
+    sst, ag = mt.view("SST-2"), mt.view("ag_news")
+    ft = build_scorer(str(tiny_bert), "SST-2", "head", head_seed=1)
+    with torch.no_grad():
+        for p in ft.model.parameters():
+            p.add_(0.01)
+    g, _ = _two_grafts(sst, ft)
+    before = _state(ag)
+    with g.applied(sst):
+        assert active_graft(ag) is g
+        with pytest.raises(SkillgraftError, match="already applied"):
+            g.apply(ag)
+    assert active_graft(ag) is None and _same(ag, before)
