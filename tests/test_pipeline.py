@@ -119,3 +119,37 @@ def test_cli_options_come_from_the_specs():
     assert DataSpec.model_fields["k"].description.split(";")[0] in " ".join(helptext.split())
     r = runner.invoke(app, ["verb", "--k", "0"])
     assert isinstance(r.exception, SkillgraftError) and "--k:" in str(r.exception)
+
+
+def test_cli_graft_and_recipe_see_the_same_examples_and_numbers(tiny_bert, toy_data, tmp_path):
+    """`skillgraft finetune` + `skillgraft graft --test-limit N` and the `graft` recipe with the same settings
+    evaluate the same test examples and produce the same rows."""
+    import json
+
+    from skillgraft.cli import app
+    from skillgraft.graft.localizers import LocalizeConfig
+    from skillgraft.recipes.base import RECIPES, run_spec
+    from skillgraft.recipes.graft import GraftRecipeSpec
+    from skillgraft.train import FinetuneConfig
+
+    runner = CliRunner()
+    ft = FinetuneConfig(optimizer="adamw", lr=1e-3, steps=20, eval_every=10)
+    loc = LocalizeConfig(steps=3, eval_every=1, budgets=[1e-3])
+    r = runner.invoke(app, [str(a) for a in ("finetune", "--task", "SST-2", "--k", 8, "--seed", 13, "--model", tiny_bert,
+                                             "--optimizer", "adamw", "--lr", 1e-3, "--steps", 20, "--eval-every", 10,
+                                             "--data-dir", toy_data, "--out", tmp_path / "ft")])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, [str(a) for a in ("graft", "--finetuned", tmp_path / "ft", "--out", tmp_path / "g",
+                                             "--budgets", "0.001", "--steps", 3, "--eval-every", 1, "--test-limit", 30,
+                                             "--baselines", "movement", "--no-lottery-zero", "--data-dir", toy_data)])
+    assert r.exit_code == 0, r.output
+    spec = GraftRecipeSpec(recipe="graft", task="SST-2", k=8, seed=13, model=str(tiny_bert), data_dir=toy_data,
+                           test_limit=30, finetune=ft, localize=loc,
+                           report={"baselines": ["movement"], "lottery_zero": False})
+    run_spec(RECIPES["graft"], spec, tmp_path / "recipe", cache=tmp_path / "store")
+    cli_rows = json.loads((tmp_path / "g" / "metrics.json").read_text())["rows"]
+    recipe_rows = json.loads((tmp_path / "recipe" / "metrics.json").read_text())["rows"]
+    assert [r["model"] for r in cli_rows] == [r["model"] for r in recipe_rows]
+    for a, b in zip(cli_rows, recipe_rows):
+        assert a["n"] == b["n"] == 30
+        assert a["score"] == b["score"] and a["ece"] == b["ece"] and a["params"] == b["params"]

@@ -94,8 +94,11 @@ def from_specs(**sections: Options):
                 elif not isinstance(default, (bool, int, float, str, Path, type(None))):
                     default = str(default)
                 help_text = opts.help.get(name) or info.description or ""
+                flag = f"--{opt.replace('_', '-')}"
+                if annotation is bool:  # a switch: --name / --no-name
+                    flag = f"{flag}/--no-{opt.replace('_', '-')}"
                 param = inspect.Parameter(opt, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
-                                          default=typer.Option(default, f"--{opt.replace('_', '-')}", help=help_text))
+                                          default=typer.Option(default, flag, help=help_text))
                 generated.append(param)
                 owner[opt] = (section, name)
         kinds = [p for p in own if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
