@@ -327,3 +327,15 @@ def test_ood_sets_use_the_one_sampler(toy_root):
     raw = load_split("imdb", "test", toy_root)
     expected = eval_subset(map_examples("SST-2", "imdb", raw, {"neg": "0", "pos": "1"}), 30)
     assert got == expected and len(got) == 30 and {e.label for e in got} == {0, 1}
+
+
+def test_docs_name_every_field_of_these_recipes():
+    from skillgraft.recipes.calibration import CalibrationSpec
+    from skillgraft.recipes.ood import OodSpec
+    from skillgraft.recipes.peft_baselines import PeftSpec
+    from skillgraft.recipes.wise import WiseSpec
+
+    doc = (RECIPES.parent / "docs" / "recipes.md").read_text()
+    for spec in (CalibrationSpec, OodSpec, WiseSpec, PeftSpec):
+        for field in spec.model_fields:
+            assert f"`{field}`" in doc, (spec.__name__, field)

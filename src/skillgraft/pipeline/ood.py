@@ -34,7 +34,8 @@ class TargetSpec(Spec):
     labels: dict[str, str | None] | None = Field(None, description=(
         "target label → source label, by name; null drops that label (null map: identical label names)"))
     split: Literal["train", "dev", "test"] = Field("test", description="which split of the target is evaluated")
-    limit: int | None = Field(None, ge=1, description="seeded sample of N examples after mapping (null: all)")
+    limit: int | None = Field(None, ge=1, description=(
+        "seeded sample of N examples after mapping (null: all; in a recipe, not given: its ood_limit)"))
 
     @model_validator(mode="before")
     @classmethod
