@@ -155,5 +155,5 @@ def _report(spec: WiseSpec, rows, timings) -> str:
               f"{FIG7_NLI_OPTIMA['WiSE-FT']}, of grafting {FIG7_NLI_OPTIMA['grafting']}; Fig. 7f: WiSE-graft gets a "
               "competitive ID-OOD curve for the sentiment transfer (no numbers printed).", "", PAPER_NOTE, "",
               "## Time", "", md_table(["source", "seed", "seconds"],
-                                        [[x["source"], x["seed"], x["seconds"]] for x in timings]), ""]
+                                      [[x["source"], x["seed"], x["seconds"]] for x in timings]), ""]
     return "\n".join(lines)
