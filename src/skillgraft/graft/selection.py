@@ -169,6 +169,21 @@ def region_universe(pre, graftable: Graftable = "body") -> Shapes:
     return {n: tuple(p.shape) for n, p in pre.named_parameters() if n in names}
 
 
+def top_k_flat(flat: torch.Tensor, k: int) -> torch.Tensor:
+    """Boolean mask of the k largest entries of a 1-d tensor; among equal values the earliest win (NaN ranks
+    highest). The one tie rule every selection — single-process, candidate-restricted, sharded — follows."""
+    k = max(0, min(k, flat.numel()))
+    if k == 0:
+        return torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
+    if flat.is_floating_point() and bool(flat.isnan().any()):
+        flat = torch.nan_to_num(flat, nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
+    threshold = torch.topk(flat, k, sorted=False).values.min()  # the k-th largest value
+    chosen = flat > threshold
+    ties = torch.nonzero(flat == threshold).view(-1)[:k - int(chosen.sum())]
+    chosen[ties] = True
+    return chosen
+
+
 def top_k_masks(scores: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
     """Boolean masks of exactly the k largest entries over all tensors (ties broken by position).
 
@@ -179,9 +194,7 @@ def top_k_masks(scores: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tens
     wide = any(s.dtype == torch.float64 or not s.is_floating_point() for s in scores.values())
     dtype = torch.float64 if wide else torch.float32
     flat = torch.cat([s.reshape(-1).to(dtype) for s in scores.values()])
-    k = min(k, flat.numel())
-    chosen = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
-    chosen[torch.topk(flat, k, sorted=False).indices] = True
+    chosen = top_k_flat(flat, k)
     out, start = {}, 0
     for n, s in scores.items():
         out[n] = chosen[start:start + s.numel()].view(s.shape)
