@@ -15,10 +15,11 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from skillgraft.clispec import Options, from_specs
-from skillgraft.data.spec import DataSpec
+from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.export import ExportSpec
 from skillgraft.graft.localizers import LocalizeConfig
@@ -34,15 +35,30 @@ console = Console(stderr=False, soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 
+def one_line_error(e: BaseException) -> str | None:
+    """The user-facing line for an error users or their machine can cause (a SkillgraftError, an I/O error
+    naming its path: ``<path>: no space left on device``); None for a bug, which keeps its traceback."""
+    from skillgraft.io import describe_io_error  # noqa: PLC0415
+
+    if isinstance(e, SkillgraftError):
+        return str(e)
+    return describe_io_error(e)
+
+
 def friendly(fn):
-    """Turn SkillgraftError into one red line and exit code 2 (no traceback)."""
+    """Turn SkillgraftError and I/O errors into one red line and exit code 2 (no traceback; docs/reliability.md).
+
+    ``SKILLGRAFT_DEBUG=1`` re-raises them with their traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except SkillgraftError as e:
-            err.print(f"[bold red]error:[/] {e}")
+        except Exception as e:
+            line = one_line_error(e)
+            if line is None or os.environ.get("SKILLGRAFT_DEBUG") == "1":
+                raise
+            err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
             raise typer.Exit(2) from None
 
     return wrapper
@@ -50,7 +66,7 @@ def friendly(fn):
 
 def _warnings_to_console() -> None:
     def show(message, category, filename, lineno, file=None, line=None):
-        err.print(f"[yellow]warning:[/] {message}")
+        err.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False)
 
     warnings.showwarning = show
 
@@ -138,7 +154,7 @@ def evaluate(
     task: Optional[str] = typer.Option(None, help="task to evaluate on (default: the model's task)"),
     split: str = typer.Option("test", help="train | dev | test"),
     data_dir: Optional[Path] = DataDir,
-    limit: Optional[int] = typer.Option(None, help="first N examples only"),
+    limit: Optional[int] = typer.Option(None, min=1, help="first N examples only"),
     out: Optional[Path] = typer.Option(None, help="write metrics JSON + plots into this folder"),
 ) -> None:
     """Evaluate a saved model: accuracy/F1, ECE, and (with --out) plots."""
@@ -191,28 +207,67 @@ Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_
 @app.command()
 @friendly
 @from_specs(localize=Options(LocalizeConfig), report=Options(ReportSpec),
-            data=Options(DataSpec, skip=("task", "k", "seed")))
+            data=Options(DataSpec, skip=("task", "k", "seed", "test_limit")), user=Options(UserDataSpec))
 def graft(
-    finetuned: Path = typer.Option(..., help="a fine-tuning run directory (from `skillgraft finetune`)"),
-    out: Optional[Path] = typer.Option(None, help="output folder (default: <finetuned>/graft)"),
+    finetuned: Path = typer.Option(..., help="the fine-tuned model: a Hugging Face checkpoint (hub name or folder saved "
+                                             "by plain transformers) with --pretrained, or a skillgraft run directory"),
+    pretrained: Optional[str] = typer.Option(None, help="the checkpoint --finetuned was fine-tuned from (hub name or "
+                                                        "folder); needed unless --finetuned is a skillgraft run"),
+    mode: Optional[str] = typer.Option(None, help="how to score a checkpoint pair: classifier | prompt | causal | "
+                                                  "generative (default: from the fine-tuned checkpoint's class)"),
+    task: Optional[str] = typer.Option(None, help="a registered task to graft a checkpoint pair on, instead of --data"),
+    max_length: int = typer.Option(128, help="max tokens per example (checkpoint pairs)"),
+    out: Optional[Path] = typer.Option(None, help="output folder (default: <run>/graft, or runs/graft-<checkpoint name>)"),
     overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
     cache: Optional[Path] = Cache,
-    *, localize: LocalizeConfig, report: ReportSpec, data: DataSpec,
+    *, localize: LocalizeConfig, report: ReportSpec, data: DataSpec, user: UserDataSpec,
 ) -> None:
     """Learn sparse grafts from a pre-trained + fine-tuned pair and compare them (writes report.md)."""
     from skillgraft.io import check_target  # noqa: PLC0415
-    from skillgraft.pipeline.setup import from_run  # noqa: PLC0415
+    from skillgraft.pipeline.setup import from_pair, from_run, is_run_dir  # noqa: PLC0415
     from skillgraft.recipes.graft import graft_report  # noqa: PLC0415
 
-    out = check_target(out or finetuned / "graft", overwrite)
-    setup = from_run(finetuned, data_dir=data.data_dir, test_limit=data.test_limit)
+    if is_run_dir(finetuned) or (pretrained is None and not (finetuned / "config.json").is_file()):
+        out = check_target(out or finetuned / "graft", overwrite)
+        setup = from_run(finetuned, data_dir=data.data_dir, test_limit=user.test_limit)
+    else:
+        if pretrained is None:
+            raise SkillgraftError(f"--finetuned {finetuned} is a Hugging Face checkpoint: give --pretrained, the "
+                                  "checkpoint it was fine-tuned from")
+        if user.data is None and task is None:
+            raise SkillgraftError("a checkpoint pair needs data: --data FILE (with its field names) or --task NAME")
+        if user.data is not None and task is not None:
+            raise SkillgraftError("give --data FILE or --task NAME, not both")
+        out = check_target(out or Path("runs") / f"graft-{finetuned.name or 'model'}", overwrite)  # before any work
+        spec = user if user.data is not None else DataSpec.build(
+            {"task": task, "k": user.k or 64, "seed": user.seed, "data_dir": data.data_dir,
+             "test_limit": user.test_limit}, where="--task")
+        setup = from_pair(pretrained, str(finetuned), spec, mode=mode, max_length=max_length, data_dir=data.data_dir)
     result = {}
-    _report_folder(out, overwrite, cache, lambda run: result.update(graft_report(setup, run, report, localize)))
+
+    def write(run) -> None:
+        result.update(graft_report(setup, run, report, localize))
+        if setup.labels_note or setup.graft_metadata:
+            text = (run.path / "report.md").read_text()
+            lines = ["", "## Models and data", "",
+                     f"- pre-trained: `{setup.pre.base_model}`; fine-tuned: `{setup.ft.base_model}`; scored as "
+                     f"`{setup.pre.mode}`"]
+            if setup.data_files:
+                lines.append(f"- data: {', '.join(f'`{f}`' for f in setup.data_files)}; {len(setup.data.train)} "
+                             f"examples to localize on, {len(setup.test)} held out")
+            if setup.labels_note:
+                lines.append(f"- labels: {setup.labels_note}")
+            run.report(text + "\n".join(lines) + "\n")
+
+    _report_folder(out, overwrite, cache, write)
     for r in result["rows"]:
         if r["kind"] in ("graft", "ft"):
             size = f", {r['file_bytes'] / 1024:.1f} KiB" if r.get("file_bytes") else ""
-            console.print(f"{r['model']:>22}: {result['task']} {r['score']:.4f} ECE {r['ece']:.4f} "
+            extra = f" loss {r['loss']:.4f}" if "loss" in r else ""
+            console.print(f"{r['model']:>22}: {result['task']} {r['score']:.4f} ECE {r['ece']:.4f}{extra} "
                           f"| {r['params']:,} params ({r['density']:.2e}){size}")
+    if setup.labels_note:
+        console.print(f"labels: {setup.labels_note}")
     console.print(f"[bold green]done[/] → {out}/report.md")
 
 
@@ -226,7 +281,7 @@ def apply(
     export: Optional[Path] = typer.Option(None, help="write the grafted model as a Hugging Face checkpoint here"),
     overwrite: bool = typer.Option(False, help="replace an existing --export folder (it is never mixed into)"),
     evaluate_on: Optional[str] = typer.Option("test", help="split to evaluate on (empty: skip)"),
-    limit: Optional[int] = typer.Option(None, help="first N examples only"),
+    limit: Optional[int] = typer.Option(None, min=1, help="first N examples only"),
     force: bool = typer.Option(False, help="apply even if the base fingerprint differs or the graft records none"),
     data_dir: Optional[Path] = DataDir,
 ) -> None:
@@ -447,17 +502,21 @@ def continual_add_cmd(
     localize_steps: int = typer.Option(30, help="localization steps when learning γ_task"),
     init: str = typer.Option("current", help="current (paper: train owned coordinates from the current model) | "
                                              "graft (start them from the single-task graft)"),
-    test_limit: Optional[int] = typer.Option(None, help="evaluate on a fixed seeded sample of N test examples"),
+    test_limit: Optional[int] = typer.Option(None, min=1, help="evaluate on a fixed seeded sample of N test "
+                                                               "examples"),
 ) -> None:
     """Learn TASK on its region minus earlier tasks' regions; earlier tasks' coordinates never change."""
+    from skillgraft.clispec import build  # noqa: PLC0415
     from skillgraft.continual import continual_add  # noqa: PLC0415
     from skillgraft.graft import LocalizeConfig  # noqa: PLC0415
     from skillgraft.train import FinetuneConfig  # noqa: PLC0415
 
-    cfg = FinetuneConfig.build(dict(lr=lr, steps=steps, eval_every=max(1, steps // 4)), where="continual add")
+    # built as the options they are, so a bad value names its option (--lr, --sparsity, --localize-steps)
+    cfg = build(Options(FinetuneConfig), dict(lr=lr, steps=steps, eval_every=max(1, steps // 4)))
+    loc = build(Options(LocalizeConfig, rename={"steps": "localize_steps"}),
+                dict(sparsity=sparsity, steps=localize_steps))
     entry = continual_add(state, task, k=k, seed=seed, data_dir=data_dir, model=model, mode=mode, region=region,
-                          finetune_config=cfg, localize_config=LocalizeConfig(sparsity=sparsity, steps=localize_steps),
-                          init=init, test_limit=test_limit)
+                          finetune_config=cfg, localize_config=loc, init=init, test_limit=test_limit)
     console.print(f"[bold green]added[/] {entry['task']} as task #{entry['order']}: |γ|={entry['region_size']}, "
                   f"owned {entry['owned_size']} (shared with earlier {entry['shared_with_earlier']}); "
                   f"test {entry['test']['score']:.4f} → {state}/continual.json")
@@ -488,6 +547,12 @@ def main() -> None:  # pragma: no cover - entry point
     except KeyboardInterrupt:
         err.print("[red]interrupted[/]")
         sys.exit(130)
+    except Exception as e:  # outside a verb (e.g. while importing or parsing): the same one-line contract
+        line = one_line_error(e)
+        if line is None or os.environ.get("SKILLGRAFT_DEBUG") == "1":
+            raise
+        err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
+        sys.exit(2)
 
 
 if __name__ == "__main__":  # pragma: no cover

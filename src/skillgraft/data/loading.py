@@ -14,6 +14,7 @@ Data root resolution: explicit argument, then ``$SKILLGRAFT_DATA``, then ``./dat
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from dataclasses import dataclass
@@ -112,7 +113,32 @@ def read_file(task: Task, path: Path) -> list[Example]:
     return examples
 
 
+def _read_text(path: Path) -> str:
+    """The file's text (UTF-8, a leading BOM dropped); a NUL byte (a binary file), bytes that are not UTF-8 or
+    an unreadable file are one error naming the file and the line."""
+    from skillgraft.io import describe_io_error  # noqa: PLC0415
+
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise SkillgraftError(f"{path}: cannot read ({describe_io_error(e).removeprefix(f'{path}: ')})") from None
+    nul = raw.find(b"\x00")
+    if nul >= 0:
+        line = raw.count(b"\n", 0, nul) + 1
+        raise SkillgraftError(f"{path}:{line}: contains a NUL byte (a binary file?); expected UTF-8 text")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        start = e.start + (3 if raw.startswith(b"\xef\xbb\xbf") else 0)
+        line = raw.count(b"\n", 0, start) + 1
+        raise SkillgraftError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[start]:02x} at offset {start}); "
+                              "re-save the file as UTF-8") from None
+
+
 def _label(task: Task, raw: object, where: str) -> int:
+    if isinstance(raw, (list, dict, bool)) or raw is None:
+        raise SkillgraftError(f"{where}: field 'label' must be a string or a number, got "
+                              f"{'null' if raw is None else type(raw).__name__} {raw!r}")
     label = str(raw).strip()
     if label not in task.labels:
         raise SkillgraftError(f"{where}: unknown label {label!r}; task {task.name!r} has labels {list(task.labels)}")
@@ -129,25 +155,24 @@ def _text(value: object, where: str, field: str) -> str:
 
 def _read_jsonl(task: Task, path: Path) -> list[Example]:
     out = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SkillgraftError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise SkillgraftError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            if "label" not in row:
-                raise SkillgraftError(f"{where}: field 'label' is missing")
-            label = _label(task, row["label"], where)
-            if task.kind == "single":
-                out.append(Example(_text(row.get("text"), where, "text"), label))
-            else:
-                out.append(Example(_text(row.get("text_a"), where, "text_a"), label,
-                                   _text(row.get("text_b"), where, "text_b")))
+    for lineno, line in enumerate(_read_text(path).split("\n"), 1):  # not splitlines(): U+2028 is JSON text
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SkillgraftError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(row, dict):
+            raise SkillgraftError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        if "label" not in row:
+            raise SkillgraftError(f"{where}: field 'label' is missing")
+        label = _label(task, row["label"], where)
+        if task.kind == "single":
+            out.append(Example(_text(row.get("text"), where, "text"), label))
+        else:
+            out.append(Example(_text(row.get("text_a"), where, "text_a"), label,
+                               _text(row.get("text_b"), where, "text_b")))
     return out
 
 
@@ -163,8 +188,7 @@ _TSV_COLUMNS = [
 
 
 def _read_tsv(task: Task, path: Path) -> list[Example]:
-    with path.open(encoding="utf-8") as f:
-        lines = f.read().splitlines()
+    lines = _read_text(path).splitlines()
     if not lines:
         raise SkillgraftError(f"{path}: the split is empty (no examples)")
     header = lines[0].split("\t")
@@ -191,11 +215,12 @@ def _read_tsv(task: Task, path: Path) -> list[Example]:
 
 def _read_csv(task: Task, path: Path) -> list[Example]:
     out = []
-    with path.open(encoding="utf-8", newline="") as f:
-        for lineno, row in enumerate(csv.reader(f), 1):
+    reader = csv.reader(io.StringIO(_read_text(path), newline=""))
+    try:
+        for row in reader:
             if not row:
                 continue
-            where = f"{path}:{lineno}"
+            where = f"{path}:{reader.line_num}"
             if len(row) < 2:
                 raise SkillgraftError(f"{where}: expected 'label,text' columns, got {len(row)} column(s)")
             label = _label(task, row[0], where)
@@ -205,6 +230,8 @@ def _read_csv(task: Task, path: Path) -> list[Example]:
                 out.append(Example(row[1], label, row[2]))
             else:
                 out.append(Example(" ".join(row[1:]), label))
+    except csv.Error as e:
+        raise SkillgraftError(f"{path}:{reader.line_num}: malformed CSV ({e})") from None
     return out
 
 

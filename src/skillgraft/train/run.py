@@ -80,8 +80,31 @@ def load_finetuned(run_dir: str | os.PathLike):
     model_dir = run_dir / "model"
     if not model_dir.is_dir():
         raise SkillgraftError(f"{run_dir}: not a fine-tuning run directory (no model/ folder)")
-    cfg = read_json(run_dir / "config.json", what="fine-tuning run config")
+    cfg = read_run_config(run_dir)
     ft = Scorer.from_pretrained(model_dir)
     pre = build_scorer(cfg["model"], ft.task, cfg["mode"], pooling=cfg["pooling"], max_length=cfg["max_length"],
                        head_seed=cfg["finetune"]["seed"])
     return ft, pre, cfg
+
+
+# What a run's config.json must record to rebuild θ_pre exactly (same base, scorer and head initialisation).
+RUN_FIELDS = ("k", "seed", "model", "mode", "pooling", "max_length", "finetune")
+
+
+def read_run_config(run_dir: str | os.PathLike) -> dict:
+    """A run directory's ``config.json``, checked: every field of :data:`RUN_FIELDS` present and well typed
+    (an error names the file and the field), ``finetune.seed`` (the head's initialisation) included."""
+    from skillgraft.models.spec import ModelSpec  # noqa: PLC0415
+
+    path = Path(run_dir) / "config.json"
+    cfg = read_json(path, required=RUN_FIELDS, what="fine-tuning run config")
+    ModelSpec.build({f: cfg[f] for f in ("model", "mode", "pooling", "max_length")}, where=str(path))
+    for name in ("k", "seed"):
+        if not isinstance(cfg[name], int) or isinstance(cfg[name], bool):
+            raise SkillgraftError(f"{path}: field {name!r} must be an integer, got {cfg[name]!r}")
+    ft = cfg["finetune"]
+    if not isinstance(ft, dict) or not isinstance(ft.get("seed"), int):
+        got = f"a {type(ft).__name__}" if not isinstance(ft, dict) else f"seed {ft.get('seed', 'missing')!r}"
+        raise SkillgraftError(f"{path}: field 'finetune.seed' (the head's initialisation) must be an integer; "
+                              f"got {got}")
+    return cfg
