@@ -73,6 +73,8 @@ def load_hf_model(path: str, kind: str, *, dtype: torch.dtype | None = None, wit
     """
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM  # noqa: PLC0415
 
+    from safetensors import SafetensorError  # noqa: PLC0415
+
     classes = {"base": AutoModel, "mlm": AutoModelForMaskedLM, "causal": AutoModelForCausalLM}
     hf_logging, level = _quiet()
     kwargs = {"dtype": dtype} if dtype is not None else {}
@@ -83,7 +85,7 @@ def load_hf_model(path: str, kind: str, *, dtype: torch.dtype | None = None, wit
                 return AutoModel.from_pretrained(path, **kwargs).eval(), False
             return model.eval(), True
         return classes[kind].from_pretrained(path, **kwargs).eval()
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, SafetensorError) as e:  # SafetensorError: a truncated or damaged weight file
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise SkillgraftError(
             f"could not load model {path!r} as {kind}: {first}. Give a local checkpoint folder or a hub id "

@@ -210,7 +210,10 @@ class Scorer(nn.Module):
             head_path = directory / HEAD_FILE
             if not head_path.is_file():
                 raise SkillgraftError(f"{directory}: head mode scorer but {HEAD_FILE} is missing")
-            state = load_file(str(head_path))
+            try:
+                state = load_file(str(head_path))
+            except Exception as e:  # noqa: BLE001 - a truncated or damaged file (safetensors' own error type)
+                raise SkillgraftError(f"{head_path}: unreadable head ({str(e).splitlines()[0]})") from None
             if state["weight"].shape[0] != task.num_labels:
                 raise SkillgraftError(
                     f"{head_path}: the head has {state['weight'].shape[0]} outputs but task {task.name!r} has "
