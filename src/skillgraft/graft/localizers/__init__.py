@@ -17,6 +17,8 @@ from skillgraft.graft.localizers.fish import Fish, FishOptions
 from skillgraft.graft.localizers.learned import Learned, LocalizeConfig, LocalizeResult, localize
 from skillgraft.graft.localizers.movement import Movement, movement
 from skillgraft.graft.localizers.random import Random, RandomOptions
+from skillgraft.graft.localizers.relaxed import LearnedAdam, LearnedSaliency, RelaxedOptions, StraightThrough
+from skillgraft.graft.localizers.saliency import Saliency, SaliencyOptions
 
 LOCALIZERS: dict[str, Localizer] = {}
 
@@ -46,6 +48,11 @@ register_localizer("movement")(Movement)
 register_localizer("random")(Random)
 register_localizer("bias")(Bias)
 register_localizer("fish")(Fish)
+register_localizer("saliency")(Saliency)
+register_localizer("learned-adam")(LearnedAdam)
+register_localizer("learned-saliency")(LearnedSaliency)
+register_localizer("straight-through")(StraightThrough)
 
 __all__ = ["LOCALIZERS", "FishOptions", "LocalizeConfig", "LocalizeResult", "Localization", "Localizer",
-           "LocalizerOptions", "RandomOptions", "get_localizer", "localize", "movement", "register_localizer"]
+           "LocalizerOptions", "RandomOptions", "RelaxedOptions", "SaliencyOptions", "get_localizer", "localize", "movement",
+           "register_localizer"]

@@ -1,0 +1,340 @@
+"""Learned localizers beyond the paper's recipe: other γ_base, Adam on S, and a straight-through binary graft.
+
+All optimise a mask m over a candidate set C (the top-c coordinates of the base score; S, Δ and θ_pre
+live only there) with the working model θ(m) = θ_pre + m ⊙ Δ held inside θ_pre itself:
+
+* ``sigmoid`` (paper Eq. 3–4): m = γ = σ(z), z₀ = ±(b − u) (u ~ U[0,1), + on γ_base = top-``sparsity`` of
+  the base score), i.e. the paper's γ_base ⊙ (1 − σ(S − b)) + (1 − γ_base) ⊙ σ(S − b) with z = ±(b − S);
+  the loss is taken at the continuous γ, ∂L/∂z = ∂L/∂θ ⊙ Δ ⊙ σ'(z). With SGD this is the paper's
+  update; with Adam (``optimizer: adam``) the per-coordinate step no longer vanishes with σ'(z).
+  Every budget's region is the exact top-k of z (one trajectory for all budgets).
+* ``straight-through``: the forward pass uses the *binary* graft m = top-k(z) at the budget's exact
+  size, the backward pass treats m as continuous: ∂L/∂z := ∂L/∂m = ∂L/∂θ ⊙ Δ (the first-order loss
+  change of flipping each coordinate). z₀ = 1 on the top-k of the base score (0 elsewhere, ties by base
+  score), so the search starts at that region and swaps coordinates when the gradient keeps asking for it.
+  One trajectory per budget.
+
+The base score is |Δ| (``base: movement``) or a first-order saliency (``base: saliency``,
+:mod:`skillgraft.graft.localizers.saliency`). The region kept for each budget is the best scored one on the
+dev set (``select_on``; step 0 — the base region itself — included). θ_pre is restored bit-exactly in a
+``finally`` (weights, the lent head, flags, grads, modes; also on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field, model_validator
+from tqdm.auto import tqdm
+
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft.localizers.base import Localization, Localizer, LocalizerOptions, examples_of
+from skillgraft.graft.localizers.lending import preserved
+from skillgraft.graft.localizers.movement import movement
+from skillgraft.graft.localizers.saliency import SaliencyConfig, saliency_scores
+from skillgraft.graft.region import Region
+from skillgraft.graft.selection import region_universe, top_k_flat, top_k_masks
+from skillgraft.models.anatomy import carried_names, check_compatible, graftable_names
+
+DEFAULT_LR = {("sigmoid", "sgd"): 1e7, ("sigmoid", "adam"): 0.5,
+              ("straight-through", "sgd"): 1e4, ("straight-through", "adam"): 0.05}
+
+
+class RelaxedOptions(LocalizerOptions):
+    """Options of the relaxed learned localizers (``learned-adam``, ``learned-saliency``, ``straight-through``)."""
+
+    relaxation: Literal["sigmoid", "straight-through"] = Field("sigmoid", description=(
+        "sigmoid: the paper's continuous γ = σ(z); straight-through: the binary top-k graft forward, ∂L/∂m back"))
+    optimizer: Literal["sgd", "adam"] = Field("adam", description="update of z: plain gradient descent or Adam")
+    lr: float | None = Field(None, gt=0, description=(
+        "learning rate on z (default: sigmoid 1e7 SGD (the paper's) / 0.5 Adam; straight-through 1e4 SGD / 0.05 Adam)"))
+    steps: int = Field(50, ge=0, description="gradient steps (per budget for straight-through)")
+    base: Literal["movement", "saliency"] = Field("movement", description=(
+        "base score of γ_base and of the candidate set: |Δ| or a first-order saliency"))
+    saliency: SaliencyConfig = Field(default_factory=SaliencyConfig, description="the saliency (base: saliency)")
+    sparsity: float = Field(1e-4, gt=0, le=1, description="sigmoid: γ_base size as a fraction of the universe")
+    sigmoid_bias: float = Field(10.0, gt=0, description="sigmoid: z₀ = ±(bias − u), u ~ U[0,1)")
+    candidates: float | None = Field(1e-2, gt=0, le=1, description=(
+        "candidate set: the top fraction of the universe by the base score (at least the largest budget and "
+        "γ_base; null: the whole universe); S, Δ and θ_pre are kept only there"))
+    batch_size: int = Field(1024, ge=1, description="examples per step (full batch when smaller)")
+    micro_batch: int = Field(64, ge=1, description="examples per forward/backward (accumulated)")
+    eval_every: int = Field(5, ge=1, description="score each budget's region every N steps")
+    select_on: Literal["dev", "train+dev", "train", "last"] = Field("dev", description=(
+        "which accuracy picks the best step (last: no selection)"))
+    seed: int = Field(0, description="seed of z's initialisation and of the step batches")
+
+    @model_validator(mode="after")
+    def _default_lr(self):
+        if self.lr is None:
+            object.__setattr__(self, "lr", DEFAULT_LR[(self.relaxation, self.optimizer)])
+        return self
+
+
+class _Candidates:
+    """The candidate coordinates of each tensor, θ_pre and Δ there, and writing θ_pre + m ⊙ Δ into the model."""
+
+    def __init__(self, pre, ft, names: list[str], masks: dict[str, torch.Tensor], base_scores: dict[str, torch.Tensor]):
+        p_pre, p_ft = dict(pre.named_parameters()), dict(ft.named_parameters())
+        self.names = [n for n in names if bool(masks[n].any())]
+        self.params = {n: p_pre[n] for n in self.names}
+        self.idx, pre_v, delta_v, score_v = {}, [], [], []
+        for n in self.names:
+            p = p_pre[n]
+            idx = torch.nonzero(masks[n].reshape(-1), as_tuple=False).reshape(-1).to(p.device)
+            self.idx[n] = idx
+            pre_v.append(p.detach().reshape(-1)[idx].float())
+            delta_v.append(p_ft[n].detach().to(p.device).reshape(-1)[idx].float() - pre_v[-1])
+            score_v.append(base_scores[n].reshape(-1)[idx.cpu()].float().to(p.device))
+        self.sizes = [len(self.idx[n]) for n in self.names]
+        self.pre, self.delta, self.score = torch.cat(pre_v), torch.cat(delta_v), torch.cat(score_v)
+
+    def __len__(self) -> int:
+        return int(self.delta.numel())
+
+    @torch.no_grad()
+    def hold(self, m: torch.Tensor) -> None:
+        """Write θ_pre + m ⊙ Δ at the candidates (exact: from the saved θ_pre values, no drift)."""
+        values = self.pre + m.float() * self.delta
+        for n, v in zip(self.names, values.split(self.sizes)):
+            p = self.params[n]
+            p.detach().reshape(-1)[self.idx[n]] = v.to(p.dtype)
+
+    def grad(self) -> torch.Tensor:
+        """∂L/∂m = ∂L/∂θ ⊙ Δ at the candidates (zeros where a tensor got no gradient); clears the grads."""
+        parts = []
+        for n in self.names:
+            p = self.params[n]
+            parts.append(p.grad.reshape(-1)[self.idx[n]].float() if p.grad is not None
+                         else torch.zeros(len(self.idx[n]), device=self.delta.device))
+            p.grad = None
+        return torch.cat(parts) * self.delta
+
+    def region(self, mask: torch.Tensor, shapes: dict[str, tuple[int, ...]]) -> Region:
+        chosen = {n: idx[m].cpu() for n, idx, m in zip(self.names, self.idx.values(), mask.bool().split(self.sizes))}
+        return Region(shapes, chosen)
+
+
+def base_scores(pre, ft, train, opts: RelaxedOptions, *, progress: bool = False) -> dict[str, torch.Tensor]:
+    """The score γ_base and the candidate set are drawn from: |Δ| or the saliency."""
+    if opts.base == "movement":
+        return movement(pre, ft, opts.graftable)
+    return saliency_scores(pre, ft, train, opts.saliency, opts.graftable, progress=progress)
+
+
+@torch.no_grad()
+def accuracy(scorer, examples, micro_batch: int) -> float:
+    """Accuracy of ``scorer`` on ``examples``."""
+    device = next(scorer.parameters()).device
+    correct = 0
+    for start in range(0, len(examples), micro_batch):
+        batch = scorer.collate(examples[start:start + micro_batch])
+        batch = {k: v.to(device) for k, v in batch.items()}
+        labels = batch.pop("labels")
+        correct += int((scorer(**batch).argmax(-1) == labels).sum())
+    return correct / max(1, len(examples))
+
+
+def relaxed_localize(pre, ft, data, opts: RelaxedOptions, *, progress: bool = False) -> Localization:
+    """Regions of exactly each of ``opts.budgets``' sizes (see the module doc); ``pre`` restored bit-exactly."""
+    train, dev = examples_of(data)
+    if not train:
+        raise SkillgraftError("a learned localizer needs training examples")
+    if opts.select_on in ("dev", "train+dev") and not dev:
+        raise SkillgraftError(f"select_on={opts.select_on!r} needs dev examples (data with .dev), or select_on 'train'")
+    budgets = list(dict.fromkeys(opts.budgets or []))
+    if not budgets or any(b.rounding for b in budgets):
+        raise SkillgraftError("the relaxed localizers need budgets that are fractions or counts (exact sizes), not 'round'")
+    names = graftable_names(pre, opts.graftable)
+    check_compatible(pre, ft, names)
+    shapes = region_universe(pre, opts.graftable)
+    universe = sum(math.prod(s) for s in shapes.values())
+    sizes = {b: b.size(universe) for b in budgets}
+    base_k = max(1, round(opts.sparsity * universe))
+    t0 = time.perf_counter()
+    scores = base_scores(pre, ft, train, opts, progress=progress)
+    score_seconds = time.perf_counter() - t0
+    c = universe if opts.candidates is None else min(universe, max(math.ceil(opts.candidates * universe),
+                                                                   max(sizes.values()), base_k))
+    select = {"dev": dev, "train+dev": train + dev, "train": train, "last": []}[opts.select_on]
+    with preserved(pre, names + carried_names(pre)):
+        params, source = dict(pre.named_parameters()), dict(ft.named_parameters())
+        with torch.no_grad():
+            for n in carried_names(pre):  # θ_pre wears the fine-tuned task head (head mode)
+                params[n].copy_(source[n])
+        for p in pre.parameters():
+            p.requires_grad_(False)
+        cand = _Candidates(pre, ft, names, top_k_masks(scores, c), scores)
+        for p in cand.params.values():
+            p.requires_grad_(True)
+            p.grad = None
+        pre.eval()
+        run = _Trajectory(pre, cand, train, select, opts, progress)
+        if opts.relaxation == "sigmoid":
+            found = run.sigmoid(sizes, base_k)
+        else:
+            found = {}
+            for b, k in sizes.items():
+                found |= run.straight_through(b, k)
+    regions = {b: cand.region(found[b]["mask"], shapes) for b in budgets}
+    summary = {"budgets": [b.key for b in budgets], "config": opts.to_dict(), "candidates": len(cand),
+               "base_size": base_k if opts.relaxation == "sigmoid" else None, "score_seconds": score_seconds,
+               "best_step": {b.key: found[b]["step"] for b in budgets},
+               "best_score": {b.key: found[b]["score"] for b in budgets},
+               "step_seconds": float(np.median(run.step_times)) if run.step_times else 0.0, "history": run.history}
+    return Localization(regions, summary)
+
+
+class _Trajectory:
+    """One optimisation of z on the candidates, scoring the exact-size regions every ``eval_every`` steps."""
+
+    def __init__(self, pre, cand: _Candidates, train, select, opts: RelaxedOptions, progress: bool):
+        self.pre, self.cand, self.train, self.select, self.opts = pre, cand, train, select, opts
+        self.progress = progress
+        self.history: list[dict] = []
+        self.step_times: list[float] = []
+
+    def _optimizer(self, z: torch.Tensor) -> torch.optim.Optimizer:
+        cls = torch.optim.Adam if self.opts.optimizer == "adam" else torch.optim.SGD
+        return cls([z], lr=self.opts.lr)
+
+    def _backward(self, rng: np.random.RandomState) -> torch.Tensor:
+        """∂L/∂m on one step's batch at the mask the model currently holds."""
+        n = min(self.opts.batch_size, len(self.train))
+        order = rng.permutation(len(self.train))[:n] if n < len(self.train) else np.arange(len(self.train))
+        device = self.cand.delta.device
+        for start in range(0, len(order), self.opts.micro_batch):
+            batch = self.pre.collate([self.train[i] for i in order[start:start + self.opts.micro_batch]])
+            batch = {k: v.to(device) for k, v in batch.items()}
+            labels = batch.pop("labels")
+            loss = torch.nn.functional.cross_entropy(self.pre(**batch).float(), labels, reduction="sum") / n
+            loss.backward()
+        return self.cand.grad()
+
+    def _score(self, mask: torch.Tensor) -> float:
+        if not self.select:
+            return 0.0
+        self.cand.hold(mask)
+        return accuracy(self.pre, self.select, self.opts.micro_batch)
+
+    def _keep(self, best: dict, step: int, mask: torch.Tensor, label: str, row: dict) -> None:
+        acc = self._score(mask)
+        row[f"{label}:acc"] = acc
+        if self.opts.select_on == "last" or acc > best["score"]:
+            best.update(score=acc, step=step, mask=mask.clone())
+
+    def sigmoid(self, sizes: dict, base_k: int) -> dict:
+        """Paper Eq. 3–4 on the candidates: one trajectory, every budget's exact top-k of z scored."""
+        opts, cand = self.opts, self.cand
+        gen = torch.Generator().manual_seed(opts.seed)
+        u = torch.rand(len(cand), generator=gen).to(cand.delta.device)
+        on_base = top_k_flat(cand.score, base_k)
+        z = torch.where(on_base, opts.sigmoid_bias - u, u - opts.sigmoid_bias).requires_grad_(True)
+        optim = self._optimizer(z)
+        best = {b: {"score": -1.0, "step": 0, "mask": None} for b in sizes}
+        rng = np.random.RandomState(opts.seed)
+
+        def score(step: int) -> None:
+            row = {"step": step}
+            for b, k in sizes.items():
+                self._keep(best[b], step, top_k_flat(z.detach(), k).float(), b.label, row)
+            self.history.append(row)
+
+        score(0)
+        bar = tqdm(range(1, opts.steps + 1), desc="localize (sigmoid)", disable=not self.progress)
+        for step in bar:
+            t0 = time.perf_counter()
+            gamma = torch.sigmoid(z.detach())
+            cand.hold(gamma)
+            g = self._backward(rng)
+            z.grad = g * gamma * (1 - gamma)
+            optim.step()
+            self.step_times.append(time.perf_counter() - t0)
+            if step % opts.eval_every == 0 or step == opts.steps:
+                score(step)
+        bar.close()
+        return best
+
+    def straight_through(self, budget, k: int) -> dict:
+        """The binary graft of exactly k coordinates forward, ∂L/∂m backward (one trajectory per budget)."""
+        opts, cand = self.opts, self.cand
+        ranks = torch.empty(len(cand), device=cand.delta.device)
+        ranks[torch.argsort(cand.score, descending=True, stable=True)] = torch.arange(
+            len(cand), dtype=torch.float32, device=cand.delta.device)
+        z = (top_k_flat(cand.score, k).float() + 1e-3 * (1 - ranks / len(cand))).requires_grad_(True)
+        optim = self._optimizer(z)
+        best = {"score": -1.0, "step": 0, "mask": None}
+        rng = np.random.RandomState(opts.seed)
+        label = budget.label
+        bar = tqdm(range(opts.steps + 1), desc=f"localize (straight-through {label})", disable=not self.progress)
+        for step in bar:
+            mask = top_k_flat(z.detach(), k).float()
+            if step % opts.eval_every == 0 or step == opts.steps:
+                row = {"step": step, "budget": label}
+                self._keep(best, step, mask, label, row)
+                self.history.append(row)
+            if step == opts.steps:
+                break
+            t0 = time.perf_counter()
+            cand.hold(mask)
+            z.grad = self._backward(rng)
+            optim.step()
+            self.step_times.append(time.perf_counter() - t0)
+        bar.close()
+        return {budget: best}
+
+
+class Relaxed(Localizer):
+    """A learned localizer with a choice of relaxation, optimizer and base score (see the module doc)."""
+
+    Options = RelaxedOptions
+    summary = "learned mask: sigmoid (paper) or straight-through binary graft; SGD or Adam; |Δ| or saliency base"
+
+    def run(self, pre, ft, data, options=None, *, progress: bool = False) -> Localization:
+        return relaxed_localize(pre, ft, data, self.options(options), progress=progress)
+
+
+class AdamOptions(RelaxedOptions):
+    """``learned-adam``: paper Eq. 3–4 (sigmoid relaxation, |Δ| γ_base) with Adam on S."""
+
+    optimizer: Literal["sgd", "adam"] = Field("adam", description="update of z: plain gradient descent or Adam")
+
+
+class LearnedAdam(Relaxed):
+    """Paper Eq. 3–4 with Adam on S (exact budgets, selection on dev)."""
+
+    Options = AdamOptions
+    summary = "paper Eq. 3–4 with Adam on S; selected on dev"
+
+
+class SaliencyBaseOptions(RelaxedOptions):
+    """``learned-saliency``: paper Eq. 3–4 with γ_base the top saliency |∂L/∂θ ⊙ Δ| instead of |Δ|."""
+
+    optimizer: Literal["sgd", "adam"] = Field("sgd", description="update of z: plain gradient descent or Adam")
+    base: Literal["movement", "saliency"] = Field("saliency", description=(
+        "base score of γ_base and of the candidate set: |Δ| or a first-order saliency"))
+
+
+class LearnedSaliency(Relaxed):
+    """Paper Eq. 3–4 (SGD) from a saliency γ_base (exact budgets, selection on dev)."""
+
+    Options = SaliencyBaseOptions
+    summary = "paper Eq. 3–4 from γ_base = top |∂L/∂θ ⊙ Δ|; selected on dev"
+
+
+class StraightThroughOptions(RelaxedOptions):
+    """``straight-through``: the binary graft at the exact budget forward, ∂L/∂m backward, Adam on z."""
+
+    relaxation: Literal["sigmoid", "straight-through"] = Field("straight-through", description=(
+        "sigmoid: the paper's continuous γ = σ(z); straight-through: the binary top-k graft forward, ∂L/∂m back"))
+
+
+class StraightThrough(Relaxed):
+    """Optimise the binary graft at its exact size (straight-through estimator, Adam)."""
+
+    Options = StraightThroughOptions
+    summary = "binary top-k graft forward, ∂L/∂m = ∂L/∂θ ⊙ Δ backward (straight-through); selected on dev"
