@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 import torch
@@ -272,7 +273,7 @@ def test_surgical_recipe_tiny(tiny_bert, toy_data, tmp_path):
     out = run_recipe("recipes/surgical.yaml", tmp_path / "surgical", cache=tmp_path / "cache", overrides={
         "model": str(tiny_bert), "data_dir": str(toy_data), "tasks": ["SST-2"], "seeds": [13], "k": 4,
         "layers_k": [1], "methods": ["full", "fim-top", "fim-bottom", "random", "auto-rgn"],
-        "finetune": {"steps": 4, "eval_every": 0, "batch_size": 4}, "test_limit": 20, "fisher_examples": 8,
+        "finetune": {"steps": 4, "eval_every": 0, "batch_size": 4}, "test_limit": 20, "fisher": {"n_examples": 8},
         "stability_steps": [0, 2, 4]})
     metrics = json.loads((out / "metrics.json").read_text())
     assert {r["method"] for r in metrics["rows"]} == {"full", "fim-top-1", "fim-bottom-1", "random-1", "auto-rgn"}
@@ -297,7 +298,7 @@ def test_fish_recipe_tiny(tiny_bert, toy_data, tmp_path):
     out = run_recipe("recipes/fish.yaml", tmp_path / "fish", cache=tmp_path / "cache", overrides={
         "model": str(tiny_bert), "data_dir": str(toy_data), "tasks": ["SST-2"], "seeds": [13], "k": 4,
         "finetune": {"steps": 6, "eval_every": 0, "batch_size": 4, "lr": 0.5}, "test_limit": 20,
-        "sparsities": [0.01, 0.05], "localize": {"steps": 2}, "fisher_examples": 8,
+        "sparsities": [0.01, 0.05], "localize": {"steps": 2}, "fisher": {"n_examples": 8},
         "heatmap_tasks": ["SST-2"], "tracking": {"task": "SST-2", "steps": [2, 4, 6], "learn_at": 4}})
     metrics = json.loads((out / "metrics.json").read_text())
     rows = metrics["rows"]
@@ -308,3 +309,26 @@ def test_fish_recipe_tiny(tiny_bert, toy_data, tmp_path):
     assert "IoU" in (out / "report.md").read_text()
     for f in ("fish.csv", "heatmap.png", "tracking.png", "tracking.csv"):
         assert (out / f).is_file(), f
+
+
+@pytest.mark.parametrize("name,bad,message", [
+    ("surgical", {"layer_k": [1]}, "surgical.yaml.layer_k: unknown field"),
+    ("surgical", {"fisher": {"kindd": "true"}}, "surgical.yaml.fisher.kindd: unknown field"),
+    ("surgical", {"finetune": {"lrr": 0.1}}, "surgical.yaml.finetune.lrr: unknown field"),
+    ("surgical", {"methods": ["full", "fim-middle"]}, "surgical.yaml.methods.1"),
+    ("surgical", {"layers_k": [0]}, "surgical.yaml.layers_k.0"),
+    ("fish", {"sparsity": [0.1]}, "fish.yaml.sparsity: unknown field"),
+    ("fish", {"tracking": {"steps": [2], "lern_at": 2}}, "fish.yaml.tracking.lern_at: unknown field"),
+    ("fish", {"tracking": {"steps": [2, 4], "learn_at": 3}}, "learn_at=3 must be one of steps"),
+    ("fish", {"localize": {"budgets": [0.1]}}, "localize.budgets: set by `sparsities`"),
+    ("fish", {"sparsities": [0.0]}, "fish.yaml.sparsities.0"),
+])
+def test_surgical_and_fish_specs_refuse_bad_fields_before_any_work(tmp_path, name, bad, message):
+    """A misspelt or bad field (top level or nested) is one line naming it; no output, no store entry."""
+    from skillgraft.recipes import run_recipe
+
+    with pytest.raises(SkillgraftError, match=re.escape(message)) as err:
+        run_recipe(f"recipes/{name}.yaml", tmp_path / "out", cache=tmp_path / "cache",
+                   overrides={"model": "/nonexistent/model", **bad})
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()

@@ -246,3 +246,44 @@ def test_continual_recipe_and_cli(tiny_bert, multi_data, tmp_path):
     assert res.exit_code == 0 and "cr" in res.output
     res = runner.invoke(app, ["continual", "show", str(tmp_path)])
     assert res.exit_code == 2 and "not a continual state" in res.output
+
+
+@pytest.mark.parametrize("name,bad,message", [
+    ("multitask", {"group": [["SST-2"]]}, "multitask.yaml.group: unknown field"),
+    ("multitask", {"purify": {"step": 3}}, "multitask.yaml.purify.step: unknown field"),
+    ("multitask", {"multitask": {"lrr": 0.1}}, "multitask.yaml.multitask.lrr: unknown field"),
+    ("multitask", {"groups": [["SST-2", "mr"]]}, "group ['SST-2', 'mr'] must name tasks of `tasks`"),
+    ("multitask", {"tasks": ["SST-2", "nope"]}, "multitask.yaml.tasks: unknown task 'nope'"),
+    ("multitask", {"tasks": ["SST-2"]}, "multitask.yaml.tasks"),
+    ("multitask", {"localize": {"sparsity": 0.01}}, "localize.sparsity: set per γ_base"),
+    ("continual", {"continual_fine_tune": {"lr": 0.1}}, "continual.yaml.continual_fine_tune: unknown field"),
+    ("continual", {"localize": {"step": 3}}, "continual.yaml.localize.step: unknown field"),
+    ("continual", {"init": "zero"}, "continual.yaml.init"),
+    ("continual", {"tasks": ["SST-2", "sst-2"]}, "need distinct tasks"),
+])
+def test_multitask_and_continual_specs_refuse_bad_fields_before_any_work(tmp_path, name, bad, message):
+    """A misspelt or bad field (top level or nested) is one line naming it; no output, no store entry."""
+    import re
+
+    from skillgraft.recipes import run_recipe
+
+    with pytest.raises(SkillgraftError, match=re.escape(message)) as err:
+        run_recipe(f"recipes/{name}.yaml", tmp_path / "out", cache=tmp_path / "cache",
+                   overrides={"model": "/nonexistent/model", **bad})
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
+def test_recipe_finetune_sections_inherit_the_shared_finetune():
+    """multitask / continual_finetune fields left out take `finetune`'s (multitask: not steps); one default lr."""
+    from skillgraft.recipes.continual import ContinualSpec
+    from skillgraft.recipes.multitask import MultitaskSpec
+
+    ft = {"optimizer": "adamw", "steps": 30, "weight_decay": 0.0}
+    mt = MultitaskSpec.build({"recipe": "multitask", "finetune": ft, "multitask": {"eval_every": 7}})
+    assert mt.multitask.optimizer == "adamw" and mt.multitask.lr == FinetuneConfig(optimizer="adamw").lr
+    assert mt.multitask.steps is None and mt.multitask.eval_every == 7 and mt.multitask.weight_decay == 0.0
+    cl = ContinualSpec.build({"recipe": "continual", "finetune": ft})
+    assert cl.continual_finetune == cl.finetune == FinetuneConfig(**ft)
+    default = ContinualSpec.build({"recipe": "continual"})
+    assert default.finetune.lr == default.continual_finetune.lr == FinetuneConfig().lr

@@ -2,113 +2,161 @@
 
 For each task × data seed × sparsity: the learned region (Eq. 3–4, exact budget by top-k of γ), a FISH
 region (top Fisher on θ_pre, Sung et al.) and a random region of the *same size*; each is grafted
-(θ_pre + γ⊙Δ) and scored on the test subset (score, ECE); IoU(FISH, learned) = |∩| / |∪|.
+(θ_pre + γ⊙Δ) and scored on the test subset (score, ECE) beside the fine-tuned and head-only models
+(:func:`skillgraft.pipeline.variants.compare`); IoU(FISH, learned) = |∩| / |∪|.
 
 Region analyses: per layer × module type heatmaps of the learned (and FISH) region for several tasks
 (share of each cell's parameters in the region); and tracking — one fine-tuning run with checkpoints,
 a region learned on the checkpoint at ``learn_at``, grafted with the values of earlier/later checkpoints.
 
-Writes ``fish.csv`` (one row per task × seed × sparsity), ``summary.csv``, ``heatmap.png``,
-``tracking.csv``, ``tracking.png`` and ``report.md``.
+Fine-tuning, learned and FISH regions (the one regions cache, :func:`skillgraft.recipes.graft.learned_regions`)
+and the tracking rows (kind ``fish-tracking``) live in the store. Writes ``fish.csv`` (one row per task ×
+seed × sparsity), ``summary.csv``, ``heatmap.png``, ``tracking.csv``, ``tracking.png`` and ``report.md``.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Annotated, Literal
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+from pydantic import Field, model_validator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from skillgraft.data import load_kshot  # noqa: E402
-from skillgraft.errors import SkillgraftError  # noqa: E402
-from skillgraft.evaluate.plots import save_figure  # noqa: E402
-from skillgraft.evaluate.predict import evaluate  # noqa: E402
-from skillgraft.graft import Budget, Graft, Region, get_localizer, localize  # noqa: E402
-from skillgraft.graft.inspect import kind_of  # noqa: E402
-from skillgraft.graft.scoring import evaluate_graft  # noqa: E402
-from skillgraft.models import build_scorer, param_groups  # noqa: E402
-from skillgraft.recipes import common as C  # noqa: E402
-from skillgraft.recipes.base import RunDir, recipe  # noqa: E402
-from skillgraft.recipes.surgical import fisher_config  # noqa: E402
-from skillgraft.train import Snapshots, finetune  # noqa: E402
+from skillgraft.data.tasks import get_task
+from skillgraft.errors import SkillgraftError
+from skillgraft.evaluate.plots import save_figure
+from skillgraft.evaluate.predict import evaluate
+from skillgraft.fisher import FisherConfig
+from skillgraft.graft import Budget, Graft, LocalizeConfig, Region, get_localizer, localize
+from skillgraft.graft.inspect import kind_of
+from skillgraft.graft.scoring import evaluate_graft
+from skillgraft.io import read_json, write_json
+from skillgraft.models import param_groups
+from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, summary_rows
+from skillgraft.pipeline.variants import base_variants, compare, graft_variant
+from skillgraft.recipes.base import ExperimentSpec, SeedsMixin, recipe
+from skillgraft.recipes.graft import learned_regions
+from skillgraft.recipes.surgical import draw_key, setting_line
+from skillgraft.spec import Spec
+from skillgraft.train import Snapshots, finetune
 
 METRICS = ["iou_fish_learned", "learned_score", "fish_score", "random_score", "learned_ece", "fish_ece", "random_ece"]
+Fraction = Annotated[float, Field(gt=0, le=1)]
 
 
-def sparsities_of(cfg: dict) -> list[float]:
-    sp = [float(s) for s in cfg.get("sparsities", [1e-4, 1e-3, 1e-2])]
-    if not sp or not all(0 < s <= 1 for s in sp):
-        raise SkillgraftError(f"recipe field 'sparsities': fractions of the graftable body in (0, 1], got {sp}")
-    return sp
+class TrackingSpec(Spec):
+    """Fig. 15: one fine-tuning run with checkpoints; a region learned on one, grafted with each."""
+
+    task: str | None = Field(None, description="task of the tracked run (null: the first of `tasks`)")
+    seed: int | None = Field(None, description="data seed of the tracked run (null: the first of `seeds`)")
+    steps: list[Annotated[int, Field(ge=1)]] = Field(min_length=1, description=(
+        "checkpoints (fine-tuning steps, within the run's step count) grafted with the region"))
+    learn_at: int | None = Field(None, ge=1, description="checkpoint the region is learned on, one of `steps` "
+                                                         "(null: the middle one)")
+    sparsity: Fraction | None = Field(None, description="region size as a fraction of the graftable body "
+                                                        "(null: the middle of `sparsities`)")
+
+    @model_validator(mode="after")
+    def _learn_at_is_a_step(self) -> TrackingSpec:
+        if self.learn_at is not None and self.learn_at not in self.steps:
+            raise ValueError(f"learn_at={self.learn_at} must be one of steps {sorted(set(self.steps))}")
+        return self
+
+    @property
+    def learn_step(self) -> int:
+        steps = sorted(set(self.steps))
+        return self.learn_at if self.learn_at is not None else steps[len(steps) // 2]
 
 
-@recipe("fish")
-def fish(cfg: dict, run: RunDir) -> dict:
-    tasks = cfg.get("tasks") or ["SST-2"]
-    seeds = C.seeds_of(cfg)
-    sparsities = sparsities_of(cfg)
-    fcfg = fisher_config(cfg)
-    loc = C.localize_config({"localize": {**(cfg.get("localize") or {}), "budgets": sparsities}})
-    head_source = cfg.get("fish_head", "ft")
-    if head_source not in ("ft", "pre"):
-        raise SkillgraftError(f"recipe field 'fish_head' must be 'ft' or 'pre', got {head_source!r}")
-    wanted = float(cfg.get("heatmap_sparsity", sparsities[len(sparsities) // 2]))
+class FishSpec(ExperimentSpec, SeedsMixin):
+    """Learned vs FISH vs random regions of equal sizes; heatmaps; tracking a region across checkpoints."""
+
+    sparsities: list[Fraction] = Field(default_factory=lambda: [1e-4, 1e-3, 1e-2], min_length=1, description=(
+        "region sizes as fractions of the graftable body (the learned localizer's budgets; FISH and random "
+        "regions take the learned regions' exact sizes)"))
+    localize: LocalizeConfig = Field(default_factory=LocalizeConfig,
+                                     description="the learned localizer (its budgets are `sparsities`)")
+    fisher: FisherConfig = Field(default_factory=FisherConfig, description="the Fisher pass of the FISH regions")
+    fish_head: Literal["ft", "pre"] = Field("ft", description=(
+        "head θ_pre wears for the Fisher pass in head mode: ft (the task head) | pre (its own random one)"))
+    heatmap_tasks: list[str] | None = Field(None, description="tasks whose regions get a heatmap (null: all; "
+                                                              "empty: none)")
+    heatmap_sparsity: Fraction | None = Field(None, description=(
+        "the heatmaps show the regions of the nearest of `sparsities` (null: the middle one)"))
+    tracking: TrackingSpec | None = Field(None, description="tracking a region across checkpoints (null: off)")
+
+    @model_validator(mode="after")
+    def _budgets_are_sparsities(self) -> FishSpec:
+        if self.localize.budgets is not None:
+            raise ValueError("localize.budgets: set by `sparsities` in this recipe; leave it out")
+        return self
+
+
+@recipe("fish", FishSpec)
+def fish(spec: FishSpec, run: RunDir) -> dict:
+    sparsities = spec.sparsities
+    loc = spec.localize.replace(budgets=sparsities)
+    if spec.tracking is not None:
+        check_tracking(spec)  # before any work
+    wanted = spec.heatmap_sparsity or sparsities[len(sparsities) // 2]
     map_sparsity = min(sparsities, key=lambda s: abs(np.log(s) - np.log(wanted)))  # the nearest level run
+    map_tasks = spec.tasks if spec.heatmap_tasks is None else spec.heatmap_tasks
     rows, base_rows, regions_for_maps, timings = [], [], {}, []
-    for task in tasks:
-        for seed in seeds:
-            setup = C.prepare(cfg, run, task, seed)
+    for task in spec.tasks:
+        for seed in spec.seeds:
+            setup = spec.setup(run, task, seed)
             t0 = time.perf_counter()
-            learned, summary = C.learned_regions(setup, loc, run.cache, progress=bool(cfg.get("progress", False)))
+            learned, _ = learned_regions(setup, run.store, "learned", loc, progress=spec.progress)
             t_loc = time.perf_counter() - t0
             t0 = time.perf_counter()
             sizes = [len(learned[Budget.parse(sp)]) for sp in sparsities]  # FISH regions of the learned sizes
-            fish = get_localizer("fish").regions(setup.pre, setup.ft, setup.data, sizes,
-                                                 {"fisher": fcfg, "head": head_source})
+            fish_regions, _ = learned_regions(setup, run.store, "fish", {"budgets": sizes, "fisher": spec.fisher,
+                                                                          "head": spec.fish_head},
+                                              progress=spec.progress)
             t_fish = time.perf_counter() - t0
-            ft_m, _ = evaluate(setup.ft, setup.test)
-            head_only = Graft.from_models(setup.pre, setup.ft, Region.empty(_universe(setup.pre, learned)))
-            ho_m, _ = evaluate_graft(setup.pre, head_only, setup.test)
-            base_rows.append({"task": setup.task, "seed": seed, "ft_score": ft_m["score"], "ft_ece": ft_m["ece"],
-                              "head_only_score": ho_m["score"]})
+            variants, trios = base_variants(setup), []
             for sp in sparsities:
                 region = learned[Budget.parse(sp)]
                 n = len(region)
-                fish_r = fish[Budget.parse(n)]
-                rand_r = get_localizer("random").region(setup.pre, setup.ft, None, n, {"seed": seed})
-                row = {"task": setup.task, "seed": seed, "sparsity": sp, "learned_size": n, "fish_size": len(fish_r),
-                       "random_size": len(rand_r), "iou_fish_learned": fish_r.iou(region),
+                trio = {"learned": region, "fish": fish_regions[Budget.parse(n)],
+                        "random": get_localizer("random").region(setup.pre, setup.ft, None, n, {"seed": seed})}
+                variants += [graft_variant(setup, r, sp, name=f"{name} @ {sp:g}") for name, r in trio.items()]
+                trios.append((sp, trio))
+            scored, _ = compare(setup, variants)
+            by = {r["model"]: r for r in scored}
+            head_only = by.get("head only", by["pre-trained"])
+            base_rows.append({"task": setup.task, "seed": seed, "ft_score": by["fine-tuned"]["score"],
+                              "ft_ece": by["fine-tuned"]["ece"], "head_only_score": head_only["score"]})
+            for sp, trio in trios:
+                region, fish_r, rand_r = trio["learned"], trio["fish"], trio["random"]
+                row = {"task": setup.task, "seed": seed, "sparsity": sp, "learned_size": len(region),
+                       "fish_size": len(fish_r), "random_size": len(rand_r), "iou_fish_learned": fish_r.iou(region),
                        "iou_random_learned": rand_r.iou(region)}
-                for name, r in (("learned", region), ("fish", fish_r), ("random", rand_r)):
-                    m, _ = evaluate_graft(setup.pre, Graft.from_models(setup.pre, setup.ft, r), setup.test)
+                for name in trio:
+                    m = by[f"{name} @ {sp:g}"]
                     row[f"{name}_score"], row[f"{name}_ece"] = m["score"], m["ece"]
                 rows.append(row)
-                if task in (cfg.get("heatmap_tasks") or tasks) and seed == seeds[0] and sp == map_sparsity:
+                if task in map_tasks and seed == spec.seeds[0] and sp == map_sparsity:
                     regions_for_maps[f"{setup.task} learned"] = (setup.pre, region)
                     regions_for_maps[f"{setup.task} FISH"] = (setup.pre, fish_r)
             timings.append({"task": setup.task, "seed": seed, "localize_seconds": round(t_loc, 1),
                             "fisher_seconds": round(t_fish, 1), "finetune_seconds": round(setup.ft_seconds, 1)})
-    agg = C.aggregate(rows, ["task", "sparsity"], METRICS)
-    summary_rows = C.summary_rows(agg, METRICS)
+    agg = aggregate(rows, ["task", "sparsity"], METRICS)
+    summary = summary_rows(agg, METRICS)
     run.csv("fish.csv", rows)
-    run.csv("summary.csv", summary_rows)
+    run.csv("summary.csv", summary)
     maps = {}
     if regions_for_maps:
         maps = plot_heatmaps(regions_for_maps, run.file("heatmap.png"))
         run.json("heatmap.json", maps)
-    tracking = tracking_rows(cfg, run, loc) if cfg.get("tracking") else []
+    tracking = tracking_rows(spec, run, loc) if spec.tracking is not None else []
     if tracking:
         run.csv("tracking.csv", tracking)
         plot_tracking(tracking, run.file("tracking.png"))
-    run.report(report(cfg, seeds, agg, base_rows, maps, tracking, timings))
-    return {"rows": rows, "summary": summary_rows, "baselines": base_rows, "tracking": tracking, "timings": timings}
-
-
-def _universe(pre, regions: dict[str, Region]) -> dict:
-    return next(iter(regions.values())).shapes
+    run.report(report(spec, agg, base_rows, maps, tracking, timings))
+    return {"rows": rows, "summary": summary, "baselines": base_rows, "tracking": tracking, "timings": timings}
 
 
 # ---------------------------------------------------------------------------------------------- heatmaps
@@ -158,46 +206,50 @@ def plot_heatmaps(regions: dict[str, tuple], path) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- tracking
-def tracking_rows(cfg: dict, run: RunDir, loc) -> list[dict]:
+def check_tracking(spec: FishSpec) -> None:
+    """The tracked checkpoints lie within the run's steps (checked before any work)."""
+    task = get_task(spec.tracking.task or spec.tasks[0])
+    total = spec.finetune.resolved_steps(task.num_labels, spec.k)
+    if max(spec.tracking.steps) > total:
+        raise SkillgraftError(f"recipe field 'tracking.steps': {sorted(set(spec.tracking.steps))} must lie in "
+                              f"1..{total} (the run's steps)")
+
+
+def tracking_rows(spec: FishSpec, run: RunDir, loc: LocalizeConfig) -> list[dict]:
     """Fig. 15: a region learned on one checkpoint, grafted with the values of other checkpoints."""
-    spec = cfg["tracking"]
-    if not isinstance(spec, dict) or "steps" not in spec:
-        raise SkillgraftError("recipe field 'tracking': needs 'steps' (checkpoints) and optionally task, seed, "
-                              "learn_at, sparsity")
-    task = spec.get("task", (cfg.get("tasks") or ["SST-2"])[0])
-    seed = int(spec.get("seed", C.seeds_of(cfg)[0]))
-    k = int(cfg.get("k", 16))
-    ft_cfg = C.finetune_config(cfg)
-    data = load_kshot(task, k, seed, cfg.get("data_dir"))
-    test = C.sample(data.test, cfg.get("test_limit"), seed=0)
-    config = ft_cfg.replace(eval_every=0)
-    total = config.resolved_steps(data.task.num_labels, k)
-    steps = sorted({int(s) for s in spec["steps"]})
-    learn_at = int(spec.get("learn_at", steps[len(steps) // 2]))
-    if learn_at not in steps or steps[-1] > total or steps[0] < 1:
-        raise SkillgraftError(f"recipe field 'tracking': steps {steps} must lie in 1..{total} (the run's steps) "
-                              f"and include learn_at={learn_at}")
-    build = dict(mode=cfg.get("mode", "head"), pooling=cfg.get("pooling"),
-                 max_length=int(cfg.get("max_length", 128)), head_seed=ft_cfg.seed)
-    pre = build_scorer(cfg.get("model"), data.task, **build).eval()
-    scorer = build_scorer(cfg.get("model"), data.task, **build)
-    snaps = Snapshots(scorer, [s for s in steps if s < total])
-    config = config.replace(steps=total)
-    finetune(scorer, data.train, None, config, k=k, progress=False, callbacks=[snaps])
-    ckpts = {s: snaps.scorer_at(s) for s in snaps.states}
-    if total in steps:
-        ckpts[total] = scorer
-    sparsity = float(spec.get("sparsity", sorted(b.fraction for b in loc.budgets)[len(loc.budgets) // 2]))
+    tr = spec.tracking
+    model = spec.model_spec()
+    seed = tr.seed if tr.seed is not None else spec.seeds[0]
+    data_spec = spec.data_spec(tr.task or spec.tasks[0], seed)
+    config = spec.finetune.replace(eval_every=0)
+    steps, learn_at = sorted(set(tr.steps)), tr.learn_step
+    sparsity = tr.sparsity or sorted(spec.sparsities)[len(spec.sparsities) // 2]
     learn_cfg = loc.replace(budgets=[sparsity])
-    region = localize(pre, ckpts[learn_at], data.train, data.dev, learn_cfg, progress=False).region
-    rows = []
-    for s, ck in sorted(ckpts.items()):
-        ft_m, _ = evaluate(ck, test)
-        g_m, _ = evaluate_graft(pre, Graft.from_models(pre, ck, region), test)
-        rows.append({"task": data.task.name, "seed": seed, "step": s, "learned_at": learn_at, "sparsity": sparsity,
-                     "region_size": len(region), "checkpoint_score": ft_m["score"], "graft_score": g_m["score"],
-                     "graft_ece": g_m["ece"]})
-    return rows
+    key = {**draw_key(model, data_spec), "finetune": config.to_dict(), "steps": steps, "learn_at": learn_at,
+           "localize": learn_cfg.to_dict()}
+
+    def make(folder: Path) -> None:
+        data = data_spec.load()
+        total = config.resolved_steps(data.task.num_labels, data.k)
+        pre = model.scorer(data.task, head_seed=config.seed).eval()
+        scorer = model.scorer(data.task, head_seed=config.seed)
+        snaps = Snapshots(scorer, [s for s in steps if s < total])
+        finetune(scorer, data.train, None, config.replace(steps=total), k=data.k, progress=False, callbacks=[snaps])
+        ckpts = {s: snaps.scorer_at(s) for s in snaps.states}
+        if total in steps:
+            ckpts[total] = scorer
+        region = localize(pre, ckpts[learn_at], data.train, data.dev, learn_cfg, progress=False).region
+        rows = []
+        for s, ck in sorted(ckpts.items()):
+            ft_m, _ = evaluate(ck, data.test)
+            g_m, _ = evaluate_graft(pre, Graft.from_models(pre, ck, region), data.test)
+            rows.append({"task": data.task.name, "seed": seed, "step": s, "learned_at": learn_at,
+                         "sparsity": sparsity, "region_size": len(region), "checkpoint_score": ft_m["score"],
+                         "graft_score": g_m["score"], "graft_ece": g_m["ece"]})
+        write_json(folder / "rows.json", rows)
+
+    entry = run.store.fetch("fish-tracking", key, make, label=f"{data_spec.task}-{spec.k}-{seed}")
+    return read_json(entry / "rows.json")
 
 
 def plot_tracking(rows: list[dict], path) -> None:
@@ -214,24 +266,24 @@ def plot_tracking(rows: list[dict], path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- report
-def report(cfg: dict, seeds: list[int], agg: list[dict], base_rows: list[dict], maps: dict, tracking: list[dict],
+def report(spec: FishSpec, agg: list[dict], base_rows: list[dict], maps: dict, tracking: list[dict],
            timings: list[dict]) -> str:
-    fcfg = fisher_config(cfg)
+    fcfg = spec.fisher
     lines = ["# FISH vs learned vs random regions (Table 8) and region analyses (Figs. 9, 10, 15)", "",
-             C.sizes_line(cfg, seeds, f"FISH = top {fcfg.kind} Fisher of θ_pre over "
-                                      f"{fcfg.n_examples or 'all'} training examples "
-                                      f"(head: {cfg.get('fish_head', 'ft')})"), "",
+             setting_line(spec, spec.seeds, f"FISH = top {fcfg.kind} Fisher of θ_pre over "
+                                            f"{fcfg.n_examples or 'all'} training examples (head: {spec.fish_head})"),
+             "",
              "All three regions of a row have exactly the same size (the learned region's, an exact budget by "
              "top-k of γ). Grafted model = θ_pre + γ⊙(θ_ft − θ_pre) with the fine-tuned head; score = accuracy "
              "(F1 for MRPC/QQP) in %, mean (std) over seeds. IoU = |γ_FISH ∩ γ| / |γ_FISH ∪ γ|.", ""]
-    rows = [[g["task"], f"{g['sparsity']:g}", C.pct(g["iou_fish_learned"], 2), C.pct(g["learned_score"]),
-             C.pct(g["fish_score"]), C.pct(g["random_score"]), C.pct(g["learned_ece"]), C.pct(g["fish_ece"]),
-             C.pct(g["random_ece"]), g["n_seeds"]] for g in agg]
-    lines += [C.md_table(["task", "sparsity", "IoU FISH/learned %", "learned graft", "FISH graft", "random graft",
-                          "ECE learned", "ECE FISH", "ECE random", "seeds"], rows), ""]
-    base = C.aggregate(base_rows, ["task"], ["ft_score", "ft_ece", "head_only_score"])
-    lines += ["Baselines: " + "; ".join(f"{g['task']}: fine-tuned {C.pct(g['ft_score'])} (ECE {C.pct(g['ft_ece'])}), "
-                                        f"head only {C.pct(g['head_only_score'])}" for g in base), ""]
+    rows = [[g["task"], f"{g['sparsity']:g}", pct(g["iou_fish_learned"], 2), pct(g["learned_score"]),
+             pct(g["fish_score"]), pct(g["random_score"]), pct(g["learned_ece"]), pct(g["fish_ece"]),
+             pct(g["random_ece"]), g["n_seeds"]] for g in agg]
+    lines += [md_table(["task", "sparsity", "IoU FISH/learned %", "learned graft", "FISH graft", "random graft",
+                        "ECE learned", "ECE FISH", "ECE random", "seeds"], rows), ""]
+    base = aggregate(base_rows, ["task"], ["ft_score", "ft_ece", "head_only_score"])
+    lines += ["Baselines: " + "; ".join(f"{g['task']}: fine-tuned {pct(g['ft_score'])} (ECE {pct(g['ft_ece'])}), "
+                                        f"head only {pct(g['head_only_score'])}" for g in base), ""]
     if maps:
         lines += ["## Where the regions sit (Figs. 9, 10)", "",
                   "heatmap.png: share of each (layer × module type) cell's parameters inside the region. "
@@ -248,11 +300,12 @@ def report(cfg: dict, seeds: list[int], agg: list[dict], base_rows: list[dict], 
                   f"{t0['task']} seed {t0['seed']}: region (sparsity {t0['sparsity']:g}, |γ| = {t0['region_size']}) "
                   f"learned on the checkpoint after {t0['learned_at']} steps, then grafted with each checkpoint's "
                   "values.", "",
-                  C.md_table(["step", "checkpoint score %", "graft score %", "graft ECE %"],
-                             [[r["step"], f"{100 * r['checkpoint_score']:.1f}", f"{100 * r['graft_score']:.1f}",
-                               f"{100 * r['graft_ece']:.1f}"] for r in tracking]), ""]
-    lines += ["## Time", "", C.md_table(["task", "seed", "fine-tuning s", "localize s", "Fisher s"],
-                                         [[t["task"], t["seed"], t["finetune_seconds"], t["localize_seconds"],
-                                           t["fisher_seconds"]] for t in timings]), "",
+                  md_table(["step", "checkpoint score %", "graft score %", "graft ECE %"],
+                           [[r["step"], f"{100 * r['checkpoint_score']:.1f}", f"{100 * r['graft_score']:.1f}",
+                             f"{100 * r['graft_ece']:.1f}"] for r in tracking]), ""]
+    lines += ["## Time", "", md_table(["task", "seed", "fine-tuning s", "localize s", "Fisher s"],
+                                       [[t["task"], t["seed"], t["finetune_seconds"], t["localize_seconds"],
+                                         t["fisher_seconds"]] for t in timings]), "",
+              "Seconds of this run (near 0 where the store already held the stage). "
               "Files: fish.csv, summary.csv, heatmap.png/json, tracking.csv, tracking.png."]
     return "\n".join(lines) + "\n"

@@ -1,7 +1,7 @@
 """Multi-task skill regions (paper §5.1, Fig. 8, App. C.2 Figs. 11–12).
 
 1. Fine-tune one body on all tasks together (a batch from a random task each step) and, for reference,
-   each task alone (cached); test scores of both.
+   each task alone (the store's single-task fine-tuning); test scores of both.
 2. For each γ_base sparsity (0 = the paper's Fig. 8; 1e-5, 1e-4 = Figs. 11–12) and task i, learn γ_i on
    L_i with θ_pre = the pre-trained body and θ_ft = the multi-task body (task i's MT head carried).
 3. Matrices (CSV + heatmap): overlap O[i, j] = |γ_i ∩ γ_j| / |γ_j|; relative gain
@@ -9,37 +9,111 @@
    j's MT head, P_1 = the MT model.
 4. Unions γ_G of task groups and their relative gains on every task; "purified" unions: a few localizer
    steps from γ_base = γ_G on the joint loss Σ_{i∈G} L_i.
+
+The multi-task model (kind ``multitask``) and the task regions (the one regions cache,
+:func:`skillgraft.recipes.graft.learned_regions`) live in the store, keyed by the resolved specs.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import AfterValidator, Field, model_validator
 
-from skillgraft.data import get_task, load_kshot
+from skillgraft.data.tasks import get_task
 from skillgraft.errors import SkillgraftError
+from skillgraft.evaluate.plots import save_figure
 from skillgraft.evaluate.predict import evaluate
 from skillgraft.graft import Graft, LocalizeConfig, Region, localize
-from skillgraft.graft.selection import region_universe
 from skillgraft.graft.scoring import evaluate_graft
+from skillgraft.graft.selection import region_universe
 from skillgraft.io import read_json, write_json
-from skillgraft.recipes import common as C
-from skillgraft.recipes.base import RunDir, cached_finetune, config_hash, load_finetuned, recipe
+from skillgraft.pipeline.report import RunDir, md_table
+from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.store import data_digest, model_digest
+from skillgraft.recipes.base import ExperimentSpec, recipe
+from skillgraft.recipes.graft import learned_regions
+from skillgraft.spec import Spec
+from skillgraft.train import FinetuneConfig
 from skillgraft.train.multitask import JointScorer, MultiTaskScorer, multitask_finetune, tag
 
-MT_DEFAULTS = {"lr": 0.01, "eval_every": 100}
+
+def _task_names(names: list[str]) -> list[str]:
+    try:
+        return [get_task(t).name for t in names]
+    except SkillgraftError as e:
+        raise ValueError(str(e)) from None
+
+
+# Registered task names, canonicalised (``sst-2`` → ``SST-2``); an unknown name is refused at validation.
+TaskNames = Annotated[list[str], AfterValidator(_task_names)]
+
+
+def inherit_finetune(values, section: str, *, drop: tuple[str, ...] = ()):
+    """Before validation: fields of ``values[section]`` (a FinetuneConfig) left out take ``values['finetune']``'s,
+    except ``drop``."""
+    if not isinstance(values, dict):
+        return values
+    base, own = values.get("finetune") or {}, values.get(section)
+    if isinstance(base, FinetuneConfig):
+        base = base.model_dump(exclude_unset=True)
+    if not isinstance(base, dict) or not (own is None or isinstance(own, dict)):
+        return values  # a ready FinetuneConfig, or a bad value the field's validation names
+    inherited = {k: v for k, v in base.items() if k in FinetuneConfig.model_fields and k not in drop}
+    return {**values, section: {**inherited, **(own or {})}}
+
+
+class PurifySpec(Spec):
+    """Localizer steps from γ_base = γ_G on the joint loss Σ_{i∈G} L_i (paper: 10)."""
+
+    steps: int = Field(10, ge=0, description="localizer steps from γ_base = γ_G (paper: 10)")
+    select_on: Literal["train+dev", "train", "last"] = Field(
+        "last", description="which step's region is kept (last: the region after the last step)")
+
+
+class MultitaskSpec(ExperimentSpec):
+    """Tasks on one body; their regions' overlap and relative gains; unions of groups and their purification."""
+
+    tasks: TaskNames = Field(default_factory=lambda: ["SST-2", "cr", "ag_news", "QNLI"], min_length=2,
+                             description="tasks fine-tuned together on one body (each once)")
+    seed: int = Field(13, description="data seed of every task's k-shot draw")
+    eval_batch_size: int = Field(64, ge=1, description="batch size of test evaluation")
+    multitask: FinetuneConfig = Field(default_factory=FinetuneConfig, description=(
+        "the multi-task run (a batch from a random task each step; best mean dev kept); fields left out take "
+        "`finetune`'s, except steps"))
+    localize: LocalizeConfig = Field(default_factory=LocalizeConfig, description=(
+        "the task regions γ_i (sparsity is set per γ_base by `bases`: leave it out)"))
+    bases: list[Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=lambda: [0.0], min_length=1, description=(
+        "γ_base sparsities: 0 (Fig. 8), 1e-5 (Fig. 11), 1e-4 (Fig. 12); unions use the first"))
+    groups: list[TaskNames] = Field(default_factory=list, description=(
+        "task groups G (each a list of `tasks`): the union γ_G and its purification are scored on every task"))
+    purify: PurifySpec = Field(default_factory=PurifySpec, description="purification of each union γ_G")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inherit(cls, values):
+        return inherit_finetune(values, "multitask", drop=("steps",))
+
+    @model_validator(mode="after")
+    def _check(self) -> MultitaskSpec:
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"tasks: each task once, got {self.tasks}")
+        for g in self.groups:
+            missing = [t for t in g if t not in self.tasks]
+            if not g or missing:
+                raise ValueError(f"groups: group {g} must name tasks of `tasks` (not there: {missing})")
+        if self.localize.sparsity != LocalizeConfig.model_fields["sparsity"].default:
+            raise ValueError("localize.sparsity: set per γ_base by `bases` in this recipe; leave it out")
+        return self
 
 
 def heatmap(matrix: np.ndarray, rows: list[str], cols: list[str], path, *, title: str, vmin=None, vmax=None,
             fmt: str = "{:.2f}", xlabel: str = "", ylabel: str = ""):
     """A labelled heatmap PNG with the value printed in each cell (NaN cells blank)."""
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    from skillgraft.io import atomic_path  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(cols), 1.0 + 0.7 * len(rows)))
     im = ax.imshow(np.ma.masked_invalid(matrix), cmap="viridis", vmin=vmin, vmax=vmax, aspect="auto")
@@ -56,11 +130,7 @@ def heatmap(matrix: np.ndarray, rows: list[str], cols: list[str], path, *, title
     ax.set_xlabel(xlabel, fontsize=8)
     ax.set_ylabel(ylabel, fontsize=8)
     fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def relative_gain(p_graft: float, p0: float, p1: float) -> float:
@@ -69,107 +139,95 @@ def relative_gain(p_graft: float, p0: float, p1: float) -> float:
 
 
 class _Context:
-    """Everything shared by the steps: data, the MT model, a pre-trained MT model, P_0/P_1 per task."""
+    """Everything the steps share: the data, the MT model (and its store entry), a pre-trained MT model."""
 
-    def __init__(self, cfg: dict, run: RunDir):
-        self.cfg, self.run = cfg, run
-        self.tasks = [get_task(t).name for t in (cfg.get("tasks") or [])]
-        if len(self.tasks) < 2:
-            raise SkillgraftError("recipe field 'tasks': the multitask recipe needs at least two tasks")
-        self.k, self.seed = int(cfg.get("k", 16)), int(cfg.get("seed", 13))
-        self.data = {t: load_kshot(t, self.k, self.seed, cfg.get("data_dir")) for t in self.tasks}
-        self.test = {t: C.sample(d.test, cfg.get("test_limit"), seed=0) for t, d in self.data.items()}
-        self.batch = int(cfg.get("eval_batch_size", 64))
-        self.scores: dict[tuple, float] = {}
+    def __init__(self, spec: MultitaskSpec, data: dict):
+        self.spec, self.tasks, self.data = spec, spec.tasks, data
+        self.batch = spec.eval_batch_size
+
+    def test(self, task: str):
+        return self.data[task].test
 
     def score_graft(self, region: Region, task: str) -> float:
         graft = Graft.from_models(self.pre[task], self.mt[task], region)
-        return evaluate_graft(self.pre[task], graft, self.test[task], batch_size=self.batch)[0]["score"]
+        return evaluate_graft(self.pre[task], graft, self.test(task), batch_size=self.batch)[0]["score"]
+
+    def setup(self, task: str) -> Setup:
+        """Task ``task``'s view of the MT model beside the pre-trained body, as a Setup (regions cache key)."""
+        return Setup(self.mt[task], self.pre[task], self.data[task], self.mt_entry, {},
+                     data_root=str(self.spec.data_dir) if self.spec.data_dir else None)
 
 
-def _train_multitask(ctx: _Context) -> tuple[MultiTaskScorer, dict]:
-    cfg = ctx.cfg
-    mt_cfg = C.dataclass_from(C.FinetuneConfig, cfg.get("multitask"), "recipe field 'multitask'",
-                              {**MT_DEFAULTS, **{k: v for k, v in (cfg.get("finetune") or {}).items() if k != "steps"}})
-    key = {"tasks": ctx.tasks, "k": ctx.k, "seed": ctx.seed, "model": cfg.get("model"), "mode": cfg.get("mode", "head"),
-           "pooling": cfg.get("pooling"), "max_length": cfg.get("max_length", 128), "config": mt_cfg.to_dict(),
-           "data_dir": str(cfg.get("data_dir"))}
-    folder = ctx.run.cache / f"mt-{'+'.join(ctx.tasks)}-{ctx.k}-{ctx.seed}-{config_hash(key)}"
-    if (folder / "info.json").is_file():
-        return MultiTaskScorer.from_pretrained(folder / "model"), read_json(folder / "info.json")
-    mt = MultiTaskScorer.build(cfg.get("model"), ctx.tasks, cfg.get("mode", "head"), pooling=cfg.get("pooling"),
-                               max_length=int(cfg.get("max_length", 128)), head_seed=mt_cfg.seed)
-    res = multitask_finetune(mt, {t: (d.train, d.dev) for t, d in ctx.data.items()}, mt_cfg,
-                             progress=bool(cfg.get("progress", False)))
-    info = {"steps": res.steps, "best_step": res.best_step, "best_dev": res.best_dev, "task_steps": res.task_steps,
-            "seconds": round(res.seconds, 1), "history": res.history, "key": key}
-    mt.save_pretrained(folder / "model")
-    write_json(folder / "info.json", info)
-    return mt, info
+def train_multitask(spec: MultitaskSpec, run: RunDir, data: dict) -> tuple[MultiTaskScorer, dict, Path]:
+    """The multi-task model of ``spec`` (trained once, then from the store), its training info, its entry."""
+    cfg, model = spec.multitask, spec.model_spec()
+    key = {"model": model.to_dict(), "model_digest": model_digest(model.model),
+           "data": [{"task": t, "k": spec.k, "seed": spec.seed, "digest": data_digest(t, spec.data_dir)}
+                    for t in spec.tasks],
+           "multitask": cfg.to_dict()}
+    holder: dict = {}
+
+    def make(folder: Path) -> None:
+        mt = MultiTaskScorer.build(model.model, spec.tasks, model.mode, pooling=model.pooling,
+                                   max_length=model.max_length, head_seed=cfg.seed)
+        res = multitask_finetune(mt, {t: (d.train, d.dev) for t, d in data.items()}, cfg, progress=spec.progress)
+        mt.save_pretrained(folder / "model")
+        write_json(folder / "info.json", {"steps": res.steps, "best_step": res.best_step, "best_dev": res.best_dev,
+                                          "task_steps": res.task_steps, "seconds": round(res.seconds, 1),
+                                          "history": res.history})
+        holder["mt"] = mt
+
+    entry = run.store.fetch("multitask", key, make, label=f"{'+'.join(spec.tasks)}-{spec.k}-{spec.seed}")
+    mt = holder.get("mt") or MultiTaskScorer.from_pretrained(entry / "model")
+    return mt, read_json(entry / "info.json"), entry
 
 
-def _regions(ctx: _Context, base: float, loc: LocalizeConfig, mt_info: dict) -> tuple[dict[str, Region], dict]:
-    """γ_i per task for one γ_base sparsity (cached by the MT model and the localizer config)."""
-    loc = loc.replace(sparsity=float(base))
+def task_regions(ctx: _Context, run: RunDir, base: float) -> tuple[dict[str, Region], dict]:
+    """γ_i per task for one γ_base sparsity (the store's regions of each task's view of the MT model)."""
+    loc = ctx.spec.localize.replace(sparsity=float(base))
     out, info = {}, {}
     for t in ctx.tasks:
-        key = {"mt": mt_info["key"], "task": t, "localize": loc.to_dict()}
-        folder = ctx.run.cache / f"mtregion-{t}-{config_hash(key)}"
-        if (folder / "summary.json").is_file():
-            out[t], info[t] = Region.load(folder / "region"), read_json(folder / "summary.json")
-            continue
-        t0 = time.perf_counter()
-        d = ctx.data[t]
-        res = localize(ctx.pre[t], ctx.mt[t], d.train, d.dev, loc, progress=bool(ctx.cfg.get("progress", False)))
-        out[t] = res.region
-        info[t] = {"size": len(res.region), "base_size": res.base_size, "best_step": res.summary["best_step"],
-                   "best_score": res.summary["best_score"], "seconds": round(time.perf_counter() - t0, 1)}
-        res.region.save(folder / "region")
-        write_json(folder / "summary.json", info[t])
+        found, summary = learned_regions(ctx.setup(t), run.store, "learned", loc, progress=ctx.spec.progress)
+        out[t] = next(iter(found.values()))
+        info[t] = {"size": len(out[t]), "base_size": summary.get("base_size"), "seconds": round(summary["seconds"], 1)}
     return out, info
 
 
-@recipe("multitask")
-def multitask(cfg: dict, run: RunDir) -> dict:
+@recipe("multitask", MultitaskSpec)
+def multitask(spec: MultitaskSpec, run: RunDir) -> dict:
     t_start = time.perf_counter()
-    ctx = _Context(cfg, run)
-    tasks = ctx.tasks
+    tasks = spec.tasks
     timings: dict[str, float] = {}
 
-    # 1. single-task FT (cached) and multi-task FT
+    # 1. single-task FT (the store's) and multi-task FT
     t0 = time.perf_counter()
-    ft_cfg = C.finetune_config(cfg)
-    single = {}
+    single, data = {}, {}
     for t in tasks:
-        ft_dir = cached_finetune(t, ctx.k, ctx.seed, cache=run.cache, model=cfg.get("model"),
-                                 mode=cfg.get("mode", "head"), pooling=cfg.get("pooling"), config=ft_cfg,
-                                 data_dir=cfg.get("data_dir"), max_length=int(cfg.get("max_length", 128)),
-                                 test_limit=cfg.get("test_limit"), progress=bool(cfg.get("progress", False)))
-        ft, _, _ = load_finetuned(ft_dir)
-        single[t] = evaluate(ft, ctx.test[t], batch_size=ctx.batch)[0]["score"]
-        del ft
+        setup = spec.setup(run, t, spec.seed)
+        data[t] = setup.data
+        single[t] = evaluate(setup.ft, setup.test, batch_size=spec.eval_batch_size)[0]["score"]
+        del setup
+    ctx = _Context(spec, data)
     timings["single_task_ft_and_eval"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ctx.mt, mt_info = _train_multitask(ctx)
+    ctx.mt, mt_info, ctx.mt_entry = train_multitask(spec, run, data)
     timings["multitask_ft"] = time.perf_counter() - t0
-    ctx.pre = MultiTaskScorer.build(cfg.get("model"), tasks, cfg.get("mode", "head"), pooling=cfg.get("pooling"),
-                                    max_length=int(cfg.get("max_length", 128)))
+    ctx.pre = MultiTaskScorer.build(spec.model, tasks, spec.mode, pooling=spec.pooling, max_length=spec.max_length)
     for m in (ctx.mt, ctx.pre):
         m.eval()
     universe = region_universe(ctx.pre[tasks[0]])
-    p1 = {t: evaluate(ctx.mt[t], ctx.test[t], batch_size=ctx.batch)[0]["score"] for t in tasks}
+    p1 = {t: evaluate(ctx.mt[t], ctx.test(t), batch_size=ctx.batch)[0]["score"] for t in tasks}
     p0 = {t: ctx.score_graft(Region.empty(universe), t) for t in tasks}
     acc_rows = [{"task": t, "single_task_ft": single[t], "multitask_ft": p1[t], "pre_with_mt_head": p0[t],
-                 "n_test": len(ctx.test[t])} for t in tasks]
+                 "n_test": len(ctx.test(t))} for t in tasks]
     run.csv("accuracy.csv", acc_rows)
 
     # 2–3. task regions per γ_base, overlap and relative-gain matrices
-    loc = C.localize_config(cfg)
-    bases = [float(b) for b in cfg.get("bases", [0.0])]
+    bases = spec.bases
     matrix_rows, region_rows, per_base = [], [], {}
     for base in bases:
         t0 = time.perf_counter()
-        regions, info = _regions(ctx, base, loc, mt_info)
+        regions, info = task_regions(ctx, run, base)
         overlap = np.array([[regions[i].overlap(regions[j]) for j in tasks] for i in tasks])
         rel = np.full((len(tasks), len(tasks)), np.nan)
         score = np.full((len(tasks), len(tasks)), np.nan)
@@ -180,9 +238,8 @@ def multitask(cfg: dict, run: RunDir) -> dict:
                 matrix_rows.append({"base": base, "region": i, "task": j, "overlap": overlap[a, b],
                                     "score": score[a, b], "relative_gain": rel[a, b]})
         for t in tasks:
-            region_rows.append({"base": base, "task": t, "size": len(regions[t]),
-                                "density": regions[t].density, **{f"info_{k}": v for k, v in info[t].items()
-                                                                  if k in ("base_size", "seconds")}})
+            region_rows.append({"base": base, "task": t, "size": len(regions[t]), "density": regions[t].density,
+                                "info_base_size": info[t]["base_size"], "info_seconds": info[t]["seconds"]})
         tag_ = f"{base:g}"
         heatmap(overlap, tasks, tasks, run.file(f"overlap_base-{tag_}.png"), vmin=0, vmax=1,
                 title=f"overlap |γ_i ∩ γ_j| / |γ_j| (γ_base={tag_})", ylabel="γ_i (row)", xlabel="γ_j (column)")
@@ -195,14 +252,9 @@ def multitask(cfg: dict, run: RunDir) -> dict:
 
     # 4. unions of task groups (regions of the first γ_base) and purification on the joint loss
     t0 = time.perf_counter()
-    groups = [[get_task(t).name for t in g] for g in (cfg.get("groups") or [])]
-    for g in groups:
-        missing = [t for t in g if t not in tasks]
-        if missing or len(g) < 1:
-            raise SkillgraftError(f"recipe field 'groups': group {g} names tasks not in 'tasks' ({missing})")
-    purify = cfg.get("purify") or {}
-    purify_cfg = loc.replace(steps=int(purify.get("steps", 10)), eval_every=1,
-                             select_on=purify.get("select_on", "last"))
+    groups = spec.groups
+    purify_cfg = spec.localize.replace(steps=spec.purify.steps, eval_every=1,
+                                       select_on=spec.purify.select_on)
     regions0 = per_base[bases[0]]["regions"]
     union_rows = []
     union_rel, pure_rel = [], []
@@ -213,9 +265,7 @@ def multitask(cfg: dict, run: RunDir) -> dict:
         joint_pre, joint_mt = JointScorer(ctx.pre, g), JointScorer(ctx.mt, g)
         train = [ex for t in g for ex in tag(t, ctx.data[t].train)]
         dev = [ex for t in g for ex in tag(t, ctx.data[t].dev)]
-        res = localize(joint_pre, joint_mt, train, dev, purify_cfg, base=union,
-                       progress=bool(cfg.get("progress", False)))
-        pure = res.region
+        pure = localize(joint_pre, joint_mt, train, dev, purify_cfg, base=union, progress=spec.progress).region
         row_u, row_p = [], []
         for j in tasks:
             su, sp = ctx.score_graft(union, j), ctx.score_graft(pure, j)
@@ -237,27 +287,28 @@ def multitask(cfg: dict, run: RunDir) -> dict:
     timings["unions_and_purification"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_start
     timings = {k: round(v, 1) for k, v in timings.items()}
-    run.report(_report(cfg, ctx, acc_rows, bases, per_base, groups, union_rows, mt_info, purify_cfg, timings,
-                       region_rows))
+    run.report(_report(spec, acc_rows, per_base, union_rows, mt_info, purify_cfg, timings, region_rows))
     return {"accuracy": acc_rows, "matrices": matrix_rows, "unions": union_rows, "regions": region_rows,
             "multitask": {k: v for k, v in mt_info.items() if k != "history"}, "timings": timings}
 
 
-def _report(cfg, ctx, acc_rows, bases, per_base, groups, union_rows, mt_info, purify_cfg, timings, region_rows) -> str:
-    tasks = ctx.tasks
-    model = cfg.get("model") or "bundled all-MiniLM-L6-v2"
+def _report(spec: MultitaskSpec, acc_rows, per_base, union_rows, mt_info, purify_cfg, timings, region_rows) -> str:
+    tasks, bases, groups = spec.tasks, spec.bases, spec.groups
+    model = spec.model or "bundled all-MiniLM-L6-v2"
     pct = lambda v: "-" if v is None or not np.isfinite(v) else f"{100 * v:.1f}"  # noqa: E731
+    kept = "the region after the last step" if purify_cfg.select_on == "last" else \
+        f"the step with the best {purify_cfg.select_on} accuracy"
     lines = ["# Multi-task skill regions (paper §5.1, Fig. 8; App. C.2 Figs. 11–12)", "",
-             f"Model {model} ({cfg.get('mode', 'head')} mode); tasks {', '.join(tasks)}; k={ctx.k} per label, data seed "
-             f"{ctx.seed}; test: a seeded sample of {cfg.get('test_limit') or 'all'} examples per task. Multi-task FT: "
+             f"Model {model} ({spec.mode} mode); tasks {', '.join(tasks)}; k={spec.k} per label, data seed "
+             f"{spec.seed}; test: a seeded sample of {spec.test_limit or 'all'} examples per task. Multi-task FT: "
              f"{mt_info['steps']} steps, a batch from a random task each step ({mt_info['task_steps']}), best mean dev "
              f"at step {mt_info['best_step']}. Score = accuracy (F1 for MRPC/QQP), in %.", "",
              "The paper's setting is RoBERTa-base, 8 tasks, 4096-shot; this is a small-scale reproduction — compare "
              "patterns (diagonal vs off-diagonal), not absolute values.", "",
              "## Accuracy: single-task FT vs multi-task FT", "",
-             C.md_table(["task", "single-task FT", "multi-task FT (P_1)", "pre-trained body + MT head (P_0)", "n test"],
-                        [[r["task"], pct(r["single_task_ft"]), pct(r["multitask_ft"]), pct(r["pre_with_mt_head"]),
-                          r["n_test"]] for r in acc_rows]), ""]
+             md_table(["task", "single-task FT", "multi-task FT (P_1)", "pre-trained body + MT head (P_0)", "n test"],
+                      [[r["task"], pct(r["single_task_ft"]), pct(r["multitask_ft"]), pct(r["pre_with_mt_head"]),
+                        r["n_test"]] for r in acc_rows]), ""]
     for base in bases:
         tag_ = f"{base:g}"
         pb = per_base[base]
@@ -265,30 +316,34 @@ def _report(cfg, ctx, acc_rows, bases, per_base, groups, union_rows, mt_info, pu
         lines += [f"## Task regions with γ_base = {'0' if base == 0 else f'top-{tag_} movement'}", "",
                   "Region sizes: " + ", ".join(f"{t} {sizes[t]}" for t in tasks) + ".", "",
                   "Overlap |γ_i ∩ γ_j| / |γ_j| (row i, column j):", "",
-                  C.md_table(["γ_i \\ γ_j", *tasks], [[i, *[f"{v:.3f}" for v in pb["overlap"][a]]]
-                                                      for a, i in enumerate(tasks)]), "",
+                  md_table(["γ_i \\ γ_j", *tasks], [[i, *[f"{v:.3f}" for v in pb["overlap"][a]]]
+                                                    for a, i in enumerate(tasks)]), "",
                   f"![overlap](overlap_base-{tag_}.png)", "",
                   "Relative gain Rel (Eq. 5) of grafting γ_i (row) evaluated on task j (column); 1 = the MT model's "
                   "gain over P_0, 0 = none:", "",
-                  C.md_table(["γ_i \\ task j", *tasks], [[i, *[f"{v:.2f}" for v in pb["rel"][a]]]
-                                                         for a, i in enumerate(tasks)]), "",
+                  md_table(["γ_i \\ task j", *tasks], [[i, *[f"{v:.2f}" for v in pb["rel"][a]]]
+                                                       for a, i in enumerate(tasks)]), "",
                   f"![relative gain](relative_gain_base-{tag_}.png)", ""]
     if groups:
+        def cell(g, t):
+            r = next(r for r in union_rows if r["group"] == "+".join(g) and r["task"] == t)
+            star = "*" if r["in_group"] else ""
+            return f"{r['union_relative_gain']:.2f} → {r['purified_relative_gain']:.2f}{star}"
+
+        def size(g, what):
+            return next(r[what] for r in union_rows if r["group"] == "+".join(g))
+
         lines += [f"## Unions of task regions (γ_base = {bases[0]:g}) and purification", "",
                   f"γ_G = ∪_(i∈G) γ_i; 'purified' = {purify_cfg.steps} localizer steps from γ_base = γ_G on the joint "
-                  f"loss Σ_(i∈G) L_i (lr {purify_cfg.lr:g}, region after the last step). Relative gain on each task "
-                  "(* = task in G):", "",
-                  C.md_table(["group G", "size of γ_G", "size purified", *tasks],
-                             [[("+".join(g)), next(r["union_size"] for r in union_rows if r["group"] == "+".join(g)),
-                               next(r["purified_size"] for r in union_rows if r["group"] == "+".join(g)),
-                               *[(lambda r: f"{r['union_relative_gain']:.2f} → {r['purified_relative_gain']:.2f}"
-                                  + ("*" if r["in_group"] else ""))(
-                                   next(r for r in union_rows if r["group"] == "+".join(g) and r["task"] == t))
-                                 for t in tasks]] for g in groups]), "",
+                  f"loss Σ_(i∈G) L_i (lr {purify_cfg.lr:g}, {kept}). Relative gain on each task (* = task in G):", "",
+                  md_table(["group G", "size of γ_G", "size purified", *tasks],
+                           [["+".join(g), size(g, "union_size"), size(g, "purified_size"), *[cell(g, t) for t in tasks]]
+                            for g in groups]), "",
                   "Cells: union → purified.", "",
                   "![union](union_relative_gain.png)", "", "![purified](purified_relative_gain.png)", ""]
     lines += ["## Times (seconds, this machine)", "",
-              C.md_table(["step", "seconds"], [[k, v] for k, v in timings.items()]), "",
-              "Rel is undefined (blank) where the MT model does not beat P_0 on a task. Files: accuracy.csv, "
-              "matrices.csv (long: base, region, task, overlap, score, relative_gain), regions.csv, unions.csv.", ""]
+              md_table(["step", "seconds"], [[k, v] for k, v in timings.items()]), "",
+              "Rel is undefined (blank) where the MT model does not beat P_0 on a task. Stages found in the store take "
+              "~0 s. Files: accuracy.csv, matrices.csv (long: base, region, task, overlap, score, relative_gain), "
+              "regions.csv, unions.csv.", ""]
     return "\n".join(lines)

@@ -7,66 +7,82 @@ trains: ``full`` (every block), ``fim-top-K`` / ``fim-bottom-K`` / ``random-K`` 
 trainable parameters (body, head excluded), mean (std) over seeds. Ranking stability: one full
 fine-tuning run with checkpoints, the FIM ranking recomputed on each, Spearman/Kendall vs step 0.
 
-Writes ``results.csv`` (one row per task × seed × method), ``summary.csv``, ``stability.csv``,
-``surgical.png`` (accuracy per method), ``fim.png`` (FIM per block per task), ``report.md``.
+Every fine-tuning's test metrics (kind ``surgical``) and the stability rows (``surgical-stability``) live
+in the store, keyed by the resolved model, data and fine-tuning specs, so a re-run only re-reports.
+Writes ``results.csv`` (one row per task × seed × method), ``summary.csv``, ``fim.csv``,
+``stability.csv``, ``surgical.png`` (accuracy per method), ``fim.png`` (FIM per block per task), ``report.md``.
 """
 
 from __future__ import annotations
 
 import copy
+import random
 import time
 from pathlib import Path
+from typing import Annotated, Literal
 
-import matplotlib
+import numpy as np
+from pydantic import Field
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from skillgraft.data import load_kshot  # noqa: E402
-from skillgraft.errors import SkillgraftError  # noqa: E402
-from skillgraft.evaluate.plots import save_figure  # noqa: E402
-from skillgraft.evaluate.predict import evaluate  # noqa: E402
-from skillgraft.fisher import FisherConfig, fim_layer_scores, ranking_stability  # noqa: E402
-from skillgraft.fisher.plots import layer_scores_bar  # noqa: E402
-from skillgraft.io import read_json, write_json  # noqa: E402
-from skillgraft.models import build_scorer  # noqa: E402
-from skillgraft.models.anatomy import is_carried  # noqa: E402
-from skillgraft.recipes import common as C  # noqa: E402
-from skillgraft.recipes.base import RunDir, config_hash, recipe  # noqa: E402
-from skillgraft.train import AutoRGN, FinetuneConfig, Snapshots, finetune  # noqa: E402
+from skillgraft.data.spec import DataSpec
+from skillgraft.errors import SkillgraftError
+from skillgraft.evaluate.plots import save_figure
+from skillgraft.evaluate.predict import evaluate
+from skillgraft.fisher import FisherConfig, block_names, fim_layer_scores, ranking_stability
+from skillgraft.fisher.plots import layer_scores_bar
+from skillgraft.io import read_json, write_json
+from skillgraft.models.anatomy import is_carried
+from skillgraft.models.spec import ModelSpec
+from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, summary_rows
+from skillgraft.pipeline.store import Store, data_digest, model_digest
+from skillgraft.recipes.base import ExperimentSpec, SeedsMixin, recipe
+from skillgraft.train import AutoRGN, FinetuneConfig, Snapshots, finetune
 
 METHODS = ("full", "fim-top", "fim-bottom", "random", "auto-rgn")
+Method = Literal["full", "fim-top", "fim-bottom", "random", "auto-rgn"]
 METRICS = ["score", "accuracy", "ece", "trainable_parameters"]
 
 
-def fisher_config(cfg: dict) -> FisherConfig:
-    spec = dict(cfg.get("fisher") or {})
-    if cfg.get("fisher_examples") is not None:
-        spec["n_examples"] = int(cfg["fisher_examples"])
-    return C.dataclass_from(FisherConfig, spec, "recipe field 'fisher'")
+class SurgicalSpec(ExperimentSpec, SeedsMixin):
+    """Which blocks train (FIM top/bottom-K, random-K, all, Auto-RGN), how the FIM is computed, stability."""
+
+    layers_k: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [1, 2, 3], min_length=1,
+        description="K: number of blocks trained by fim-top / fim-bottom / random (each ≤ the model's blocks)")
+    methods: list[Method] = Field(default_factory=lambda: list(METHODS), min_length=1, description=(
+        "full (every block) | fim-top | fim-bottom | random (K blocks + the head) | auto-rgn (every block, "
+        "per-tensor lr ∝ ‖∇L‖/‖θ‖)"))
+    fisher: FisherConfig = Field(default_factory=FisherConfig,
+                                 description="the FIM of the pre-trained model over the k-shot training set")
+    fisher_aggregate: Literal["sum", "frobenius"] = Field(
+        "sum", description="block score: sum (of Fisher entries; the definition) | frobenius (the reference code)")
+    fisher_normalize: bool = Field(False, description="divide each block's score by its parameter count")
+    stability_steps: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, description=(
+        "FIM ranking recomputed on these checkpoints of one full FT run of the first task and seed (empty: none)"))
 
 
-def methods_of(cfg: dict) -> list[str]:
-    methods = cfg.get("methods") or list(METHODS)
-    bad = [m for m in methods if m not in METHODS]
-    if bad:
-        raise SkillgraftError(f"recipe field 'methods': unknown {bad}; known: {list(METHODS)}")
-    return list(methods)
+def draw_key(model: ModelSpec, data: DataSpec) -> dict:
+    """What determines a run from θ_pre on one k-shot draw: model + its identity, data spec + file digest."""
+    return {"model": model.to_dict(), "model_digest": model_digest(model.model),
+            "data": data.to_dict() | {"data_dir": None}, "data_digest": data_digest(data.task, data.data_dir)}
 
 
-def selections(methods: list[str], layers_k: list[int], scores, n_blocks: int, seed: int) -> list[tuple[str, list | None]]:
-    """(method label, blocks to train or None for all) in report order."""
-    import random  # noqa: PLC0415
+def setting_line(spec: ExperimentSpec, seeds: list[int], extra: str = "") -> str:
+    """One sentence: model, mode, k, seeds, test subset (+ ``extra``), for a report's header."""
+    model = spec.model or "bundled all-MiniLM-L6-v2"
+    return (f"Model {model} ({spec.mode} mode), k={spec.k} per label, data seeds {seeds}, test subset "
+            f"{spec.test_limit or 'full'} examples (seeded sample)" + (f", {extra}" if extra else "") + ".")
 
+
+def selections(methods: list[str], layers_k: list[int], scores, n_blocks: int,
+               seed: int) -> list[tuple[str, list | None]]:
+    """(method label, blocks to train or None for all) in report order; random-K blocks drawn per seed."""
     out: list[tuple[str, list | None]] = []
     for m in methods:
         if m in ("full", "auto-rgn"):
             out.append((m, None))
             continue
         for k in layers_k:
-            if not 1 <= k <= n_blocks:
-                raise SkillgraftError(f"recipe field 'layers_k': {k} is not in 1..{n_blocks} (the model's blocks)")
             if m == "fim-top":
                 out.append((f"fim-top-{k}", scores.top(k)))
             elif m == "fim-bottom":
@@ -76,66 +92,59 @@ def selections(methods: list[str], layers_k: list[int], scores, n_blocks: int, s
     return out
 
 
-def train_and_test(pre, data, test, config: FinetuneConfig, *, auto_rgn: bool, cache: Path, key: dict) -> dict:
-    """Fine-tune a copy of ``pre`` and evaluate it on ``test``; the metrics are cached by ``key``."""
-    path = Path(cache) / "surgical" / f"{key['task']}-{key['k']}-{key['seed']}-{config_hash(key)}.json"
-    if path.is_file():
-        return read_json(path)
-    scorer = copy.deepcopy(pre)
-    t0 = time.perf_counter()
-    res = finetune(scorer, data.train, data.dev, config, k=data.k, progress=False,
-                   callbacks=[AutoRGN()] if auto_rgn else [])
-    seconds = time.perf_counter() - t0
-    metrics, _ = evaluate(res.scorer, test)
-    head = sum(p.numel() for n, p in res.scorer.named_parameters() if is_carried(n))
-    out = {"score": metrics["score"], "accuracy": metrics["accuracy"], "ece": metrics["ece"],
-           "trainable_parameters": res.trainable_parameters - head, "trainable_with_head": res.trainable_parameters,
-           "best_dev": res.best_dev, "best_step": res.best_step, "train_seconds": round(seconds, 2)}
-    write_json(path, out)
-    return out
+def train_and_test(store: Store, key: dict, pre, data, config: FinetuneConfig, *, auto_rgn: bool,
+                   label: str) -> dict:
+    """Fine-tune a copy of ``pre`` and evaluate it on ``data.test``; the metrics live in the store."""
+
+    def make(folder: Path) -> None:
+        scorer = copy.deepcopy(pre)
+        t0 = time.perf_counter()
+        res = finetune(scorer, data.train, data.dev, config, k=data.k, progress=False,
+                       callbacks=[AutoRGN()] if auto_rgn else [])
+        seconds = time.perf_counter() - t0
+        metrics, _ = evaluate(res.scorer, data.test)
+        head = sum(p.numel() for n, p in res.scorer.named_parameters() if is_carried(n))
+        write_json(folder / "metrics.json", {
+            "score": metrics["score"], "accuracy": metrics["accuracy"], "ece": metrics["ece"],
+            "trainable_parameters": res.trainable_parameters - head, "trainable_with_head": res.trainable_parameters,
+            "best_dev": res.best_dev, "best_step": res.best_step, "train_seconds": round(seconds, 2)})
+
+    entry = store.fetch("surgical", {**key, "finetune": config.to_dict(), "auto_rgn": auto_rgn}, make, label=label)
+    return read_json(entry / "metrics.json")
 
 
-@recipe("surgical")
-def surgical(cfg: dict, run: RunDir) -> dict:
-    tasks = cfg.get("tasks") or ["SST-2"]
-    seeds = C.seeds_of(cfg)
-    k = int(cfg.get("k", 16))
-    layers_k = [int(x) for x in cfg.get("layers_k", [1, 2, 3])]
-    methods = methods_of(cfg)
-    ft_cfg = C.finetune_config(cfg)
-    fcfg = fisher_config(cfg)
-    aggregate = cfg.get("fisher_aggregate", "sum")
-    normalize = bool(cfg.get("fisher_normalize", False))
-    mode, model, data_dir = cfg.get("mode", "head"), cfg.get("model"), cfg.get("data_dir")
+@recipe("surgical", SurgicalSpec)
+def surgical(spec: SurgicalSpec, run: RunDir) -> dict:
+    model = spec.model_spec()
     rows, fim_rows, fim_plot, timings = [], [], {}, []
-    for task in tasks:
-        for seed in seeds:
-            data = load_kshot(task, k, seed, data_dir)
-            test = C.sample(data.test, cfg.get("test_limit"), seed=0)
-            pre = build_scorer(model, data.task, mode, pooling=cfg.get("pooling"),
-                               max_length=int(cfg.get("max_length", 128)), head_seed=ft_cfg.seed)
-            pre.eval()
+    for task in spec.tasks:
+        for seed in spec.seeds:
+            data_spec = spec.data_spec(task, seed)
+            data = data_spec.load()
+            pre = model.scorer(data.task, head_seed=spec.finetune.seed).eval()
+            n_blocks = len(block_names(pre))
+            if max(spec.layers_k) > n_blocks:
+                raise SkillgraftError(f"recipe field 'layers_k': {max(spec.layers_k)} is not in 1..{n_blocks} "
+                                      "(the model's blocks)")
             t0 = time.perf_counter()
-            scores = fim_layer_scores(pre, data.train, aggregate=aggregate, normalize=normalize, config=fcfg)
+            scores = fim_layer_scores(pre, data.train, aggregate=spec.fisher_aggregate,
+                                      normalize=spec.fisher_normalize, config=spec.fisher)
             fim_seconds = time.perf_counter() - t0
             fim_rows.append({"task": data.task.name, "seed": seed, "ranking": scores.ranking(),
                              "scores": scores.scores, "seconds": round(fim_seconds, 2)})
             fim_plot.setdefault(data.task.name, scores)
-            n_blocks = len(scores.scores)
-            for label, layers in selections(methods, layers_k, scores, n_blocks, seed):
-                config = ft_cfg.replace(layers=layers)
-                key = {"task": data.task.name, "k": k, "seed": seed, "model": model, "mode": mode,
-                       "pooling": cfg.get("pooling"), "finetune": config.to_dict(), "auto_rgn": label == "auto-rgn",
-                       "test_limit": cfg.get("test_limit")}
-                m = train_and_test(pre, data, test, config, auto_rgn=label == "auto-rgn", cache=run.cache, key=key)
+            key = draw_key(model, data_spec)
+            for label, layers in selections(spec.methods, spec.layers_k, scores, n_blocks, seed):
+                m = train_and_test(run.store, key, pre, data, spec.finetune.replace(layers=layers),
+                                   auto_rgn=label == "auto-rgn", label=f"{data.task.name}-{spec.k}-{seed}-{label}")
                 rows.append({"task": data.task.name, "seed": seed, "method": label,
                              "blocks": "all" if layers is None else ",".join(map(str, layers)), **m})
             timings.append({"task": data.task.name, "seed": seed, "fisher_seconds": round(fim_seconds, 2),
                             "train_seconds": sum(r["train_seconds"] for r in rows if r["task"] == data.task.name
                                                  and r["seed"] == seed)})
-    stability = stability_rows(cfg, run, ft_cfg, fcfg, aggregate, normalize) if cfg.get("stability_steps") else []
-    agg = C.aggregate(rows, ["task", "method"], METRICS)
-    summary = C.summary_rows(agg, METRICS)
+    stability = stability_rows(spec, run) if spec.stability_steps else []
+    agg = aggregate(rows, ["task", "method"], METRICS)
+    summary = summary_rows(agg, METRICS)
     run.csv("results.csv", rows)
     run.csv("summary.csv", summary)
     run.csv("fim.csv", [{**r, "ranking": " ".join(map(str, r["ranking"])),
@@ -144,32 +153,39 @@ def surgical(cfg: dict, run: RunDir) -> dict:
         run.csv("stability.csv", [{**r, "ranking": " ".join(map(str, r["ranking"]))} for r in stability])
     plot_methods(agg, run.file("surgical.png"))
     layer_scores_bar(fim_plot, run.file("fim.png"), title="FIM per block on the pre-trained model")
-    run.report(report(cfg, seeds, agg, fim_rows, stability, timings))
+    run.report(report(spec, agg, fim_rows, stability, timings))
     return {"rows": rows, "summary": summary, "fim": fim_rows, "stability": stability, "timings": timings}
 
 
-def stability_rows(cfg: dict, run: RunDir, ft_cfg: FinetuneConfig, fcfg: FisherConfig, aggregate: str,
-                   normalize: bool) -> list[dict]:
+def stability_rows(spec: SurgicalSpec, run: RunDir) -> list[dict]:
     """Full FT of the first task/seed with checkpoints; FIM ranking on each vs the pre-trained one."""
-    task = (cfg.get("tasks") or ["SST-2"])[0]
-    seed = C.seeds_of(cfg)[0]
-    k = int(cfg.get("k", 16))
-    data = load_kshot(task, k, seed, cfg.get("data_dir"))
-    scorer = build_scorer(cfg.get("model"), data.task, cfg.get("mode", "head"), pooling=cfg.get("pooling"),
-                          max_length=int(cfg.get("max_length", 128)), head_seed=ft_cfg.seed)
-    config = ft_cfg.replace(eval_every=0, layers=None)  # no best-dev restore: the last checkpoint is the last step
-    steps_total = config.resolved_steps(data.task.num_labels, k)
-    wanted = sorted({int(s) for s in cfg["stability_steps"] if int(s) <= steps_total})
-    snaps = Snapshots(scorer, [s for s in wanted if s < steps_total])
-    finetune(scorer, data.train, None, config, k=k, progress=False, callbacks=[snaps])
-    checkpoints = {s: snaps.scorer_at(s) for s in snaps.states}
-    if steps_total in wanted:
-        checkpoints[steps_total] = scorer
-    rows, _ = ranking_stability(checkpoints, data.train, aggregate=aggregate, normalize=normalize, config=fcfg)
-    return [{"task": data.task.name, "seed": seed, **r} for r in rows]
+    model, seed = spec.model_spec(), spec.seeds[0]
+    data_spec = spec.data_spec(spec.tasks[0], seed)
+    config = spec.finetune.replace(eval_every=0, layers=None)  # no best-dev restore: the last checkpoint = last step
+    key = {**draw_key(model, data_spec), "finetune": config.to_dict(), "steps": sorted(set(spec.stability_steps)),
+           "fisher": spec.fisher.to_dict(), "aggregate": spec.fisher_aggregate, "normalize": spec.fisher_normalize}
+
+    def make(folder: Path) -> None:
+        data = data_spec.load()
+        scorer = model.scorer(data.task, head_seed=config.seed)
+        steps_total = config.resolved_steps(data.task.num_labels, data.k)
+        wanted = [s for s in key["steps"] if s <= steps_total]
+        snaps = Snapshots(scorer, [s for s in wanted if s < steps_total])
+        finetune(scorer, data.train, None, config, k=data.k, progress=False, callbacks=[snaps])
+        checkpoints = {s: snaps.scorer_at(s) for s in snaps.states}
+        if steps_total in wanted:
+            checkpoints[steps_total] = scorer
+        rows, _ = ranking_stability(checkpoints, data.train, aggregate=spec.fisher_aggregate,
+                                    normalize=spec.fisher_normalize, config=spec.fisher)
+        write_json(folder / "rows.json", [{"task": data.task.name, "seed": seed, **r} for r in rows])
+
+    entry = run.store.fetch("surgical-stability", key, make, label=f"{spec.tasks[0]}-{spec.k}-{seed}")
+    return read_json(entry / "rows.json")
 
 
 def plot_methods(agg: list[dict], path) -> None:
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
     tasks = list(dict.fromkeys(g["task"] for g in agg))
     methods = list(dict.fromkeys(g["method"] for g in agg))
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(tasks) * len(methods) / 3 + 2), 3.6))
@@ -190,13 +206,13 @@ def plot_methods(agg: list[dict], path) -> None:
     save_figure(fig, path)
 
 
-def report(cfg: dict, seeds: list[int], agg: list[dict], fim_rows: list[dict], stability: list[dict],
+def report(spec: SurgicalSpec, agg: list[dict], fim_rows: list[dict], stability: list[dict],
            timings: list[dict]) -> str:
-    ft = C.finetune_config(cfg)
+    ft = spec.finetune
     lines = ["# Surgical fine-tuning by FIM score", "",
-             C.sizes_line(cfg, seeds, f"fine-tuning {ft.optimizer} lr {ft.lr} for {ft.steps or 'default'} steps, "
-                                      f"Fisher {fisher_config(cfg).kind} over "
-                                      f"{fisher_config(cfg).n_examples or 'all'} training examples"),
+             setting_line(spec, spec.seeds, f"fine-tuning {ft.optimizer} lr {ft.lr} for {ft.steps or 'default'} "
+                                            f"steps, Fisher {spec.fisher.kind} over {spec.fisher.n_examples or 'all'} "
+                                            "training examples"),
              "",
              "Each method fine-tunes θ_pre with only the listed blocks trainable (+ the head; embeddings "
              "frozen as in full FT). *fim-top-K*: the K blocks of highest FIM score on the pre-trained model; "
@@ -206,32 +222,33 @@ def report(cfg: dict, seeds: list[int], agg: list[dict], fim_rows: list[dict], s
     rows = []
     for g in agg:
         params = int(np.mean(g["trainable_parameters"])) if g["trainable_parameters"] else 0
-        rows.append([g["task"], g["method"], C.pct(g["score"]), C.pct(g["accuracy"]), C.pct(g["ece"]),
+        rows.append([g["task"], g["method"], pct(g["score"]), pct(g["accuracy"]), pct(g["ece"]),
                      f"{params:,}", g["n_seeds"]])
-    lines += [C.md_table(["task", "method", "score %", "accuracy %", "ECE %", "trainable (body)", "seeds"], rows), ""]
+    lines += [md_table(["task", "method", "score %", "accuracy %", "ECE %", "trainable (body)", "seeds"], rows), ""]
     lines += ["## Average over tasks", "",
               "Per method: the mean over tasks of the per-task mean score and ECE; *tasks ≥ full* counts the tasks "
               "where the method's mean score is at least full fine-tuning's.", "",
-              C.md_table(["method", "score %", "ECE %", "trainable (body)", "tasks ≥ full", "tasks"],
-                         task_averages(agg)), ""]
+              md_table(["method", "score %", "ECE %", "trainable (body)", "tasks ≥ full", "tasks"],
+                       task_averages(agg)), ""]
     lines += ["## FIM ranking of the pre-trained model", "",
-              C.md_table(["task", "seed", "ranking (high → low)", "scores by block (0, 1, …)", "seconds"],
-                         [[r["task"], r["seed"], " ".join(map(str, r["ranking"])),
-                           " ".join(f"{s:.3g}" for s in r["scores"]), r["seconds"]] for r in fim_rows]), ""]
+              md_table(["task", "seed", "ranking (high → low)", "scores by block (0, 1, …)", "seconds"],
+                       [[r["task"], r["seed"], " ".join(map(str, r["ranking"])),
+                         " ".join(f"{s:.3g}" for s in r["scores"]), r["seconds"]] for r in fim_rows]), ""]
     if stability:
         lines += ["## Ranking stability during fine-tuning", "",
                   "The FIM ranking recomputed on checkpoints of one full fine-tuning run "
                   f"({stability[0]['task']}, seed {stability[0]['seed']}); Spearman ρ / Kendall τ against step 0 "
                   "(the pre-trained model with the run's head initialisation) and against the previous checkpoint.",
                   "",
-                  C.md_table(["step", "ranking", "Spearman vs step 0", "Kendall vs step 0", "Spearman vs prev",
-                              "Kendall vs prev"],
-                             [[r["step"], " ".join(map(str, r["ranking"])), f"{r['spearman_vs_first']:.3f}",
-                               f"{r['kendall_vs_first']:.3f}", _f(r.get("spearman_vs_prev")),
-                               _f(r.get("kendall_vs_prev"))] for r in stability]), ""]
-    lines += ["## Time", "", C.md_table(["task", "seed", "Fisher s", "fine-tuning s (all methods)"],
-                                         [[t["task"], t["seed"], t["fisher_seconds"], round(t["train_seconds"], 1)]
-                                          for t in timings]), "",
+                  md_table(["step", "ranking", "Spearman vs step 0", "Kendall vs step 0", "Spearman vs prev",
+                            "Kendall vs prev"],
+                           [[r["step"], " ".join(map(str, r["ranking"])), f"{r['spearman_vs_first']:.3f}",
+                             f"{r['kendall_vs_first']:.3f}", _f(r.get("spearman_vs_prev")),
+                             _f(r.get("kendall_vs_prev"))] for r in stability]), ""]
+    lines += ["## Time", "", md_table(["task", "seed", "Fisher s", "fine-tuning s (all methods)"],
+                                       [[t["task"], t["seed"], t["fisher_seconds"], round(t["train_seconds"], 1)]
+                                        for t in timings]), "",
+              "Fine-tuning seconds are those of the run that filled the store entry. "
               "Files: results.csv, summary.csv, fim.csv, stability.csv, surgical.png, fim.png."]
     return "\n".join(lines) + "\n"
 
