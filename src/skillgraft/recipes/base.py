@@ -81,7 +81,7 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {}
 
 
-def recipe(name: str, spec: type[ExperimentSpec] | None = None):
+def recipe(name: str, spec: type[ExperimentSpec]):
     """Register ``fn(spec, run) -> dict`` as recipe ``name`` with its typed spec."""
 
     def wrap(fn):
@@ -102,8 +102,6 @@ def load_recipe(path: str | os.PathLike, overrides: dict | None = None) -> tuple
     if name not in RECIPES:
         raise SkillgraftError(f"{path}: unknown recipe {name!r}; known: {sorted(RECIPES)}")
     entry = RECIPES[name]
-    if entry.spec is None:  # TRANSITION: untyped recipe still reading a dict
-        return entry, values
     return entry, entry.spec.build(values, where=str(path))
 
 
@@ -125,15 +123,6 @@ def run_spec(entry: Recipe, spec, out: str | os.PathLike, *, cache: str | os.Pat
     ``overwrite``)."""
     out = Path(out)
     check_target(out, overwrite)
-    if entry.spec is None:  # TRANSITION: untyped recipe
-        store = Store(cache if cache is not None else spec.get("cache_dir"))
-        with atomic_dir(out, overwrite=overwrite) as tmp:
-            run = RunDir(tmp, store)
-            run.cache = store.root
-            write_json(tmp / "config.json", spec)
-            metrics = entry.fn(spec, run) or {}
-            write_json(tmp / "metrics.json", metrics)
-        return out
     store = Store(cache if cache is not None else spec.cache_dir)
     with atomic_dir(out, overwrite=overwrite) as tmp:
         run = RunDir(tmp, store)
@@ -141,23 +130,3 @@ def run_spec(entry: Recipe, spec, out: str | os.PathLike, *, cache: str | os.Pat
         metrics = entry.fn(spec, run) or {}
         write_json(tmp / "metrics.json", metrics)
     return out
-
-
-# ---------------------------------------------------------------------------------------------- TRANSITION
-# Kept only until every recipe reads its typed spec; removed with the last untyped recipe.
-from skillgraft.io import config_hash  # noqa: E402, F401
-from skillgraft.train.run import load_finetuned  # noqa: E402, F401
-
-DEFAULT_CACHE = Path("runs") / "cache"
-
-
-def cached_finetune(task: str, k: int, seed: int, *, cache=DEFAULT_CACHE, model: str | None = None,
-                    mode: str = "head", pooling: str | None = None, config=None, data_dir=None,
-                    max_length: int = 128, test_limit: int | None = None, progress: bool = True) -> Path:
-    """TRANSITION: the store's fine-tuning entry for these settings (see pipeline.setup.finetuned_run)."""
-    from skillgraft.pipeline.setup import finetuned_run  # noqa: PLC0415
-
-    ft_dir, _ = finetuned_run(Store(cache), ModelSpec(model=model, mode=mode, pooling=pooling, max_length=max_length),
-                              DataSpec(task=task, k=k, seed=seed, data_dir=data_dir, test_limit=test_limit),
-                              config or FinetuneConfig(), progress=progress)
-    return ft_dir
