@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from skillgraft.clispec import Options, from_specs
-from skillgraft.data.spec import DataSpec
+from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.export import ExportSpec
 from skillgraft.graft.localizers import LocalizeConfig
@@ -207,28 +207,68 @@ Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_
 @app.command()
 @friendly
 @from_specs(localize=Options(LocalizeConfig), report=Options(ReportSpec),
-            data=Options(DataSpec, skip=("task", "k", "seed")))
+            data=Options(DataSpec, skip=("task", "k", "seed", "test_limit")),
+            user=Options(UserDataSpec, rename={"seed": "data_seed"}))
 def graft(
-    finetuned: Path = typer.Option(..., help="a fine-tuning run directory (from `skillgraft finetune`)"),
-    out: Optional[Path] = typer.Option(None, help="output folder (default: <finetuned>/graft)"),
+    finetuned: Path = typer.Option(..., help="the fine-tuned model: a Hugging Face checkpoint (hub name or folder saved "
+                                             "by plain transformers) with --pretrained, or a skillgraft run directory"),
+    pretrained: Optional[str] = typer.Option(None, help="the checkpoint --finetuned was fine-tuned from (hub name or "
+                                                        "folder); needed unless --finetuned is a skillgraft run"),
+    mode: Optional[str] = typer.Option(None, help="how to score a checkpoint pair: classifier | prompt | causal | "
+                                                  "generative (default: from the fine-tuned checkpoint's class)"),
+    task: Optional[str] = typer.Option(None, help="a registered task to graft a checkpoint pair on, instead of --data"),
+    max_length: int = typer.Option(128, help="max tokens per example (checkpoint pairs)"),
+    out: Optional[Path] = typer.Option(None, help="output folder (default: <run>/graft, or runs/graft-<checkpoint name>)"),
     overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
     cache: Optional[Path] = Cache,
-    *, localize: LocalizeConfig, report: ReportSpec, data: DataSpec,
+    *, localize: LocalizeConfig, report: ReportSpec, data: DataSpec, user: UserDataSpec,
 ) -> None:
     """Learn sparse grafts from a pre-trained + fine-tuned pair and compare them (writes report.md)."""
     from skillgraft.io import check_target  # noqa: PLC0415
-    from skillgraft.pipeline.setup import from_run  # noqa: PLC0415
+    from skillgraft.pipeline.setup import from_pair, from_run, is_run_dir  # noqa: PLC0415
     from skillgraft.recipes.graft import graft_report  # noqa: PLC0415
 
-    out = check_target(out or finetuned / "graft", overwrite)
-    setup = from_run(finetuned, data_dir=data.data_dir, test_limit=data.test_limit)
+    if is_run_dir(finetuned) or (pretrained is None and not (finetuned / "config.json").is_file()):
+        out = check_target(out or finetuned / "graft", overwrite)
+        setup = from_run(finetuned, data_dir=data.data_dir, test_limit=user.test_limit)
+    else:
+        if pretrained is None:
+            raise SkillgraftError(f"--finetuned {finetuned} is a Hugging Face checkpoint: give --pretrained, the "
+                                  "checkpoint it was fine-tuned from")
+        if user.data is None and task is None:
+            raise SkillgraftError("a checkpoint pair needs data: --data FILE (with its field names) or --task NAME")
+        if user.data is not None and task is not None:
+            raise SkillgraftError("give --data FILE or --task NAME, not both")
+        out = check_target(out or Path("runs") / f"graft-{finetuned.name or 'model'}", overwrite)  # before any work
+        spec = user if user.data is not None else DataSpec.build(
+            {"task": task, "k": user.k or 64, "seed": user.seed, "data_dir": data.data_dir,
+             "test_limit": user.test_limit}, where="--task")
+        setup = from_pair(pretrained, str(finetuned), spec, mode=mode, max_length=max_length, data_dir=data.data_dir)
     result = {}
-    _report_folder(out, overwrite, cache, lambda run: result.update(graft_report(setup, run, report, localize)))
+
+    def write(run) -> None:
+        result.update(graft_report(setup, run, report, localize))
+        if setup.labels_note or setup.graft_metadata:
+            text = (run.path / "report.md").read_text()
+            lines = ["", "## Models and data", "",
+                     f"- pre-trained: `{setup.pre.base_model}`; fine-tuned: `{setup.ft.base_model}`; scored as "
+                     f"`{setup.pre.mode}`"]
+            if setup.data_files:
+                lines.append(f"- data: {', '.join(f'`{f}`' for f in setup.data_files)}; {len(setup.data.train)} "
+                             f"examples to localize on, {len(setup.test)} held out")
+            if setup.labels_note:
+                lines.append(f"- labels: {setup.labels_note}")
+            run.report(text + "\n".join(lines) + "\n")
+
+    _report_folder(out, overwrite, cache, write)
     for r in result["rows"]:
         if r["kind"] in ("graft", "ft"):
             size = f", {r['file_bytes'] / 1024:.1f} KiB" if r.get("file_bytes") else ""
-            console.print(f"{r['model']:>22}: {result['task']} {r['score']:.4f} ECE {r['ece']:.4f} "
+            extra = f" loss {r['loss']:.4f}" if "loss" in r else ""
+            console.print(f"{r['model']:>22}: {result['task']} {r['score']:.4f} ECE {r['ece']:.4f}{extra} "
                           f"| {r['params']:,} params ({r['density']:.2e}){size}")
+    if setup.labels_note:
+        console.print(f"labels: {setup.labels_note}")
     console.print(f"[bold green]done[/] → {out}/report.md")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from skillgraft.spec import Spec
 
@@ -28,3 +28,48 @@ class DataSpec(Spec):
         from skillgraft.data.sampling import load_kshot  # noqa: PLC0415
 
         return load_kshot(task or self.task, self.k, self.seed, self.data_dir, test_limit=self.test_limit)
+
+
+class UserDataSpec(Spec):
+    """A user's own data file(s) instead of a registered task (``--data``; docs: README "Graft your own model")."""
+
+    data: Path | None = Field(None, description="your examples: a .jsonl, .csv or .tsv file, or a Hugging Face dataset "
+                                                "folder saved with save_to_disk (needs the datasets package)")
+    eval_data: Path | None = Field(None, description="held-out examples to evaluate on (default: a seeded "
+                                                     "--eval-fraction of --data)")
+    eval_fraction: float = Field(0.2, gt=0, lt=1, description="share of --data held out for evaluation when no "
+                                                              "--eval-data is given")
+    text_field: str = Field("text", description="field holding the text (classification)")
+    text_pair_field: str | None = Field(None, description="field holding the second text of a pair task")
+    label_field: str = Field("label", description="field holding the label (classification)")
+    prompt_field: str | None = Field(None, description="field holding the prompt (generative data; with "
+                                                       "--completion-field)")
+    completion_field: str | None = Field(None, description="field holding the completion (generative data)")
+    labels: list[str] | None = Field(None, description="the labels in the model's logit order (default: the fine-tuned "
+                                                       "classifier's config.id2label, else inferred, sorted)")
+    k: int | None = Field(None, ge=1, description="k-shot: examples per label (per row for open-ended completions) "
+                                                  "used to localize (default: all rows)")
+    seed: int = Field(42, description="seed of the evaluation hold-out and of k-shot sampling")
+    test_limit: int | None = Field(None, ge=1, description="evaluate on a fixed seeded sample of N examples")
+
+    @model_validator(mode="after")
+    def _fields_agree(self):
+        if (self.prompt_field is None) != (self.completion_field is None):
+            raise ValueError("generative data needs both --prompt-field and --completion-field")
+        if self.eval_data is not None and self.data is None:
+            raise ValueError("--eval-data needs --data")
+        return self
+
+    @property
+    def generative(self) -> bool:
+        return self.completion_field is not None
+
+    def load(self, model_labels: tuple[str, ...] | None = None):
+        """The examples (:class:`~skillgraft.data.user.UserData`); ``model_labels``: a classifier's id2label."""
+        from skillgraft.data.user import load_user_data  # noqa: PLC0415
+
+        if self.data is None:
+            from skillgraft.errors import SkillgraftError  # noqa: PLC0415
+
+            raise SkillgraftError("no --data file given")
+        return load_user_data(self, model_labels)

@@ -2,7 +2,9 @@
 
 A Scorer's parameters are ``model.*`` (the Hugging Face model) and, in head mode, ``head.*`` (a new task
 head that θ_pre does not have). Graftable tensors are those a region γ may cover; *carried* tensors are
-the new head, which travels whole with every graft. Everything that needs to know this (grafting,
+a task head θ_pre does not have, which travels whole with every graft: ``head.*`` in head mode, and in
+classifier mode the tensors the scorer declares (``scorer.carried``: the checkpoint's classification head,
+``model.classifier.*`` / ``model.score.*``, and a pooler the pre-trained checkpoint lacks). Everything that needs to know this (grafting,
 Fisher, training, continual learning) asks this module.
 """
 
@@ -20,9 +22,9 @@ if TYPE_CHECKING:
 HEAD_PREFIX = "head."
 
 
-def is_carried(name: str) -> bool:
-    """A tensor of the new task head (exists only in the fine-tuned scorer; never graftable)."""
-    return name.startswith(HEAD_PREFIX)
+def is_carried(name: str, scorer=None) -> bool:
+    """A tensor of a task head θ_pre lacks (``head.*``, or one ``scorer`` declares carried); never graftable."""
+    return name.startswith(HEAD_PREFIX) or (scorer is not None and name in getattr(scorer, "carried", ()))
 
 
 Graftable = Literal["body", "body+embeddings", "all", "bias"]
@@ -39,7 +41,7 @@ def graftable_names(scorer: Scorer, which: Graftable = "body") -> list[str]:
     groups = param_groups(scorer)
     names = []
     for name, group in groups.items():
-        if is_carried(name):
+        if is_carried(name, scorer):
             continue
         if group == "embeddings" and which not in ("body+embeddings", "all"):
             continue
@@ -52,18 +54,21 @@ def graftable_names(scorer: Scorer, which: Graftable = "body") -> list[str]:
 
 
 def carried_names(scorer: Scorer) -> list[str]:
-    """Tensors that exist only in the fine-tuned scorer (a new classification head)."""
-    return [n for n, _ in scorer.named_parameters() if is_carried(n)]
+    """Tensors of a task head θ_pre lacks (a new head, or a classifier's own head and a pooler θ_pre lacks)."""
+    return [n for n, _ in scorer.named_parameters() if is_carried(n, scorer)]
 
 
 def fingerprint(scorer: Scorer) -> str:
-    """Content fingerprint of the base model's weights (``scorer.model``; the new head excluded).
+    """Content fingerprint of the base model's weights (``scorer.model``; carried head tensors excluded).
 
     sha256 over every tensor's name, shape, dtype and up to 8192 evenly strided values: cheap on big
     models, and any real change of base weights (another checkpoint, a different seed) changes it.
     """
     h = hashlib.sha256()
+    carried = getattr(scorer, "carried", ())
     for name, p in scorer.model.named_parameters():
+        if "model." + name in carried:
+            continue
         flat = p.detach().reshape(-1)
         step = max(1, flat.numel() // 8192)
         sample = flat[::step][:8192].float().cpu().contiguous()

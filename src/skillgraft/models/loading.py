@@ -93,3 +93,70 @@ def load_hf_model(path: str, kind: str, *, dtype: torch.dtype | None = None, wit
         ) from None
     finally:
         hf_logging.set_verbosity(level)
+
+
+# Where a sequence-classification checkpoint keeps its task head (HF module names; carried, never grafted).
+HEAD_MODULES = ("classifier", "score", "pre_classifier", "logits_proj")
+
+
+def checkpoint_kind(path: str) -> str | None:
+    """What a local checkpoint was saved as, from ``config.json``'s ``architectures``: ``classifier``
+    (…ForSequenceClassification), ``mlm`` (…ForMaskedLM), ``causal`` (…ForCausalLM / LMHeadModel), ``base``,
+    or None (no local config / no architectures recorded)."""
+    import json  # noqa: PLC0415
+
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        archs = json.loads(cfg.read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return None
+    for arch in archs:
+        if arch.endswith("ForSequenceClassification"):
+            return "classifier"
+        if arch.endswith("ForMaskedLM"):
+            return "mlm"
+        if arch.endswith(("ForCausalLM", "LMHeadModel")):
+            return "causal"
+    return "base" if archs else None
+
+
+def load_classifier(path: str, labels: tuple[str, ...], *, pad_token_id: int | None = None,
+                    dtype: torch.dtype | None = None):
+    """``AutoModelForSequenceClassification`` from ``path`` with one output per label, and its carried names.
+
+    A checkpoint without that head (a base model, a masked LM) gets a new one; so do tensors the checkpoint
+    lacks. Carried (HF names): the head modules (outside ``base_model``) and a pooler the checkpoint lacks.
+    Any other tensor missing from the checkpoint is an error: the model would be half random.
+    """
+    from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: PLC0415
+
+    hf_logging, level = _quiet()
+    try:
+        config = AutoConfig.from_pretrained(path)
+        if config.num_labels != len(labels) or list(config.id2label.values()) != list(labels):
+            config.num_labels = len(labels)
+            config.id2label = dict(enumerate(labels))
+            config.label2id = {label: i for i, label in enumerate(labels)}
+        if getattr(config, "pad_token_id", None) is None and pad_token_id is not None:
+            config.pad_token_id = pad_token_id  # decoder classifiers find the last token by the pad id
+        kwargs = {"dtype": dtype} if dtype is not None else {}
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            path, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise SkillgraftError(f"could not load {path!r} as a sequence classifier: {first}") from None
+    finally:
+        hf_logging.set_verbosity(level)
+    names = {n for n, _ in model.named_parameters()}
+    base = getattr(model, "base_model", model)
+    base_ids = {id(p) for p in base.parameters()} if base is not model else set()
+    head = {n for n, p in model.named_parameters() if base is not model and id(p) not in base_ids}
+    missing = {k[0] if isinstance(k, tuple) else k for k in [*info.get("missing_keys", []),
+                                                              *info.get("mismatched_keys", [])]} & names
+    bad = sorted(n for n in missing - head if "pooler" not in n)
+    if bad:
+        raise SkillgraftError(f"{path}: the checkpoint lacks {len(bad)} tensor(s) of the model body, e.g. {bad[:3]} "
+                              "(only a classification head or a pooler may be missing)")
+    return model.eval(), sorted(head | missing)

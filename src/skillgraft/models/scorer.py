@@ -9,6 +9,15 @@ Modes (everything downstream sees only a Scorer):
   embeddings of the label words (a tied decoder), so no new parameters are introduced.
 * ``causal`` — autoregressive LM: the summed log-probability of each label word's tokens after the
   template's prompt; multi-token label words are scored whole, never cut to their first token.
+* ``classifier`` — a user's ``AutoModelForSequenceClassification`` checkpoint scored with its own head
+  (``model.classifier.*`` / ``model.score.*``; labels from ``config.id2label`` or declared). On the
+  pre-trained side that head (and a pooler the checkpoint lacks) does not exist: it is *carried*.
+* ``generative`` — a causal LM fine-tuned on prompt→completion pairs. A batch holds the gold completion
+  tokens; ``forward`` gives each example's mean completion-token log-probability and :meth:`Scorer.loss`
+  the token cross-entropy on completion tokens only (docs/generative.md).
+
+Every kind has :meth:`Scorer.loss` (the training / localization objective) and :meth:`Scorer.hits` (what
+"accuracy" means while a localizer picks its best step: correct labels, or correct next completion tokens).
 """
 
 from __future__ import annotations
@@ -21,14 +30,16 @@ from typing import Literal
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from skillgraft.data.loading import Example
 from skillgraft.data.tasks import Task, get_task, task_from_dict
 from skillgraft.errors import SkillgraftError
-from skillgraft.models.loading import load_hf_model, load_tokenizer, model_reference
+from skillgraft.models.loading import load_classifier, load_hf_model, load_tokenizer, model_reference
 from skillgraft.models.templates import render, word_ids
 
-Mode = Literal["head", "prompt", "causal"]
+Mode = Literal["head", "prompt", "causal", "classifier", "generative"]
+MODES = ("head", "prompt", "causal", "classifier", "generative")
 Pooling = Literal["cls", "mean", "last"]
 SCORER_CONFIG = "scorer_config.json"
 HEAD_FILE = "head.safetensors"
@@ -37,14 +48,17 @@ HEAD_FILE = "head.safetensors"
 class Scorer(nn.Module):
     """A model + tokenizer + task that maps examples to label logits ``[batch, num_labels]``.
 
-    Parameters are named ``model.*`` (the Hugging Face model) and, in head mode, ``head.*``.
+    Parameters are named ``model.*`` (the Hugging Face model) and, in head mode, ``head.*``. ``carried``
+    names the tensors of ``model.*`` that are a task head the pre-trained model does not have (classifier
+    mode: the checkpoint's classification head and a pooler missing from θ_pre); they travel whole.
     """
 
     def __init__(self, model: nn.Module, tokenizer, task: Task, mode: Mode, *, pooling: Pooling = "mean",
-                 max_length: int = 128, base_model: str = "", tied_decoder: bool = False, head_seed: int = 0):
+                 max_length: int = 128, base_model: str = "", tied_decoder: bool = False, head_seed: int = 0,
+                 carried=()):
         super().__init__()
-        if mode not in ("head", "prompt", "causal"):
-            raise SkillgraftError(f"unknown scorer mode {mode!r}; use head, prompt or causal")
+        if mode not in MODES:
+            raise SkillgraftError(f"unknown scorer mode {mode!r}; use {', '.join(MODES)}")
         if pooling not in ("cls", "mean", "last"):
             raise SkillgraftError(f"unknown pooling {pooling!r}; use cls, mean or last")
         self.model = model
@@ -55,9 +69,19 @@ class Scorer(nn.Module):
         self.max_length = max_length
         self.base_model = base_model
         self.tied_decoder = tied_decoder
+        self.carried = frozenset(carried)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-        if mode == "head":
+        if mode == "classifier":
+            self.head = None
+            n = getattr(model.config, "num_labels", None)
+            if n != task.num_labels:
+                raise SkillgraftError(f"{base_model or 'model'}: the classification head has {n} outputs but the "
+                                      f"data has {task.num_labels} labels {list(task.labels)}")
+        elif mode == "generative":
+            self.head = None
+            self.label_ids = [self.completion_ids(c) for c in task.labels]  # candidate completions (may be none)
+        elif mode == "head":
             hidden = model.get_input_embeddings().embedding_dim
             hidden = getattr(model.config, "hidden_size", hidden)
             gen = torch.Generator().manual_seed(head_seed)
@@ -92,7 +116,9 @@ class Scorer(nn.Module):
         if not examples:
             raise SkillgraftError("cannot build a batch from zero examples")
         labels = torch.tensor([ex.label for ex in examples])
-        if self.mode == "head":
+        if self.mode == "generative":
+            return self._collate_generative(examples, labels)
+        if self.mode in ("head", "classifier"):
             texts = [ex.text_a for ex in examples]
             pairs = [ex.text_b for ex in examples] if self.task.kind == "pair" else None
             enc = self.tokenizer(texts, pairs, truncation=True, max_length=self.max_length, padding=True,
@@ -114,6 +140,45 @@ class Scorer(nn.Module):
         ids, mask = _pad(rows, self.tokenizer.pad_token_id)
         return {"input_ids": ids, "attention_mask": mask, "score_pos": torch.tensor(positions), "labels": labels}
 
+    def completion_ids(self, completion: str) -> list[int]:
+        """Token ids of a completion as the loss sees them: its tokens, then EOS (the model learns to stop)."""
+        ids = self.tokenizer.encode(completion, add_special_tokens=False)
+        eos = self.tokenizer.eos_token_id
+        return ids + ([eos] if eos is not None else [])
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """Token ids of a prompt (with the tokenizer's own special tokens, e.g. Llama's BOS)."""
+        return self.tokenizer(prompt)["input_ids"]
+
+    def _fit(self, prompt: list[int], completion: list[int]) -> tuple[list[int], list[int]]:
+        """Cut a (prompt, completion) pair to ``max_length``: the completion's end, then the prompt's start."""
+        completion = completion[: self.max_length - 1]
+        return prompt[max(0, len(prompt) - (self.max_length - len(completion))):], completion
+
+    def _collate_generative(self, examples: list[Example], labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        seqs, targets = [], []
+        for ex in examples:
+            if ex.text_b is None:
+                raise SkillgraftError("generative scoring needs prompt→completion examples (no completion given)")
+            prompt, completion = self._fit(self.prompt_ids(ex.text_a), self.completion_ids(ex.text_b))
+            seqs.append(prompt + completion)
+            targets.append([-100] * len(prompt) + completion)
+        input_ids, mask = _pad(seqs, self.tokenizer.pad_token_id)
+        target_ids, _ = _pad(targets, -100)
+        return {"input_ids": input_ids, "attention_mask": mask, "target_ids": target_ids, "labels": labels}
+
+    def candidate_batch(self, examples: list[Example]) -> dict[str, torch.Tensor]:
+        """Generative mode with label-like completions: every example × every candidate completion; ``forward``
+        of this batch gives ``[batch, num_labels]`` summed completion log-probabilities."""
+        if not self.label_ids:
+            raise SkillgraftError("these completions are open-ended (no label set): no candidates to rank")
+        rows = [self.prompt_ids(ex.text_a) for ex in examples]
+        width = self.max_length - max(len(c) for c in self.label_ids)
+        rows = [r[max(0, len(r) - width):] for r in rows]
+        batch = self._collate_multi_token(rows, torch.tensor([ex.label for ex in examples]))
+        batch["candidates"] = torch.tensor(len(self.label_ids))
+        return batch
+
     def _collate_multi_token(self, rows: list[list[int]], labels: torch.Tensor) -> dict[str, torch.Tensor]:
         seqs, targets = [], []
         for ids in rows:
@@ -127,12 +192,23 @@ class Scorer(nn.Module):
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, score_pos: torch.Tensor | None = None,
                 target_ids: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None) -> torch.Tensor:
-        """Label logits ``[batch, num_labels]`` (``labels`` is accepted and ignored)."""
+                labels: torch.Tensor | None = None, candidates: torch.Tensor | None = None) -> torch.Tensor:
+        """Label logits ``[batch, num_labels]`` (``labels`` is accepted and ignored).
+
+        Generative mode: each example's mean log-probability of its completion tokens ``[batch]`` (a
+        :meth:`candidate_batch` gives ``[batch, num_labels]`` summed log-probabilities instead).
+        """
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        if self.mode == "classifier":
+            return self.model(**kwargs).logits
+        if self.mode == "generative":
+            logp, valid = self._token_logp(kwargs, target_ids)
+            if candidates is not None:
+                return logp.sum(-1).view(-1, int(candidates))
+            return logp.sum(-1) / valid.sum(-1).clamp(min=1)
         if self.mode == "head":
             hidden = self.model(**kwargs).last_hidden_state
             return self.head(self._pool(hidden, attention_mask))
@@ -151,6 +227,35 @@ class Scorer(nn.Module):
         picked = logp.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1) * (target != -100)
         return picked.sum(-1).view(-1, self.task.num_labels)
 
+    def _token_logp(self, kwargs: dict, target_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """log p of every target token given the tokens before it (0 where the target is -100), and the mask."""
+        logits = self.model(**kwargs).logits[:, :-1]
+        target = target_ids[:, 1:]
+        nll = F.cross_entropy(logits.float().transpose(1, 2), target, ignore_index=-100, reduction="none")
+        return -nll, target != -100
+
+    def loss(self, batch: dict[str, torch.Tensor], reduction: Literal["mean", "sum"] = "mean") -> torch.Tensor:
+        """The objective on a :meth:`collate` batch: cross-entropy of the labels; generative mode: each
+        example's mean token cross-entropy on its completion tokens only (then averaged or summed)."""
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        if self.mode == "generative":
+            per_example = -self(**inputs)
+            return per_example.sum() if reduction == "sum" else per_example.mean()
+        return F.cross_entropy(self(**inputs).float(), batch["labels"], reduction=reduction)
+
+    @torch.no_grad()
+    def hits(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        """(correct, count) on a :meth:`collate` batch: labels predicted right; generative mode: completion
+        tokens that are the model's most likely next token (teacher forcing)."""
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        if self.mode == "generative":
+            logits = self.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits[:, :-1]
+            target = inputs["target_ids"][:, 1:]
+            valid = target != -100
+            return ((logits.argmax(-1) == target) & valid).sum(), int(valid.sum())
+        labels = batch["labels"]
+        return (self(**inputs).argmax(-1) == labels).sum(), len(labels)
+
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.pooling == "cls":
             return hidden[:, 0]
@@ -165,7 +270,7 @@ class Scorer(nn.Module):
         from dataclasses import asdict  # noqa: PLC0415
 
         return {"mode": self.mode, "pooling": self.pooling, "max_length": self.max_length,
-                "base_model": self.base_model, "tied_decoder": self.tied_decoder,
+                "base_model": self.base_model, "tied_decoder": self.tied_decoder, "carried": sorted(self.carried),
                 "task": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self.task).items()}}
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
@@ -196,16 +301,20 @@ class Scorer(nn.Module):
             )
         try:
             cfg = json.loads(cfg_path.read_text())
-            saved_task = task_from_dict(cfg["task"], str(cfg_path))
+            saved_task = _task_from_config(cfg["task"], str(cfg_path))
         except (json.JSONDecodeError, KeyError) as e:
             raise SkillgraftError(f"{cfg_path}: unreadable scorer config ({e})") from None
         task = get_task(task) if task is not None else saved_task
         mode = cfg["mode"]
-        kind = "base" if mode == "head" or cfg.get("tied_decoder") else ("mlm" if mode == "prompt" else "causal")
-        model = load_hf_model(str(directory), kind, dtype=dtype)
         tokenizer = load_tokenizer(str(directory))
+        if mode == "classifier":
+            model, _ = load_classifier(str(directory), task.labels, dtype=dtype)
+        else:
+            kind = "base" if mode == "head" or cfg.get("tied_decoder") else ("mlm" if mode == "prompt" else "causal")
+            model = load_hf_model(str(directory), kind, dtype=dtype)
         scorer = cls(model, tokenizer, task, mode, pooling=cfg["pooling"], max_length=cfg["max_length"],
-                     base_model=cfg.get("base_model", ""), tied_decoder=cfg.get("tied_decoder", False))
+                     base_model=cfg.get("base_model", ""), tied_decoder=cfg.get("tied_decoder", False),
+                     carried=cfg.get("carried", ()))
         if mode == "head":
             head_path = directory / HEAD_FILE
             if not head_path.is_file():
@@ -223,6 +332,15 @@ class Scorer(nn.Module):
         return scorer
 
 
+def _task_from_config(spec: dict, source: str) -> Task:
+    """The task a scorer config records (a registered-style task, or a generative one)."""
+    if isinstance(spec, dict) and spec.get("kind") == "generative":
+        from skillgraft.data.user import GenerativeTask  # noqa: PLC0415
+
+        return GenerativeTask.from_dict(spec)
+    return task_from_dict(spec, source)
+
+
 def _pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
@@ -235,18 +353,29 @@ def _pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def build_scorer(model_name: str | None, task: Task | str, mode: Mode = "head", *, pooling: Pooling | None = None,
                  max_length: int = 128, head_seed: int = 0, dtype: torch.dtype | None = None) -> Scorer:
-    """A pre-trained Scorer for ``task`` from a hub name or local path (None: the bundled MiniLM)."""
+    """A Scorer for ``task`` from a hub name or local path (None: the bundled MiniLM).
+
+    ``classifier`` mode loads ``AutoModelForSequenceClassification`` with one output per task label (a
+    checkpoint without that head gets a new one, carried); ``generative`` loads ``AutoModelForCausalLM``.
+    """
     task = get_task(task)
     ref = model_reference(model_name)
     tokenizer = load_tokenizer(ref.path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    carried: list[str] = []
     with torch.random.fork_rng():
         torch.manual_seed(0)  # weights missing from the checkpoint (e.g. a pooler) initialise the same every time
-        model, tied = _load_for_mode(ref, mode, dtype)
+        if mode == "classifier":
+            model, head = load_classifier(ref.path, task.labels, pad_token_id=tokenizer.pad_token_id, dtype=dtype)
+            tied, carried = False, ["model." + n for n in head]
+        else:
+            model, tied = _load_for_mode(ref, mode, dtype)
     if pooling is None:
         pooling = "last" if getattr(model.config, "is_decoder", False) or mode == "causal" or \
             model.config.model_type in ("gpt2", "llama", "mistral", "qwen2", "gpt_neox") else "mean"
     return Scorer(model, tokenizer, task, mode, pooling=pooling, max_length=max_length, base_model=ref.name,
-                  tied_decoder=tied, head_seed=head_seed)
+                  tied_decoder=tied, head_seed=head_seed, carried=carried)
 
 
 def _load_for_mode(ref, mode: str, dtype):
@@ -262,8 +391,26 @@ def _load_for_mode(ref, mode: str, dtype):
                 stacklevel=3,
             )
             tied = True
-    elif mode == "causal":
+    elif mode in ("causal", "generative"):
         model = load_hf_model(ref.path, "causal", dtype=dtype)
     else:
-        raise SkillgraftError(f"unknown scorer mode {mode!r}; use head, prompt or causal")
+        raise SkillgraftError(f"unknown scorer mode {mode!r}; use {', '.join(MODES)}")
     return model, tied
+
+
+def batch_loss(scorer, batch: dict[str, torch.Tensor], reduction: Literal["mean", "sum"] = "mean") -> torch.Tensor:
+    """``scorer.loss(batch)`` when the scorer has one, else cross-entropy of its logits and ``batch['labels']``
+    (any module mapping a batch to label logits, e.g. a joint multi-task scorer)."""
+    if hasattr(scorer, "loss"):
+        return scorer.loss(batch, reduction=reduction)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    return F.cross_entropy(scorer(**inputs).float(), batch["labels"], reduction=reduction)
+
+
+@torch.no_grad()
+def batch_hits(scorer, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """``scorer.hits(batch)`` when the scorer has one, else (argmax == labels).sum() and the batch size."""
+    if hasattr(scorer, "hits"):
+        return scorer.hits(batch)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    return (scorer(**inputs).argmax(-1) == batch["labels"]).sum(), len(batch["labels"])

@@ -5,6 +5,7 @@ and every row gets the same derived columns, computed here once:
 
     share of FT = score / score_FT
     gap closed  = (score − score_ref) / (score_FT − score_ref),  ref = head only (head mode) else pre-trained
+    loss recovered = (L_pre − L) / (L_pre − L_FT)    (generative data: completion loss)
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from skillgraft.data.loading import Example
 from skillgraft.evaluate.predict import evaluate
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
-from skillgraft.models.anatomy import graftable_names, is_carried
+from skillgraft.models.anatomy import carried_names, graftable_names, is_carried
 from skillgraft.pipeline.setup import Setup
 
 
@@ -56,12 +57,12 @@ def universe(pre) -> dict[str, tuple[int, ...]]:
 def base_variants(setup: Setup) -> list[Variant]:
     """The baselines every graft report shows: pre-trained, head only (head mode), fine-tuned."""
     out = [Variant("pre-trained", "pre", 0)]
-    if setup.pre.mode == "head":
+    if carried_names(setup.pre):  # a new head (head mode) or a classifier's own head θ_pre lacks
         empty = Region.empty(universe(setup.pre))
         out.append(Variant("head only", "head-only", 0, Graft.from_models(setup.pre, setup.ft, empty)))
     frozen_embeddings = setup.finetune_config.freeze_embeddings
     body = sum(p.numel() for n, p in setup.ft.named_parameters()
-               if not is_carried(n) and not (frozen_embeddings and "embeddings" in n))
+               if not is_carried(n, setup.ft) and not (frozen_embeddings and "embeddings" in n))
     out.append(Variant("fine-tuned", "ft", body))
     return out
 
@@ -77,7 +78,8 @@ def graft_label(budget) -> str:
 def graft_variant(setup: Setup, region: Region, budget, metadata: dict | None = None, *, name: str | None = None,
                   kind: str = "graft", outside: str = "pre") -> Variant:
     """θ_pre + γ⊙(θ_ft − θ_pre) on ``region`` (plus the new head), as a Variant."""
-    meta = {"task": setup.task, "mode": setup.pre.mode, "k": setup.k, "seed": setup.seed, **(metadata or {})}
+    meta = {"task": setup.task, "mode": setup.pre.mode, "k": setup.k, "seed": setup.seed,
+            **getattr(setup, "graft_metadata", {}), **(metadata or {})}
     graft = Graft.from_models(setup.pre, setup.ft, region, meta)
     fraction = getattr(budget, "fraction", budget if isinstance(budget, float) else None)
     return Variant(name or graft_label(budget), kind, len(region), graft, fraction, outside)
@@ -120,4 +122,9 @@ def derive(rows: list[dict], *, universe_size: int) -> list[dict]:
             r["share_of_ft"] = r["score"] / ft
         if ft is not None and ref is not None and ft != ref:
             r["gap_closed"] = (r["score"] - ref) / (ft - ref)
+    loss = {r["kind"]: r["loss"] for r in rows if r["kind"] in ("ft", "pre") and "loss" in r}
+    if len(loss) == 2 and loss["pre"] != loss["ft"]:  # generative: share of FT's loss drop the model recovers
+        for r in rows:
+            if "loss" in r:
+                r["loss_recovered"] = (loss["pre"] - r["loss"]) / (loss["pre"] - loss["ft"])
     return rows

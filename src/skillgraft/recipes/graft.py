@@ -193,6 +193,16 @@ def report_markdown(metrics: dict) -> str:
         share = f"{r['share_of_ft']:.3f}" if "share_of_ft" in r else "-"
         lines.append(f"| {r['model']} | {r['params']:,} | {r['density']:.2e} | {r['score']:.4f} | "
                      f"{share} | {gap} | {r['ece']:.4f} | {r.get('agreement', 1.0):.3f} | {size} |")
+    if any("loss" in r for r in metrics["rows"]):  # generative data (docs/generative.md)
+        lines += ["", "| model | completion loss | share of FT's loss drop | token accuracy | exact match |",
+                  "|---|---:|---:|---:|---:|"]
+        for r in metrics["rows"]:
+            rec = f"{r['loss_recovered']:.3f}" if "loss_recovered" in r else "-"
+            em = f"{r['exact_match']:.4f}" if "exact_match" in r else "-"
+            lines.append(f"| {r['model']} | {r['loss']:.4f} | {rec} | {r['token_accuracy']:.4f} | {em} |")
+        lines += ["", "*completion loss*: mean token cross-entropy on the completion tokens (held out); *share of FT's "
+                  "loss drop* = (L_pre − L) ÷ (L_pre − L_FT); *exact match*: the gold completion is the most likely of "
+                  "the label completions (when completions are labels)."]
     lines += ["", f"*share of FT* = score ÷ fine-tuned score; *gap closed* = (score − {ref}) ÷ (FT − {ref}); "
               "ECE: 10 equal-width bins over the max probability (Guo et al.).", "",
               "![confidence](confidence.png)", "", "![reliability](reliability.png)", "",

@@ -33,6 +33,7 @@ from skillgraft.graft.localizers.lending import preserved
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import ROUND, Budget, Budgets, parse_budgets, select_masks, top_k_masks
 from skillgraft.models.anatomy import Graftable, carried_names, check_compatible, graftable_names
+from skillgraft.models.scorer import batch_hits, batch_loss
 from skillgraft.spec import Spec
 
 
@@ -203,8 +204,7 @@ def _optimise(pre, ft, names, train, dev, config, accelerator, progress, base, o
             for start in range(0, len(shard), config.micro_batch):
                 batch = pre.collate([train[i] for i in shard[start:start + config.micro_batch]])
                 batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-                labels = batch.pop("labels")
-                loss = torch.nn.functional.cross_entropy(pre(**batch).float(), labels, reduction="sum") / batch_n
+                loss = batch_loss(pre, batch, reduction="sum") / batch_n  # cross-entropy (generative: completion tokens)
                 loss.backward()
             with torch.no_grad():
                 for n in names:
@@ -239,9 +239,9 @@ def _accuracy(scorer, examples: list[Example], micro_batch: int, accelerator) ->
     for start in range(0, len(mine), micro_batch):
         batch = scorer.collate(mine[start:start + micro_batch])
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-        labels = batch.pop("labels")
-        correct[0] += (scorer(**batch).argmax(-1) == labels).sum()
-        correct[1] += len(labels)
+        hits, count = batch_hits(scorer, batch)  # labels right (generative: next completion tokens right)
+        correct[0] += hits
+        correct[1] += count
     if world > 1:
         torch.distributed.all_reduce(correct)
     return float(correct[0] / correct[1].clamp(min=1))

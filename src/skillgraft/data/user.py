@@ -1,0 +1,243 @@
+"""Users' own data files as a task built on the fly: JSONL, CSV/TSV, or a Hugging Face dataset folder.
+
+Classification rows give a text (and optionally a second text) and a label; generative rows give a prompt
+and a completion. Labels are declared (``labels``, in the order of the model's logits), taken from the
+fine-tuned classifier's ``config.id2label``, or inferred from the data (sorted; integers 0..n-1 stay in
+index order) — :class:`UserData` says which. Without a separate evaluation file, a seeded fraction of the
+rows is held out for evaluation; k-shot sampling (LM-BFF style, per label) is optional.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from skillgraft.data.loading import Example
+from skillgraft.data.tasks import Task
+from skillgraft.errors import SkillgraftError
+
+MAX_LABEL_COMPLETIONS = 32  # completions drawn from at most this many distinct strings are labels
+_GENERIC = re.compile(r"^LABEL_\d+$")
+
+
+@dataclass(frozen=True)
+class GenerativeTask(Task):
+    """A prompt→completion task. ``labels`` are the distinct completions when they form a small closed set
+    (then exact match is scored by ranking them); empty when completions are open-ended."""
+
+    def __post_init__(self) -> None:
+        if self.kind != "generative":
+            raise SkillgraftError(f"task {self.name!r}: a generative task has kind 'generative', got {self.kind!r}")
+
+    @classmethod
+    def make(cls, name: str, completions: tuple[str, ...] = ()) -> GenerativeTask:
+        return cls(name, "generative", tuple(completions), tuple(completions), "", description="prompt → completion")
+
+    @classmethod
+    def from_dict(cls, spec: dict) -> GenerativeTask:
+        return cls.make(spec["name"], tuple(spec.get("labels") or ()))
+
+
+@dataclass
+class UserData:
+    """The examples of a user's files and how their labels were decided."""
+
+    task: Task
+    train: list[Example]
+    test: list[Example]
+    files: list[Path]
+    labels_note: str = ""
+    dev: list[Example] = field(default_factory=list)
+
+
+def _is_generic(labels) -> bool:
+    return all(_GENERIC.match(str(x)) for x in labels)
+
+
+def read_rows(path: str | Path) -> list[tuple[str, dict]]:
+    """(where, row) for every row of a JSONL, CSV, TSV file or a ``datasets`` folder saved with ``save_to_disk``."""
+    path = Path(path)
+    if not path.exists():
+        raise SkillgraftError(f"data file not found: {path}")
+    if path.is_dir():
+        return _read_dataset_folder(path)
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        rows = []
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise SkillgraftError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno}); "
+                                          "expected one JSON object per line") from None
+                if not isinstance(row, dict):
+                    raise SkillgraftError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+                rows.append((f"{path}:{lineno}", row))
+    elif suffix in (".csv", ".tsv"):
+        with path.open(encoding="utf-8", newline="") as f:
+            reader = csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ",")
+            rows = [(f"{path}:{i}", dict(r)) for i, r in enumerate(reader, 2) if any((v or "").strip() for v in r.values())]
+    else:
+        raise SkillgraftError(f"{path}: unsupported data file (expected .jsonl, .csv, .tsv or a datasets folder)")
+    if not rows:
+        raise SkillgraftError(f"{path}: no rows")
+    return rows
+
+
+def _read_dataset_folder(path: Path) -> list[tuple[str, dict]]:
+    try:
+        import datasets  # noqa: PLC0415 - optional: not a dependency of skillgraft
+    except ImportError:
+        raise SkillgraftError(f"{path} is a folder: reading a Hugging Face dataset saved with save_to_disk needs the "
+                              "'datasets' package (pip install datasets); or give a .jsonl/.csv/.tsv file") from None
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as e:  # noqa: BLE001 - any failure is one clear line
+        raise SkillgraftError(f"{path}: not a dataset saved with save_to_disk ({str(e).splitlines()[0]})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        split = "train" if "train" in ds else next(iter(ds))
+        ds = ds[split]
+    return [(f"{path}[{i}]", dict(row)) for i, row in enumerate(ds)]
+
+
+def _field(row: dict, name: str, where: str) -> str:
+    if name not in row or row[name] is None:
+        raise SkillgraftError(f"{where}: field {name!r} is missing (fields: {sorted(row)})")
+    value = row[name]
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise SkillgraftError(f"{where}: field {name!r} must be text, got {type(value).__name__}")
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def resolve_labels(values: set[str], declared: list[str] | None = None, model_labels: tuple[str, ...] | None = None,
+                   source: str = "the data") -> tuple[tuple[str, ...], dict[str, int], str]:
+    """(labels in logit order, raw value → index, a sentence saying how they were decided)."""
+    if declared:
+        labels = tuple(str(x) for x in declared)
+        if len(set(labels)) != len(labels):
+            raise SkillgraftError(f"--labels {list(labels)}: duplicate labels")
+        unknown = sorted(values - set(labels))
+        if unknown:
+            raise SkillgraftError(f"{source}: label(s) {unknown[:5]} are not among the declared labels {list(labels)}")
+        if model_labels is not None and len(model_labels) != len(labels):
+            raise SkillgraftError(f"--labels declares {len(labels)} labels but the fine-tuned classifier has "
+                                  f"{len(model_labels)} outputs")
+        return labels, {v: labels.index(v) for v in labels}, f"declared: {list(labels)} (logit order)"
+    ints = all(re.fullmatch(r"-?\d+", v) for v in values)
+    if model_labels is not None and not _is_generic(model_labels):
+        labels = tuple(model_labels)
+        if values <= set(labels):
+            return labels, {v: labels.index(v) for v in labels}, f"from the fine-tuned model's config.id2label: {list(labels)}"
+        if ints and all(0 <= int(v) < len(labels) for v in values):
+            return labels, {v: int(v) for v in values}, (f"integers in the data are indices into the fine-tuned "
+                                                         f"model's config.id2label: {list(labels)}")
+        raise SkillgraftError(f"{source}: labels {sorted(values)[:6]} are neither the fine-tuned model's labels "
+                              f"{list(labels)} nor indices into them; declare them with --labels (logit order)")
+    if ints:
+        n = len(model_labels) if model_labels is not None else max(int(v) for v in values) + 1
+        if any(not 0 <= int(v) < n for v in values):
+            raise SkillgraftError(f"{source}: integer labels {sorted(values, key=int)} do not index the model's {n} outputs")
+        labels = tuple(str(i) for i in range(n))
+        return labels, {v: int(v) for v in values}, f"integers 0..{n - 1} of the data are logit indices"
+    labels = tuple(sorted(values))
+    if model_labels is not None and len(labels) != len(model_labels):
+        raise SkillgraftError(f"{source}: {len(labels)} distinct labels {list(labels)[:6]} but the fine-tuned classifier "
+                              f"has {len(model_labels)} outputs; declare them with --labels (logit order)")
+    if len(labels) < 2:
+        raise SkillgraftError(f"{source}: only one label value {list(labels)}; classification needs at least two")
+    return labels, {v: i for i, v in enumerate(labels)}, f"inferred from the data, sorted: {list(labels)} (logit order)"
+
+
+def _split(rows: list, fraction: float, seed: int) -> tuple[list, list]:
+    order = np.random.RandomState(seed).permutation(len(rows))
+    n_eval = max(1, int(round(fraction * len(rows))))
+    if n_eval >= len(rows):
+        raise SkillgraftError(f"{len(rows)} row(s) cannot be split into training and evaluation rows; give --eval-data")
+    held = set(order[:n_eval].tolist())
+    return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
+
+
+def load_user_data(spec, model_labels: tuple[str, ...] | None = None) -> UserData:
+    """The examples of ``spec`` (a :class:`~skillgraft.data.spec.UserDataSpec`): train (optionally k-shot) and
+    evaluation rows, as a classification or generative task."""
+    from skillgraft.data.sampling import eval_subset, sample_kshot  # noqa: PLC0415
+
+    rows = read_rows(spec.data)
+    files = _files(spec.data)
+    if spec.eval_data is not None:
+        eval_rows = read_rows(spec.eval_data)
+        files += _files(spec.eval_data)
+    else:
+        rows, eval_rows = _split(rows, spec.eval_fraction, spec.seed)
+    name = Path(spec.data).stem
+    if spec.generative:
+        data = _generative(name, rows, eval_rows, spec)
+    else:
+        data = _classification(name, rows, eval_rows, spec, model_labels)
+    if spec.k is not None:
+        if data.task.num_labels:
+            data.train, _ = sample_kshot(data.train, data.task.num_labels, spec.k, spec.seed, source=str(spec.data),
+                                         dev=False)
+        else:
+            keep = np.random.RandomState(spec.seed).permutation(len(data.train))[: spec.k]
+            data.train = [data.train[i] for i in sorted(keep)]
+    data.test = eval_subset(data.test, spec.test_limit)
+    data.files = files
+    return data
+
+
+def _files(path) -> list[Path]:
+    path = Path(path)
+    return sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+
+
+def _classification(name, rows, eval_rows, spec, model_labels) -> UserData:
+    def parse(items):
+        out = []
+        for where, row in items:
+            text = _field(row, spec.text_field, where)
+            pair = _field(row, spec.text_pair_field, where) if spec.text_pair_field else None
+            out.append((text, pair, _field(row, spec.label_field, where), where))
+        return out
+
+    train, test = parse(rows), parse(eval_rows)
+    values = {x[2] for x in train + test}
+    labels, index, note = resolve_labels(values, spec.labels, model_labels, source=str(spec.data))
+    from skillgraft.data.tasks import SENTIMENT  # noqa: PLC0415
+
+    template = "*cls**sent_0**+sent_1*_Answer:*mask*.*sep+*" if spec.text_pair_field else SENTIMENT
+    task = Task(name, "pair" if spec.text_pair_field else "single", labels, labels, template,
+                description=f"user data {spec.data}")
+    make = lambda items: [Example(t, index[y], p) for t, p, y, _ in items]  # noqa: E731
+    return UserData(task, make(train), make(test), [], note)
+
+
+def _generative(name, rows, eval_rows, spec) -> UserData:
+    def parse(items):
+        return [(_field(row, spec.prompt_field, where), _field(row, spec.completion_field, where))
+                for where, row in items]
+
+    train, test = parse(rows), parse(eval_rows)
+    completions = sorted({c for _, c in train})
+    closed = (2 <= len(completions) <= MAX_LABEL_COMPLETIONS and len(completions) * 2 <= len(train)
+              and all(c in set(completions) for _, c in test))
+    if spec.labels:
+        completions, closed = [str(x) for x in spec.labels], True
+        unknown = sorted({c for _, c in train + test} - set(completions))
+        if unknown:
+            raise SkillgraftError(f"{spec.data}: completion(s) {unknown[:3]} are not among the declared labels")
+    labels = tuple(completions) if closed else ()
+    task = GenerativeTask.make(name, labels)
+    index = {c: i for i, c in enumerate(labels)}
+    make = lambda items: [Example(p, index.get(c, 0), c) for p, c in items]  # noqa: E731
+    note = (f"completions are labels ({len(labels)} distinct): exact match ranks them" if closed
+            else "open-ended completions: completion loss and token accuracy")
+    return UserData(task, make(train), make(test), [], note)
