@@ -287,3 +287,33 @@ def test_recipe_finetune_sections_inherit_the_shared_finetune():
     assert cl.continual_finetune == cl.finetune == FinetuneConfig(**ft)
     default = ContinualSpec.build({"recipe": "continual"})
     assert default.finetune.lr == default.continual_finetune.lr == FinetuneConfig().lr
+
+
+def test_cli_continual_add_takes_its_settings_from_the_specs(monkeypatch, tmp_path):
+    """One default per setting: no option given → FinetuneConfig() and LocalizeConfig(); bad values named."""
+    from typer.testing import CliRunner
+
+    import skillgraft.continual as continual_module
+    from skillgraft.cli import app
+
+    seen = {}
+
+    def fake_add(state, task, **kw):
+        seen.update(kw)
+        return {"task": task, "order": 1, "region_size": 3, "owned_size": 3, "shared_with_earlier": 0,
+                "test": {"score": 0.5}}
+
+    monkeypatch.setattr(continual_module, "continual_add", fake_add)
+    runner = CliRunner()
+    base = ["continual", "add", "--state", str(tmp_path / "s"), "--task", "SST-2"]
+    res = runner.invoke(app, base)
+    assert res.exit_code == 0, res.output
+    assert seen["finetune_config"] == FinetuneConfig() and seen["localize_config"] == LocalizeConfig()
+    res = runner.invoke(app, [*base, "--optimizer", "adamw", "--steps", "7", "--localize-steps", "2",
+                              "--sparsity", "0.01", "--localize-lr", "5"])
+    assert res.exit_code == 0, res.output
+    assert seen["finetune_config"] == FinetuneConfig(optimizer="adamw", steps=7)  # AdamW's own default lr
+    assert seen["localize_config"] == LocalizeConfig(steps=2, sparsity=0.01, lr=5)
+    for option, value in (("--lr", "-1"), ("--localize-steps", "-2"), ("--sparsity", "2")):
+        res = runner.invoke(app, [*base, option, value])
+        assert res.exit_code == 2 and option in res.output, res.output

@@ -485,8 +485,16 @@ continual_app = typer.Typer(no_args_is_help=True, help="Forget-free continual le
 app.add_typer(continual_app, name="continual")
 
 
+# continual add: fine-tuning and localization options are FinetuneConfig / LocalizeConfig fields (their defaults);
+# the localizer's options that share a name with a fine-tuning one get a localize- prefix.
+_CONTINUAL_LOCALIZE = {n: f"localize_{n}" for n in ("steps", "lr", "batch_size", "micro_batch", "sigmoid_bias", "l1",
+                                                     "seed", "eval_every", "select_on")}
+
+
 @continual_app.command("add")
 @friendly
+@from_specs(finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",)),
+            localize=Options(LocalizeConfig, rename=_CONTINUAL_LOCALIZE, skip=("budgets", "graftable")))
 def continual_add_cmd(
     state: Path = typer.Option(..., help="continual state folder (created on first use)"),
     task: str = typer.Option(..., help="the task that arrives now"),
@@ -497,27 +505,22 @@ def continual_add_cmd(
     mode: str = typer.Option("head", help="head | prompt (only when creating the state)"),
     region: Optional[Path] = typer.Option(None, help="γ_task: a region or graft folder (default: learn it from a "
                                                      "single-task fine-tune + localize)"),
-    lr: float = typer.Option(0.01, help="learning rate (SGD) of fine-tuning and of the owned-region training"),
-    steps: int = typer.Option(400, help="training steps"),
-    sparsity: float = typer.Option(1e-4, help="γ_base sparsity when learning γ_task"),
-    localize_steps: int = typer.Option(30, help="localization steps when learning γ_task"),
     init: str = typer.Option("current", help="current (paper: train owned coordinates from the current model) | "
                                              "graft (start them from the single-task graft)"),
     test_limit: Optional[int] = typer.Option(None, min=1, help="evaluate on a fixed seeded sample of N test "
                                                                "examples"),
+    *,
+    finetune: FinetuneConfig,
+    localize: LocalizeConfig,
 ) -> None:
-    """Learn TASK on its region minus earlier tasks' regions; earlier tasks' coordinates never change."""
-    from skillgraft.clispec import build  # noqa: PLC0415
-    from skillgraft.continual import continual_add  # noqa: PLC0415
-    from skillgraft.graft import LocalizeConfig  # noqa: PLC0415
-    from skillgraft.train import FinetuneConfig  # noqa: PLC0415
+    """Learn TASK on its region minus earlier tasks' regions; earlier tasks' coordinates never change.
 
-    # built as the options they are, so a bad value names its option (--lr, --sparsity, --localize-steps)
-    cfg = build(Options(FinetuneConfig), dict(lr=lr, steps=steps, eval_every=max(1, steps // 4)))
-    loc = build(Options(LocalizeConfig, rename={"steps": "localize_steps"}),
-                dict(sparsity=sparsity, steps=localize_steps))
+    Fine-tuning options: the single-task run γ_task is learned from and the owned-region training.
+    """
+    from skillgraft.continual import continual_add  # noqa: PLC0415
+
     entry = continual_add(state, task, k=k, seed=seed, data_dir=data_dir, model=model, mode=mode, region=region,
-                          finetune_config=cfg, localize_config=loc, init=init, test_limit=test_limit)
+                          finetune_config=finetune, localize_config=localize, init=init, test_limit=test_limit)
     console.print(f"[bold green]added[/] {entry['task']} as task #{entry['order']}: |γ|={entry['region_size']}, "
                   f"owned {entry['owned_size']} (shared with earlier {entry['shared_with_earlier']}); "
                   f"test {entry['test']['score']:.4f} → {state}/continual.json")

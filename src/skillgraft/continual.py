@@ -242,10 +242,17 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
     """Add ``task`` to the continual state folder ``state`` (created on first use); returns its entry.
 
     γ_task is read from ``region`` (a Region or Graft folder) or learned from an independent single-task
-    run (fine-tune + localize). After training, every learned task is evaluated on its test split with
-    its own union graft, and the state is saved atomically.
+    run (fine-tune with ``region_finetune_config`` or else ``finetune_config``, then localize with
+    ``localize_config``). The owned coordinates train with ``finetune_config``; a config left out is the
+    spec's defaults (``FinetuneConfig()``, ``LocalizeConfig()``). After training, every learned task is
+    evaluated on its test split (the DataSpec's seeded subset) with its own union graft, and the state is
+    saved atomically.
     """
-    from skillgraft.data.sampling import load_kshot  # noqa: PLC0415
+    from skillgraft.data.spec import DataSpec  # noqa: PLC0415
+
+    def draw(name: str, k: int, seed: int):
+        return DataSpec.build({"task": name, "k": k, "seed": seed, "data_dir": data_dir, "test_limit": test_limit},
+                              where="continual add").load()
 
     if init not in ("current", "graft"):
         raise SkillgraftError(f"init must be 'current' or 'graft', got {init!r}")
@@ -255,7 +262,7 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
         if state.exists() and any(state.iterdir()):
             raise SkillgraftError(f"{state} exists and is not a continual state folder (no {STATE_FILE})")
         learner = ContinualLearner.create(model, mode)
-    data = load_kshot(task, k, seed, data_dir, test_limit=test_limit)
+    data = draw(task, k, seed)
     task = data.task.name
     info = {"k": k, "seed": seed}
     init_graft = None
@@ -281,8 +288,7 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
     entry = learner.add_task(task, gamma, data.train, data.dev, finetune_config or FinetuneConfig(),
                              init=init_graft if init == "graft" else None, progress=progress, info=info)
     for e in learner.entries:
-        test = data.test if e["task"] == task else load_kshot(e["task"], e.get("k", k), e.get("seed", seed), data_dir,
-                                                               test_limit=test_limit).test
+        test = data.test if e["task"] == task else draw(e["task"], e.get("k", k), e.get("seed", seed)).test
         metrics, _ = learner.evaluate(e["task"], test)
         e.setdefault("test_history", []).append({"after": task, "score": metrics["score"], "n": metrics["n"]})
         if e["task"] == task:
