@@ -332,3 +332,17 @@ def test_surgical_and_fish_specs_refuse_bad_fields_before_any_work(tmp_path, nam
                    overrides={"model": "/nonexistent/model", **bad})
     assert "\n" not in str(err.value)
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
+def test_docs_name_every_field_of_the_surgical_and_fish_specs():
+    from pathlib import Path
+
+    from skillgraft.recipes.base import ExperimentSpec, SeedsMixin
+    from skillgraft.recipes.fish import FishSpec, TrackingSpec
+    from skillgraft.recipes.surgical import SurgicalSpec
+
+    doc = (Path(__file__).parents[1] / "docs" / "fisher.md").read_text()
+    shared = set(ExperimentSpec.model_fields) | set(SeedsMixin.model_fields)
+    for spec in (SurgicalSpec, FishSpec, TrackingSpec):
+        for field in set(spec.model_fields) - shared:
+            assert f"`{field}`" in doc, (spec.__name__, field)

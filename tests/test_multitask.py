@@ -317,3 +317,16 @@ def test_cli_continual_add_takes_its_settings_from_the_specs(monkeypatch, tmp_pa
     for option, value in (("--lr", "-1"), ("--localize-steps", "-2"), ("--sparsity", "2")):
         res = runner.invoke(app, [*base, option, value])
         assert res.exit_code == 2 and option in res.output, res.output
+
+
+def test_docs_name_every_field_of_the_multitask_and_continual_specs():
+    from pathlib import Path
+
+    from skillgraft.recipes.base import ExperimentSpec
+    from skillgraft.recipes.continual import ContinualSpec
+    from skillgraft.recipes.multitask import MultitaskSpec, PurifySpec
+
+    doc = (Path(__file__).parents[1] / "docs" / "multitask.md").read_text()
+    for spec in (MultitaskSpec, ContinualSpec, PurifySpec):
+        for field in set(spec.model_fields) - set(ExperimentSpec.model_fields):
+            assert f"`{field}`" in doc, (spec.__name__, field)
