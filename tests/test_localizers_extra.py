@@ -24,6 +24,7 @@ def test_new_localizers_are_registered_with_typed_options():
     assert get_localizer("straight-through").options().relaxation == "straight-through"
     assert RelaxedOptions(optimizer="sgd", relaxation="sigmoid").lr == 1e7  # the paper's lr on S
     assert RelaxedOptions(relaxation="straight-through").lr == 0.05 and RelaxedOptions(lr=0.3).lr == 0.3
+    assert RelaxedOptions(relaxation="straight-through", optimizer="nsgd").lr == 0.1
     for bad in ({"optimiser": "adam"}, {"lr": 0}, {"select_on": "test"}, {"candidates": 2.0}):
         with pytest.raises(SkillgraftError, match=next(iter(bad))):
             get_localizer("straight-through").options(bad)
@@ -98,11 +99,12 @@ def test_sigmoid_sgd_is_the_papers_update(pair):
         assert ours.regions[b].iou(paper.regions[b]) > 0.95, b
 
 
-@pytest.mark.parametrize("name", ["learned-adam", "straight-through"])
-def test_relaxed_selects_on_dev_and_keeps_pre_intact(pair, name):
+@pytest.mark.parametrize("name,optimizer", [("learned-adam", "adam"), ("straight-through", "adam"),
+                                            ("straight-through", "nsgd")])
+def test_relaxed_selects_on_dev_and_keeps_pre_intact(pair, name, optimizer):
     pre, ft, data = pair
     before = snapshot(pre)
-    result = get_localizer(name).run(pre, ft, data, {**FAST, "budgets": [0.01, 30]})
+    result = get_localizer(name).run(pre, ft, data, {**FAST, "optimizer": optimizer, "budgets": [0.01, 30]})
     assert_intact(pre, before)
     for b, region in result.regions.items():
         assert len(region) == b.size(region.universe_size)

@@ -40,8 +40,8 @@ from skillgraft.graft.region import Region
 from skillgraft.graft.selection import region_universe, top_k_flat, top_k_masks
 from skillgraft.models.anatomy import carried_names, check_compatible, graftable_names
 
-DEFAULT_LR = {("sigmoid", "sgd"): 1e7, ("sigmoid", "adam"): 0.5,
-              ("straight-through", "sgd"): 1e4, ("straight-through", "adam"): 0.05}
+DEFAULT_LR = {("sigmoid", "sgd"): 1e7, ("sigmoid", "adam"): 0.5, ("sigmoid", "nsgd"): 0.5,
+              ("straight-through", "sgd"): 1e4, ("straight-through", "adam"): 0.05, ("straight-through", "nsgd"): 0.1}
 
 
 class RelaxedOptions(LocalizerOptions):
@@ -49,9 +49,12 @@ class RelaxedOptions(LocalizerOptions):
 
     relaxation: Literal["sigmoid", "straight-through"] = Field("sigmoid", description=(
         "sigmoid: the paper's continuous γ = σ(z); straight-through: the binary top-k graft forward, ∂L/∂m back"))
-    optimizer: Literal["sgd", "adam"] = Field("adam", description="update of z: plain gradient descent or Adam")
+    optimizer: Literal["sgd", "adam", "nsgd"] = Field("adam", description=(
+        "update of z: plain gradient descent, Adam (per-coordinate scale), or nsgd (gradient descent on the gradient "
+        "divided by its RMS over the candidates: one scale per step, magnitudes kept)"))
     lr: float | None = Field(None, gt=0, description=(
-        "learning rate on z (default: sigmoid 1e7 SGD (the paper's) / 0.5 Adam; straight-through 1e4 SGD / 0.05 Adam)"))
+        "learning rate on z (default: sigmoid 1e7 SGD (the paper's) / 0.5 Adam or nsgd; straight-through 1e4 SGD / "
+        "0.05 Adam / 0.1 nsgd)"))
     steps: int = Field(50, ge=0, description="gradient steps (per budget for straight-through)")
     base: Literal["movement", "saliency"] = Field("movement", description=(
         "base score of γ_base and of the candidate set: |Δ| or a first-order saliency"))
@@ -148,7 +151,8 @@ def relaxed_localize(pre, ft, data, opts: RelaxedOptions, *, progress: bool = Fa
         raise SkillgraftError(f"select_on={opts.select_on!r} needs dev examples (data with .dev), or select_on 'train'")
     budgets = list(dict.fromkeys(opts.budgets or []))
     if not budgets or any(b.rounding for b in budgets):
-        raise SkillgraftError("the relaxed localizers need budgets that are fractions or counts (exact sizes), not 'round'")
+        raise SkillgraftError("the relaxed localizers need budgets that are fractions or counts (exact sizes), "
+                              "not 'round'")
     names = graftable_names(pre, opts.graftable)
     check_compatible(pre, ft, names)
     shapes = region_universe(pre, opts.graftable)
@@ -202,6 +206,12 @@ class _Trajectory:
         cls = torch.optim.Adam if self.opts.optimizer == "adam" else torch.optim.SGD
         return cls([z], lr=self.opts.lr)
 
+    def _step(self, optim, z: torch.Tensor, grad: torch.Tensor) -> None:
+        if self.opts.optimizer == "nsgd":  # one scale per step: the gradient's RMS over the candidates
+            grad = grad / grad.pow(2).mean().sqrt().clamp_min(1e-30)
+        z.grad = grad
+        optim.step()
+
     def _backward(self, rng: np.random.RandomState) -> torch.Tensor:
         """∂L/∂m on one step's batch at the mask the model currently holds."""
         n = min(self.opts.batch_size, len(self.train))
@@ -251,8 +261,7 @@ class _Trajectory:
             gamma = torch.sigmoid(z.detach())
             cand.hold(gamma)
             g = self._backward(rng)
-            z.grad = g * gamma * (1 - gamma)
-            optim.step()
+            self._step(optim, z, g * gamma * (1 - gamma))
             self.step_times.append(time.perf_counter() - t0)
             if step % opts.eval_every == 0 or step == opts.steps:
                 score(step)
@@ -281,8 +290,7 @@ class _Trajectory:
                 break
             t0 = time.perf_counter()
             cand.hold(mask)
-            z.grad = self._backward(rng)
-            optim.step()
+            self._step(optim, z, self._backward(rng))
             self.step_times.append(time.perf_counter() - t0)
         bar.close()
         return {budget: best}
@@ -301,8 +309,6 @@ class Relaxed(Localizer):
 class AdamOptions(RelaxedOptions):
     """``learned-adam``: paper Eq. 3–4 (sigmoid relaxation, |Δ| γ_base) with Adam on S."""
 
-    optimizer: Literal["sgd", "adam"] = Field("adam", description="update of z: plain gradient descent or Adam")
-
 
 class LearnedAdam(Relaxed):
     """Paper Eq. 3–4 with Adam on S (exact budgets, selection on dev)."""
@@ -314,7 +320,7 @@ class LearnedAdam(Relaxed):
 class SaliencyBaseOptions(RelaxedOptions):
     """``learned-saliency``: paper Eq. 3–4 with γ_base the top saliency |∂L/∂θ ⊙ Δ| instead of |Δ|."""
 
-    optimizer: Literal["sgd", "adam"] = Field("sgd", description="update of z: plain gradient descent or Adam")
+    optimizer: Literal["sgd", "adam", "nsgd"] = Field("sgd", description="update of z (see RelaxedOptions)")
     base: Literal["movement", "saliency"] = Field("saliency", description=(
         "base score of γ_base and of the candidate set: |Δ| or a first-order saliency"))
 
