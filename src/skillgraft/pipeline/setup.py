@@ -154,3 +154,238 @@ def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = 
     data = spec.load(ft.task)
     return Setup(ft, pre, data, ft_dir, cfg, data_root=str(spec.data_dir) if spec.data_dir else None)
 
+
+# ---------------------------------------------------------------------------------------------- checkpoint pairs
+PAIR_MODES = ("classifier", "prompt", "causal", "generative", "head")
+_SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                 "intermediate_size", "vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "max_position_embeddings",
+                 "n_positions", "type_vocab_size", "embedding_size", "head_dim")
+
+
+def is_run_dir(path: str | os.PathLike) -> bool:
+    """A skillgraft fine-tuning run directory (``model/`` with a scorer config), not a plain checkpoint."""
+    return (Path(path) / "model" / "scorer_config.json").is_file()
+
+
+def pair_mode(finetuned: str, generative_data: bool, mode: str | None = None) -> str:
+    """How to score θ_ft: ``mode`` when given, else from what the checkpoint was saved as."""
+    from skillgraft.models.loading import checkpoint_kind, model_reference  # noqa: PLC0415
+
+    if mode is not None:
+        if mode not in PAIR_MODES:
+            raise SkillgraftError(f"--mode {mode!r}: use one of {', '.join(PAIR_MODES)}")
+        return mode
+    kind = checkpoint_kind(model_reference(finetuned).path)
+    if kind == "classifier":
+        return "classifier"
+    if kind == "causal":
+        return "generative" if generative_data else "causal"
+    if kind == "mlm":
+        return "prompt"
+    if generative_data:
+        return "generative"
+    raise SkillgraftError(f"{finetuned}: cannot tell how to score this checkpoint (config.json architectures: "
+                          f"{kind or 'none'}); pass --mode classifier | prompt | causal | generative")
+
+
+def check_pair(pretrained: str, finetuned: str) -> None:
+    """Refuse, before loading any weights, a pair whose architectures, shapes or tokenizers differ."""
+    from transformers import AutoConfig  # noqa: PLC0415
+
+    from skillgraft.models.loading import load_tokenizer, model_reference  # noqa: PLC0415
+
+    refs = [model_reference(pretrained), model_reference(finetuned)]
+    configs = []
+    for ref, role in zip(refs, ("pre-trained (--pretrained)", "fine-tuned (--finetuned)")):
+        try:
+            configs.append(AutoConfig.from_pretrained(ref.path).to_dict())
+        except (OSError, ValueError) as e:
+            raise SkillgraftError(f"{role} model {ref.name!r}: no readable config ({str(e).splitlines()[0]})") from None
+    a, b = configs
+    if a.get("model_type") != b.get("model_type"):
+        raise SkillgraftError(f"different architectures: {refs[0].name} is {a.get('model_type')!r}, {refs[1].name} is "
+                              f"{b.get('model_type')!r}; a graft needs θ_ft fine-tuned from θ_pre")
+    for key in _SHAPE_FIELDS:
+        if a.get(key) != b.get(key):
+            raise SkillgraftError(f"different shapes: {key} is {a.get(key)} in {refs[0].name} but {b.get(key)} in "
+                                  f"{refs[1].name}; a graft needs θ_ft fine-tuned from θ_pre")
+    ta, tb = load_tokenizer(refs[0].path), load_tokenizer(refs[1].path)
+    va, vb = ta.get_vocab(), tb.get_vocab()
+    if va != vb:
+        diff = sorted(set(va.items()) ^ set(vb.items()))
+        raise SkillgraftError(f"different tokenizers: the vocabularies of {refs[0].name} ({len(va)} tokens) and "
+                              f"{refs[1].name} ({len(vb)} tokens) differ in {len(diff)} entries, e.g. {diff[:2]}")
+
+
+def _model_labels(finetuned: str) -> tuple[str, ...] | None:
+    from transformers import AutoConfig  # noqa: PLC0415
+
+    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+
+    cfg = AutoConfig.from_pretrained(model_reference(finetuned).path)
+    return tuple(str(cfg.id2label[i]) for i in range(cfg.num_labels))
+
+
+def _complete_model(path: str, mode: str, role: str):
+    """θ_pre or θ_ft of a causal pair, refusing a checkpoint that lacks tensors the model has."""
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    from skillgraft.models.loading import _quiet  # noqa: PLC0415
+
+    hf_logging, level = _quiet()
+    try:
+        with torch_fork(0):
+            model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+    except (OSError, ValueError) as e:
+        raise SkillgraftError(f"could not load {role} model {path!r} as a causal LM: {str(e).splitlines()[0]}") from None
+    finally:
+        hf_logging.set_verbosity(level)
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise SkillgraftError(f"the {role} model {path} lacks {len(missing)} tensor(s) the other has, e.g. "
+                              f"{missing[:3]} (a causal LM pair must have the same tensors)")
+    return model.eval()
+
+
+def torch_fork(seed: int):
+    """A forked RNG seeded with ``seed`` (weights missing from a checkpoint initialise the same every time)."""
+    import contextlib  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    @contextlib.contextmanager
+    def forked():
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            yield
+
+    return forked()
+
+
+def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None, max_length: int = 128,
+              data_dir: str | os.PathLike | None = None) -> Setup:
+    """A Setup from two Hugging Face checkpoints and the data to localize and evaluate on.
+
+    ``pretrained`` (A) and ``finetuned`` (B) are hub names or folders saved by plain transformers (B may
+    also be a skillgraft run directory, then opened by :func:`from_run`). ``data`` is a
+    :class:`~skillgraft.data.UserDataSpec` (files) or a :class:`~skillgraft.data.DataSpec` (a registered
+    task). ``mode`` defaults from B's saved class (…ForSequenceClassification → ``classifier``, …ForCausalLM →
+    ``generative`` with prompt→completion data, else ``causal``; …ForMaskedLM → ``prompt``). Refused before
+    any weights load: a missing folder, different architectures, shapes or vocabularies; then A lacking a
+    tensor of B's body (a classification head and a pooler only B has are carried).
+    """
+    from skillgraft.data.sampling import FewShotData  # noqa: PLC0415
+    from skillgraft.data.spec import UserDataSpec  # noqa: PLC0415
+    from skillgraft.models.anatomy import check_compatible  # noqa: PLC0415
+    from skillgraft.models.loading import load_tokenizer, model_reference  # noqa: PLC0415
+    from skillgraft.models.scorer import build_scorer  # noqa: PLC0415
+
+    if is_run_dir(finetuned):
+        if isinstance(data, UserDataSpec) and data.data is not None:
+            raise SkillgraftError(f"{finetuned} is a skillgraft run directory: it grafts on its own task data "
+                                  "(drop --data)")
+        return from_run(finetuned, data_dir=data_dir, test_limit=getattr(data, "test_limit", None))
+    for name, role in ((pretrained, "--pretrained"), (finetuned, "--finetuned")):
+        if name is None:
+            raise SkillgraftError(f"{role} is required for a checkpoint pair")
+        try:
+            model_reference(name)  # a path that does not exist is refused here
+        except SkillgraftError as e:
+            raise SkillgraftError(f"{role}: {e}") from None
+    user = isinstance(data, UserDataSpec) and data.data is not None
+    mode = pair_mode(finetuned, user and data.generative, mode)
+    if mode == "head":
+        raise SkillgraftError("--mode head adds a new random head: a checkpoint pair has no head to carry; use "
+                              "classifier (the fine-tuned model's own head), prompt, causal or generative")
+    check_pair(pretrained, finetuned)  # before any weights load
+    if user:
+        if data.generative != (mode == "generative"):
+            raise SkillgraftError(f"--mode {mode} needs {'prompt→completion' if mode == 'generative' else 'labelled'} "
+                                  "data (--prompt-field/--completion-field for generative data)")
+        labels = _model_labels(finetuned) if mode == "classifier" else None
+        loaded = data.load(labels)
+        task, train, dev, test = loaded.task, loaded.train, loaded.dev, loaded.test
+        files, note, k, seed = loaded.files, loaded.labels_note, data.k or 0, data.seed
+    else:
+        if mode == "generative":
+            raise SkillgraftError("generative mode needs prompt→completion data: --data FILE with --prompt-field and "
+                                  "--completion-field")
+        few = data.load()
+        task, train, dev, test, files, note, k, seed = few.task, few.train, few.dev, few.test, None, "", few.k, few.seed
+    if mode == "classifier":
+        n = len(_model_labels(finetuned))
+        if n != task.num_labels:
+            raise SkillgraftError(f"the fine-tuned classifier {finetuned} has {n} outputs but the data has "
+                                  f"{task.num_labels} labels {list(task.labels)}")
+    if mode in ("causal", "generative"):
+        from skillgraft.models.scorer import Scorer  # noqa: PLC0415
+
+        built = []
+        for name, role in ((finetuned, "fine-tuned"), (pretrained, "pre-trained")):
+            ref = model_reference(name)
+            model = _complete_model(ref.path, mode, role)
+            built.append(Scorer(model, load_tokenizer(ref.path), task, mode, pooling="last", max_length=max_length,
+                                base_model=ref.name))
+        ft, pre = built
+    else:
+        ft = build_scorer(finetuned, task, mode, max_length=max_length)
+        pre = build_scorer(pretrained, task, mode, max_length=max_length)
+        if mode == "classifier" and ft.carried - pre.carried:
+            raise SkillgraftError(f"the fine-tuned checkpoint {finetuned} lacks tensors of its own classifier: "
+                                  f"{sorted(ft.carried - pre.carried)[:3]}")
+        ft.carried = pre.carried  # what θ_pre lacks travels whole
+    check_compatible(pre, ft)
+    ft.eval()
+    pre.eval()
+    few = FewShotData(task, k, seed, train, dev, test)
+    run_config = {"pretrained": pre.base_model, "finetuned": ft.base_model, "mode": mode, "k": k, "seed": seed,
+                  "data": [str(f) for f in files] if files is not None else task.name, "labels": note}
+    root = getattr(data, "data_dir", None) if not user else None
+    meta = {"pretrained": pre.base_model, "finetuned": ft.base_model, "task_spec": task_record(task)}
+    if user:
+        meta["user_data"] = data.to_dict()
+    return Setup(ft, pre, few, Path(finetuned), run_config, data_root=str(root) if root else None,
+                 data_files=files, labels_note=note, graft_metadata=meta)
+
+
+def task_record(task) -> dict:
+    """A task as JSON (graft metadata), read back by :func:`task_from_record`."""
+    from dataclasses import asdict  # noqa: PLC0415
+
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(task).items() if k != "description"}
+
+
+def task_from_record(record: dict):
+    """The task a graft's metadata records (a registered-style task, or a generative one)."""
+    from skillgraft.models.scorer import _task_from_config  # noqa: PLC0415
+
+    return _task_from_config(dict(record), "graft metadata task_spec")
+
+
+def open_checkpoint(path: str, data, *, mode: str | None = None, split: str = "test", max_length: int = 128):
+    """A plain Hugging Face checkpoint as a Scorer with the examples to evaluate it on: ``(scorer, examples, note)``.
+
+    ``data`` is a :class:`~skillgraft.data.UserDataSpec` (every row of ``--eval-data``, else of ``--data``)
+    or a registered task name (its ``split``). ``mode`` defaults from the checkpoint's class, as for a pair.
+    """
+    from skillgraft.data.loading import load_split  # noqa: PLC0415
+    from skillgraft.data.spec import UserDataSpec  # noqa: PLC0415
+    from skillgraft.data.tasks import get_task  # noqa: PLC0415
+    from skillgraft.models.scorer import build_scorer  # noqa: PLC0415
+
+    user = isinstance(data, UserDataSpec)
+    mode = pair_mode(path, user and data.generative, mode)
+    if user:
+        if data.generative != (mode == "generative"):
+            raise SkillgraftError(f"--mode {mode} needs {'prompt→completion' if mode == 'generative' else 'labelled'} data")
+        labels = _model_labels(path) if mode == "classifier" else None
+        loaded = data.replace(eval_data=data.eval_data or data.data).load(labels)
+        task, examples, note = loaded.task, loaded.test, loaded.labels_note
+    else:
+        task, note = get_task(data), ""
+        examples = load_split(task, split)
+    if mode == "classifier" and len(_model_labels(path)) != task.num_labels:
+        raise SkillgraftError(f"the classifier {path} has {len(_model_labels(path))} outputs but the data has "
+                              f"{task.num_labels} labels {list(task.labels)}")
+    scorer = build_scorer(path, task, mode, max_length=max_length).eval()
+    return scorer, examples, note
