@@ -149,29 +149,61 @@ def parse_layers(spec: Optional[str], **context) -> Optional[list[int]]:
 
 @app.command()
 @friendly
+@from_specs(user=Options(UserDataSpec, skip=("k", "seed", "eval_fraction", "test_limit")))
 def evaluate(
-    model_dir: Path = typer.Argument(..., help="a fine-tuned model folder (run dir or its model/)"),
+    model_dir: Path = typer.Argument(..., help="a model folder: a skillgraft run (or its model/), or any Hugging Face "
+                                                "checkpoint (sequence classifier, masked LM, causal LM) or hub name"),
     task: Optional[str] = typer.Option(None, help="task to evaluate on (default: the model's task)"),
     split: str = typer.Option("test", help="train | dev | test"),
+    mode: Optional[str] = typer.Option(None, help="a Hugging Face checkpoint: classifier | prompt | causal | generative "
+                                                  "(default: from its class and the data)"),
     data_dir: Optional[Path] = DataDir,
     limit: Optional[int] = typer.Option(None, min=1, help="first N examples only"),
     out: Optional[Path] = typer.Option(None, help="write metrics JSON + plots into this folder"),
+    *, user: UserDataSpec,
 ) -> None:
-    """Evaluate a saved model: accuracy/F1, ECE, and (with --out) plots."""
+    """Evaluate a model: accuracy/F1, ECE (generative data: completion loss, exact match), (with --out) plots.
+
+    A Hugging Face checkpoint is evaluated on every row of --eval-data (else of --data), or on --task's split.
+    """
     from skillgraft.data import get_task, load_split  # noqa: PLC0415
     from skillgraft.evaluate import evaluate as run_eval, labels_of  # noqa: PLC0415
     from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram  # noqa: PLC0415
     from skillgraft.io import write_json  # noqa: PLC0415
     from skillgraft.models import Scorer  # noqa: PLC0415
+    from skillgraft.models.scorer import SCORER_CONFIG  # noqa: PLC0415
 
     folder = model_dir / "model" if (model_dir / "model").is_dir() else model_dir
-    scorer = Scorer.from_pretrained(folder, task=task)
-    examples = load_split(get_task(task or scorer.task.name) if task else scorer.task, split, data_dir)[:limit]
+    if (folder / SCORER_CONFIG).is_file() and user.data is None:
+        scorer = Scorer.from_pretrained(folder, task=task)
+        examples = load_split(get_task(task or scorer.task.name) if task else scorer.task, split, data_dir)[:limit]
+    else:
+        from skillgraft.pipeline.setup import open_checkpoint  # noqa: PLC0415
+
+        if user.data is None and task is None:
+            raise SkillgraftError(f"{model_dir}: a Hugging Face checkpoint needs data: --data FILE (with its field names) "
+                                  "or --task NAME")
+        scorer, examples, note = open_checkpoint(str(model_dir), user if user.data is not None else task, mode=mode,
+                                                 split=split)
+        examples = examples[:limit]
+        split = "data" if user.data is not None else split
+        if note:
+            console.print(f"labels: {note}")
     metrics, probs = run_eval(scorer, examples, progress=split)
+    if "loss" in metrics:  # generative data
+        if out:
+            write_json(out / "metrics.json", metrics)
+        em = f" exact match {metrics['exact_match']:.4f}" if "exact_match" in metrics else ""
+        console.print(f"{scorer.task.name} {split} (n={metrics['n']}): completion loss {metrics['loss']:.4f} token "
+                      f"accuracy {metrics['token_accuracy']:.4f}{em}")
+        return
     if out:
-        write_json(out / "metrics.json", metrics)
-        confidence_histogram({"model": probs}, out / "confidence.png")
-        reliability_diagram({"model": (probs, labels_of(examples))}, out / "reliability.png")
+        from skillgraft.io import atomic_files  # noqa: PLC0415
+
+        with atomic_files(out) as tmp:  # the three files, or none of them
+            write_json(tmp / "metrics.json", metrics)
+            confidence_histogram({"model": probs}, tmp / "confidence.png")
+            reliability_diagram({"model": (probs, labels_of(examples))}, tmp / "reliability.png")
     console.print(f"{scorer.task.name} {split} (n={metrics['n']}): acc {metrics['accuracy']:.4f} "
                   f"ECE {metrics['ece']:.4f}" + (f" F1 {metrics['f1']:.4f}" if "f1" in metrics else ""))
 
@@ -286,9 +318,10 @@ def apply(
     force: bool = typer.Option(False, help="apply even if the base fingerprint differs or the graft records none"),
     data_dir: Optional[Path] = DataDir,
 ) -> None:
-    """Apply a graft to its base model: evaluate it and/or export the grafted model."""
+    """Apply a graft to its base model: evaluate it and/or export the grafted model in the user's own class."""
     from skillgraft.data import load_split  # noqa: PLC0415
     from skillgraft.graft import Graft  # noqa: PLC0415
+    from skillgraft.graft.export import export_hf, graft_task  # noqa: PLC0415
     from skillgraft.graft.scoring import evaluate_graft  # noqa: PLC0415
     from skillgraft.io import check_target  # noqa: PLC0415
     from skillgraft.models import build_scorer  # noqa: PLC0415
@@ -296,19 +329,32 @@ def apply(
     if export:
         check_target(export, overwrite)  # before any work: an existing folder is never deleted by surprise
     g = Graft.from_pretrained(graft_dir)
-    task = task or g.metadata.get("task")
+    task = task or graft_task(g)
     if not task:
         raise SkillgraftError(f"{graft_dir}: the graft records no task; pass --task")
     ft_mode = g.metadata.get("mode", mode)
     pre = build_scorer(model or g.base_model or None, task, ft_mode)
     if export:
-        g.export(pre, export, force=force, overwrite=overwrite)
-        console.print(f"exported grafted model → {export}")
+        s = export_hf(g, pre, export, force=force, overwrite=overwrite)
+        if s["complete"]:
+            console.print(f"exported grafted model → {export} (loads with transformers.{s['loads_with']})")
+        else:
+            err.print(f"[yellow]warning:[/] exported → {export}, but head mode has no Hugging Face class: the task "
+                      "head is in head.safetensors (marked incomplete; load with skillgraft's Scorer.from_pretrained)")
     if evaluate_on:
-        examples = load_split(task, evaluate_on, data_dir)[:limit]
+        recorded = g.metadata.get("user_data")
+        if recorded:  # a checkpoint pair's graft: the held-out rows of the user's data it was learned on
+            from skillgraft.data.spec import UserDataSpec  # noqa: PLC0415
+
+            spec = UserDataSpec.build(recorded, where=f"{graft_dir} metadata user_data")
+            examples = spec.load(pre.task.labels if ft_mode == "classifier" else None).test[:limit]
+        else:
+            examples = load_split(task, evaluate_on, data_dir)[:limit]
         m, _ = evaluate_graft(pre, g, examples, force=force, progress=evaluate_on)
-        console.print(f"graft {graft_dir}: {task} {evaluate_on} (n={m['n']}) acc {m['accuracy']:.4f} "
-                      f"ECE {m['ece']:.4f} | {g.size:,} params ({g.region.density:.2e})")
+        score = f"acc {m['accuracy']:.4f}" if "accuracy" in m else f"token accuracy {m['token_accuracy']:.4f}"
+        extra = f" completion loss {m['loss']:.4f}" if "loss" in m else ""
+        console.print(f"graft {graft_dir}: {pre.task.name} {'held-out' if recorded else evaluate_on} (n={m['n']}) "
+                      f"{score} ECE {m['ece']:.4f}{extra} | {g.size:,} params ({g.region.density:.2e})")
 
 
 @app.command()

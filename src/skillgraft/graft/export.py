@@ -126,19 +126,13 @@ def _check_base(graft: Graft, scorer, force: bool) -> dict[str, torch.Tensor]:
 
 def load_graft_base(graft: Graft, model: str | None = None):
     """The graft's base: a Scorer when its task is known (head pooling then known), else the plain HF model."""
-    from skillgraft.data.tasks import get_task  # noqa: PLC0415
     from skillgraft.models.loading import model_reference  # noqa: PLC0415
     from skillgraft.models.scorer import _load_for_mode, build_scorer  # noqa: PLC0415
 
     mode = graft.metadata.get("mode", "head")
     name = model or graft.base_model or None
-    task = graft.metadata.get("task")
-    if task:
-        try:
-            get_task(task)
-        except SkillgraftError:
-            task = None
-    if task:
+    task = graft_task(graft)
+    if task is not None:
         return build_scorer(name, task, mode)
     with torch.random.fork_rng():
         torch.manual_seed(0)  # as build_scorer: weights missing from the checkpoint initialise the same way
@@ -589,15 +583,69 @@ def export_delta(graft: Graft, out: str | os.PathLike, *, base=None, head: str =
     return summary
 
 
+# The class a user loads an export with, by scorer mode (head mode has none: its head is skillgraft's own).
+USER_CLASS = {"classifier": "AutoModelForSequenceClassification", "generative": "AutoModelForCausalLM",
+              "causal": "AutoModelForCausalLM", "prompt": "AutoModelForMaskedLM", "head": None}
+
+
+def graft_task(graft: Graft):
+    """The task a graft records: its own task spec (a checkpoint pair on a user's data), a registered task
+    by name, or None."""
+    from skillgraft.data.tasks import get_task  # noqa: PLC0415
+
+    record = graft.metadata.get("task_spec")
+    if isinstance(record, dict):
+        from skillgraft.models.scorer import _task_from_config  # noqa: PLC0415
+
+        return _task_from_config(dict(record), f"{graft._where()} metadata task_spec")
+    name = graft.metadata.get("task")
+    if not name:
+        return None
+    try:
+        return get_task(name)
+    except SkillgraftError:
+        return None
+
+
 def export_hf(graft: Graft, base_scorer, out: str | os.PathLike, *, overwrite: bool = False,
               force: bool = False) -> dict:
-    """The grafted model as an ordinary Hugging Face checkpoint (+ scorer config and head): :meth:`Graft.export`."""
+    """The grafted model in the class the user fine-tuned with (``--to hf``; ``apply --export``), atomically.
+
+    θ_pre + γ⊙Δ with the carried head is saved by plain ``save_pretrained`` with the tokenizer: a classifier
+    graft loads with ``AutoModelForSequenceClassification`` (its own head, labels in ``config.id2label``), a
+    causal / generative graft with ``AutoModelForCausalLM``, a prompt graft with ``AutoModelForMaskedLM``.
+    No skillgraft file is needed to use it (``scorer_config.json`` lets ``skillgraft evaluate`` read it too).
+    Head mode has no Hugging Face equivalent (skillgraft's own pooled Linear head): that export is the body
+    plus ``head.safetensors`` and is marked **incomplete** in ``config.json`` and ``README.md``.
+    """
     if not hasattr(base_scorer, "scorer_config"):
-        raise SkillgraftError("--to hf needs the graft's Scorer (its task must be registered); use --to peft or "
-                              "--to delta for the plain model")
-    graft.export(base_scorer, out, force=force, overwrite=overwrite)
-    return {"to": "hf", "out": str(out), "format": "Hugging Face checkpoint + scorer_config.json",
-            "coordinates": graft.size, "carried": graft.carried_size}
+        raise SkillgraftError("--to hf needs the graft's Scorer (a registered task, or a graft of a checkpoint pair "
+                              "that records its task); use --to peft or --to delta for the plain model")
+    check_target(out, overwrite)
+    mode = base_scorer.mode
+    user_class = None if base_scorer.tied_decoder else USER_CLASS.get(mode)
+    summary = {"to": "hf", "out": str(out), "coordinates": graft.size, "carried": graft.carried_size, "mode": mode,
+               "model_class": type(base_scorer.model).__name__,
+               "loads_with": user_class or "skillgraft.models.Scorer.from_pretrained (incomplete as a plain model)",
+               "complete": user_class is not None,
+               "format": "Hugging Face checkpoint (plain save_pretrained) + tokenizer"}
+    with graft.applied(base_scorer, force=force), atomic_dir(out, overwrite=overwrite) as tmp:
+        base_scorer.save_pretrained(tmp)
+        if user_class is None:
+            cfg_path = tmp / "config.json"
+            cfg = json.loads(cfg_path.read_text())
+            cfg["skillgraft_incomplete"] = ("no task head in this checkpoint: skillgraft's own head (mean-pooled "
+                                            "Linear) is in head.safetensors; loading it as a classifier gives a "
+                                            "random head. Use skillgraft.models.Scorer.from_pretrained")
+            cfg_path.write_text(json.dumps(cfg, indent=2))
+            (tmp / "README.md").write_text(
+                "# Incomplete: a grafted body without its task head\n\nThis folder holds the grafted model body "
+                f"({summary['model_class']}). The task head is skillgraft's own (a Linear layer on "
+                f"{base_scorer.pooling}-pooled hidden states) in `head.safetensors`; no Hugging Face class holds it, so "
+                "`AutoModelForSequenceClassification` would load a *random* head here. Load it with "
+                "`skillgraft.models.Scorer.from_pretrained(folder)`.\n")
+        (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+    return summary
 
 
 def export_graft(graft: Graft, out: str | os.PathLike, spec: ExportSpec | None = None, base=None) -> dict:

@@ -1,0 +1,368 @@
+"""Grafting the models and data users already have (issue 11): checkpoint pairs saved by plain transformers,
+users' own data files, generative prompt→completion pairs, and exports that load with the user's own class.
+
+Every fine-tuned checkpoint here is trained by plain torch/transformers code in the test (no skillgraft
+training code), saved with ``save_pretrained``, and grafted from the CLI.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from tiny import build_tiny, sentence
+from typer.testing import CliRunner
+
+from skillgraft.cli import app
+from skillgraft.errors import SkillgraftError
+
+runner = CliRunner()
+LABELS = ("neg", "pos")
+
+
+def cli(*args, code: int = 0):
+    result = runner.invoke(app, [str(a) for a in args])
+    if result.exit_code != code:
+        raise AssertionError(f"exit {result.exit_code} (wanted {code}): {result.output}\n{result.exception!r}")
+    return result.output
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]), delimiter="\t" if path.suffix == ".tsv" else ",")
+            w.writeheader()
+            w.writerows(rows)
+    return path
+
+
+def sentiment_rows(n: int = 120, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"text": sentence(rng, i % 2), "label": LABELS[i % 2]} for i in range(n)]
+
+
+def train_classifier(base: Path, out: Path, rows: list[dict], *, steps: int = 25, lr: float = 3e-3) -> Path:
+    """Plain transformers fine-tuning: AutoModelForSequenceClassification, AdamW, save_pretrained."""
+    import transformers as tf
+
+    tok = tf.AutoTokenizer.from_pretrained(base)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    torch.manual_seed(1)
+    model = tf.AutoModelForSequenceClassification.from_pretrained(
+        base, num_labels=2, id2label=dict(enumerate(LABELS)), label2id={l: i for i, l in enumerate(LABELS)},
+        pad_token_id=tok.pad_token_id)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for step in range(steps):
+        batch = [rows[(step * 16 + i) % len(rows)] for i in range(16)]
+        enc = tok([r["text"] for r in batch], return_tensors="pt", padding=True)
+        loss = model(**enc, labels=torch.tensor([LABELS.index(r["label"]) for r in batch])).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def sft_rows(n: int = 120, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"prompt": sentence(rng, i % 2) + " It was", "completion": [" terrible", " great"][i % 2]}
+            for i in range(n)]
+
+
+def train_sft(base: Path, out: Path, rows: list[dict], *, steps: int = 40, lr: float = 3e-3) -> Path:
+    """Plain-torch SFT: token cross-entropy on the completion tokens (+ EOS) only."""
+    import transformers as tf
+
+    tok = tf.AutoTokenizer.from_pretrained(base)
+    torch.manual_seed(1)
+    model = tf.AutoModelForCausalLM.from_pretrained(base)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for step in range(steps):
+        seqs, targets = [], []
+        for r in (rows[(step * 16 + i) % len(rows)] for i in range(16)):
+            p = tok(r["prompt"])["input_ids"]
+            c = tok.encode(r["completion"], add_special_tokens=False) + [tok.eos_token_id]
+            seqs.append(p + c)
+            targets.append([-100] * len(p) + c)
+        width = max(map(len, seqs))
+        ids = torch.tensor([s + [tok.eos_token_id] * (width - len(s)) for s in seqs])
+        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+        labels = torch.tensor([t + [-100] * (width - len(t)) for t in targets])
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def user_data(tmp_path_factory) -> Path:
+    return write_rows(tmp_path_factory.mktemp("user-data") / "reviews.jsonl", sentiment_rows())
+
+
+@pytest.fixture(scope="module")
+def pairs(tiny_models, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """(A, B) per architecture: A the tiny pre-trained checkpoint, B a sequence classifier fine-tuned from it."""
+    root = tmp_path_factory.mktemp("pairs")
+    rows = sentiment_rows()
+    return {kind: (tiny_models[kind], train_classifier(tiny_models[kind], root / kind, rows))
+            for kind in ("bert", "roberta", "gpt2", "llama")}
+
+
+def max_diff_and_provenance(export: Path, pre, graft, inputs: list[str]) -> tuple[float, int, int]:
+    """(max |export − in-memory graft| over the logits, coordinates equal to neither A nor B, coordinates of B)."""
+    import transformers as tf
+
+    cls = tf.AutoModelForSequenceClassification if pre.mode == "classifier" else tf.AutoModelForCausalLM
+    loaded = cls.from_pretrained(export).eval()
+    tok = tf.AutoTokenizer.from_pretrained(export)
+    enc = tok(inputs, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        a_state = {k: v.clone() for k, v in pre.model.state_dict().items()}
+        with graft.applied(pre):
+            want = pre.model(**enc).logits
+            grafted = {k: v.clone() for k, v in pre.model.state_dict().items()}
+        got = loaded(**enc).logits
+    exp_state = loaded.state_dict()
+    neither, from_b = 0, 0
+    for name, value in exp_state.items():
+        if name not in a_state:
+            continue
+        a, b = a_state[name], grafted[name]
+        neither += int(((value != a) & (value != b)).sum())
+        from_b += int(((value == b) & (value != a)).sum())
+    return float((got - want).abs().max()), neither, from_b
+
+
+def graft_and_export(tmp_path: Path, a: Path, b: Path, data_args: list, budget: str = "1e-2") -> tuple[Path, Path]:
+    out = tmp_path / "report"
+    cli("graft", "--pretrained", a, "--finetuned", b, *data_args, "--budgets", budget, "--steps", 3,
+        "--baselines", "", "--no-lottery-zero", "--out", out)
+    graft_dir = next((out / "grafts").iterdir())
+    export = tmp_path / "export"
+    cli("apply", graft_dir, "--export", export)
+    return out, export
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta", "gpt2", "llama"])
+def test_classifier_pair_grafted_from_the_cli_exports_to_the_users_class(kind, pairs, user_data, tmp_path):
+    from skillgraft.data.tasks import Task
+    from skillgraft.graft import Graft
+    from skillgraft.models import build_scorer
+
+    a, b = pairs[kind]
+    out, export = graft_and_export(tmp_path, a, b, ["--data", user_data])
+    report = (out / "report.md").read_text()
+    assert "head only" in report and "config.id2label" in report
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["carried_parameters"] > 0  # the classification head travels whole
+    graft = Graft.from_pretrained(next((out / "grafts").iterdir()))
+    assert any("classifier" in n or "score" in n for n in graft.carried)
+    assert json.loads((export / "config.json").read_text())["id2label"] == {"0": "neg", "1": "pos"}
+    pre = build_scorer(str(a), Task("reviews", "single", LABELS, LABELS, "*cls**sent_0**mask*"), "classifier")
+    diff, neither, from_b = max_diff_and_provenance(export, pre, graft, [r["text"] for r in sentiment_rows(8, 5)])
+    assert diff <= 1e-6
+    assert neither == 0                                     # every coordinate is A's or B's
+    head = sum(t.numel() for t in graft.carried.values())
+    assert 0 < from_b <= graft.size + head                  # B's values only on γ and the carried head
+
+
+def test_generative_pair_graft_reports_completion_loss_and_exports_a_causal_lm(tiny_models, tmp_path):
+    from skillgraft.graft import Graft
+    from skillgraft.models import build_scorer
+    from skillgraft.pipeline.setup import task_from_record
+
+    rows = sft_rows()
+    data = write_rows(tmp_path / "sft.jsonl", rows)
+    a = tiny_models["llama"]
+    b = train_sft(a, tmp_path / "sft-model", rows)
+    out, export = graft_and_export(tmp_path, a, b, ["--data", data, "--prompt-field", "prompt",
+                                                    "--completion-field", "completion"], budget="5e-2")
+    report = (out / "report.md").read_text()
+    assert "completion loss" in report and "share of FT's loss drop" in report and "exact match" in report
+    rows_m = {r["model"]: r for r in json.loads((out / "metrics.json").read_text())["rows"]}
+    ft, pre_row = rows_m["fine-tuned"], rows_m["pre-trained"]
+    assert ft["loss"] < pre_row["loss"] and ft["loss_recovered"] == pytest.approx(1.0)
+    assert ft["exact_match"] > pre_row["exact_match"]
+    graft = Graft.from_pretrained(next((out / "grafts").iterdir()))
+    assert graft.metadata["mode"] == "generative" and not graft.carried
+    pre = build_scorer(str(a), task_from_record(graft.metadata["task_spec"]), "generative")
+    diff, neither, from_b = max_diff_and_provenance(export, pre, graft, [r["prompt"] for r in rows[:6]])
+    assert diff <= 1e-6 and neither == 0 and 0 < from_b <= graft.size
+
+
+def test_generative_loss_is_completion_tokens_only(tiny_models):
+    """The loss ignores the prompt: changing the prompt's own tokens' targets does not enter it."""
+    from skillgraft.data.loading import Example
+    from skillgraft.data.user import GenerativeTask
+    from skillgraft.models import build_scorer
+
+    scorer = build_scorer(str(tiny_models["llama"]), GenerativeTask.make("g"), "generative")
+    batch = scorer.collate([Example("the movie was", 0, " great"), Example("a film", 0, " bad plot")])
+    completion = [scorer.completion_ids(" great"), scorer.completion_ids(" bad plot")]
+    assert [int((t != -100).sum()) for t in batch["target_ids"]] == [len(c) for c in completion]
+    with torch.no_grad():
+        logits = scorer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        manual = []
+        for i, c in enumerate(completion):
+            n = int(batch["attention_mask"][i].sum())
+            logp = torch.log_softmax(logits[i, n - len(c) - 1:n - 1].float(), -1)
+            manual.append(-logp[torch.arange(len(c)), torch.tensor(c)].mean())
+        assert float(scorer.loss(batch)) == pytest.approx(float(torch.stack(manual).mean()), abs=1e-5)
+
+
+def test_bad_pairs_each_get_their_error_before_any_work(tiny_models, pairs, user_data, tmp_path):
+    a, b = pairs["bert"]
+    common = ["--data", user_data, "--steps", 1, "--budgets", "1e-2", "--out", tmp_path / "never"]
+    out = cli("graft", "--pretrained", tiny_models["roberta"], "--finetuned", b, *common, code=2)
+    assert "different architectures" in out
+    shallow = build_tiny("bert", tmp_path / "shallow", layers=1)
+    assert "different shapes" in cli("graft", "--pretrained", shallow, "--finetuned", b, *common, code=2)
+    retok = tmp_path / "retok"
+    shutil.copytree(a, retok)
+    import transformers as tf
+    tok = tf.AutoTokenizer.from_pretrained(retok)
+    tok.add_tokens(["zzqx"])
+    tok.save_pretrained(retok)
+    assert "different tokenizers" in cli("graft", "--pretrained", retok, "--finetuned", b, *common, code=2)
+    # A lacking a body tensor B has (not a head or a pooler)
+    from safetensors.torch import load_file, save_file
+    lacking = tmp_path / "lacking"
+    shutil.copytree(a, lacking)
+    state = load_file(str(lacking / "model.safetensors"))
+    drop = next(k for k in state if "layer.1.attention.self.query.weight" in k)
+    save_file({k: v for k, v in state.items() if k != drop}, str(lacking / "model.safetensors"),
+              metadata={"format": "pt"})
+    out = cli("graft", "--pretrained", lacking, "--finetuned", b, *common, code=2)
+    assert "lacks 1 tensor(s) of the model body" in out and "query" in out
+    out = cli("graft", "--pretrained", tmp_path / "no-such-model", "--finetuned", b, *common, code=2)
+    assert "no such folder" in out and "--pretrained" in out
+    assert "give --pretrained" in cli("graft", "--finetuned", b, *common[:-2], code=2)
+    assert not (tmp_path / "never").exists()
+
+
+def test_causal_pair_lacking_tensors_is_refused(tiny_models, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from skillgraft.data.spec import UserDataSpec
+    from skillgraft.pipeline.setup import from_pair
+
+    a = tiny_models["llama"]
+    lacking = tmp_path / "lacking"
+    shutil.copytree(a, lacking)
+    state = load_file(str(lacking / "model.safetensors"))
+    save_file({k: v for k, v in state.items() if "layers.1.mlp.up_proj" not in k}, str(lacking / "model.safetensors"),
+              metadata={"format": "pt"})
+    data = UserDataSpec.build({"data": write_rows(tmp_path / "sft.jsonl", sft_rows(40)), "prompt_field": "prompt",
+                               "completion_field": "completion"})
+    with pytest.raises(SkillgraftError, match="lacks 1 tensor"):
+        from_pair(str(lacking), str(a), data)
+
+
+def test_user_data_files_labels_and_kshot(tmp_path):
+    from skillgraft.data.spec import UserDataSpec
+
+    rows = [{"sentence": r["text"], "other": r["text"][::-1], "y": r["label"]} for r in sentiment_rows(60)]
+    tsv = write_rows(tmp_path / "pairs.tsv", rows)
+    spec = UserDataSpec.build({"data": tsv, "text_field": "sentence", "text_pair_field": "other", "label_field": "y"})
+    d = spec.load()
+    assert d.task.kind == "pair" and d.task.labels == LABELS and "inferred" in d.labels_note
+    assert len(d.train) + len(d.test) == 60 and len(d.test) == 12  # a seeded 20% held out
+    assert d.train[0].text_b is not None
+    assert spec.replace(labels=["pos", "neg"]).load().task.labels == ("pos", "neg")     # declared: logit order
+    kshot = spec.replace(k=5).load()
+    assert sorted(ex.label for ex in kshot.train) == [0] * 5 + [1] * 5
+    assert kshot.test == d.test                                                         # k-shot never moves test
+    assert spec.load(("LABEL_0", "LABEL_1")).task.labels == LABELS                      # generic id2label: sorted
+    ints = write_rows(tmp_path / "ints.csv", [{"text": r["text"], "label": LABELS.index(r["label"])}
+                                              for r in sentiment_rows(20)])
+    assert UserDataSpec.build({"data": ints}).load(("bad", "good")).task.labels == ("bad", "good")  # indices
+    with pytest.raises(SkillgraftError, match="neither the fine-tuned model's labels"):
+        spec.load(("negative", "positive"))
+    with pytest.raises(SkillgraftError, match=r"pairs\.tsv:\d+: field 'text' is missing"):
+        UserDataSpec.build({"data": tsv}).load()
+    with pytest.raises(SkillgraftError, match="not among the declared labels"):
+        spec.replace(labels=["pos", "meh"]).load()
+    with pytest.raises(SkillgraftError, match="datasets"):
+        UserDataSpec.build({"data": tmp_path}).load()  # a folder: a saved HF dataset needs `datasets`
+    with pytest.raises(SkillgraftError, match="needs both --prompt-field and --completion-field"):
+        UserDataSpec.build({"data": tsv, "prompt_field": "sentence"})
+
+
+def test_evaluate_any_hf_checkpoint_with_user_data(pairs, user_data):
+    _, b = pairs["gpt2"]
+    out = cli("evaluate", b, "--data", user_data)
+    assert "(n=120)" in out and "config.id2label" in out
+    out = cli("evaluate", b, "--data", user_data, "--labels", "pos,neg", "--limit", 10)
+    assert "(n=10)" in out and "declared" in out
+    assert "needs data" in cli("evaluate", b, code=2)
+
+
+def test_head_mode_export_is_marked_incomplete(tiny_bert, tmp_path):
+    from skillgraft.graft import Graft, Region
+    from skillgraft.graft.export import export_hf
+    from skillgraft.models import build_scorer
+    from skillgraft.pipeline.variants import universe
+
+    pre = build_scorer(str(tiny_bert), "SST-2", "head")
+    ft = build_scorer(str(tiny_bert), "SST-2", "head", head_seed=3)
+    graft = Graft.from_models(pre, ft, Region.empty(universe(pre)), {"task": "SST-2", "mode": "head"})
+    s = export_hf(graft, pre, tmp_path / "exp")
+    assert not s["complete"] and "incomplete" in (tmp_path / "exp" / "README.md").read_text().lower()
+    assert "skillgraft_incomplete" in json.loads((tmp_path / "exp" / "config.json").read_text())
+
+
+@pytest.mark.real
+def test_real_minilm_sst2_classifier_fine_tuned_by_plain_transformers(shared_data, tmp_path):
+    """MiniLM fine-tuned on 64 SST-2 examples by plain transformers code, grafted from the CLI, exported and
+    reloaded with AutoModelForSequenceClassification."""
+    import transformers as tf
+
+    from skillgraft.models.loading import bundled_minilm_path
+
+    a = bundled_minilm_path()
+    lines = (shared_data / "SST-2" / "train.jsonl").read_text().splitlines()
+    rng = random.Random(0)
+    rows = [json.loads(x) for x in rng.sample(lines, 64)]
+    data = write_rows(tmp_path / "sst2-train.jsonl", rows)
+    test_lines = (shared_data / "SST-2" / "test.jsonl").read_text().splitlines()
+    test = write_rows(tmp_path / "sst2-test.jsonl", [json.loads(x) for x in random.Random(1).sample(test_lines, 128)])
+    tok = tf.AutoTokenizer.from_pretrained(a)
+    torch.manual_seed(0)
+    model = tf.AutoModelForSequenceClassification.from_pretrained(a, num_labels=2)
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-5)
+    model.train()
+    for step in range(12):
+        batch = rows[(step * 16) % 64:(step * 16) % 64 + 16]
+        enc = tok([r["text"] for r in batch], return_tensors="pt", padding=True, truncation=True, max_length=64)
+        model(**enc, labels=torch.tensor([int(r["label"]) for r in batch])).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    b = tmp_path / "minilm-sst2"
+    model.save_pretrained(b)
+    tok.save_pretrained(b)
+    out = tmp_path / "report"
+    cli("graft", "--pretrained", a, "--finetuned", b, "--data", data, "--eval-data", test, "--budgets", "1e-3",
+        "--steps", 5, "--baselines", "", "--no-lottery-zero", "--out", out)
+    export = tmp_path / "export"
+    cli("apply", next((out / "grafts").iterdir()), "--export", export)
+    reloaded = tf.AutoModelForSequenceClassification.from_pretrained(export).eval()
+    enc = tok(["a gorgeous, witty film", "dull and lifeless"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        assert reloaded(**enc).logits.shape == (2, 2)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert {r["kind"] for r in metrics["rows"]} >= {"pre", "head-only", "ft", "graft"}
