@@ -391,8 +391,11 @@ def inspect(
         table.add_row(layer, *[str(row.get(c, 0)) for c in dist["module_types"]], str(sum(row.values())))
     console.print(table)
     out = out or graft_dir
-    write_json(out / "distribution.json", dist)
-    plot_distribution(dist, out / "distribution.png", title=f"{g.metadata.get('task', '')} graft")
+    from skillgraft.io import atomic_files  # noqa: PLC0415
+
+    with atomic_files(out) as tmp:  # both files, or neither
+        write_json(tmp / "distribution.json", dist)
+        plot_distribution(dist, tmp / "distribution.png", title=f"{g.metadata.get('task', '')} graft")
     console.print(f"→ {out / 'distribution.png'}")
 
 
@@ -498,6 +501,7 @@ def fim(
     data_dir: Optional[Path] = DataDir,
 ) -> None:
     """Per-layer FIM scores of the pre-trained model (surgical fine-tuning): ranking table, fim.json, fim.png."""
+    from skillgraft.clispec import build as build_options  # noqa: PLC0415
     from skillgraft.data import load_kshot  # noqa: PLC0415
     from skillgraft.fisher import FisherConfig, fim_layer_scores  # noqa: PLC0415
     from skillgraft.fisher.plots import layer_scores_bar  # noqa: PLC0415
@@ -506,8 +510,9 @@ def fim(
 
     if aggregate not in ("sum", "frobenius"):
         raise SkillgraftError(f"--aggregate must be sum or frobenius, got {aggregate!r}")
-    config = FisherConfig.build(dict(kind=kind, n_examples=n_examples, chunk_size=chunk_size, method=method),
-                                where="fim")
+    # built as the options they are, so a bad value names its option (--n, --kind, --method, --chunk-size)
+    config = build_options(Options(FisherConfig, rename={"n_examples": "n"}),
+                           dict(kind=kind, n_examples=n_examples, chunk_size=chunk_size, method=method))
     data = load_kshot(task, k, seed, data_dir)
     scorer = build_scorer(model, data.task, mode, pooling=pooling)
     scores = fim_layer_scores(scorer, data.train, aggregate=aggregate, normalize=normalize, config=config,
@@ -521,9 +526,12 @@ def fim(
     console.print(table)
     out = out or Path("runs") / f"fim-{data.task.name}-{k}-{seed}"
     n_used = min(len(data.train), n_examples or len(data.train))
-    write_json(out / "fim.json", {"task": data.task.name, "k": k, "seed": seed, "model": scorer.base_model,
-                                  "mode": mode, "n_examples": n_used, **scores.to_dict()})
-    layer_scores_bar(scores, out / "fim.png", title=f"{data.task.name} FIM per block (N={n_used})")
+    from skillgraft.io import atomic_files  # noqa: PLC0415
+
+    with atomic_files(out) as tmp:  # both files, or neither
+        write_json(tmp / "fim.json", {"task": data.task.name, "k": k, "seed": seed, "model": scorer.base_model,
+                                      "mode": mode, "n_examples": n_used, **scores.to_dict()})
+        layer_scores_bar(scores, tmp / "fim.png", title=f"{data.task.name} FIM per block (N={n_used})")
     console.print(f"top → bottom: {scores.ranking()}  → {out}/fim.json, {out}/fim.png")
 
 

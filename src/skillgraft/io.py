@@ -75,6 +75,22 @@ def _located(e: BaseException, tmp: Path, path: Path) -> BaseException | None:
     return None
 
 
+def crash_point(point: str, path: Path) -> None:
+    """Fault injection for the kill -9 test (tests/test_kill.py): ``SKILLGRAFT_CRASH_AT=<point>:<glob>`` makes
+    this process SIGKILL itself the first time it reaches ``point`` for a target whose name matches ``glob``.
+    Points: ``file-written`` / ``dir-written`` (complete temporary sibling, not yet renamed), ``dir-swapped``
+    (an existing target moved aside, the new one not yet in place), ``dir-renamed`` (in place)."""
+    spec = os.environ.get("SKILLGRAFT_CRASH_AT")
+    if not spec:
+        return
+    import fnmatch  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    want, _, glob = spec.partition(":")
+    if want == point and fnmatch.fnmatchcase(Path(path).name, glob or "*"):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _moved(name, tmp: Path, path: Path):
     if not isinstance(name, (str, os.PathLike)):
         return name
@@ -91,10 +107,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        sweep_leftovers(path)
+        fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent)
         os.close(fd)
         yield Path(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file ordinary permissions
+        crash_point("file-written", path)
         os.replace(tmp, path)
     except BaseException as e:
         located = _located(e, Path(tmp) if tmp else path, path)
@@ -106,10 +124,48 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.unlink(tmp)
 
 
+def _tmp_prefix(path: Path) -> str:
+    return f".{path.name}.{os.getpid()}-"  # the writer's pid: a sibling whose writer is gone is a leftover
+
+
+def _old(path: Path) -> Path:
+    return path.with_name(f".{path.name}.old")
+
+
+def sweep_leftovers(path: Path) -> None:
+    """Delete temporary siblings of ``path`` whose writing process no longer runs (a kill -9 leaves them)."""
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(\d+)-[^/]*\.tmp")
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    for name in names:
+        m = pattern.fullmatch(name)
+        if m and not _running(int(m.group(1))):
+            with contextlib.suppress(OSError):
+                _remove(path.parent / name)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists but is not ours
+    return True
+
+
 def check_target(path: str | os.PathLike, overwrite: bool = False) -> Path:
     """Refuse an existing output ``path`` unless ``overwrite``, and one that cannot be created (a file where
-    a folder should be, a folder we may not write into): call it before any work."""
+    a folder should be, a folder we may not write into): call it before any work.
+
+    A replacement that a kill interrupted (the old ``path`` moved aside, the new one not yet in place) is rolled
+    back first: the old ``path`` returns, and is refused like any other unless ``overwrite``."""
     path = Path(path)
+    if not os.path.lexists(path) and os.path.lexists(_old(path)):
+        with contextlib.suppress(OSError):
+            os.replace(_old(path), path)
     if os.path.lexists(path) and not overwrite:
         what = "folder" if path.is_dir() else "file"
         raise SkillgraftError(f"{path} already exists ({what}); refusing to replace it. Pass --overwrite to "
@@ -129,25 +185,60 @@ def check_target(path: str | os.PathLike, overwrite: bool = False) -> Path:
 def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary folder beside ``path``; it becomes ``path`` only if the block succeeds.
 
-    An existing ``path`` is an error unless ``overwrite``; then it is replaced only after success.
+    An existing ``path`` is an error unless ``overwrite``; then it is replaced only after success (moved aside
+    to ``.<name>.old``, the new folder renamed in, the old one deleted). The temporary sibling is
+    ``.<name>.<pid>-<random>.tmp``: deleted on any error, and by a later write of ``path`` once its pid is gone.
     """
     path = check_target(path, overwrite)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        sweep_leftovers(path)
+        tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent))
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
+        crash_point("dir-written", path)
+        old = _old(path)
         if os.path.lexists(path):
-            old = path.with_name(f".{path.name}.old")
             _remove(old)
-            os.replace(path, old)  # a kill here leaves no `path`: the old one is in `old`, the new one in `tmp`
+            os.replace(path, old)
+            crash_point("dir-swapped", path)  # a kill here leaves no `path`: the old one is in `old`, the new in `tmp`
             os.replace(tmp, path)
-            _remove(old)
         else:
             os.replace(tmp, path)
+        _remove(old)
+        crash_point("dir-renamed", path)
     except BaseException as e:
         located = _located(e, tmp or path, path)
+        if located is None or located is e:
+            raise
+        raise located from None
+    finally:
+        if tmp is not None and os.path.lexists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_files(folder: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary folder; when the block succeeds its files move into ``folder`` (made if needed),
+    replacing files of the same names and leaving other files alone: for outputs added to a folder the user
+    keeps (``evaluate --out``, ``inspect``). On failure ``folder`` is not touched (nor created)."""
+    folder = Path(folder)
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise SkillgraftError(f"{folder} is a file, not a folder")
+    tmp = None
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        sweep_leftovers(folder)
+        tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(folder), suffix=".tmp", dir=folder.parent))
+        yield tmp
+        crash_point("dir-written", folder)
+        folder.mkdir(exist_ok=True)
+        for f in sorted(tmp.iterdir()):
+            os.chmod(f, 0o666 & ~_umask())
+            os.replace(f, folder / f.name)
+    except BaseException as e:
+        located = _located(e, tmp or folder, folder)
         if located is None or located is e:
             raise
         raise located from None
@@ -198,10 +289,3 @@ def read_json(path: str | os.PathLike, *, required: tuple[str, ...] = (), what: 
     if missing:
         raise SkillgraftError(f"{path}: unreadable {what} (missing field(s) {missing})")
     return obj
-
-
-def config_hash(obj) -> str:
-    """Short stable hash of a JSON-able config (cache keys)."""
-    import hashlib  # noqa: PLC0415
-
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]

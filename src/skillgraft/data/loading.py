@@ -75,6 +75,8 @@ def find_split_file(task: Task, split: str, root: Path) -> Path | None:
     ):
         if candidate.is_file():
             return candidate
+        if candidate.is_dir():
+            raise SkillgraftError(f"{candidate}: a folder where the {split} split's file should be")
     if split == "test" and task.name == "MNLI":
         for name in ("dev_matched.tsv",):
             if (root / "original" / folder / name).is_file():

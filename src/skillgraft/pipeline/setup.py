@@ -163,8 +163,18 @@ _SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num
 
 
 def is_run_dir(path: str | os.PathLike) -> bool:
-    """A skillgraft fine-tuning run directory (``model/`` with a scorer config), not a plain checkpoint."""
-    return (Path(path) / "model" / "scorer_config.json").is_file()
+    """A skillgraft fine-tuning run directory (``model/`` with a scorer config), not a plain checkpoint; also a
+    damaged one whose ``config.json`` skillgraft wrote (``from_run`` then names what is missing)."""
+    import json  # noqa: PLC0415
+
+    path = Path(path)
+    if (path / "model" / "scorer_config.json").is_file():
+        return True
+    try:
+        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and "skillgraft_version" in cfg
 
 
 def pair_mode(finetuned: str, generative_data: bool, mode: str | None = None) -> str:
