@@ -1,9 +1,26 @@
 """Bad inputs and faults: each gets a one-line error naming the culprit, before any work, and nothing that
-existed before is touched (docs/reliability.md lists the guarantees)."""
+existed before is touched, nothing half-written is left behind (docs/reliability.md lists the guarantees and
+this catalogue).
+
+Every case runs the CLI in-process and asserts: exit code 2, no traceback, one ``error:`` line naming the file /
+field / option / value at fault (or click's usage error naming the option), and that the folder holding the
+inputs and the output is byte for byte as it was (no output, no ``.name.*.tmp`` sibling, inputs untouched).
+"""
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
+import os
+import pathlib
+import re
+import shutil
+import tempfile
+
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from skillgraft.cli import app
@@ -13,20 +30,391 @@ from skillgraft.models import build_scorer
 runner = CliRunner()
 
 
+def enospc() -> OSError:
+    """What a write on a full disk raises (no file name: os.write knows only a descriptor)."""
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
 def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
 
 
+def snapshot(root: pathlib.Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` (hidden ones included) with its bytes (None for a folder)."""
+    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
+
+
+def one_line(r, *culprits: str) -> str:
+    """Exit 2, no traceback, exactly one ``error:`` line, naming every culprit; returns that line."""
+    assert r.exit_code == 2, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), f"{type(r.exception).__name__}: {r.exception}"
+    assert "Traceback" not in r.output
+    lines = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, r.output
+    for c in culprits:
+        assert str(c) in lines[0], f"{c!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+def usage_error(r, *culprits: str) -> None:
+    """click's usage error (bad choice or range of an option): exit 2, no traceback, naming the option."""
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", r.output).split())
+    for c in culprits:
+        assert str(c) in text, f"{c!r} not in {text!r}"
+
+
+def refused(root: pathlib.Path, args, *culprits: str, usage: bool = False) -> str | None:
+    """Run ``args``; it fails naming ``culprits`` and leaves ``root`` exactly as it was."""
+    before = snapshot(root)
+    r = invoke(*args)
+    line = usage_error(r, *culprits) if usage else one_line(r, *culprits)
+    after = snapshot(root)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k, 0) != after.get(k, 0))
+    assert not changed, f"the failed command changed files: {changed}"
+    return line
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def tiny_graft(tiny_bert, tmp_path_factory):
     """A small graft on the tiny BERT (task SST-2, head mode), saved to a folder."""
     pre = build_scorer(str(tiny_bert), "SST-2", "head")
     ft = build_scorer(str(tiny_bert), "SST-2", "head", head_seed=1)
+    with torch.no_grad():
+        for p in ft.model.parameters():
+            p.add_(0.01)
     names = graftable_names(pre)
-    region = Region({n: tuple(p.shape) for n, p in pre.named_parameters() if n in names}, {names[0]: [0, 3, 5]})
+    shapes = {n: tuple(p.shape) for n, p in pre.named_parameters() if n in names}
+    region = Region(shapes, {names[0]: [0, 3, 5, 17], names[2]: [1, 2]})
     folder = tmp_path_factory.mktemp("graft") / "g"
     Graft.from_models(pre, ft, region, {"task": "SST-2", "mode": "head"}).save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def ft_run(tiny_bert, toy_data, tmp_path_factory):
+    """A fine-tuning run directory of the tiny BERT (a few steps; enough to graft from)."""
+    out = tmp_path_factory.mktemp("ft") / "run"
+    r = invoke("finetune", "--task", "SST-2", "--k", 8, "--seed", 13, "--model", tiny_bert, "--optimizer", "adamw",
+               "--lr", 1e-3, "--steps", 6, "--eval-every", 3, "--data-dir", toy_data, "--test-limit", 8, "--out", out)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def graft_args(ft_run, toy_data, out, store, *extra):
+    """A quick `skillgraft graft` (2 localization steps, one budget, no baselines, 8 test examples)."""
+    return ("graft", "--finetuned", ft_run, "--out", out, "--cache", store, "--budgets", "0.05", "--steps", 2,
+            "--test-limit", 8, "--baselines", "", "--no-lottery-zero", "--data-dir", toy_data, *extra)
+
+
+# ---------------------------------------------------------------------------------------------- data files
+GOOD_JSONL = b"".join(json.dumps({"text": f"good film {i}" if i % 2 else f"bad film {i}", "label": str(i % 2)})
+                      .encode() + b"\n" for i in range(40))
+GOOD_TSV = b"sentence\tlabel\n" + b"".join(f"film {i}\t{i % 2}\n".encode() for i in range(40))
+
+DATA_CASES = {
+    # id: (file under the data root, its bytes, culprits in the message)
+    "jsonl-malformed-json": ("SST-2/train.jsonl", b'{"text": "good", "label": "1"}\n{"text": "bad", "label": \n',
+                             ["train.jsonl:2", "malformed JSON"]),
+    "jsonl-label-list": ("SST-2/train.jsonl", b'{"text": "good", "label": ["1"]}\n', ["train.jsonl:1", "'label'",
+                                                                                      "list"]),
+    "jsonl-label-dict": ("SST-2/train.jsonl", b'{"text": "good", "label": {"y": 1}}\n', ["'label'", "dict"]),
+    "jsonl-label-null": ("SST-2/train.jsonl", b'{"text": "good", "label": null}\n', ["'label'", "null"]),
+    "jsonl-row-not-object": ("SST-2/train.jsonl", b'["good", "1"]\n', ["train.jsonl:1", "expected a JSON object"]),
+    "jsonl-text-missing": ("SST-2/train.jsonl", b'{"sentence": "good", "label": "1"}\n', ["'text'", "missing"]),
+    "jsonl-text-number": ("SST-2/train.jsonl", b'{"text": 5, "label": "1"}\n', ["'text'", "must be a string"]),
+    "jsonl-unknown-label": ("SST-2/train.jsonl", b'{"text": "good", "label": "positive"}\n',
+                            ["unknown label 'positive'"]),
+    "jsonl-binary": ("SST-2/train.jsonl", bytes(range(256)) * 4, ["train.jsonl:1", "NUL byte"]),
+    "jsonl-latin1": ("SST-2/train.jsonl", '{"text": "café", "label": "1"}\n'.encode("latin-1"),
+                     ["train.jsonl:1", "not UTF-8", "0xe9"]),
+    "jsonl-empty": ("SST-2/train.jsonl", b"\n\n", ["train.jsonl", "empty"]),
+    "csv-nul-byte": ("original/SST-2/train.csv", b'1,"a good film"\n0,"a bad\x00 film"\n', ["train.csv:2", "NUL byte"]),
+    "csv-latin1": ("original/SST-2/train.csv", "1,un film génial\n".encode("latin-1"), ["train.csv:1", "not UTF-8"]),
+    "csv-one-column": ("original/SST-2/train.csv", b"1\n", ["train.csv:1", "'label,text'"]),
+    "tsv-latin1": ("original/SST-2/train.tsv", "sentence\tlabel\ncafé\t1\n".encode("latin-1"),
+                   ["train.tsv:2", "not UTF-8"]),
+    "tsv-unknown-header": ("original/SST-2/train.tsv", b"text\tstars\ngood\t5\n", ["train.tsv", "TSV header"]),
+    "tsv-missing-column": ("original/SST-2/train.tsv", b"sentence\tlabel\ngood\n", ["train.tsv:2", "columns"]),
+}
+
+
+@pytest.mark.parametrize("case", list(DATA_CASES))
+def test_bad_data_file(case, tiny_bert, tmp_path):
+    rel, content, culprits = DATA_CASES[case]
+    root = tmp_path / "data"
+    (root / rel).parent.mkdir(parents=True)
+    (root / rel).write_bytes(content)
+    (root / rel).with_stem("test").write_bytes(GOOD_TSV if rel.endswith(".tsv") else GOOD_JSONL
+                                               if rel.endswith(".jsonl") else b"1,good\n0,bad\n" * 20)
+    refused(tmp_path, ["finetune", "--task", "SST-2", "--k", 4, "--model", tiny_bert, "--steps", 1,
+                       "--data-dir", root, "--out", tmp_path / "run"], str(root / rel).split(":")[0], *culprits)
+
+
+def test_folder_where_the_data_file_should_be(tiny_bert, tmp_path):
+    (tmp_path / "data" / "SST-2" / "train.jsonl").mkdir(parents=True)
+    refused(tmp_path, ["finetune", "--task", "SST-2", "--k", 4, "--model", tiny_bert, "--data-dir", tmp_path / "data",
+                       "--out", tmp_path / "run"], str(tmp_path / "data" / "SST-2" / "train.jsonl"), "a folder")
+
+
+def test_unreadable_data_file(tiny_bert, toy_data, tmp_path, monkeypatch):
+    """A data file we may not read (injected: tests run as root) is one line naming it."""
+    real = pathlib.Path.read_bytes
+
+    def read_bytes(self):
+        if self.name == "train.jsonl":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real(self)
+
+    monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
+    refused(tmp_path, ["finetune", "--task", "SST-2", "--k", 4, "--model", tiny_bert, "--data-dir", toy_data,
+                       "--out", tmp_path / "run"], str(toy_data / "SST-2" / "train.jsonl"), "permission denied")
+
+
+def test_impossible_k(tiny_bert, toy_data, tmp_path):
+    refused(tmp_path, ["finetune", "--task", "SST-2", "--k", 500, "--model", tiny_bert, "--data-dir", toy_data,
+                       "--out", tmp_path / "run"], "K=500")
+
+
+# ---------------------------------------------------------------------------------------------- CLI options
+OPTION_CASES = {
+    # id: (verb and options after the common ones, culprits, is click's usage error)
+    "finetune-k-zero": (["finetune", "--k", 0], ["--k", "got 0"], False),
+    "finetune-k-negative": (["finetune", "--k", -1], ["--k", "got -1"], False),
+    "finetune-lr-zero": (["finetune", "--lr", 0], ["--lr", "got 0.0"], False),
+    "finetune-steps-negative": (["finetune", "--steps", -5], ["--steps", "got -5"], False),
+    "finetune-batch-size-zero": (["finetune", "--batch-size", 0], ["--batch-size", "got 0"], False),
+    "finetune-max-length-zero": (["finetune", "--max-length", 0], ["--max-length", "got 0"], False),
+    "finetune-test-limit-zero": (["finetune", "--test-limit", 0], ["--test-limit", "got 0"], False),
+    "finetune-unknown-optimizer": (["finetune", "--optimizer", "adagrad"], ["--optimizer", "adagrad"], True),
+    "finetune-unknown-mode": (["finetune", "--mode", "seq2seq"], ["--mode", "seq2seq"], True),
+    "finetune-bad-layers": (["finetune", "--layers", "a,b"], ["--layers", "'a,b'"], False),
+    "finetune-unknown-task": (["finetune", "--task", "SST-9"], ["unknown task 'SST-9'"], False),
+    "graft-budgets-zero-and-fraction": (["graft", "--budgets", "0,2.5"], ["--budgets", "budget 0 ", "budget 2.5"],
+                                        False),
+    "graft-budgets-not-a-number": (["graft", "--budgets", "abc"], ["--budgets", "'abc'"], False),
+    "graft-test-limit-zero": (["graft", "--test-limit", 0], ["--test-limit", "got 0"], False),
+    "graft-steps-negative": (["graft", "--steps", -3], ["--steps", "got -3"], False),
+    "graft-lr-negative": (["graft", "--lr", -1], ["--lr", "got -1"], False),
+    "graft-sparsity-above-one": (["graft", "--sparsity", 2], ["--sparsity", "got 2"], False),
+    "graft-unknown-localizer": (["graft", "--localizer", "oracle"], ["oracle"], False),
+    "graft-unknown-baseline": (["graft", "--baselines", "oracle"], ["oracle"], False),
+    "sweep-level-zero": (["sweep", "--levels", "0,0.5"], ["--levels", "budget 0 "], False),
+    "evaluate-limit-zero": (["evaluate", "{run}", "--limit", 0], ["--limit", "greater than or equal to 1"], True),
+    "evaluate-limit-negative": (["evaluate", "{run}", "--limit", -1], ["--limit", "greater than or equal to 1"], True),
+    "evaluate-unknown-split": (["evaluate", "{run}", "--split", "validation"], ["'validation'"], False),
+    "apply-limit-zero": (["apply", "{graft}", "--limit", 0], ["--limit", "greater than or equal to 1"], True),
+    "export-unknown-target": (["export", "{graft}", "--out", "{tmp}/e", "--to", "onnx"], ["--to", "onnx"], True),
+    "fim-n-zero": (["fim", "--task", "SST-2", "--n", 0], ["--n", "got 0"], False),
+    "fim-unknown-kind": (["fim", "--task", "SST-2", "--kind", "exact"], ["--kind", "'exact'"], False),
+    "continual-sparsity-negative": (["continual", "add", "--state", "{tmp}/state", "--task", "SST-2", "--sparsity", -1],
+                                    ["--sparsity", "got -1"], False),
+    "continual-steps-negative": (["continual", "add", "--state", "{tmp}/state", "--task", "SST-2", "--steps", -1],
+                                 ["--steps", "got -1"], False),
+}
+
+
+@pytest.mark.parametrize("case", list(OPTION_CASES))
+def test_bad_option(case, ft_run, tiny_graft, tiny_bert, toy_data, tmp_path):
+    args, culprits, usage = OPTION_CASES[case]
+    names = {"run": ft_run, "graft": tiny_graft, "tmp": tmp_path}
+    args = [str(a).format(**names) for a in args]
+    verb = args[0] if args[0] != "continual" else "continual add"
+    common = {"finetune": ["--task", "SST-2", "--model", tiny_bert, "--out", tmp_path / "run"],
+              "graft": ["--finetuned", ft_run, "--out", tmp_path / "g", "--cache", tmp_path / "store"],
+              "sweep": ["--finetuned", ft_run, "--out", tmp_path / "s", "--cache", tmp_path / "store"],
+              "fim": ["--model", tiny_bert, "--out", tmp_path / "fim"],
+              "continual add": ["--model", tiny_bert]}.get(verb, [])
+    n = len(verb.split())
+    args = [*args[:n], *common, *args[n:]]  # the case's own options come last, so they win
+    if verb != "export":
+        args += ["--data-dir", toy_data]
+    before = snapshot(ft_run)
+    refused(tmp_path, args, *culprits, usage=usage)
+    assert snapshot(ft_run) == before
+
+
+# ---------------------------------------------------------------------------------------------- run directories
+def _edit_config(change):
+    def edit(run):
+        cfg = json.loads((run / "config.json").read_text())
+        change(cfg)
+        (run / "config.json").write_text(json.dumps(cfg))
+    return edit
+
+
+def _truncate(rel, keep):
+    def edit(run):
+        path = run / rel
+        path.write_bytes(path.read_bytes()[:keep])
+    return edit
+
+
+RUN_CASES = {
+    # id: (damage done to a copy of a good run, culprits)
+    "no-model-folder": (lambda run: shutil.rmtree(run / "model"), ["no model/ folder"]),
+    "no-config": (lambda run: (run / "config.json").unlink(), ["config.json", "not found"]),
+    "config-not-json": (lambda run: (run / "config.json").write_text("{'k': 8"), ["config.json", "not valid JSON"]),
+    "config-a-list": (lambda run: (run / "config.json").write_text("[8, 13]"), ["config.json", "JSON object",
+                                                                                 "list"]),
+    "config-binary": (lambda run: (run / "config.json").write_bytes(b"\xff\xfe\x00"), ["config.json", "cannot read"]),
+    "config-without-model": (_edit_config(lambda c: c.pop("model")), ["config.json", "'model'"]),
+    "config-without-max-length": (_edit_config(lambda c: c.pop("max_length")), ["config.json", "'max_length'"]),
+    "config-without-head-seed": (_edit_config(lambda c: c["finetune"].pop("seed")), ["config.json", "finetune.seed"]),
+    "config-k-a-string": (_edit_config(lambda c: c.update(k="eight")), ["config.json", "'k'", "'eight'"]),
+    "config-unknown-mode": (_edit_config(lambda c: c.update(mode="seq2seq")), ["config.json", "mode", "'seq2seq'"]),
+    "truncated-head": (_truncate("model/head.safetensors", 60), ["head.safetensors"]),
+    "truncated-weights": (_truncate("model/model.safetensors", 1000), ["run/model", "deserializing"]),
+    "no-scorer-config": (lambda run: (run / "model" / "scorer_config.json").unlink(), ["scorer_config.json"]),
+}
+
+
+@pytest.mark.parametrize("case", list(RUN_CASES))
+def test_bad_run_directory(case, ft_run, toy_data, tmp_path):
+    damage, culprits = RUN_CASES[case]
+    run = tmp_path / "run"
+    shutil.copytree(ft_run, run)
+    damage(run)
+    line = refused(tmp_path, ["graft", "--finetuned", run, "--out", tmp_path / "g", "--cache", tmp_path / "store",
+                              "--data-dir", toy_data], *culprits)
+    assert str(run) in line
+
+
+def test_run_directory_that_is_not_one(toy_data, tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    refused(tmp_path, ["graft", "--finetuned", tmp_path / "missing", "--data-dir", toy_data],
+            str(tmp_path / "missing"), "not found")
+    refused(tmp_path, ["graft", "--finetuned", tmp_path / "notes.txt", "--out", tmp_path / "g",
+                       "--data-dir", toy_data], str(tmp_path / "notes.txt"), "not a fine-tuning run directory")
+
+
+# ---------------------------------------------------------------------------------------------- graft files
+def _graft_config(change):
+    def edit(folder):
+        cfg = json.loads((folder / "graft_config.json").read_text())
+        change(cfg)
+        (folder / "graft_config.json").write_text(json.dumps(cfg))
+    return edit
+
+
+def _graft_tensors(change):
+    """Rewrite graft.safetensors with ``change`` applied and its checksum updated (so the deeper check is hit)."""
+    def edit(folder):
+        path = folder / "graft.safetensors"
+        tensors = load_file(str(path))
+        change(tensors)
+        save_file(tensors, str(path))
+        _graft_config(lambda c: c.update(weights_sha256=hashlib.sha256(path.read_bytes()).hexdigest()))(folder)
+    return edit
+
+
+def _flip(folder):
+    path = folder / "graft.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _duplicate(t):
+    idx = t["indices"].clone()
+    idx[2] = idx[1]
+    t["indices"] = idx
+
+
+GRAFT_CASES = {
+    # id: (damage to a copy of a good graft folder, verb, culprits)
+    "truncated": (_truncate("graft.safetensors", 100), "apply", ["graft.safetensors", "truncated or corrupted"]),
+    "bit-flipped": (_flip, "inspect", ["graft.safetensors"]),
+    "shapes-removed": (_graft_config(lambda c: c.pop("shapes")), "export", ["graft_config.json", "'shapes'"]),
+    "size-removed": (_graft_config(lambda c: c.pop("size")), "apply", ["graft_config.json", "'size'"]),
+    "config-not-json": (lambda f: (f / "graft_config.json").write_text("{"), "inspect",
+                        ["graft_config.json", "not valid JSON"]),
+    "weights-missing": (lambda f: (f / "graft.safetensors").unlink(), "apply", ["not a graft folder"]),
+    "indices-shuffled": (_graft_tensors(lambda t: t.update(indices=t["indices"][[1, 0, 2, 3, 4, 5]].contiguous())),
+                         "apply", ["graft.safetensors", "'indices'[1]", "sorted and unique"]),
+    "indices-duplicated": (_graft_tensors(_duplicate), "inspect", ["'indices'[2]", "duplicated"]),
+    "size-mismatch": (_graft_config(lambda c: c.update(size=5, density=c["density"] * 5 / c["size"])), "apply",
+                      ["holds 6 positions", "declares 5"]),
+    "fingerprint-removed": (_graft_config(lambda c: c.pop("base_fingerprint")), "apply", ["base_fingerprint",
+                                                                                          "--force"]),
+}
+
+
+@pytest.mark.parametrize("case", list(GRAFT_CASES))
+def test_bad_graft_file(case, tiny_graft, tiny_bert, toy_data, tmp_path):
+    damage, verb, culprits = GRAFT_CASES[case]
+    folder = tmp_path / "g"
+    shutil.copytree(tiny_graft, folder)
+    damage(folder)
+    args = {"apply": ["apply", folder, "--model", tiny_bert, "--data-dir", toy_data, "--export", tmp_path / "x"],
+            "inspect": ["inspect", folder],
+            "export": ["export", folder, "--model", tiny_bert, "--to", "delta", "--out", tmp_path / "x"]}[verb]
+    line = refused(tmp_path, args, *culprits)
+    assert str(folder) in line
+
+
+def test_missing_fingerprint_is_accepted_with_force(tiny_graft, tiny_bert, toy_data, tmp_path):
+    folder = tmp_path / "g"
+    shutil.copytree(tiny_graft, folder)
+    _graft_config(lambda c: c.pop("base_fingerprint"))(folder)
+    r = invoke("apply", folder, "--model", tiny_bert, "--data-dir", toy_data, "--limit", 4, "--force")
+    assert r.exit_code == 0, r.output
+
+
+# ---------------------------------------------------------------------------------------------- output targets
+def test_existing_output_folder_is_refused_and_untouched(ft_run, toy_data, tmp_path):
+    out = tmp_path / "g"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    refused(tmp_path, graft_args(ft_run, toy_data, out, tmp_path / "store"), str(out), "already exists", "--overwrite")
+
+
+def test_output_under_a_file(ft_run, toy_data, tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    out = tmp_path / "a-file" / "g"
+    refused(tmp_path, graft_args(ft_run, toy_data, out, tmp_path / "store"), str(out), "is a file, not a folder")
+    refused(tmp_path, ["evaluate", ft_run, "--data-dir", toy_data, "--limit", 4, "--out", out / "eval"],
+            str(tmp_path / "a-file"), "not a directory")
+
+
+def test_read_only_parent_refused_before_any_work(ft_run, toy_data, tmp_path, monkeypatch):
+    """A read-only folder (injected through os.access: tests run as root) is refused up front."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if str(p).startswith(str(ro)) else real(p, mode, **kw))
+    refused(tmp_path, graft_args(ft_run, toy_data, ro / "g", tmp_path / "store"), str(ro), "not writable")
+
+
+def test_permission_denied_at_the_write(tiny_graft, tiny_bert, tmp_path, monkeypatch):
+    """The folder turns read-only after the up-front check (PermissionError injected where the folder is made)."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real = tempfile.mkdtemp
+
+    def mkdtemp(*a, dir=None, **kw):
+        if dir is not None and str(dir).startswith(str(ro)):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(dir))
+        return real(*a, dir=dir, **kw)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    refused(tmp_path, ["export", tiny_graft, "--model", tiny_bert, "--to", "delta", "--out", ro / "e"],
+            str(ro), "permission denied")
+
+
+def test_export_onto_an_existing_file(tiny_graft, tiny_bert, tmp_path):
+    (tmp_path / "e").write_text("precious")
+    refused(tmp_path, ["export", tiny_graft, "--model", tiny_bert, "--to", "delta", "--out", tmp_path / "e"],
+            str(tmp_path / "e"), "already exists (file)")
+
+
+def test_finetune_refuses_an_existing_run_before_training(tiny_bert, toy_data, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.json").write_text("{}")
+    refused(tmp_path, ["finetune", "--task", "SST-2", "--k", 4, "--model", tiny_bert, "--data-dir", toy_data,
+                       "--steps", 100000, "--out", tmp_path / "run"], str(tmp_path / "run"), "already exists")
 
 
 def test_export_never_deletes_an_existing_folder(tiny_graft, tiny_bert, toy_data, tmp_path):
@@ -61,3 +449,96 @@ def test_library_export_refuses_existing_folder(tiny_graft, tiny_bert, tmp_path)
         g.export(pre, target)
     assert (target / "other.bin").read_bytes() == b"\x00\x01"
     assert all((p == before[n]).all() for n, p in pre.named_parameters())  # model untouched after the refusal
+
+
+# ---------------------------------------------------------------------------------------------- I/O faults
+def _fail_writes(monkeypatch, method: str, match):
+    """Make ``pathlib.Path.<method>`` fail as on a full disk for paths whose name satisfies ``match``."""
+    real = getattr(pathlib.Path, method)
+
+    def write(self, *a, **kw):
+        if match(self.name):
+            raise enospc()
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(pathlib.Path, method, write)
+
+
+def test_disk_full_while_writing_a_graft(ft_run, toy_data, tmp_path, monkeypatch):
+    """ENOSPC while the report writes its graft file: one line naming the graft folder (not a temporary path);
+    no report folder, no temporaries; the store keeps only complete entries."""
+    _fail_writes(monkeypatch, "write_bytes", lambda name: name == "graft.safetensors")
+    out, store = tmp_path / "g", tmp_path / "store"
+    line = one_line(invoke(*graft_args(ft_run, toy_data, out, store)), str(out / "grafts"), "no space left on device")
+    assert ".tmp" not in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]  # no report folder, no temporary sibling
+    entries = list(store.iterdir())
+    assert entries and all((p / "key.json").is_file() for p in entries)  # the regions entry was finished
+
+
+def test_disk_full_in_the_store(ft_run, toy_data, tmp_path, monkeypatch):
+    """A real full disk surfaces from safetensors as its own error type ("os error 28"): one line naming the
+    store entry, and no partial entry."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    def full(*a, **kw):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    store = tmp_path / "store"
+    store.mkdir()
+    line = refused(tmp_path, graft_args(ft_run, toy_data, tmp_path / "g", store), str(store / "regions-"),
+                   "no space left on device")
+    assert ".tmp" not in line
+
+
+def test_disk_full_while_replacing_a_report_keeps_the_old_one(ft_run, toy_data, tmp_path, monkeypatch):
+    out, store = tmp_path / "g", tmp_path / "store"
+    assert invoke(*graft_args(ft_run, toy_data, out, store)).exit_code == 0
+    _fail_writes(monkeypatch, "write_text", lambda name: name.startswith(".report.md."))
+    refused(tmp_path, graft_args(ft_run, toy_data, out, store, "--overwrite"), str(out / "report.md"),
+            "no space left on device")
+
+
+def test_disk_full_while_replacing_an_export_keeps_the_old_one(tiny_graft, tiny_bert, tmp_path, monkeypatch):
+    out = tmp_path / "adapter"
+    args = ["export", tiny_graft, "--model", tiny_bert, "--to", "peft", "--out", out]
+    assert invoke(*args).exit_code == 0
+    import safetensors.torch
+
+    monkeypatch.setattr(safetensors.torch, "save_file", lambda *a, **kw: (_ for _ in ()).throw(enospc()))
+    refused(tmp_path, [*args, "--overwrite"], str(out), "no space left on device")
+
+
+def test_disk_full_while_writing_metrics(ft_run, toy_data, tmp_path, monkeypatch):
+    _fail_writes(monkeypatch, "write_text", lambda name: name.startswith(".metrics.json."))
+    refused(tmp_path, ["evaluate", ft_run, "--data-dir", toy_data, "--limit", 4, "--out", tmp_path / "eval"],
+            str(tmp_path / "eval" / "metrics.json"), "no space left on device")
+
+
+def test_disk_full_while_writing_a_run_directory(tiny_bert, toy_data, tmp_path, monkeypatch):
+    _fail_writes(monkeypatch, "write_text", lambda name: name.startswith(".config.json."))
+    refused(tmp_path, ["finetune", "--task", "SST-2", "--k", 4, "--model", tiny_bert, "--steps", 2, "--eval-every", 2,
+                       "--test-limit", 4, "--data-dir", toy_data, "--out", tmp_path / "run"],
+            str(tmp_path / "run" / "config.json"), "no space left on device")
+
+
+# ---------------------------------------------------------------------------------------------- recipes
+RECIPE_CASES = {
+    "a-list": (b"- calibration\n- ood\n", ["expected a mapping"]),
+    "a-string": (b"calibration\n", ["expected a mapping"]),
+    "binary": (bytes(range(256)), ["cannot read"]),
+    "bad-yaml": (b"recipe: [calibration\n", ["not valid YAML"]),
+    "no-recipe": (b"tasks: [SST-2]\n", ["'recipe:'"]),
+    "unknown-recipe": (b"recipe: alchemy\n", ["unknown recipe 'alchemy'"]),
+    "misspelt-field": (b"recipe: calibration\nseedz: [13]\n", ["seedz", "unknown field"]),
+}
+
+
+@pytest.mark.parametrize("case", list(RECIPE_CASES))
+def test_bad_recipe(case, tmp_path):
+    content, culprits = RECIPE_CASES[case]
+    path = tmp_path / "r.yaml"
+    path.write_bytes(content)
+    refused(tmp_path, ["run", path, "--out", tmp_path / "out"], str(path), *culprits)
