@@ -37,7 +37,7 @@ def describe_io_error(e: BaseException) -> str | None:
     """``<path>: <reason>`` for an I/O error (``OSError``, a safetensors I/O error, undecodable text);
     None for anything else. Reasons are the errno names in lower case: "no space left on device"."""
     if isinstance(e, UnicodeDecodeError):
-        return f"not {e.encoding} text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
+        return f"not {e.encoding.upper()} text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
     if isinstance(e, OSError):
         if e.errno:
             reason = os.strerror(e.errno)

@@ -139,8 +139,8 @@ def _read_text(path: Path) -> str:
 
 def _label(task: Task, raw: object, where: str) -> int:
     if isinstance(raw, (list, dict, bool)) or raw is None:
-        raise SkillgraftError(f"{where}: field 'label' must be a string or a number, got "
-                              f"{'null' if raw is None else type(raw).__name__} {raw!r}")
+        got = "null" if raw is None else f"{type(raw).__name__} {raw!r}"
+        raise SkillgraftError(f"{where}: field 'label' must be a string or a number, got {got}")
     label = str(raw).strip()
     if label not in task.labels:
         raise SkillgraftError(f"{where}: unknown label {label!r}; task {task.name!r} has labels {list(task.labels)}")
