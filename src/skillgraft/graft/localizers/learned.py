@@ -10,29 +10,43 @@ U[0, 1) and enters as σ(S − 10), so γ ≈ γ_base at first. Each step evalua
 
 The working model is the pre-trained scorer itself: its graftable tensors move by (γ_new − γ_old) ⊙ Δ
 after each update (no per-step rebuild, no copies between devices). Everything is restored bit-exactly
-in a ``finally`` (also on Ctrl-C): weights from an offloaded copy, the borrowed head, flags and modes.
+in a ``finally`` (also on Ctrl-C): weights, the borrowed head, flags and modes.
 Each budget selects its region from γ by the shared selection — ROUND: γ > 0.5; a fraction or count:
 exactly the top-k of γ — and keeps the step whose region scores best on train (+ dev).
+
+Two layouts of the same optimisation (docs/scale.md):
+
+* dense (``candidates=None``): S, Δ, γ_base and an offloaded θ_pre over every graftable coordinate;
+* candidate-restricted (``candidates=c``, :mod:`.candidates`): all of it only on the top-c |Δ|, gradients
+  gathered per tensor by hooks, θ_ft read lazily from safetensors; memory O(c·N). c = 1 is bit-identical
+  to dense. It is also what runs sharded under FSDP2 (:mod:`.sharded`), with a distributed exact top-k.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from tqdm.auto import tqdm
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers.base import Localizer, examples_of
+from skillgraft.graft.localizers.candidates import Candidates
+from skillgraft.graft.localizers.checkpointing import activation_checkpointing
 from skillgraft.graft.localizers.lending import preserved
+from skillgraft.graft.localizers.sharded import (Group, fsdp_requested, is_sharded, pieces, reshard, shard,
+                                                 sum_gradients)
+from skillgraft.graft.localizers.source import FineTuned, InMemory, fine_tuned
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import ROUND, Budget, Budgets, parse_budgets, select_masks, top_k_masks
-from skillgraft.models.anatomy import Graftable, carried_names, check_compatible, graftable_names
+from skillgraft.models.anatomy import Graftable, carried_names, graftable_names
 from skillgraft.models.scorer import batch_hits, batch_loss
 from skillgraft.spec import Spec
 
@@ -55,6 +69,26 @@ class LocalizeConfig(Spec):
     eval_every: int = Field(1, ge=1, description="score each budget's region every N steps")
     select_on: Literal["train+dev", "train", "last"] = Field("train+dev", description=(
         "which accuracy picks the best step (last: no selection)"))
+    candidates: float | None = Field(None, gt=0, le=1, description=(
+        "keep S, Δ and the saved θ_pre only on the top-c fraction of graftable parameters by |θ_ft − θ_pre| "
+        "(memory O(c·N); c ≥ sparsity and ≥ every fractional budget; 1 = every parameter, same result as "
+        "dense); default: dense"))
+    gradient_checkpointing: bool = Field(False, description=(
+        "recompute each transformer block's activations in the backward pass (less memory, ~⅓ more compute)"))
+
+    @model_validator(mode="after")
+    def _candidates_hold_the_budgets(self) -> LocalizeConfig:
+        c = self.candidates
+        if c is None:
+            return self
+        if c < self.sparsity:
+            raise ValueError(f"candidates={c:g} is smaller than sparsity={self.sparsity:g}: γ_base must lie in the "
+                             "candidate set")
+        larger = [b for b in self.budgets or [] if b.fraction is not None and b.fraction > c]
+        if larger:
+            raise ValueError(f"candidates={c:g} is smaller than budget {larger[0]}: every region lies in the "
+                             "candidate set")
+        return self
 
     @property
     def budget_list(self) -> list[Budget]:
@@ -71,6 +105,7 @@ class LocalizeResult:
     base_size: int
     step_seconds: float               # median time of one localization step (forward/backward + S update)
     config: dict
+    candidate_size: int | None = None  # |C| when candidate-restricted
 
     @property
     def region(self) -> Region:
@@ -79,23 +114,24 @@ class LocalizeResult:
     @property
     def summary(self) -> dict:
         """JSON-able: budgets by their exact key (``Budget.parse(key)`` gives them back)."""
-        return {"budgets": [b.key for b in self.regions], "best_step": {b.key: s for b, s in self.best_step.items()},
-                "best_score": {b.key: s for b, s in self.best_score.items()}, "base_size": self.base_size,
-                "step_seconds": self.step_seconds, "history": self.history, "config": self.config}
+        out = {"budgets": [b.key for b in self.regions], "best_step": {b.key: s for b, s in self.best_step.items()},
+               "best_score": {b.key: s for b, s in self.best_score.items()}, "base_size": self.base_size,
+               "step_seconds": self.step_seconds, "history": self.history, "config": self.config}
+        if self.candidate_size is not None:
+            out["candidate_size"] = self.candidate_size
+        return out
 
 
 class _Working:
-    """The working model's graftable tensors with Δ, S and γ_base, and the incremental θ updates."""
+    """The dense layout: the working model's graftable tensors with Δ, S and γ_base, and the θ updates."""
 
-    def __init__(self, pre, ft, names: list[str], config: LocalizeConfig, base: Region | None = None,
-                 original: dict[str, torch.Tensor] | None = None):
-        p_pre, p_ft = dict(pre.named_parameters()), dict(ft.named_parameters())
+    def __init__(self, pre, source: FineTuned | torch.nn.Module, names: list[str], config: LocalizeConfig,
+                 base: Region | None = None):
+        source = source if isinstance(source, FineTuned) else InMemory(source)
+        p_pre = dict(pre.named_parameters())
         self.names = names
         self.params = {n: p_pre[n] for n in names}
-        if original is None:  # offloaded θ_pre (the caller's copy when it already holds one)
-            original = {n: p.detach().to("cpu", copy=True) for n, p in self.params.items()}
-        self.original = original
-        self.delta = {n: (p_ft[n].detach().to(p_pre[n].device) - p_pre[n].detach()) for n in names}
+        self.delta = {n: (source.rows(n).to(p_pre[n].device) - p_pre[n].detach()) for n in names}
         self.universe = sum(d.numel() for d in self.delta.values())
         if base is None:
             k = int(round(config.sparsity * self.universe))
@@ -109,17 +145,20 @@ class _Working:
                              else torch.zeros_like(self.delta[n], dtype=torch.bool)) for n in names}
             k = int(sum(int(m.sum()) for m in self.base.values()))
         self.base_size = k
+        self.size = None
         gen = torch.Generator().manual_seed(config.seed)
         self.S = {n: torch.rand(d.shape, generator=gen).to(d.device) for n, d in self.delta.items()}
         self.bias = config.sigmoid_bias
         self.current = {n: self.gamma(n) for n in names}  # γ the working weights currently hold
-        with torch.no_grad():
-            for n in names:
-                self.params[n].add_(self.current[n].to(self.params[n].dtype) * self.delta[n])
 
     def gamma(self, n: str) -> torch.Tensor:
         s = torch.sigmoid(self.S[n] - self.bias)
         return torch.where(self.base[n], 1 - s, s)
+
+    @torch.no_grad()
+    def apply(self) -> None:
+        for n in self.names:
+            self.params[n].add_(self.current[n].to(self.params[n].dtype) * self.delta[n])
 
     @torch.no_grad()
     def hold(self, n: str, target: torch.Tensor) -> None:
@@ -128,19 +167,63 @@ class _Working:
         self.params[n].add_(change * self.delta[n])
         self.current[n] = target
 
-    @torch.no_grad()
     def restore(self) -> None:
-        for n, p in self.params.items():
-            p.copy_(self.original[n].to(p.device))
+        """Nothing to do: the caller's ``preserved`` snapshot holds the whole of θ_pre."""
+
+    def watch(self) -> None:
+        """Gradients of the graftable tensors, kept dense in ``.grad`` until :meth:`update`."""
+        for p in self.params.values():
+            p.requires_grad_(True)
+
+    def close(self) -> None:
+        pass
+
+    @torch.no_grad()
+    def update(self, lr: float, l1: float, group: Group) -> None:
+        for n in self.names:
+            p = self.params[n]
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            group.sum_(g)
+            s = torch.sigmoid(self.S[n] - self.bias)
+            sign = 1 - 2 * self.base[n].to(s.dtype)
+            grad_s = (g.to(s.dtype) * self.delta[n].to(s.dtype) + l1) * sign * s * (1 - s)
+            self.S[n].sub_(lr * grad_s)
+            p.grad = None
+            self.hold(n, self.gamma(n))
+
+    def choose(self, budget: Budget) -> dict[str, torch.Tensor]:
+        return select_masks({n: self.gamma(n) for n in self.names}, budget, self.universe)
+
+    def hold_choice(self, masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        continuous = dict(self.current)
+        for n in self.names:
+            self.hold(n, masks[n].to(continuous[n].dtype))
+        return continuous
+
+    def release(self, continuous: dict[str, torch.Tensor]) -> None:
+        for n in self.names:
+            self.hold(n, continuous[n])
+
+    def count(self, masks: dict[str, torch.Tensor]) -> int:
+        return int(sum(int(m.sum()) for m in masks.values()))
+
+    def region(self, masks: dict[str, torch.Tensor]) -> Region:
+        return Region.from_masks({n: m.cpu() for n, m in masks.items()},
+                                 {n: tuple(self.delta[n].shape) for n in self.names})
 
 
 def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, config: LocalizeConfig | None = None,
-             *, accelerator=None, progress: bool = True, base: Region | None = None) -> LocalizeResult:
+             *, accelerator=None, progress: bool = True, base: Region | None = None,
+             candidates: Region | None = None) -> LocalizeResult:
     """Learn a sparse region γ such that θ_pre + γ⊙(θ_ft − θ_pre) keeps the fine-tuned skill.
 
-    ``pre`` is used as the working model and restored bit-exactly on return, on an error or on Ctrl-C
-    (weights, the new task head borrowed from ``ft`` for the duration, requires_grad flags, train/eval
-    mode). ``base`` sets γ_base to that region instead of the top-``sparsity`` movement.
+    ``ft`` is the fine-tuned scorer, or the folder it was saved to (read lazily, tensor by tensor). ``pre``
+    is used as the working model and restored bit-exactly on return, on an error or on Ctrl-C (weights,
+    the new task head borrowed from ``ft`` for the duration, requires_grad flags, train/eval mode, grads).
+    ``base`` sets γ_base to that region instead of the top-``sparsity`` movement; ``candidates`` restricts
+    the optimisation to that region (chosen by any scorer) instead of the top-``config.candidates`` |Δ|.
+    Under ``accelerate launch`` with an FSDP2 config, or with a ``fully_shard``-ed ``pre``, each process
+    works on its own shards (``pre`` stays sharded afterwards; its values are restored).
     """
     from accelerate import Accelerator  # noqa: PLC0415
 
@@ -149,26 +232,51 @@ def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, co
         raise SkillgraftError("localization needs training examples")
     accelerator = accelerator or Accelerator()
     names = graftable_names(pre, config.graftable)
-    check_compatible(pre, ft, names)
-    with preserved(pre, names + carried_names(pre)) as original:
-        return _optimise(pre, ft, names, train, dev, config, accelerator, progress, base, original)
+    carried = carried_names(pre)
+    source = fine_tuned(ft, pre, names + [n for n in carried if n not in names])
+    sharded = is_sharded(pre) or fsdp_requested(accelerator)
+    group = Group(accelerator.num_processes, accelerator.process_index, sharded, accelerator.device)
+    lean = sharded or config.candidates is not None or candidates is not None
+    if sharded:
+        if not is_sharded(pre):
+            shard(pre, accelerator)
+        sum_gradients(pre)
+    with preserved(pre, carried if lean else names + carried):
+        return _optimise(pre, source, names, carried, train, dev, config, accelerator, group, progress, base,
+                         candidates, lean)
 
 
-def _optimise(pre, ft, names, train, dev, config, accelerator, progress, base, original) -> LocalizeResult:
-    """The optimisation of Eq. 3–4 on ``pre`` (which the caller restores)."""
+def _optimise(pre, source, names, carried, train, dev, config, accelerator, group, progress, base, chosen,
+              lean) -> LocalizeResult:
+    """The optimisation of Eq. 3–4 on ``pre`` (whose flags, modes and head the caller restores)."""
     world, rank = accelerator.num_processes, accelerator.process_index
-    pre.to(accelerator.device).eval()
-    ft_params = dict(ft.named_parameters())
-    carried = set(carried_names(pre))
-    with torch.no_grad():
-        for n, p in pre.named_parameters():
-            if n in carried:
-                p.copy_(ft_params[n])
+    if not group.sharded:
+        pre.to(accelerator.device)
+    pre.eval()
+    for p in pre.parameters():
+        p.grad = None
+    with torch.no_grad():  # lend θ_pre the fine-tuned task head
+        for n, part in pieces(pre, carried, group).items():
+            part.values().copy_(source.rows(n, part.start, part.stop).reshape(-1))
     for p in pre.parameters():
         p.requires_grad_(False)
-    work = _Working(pre, ft, names, config, base, original={n: original[n] for n in names})
-    for n in names:
-        work.params[n].requires_grad_(True)
+    if lean:
+        work = Candidates(pieces(pre, names, group), source, config, group, base=base, chosen=chosen)
+    else:
+        work = _Working(pre, source, names, config, base)
+    checkpointing = config.gradient_checkpointing or (
+        group.sharded and os.environ.get("FSDP_ACTIVATION_CHECKPOINTING", "false").lower() == "true")
+    try:
+        work.apply()
+        with activation_checkpointing(pre, checkpointing):
+            return _steps(pre, work, train, dev, config, accelerator, group, progress, world, rank)
+    finally:
+        work.close()
+        work.restore()
+
+
+def _steps(pre, work, train, dev, config, accelerator, group, progress, world, rank) -> LocalizeResult:
+    work.watch()
     keys = config.budget_list
     select = train + (dev or []) if config.select_on == "train+dev" else train
     batch_n = min(config.batch_size, len(train))
@@ -176,22 +284,19 @@ def _optimise(pre, ft, names, train, dev, config, accelerator, progress, base, o
     best: dict[Budget, tuple[float, int, Region | None]] = {k: (-1.0, 0, None) for k in keys}
     history: list[dict] = []
     step_times: list[float] = []
+    lockstep = group.sharded and world > 1  # every process runs every forward (FSDP gathers in each)
 
     def score(step: int) -> None:
         row = {"step": step}
         for key in keys:
-            masks = select_masks({n: work.gamma(n) for n in names}, key, work.universe)
-            continuous = dict(work.current)
-            for n in names:
-                work.hold(n, masks[n].to(continuous[n].dtype))
-            acc = _accuracy(pre, select, config.micro_batch, accelerator)
-            for n in names:
-                work.hold(n, continuous[n])
-            size = int(sum(int(m.sum()) for m in masks.values()))
+            masks = work.choose(key)
+            continuous = work.hold_choice(masks)
+            acc = _accuracy(pre, select, config.micro_batch, accelerator, lockstep)
+            work.release(continuous)
+            size = work.count(masks)
             row[f"{key.label}:acc"], row[f"{key.label}:size"] = acc, size
             if config.select_on == "last" or acc > best[key][0]:
-                best[key] = (acc, step, Region.from_masks({n: m.cpu() for n, m in masks.items()},
-                                                          {n: tuple(work.delta[n].shape) for n in names}))
+                best[key] = (acc, step, work.region(masks))
         history.append(row)
 
     score(0)
@@ -200,24 +305,13 @@ def _optimise(pre, ft, names, train, dev, config, accelerator, progress, base, o
         for step in bar:
             t0 = time.perf_counter()
             order = rng.permutation(len(train))[:batch_n] if batch_n < len(train) else np.arange(len(train))
-            shard = order[rank::world]
-            for start in range(0, len(shard), config.micro_batch):
-                batch = pre.collate([train[i] for i in shard[start:start + config.micro_batch]])
+            for chunk, weight in _micro_batches(order[rank::world], config.micro_batch,
+                                                math.ceil(len(order) / world) if lockstep else None):
+                batch = pre.collate([train[i] for i in chunk])
                 batch = {k: v.to(accelerator.device) for k, v in batch.items()}
                 loss = batch_loss(pre, batch, reduction="sum") / batch_n  # cross-entropy (generative: completion tokens)
-                loss.backward()
-            with torch.no_grad():
-                for n in names:
-                    p = work.params[n]
-                    g = p.grad if p.grad is not None else torch.zeros_like(p)
-                    if world > 1:
-                        torch.distributed.all_reduce(g)
-                    s = torch.sigmoid(work.S[n] - work.bias)
-                    sign = 1 - 2 * work.base[n].to(s.dtype)
-                    grad_s = (g.to(s.dtype) * work.delta[n].to(s.dtype) + config.l1) * sign * s * (1 - s)
-                    work.S[n].sub_(config.lr * grad_s)
-                    p.grad = None
-                    work.hold(n, work.gamma(n))
+                (loss if weight == 1 else loss * weight).backward()
+            work.update(config.lr, config.l1, group)
             step_times.append(time.perf_counter() - t0)
             if step % config.eval_every == 0 or step == config.steps:
                 score(step)
@@ -227,21 +321,35 @@ def _optimise(pre, ft, names, train, dev, config, accelerator, progress, base, o
         bar.close()
     return LocalizeResult({k: best[k][2] for k in keys}, {k: best[k][1] for k in keys},
                           {k: best[k][0] for k in keys}, history, work.base_size,
-                          float(np.median(step_times)) if step_times else 0.0, config.to_dict())
+                          float(np.median(step_times)) if step_times else 0.0, config.to_dict(), work.size)
+
+
+def _micro_batches(mine: np.ndarray, micro_batch: int, lockstep: int | None):
+    """(example indices, loss weight) per forward. ``lockstep``: every process runs ⌈lockstep/micro⌉ of them,
+    a process without examples left running one weighted 0 (FSDP needs every rank in every forward)."""
+    count = math.ceil((lockstep if lockstep is not None else len(mine)) / micro_batch)
+    for i in range(count):
+        chunk = mine[i * micro_batch:(i + 1) * micro_batch]
+        yield (chunk, 1) if len(chunk) else (np.zeros(1, dtype=np.int64), 0.0)
 
 
 @torch.no_grad()
-def _accuracy(scorer, examples: list[Example], micro_batch: int, accelerator) -> float:
+def _accuracy(scorer, examples: list[Example], micro_batch: int, accelerator, lockstep: bool = False) -> float:
     """Accuracy of ``scorer`` on ``examples`` (sharded over processes, counts summed)."""
     world, rank = accelerator.num_processes, accelerator.process_index
     mine = examples[rank::world]
     correct = torch.zeros(2, device=accelerator.device)
-    for start in range(0, len(mine), micro_batch):
-        batch = scorer.collate(mine[start:start + micro_batch])
+    slots = math.ceil(len(examples) / world) if lockstep else len(mine)
+    for start in range(0, slots, micro_batch):
+        part = mine[start:start + micro_batch]
+        batch = scorer.collate(part or examples[:1])
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
         hits, count = batch_hits(scorer, batch)  # labels right (generative: next completion tokens right)
-        correct[0] += hits
-        correct[1] += count
+        if part:
+            correct[0] += hits
+            correct[1] += count
+    if lockstep:
+        reshard(scorer)  # a no-grad forward may leave gathered parameters behind; the next edit must show
     if world > 1:
         torch.distributed.all_reduce(correct)
     return float(correct[0] / correct[1].clamp(min=1))

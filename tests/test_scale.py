@@ -1,0 +1,332 @@
+"""Localization at scale: candidate-restricted state, exact streamed/distributed top-k, FSDP2 sharding."""
+
+import hashlib
+import random
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from skillgraft.data import load_kshot
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft import Budget, LocalizeConfig, get_localizer, graftable_names, localize
+from skillgraft.graft.localizers.candidates import Candidates
+from skillgraft.graft.localizers.sharded import Group, pieces
+from skillgraft.graft.localizers.source import InMemory, fine_tuned
+from skillgraft.graft.localizers.topk import Collective, StreamingTopK, top_k
+from skillgraft.graft.selection import top_k_flat
+from skillgraft.models import build_scorer
+
+
+def digest(region) -> str:
+    h = hashlib.sha256()
+    for n in sorted(region.indices):
+        h.update(n.encode())
+        h.update(region.indices[n].to(torch.int64).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def trained_pair(path, mode, data, dtype=None, steps=20):
+    """(pre, ft): ``ft`` moved by a few AdamW steps written here (embeddings frozen)."""
+    pre = build_scorer(str(path), "SST-2", mode, dtype=dtype)
+    ft = build_scorer(str(path), "SST-2", mode, dtype=dtype, head_seed=1)
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW([p for n, p in ft.named_parameters() if "embed" not in n], lr=1e-3)
+    for step in range(steps):
+        batch = ft.collate([data.train[(step * 8 + i) % len(data.train)] for i in range(8)])
+        labels = batch.pop("labels")
+        torch.nn.functional.cross_entropy(ft(**batch).float(), labels).backward()
+        opt.step()
+        opt.zero_grad()
+    return pre, ft.eval()
+
+
+@pytest.fixture(scope="module")
+def data(toy_data):
+    return load_kshot("SST-2", 16, 13, toy_data)
+
+
+@pytest.fixture(scope="module")
+def bert(tiny_bert, data):
+    return trained_pair(tiny_bert, "head", data)
+
+
+@pytest.fixture(scope="module")
+def llama_bf16(tiny_models, data, tmp_path_factory):
+    """A tiny Llama in bf16, causal mode, and its fine-tuned copy also saved as a folder."""
+    pre, ft = trained_pair(tiny_models["llama"], "causal", data, dtype=torch.bfloat16)
+    folder = tmp_path_factory.mktemp("llama-ft") / "model"
+    ft.save_pretrained(folder)
+    return pre, ft, folder
+
+
+def snapshot(model):
+    return ({n: p.detach().clone() for n, p in model.named_parameters()},
+            {n: p.requires_grad for n, p in model.named_parameters()}, [m.training for m in model.modules()],
+            [(m.__dict__.get("gradient_checkpointing"), "_gradient_checkpointing_func" in m.__dict__)
+             for m in model.modules()])
+
+
+def assert_intact(model, snap):
+    values, flags, modes, checkpointing = snap
+    for n, p in model.named_parameters():
+        assert torch.equal(p.detach(), values[n]), n
+        assert p.requires_grad == flags[n], n
+        assert p.grad is None, n
+    assert [m.training for m in model.modules()] == modes
+    assert [(m.__dict__.get("gradient_checkpointing"), "_gradient_checkpointing_func" in m.__dict__)
+            for m in model.modules()] == checkpointing
+
+
+def same_result(a, b):
+    assert list(a.regions) == list(b.regions)
+    assert [digest(r) for r in a.regions.values()] == [digest(r) for r in b.regions.values()]
+    assert a.history == b.history and a.best_step == b.best_step and a.base_size == b.base_size
+
+
+# ---------------------------------------------------------------------------------------------- exact top-k
+class Threads(Collective):
+    """Processes simulated by threads: sums and maxima through a barrier (what all_reduce does)."""
+
+    def __init__(self, world):
+        self.world, self.barrier, self.lock, self.slots = world, threading.Barrier(world), threading.Lock(), []
+
+    def _reduce(self, value, op):
+        with self.lock:
+            self.slots.append(value)
+        self.barrier.wait()
+        out = op(self.slots)
+        self.barrier.wait()
+        with self.lock:
+            self.slots.clear() if self.slots else None
+        self.barrier.wait()
+        return out
+
+    def sum(self, value):
+        return self._reduce(value, sum)
+
+    def max(self, value):
+        return self._reduce(value, max)
+
+
+def test_streamed_and_distributed_top_k_equal_the_shared_rule():
+    gen = torch.Generator().manual_seed(0)
+    rng = random.Random(0)
+    for trial in range(6):
+        n = rng.randint(50, 3000)
+        scores = torch.randint(0, 7, (n,), generator=gen).float() * (1 if trial % 2 else -0.5)  # many ties
+        if trial == 3:
+            scores[::5] = -0.0  # −0 ties with +0, as in a float comparison
+        k = rng.randint(1, n)
+        want = top_k_flat(scores, k)
+        assert int(want.sum()) == k
+        stream, start = StreamingTopK(k), 0  # tensors of random sizes, in position order
+        while start < n:
+            size = rng.randint(1, 400)
+            stream.add(scores[start:start + size], start)
+            start += size
+        _, positions = stream.result()
+        assert torch.equal(positions, torch.nonzero(want).view(-1))
+        # three "processes" holding interleaved rows of the universe (as FSDP shards do per tensor)
+        owner = torch.tensor([(i // 7) % 3 for i in range(n)])
+        group, out = Threads(3), {}
+
+        def rank(r, group=group, out=out, owner=owner, scores=scores, k=k):
+            mine = torch.nonzero(owner == r).view(-1)
+            out[r] = (mine, top_k(scores[mine], mine, k, group))
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        got = torch.zeros(n, dtype=torch.bool)
+        for mine, mask in out.values():
+            got[mine[mask]] = True
+        assert torch.equal(got, want), trial
+
+
+# ---------------------------------------------------------------------------------------------- candidates
+def test_candidates_one_reproduces_the_dense_localizer(bert, llama_bf16, data):
+    """c = 1: the same trajectory, regions and history bit for bit — fp32 BERT and a bf16 Llama (causal)."""
+    pre, ft = bert
+    for cfg in (LocalizeConfig(sparsity=0.01, steps=5, lr=1e9, seed=3, select_on="last"),
+                LocalizeConfig(sparsity=0.01, steps=4, seed=3, budgets=[0.001, 0.005, 0.02], eval_every=2,
+                               micro_batch=8)):
+        dense = localize(pre, ft, data.train, data.dev, cfg, progress=False)
+        same_result(dense, localize(pre, ft, data.train, data.dev, cfg.replace(candidates=1.0), progress=False))
+    pre, ft, folder = llama_bf16
+    cfg = LocalizeConfig(sparsity=0.01, steps=3, seed=3, budgets=[0.005, 0.02, "round"], micro_batch=8)
+    dense = localize(pre, ft, data.train, data.dev, cfg, progress=False)
+    assert dense.base_size > 0 and all(len(r) for r in dense.regions.values())
+    same_result(dense, localize(pre, ft, data.train, data.dev, cfg.replace(candidates=1.0), progress=False))
+    same_result(dense, localize(pre, folder, data.train, data.dev, cfg.replace(candidates=1.0), progress=False))
+    same_result(dense, localize(pre, folder.parent, data.train, data.dev, cfg, progress=False))  # a run dir, dense
+
+
+def test_candidate_state_lives_on_the_candidates_only(llama_bf16, data):
+    pre, ft, folder = llama_bf16
+    names = graftable_names(pre)
+    cfg = LocalizeConfig(sparsity=0.01, candidates=0.05, steps=2, budgets=[0.01, 0.05, 30])
+    before = snapshot(pre)
+    work = Candidates(pieces(pre, names, Group()), fine_tuned(str(folder), pre, names), cfg, Group())
+    universe = sum(p.numel() for n, p in pre.named_parameters() if n in names)
+    assert work.size == Budget.parse(0.05).size(universe) == sum(p.numel() for p in work.pos.values())
+    for n in names:
+        m = work.pos[n].numel()
+        assert work.pos[n].dtype == torch.int32
+        assert work.S[n].dtype == torch.float32 and work.S[n].shape == (m,)  # fp32 S on a bf16 model
+        assert work.delta[n].shape == work.original[n].shape == work.base[n].shape == (m,)
+    assert work.base_size == int(round(0.01 * universe))
+    assert_intact(pre, before)  # building the state reads θ_pre only
+    top_c = get_localizer("movement").region(pre, ft, None, 0.05)
+    res = localize(pre, folder, data.train, data.dev, cfg, progress=False)
+    assert res.candidate_size == len(top_c) and res.summary["candidate_size"] == len(top_c)
+    for budget, region in res.regions.items():
+        assert len(region) == budget.size(universe)
+        assert len(region & top_c) == len(region)  # every region lies in the candidate set
+    assert_intact(pre, before)
+
+
+def test_gradients_are_gathered_as_each_tensor_is_ready(bert, data):
+    """When a tensor's gradient is accumulated, no other graftable tensor still holds a dense gradient."""
+    pre, ft = bert
+    names = set(graftable_names(pre))
+    params = dict(pre.named_parameters())
+    seen = []
+
+    def check(p):
+        seen.append(sum(1 for n in names if params[n].grad is not None))
+
+    handles = [params[n].register_post_accumulate_grad_hook(check) for n in names]  # runs before localize's own
+    try:
+        localize(pre, ft, data.train, None, LocalizeConfig(sparsity=0.01, candidates=0.1, steps=2, micro_batch=8),
+                 progress=False)
+    finally:
+        for h in handles:
+            h.remove()
+    assert seen and max(seen) == 1  # only the tensor whose hook runs
+
+
+class Interrupt:
+    def __init__(self, n):
+        self.n, self.seen = n, 0
+
+    def __call__(self, module, inputs, output):
+        if torch.is_grad_enabled():
+            self.seen += 1
+            if self.seen == self.n:
+                raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_interrupted_candidate_localization_restores_pre(llama_bf16, data, checkpointing):
+    pre, ft, folder = llama_bf16
+    before = snapshot(pre)
+    hook = Interrupt(3)
+    handle = pre.model.register_forward_hook(hook)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            localize(pre, folder, data.train, data.dev, LocalizeConfig(
+                sparsity=0.01, candidates=0.05, steps=5, micro_batch=8, gradient_checkpointing=checkpointing),
+                progress=False)
+    finally:
+        handle.remove()
+    assert hook.seen == 3
+    assert_intact(pre, before)
+
+
+def test_activation_checkpointing_changes_nothing_but_memory(llama_bf16, data):
+    pre, ft, folder = llama_bf16
+    cfg = LocalizeConfig(sparsity=0.01, candidates=0.05, steps=2, seed=1, budgets=[0.01, "round"], micro_batch=8)
+    before = snapshot(pre)
+    same_result(localize(pre, ft, data.train, data.dev, cfg, progress=False),
+                localize(pre, ft, data.train, data.dev, cfg.replace(gradient_checkpointing=True), progress=False))
+    assert_intact(pre, before)
+
+
+def test_candidate_settings_are_checked(bert, data, tmp_path):
+    with pytest.raises(SkillgraftError, match="candidates=0.001 is smaller than sparsity=0.01"):
+        LocalizeConfig.build({"sparsity": 0.01, "candidates": 0.001}, where="localize")
+    with pytest.raises(SkillgraftError, match="candidates=0.01 is smaller than budget 0.05"):
+        LocalizeConfig.build({"sparsity": 0.001, "candidates": 0.01, "budgets": [0.001, 0.05]})
+    for bad in (0, 1.5):
+        with pytest.raises(SkillgraftError, match="candidates"):
+            LocalizeConfig.build({"candidates": bad})
+    pre, ft = bert
+    before = snapshot(pre)
+    with pytest.raises(SkillgraftError, match="candidate set holds"):  # a count larger than C
+        localize(pre, ft, data.train, None, LocalizeConfig(sparsity=0.001, candidates=0.001, steps=1,
+                                                           budgets=[10_000]), progress=False)
+    assert_intact(pre, before)
+    with pytest.raises(SkillgraftError, match="no model.safetensors"):
+        localize(pre, tmp_path, data.train, None, LocalizeConfig(candidates=0.1), progress=False)
+
+
+def test_in_memory_and_folder_sources_agree(llama_bf16):
+    pre, ft, folder = llama_bf16
+    names = graftable_names(pre)
+    a, b = InMemory(ft), fine_tuned(folder, pre, names)
+    for n in names[:4]:
+        assert torch.equal(a.rows(n, 1, 3), b.rows(n, 1, 3)) and a.rows(n).dtype == b.rows(n).dtype
+
+
+# ---------------------------------------------------------------------------------------------- FSDP2
+SCRIPT = """
+import sys, torch
+from accelerate import Accelerator
+from skillgraft.data import load_kshot
+from skillgraft.graft import LocalizeConfig, localize
+from skillgraft.graft.localizers import candidates as C
+from skillgraft.models import build_scorer
+torch.set_num_threads(1)
+acc = Accelerator(cpu=True)
+pre_path, ft_dir, data_dir, out, cfg = sys.argv[1:6]
+data = load_kshot("SST-2", 8, 13, data_dir)
+pre = build_scorer(pre_path, "SST-2", "causal")
+before = {n: p.detach().clone() for n, p in pre.named_parameters()}
+held = []
+init = C.Candidates.__init__
+def spy(self, *a, **k):
+    init(self, *a, **k)
+    held.append(sum(p.numel() for p in self.pos.values()))
+C.Candidates.__init__ = spy
+res = localize(pre, ft_dir, data.train, data.dev, LocalizeConfig.model_validate_json(cfg), accelerator=acc,
+               progress=False)
+intact = all(torch.equal((p.full_tensor() if hasattr(p, "full_tensor") else p).detach(), before[n])
+             for n, p in pre.named_parameters())
+sharded = sum(hasattr(p, "full_tensor") for p in pre.parameters())
+held = acc.gather(torch.tensor(held)).tolist()
+if acc.is_main_process:
+    torch.save({"regions": {b.key: r.indices for b, r in res.regions.items()}, "history": res.history,
+                "intact": intact, "sharded": sharded, "held": held, "candidates": res.candidate_size}, out)
+"""
+
+
+def test_two_process_fsdp2_localization_matches_one(tiny_models, data, toy_data, tmp_path):
+    """`accelerate launch` with configs/fsdp2-cpu.yaml (2 CPU processes, gloo): each rank keeps its shards'
+    candidates only, budgets by the distributed top-k; the regions equal the single-process ones."""
+    from pathlib import Path  # noqa: PLC0415
+
+    small = load_kshot("SST-2", 8, 13, toy_data)
+    pre, ft = trained_pair(tiny_models["llama"], "causal", small, steps=20)
+    ft.save_pretrained(tmp_path / "ft")
+    cfg = LocalizeConfig(sparsity=0.01, candidates=0.05, steps=3, seed=3, budgets=[0.005, 0.02, "round"], micro_batch=4)
+    one = localize(pre, tmp_path / "ft", small.train, small.dev, cfg, progress=False)
+    script = tmp_path / "fsdp.py"
+    script.write_text(SCRIPT)
+    config = Path(__file__).resolve().parents[1] / "configs" / "fsdp2-cpu.yaml"
+    r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+                        "--main_process_port", "29541", str(script), str(tiny_models["llama"]), str(tmp_path / "ft"),
+                        str(toy_data), str(tmp_path / "two.pt"), cfg.model_dump_json()],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    two = torch.load(tmp_path / "two.pt")
+    assert two["intact"] and two["sharded"] == len(list(pre.model.parameters()))  # every base tensor sharded
+    assert sum(two["held"]) == two["candidates"] == one.candidate_size and max(two["held"]) < one.candidate_size
+    assert two["history"] == one.history
+    for budget, region in one.regions.items():
+        got = two["regions"][budget.key]
+        assert set(got) == set(region.indices) and all(torch.equal(got[n], region.indices[n]) for n in got), budget
