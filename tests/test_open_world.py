@@ -366,3 +366,34 @@ def test_real_minilm_sst2_classifier_fine_tuned_by_plain_transformers(shared_dat
         assert reloaded(**enc).logits.shape == (2, 2)
     metrics = json.loads((out / "metrics.json").read_text())
     assert {r["kind"] for r in metrics["rows"]} >= {"pre", "head-only", "ft", "graft"}
+
+
+def test_classifier_graft_as_a_peft_adapter_keeps_its_head(pairs, user_data, tmp_path):
+    """--to peft: the classifier's own head goes whole into modules_to_save (task_type SEQ_CLS), so
+    PeftModel.from_pretrained on AutoModelForSequenceClassification(A) computes the graft, head included."""
+    import transformers as tf
+    from peft import PeftModel
+
+    from skillgraft.graft import Graft
+    from skillgraft.graft.export import graft_task
+    from skillgraft.models import build_scorer
+
+    a, b = pairs["roberta"]
+    out = tmp_path / "report"
+    cli("graft", "--pretrained", a, "--finetuned", b, "--data", user_data, "--budgets", "1e-2", "--steps", 2,
+        "--baselines", "", "--no-lottery-zero", "--out", out)
+    graft_dir = next((out / "grafts").iterdir())
+    cli("export", graft_dir, "--to", "peft", "--out", tmp_path / "adapter")
+    cfg = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert cfg["task_type"] == "SEQ_CLS" and any(m.startswith("classifier") for m in cfg["modules_to_save"])
+    assert not (tmp_path / "adapter" / "skillgraft_head.safetensors").exists()
+    g = Graft.from_pretrained(graft_dir)
+    pre = build_scorer(str(a), graft_task(g), "classifier")
+    tok = tf.AutoTokenizer.from_pretrained(a)
+    enc = tok([r["text"] for r in sentiment_rows(6, 9)], return_tensors="pt", padding=True)
+    base = tf.AutoModelForSequenceClassification.from_pretrained(a, num_labels=2)
+    with torch.no_grad(), g.applied(pre):
+        want = pre.model(**enc).logits
+    with torch.no_grad():
+        got = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()(**enc).logits
+    assert float((got - want).abs().max()) <= 1e-6

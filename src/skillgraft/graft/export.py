@@ -430,9 +430,13 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
     scorer = _as_scorer(base)
     params = _check_base(graft, scorer, force)
     hf = scorer.model
-    if graft.carried and spec.head == "refuse":
+    own_head = _own_head(graft, hf)  # a classifier's own head: modules of the base's class, stored whole
+    if graft.carried and not own_head and spec.head == "refuse":
         _head_file(graft, scorer, Path(out), "refuse", "PEFT adapter")
     plan = _plan(graft, hf, spec.non_linear)
+    taken = {l.path for l in plan.whole}
+    plan.whole += [_Layer(path, hf.get_submodule(path), {}, "carried task head (θ_pre lacks it)")
+                   for path in own_head if path not in taken]
     placeholder = None
     if not plan.shira:
         placeholder = _placeholder(hf, {l.path for l in plan.whole})
@@ -466,7 +470,8 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
     for layer in plan.whole:
         for key, t in layer.module.state_dict(keep_vars=True).items():
             sname = canonical.get(id(t))
-            value = _grafted(t, graft, sname) if sname else t.detach().cpu().clone()
+            value = (graft.carried[sname].detach().cpu().clone() if sname in graft.carried else
+                     _grafted(t, graft, sname) if sname else t.detach().cpu().clone())
             tensors[f"{PEFT_PREFIX}{layer.path}.{key}"] = value.contiguous()
             whole_stored += value.numel()
     targets = {l.path for l in plan.shira}
@@ -497,10 +502,10 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
     config = ShiraConfig(r=plan.r, target_modules=sorted(targets),
                          modules_to_save=sorted(l.path for l in plan.whole) or None, fan_in_fan_out=False,
                          base_model_name_or_path=summary["base_model"], inference_mode=True,
-                         task_type="CAUSAL_LM" if graft.metadata.get("mode", getattr(scorer, "mode", "")) == "causal"
-                         else None)
+                         task_type={"causal": "CAUSAL_LM", "generative": "CAUSAL_LM", "classifier": "SEQ_CLS"}.get(
+                             graft.metadata.get("mode", getattr(scorer, "mode", ""))))
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        summary["routes"]["head"] = _head_file(graft, scorer, tmp, spec.head, "PEFT adapter")
+        summary["routes"]["head"] = None if own_head else _head_file(graft, scorer, tmp, spec.head, "PEFT adapter")
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS),
                   metadata=_header(graft, {"shira_entries": entries, "mode": graft.metadata.get("mode") or
                                            getattr(scorer, "mode", None)}))
@@ -510,6 +515,26 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
         (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         (tmp / "README.md").write_text(_readme(summary, type(hf).__name__))
     return summary
+
+
+def _own_head(graft: Graft, hf: nn.Module) -> list[str]:
+    """Module paths holding a classifier graft's carried head (``model.classifier.*`` …), which a PEFT adapter
+    stores whole in ``modules_to_save`` (as peft does for a sequence classifier's head); [] for a head-mode
+    graft, whose head (``head.*``) is not part of the base model."""
+    paths = []
+    for name in graft.carried:
+        if not name.startswith(SCORER_PREFIX):
+            return []
+        path = _hf_name(name).rpartition(".")[0]
+        top = path.split(".")[0]
+        if top != getattr(hf, "base_model_prefix", None):  # the head proper: its whole top-level module
+            path = top
+        try:
+            hf.get_submodule(path)
+        except AttributeError:
+            return []
+        paths.append(path)
+    return sorted(set(paths))
 
 
 def _base_name(graft: Graft, scorer) -> str:
