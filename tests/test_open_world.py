@@ -340,7 +340,7 @@ def test_real_minilm_sst2_classifier_fine_tuned_by_plain_transformers(shared_dat
     rows = [json.loads(x) for x in rng.sample(lines, 64)]
     data = write_rows(tmp_path / "sst2-train.jsonl", rows)
     test_lines = (shared_data / "SST-2" / "test.jsonl").read_text().splitlines()
-    test = write_rows(tmp_path / "sst2-test.jsonl", [json.loads(x) for x in random.Random(1).sample(test_lines, 128)])
+    test = write_rows(tmp_path / "sst2-test.jsonl", [json.loads(x) for x in random.Random(1).sample(test_lines, 64)])
     tok = tf.AutoTokenizer.from_pretrained(a)
     torch.manual_seed(0)
     model = tf.AutoModelForSequenceClassification.from_pretrained(a, num_labels=2)
@@ -357,7 +357,7 @@ def test_real_minilm_sst2_classifier_fine_tuned_by_plain_transformers(shared_dat
     tok.save_pretrained(b)
     out = tmp_path / "report"
     cli("graft", "--pretrained", a, "--finetuned", b, "--data", data, "--eval-data", test, "--budgets", "1e-3",
-        "--steps", 5, "--baselines", "", "--no-lottery-zero", "--out", out)
+        "--steps", 3, "--baselines", "", "--no-lottery-zero", "--out", out)
     export = tmp_path / "export"
     cli("apply", next((out / "grafts").iterdir()), "--export", export)
     reloaded = tf.AutoModelForSequenceClassification.from_pretrained(export).eval()

@@ -175,7 +175,8 @@ def report_markdown(metrics: dict) -> str:
     loc = metrics["localization"]
     cfg = loc.get("config", {})
     ref = "head-only" if metrics["carried_parameters"] else "pre-trained"
-    lines = [f"# Grafting report — {metrics['task']}, {metrics['k']}-shot, data seed {metrics['seed']}", "",
+    shots = f"{metrics['k']}-shot" if metrics["k"] else "all rows"  # k = 0: a user's data, every row
+    lines = [f"# Grafting report — {metrics['task']}, {shots}, data seed {metrics['seed']}", "",
              f"Test examples: {metrics['test_n']}. Graftable parameters (body): {metrics['graftable_parameters']:,} "
              f"of {metrics['total_parameters']:,}. Carried task head: {metrics['carried_parameters']:,} parameters "
              "(travels whole with every graft; counted separately).", ""]
