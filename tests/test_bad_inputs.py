@@ -394,14 +394,15 @@ def test_permission_denied_at_the_write(tiny_graft, tiny_bert, tmp_path, monkeyp
     ro.mkdir()
     real = tempfile.mkdtemp
 
-    def mkdtemp(*a, dir=None, **kw):
-        if dir is not None and str(dir).startswith(str(ro)):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(dir))
-        return real(*a, dir=dir, **kw)
+    def mkdtemp(suffix=None, prefix=None, dir=None):
+        if dir is not None and str(dir).startswith(str(ro)):  # as mkdir(2) reports it: the name it tried
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.path.join(dir, f"{prefix}x1y2{suffix}"))
+        return real(suffix, prefix, dir)
 
     monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
-    refused(tmp_path, ["export", tiny_graft, "--model", tiny_bert, "--to", "delta", "--out", ro / "e"],
-            str(ro), "permission denied")
+    line = refused(tmp_path, ["export", tiny_graft, "--model", tiny_bert, "--to", "delta", "--out", ro / "e"],
+                   f"{ro / 'e'}: permission denied")
+    assert ".tmp" not in line  # the path asked for, never the temporary sibling's
 
 
 def test_export_onto_an_existing_file(tiny_graft, tiny_bert, tmp_path):

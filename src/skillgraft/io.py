@@ -95,8 +95,12 @@ def _moved(name, tmp: Path, path: Path):
     if not isinstance(name, (str, os.PathLike)):
         return name
     text, prefix = os.fspath(name), os.fspath(tmp)
-    if isinstance(text, str) and (text == prefix or text.startswith(prefix + os.sep)):
+    if not isinstance(text, str):
+        return name
+    if text == prefix or text.startswith(prefix + os.sep):
         return os.fspath(path) + text[len(prefix):]
+    if os.path.basename(text).startswith(f".{path.name}.") and text.endswith(".tmp"):
+        return os.fspath(path)  # the temporary sibling could not even be made
     return name
 
 
