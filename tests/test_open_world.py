@@ -303,10 +303,11 @@ def test_user_data_files_labels_and_kshot(tmp_path):
         UserDataSpec.build({"data": tsv, "prompt_field": "sentence"})
 
 
-def test_evaluate_any_hf_checkpoint_with_user_data(pairs, user_data):
+def test_evaluate_any_hf_checkpoint_with_user_data(pairs, user_data, toy_data):
     _, b = pairs["gpt2"]
     out = cli("evaluate", b, "--data", user_data)
     assert "(n=120)" in out and "config.id2label" in out
+    assert "SST-2 test (n=80)" in cli("evaluate", b, "--task", "SST-2", "--data-dir", toy_data)  # a registered task
     out = cli("evaluate", b, "--data", user_data, "--labels", "pos,neg", "--limit", 10)
     assert "(n=10)" in out and "declared" in out
     assert "needs data" in cli("evaluate", b, code=2)

@@ -184,7 +184,7 @@ def evaluate(
             raise SkillgraftError(f"{model_dir}: a Hugging Face checkpoint needs data: --data FILE (with its field names) "
                                   "or --task NAME")
         scorer, examples, note = open_checkpoint(str(model_dir), user if user.data is not None else task, mode=mode,
-                                                 split=split)
+                                                 split=split, data_dir=data_dir)
         examples = examples[:limit]
         split = "data" if user.data is not None else split
         if note:
@@ -261,6 +261,9 @@ def graft(
     from skillgraft.recipes.graft import graft_report  # noqa: PLC0415
 
     if is_run_dir(finetuned) or (pretrained is None and not (finetuned / "config.json").is_file()):
+        if user.data is not None or task is not None:
+            raise SkillgraftError(f"--finetuned {finetuned} is a skillgraft run: it grafts on its own task data "
+                                  "(drop --data/--task, or give a Hugging Face checkpoint with --pretrained)")
         out = check_target(out or finetuned / "graft", overwrite)
         setup = from_run(finetuned, data_dir=data.data_dir, test_limit=user.test_limit)
     else:

@@ -372,7 +372,8 @@ def task_from_record(record: dict):
     return _task_from_config(dict(record), "graft metadata task_spec")
 
 
-def open_checkpoint(path: str, data, *, mode: str | None = None, split: str = "test", max_length: int = 128):
+def open_checkpoint(path: str, data, *, mode: str | None = None, split: str = "test", max_length: int = 128,
+                    data_dir: str | os.PathLike | None = None):
     """A plain Hugging Face checkpoint as a Scorer with the examples to evaluate it on: ``(scorer, examples, note)``.
 
     ``data`` is a :class:`~skillgraft.data.UserDataSpec` (every row of ``--eval-data``, else of ``--data``)
@@ -393,7 +394,7 @@ def open_checkpoint(path: str, data, *, mode: str | None = None, split: str = "t
         task, examples, note = loaded.task, loaded.test, loaded.labels_note
     else:
         task, note = get_task(data), ""
-        examples = load_split(task, split)
+        examples = load_split(task, split, data_dir)
     if mode == "classifier" and len(_model_labels(path)) != task.num_labels:
         raise SkillgraftError(f"the classifier {path} has {len(_model_labels(path))} outputs but the data has "
                               f"{task.num_labels} labels {list(task.labels)}")
