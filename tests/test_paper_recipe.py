@@ -20,7 +20,8 @@ from skillgraft.recipes.base import load_recipe
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 TINY_FT = {"optimizer": "adamw", "lr": 3e-3, "steps": 16, "eval_every": 8, "freeze_embeddings": False}
 LOCALIZERS = [{"name": "learned", "label": "paper", "options": {"sparsity": 0.01, "steps": 2, "micro_batch": 32}},
-              {"name": "straight-through", "options": {"steps": 2, "eval_every": 1, "micro_batch": 32}}]
+              {"name": "straight-through", "options": {"steps": 2, "eval_every": 1, "micro_batch": 32}},
+              {"name": "learned-adam", "label": "adam", "options": {"steps": 2, "budgets": [0.05], "sparsity": 0.01}}]
 
 
 def overrides(tiny_bert, toy_data, **extra) -> dict:
@@ -34,7 +35,8 @@ def test_paper_recipe_tiny(tiny_bert, toy_data, tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     rows = metrics["rows"]
     assert [r["model"] for r in rows] == ["pre-trained", "fine-tuned", "paper 0.01", "paper 0.05",
-                                          "straight-through 0.01", "straight-through 0.05"]  # prompt: no head only
+                                          "straight-through 0.01", "straight-through 0.05",
+                                          "adam 0.05"]  # prompt mode: no head only; adam at its one budget
     universe = sum(math.prod(s) for s in region_universe(build_scorer(str(tiny_bert), "SST-2", "prompt")).values())
     ft, pre = rows[1]["score"], rows[0]["score"]
     for r in rows[2:]:
@@ -54,7 +56,7 @@ def test_paper_recipe_tiny(tiny_bert, toy_data, tmp_path):
     assert metrics["timings"][0]["evaluation"] >= 0 and "regions straight-through" in metrics["timings"][0]
     # a second run reads every stage back from the store: no new entries, the same rows
     cached = sorted(p.name for p in (tmp_path / "cache").iterdir())
-    assert sum(n.startswith("regions-") for n in cached) == 2 and any(n.startswith("paper-rows") for n in cached)
+    assert sum(n.startswith("regions-") for n in cached) == 3 and any(n.startswith("paper-rows") for n in cached)
     again = run_recipe(RECIPES / "paper.yaml", tmp_path / "run2", overrides=over, cache=tmp_path / "cache")
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == cached
     assert json.loads((again / "metrics.json").read_text())["rows"] == rows
@@ -75,9 +77,10 @@ def test_paper_spec_checks_before_any_work(tiny_bert, toy_data, tmp_path):
     assert spec.localizers[0].name == "learned" and len(spec.localizers) >= 3
     bad = [{"localizers": [{"name": "straight-through", "options": {"stepz": 3}}]},
            {"localizers": [{"name": "lottery"}]}, {"budgets": ["round"]}, {"tasks": ["SST-3"]},
-           {"localizers": [{"name": "learned"}, {"name": "learned"}]}, {"budget": [0.1]}]
+           {"localizers": [{"name": "learned"}, {"name": "learned"}]}, {"budget": [0.1]},
+           {"localizers": [{"name": "movement", "options": {"budgets": [0.5]}}]}]
     for extra, match in zip(bad, ["stepz", "unknown localizer 'lottery'", "round", "SST-3", "share a label",
-                                  "budget"]):
+                                  "budget", "among the recipe's budgets"]):
         with pytest.raises(SkillgraftError, match=match):
             run_recipe(RECIPES / "paper.yaml", tmp_path / "never", overrides=overrides(tiny_bert, toy_data, **extra),
                        cache=tmp_path / "cache")

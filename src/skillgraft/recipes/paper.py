@@ -48,7 +48,8 @@ class LocalizerRun(Spec):
 
     name: str = Field(description="registered localizer (docs/localizers.md)")
     label: str | None = Field(None, description="row label (default: the name)")
-    options: dict = Field(default_factory=dict, description="the localizer's options (budgets come from `budgets`)")
+    options: dict = Field(default_factory=dict, description=(
+        "the localizer's options; `budgets` here picks a subset of the recipe's `budgets` (default: all of them)"))
 
     @property
     def title(self) -> str:
@@ -98,8 +99,13 @@ class PaperSpec(ExperimentSpec, SeedsMixin):
         return self
 
     def options_of(self, loc: LocalizerRun) -> Spec:
-        """The localizer's validated options with this recipe's budgets."""
-        return get_localizer(loc.name).options({**loc.options, "budgets": [b.key for b in self.budgets]})
+        """The localizer's validated options with this recipe's budgets (or the subset it names)."""
+        mine = loc.options.get("budgets")
+        budgets = self.budgets if mine is None else [Budget.parse(b) for b in mine]
+        if any(b not in self.budgets for b in budgets):
+            raise SkillgraftError(f"options.budgets {[b.label for b in budgets]} must be among the recipe's budgets "
+                                  f"{[b.label for b in self.budgets]}")
+        return get_localizer(loc.name).options({**loc.options, "budgets": [b.key for b in budgets]})
 
     def seeds_of(self, task: str) -> list[int]:
         return self.task_seeds.get(task) or self.task_seeds.get(get_task(task).name) or self.seeds
@@ -123,7 +129,7 @@ def draw_rows(spec: PaperSpec, setup: Setup, run: RunDir, timing: dict) -> list[
             regions, summary = learned_regions(setup, run.store, loc.name, opts, progress=spec.progress)
             timing[f"regions {loc.title}"] = round(time.perf_counter() - t0, 1)
             timing[f"regions {loc.title} (computed)"] = round(summary.get("seconds", 0.0), 1)
-            for budget in spec.budgets:
+            for budget in (b for b in spec.budgets if b in regions):
                 variants.append(graft_variant(setup, regions[budget], budget, {"localizer": loc.name},
                                               name=f"{loc.title} {budget.label}"))
                 variants[-1].info = {"localizer": loc.title, "budget": budget.label,
