@@ -208,7 +208,7 @@ OPTION_CASES = {
     "apply-limit-zero": (["apply", "{graft}", "--limit", 0], ["--limit", "greater than or equal to 1"], True),
     "export-unknown-target": (["export", "{graft}", "--out", "{tmp}/e", "--to", "onnx"], ["--to", "onnx"], True),
     "fim-n-zero": (["fim", "--task", "SST-2", "--n", 0], ["--n", "got 0"], False),
-    "fim-unknown-kind": (["fim", "--task", "SST-2", "--kind", "exact"], ["--kind", "'exact'"], False),
+    "fim-unknown-kind": (["fim", "--task", "SST-2", "--kind", "exact"], ["--kind", "'exact'"], True),
     "continual-sparsity-negative": (["continual", "add", "--state", "{tmp}/state", "--task", "SST-2", "--sparsity", -1],
                                     ["--sparsity", "got -1"], False),
     "continual-steps-negative": (["continual", "add", "--state", "{tmp}/state", "--task", "SST-2", "--steps", -1],

@@ -11,7 +11,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import typer
 from rich.console import Console
@@ -21,6 +21,7 @@ from rich.table import Table
 from skillgraft.clispec import Options, from_specs
 from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.errors import SkillgraftError
+from skillgraft.fisher.fisher import FisherConfig
 from skillgraft.graft.export import ExportSpec
 from skillgraft.graft.localizers import LocalizeConfig
 from skillgraft.models.spec import ModelSpec
@@ -486,38 +487,23 @@ def demo(
 
 @app.command()
 @friendly
+@from_specs(data=Options(DataSpec, skip=("test_limit",)), model=Options(ModelSpec),
+            fisher=Options(FisherConfig, rename={"n_examples": "n", "seed": "fisher_seed"}))
 def fim(
-    task: str = typer.Option(..., help="task name (see `skillgraft tasks`)"),
-    model: Optional[str] = typer.Option(None, help="hub name or local path (default: bundled all-MiniLM-L6-v2)"),
-    mode: str = typer.Option("head", help="scorer: head | prompt | causal"),
-    pooling: Optional[str] = typer.Option(None, help="head pooling: cls | mean | last"),
-    k: int = typer.Option(16, help="examples per label of the k-shot training set the Fisher is taken over"),
-    seed: int = typer.Option(42, help="data seed"),
-    n_examples: Optional[int] = typer.Option(None, "--n", help="use the first N training examples (default: all)"),
-    kind: str = typer.Option("empirical", help="empirical | true | sampled"),
-    aggregate: str = typer.Option("sum", help="block score: sum (of Fisher entries) | frobenius (reference code)"),
+    aggregate: Literal["sum", "frobenius"] = typer.Option("sum", help="block score: sum (of Fisher entries) | "
+                                                                      "frobenius (reference code)"),
     normalize: bool = typer.Option(False, help="divide each block's score by its parameter count"),
-    chunk_size: Optional[int] = typer.Option(None, help="examples per vectorised chunk (default: hooks 16; vmap 4 "
-                                                        "on CPU, 32 on GPU)"),
-    method: str = typer.Option("auto", help="per-example gradients: auto | hooks | vmap | loop (reference)"),
     out: Optional[Path] = typer.Option(None, help="output folder (default: runs/fim-<task>-<k>-<seed>)"),
-    data_dir: Optional[Path] = DataDir,
+    *, data: DataSpec, model: ModelSpec, fisher: FisherConfig,
 ) -> None:
     """Per-layer FIM scores of the pre-trained model (surgical fine-tuning): ranking table, fim.json, fim.png."""
-    from skillgraft.clispec import build as build_options  # noqa: PLC0415
-    from skillgraft.data import load_kshot  # noqa: PLC0415
-    from skillgraft.fisher import FisherConfig, fim_layer_scores  # noqa: PLC0415
+    from skillgraft.fisher import fim_layer_scores  # noqa: PLC0415
     from skillgraft.fisher.plots import layer_scores_bar  # noqa: PLC0415
     from skillgraft.io import write_json  # noqa: PLC0415
-    from skillgraft.models import build_scorer  # noqa: PLC0415
 
-    if aggregate not in ("sum", "frobenius"):
-        raise SkillgraftError(f"--aggregate must be sum or frobenius, got {aggregate!r}")
-    # built as the options they are, so a bad value names its option (--n, --kind, --method, --chunk-size)
-    config = build_options(Options(FisherConfig, rename={"n_examples": "n"}),
-                           dict(kind=kind, n_examples=n_examples, chunk_size=chunk_size, method=method))
-    data = load_kshot(task, k, seed, data_dir)
-    scorer = build_scorer(model, data.task, mode, pooling=pooling)
+    k, seed, n_examples, kind, config = data.k, data.seed, fisher.n_examples, fisher.kind, fisher
+    data = data.load()
+    scorer = model.scorer(data.task)
     scores = fim_layer_scores(scorer, data.train, aggregate=aggregate, normalize=normalize, config=config,
                               progress="fisher")
     ranks = scores.rank_of()
@@ -533,7 +519,7 @@ def fim(
 
     with atomic_files(out) as tmp:  # both files, or neither
         write_json(tmp / "fim.json", {"task": data.task.name, "k": k, "seed": seed, "model": scorer.base_model,
-                                      "mode": mode, "n_examples": n_used, **scores.to_dict()})
+                                      "mode": model.mode, "n_examples": n_used, **scores.to_dict()})
         layer_scores_bar(scores, tmp / "fim.png", title=f"{data.task.name} FIM per block (N={n_used})")
     console.print(f"top → bottom: {scores.ranking()}  → {out}/fim.json, {out}/fim.png")
 
