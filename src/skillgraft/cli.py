@@ -589,6 +589,7 @@ def continual_show_cmd(state: Path = typer.Argument(..., help="continual state f
 
 
 def main() -> None:  # pragma: no cover - entry point
+    """Entry point of ``skillgraft``: runs the app; Ctrl-C exits 130 with one line."""
     try:
         app()
     except KeyboardInterrupt:

@@ -37,9 +37,11 @@ class Options:
     help: dict[str, str] = field(default_factory=dict)     # extra help for a field in this verb only
 
     def fields(self) -> dict[str, Any]:
+        """The spec's fields offered as options (not skipped, not fixed by the verb)."""
         return {n: f for n, f in self.spec.model_fields.items() if n not in self.skip and n not in self.fixed}
 
     def option(self, name: str) -> str:
+        """The option name (snake_case, no dashes) of field ``name``."""
         return self.rename.get(name, name)
 
 

@@ -60,6 +60,7 @@ class ContinualLearner:
     @classmethod
     def create(cls, model: str | None = None, mode: str = "head", *, pooling: str | None = None,
                max_length: int = 128) -> ContinualLearner:
+        """A new, empty continual state for ``model`` in ``mode`` (no task learned yet)."""
         return cls(None, None, [], {}, {"model": model, "mode": mode, "pooling": pooling, "max_length": max_length})
 
     @property
@@ -150,6 +151,7 @@ class ContinualLearner:
                                  {"task": task, "continual_order": self._order(task)})
 
     def evaluate(self, task: str, examples: list[Example], **kwargs) -> tuple[dict, object]:
+        """Metrics of ``task`` inferred with its union graft (∪_{i≤n} γ_{t_i}) on ``examples``."""
         from skillgraft.graft.scoring import evaluate_graft  # noqa: PLC0415
 
         return evaluate_graft(self._pre_view(task), self.graft(task), examples, **kwargs)
@@ -178,6 +180,7 @@ class ContinualLearner:
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> ContinualLearner:
+        """Read a continual state folder written by :meth:`save` (checked against its own records)."""
         directory = Path(directory)
         path = directory / STATE_FILE
         if not path.is_file():

@@ -260,6 +260,7 @@ def _remove(path: Path) -> None:
 
 
 def write_json(path: str | os.PathLike, obj) -> Path:
+    """Write ``obj`` as indented JSON atomically (tensors and numpy values become numbers)."""
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n")
     return Path(path)

@@ -6,6 +6,7 @@ import numpy as np
 
 
 def accuracy(probs: np.ndarray, labels: np.ndarray) -> float:
+    """Share of examples whose most probable label is the gold one."""
     return float((probs.argmax(-1) == labels).mean())
 
 
@@ -58,6 +59,7 @@ def reliability_bins(probs: np.ndarray, labels: np.ndarray, n_bins: int = 10) ->
 
 
 def task_metric(metric: str, probs: np.ndarray, labels: np.ndarray, positive: int = 1) -> float:
+    """The task's score: accuracy, or binary F1 of the positive label (MRPC, QQP)."""
     return f1(probs, labels, positive) if metric == "f1" else accuracy(probs, labels)
 
 

@@ -36,6 +36,7 @@ def predict_probs(scorer: Scorer, examples: list[Example], *, batch_size: int = 
 
 
 def labels_of(examples: list[Example]) -> np.ndarray:
+    """Gold label indices of ``examples`` as an int array."""
     return np.array([ex.label for ex in examples])
 
 

@@ -66,16 +66,19 @@ class Region:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_masks(cls, masks: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]] | None = None) -> Region:
+        """A Region from dense boolean masks per tensor (``shapes`` defaults to the masks' shapes)."""
         shapes = shapes or {k: tuple(v.shape) for k, v in masks.items()}
         return cls(shapes, {k: torch.nonzero(m.reshape(-1), as_tuple=False).reshape(-1).cpu()
                             for k, m in masks.items()})
 
     @classmethod
     def empty(cls, shapes: dict[str, tuple[int, ...]]) -> Region:
+        """The empty region over a universe: |γ| = 0 (grafting it carries only a new head)."""
         return cls(shapes, {})
 
     @classmethod
     def full(cls, shapes: dict[str, tuple[int, ...]]) -> Region:
+        """Every coordinate of the universe: θ_pre + γ⊙Δ = θ_ft on these tensors."""
         return cls(shapes, {k: torch.arange(_numel(s)) for k, s in shapes.items()})
 
     def to_masks(self, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
@@ -106,6 +109,7 @@ class Region:
         return len(self) / max(1, self.universe_size)
 
     def density_of(self, total_parameters: int) -> float:
+        """|γ| / ``total_parameters`` (e.g. all of the model's parameters, not only the graftable)."""
         return len(self) / max(1, total_parameters)
 
     def __repr__(self) -> str:
@@ -134,12 +138,15 @@ class Region:
         return Region(shapes, out)
 
     def union(self, other: Region) -> Region:
+        """γ_A ∪ γ_B (shapes must agree where both have a tensor)."""
         return self._combine(other, "or")
 
     def intersection(self, other: Region) -> Region:
+        """γ_A ∩ γ_B."""
         return self._combine(other, "and")
 
     def difference(self, other: Region) -> Region:
+        """γ_A \\ γ_B: coordinates of this region that ``other`` does not cover."""
         return self._combine(other, "sub")
 
     __or__ = union
@@ -158,10 +165,12 @@ class Region:
         return len(self & other) / len(other) if len(other) else 0.0
 
     def iou(self, other: Region) -> float:
+        """|A ∩ B| / |A ∪ B| (paper Table 8)."""
         union = len(self | other)
         return len(self & other) / union if union else 0.0
 
     def contains(self, name: str, flat_index: int) -> bool:
+        """Whether coordinate ``flat_index`` of tensor ``name`` is in the region."""
         idx = self.indices.get(name)
         return bool(idx is not None and torch.isin(torch.tensor([flat_index]), idx).item())
 
@@ -174,11 +183,13 @@ class Region:
         return dict(c)
 
     def module_type_counts(self) -> dict[str, int]:
+        """Region size per module type (attention parts, FFN, layernorm, bias …; paper Fig. 9)."""
         return self.counts_by(lambda n: "bias" if n.endswith("bias") and module_type(n) != "layernorm"
                               else module_type(n))
 
     # ------------------------------------------------------------------ files
     def state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """(tensors, metadata) to store: int32 indices per tensor and the universe's shapes."""
         tensors = {f"{name}::indices": _compact(idx) for name, idx in self.indices.items()}
         return tensors, {"shapes": {k: list(v) for k, v in self.shapes.items()}}
 
@@ -195,6 +206,7 @@ class Region:
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> Region:
+        """Read a region folder written by :meth:`save` (``region.json`` + ``region.safetensors``)."""
         from safetensors.torch import load_file  # noqa: PLC0415
 
         directory = Path(directory)
@@ -206,6 +218,7 @@ class Region:
 
     @classmethod
     def from_state(cls, tensors: dict[str, torch.Tensor], meta: dict) -> Region:
+        """A Region from the tensors and metadata of :meth:`state`."""
         idx = {k[: -len("::indices")]: v.long() for k, v in tensors.items() if k.endswith("::indices")}
         return cls({k: tuple(v) for k, v in meta["shapes"].items()}, idx)
 

@@ -19,17 +19,21 @@ class RunDir:
         self.store = store
 
     def file(self, name: str) -> Path:
+        """Path of ``name`` inside the run folder (its parent folders created)."""
         p = self.path / name
         p.parent.mkdir(parents=True, exist_ok=True)
         return p
 
     def json(self, name: str, obj) -> Path:
+        """Write ``obj`` as JSON into the run folder (atomic)."""
         return write_json(self.file(name), obj)
 
     def csv(self, name: str, rows: list[dict]) -> Path:
+        """Write rows as CSV into the run folder (atomic)."""
         return write_csv(self.file(name), rows)
 
     def report(self, markdown: str, name: str = "report.md") -> Path:
+        """Write the Markdown report into the run folder (atomic)."""
         with atomic_path(self.file(name)) as tmp:
             tmp.write_text(markdown)
         return self.path / name

@@ -43,6 +43,7 @@ class TrainState:
 
 @dataclass
 class TrainResult:
+    """What one training run returns: the trained model, steps, best dev step and score, history, time."""
     model: nn.Module
     steps: int
     best_step: int                     # the step whose weights the model holds (``steps`` without BestDev)

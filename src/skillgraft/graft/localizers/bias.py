@@ -22,6 +22,7 @@ class Bias(Localizer):
     summary = "biases with the largest |θ_ft − θ_pre|"
 
     def scores(self, pre, ft, data, options, *, progress: bool = False) -> dict[str, torch.Tensor]:
+        """|θ_ft − θ_pre| on the bias tensors only (other tensors are not scored)."""
         scores = {n: s for n, s in movement(pre, ft, options.graftable).items() if n.endswith("bias")}
         if not scores:
             raise SkillgraftError(f"this model has no bias parameters in its {options.graftable!r} tensors")

@@ -21,6 +21,7 @@ from skillgraft.models.anatomy import graftable_names
 
 
 class FishOptions(LocalizerOptions):
+    """Options of the FISH localizer: the universe, budgets, the Fisher estimate and whose head to lend."""
     head: Literal["ft", "pre"] = Field("ft", description=(
         "whose task head θ_pre wears for the Fisher pass: the fine-tuned model's (ft) or its own (pre)"))
     fisher: FisherConfig = Field(default_factory=FisherConfig, description="how the diagonal Fisher is estimated")
@@ -33,6 +34,7 @@ class Fish(Localizer):
     summary = "top diagonal Fisher of θ_pre (Sung et al., 2021)"
 
     def scores(self, pre, ft, data, options, *, progress: bool = False) -> dict[str, torch.Tensor]:
+        """Diagonal Fisher F_jj(θ_pre) over the graftable tensors (the fine-tuned head lent for the pass)."""
         train, _ = examples_of(data)
         if not train:
             raise SkillgraftError("the fish localizer needs training examples for its Fisher pass")

@@ -26,4 +26,5 @@ class Movement(Localizer):
     summary = "top |θ_ft − θ_pre|"
 
     def scores(self, pre, ft, data, options, *, progress: bool = False) -> dict[str, torch.Tensor]:
+        """|θ_ft − θ_pre| per graftable coordinate (γ_base of paper Eq. 3)."""
         return movement(pre, ft, options.graftable)

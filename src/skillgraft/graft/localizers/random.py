@@ -14,6 +14,7 @@ from skillgraft.graft.selection import region_universe
 
 
 class RandomOptions(LocalizerOptions):
+    """Options of the random localizer: the universe, budgets and the draw's seed."""
     seed: int = Field(0, description="seed of the permutation the coordinates are drawn from")
 
 
@@ -24,6 +25,7 @@ class Random(Localizer):
     summary = "uniformly random coordinates (seeded)"
 
     def scores(self, pre, ft, data, options, *, progress: bool = False) -> dict[str, torch.Tensor]:
+        """A seeded random rank per coordinate: the top-k is a uniform draw of k coordinates."""
         shapes = region_universe(pre, options.graftable)
         sizes = [torch.Size(s).numel() for s in shapes.values()]
         universe = sum(sizes)
