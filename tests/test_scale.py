@@ -181,13 +181,34 @@ def test_candidate_state_lives_on_the_candidates_only(llama_bf16, data):
         assert work.delta[n].shape == work.original[n].shape == work.base[n].shape == (m,)
     assert work.base_size == int(round(0.01 * universe))
     assert_intact(pre, before)  # building the state reads θ_pre only
-    top_c = get_localizer("movement").region(pre, ft, None, 0.05)
+    top_c = get_localizer("movement").region(pre, ft, None, 0.05)  # C is exactly the top-c |Δ|, same tie rule
+    assert all(torch.equal(work.pos[n].to(torch.int64), top_c.indices.get(n, torch.empty(0, dtype=torch.int64)))
+               for n in names)
     res = localize(pre, folder, data.train, data.dev, cfg, progress=False)
     assert res.candidate_size == len(top_c) and res.summary["candidate_size"] == len(top_c)
     for budget, region in res.regions.items():
         assert len(region) == budget.size(universe)
         assert len(region & top_c) == len(region)  # every region lies in the candidate set
     assert_intact(pre, before)
+
+
+def test_candidate_set_is_the_exact_top_c_even_among_ties(bert):
+    """Half the tensors did not move (|Δ| = 0 ties galore): C is still exactly the shared selection's top-c."""
+    import copy  # noqa: PLC0415
+
+    pre, ft = bert
+    names = graftable_names(pre)
+    half = copy.deepcopy(ft)
+    with torch.no_grad():
+        for n, p in half.named_parameters():
+            if n in names[len(names) // 2:]:
+                p.copy_(dict(pre.named_parameters())[n])
+    for c in (0.05, 0.6):
+        work = Candidates(pieces(pre, names, Group()), InMemory(half), LocalizeConfig(sparsity=0.01, candidates=c),
+                          Group())
+        want = get_localizer("movement").region(pre, half, None, c)
+        assert all(torch.equal(work.pos[n].to(torch.int64), want.indices.get(n, torch.empty(0, dtype=torch.int64)))
+                   for n in names), c
 
 
 def test_gradients_are_gathered_as_each_tensor_is_ready(bert, data):

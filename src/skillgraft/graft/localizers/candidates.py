@@ -30,7 +30,13 @@ from skillgraft.graft.localizers.topk import StreamingTopK, top_k
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget
 
-CHUNK = 1 << 22  # S is drawn in chunks of this many values (same stream as one draw per tensor)
+CHUNK = 1 << 20  # S is drawn in chunks of this many values (same stream as one draw per tensor)
+BINS = 1 << 15   # histogram bins of |Δ|: the top 16 bits of a non-negative float32 (order-preserving)
+
+
+def _bins(moved: torch.Tensor) -> torch.Tensor:
+    """Histogram bin of each |Δ| (non-negative; NaN lands above +inf, as the shared selection ranks it)."""
+    return (moved.to(torch.float32).contiguous().view(torch.int32) >> 16).to(torch.int16)  # < 2**15
 
 
 class Candidates:
@@ -54,10 +60,10 @@ class Candidates:
         positions = self._choose(k_c, source, base, chosen)
         self.pos, self.original, self.delta = {}, {}, {}
         for n, piece in pieces.items():
-            pos = positions[n]
+            pos = positions.pop(n)
             values = piece.values()
             self.pos[n] = pos.to(torch.int32 if piece.numel < 2 ** 31 else torch.int64).to(values.device)
-            self.original[n] = values[pos.to(values.device)].clone()
+            self.original[n] = values[pos.to(values.device)]  # a copy (advanced indexing)
             ft = source.rows(n, piece.start, piece.stop).reshape(-1)
             self.delta[n] = ft[pos.to(ft.device)].to(values.device) - self.original[n]
         self.size = self._total(sum(int(p.numel()) for p in self.pos.values()))
@@ -76,30 +82,49 @@ class Candidates:
         return pos.to(torch.int64).cpu() + (self.offsets[n] + self.pieces[n].first)
 
     def _choose(self, k_c: int, source: FineTuned, base: Region | None, chosen: Region | None) -> dict:
-        """Local positions (sorted int64) of C in each piece: top-k_c |Δ| (or ``chosen``) ∪ base."""
+        """Local positions (sorted int64) of C in each piece: the top-k_c |Δ| (or ``chosen``) ∪ base.
+
+        Two reads of θ_ft, no per-coordinate buffer: a histogram of |Δ| by its float32 bits' top half (all-
+        reduced when sharded) gives the bin holding the k_c-th largest; everything above it is in, and only
+        that bin's coordinates go through the exact (streamed, distributed) top-k with the shared tie rule.
+        """
         if chosen is not None:
             positions = {n: self._local(chosen, n) for n in self.names}
         elif k_c >= self.universe:
             positions = {n: torch.arange(p.numel) for n, p in self.pieces.items()}
         else:
-            stream = StreamingTopK(k_c)
+            hist = torch.zeros(BINS, dtype=torch.int64)
             for n, piece in self.pieces.items():
-                values = piece.values()
-                ft = source.rows(n, piece.start, piece.stop).reshape(-1)
-                stream.add((ft.to(values.device) - values).abs(), self.offsets[n] + piece.first)
-                del ft
+                hist += torch.bincount(_bins(self._movement(n, source)).cpu(), minlength=BINS)
+            if self.group.topk is not None:
+                hist = self.group.sum_(hist.to(self.group.device)).cpu()
+            from_top = hist.flip(0).cumsum(0)
+            edge = BINS - 1 - int(torch.searchsorted(from_top, k_c))  # the bin holding the k_c-th largest
+            need = k_c - int(from_top[BINS - 1 - edge] - hist[edge])
+            stream, positions = StreamingTopK(need), {}
+            for n, piece in self.pieces.items():
+                moved = self._movement(n, source)
+                bins = _bins(moved)
+                positions[n] = torch.nonzero(bins > edge).view(-1).cpu()
+                tied = torch.nonzero(bins == edge).view(-1)
+                stream.add(moved[tied], positions=tied.cpu() + (self.offsets[n] + piece.first))
+                del moved, bins, tied
             scores, glob = stream.result()
-            if self.group.topk is not None:  # the global top-k_c among every process's local top-k_c
-                keep = top_k(scores, glob, k_c, self.group.topk)
-                glob = glob[keep]
-            positions = {}
+            if self.group.topk is not None:  # the global top-need among every process's local top-need
+                glob = glob[top_k(scores, glob, need, self.group.topk)]
             for n, piece in self.pieces.items():
                 lo = self.offsets[n] + piece.first
-                inside = glob[(glob >= lo) & (glob < lo + piece.numel)]
-                positions[n] = inside - lo
+                edge_pos = glob[(glob >= lo) & (glob < lo + piece.numel)] - lo
+                positions[n] = torch.sort(torch.cat([positions[n], edge_pos])).values
         if base is not None:
             positions = {n: torch.unique(torch.cat([positions[n], self._local(base, n)])) for n in self.names}
         return positions
+
+    def _movement(self, n: str, source: FineTuned) -> torch.Tensor:
+        """|θ_ft − θ_pre| of this process's rows of tensor n, flat (one tensor read)."""
+        piece = self.pieces[n]
+        values = piece.values()
+        return (source.rows(n, piece.start, piece.stop).reshape(-1).to(values.device) - values).abs()
 
     def _local(self, region: Region, n: str) -> torch.Tensor:
         """The region's coordinates of tensor n that fall in this process's piece, as local positions."""

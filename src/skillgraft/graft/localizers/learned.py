@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -106,6 +106,7 @@ class LocalizeResult:
     step_seconds: float               # median time of one localization step (forward/backward + S update)
     config: dict
     candidate_size: int | None = None  # |C| when candidate-restricted
+    step_times: list[float] = field(default_factory=list)  # seconds of each step (benchmarks)
 
     @property
     def region(self) -> Region:
@@ -321,7 +322,8 @@ def _steps(pre, work, train, dev, config, accelerator, group, progress, world, r
         bar.close()
     return LocalizeResult({k: best[k][2] for k in keys}, {k: best[k][1] for k in keys},
                           {k: best[k][0] for k in keys}, history, work.base_size,
-                          float(np.median(step_times)) if step_times else 0.0, config.to_dict(), work.size)
+                          float(np.median(step_times)) if step_times else 0.0, config.to_dict(), work.size,
+                          step_times)
 
 
 def _micro_batches(mine: np.ndarray, micro_batch: int, lockstep: int | None):

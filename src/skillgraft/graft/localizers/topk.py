@@ -82,8 +82,9 @@ class StreamingTopK:
     """The best k of a stream of score tensors in position order, in O(k) memory (exact, same ties).
 
     Scores are compared in float32, or float64 once any float64 tensor arrives (as ``top_k_masks``).
-    ``add(scores, first)`` takes the next tensor's flat scores, whose positions are first, first+1, …;
-    positions must increase from one call to the next. ``result()`` gives (scores, positions), ascending.
+    ``add(scores, first)`` takes the next tensor's flat scores, whose positions are first, first+1, …
+    (or ``add(scores, positions=...)`` with explicit ascending positions); positions must increase from one
+    call to the next. ``result()`` gives (scores, positions), ascending.
     """
 
     def __init__(self, k: int, dtype: torch.dtype = torch.float32):
@@ -94,7 +95,7 @@ class StreamingTopK:
         self.pending_n = 0
         self.threshold: float | None = None  # the k-th best score so far: anything below it is out
 
-    def add(self, scores: torch.Tensor, first: int) -> None:
+    def add(self, scores: torch.Tensor, first: int = 0, positions: torch.Tensor | None = None) -> None:
         if scores.dtype == torch.float64 and self.dtype != torch.float64:  # compare wide from now on (exact)
             self.dtype = torch.float64
             self.scores = self.scores.to(self.dtype)
@@ -107,7 +108,8 @@ class StreamingTopK:
         else:
             keep = torch.nonzero(flat > self.threshold).view(-1)  # an equal score comes later: it loses
         if keep.numel():
-            self.pending.append((flat[keep].cpu(), keep.cpu() + first))
+            where = keep.cpu() + first if positions is None else positions.reshape(-1).to(torch.int64).cpu()[keep.cpu()]
+            self.pending.append((flat[keep].cpu(), where))
             self.pending_n += keep.numel()
         if self.pending_n >= self.k:
             self._merge()
