@@ -339,6 +339,8 @@ GRAFT_CASES = {
                       ["holds 6 positions", "declares 5"]),
     "fingerprint-removed": (_graft_config(lambda c: c.pop("base_fingerprint")), "apply", ["base_fingerprint",
                                                                                           "--force"]),
+    "fingerprint-removed-export": (_graft_config(lambda c: c.pop("base_fingerprint")), "export",
+                                   ["base_fingerprint", "--force"]),
 }
 
 

@@ -115,7 +115,10 @@ def _check_base(graft: Graft, scorer, force: bool) -> dict[str, torch.Tensor]:
         if tuple(params[name].shape) != tuple(shape):
             raise SkillgraftError(f"this graft expects {name!r} of shape {tuple(shape)}, the base model has "
                                   f"{tuple(params[name].shape)}")
-    if not force and graft.base_fingerprint:
+    if not force and not graft.base_fingerprint:  # the same rule as Graft.apply
+        raise SkillgraftError(f"{graft._where()} records no base_fingerprint, so it cannot be checked against the "
+                              "base it is exported for; export it anyway with --force")
+    if not force:
         got = cached_fingerprint(scorer)
         if got != graft.base_fingerprint:
             raise SkillgraftError(f"this graft was learned on base model {graft.base_model or '?'} with fingerprint "
