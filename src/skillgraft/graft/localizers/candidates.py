@@ -19,6 +19,7 @@ process holds C ∩ its own rows; the budgets' top-k is the distributed one of :
 
 from __future__ import annotations
 
+import ctypes
 from functools import partial
 
 import torch
@@ -36,7 +37,18 @@ BINS = 1 << 15   # histogram bins of |Δ|: the top 16 bits of a non-negative flo
 
 def _bins(moved: torch.Tensor) -> torch.Tensor:
     """Histogram bin of each |Δ| (non-negative; NaN lands above +inf, as the shared selection ranks it)."""
-    return (moved.to(torch.float32).contiguous().view(torch.int32) >> 16).to(torch.int16)  # < 2**15
+    keys = moved.float() if moved.dtype != torch.float32 else moved.clone()
+    keys = keys.view(torch.int32).bitwise_right_shift_(16)
+    return keys.to(torch.int16)  # < 2**15
+
+
+def _release_freed_memory() -> None:
+    """Give freed heap pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere): building C frees
+    many tensor-sized temporaries that glibc would otherwise keep resident next to the long-lived state."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class Candidates:
@@ -73,6 +85,7 @@ class Candidates:
         self.current = {n: self.gamma(n) for n in self.names}
         self.grads: dict[str, torch.Tensor | None] = dict.fromkeys(self.names)
         self.hooks: list = []
+        _release_freed_memory()
 
     # ------------------------------------------------------------------ construction
     def _total(self, local: int) -> int:
@@ -124,7 +137,8 @@ class Candidates:
         """|θ_ft − θ_pre| of this process's rows of tensor n, flat (one tensor read)."""
         piece = self.pieces[n]
         values = piece.values()
-        return (source.rows(n, piece.start, piece.stop).reshape(-1).to(values.device) - values).abs()
+        moved = torch.sub(source.rows(n, piece.start, piece.stop).reshape(-1).to(values.device), values)
+        return moved.abs_()
 
     def _local(self, region: Region, n: str) -> torch.Tensor:
         """The region's coordinates of tensor n that fall in this process's piece, as local positions."""
