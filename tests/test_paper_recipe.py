@@ -50,6 +50,7 @@ def test_paper_recipe_tiny(tiny_bert, toy_data, tmp_path):
     assert st["vs_reference_points"] == pytest.approx(100 * (rows[4]["share_of_ft"] - rows[2]["share_of_ft"]))
     report = (out / "report.md").read_text()
     assert "90.5 (0.4)" in report and "89.7 (0.2)" in report  # the paper's SST-2 FT and graft accuracy beside ours
+    assert "graft: paper at 0.05" not in report and "(graft: paper at 0.01)" in report  # largest ≤ 1e-4 … here 0.01
     assert "Localizers at equal size" in report and "Wall time" in report and "QQP: not run" in report
     for f in ("metrics.csv", "summary.csv", "localizers.csv", "config.json"):
         assert (out / f).is_file(), f
