@@ -146,7 +146,8 @@ def draw_rows(spec: PaperSpec, setup: Setup, run: RunDir, timing: dict) -> list[
     if "rows" in holder:
         return holder["rows"]
     stored = read_json(entry / "rows.json", required=("rows",), what="stored paper rows")
-    timing.update({f"{k} (stored run)": v for k, v in (stored.get("timing") or {}).items()})
+    timing.update({f"{k} (stored run)": v for k, v in (stored.get("timing") or {}).items()
+                   if k not in ("task", "seed")})
     return stored["rows"]
 
 
@@ -215,7 +216,8 @@ def report_markdown(spec: PaperSpec, agg: list[dict], table: list[dict], timings
     model = spec.model or "bundled all-MiniLM-L6-v2"
     lines = ["# The paper's Table 2 setting, measured", "",
              f"Model {model}, {spec.mode} mode, SGD fine-tuning (lr {spec.finetune.lr:g}, "
-             f"{spec.finetune.steps or f'16·n·k ≤ {spec.finetune.max_steps}'} steps), k={spec.k} per label, test subset "
+             f"{spec.finetune.steps or f'16·n·k ≤ {spec.finetune.max_steps}'} steps), k={spec.k} per label, "
+             "test subset "
              f"{spec.test_limit or 'full'} (seeded sample), grafts at {', '.join(b.label for b in spec.budgets)} of "
              f"the body. Score = accuracy (F1 for MRPC/QQP), ECE with 10 equal-width bins, in %; mean (std) over "
              f"data seeds. Share of FT = score ÷ FT score; gap closed = (score − {ref}) ÷ (FT − {ref}).", "",
