@@ -215,7 +215,8 @@ def report_markdown(spec: PaperSpec, agg: list[dict], table: list[dict], timings
     first = spec.localizers[0].title
     model = spec.model or "bundled all-MiniLM-L6-v2"
     lines = ["# The paper's Table 2 setting, measured", "",
-             f"Model {model}, {spec.mode} mode, SGD fine-tuning (lr {spec.finetune.lr:g}, "
+             f"Model {model}, {spec.mode} mode, {spec.finetune.optimizer.upper()} fine-tuning "
+             f"(lr {spec.finetune.lr:g}, "
              f"{spec.finetune.steps or f'16·n·k ≤ {spec.finetune.max_steps}'} steps), k={spec.k} per label, "
              "test subset "
              f"{spec.test_limit or 'full'} (seeded sample), grafts at {', '.join(b.label for b in spec.budgets)} of "
