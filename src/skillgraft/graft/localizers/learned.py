@@ -74,7 +74,8 @@ class LocalizeConfig(Spec):
         "(memory O(c·N); c ≥ sparsity and ≥ every fractional budget; 1 = every parameter, same result as "
         "dense); default: dense"))
     gradient_checkpointing: bool = Field(False, description=(
-        "recompute each transformer block's activations in the backward pass (less memory, ~⅓ more compute)"))
+        "recompute each transformer block's activations in the backward pass (less memory; each block's "
+        "forward runs twice)"))
 
     @model_validator(mode="after")
     def _candidates_hold_the_budgets(self) -> LocalizeConfig:
