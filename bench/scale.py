@@ -184,7 +184,8 @@ def measure(name: str, pre_dir: str, ft_dir: str, train, args, repeats: int, bas
             t0 = clock()
             for b in batches:
                 logits = pre(**{k: v for k, v in b.items() if k != "labels"})
-                (torch.nn.functional.cross_entropy(logits.float(), b["labels"], reduction="sum") / len(train)).backward()
+                loss = torch.nn.functional.cross_entropy(logits.float(), b["labels"], reduction="sum") / len(train)
+                loss.backward()
             t1 = clock()
             opt.step()
             opt.zero_grad(set_to_none=True)

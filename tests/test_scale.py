@@ -314,7 +314,7 @@ def spy(self, *a, **k):
     init(self, *a, **k)
     held.append(sum(p.numel() for p in self.pos.values()))
 C.Candidates.__init__ = spy
-res = localize(pre, ft_dir, data.train, data.dev, LocalizeConfig.model_validate_json(cfg), accelerator=acc,
+res = localize(pre, ft_dir, data.train[:9], data.dev, LocalizeConfig.model_validate_json(cfg), accelerator=acc,
                progress=False)
 intact = all(torch.equal((p.full_tensor() if hasattr(p, "full_tensor") else p).detach(), before[n])
              for n, p in pre.named_parameters())
@@ -328,14 +328,16 @@ if acc.is_main_process:
 
 def test_two_process_fsdp2_localization_matches_one(tiny_models, data, toy_data, tmp_path):
     """`accelerate launch` with configs/fsdp2-cpu.yaml (2 CPU processes, gloo): each rank keeps its shards'
-    candidates only, budgets by the distributed top-k; the regions equal the single-process ones."""
+    candidates only, budgets by the distributed top-k; the regions equal the single-process ones. 9 training
+    and 25 scoring examples: one rank runs a weighted-0 forward to stay in step; checkpointing on."""
     from pathlib import Path  # noqa: PLC0415
 
     small = load_kshot("SST-2", 8, 13, toy_data)
     pre, ft = trained_pair(tiny_models["llama"], "causal", small, steps=20)
     ft.save_pretrained(tmp_path / "ft")
-    cfg = LocalizeConfig(sparsity=0.01, candidates=0.05, steps=3, seed=3, budgets=[0.005, 0.02, "round"], micro_batch=4)
-    one = localize(pre, tmp_path / "ft", small.train, small.dev, cfg, progress=False)
+    cfg = LocalizeConfig(sparsity=0.01, candidates=0.05, steps=3, seed=3, budgets=[0.005, 0.02, "round"], micro_batch=4,
+                         gradient_checkpointing=True)
+    one = localize(pre, tmp_path / "ft", small.train[:9], small.dev, cfg, progress=False)
     script = tmp_path / "fsdp.py"
     script.write_text(SCRIPT)
     config = Path(__file__).resolve().parents[1] / "configs" / "fsdp2-cpu.yaml"

@@ -4,7 +4,7 @@ C is the top-c fraction of the graftable coordinates by |Δ| (``LocalizeConfig.c
 and ≥ every fractional budget), or a Region chosen by any other scorer, plus an explicit γ_base. It is
 kept per tensor as int32 positions, and only on C the localizer holds
 
-    S (fp32, also for bf16/fp16 models),  Δ = θ_ft − θ_pre,  θ_pre (for the restore),  γ_base,  γ held,  ∂L/∂θ
+    S (fp32, also for bf16/fp16 models), Δ = θ_ft − θ_pre, θ_pre (for the restore), γ_base, γ held, ∂L/∂θ
 
 Coordinates outside C stay exactly θ_pre (γ = 0) and are never selected. A hook on each graftable tensor
 (``register_post_accumulate_grad_hook``) gathers its gradient onto C as soon as it is accumulated and
@@ -238,7 +238,7 @@ class Candidates:
 
     @torch.no_grad()
     def update(self, lr: float, l1: float, group: Group | None = None) -> None:
-        """S ← S − lr·∂L/∂S on C, with ∂L/∂S = (∂L/∂θ ⊙ Δ + λ) ⊙ (1 − 2γ_base) ⊙ σ'(S − bias); θ follows γ."""
+        """S ← S − lr·∂L/∂S on C; ∂L/∂S = (∂L/∂θ ⊙ Δ + λ) ⊙ (1 − 2γ_base) ⊙ σ'(S − bias); θ follows γ."""
         for n in self.names:
             g = self.grads[n]
             if g is None:

@@ -311,7 +311,8 @@ def _steps(pre, work, train, dev, config, accelerator, group, progress, world, r
                                                 math.ceil(len(order) / world) if lockstep else None):
                 batch = pre.collate([train[i] for i in chunk])
                 batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-                loss = batch_loss(pre, batch, reduction="sum") / batch_n  # cross-entropy (generative: completion tokens)
+                # cross-entropy (generative: completion tokens)
+                loss = batch_loss(pre, batch, reduction="sum") / batch_n
                 (loss if weight == 1 else loss * weight).backward()
             work.update(config.lr, config.l1, group)
             step_times.append(time.perf_counter() - t0)

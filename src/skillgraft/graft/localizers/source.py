@@ -96,7 +96,8 @@ def fine_tuned(ft, pre: torch.nn.Module, names: list[str]) -> FineTuned:
                                       f"θ_pre has {_global_shape(params[n])}")
         return source
     if not isinstance(ft, torch.nn.Module):
-        raise SkillgraftError(f"the fine-tuned model must be a scorer or a saved scorer's folder, got {type(ft).__name__}")
+        raise SkillgraftError(f"the fine-tuned model must be a scorer or a saved scorer's folder, got "
+                              f"{type(ft).__name__}")
     check_compatible(pre, ft, names)
     return InMemory(ft)
 
