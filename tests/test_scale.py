@@ -276,6 +276,10 @@ def test_candidate_settings_are_checked(bert, data, tmp_path):
     for bad in (0, 1.5):
         with pytest.raises(SkillgraftError, match="candidates"):
             LocalizeConfig.build({"candidates": bad})
+    # unset, the memory settings leave configs and store keys of dense runs as they were before they existed
+    assert not {"candidates", "gradient_checkpointing"} & set(LocalizeConfig().to_dict())
+    lean = LocalizeConfig(candidates=0.01, gradient_checkpointing=True)
+    assert LocalizeConfig.build(lean.to_dict()) == lean and lean.key() != LocalizeConfig().key()
     pre, ft = bert
     before = snapshot(pre)
     with pytest.raises(SkillgraftError, match="candidate set holds"):  # a count larger than C

@@ -32,7 +32,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 from tqdm.auto import tqdm
 
 from skillgraft.data.loading import Example
@@ -76,6 +76,17 @@ class LocalizeConfig(Spec):
     gradient_checkpointing: bool = Field(False, description=(
         "recompute each transformer block's activations in the backward pass (less memory; each block's "
         "forward runs twice)"))
+
+    @model_serializer(mode="wrap")
+    def _scale_fields_only_when_set(self, handler):
+        """The memory settings appear only when set, so configs, summaries and store keys of dense runs stay
+        what they were before these fields existed (stored regions are reused, not recomputed)."""
+        data = handler(self)
+        if self.candidates is None:
+            data.pop("candidates", None)
+        if not self.gradient_checkpointing:
+            data.pop("gradient_checkpointing", None)
+        return data
 
     @model_validator(mode="after")
     def _candidates_hold_the_budgets(self) -> LocalizeConfig:
