@@ -330,6 +330,15 @@ if acc.is_main_process:
 """
 
 
+def _free_port() -> int:
+    """A port nobody listens on now (a fixed one can still be in TIME_WAIT from an earlier run)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_two_process_fsdp2_localization_matches_one(tiny_models, data, toy_data, tmp_path):
     """`accelerate launch` with configs/fsdp2-cpu.yaml (2 CPU processes, gloo): each rank keeps its shards'
     candidates only, budgets by the distributed top-k; the regions equal the single-process ones. 9 training
@@ -346,7 +355,8 @@ def test_two_process_fsdp2_localization_matches_one(tiny_models, data, toy_data,
     script.write_text(SCRIPT)
     config = Path(__file__).resolve().parents[1] / "configs" / "fsdp2-cpu.yaml"
     r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-                        "--main_process_port", "29541", str(script), str(tiny_models["llama"]), str(tmp_path / "ft"),
+                        "--main_process_port", str(_free_port()), str(script), str(tiny_models["llama"]),
+                        str(tmp_path / "ft"),
                         str(toy_data), str(tmp_path / "two.pt"), cfg.model_dump_json()],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
