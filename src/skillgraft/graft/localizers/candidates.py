@@ -51,7 +51,26 @@ def _release_freed_memory() -> None:
         pass
 
 
-class Candidates:
+class Holding:
+    """Scoring a binary choice inside a continuous trajectory: hold θ_pre + mask⊙Δ, then go back.
+
+    Shared by the dense working state and :class:`Candidates` (both define ``names``, ``current``, ``hold``).
+    """
+
+    def hold_choice(self, masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Move the working weights to the binary ``masks``; returns the continuous γ to :meth:`release` to."""
+        continuous = dict(self.current)
+        for n in self.names:
+            self.hold(n, masks[n].to(continuous[n].dtype))
+        return continuous
+
+    def release(self, continuous: dict[str, torch.Tensor]) -> None:
+        """Back to the continuous γ that :meth:`hold_choice` returned."""
+        for n in self.names:
+            self.hold(n, continuous[n])
+
+
+class Candidates(Holding):
     """The working model's graftable tensors restricted to C: Δ, S, γ_base, γ held, θ_pre, gathered ∂L/∂θ."""
 
     def __init__(self, pieces: dict[str, Piece], source: FineTuned, config, group: Group, *,
@@ -264,16 +283,6 @@ class Candidates:
         scores = torch.cat([self.gamma(n).reshape(-1).cpu() for n in self.names])
         glob = torch.cat([self._global(n, p) for n, p in self.pos.items()]) if self.group.topk else None
         return self._split(top_k(scores, glob, k, self.group.topk))
-
-    def hold_choice(self, masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        continuous = dict(self.current)
-        for n in self.names:
-            self.hold(n, masks[n].to(continuous[n].dtype))
-        return continuous
-
-    def release(self, continuous: dict[str, torch.Tensor]) -> None:
-        for n in self.names:
-            self.hold(n, continuous[n])
 
     def count(self, masks: dict[str, torch.Tensor]) -> int:
         return self._total(sum(int(m.sum()) for m in masks.values()))

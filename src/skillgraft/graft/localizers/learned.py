@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers.base import Localizer, examples_of
-from skillgraft.graft.localizers.candidates import Candidates
+from skillgraft.graft.localizers.candidates import Candidates, Holding
 from skillgraft.graft.localizers.checkpointing import activation_checkpointing
 from skillgraft.graft.localizers.lending import preserved
 from skillgraft.graft.localizers.sharded import (Group, fsdp_requested, is_sharded, pieces, reshard, shard,
@@ -135,7 +135,7 @@ class LocalizeResult:
         return out
 
 
-class _Working:
+class _Working(Holding):
     """The dense layout: the working model's graftable tensors with Δ, S and γ_base, and the θ updates."""
 
     def __init__(self, pre, source: FineTuned | torch.nn.Module, names: list[str], config: LocalizeConfig,
@@ -206,16 +206,6 @@ class _Working:
 
     def choose(self, budget: Budget) -> dict[str, torch.Tensor]:
         return select_masks({n: self.gamma(n) for n in self.names}, budget, self.universe)
-
-    def hold_choice(self, masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        continuous = dict(self.current)
-        for n in self.names:
-            self.hold(n, masks[n].to(continuous[n].dtype))
-        return continuous
-
-    def release(self, continuous: dict[str, torch.Tensor]) -> None:
-        for n in self.names:
-            self.hold(n, continuous[n])
 
     def count(self, masks: dict[str, torch.Tensor]) -> int:
         return int(sum(int(m.sum()) for m in masks.values()))
