@@ -4,7 +4,7 @@ Usage: .venv/bin/python bench/swap.py [--threads 1,2] [--density 1e-3] [--models
 
 Two base models, each timed in the same run and at each thread count:
 * ``minilm``: the bundled all-MiniLM-L6-v2 head-mode scorer (``build_scorer(None, "SST-2", "head")``);
-* ``llama``: a random bf16 Llama built in-process from a config (hidden 768, 12 layers, intermediate 2048,
+* ``llama``: a random bf16 Llama built in-process from a config (hidden 768, 12 layers, intermediate 3072,
   vocab 32000, untied LM head; its size is printed).
 The skills are grafts of ``density`` × the body (top-|Δ| coordinates of a randomly perturbed copy, no
 training; the MiniLM graft also carries its 770-parameter head). Timed, median of ``--reps``:
@@ -43,7 +43,7 @@ import torch  # noqa: E402
 from skillgraft.graft.graft import Graft, cached_fingerprint  # noqa: E402
 from skillgraft.graft.region import Region  # noqa: E402
 
-LLAMA = {"hidden_size": 768, "num_hidden_layers": 12, "intermediate_size": 2048, "vocab_size": 32000,
+LLAMA = {"hidden_size": 768, "num_hidden_layers": 12, "intermediate_size": 3072, "vocab_size": 32000,
          "num_attention_heads": 12, "num_key_value_heads": 12, "max_position_embeddings": 512,
          "tie_word_embeddings": False}
 
