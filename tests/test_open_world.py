@@ -297,10 +297,101 @@ def test_user_data_files_labels_and_kshot(tmp_path):
         UserDataSpec.build({"data": tsv}).load()
     with pytest.raises(SkillgraftError, match="not among the declared labels"):
         spec.replace(labels=["pos", "meh"]).load()
-    with pytest.raises(SkillgraftError, match="datasets"):
-        UserDataSpec.build({"data": tmp_path}).load()  # a folder: a saved HF dataset needs `datasets`
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SkillgraftError, match="empty: not a Hugging Face dataset folder"):
+        UserDataSpec.build({"data": tmp_path / "empty"}).load()
+    with pytest.raises(SkillgraftError, match="data file not found: .*missing.jsonl"):
+        UserDataSpec.build({"data": tmp_path / "missing.jsonl"}).load()
+    with pytest.raises(SkillgraftError, match="--data-split 'x'.*is a file with no splits"):
+        spec.replace(data_split="x").load()
     with pytest.raises(SkillgraftError, match="needs both --prompt-field and --completion-field"):
         UserDataSpec.build({"data": tsv, "prompt_field": "sentence"})
+
+
+# ---------------------------------------------------------------------------------------------- datasets
+def _dataset_dict(n_train: int = 60, n_eval: int = 20):
+    import datasets
+
+    ints = lambda rows: [{"sentence": r["text"], "label": LABELS.index(r["label"])} for r in rows]  # noqa: E731
+    return datasets.DatasetDict({"train": datasets.Dataset.from_list(ints(sentiment_rows(n_train, 0))),
+                                 "validation": datasets.Dataset.from_list(ints(sentiment_rows(n_eval, 1))),
+                                 "test": datasets.Dataset.from_list(ints(sentiment_rows(n_eval + 2, 2)))})
+
+
+def test_hugging_face_dataset_folders_and_splits(tmp_path):
+    """A save_to_disk folder (train / validation / test) and a folder of data files in a hub repository's layout."""
+    from skillgraft.data.spec import UserDataSpec
+
+    _dataset_dict().save_to_disk(str(tmp_path / "saved"))
+    spec = UserDataSpec.build({"data": tmp_path / "saved", "text_field": "sentence"})
+    d = spec.load(("neg", "pos"))
+    assert (len(d.train), len(d.test)) == (60, 20)                        # learned on train, evaluated on validation
+    assert d.source_note.endswith("evaluated on " + str(tmp_path / "saved") + " [validation]")
+    assert d.train[0].text_a == sentiment_rows(1, 0)[0]["text"] and d.train[0].label == 0
+    assert any(f.suffix == ".arrow" for f in d.files)                     # the store keys cover the data's content
+    assert len(spec.replace(eval_split="test").load(("neg", "pos")).test) == 22
+    assert len(spec.replace(k=4).load(("neg", "pos")).train) == 8         # k-shot per label
+    with pytest.raises(SkillgraftError, match=r"no split 'dev' \(--eval-split\); it has \['test', 'train', 'validation'\]"):
+        spec.replace(eval_split="dev").load()
+    with pytest.raises(SkillgraftError, match="is the split the graft is learned on"):
+        spec.replace(eval_split="train").load()
+    with pytest.raises(SkillgraftError, match="save_to_disk, which has no configurations"):
+        spec.replace(data_config="sst2").load()
+    # one split saved alone: a seeded 20% is held out
+    _dataset_dict()["train"].save_to_disk(str(tmp_path / "one"))
+    one = UserDataSpec.build({"data": tmp_path / "one", "text_field": "sentence"}).load(("neg", "pos"))
+    assert (len(one.train), len(one.test)) == (48, 12) and "held out" in one.source_note
+    # data files in a hub repository's layout: train.jsonl + test.jsonl → splits train / test
+    (tmp_path / "repo").mkdir()
+    write_rows(tmp_path / "repo" / "train.jsonl", sentiment_rows(40, 0))
+    write_rows(tmp_path / "repo" / "test.jsonl", sentiment_rows(10, 3))
+    repo = UserDataSpec.build({"data": tmp_path / "repo"}).load()
+    assert (len(repo.train), len(repo.test)) == (40, 10) and repo.task.labels == LABELS
+    assert sorted(f.name for f in repo.files) == ["test.jsonl", "train.jsonl"]
+
+
+def test_hub_dataset_name_goes_to_load_dataset(tmp_path, monkeypatch):
+    """A name that is no local path is a Hub dataset: ``datasets.load_dataset(name, config)`` (stubbed: no Hub here)."""
+    import datasets
+
+    from skillgraft.data.spec import UserDataSpec
+
+    calls = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, config=None, **kw: calls.append((name, config))
+                        or _dataset_dict())
+    d = UserDataSpec.build({"data": "someone/reviews", "data_config": "default", "text_field": "sentence",
+                            "data_split": "validation", "eval_split": "test"}).load(("neg", "pos"))
+    assert calls == [("someone/reviews", "default")]
+    assert (len(d.train), len(d.test)) == (20, 22) and d.task.name == "reviews"
+
+
+def test_unreachable_hub_dataset_is_one_clear_line(pairs):
+    """Offline (as here), a Hub name fails before any weights load, naming the dataset; no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    a, b = pairs["bert"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "skillgraft.cli", "graft", "--pretrained", str(a), "--finetuned", str(b),
+                        "--data", "nobody/no-such-dataset", "--out", "unused"], capture_output=True, text=True, env=env,
+                       timeout=300)
+    err = r.stdout + r.stderr
+    assert r.returncode == 2, err
+    assert "nobody/no-such-dataset: no such file or folder, and loading it as a Hugging Face Hub dataset failed" in err
+    assert "Traceback" not in err and not Path("unused").exists()
+
+
+def test_graft_a_saved_dataset_from_the_cli(pairs, tmp_path):
+    _dataset_dict().save_to_disk(str(tmp_path / "saved"))
+    a, b = pairs["bert"]
+    out = tmp_path / "report"
+    printed = cli("graft", "--pretrained", a, "--finetuned", b, "--data", tmp_path / "saved", "--text-field",
+                  "sentence", "--budgets", "1e-2", "--steps", 2, "--baselines", "", "--no-lottery-zero", "--out", out)
+    assert "[validation]" in printed and "indices into the fine-tuned model's config.id2label" in printed
+    assert "evaluated on" in (out / "report.md").read_text()
+    assert json.loads((out / "metrics.json").read_text())["rows"][0]["n"] == 20
+    assert "(n=22)" in cli("evaluate", b, "--data", tmp_path / "saved", "--text-field", "sentence", "--eval-split", "test")
 
 
 def test_evaluate_any_hf_checkpoint_with_user_data(pairs, user_data, toy_data):

@@ -189,7 +189,7 @@ def evaluate(
         examples = examples[:limit]
         split = "data" if user.data is not None else split
         if note:
-            console.print(f"labels: {note}")
+            console.print(f"labels: {escape(note)}")
     metrics, probs = run_eval(scorer, examples, progress=split)
     if "loss" in metrics:  # generative data
         if out:
@@ -290,8 +290,9 @@ def graft(
                      f"- pre-trained: `{setup.pre.base_model}`; fine-tuned: `{setup.ft.base_model}`; scored as "
                      f"`{setup.pre.mode}`"]
             if setup.data_files:
-                lines.append(f"- data: {', '.join(f'`{f}`' for f in setup.data_files)}; {len(setup.data.train)} "
-                             f"examples to localize on, {len(setup.test)} held out")
+                shown = ", ".join(f"`{f}`" for f in setup.data_files[:6]) + (", …" if len(setup.data_files) > 6 else "")
+                lines.append(f"- data: {setup.data_note or shown}; {len(setup.data.train)} examples to localize on, "
+                             f"{len(setup.test)} held out (files: {shown})")
             if setup.labels_note:
                 lines.append(f"- labels: {setup.labels_note}")
             run.report(text + "\n".join(lines) + "\n")
@@ -303,8 +304,10 @@ def graft(
             extra = f" loss {r['loss']:.4f}" if "loss" in r else ""
             console.print(f"{r['model']:>22}: {result['task']} {r['score']:.4f} ECE {r['ece']:.4f}{extra} "
                           f"| {r['params']:,} params ({r['density']:.2e}){size}")
+    if setup.data_note:
+        console.print(f"data: {escape(setup.data_note)}")
     if setup.labels_note:
-        console.print(f"labels: {setup.labels_note}")
+        console.print(f"labels: {escape(setup.labels_note)}")
     console.print(f"[bold green]done[/] → {out}/report.md")
 
 

@@ -33,12 +33,19 @@ class DataSpec(Spec):
 class UserDataSpec(Spec):
     """A user's own data file(s) instead of a registered task (``--data``; docs: README "Graft your own model")."""
 
-    data: Path | None = Field(None, description="your examples: a .jsonl, .csv or .tsv file, or a Hugging Face dataset "
-                                                "folder saved with save_to_disk (needs the datasets package)")
-    eval_data: Path | None = Field(None, description="held-out examples to evaluate on (default: a seeded "
-                                                     "--eval-fraction of --data)")
-    eval_fraction: float = Field(0.2, gt=0, lt=1, description="share of --data held out for evaluation when no "
-                                                              "--eval-data is given")
+    data: Path | None = Field(None, description="your examples: a .jsonl, .csv or .tsv file, a Hugging Face dataset "
+                                                "folder (save_to_disk, or data files in a hub repository's layout) or "
+                                                "a Hugging Face Hub dataset name")
+    data_config: str | None = Field(None, description="configuration of a Hugging Face dataset (e.g. 'sst2' of 'glue')")
+    data_split: str | None = Field(None, description="split of a Hugging Face dataset to learn on (default: 'train', "
+                                                     "or its only split)")
+    eval_data: Path | None = Field(None, description="held-out examples to evaluate on (default: the dataset's "
+                                                     "'validation' or 'test' split, else a seeded --eval-fraction of "
+                                                     "--data)")
+    eval_split: str | None = Field(None, description="split to evaluate on, of --eval-data if given, else of --data "
+                                                     "(default: 'validation', else 'test')")
+    eval_fraction: float = Field(0.2, gt=0, lt=1, description="share of --data held out for evaluation when it has no "
+                                                              "evaluation split and no --eval-data is given")
     text_field: str = Field("text", description="field holding the text (classification)")
     text_pair_field: str | None = Field(None, description="field holding the second text of a pair task")
     label_field: str = Field("label", description="field holding the label (classification)")

@@ -1,10 +1,12 @@
-"""Users' own data files as a task built on the fly: JSONL, CSV/TSV, or a Hugging Face dataset folder.
+"""Users' own data as a task built on the fly: JSONL, CSV/TSV, a Hugging Face dataset folder, or a hub dataset name.
 
 Classification rows give a text (and optionally a second text) and a label; generative rows give a prompt
 and a completion. Labels are declared (``labels``, in the order of the model's logits), taken from the
 fine-tuned classifier's ``config.id2label``, or inferred from the data (sorted; integers 0..n-1 stay in
-index order) — :class:`UserData` says which. Without a separate evaluation file, a seeded fraction of the
-rows is held out for evaluation; k-shot sampling (LM-BFF style, per label) is optional.
+index order) — :class:`UserData` says which. Without a separate evaluation file, a dataset's 'validation' (else
+'test') split is evaluated on, else a seeded fraction of the rows is held out; k-shot sampling (LM-BFF style,
+per label) is optional. Hugging Face datasets (a ``save_to_disk`` folder, a folder of data files in a hub
+repository's layout, or a hub name such as ``stanfordnlp/sst2``) are read with the ``datasets`` package.
 """
 
 from __future__ import annotations
@@ -53,19 +55,68 @@ class UserData:
     files: list[Path]
     labels_note: str = ""
     dev: list[Example] = field(default_factory=list)
+    source_note: str = ""  # which file / dataset splits were used for what
 
 
 def _is_generic(labels) -> bool:
     return all(_GENERIC.match(str(x)) for x in labels)
 
 
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
+EVAL_SPLITS = ("validation", "test")          # default evaluation splits of a dataset, in order
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+@dataclass
+class Source:
+    """A user's data source read whole: its splits (a file has one, named ``None``) and the files behind them."""
+
+    name: str
+    splits: dict[str | None, list[tuple[str, dict]]]
+    files: list[Path]
+
+    def split(self, name: str | None, option: str, default: tuple[str, ...] = ("train",)) -> tuple[str | None, list]:
+        """(split name, rows): ``name`` if given (it must exist), else the first of ``default``, else the only one."""
+        if None in self.splits:  # a file
+            if name is not None:
+                raise SkillgraftError(f"{option} {name!r}: {self.name} is a file with no splits; {option} applies to "
+                                      "a Hugging Face dataset")
+            return None, self.splits[None]
+        if name is not None:
+            if name not in self.splits:
+                raise SkillgraftError(f"{self.name}: no split {name!r} ({option}); it has {sorted(self.splits)}")
+            return name, self.splits[name]
+        for d in default:
+            if d in self.splits:
+                return d, self.splits[d]
+        if len(self.splits) == 1:
+            return next(iter(self.splits.items()))
+        raise SkillgraftError(f"{self.name}: splits {sorted(self.splits)}; choose one with {option}")
+
+
 def read_rows(path: str | Path) -> list[tuple[str, dict]]:
-    """(where, row) for every row of a JSONL, CSV, TSV file or a ``datasets`` folder saved with ``save_to_disk``."""
-    path = Path(path)
-    if not path.exists():
-        raise SkillgraftError(f"data file not found: {path}")
+    """(where, row) for every row of a JSONL, CSV or TSV file (or of the training split of a dataset)."""
+    return open_source(path).split(None, "--data-split")[1]
+
+
+def open_source(source: str | Path, config: str | None = None) -> Source:
+    """Read ``source``: a .jsonl/.csv/.tsv file, a ``datasets`` folder (``save_to_disk`` or data files in a hub
+    repository's layout), or a Hugging Face Hub dataset name (``config``: its configuration)."""
+    path = Path(source)
+    if path.is_file():
+        if config is not None:
+            raise SkillgraftError(f"--data-config {config!r}: {path} is a file; a configuration applies to a Hugging "
+                                  "Face dataset")
+        return Source(str(path), {None: _read_file(path)}, [path])
     if path.is_dir():
-        return _read_dataset_folder(path)
+        return _read_dataset(str(path), config, local=True)
+    text = str(source)
+    if path.suffix.lower() in DATA_SUFFIXES or not _HUB_NAME.match(text):
+        raise SkillgraftError(f"data file not found: {path}")
+    return _read_dataset(text, config, local=False)
+
+
+def _read_file(path: Path) -> list[tuple[str, dict]]:
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
         rows = []
@@ -86,26 +137,47 @@ def read_rows(path: str | Path) -> list[tuple[str, dict]]:
             reader = csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ",")
             rows = [(f"{path}:{i}", dict(r)) for i, r in enumerate(reader, 2) if any((v or "").strip() for v in r.values())]
     else:
-        raise SkillgraftError(f"{path}: unsupported data file (expected .jsonl, .csv, .tsv or a datasets folder)")
+        raise SkillgraftError(f"{path}: unsupported data file (expected .jsonl, .csv, .tsv, a Hugging Face dataset "
+                              "folder or a hub dataset name)")
     if not rows:
         raise SkillgraftError(f"{path}: no rows")
     return rows
 
 
-def _read_dataset_folder(path: Path) -> list[tuple[str, dict]]:
+def _read_dataset(source: str, config: str | None, *, local: bool) -> Source:
+    import datasets  # noqa: PLC0415 - only users' dataset folders and names need it
+
+    what = f"{source}" + (f" (configuration {config!r})" if config else "")
+    saved = local and any((Path(source) / f).is_file() for f in ("dataset_dict.json", "state.json"))
     try:
-        import datasets  # noqa: PLC0415 - optional: not a dependency of skillgraft
-    except ImportError:
-        raise SkillgraftError(f"{path} is a folder: reading a Hugging Face dataset saved with save_to_disk needs the "
-                              "'datasets' package (pip install datasets); or give a .jsonl/.csv/.tsv file") from None
-    try:
-        ds = datasets.load_from_disk(str(path))
-    except Exception as e:  # noqa: BLE001 - any failure is one clear line
-        raise SkillgraftError(f"{path}: not a dataset saved with save_to_disk ({str(e).splitlines()[0]})") from None
-    if isinstance(ds, datasets.DatasetDict):
-        split = "train" if "train" in ds else next(iter(ds))
-        ds = ds[split]
-    return [(f"{path}[{i}]", dict(row)) for i, row in enumerate(ds)]
+        if saved:
+            if config is not None:
+                raise SkillgraftError(f"--data-config {config!r}: {source} is a dataset saved with save_to_disk, "
+                                      "which has no configurations")
+            ds = datasets.load_from_disk(source)
+        else:
+            ds = datasets.load_dataset(source, config)
+    except SkillgraftError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure is one clear line naming the source
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        if local:
+            raise SkillgraftError(f"{source}: not a Hugging Face dataset folder (save_to_disk, or data files such as "
+                                  f"train.jsonl / test.csv): {first}") from None
+        raise SkillgraftError(f"{source}: no such file or folder, and loading it as a Hugging Face Hub dataset"
+                              f"{' configuration ' + repr(config) if config else ''} failed: {first}") from None
+    parts = dict(ds.items()) if isinstance(ds, datasets.DatasetDict) else {getattr(ds, "split", None) or "train": ds}
+    splits, files = {}, []
+    for name, part in parts.items():
+        rows = [(f"{what}[{name}][{i}]", dict(row)) for i, row in enumerate(part)]
+        if rows:
+            splits[str(name)] = rows
+        files += [Path(f["filename"]) for f in part.cache_files]
+    if not splits:
+        raise SkillgraftError(f"{what}: no rows")
+    if local and not saved:
+        files = [f for f in Path(source).rglob("*") if f.is_file() and ".cache" not in f.parts]
+    return Source(what, splits, sorted(set(files)))
 
 
 def _field(row: dict, name: str, where: str) -> str:
@@ -170,13 +242,24 @@ def load_user_data(spec, model_labels: tuple[str, ...] | None = None) -> UserDat
     evaluation rows, as a classification or generative task."""
     from skillgraft.data.sampling import eval_subset, sample_kshot  # noqa: PLC0415
 
-    rows = read_rows(spec.data)
-    files = _files(spec.data)
+    source = open_source(spec.data, spec.data_config)
+    train_split, rows = source.split(spec.data_split, "--data-split")
+    files = list(source.files)
     if spec.eval_data is not None:
-        eval_rows = read_rows(spec.eval_data)
-        files += _files(spec.eval_data)
+        held = open_source(spec.eval_data, spec.data_config if not Path(spec.eval_data).is_file() else None)
+        eval_split, eval_rows = held.split(spec.eval_split, "--eval-split", EVAL_SPLITS)
+        files += held.files
+        evaluated = f"{held.name}" + (f" [{eval_split}]" if eval_split else "")
+    elif spec.eval_split is not None or (train_split is not None and any(
+            d in source.splits and d != train_split for d in EVAL_SPLITS)):
+        default = tuple(d for d in EVAL_SPLITS if d != train_split)
+        eval_split, eval_rows = source.split(spec.eval_split, "--eval-split", default)
+        if eval_split == train_split:
+            raise SkillgraftError(f"--eval-split {eval_split!r} is the split the graft is learned on (--data-split)")
+        evaluated = f"{source.name} [{eval_split}]"
     else:
         rows, eval_rows = _split(rows, spec.eval_fraction, spec.seed)
+        evaluated = f"a seeded {spec.eval_fraction:.0%} of {source.name} held out"
     name = Path(spec.data).stem
     if spec.generative:
         data = _generative(name, rows, eval_rows, spec)
@@ -191,12 +274,9 @@ def load_user_data(spec, model_labels: tuple[str, ...] | None = None) -> UserDat
             data.train = [data.train[i] for i in sorted(keep)]
     data.test = eval_subset(data.test, spec.test_limit)
     data.files = files
+    data.source_note = (f"learned on {source.name}" + (f" [{train_split}]" if train_split else "")
+                        + f", evaluated on {evaluated}")
     return data
-
-
-def _files(path) -> list[Path]:
-    path = Path(path)
-    return sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
 
 
 def _classification(name, rows, eval_rows, spec, model_labels) -> UserData:

@@ -40,6 +40,7 @@ class Setup:
     probs: dict[str, np.ndarray] = field(default_factory=dict)  # FT's probabilities per evaluation set
     data_files: list[Path] | None = None  # a user's data files (instead of a registered task's)
     labels_note: str = ""                 # how the labels were decided (user data)
+    data_note: str = ""                   # which files / dataset splits were learned on and evaluated on
     graft_metadata: dict = field(default_factory=dict)  # recorded in every graft (a pair: its task, data, models)
     _identity: dict | None = field(default=None, repr=False)
 
@@ -316,12 +317,14 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         loaded = data.load(labels)
         task, train, dev, test = loaded.task, loaded.train, loaded.dev, loaded.test
         files, note, k, seed = loaded.files, loaded.labels_note, data.k or 0, data.seed
+        data_note = loaded.source_note
     else:
         if mode == "generative":
             raise SkillgraftError("generative mode needs prompt→completion data: --data FILE with --prompt-field and "
                                   "--completion-field")
         few = data.load()
         task, train, dev, test, files, note, k, seed = few.task, few.train, few.dev, few.test, None, "", few.k, few.seed
+        data_note = ""
     if mode == "classifier":
         n = len(_model_labels(finetuned))
         if n != task.num_labels:
@@ -355,7 +358,7 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     if user:
         meta["user_data"] = data.to_dict()
     return Setup(ft, pre, few, Path(finetuned), run_config, data_root=str(root) if root else None,
-                 data_files=files, labels_note=note, graft_metadata=meta)
+                 data_files=files, labels_note=note, data_note=data_note, graft_metadata=meta)
 
 
 def task_record(task) -> dict:
