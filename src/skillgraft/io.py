@@ -194,11 +194,7 @@ def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[
     ``.<name>.<pid>-<random>.tmp``: deleted on any error, and by a later write of ``path`` once its pid is gone.
     """
     path = check_target(path, overwrite)
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        sweep_leftovers(path)
-        tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent))
+    with _tmp_dir(path) as tmp:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
         crash_point("dir-written", path)
@@ -212,14 +208,6 @@ def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[
             os.replace(tmp, path)
         _remove(old)
         crash_point("dir-renamed", path)
-    except BaseException as e:
-        located = _located(e, tmp or path, path)
-        if located is None or located is e:
-            raise
-        raise located from None
-    finally:
-        if tmp is not None and os.path.lexists(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -230,19 +218,27 @@ def atomic_files(folder: str | os.PathLike) -> Iterator[Path]:
     folder = Path(folder)
     if os.path.lexists(folder) and not folder.is_dir():
         raise SkillgraftError(f"{folder} is a file, not a folder")
-    tmp = None
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        sweep_leftovers(folder)
-        tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(folder), suffix=".tmp", dir=folder.parent))
+    with _tmp_dir(folder) as tmp:
         yield tmp
         crash_point("dir-written", folder)
         folder.mkdir(exist_ok=True)
         for f in sorted(tmp.iterdir()):
             os.chmod(f, 0o666 & ~_umask())
             os.replace(f, folder / f.name)
+
+
+@contextlib.contextmanager
+def _tmp_dir(path: Path) -> Iterator[Path]:
+    """A temporary folder beside ``path`` (its parents made), deleted when the block ends; an I/O error
+    raised in the block names ``path``, not the temporary folder (:func:`_located`)."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sweep_leftovers(path)
+        tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent))
+        yield tmp
     except BaseException as e:
-        located = _located(e, tmp or folder, folder)
+        located = _located(e, tmp or path, path)
         if located is None or located is e:
             raise
         raise located from None
