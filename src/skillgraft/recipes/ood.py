@@ -10,7 +10,7 @@ and OOD accuracy and ECE, mean (std) over data seeds; OOD sets come from :mod:`s
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from pydantic import Field, field_validator, model_validator
 
@@ -75,25 +75,31 @@ class OodSpec(ExperimentSpec, GraftVariantsMixin, TransfersMixin):  # last base 
     """Grafts vs FT out of distribution (paper Fig. 7, Tables 3, 7)."""
 
 
-def run_transfers(spec, run: RunDir, variants_fn: Callable, *, title: str, paper_lines: Callable) -> dict:
-    """Shared loop of the OOD and PEFT recipes: per source × seed, every variant on ID test + OOD sets."""
-    rows, timings = [], []
+def transfer_setups(spec, run: RunDir) -> Iterator[tuple]:
+    """Per source × seed of ``spec.transfers``: ``(seed, setup, sets, t0)``, ``sets`` the ID test set and
+    the OOD sets by name, ``t0`` the time before the setup."""
     for i, t in enumerate(spec.transfers):
         ood_sets = {tg.task: ood_examples(t.source, tg, spec.data_dir, f"transfers[{i}].targets[{j}]")
                     for j, tg in enumerate(t.targets)}
         for seed in spec.seeds:
             t0 = time.perf_counter()
             setup = spec.setup(run, t.source, seed)
-            variants = variants_fn(setup, spec, run)
-            sets = {f"{setup.task} (ID)": setup.test, **ood_sets}
-            found = []
-            for set_name, examples in sets.items():
-                block, _ = compare(setup, variants, examples, set_name)
-                found += rows_of(setup, block, source=setup.task, eval=set_name)
-            order = {v.name: n for n, v in enumerate(variants)}
-            rows += sorted(found, key=lambda r: order[r["model"]])  # stable: sets in order within a model
-            timings.append({"source": setup.task, "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
-                            "n_eval": {k: len(v) for k, v in sets.items()}})
+            yield seed, setup, {f"{setup.task} (ID)": setup.test, **ood_sets}, t0
+
+
+def run_transfers(spec, run: RunDir, variants_fn: Callable, *, title: str, paper_lines: Callable) -> dict:
+    """Shared loop of the OOD and PEFT recipes: per source × seed, every variant on ID test + OOD sets."""
+    rows, timings = [], []
+    for seed, setup, sets, t0 in transfer_setups(spec, run):
+        variants = variants_fn(setup, spec, run)
+        found = []
+        for set_name, examples in sets.items():
+            block, _ = compare(setup, variants, examples, set_name)
+            found += rows_of(setup, block, source=setup.task, eval=set_name)
+        order = {v.name: n for n, v in enumerate(variants)}
+        rows += sorted(found, key=lambda r: order[r["model"]])  # stable: sets in order within a model
+        timings.append({"source": setup.task, "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
+                        "n_eval": {k: len(v) for k, v in sets.items()}})
     columns = METRICS + ["params", "params_pct"]
     agg = aggregate(rows, ["source", "model", "kind", "eval"], columns)
     summary = summary_rows(agg, columns)

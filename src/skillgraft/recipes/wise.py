@@ -20,13 +20,12 @@ from skillgraft.graft.interpolate import interpolate
 from skillgraft.graft.localizers import LocalizeConfig
 from skillgraft.graft.selection import Budget
 from skillgraft.io import atomic_path
-from skillgraft.pipeline.ood import ood_examples
 from skillgraft.pipeline.report import RunDir, md_table
 from skillgraft.pipeline.variants import graft_label, graft_variant
 from skillgraft.recipes.base import ExperimentSpec, recipe
 from skillgraft.recipes.calibration import setting_line
 from skillgraft.recipes.graft import learned_regions
-from skillgraft.recipes.ood import TransfersMixin
+from skillgraft.recipes.ood import TransfersMixin, transfer_setups
 from skillgraft.recipes.paper_numbers import FIG7_NLI_OPTIMA, PAPER_NOTE
 
 
@@ -60,27 +59,21 @@ class WiseSpec(ExperimentSpec, TransfersMixin):
 @recipe("wise", WiseSpec)
 def wise(spec: WiseSpec, run: RunDir) -> dict:
     points, timings = [], []
-    for i, t in enumerate(spec.transfers):
-        ood_sets = {tg.task: ood_examples(t.source, tg, spec.data_dir, f"transfers[{i}].targets[{j}]")
-                    for j, tg in enumerate(t.targets)}
-        for seed in spec.seeds:
-            t0 = time.perf_counter()
-            setup = spec.setup(run, t.source, seed)
-            regions, _ = learned_regions(setup, run.store, "learned", spec.localize, progress=spec.progress)
-            curves = {"WiSE-FT": setup.ft}
-            for budget, region in regions.items():
-                if spec.graft_budgets is None or budget in spec.graft_budgets:
-                    curves[f"WiSE-{graft_label(budget)}"] = graft_variant(setup, region, budget).graft
-            sets = {f"{setup.task} (ID)": setup.test, **ood_sets}
-            for curve, target in curves.items():
-                for alpha in spec.alphas:
-                    with interpolate(setup.pre, target, alpha, head=spec.head) as scorer:
-                        row = {"source": setup.task, "seed": seed, "curve": curve, "alpha": alpha}
-                        for name, examples in sets.items():
-                            m, _ = evaluate(scorer, examples)
-                            row[f"{name}:score"], row[f"{name}:ece"] = m["score"], m["ece"]
-                    points.append(row)
-            timings.append({"source": setup.task, "seed": seed, "seconds": round(time.perf_counter() - t0, 1)})
+    for seed, setup, sets, t0 in transfer_setups(spec, run):
+        regions, _ = learned_regions(setup, run.store, "learned", spec.localize, progress=spec.progress)
+        curves = {"WiSE-FT": setup.ft}
+        for budget, region in regions.items():
+            if spec.graft_budgets is None or budget in spec.graft_budgets:
+                curves[f"WiSE-{graft_label(budget)}"] = graft_variant(setup, region, budget).graft
+        for curve, target in curves.items():
+            for alpha in spec.alphas:
+                with interpolate(setup.pre, target, alpha, head=spec.head) as scorer:
+                    row = {"source": setup.task, "seed": seed, "curve": curve, "alpha": alpha}
+                    for name, examples in sets.items():
+                        m, _ = evaluate(scorer, examples)
+                        row[f"{name}:score"], row[f"{name}:ece"] = m["score"], m["ece"]
+                points.append(row)
+        timings.append({"source": setup.task, "seed": seed, "seconds": round(time.perf_counter() - t0, 1)})
     curves_rows = _mean_curves(points)
     run.csv("points.csv", points)
     run.csv("curves.csv", curves_rows)
