@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -83,12 +84,20 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise SkillgraftError(f"file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise SkillgraftError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SkillgraftError(f"{path}: cannot read ({e})") from None
+    data = parse_file(path, yaml.safe_load, yaml.YAMLError,
+                      lambda e: f"not valid YAML ({str(e).splitlines()[0]})") or {}
     if not isinstance(data, dict):
         raise SkillgraftError(f"{path}: expected a mapping of settings at the top level")
     return data
+
+
+def parse_file(path: Path, parse: Callable[[str], Any], error: type[Exception],
+               describe: Callable[[Any], str]) -> Any:
+    """``parse`` of the text at ``path``; an ``error`` it raises (``describe``d) or a failed read is one
+    :class:`SkillgraftError` naming the file."""
+    try:
+        return parse(path.read_text())
+    except error as e:
+        raise SkillgraftError(f"{path}: {describe(e)}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SkillgraftError(f"{path}: cannot read ({e})") from None

@@ -29,7 +29,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.io import atomic_dir
-from skillgraft.spec import Spec
+from skillgraft.spec import Spec, parse_file
 
 FORMAT = "skillgraft.graft"
 FORMAT_VERSION = 1
@@ -118,12 +118,7 @@ def read_graft_file(directory: str | os.PathLike) -> GraftFile:
 
 def read_config(path: Path) -> GraftFileConfig:
     """``graft_config.json`` validated against :class:`GraftFileConfig`, plus the cross-field checks."""
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise SkillgraftError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SkillgraftError(f"{path}: cannot read ({e})") from None
+    raw = parse_file(path, json.loads, json.JSONDecodeError, lambda e: f"not valid JSON ({e.msg} at line {e.lineno})")
     if not isinstance(raw, dict):
         raise SkillgraftError(f"{path}: expected a JSON object, got {type(raw).__name__}")
     if "format" in raw and raw["format"] != FORMAT:
