@@ -545,3 +545,18 @@ def test_bad_recipe(case, tmp_path):
     path = tmp_path / "r.yaml"
     path.write_bytes(content)
     refused(tmp_path, ["run", path, "--out", tmp_path / "out"], str(path), *culprits)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["graft", "--bogus"], "No such option: --bogus"),
+    (["graft"], "Missing option '--finetuned'"),
+])
+def test_usage_errors_from_the_installed_command_are_one_line(args, says):
+    """click's own usage errors (before any verb runs) get the same one-line contract, exit code 2."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "skillgraft.cli", *args], capture_output=True, text=True, timeout=120)
+    lines = [x for x in (r.stdout + r.stderr).splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: ") and says in lines[0] and "Traceback" not in lines[0]

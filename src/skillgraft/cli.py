@@ -593,8 +593,23 @@ def continual_show_cmd(state: Path = typer.Argument(..., help="continual state f
 
 def main() -> None:  # pragma: no cover - entry point
     """Entry point of ``skillgraft``: runs the app; Ctrl-C exits 130 with one line."""
+    from typer import Abort  # noqa: PLC0415
+
+    try:  # typer ≥ 0.20 vendors click: its usage errors live under typer._click
+        from typer._click.exceptions import ClickException  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - a typer on the system's click
+        from click.exceptions import ClickException  # noqa: PLC0415
+
     try:
-        app()
+        code = app(standalone_mode=False)  # usage errors come back here: one line, not click's box
+    except ClickException as e:  # a bad option or value, named by click; exit 2 as click would
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+        err.print(f"[bold red]error:[/] {escape(e.format_message())}{escape(hint)}", highlight=False)
+        sys.exit(e.exit_code)
+    except Abort:
+        err.print("[red]interrupted[/]")
+        sys.exit(130)
     except KeyboardInterrupt:
         err.print("[red]interrupted[/]")
         sys.exit(130)
@@ -604,6 +619,7 @@ def main() -> None:  # pragma: no cover - entry point
             raise
         err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
         sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover
