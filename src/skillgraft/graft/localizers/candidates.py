@@ -54,8 +54,14 @@ def _release_freed_memory() -> None:
 class Holding:
     """Scoring a binary choice inside a continuous trajectory: hold θ_pre + mask⊙Δ, then go back.
 
-    Shared by the dense working state and :class:`Candidates` (both define ``names``, ``current``, ``hold``).
+    Shared by the dense working state and :class:`Candidates` (both define ``names``, ``current``, ``hold``,
+    and ``S``, ``base``, ``bias`` for :meth:`gamma`).
     """
+
+    def gamma(self, n: str) -> torch.Tensor:
+        """γ of tensor n: σ(S − bias), flipped to 1 − σ on γ_base."""
+        s = torch.sigmoid(self.S[n] - self.bias)
+        return torch.where(self.base[n], 1 - s, s)
 
     def hold_choice(self, masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Move the working weights to the binary ``masks``; returns the continuous γ to :meth:`release` to."""
@@ -209,10 +215,6 @@ class Candidates(Holding):
         return out
 
     # ------------------------------------------------------------------ the working weights
-    def gamma(self, n: str) -> torch.Tensor:
-        s = torch.sigmoid(self.S[n] - self.bias)
-        return torch.where(self.base[n], 1 - s, s)
-
     @torch.no_grad()
     def apply(self) -> None:
         """Move C from θ_pre to θ_pre + γ⊙Δ (the caller restores with :meth:`restore` in a finally)."""

@@ -164,10 +164,6 @@ class _Working(Holding):
         self.bias = config.sigmoid_bias
         self.current = {n: self.gamma(n) for n in names}  # γ the working weights currently hold
 
-    def gamma(self, n: str) -> torch.Tensor:
-        s = torch.sigmoid(self.S[n] - self.bias)
-        return torch.where(self.base[n], 1 - s, s)
-
     @torch.no_grad()
     def apply(self) -> None:
         for n in self.names:
