@@ -71,6 +71,13 @@ class SeedsMixin(Spec):
         return [v] if isinstance(v, int) else v
 
 
+class OneSeedMixin(Spec):
+    """One data seed for every task, and the test evaluation's batch size."""
+
+    seed: int = Field(13, description="data seed of every task's k-shot draw")
+    eval_batch_size: int = Field(64, ge=1, description="batch size of test evaluation")
+
+
 @dataclass(frozen=True)
 class Recipe:
     name: str

@@ -22,7 +22,7 @@ from skillgraft.continual import ContinualLearner
 from skillgraft.evaluate.predict import evaluate
 from skillgraft.graft import Graft, LocalizeConfig
 from skillgraft.pipeline.report import RunDir, md_table
-from skillgraft.recipes.base import ExperimentSpec, recipe
+from skillgraft.recipes.base import ExperimentSpec, OneSeedMixin, recipe
 from skillgraft.recipes.graft import learned_regions
 from skillgraft.recipes.multitask import TaskNames, inherit_finetune
 from skillgraft.train import FinetuneConfig
@@ -33,13 +33,11 @@ PAPER_TABLE4 = {"FT": {"QNLI": "88.0 (0.8)", "ag_news": "93.1 (0.1)", "SST-2": "
                 "GraftingContinual": {"QNLI": "86.5 (0.7)", "ag_news": "90.8 (0.1)", "SST-2": "92.5 (0.3)"}}
 
 
-class ContinualSpec(ExperimentSpec):
+class ContinualSpec(ExperimentSpec, OneSeedMixin):
     """Tasks in arrival order; the single-task fine-tuning (``finetune``) gives each task's region γ_t."""
 
     tasks: TaskNames = Field(default_factory=lambda: ["QNLI", "ag_news", "SST-2"], min_length=2,
                              description="tasks in arrival order (each once)")
-    seed: int = Field(13, description="data seed of every task's k-shot draw")
-    eval_batch_size: int = Field(64, ge=1, description="batch size of test evaluation")
     continual_finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, description=(
         "grafting continual: training of γ_t minus earlier regions (+ the task's head); fields left out take "
         "`finetune`'s"))

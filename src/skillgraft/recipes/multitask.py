@@ -34,7 +34,7 @@ from skillgraft.io import read_json, write_json
 from skillgraft.pipeline.report import RunDir, md_table
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.store import data_digest, model_digest
-from skillgraft.recipes.base import ExperimentSpec, recipe
+from skillgraft.recipes.base import ExperimentSpec, OneSeedMixin, recipe
 from skillgraft.recipes.graft import learned_regions
 from skillgraft.spec import Spec
 from skillgraft.train import FinetuneConfig
@@ -74,13 +74,11 @@ class PurifySpec(Spec):
         "last", description="which step's region is kept (last: the region after the last step)")
 
 
-class MultitaskSpec(ExperimentSpec):
+class MultitaskSpec(ExperimentSpec, OneSeedMixin):
     """Tasks on one body; their regions' overlap and relative gains; unions of groups and their purification."""
 
     tasks: TaskNames = Field(default_factory=lambda: ["SST-2", "cr", "ag_news", "QNLI"], min_length=2,
                              description="tasks fine-tuned together on one body (each once)")
-    seed: int = Field(13, description="data seed of every task's k-shot draw")
-    eval_batch_size: int = Field(64, ge=1, description="batch size of test evaluation")
     multitask: FinetuneConfig = Field(default_factory=FinetuneConfig, description=(
         "the multi-task run (a batch from a random task each step; best mean dev kept); fields left out take "
         "`finetune`'s, except steps"))
