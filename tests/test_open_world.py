@@ -489,3 +489,14 @@ def test_classifier_graft_as_a_peft_adapter_keeps_its_head(pairs, user_data, tmp
     with torch.no_grad():
         got = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()(**enc).logits
     assert float((got - want).abs().max()) <= 1e-6
+
+
+def test_registered_task_split_from_a_dataset(tmp_path):
+    """``load_hf_split``: a registered task's examples from a Hugging Face dataset (here a save_to_disk folder)."""
+    from skillgraft.data import load_hf_split
+
+    _dataset_dict().save_to_disk(str(tmp_path / "saved"))
+    examples = load_hf_split("SST-2", "validation", str(tmp_path / "saved"))
+    assert len(examples) == 20 and examples[1].label == 1 and examples[0].text_a == sentiment_rows(1, 1)[0]["text"]
+    with pytest.raises(SkillgraftError, match=r"no split 'dev' \(split\)"):
+        load_hf_split("SST-2", "dev", str(tmp_path / "saved"))

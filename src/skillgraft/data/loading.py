@@ -239,28 +239,24 @@ def _read_csv(task: Task, path: Path) -> list[Example]:
 
 def load_hf_split(task: Task | str, split: str, dataset: str, config: str | None = None,
                   text_fields: tuple[str, ...] | None = None, label_field: str = "label") -> list[Example]:
-    """Load a split from the Hugging Face hub with ``datasets`` (needs network or a local cache).
+    """Load a split of a Hugging Face dataset (hub name or folder; :func:`~skillgraft.data.user.open_source`).
 
     Integer labels are taken as indices into ``task.labels``; string labels must match them.
     """
+    from skillgraft.data.user import open_source  # noqa: PLC0415 - user imports this module
+
     task = get_task(task)
-    try:
-        import datasets  # noqa: PLC0415 - optional dependency
-    except ImportError:
-        raise SkillgraftError("loading from the hub needs the 'datasets' package: pip install datasets") from None
-    try:
-        ds = datasets.load_dataset(dataset, config, split=split)
-    except Exception as e:  # noqa: BLE001 - any hub failure becomes one clear message
-        raise SkillgraftError(f"could not load {dataset!r} split {split!r} from the hub: {e}") from None
+    _, rows = open_source(dataset, config).split(split, "split")
+    columns = list(rows[0][1])
     fields = text_fields or (("sentence", "text") if task.kind == "single" else ("sentence1", "sentence2"))
-    present = [f for f in fields if f in ds.column_names]
+    present = [f for f in fields if f in columns]
     if task.kind == "single":
         present = present[:1]
     if not present or (task.kind == "pair" and len(present) < 2):
-        raise SkillgraftError(f"{dataset}: no text columns among {fields}; columns are {ds.column_names}")
+        raise SkillgraftError(f"{dataset}: no text columns among {fields}; columns are {columns}")
     out = []
-    for i, row in enumerate(ds):
+    for where, row in rows:
         raw = row[label_field]
-        label = raw if isinstance(raw, int) and 0 <= raw < task.num_labels else _label(task, raw, f"{dataset}[{i}]")
+        label = raw if isinstance(raw, int) and 0 <= raw < task.num_labels else _label(task, raw, where)
         out.append(Example(row[present[0]], label, row[present[1]] if task.kind == "pair" else None))
     return out
