@@ -1,5 +1,6 @@
 """The paper recipe (Table 2 setting) on a tiny BERT in prompt mode: rows, gap from pre-trained, the paper's
-numbers beside ours, localizers compared at equal size, resume from the store, validation before any work."""
+numbers beside ours, localizers compared at equal size, resume from the store, validation before any work; the
+Table 7 OOD rows and the Fig. 5 fine-tunings beside Table 2 without changing its store entries."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from skillgraft.graft.selection import region_universe
 from skillgraft.models import build_scorer
 from skillgraft.recipes import run_recipe
 from skillgraft.recipes.base import load_recipe
+from skillgraft.recipes.paper import PaperSpec, ood_section
+from skillgraft.train.config import DEFAULT_LR
+from tiny import write_sentiment_data
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 TINY_FT = {"optimizer": "adamw", "lr": 3e-3, "steps": 16, "eval_every": 8, "freeze_embeddings": False}
@@ -25,8 +29,24 @@ LOCALIZERS = [{"name": "learned", "label": "paper", "options": {"sparsity": 0.01
 
 
 def overrides(tiny_bert, toy_data, **extra) -> dict:
+    """Table 2 only (no OOD sets, no other fine-tunings) unless ``extra`` says otherwise."""
     return {"model": str(tiny_bert), "data_dir": str(toy_data), "k": 8, "tasks": ["SST-2"], "seeds": [13],
-            "test_limit": 40, "finetune": TINY_FT, "budgets": [0.01, 0.05], "localizers": LOCALIZERS, **extra}
+            "test_limit": 40, "finetune": TINY_FT, "budgets": [0.01, 0.05], "localizers": LOCALIZERS, "ood": [],
+            "finetunes": {}, **extra}
+
+
+@pytest.fixture(scope="module")
+def ood_data(tmp_path_factory) -> Path:
+    """Toy SST-2 plus the paper's SST-2 OOD sets: 'imdb' (labels neg/pos, test only) and 'yelp_polarity' (0/1)."""
+    root = write_sentiment_data(tmp_path_factory.mktemp("toy-paper-ood"))
+    write_sentiment_data(root, folder="yelp_polarity", seed=3)
+    other = write_sentiment_data(tmp_path_factory.mktemp("toy-imdb"), folder="imdb", seed=2)
+    (root / "imdb").mkdir()
+    with open(other / "imdb" / "test.jsonl") as f, open(root / "imdb" / "test.jsonl", "w") as out:
+        for line in f:
+            row = json.loads(line)
+            out.write(json.dumps({**row, "label": "pos" if row["label"] == "1" else "neg"}) + "\n")
+    return root
 
 
 def test_paper_recipe_tiny(tiny_bert, toy_data, tmp_path):
@@ -76,13 +96,103 @@ def test_paper_spec_checks_before_any_work(tiny_bert, toy_data, tmp_path):
     assert [b.label for b in spec.budgets] == ["1e-05", "0.0001", "0.001"]
     assert spec.seeds_of("SST-2") == [13, 21, 42] and spec.seeds_of("RTE") == [13]
     assert spec.localizers[0].name == "learned" and len(spec.localizers) >= 3
+    # Table 7 and Fig. 5 as committed: the paper's transfers, SGD (= `finetune`) vs AdamW vs AdamW + L1
+    assert spec.ood_limit == spec.test_limit and [t.source for t in spec.ood] == ["SST-2", "mpqa", "QNLI"]
+    assert [tg.task for t in spec.ood for tg in t.targets] == ["imdb", "yelp_polarity", "SST-2", "yelp_polarity",
+                                                               "MNLI", "SNLI"]
+    assert all(tg.limit == spec.test_limit for t in spec.ood for tg in t.targets)
+    assert spec.ood == PaperSpec.build({"recipe": "paper", "test_limit": spec.test_limit}).ood  # the spec's default
+    assert list(spec.finetunes) == ["SGD", "AdamW", "AdamW+L1"] and spec.finetune_tasks == ["SST-2"]
+    assert spec.finetune_of("SGD") == spec.finetune
+    adamw, l1 = spec.finetune_of("AdamW"), spec.finetune_of("AdamW+L1")
+    assert adamw.optimizer == "adamw" and adamw.lr == DEFAULT_LR["adamw"] and adamw.l1 == 0  # not SGD's lr
+    assert l1 == adamw.replace(l1=l1.l1) and l1.l1 > 0
     bad = [{"localizers": [{"name": "straight-through", "options": {"stepz": 3}}]},
            {"localizers": [{"name": "lottery"}]}, {"budgets": ["round"]}, {"tasks": ["SST-3"]},
            {"localizers": [{"name": "learned"}, {"name": "learned"}]}, {"budget": [0.1]},
-           {"localizers": [{"name": "movement", "options": {"budgets": [0.5]}}]}]
+           {"localizers": [{"name": "movement", "options": {"budgets": [0.5]}}]},
+           {"ood": [{"source": "SST-2", "targets": ["imdbx"]}]},
+           {"ood": [{"source": "SST-2", "targets": [{"task": "imdb", "labels": {"neg": "0", "positive": "1"}}]}]},
+           {"ood": [{"source": "SST-2", "targets": ["MNLI"]}]},
+           {"finetunes": {"AdamW": {"optimzer": "adamw"}}}, {"finetunes": {"AdamW": {"optimizer": "adam"}}},
+           {"finetunes": {"SGD": "sgd"}}, {"finetune_tasks": ["SST-3"]},
+           {"ood": None},  # the default transfers: SST-2 → imdb, but the toy data has no imdb
+           ]
     for extra, match in zip(bad, ["stepz", "unknown localizer 'lottery'", "round", "SST-3", "share a label",
-                                  "budget", "among the recipe's budgets"]):
-        with pytest.raises(SkillgraftError, match=match):
-            run_recipe(RECIPES / "paper.yaml", tmp_path / "never", overrides=overrides(tiny_bert, toy_data, **extra),
-                       cache=tmp_path / "cache")
+                                  "budget", "among the recipe's budgets", "imdbx",
+                                  r"ood\[0\]\.targets\[0\]: \['positive'\] are not labels of imdb",
+                                  "single task but MNLI is a pair task", r"finetunes\.AdamW\.optimzer: unknown field",
+                                  r"finetunes\.AdamW\.optimizer", "finetunes.SGD", "SST-3", "imdb"], strict=True):
+        over = overrides(tiny_bert, toy_data, **extra)
+        if extra == {"ood": None}:
+            over.pop("ood")
+        with pytest.raises(SkillgraftError, match=match) as e:
+            run_recipe(RECIPES / "paper.yaml", tmp_path / "never", overrides=over, cache=tmp_path / "cache")
+        assert "\n" not in str(e.value), str(e.value)  # one line
         assert not (tmp_path / "never").exists() and not (tmp_path / "cache").exists()
+
+
+def test_paper_recipe_ood_and_optimizers(tiny_bert, ood_data, tmp_path):
+    """Table 7 rows on the default transfers' SST-2 sets and a second fine-tuning, beside Table 2's unchanged
+    store entries: a Table 2 run first, then the same settings with OOD and `finetunes` on the same store."""
+    cache = tmp_path / "cache"
+    table2 = overrides(tiny_bert, ood_data, localizers=LOCALIZERS[:2])
+    first = run_recipe(RECIPES / "paper.yaml", tmp_path / "run", overrides=table2, cache=cache)
+    before = {p.name: (p / "key.json").stat().st_mtime_ns for p in cache.iterdir()}
+    rows = json.loads((first / "metrics.json").read_text())["rows"]
+    over = {**table2, "ood_limit": 30, "finetunes": {"main": {}, "SGD": {"optimizer": "sgd", "lr": 0.05}}}
+    over.pop("ood")  # the default: the paper's transfers; SST-2 → imdb, yelp_polarity run (mpqa, QNLI: not in tasks)
+    out = run_recipe(RECIPES / "paper.yaml", tmp_path / "run2", overrides=over, cache=cache)
+    after = {p.name: (p / "key.json").stat().st_mtime_ns for p in cache.iterdir()}
+    # Table 2's fine-tuning, regions and rows are the same entries, read back, not rewritten
+    assert {n: after[n] for n in before} == before
+    new = sorted(n.rsplit("-", 1)[0] for n in set(after) - set(before))
+    assert new == ["ft-SST-2-8-13-prompt", "paper-ood-rows-SST-2-8-13-prompt-imdb",
+                   "paper-ood-rows-SST-2-8-13-prompt-yelp_polarity", "paper-rows-SST-2-8-13-prompt",
+                   "regions-SST-2-8-13-learned"]  # the SGD fine-tuning, its reference regions and rows; 2 OOD sets
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["rows"] == rows
+    ood = metrics["ood_rows"]
+    models = [r["model"] for r in rows]
+    assert [r["model"] for r in ood] == models * 2 and {r["source"] for r in ood} == {"SST-2"}
+    assert [(r["eval"], r["n"]) for r in ood] == [("imdb", 30)] * len(models) + [("yelp_polarity", 30)] * len(models)
+    assert all(r["agreement"] == 1.0 for r in ood if r["kind"] == "ft") and {r["seed"] for r in ood} == {13}
+    tuned = metrics["finetune_rows"]
+    by = {(r["finetune"], r["model"]): r for r in tuned}
+    assert set(by) == {(f, m) for f in ("main", "SGD")
+                       for m in ("pre-trained", "fine-tuned", "paper 0.01", "paper 0.05")}  # reference localizer only
+    assert {k: v for k, v in by[("main", "paper 0.05")].items() if k not in ("finetune", "optimizer", "lr", "l1")} \
+        == rows[3]  # Table 2's own rows
+    assert by[("SGD", "fine-tuned")]["optimizer"] == "sgd" and by[("SGD", "fine-tuned")]["lr"] == 0.05
+    assert by[("main", "fine-tuned")]["optimizer"] == "adamw"
+    sgd_ft = next(json.loads(p.joinpath("key.json").read_text()) for p in cache.iterdir()
+                  if p.name.startswith("ft-") and p.name not in before)
+    assert sgd_ft["finetune"]["optimizer"] == "sgd" and sgd_ft["finetune"]["lr"] == 0.05  # another FT model
+    assert by[("SGD", "pre-trained")]["score"] == by[("main", "pre-trained")]["score"]
+    report = (out / "report.md").read_text()
+    assert "## Table 7 (and Table 3): out of distribution" in report and "### Source: SST-2" in report
+    assert "imdb acc" in report and "yelp_polarity ECE" in report and "4096-shot" in report
+    assert "81.5 (0.7)" in report  # the paper's Table 3 SST-2 → imdb grafting, quoted
+    assert "## Fig. 5: the fine-tuning optimizer" in report and "sgd lr 0.05" in report and "(Table 2's)" in report
+    assert (out / "ood.csv").is_file() and (out / "finetunes.csv").is_file()
+    # a re-run reads the OOD rows back too
+    again = run_recipe(RECIPES / "paper.yaml", tmp_path / "run3", overrides=over, cache=cache)
+    assert sorted(p.name for p in cache.iterdir()) == sorted(after)
+    assert json.loads((again / "metrics.json").read_text())["ood_rows"] == ood
+
+
+def test_paper_ood_table_quotes_table7_beside_matching_models():
+    """mpqa → SST-2: the paper's 4096-shot 'Grafting 0.01%' beside the reference graft at 1e-4, FT beside FT."""
+    spec = PaperSpec.build({"recipe": "paper", "tasks": ["mpqa"], "budgets": [1e-4, 1e-3],
+                            "ood": [{"source": "mpqa", "targets": ["SST-2"]}]})
+    ref = spec.localizers[0].title
+    base = [{"model": "fine-tuned", "kind": "ft"}, {"model": f"{ref} 0.0001", "kind": "graft", "localizer": ref,
+                                                   "budget": "0.0001"}]
+    rows = [{**r, "task": "mpqa", "seed": 13, "score": 0.8, "ece": 0.1} for r in base]
+    ood = [{**r, "source": "mpqa", "eval": "SST-2", "score": 0.7} for r in rows]
+    text = "\n".join(ood_section(spec, rows, ood))
+    line = {ln.split(" | ")[0].strip("| "): ln for ln in text.splitlines() if ln.startswith("| ")}
+    assert "paper mpqa (ID) | paper SST-2" in line["model"]
+    assert line[f"{ref} 0.0001"].endswith("| 88.1 (0.4) | 84.6 (0.6) |")  # Table 7, Grafting 0.01%
+    assert line["fine-tuned"].endswith("| 88.9 (0.6) | 77.6 (4.9) |")  # Table 7, Grafting 100% (FT)
+    assert "| 80.0 | 70.0 |" in line["fine-tuned"] and "4096-shot" in text

@@ -5,9 +5,21 @@ the store), learn regions with every configured localizer at ``budgets`` (the on
 :func:`skillgraft.recipes.graft.learned_regions`), and score pre-trained, FT and every graft on the test subset
 (:func:`skillgraft.pipeline.variants.compare`): accuracy (F1 for MRPC/QQP), ECE, agreement with FT, share of FT
 and gap closed — from the pre-trained model in prompt mode (there is no head-only model), from head only in head
-mode. The rows of each (task, seed) are stored too, so an interrupted run resumes where it stopped. Writes
-``metrics.csv``, ``summary.csv``, ``localizers.csv`` (mean share of FT per localizer × budget) and ``report.md``
-(Table 2 side by side with the paper's numbers, the localizer comparison and the wall time of every stage).
+mode. The rows of each (task, seed) are stored too, so an interrupted run resumes where it stopped.
+
+Besides Table 2 (whose ECE columns are Table 1's calibration question in the 64-shot setting):
+
+- **Table 7 / Table 3 (OOD)**: for each (task, seed) whose task is the source of an ``ood`` transfer, the same
+  models are scored zero-shot on each target's test set, its labels mapped into the source's
+  (:mod:`skillgraft.pipeline.ood`); stored per target as "paper-ood-rows" entries beside "paper-rows".
+- **Fig. 5 (optimizers)**: each of ``finetunes`` (FinetuneConfig fields laid over ``finetune``) fine-tunes
+  ``finetune_tasks`` again, grafted by the reference localizer at every budget; its rows carry a ``finetune``
+  column. Table 2 uses only ``finetune``.
+
+Neither changes the store keys of the fine-tunings, regions or rows of Table 2. Writes ``metrics.csv``,
+``summary.csv``, ``localizers.csv`` (mean share of FT per localizer × budget), ``ood.csv``, ``finetunes.csv`` and
+``report.md`` (Table 2 side by side with the paper's numbers, the localizer comparison, Table 7, Fig. 5 and the
+wall time of every stage).
 """
 
 from __future__ import annotations
@@ -24,13 +36,16 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.selection import Budget
 from skillgraft.io import read_json, write_json
+from skillgraft.pipeline.ood import TargetSpec, TransferSpec, ood_examples
 from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, summary_rows
 from skillgraft.pipeline.setup import Setup
-from skillgraft.pipeline.variants import base_variants, compare, graft_variant
+from skillgraft.pipeline.store import data_digest
+from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
 from skillgraft.recipes.base import ExperimentSpec, SeedsMixin, recipe
 from skillgraft.recipes.graft import learned_regions
-from skillgraft.recipes.paper_numbers import PAPER_NOTE, TABLE2_64
+from skillgraft.recipes.paper_numbers import PAPER_NOTE, TABLE2_64, TABLE3_4096, TABLE7_4096, TABLE7_COLUMNS
 from skillgraft.spec import Spec
+from skillgraft.train import FinetuneConfig
 
 SINGLE = ["SST-2", "sst-5", "mr", "cr", "mpqa", "subj", "trec", "ag_news"]
 PAIRS = ["RTE", "MRPC", "QNLI", "SNLI", "MNLI"]
@@ -41,6 +56,16 @@ STAND_INS = {"MNLI": "TextFooler's 1,000-example tokenised sample of dev_matched
              "SNLI": "official test (complete); train pool is a 9,999-example subset"}
 MOONSHOT_TASKS = ["SST-2", "mr", "cr"]
 METRICS = ["score", "accuracy", "ece", "agreement", "share_of_ft", "gap_closed"]
+# The paper's OOD transfers (Tables 3 and 7), label maps as in recipes/ood.yaml (target label → source label).
+# NLI: the paper's "MNLI (0/1)" keeps contradiction and entailment only (footnote 2).
+_NLI_01 = {"entailment": "entailment", "contradiction": "not_entailment", "neutral": None}
+_SAME01 = {"0": "0", "1": "1"}
+PAPER_TRANSFERS = [
+    {"source": "SST-2", "targets": [{"task": "imdb", "labels": {"neg": "0", "pos": "1"}},
+                                    {"task": "yelp_polarity", "labels": _SAME01}]},
+    {"source": "mpqa", "targets": [{"task": "SST-2", "labels": _SAME01}, {"task": "yelp_polarity", "labels": _SAME01}]},
+    {"source": "QNLI", "targets": [{"task": "MNLI", "labels": _NLI_01}, {"task": "SNLI", "labels": _NLI_01}]},
+]
 
 
 class LocalizerRun(Spec):
@@ -72,6 +97,33 @@ class PaperSpec(ExperimentSpec, SeedsMixin):
         default_factory=lambda: [LocalizerRun(name="learned", label="paper (learned)",
                                               options={"steps": 50, "eval_every": 10})],
         min_length=1, description="localizers compared at every budget; the first is the reference (the paper's)")
+    ood: list[TransferSpec] = Field(default_factory=lambda: [TransferSpec.build(t) for t in PAPER_TRANSFERS],
+                                    description=(
+        "Table 7 / Table 3 OOD sets: [{source, targets: [{task, labels: {target label: source label | null}}]}] "
+        "(default: SST-2 → imdb, yelp_polarity; mpqa → SST-2, yelp_polarity; QNLI → MNLI, SNLI (0/1)); a "
+        "transfer runs when its source is among `tasks`, on Table 2's models ([]: none)"))
+    ood_limit: int | None = Field(None, ge=1, description=(
+        "each OOD set: seeded sample of N examples after label mapping (not given: test_limit; null: all); a "
+        "target's own `limit` wins"))
+    finetunes: dict[str, dict] = Field(default_factory=dict, description=(
+        "Fig. 5: label → FinetuneConfig fields laid over `finetune` (an `optimizer` change without `lr` takes that "
+        "optimizer's default lr), each fine-tuned on `finetune_tasks` and grafted by the reference localizer at "
+        "every budget; one equal to `finetune` is Table 2's fine-tuning ({}: none)"))
+    finetune_tasks: list[str] = Field(default_factory=lambda: ["SST-2"], min_length=1, description=(
+        "tasks the `finetunes` run on (seeds as for Table 2)"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ood_limits(cls, values):
+        """``ood_limit`` defaults to ``test_limit``; each OOD target's ``limit`` to ``ood_limit``."""
+        if not isinstance(values, dict):
+            return values
+        limit = values.get("ood_limit", values.get("test_limit", cls.model_fields["test_limit"].default))
+        ood = values.get("ood", PAPER_TRANSFERS)
+        if isinstance(ood, list):
+            ood = [{**t, "targets": [_with_limit(x, limit) for x in t["targets"]]}
+                   if isinstance(t, dict) and isinstance(t.get("targets"), list) else t for t in ood]
+        return {**values, "ood_limit": limit, "ood": ood}
 
     @field_validator("budgets", mode="before")
     @classmethod
@@ -91,12 +143,35 @@ class PaperSpec(ExperimentSpec, SeedsMixin):
                 self.options_of(loc)
             except SkillgraftError as e:
                 raise ValueError(f"localizers[{i}] ({loc.name}): {e}") from None
-        for t in list(self.tasks) + list(self.task_seeds):
+        for t in list(self.tasks) + list(self.task_seeds) + list(self.finetune_tasks):
             try:
                 get_task(t)
             except SkillgraftError as e:
                 raise ValueError(str(e)) from None
+        for i, transfer in enumerate(self.ood):
+            try:
+                transfer.check(f"ood[{i}]")
+            except SkillgraftError as e:
+                raise ValueError(str(e)) from None
+        for label in self.finetunes:
+            try:
+                self.finetune_of(label)
+            except SkillgraftError as e:
+                raise ValueError(str(e)) from None
         return self
+
+    def finetune_of(self, label: str) -> FinetuneConfig:
+        """``finetunes[label]`` laid over ``finetune``; an optimizer change without ``lr`` takes its default lr."""
+        base, over = self.finetune.to_dict(), self.finetunes[label]
+        if not isinstance(over, dict):
+            raise SkillgraftError(f"finetunes.{label}: expected FinetuneConfig fields, got {over!r}")
+        if over.get("optimizer", base["optimizer"]) != base["optimizer"] and "lr" not in over:
+            base.pop("lr")
+        return FinetuneConfig.build({**base, **over}, where=f"finetunes.{label}")
+
+    def ood_of(self, task: str) -> list[tuple[int, TransferSpec]]:
+        """The (index, transfer) pairs whose source is ``task``."""
+        return [(i, t) for i, t in enumerate(self.ood) if t.source == get_task(task).name]
 
     def options_of(self, loc: LocalizerRun) -> Spec:
         """The localizer's validated options with this recipe's budgets (or the subset it names)."""
@@ -111,29 +186,52 @@ class PaperSpec(ExperimentSpec, SeedsMixin):
         return self.task_seeds.get(task) or self.task_seeds.get(get_task(task).name) or self.seeds
 
 
-def draw_rows(spec: PaperSpec, setup: Setup, run: RunDir, timing: dict) -> list[dict]:
+def _with_limit(target, limit):
+    target = {"task": target} if isinstance(target, str) else target
+    return {**target, "limit": limit} if isinstance(target, dict) and "limit" not in target else target
+
+
+def rows_key(spec: PaperSpec, setup: Setup, localizers: list[LocalizerRun]) -> dict:
+    """Store key of one (task, seed)'s rows: the setup, the budgets, the localizers' resolved options."""
+    return {"setup": setup.identity(), "budgets": [b.key for b in spec.budgets],
+            "localizers": [{"name": loc.name, "label": loc.title, "options": spec.options_of(loc).to_dict()}
+                           for loc in localizers]}
+
+
+def _variants(spec: PaperSpec, setup: Setup, run: RunDir, localizers: list[LocalizerRun], timing: dict
+              ) -> list[Variant]:
+    """Pre-trained (+ head only), FT and every localizer's graft at every budget (regions from the store)."""
+    variants = base_variants(setup)
+    for loc in localizers:
+        t0 = time.perf_counter()
+        regions, summary = learned_regions(setup, run.store, loc.name, spec.options_of(loc), progress=spec.progress)
+        timing[f"regions {loc.title}"] = round(time.perf_counter() - t0, 1)
+        timing[f"regions {loc.title} (computed)"] = round(summary.get("seconds", 0.0), 1)
+        for budget in (b for b in spec.budgets if b in regions):
+            variants.append(graft_variant(setup, regions[budget], budget, {"localizer": loc.name},
+                                          name=f"{loc.title} {budget.label}"))
+            variants[-1].info = {"localizer": loc.title, "budget": budget.label,
+                                 "best_step": (summary.get("best_step") or {}).get(budget.key)}
+    return variants
+
+
+def _label(setup: Setup) -> str:
+    return f"{setup.task}-{setup.k}-{setup.seed}-{setup.pre.mode}"
+
+
+def draw_rows(spec: PaperSpec, setup: Setup, run: RunDir, timing: dict,
+              localizers: list[LocalizerRun] | None = None) -> list[dict]:
     """Rows of one (task, seed): pre-trained (+ head only), FT and every localizer's graft at every budget.
 
     Regions come from the regions cache; the rows themselves are stored too (keyed by the setup, the
-    localizers' resolved options and the budgets), so a re-run reads them back.
+    localizers' resolved options and the budgets), so a re-run reads them back. ``localizers``: a subset of
+    the spec's (default: all of them).
     """
-    options = [(loc, spec.options_of(loc)) for loc in spec.localizers]
-    key = {"setup": setup.identity(), "budgets": [b.key for b in spec.budgets],
-           "localizers": [{"name": loc.name, "label": loc.title, "options": o.to_dict()} for loc, o in options]}
+    localizers = spec.localizers if localizers is None else localizers
     holder: dict = {}
 
     def make(folder: Path) -> None:
-        variants = base_variants(setup)
-        for loc, opts in options:
-            t0 = time.perf_counter()
-            regions, summary = learned_regions(setup, run.store, loc.name, opts, progress=spec.progress)
-            timing[f"regions {loc.title}"] = round(time.perf_counter() - t0, 1)
-            timing[f"regions {loc.title} (computed)"] = round(summary.get("seconds", 0.0), 1)
-            for budget in (b for b in spec.budgets if b in regions):
-                variants.append(graft_variant(setup, regions[budget], budget, {"localizer": loc.name},
-                                              name=f"{loc.title} {budget.label}"))
-                variants[-1].info = {"localizer": loc.title, "budget": budget.label,
-                                     "best_step": (summary.get("best_step") or {}).get(budget.key)}
+        variants = _variants(spec, setup, run, localizers, timing)
         t0 = time.perf_counter()
         rows, _ = compare(setup, variants, progress=spec.progress)
         timing["evaluation"] = round(time.perf_counter() - t0, 1)
@@ -142,7 +240,7 @@ def draw_rows(spec: PaperSpec, setup: Setup, run: RunDir, timing: dict) -> list[
         write_json(folder / "rows.json", {"rows": rows, "timing": timing})
         holder["rows"] = rows
 
-    entry = run.store.fetch("paper-rows", key, make, label=f"{setup.task}-{setup.k}-{setup.seed}-{setup.pre.mode}")
+    entry = run.store.fetch("paper-rows", rows_key(spec, setup, localizers), make, label=_label(setup))
     if "rows" in holder:
         return holder["rows"]
     stored = read_json(entry / "rows.json", required=("rows",), what="stored paper rows")
@@ -151,27 +249,81 @@ def draw_rows(spec: PaperSpec, setup: Setup, run: RunDir, timing: dict) -> list[
     return stored["rows"]
 
 
+def ood_rows(spec: PaperSpec, setup: Setup, run: RunDir, source: str, target: TargetSpec, examples: list
+             ) -> list[dict]:
+    """Table 2's models of one (task, seed) on one OOD set; stored as "paper-ood-rows" (key: the rows' key +
+    the transfer, its limit and the target's data digest), beside and independent of "paper-rows"."""
+    key = {**rows_key(spec, setup, spec.localizers),
+           "ood": {"source": source, "target": target.to_dict(), "data": data_digest(target.task, spec.data_dir)}}
+    holder: dict = {}
+
+    def make(folder: Path) -> None:
+        variants = _variants(spec, setup, run, spec.localizers, {})
+        block, _ = compare(setup, variants, examples, target.task, progress=spec.progress)
+        info = {v.name: v.info for v in variants}
+        holder["rows"] = [{"task": setup.task, "seed": setup.seed, "source": source, "eval": target.task, **r,
+                           **info.get(r["model"], {})} for r in block]
+        write_json(folder / "rows.json", {"rows": holder["rows"]})
+
+    entry = run.store.fetch("paper-ood-rows", key, make, label=f"{_label(setup)}-{target.task}")
+    return holder.get("rows") or read_json(entry / "rows.json", required=("rows",), what="stored OOD rows")["rows"]
+
+
+def _timed_setup(spec: PaperSpec, run: RunDir, task: str, seed: int, title: str) -> tuple[Setup, dict, float]:
+    """The setup (fine-tuned or from the store), its timing row and the start time."""
+    t0 = time.perf_counter()
+    setup = spec.setup(run, task, seed)
+    timing = {"task": title, "seed": seed, "fine-tuning": round(time.perf_counter() - t0, 1)}
+    ft_metrics = setup.ft_dir / "metrics.json"
+    if ft_metrics.is_file():
+        timing["fine-tuning (computed)"] = read_json(ft_metrics).get("train_seconds")
+    return setup, timing, t0
+
+
 @recipe("paper", PaperSpec)
 def paper(spec: PaperSpec, run: RunDir) -> dict:
-    rows, timings = [], []
+    # OOD sets first: a missing or unmappable one stops the run before any work
+    ood_sets = {(i, j): ood_examples(t.source, tg, spec.data_dir, f"ood[{i}].targets[{j}]")
+                for task in spec.tasks for i, t in spec.ood_of(task) for j, tg in enumerate(t.targets)}
+    rows, oods, tuned, timings = [], [], [], []
     for task in spec.tasks:
         for seed in spec.seeds_of(task):
-            t0 = time.perf_counter()
-            setup = spec.setup(run, task, seed)
-            timing = {"task": setup.task, "seed": seed, "fine-tuning": round(time.perf_counter() - t0, 1)}
-            ft_metrics = setup.ft_dir / "metrics.json"
-            if ft_metrics.is_file():
-                timing["fine-tuning (computed)"] = read_json(ft_metrics).get("train_seconds")
+            setup, timing, t0 = _timed_setup(spec, run, task, seed, get_task(task).name)
             rows += draw_rows(spec, setup, run, timing)
+            for i, t in spec.ood_of(task):
+                for j, tg in enumerate(t.targets):
+                    t1 = time.perf_counter()
+                    oods += ood_rows(spec, setup, run, t.source, tg, ood_sets[(i, j)])
+                    timing[f"OOD {tg.task}"] = round(time.perf_counter() - t1, 1)
             timing["total"] = round(time.perf_counter() - t0, 1)
             timings.append(timing)
+    ref = spec.localizers[0]
+    for label in spec.finetunes:
+        config = spec.finetune_of(label)
+        main = config == spec.finetune
+        for task in spec.finetune_tasks:
+            for seed in spec.seeds_of(task):
+                name = get_task(task).name
+                found = [r for r in rows if r["task"] == name and r["seed"] == seed] if main else []
+                if not found:
+                    other = spec if main else spec.replace(finetune=config.to_dict())
+                    setup, timing, t0 = _timed_setup(other, run, task, seed, f"{name} ({label})")
+                    found = draw_rows(spec, setup, run, timing, None if main else [ref])
+                    timing["total"] = round(time.perf_counter() - t0, 1)
+                    timings.append(timing)
+                tuned += [{"finetune": label, "optimizer": config.optimizer, "lr": config.lr, "l1": config.l1, **r}
+                          for r in found if r.get("localizer") in (None, ref.title)]
     agg = aggregate(rows, ["task", "model", "kind", "localizer", "budget"], METRICS + ["params"])
     table = localizer_table(spec, rows)
     run.csv("metrics.csv", rows)
     run.csv("summary.csv", summary_rows(agg, METRICS + ["params"]))
     run.csv("localizers.csv", table)
-    run.report(report_markdown(spec, agg, table, timings))
-    return {"rows": rows, "localizers": table, "timings": timings}
+    if oods:
+        run.csv("ood.csv", oods)
+    if tuned:
+        run.csv("finetunes.csv", tuned)
+    run.report(report_markdown(spec, agg, table, timings, rows=rows, ood=oods, tuned=tuned))
+    return {"rows": rows, "localizers": table, "timings": timings, "ood_rows": oods, "finetune_rows": tuned}
 
 
 def _per_task_means(rows: list[dict], model: str, column: str) -> dict[str, float]:
@@ -208,8 +360,9 @@ def localizer_table(spec: PaperSpec, rows: list[dict]) -> list[dict]:
     return out
 
 
-def report_markdown(spec: PaperSpec, agg: list[dict], table: list[dict], timings: list[dict]) -> str:
-    ref = "head only" if spec.mode == "head" else "pre-trained"
+def report_markdown(spec: PaperSpec, agg: list[dict], table: list[dict], timings: list[dict], *,
+                    rows: list[dict] = (), ood: list[dict] = (), tuned: list[dict] = ()) -> str:
+    ref = _gap_reference(spec)
     small = [b for b in spec.budgets if b.fraction is not None and b.fraction <= 1e-4]  # the paper's ≤ 0.01%
     main = max(small, key=lambda b: b.fraction) if small else spec.budgets[0]
     first = spec.localizers[0].title
@@ -263,6 +416,7 @@ def report_markdown(spec: PaperSpec, agg: list[dict], table: list[dict], timings
                 ["model", "params", "score", "ECE", "agreement w/ FT", "share of FT", "gap closed"],
                 [[g["model"], int(g["params"][0]) if g["params"] else 0, pct(g["score"]), pct(g["ece"]),
                   pct(g["agreement"]), pct(g["share_of_ft"]), pct(g["gap_closed"])] for g in group]), ""]
+    lines += ood_section(spec, list(rows), list(ood)) + optimizer_section(spec, list(tuned))
     stages = list(dict.fromkeys(k for t in timings for k in t if k not in ("task", "seed")))
     lines += [PAPER_NOTE, "", "## Wall time (seconds)", "",
               "'(computed)' = the time the stage took when it was computed (it may come from the store now); "
@@ -270,3 +424,90 @@ def report_markdown(spec: PaperSpec, agg: list[dict], table: list[dict], timings
               md_table(["task", "seed", *stages], [[t["task"], t["seed"], *(t.get(s, "-") for s in stages)]
                                                    for t in timings]), ""]
     return "\n".join(lines)
+
+
+def _gap_reference(spec: PaperSpec) -> str:
+    return "head only" if spec.mode == "head" else "pre-trained"
+
+
+def _paper_model(g: dict, reference: str) -> str | None:
+    """The paper's Table 7 row beside one of our models: FT, or the reference localizer's graft at 0.01% etc."""
+    if g["kind"] == "ft":
+        return "Grafting 100% (FT)"
+    fraction = Budget.parse(g["budget"]).fraction if g.get("localizer") == reference and g.get("budget") else None
+    return f"Grafting {100 * fraction:g}%" if fraction is not None else None
+
+
+def ood_section(spec: PaperSpec, rows: list[dict], ood: list[dict]) -> list[str]:
+    """Table 7 (and Table 3): per source, ID and OOD score and ECE of every model, the paper's beside them."""
+    if not ood:
+        return []
+    ref = spec.localizers[0].title
+    targets: dict[str, list[str]] = {}
+    for r in ood:
+        targets.setdefault(r["source"], [])
+        if r["eval"] not in targets[r["source"]]:
+            targets[r["source"]].append(r["eval"])
+    lines = ["## Table 7 (and Table 3): out of distribution", "",
+             f"Table 2's models of each source task, scored zero-shot on other tasks' test sets (seeded subsets of "
+             f"{spec.ood_limit or 'all'} examples after label mapping) beside the source's own test subset (ID). "
+             "Score (accuracy) and ECE in %, mean (std) over data seeds. Label maps, target label → source label "
+             "(null: dropped):", ""]
+    lines += [f"- {t.source} → {tg.task}: `{tg.labels or 'identity'}`" for t in spec.ood if t.source in targets
+              for tg in t.targets]
+    lines += ["", f"Paper: Table 7 (mpqa and QNLI sources) and Table 3 (SST-2 source) are **4096-shot** RoBERTa-base "
+              f"accuracies (ours: {spec.k}-shot, the Table 2 setting); its 'Grafting 0.01%' / '0.1%' / '1%' rows "
+              f"stand beside our {ref} grafts at 0.0001 / 0.001 / 0.01, 'Grafting 100% (FT)' beside FT.", ""]
+    combined = [{**r, "source": r["task"], "eval": f"{r['task']} (ID)"} for r in rows if r["task"] in targets] + ood
+    agg = aggregate(combined, ["source", "model", "kind", "localizer", "budget", "eval"], ["score", "ece"])
+    for src, tgts in targets.items():
+        evals = [f"{src} (ID)", *tgts]
+        cell = {(g["model"], g["eval"]): g for g in agg if g["source"] == src}
+        models = list(dict.fromkeys(g["model"] for g in agg if g["source"] == src))
+        cols = [i for i, (s, t) in enumerate(TABLE7_COLUMNS) if s == src and (t == src or t in tgts)]
+        body = []
+        for m in models:
+            first = next(cell[(m, e)] for e in evals if (m, e) in cell)
+            paper = TABLE7_4096.get(_paper_model(first, ref) or "")
+            body.append([m, first["n_seeds"], *(pct(cell[(m, e)]["score"]) if (m, e) in cell else "-" for e in evals),
+                         *(pct(cell[(m, e)]["ece"]) if (m, e) in cell else "-" for e in evals),
+                         *((paper[i] if paper else "-") for i in cols)])
+        head = ["model", "seeds", *(f"{e} acc" for e in evals), *(f"{e} ECE" for e in evals),
+                *(f"paper {TABLE7_COLUMNS[i][1]}{' (ID)' if TABLE7_COLUMNS[i][1] == src else ''}" for i in cols)]
+        lines += [f"### Source: {src}", "", md_table(head, body), ""]
+        table3 = ["- {} → {}: grafting {}, graft re-training {}, BitFit {}.".format(src, t, *TABLE3_4096[(src, t)])
+                  for t in tgts if (src, t) in TABLE3_4096]
+        if table3:
+            lines += ["Paper's Table 3 (4096-shot OOD accuracy):", "", *table3, ""]
+    return lines
+
+
+def optimizer_section(spec: PaperSpec, tuned: list[dict]) -> list[str]:
+    """Fig. 5: per task and fine-tuning, FT's score and the reference graft's share of FT at every budget."""
+    if not tuned:
+        return []
+    ref, budgets = spec.localizers[0].title, [b.label for b in spec.budgets]
+    agg = aggregate(tuned, ["task", "finetune", "model", "kind"], ["score", "ece", "share_of_ft", "gap_closed"])
+    lines = ["## Fig. 5: the fine-tuning optimizer", "",
+             f"Each fine-tuning of `finetunes`, on {', '.join(dict.fromkeys(r['task'] for r in tuned))} with Table "
+             f"2's data seeds, grafted by {ref} at every budget. FT = that fine-tuning's test score; share of FT = "
+             f"graft ÷ that FT; gap closed from {_gap_reference(spec)}. In %, mean (std) over data seeds.", "",
+             "Paper (Fig. 5, RoBERTa-base, a figure without printed numbers): models fine-tuned with AdamW localize "
+             "worse than SGD ones (a graft of the same size keeps less of FT's accuracy), and an L1 penalty on the "
+             "movement θ − θ_pre during AdamW fine-tuning makes them localize again.", ""]
+    body = []
+    for task in dict.fromkeys(g["task"] for g in agg):
+        for label in spec.finetunes:
+            cell = {g["model"]: g for g in agg if g["task"] == task and g["finetune"] == label}
+            if "fine-tuned" not in cell:
+                continue
+            ft, conf = cell["fine-tuned"], spec.finetune_of(label)
+            grafts = [cell.get(f"{ref} {b}") for b in budgets]
+            settings = (f"{conf.optimizer} lr {conf.lr:g}" + (f", L1 λ {conf.l1:g}" if conf.l1 else "")
+                        + (" (Table 2's)" if conf == spec.finetune else ""))
+            body.append([task, label, settings, ft["n_seeds"], pct(ft["score"]), pct(ft["ece"]),
+                         *(pct(g["share_of_ft"]) if g else "-" for g in grafts),
+                         *(pct(g["gap_closed"]) if g else "-" for g in grafts)])
+    head = ["task", "fine-tuning", "settings", "seeds", "FT", "FT ECE", *(f"share of FT {b}" for b in budgets),
+            *(f"gap closed {b}" for b in budgets)]
+    return lines + [md_table(head, body), ""]
