@@ -500,3 +500,69 @@ def test_registered_task_split_from_a_dataset(tmp_path):
     assert len(examples) == 20 and examples[1].label == 1 and examples[0].text_a == sentiment_rows(1, 1)[0]["text"]
     with pytest.raises(SkillgraftError, match=r"no split 'dev' \(split\)"):
         load_hf_split("SST-2", "dev", str(tmp_path / "saved"))
+
+
+def train_label_words(base: Path, out: Path, *, masked: bool, steps: int = 20, lr: float = 3e-3) -> Path:
+    """Plain transformers prompt fine-tuning: the label word at the mask (masked LM) or next (causal LM)."""
+    import transformers as tf
+
+    tok = tf.AutoTokenizer.from_pretrained(base)
+    tok.pad_token = tok.pad_token or tok.eos_token
+    torch.manual_seed(2)
+    model = (tf.AutoModelForMaskedLM if masked else tf.AutoModelForCausalLM).from_pretrained(base)
+    words = [tok.encode(w, add_special_tokens=False)[0] for w in (" terrible", " great")] if not masked else \
+        [tok.convert_tokens_to_ids(w) for w in ("terrible", "great")]
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    rng = random.Random(0)
+    model.train()
+    for _ in range(steps):
+        ys = [rng.randint(0, 1) for _ in range(8)]
+        texts = [sentence(rng, y) + (f" It was {tok.mask_token} ." if masked else " It was") for y in ys]
+        enc = tok(texts, return_tensors="pt", padding=True)
+        logits = model(**enc).logits
+        if masked:
+            at = enc["input_ids"] == tok.mask_token_id
+            picked = logits[at]
+        else:
+            last = enc["attention_mask"].sum(1) - 1
+            picked = logits[torch.arange(len(ys)), last]
+        loss = torch.nn.functional.cross_entropy(picked[:, words], torch.tensor(ys))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("kind, masked, cls", [("bert", True, "AutoModelForMaskedLM"),
+                                               ("llama", False, "AutoModelForCausalLM")])
+def test_label_word_pairs_masked_lm_prompt_and_causal(kind, masked, cls, tiny_models, toy_data, tmp_path):
+    """A masked LM (prompt mode: template + label words at the mask) and a causal LM with label words (causal
+    mode), fine-tuned by plain transformers, grafted on a registered task from the CLI, exported to their class."""
+    import transformers as tf
+    from safetensors.torch import load_file
+
+    from skillgraft.graft import Graft
+
+    a = tiny_models[kind]
+    b = train_label_words(a, tmp_path / "ft", masked=masked)
+    out = tmp_path / "report"
+    cli("graft", "--pretrained", a, "--finetuned", b, "--task", "SST-2", "--data-dir", toy_data, "--k", 16,
+        "--budgets", "5e-2", "--steps", 2, "--baselines", "", "--no-lottery-zero", "--out", out)
+    graft_dir = next((out / "grafts").iterdir())
+    graft = Graft.from_pretrained(graft_dir)
+    assert graft.metadata["mode"] == ("prompt" if masked else "causal") and not graft.carried
+    rows = {r["model"]: r for r in json.loads((out / "metrics.json").read_text())["rows"]}
+    assert {"pre-trained", "fine-tuned"} <= set(rows) and rows["fine-tuned"]["n"] == 80
+    cli("apply", graft_dir, "--export", tmp_path / "export")
+    loaded = getattr(tf, cls).from_pretrained(tmp_path / "export")
+    a_state = {k: v for k, v in load_file(str(a / "model.safetensors")).items()}
+    b_state = load_file(str(b / "model.safetensors"))
+    changed = 0
+    for name, value in loaded.state_dict().items():
+        if name in a_state:
+            neither = (value != a_state[name]) & (value != b_state[name])
+            assert not neither.any(), name                      # every coordinate is A's or B's
+            changed += int((value != a_state[name]).sum())
+    assert 0 < changed <= graft.size
