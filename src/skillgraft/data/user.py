@@ -94,11 +94,6 @@ class Source:
         raise SkillgraftError(f"{self.name}: splits {sorted(self.splits)}; choose one with {option}")
 
 
-def read_rows(path: str | Path) -> list[tuple[str, dict]]:
-    """(where, row) for every row of a JSONL, CSV or TSV file (or of the training split of a dataset)."""
-    return open_source(path).split(None, "--data-split")[1]
-
-
 def open_source(source: str | Path, config: str | None = None) -> Source:
     """Read ``source``: a .jsonl/.csv/.tsv file, a ``datasets`` folder (``save_to_disk`` or data files in a hub
     repository's layout), or a Hugging Face Hub dataset name (``config``: its configuration)."""
