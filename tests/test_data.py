@@ -139,3 +139,22 @@ def test_shared_data_kshot(shared_data):
     cr = load_split("cr", "train", shared_data)
     assert any(not e.text_a.strip() for e in cr)  # blank rows kept
     assert json.loads((shared_data / "MRPC" / "test.jsonl").read_text().splitlines()[0])["label"] in ("0", "1")
+
+
+def test_task_without_test_split_is_tested_on_the_rest_of_train(tmp_path):
+    """QQP has no test split in the shared data: a draw is tested on the train rows outside its train + dev."""
+    (tmp_path / "QQP").mkdir()
+    rows = [{"text_a": f"question {i}?", "text_b": f"other {i}?", "label": str(i % 2)} for i in range(60)]
+    (tmp_path / "QQP" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    d = load_kshot("QQP", 8, 13, tmp_path)
+    seen = {(ex.text_a, ex.text_b) for ex in d.train + d.dev}
+    assert len(d.train) == len(d.dev) == 16 and len(d.test) == 60 - 32
+    assert not seen & {(ex.text_a, ex.text_b) for ex in d.test}            # disjoint from the draw
+    assert {ex.text_a for ex in d.test} | {t for t, _ in seen} == {r["text_a"] for r in rows}
+    assert len(load_kshot("QQP", 8, 13, tmp_path, test_limit=10).test) == 10
+    with pytest.raises(SkillgraftError, match="has no test split"):
+        load_split("QQP", "test", tmp_path)                                 # the split itself is still absent
+    (tmp_path / "MRPC").mkdir()                                             # any other task still needs its test split
+    (tmp_path / "MRPC" / "train.jsonl").write_text((tmp_path / "QQP" / "train.jsonl").read_text())
+    with pytest.raises(SkillgraftError, match="'MRPC' has no test split"):
+        load_kshot("MRPC", 8, 13, tmp_path)

@@ -71,7 +71,7 @@ def test_paper_recipe_tiny(tiny_bert, toy_data, tmp_path):
     report = (out / "report.md").read_text()
     assert "90.5 (0.4)" in report and "89.7 (0.2)" in report  # the paper's SST-2 FT and graft accuracy beside ours
     assert "graft: paper at 0.05" not in report and "(graft: paper at 0.01)" in report  # largest ≤ 1e-4 … here 0.01
-    assert "Localizers at equal size" in report and "Wall time" in report and "QQP: not run" in report
+    assert "Localizers at equal size" in report and "Wall time" in report
     for f in ("metrics.csv", "summary.csv", "localizers.csv", "config.json"):
         assert (out / f).is_file(), f
     assert metrics["timings"][0]["evaluation"] >= 0 and "regions straight-through" in metrics["timings"][0]

@@ -2,7 +2,7 @@
 
 LM-BFF (``tools/generate_k_shot_data.py``) seeds NumPy with the data seed, shuffles the training lines,
 then keeps the first K examples of every label for train and the next K for dev; test is the task's
-test split. The result is deterministic for a (task, K, seed). Where an LM-BFF ``k-shot/<TASK>/<K>-<SEED>``
+test split (for a task without one, ``test_from_train``: the train rows outside this draw). The result is deterministic for a (task, K, seed). Where an LM-BFF ``k-shot/<TASK>/<K>-<SEED>``
 folder exists under the data root its files are used as they are.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from skillgraft.data.loading import Example, load_split, read_file, resolve_data_dir
+from skillgraft.data.loading import Example, find_split_file, load_split, read_file, resolve_data_dir
 from skillgraft.data.tasks import Task, get_task
 from skillgraft.errors import SkillgraftError
 
@@ -74,7 +74,11 @@ def load_kshot(task: Task | str, k: int, seed: int, data_dir: str | os.PathLike 
     else:
         full = load_split(task, "train", root)
         train, dev = sample_kshot(full, task.num_labels, k, seed, source=f"{task.name} train split")
-        test = load_split(task, "test", root)
+        if task.test_from_train and find_split_file(task, "test", root) is None:
+            drawn = {id(ex) for ex in train + dev}  # the stand-in test: train rows outside this draw
+            test = [ex for ex in full if id(ex) not in drawn]
+        else:
+            test = load_split(task, "test", root)
     return FewShotData(task, k, seed, train, dev, eval_subset(test, test_limit))
 
 

@@ -39,6 +39,8 @@ class Task:
         folder: data folder name under the data root (defaults to ``name``).
         positive_label: the label counted as positive for F1.
         has_train: False for evaluation-only (OOD) sets.
+        test_from_train: the data has no test split; a k-shot draw is tested on the train rows outside its
+            own train and dev examples (a stand-in the reports name).
     """
 
     name: str
@@ -51,6 +53,7 @@ class Task:
     folder: str | None = None
     positive_label: str | None = None
     has_train: bool = True
+    test_from_train: bool = False
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -127,7 +130,7 @@ _BUILTIN = [
     Task("MRPC", "pair", ("0", "1"), ("No", "Yes"), PARAPHRASE, PARAPHRASE_CAUSAL, metric="f1", positive_label="1",
          description="paraphrase"),
     Task("QQP", "pair", ("0", "1"), ("No", "Yes"), PARAPHRASE, PARAPHRASE_CAUSAL, metric="f1", positive_label="1",
-         description="duplicate questions"),
+         test_from_train=True, description="duplicate questions (no test split: tested on train rows outside the draw)"),
     Task("imdb", "single", ("neg", "pos"), ("terrible", "great"), SENTIMENT, has_train=False,
          description="movie reviews (OOD evaluation only)"),
     Task("yelp_polarity", "single", ("0", "1"), ("terrible", "great"), SENTIMENT, has_train=False,
@@ -158,7 +161,7 @@ def get_task(name: str | Task) -> Task:
 
 
 _TASK_FIELDS = {"name", "kind", "labels", "label_words", "template", "causal_template", "metric", "folder",
-                "positive_label", "has_train", "description"}
+                "positive_label", "has_train", "test_from_train", "description"}
 
 
 def task_from_dict(spec: dict, source: str = "task spec") -> Task:
