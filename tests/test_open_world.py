@@ -331,7 +331,8 @@ def test_hugging_face_dataset_folders_and_splits(tmp_path):
     assert any(f.suffix == ".arrow" for f in d.files)                     # the store keys cover the data's content
     assert len(spec.replace(eval_split="test").load(("neg", "pos")).test) == 22
     assert len(spec.replace(k=4).load(("neg", "pos")).train) == 8         # k-shot per label
-    with pytest.raises(SkillgraftError, match=r"no split 'dev' \(--eval-split\); it has \['test', 'train', 'validation'\]"):
+    with pytest.raises(SkillgraftError,
+                       match=r"no split 'dev' \(--eval-split\); it has \['test', 'train', 'validation'\]"):
         spec.replace(eval_split="dev").load()
     with pytest.raises(SkillgraftError, match="is the split the graft is learned on"):
         spec.replace(eval_split="train").load()
@@ -391,7 +392,8 @@ def test_graft_a_saved_dataset_from_the_cli(pairs, tmp_path):
     assert "[validation]" in printed and "indices into the fine-tuned model's config.id2label" in printed
     assert "evaluated on" in (out / "report.md").read_text()
     assert json.loads((out / "metrics.json").read_text())["rows"][0]["n"] == 20
-    assert "(n=22)" in cli("evaluate", b, "--data", tmp_path / "saved", "--text-field", "sentence", "--eval-split", "test")
+    assert "(n=22)" in cli("evaluate", b, "--data", tmp_path / "saved", "--text-field", "sentence",
+                           "--eval-split", "test")
 
 
 def test_evaluate_any_hf_checkpoint_with_user_data(pairs, user_data, toy_data):

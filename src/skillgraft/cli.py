@@ -290,9 +290,10 @@ def graft(
                      f"- pre-trained: `{setup.pre.base_model}`; fine-tuned: `{setup.ft.base_model}`; scored as "
                      f"`{setup.pre.mode}`"]
             if setup.data_files:
-                shown = ", ".join(f"`{f}`" for f in setup.data_files[:6]) + (", …" if len(setup.data_files) > 6 else "")
+                more = ", …" if len(setup.data_files) > 6 else ""
+                shown = ", ".join(f"`{f}`" for f in setup.data_files[:6]) + more
                 lines.append(f"- data: {setup.data_note or shown}; {len(setup.data.train)} examples to localize on, "
-                             f"{len(setup.test)} held out (files: {shown})")
+                             f"{len(setup.test)} held out" + (f" (files: {shown})" if setup.data_note else ""))
             if setup.labels_note:
                 lines.append(f"- labels: {setup.labels_note}")
             run.report(text + "\n".join(lines) + "\n")

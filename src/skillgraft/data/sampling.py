@@ -2,8 +2,9 @@
 
 LM-BFF (``tools/generate_k_shot_data.py``) seeds NumPy with the data seed, shuffles the training lines,
 then keeps the first K examples of every label for train and the next K for dev; test is the task's
-test split (for a task without one, ``test_from_train``: the train rows outside this draw). The result is deterministic for a (task, K, seed). Where an LM-BFF ``k-shot/<TASK>/<K>-<SEED>``
-folder exists under the data root its files are used as they are.
+test split (for a task without one, ``test_from_train``: the train rows outside this draw). The result is
+deterministic for a (task, K, seed). Where an LM-BFF ``k-shot/<TASK>/<K>-<SEED>`` folder exists under the data
+root its files are used as they are.
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ _BUILTIN = [
     Task("MRPC", "pair", ("0", "1"), ("No", "Yes"), PARAPHRASE, PARAPHRASE_CAUSAL, metric="f1", positive_label="1",
          description="paraphrase"),
     Task("QQP", "pair", ("0", "1"), ("No", "Yes"), PARAPHRASE, PARAPHRASE_CAUSAL, metric="f1", positive_label="1",
-         test_from_train=True, description="duplicate questions (no test split: tested on train rows outside the draw)"),
+         test_from_train=True, description="duplicate questions (no test split: train rows outside the draw)"),
     Task("imdb", "single", ("neg", "pos"), ("terrible", "great"), SENTIMENT, has_train=False,
          description="movie reviews (OOD evaluation only)"),
     Task("yelp_polarity", "single", ("0", "1"), ("terrible", "great"), SENTIMENT, has_train=False,

@@ -16,6 +16,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -69,10 +70,14 @@ _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 @dataclass
 class Source:
-    """A user's data source read whole: its splits (a file has one, named ``None``) and the files behind them."""
+    """A user's data source: its splits (a file has one, named ``None``) and the files behind them.
+
+    A file's split holds its rows; a dataset's holds the ``datasets.Dataset``, turned into rows only when
+    :meth:`split` chooses it (the unused splits of a large dataset are never materialised).
+    """
 
     name: str
-    splits: dict[str | None, list[tuple[str, dict]]]
+    splits: dict[str | None, Any]
     files: list[Path]
 
     def split(self, name: str | None, option: str, default: tuple[str, ...] = ("train",)) -> tuple[str | None, list]:
@@ -82,16 +87,14 @@ class Source:
                 raise SkillgraftError(f"{option} {name!r}: {self.name} is a file with no splits; {option} applies to "
                                       "a Hugging Face dataset")
             return None, self.splits[None]
-        if name is not None:
-            if name not in self.splits:
-                raise SkillgraftError(f"{self.name}: no split {name!r} ({option}); it has {sorted(self.splits)}")
-            return name, self.splits[name]
-        for d in default:
-            if d in self.splits:
-                return d, self.splits[d]
-        if len(self.splits) == 1:
-            return next(iter(self.splits.items()))
-        raise SkillgraftError(f"{self.name}: splits {sorted(self.splits)}; choose one with {option}")
+        if name is None:
+            name = next((d for d in default if d in self.splits), None)
+            if name is None and len(self.splits) > 1:
+                raise SkillgraftError(f"{self.name}: splits {sorted(self.splits)}; choose one with {option}")
+            name = name or next(iter(self.splits))
+        elif name not in self.splits:
+            raise SkillgraftError(f"{self.name}: no split {name!r} ({option}); it has {sorted(self.splits)}")
+        return name, [(f"{self.name}[{name}][{i}]", dict(row)) for i, row in enumerate(self.splits[name])]
 
 
 def open_source(source: str | Path, config: str | None = None) -> Source:
@@ -162,12 +165,8 @@ def _read_dataset(source: str, config: str | None, *, local: bool) -> Source:
         raise SkillgraftError(f"{source}: no such file or folder, and loading it as a Hugging Face Hub dataset"
                               f"{' configuration ' + repr(config) if config else ''} failed: {first}") from None
     parts = dict(ds.items()) if isinstance(ds, datasets.DatasetDict) else {getattr(ds, "split", None) or "train": ds}
-    splits, files = {}, []
-    for name, part in parts.items():
-        rows = [(f"{what}[{name}][{i}]", dict(row)) for i, row in enumerate(part)]
-        if rows:
-            splits[str(name)] = rows
-        files += [Path(f["filename"]) for f in part.cache_files]
+    splits = {str(name): part for name, part in parts.items() if len(part)}
+    files = [Path(f["filename"]) for part in parts.values() for f in part.cache_files]
     if not splits:
         raise SkillgraftError(f"{what}: no rows")
     if local and not saved:
@@ -243,7 +242,7 @@ def load_user_data(spec, model_labels: tuple[str, ...] | None = None) -> UserDat
     if spec.eval_data is not None:
         held = open_source(spec.eval_data, spec.data_config if not Path(spec.eval_data).is_file() else None)
         eval_split, eval_rows = held.split(spec.eval_split, "--eval-split", EVAL_SPLITS)
-        files += held.files
+        files += [f for f in held.files if f not in files]  # evaluate passes --data again as its eval rows
         evaluated = f"{held.name}" + (f" [{eval_split}]" if eval_split else "")
     elif spec.eval_split is not None or (train_split is not None and any(
             d in source.splits and d != train_split for d in EVAL_SPLITS)):
