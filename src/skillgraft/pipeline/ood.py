@@ -77,6 +77,19 @@ class TransferSpec(Spec):
             check_label_map(source, task, target.labels, f"{where}.targets[{j}]")
 
 
+def with_limits(transfers, limit):
+    """Raw transfers (YAML) with ``limit`` on every target that names none (a bare task name → ``{task}``)."""
+    if not isinstance(transfers, list):
+        return transfers
+    return [{**t, "targets": [_with_limit(x, limit) for x in t["targets"]]}
+            if isinstance(t, dict) and isinstance(t.get("targets"), list) else t for t in transfers]
+
+
+def _with_limit(target, limit):
+    target = {"task": target} if isinstance(target, str) else target
+    return {**target, "limit": limit} if isinstance(target, dict) and "limit" not in target else target
+
+
 def ood_examples(source: str, target: TargetSpec, data_dir=None, where: str = "OOD target") -> list[Example]:
     """``target``'s examples mapped into ``source``'s labels, subsampled to ``target.limit`` (eval_subset)."""
     raw = load_split(target.task, target.split, data_dir)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pydantic import Field, field_validator, model_validator
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.pipeline.ood import TransferSpec, ood_examples
+from skillgraft.pipeline.ood import TransferSpec, ood_examples, with_limits
 from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, summary_rows
 from skillgraft.pipeline.variants import compare
 from skillgraft.recipes.base import ExperimentSpec, recipe
@@ -50,10 +50,7 @@ class TransfersMixin(Spec):
         if not isinstance(values, dict):
             return values
         limit = values.get("ood_limit", values.get("test_limit"))
-        transfers = values.get("transfers")
-        if isinstance(transfers, list):
-            transfers = [{**t, "targets": [_with_limit(x, limit) for x in t["targets"]]}
-                         if isinstance(t, dict) and isinstance(t.get("targets"), list) else t for t in transfers]
+        transfers = with_limits(values.get("transfers"), limit)
         return {**values, "ood_limit": limit, **({"transfers": transfers} if transfers is not None else {})}
 
     @model_validator(mode="after")
@@ -64,11 +61,6 @@ class TransfersMixin(Spec):
             except SkillgraftError as e:
                 raise ValueError(str(e)) from None
         return self
-
-
-def _with_limit(target, limit):
-    target = {"task": target} if isinstance(target, str) else target
-    return {**target, "limit": limit} if isinstance(target, dict) and "limit" not in target else target
 
 
 class OodSpec(ExperimentSpec, GraftVariantsMixin, TransfersMixin):  # last base validates first: label maps

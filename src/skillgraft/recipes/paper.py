@@ -36,7 +36,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.selection import Budget
 from skillgraft.io import read_json, write_json
-from skillgraft.pipeline.ood import TargetSpec, TransferSpec, ood_examples
+from skillgraft.pipeline.ood import TargetSpec, TransferSpec, ood_examples, with_limits
 from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, summary_rows
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.store import data_digest
@@ -122,11 +122,7 @@ class PaperSpec(ExperimentSpec, SeedsMixin):
         if not isinstance(values, dict):
             return values
         limit = values.get("ood_limit", values.get("test_limit", cls.model_fields["test_limit"].default))
-        ood = values.get("ood", PAPER_TRANSFERS)
-        if isinstance(ood, list):
-            ood = [{**t, "targets": [_with_limit(x, limit) for x in t["targets"]]}
-                   if isinstance(t, dict) and isinstance(t.get("targets"), list) else t for t in ood]
-        return {**values, "ood_limit": limit, "ood": ood}
+        return {**values, "ood_limit": limit, "ood": with_limits(values.get("ood", PAPER_TRANSFERS), limit)}
 
     @field_validator("budgets", mode="before")
     @classmethod
@@ -187,11 +183,6 @@ class PaperSpec(ExperimentSpec, SeedsMixin):
 
     def seeds_of(self, task: str) -> list[int]:
         return self.task_seeds.get(task) or self.task_seeds.get(get_task(task).name) or self.seeds
-
-
-def _with_limit(target, limit):
-    target = {"task": target} if isinstance(target, str) else target
-    return {**target, "limit": limit} if isinstance(target, dict) and "limit" not in target else target
 
 
 def rows_key(spec: PaperSpec, setup: Setup, localizers: list[LocalizerRun]) -> dict:
