@@ -106,7 +106,16 @@ def test_kshot_matches_lmbff_rule(toy_data):
 
 def test_k_too_large_says_how_many(toy_data):
     with pytest.raises(SkillgraftError, match="has only 100"):
-        load_kshot("SST-2", 64, 13, toy_data)
+        load_kshot("SST-2", 101, 13, toy_data)
+
+
+def test_rare_label_keeps_a_short_dev_as_lmbff(toy_data):
+    """100 rows per label at K = 64: train 64 per label, dev the 36 left (LM-BFF's [K:2K] slice), and a warning."""
+    with pytest.warns(UserWarning, match="fewer than 2·K=128"):
+        draw = load_kshot("SST-2", 64, 13, toy_data)
+    assert [sum(e.label == lab for e in draw.train) for lab in (0, 1)] == [64, 64]
+    assert [sum(e.label == lab for e in draw.dev) for lab in (0, 1)] == [36, 36]
+    assert not set(map(id, draw.train)) & set(map(id, draw.dev))
 
 
 def test_lmbff_tsv_and_csv_layouts(tmp_path):

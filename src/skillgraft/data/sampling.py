@@ -1,5 +1,8 @@
 """k-shot sampling exactly as LM-BFF: seeded shuffle, train = first K per label, dev = next K per label.
 
+A label with fewer than 2K rows keeps K for train and what is left for dev (LM-BFF slices ``[K:2K]``; e.g.
+TREC's ABBR at K = 64), with a warning; fewer than K is an error.
+
 LM-BFF (``tools/generate_k_shot_data.py``) seeds NumPy with the data seed, shuffles the training lines,
 then keeps the first K examples of every label for train and the next K for dev; test is the task's
 test split (for a task without one, ``test_from_train``: the train rows outside this draw). The result is
@@ -10,6 +13,7 @@ root its files are used as they are.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,14 +45,17 @@ def sample_kshot(examples: list[Example], num_labels: int, k: int, seed: int, *,
     by_label: dict[int, list[Example]] = {i: [] for i in range(num_labels)}
     for ex in shuffled:
         by_label[ex.label].append(ex)
-    need = 2 * k if dev else k
     counts = {lab: len(v) for lab, v in by_label.items()}
     smallest = min(counts, key=counts.get)
-    if counts[smallest] < need:
+    if counts[smallest] < k:
         raise SkillgraftError(
-            f"{source}: K={k} needs {need} examples per label ({'train + dev' if dev else 'train'}), but label "
-            f"index {smallest} has only {counts[smallest]} (per-label counts: {counts})"
+            f"{source}: K={k} needs {k} examples per label for train{' (and up to K more for dev)' if dev else ''}, "
+            f"but label index {smallest} has only {counts[smallest]} (per-label counts: {counts})"
         )
+    short = {lab: n - k for lab, n in counts.items() if n < 2 * k}
+    if dev and short:  # LM-BFF's rule slices [K:2K]: a rare label's dev keeps what is left after its train
+        warnings.warn(f"{source}: fewer than 2·K={2 * k} examples for label index(es) {sorted(short)}; their dev "
+                      f"split keeps only what train left ({short}), as LM-BFF's sampler does", stacklevel=2)
     train = [ex for lab in range(num_labels) for ex in by_label[lab][:k]]
     dev_split = [ex for lab in range(num_labels) for ex in by_label[lab][k:2 * k]] if dev else []
     return train, dev_split
