@@ -102,6 +102,9 @@ def test_paper_spec_checks_before_any_work(tiny_bert, toy_data, tmp_path):
                                                                "MNLI", "SNLI"]
     assert all(tg.limit == spec.test_limit for t in spec.ood for tg in t.targets)
     assert spec.ood == PaperSpec.build({"recipe": "paper", "test_limit": spec.test_limit}).ood  # the spec's default
+    _, ood = load_recipe(RECIPES / "ood.yaml")  # the OOD recipe measures the same transfers with the same label maps
+    assert [(t.source, [(tg.task, tg.labels) for tg in t.targets]) for t in ood.transfers] == \
+        [(t.source, [(tg.task, tg.labels) for tg in t.targets]) for t in spec.ood]
     assert list(spec.finetunes) == ["SGD", "AdamW", "AdamW+L1"] and spec.finetune_tasks == ["SST-2"]
     assert spec.finetune_of("SGD") == spec.finetune
     adamw, l1 = spec.finetune_of("AdamW"), spec.finetune_of("AdamW+L1")
