@@ -199,3 +199,15 @@ def test_paper_ood_table_quotes_table7_beside_matching_models():
     assert line[f"{ref} 0.0001"].endswith("| 88.1 (0.4) | 84.6 (0.6) |")  # Table 7, Grafting 0.01%
     assert line["fine-tuned"].endswith("| 88.9 (0.6) | 77.6 (4.9) |")  # Table 7, Grafting 100% (FT)
     assert "| 80.0 | 70.0 |" in line["fine-tuned"] and "4096-shot" in text
+
+
+@pytest.mark.parametrize("path", sorted((RECIPES.parent / "bench" / "paper").glob("*.yaml")), ids=lambda p: p.stem)
+def test_bench_paper_files_are_narrowed_paper_recipes(path):
+    """bench/paper/*.yaml (the configs behind bench/RESULTS.md) still load, and share paper.yaml's settings, so
+    their stages are the store entries the full recipe would use."""
+    _, full = load_recipe(RECIPES / "paper.yaml")
+    _, spec = load_recipe(path)
+    assert isinstance(spec, PaperSpec) and set(spec.tasks) <= set(full.tasks)
+    assert (spec.k, spec.finetune, spec.model) == (full.k, full.finetune, full.model)
+    assert spec.localizers[0] == full.localizers[0]  # the paper's localizer is every file's reference
+    assert {b.label for b in spec.budgets} <= {b.label for b in full.budgets}
