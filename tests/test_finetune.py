@@ -96,6 +96,8 @@ res = finetune(scorer, data.train, None, FinetuneConfig(lr=0.1, steps=6, batch_s
                accelerator=acc, progress=False)
 if acc.is_main_process:
     torch.save({n: p.detach() for n, p in res.scorer.named_parameters()}, sys.argv[3])
+acc.wait_for_everyone()
+acc.end_training()
 """
 
 

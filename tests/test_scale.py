@@ -327,6 +327,8 @@ held = acc.gather(torch.tensor(held)).tolist()
 if acc.is_main_process:
     torch.save({"regions": {b.key: r.indices for b, r in res.regions.items()}, "history": res.history,
                 "intact": intact, "sharded": sharded, "held": held, "candidates": res.candidate_size}, out)
+acc.wait_for_everyone()  # neither rank leaves while the other still talks to gloo (else: SIGABRT at exit)
+acc.end_training()       # destroys the process group
 """
 
 
