@@ -11,7 +11,7 @@ from skillgraft.graft import Budget, Graft, LocalizeConfig, get_localizer, graft
 from skillgraft.graft.localizers.relaxed import RelaxedOptions, accuracy
 from skillgraft.graft.localizers.saliency import SaliencyConfig, saliency_scores
 
-NEW = ["saliency", "learned-adam", "learned-saliency", "straight-through"]
+NEW = ["saliency", "learned-adam", "learned-saliency", "straight-through", "prune", "hard-concrete"]
 FAST = {"steps": 4, "eval_every": 2, "micro_batch": 16}
 
 
@@ -25,6 +25,18 @@ def test_new_localizers_are_registered_with_typed_options():
     assert RelaxedOptions(optimizer="sgd", relaxation="sigmoid").lr == 1e7  # the paper's lr on S
     assert RelaxedOptions(relaxation="straight-through").lr == 0.05 and RelaxedOptions(lr=0.3).lr == 0.3
     assert RelaxedOptions(relaxation="straight-through", optimizer="nsgd").lr == 0.1
+    prune = get_localizer("prune").options()
+    assert (prune.relaxation, prune.optimizer, prune.anneal_from, prune.anneal_steps, prune.candidates) == (
+        "straight-through", "nsgd", 0.1, 60, None)
+    assert get_localizer("hard-concrete").options().lr == 0.2
+    # settings a relaxation does not read stay out of its config (store keys of earlier runs unchanged)
+    assert "anneal_from" not in get_localizer("straight-through").options().to_dict()
+    assert "l0_penalty" in get_localizer("hard-concrete").options().to_dict()
+    assert "l0_penalty" not in prune.to_dict() and prune.to_dict()["anneal_steps"] == 60
+    for bad, word in (({"anneal_steps": 100}, "anneal_steps"), ({"relaxation": "sigmoid"}, "anneal_from"),
+                      ({"candidates": 0.01}, "anneal_from")):
+        with pytest.raises(SkillgraftError, match=word):
+            get_localizer("prune").options(bad)
     for bad in ({"optimiser": "adam"}, {"lr": 0}, {"select_on": "test"}, {"candidates": 2.0}):
         with pytest.raises(SkillgraftError, match=next(iter(bad))):
             get_localizer("straight-through").options(bad)
@@ -100,11 +112,13 @@ def test_sigmoid_sgd_is_the_papers_update(pair):
 
 
 @pytest.mark.parametrize("name,optimizer", [("learned-adam", "adam"), ("straight-through", "adam"),
-                                            ("straight-through", "nsgd")])
+                                            ("straight-through", "nsgd"), ("prune", "nsgd"),
+                                            ("hard-concrete", "adam")])
 def test_relaxed_selects_on_dev_and_keeps_pre_intact(pair, name, optimizer):
     pre, ft, data = pair
     before = snapshot(pre)
-    result = get_localizer(name).run(pre, ft, data, {**FAST, "optimizer": optimizer, "budgets": [0.01, 30]})
+    extra = {"anneal_steps": 0} if name == "prune" else {}
+    result = get_localizer(name).run(pre, ft, data, {**FAST, **extra, "optimizer": optimizer, "budgets": [0.01, 30]})
     assert_intact(pre, before)
     for b, region in result.regions.items():
         assert len(region) == b.size(region.universe_size)
@@ -117,9 +131,9 @@ def test_relaxed_selects_on_dev_and_keeps_pre_intact(pair, name, optimizer):
             dev_acc)
     assert_intact(pre, before)
     with pytest.raises(SkillgraftError, match="dev"):
-        get_localizer(name).run(pre, ft, data.train, {**FAST, "budgets": [30]})  # a plain list: no dev set
+        get_localizer(name).run(pre, ft, data.train, {**FAST, **extra, "budgets": [30]})  # a plain list: no dev
     with pytest.raises(SkillgraftError, match="round"):
-        get_localizer(name).run(pre, ft, data, {**FAST, "budgets": ["round"]})
+        get_localizer(name).run(pre, ft, data, {**FAST, **extra, "budgets": ["round"]})
 
 
 def test_interrupted_relaxed_localization_leaves_pre_intact(pair):
@@ -127,16 +141,46 @@ def test_interrupted_relaxed_localization_leaves_pre_intact(pair):
     pre.train()
     try:
         before = snapshot(pre)
-        for name in ("straight-through", "learned-saliency"):
+        for name in ("straight-through", "learned-saliency", "prune", "hard-concrete"):
             hook = Interrupt(3)
             handle = pre.model.register_forward_hook(hook)
             try:
                 with pytest.raises(KeyboardInterrupt):
                     get_localizer(name).run(pre, ft, data, {**FAST, "micro_batch": 8, "budgets": [30],
-                                                            "saliency": {"micro_batch": 64}})
+                                                            "saliency": {"micro_batch": 64},
+                                                            **({"anneal_steps": 2} if name == "prune" else {})})
             finally:
                 handle.remove()
             assert hook.seen == 3
             assert_intact(pre, before)
     finally:
         pre.eval()
+
+
+def test_prune_scores_only_at_the_budget_and_starts_from_the_base_order(pair):
+    """The pruning schedule shrinks the forward mask from the top `anneal_from` of |Δ| to the budget; regions
+    are scored (and kept) only once they have the budget's exact size. Without a schedule, step 0 is the
+    top-k of |Δ|, as for straight-through."""
+    pre, ft, data = pair
+    before = snapshot(pre)
+    result = get_localizer("prune").run(pre, ft, data, {**FAST, "steps": 5, "anneal_steps": 3, "anneal_from": 0.5,
+                                                        "budgets": [30]})
+    (b, region), = result.regions.items()
+    assert len(region) == 30 and [r["step"] for r in result.summary["history"]] == [3, 4, 5]
+    assert result.summary["best_step"][b.key] >= 3
+    assert_intact(pre, before)
+    start = get_localizer("prune").region(pre, ft, data, 30, {"steps": 0, "anneal_steps": 0})
+    assert start == get_localizer("movement").region(pre, ft, data, 30)
+
+
+def test_hard_concrete_starts_open_on_the_base_region(pair):
+    """log α starts with the top-k of |Δ| open (P(z = 1) = 0.95) and k/10 gates open in expectation elsewhere,
+    so E‖z‖₀ ≈ 1.1·k; with no steps the region is the top-k of |Δ|."""
+    pre, ft, data = pair
+    k = 30
+    result = get_localizer("hard-concrete").run(pre, ft, data, {**FAST, "steps": 0, "budgets": [k]})
+    assert result.region == get_localizer("movement").region(pre, ft, data, k)
+    assert result.summary["history"][0]["expected_size"] == pytest.approx(1.1 * k, rel=0.01)
+    moved = get_localizer("hard-concrete").run(pre, ft, data, {**FAST, "steps": 6, "budgets": [k], "l0_penalty": 50.0})
+    sizes = [r["expected_size"] for r in moved.summary["history"]]
+    assert abs(sizes[-1] - k) < abs(sizes[0] - k)  # the size penalty pulls E‖z‖₀ towards the budget

@@ -17,7 +17,8 @@ from skillgraft.graft.localizers.fish import Fish, FishOptions
 from skillgraft.graft.localizers.learned import Learned, LocalizeConfig, LocalizeResult, localize
 from skillgraft.graft.localizers.movement import Movement, movement
 from skillgraft.graft.localizers.random import Random, RandomOptions
-from skillgraft.graft.localizers.relaxed import LearnedAdam, LearnedSaliency, RelaxedOptions, StraightThrough
+from skillgraft.graft.localizers.relaxed import (HardConcrete, LearnedAdam, LearnedSaliency, Prune, RelaxedOptions,
+                                                 StraightThrough)
 from skillgraft.graft.localizers.saliency import Saliency, SaliencyOptions
 
 LOCALIZERS: dict[str, Localizer] = {}
@@ -52,6 +53,8 @@ register_localizer("saliency")(Saliency)
 register_localizer("learned-adam")(LearnedAdam)
 register_localizer("learned-saliency")(LearnedSaliency)
 register_localizer("straight-through")(StraightThrough)
+register_localizer("prune")(Prune)
+register_localizer("hard-concrete")(HardConcrete)
 
 __all__ = ["LOCALIZERS", "FishOptions", "LocalizeConfig", "LocalizeResult", "Localization", "Localizer",
            "LocalizerOptions", "RandomOptions", "RelaxedOptions", "SaliencyOptions", "get_localizer", "localize", "movement",
