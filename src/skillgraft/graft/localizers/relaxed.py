@@ -51,6 +51,7 @@ from skillgraft.models.anatomy import carried_names, check_compatible, graftable
 DEFAULT_LR = {("sigmoid", "sgd"): 1e7, ("sigmoid", "adam"): 0.5, ("sigmoid", "nsgd"): 0.5,
               ("straight-through", "sgd"): 1e4, ("straight-through", "adam"): 0.05, ("straight-through", "nsgd"): 0.1,
               ("hard-concrete", "sgd"): 1e4, ("hard-concrete", "adam"): 0.2, ("hard-concrete", "nsgd"): 0.2}
+Relaxation = Literal["sigmoid", "straight-through", "hard-concrete"]
 # Hard-concrete constants (Louizos et al., 2018): temperature β and the stretch interval (γ, ζ).
 HC_BETA, HC_LOW, HC_HIGH = 2 / 3, -0.1, 1.1
 
@@ -58,7 +59,7 @@ HC_BETA, HC_LOW, HC_HIGH = 2 / 3, -0.1, 1.1
 class RelaxedOptions(LocalizerOptions):
     """Options of the relaxed learned localizers (``learned-adam``, ``learned-saliency``, ``straight-through``)."""
 
-    relaxation: Literal["sigmoid", "straight-through", "hard-concrete"] = Field("sigmoid", description=(
+    relaxation: Relaxation = Field("sigmoid", description=(
         "sigmoid: the paper's continuous γ = σ(z); straight-through: the binary top-k graft forward, ∂L/∂m back; "
         "hard-concrete: stochastic L0 gates with a penalty holding E‖z‖₀ at the budget"))
     optimizer: Literal["sgd", "adam", "nsgd"] = Field("adam", description=(
@@ -137,6 +138,13 @@ class _Candidates:
 
     def __len__(self) -> int:
         return int(self.delta.numel())
+
+    def ranks(self) -> torch.Tensor:
+        """Each candidate's rank by the base score (0 = the highest; ties by position), as floats."""
+        out = torch.empty(len(self), device=self.delta.device)
+        out[torch.argsort(self.score, descending=True, stable=True)] = torch.arange(
+            len(self), dtype=torch.float32, device=self.delta.device)
+        return out
 
     @torch.no_grad()
     def hold(self, m: torch.Tensor) -> None:
@@ -313,9 +321,7 @@ class _Trajectory:
         """The binary graft of exactly k coordinates forward, ∂L/∂m backward (one trajectory per budget); with
         ``start_k`` the forward mask is pruned from start_k to k over ``anneal_steps`` first."""
         opts, cand = self.opts, self.cand
-        ranks = torch.empty(len(cand), device=cand.delta.device)
-        ranks[torch.argsort(cand.score, descending=True, stable=True)] = torch.arange(
-            len(cand), dtype=torch.float32, device=cand.delta.device)
+        ranks = cand.ranks()
         if start_k is None:
             z = top_k_flat(cand.score, k).float() + 1e-3 * (1 - ranks / len(cand))
         else:  # the base score's order, on the scale of one nsgd step per coordinate
@@ -354,9 +360,7 @@ class _Trajectory:
         on, off = math.log(0.95 / 0.05) - shift, math.log(p_off / (1 - p_off)) + shift
         # P(z = 1) = σ(log α + shift): 0.95 on the base region; P(z > 0) = p_off elsewhere (k/10 open gates)
         on_base = top_k_flat(cand.score, k)
-        ranks = torch.empty(n, device=device)
-        ranks[torch.argsort(cand.score, descending=True, stable=True)] = torch.arange(n, dtype=torch.float32,
-                                                                                     device=device)
+        ranks = cand.ranks()
         log_alpha = torch.where(on_base, torch.full((n,), on, device=device), torch.full((n,), off, device=device))
         log_alpha = (log_alpha + 1e-3 * (1 - ranks / n)).requires_grad_(True)  # ties by the base score
         optim = self._optimizer(log_alpha)
@@ -430,8 +434,7 @@ class LearnedSaliency(Relaxed):
 class StraightThroughOptions(RelaxedOptions):
     """``straight-through``: the binary graft at the exact budget forward, ∂L/∂m backward, Adam on z."""
 
-    relaxation: Literal["sigmoid", "straight-through"] = Field("straight-through", description=(
-        "sigmoid: the paper's continuous γ = σ(z); straight-through: the binary top-k graft forward, ∂L/∂m back"))
+    relaxation: Relaxation = Field("straight-through", description="sigmoid | straight-through | hard-concrete")
 
 
 class StraightThrough(Relaxed):
@@ -444,8 +447,7 @@ class StraightThrough(Relaxed):
 class PruneOptions(RelaxedOptions):
     """``prune``: straight-through from a nearly full graft (top ``anneal_from`` of |Δ|) pruned to each budget."""
 
-    relaxation: Literal["sigmoid", "straight-through", "hard-concrete"] = Field("straight-through", description=(
-        "sigmoid | straight-through | hard-concrete (see RelaxedOptions)"))
+    relaxation: Relaxation = Field("straight-through", description="sigmoid | straight-through | hard-concrete")
     optimizer: Literal["sgd", "adam", "nsgd"] = Field("nsgd", description="update of z (see RelaxedOptions)")
     steps: int = Field(90, ge=0, description="gradient steps per budget: the pruning schedule, then the exact size")
     anneal_from: float | None = Field(0.1, gt=0, le=1, description=(
@@ -465,8 +467,7 @@ class Prune(Relaxed):
 class HardConcreteOptions(RelaxedOptions):
     """``hard-concrete``: L0 gates (Louizos et al. 2018) on the candidates, E‖z‖₀ held at each budget."""
 
-    relaxation: Literal["sigmoid", "straight-through", "hard-concrete"] = Field("hard-concrete", description=(
-        "sigmoid | straight-through | hard-concrete (see RelaxedOptions)"))
+    relaxation: Relaxation = Field("hard-concrete", description="sigmoid | straight-through | hard-concrete")
 
 
 class HardConcrete(Relaxed):
