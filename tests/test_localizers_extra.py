@@ -28,7 +28,7 @@ def test_new_localizers_are_registered_with_typed_options():
     prune = get_localizer("prune").options()
     assert (prune.relaxation, prune.optimizer, prune.anneal_from, prune.anneal_steps, prune.candidates) == (
         "straight-through", "nsgd", 0.1, 60, None)
-    assert get_localizer("hard-concrete").options().lr == 0.2
+    assert get_localizer("hard-concrete").options().lr == 1.0
     # settings a relaxation does not read stay out of its config (store keys of earlier runs unchanged)
     assert "anneal_from" not in get_localizer("straight-through").options().to_dict()
     assert "l0_penalty" in get_localizer("hard-concrete").options().to_dict()
