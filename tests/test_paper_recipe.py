@@ -208,6 +208,8 @@ def test_bench_paper_files_are_narrowed_paper_recipes(path):
     _, full = load_recipe(RECIPES / "paper.yaml")
     _, spec = load_recipe(path)
     assert isinstance(spec, PaperSpec) and set(spec.tasks) <= set(full.tasks)
-    assert (spec.k, spec.finetune, spec.model) == (full.k, full.finetune, full.model)
+    assert spec.k == full.k
+    if spec.model == full.model:  # another pre-trained model (paper-mlm: MiniLM + a fitted MLM head, frozen in
+        assert spec.finetune == full.finetune  # fine-tuning as the paper freezes RoBERTa's) shares no stage anyway
     assert spec.localizers[0] == full.localizers[0]  # the paper's localizer is every file's reference
     assert {b.label for b in spec.budgets} <= {b.label for b in full.budgets}
