@@ -209,7 +209,9 @@ def test_bench_paper_files_are_narrowed_paper_recipes(path):
     _, spec = load_recipe(path)
     assert isinstance(spec, PaperSpec) and set(spec.tasks) <= set(full.tasks)
     assert spec.k == full.k
-    if spec.model == full.model:  # another pre-trained model (paper-mlm: MiniLM + a fitted MLM head, frozen in
-        assert spec.finetune == full.finetune  # fine-tuning as the paper freezes RoBERTa's) shares no stage anyway
+    if spec.model == full.model:
+        assert spec.finetune == full.finetune
+    else:  # paper-mlm: MiniLM + a fitted MLM head, which it freezes as the paper freezes RoBERTa's; nothing else
+        assert spec.finetune == full.finetune.model_copy(update={"freeze_head": True})
     assert spec.localizers[0] == full.localizers[0]  # the paper's localizer is every file's reference
     assert {b.label for b in spec.budgets} <= {b.label for b in full.budgets}
