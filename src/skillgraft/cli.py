@@ -474,6 +474,48 @@ def sweep(
     console.print(f"[bold green]done[/] → {out}/sweep.csv, {out}/sweep.png")
 
 
+def _merge_specs():
+    from skillgraft.recipes.merge import MergeSpec  # noqa: PLC0415
+
+    return from_specs(spec=Options(MergeSpec), localize=Options(LocalizeConfig, skip=("budgets",)),
+                      user=Options(UserDataSpec, rename={"seed": "data_seed"},
+                                   skip=("data", "eval_data", "data_config", "data_split", "eval_split")))
+
+
+@app.command()
+@friendly
+@_merge_specs()
+def merge(
+    pretrained: Optional[str] = typer.Option(None, help="the checkpoint every model was fine-tuned from"),
+    finetuned: list[str] = typer.Option([], help="a fine-tuned Hugging Face checkpoint (repeat: once per model)"),
+    data: list[str] = typer.Option([], help="each model's data, in the --finetuned order (repeat); a .yaml file is a "
+                                            "data spec with that model's own fields (data, eval_data, text_field, …)"),
+    eval_data: list[str] = typer.Option([], help="each model's held-out test rows (repeat; default: see --data)"),
+    dev_data: list[str] = typer.Option([], help="each model's dev rows for the mergekit grid (repeat; default: a "
+                                                "seeded --dev-fraction of its --data)"),
+    grafts: list[str] = typer.Option([], help="use these grafts instead of localizing (repeat: once per model)"),
+    out: Path = typer.Option(..., help="output folder: merged model, grafts, report.md (refused if it exists)"),
+    overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
+    cache: Optional[Path] = Cache,
+    *, spec, localize: LocalizeConfig, user: UserDataSpec,
+) -> None:
+    """Merge several fine-tuned models of one base by stitching their grafts; compare with mergekit (report.md)."""
+    from skillgraft.io import check_target  # noqa: PLC0415
+    from skillgraft.pipeline import Store  # noqa: PLC0415
+    from skillgraft.recipes.merge import merge_models, resolve_inputs  # noqa: PLC0415
+
+    check_target(out, overwrite)
+    pretrained, inputs = resolve_inputs(pretrained=pretrained, finetuned=finetuned, data=data, eval_data=eval_data,
+                                        dev_data=dev_data, grafts=grafts, shared=user)
+    s = merge_models(pretrained, inputs, spec, localize, out, store=Store(cache), overwrite=overwrite)
+    for r in s["rows"]:
+        if r.get("on_test"):
+            console.print(f"{r['method']:>26} {r['config']:<24} mean acc {r['mean_accuracy']:.4f} normalized "
+                          f"{r['mean_normalized']:.4f} | {r['bytes_per_task']:,.0f} bytes/task")
+    console.print(f"[bold green]done[/] → {out}/report.md (merged model: {out}/"
+                  f"{'tasks/<task>' if s['mode'] == 'classifier' else 'model'})")
+
+
 @app.command()
 @friendly
 def demo(

@@ -10,6 +10,9 @@ from the grafts that cover it (its *coverage* c ≥ 1):
   their values; coordinates only one task marked as significant ("selfish" weights) are dropped. This
   is the consensus mask of TALL masks / Consensus Merging (Wang et al., 2024), with "task t finds this
   coordinate significant" read as "the coordinate is in γ_t".
+* ``disjoint``  — keep only coordinates covered by exactly one graft; contested ones (c ≥ 2) stay θ_pre.
+* ``max-delta`` — the covering graft with the largest |θ_ft − θ_pre| gives the value (ties: the earlier
+  graft); needs ``base``, the θ_pre tensors (a TIES-style "strongest task wins" per coordinate).
 
 Carried tensors (new heads) that collide with different values follow ``carried``: ``error``, ``first``
 or ``drop``. What happened (coverage counts, dropped coordinates) is in ``metadata["compose"]``.
@@ -17,7 +20,7 @@ or ``drop``. What happened (coverage counts, dropped coordinates) is in ``metada
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import torch
@@ -26,13 +29,17 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
 
-Policy = Literal["error", "first", "average", "consensus"]
-POLICIES = ("error", "first", "average", "consensus")
+Policy = Literal["error", "first", "average", "consensus", "disjoint", "max-delta"]
+POLICIES = ("error", "first", "average", "consensus", "disjoint", "max-delta")
 
 
 def compose(grafts: Sequence[Graft], policy: Policy = "error", *, min_agree: int = 2,
-            carried: Literal["error", "first", "drop"] = "error") -> Graft:
-    """One graft from ``grafts`` (same base model) under an overlap ``policy``; see the module doc."""
+            carried: Literal["error", "first", "drop"] = "error",
+            base: Mapping[str, torch.Tensor] | None = None) -> Graft:
+    """One graft from ``grafts`` (same base model) under an overlap ``policy``; see the module doc.
+
+    ``base``: θ_pre per tensor name (whole tensors), needed by ``max-delta`` only.
+    """
     grafts = list(grafts)
     if not grafts:
         raise SkillgraftError("compose needs at least one graft")
@@ -42,6 +49,8 @@ def compose(grafts: Sequence[Graft], policy: Policy = "error", *, min_agree: int
         raise SkillgraftError(f"carried must be error, first or drop, got {carried!r}")
     if policy == "consensus" and not 2 <= min_agree <= max(2, len(grafts)):
         raise SkillgraftError(f"consensus needs 2 ≤ min_agree ≤ {len(grafts)} (number of grafts), got {min_agree}")
+    if policy == "max-delta" and base is None:
+        raise SkillgraftError("the max-delta overlap policy needs the base model's tensors (base=...)")
     prints = {g.base_fingerprint for g in grafts if g.base_fingerprint}
     if len(prints) > 1:
         raise SkillgraftError(f"grafts learned on different base models cannot be composed (fingerprints {sorted(prints)})")
@@ -65,8 +74,16 @@ def compose(grafts: Sequence[Graft], policy: Policy = "error", *, min_agree: int
         overlap += shared
         if shared and policy == "error":
             raise SkillgraftError(f"grafts overlap on {shared} coordinate(s) of {name!r}; declare an overlap policy: "
-                                  "first, average or consensus")
-        if policy == "first":
+                                  "first, average, consensus, disjoint or max-delta")
+        if policy == "max-delta":
+            vals = torch.cat([p[2].to(dtype) for p in parts])
+            gap = (vals.double() - base[name].detach().reshape(-1).cpu().double()[all_idx]).abs()
+            best = torch.full((uniq.numel(),), -1.0, dtype=torch.float64).scatter_reduce(0, inverse, gap, "amax")
+            winner = torch.full((uniq.numel(),), all_idx.numel(), dtype=torch.long)
+            hits = torch.nonzero(gap == best[inverse]).reshape(-1)  # earliest entry of the largest |Δ| wins
+            winner.scatter_reduce_(0, inverse[hits], hits, "amin")
+            out, keep = vals[winner], torch.ones(uniq.numel(), dtype=torch.bool)
+        elif policy == "first":
             out = torch.empty(uniq.numel(), dtype=dtype)
             start = all_idx.numel()
             for _, idx, val in reversed(parts):  # earlier grafts write last, so they win
@@ -78,6 +95,8 @@ def compose(grafts: Sequence[Graft], policy: Policy = "error", *, min_agree: int
             total.index_add_(0, inverse, torch.cat([p[2].double() for p in parts]))
             out = (total / counts.double()).to(dtype)
             keep = counts >= (min_agree if policy == "consensus" else 1)
+            if policy == "disjoint":
+                keep = counts == 1
         dropped += int((~keep).sum())
         if keep.any():
             indices[name], values[name] = uniq[keep], out[keep]

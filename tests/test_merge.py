@@ -1,0 +1,308 @@
+"""``skillgraft merge`` (issue 24): stitching several fine-tuned models of one base, beside mergekit's merges.
+
+The fine-tuned checkpoints are trained in-test by plain transformers code (tiny BERT classifiers with different
+label sets, tiny Llama SFT pairs); the merged checkpoint is read back with plain transformers only.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from test_open_world import sft_rows, train_sft, write_rows
+from tiny import sentence
+from typer.testing import CliRunner
+
+from skillgraft.cli import app
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft import Graft, Region
+from skillgraft.graft.merge import stitch, swapped, task_view
+
+runner = CliRunner()
+TOPICS = {"sport": ["football", "tennis", "goal"], "money": ["market", "stocks", "bank"],
+          "vote": ["election", "president", "senate"]}
+
+
+def cli(*args, code: int = 0) -> str:
+    r = runner.invoke(app, [str(a) for a in args])
+    if r.exit_code != code:
+        raise AssertionError(f"exit {r.exit_code} (wanted {code}): {r.output}\n{r.exception!r}")
+    return r.output
+
+
+def sentiment(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"text": sentence(rng, i % 2), "label": ["neg", "pos"][i % 2]} for i in range(n)]
+
+
+def topics(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    names = list(TOPICS)
+    rows = []
+    for i in range(n):
+        label = names[i % 3]
+        words = ["the", "news", "said", "today", rng.choice(TOPICS[label])]
+        rng.shuffle(words)
+        rows.append({"text": " ".join(words), "label": label})
+    return rows
+
+
+def train_classifier(base: Path, out: Path, rows: list[dict], *, steps: int = 30) -> Path:
+    """Plain transformers: AutoModelForSequenceClassification with the data's labels, AdamW, save_pretrained."""
+    import transformers as tf
+
+    labels = sorted({r["label"] for r in rows})
+    tok = tf.AutoTokenizer.from_pretrained(base)
+    torch.manual_seed(1)
+    model = tf.AutoModelForSequenceClassification.from_pretrained(
+        base, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)})
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for step in range(steps):
+        batch = [rows[(step * 16 + i) % len(rows)] for i in range(16)]
+        enc = tok([r["text"] for r in batch], return_tensors="pt", padding=True)
+        model(**enc, labels=torch.tensor([labels.index(r["label"]) for r in batch])).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval().save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def classifiers(tiny_models, tmp_path_factory) -> dict:
+    """Two tiny BERT classifiers of one base: sentiment (2 labels) and topic (3 labels), with their data."""
+    root = tmp_path_factory.mktemp("merge")
+    base = tiny_models["bert"]
+    out = {"base": base}
+    for name, make in (("sentiment", sentiment), ("topic", topics)):
+        data = write_rows(root / f"{name}.jsonl", make(120, 0))
+        test = write_rows(root / f"{name}-test.jsonl", make(48, 1))
+        out[name] = (train_classifier(base, root / name, make(120, 0)), data, test)
+    return out
+
+
+def merge_args(c: dict, out: Path, *extra) -> list[str]:
+    args = ["merge", "--pretrained", c["base"], "--finetuned", c["sentiment"][0], "--finetuned", c["topic"][0],
+            "--data", c["sentiment"][1], "--data", c["topic"][1], "--eval-data", c["sentiment"][2], "--eval-data",
+            c["topic"][2], "--out", out, *extra]
+    return [str(a) for a in args]
+
+
+def fake_mergekit(config: str, work: Path, seed: int) -> dict:
+    """Stands in for ``mergekit-yaml`` in fast tests (the real one runs in the slow test below): task arithmetic,
+    θ_pre + λ Σ_t (θ_t − θ_pre), read from the folders the YAML names."""
+    import yaml
+    from safetensors.torch import load_file
+
+    cfg = yaml.safe_load(config)
+    models = [load_file(str(Path(m["model"]) / "model.safetensors")) for m in cfg["models"]]
+    base = load_file(str(Path(cfg.get("base_model", cfg["models"][0]["model"])) / "model.safetensors"))
+    lam = (cfg.get("parameters") or {}).get("lambda", 1.0)
+    return {k: base[k] + lam * sum(m[k] - base[k] for m in models) for k in base}
+
+
+# The reading side: plain transformers + safetensors only, in a fresh interpreter (no skillgraft import).
+READER = textwrap.dedent("""
+    import json, sys
+    import torch
+    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+    folder, task, texts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    model = AutoModelForSequenceClassification.from_pretrained(f"{folder}/tasks/{task}").eval()
+    tok = AutoTokenizer.from_pretrained(f"{folder}/tasks/{task}")
+    body = AutoModel.from_pretrained(f"{folder}/tasks/{task}")
+    with torch.no_grad():
+        logits = model(**tok(texts, return_tensors="pt", padding=True)).logits
+    assert "skillgraft" not in sys.modules
+    print(json.dumps({"logits": logits.tolist(), "labels": [model.config.id2label[i] for i in range(logits.shape[1])],
+                      "body": {k: v.flatten()[:50].tolist() for k, v in body.state_dict().items()}}))
+""")
+
+
+def test_merge_classifiers_end_to_end(classifiers, tmp_path, monkeypatch):
+    """Localize both pairs, stitch, compare with a mergekit grid chosen on dev, write a checkpoint per task that
+    plain transformers loads with the model's own class and that computes the stitched model exactly."""
+    import skillgraft.recipes.merge as merge_mod
+
+    monkeypatch.setattr(merge_mod, "run_mergekit", fake_mergekit)
+    c = classifiers
+    out = tmp_path / "merged"
+    text = cli(*merge_args(c, out, "--localizer", "movement", "--budget", "0.05", "--mergekit", "ties,task_arithmetic",
+                           "--scales", "0.5,1.5", "--densities", "0.5", "--rules", "average,max-delta,disjoint"))
+    assert "stitch" in text and "mergekit ties" in text
+    s = json.loads((out / "merge.json").read_text())
+    assert set(s["tasks"]) == {"sentiment", "topic"} and s["mode"] == "classifier"
+    assert [len(t["labels"]) for t in s["tasks"].values()] == [2, 3]
+    rows = {(r["method"], r["config"]): r for r in s["rows"]}
+    assert {("stitch", r) for r in ("average", "max-delta", "disjoint")} <= set(rows)
+    ft = rows[("fine-tuned", "each task's own model")]
+    assert ft["mean_normalized"] == pytest.approx(1.0)
+    assert ft["mean_accuracy"] > 0.8  # the toy tasks are learnt
+    for method in ("mergekit ties", "mergekit task_arithmetic"):  # defaults + the dev-best setting reach the test
+        grid = [r for r in s["rows"] if r["method"] == method]
+        assert len(grid) == 3 and sum(r["chosen_on_dev"] for r in grid) == 1
+        assert all(r["dev_mean_normalized"] > 0 for r in grid)
+        assert all(r["on_test"] == (r["config"] == "defaults" or r["chosen_on_dev"]) for r in grid)
+        best = max(grid, key=lambda r: r["dev_mean_normalized"])
+        assert best["chosen_on_dev"] and best["bytes_per_task"] == ft["bytes_per_task"]
+    # bytes per task: a graft is a few KiB, a checkpoint is the whole model
+    stitch_row = rows[("stitch", "average")]
+    assert 0 < stitch_row["bytes_per_task"] < 0.5 * ft["bytes_per_task"]
+    assert s["headline"]["max_graft_share_of_checkpoint"] < 0.5
+    report = (out / "report.md").read_text()
+    assert "normalized" in report and "mergekit" in report and "body only" in report
+    # the written checkpoints: plain transformers, the model's own class, the stitched body + each task's head
+    g = {n: Graft.from_pretrained(out / "grafts" / n) for n in ("sentiment", "topic")}
+    from skillgraft.models import build_scorer
+    from skillgraft.pipeline.setup import task_from_record
+
+    pre = build_scorer(str(c["base"]), task_from_record(g["topic"].metadata["task_spec"]), "classifier")
+    base = dict(pre.named_parameters())
+    body = stitch([g["sentiment"], g["topic"]], "average", base=base)
+    texts = ["the news said football today", "a good film", "market said"]
+    r = subprocess.run([sys.executable, "-c", READER, str(out), "topic", json.dumps(texts)], capture_output=True,
+                       text=True, check=True)
+    read = json.loads(r.stdout)
+    assert read["labels"] == ["money", "sport", "vote"]
+    enc = pre.tokenizer(texts, return_tensors="pt", padding=True)
+    with task_view(body, g["topic"]).applied(pre), torch.no_grad():
+        want = pre.model(**enc).logits
+    assert (torch.tensor(read["logits"]) - want).abs().max() <= 1e-5
+    import transformers as tf  # the other task, read in this process (plain transformers calls only)
+
+    sentiment_body = tf.AutoModel.from_pretrained(out / "tasks" / "sentiment").state_dict()
+    shared = [k for k in read["body"] if "pooler" not in k]  # the pooler is each task's own here (θ_pre has none)
+    assert shared and all(read["body"][k] == sentiment_body[k].flatten()[:50].tolist() for k in shared)
+
+
+def test_stitch_rules_on_overlap():
+    """average = mean of the claiming tasks' values; max-delta = largest |θ_ft − θ_pre|; disjoint = θ_pre."""
+    shapes = {"w": (4,)}
+    base = {"w": torch.tensor([0.0, 0.0, 1.0, 0.0])}
+    a = Graft(Region(shapes, {"w": torch.tensor([0, 2])}), {"w": torch.tensor([1.0, 3.0])}, {"h": torch.ones(2)},
+              "toy", "fp", {"task": "a"})
+    b = Graft(Region(shapes, {"w": torch.tensor([2, 3])}), {"w": torch.tensor([-4.0, 5.0])}, {"h": torch.zeros(3)},
+              "toy", "fp", {"task": "b"})
+
+    def values(rule):
+        g = stitch([a, b], rule, base=base)
+        assert not g.carried
+        return dict(zip(g.region.indices["w"].tolist(), g.values["w"].tolist()))
+
+    assert values("average") == {0: 1.0, 2: -0.5, 3: 5.0}
+    assert values("max-delta") == {0: 1.0, 2: -4.0, 3: 5.0}  # |−4 − 1| > |3 − 1|
+    assert values("disjoint") == {0: 1.0, 3: 5.0}
+    view = task_view(stitch([a, b], "average", base=base), b)
+    assert torch.equal(view.carried["h"], torch.zeros(3)) and len(view.region) == 3
+    with pytest.raises(SkillgraftError, match="needs the base model"):
+        stitch([a, b], "max-delta")
+    with pytest.raises(SkillgraftError, match="unknown overlap rule"):
+        stitch([a, b], "mean")
+
+
+def test_swapped_restores_bit_exactly():
+    m = torch.nn.Linear(3, 2)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    with pytest.raises(RuntimeError), swapped(m, {"weight": torch.zeros(2, 3)}):
+        assert torch.equal(m.weight, torch.zeros(2, 3))
+        raise RuntimeError("boom")
+    assert all(torch.equal(m.state_dict()[k], v) for k, v in before.items())
+    with pytest.raises(SkillgraftError, match="shape"), swapped(m, {"weight": torch.zeros(3, 3)}):
+        pass
+
+
+def test_bad_inputs_are_one_line_before_any_weights_load(classifiers, tiny_models, tmp_path, monkeypatch):
+    import skillgraft.pipeline.setup as setup_mod
+
+    def no_loading(*a, **k):
+        raise AssertionError("weights were loaded")
+
+    monkeypatch.setattr(setup_mod, "from_pair", no_loading)
+    c = classifiers
+    out = tmp_path / "o"
+    args = merge_args(c, out)
+    # a model without data
+    text = cli(*[a for a in args if a != c["topic"][1]][:9], "--eval-data", c["sentiment"][2], "--out", out, code=2)
+    assert "2 fine-tuned models but 1 --data" in text
+    # the same model twice (also under another path)
+    copy = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(c["sentiment"][0], copy)
+    bad = merge_args(c, out)
+    bad[bad.index(str(c["topic"][0]))] = str(copy)
+    assert "same model as --finetuned" in cli(*bad, code=2)
+    # a model of another architecture / shape
+    bad = merge_args(c, out)
+    bad[bad.index(str(c["topic"][0]))] = str(tiny_models["gpt2"])
+    assert "different architectures" in cli(*bad, code=2)
+    import transformers as tf
+
+    wide = tmp_path / "wide"
+    cfg = tf.AutoConfig.from_pretrained(c["base"])
+    cfg.intermediate_size = 48
+    tf.BertForSequenceClassification(cfg).save_pretrained(wide)
+    tf.AutoTokenizer.from_pretrained(c["base"]).save_pretrained(wide)
+    bad[bad.index(str(tiny_models["gpt2"]))] = str(wide)
+    assert "different shapes: intermediate_size" in cli(*bad, code=2)
+    # one model only, a missing data file, the output folder exists
+    assert "at least two fine-tuned models" in cli("merge", "--pretrained", c["base"], "--finetuned", c["topic"][0],
+                                                   "--data", c["topic"][1], "--out", out, code=2)
+    bad = merge_args(c, out)
+    bad[bad.index(str(c["topic"][1]))] = str(tmp_path / "nope.jsonl")
+    assert "data file not found" in cli(*bad, code=2)
+    out.mkdir()
+    assert "already exists" in cli(*merge_args(c, out), code=2)
+    assert "--rule" in cli(*merge_args(c, tmp_path / "p", "--rule", "mean"), code=2)
+
+
+def test_merge_causal_lm_sft_pairs(tiny_models, tmp_path):
+    """Two tiny Llama SFT models (different completion words) merge into one AutoModelForCausalLM; a per-model data
+    spec (.yaml) gives each its fields; task_arithmetic runs through mergekit-yaml on the same checkpoints."""
+    base = tiny_models["llama"]
+    rows_a = sft_rows(80)
+    rows_b = [{"question": r["prompt"].replace("It was", "Verdict:"), "answer": {" terrible": " no", " great": " yes"}[
+        r["completion"]]} for r in sft_rows(80, seed=3)]
+    a = train_sft(base, tmp_path / "sft-a", rows_a, steps=25)
+    b = train_sft(base, tmp_path / "sft-b", [{"prompt": r["question"], "completion": r["answer"]} for r in rows_b],
+                  steps=25)
+    data_a = write_rows(tmp_path / "a.jsonl", rows_a)
+    write_rows(tmp_path / "b.jsonl", rows_b)
+    (tmp_path / "b.yaml").write_text("data: b.jsonl\nprompt_field: question\ncompletion_field: answer\n")
+    out = tmp_path / "merged"
+    cli("merge", "--pretrained", base, "--finetuned", a, "--finetuned", b, "--data", data_a, "--data",
+        tmp_path / "b.yaml", "--prompt-field", "prompt", "--completion-field", "completion", "--localizer", "learned",
+        "--steps", "3", "--budget", "0.05", "--mergekit", "task_arithmetic", "--scales", "0.5", "--out", out)
+    s = json.loads((out / "merge.json").read_text())
+    assert s["mode"] == "generative" and set(s["tasks"]) == {"sft-a", "sft-b"}
+    assert {r["config"] for r in s["rows"] if r["method"] == "mergekit task_arithmetic"} == {"defaults", "λ=0.5"}
+    import transformers as tf
+
+    merged = tf.AutoModelForCausalLM.from_pretrained(out / "model")
+    g = [Graft.from_pretrained(out / "grafts" / n) for n in ("sft-a", "sft-b")]
+    body = stitch(g, "average", base=dict(tf.AutoModelForCausalLM.from_pretrained(base).named_parameters()))
+    pre = {f"model.{k}": v for k, v in tf.AutoModelForCausalLM.from_pretrained(base).state_dict().items()}
+    got = merged.state_dict()
+    for name, idx in body.region.indices.items():
+        assert torch.equal(got[name.removeprefix("model.")].reshape(-1)[idx], body.values[name])
+    untouched = [n for n in pre if n not in body.region.indices and "embed" not in n and "lm_head" not in n]
+    assert all(torch.equal(got[n.removeprefix("model.")], pre[n]) for n in untouched)
+
+
+def test_grafts_instead_of_localizing(classifiers, tmp_path):
+    """--grafts: the recorded fine-tuned models and data are used; no localization, no mergekit."""
+    c = classifiers
+    first = tmp_path / "first"
+    cli(*merge_args(c, first, "--localizer", "movement", "--budget", "0.02", "--mergekit", ""))
+    out = tmp_path / "again"
+    cli("merge", "--grafts", first / "grafts" / "sentiment", "--grafts", first / "grafts" / "topic", "--mergekit", "",
+        "--out", out)
+    a, b = (json.loads((d / "merge.json").read_text()) for d in (first, out))
+    pick = lambda s: {(r["method"], r["config"]): r["mean_accuracy"] for r in s["rows"]}  # noqa: E731
+    assert pick(a)[("stitch", "average")] == pytest.approx(pick(b)[("stitch", "average")])
