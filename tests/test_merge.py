@@ -262,9 +262,12 @@ def test_bad_inputs_are_one_line_before_any_weights_load(classifiers, tiny_model
     assert "--rule" in cli(*merge_args(c, tmp_path / "p", "--rule", "mean"), code=2)
 
 
-def test_merge_causal_lm_sft_pairs(tiny_models, tmp_path):
+def test_merge_causal_lm_sft_pairs(tiny_models, tmp_path, monkeypatch):
     """Two tiny Llama SFT models (different completion words) merge into one AutoModelForCausalLM; a per-model data
-    spec (.yaml) gives each its fields; task_arithmetic runs through mergekit-yaml on the same checkpoints."""
+    spec (.yaml) gives each its fields; the mergekit grid runs on the whole models (no task head)."""
+    import skillgraft.recipes.merge as merge_mod
+
+    monkeypatch.setattr(merge_mod, "run_mergekit", fake_mergekit)
     base = tiny_models["llama"]
     rows_a = sft_rows(80)
     rows_b = [{"question": r["prompt"].replace("It was", "Verdict:"), "answer": {" terrible": " no", " great": " yes"}[
@@ -306,3 +309,37 @@ def test_grafts_instead_of_localizing(classifiers, tmp_path):
     a, b = (json.loads((d / "merge.json").read_text()) for d in (first, out))
     pick = lambda s: {(r["method"], r["config"]): r["mean_accuracy"] for r in s["rows"]}  # noqa: E731
     assert pick(a)[("stitch", "average")] == pytest.approx(pick(b)[("stitch", "average")])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["bert", "llama"])
+def test_mergekit_yaml_merges_the_bodies(classifiers, tiny_models, tmp_path, kind):
+    """The real ``mergekit-yaml`` on what merge gives it: task_arithmetic equals θ_pre + λ Σ_t τ_t on the body
+    (BERT classifiers: inside a zero-headed container of their own class; Llama: the whole causal LM)."""
+    from skillgraft.models import build_scorer
+    from skillgraft.recipes.merge import body_module, body_state, mergekit_input, mergekit_yaml, run_mergekit
+
+    if kind == "bert":
+        paths = [c[0] for c in (classifiers["sentiment"], classifiers["topic"])]
+        scorers = [build_scorer(str(p), task, "classifier") for p, task in zip(paths, ("SST-2", "SNLI"))]
+        pre = build_scorer(str(classifiers["base"]), "SST-2", "classifier")
+    else:
+        a = train_sft(tiny_models["llama"], tmp_path / "a", sft_rows(40), steps=5)
+        b = train_sft(tiny_models["llama"], tmp_path / "b", sft_rows(40, seed=2), steps=5)
+        scorers = [build_scorer(str(p), "SST-2", "causal") for p in (a, b)]
+        pre = build_scorer(str(tiny_models["llama"]), "SST-2", "causal")
+    dirs = []
+    for i, s in enumerate([pre, *scorers]):
+        mergekit_input(s, tmp_path / f"in{i}")
+        dirs.append(tmp_path / f"in{i}")
+    merged = run_mergekit(mergekit_yaml("task_arithmetic", dirs[0], dirs[1:], {"weight": 1.0}, {"lambda": 0.5}),
+                          tmp_path, 0)
+    state = body_state(scorers[0], merged)
+    ref = {n: t.detach() for n, t in body_module(pre).state_dict().items()}
+    fts = [{n: t.detach() for n, t in body_module(s).state_dict().items()} for s in scorers]
+    assert state and all("classifier" not in n and "score" not in n for n in state)
+    for name, t in state.items():
+        if "pooler" in name:  # tiny BERT has no pooler in θ_pre: it is each task's own (carried), never merged
+            continue
+        want = ref[name] + 0.5 * sum(f[name] - ref[name] for f in fts)
+        assert torch.allclose(t, want, atol=1e-6), name

@@ -1,0 +1,182 @@
+"""Issue 24 figures: merge MiniLM classifiers fine-tuned on different tasks — skillgraft's stitch vs mergekit.
+
+1. Data (from ../shared/data): per task K examples per label drawn from train (seed 42) to fine-tune and localize
+   on, the next ``--dev`` per label as dev rows (mergekit's grid and the stitch rule are chosen on these only), and
+   a seeded ``--test`` rows of test.
+2. Fine-tuning with plain transformers, as users do: the bundled all-MiniLM-L6-v2 as
+   AutoModelForSequenceClassification (new head), AdamW, linear decay with 10% warm-up, batch 16, ``--epochs``;
+   saved with save_pretrained. Kept under ``--root`` (keyed by the settings), so an interrupted run resumes.
+3. ``skillgraft merge`` per (localizer, budget); the first run also runs mergekit's grid (its rows are the same
+   for every run: same checkpoints, same rows). Outputs under ``--root``; merge.json and report.md are copied to
+   bench/results/merge/.
+
+    SKILLGRAFT_CACHE=/work/store python bench/merge.py [--tasks SST-2,ag_news,QNLI,subj] [--k 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+PAIR = {"text_field": "text_a", "text_pair_field": "text_b"}
+
+
+def rows_of(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def write(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def prepare(task: str, k: int, dev: int, test: int, root: Path) -> Path:
+    """train (k per label), dev (the next ``dev`` per label) and a seeded test sample, plus spec.yaml."""
+    folder = root / "data" / task
+    if (folder / "spec.yaml").is_file():
+        return folder
+    pool = rows_of(DATA / task / "train.jsonl")
+    rng = random.Random(42)
+    rng.shuffle(pool)
+    labels = sorted({r["label"] for r in pool})
+    train, held = [], []
+    for lab in labels:
+        mine = [r for r in pool if r["label"] == lab]
+        if len(mine) < k + dev:
+            raise SystemExit(f"{task}: label {lab} has {len(mine)} training rows, fewer than k + dev = {k + dev}")
+        train += mine[:k]
+        held += mine[k:k + dev]
+    tests = rows_of(DATA / task / "test.jsonl")
+    tests = random.Random(13).sample(tests, min(test, len(tests)))
+    write(folder / "train.jsonl", train)
+    write(folder / "dev.jsonl", held)
+    write(folder / "test.jsonl", tests)
+    fields = PAIR if "text_a" in pool[0] else {}
+    spec = {"data": "train.jsonl", "eval_data": "test.jsonl", **fields, "labels": labels}
+    import yaml
+
+    (folder / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return folder
+
+
+def finetune(base: Path, data: Path, out: Path, *, lr: float, epochs: int, seed: int = 0) -> dict:
+    """Plain transformers fine-tuning of a sequence classifier; returns its settings and seconds."""
+    import transformers as tf
+    import yaml
+
+    spec = yaml.safe_load((data / "spec.yaml").read_text())
+    labels = spec["labels"]
+    rows = rows_of(data / "train.jsonl")
+    tok = tf.AutoTokenizer.from_pretrained(base)
+    torch.manual_seed(seed)
+    model = tf.AutoModelForSequenceClassification.from_pretrained(
+        base, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)})
+    steps = epochs * ((len(rows) + 15) // 16)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    sched = tf.get_linear_schedule_with_warmup(opt, steps // 10, steps)
+    first, second = spec.get("text_field", "text"), spec.get("text_pair_field")
+    model.train()
+    t0 = time.perf_counter()
+    step = 0
+    for epoch in range(epochs):
+        order = list(range(len(rows)))
+        random.Random(seed * 1000 + epoch).shuffle(order)
+        for start in range(0, len(order), 16):
+            batch = [rows[i] for i in order[start:start + 16]]
+            enc = tok([r[first] for r in batch], [r[second] for r in batch] if second else None, return_tensors="pt",
+                      padding=True, truncation=True, max_length=128)
+            loss = model(**enc, labels=torch.tensor([labels.index(r["label"]) for r in batch])).loss
+            loss.backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            step += 1
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.eval().save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    info = {"optimizer": "AdamW", "lr": lr, "epochs": epochs, "steps": step, "batch": 16, "warmup": 0.1,
+            "schedule": "linear", "rows": len(rows), "seed": seed, "seconds": time.perf_counter() - t0}
+    (tmp / "finetune.json").write_text(json.dumps(info, indent=2))
+    tmp.rename(out)
+    return info
+
+
+def run_merge(args: list[str]) -> None:
+    from typer.testing import CliRunner
+
+    from skillgraft.cli import app
+
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    print(r.output, flush=True)
+    if r.exit_code:
+        raise SystemExit(f"skillgraft {' '.join(map(str, args))} failed: {r.output}\n{r.exception!r}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", default="SST-2,ag_news,QNLI,subj")
+    ap.add_argument("--k", type=int, default=256)
+    ap.add_argument("--dev", type=int, default=64)
+    ap.add_argument("--test", type=int, default=500)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--runs", default="movement:0.01:mergekit,movement:0.005,learned:0.01",
+                    help="localizer:budget[:mergekit] per merge run (the mergekit grid runs once)")
+    ap.add_argument("--learned", default="--steps,50,--batch-size,64,--eval-every,10",
+                    help="extra options of the learned localizer (comma-separated)")
+    ap.add_argument("--root", type=Path, default=Path("/work/store/merge-bench"))
+    ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "merge")
+    args = ap.parse_args()
+    from skillgraft.models.loading import bundled_minilm_path
+
+    tasks = args.tasks.split(",")
+    base = bundled_minilm_path()
+    setting = hashlib.sha256(json.dumps([args.k, args.dev, args.test, args.lr, args.epochs]).encode()).hexdigest()[:8]
+    root = args.root / f"k{args.k}-{setting}"
+    timings: dict = {"finetune": {}}
+    for task in tasks:
+        data = prepare(task, args.k, args.dev, args.test, root)
+        ft = root / "ft" / task
+        if not ft.is_dir():
+            info = finetune(base, data, ft, lr=args.lr, epochs=args.epochs)
+            print(f"fine-tuned {task}: {info}", flush=True)
+        timings["finetune"][task] = json.loads((ft / "finetune.json").read_text())
+    for run in args.runs.split(","):
+        localizer, budget, *flags = run.split(":")
+        label = f"{localizer}-{budget}"
+        out = root / "out" / label
+        if not (out / "merge.json").is_file():
+            cli = ["merge", "--pretrained", "all-MiniLM-L6-v2", "--out", out, "--overwrite", "--localizer", localizer,
+                   "--budget", budget, "--mergekit", "linear,task_arithmetic,ties,dare_ties" if "mergekit" in flags
+                   else ""]
+            for task in tasks:
+                cli += ["--finetuned", root / "ft" / task, "--data", root / "data" / task / "spec.yaml",
+                        "--dev-data", root / "data" / task / "dev.jsonl"]
+            if localizer == "learned":
+                cli += args.learned.split(",")
+            t0 = time.perf_counter()
+            run_merge(cli)
+            timings[label] = time.perf_counter() - t0
+        dest = args.results / label
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ("merge.json", "report.md"):
+            shutil.copy(out / name, dest / name)
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "timings.json").write_text(json.dumps(timings, indent=2))
+    print(json.dumps(timings, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
