@@ -125,16 +125,39 @@ READER = textwrap.dedent("""
 """)
 
 
-def test_merge_classifiers_end_to_end(classifiers, tmp_path, monkeypatch):
-    """Localize both pairs, stitch, compare with a mergekit grid chosen on dev, write a checkpoint per task that
-    plain transformers loads with the model's own class and that computes the stitched model exactly."""
+@pytest.fixture(scope="module")
+def merged(classifiers, tmp_path_factory) -> tuple[Path, str]:
+    """``skillgraft merge`` of the two classifiers (mergekit stood in for by :func:`fake_mergekit`)."""
     import skillgraft.recipes.merge as merge_mod
 
-    monkeypatch.setattr(merge_mod, "run_mergekit", fake_mergekit)
-    c = classifiers
-    out = tmp_path / "merged"
-    text = cli(*merge_args(c, out, "--localizer", "movement", "--budget", "0.05", "--mergekit", "ties,task_arithmetic",
-                           "--scales", "0.5,1.5", "--densities", "0.5", "--rules", "average,max-delta,disjoint"))
+    mp = pytest.MonkeyPatch()
+    mp.setattr(merge_mod, "run_mergekit", fake_mergekit)
+    out = tmp_path_factory.mktemp("merged") / "out"
+    try:
+        text = cli(*merge_args(classifiers, out, "--localizer", "movement", "--budget", "0.05", "--mergekit",
+                               "ties,task_arithmetic", "--scales", "0.5,1.5", "--densities", "0.5", "--rules",
+                               "average,max-delta,disjoint"))
+    finally:
+        mp.undo()
+    return out, text
+
+
+def stitched_topic(classifiers, out: Path, texts: list[str]):
+    """(logits of the stitched model for the topic task, computed in memory by skillgraft, and its body)."""
+    from skillgraft.models import build_scorer
+    from skillgraft.pipeline.setup import task_from_record
+
+    g = {n: Graft.from_pretrained(out / "grafts" / n) for n in ("sentiment", "topic")}
+    pre = build_scorer(str(classifiers["base"]), task_from_record(g["topic"].metadata["task_spec"]), "classifier")
+    body = stitch([g["sentiment"], g["topic"]], "average", base=dict(pre.named_parameters()))
+    with task_view(body, g["topic"]).applied(pre), torch.no_grad():
+        return pre.model(**pre.tokenizer(texts, return_tensors="pt", padding=True)).logits
+
+
+def test_merge_classifiers_end_to_end(classifiers, merged):
+    """Localize both pairs, stitch under three rules, compare with a mergekit grid chosen on dev, write a checkpoint
+    per task that plain transformers loads with the model's own class, computing the stitched model exactly."""
+    out, text = merged
     assert "stitch" in text and "mergekit ties" in text
     s = json.loads((out / "merge.json").read_text())
     assert set(s["tasks"]) == {"sentiment", "topic"} and s["mode"] == "classifier"
@@ -157,28 +180,32 @@ def test_merge_classifiers_end_to_end(classifiers, tmp_path, monkeypatch):
     assert s["headline"]["max_graft_share_of_checkpoint"] < 0.5
     report = (out / "report.md").read_text()
     assert "normalized" in report and "mergekit" in report and "body only" in report
-    # the written checkpoints: plain transformers, the model's own class, the stitched body + each task's head
-    g = {n: Graft.from_pretrained(out / "grafts" / n) for n in ("sentiment", "topic")}
-    from skillgraft.models import build_scorer
-    from skillgraft.pipeline.setup import task_from_record
+    # the written checkpoints, read with plain transformers calls: each task's labels, the stitched model's logits,
+    # and one body shared by every task
+    import transformers as tf
 
-    pre = build_scorer(str(c["base"]), task_from_record(g["topic"].metadata["task_spec"]), "classifier")
-    base = dict(pre.named_parameters())
-    body = stitch([g["sentiment"], g["topic"]], "average", base=base)
+    texts = ["the news said football today", "a good film", "market said"]
+    model = tf.AutoModelForSequenceClassification.from_pretrained(out / "tasks" / "topic").eval()
+    assert [model.config.id2label[i] for i in range(3)] == ["money", "sport", "vote"]
+    tok = tf.AutoTokenizer.from_pretrained(out / "tasks" / "topic")
+    with torch.no_grad():
+        got = model(**tok(texts, return_tensors="pt", padding=True)).logits
+    assert (got - stitched_topic(classifiers, out, texts)).abs().max() <= 1e-5
+    bodies = [tf.AutoModel.from_pretrained(out / "tasks" / t).state_dict() for t in ("sentiment", "topic")]
+    shared = [k for k in bodies[0] if "pooler" not in k]  # the pooler is each task's own here (θ_pre has none)
+    assert shared and all(torch.equal(bodies[0][k], bodies[1][k]) for k in shared)
+    assert (out / "README.md").read_text().count("AutoModelForSequenceClassification.from_pretrained") == 1
+
+
+def test_merged_checkpoint_reads_without_skillgraft(classifiers, merged):
+    """A fresh interpreter with transformers only (no skillgraft import) computes the stitched model."""
+    out, _ = merged
     texts = ["the news said football today", "a good film", "market said"]
     r = subprocess.run([sys.executable, "-c", READER, str(out), "topic", json.dumps(texts)], capture_output=True,
                        text=True, check=True)
     read = json.loads(r.stdout)
     assert read["labels"] == ["money", "sport", "vote"]
-    enc = pre.tokenizer(texts, return_tensors="pt", padding=True)
-    with task_view(body, g["topic"]).applied(pre), torch.no_grad():
-        want = pre.model(**enc).logits
-    assert (torch.tensor(read["logits"]) - want).abs().max() <= 1e-5
-    import transformers as tf  # the other task, read in this process (plain transformers calls only)
-
-    sentiment_body = tf.AutoModel.from_pretrained(out / "tasks" / "sentiment").state_dict()
-    shared = [k for k in read["body"] if "pooler" not in k]  # the pooler is each task's own here (θ_pre has none)
-    assert shared and all(read["body"][k] == sentiment_body[k].flatten()[:50].tolist() for k in shared)
+    assert (torch.tensor(read["logits"]) - stitched_topic(classifiers, out, texts)).abs().max() <= 1e-5
 
 
 def test_stitch_rules_on_overlap():
@@ -298,17 +325,17 @@ def test_merge_causal_lm_sft_pairs(tiny_models, tmp_path, monkeypatch):
     assert all(torch.equal(got[n.removeprefix("model.")], pre[n]) for n in untouched)
 
 
-def test_grafts_instead_of_localizing(classifiers, tmp_path):
-    """--grafts: the recorded fine-tuned models and data are used; no localization, no mergekit."""
-    c = classifiers
-    first = tmp_path / "first"
-    cli(*merge_args(c, first, "--localizer", "movement", "--budget", "0.02", "--mergekit", ""))
+def test_grafts_instead_of_localizing(merged, tmp_path):
+    """--grafts: the fine-tuned models and data each graft records are used; no localization, no mergekit."""
+    first, _ = merged
     out = tmp_path / "again"
     cli("merge", "--grafts", first / "grafts" / "sentiment", "--grafts", first / "grafts" / "topic", "--mergekit", "",
         "--out", out)
     a, b = (json.loads((d / "merge.json").read_text()) for d in (first, out))
     pick = lambda s: {(r["method"], r["config"]): r["mean_accuracy"] for r in s["rows"]}  # noqa: E731
-    assert pick(a)[("stitch", "average")] == pytest.approx(pick(b)[("stitch", "average")])
+    assert pick(b)[("stitch", "average")] == pytest.approx(pick(a)[("stitch", "average")])
+    assert pick(b)[("fine-tuned", "each task's own model")] == pick(a)[("fine-tuned", "each task's own model")]
+    assert not [r for r in b["rows"] if r["method"].startswith("mergekit")]
 
 
 @pytest.mark.slow
