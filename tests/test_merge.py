@@ -265,6 +265,10 @@ def test_bad_inputs_are_one_line_before_any_weights_load(classifiers, tiny_model
     bad = merge_args(c, out)
     bad[bad.index(str(c["topic"][0]))] = str(copy)
     assert "same model as --finetuned" in cli(*bad, code=2)
+    bad[bad.index(str(copy))] = str(c["base"])
+    assert "same model as the --pretrained model" in cli(*bad, code=2)
+    assert "1 --eval-data: give one per model or none" in cli(*merge_args(c, out)[:-6], "--eval-data", c["topic"][2],
+                                                             "--out", out, code=2)
     # a model of another architecture / shape
     bad = merge_args(c, out)
     bad[bad.index(str(c["topic"][0]))] = str(tiny_models["gpt2"])
