@@ -652,7 +652,7 @@ def report_markdown(s: dict) -> str:
              "**Every method merges the body only** (all but the task heads): heads of tasks with different label "
              "sets cannot be merged, so each task runs on the merged body with its own fine-tuned head — for "
              "skillgraft's stitch and for every mergekit method alike.", "",
-             "| task | fine-tuned from | labels | localize rows | dev rows | test rows | graft | graft bytes | "
+             "| task | fine-tuned checkpoint | labels | localize rows | dev rows | test rows | graft | graft bytes | "
              "checkpoint bytes | share |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n, t in s["tasks"].items():
         share = t["graft_bytes"] / t["checkpoint_bytes"] if t["checkpoint_bytes"] else float("nan")
