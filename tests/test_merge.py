@@ -291,6 +291,8 @@ def test_bad_inputs_are_one_line_before_any_weights_load(classifiers, tiny_model
     out.mkdir()
     assert "already exists" in cli(*merge_args(c, out), code=2)
     assert "--rule" in cli(*merge_args(c, tmp_path / "p", "--rule", "mean"), code=2)
+    assert "has no option steps" in cli(*merge_args(c, tmp_path / "p", "--localizer", "movement", "--steps", "3"),
+                                        code=2)
 
 
 def test_merge_causal_lm_sft_pairs(tiny_models, tmp_path, monkeypatch):

@@ -504,7 +504,7 @@ def sweep(
 def _merge_specs():
     from skillgraft.recipes.merge import MergeSpec  # noqa: PLC0415
 
-    return from_specs(spec=Options(MergeSpec), localize=Options(LocalizeConfig, skip=("budgets",)),
+    return from_specs(spec=Options(MergeSpec), localize=Options(LocalizerFlags, skip=("budgets",)),
                       user=Options(UserDataSpec, rename={"seed": "data_seed"},
                                    skip=("data", "eval_data", "data_config", "data_split", "eval_split")))
 
@@ -524,14 +524,16 @@ def merge(
     out: Path = typer.Option(..., help="output folder: merged model, grafts, report.md (refused if it exists)"),
     overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
     cache: Optional[Path] = Cache,
-    *, spec, localize: LocalizeConfig, user: UserDataSpec,
+    *, spec, localize, user: UserDataSpec,
 ) -> None:
     """Merge several fine-tuned models of one base by stitching their grafts; compare with mergekit (report.md)."""
     from skillgraft.io import check_target  # noqa: PLC0415
     from skillgraft.pipeline import Store  # noqa: PLC0415
+    from skillgraft.recipes.graft import localizer_options  # noqa: PLC0415
     from skillgraft.recipes.merge import merge_models, resolve_inputs  # noqa: PLC0415
 
     check_target(out, overwrite)
+    localize = localizer_options(spec.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
     pretrained, inputs = resolve_inputs(pretrained=pretrained, finetuned=finetuned, data=data, eval_data=eval_data,
                                         dev_data=dev_data, grafts=grafts, shared=user)
     s = merge_models(pretrained, inputs, spec, localize, out, store=Store(cache), overwrite=overwrite)

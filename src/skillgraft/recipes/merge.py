@@ -38,7 +38,6 @@ from pydantic import Field, field_validator
 from skillgraft.data.spec import UserDataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
-from skillgraft.graft.localizers import LocalizeConfig, get_localizer
 from skillgraft.graft.merge import RULES, stitch, swapped, task_view
 from skillgraft.graft.selection import Budget
 from skillgraft.io import atomic_dir, check_target
@@ -263,17 +262,19 @@ def open_setup(pretrained: str, m: ModelInput, spec: MergeSpec) -> Setup:
     return setup
 
 
-def task_graft(setup: Setup, m: ModelInput, spec: MergeSpec, localize: LocalizeConfig, store) -> Graft:
-    """The task's graft: the given one, or its region localized at ``spec.budget`` (from the store when done)."""
-    from skillgraft.recipes.graft import learned_regions, localizer_options  # noqa: PLC0415
+def task_graft(setup: Setup, m: ModelInput, spec: MergeSpec, options: Spec, store) -> Graft:
+    """The task's graft: the given one, or its region localized at ``spec.budget`` by ``spec.localizer`` with
+    ``options`` (its own options spec; from the store when done)."""
+    from skillgraft.recipes.graft import learned_regions  # noqa: PLC0415
 
     if m.graft is not None:
         g = Graft.from_pretrained(m.graft)
         g.metadata = {**g.metadata, "merge_task": m.name}
         return g
-    if spec.localizer == "learned" and "sparsity" not in localize.model_fields_set and spec.budget.fraction:
-        localize = localize.replace(sparsity=spec.budget.fraction)  # γ_base of the budget's size (L&S's init)
-    options = localizer_options(spec.localizer, localize.replace(budgets=[spec.budget]))
+    if "sparsity" in type(options).model_fields and "sparsity" not in options.model_fields_set and \
+            spec.budget.fraction:
+        options = options.replace(sparsity=spec.budget.fraction)  # γ_base of the budget's size (L&S's init)
+    options = options.replace(budgets=[spec.budget])
     regions, _ = learned_regions(setup, store, spec.localizer, options)
     region = regions.get(spec.budget) or next(iter(regions.values()))
     meta = {"task": setup.task, "mode": setup.pre.mode, "localizer": spec.localizer, "budget": spec.budget.key,
@@ -433,16 +434,20 @@ def score_tasks(setups: dict[str, Setup], use, split: str) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------- the merge
-def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, localize: LocalizeConfig | None,
+def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, localize: Spec | dict | None,
                  out: str | os.PathLike, *, store=None, overwrite: bool = False, progress: bool = False) -> dict:
-    """Merge ``inputs`` (fine-tuned from ``pretrained``) into ``out``; see the module doc. Returns merge.json."""
+    """Merge ``inputs`` (fine-tuned from ``pretrained``) into ``out``; see the module doc. Returns merge.json.
+
+    ``localize``: the options of ``spec.localizer`` set by the caller (its own spec or a dict; the rest are
+    the localizer's own defaults).
+    """
     import contextlib  # noqa: PLC0415
 
     from skillgraft.pipeline.store import Store  # noqa: PLC0415
+    from skillgraft.recipes.graft import localizer_options  # noqa: PLC0415
 
     out = check_target(out, overwrite)
-    localize = localize or LocalizeConfig()
-    get_localizer(spec.localizer)  # an unknown name fails before any work
+    localize = localizer_options(spec.localizer, localize)  # an unknown name or option fails before any work
     mode = check_inputs(pretrained, inputs, spec)
     store = store or Store()
     t0 = time.perf_counter()
