@@ -132,7 +132,7 @@ def main() -> None:
     ap.add_argument("--test", type=int, default=500)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--runs", default="movement:0.01:mergekit,movement:0.005,learned:0.01",
+    ap.add_argument("--runs", default="movement:0.01:mergekit,learned:0.01,movement:0.005",
                     help="localizer:budget[:mergekit] per merge run (the mergekit grid runs once)")
     ap.add_argument("--learned", default="--steps,50,--batch-size,64,--eval-every,10",
                     help="extra options of the learned localizer (comma-separated)")
@@ -175,7 +175,39 @@ def main() -> None:
             shutil.copy(out / name, dest / name)
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "timings.json").write_text(json.dumps(timings, indent=2))
+    (args.results / "summary.md").write_text(summary(args.results, [r.split(":")[0] + "-" + r.split(":")[1]
+                                                                    for r in args.runs.split(",")]))
     print(json.dumps(timings, indent=2))
+    print((args.results / "summary.md").read_text())
+
+
+def summary(results: Path, labels: list[str]) -> str:
+    """One table over the runs: every test-scored row (fine-tuned and mergekit once), per-task normalized accuracy."""
+    out, seen = [], set()
+    for label in labels:
+        path = results / label / "merge.json"
+        if not path.is_file():
+            continue
+        s = json.loads(path.read_text())
+        names = list(s["tasks"])
+        if not out:
+            out += [f"| method | settings | {' | '.join(names)} | mean acc | mean norm | dev mean norm | bytes / task | "
+                    "share of a checkpoint |", "|---|---|" + "---:|" * (len(names) + 5)]
+        ckpt = s["headline"]["checkpoint_bytes"]
+        for r in s["rows"]:
+            if not r.get("on_test"):
+                continue
+            method = r["method"] if r["method"] not in ("stitch", "graft") else f"{r['method']} ({label})"
+            key = (method, r["config"])
+            if key in seen:
+                continue
+            seen.add(key)
+            cells = [f"{r[f'{n}:test']:.4f} / {r[f'{n}:normalized']:.3f}" for n in names]
+            mark = " *(dev-chosen)*" if r.get("chosen_on_dev") else ""
+            out.append(f"| {method} | {r['config']}{mark} | {' | '.join(cells)} | {r['mean_accuracy']:.4f} | "
+                       f"{r['mean_normalized']:.4f} | {r['dev_mean_normalized']:.4f} | {r['bytes_per_task']:,.0f} | "
+                       f"{100 * r['bytes_per_task'] / ckpt:.2f}% |")
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":
