@@ -129,11 +129,12 @@ def main() -> None:
     ap.add_argument("--tasks", default="SST-2,ag_news,QNLI,subj")
     ap.add_argument("--k", type=int, default=256)
     ap.add_argument("--dev", type=int, default=64)
-    ap.add_argument("--test", type=int, default=500)
+    ap.add_argument("--test", type=int, default=300)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--runs", default="movement:0.01:mergekit,learned:0.01,movement:0.005",
                     help="localizer:budget[:mergekit] per merge run (the mergekit grid runs once)")
+    ap.add_argument("--densities", default="0.2,0.5", help="density grid of ties / dare_ties (λ: merge's default)")
     ap.add_argument("--learned", default="--steps,50,--batch-size,64,--eval-every,10",
                     help="extra options of the learned localizer (comma-separated)")
     ap.add_argument("--root", type=Path, default=Path("/work/store/merge-bench"))
@@ -160,7 +161,7 @@ def main() -> None:
         if not (out / "merge.json").is_file():
             cli = ["merge", "--pretrained", "all-MiniLM-L6-v2", "--out", out, "--overwrite", "--localizer", localizer,
                    "--budget", budget, "--mergekit", "linear,task_arithmetic,ties,dare_ties" if "mergekit" in flags
-                   else ""]
+                   else "", "--densities", args.densities]
             for task in tasks:
                 cli += ["--finetuned", root / "ft" / task, "--data", root / "data" / task / "spec.yaml",
                         "--dev-data", root / "data" / task / "dev.jsonl"]
