@@ -307,7 +307,7 @@ def mergekit_yaml(method: str, base: Path, models: list[Path], params: dict, glo
     """A mergekit-yaml config (absolute paths); ``linear`` has no base model."""
     import yaml  # noqa: PLC0415
 
-    cfg = {"merge_method": method, "models": [{"model": str(p.resolve()), "parameters": params} for p in models],
+    cfg = {"merge_method": method, "models": [{"model": str(p.resolve()), "parameters": dict(params)} for p in models],
            "dtype": "float32"}
     if method != "linear":
         cfg["base_model"] = str(base.resolve())
