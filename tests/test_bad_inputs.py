@@ -9,6 +9,7 @@ inputs and the output is byte for byte as it was (no output, no ``.name.*.tmp`` 
 
 from __future__ import annotations
 
+import codecs
 import errno
 import hashlib
 import json
@@ -131,6 +132,13 @@ DATA_CASES = {
     "jsonl-latin1": ("SST-2/train.jsonl", '{"text": "café", "label": "1"}\n'.encode("latin-1"),
                      ["train.jsonl:1", "not UTF-8", "0xe9"]),
     "jsonl-empty": ("SST-2/train.jsonl", b"\n\n", ["train.jsonl", "empty"]),
+    "jsonl-nan-label": ("SST-2/train.jsonl", b'{"text": "good", "label": "1"}\n{"text": "bad", "label": NaN}\n',
+                        ["train.jsonl:2", "NaN", "non-finite"]),
+    "jsonl-overflowing-number": ("SST-2/train.jsonl", b'{"text": "good", "label": 1e999}\n',
+                                 ["train.jsonl:1", "1e999", "non-finite"]),
+    "jsonl-utf16-broken": ("SST-2/train.jsonl", b"\xff\xfe{\x00\x00\xd8", ["train.jsonl", "UTF-16"]),
+    "csv-unterminated-quote": ("original/SST-2/train.csv", b'1,"a good film"\n0,"a bad film\n',
+                               ["train.csv:", "malformed CSV"]),
     "csv-nul-byte": ("original/SST-2/train.csv", b'1,"a good film"\n0,"a bad\x00 film"\n', ["train.csv:2", "NUL byte"]),
     "csv-latin1": ("original/SST-2/train.csv", "1,un film génial\n".encode("latin-1"), ["train.csv:1", "not UTF-8"]),
     "csv-one-column": ("original/SST-2/train.csv", b"1\n", ["train.csv:1", "'label,text'"]),
@@ -176,6 +184,120 @@ def test_unreadable_data_file(tiny_bert, toy_data, tmp_path, monkeypatch):
 def test_impossible_k(tiny_bert, toy_data, tmp_path):
     refused(tmp_path, ["finetune", "--task", "SST-2", "--k", 500, "--model", tiny_bert, "--data-dir", toy_data,
                        "--out", tmp_path / "run"], "K=500")
+
+
+# ---------------------------------------------------------------------------------------------- files from other tools
+def _as_other_tools_write(text: str, how: str) -> bytes:
+    """``text`` as Windows tools save it: a UTF-8 byte-order mark, CRLF line ends, trailing blank lines, or
+    UTF-16 with its byte-order mark (Notepad's "Unicode", PowerShell 5's ``>``)."""
+    crlf = text.replace("\n", "\r\n")
+    return {"bom": codecs.BOM_UTF8 + text.encode(),
+            "crlf": crlf.encode(),
+            "trailing-blank-lines": text.encode() + b"\n\n \n",
+            "bom-crlf-blank": codecs.BOM_UTF8 + crlf.encode() + b"\r\n\r\n",
+            "utf-16": crlf.encode("utf-16")}[how]
+
+
+OTHER_TOOLS = ["bom", "crlf", "trailing-blank-lines", "bom-crlf-blank", "utf-16"]
+GOOD_CSV = "".join(f'{i % 2},"film, {i}"\n' for i in range(40))
+
+
+@pytest.mark.parametrize("how", OTHER_TOOLS)
+@pytest.mark.parametrize("rel, text", [("SST-2/train.jsonl", GOOD_JSONL.decode()),
+                                       ("original/SST-2/train.tsv", GOOD_TSV.decode()),
+                                       ("original/SST-2/train.csv", GOOD_CSV)], ids=["jsonl", "tsv", "csv"])
+def test_task_files_written_by_other_tools_read_as_any_other(rel, text, how, tmp_path):
+    """A registered task's file (``--data-dir``) with a BOM, CRLF, trailing blank lines or in UTF-16 gives
+    exactly the examples of the plain UTF-8 file."""
+    from skillgraft.data import read_file
+    from skillgraft.data.tasks import get_task
+
+    plain, other = tmp_path / "plain" / rel, tmp_path / "other" / rel
+    for path, content in ((plain, text.encode()), (other, _as_other_tools_write(text, how))):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(content)
+    assert read_file(get_task("SST-2"), other) == read_file(get_task("SST-2"), plain)
+
+
+USER_ROWS = [{"review": f"a {'good' if i % 2 else 'bad'} film, really {i}", "stars": ["bad", "good"][i % 2]}
+             for i in range(30)]
+
+
+def _user_text(suffix: str) -> str:
+    if suffix == ".jsonl":
+        return "".join(json.dumps(r) + "\n" for r in USER_ROWS)
+    sep = "\t" if suffix == ".tsv" else ","
+    quote = (lambda v: v) if suffix == ".tsv" else (lambda v: f'"{v}"')
+    return f"review{sep}stars\n" + "".join(f"{quote(r['review'])}{sep}{r['stars']}\n" for r in USER_ROWS)
+
+
+@pytest.mark.parametrize("how", OTHER_TOOLS)
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".tsv"])
+def test_user_files_written_by_other_tools_read_as_any_other(suffix, how, tmp_path):
+    """``--data FILE`` (graft / evaluate a checkpoint) with a BOM (the header's first column too), CRLF,
+    trailing blank lines or UTF-16: the same rows, labels and hold-out as the plain UTF-8 file."""
+    from skillgraft.data.spec import UserDataSpec
+
+    text = _user_text(suffix)
+    plain, other = tmp_path / f"plain{suffix}", tmp_path / f"other{suffix}"
+    plain.write_bytes(text.encode())
+    other.write_bytes(_as_other_tools_write(text, how))
+    spec = {"text_field": "review", "label_field": "stars"}
+    a, b = (UserDataSpec.build({"data": p, **spec}).load() for p in (plain, other))
+    assert (b.train, b.test, b.task.labels) == (a.train, a.test, a.task.labels)
+    assert len(a.train) + len(a.test) == len(USER_ROWS) and a.task.labels == ("bad", "good")
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier(tiny_bert, tmp_path_factory):
+    """A plain Hugging Face sequence classifier (the tiny BERT with a fresh 2-label head)."""
+    import transformers as tf
+
+    out = tmp_path_factory.mktemp("clf") / "clf"
+    torch.manual_seed(0)
+    model = tf.AutoModelForSequenceClassification.from_pretrained(
+        tiny_bert, num_labels=2, id2label={0: "bad", 1: "good"}, label2id={"bad": 0, "good": 1})
+    model.save_pretrained(out)
+    tf.AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(out)
+    return out
+
+
+def test_evaluate_a_checkpoint_on_a_jsonl_with_a_byte_order_mark(tiny_classifier, tmp_path):
+    """The issue's case: `skillgraft evaluate CKPT --data reviews.jsonl` on a file a Windows tool saved."""
+    text = _user_text(".jsonl")
+    (tmp_path / "plain.jsonl").write_bytes(text.encode())
+    (tmp_path / "bom.jsonl").write_bytes(_as_other_tools_write(text, "bom-crlf-blank"))
+    outputs = []
+    for name in ("plain.jsonl", "bom.jsonl"):
+        r = invoke("evaluate", tiny_classifier, "--data", tmp_path / name, "--text-field", "review",
+                   "--label-field", "stars")
+        assert r.exit_code == 0, r.output
+        outputs += [line.replace(name.split(".")[0], "") for line in r.output.splitlines() if " acc " in line]
+    assert len(outputs) == 2 and outputs[0] == outputs[1] and f"(n={len(USER_ROWS)})" in outputs[0]
+
+
+USER_CASES = {
+    # id: (file name, its bytes, culprits in the message)
+    "jsonl-nan": ("r.jsonl", b'{"review": "good", "stars": "good"}\n{"review": NaN, "stars": "bad"}\n',
+                  ["r.jsonl:2", "NaN"]),
+    "jsonl-latin1": ("r.jsonl", '{"review": "café", "stars": "good"}\n'.encode("latin-1"),
+                     ["r.jsonl:1", "not UTF-8", "0xe9"]),
+    "jsonl-binary": ("r.jsonl", bytes(range(256)), ["r.jsonl:1", "NUL byte"]),
+    "csv-latin1": ("r.csv", "review,stars\ncafé,good\n".encode("latin-1"), ["r.csv:2", "not UTF-8"]),
+    "csv-extra-field": ("r.csv", b"review,stars\ngood film,good\nbad, film,bad\n",
+                        ["r.csv:3", "3 fields", "2 columns"]),
+    "csv-repeated-column": ("r.csv", b"review,review,stars\na,b,good\n", ["r.csv:1", "'review' appears twice"]),
+    "csv-unterminated-quote": ("r.csv", b'review,stars\n"good film,good\n', ["r.csv:", "malformed CSV"]),
+    "tsv-header-only": ("r.tsv", b"review\tstars\r\n\r\n", ["r.tsv", "no rows"]),
+}
+
+
+@pytest.mark.parametrize("case", list(USER_CASES))
+def test_bad_user_data_file(case, tiny_classifier, tmp_path):
+    name, content, culprits = USER_CASES[case]
+    (tmp_path / name).write_bytes(content)
+    refused(tmp_path, ["evaluate", tiny_classifier, "--data", tmp_path / name, "--text-field", "review",
+                       "--label-field", "stars", "--out", tmp_path / "eval"], str(tmp_path / name), *culprits)
 
 
 # ---------------------------------------------------------------------------------------------- CLI options
