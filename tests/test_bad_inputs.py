@@ -463,6 +463,15 @@ GRAFT_CASES = {
                                                                                           "--force"]),
     "fingerprint-removed-export": (_graft_config(lambda c: c.pop("base_fingerprint")), "export",
                                    ["base_fingerprint", "--force"]),
+    # non-finite values with a matching checksum (a buggy writer, another tool): refused, never applied
+    "values-nan": (_graft_tensors(lambda t: t["values"].__setitem__(4, float("nan"))), "apply",
+                   ["graft.safetensors", "'values'[4] is nan", "coordinate 1 of", "finite"]),
+    "values-inf": (_graft_tensors(lambda t: t["values"].__setitem__(0, float("inf"))), "export",
+                   ["graft.safetensors", "'values'[0] is inf", "coordinate 0 of"]),
+    "values-minus-inf": (_graft_tensors(lambda t: t["values"].__setitem__(5, float("-inf"))), "inspect",
+                         ["graft.safetensors", "'values'[5] is -inf"]),
+    "carried-nan": (_graft_tensors(lambda t: t["carried::head.weight"].view(-1).__setitem__(7, float("nan"))),
+                    "apply", ["graft.safetensors", "carried tensor 'head.weight'[7] is nan"]),
 }
 
 
@@ -485,6 +494,121 @@ def test_missing_fingerprint_is_accepted_with_force(tiny_graft, tiny_bert, toy_d
     _graft_config(lambda c: c.pop("base_fingerprint"))(folder)
     r = invoke("apply", folder, "--model", tiny_bert, "--data-dir", toy_data, "--limit", 4, "--force")
     assert r.exit_code == 0, r.output
+
+
+def test_graft_with_nan_is_never_exported(tiny_graft, tiny_bert, toy_data, tmp_path):
+    """The issue's case: a NaN in graft.safetensors with a matching weights_sha256. `apply --export` is refused
+    before any model is written; `Graft.from_pretrained` refuses it too (nothing to apply)."""
+    from skillgraft.errors import SkillgraftError
+
+    folder = tmp_path / "g"
+    shutil.copytree(tiny_graft, folder)
+    _graft_tensors(lambda t: t["values"].__setitem__(2, float("nan")))(folder)
+    refused(tmp_path, ["apply", folder, "--model", tiny_bert, "--data-dir", toy_data, "--export", tmp_path / "x",
+                       "--force"], "'values'[2] is nan")
+    with pytest.raises(SkillgraftError, match=r"graft\.safetensors: tensor 'values'\[2\] is nan"):
+        Graft.from_pretrained(folder)
+
+
+def test_a_graft_with_non_finite_values_is_never_written(tiny_graft, tmp_path):
+    from skillgraft.errors import SkillgraftError
+
+    g = Graft.from_pretrained(tiny_graft)
+    name = next(iter(g.values))
+    g.values[name][1] = float("nan")
+    with pytest.raises(SkillgraftError, match=r"tensor 'values'\[1\] is nan"):
+        g.save_pretrained(tmp_path / "g")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _adapter_tensors(rel, change):
+    def edit(folder):
+        tensors = load_file(str(folder / rel))
+        change(tensors)
+        save_file(tensors, str(folder / rel))
+    return edit
+
+
+def _first_float(position, value):
+    """Set ``position`` of the first floating-point tensor (by name) to ``value``."""
+    def edit(tensors):
+        key = next(k for k, t in sorted(tensors.items()) if t.is_floating_point())
+        tensors[key].view(-1)[position] = value
+    return edit
+
+
+ADAPTER_CASES = {
+    # id: (damage to a copy of a SHiRA adapter exported from the tiny graft, culprits)
+    "weights-nan": (_adapter_tensors("adapter_model.safetensors", _first_float(1, float("nan"))),
+                    ["adapter_model.safetensors", "[1] is nan"]),
+    "weights-inf": (_adapter_tensors("adapter_model.safetensors", _first_float(0, float("inf"))),
+                    ["adapter_model.safetensors", "[0] is inf"]),
+    "head-nan": (_adapter_tensors("skillgraft_head.safetensors", _first_float(1, float("nan"))),
+                 ["skillgraft_head.safetensors", "[1] is nan"]),
+    "weights-truncated": (_truncate("adapter_model.safetensors", 50), ["adapter_model.safetensors", "truncated"]),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_adapter(tiny_graft, tiny_bert, tmp_path_factory):
+    out = tmp_path_factory.mktemp("adapter") / "a"
+    assert invoke("export", tiny_graft, "--model", tiny_bert, "--to", "peft", "--out", out).exit_code == 0
+    return out
+
+
+@pytest.mark.parametrize("case", list(ADAPTER_CASES))
+def test_bad_peft_adapter(case, tiny_adapter, tiny_bert, tmp_path):
+    """An imported PEFT adapter (`inspect ADAPTER`, `--compare ADAPTER`) holding NaN / ±Inf, or truncated."""
+    damage, culprits = ADAPTER_CASES[case]
+    folder = tmp_path / "a"
+    shutil.copytree(tiny_adapter, folder)
+    damage(folder)
+    refused(tmp_path, ["inspect", folder, "--model", tiny_bert, "--out", tmp_path / "i"], str(folder), *culprits)
+
+
+def test_fine_tuning_whose_loss_turns_non_finite_stops(tiny_bert, toy_data, tmp_path):
+    """SGD at lr 1e30 sends the weights to ±Inf after one step: one line naming the step, no run directory."""
+    refused(tmp_path, ["finetune", "--task", "SST-2", "--k", 4, "--model", tiny_bert, "--steps", 4, "--lr", 1e30,
+                       "--test-limit", 4, "--data-dir", toy_data, "--out", tmp_path / "run"],
+            "fine-tuning stopped at step 2", "the loss is nan", "--lr")
+
+
+def test_a_checkpoint_with_nan_weights_is_refused_before_grafting(ft_run, toy_data, tmp_path):
+    """A run whose model holds a NaN (a diverged fine-tuning saved by an older version, a damaged file)."""
+    run = tmp_path / "run"
+    shutil.copytree(ft_run, run)
+    path = run / "model" / "model.safetensors"
+    tensors = load_file(str(path))
+    key = sorted(k for k in tensors if k.endswith("attention.self.query.weight"))[0]
+    tensors[key].view(-1)[5] = float("nan")
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    line = refused(tmp_path, graft_args(run, toy_data, tmp_path / "g", tmp_path / "store"), f"{run}/model",
+                   "[5] is nan", "cannot be grafted")
+    assert "query.weight" in line
+
+
+@pytest.mark.parametrize("localizer", ["learned", "straight-through"])
+def test_localization_whose_loss_turns_non_finite_stores_nothing(localizer, ft_run, toy_data, tmp_path, monkeypatch):
+    """A loss that turns NaN mid-localization (injected at its second step) stops it with one line; no region
+    reaches the store, no report folder."""
+    import torch.nn.functional as F
+
+    from skillgraft.graft.localizers import learned
+
+    calls = {"n": 0}
+
+    def poisoned(loss):
+        calls["n"] += 1
+        return loss * float("nan") if calls["n"] > 1 else loss
+
+    real_batch_loss, real_ce = learned.batch_loss, F.cross_entropy
+    monkeypatch.setattr(learned, "batch_loss", lambda *a, **k: poisoned(real_batch_loss(*a, **k)))
+    if localizer != "learned":
+        monkeypatch.setattr(F, "cross_entropy", lambda *a, **k: poisoned(real_ce(*a, **k)))
+    store = tmp_path / "store"
+    store.mkdir()  # stays empty: no regions entry
+    refused(tmp_path, [*graft_args(ft_run, toy_data, tmp_path / "g", store), "--localizer", localizer],
+            "localization stopped at step 2", "the loss is nan")
 
 
 # ---------------------------------------------------------------------------------------------- output targets

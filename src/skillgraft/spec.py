@@ -30,7 +30,8 @@ S = TypeVar("S", bound="Spec")
 class Spec(BaseModel):
     """Base of every typed setting: frozen, unknown fields refused, values validated on construction."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, arbitrary_types_allowed=True,
+                              allow_inf_nan=False)  # `--lr nan`, `.inf` in a recipe: refused by name
 
     @classmethod
     def build(cls: type[S], values: dict[str, Any] | None = None, *, where: str = "") -> S:

@@ -20,6 +20,7 @@ import numpy as np
 from skillgraft.data.sampling import FewShotData
 from skillgraft.data.spec import DataSpec
 from skillgraft.errors import SkillgraftError
+from skillgraft.finite import refuse_non_finite_model
 from skillgraft.models.scorer import Scorer
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.store import Store, data_digest, model_digest
@@ -147,6 +148,8 @@ def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = 
     if not ft_dir.exists():
         raise SkillgraftError(f"fine-tuning run not found: {ft_dir}")
     ft, pre, cfg = load_finetuned(ft_dir)
+    refuse_non_finite_model(ft, str(ft_dir / "model"))
+    refuse_non_finite_model(pre, f"base model {pre.base_model}")
     ft.eval()
     pre.eval()
     spec = DataSpec.build({"task": ft.task.name, "k": cfg["k"], "seed": cfg["seed"],
@@ -348,6 +351,8 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
                                   f"{sorted(ft.carried - pre.carried)[:3]}")
         ft.carried = pre.carried  # what θ_pre lacks travels whole
     check_compatible(pre, ft)
+    refuse_non_finite_model(ft, f"--finetuned {finetuned}")
+    refuse_non_finite_model(pre, f"--pretrained {pretrained}")
     ft.eval()
     pre.eval()
     few = FewShotData(task, k, seed, train, dev, test)

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
+from skillgraft.finite import check_loss
 from skillgraft.graft.localizers.base import Localizer, examples_of
 from skillgraft.graft.localizers.candidates import Candidates, Holding
 from skillgraft.graft.localizers.checkpointing import activation_checkpointing
@@ -304,6 +305,7 @@ def _steps(pre, work, train, dev, config, accelerator, group, progress, world, r
         for step in bar:
             t0 = time.perf_counter()
             order = rng.permutation(len(train))[:batch_n] if batch_n < len(train) else np.arange(len(train))
+            total = 0.0
             for chunk, weight in _micro_batches(order[rank::world], config.micro_batch,
                                                 math.ceil(len(order) / world) if lockstep else None):
                 batch = pre.collate([train[i] for i in chunk])
@@ -311,6 +313,8 @@ def _steps(pre, work, train, dev, config, accelerator, group, progress, world, r
                 # cross-entropy (generative: completion tokens)
                 loss = batch_loss(pre, batch, reduction="sum") / batch_n
                 (loss if weight == 1 else loss * weight).backward()
+                total = total + loss.detach() * weight
+            check_loss(group.sum_(total), "localization", step)  # before S moves: a NaN is never stored
             work.update(config.lr, config.l1, group)
             step_times.append(time.perf_counter() - t0)
             if step % config.eval_every == 0 or step == config.steps:

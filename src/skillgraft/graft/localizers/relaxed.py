@@ -43,6 +43,7 @@ from pydantic import Field, model_serializer, model_validator
 from tqdm.auto import tqdm
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.finite import check_loss
 from skillgraft.graft.localizers.base import Localization, Localizer, LocalizerOptions, examples_of
 from skillgraft.graft.localizers.lending import preserved
 from skillgraft.graft.localizers.movement import movement
@@ -269,12 +270,15 @@ class _Trajectory:
         n = min(self.opts.batch_size, len(self.train))
         order = rng.permutation(len(self.train))[:n] if n < len(self.train) else np.arange(len(self.train))
         device = self.cand.delta.device
+        total = 0.0
         for start in range(0, len(order), self.opts.micro_batch):
             batch = self.pre.collate([self.train[i] for i in order[start:start + self.opts.micro_batch]])
             batch = {k: v.to(device) for k, v in batch.items()}
             labels = batch.pop("labels")
             loss = torch.nn.functional.cross_entropy(self.pre(**batch).float(), labels, reduction="sum") / n
             loss.backward()
+            total = total + loss.detach()
+        check_loss(total, "localization", len(self.step_times) + 1)  # before z moves: a NaN is never stored
         return self.cand.grad()
 
     def _score(self, mask: torch.Tensor) -> float:
