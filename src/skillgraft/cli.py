@@ -592,9 +592,29 @@ def continual_show_cmd(state: Path = typer.Argument(..., help="continual state f
     console.print(table)
 
 
+def interrupted_line(signum: int, argv: list[str]) -> str:
+    """The one line for a verb stopped by Ctrl-C, SIGTERM or SIGHUP: which verb, and what was written."""
+    import signal  # noqa: PLC0415
+
+    from skillgraft.io import written  # noqa: PLC0415
+
+    name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    words = [a for a in argv[:2] if not a.startswith("-")]
+    verb = " ".join(words[:2] if words[:1] == ["continual"] else words[:1])
+    done = written()
+    what = "nothing was written" if not done else (f"nothing else was written (complete before it: "
+                                                    f"{', '.join(str(p) for p in done[-3:])})")
+    return f"interrupted ({name}) during skillgraft {verb}: {what}"
+
+
 def main() -> None:  # pragma: no cover - entry point
-    """Entry point of ``skillgraft``: runs the app; Ctrl-C exits 130 with one line."""
+    """Entry point of ``skillgraft``: runs the app; Ctrl-C, SIGTERM and SIGHUP clean up, print one line and exit
+    128 + the signal's number (130, 143, 129)."""
     from typer import Abort  # noqa: PLC0415
+
+    from skillgraft.io import handle_signals, stopped_by  # noqa: PLC0415
+
+    handle_signals()  # SIGTERM / SIGHUP unwind like Ctrl-C: no temporary sibling is left behind
 
     try:  # typer ≥ 0.20 vendors click: its usage errors live under typer._click
         from typer._click.exceptions import ClickException  # noqa: PLC0415
@@ -608,18 +628,21 @@ def main() -> None:  # pragma: no cover - entry point
         hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
         err.print(f"[bold red]error:[/] {escape(e.format_message())}{escape(hint)}", highlight=False)
         sys.exit(e.exit_code)
-    except Abort:
-        err.print("[red]interrupted[/]")
-        sys.exit(130)
-    except KeyboardInterrupt:
-        err.print("[red]interrupted[/]")
-        sys.exit(130)
+    except (Abort, KeyboardInterrupt):
+        code = 130  # typer turns Ctrl-C into exit code 130 itself; older versions raise
     except Exception as e:  # outside a verb (e.g. while importing or parsing): the same one-line contract
         line = one_line_error(e)
         if line is None or os.environ.get("SKILLGRAFT_DEBUG") == "1":
             raise
         err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
         sys.exit(2)
+    signum = stopped_by()
+    if signum is not None:  # every atomic writer cleaned up on the way out
+        try:
+            err.print(f"[red]{escape(interrupted_line(signum, sys.argv[1:]))}[/]", highlight=False)
+        except OSError:  # the terminal that sent SIGHUP is gone
+            pass
+        sys.exit(128 + int(signum))
     sys.exit(code if isinstance(code, int) else 0)
 
 
