@@ -335,6 +335,30 @@ OPTION_CASES = {
                                     ["--sparsity", "got -1"], False),
     "continual-steps-negative": (["continual", "add", "--state", "{tmp}/state", "--task", "SST-2", "--steps", -1],
                                  ["--steps", "got -1"], False),
+    # numbers out of range: seeds in [0, 2**32 - 1], counts up to 2**31 - 1, floats finite and within float32
+    "finetune-seed-negative": (["finetune", "--seed", -1], ["--seed", "greater than or equal to 0", "got -1"], False),
+    "finetune-seed-too-large": (["finetune", "--seed", 2**32], ["--seed", "less than or equal to 4294967295"],
+                                False),
+    "finetune-model-seed-negative": (["finetune", "--model-seed", -1], ["--model-seed", "got -1"], False),
+    "finetune-lr-nan": (["finetune", "--lr", "nan"], ["--lr", "finite number"], False),
+    "finetune-lr-overflow": (["finetune", "--lr", 1e39], ["--lr", "less than or equal to"], False),
+    "finetune-weight-decay-overflow": (["finetune", "--weight-decay", 1e308], ["--weight-decay", "less than"], False),
+    "finetune-steps-huge": (["finetune", "--steps", 2**64], ["--steps", "less than or equal to 2147483647"], False),
+    "finetune-max-length-huge": (["finetune", "--max-length", 2**64], ["--max-length", "less than or equal"], False),
+    "finetune-max-length-beyond-positions": (["finetune", "--max-length", 129],
+                                             ["--max-length 129", "128 positions", "at most 128"], False),
+    "graft-seed-negative": (["graft", "--seed", -1], ["--seed", "got -1"], False),
+    "graft-steps-huge": (["graft", "--steps", 2**64], ["--steps", "less than or equal"], False),
+    "graft-sigmoid-bias-inf": (["graft", "--sigmoid-bias", "inf"], ["--sigmoid-bias", "finite number"], False),
+    "graft-lr-overflow": (["graft", "--lr", 1e308], ["--lr", "less than or equal"], False),
+    "graft-max-length-zero": (["graft", "--max-length", 0], ["--max-length"], True),
+    "sweep-seed-too-large": (["sweep", "--seed", 2**40], ["--seed", "less than or equal"], False),
+    "fim-fisher-seed-negative": (["fim", "--task", "SST-2", "--fisher-seed", -1], ["--fisher-seed", "got -1"], False),
+    "fim-seed-negative": (["fim", "--task", "SST-2", "--seed", -1], ["--seed", "got -1"], False),
+    "continual-seed-negative": (["continual", "add", "--state", "{tmp}/state", "--task", "SST-2", "--seed", -1],
+                                ["--seed", "greater than or equal to 0"], True),
+    "continual-k-zero": (["continual", "add", "--state", "{tmp}/state", "--task", "SST-2", "--k", 0], ["--k"], True),
+    "demo-seed-negative": (["demo", "--seed", -1], ["--seed", "greater than or equal to 0"], True),
 }
 
 
@@ -348,7 +372,8 @@ def test_bad_option(case, ft_run, tiny_graft, tiny_bert, toy_data, tmp_path):
               "graft": ["--finetuned", ft_run, "--out", tmp_path / "g", "--cache", tmp_path / "store"],
               "sweep": ["--finetuned", ft_run, "--out", tmp_path / "s", "--cache", tmp_path / "store"],
               "fim": ["--model", tiny_bert, "--out", tmp_path / "fim"],
-              "continual add": ["--model", tiny_bert]}.get(verb, [])
+              "continual add": ["--model", tiny_bert],
+              "demo": ["--out", tmp_path / "demo", "--cache", tmp_path / "store"]}.get(verb, [])
     n = len(verb.split())
     args = [*args[:n], *common, *args[n:]]  # the case's own options come last, so they win
     if verb != "export":
@@ -782,6 +807,12 @@ RECIPE_CASES = {
     "no-recipe": (b"tasks: [SST-2]\n", ["'recipe:'"]),
     "unknown-recipe": (b"recipe: alchemy\n", ["unknown recipe 'alchemy'"]),
     "misspelt-field": (b"recipe: calibration\nseedz: [13]\n", ["seedz", "unknown field"]),
+    "seed-negative": (b"recipe: calibration\nseeds: [13, -1]\n", ["r.yaml.seeds.1", "greater than or equal to 0"]),
+    "seed-too-large": (b"recipe: graft\nseed: 4294967296\n", ["r.yaml.seed", "less than or equal to 4294967295"]),
+    "lr-nan": (b"recipe: calibration\nfinetune: {lr: .nan}\n", ["r.yaml.finetune.lr", "finite number"]),
+    "steps-huge": (b"recipe: calibration\nlocalize: {steps: 99999999999}\n", ["r.yaml.localize.steps",
+                                                                              "less than or equal to 2147483647"]),
+    "k-zero": (b"recipe: wise\nk: 0\n", ["r.yaml.k", "greater than or equal to 1"]),
 }
 
 

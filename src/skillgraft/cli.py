@@ -26,6 +26,7 @@ from skillgraft.graft.export import ExportSpec
 from skillgraft.graft.localizers import LocalizeConfig
 from skillgraft.models.spec import ModelSpec
 from skillgraft.recipes.graft import ReportSpec, SweepSpec
+from skillgraft.spec import COUNT_MAX, SEED_MAX
 from skillgraft.train.config import FinetuneConfig
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -159,7 +160,7 @@ def evaluate(
     mode: Optional[str] = typer.Option(None, help="a Hugging Face checkpoint: classifier | prompt | causal | generative "
                                                   "(default: from its class and the data)"),
     data_dir: Optional[Path] = DataDir,
-    limit: Optional[int] = typer.Option(None, min=1, help="first N examples only"),
+    limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX, help="first N examples only"),
     out: Optional[Path] = typer.Option(None, help="write metrics JSON + plots into this folder"),
     *, user: UserDataSpec,
 ) -> None:
@@ -250,7 +251,7 @@ def graft(
     mode: Optional[str] = typer.Option(None, help="how to score a checkpoint pair: classifier | prompt | causal | "
                                                   "generative (default: from the fine-tuned checkpoint's class)"),
     task: Optional[str] = typer.Option(None, help="a registered task to graft a checkpoint pair on, instead of --data"),
-    max_length: int = typer.Option(128, help="max tokens per example (checkpoint pairs)"),
+    max_length: int = typer.Option(128, min=8, max=COUNT_MAX, help="max tokens per example (checkpoint pairs)"),
     out: Optional[Path] = typer.Option(None, help="output folder (default: <run>/graft, or runs/graft-<checkpoint name>)"),
     overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
     cache: Optional[Path] = Cache,
@@ -322,7 +323,7 @@ def apply(
     export: Optional[Path] = typer.Option(None, help="write the grafted model as a Hugging Face checkpoint here"),
     overwrite: bool = typer.Option(False, help="replace an existing --export folder (it is never mixed into)"),
     evaluate_on: Optional[str] = typer.Option("test", help="split to evaluate on (empty: skip)"),
-    limit: Optional[int] = typer.Option(None, min=1, help="first N examples only"),
+    limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX, help="first N examples only"),
     force: bool = typer.Option(False, help="apply even if the base fingerprint differs or the graft records none"),
     data_dir: Optional[Path] = DataDir,
 ) -> None:
@@ -478,7 +479,7 @@ def sweep(
 @friendly
 def demo(
     out: Path = typer.Option(Path("runs/demo"), help="demo folder (replaced whole when the run is complete)"),
-    seed: int = typer.Option(42, help="data seed"),
+    seed: int = typer.Option(42, min=0, max=SEED_MAX, help="data seed"),
     data_dir: Optional[Path] = DataDir,
     cache: Optional[Path] = Cache,
 ) -> None:
@@ -545,8 +546,8 @@ _CONTINUAL_LOCALIZE = {n: f"localize_{n}" for n in ("steps", "lr", "batch_size",
 def continual_add_cmd(
     state: Path = typer.Option(..., help="continual state folder (created on first use)"),
     task: str = typer.Option(..., help="the task that arrives now"),
-    k: int = typer.Option(16, help="examples per label"),
-    seed: int = typer.Option(13, help="data seed"),
+    k: int = typer.Option(16, min=1, max=COUNT_MAX, help="examples per label"),
+    seed: int = typer.Option(13, min=0, max=SEED_MAX, help="data seed"),
     data_dir: Optional[Path] = DataDir,
     model: Optional[str] = typer.Option(None, help="base model (only when creating the state; default MiniLM)"),
     mode: str = typer.Option("head", help="head | prompt (only when creating the state)"),
@@ -554,8 +555,8 @@ def continual_add_cmd(
                                                      "single-task fine-tune + localize)"),
     init: str = typer.Option("current", help="current (paper: train owned coordinates from the current model) | "
                                              "graft (start them from the single-task graft)"),
-    test_limit: Optional[int] = typer.Option(None, min=1, help="evaluate on a fixed seeded sample of N test "
-                                                               "examples"),
+    test_limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX,
+                                             help="evaluate on a fixed seeded sample of N test examples"),
     *,
     finetune: FinetuneConfig,
     localize: LocalizeConfig,

@@ -18,13 +18,19 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from skillgraft.errors import SkillgraftError
 
 S = TypeVar("S", bound="Spec")
+# Bounds every numeric field carries besides its own: a value out of range is one line naming the option,
+# before any work, never an overflow deep inside NumPy, the tokenizer or an optimizer.
+SEED_MAX = 2**32 - 1   # NumPy's RandomState and torch.manual_seed take seeds in [0, 2**32 - 1]
+COUNT_MAX = 2**31 - 1  # sizes, limits, steps, batch sizes, max lengths: an int32
+FLOAT_MAX = 3.4e38     # learning rates, penalties, weight decay: what float32 optimizer state can hold
+Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
 
 
 class Spec(BaseModel):

@@ -61,6 +61,10 @@ class Scorer(nn.Module):
             raise SkillgraftError(f"unknown scorer mode {mode!r}; use {', '.join(MODES)}")
         if pooling not in ("cls", "mean", "last"):
             raise SkillgraftError(f"unknown pooling {pooling!r}; use cls, mean or last")
+        limit = position_limit(model)
+        if limit is not None and max_length > limit:
+            raise SkillgraftError(f"--max-length {max_length} is more than the {limit} positions "
+                                  f"{base_model or type(model).__name__} has learned; give at most {limit}")
         self.model = model
         self.tokenizer = tokenizer
         self.task = task
@@ -349,6 +353,16 @@ def _pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         mask[i, : len(r)] = 1
     return ids, mask
+
+
+def position_limit(model: nn.Module) -> int | None:
+    """How many tokens a model with learned absolute position embeddings (BERT's ``position_embeddings``,
+    GPT-2's ``wpe``; RoBERTa's offset by its padding index) can take; None for rotary / relative positions."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) and name.rpartition(".")[2] in ("position_embeddings", "wpe"):
+            offset = module.padding_idx + 1 if module.padding_idx is not None else 0
+            return module.num_embeddings - offset
+    return None
 
 
 def build_scorer(model_name: str | None, task: Task | str, mode: Mode = "head", *, pooling: Pooling | None = None,

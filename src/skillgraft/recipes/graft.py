@@ -222,7 +222,7 @@ class GraftRecipeSpec(ExperimentSpec):
     """Fine-tune a model (or find it in the store), then the grafting report (``recipe: graft``; the demo)."""
 
     task: str = Field("SST-2", description="task name (see `skillgraft tasks`)")
-    seed: int = Field(42, description="data seed")
+    seed: int = Field(42, ge=0, le=2**32 - 1, description="data seed")
     localize: LocalizeConfig = Field(default_factory=LocalizeConfig, description="the learned localizer's settings")
     report: ReportSpec = Field(default_factory=ReportSpec, description="what the report compares")
 
