@@ -392,6 +392,23 @@ def _edit_config(change):
     return edit
 
 
+def _edit_json(rel, change):
+    def edit(run):
+        cfg = json.loads((run / rel).read_text())
+        change(cfg)
+        (run / rel).write_text(json.dumps(cfg))
+    return edit
+
+
+def _edit_tensors(rel, change, metadata=None):
+    """Rewrite a safetensors file with ``change`` applied to its tensors."""
+    def edit(run):
+        tensors = load_file(str(run / rel))
+        change(tensors)
+        save_file(tensors, str(run / rel), metadata=metadata)
+    return edit
+
+
 def _truncate(rel, keep):
     def edit(run):
         path = run / rel
@@ -415,7 +432,23 @@ RUN_CASES = {
     "truncated-head": (_truncate("model/head.safetensors", 60), ["head.safetensors"]),
     "truncated-weights": (_truncate("model/model.safetensors", 1000), ["run/model", "deserializing"]),
     "no-scorer-config": (lambda run: (run / "model" / "scorer_config.json").unlink(), ["scorer_config.json"]),
+    "scorer-config-a-list": (lambda run: (run / "model" / "scorer_config.json").write_text("[1]"),
+                             ["scorer_config.json", "expected a JSON object, got list"]),
+    "scorer-config-max-length-a-string": (_edit_json("model/scorer_config.json", lambda c: c.update(max_length="x")),
+                                          ["scorer_config.json", "'max_length'", "'x'"]),
+    "head-nan": (_edit_tensors("model/head.safetensors", lambda t: t["bias"].__setitem__(1, float("nan"))),
+                 ["run/model", "'head.bias'[1] is nan"]),
+    "weights-inf": (_edit_tensors("model/model.safetensors", lambda t: t[sorted(t)[3]].view(-1).__setitem__(
+        0, float("inf")), metadata={"format": "pt"}), ["run/model", "[0] is inf"]),
 }
+
+
+def test_evaluating_a_model_with_nan_weights_is_refused(ft_run, toy_data, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(ft_run, run)
+    _edit_tensors("model/head.safetensors", lambda t: t["weight"].view(-1).__setitem__(3, float("nan")))(run)
+    refused(tmp_path, ["evaluate", run, "--data-dir", toy_data, "--limit", 4, "--out", tmp_path / "ev"],
+            str(run), "'head.weight'[3] is nan", "meaningless")
 
 
 @pytest.mark.parametrize("case", list(RUN_CASES))
@@ -634,6 +667,47 @@ def test_localization_whose_loss_turns_non_finite_stores_nothing(localizer, ft_r
     store.mkdir()  # stays empty: no regions entry
     refused(tmp_path, [*graft_args(ft_run, toy_data, tmp_path / "g", store), "--localizer", localizer],
             "localization stopped at step 2", "the loss is nan")
+
+
+# ------------------------------------------------------------------------------------------- region and state folders
+def _region_tensors(change):
+    return _edit_tensors("region.safetensors", lambda t: change(t[sorted(t)[0]]))
+
+
+REGION_CASES = {
+    # id: (damage to a region folder (`continual add --region DIR`), culprits)
+    "json-broken": (lambda d: (d / "region.json").write_text("{"), ["region.json", "not valid JSON"]),
+    "json-a-list": (lambda d: (d / "region.json").write_text("[]"), ["region.json", "expected a JSON object"]),
+    "no-shapes": (_edit_json("region.json", lambda m: m.pop("shapes")), ["region.json", "'shapes'"]),
+    "weights-truncated": (_truncate("region.safetensors", 30), ["region.safetensors", "truncated or corrupted"]),
+    "weights-missing": (lambda d: (d / "region.safetensors").unlink(), ["no region.safetensors"]),
+    "index-out-of-range": (_region_tensors(lambda t: t.__setitem__(0, 10**9)),
+                           ["region.safetensors", "[0] = 1000000000 is out of range"]),
+    "index-negative": (_region_tensors(lambda t: t.__setitem__(0, -5)), ["region.safetensors", "[0] = -5"]),
+    "float-indices": (_edit_tensors("region.safetensors", lambda t: t.update({k: v.float() for k, v in t.items()})),
+                      ["region.safetensors", "dtype torch.float32", "int32 or int64"]),
+    "size-mismatch": (_edit_json("region.json", lambda m: m.update(size=m["size"] + 1)),
+                      ["region.safetensors", "'size' declares"]),
+}
+
+
+@pytest.mark.parametrize("case", list(REGION_CASES))
+def test_bad_region_folder(case, tiny_graft, tiny_bert, toy_data, tmp_path):
+    damage, culprits = REGION_CASES[case]
+    folder = tmp_path / "region"
+    Graft.from_pretrained(tiny_graft).region.save(folder)
+    damage(folder)
+    refused(tmp_path, ["continual", "add", "--state", tmp_path / "state", "--task", "SST-2", "--k", 4, "--model",
+                       tiny_bert, "--region", folder, "--steps", 1, "--test-limit", 4, "--data-dir", toy_data],
+            str(folder), *culprits)
+
+
+@pytest.mark.parametrize("content, says", [("[]", "expected a JSON object, got list"),
+                                           ('{"format": "skillgraft.continual"}', "missing field(s) ['tasks']")])
+def test_bad_continual_state(content, says, tmp_path):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "continual.json").write_text(content)
+    refused(tmp_path, ["continual", "show", tmp_path / "state"], str(tmp_path / "state" / "continual.json"), says)
 
 
 # ---------------------------------------------------------------------------------------------- output targets

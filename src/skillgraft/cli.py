@@ -171,6 +171,7 @@ def evaluate(
     from skillgraft.data import get_task, load_split  # noqa: PLC0415
     from skillgraft.evaluate import evaluate as run_eval, labels_of  # noqa: PLC0415
     from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram  # noqa: PLC0415
+    from skillgraft.finite import refuse_non_finite_model  # noqa: PLC0415
     from skillgraft.io import write_json  # noqa: PLC0415
     from skillgraft.models import Scorer  # noqa: PLC0415
     from skillgraft.models.scorer import SCORER_CONFIG  # noqa: PLC0415
@@ -191,6 +192,8 @@ def evaluate(
         split = "data" if user.data is not None else split
         if note:
             console.print(f"labels: {escape(note)}")
+    refuse_non_finite_model(scorer, str(model_dir), "its scores would be meaningless (its fine-tuning diverged, "
+                                                    "or the file is damaged)")
     metrics, probs = run_eval(scorer, examples, progress=split)
     if "loss" in metrics:  # generative data
         if out:
@@ -582,7 +585,7 @@ def continual_show_cmd(state: Path = typer.Argument(..., help="continual state f
 
     if not (state / "continual.json").is_file():
         raise SkillgraftError(f"{state}: no continual.json; not a continual state folder")
-    st = read_json(state / "continual.json")
+    st = read_json(state / "continual.json", required=("tasks",), what="continual state")
     table = Table(title=f"continual state {state} (base {st.get('base_model')})")
     for col in ("order", "task", "|γ|", "owned", "shared w/ earlier", "test (latest)"):
         table.add_column(col)

@@ -36,11 +36,12 @@ def refuse_non_finite(t: torch.Tensor, what: str, why: str = "non-finite values 
         raise SkillgraftError(f"{what}[{i}] is {value}{more}; {why}")
 
 
-def refuse_non_finite_model(model: torch.nn.Module, where: str) -> None:
-    """Every parameter of ``model`` must be finite (a checkpoint to graft from: one pass over its weights)."""
+def refuse_non_finite_model(model: torch.nn.Module, where: str,
+                            why: str = "a model with non-finite weights cannot be grafted (its fine-tuning "
+                                       "diverged, or the file is damaged)") -> None:
+    """Every parameter of ``model`` must be finite (a checkpoint read from outside: one pass over its weights)."""
     for name, p in model.named_parameters():
-        refuse_non_finite(p, f"{where}: tensor {name!r}", "a model with non-finite weights cannot be grafted "
-                                                          "(its fine-tuning diverged, or the file is damaged)")
+        refuse_non_finite(p, f"{where}: tensor {name!r}", why)
 
 
 def check_loss(loss: torch.Tensor | float, what: str, step: int) -> float:

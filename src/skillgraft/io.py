@@ -292,7 +292,7 @@ def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[
             if os.path.lexists(path):
                 _remove(old)
                 os.replace(path, old)
-                crash_point("dir-swapped", path)  # a kill here leaves no `path`: the old one is in `old`, the new in `tmp`
+                crash_point("dir-swapped", path)  # a kill here: the old one in `old`, the new in `tmp`
                 os.replace(tmp, path)
             else:
                 os.replace(tmp, path)

@@ -113,7 +113,7 @@ def read_graft_file(directory: str | os.PathLike) -> GraftFile:
         raise SkillgraftError(f"{directory}: not a graft folder (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
     cfg = read_config(cfg_path)
     shapes = {k: tuple(v) for k, v in cfg.shapes.items()}
-    tensors = _read_tensors(w_path, cfg.weights_sha256)
+    tensors = read_tensors(w_path, cfg.weights_sha256)
     carried = _carried(w_path, tensors, cfg)
     if "indices" in tensors or "values" in tensors:
         indices, values = _packed(w_path, tensors, shapes, cfg.size)
@@ -173,7 +173,8 @@ def _schema_message(error: ValidationError, path: Path) -> str:
     return f"{path}: " + "; ".join(parts)
 
 
-def _read_tensors(path: Path, sha256: str | None) -> dict[str, torch.Tensor]:
+def read_tensors(path: Path, sha256: str | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file (matching ``sha256`` if given); a damaged file is one error naming it."""
     from safetensors.torch import load  # noqa: PLC0415
 
     try:
@@ -212,7 +213,7 @@ def _carried(path: Path, tensors: dict[str, torch.Tensor], cfg: GraftFileConfig)
     return carried
 
 
-def _check_positions(path: Path, what: str, idx: torch.Tensor, vals: torch.Tensor | None, limit: int,
+def check_positions(path: Path, what: str, idx: torch.Tensor, vals: torch.Tensor | None, limit: int,
                      range_of: str) -> torch.Tensor:
     """dtype, 1-D, count, range [0, limit) and strictly increasing order of one indices tensor."""
     if idx.dtype not in INDEX_DTYPES:
@@ -261,7 +262,7 @@ def _packed(path: Path, tensors: dict[str, torch.Tensor], shapes: dict[str, tupl
     vals = tensors["values"]
     _check_values(path, "tensor 'values'", vals)
     universe = sum(numel(s) for s in shapes.values())
-    flat = _check_positions(path, "tensor 'indices'", tensors["indices"], vals, universe,
+    flat = check_positions(path, "tensor 'indices'", tensors["indices"], vals, universe,
                             "the coordinates of 'shapes'")
     if flat.numel() != size:
         raise SkillgraftError(f"{path}: holds {flat.numel()} positions and values; {CONFIG_FILE} 'size' declares {size}")
@@ -301,7 +302,7 @@ def _per_tensor(path: Path, tensors: dict[str, torch.Tensor], shapes: dict[str, 
         raise SkillgraftError(f"{path}: tensor '{name}::{missing}' is missing")
     for name in indices:
         _check_values(path, f"tensor '{name}::values'", values[name])
-        indices[name] = _check_positions(path, f"tensor '{name}::indices'", indices[name], values[name],
+        indices[name] = check_positions(path, f"tensor '{name}::indices'", indices[name], values[name],
                                          numel(shapes[name]), f"tensor {name!r} of shape {list(shapes[name])}")
         bad = first_non_finite(values[name])
         if bad is not None:

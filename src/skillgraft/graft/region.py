@@ -206,15 +206,36 @@ class Region:
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> Region:
-        """Read a region folder written by :meth:`save` (``region.json`` + ``region.safetensors``)."""
-        from safetensors.torch import load_file  # noqa: PLC0415
+        """Read a region folder written by :meth:`save`, validated like a graft file: ``region.json`` maps tensor
+        names to shapes, ``region.safetensors`` holds ``<name>::indices`` of those tensors (integers, sorted,
+        unique, in range); any problem is one error naming the file."""
+        from skillgraft.graft.graft_file import check_positions, read_tensors  # noqa: PLC0415
+        from skillgraft.io import read_json  # noqa: PLC0415
 
         directory = Path(directory)
-        if not (directory / "region.json").is_file():
+        meta_path, weights = directory / "region.json", directory / "region.safetensors"
+        if not meta_path.is_file():
             raise SkillgraftError(f"{directory}: no region.json")
-        meta = json.loads((directory / "region.json").read_text())
-        tensors = load_file(str(directory / "region.safetensors"))
-        return cls.from_state(tensors, meta)
+        meta = read_json(meta_path, required=("shapes",), what="region file")
+        shapes = meta["shapes"]
+        if not isinstance(shapes, dict) or not all(
+                isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in v)
+                for v in shapes.values()):
+            raise SkillgraftError(f"{meta_path}: field 'shapes' must map tensor names to lists of sizes")
+        if not weights.is_file():
+            raise SkillgraftError(f"{directory}: no region.safetensors")
+        indices = {}
+        for key, t in read_tensors(weights).items():
+            name, sep, kind = key.rpartition("::")
+            if not sep or kind != "indices" or name not in shapes:
+                raise SkillgraftError(f"{weights}: unexpected tensor {key!r} (expected '<name>::indices' of a tensor "
+                                      "in region.json 'shapes')")
+            indices[name] = check_positions(weights, f"tensor {key!r}", t, None, _numel(tuple(shapes[name])),
+                                            f"tensor {name!r} of shape {shapes[name]}")
+        size = sum(int(i.numel()) for i in indices.values())
+        if meta.get("size", size) != size:
+            raise SkillgraftError(f"{weights}: holds {size} positions; region.json 'size' declares {meta['size']}")
+        return cls({k: tuple(v) for k, v in shapes.items()}, indices)
 
     @classmethod
     def from_state(cls, tensors: dict[str, torch.Tensor], meta: dict) -> Region:

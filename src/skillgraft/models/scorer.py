@@ -303,12 +303,8 @@ class Scorer(nn.Module):
                 f"{directory}: no {SCORER_CONFIG}; not a skillgraft model folder (for a plain Hugging Face "
                 "checkpoint use build_scorer(name_or_path, task, mode))"
             )
-        try:
-            cfg = json.loads(cfg_path.read_text())
-            saved_task = _task_from_config(cfg["task"], str(cfg_path))
-        except (json.JSONDecodeError, KeyError) as e:
-            raise SkillgraftError(f"{cfg_path}: unreadable scorer config ({e})") from None
-        task = get_task(task) if task is not None else saved_task
+        cfg = _read_scorer_config(cfg_path)
+        task = get_task(task) if task is not None else _task_from_config(cfg["task"], str(cfg_path))
         mode = cfg["mode"]
         tokenizer = load_tokenizer(str(directory))
         if mode == "classifier":
@@ -327,6 +323,9 @@ class Scorer(nn.Module):
                 state = load_file(str(head_path))
             except Exception as e:  # noqa: BLE001 - a truncated or damaged file (safetensors' own error type)
                 raise SkillgraftError(f"{head_path}: unreadable head ({str(e).splitlines()[0]})") from None
+            if set(state) != {"weight", "bias"} or state["weight"].dim() != 2:
+                raise SkillgraftError(f"{head_path}: expected tensors 'weight' [labels, hidden] and 'bias', got "
+                                      f"{ {k: list(v.shape) for k, v in state.items()} }")
             if state["weight"].shape[0] != task.num_labels:
                 raise SkillgraftError(
                     f"{head_path}: the head has {state['weight'].shape[0]} outputs but task {task.name!r} has "
@@ -353,6 +352,22 @@ def _pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         mask[i, : len(r)] = 1
     return ids, mask
+
+
+def _read_scorer_config(path: Path) -> dict:
+    """``scorer_config.json``: a JSON object with a known mode and pooling and an integer max_length."""
+    from skillgraft.io import read_json  # noqa: PLC0415
+
+    cfg = read_json(path, required=("task", "mode", "pooling", "max_length"), what="scorer config")
+    if cfg["mode"] not in MODES or cfg["pooling"] not in ("cls", "mean", "last"):
+        raise SkillgraftError(f"{path}: unreadable scorer config (mode {cfg['mode']!r}, pooling {cfg['pooling']!r}; "
+                              f"expected one of {', '.join(MODES)} and cls, mean or last)")
+    n = cfg["max_length"]
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 2**31 - 1:
+        raise SkillgraftError(f"{path}: field 'max_length' must be a positive integer, got {n!r}")
+    if not isinstance(cfg["task"], dict):
+        raise SkillgraftError(f"{path}: field 'task' must be an object, got {type(cfg['task']).__name__}")
+    return cfg
 
 
 def position_limit(model: nn.Module) -> int | None:
