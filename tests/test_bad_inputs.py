@@ -248,6 +248,26 @@ def test_user_files_written_by_other_tools_read_as_any_other(suffix, how, tmp_pa
     assert len(a.train) + len(a.test) == len(USER_ROWS) and a.task.labels == ("bad", "good")
 
 
+@pytest.mark.parametrize("how", ["bom-crlf-blank", "utf-16"])
+def test_configs_written_by_other_tools_read_as_any_other(how, ft_run, tiny_graft, tmp_path):
+    """A recipe, a run's config.json and a graft_config.json re-saved by a Windows editor read as before."""
+    from skillgraft.recipes.base import load_recipe
+    from skillgraft.train.run import read_run_config
+
+    recipes = pathlib.Path(__file__).resolve().parents[1] / "recipes"
+    (tmp_path / "r.yaml").write_bytes(_as_other_tools_write((recipes / "calibration.yaml").read_text(), how))
+    assert load_recipe(tmp_path / "r.yaml")[1] == load_recipe(recipes / "calibration.yaml")[1]
+    run = tmp_path / "run"
+    shutil.copytree(ft_run, run)
+    (run / "config.json").write_bytes(_as_other_tools_write((ft_run / "config.json").read_text(), how))
+    assert read_run_config(run) == read_run_config(ft_run)
+    folder = tmp_path / "g"
+    shutil.copytree(tiny_graft, folder)
+    (folder / "graft_config.json").write_bytes(_as_other_tools_write((tiny_graft / "graft_config.json").read_text(),
+                                                                     how))
+    assert Graft.from_pretrained(folder).size == Graft.from_pretrained(tiny_graft).size
+
+
 @pytest.fixture(scope="module")
 def tiny_classifier(tiny_bert, tmp_path_factory):
     """A plain Hugging Face sequence classifier (the tiny BERT with a fresh 2-label head)."""
@@ -423,7 +443,9 @@ RUN_CASES = {
     "config-not-json": (lambda run: (run / "config.json").write_text("{'k': 8"), ["config.json", "not valid JSON"]),
     "config-a-list": (lambda run: (run / "config.json").write_text("[8, 13]"), ["config.json", "JSON object",
                                                                                  "list"]),
-    "config-binary": (lambda run: (run / "config.json").write_bytes(b"\xff\xfe\x00"), ["config.json", "cannot read"]),
+    "config-binary": (lambda run: (run / "config.json").write_bytes(b"\x80\x00\x01"), ["config.json:1", "NUL byte"]),
+    "config-latin1": (lambda run: (run / "config.json").write_bytes('{"model": "café"}'.encode("latin-1")),
+                      ["config.json:1", "not UTF-8 text"]),
     "config-without-model": (_edit_config(lambda c: c.pop("model")), ["config.json", "'model'"]),
     "config-without-max-length": (_edit_config(lambda c: c.pop("max_length")), ["config.json", "'max_length'"]),
     "config-without-head-seed": (_edit_config(lambda c: c["finetune"].pop("seed")), ["config.json", "finetune.seed"]),
@@ -876,7 +898,7 @@ def test_disk_full_while_writing_a_run_directory(tiny_bert, toy_data, tmp_path, 
 RECIPE_CASES = {
     "a-list": (b"- calibration\n- ood\n", ["expected a mapping"]),
     "a-string": (b"calibration\n", ["expected a mapping"]),
-    "binary": (bytes(range(256)), ["cannot read"]),
+    "binary": (bytes(range(256)), ["r.yaml:1", "NUL byte"]),
     "bad-yaml": (b"recipe: [calibration\n", ["not valid YAML"]),
     "no-recipe": (b"tasks: [SST-2]\n", ["'recipe:'"]),
     "unknown-recipe": (b"recipe: alchemy\n", ["unknown recipe 'alchemy'"]),

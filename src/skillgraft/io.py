@@ -12,6 +12,7 @@ waits until the rename is done, and :func:`written` says which complete artifact
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import errno
 import json
@@ -365,18 +366,47 @@ def _jsonable(x):
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
+BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def read_text(path: Path) -> str:
+    """The text of a file as other tools write it (data files, recipes, configs): UTF-8 with or without a
+    byte-order mark, or UTF-16 with one (Windows "Unicode", PowerShell 5's ``>``); CRLF line ends are left to
+    the parsers, which all accept them. A NUL byte (a binary file), bytes that are not UTF-8 or an unreadable
+    file are one error naming the file and the line."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise SkillgraftError(f"{path}: cannot read ({describe_io_error(e).removeprefix(f'{path}: ')})") from None
+    encoding = next((enc for bom, enc in BOMS if raw.startswith(bom)), "utf-8")
+    if encoding == "utf-16":
+        try:
+            return raw.decode("utf-16")
+        except UnicodeDecodeError as e:
+            raise SkillgraftError(f"{path}: starts with a UTF-16 byte-order mark but is not UTF-16 text "
+                                  f"({e.reason} at offset {e.start}); re-save the file as UTF-8") from None
+    nul = raw.find(b"\x00")
+    if nul >= 0:
+        line = raw.count(b"\n", 0, nul) + 1
+        raise SkillgraftError(f"{path}:{line}: contains a NUL byte (a binary file?); expected UTF-8 text")
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError as e:
+        start = e.start + (3 if encoding == "utf-8-sig" else 0)
+        line = raw.count(b"\n", 0, start) + 1
+        raise SkillgraftError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[start]:02x} at offset {start}); "
+                              "re-save the file as UTF-8") from None
+
+
 def read_json(path: str | os.PathLike, *, required: tuple[str, ...] = (), what: str = "file") -> dict:
     """A JSON object from ``path``; missing file, bad JSON or a missing ``required`` key → one clear error."""
     path = Path(path)
     if not path.is_file():
         raise SkillgraftError(f"{what} not found: {path}" + (" (a folder)" if path.is_dir() else ""))
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
+        obj = json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise SkillgraftError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SkillgraftError(f"{path}: cannot read {what}: {describe_io_error(e).removeprefix(f'{path}: ')}") \
-            from None
     if required and not isinstance(obj, dict):
         raise SkillgraftError(f"{path}: unreadable {what} (expected a JSON object, got {type(obj).__name__})")
     missing = [k for k in required if k not in obj]

@@ -102,9 +102,10 @@ def parse_file(path: Path, parse: Callable[[str], Any], error: type[Exception],
                describe: Callable[[Any], str]) -> Any:
     """``parse`` of the text at ``path``; an ``error`` it raises (``describe``d) or a failed read is one
     :class:`SkillgraftError` naming the file."""
+    from skillgraft.io import read_text  # noqa: PLC0415
+
+    text = read_text(path)  # UTF-8 with or without a BOM, or UTF-16; else one error naming the file and line
     try:
-        return parse(path.read_text())
+        return parse(text)
     except error as e:
         raise SkillgraftError(f"{path}: {describe(e)}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SkillgraftError(f"{path}: cannot read ({e})") from None

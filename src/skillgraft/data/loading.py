@@ -13,7 +13,6 @@ Data root resolution: explicit argument, then ``$SKILLGRAFT_DATA``, then ``./dat
 
 from __future__ import annotations
 
-import codecs
 import csv
 import io
 import json
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from skillgraft.data.tasks import Task, get_task
 from skillgraft.errors import SkillgraftError
+from skillgraft.io import read_text
 
 SPLITS = ("train", "dev", "test")
 
@@ -115,40 +115,6 @@ def read_file(task: Task, path: Path) -> list[Example]:
     if not examples:
         raise SkillgraftError(f"{path}: the split is empty (no examples)")
     return examples
-
-
-BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
-
-
-def read_text(path: Path) -> str:
-    """The text of a data file, as other tools write it: UTF-8 with or without a byte-order mark, or UTF-16
-    with one (Windows "Unicode" / PowerShell); CRLF line ends are left to the parsers, which all accept them.
-    A NUL byte (a binary file), bytes that are not UTF-8 or an unreadable file are one error naming the file
-    and the line."""
-    from skillgraft.io import describe_io_error  # noqa: PLC0415
-
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise SkillgraftError(f"{path}: cannot read ({describe_io_error(e).removeprefix(f'{path}: ')})") from None
-    encoding = next((enc for bom, enc in BOMS if raw.startswith(bom)), "utf-8")
-    if encoding == "utf-16":
-        try:
-            return raw.decode("utf-16")
-        except UnicodeDecodeError as e:
-            raise SkillgraftError(f"{path}: starts with a UTF-16 byte-order mark but is not UTF-16 text "
-                                  f"({e.reason} at offset {e.start}); re-save the file as UTF-8") from None
-    nul = raw.find(b"\x00")
-    if nul >= 0:
-        line = raw.count(b"\n", 0, nul) + 1
-        raise SkillgraftError(f"{path}:{line}: contains a NUL byte (a binary file?); expected UTF-8 text")
-    try:
-        return raw.decode(encoding)
-    except UnicodeDecodeError as e:
-        start = e.start + (3 if encoding == "utf-8-sig" else 0)
-        line = raw.count(b"\n", 0, start) + 1
-        raise SkillgraftError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[start]:02x} at offset {start}); "
-                              "re-save the file as UTF-8") from None
 
 
 def _no_constant(name: str):

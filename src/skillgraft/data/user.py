@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from skillgraft.data.loading import Example, csv_reader, jsonl_rows, read_text
+from skillgraft.data.loading import Example, csv_reader, jsonl_rows
+from skillgraft.io import read_text
 from skillgraft.data.tasks import Task
 from skillgraft.errors import SkillgraftError
 
