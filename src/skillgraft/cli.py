@@ -43,7 +43,9 @@ def one_line_error(e: BaseException) -> str | None:
     from skillgraft.io import describe_io_error  # noqa: PLC0415
 
     if isinstance(e, SkillgraftError):
-        return str(e)
+        from skillgraft.spec import readable_bounds  # noqa: PLC0415
+
+        return readable_bounds(str(e))
     return describe_io_error(e)
 
 

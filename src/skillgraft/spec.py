@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -76,7 +77,15 @@ def validation_message(error: ValidationError, where: str) -> str:
         shown = "" if isinstance(got, dict) else f" (got {got!r})"
         msg = item["msg"].removeprefix("Value error, ")
         parts.append(f"{field}: {msg}{shown}")
-    return "; ".join(parts)
+    return readable_bounds("; ".join(parts))
+
+
+_BIG_BOUND = re.compile(r"(than(?: or equal to)?) (\d{16,})\b")
+
+
+def readable_bounds(text: str) -> str:
+    """pydantic spells a float bound out in digits ("less than or equal to 340000…000"): 3.4e+38 instead."""
+    return _BIG_BOUND.sub(lambda m: f"{m.group(1)} {float(m.group(2)):g}", text)
 
 
 def stable_hash(obj: Any) -> str:
