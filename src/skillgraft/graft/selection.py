@@ -20,7 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, model_serializer, m
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.finite import refuse_non_finite
-from skillgraft.graft.region import Region, _numel
+from skillgraft.graft.region import Region, numel_of
 from skillgraft.models.anatomy import Graftable, graftable_names
 
 Shapes = dict[str, tuple[int, ...]]
@@ -231,5 +231,5 @@ def select(scores: dict[str, torch.Tensor], budget: Budget | float | int | str,
                                   f"({shapes.get(n, 'absent')})")
         refuse_non_finite(s, f"localizer scores of {n!r}", "a region cannot be chosen by them (a non-finite loss "
                                                            "or weight upstream)")
-    masks = select_masks(scores, budget, sum(_numel(s) for s in shapes.values()))
+    masks = select_masks(scores, budget, sum(numel_of(s) for s in shapes.values()))
     return Region.from_masks({n: m.cpu() for n, m in masks.items()}, shapes)

@@ -304,7 +304,7 @@ class Scorer(nn.Module):
                 "checkpoint use build_scorer(name_or_path, task, mode))"
             )
         cfg = _read_scorer_config(cfg_path)
-        task = get_task(task) if task is not None else _task_from_config(cfg["task"], str(cfg_path))
+        task = get_task(task) if task is not None else task_from_config(cfg["task"], str(cfg_path))
         mode = cfg["mode"]
         tokenizer = load_tokenizer(str(directory))
         if mode == "classifier":
@@ -335,7 +335,7 @@ class Scorer(nn.Module):
         return scorer
 
 
-def _task_from_config(spec: dict, source: str) -> Task:
+def task_from_config(spec: dict, source: str) -> Task:
     """The task a scorer config records (a registered-style task, or a generative one)."""
     if isinstance(spec, dict) and spec.get("kind") == "generative":
         from skillgraft.data.user import GenerativeTask  # noqa: PLC0415
@@ -399,7 +399,7 @@ def build_scorer(model_name: str | None, task: Task | str, mode: Mode = "head", 
             model, head = load_classifier(ref.path, task.labels, pad_token_id=tokenizer.pad_token_id, dtype=dtype)
             tied, carried = False, ["model." + n for n in head]
         else:
-            model, tied = _load_for_mode(ref, mode, dtype)
+            model, tied = load_for_mode(ref, mode, dtype)
     if pooling is None:
         pooling = "last" if getattr(model.config, "is_decoder", False) or mode == "causal" or \
             model.config.model_type in ("gpt2", "llama", "mistral", "qwen2", "gpt_neox") else "mean"
@@ -407,7 +407,7 @@ def build_scorer(model_name: str | None, task: Task | str, mode: Mode = "head", 
                   tied_decoder=tied, head_seed=head_seed, carried=carried)
 
 
-def _load_for_mode(ref, mode: str, dtype):
+def load_for_mode(ref, mode: str, dtype):
     tied = False
     if mode == "head":
         model = load_hf_model(ref.path, "base", dtype=dtype)
