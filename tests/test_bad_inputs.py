@@ -601,14 +601,6 @@ def test_a_graft_with_non_finite_values_is_never_written(tiny_graft, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def _adapter_tensors(rel, change):
-    def edit(folder):
-        tensors = load_file(str(folder / rel))
-        change(tensors)
-        save_file(tensors, str(folder / rel))
-    return edit
-
-
 def _first_float(position, value):
     """Set ``position`` of the first floating-point tensor (by name) to ``value``."""
     def edit(tensors):
@@ -619,11 +611,11 @@ def _first_float(position, value):
 
 ADAPTER_CASES = {
     # id: (damage to a copy of a SHiRA adapter exported from the tiny graft, culprits)
-    "weights-nan": (_adapter_tensors("adapter_model.safetensors", _first_float(1, float("nan"))),
+    "weights-nan": (_edit_tensors("adapter_model.safetensors", _first_float(1, float("nan"))),
                     ["adapter_model.safetensors", "[1] is nan"]),
-    "weights-inf": (_adapter_tensors("adapter_model.safetensors", _first_float(0, float("inf"))),
+    "weights-inf": (_edit_tensors("adapter_model.safetensors", _first_float(0, float("inf"))),
                     ["adapter_model.safetensors", "[0] is inf"]),
-    "head-nan": (_adapter_tensors("skillgraft_head.safetensors", _first_float(1, float("nan"))),
+    "head-nan": (_edit_tensors("skillgraft_head.safetensors", _first_float(1, float("nan"))),
                  ["skillgraft_head.safetensors", "[1] is nan"]),
     "weights-truncated": (_truncate("adapter_model.safetensors", 50), ["adapter_model.safetensors", "truncated"]),
 }
