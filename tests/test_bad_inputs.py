@@ -912,6 +912,25 @@ def test_bad_recipe(case, tmp_path):
     refused(tmp_path, ["run", path, "--out", tmp_path / "out"], str(path), *culprits)
 
 
+TASK_YAML = ('name: MyTask\nkind: single\nlabels: ["0", "1"]\nlabel_words: [bad, good]\n'
+             'template: "*cls**sent_0*_It_was*mask*.*sep+*"\n')
+
+
+@pytest.mark.parametrize("content, culprits", [
+    ("name: café\n".encode("latin-1"), ["t.yaml:1", "not UTF-8 text (byte 0xe9"]),  # was: no file named
+    (b"name: [MyTask\n", ["t.yaml", "not valid YAML"]),
+])
+def test_bad_task_file(content, culprits, tmp_path):
+    (tmp_path / "t.yaml").write_bytes(content)
+    refused(tmp_path, ["tasks", "--task-file", tmp_path / "t.yaml"], str(tmp_path / "t.yaml"), *culprits)
+
+
+def test_task_file_written_by_other_tools(toy_data, tmp_path):
+    (tmp_path / "t.yaml").write_bytes(_as_other_tools_write(TASK_YAML, "utf-16"))
+    r = invoke("tasks", "--task-file", tmp_path / "t.yaml", "--data-dir", toy_data)
+    assert r.exit_code == 0 and "MyTask" in r.output, r.output
+
+
 @pytest.mark.parametrize("args, says", [
     (["graft", "--bogus"], "No such option: --bogus"),
     (["graft"], "Missing option '--finetuned'"),
