@@ -919,7 +919,7 @@ TASK_YAML = ('name: MyTask\nkind: single\nlabels: ["0", "1"]\nlabel_words: [bad,
 @pytest.mark.parametrize("content, culprits", [
     ("name: café\n".encode("latin-1"), ["t.yaml:1", "not UTF-8 text (byte 0xe9"]),  # was: no file named
     (b"name: [MyTask\n", ["t.yaml", "not valid YAML"]),
-])
+], ids=["latin-1", "bad-yaml"])
 def test_bad_task_file(content, culprits, tmp_path):
     (tmp_path / "t.yaml").write_bytes(content)
     refused(tmp_path, ["tasks", "--task-file", tmp_path / "t.yaml"], str(tmp_path / "t.yaml"), *culprits)
