@@ -149,7 +149,7 @@ def test_kill_9_never_leaves_a_report_that_disagrees(ft_run, toy_data, tmp_path)
 # ---------------------------------------------------------------------------------------------- SIGTERM / SIGHUP
 # What schedulers, `timeout`, container stops (SIGTERM) and a closed terminal (SIGHUP) send: each unwinds like
 # Ctrl-C, so no temporary sibling is left, prints one line naming the verb and exits 128 + the signal's number.
-STOPS = [signal.SIGTERM, signal.SIGHUP]
+STOPS = [signal.SIGTERM, signal.SIGHUP, signal.SIGINT]  # SIGINT: Ctrl-C, for comparison
 
 
 def interrupted_ok(code, stderr: str, sig, verb: str) -> None:
@@ -273,7 +273,7 @@ VERBS = ["finetune", "graft", "graft --overwrite", "graft (store)", "sweep", "ap
 
 @pytest.mark.parametrize("sig", STOPS, ids=lambda s: s.name)
 @pytest.mark.parametrize("verb", VERBS)
-def test_each_verb_that_writes_cleans_up_on_sigterm_and_sighup(verb, sig, ft_run, toy_data, tiny_bert, report,
+def test_each_verb_that_writes_cleans_up_on_sigterm_sighup_and_ctrl_c(verb, sig, ft_run, toy_data, tiny_bert, report,
                                                                 tmp_path, tmp_path_factory):
     """The signal arrives from outside while the verb's output (or its store entry) is a temporary sibling:
     exit 128 + signal, one line, and every folder involved byte for byte as it was (an old report too)."""
