@@ -638,6 +638,15 @@ def test_bad_peft_adapter(case, tiny_adapter, tiny_bert, tmp_path):
     refused(tmp_path, ["inspect", folder, "--model", tiny_bert, "--out", tmp_path / "i"], str(folder), *culprits)
 
 
+def test_fim_of_a_model_with_an_inf_weight_is_refused(tiny_bert, toy_data, tmp_path):
+    model = tmp_path / "bert"
+    shutil.copytree(tiny_bert, model)
+    _edit_tensors("model.safetensors", lambda t: t[sorted(t)[2]].view(-1).__setitem__(4, float("-inf")),
+                  metadata={"format": "pt"})(model)
+    refused(tmp_path, ["fim", "--task", "SST-2", "--k", 4, "--model", model, "--n", 4, "--data-dir", toy_data,
+                       "--out", tmp_path / "f"], str(model), "[4] is -inf", "Fisher scores would be meaningless")
+
+
 def test_fine_tuning_whose_loss_turns_non_finite_stops(tiny_bert, toy_data, tmp_path):
     """SGD at lr 1e30 sends the weights to ±Inf after one step: one line naming the step, no run directory."""
     refused(tmp_path, ["finetune", "--task", "SST-2", "--k", 4, "--model", tiny_bert, "--steps", 4, "--lr", 1e30,

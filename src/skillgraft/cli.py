@@ -541,6 +541,9 @@ def fim(
     k, seed, n_examples, kind, config = data.k, data.seed, fisher.n_examples, fisher.kind, fisher
     data = data.load()
     scorer = model.scorer(data.task)
+    from skillgraft.finite import refuse_non_finite_model  # noqa: PLC0415
+
+    refuse_non_finite_model(scorer, scorer.base_model, "its Fisher scores would be meaningless")
     scores = fim_layer_scores(scorer, data.train, aggregate=aggregate, normalize=normalize, config=config,
                               progress="fisher")
     ranks = scores.rank_of()
