@@ -534,6 +534,7 @@ def fim(
     *, data: DataSpec, model: ModelSpec, fisher: FisherConfig,
 ) -> None:
     """Per-layer FIM scores of the pre-trained model (surgical fine-tuning): ranking table, fim.json, fim.png."""
+    from skillgraft.finite import refuse_non_finite_model  # noqa: PLC0415
     from skillgraft.fisher import fim_layer_scores  # noqa: PLC0415
     from skillgraft.fisher.plots import layer_scores_bar  # noqa: PLC0415
     from skillgraft.io import write_json  # noqa: PLC0415
@@ -541,8 +542,6 @@ def fim(
     k, seed, n_examples, kind, config = data.k, data.seed, fisher.n_examples, fisher.kind, fisher
     data = data.load()
     scorer = model.scorer(data.task)
-    from skillgraft.finite import refuse_non_finite_model  # noqa: PLC0415
-
     refuse_non_finite_model(scorer, scorer.base_model, "its Fisher scores would be meaningless")
     scores = fim_layer_scores(scorer, data.train, aggregate=aggregate, normalize=normalize, config=config,
                               progress="fisher")

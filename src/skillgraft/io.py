@@ -84,12 +84,12 @@ def _located(e: BaseException, tmp: Path, path: Path) -> BaseException | None:
 
 
 def crash_point(point: str, path: Path) -> None:
-    """Fault injection for the kill tests (tests/test_kill.py), inert unless set: ``SKILLGRAFT_CRASH_AT=<point>:<glob>``
-    makes this process SIGKILL itself the first time it reaches ``point`` for a target whose name matches
-    ``glob``; ``SKILLGRAFT_WAIT_AT=<point>:<glob>`` makes it wait there (up to 10 minutes) for a signal sent from
-    outside. Points: ``dir-opened`` (the temporary sibling just made), ``file-written`` / ``dir-written``
-    (complete temporary sibling, not yet renamed), ``dir-swapped`` (an existing target moved aside, the new one
-    not yet in place), ``dir-renamed`` (in place)."""
+    """Fault injection for the kill tests (tests/test_kill.py), inert unless set:
+    ``SKILLGRAFT_CRASH_AT=<point>:<glob>`` makes this process SIGKILL itself the first time it reaches ``point``
+    for a target whose name matches ``glob``; ``SKILLGRAFT_WAIT_AT=<point>:<glob>`` makes it wait there (up to
+    10 minutes) for a signal sent from outside. Points: ``dir-opened`` (the temporary sibling just made),
+    ``file-written`` / ``dir-written`` (complete temporary sibling, not yet renamed), ``dir-swapped`` (an
+    existing target moved aside, the new one not yet in place), ``dir-renamed`` (in place)."""
     for var in ("SKILLGRAFT_CRASH_AT", "SKILLGRAFT_WAIT_AT"):
         spec = os.environ.get(var)
         if not spec:
@@ -119,8 +119,6 @@ STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SI
 _critical = 0                 # > 0 while an output is renamed into place
 _pending: list[int] = []      # a signal that arrived meanwhile
 _written: list[Path] = []     # complete artifacts this process put in place (not inside a temporary sibling)
-
-
 _stopped_by: list[int] = []   # the signal that stopped this process
 
 
