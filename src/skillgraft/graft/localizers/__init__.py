@@ -15,7 +15,7 @@ from skillgraft.graft.localizers.base import Localization, Localizer, LocalizerO
 from skillgraft.graft.localizers.bias import Bias
 from skillgraft.graft.localizers.fish import Fish, FishOptions
 from skillgraft.graft.localizers.learned import Learned, LocalizeConfig, LocalizeResult, localize
-from skillgraft.graft.localizers.movement import Movement, movement
+from skillgraft.graft.localizers.movement import Movement, TiesTrim, movement
 from skillgraft.graft.localizers.random import Random, RandomOptions
 from skillgraft.graft.localizers.relaxed import (HardConcrete, LearnedAdam, LearnedSaliency, Prune, RelaxedOptions,
                                                  StraightThrough)
@@ -46,6 +46,7 @@ def get_localizer(name: str) -> Localizer:
 
 register_localizer("learned")(Learned)
 register_localizer("movement")(Movement)
+register_localizer("ties-trim")(TiesTrim)
 register_localizer("random")(Random)
 register_localizer("bias")(Bias)
 register_localizer("fish")(Fish)

@@ -25,6 +25,7 @@ from functools import partial
 import torch
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.graft.keep import Ranking
 from skillgraft.graft.localizers.sharded import Group, Piece
 from skillgraft.graft.localizers.source import FineTuned
 from skillgraft.graft.localizers.topk import StreamingTopK, top_k
@@ -62,6 +63,17 @@ class Holding:
         """γ of tensor n: σ(S − bias), flipped to 1 − σ on γ_base."""
         s = torch.sigmoid(self.S[n] - self.bias)
         return torch.where(self.base[n], 1 - s, s)
+
+    def ranking_keys(self, seed: int) -> dict[str, torch.Tensor]:
+        """The learned order of the held coordinates as float64 keys (higher first): the logit of γ with every
+        coordinate's S started from the same ½ (S − S₀ + ½), so the initial draw's noise does not order the
+        coordinates the trajectory left alone, while the learned drift does: ±(bias − S̃), + on γ_base."""
+        start = self._draw_S(seed)
+        out = {}
+        for n in self.names:
+            drift = self.S[n].double() - start[n].double() + 0.5 - self.bias
+            out[n] = torch.where(self.base[n], -drift, drift).cpu()
+        return out
 
     def hold_choice(self, masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Move the working weights to the binary ``masks``; returns the continuous γ to :meth:`release` to."""
@@ -111,6 +123,15 @@ class Candidates(Holding):
         self.grads: dict[str, torch.Tensor | None] = dict.fromkeys(self.names)
         self.hooks: list = []
         _release_freed_memory()
+
+    def ranking(self, seed: int) -> Ranking:
+        """The learned order of the candidates (:meth:`Holding.ranking_keys`); coordinates outside C are never
+        ranked, so the largest region of the family is C."""
+        if self.group.sharded:
+            raise SkillgraftError("keep targets need the learned ranking in one process; run without sharding")
+        keys = self.ranking_keys(seed)
+        positions = torch.cat([self._global(n, self.pos[n]) for n in self.names])
+        return Ranking.from_keys(self.shapes, positions, torch.cat([keys[n].reshape(-1) for n in self.names]))
 
     # ------------------------------------------------------------------ construction
     def _total(self, local: int) -> int:
