@@ -1,0 +1,138 @@
+"""Keep targets: the smallest region of one nested family reaching a share of FT's score on a selection split."""
+
+import math
+
+import pytest
+import torch
+
+from skillgraft.data import load_kshot
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft import Budget, LocalizeConfig, get_localizer, localize, select
+from skillgraft.graft.dare import dare_graft
+from skillgraft.graft.keep import KeepSpec, Ranking, graft_scorer, search_keep, selection_score
+from skillgraft.graft.selection import region_universe
+from skillgraft.models import build_scorer
+
+
+def test_search_finds_the_smallest_size_on_a_constructed_case():
+    calls = []
+
+    def score(k):  # a monotone family: share k/1000, FT scores 0.8
+        calls.append(k)
+        return 0.8 * min(1.0, k / 1000)
+
+    r95, r99 = search_keep(score, 0.8, [0.95, 0.99], 10_000, start=1, tolerance=1e-6)
+    assert (r95.reached, r95.size, r99.size) == (True, 950, 990)
+    assert math.isclose(r95.share, 0.95) and r95.density == 0.095
+    assert len(calls) == len(set(calls))  # every size scored once, whatever the number of targets
+    assert any(p.size == 949 and p.share < 0.95 for p in r95.probes)  # the size below was tried and failed
+    # a looser tolerance stops earlier, within that factor of the answer
+    (r,) = search_keep(lambda k: min(1.0, k / 1000), 1.0, [0.95], 10_000, tolerance=0.1)
+    assert 950 <= r.size <= 950 * 1.1 and max(p.size for p in r.probes if p.share < 0.95) * 1.1 >= r.size
+
+
+def test_unreachable_target_is_reported_with_the_best_reached():
+    (r,) = search_keep(lambda k: 0.5 * min(0.9, k / 100), 0.5, [0.95], 1000)
+    assert not r.reached and r.size is None and r.density is None
+    assert math.isclose(r.best_share, 0.9) and r.best_size == min(p.size for p in r.probes if p.share >= 0.9 - 1e-12)
+    assert max(p.size for p in r.probes) == 1000  # it tried the whole universe
+    assert "not reached" in r.describe() and "0.900" in r.describe()
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, 1.5, "nan", "x", float("inf")])
+def test_bad_keep_values_are_one_clear_line(bad):
+    with pytest.raises(SkillgraftError) as e:
+        KeepSpec.build({"keep": [0.9, bad]}, where="keep")
+    assert "\n" not in str(e.value) and "(0, 1]" in str(e.value) or "not a number" in str(e.value)
+    with pytest.raises(SkillgraftError):
+        search_keep(lambda k: 1.0, 1.0, [bad], 10)
+
+
+def test_ranking_is_the_shared_selection_nested():
+    gen = torch.Generator().manual_seed(0)
+    scores = {"a": torch.randint(0, 5, (7, 3), generator=gen).float(), "b": torch.rand(11, generator=gen)}
+    shapes = {"a": (7, 3), "c": (4,), "b": (11,)}
+    ranking = Ranking.from_scores(scores, shapes)
+    assert len(ranking) == 32 and ranking.universe == 36
+    previous = None
+    for k in (1, 5, 17, 32):
+        region = ranking.region(k)
+        assert len(region) == k and region == select(scores, Budget.parse(k), shapes)  # same ties as select
+        if previous is not None:
+            assert len(previous & region) == len(previous)  # nested
+        previous = region
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_bert, toy_data):
+    data = load_kshot("SST-2", 16, 13, toy_data)
+    pre = build_scorer(str(tiny_bert), "SST-2", "head")
+    ft = build_scorer(str(tiny_bert), "SST-2", "head", head_seed=1)
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW([p for n, p in ft.named_parameters() if "embeddings" not in n], lr=1e-3)
+    for step in range(40):
+        batch = ft.collate([data.train[(step * 8 + i) % len(data.train)] for i in range(8)])
+        labels = batch.pop("labels")
+        torch.nn.functional.cross_entropy(ft(**batch), labels).backward()
+        opt.step()
+        opt.zero_grad()
+    ft.eval()
+    return pre, ft, data
+
+
+def test_keep_on_a_localizer_scores_the_region_it_returns(pair):
+    pre, ft, data = pair
+    before = {n: p.detach().clone() for n, p in pre.named_parameters()}
+    (r,) = get_localizer("movement").keep(pre, ft, data, [0.9])
+    ft_score = selection_score(ft, data.dev)
+    again = graft_scorer(pre, ft, data.dev)(r.region)
+    if r.reached:
+        assert len(r.region) == r.size and again >= 0.9 * ft_score - 1e-9
+        assert math.isclose(again / ft_score, r.share)
+        assert r.region == get_localizer("movement").region(pre, ft, data, r.size)  # the movement region of that size
+    else:
+        assert len(r.region) == r.best_size
+    assert all(torch.equal(p, before[n]) for n, p in pre.named_parameters())  # θ_pre untouched
+
+
+def test_learned_keep_from_one_trajectory(pair):
+    pre, ft, data = pair
+    before = {n: p.detach().clone() for n, p in pre.named_parameters()}
+    result = localize(pre, ft, data.train, data.dev, LocalizeConfig(sparsity=0.01, steps=3, budgets=[0.01]),
+                      keep=[0.8, 1.0], progress=False)
+    assert result.ranking is not None and len(result.ranking) == result.ranking.universe
+    low, full = result.keep
+    assert [low.target, full.target] == [0.8, 1.0]
+    assert all(torch.equal(p, before[n]) for n, p in pre.named_parameters())
+    if low.reached and full.reached:
+        assert low.size <= full.size
+    assert "keep" in result.summary and result.summary["keep"][0]["probe_count"] == len(low.probes)
+    # the learned order starts with γ_base (the top 1% |Δ|) unless the trajectory moved it
+    base = get_localizer("movement").region(pre, ft, data, 0.01)
+    assert len(result.ranking.region(len(base)) & base) >= 0.5 * len(base)
+    with pytest.raises(SkillgraftError, match="selection split"):
+        localize(pre, ft, data.train, None, LocalizeConfig(steps=1), keep=0.9, progress=False)
+
+
+def test_ties_trim_keeps_the_same_share_of_every_tensor(pair):
+    pre, ft, data = pair
+    region = get_localizer("ties-trim").region(pre, ft, data, 0.1)
+    shapes = region_universe(pre)
+    for name, shape in shapes.items():
+        n = math.prod(shape)
+        got = len(region.indices.get(name, []))
+        assert abs(got - 0.1 * n) <= 1 + 0.01 * n, (name, got, n)
+    assert region != get_localizer("movement").region(pre, ft, data, 0.1)  # not the global top-|Δ|
+
+
+def test_dare_rescales_delta_on_its_draw(pair):
+    pre, ft, data = pair
+    region = get_localizer("random").region(pre, ft, data, 0.25)
+    graft = dare_graft(pre, ft, region)
+    p_pre, p_ft = dict(pre.named_parameters()), dict(ft.named_parameters())
+    scale = region.universe_size / len(region)
+    name = next(iter(region.indices))
+    idx = region.indices[name]
+    a, b = p_pre[name].detach().reshape(-1)[idx], p_ft[name].detach().reshape(-1)[idx]
+    assert torch.allclose(graft.values[name], a + (b - a) * scale, atol=1e-6)
+    assert math.isclose(scale, 4.0, rel_tol=1e-3)
