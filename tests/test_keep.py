@@ -136,3 +136,59 @@ def test_dare_rescales_delta_on_its_draw(pair):
     a, b = p_pre[name].detach().reshape(-1)[idx], p_ft[name].detach().reshape(-1)[idx]
     assert torch.allclose(graft.values[name], a + (b - a) * scale, atol=1e-6)
     assert math.isclose(scale, 4.0, rel_tol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------- CLI and report
+@pytest.fixture(scope="module")
+def ft_run(tiny_bert, toy_data, tmp_path_factory):
+    from test_cli import invoke
+
+    out = tmp_path_factory.mktemp("keep") / "ft"
+    r = invoke("finetune", "--task", "SST-2", "--k", 16, "--seed", 13, "--model", tiny_bert, "--optimizer", "adamw",
+               "--lr", 1e-3, "--steps", 30, "--eval-every", 30, "--data-dir", toy_data, "--out", out)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+@pytest.mark.parametrize("bad", ["0", "1.5", "-1", "lots"])
+def test_cli_bad_keep_is_one_line_before_any_work(ft_run, tmp_path, bad):
+    from test_cli import invoke
+
+    r = invoke("graft", "--finetuned", ft_run, "--out", tmp_path / "g", "--keep", f"0.9,{bad}")
+    assert r.exit_code == 2 and "--keep" in r.output and "(0, 1]" in r.output or "not a number" in r.output
+    assert len([x for x in r.output.splitlines() if x.strip()]) == 1 and "Traceback" not in r.output
+    assert not (tmp_path / "g").exists()
+
+
+def test_cli_graft_keep_and_frontier(ft_run, toy_data, tmp_path):
+    import csv
+    import json
+
+    from test_cli import invoke
+
+    out = tmp_path / "g"
+    r = invoke("graft", "--finetuned", ft_run, "--out", out, "--keep", "0.9,1.0", "--steps", 2, "--sparsity", 0.01,
+               "--frontier", "--frontier-levels", "0.001,0.01,0.1", "--data-dir", toy_data)
+    assert r.exit_code == 0, r.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    names = [row["model"] for row in metrics["rows"]]
+    assert "keep 0.9" in names and "keep 1" in names and not any(n.startswith("graft ") for n in names)  # keep only
+    keep = metrics["keep"]
+    assert "dev split" in keep["selection"]
+    for t in keep["targets"]:
+        row = next(x for x in metrics["rows"] if x["model"] == f"keep {t['target']:g}")
+        assert row["params"] == (t["size"] if t["reached"] else t["best_size"])
+        assert t["test_share"] == row["share_of_ft"] and t["probe_count"] >= 1
+        assert (out / "grafts" / f"keep-{t['target']:g}" / "graft.safetensors").is_file()
+    assert "keep 0.9:" in r.output and "selection share" in r.output
+    text = (out / "report.md").read_text()
+    assert "## Keep targets" in text and "## Share of FT vs density" in text
+    assert (out / "frontier.png").stat().st_size > 1000
+    rows = list(csv.DictReader((out / "frontier.csv").open()))
+    methods = {x["method"] for x in rows}
+    assert {"learned", "learned order", "top-|Δ| per tensor (TIES trim)", "top-|Δ| global (L&S dataless)",
+            "DARE (reference)", "random"} == methods
+    assert len(rows) == 6 * 3 and {float(x["density"]) for x in rows} == {0.001, 0.01, 0.1}
+    keeps = list(csv.DictReader((out / "frontier_keep.csv").open()))
+    assert {x["method"] for x in keeps} == methods - {"learned"} and {float(x["target"]) for x in keeps} == {0.95, 0.99}
+    assert all(x["test_share"] for x in keeps)
