@@ -7,8 +7,8 @@ Three fine-tuned MiniLM SST-2 models (64-shot, data seed 42), all found in (or a
   store entry the demo uses;
 * ``adamw`` / ``adamw-l1`` — the plain-transformers AdamW classifier of bench/open_world.py (its
   ``finetune_minilm``: AutoModelForSequenceClassification, AdamW lr 1e-4, 80 steps of 16, optionally
-  λ‖θ − θ_pre‖₁), trained here on the same k-shot draw as the demo (open_world.py draws its own 64 per label),
-  grafted as a checkpoint pair (``classifier`` mode, its own head carried).
+  λ‖θ − θ_pre‖₁), trained here on the same k-shot draw as the demo (open_world.py draws its own 64 per
+  label), grafted as a checkpoint pair (``classifier`` mode, its own head carried).
 
 For each: ``recipes.frontier.frontier_report`` — the learned localizer (one trajectory: best-step regions and its
 order at the last step) against top-|Δ| per tensor (TIES trim), top-|Δ| global (L&S dataless), DARE and random at

@@ -208,6 +208,10 @@ def frontier_plot(result: dict, path: Path, task: str) -> None:
     save_figure(fig, path)
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
 def frontier_markdown(result: dict) -> list[str]:
     """Report lines: the frontier table, learned vs the best peer at each density ≤ 1e-2, and the keep densities."""
     levels = sorted({r["density"] for r in result["rows"]})
@@ -217,13 +221,14 @@ def frontier_markdown(result: dict) -> list[str]:
              "| method | " + " | ".join(f"{d:g}" for d in levels) + " |", "|---|" + "---:|" * len(levels)]
     for method in dict.fromkeys(r["method"] for r in result["rows"]):
         share = {r["density"]: r["share_of_ft"] for r in result["rows"] if r["method"] == method}
-        lines.append(f"| {method} | " + " | ".join(f"{share[d]:.3f}" if d in share else "-" for d in levels) + " |")
+        cells = " | ".join(f"{share[d]:.3f}" if d in share else "-" for d in levels)
+        lines.append(f"| {_cell(method)} | {cells} |")
     if result["ahead"]:
         lines += ["", "| density | best learned | share | best closed-form peer | share | learned ahead |",
                   "|---:|---|---:|---|---:|:---:|"]
         for a in result["ahead"]:
-            lines.append(f"| {a['density']:g} | {a['learned']} | {a['learned_share']:.3f} | {a['best_peer']} | "
-                         f"{a['peer_share']:.3f} | {'yes' if a['ahead'] else '**no**'} |")
+            lines.append(f"| {a['density']:g} | {_cell(a['learned'])} | {a['learned_share']:.3f} | "
+                         f"{_cell(a['best_peer'])} | {a['peer_share']:.3f} | {'yes' if a['ahead'] else '**no**'} |")
     if result["keep"]:
         lines += ["", "Density needed for each share of FT (searched on the selection split; the test share of the "
                   "region found beside it):", "", "| method | target | density needed | selection share | test share | "
@@ -231,7 +236,7 @@ def frontier_markdown(result: dict) -> list[str]:
         for k in result["keep"]:
             need = f"{k['density']:.2e}" if k["reached"] else f"not reached (best {k['best_share']:.3f})"
             sel = f"{k['selection_share']:.3f}" if k["reached"] else "-"
-            lines.append(f"| {k['method']} | {k['target']:g} | {need} | {sel} | {k['test_share']:.3f} | "
+            lines.append(f"| {_cell(k['method'])} | {k['target']:g} | {need} | {sel} | {k['test_share']:.3f} | "
                          f"{k['probe_count']} |")
     lines += ["", "![frontier](frontier.png)", ""]
     return lines

@@ -30,7 +30,8 @@ def selection_split(setup: Setup, holdout: float = 0.2) -> tuple[list, object, s
     """(selection examples, the data the localizer learns on, a note saying which) for keep searches."""
     data = setup.data
     if data.dev:
-        return list(data.dev), data, f"the dev split ({len(data.dev)} rows, distinct from the {len(setup.test)} test rows)"
+        note = f"the dev split ({len(data.dev)} rows, distinct from the {len(setup.test)} test rows)"
+        return list(data.dev), data, note
     rows = list(data.train)
     n = max(1, round(holdout * len(rows)))
     if len(rows) - n < 1:

@@ -98,8 +98,9 @@ class Localizer:
         try:
             scores = self.scores(pre, ft, data, opts, progress=progress)
         except NotImplementedError:
-            raise SkillgraftError(f"localizer {self.name!r} gives no order of the coordinates, so a keep target cannot "
-                                  "be searched on it; use learned or a score-based localizer (movement, fish, …)") from None
+            raise SkillgraftError(f"localizer {self.name!r} gives no order of the coordinates, so a keep target "
+                                  "cannot be searched on it; use learned or a score-based localizer (movement, fish, "
+                                  "…)") from None
         return Ranking.from_scores(scores, region_universe(pre, opts.graftable))
 
     def keep(self, pre, ft, data, keep: KeepSpec | Sequence[float], options: Spec | dict | None = None, *,
