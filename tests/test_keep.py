@@ -192,3 +192,11 @@ def test_cli_graft_keep_and_frontier(ft_run, toy_data, tmp_path):
     keeps = list(csv.DictReader((out / "frontier_keep.csv").open()))
     assert {x["method"] for x in keeps} == methods - {"learned"} and {float(x["target"]) for x in keeps} == {0.95, 0.99}
     assert all(x["test_share"] for x in keeps)
+
+
+def test_keep_on_a_localizer_without_an_order_is_one_line(ft_run, tmp_path):
+    from test_cli import invoke
+
+    r = invoke("graft", "--finetuned", ft_run, "--out", tmp_path / "g", "--localizer", "prune", "--keep", "0.9")
+    assert r.exit_code == 2 and "no order" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "g").exists()

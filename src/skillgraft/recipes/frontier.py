@@ -108,9 +108,13 @@ def _families(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, d
         result = localize(setup.pre, setup.ft, data.train, data.dev, cfg, ranked=True, progress=progress)
         out["learned"] = (None, {b.fraction: r for b, r in result.regions.items()}, False)
         out["learned order"] = (result.ranking, None, False)
-    else:
+    elif get_localizer(localizer).ranked:
         out[localizer] = (get_localizer(localizer).ranking(setup.pre, setup.ft, data, options, progress=progress),
                           None, False)
+    else:  # one trajectory per budget: its regions at each density, no keep search
+        found = get_localizer(localizer).regions(setup.pre, setup.ft, data, spec.frontier_levels, options,
+                                                 progress=progress)
+        out[localizer] = (None, {b.fraction: r for b, r in found.items()}, False)
     seconds = time.perf_counter() - t0
     seed = getattr(options, "seed", 0)
     for name in spec.frontier_peers:

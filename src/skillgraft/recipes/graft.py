@@ -94,6 +94,8 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
     options = localizer_options(report.localizer, options)
     for name in report.baselines:
         get_localizer(name)  # unknown names fail before any work
+    if keep is not None and keep.keep:
+        get_localizer(report.localizer).check_ranked()  # before any work
     keep_only = bool(keep is not None and keep.keep and not getattr(options, "budgets", None))
     regions, summary = ({}, {}) if keep_only else learned_regions(setup, run.store, report.localizer, options,
                                                                  progress=progress)

@@ -92,16 +92,24 @@ class Localizer:
         return Localization(regions, {"budgets": [b.key for b in regions], "config": opts.to_dict(),
                                       "score_seconds": time.perf_counter() - t0})
 
+    @property
+    def ranked(self) -> bool:
+        """Whether this localizer orders the coordinates (scores, or its own :meth:`ranking`): keep targets need it."""
+        return type(self).scores is not Localizer.scores or type(self).ranking is not Localizer.ranking
+
     def ranking(self, pre, ft, data, options: Spec | dict | None = None, *, progress: bool = False) -> Ranking:
         """The nested family of this localizer's regions: its scores' order (keep targets search it)."""
         opts = self.options(options)
-        try:
-            scores = self.scores(pre, ft, data, opts, progress=progress)
-        except NotImplementedError:
-            raise SkillgraftError(f"localizer {self.name!r} gives no order of the coordinates, so a keep target "
-                                  "cannot be searched on it; use learned or a score-based localizer (movement, fish, "
-                                  "…)") from None
-        return Ranking.from_scores(scores, region_universe(pre, opts.graftable))
+        self.check_ranked()
+        return Ranking.from_scores(self.scores(pre, ft, data, opts, progress=progress),
+                                   region_universe(pre, opts.graftable))
+
+    def check_ranked(self) -> None:
+        """One clear line, before any work, for a keep target on a localizer without an order."""
+        if not self.ranked:
+            raise SkillgraftError(f"localizer {self.name!r} gives no order of the coordinates (one trajectory per "
+                                  "budget), so a keep target cannot be searched on it; use learned or a score-based "
+                                  "localizer (movement, fish, …)")
 
     def keep(self, pre, ft, data, keep: KeepSpec | Sequence[float], options: Spec | dict | None = None, *,
              selection: list[Example] | None = None, progress: bool = False) -> list[KeepResult]:
