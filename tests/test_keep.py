@@ -5,13 +5,13 @@ import math
 import pytest
 import torch
 
-from skillgraft.data import load_kshot
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft import Budget, LocalizeConfig, get_localizer, localize, select
 from skillgraft.graft.dare import dare_graft
 from skillgraft.graft.keep import KeepSpec, Ranking, graft_scorer, search_keep, selection_score
 from skillgraft.graft.selection import region_universe
-from skillgraft.models import build_scorer
+from test_cli import ft_run  # noqa: F401 - the tiny fine-tuning run the CLI tests use
+from test_localizers import pair  # noqa: F401 - a tiny BERT and a plain-AdamW copy of it
 
 
 def test_search_finds_the_smallest_size_on_a_constructed_case():
@@ -61,23 +61,6 @@ def test_ranking_is_the_shared_selection_nested():
         if previous is not None:
             assert len(previous & region) == len(previous)  # nested
         previous = region
-
-
-@pytest.fixture(scope="module")
-def pair(tiny_bert, toy_data):
-    data = load_kshot("SST-2", 16, 13, toy_data)
-    pre = build_scorer(str(tiny_bert), "SST-2", "head")
-    ft = build_scorer(str(tiny_bert), "SST-2", "head", head_seed=1)
-    torch.manual_seed(0)
-    opt = torch.optim.AdamW([p for n, p in ft.named_parameters() if "embeddings" not in n], lr=1e-3)
-    for step in range(40):
-        batch = ft.collate([data.train[(step * 8 + i) % len(data.train)] for i in range(8)])
-        labels = batch.pop("labels")
-        torch.nn.functional.cross_entropy(ft(**batch), labels).backward()
-        opt.step()
-        opt.zero_grad()
-    ft.eval()
-    return pre, ft, data
 
 
 def test_keep_on_a_localizer_scores_the_region_it_returns(pair):
@@ -139,17 +122,6 @@ def test_dare_rescales_delta_on_its_draw(pair):
 
 
 # ---------------------------------------------------------------------------------------------- CLI and report
-@pytest.fixture(scope="module")
-def ft_run(tiny_bert, toy_data, tmp_path_factory):
-    from test_cli import invoke
-
-    out = tmp_path_factory.mktemp("keep") / "ft"
-    r = invoke("finetune", "--task", "SST-2", "--k", 16, "--seed", 13, "--model", tiny_bert, "--optimizer", "adamw",
-               "--lr", 1e-3, "--steps", 30, "--eval-every", 30, "--data-dir", toy_data, "--out", out)
-    assert r.exit_code == 0, r.output
-    return out
-
-
 @pytest.mark.parametrize("bad", ["0", "1.5", "-1", "lots"])
 def test_cli_bad_keep_is_one_line_before_any_work(ft_run, tmp_path, bad):
     from test_cli import invoke
