@@ -266,8 +266,9 @@ def graft(
     FT vs density against closed-form peers (frontier.csv, frontier.png)."""
     from skillgraft.io import check_target  # noqa: PLC0415
     from skillgraft.pipeline.setup import from_pair, from_run, is_run_dir  # noqa: PLC0415
-    from skillgraft.recipes.graft import graft_report  # noqa: PLC0415
+    from skillgraft.recipes.graft import graft_report, localizer_options  # noqa: PLC0415
 
+    localize = localizer_options(report.localizer, localize)  # the chosen localizer's own options, checked first
     if is_run_dir(finetuned) or (pretrained is None and not (finetuned / "config.json").is_file()):
         if user.data is not None or task is not None:
             raise SkillgraftError(f"--finetuned {finetuned} is a skillgraft run: it grafts on its own task data "

@@ -66,6 +66,16 @@ def _cli_type(tp):
     return Optional[str], False  # anything else (e.g. a Budget) is parsed by the spec from its text
 
 
+def _shown_default(info, is_list: bool) -> str | bool:
+    """The spec's default as --help shows it (False: nothing to show)."""
+    default = info.get_default(call_default_factory=True)
+    if default is None:
+        return False
+    if is_list:
+        return ",".join(str(x) for x in default) or '""'
+    return str(default).lower() if isinstance(default, bool) else str(default)
+
+
 def _parse_list(text: str | None):
     if text is None:
         return None
@@ -89,18 +99,18 @@ def from_specs(**sections: Options):
                     raise RuntimeError(f"{fn.__name__}: option --{opt} declared twice; rename one")
                 taken.add(opt)
                 annotation, is_list = _cli_type(info.annotation)
-                default = info.get_default(call_default_factory=True)
                 if is_list:
-                    default = None if default is None else ",".join(str(x) for x in default)
                     lists[opt] = (section, name)
-                elif not isinstance(default, (bool, int, float, str, Path, type(None))):
-                    default = str(default)
                 help_text = opts.help.get(name) or info.description or ""
                 flag = f"--{opt.replace('_', '-')}"
                 if annotation is bool:  # a switch: --name / --no-name
                     flag = f"{flag}/--no-{opt.replace('_', '-')}"
-                param = inspect.Parameter(opt, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
-                                          default=typer.Option(default, flag, help=help_text))
+                # Every option defaults to None (= not given): only what the user sets reaches the spec, so
+                # ``spec.model_fields_set`` is exactly the user's choices and the spec supplies the rest (a
+                # localizer then resolves its own defaults, issue 22). --help shows the spec's default.
+                param = inspect.Parameter(opt, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[annotation],
+                                          default=typer.Option(None, flag, help=help_text,
+                                                               show_default=_shown_default(info, is_list)))
                 generated.append(param)
                 owner[opt] = (section, name)
         kinds = [p for p in own if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]

@@ -44,8 +44,13 @@ class Spec(BaseModel):
             raise SkillgraftError(validation_message(e, where or cls.__name__)) from None
 
     def replace(self: S, **changes) -> S:
-        """A validated copy with ``changes`` applied (specs are frozen)."""
-        return type(self).build({**self.model_dump(), **changes}, where=type(self).__name__)
+        """A validated copy with ``changes`` applied (specs are frozen). Fields that were never set stay
+        unset (their defaults are re-derived), so ``model_fields_set`` keeps meaning "what was asked for"."""
+        return type(self).build({**self.model_dump(exclude_unset=True), **changes}, where=type(self).__name__)
+
+    def given(self) -> dict[str, Any]:
+        """The fields that were set explicitly (by a user, a recipe file or code), with their values."""
+        return {k: getattr(self, k) for k in self.model_fields_set}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able values (what run configs and cache keys store)."""

@@ -44,15 +44,31 @@ class ReportSpec(Spec):
     lottery_zero: bool = Field(True, description="also score each graft with zeros outside γ (lottery ticket)")
 
 
-def localizer_options(localizer: str, localize: LocalizeConfig | None) -> Spec:
-    """Options of ``localizer`` from the learned localizer's settings: the fields they share (graftable,
-    budgets, seed, …) carry over, so one ``--budgets`` / ``--seed`` serves every localizer."""
+def localizer_options(localizer: str, localize: Spec | dict | None) -> Spec:
+    """The options of ``localizer``: its own defaults, overridden only by the fields the user set.
+
+    ``localize`` may be the localizer's own options, a dict, or another localizer's options spec (the CLI and
+    the recipes' ``localize`` section): only its *explicitly set* fields (``model_fields_set``) carry over, so
+    ``--localizer prune`` never runs with the learned localizer's lr or steps. A set field the chosen
+    localizer does not have is refused by name.
+    """
     loc = get_localizer(localizer)
-    localize = localize or LocalizeConfig()
-    if isinstance(localize, loc.Options):
-        return localize
-    shared = {k: v for k, v in localize.model_dump().items() if k in loc.Options.model_fields}
-    return loc.options(shared)
+    if localize is None or isinstance(localize, loc.Options):
+        return loc.options(localize)
+    given = dict(localize) if isinstance(localize, dict) else localize.given()
+    foreign = sorted(k for k in given if k not in loc.Options.model_fields)
+    if foreign:
+        raise SkillgraftError(f"localizer {localizer!r} has no option {', '.join(foreign)}; its options: "
+                              f"{', '.join(loc.Options.model_fields)}")
+    return loc.options(given)
+
+
+def baseline_options(name: str, graftable: str, seed: int) -> dict:
+    """Options of a matched-size baseline localizer: the graft's universe (and seed, for random); every
+    other field is the baseline's own default."""
+    if name == "bias":
+        return {}
+    return {"graftable": graftable, **({"seed": seed} if name == "random" else {})}
 
 
 def learned_regions(setup: Setup, store, localizer: str, options: Spec, *,
@@ -118,9 +134,7 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
         for name in report.baselines:
             if size is None:
                 continue
-            base_opts = {"graftable": graftable} if name != "bias" else {}
-            if name == "random":
-                base_opts["seed"] = seed
+            base_opts = baseline_options(name, graftable, seed)
             try:
                 base_region = get_localizer(name).region(setup.pre, setup.ft, setup.data, size, base_opts)
             except SkillgraftError:
@@ -264,10 +278,11 @@ class GraftRecipeSpec(ExperimentSpec):
 
 @recipe("graft", GraftRecipeSpec)
 def graft_recipe(spec: GraftRecipeSpec, run: RunDir) -> dict:
+    options = localizer_options(spec.report.localizer, spec.localize)  # refused before any fine-tuning
     t0 = time.perf_counter()
     setup = spec.setup(run, spec.task, spec.seed)
     t1 = time.perf_counter()
-    metrics = graft_report(setup, run, spec.report, spec.localize, progress=spec.progress)
+    metrics = graft_report(setup, run, spec.report, options, progress=spec.progress)
     t2 = time.perf_counter()
     ft = spec.finetune
     text = (run.path / "report.md").read_text()
@@ -307,8 +322,8 @@ def sweep_report(setup: Setup, run: RunDir, sweep: SweepSpec | None = None, loca
         learned, _ = learned_regions(setup, run.store, "learned", localize.replace(budgets=small), progress=progress)
     points = []
     for level in levels:
-        regions = {BASELINE_LABELS.get(n, n): get_localizer(n).region(setup.pre, setup.ft, setup.data, level,
-                                                                      localizer_options(n, localize).replace(budgets=None))
+        regions = {BASELINE_LABELS.get(n, n): get_localizer(n).region(
+                       setup.pre, setup.ft, setup.data, level, baseline_options(n, localize.graftable, localize.seed))
                    for n in sweep.localizers}
         if level in learned:
             regions["learned"] = learned[level]

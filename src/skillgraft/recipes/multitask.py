@@ -187,7 +187,12 @@ def task_regions(ctx: _Context, run: RunDir, base: float) -> tuple[dict[str, Reg
     for t in ctx.tasks:
         found, summary = learned_regions(ctx.setup(t), run.store, "learned", loc, progress=ctx.spec.progress)
         out[t] = next(iter(found.values()))
-        info[t] = {"size": len(out[t]), "base_size": summary.get("base_size"), "seconds": round(summary["seconds"], 1)}
+        moved = [r for r in summary.get("history", []) if any(k.endswith(":iou_prev") for k in r)]
+        last = moved[-1] if moved else {}
+        info[t] = {"size": len(out[t]), "base_size": summary.get("base_size"), "seconds": round(summary["seconds"], 1),
+                   "steps": summary.get("config", {}).get("steps"), "last_scored_step": last.get("step"),
+                   # IoU of the last scored region with the one scored before it: ≈ 1 once the region stops moving
+                   "iou_prev": next((v for k, v in last.items() if k.endswith(":iou_prev")), None)}
     return out, info
 
 
@@ -237,7 +242,8 @@ def multitask(spec: MultitaskSpec, run: RunDir) -> dict:
                                     "score": score[a, b], "relative_gain": rel[a, b]})
         for t in tasks:
             region_rows.append({"base": base, "task": t, "size": len(regions[t]), "density": regions[t].density,
-                                "info_base_size": info[t]["base_size"], "info_seconds": info[t]["seconds"]})
+                                "info_base_size": info[t]["base_size"], "info_seconds": info[t]["seconds"],
+                                "steps": info[t]["steps"], "iou_with_previous_scored": info[t]["iou_prev"]})
         tag_ = f"{base:g}"
         heatmap(overlap, tasks, tasks, run.file(f"overlap_base-{tag_}.png"), vmin=0, vmax=1,
                 title=f"overlap |γ_i ∩ γ_j| / |γ_j| (γ_base={tag_})", ylabel="γ_i (row)", xlabel="γ_j (column)")
@@ -251,8 +257,9 @@ def multitask(spec: MultitaskSpec, run: RunDir) -> dict:
     # 4. unions of task groups (regions of the first γ_base) and purification on the joint loss
     t0 = time.perf_counter()
     groups = spec.groups
-    purify_cfg = spec.localize.replace(steps=spec.purify.steps, eval_every=1,
-                                       select_on=spec.purify.select_on)
+    # "last" keeps the final region: score it once at the end, not after every step (a joint train set is large)
+    purify_cfg = spec.localize.replace(steps=spec.purify.steps, select_on=spec.purify.select_on,
+                                       eval_every=max(1, spec.purify.steps) if spec.purify.select_on == "last" else 1)
     regions0 = per_base[bases[0]]["regions"]
     union_rows = []
     union_rel, pure_rel = [], []
@@ -310,9 +317,14 @@ def _report(spec: MultitaskSpec, acc_rows, per_base, union_rows, mt_info, purify
     for base in bases:
         tag_ = f"{base:g}"
         pb = per_base[base]
-        sizes = {r["task"]: r["size"] for r in region_rows if r["base"] == base}
+        rows = {r["task"]: r for r in region_rows if r["base"] == base}
+        still = ", ".join(f"{t} {rows[t]['iou_with_previous_scored']:.3f}" for t in tasks
+                          if rows[t].get("iou_with_previous_scored") is not None)
         lines += [f"## Task regions with γ_base = {'0' if base == 0 else f'top-{tag_} movement'}", "",
-                  "Region sizes: " + ", ".join(f"{t} {sizes[t]}" for t in tasks) + ".", "",
+                  "Region sizes: " + ", ".join(f"{t} {rows[t]['size']}" for t in tasks) + f" (after "
+                  f"{rows[tasks[0]]['steps']} localizer steps).", "",
+                  *([f"Does the region still move? IoU of the final region with the one scored {spec.localize.eval_every} "
+                     f"steps before: {still} (1 = stopped changing).", ""] if still else []),
                   "Overlap |γ_i ∩ γ_j| / |γ_j| (row i, column j):", "",
                   md_table(["γ_i \\ γ_j", *tasks], [[i, *[f"{v:.3f}" for v in pb["overlap"][a]]]
                                                     for a, i in enumerate(tasks)]), "",

@@ -324,6 +324,8 @@ def _steps(pre, work, train, dev, config, accelerator, group, progress, world, r
     step_times: list[float] = []
     lockstep = group.sharded and world > 1  # every process runs every forward (FSDP gathers in each)
 
+    previous: dict[Budget, Region] = {}
+
     def score(step: int) -> None:
         row = {"step": step}
         for key in keys:
@@ -333,8 +335,12 @@ def _steps(pre, work, train, dev, config, accelerator, group, progress, world, r
             work.release(continuous)
             size = work.count(masks)
             row[f"{key.label}:acc"], row[f"{key.label}:size"] = acc, size
+            region = work.region(masks)
+            if key in previous:  # how much the region still moves: IoU with the last scored step's region
+                row[f"{key.label}:iou_prev"] = round(region.iou(previous[key]), 6)
+            previous[key] = region
             if config.select_on == "last" or acc > best[key][0]:
-                best[key] = (acc, step, work.region(masks))
+                best[key] = (acc, step, region)
         history.append(row)
 
     score(0)

@@ -1,0 +1,102 @@
+"""Each localizer runs with its own defaults: only the fields a user sets reach it (issue 22).
+
+Before the fix, ``skillgraft graft --localizer prune`` ran prune with the learned localizer's lr 1e7, 100 steps,
+eval_every 1 and select_on train+dev, because every field the two option classes share was copied, defaults
+included. These tests resolve every registered localizer's options from the CLI and from a recipe and compare
+them with the localizer's documented defaults plus exactly the fields the user set.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+from typer.testing import CliRunner
+
+import skillgraft.pipeline.setup as pair_loading
+import skillgraft.recipes.graft as graft_recipes
+from skillgraft.cli import app
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, get_localizer
+from skillgraft.recipes.graft import GraftRecipeSpec, graft_recipe, localizer_options
+
+runner = CliRunner()
+
+
+class Captured(SkillgraftError):
+    """Raised by the stubbed regions stage once it has the resolved options (no work is done)."""
+
+
+@pytest.fixture
+def capture(monkeypatch):
+    """Stub the regions stage (and the pair loading) so a run stops with the options it would localize with."""
+    seen: dict = {}
+
+    def fake_regions(setup, store, localizer, options, **_):
+        seen["localizer"], seen["options"] = localizer, options
+        raise Captured("captured")
+
+    monkeypatch.setattr(graft_recipes, "learned_regions", fake_regions)
+    monkeypatch.setattr(pair_loading, "from_pair", lambda *a, **k: types.SimpleNamespace())
+    return seen
+
+
+def user_fields(name: str) -> dict:
+    """What the user sets in these tests: a budget, and a seed where the localizer has one."""
+    fields = get_localizer(name).Options.model_fields
+    return {"budgets": ["0.001"], **({"seed": 3} if "seed" in fields else {})}
+
+
+def expected(name: str) -> dict:
+    return get_localizer(name).options(user_fields(name)).to_dict()
+
+
+@pytest.mark.parametrize("name", sorted(LOCALIZERS))
+def test_cli_resolves_each_localizers_own_defaults(name, capture, tmp_path):
+    model = tmp_path / "ft"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    args = ["graft", "--pretrained", "base", "--finetuned", str(model), "--task", "SST-2", "--localizer", name,
+            "--baselines", "", "--out", str(tmp_path / "out")]
+    for k, v in user_fields(name).items():
+        args += [f"--{k}", ",".join(v) if isinstance(v, list) else str(v)]
+    result = runner.invoke(app, args)
+    assert "captured" in result.output, result.output
+    assert capture["localizer"] == name
+    assert capture["options"].to_dict() == expected(name)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", sorted(LOCALIZERS))
+def test_recipe_resolves_each_localizers_own_defaults(name, capture, monkeypatch, tmp_path):
+    spec = GraftRecipeSpec.build({"recipe": "graft", "report": {"localizer": name, "baselines": []}, "localize": user_fields(name)})
+    monkeypatch.setattr(GraftRecipeSpec, "setup", lambda self, *a, **k: types.SimpleNamespace())
+    with pytest.raises(Captured):
+        graft_recipe(spec, types.SimpleNamespace(store=None, path=tmp_path))
+    assert capture["options"].to_dict() == expected(name)
+
+
+def test_prune_keeps_its_schedule_not_the_learned_localizers():
+    opts = localizer_options("prune", LocalizeConfig.build({"budgets": ["1e-4"]}))
+    defaults = get_localizer("prune").options({})
+    assert (opts.lr, opts.steps, opts.eval_every, opts.select_on) == (defaults.lr, defaults.steps,
+                                                                      defaults.eval_every, defaults.select_on)
+    assert opts.lr != LocalizeConfig().lr
+
+
+def test_a_field_the_chosen_localizer_lacks_is_refused_by_name(tmp_path):
+    with pytest.raises(SkillgraftError, match="localizer 'movement' has no option steps"):
+        localizer_options("movement", LocalizeConfig.build({"steps": 10}))
+    model = tmp_path / "ft"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    result = runner.invoke(app, ["graft", "--pretrained", "base", "--finetuned", str(model), "--task", "SST-2",
+                                 "--localizer", "movement", "--steps", "10", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "has no option steps" in result.output
+
+
+def test_replace_keeps_unset_fields_unset():
+    cfg = LocalizeConfig.build({"steps": 7}).replace(budgets=["1e-3"])
+    assert set(cfg.given()) == {"steps", "budgets"}
+    assert cfg.lr == LocalizeConfig().lr
