@@ -172,3 +172,12 @@ def test_keep_on_a_localizer_without_an_order_is_one_line(ft_run, tmp_path):
     r = invoke("graft", "--finetuned", ft_run, "--out", tmp_path / "g", "--localizer", "prune", "--keep", "0.9")
     assert r.exit_code == 2 and "no order" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "g").exists()
+
+
+def test_ranking_in_two_tiers():
+    positions = torch.arange(6)
+    keys = torch.tensor([0.1, 5.0, 0.3, 9.0, 0.2, 1.0], dtype=torch.float64)
+    first = torch.tensor([True, False, True, False, True, False])
+    then = torch.tensor([0.0, 1.0, 0.0, 3.0, 0.0, 2.0], dtype=torch.float64)
+    r = Ranking.from_keys({"a": (6,)}, positions, keys, first=first, then=then)
+    assert r.order.tolist() == [2, 4, 0, 3, 5, 1]  # the first tier by keys, then the rest by `then`

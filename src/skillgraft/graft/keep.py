@@ -30,6 +30,9 @@ from skillgraft.graft.selection import Budget, _as_list
 from skillgraft.spec import Spec
 
 Shapes = dict[str, tuple[int, ...]]
+# The learned localizer's order (part of store keys: a change of it re-computes stored keep searches).
+# 2: the rounded γ by drift, then the rest by |Δ|; 1 (never released): every coordinate by drift.
+LEARNED_ORDER = 2
 
 
 def check_share(value) -> float:
@@ -98,14 +101,18 @@ class Ranking:
         self._starts = torch.tensor([0] + [_numel(s) for s in self.shapes.values()]).cumsum(0)
 
     @classmethod
-    def from_keys(cls, shapes: Shapes, positions: torch.Tensor, keys: torch.Tensor) -> Ranking:
-        """Coordinates at flat ``positions`` ranked by ``keys`` (higher first; NaN highest; ties: earlier first)."""
+    def from_keys(cls, shapes: Shapes, positions: torch.Tensor, keys: torch.Tensor, *,
+                  first: torch.Tensor | None = None, then: torch.Tensor | None = None) -> Ranking:
+        """Coordinates at flat ``positions`` ranked by ``keys`` (higher first; NaN highest; ties: earlier first).
+
+        With a boolean ``first``, those coordinates come first (by ``keys``) and the rest follow by ``then``."""
         positions = positions.reshape(-1).to(torch.int64).cpu()
-        keys = keys.reshape(-1).cpu().to(torch.float64)
-        keys = torch.nan_to_num(keys, nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
-        by_position = torch.argsort(positions, stable=True)
-        positions, keys = positions[by_position], keys[by_position]
-        return cls(shapes, positions[torch.argsort(-keys, stable=True)])
+        if first is None:
+            return cls(shapes, _order(positions, keys))
+        first = first.reshape(-1).cpu().bool()
+        then = keys if then is None else then
+        return cls(shapes, torch.cat([_order(positions[first], keys.reshape(-1).cpu()[first]),
+                                      _order(positions[~first], then.reshape(-1).cpu()[~first])]))
 
     @classmethod
     def from_scores(cls, scores: dict[str, torch.Tensor], shapes: Shapes | None = None) -> Ranking:
@@ -138,6 +145,15 @@ class Ranking:
             if part.numel():
                 indices[n] = part - self._starts[i]
         return Region(self.shapes, indices)
+
+
+def _order(positions: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """``positions`` sorted by ``keys``, higher first (NaN highest), ties by the smaller position."""
+    keys = torch.nan_to_num(keys.reshape(-1).to(torch.float64), nan=float("inf"), posinf=float("inf"),
+                            neginf=float("-inf"))
+    by_position = torch.argsort(positions, stable=True)
+    positions, keys = positions[by_position], keys[by_position]
+    return positions[torch.argsort(-keys, stable=True)]
 
 
 # ---------------------------------------------------------------------------------------------- the search

@@ -5,7 +5,7 @@ the graftable body), each method's graft θ_pre + γ_d ⊙ Δ is scored on the t
 
 * the report's localizer — for ``learned`` (paper Eq. 3–4) one trajectory gives two curves: ``learned`` (the
   best-step region per density, as ``--budgets`` gives) and ``learned order`` (the top-k of the learned order
-  at the last step, the nested family a keep target searches);
+  at the last step — the rounded γ by drift, then |Δ| — the nested family a keep target searches);
 * ``ties-trim`` — top-|Δ| within each tensor (TIES's trim as mergekit and PEFT apply it);
 * ``movement`` — top-|Δ| over the whole body: Localize-and-Stitch's dataless mask (its Algorithm 1:
   γ = 1 where |τ| is in the top-k of |τ|; with one model its stitching step changes nothing);
@@ -28,7 +28,7 @@ from pydantic import Field, field_validator
 
 from skillgraft.evaluate.plots import save_figure
 from skillgraft.graft.dare import dare_graft, dare_values
-from skillgraft.graft.keep import KeepSpec, check_share, graft_scorer, keep_search
+from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec, check_share, graft_scorer, keep_search
 from skillgraft.graft.localizers import LocalizeConfig, get_localizer, localize
 from skillgraft.graft.selection import Budget, _as_list, region_universe
 from skillgraft.io import read_json, write_json
@@ -85,7 +85,7 @@ def frontier_report(setup: Setup, run: RunDir, spec: FrontierSpec | None = None,
         if name != "dare":
             get_localizer(name)  # unknown names fail before any work
     key = {"setup": setup.identity(), "localizer": localizer, "options": options.to_dict(), "frontier": spec.to_dict(),
-           "keep": keep.to_dict()}
+           "keep": keep.to_dict(), "learned_order": LEARNED_ORDER}
 
     def make(folder: Path) -> None:
         write_json(folder / "frontier.json", _measure(setup, spec, localizer, options, keep, progress))

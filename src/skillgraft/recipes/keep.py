@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.keep import KeepSpec
+from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec
 from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget
@@ -54,7 +54,8 @@ def keep_results(setup: Setup, store, localizer: str, options: Spec, keep: KeepS
     """Regions found for each keep target and the search's summary (stored: a re-run only re-scores)."""
     loc = get_localizer(localizer)
     options = loc.options(options)
-    key = {"setup": setup.identity(), "localizer": localizer, "options": options.to_dict(), "keep": keep.to_dict()}
+    key = {"setup": setup.identity(), "localizer": localizer, "options": options.to_dict(), "keep": keep.to_dict(),
+           "learned_order": LEARNED_ORDER}
     holder: dict = {}
 
     def make(folder: Path) -> None:

@@ -175,10 +175,9 @@ class _Working(Holding):
 
     def ranking(self, seed: int) -> Ranking:
         """The learned order of every graftable coordinate (:meth:`Holding.ranking_keys`)."""
-        keys = self.ranking_keys(seed)
+        keys, region, moved = (torch.cat([t[n].reshape(-1) for n in self.names]) for t in self.ranking_keys(seed))
         shapes = {n: tuple(self.delta[n].shape) for n in self.names}
-        return Ranking.from_keys(shapes, torch.arange(self.universe), torch.cat([keys[n].reshape(-1)
-                                                                                 for n in self.names]))
+        return Ranking.from_keys(shapes, torch.arange(self.universe), keys, first=region, then=moved)
 
     @torch.no_grad()
     def apply(self) -> None:
@@ -416,7 +415,7 @@ class Learned(Localizer):
         return self.run(pre, ft, data, config, progress=progress).regions
 
     def ranking(self, pre, ft, data, options=None, *, progress: bool = False) -> Ranking:
-        """The learned order at the end of one trajectory: γ's logit with S's initial draw taken out."""
+        """The learned order at the end of one trajectory (the rounded γ by the learned drift, then |Δ|)."""
         train, dev = examples_of(data)
         return localize(pre, ft, train, dev, self.options(options), ranked=True, progress=progress).ranking
 
