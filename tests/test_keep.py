@@ -181,3 +181,19 @@ def test_ranking_in_two_tiers():
     then = torch.tensor([0.0, 1.0, 0.0, 3.0, 0.0, 2.0], dtype=torch.float64)
     r = Ranking.from_keys({"a": (6,)}, positions, keys, first=first, then=then)
     assert r.order.tolist() == [2, 4, 0, 3, 5, 1]  # the first tier by keys, then the rest by `then`
+
+
+def test_selection_split_holds_out_localization_rows_without_a_dev_split(pair):
+    import dataclasses
+    from types import SimpleNamespace
+
+    from skillgraft.recipes.keep import selection_split
+
+    _, _, data = pair
+    setup = SimpleNamespace(data=dataclasses.replace(data, dev=[]), test=data.test)
+    selection, rest, note = selection_split(setup, 0.25)
+    assert len(selection) == round(0.25 * len(data.train)) and len(selection) + len(rest.train) == len(data.train)
+    assert not {id(e) for e in selection} & {id(e) for e in rest.train} and rest.dev == []
+    assert "held-out" in note and selection_split(setup, 0.25)[0] == selection  # seeded
+    with_dev = selection_split(SimpleNamespace(data=data, test=data.test))
+    assert with_dev[0] == list(data.dev) and with_dev[1] is data and "dev split" in with_dev[2]
