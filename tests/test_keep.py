@@ -197,3 +197,28 @@ def test_selection_split_holds_out_localization_rows_without_a_dev_split(pair):
     assert "held-out" in note and selection_split(setup, 0.25)[0] == selection  # seeded
     with_dev = selection_split(SimpleNamespace(data=data, test=data.test))
     assert with_dev[0] == list(data.dev) and with_dev[1] is data and "dev split" in with_dev[2]
+
+
+def test_keep_on_a_checkpoint_pair_holds_out_a_selection_slice(tmp_path):
+    """A user's classifier pair and data file (no dev split): the selection split is a held-out slice."""
+    import json
+
+    from test_cli import invoke
+    from test_open_world import sentiment_rows, train_classifier, write_rows
+    from tiny import build_tiny
+
+    from skillgraft.graft import Graft
+
+    a = build_tiny("bert", tmp_path / "a")
+    b = train_classifier(a, tmp_path / "b", sentiment_rows())
+    data = write_rows(tmp_path / "reviews.jsonl", sentiment_rows())
+    out = tmp_path / "g"
+    r = invoke("graft", "--pretrained", a, "--finetuned", b, "--data", data, "--keep", "0.9", "--localizer",
+               "movement", "--baselines", "", "--out", out)
+    assert r.exit_code == 0, r.output
+    keep = json.loads((out / "metrics.json").read_text())["keep"]
+    assert "held-out slice" in keep["selection"] and keep["selection_n"] >= 1
+    (t,) = keep["targets"]
+    graft = Graft.from_pretrained(out / "grafts" / "keep-0.9")
+    assert graft.size == (t["size"] if t["reached"] else t["best_size"]) and graft.carried
+    assert graft.metadata["keep"] == 0.9
