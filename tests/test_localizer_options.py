@@ -100,3 +100,28 @@ def test_replace_keeps_unset_fields_unset():
     cfg = LocalizeConfig.build({"steps": 7}).replace(budgets=["1e-3"])
     assert set(cfg.given()) == {"steps", "budgets"}
     assert cfg.lr == LocalizeConfig().lr
+
+
+def test_a_localizers_own_options_are_on_the_command_line(capture, tmp_path):
+    model = tmp_path / "ft"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    base = ["graft", "--pretrained", "base", "--finetuned", str(model), "--task", "SST-2", "--budgets", "1e-3",
+            "--out", str(tmp_path / "o")]
+    result = runner.invoke(app, [*base, "--localizer", "prune", "--anneal-from", "0.05", "--lr", "0.3"])
+    assert "captured" in result.output, result.output
+    assert (capture["options"].anneal_from, capture["options"].lr) == (0.05, 0.3)
+    assert capture["options"].steps == get_localizer("prune").options({}).steps
+    result = runner.invoke(app, [*base, "--localizer", "learned", "--anneal-from", "0.05"])
+    assert result.exit_code == 2 and "localizer 'learned' has no option anneal_from" in result.output
+
+
+def test_localizers_verb_lists_the_registry_and_one_localizers_defaults():
+    result = runner.invoke(app, ["localizers"])
+    assert result.exit_code == 0 and all(name in result.output for name in LOCALIZERS)
+    result = runner.invoke(app, ["localizers", "prune"], terminal_width=200)
+    assert result.exit_code == 0
+    row = next(line for line in result.output.splitlines() if "--anneal-steps" in line)
+    assert " 60 " in row  # prune's own schedule, not another localizer's default
+    result = runner.invoke(app, ["localizers", "oracle"])
+    assert result.exit_code == 2 and "unknown localizer 'oracle'" in result.output

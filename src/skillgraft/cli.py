@@ -18,13 +18,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from skillgraft.clispec import Options, from_specs
+from skillgraft.clispec import Options, build, from_specs
 from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.fisher.fisher import FisherConfig
 from skillgraft.graft.export import ExportSpec
 from skillgraft.graft.keep import KeepSpec
-from skillgraft.graft.localizers import LocalizeConfig
+from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, options_union
+
+LocalizerFlags = options_union()  # every registered localizer's options; the chosen one validates what is set
 from skillgraft.models.spec import ModelSpec
 from skillgraft.recipes.frontier import FrontierSpec
 from skillgraft.recipes.graft import ReportSpec, SweepSpec
@@ -241,7 +243,8 @@ Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_
 
 @app.command()
 @friendly
-@from_specs(localize=Options(LocalizeConfig), report=Options(ReportSpec),
+@from_specs(localize=Options(LocalizerFlags), report=Options(ReportSpec, help={"localizer": (
+                f"localizer of the grafts: {', '.join(LOCALIZERS)}; its own options: `skillgraft localizers NAME`")}),
             data=Options(DataSpec, skip=("task", "k", "seed", "test_limit")),
             user=Options(UserDataSpec, rename={"seed": "data_seed"}), keep=Options(KeepSpec),
             frontier=Options(FrontierSpec))
@@ -257,7 +260,7 @@ def graft(
     out: Optional[Path] = typer.Option(None, help="output folder (default: <run>/graft, or runs/graft-<checkpoint name>)"),
     overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
     cache: Optional[Path] = Cache,
-    *, localize: LocalizeConfig, report: ReportSpec, data: DataSpec, user: UserDataSpec, keep: KeepSpec,
+    *, localize: LocalizerFlags, report: ReportSpec, data: DataSpec, user: UserDataSpec, keep: KeepSpec,
     frontier: FrontierSpec,
 ) -> None:
     """Learn sparse grafts from a pre-trained + fine-tuned pair and compare them (writes report.md).
@@ -268,7 +271,8 @@ def graft(
     from skillgraft.pipeline.setup import from_pair, from_run, is_run_dir  # noqa: PLC0415
     from skillgraft.recipes.graft import graft_report, localizer_options  # noqa: PLC0415
 
-    localize = localizer_options(report.localizer, localize)  # the chosen localizer's own options, checked first
+    # the chosen localizer's own defaults + the options the user set; checked before any work
+    localize = localizer_options(report.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
     if is_run_dir(finetuned) or (pretrained is None and not (finetuned / "config.json").is_file()):
         if user.data is not None or task is not None:
             raise SkillgraftError(f"--finetuned {finetuned} is a skillgraft run: it grafts on its own task data "
@@ -473,6 +477,28 @@ def export_cmd(
                   "form (within an ulp)")
     size = f" ({s['bytes'] / 1024:.1f} KiB)" if "bytes" in s else ""
     console.print(f"[bold green]exported[/] {s['coordinates']:,} grafted coordinates as {s['to']} → {out}{size}")
+
+
+@app.command()
+@friendly
+def localizers(name: Optional[str] = typer.Argument(None, help="a registered localizer: show its options")) -> None:
+    """The registered localizers, or one localizer's options with their defaults and help."""
+    from rich.table import Table  # noqa: PLC0415
+
+    from skillgraft.graft.localizers import get_localizer, options_table  # noqa: PLC0415
+
+    if name is None:
+        table = Table("localizer", "what it does")
+        for n, loc in LOCALIZERS.items():
+            table.add_row(n, loc.summary or "")
+        console.print(table)
+        console.print("options of one: skillgraft localizers NAME; use: skillgraft graft --localizer NAME …")
+        return
+    get_localizer(name)  # an unknown name is one line listing the known ones
+    table = Table("option", "default", "help", title=f"localizer {name!r}: {get_localizer(name).summary}")
+    for field, default, text in options_table(name):
+        table.add_row(f"--{field.replace('_', '-')}", default, text)
+    console.print(table)
 
 
 @app.command()

@@ -42,7 +42,7 @@ from torch import nn
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft, cached_fingerprint
-from skillgraft.graft.region import Region, _compact
+from skillgraft.graft.region import Region, compact_positions
 from skillgraft.io import atomic_dir, check_target
 from skillgraft.models.anatomy import graftable_names
 from skillgraft.spec import Spec
@@ -130,7 +130,7 @@ def _check_base(graft: Graft, scorer, force: bool) -> dict[str, torch.Tensor]:
 def load_graft_base(graft: Graft, model: str | None = None):
     """The graft's base: a Scorer when its task is known (head pooling then known), else the plain HF model."""
     from skillgraft.models.loading import model_reference  # noqa: PLC0415
-    from skillgraft.models.scorer import _load_for_mode, build_scorer  # noqa: PLC0415
+    from skillgraft.models.scorer import load_for_mode, build_scorer  # noqa: PLC0415
 
     mode = graft.metadata.get("mode", "head")
     name = model or graft.base_model or None
@@ -139,13 +139,13 @@ def load_graft_base(graft: Graft, model: str | None = None):
         return build_scorer(name, task, mode)
     with torch.random.fork_rng():
         torch.manual_seed(0)  # as build_scorer: weights missing from the checkpoint initialise the same way
-        return _load_for_mode(model_reference(name), mode, None)[0]
+        return load_for_mode(model_reference(name), mode, None)[0]
 
 
 def load_adapter_base(directory: str | os.PathLike, model: str | None = None) -> nn.Module:
     """The plain HF base model of a PEFT adapter folder (``--model`` or its ``base_model_name_or_path``)."""
     from skillgraft.models.loading import model_reference  # noqa: PLC0415
-    from skillgraft.models.scorer import _load_for_mode  # noqa: PLC0415
+    from skillgraft.models.scorer import load_for_mode  # noqa: PLC0415
 
     cfg, meta = _read_adapter(Path(directory))
     name = model or cfg.get("base_model_name_or_path")
@@ -159,7 +159,7 @@ def load_adapter_base(directory: str | os.PathLike, model: str | None = None) ->
             "prompt" if cls.endswith("ForMaskedLM") else "head"
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        return _load_for_mode(model_reference(name), mode, None)[0]
+        return load_for_mode(model_reference(name), mode, None)[0]
 
 
 # ---------------------------------------------------------------------------------------------- exact deltas
@@ -591,7 +591,7 @@ def export_delta(graft: Graft, out: str | os.PathLike, *, base=None, head: str =
     inexact = 0
     for name, idx in graft.region.indices.items():
         hf = _hf_name(name)
-        tensors[f"{hf}::indices"] = _compact(idx).contiguous()
+        tensors[f"{hf}::indices"] = compact_positions(idx).contiguous()
         tensors[f"{hf}::values"] = graft.values[name].reshape(-1).contiguous()
         if name in params:
             d, missed = exact_delta(params[name].detach().reshape(-1).cpu()[idx], graft.values[name])
@@ -623,9 +623,9 @@ def graft_task(graft: Graft):
 
     record = graft.metadata.get("task_spec")
     if isinstance(record, dict):
-        from skillgraft.models.scorer import _task_from_config  # noqa: PLC0415
+        from skillgraft.models.scorer import task_from_config  # noqa: PLC0415
 
-        return _task_from_config(dict(record), f"{graft._where()} metadata task_spec")
+        return task_from_config(dict(record), f"{graft._where()} metadata task_spec")
     name = graft.metadata.get("task")
     if not name:
         return None

@@ -25,7 +25,7 @@ import torch
 from pydantic import Field, field_validator
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.region import Region, _numel
+from skillgraft.graft.region import Region, numel_of
 from skillgraft.graft.selection import Budget, _as_list
 from skillgraft.spec import Spec
 
@@ -97,8 +97,8 @@ class Ranking:
     def __init__(self, shapes: Shapes, order: torch.Tensor):
         self.shapes = {n: tuple(s) for n, s in shapes.items()}
         self.order = order.reshape(-1).to(torch.int64).cpu()
-        self.universe = sum(_numel(s) for s in self.shapes.values())
-        self._starts = torch.tensor([0] + [_numel(s) for s in self.shapes.values()]).cumsum(0)
+        self.universe = sum(numel_of(s) for s in self.shapes.values())
+        self._starts = torch.tensor([0] + [numel_of(s) for s in self.shapes.values()]).cumsum(0)
 
     @classmethod
     def from_keys(cls, shapes: Shapes, positions: torch.Tensor, keys: torch.Tensor, *,
@@ -121,13 +121,13 @@ class Ranking:
         offsets, start = {}, 0
         for n, s in shapes.items():
             offsets[n] = start
-            start += _numel(s)
+            start += numel_of(s)
         for n, s in scores.items():
             if n not in shapes or tuple(shapes[n]) != tuple(s.shape):
                 raise SkillgraftError(f"scores for {n!r} of shape {tuple(s.shape)} do not fit the universe "
                                       f"({shapes.get(n, 'absent')})")
         names = [n for n in shapes if n in scores]
-        positions = torch.cat([torch.arange(_numel(shapes[n])) + offsets[n] for n in names])
+        positions = torch.cat([torch.arange(numel_of(shapes[n])) + offsets[n] for n in names])
         keys = torch.cat([scores[n].reshape(-1).detach().cpu().to(torch.float64) for n in names])
         return cls.from_keys(shapes, positions, keys)
 

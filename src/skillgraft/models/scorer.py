@@ -301,7 +301,7 @@ class Scorer(nn.Module):
             )
         try:
             cfg = json.loads(cfg_path.read_text())
-            saved_task = _task_from_config(cfg["task"], str(cfg_path))
+            saved_task = task_from_config(cfg["task"], str(cfg_path))
         except (json.JSONDecodeError, KeyError) as e:
             raise SkillgraftError(f"{cfg_path}: unreadable scorer config ({e})") from None
         task = get_task(task) if task is not None else saved_task
@@ -332,7 +332,7 @@ class Scorer(nn.Module):
         return scorer
 
 
-def _task_from_config(spec: dict, source: str) -> Task:
+def task_from_config(spec: dict, source: str) -> Task:
     """The task a scorer config records (a registered-style task, or a generative one)."""
     if isinstance(spec, dict) and spec.get("kind") == "generative":
         from skillgraft.data.user import GenerativeTask  # noqa: PLC0415
@@ -370,7 +370,7 @@ def build_scorer(model_name: str | None, task: Task | str, mode: Mode = "head", 
             model, head = load_classifier(ref.path, task.labels, pad_token_id=tokenizer.pad_token_id, dtype=dtype)
             tied, carried = False, ["model." + n for n in head]
         else:
-            model, tied = _load_for_mode(ref, mode, dtype)
+            model, tied = load_for_mode(ref, mode, dtype)
     if pooling is None:
         pooling = "last" if getattr(model.config, "is_decoder", False) or mode == "causal" or \
             model.config.model_type in ("gpt2", "llama", "mistral", "qwen2", "gpt_neox") else "mean"
@@ -378,7 +378,7 @@ def build_scorer(model_name: str | None, task: Task | str, mode: Mode = "head", 
                   tied_decoder=tied, head_seed=head_seed, carried=carried)
 
 
-def _load_for_mode(ref, mode: str, dtype):
+def load_for_mode(ref, mode: str, dtype):
     tied = False
     if mode == "head":
         model = load_hf_model(ref.path, "base", dtype=dtype)

@@ -44,13 +44,14 @@ class ReportSpec(Spec):
     lottery_zero: bool = Field(True, description="also score each graft with zeros outside γ (lottery ticket)")
 
 
-def localizer_options(localizer: str, localize: Spec | dict | None) -> Spec:
+def localizer_options(localizer: str, localize: Spec | dict | None, *, build=None) -> Spec:
     """The options of ``localizer``: its own defaults, overridden only by the fields the user set.
 
     ``localize`` may be the localizer's own options, a dict, or another localizer's options spec (the CLI and
     the recipes' ``localize`` section): only its *explicitly set* fields (``model_fields_set``) carry over, so
     ``--localizer prune`` never runs with the learned localizer's lr or steps. A set field the chosen
-    localizer does not have is refused by name.
+    localizer does not have is refused by name. ``build(OptionsClass, values)`` validates (the CLI passes one
+    whose errors name ``--options``).
     """
     loc = get_localizer(localizer)
     if localize is None or isinstance(localize, loc.Options):
@@ -60,7 +61,7 @@ def localizer_options(localizer: str, localize: Spec | dict | None) -> Spec:
     if foreign:
         raise SkillgraftError(f"localizer {localizer!r} has no option {', '.join(foreign)}; its options: "
                               f"{', '.join(loc.Options.model_fields)}")
-    return loc.options(given)
+    return build(loc.Options, given) if build is not None else loc.options(given)
 
 
 def baseline_options(name: str, graftable: str, seed: int) -> dict:

@@ -10,6 +10,11 @@ and a line below (or ``@register_localizer("name")`` in your own code). See docs
 
 from __future__ import annotations
 
+import types
+import typing
+
+from pydantic import Field, create_model
+
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers.base import Localization, Localizer, LocalizerOptions
 from skillgraft.graft.localizers.bias import Bias
@@ -20,6 +25,7 @@ from skillgraft.graft.localizers.random import Random, RandomOptions
 from skillgraft.graft.localizers.relaxed import (HardConcrete, LearnedAdam, LearnedSaliency, Prune, RelaxedOptions,
                                                  StraightThrough)
 from skillgraft.graft.localizers.saliency import Saliency, SaliencyOptions
+from skillgraft.spec import Spec
 
 LOCALIZERS: dict[str, Localizer] = {}
 
@@ -44,6 +50,54 @@ def get_localizer(name: str) -> Localizer:
     return LOCALIZERS[name]
 
 
+def options_table(name: str) -> list[tuple[str, str, str]]:
+    """(field, default, help) of every option of localizer ``name``: what ``skillgraft localizers NAME`` shows."""
+    opts = get_localizer(name).Options
+    resolved = opts.build({})  # validators fill derived defaults (e.g. lr from relaxation × optimizer)
+    rows = []
+    for field, info in opts.model_fields.items():
+        default = getattr(resolved, field, info.get_default(call_default_factory=True))
+        if isinstance(default, Spec):
+            default = f"{type(default).__name__} (set in a recipe)"
+        elif isinstance(default, list):
+            default = ",".join(str(x) for x in default)
+        rows.append((field, "-" if default is None else str(default), info.description or ""))
+    return rows
+
+
+def _without_none(ann):
+    """``X | None`` → ``X`` (the union's fields are all optional anyway)."""
+    args = typing.get_args(ann)
+    if typing.get_origin(ann) in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]
+    return ann
+
+
+def options_union() -> type[Spec]:
+    """A spec with every registered localizer's options that a command line can give (nested specs are
+    left to recipes), all unset by default: the CLI offers them all, the chosen localizer validates the ones
+    the user set and refuses the others by name (issue 22)."""
+    fields: dict[str, tuple] = {}
+    owners: dict[str, list[str]] = {}
+    for name, loc in LOCALIZERS.items():
+        for field, info in loc.Options.model_fields.items():
+            ann = _without_none(info.annotation)
+            if isinstance(ann, type) and issubclass(ann, Spec):
+                continue
+            owners.setdefault(field, []).append(name)
+            if field not in fields:
+                fields[field] = (ann, info.description or "")
+            elif fields[field][0] != ann:
+                fields[field] = (str, fields[field][1])  # typed differently per localizer: the chosen one parses it
+    made = {}
+    for field, (ann, text) in fields.items():
+        who = owners[field]
+        scope = "every localizer" if len(who) == len(LOCALIZERS) else ", ".join(who)
+        made[field] = (ann | None, Field(None, description=f"{text} [{scope}; default: the localizer's own]"))
+    return create_model("LocalizerFlags", __base__=Spec, **made)
+
+
 register_localizer("learned")(Learned)
 register_localizer("movement")(Movement)
 register_localizer("ties-trim")(TiesTrim)
@@ -58,5 +112,5 @@ register_localizer("prune")(Prune)
 register_localizer("hard-concrete")(HardConcrete)
 
 __all__ = ["LOCALIZERS", "FishOptions", "LocalizeConfig", "LocalizeResult", "Localization", "Localizer",
-           "LocalizerOptions", "RandomOptions", "RelaxedOptions", "SaliencyOptions", "get_localizer", "localize", "movement",
+           "LocalizerOptions", "RandomOptions", "RelaxedOptions", "SaliencyOptions", "get_localizer", "localize", "movement", "options_table", "options_union",
            "register_localizer"]

@@ -29,7 +29,7 @@ from skillgraft.graft.keep import Ranking
 from skillgraft.graft.localizers.sharded import Group, Piece
 from skillgraft.graft.localizers.source import FineTuned
 from skillgraft.graft.localizers.topk import StreamingTopK, top_k
-from skillgraft.graft.region import Region
+from skillgraft.graft.region import Region, numel_of
 from skillgraft.graft.selection import Budget
 
 CHUNK = 1 << 20  # S is drawn in chunks of this many values (same stream as one draw per tensor)
@@ -107,7 +107,7 @@ class Candidates(Holding):
         self.offsets, start = {}, 0  # each tensor's first position in the universe (tensors in `names` order)
         for n, p in pieces.items():
             self.offsets[n] = start
-            start += _numel(p.shape)
+            start += numel_of(p.shape)
         self.universe = start
         self.bias = config.sigmoid_bias
         if base is not None:
@@ -232,7 +232,7 @@ class Candidates(Holding):
         for n, piece in self.pieces.items():
             want = self.pos[n].to(torch.int64).cpu() + piece.first  # flat index in the whole tensor, ascending
             S = torch.empty(want.numel(), dtype=torch.float32)
-            done, j, total = 0, 0, _numel(piece.shape)
+            done, j, total = 0, 0, numel_of(piece.shape)
             while done < total:
                 size = min(CHUNK, total - done)
                 draw = torch.rand(size, generator=gen)
@@ -327,13 +327,6 @@ class Candidates(Holding):
             mine = {n: torch.cat([torch.as_tensor(p[n]) for p in parts if n in p]) for n in self.names
                     if any(n in p for p in parts)}
         return Region(self.shapes, mine)
-
-
-def _numel(shape) -> int:
-    out = 1
-    for d in shape:
-        out *= int(d)
-    return out
 
 
 def _check_fits(region: Region, shapes: dict, what: str) -> None:
