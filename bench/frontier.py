@@ -16,7 +16,7 @@ densities 1e-5 … 1e-1, scored on a seeded subset of the SST-2 test set; keep d
 the dev split (the next 64 per label).
 
     SKILLGRAFT_CACHE=/work/store python bench/frontier.py [--test-limit 300] [--steps 24] [--eval-every 12]
-        [--models demo,adamw,adamw-l1] [--out bench/results/frontier]
+        [--models demo,adamw,adamw-l1] [--sparsities 1e-4,1e-2] [--out bench/results/frontier]
 """
 
 from __future__ import annotations
@@ -74,6 +74,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=24, help="learned localizer steps (the demo's: 50)")
     ap.add_argument("--eval-every", type=int, default=12)
     ap.add_argument("--l1", type=float, default=1e-5, help="λ of the adamw-l1 model (bench/RESULTS.md issue 11: 1e-5)")
+    ap.add_argument("--sparsities", default="1e-4,1e-2", help="γ_base sizes of the learned trajectories (one each; "
+                    "each density uses the largest ≤ it)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "frontier")
     args = ap.parse_args()
 
@@ -83,7 +85,7 @@ def main() -> None:
     from skillgraft.recipes.frontier import FrontierSpec, frontier_markdown, frontier_report
 
     store = Store()
-    spec = FrontierSpec(frontier=True)
+    spec = FrontierSpec(frontier=True, frontier_sparsities=[float(x) for x in args.sparsities.split(",")])
     keep = KeepSpec(keep_from=1e-5)
     localize = LocalizeConfig(sparsity=1e-4, steps=args.steps, eval_every=args.eval_every)
     summary = {"command": " ".join(sys.argv), "test_limit": args.test_limit, "localize": localize.to_dict(),

@@ -222,3 +222,21 @@ def test_keep_on_a_checkpoint_pair_holds_out_a_selection_slice(tmp_path):
     graft = Graft.from_pretrained(out / "grafts" / "keep-0.9")
     assert graft.size == (t["size"] if t["reached"] else t["best_size"]) and graft.carried
     assert graft.metadata["keep"] == 0.9
+
+
+def test_frontier_learned_from_one_trajectory_per_sparsity(ft_run, toy_data, tmp_path):
+    import csv
+
+    from test_cli import invoke
+
+    out = tmp_path / "s"
+    r = invoke("sweep", "--finetuned", ft_run, "--out", out, "--levels", "0.01", "--steps", 2, "--data-dir", toy_data,
+               "--frontier", "--frontier-levels", "0.001,0.01,0.1", "--frontier-sparsities", "0.001,0.05",
+               "--frontier-peers", "movement", "--frontier-keep", "0.9")
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader((out / "frontier.csv").open()))
+    learned = {float(x["density"]): int(x["params"]) for x in rows if x["method"] == "learned"}
+    assert learned == {0.001: 18, 0.01: 181, 0.1: 1814}  # 0.001 and 0.01 from the 1e-3 trajectory, 0.1 from 0.05
+    assert "frontier top-|Δ| global (L&S dataless) keep 0.9" in r.output
+    r = invoke("sweep", "--finetuned", ft_run, "--out", tmp_path / "t", "--frontier", "--frontier-sparsities", "0")
+    assert r.exit_code == 2 and "--frontier-sparsities" in r.output

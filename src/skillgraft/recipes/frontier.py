@@ -56,6 +56,19 @@ class FrontierSpec(Spec):
                                                    "(L&S dataless), dare, random, or any score-based localizer"))
     frontier_keep: list[float] = Field(default_factory=lambda: [0.95, 0.99], description=(
         "shares of FT whose required density is searched for each method on the selection split"))
+    frontier_sparsities: list[float] | None = Field(None, description=(
+        "learned: the γ_base sizes of its trajectories, one trajectory each; each density takes its region from the "
+        "trajectory of the largest sparsity ≤ it (the paper learns each size from its own γ_base); the learned order "
+        "is the first trajectory's. Default: one trajectory at the localizer's own sparsity"))
+
+    @field_validator("frontier_sparsities", mode="after")
+    @classmethod
+    def _sparsities(cls, values):
+        if values is None:
+            return None
+        if not values or any(not 0 < v <= 1 for v in values):
+            raise ValueError("sparsities are fractions in (0, 1]")
+        return sorted(set(values))
 
     @field_validator("frontier_keep", mode="before")
     @classmethod
@@ -103,11 +116,20 @@ def _families(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, d
     out: dict[str, tuple] = {}
     t0 = time.perf_counter()
     if localizer == "learned":
-        cfg = LocalizeConfig.build(options.to_dict(), where="learned options").replace(
-            budgets=[b.key for b in spec.frontier_levels])
-        result = localize(setup.pre, setup.ft, data.train, data.dev, cfg, ranked=True, progress=progress)
-        out["learned"] = (None, {b.fraction: r for b, r in result.regions.items()}, False)
-        out["learned order"] = (result.ranking, None, False)
+        base = LocalizeConfig.build(options.to_dict(), where="learned options")
+        sparsities = spec.frontier_sparsities or [base.sparsity]
+        regions, order = {}, None
+        for i, s in enumerate(sparsities):  # each density: the trajectory of the largest sparsity ≤ it
+            mine = [b for b in spec.frontier_levels
+                    if max([x for x in sparsities if x <= b.fraction] or [sparsities[0]]) == s]
+            if not mine and i:
+                continue
+            cfg = base.replace(sparsity=s, budgets=[b.key for b in mine] or [spec.frontier_levels[0].key])
+            result = localize(setup.pre, setup.ft, data.train, data.dev, cfg, ranked=i == 0, progress=progress)
+            regions |= {b.fraction: r for b, r in result.regions.items() if b in mine}
+            order = order or result.ranking
+        out["learned"] = (None, regions, False)
+        out["learned order"] = (order, None, False)
     elif get_localizer(localizer).ranked:
         out[localizer] = (get_localizer(localizer).ranking(setup.pre, setup.ft, data, options, progress=progress),
                           None, False)
