@@ -89,6 +89,7 @@ def main() -> None:
     keep = KeepSpec(keep_from=1e-5)
     localize = LocalizeConfig(sparsity=1e-4, steps=args.steps, eval_every=args.eval_every)
     summary = {"command": " ".join(sys.argv), "test_limit": args.test_limit, "localize": localize.to_dict(),
+               "frontier": spec.to_dict(),
                "keep": keep.to_dict(), "models": {}}
     for name in args.models.split(","):
         t0 = time.perf_counter()
