@@ -23,10 +23,12 @@ from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.fisher.fisher import FisherConfig
 from skillgraft.graft.export import ExportSpec
+from skillgraft.graft.keep import KeepSpec
 from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, options_union
 
 LocalizerFlags = options_union()  # every registered localizer's options; the chosen one validates what is set
 from skillgraft.models.spec import ModelSpec
+from skillgraft.recipes.frontier import FrontierSpec
 from skillgraft.recipes.graft import ReportSpec, SweepSpec
 from skillgraft.spec import COUNT_MAX, SEED_MAX
 from skillgraft.train.config import FinetuneConfig
@@ -250,7 +252,8 @@ Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_
 @from_specs(localize=Options(LocalizerFlags), report=Options(ReportSpec, help={"localizer": (
                 f"localizer of the grafts: {', '.join(LOCALIZERS)}; its own options: `skillgraft localizers NAME`")}),
             data=Options(DataSpec, skip=("task", "k", "seed", "test_limit")),
-            user=Options(UserDataSpec, rename={"seed": "data_seed"}))
+            user=Options(UserDataSpec, rename={"seed": "data_seed"}), keep=Options(KeepSpec),
+            frontier=Options(FrontierSpec))
 def graft(
     finetuned: Path = typer.Option(..., help="the fine-tuned model: a Hugging Face checkpoint (hub name or folder saved "
                                              "by plain transformers) with --pretrained, or a skillgraft run directory"),
@@ -263,9 +266,13 @@ def graft(
     out: Optional[Path] = typer.Option(None, help="output folder (default: <run>/graft, or runs/graft-<checkpoint name>)"),
     overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
     cache: Optional[Path] = Cache,
-    *, localize: LocalizerFlags, report: ReportSpec, data: DataSpec, user: UserDataSpec,
+    *, localize: LocalizerFlags, report: ReportSpec, data: DataSpec, user: UserDataSpec, keep: KeepSpec,
+    frontier: FrontierSpec,
 ) -> None:
-    """Learn sparse grafts from a pre-trained + fine-tuned pair and compare them (writes report.md)."""
+    """Learn sparse grafts from a pre-trained + fine-tuned pair and compare them (writes report.md).
+
+    --keep 0.95,0.99: the smallest graft keeping each share of FT's score (on a selection split); --frontier: share of
+    FT vs density against closed-form peers (frontier.csv, frontier.png)."""
     from skillgraft.io import check_target  # noqa: PLC0415
     from skillgraft.pipeline.setup import from_pair, from_run, is_run_dir  # noqa: PLC0415
     from skillgraft.recipes.graft import graft_report, localizer_options  # noqa: PLC0415
@@ -294,7 +301,7 @@ def graft(
     result = {}
 
     def write(run) -> None:
-        result.update(graft_report(setup, run, report, localize))
+        result.update(graft_report(setup, run, report, localize, keep=keep, frontier=frontier))
         if setup.labels_note or setup.graft_metadata:
             text = (run.path / "report.md").read_text()
             lines = ["", "## Models and data", "",
@@ -311,16 +318,34 @@ def graft(
 
     _report_folder(out, overwrite, cache, write)
     for r in result["rows"]:
-        if r["kind"] in ("graft", "ft"):
+        if r["kind"] in ("graft", "ft", "keep"):
             size = f", {r['file_bytes'] / 1024:.1f} KiB" if r.get("file_bytes") else ""
             extra = f" loss {r['loss']:.4f}" if "loss" in r else ""
             console.print(f"{r['model']:>22}: {result['task']} {r['score']:.4f} ECE {r['ece']:.4f}{extra} "
                           f"| {r['params']:,} params ({r['density']:.2e}){size}")
+    _print_keep(result)
     if setup.data_note:
         console.print(f"data: {escape(setup.data_note)}")
     if setup.labels_note:
         console.print(f"labels: {escape(setup.labels_note)}")
     console.print(f"[bold green]done[/] → {out}/report.md")
+
+
+def _print_keep(result: dict) -> None:
+    """One line per keep target (size found, selection and test shares, cost) and per frontier keep density."""
+    keep = result.get("keep")
+    for t in (keep or {}).get("targets", []):
+        size = t["size"] if t["reached"] else t["best_size"]
+        head = (f"keep {t['target']:g}: {size:,} params ({size / t['universe']:.2e})" if t["reached"] else
+                f"keep {t['target']:g}: [yellow]not reached[/] by any size; best {t['best_share']:.3f} at {size:,}")
+        test = "" if t.get("test_share") is None else f", test share {t['test_share']:.3f}"
+        console.print(f"{head}, selection share {t['selection_share'] or t['best_share']:.3f}{test} "
+                      f"| {t['probe_count']} probes, {t['search_seconds']:.0f} s")
+    if keep:
+        console.print(f"keep selection split: {escape(keep['selection'])}")
+    for k in (result.get("frontier") or {}).get("keep", []):
+        need = f"density {k['density']:.2e}" if k["reached"] else f"not reached (best {k['best_share']:.3f})"
+        console.print(f"frontier {escape(k['method'])} keep {k['target']:g}: {need}, test share {k['test_share']:.3f}")
 
 
 @app.command()
@@ -485,15 +510,17 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
 @app.command()
 @friendly
 @from_specs(sweep=Options(SweepSpec), localize=Options(LocalizeConfig, skip=("budgets",)),
-            data=Options(DataSpec, skip=("task", "k", "seed")))
+            data=Options(DataSpec, skip=("task", "k", "seed")), frontier=Options(FrontierSpec))
 def sweep(
     finetuned: Path = typer.Option(..., help="a fine-tuning run directory"),
     out: Optional[Path] = typer.Option(None, help="output folder (default: <finetuned>/sweep)"),
     overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
     cache: Optional[Path] = Cache,
-    *, sweep: SweepSpec, localize: LocalizeConfig, data: DataSpec,
+    *, sweep: SweepSpec, localize: LocalizeConfig, data: DataSpec, frontier: FrontierSpec,
 ) -> None:
-    """Accuracy vs region size for learned, top-movement and random regions (paper Figs. 2/4): CSV + PNG."""
+    """Accuracy vs region size for learned, top-movement and random regions (paper Figs. 2/4): CSV + PNG.
+
+    --frontier also draws share of FT vs density against closed-form peers (frontier.csv, frontier.png)."""
     from skillgraft.io import check_target  # noqa: PLC0415
     from skillgraft.pipeline.setup import from_run  # noqa: PLC0415
     from skillgraft.recipes.graft import sweep_report  # noqa: PLC0415
@@ -501,9 +528,19 @@ def sweep(
     out = check_target(out or finetuned / "sweep", overwrite)
     setup = from_run(finetuned, data_dir=data.data_dir, test_limit=data.test_limit)
     rows: list = []
-    _report_folder(out, overwrite, cache, lambda run: rows.extend(sweep_report(setup, run, sweep, localize)))
+    found: dict = {}
+
+    def write(run) -> None:
+        rows.extend(sweep_report(setup, run, sweep, localize))
+        if frontier.frontier:
+            from skillgraft.recipes.frontier import frontier_report  # noqa: PLC0415
+
+            found["frontier"] = frontier_report(setup, run, frontier, "learned", localize)
+
+    _report_folder(out, overwrite, cache, write)
     for r in rows:
         console.print(f"{r['localizer']:>13} {float(r['level']):.0e}: {r['score']:.4f} (ECE {r['ece']:.4f})")
+    _print_keep(found)
     console.print(f"[bold green]done[/] → {out}/sweep.csv, {out}/sweep.png")
 
 

@@ -25,6 +25,7 @@ from functools import partial
 import torch
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.graft.keep import Ranking
 from skillgraft.graft.localizers.sharded import Group, Piece
 from skillgraft.graft.localizers.source import FineTuned
 from skillgraft.graft.localizers.topk import StreamingTopK, top_k
@@ -62,6 +63,26 @@ class Holding:
         """γ of tensor n: σ(S − bias), flipped to 1 − σ on γ_base."""
         s = torch.sigmoid(self.S[n] - self.bias)
         return torch.where(self.base[n], 1 - s, s)
+
+    def ranking_keys(self, seed: int) -> tuple[dict, dict, dict]:
+        """The learned order of the held coordinates (:class:`~skillgraft.graft.keep.Ranking` ``first``/``then``):
+
+        * first the learned region, γ > 0.5 (the rounded γ), by the logit of γ with every coordinate's S started
+          from the same ½ (S − S₀ + ½: the learned drift orders them, not the initial draw's noise), ±(bias − S̃),
+          + on γ_base;
+        * then every other coordinate by |Δ| (γ_base's own score): outside the region the drift is a small
+          first-order signal the loss never tested in a graft, and ordering the rest by it loses to a random
+          order at 1e-1 of MiniLM's body (bench/RESULTS.md, issue 25).
+
+        Returns (keys, in the region, |Δ|) per tensor, on the CPU."""
+        start = self._draw_S(seed)
+        keys, region, moved = {}, {}, {}
+        for n in self.names:
+            drift = self.S[n].double() - start[n].double() + 0.5 - self.bias
+            keys[n] = torch.where(self.base[n], -drift, drift).cpu()
+            region[n] = (self.gamma(n) > 0.5).cpu()
+            moved[n] = self.delta[n].abs().double().cpu()
+        return keys, region, moved
 
     def hold_choice(self, masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Move the working weights to the binary ``masks``; returns the continuous γ to :meth:`release` to."""
@@ -111,6 +132,15 @@ class Candidates(Holding):
         self.grads: dict[str, torch.Tensor | None] = dict.fromkeys(self.names)
         self.hooks: list = []
         _release_freed_memory()
+
+    def ranking(self, seed: int) -> Ranking:
+        """The learned order of the candidates (:meth:`Holding.ranking_keys`); coordinates outside C are never
+        ranked, so the largest region of the family is C."""
+        if self.group.sharded:
+            raise SkillgraftError("keep targets need the learned ranking in one process; run without sharding")
+        keys, region, moved = (torch.cat([t[n].reshape(-1) for n in self.names]) for t in self.ranking_keys(seed))
+        positions = torch.cat([self._global(n, self.pos[n]) for n in self.names])
+        return Ranking.from_keys(self.shapes, positions, keys, first=region, then=moved)
 
     # ------------------------------------------------------------------ construction
     def _total(self, local: int) -> int:
