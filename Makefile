@@ -5,6 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.skillgraft-installed
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (CI has 2 cores); TEST_WORKERS=0 runs the suite in one process
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-all bench setup clean
 
@@ -21,7 +23,7 @@ demo: $(STAMP)
 	$(VENV)/bin/skillgraft demo
 
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" --durations=15 $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 
 test-all: $(STAMP)
 	SKILLGRAFT_SLOW=1 $(PY) -m pytest -q $(PYTEST_ARGS)

@@ -9,6 +9,7 @@ inputs and the output is byte for byte as it was (no output, no ``.name.*.tmp`` 
 
 from __future__ import annotations
 
+import codecs
 import errno
 import hashlib
 import json
@@ -131,6 +132,13 @@ DATA_CASES = {
     "jsonl-latin1": ("SST-2/train.jsonl", '{"text": "café", "label": "1"}\n'.encode("latin-1"),
                      ["train.jsonl:1", "not UTF-8", "0xe9"]),
     "jsonl-empty": ("SST-2/train.jsonl", b"\n\n", ["train.jsonl", "empty"]),
+    "jsonl-nan-label": ("SST-2/train.jsonl", b'{"text": "good", "label": "1"}\n{"text": "bad", "label": NaN}\n',
+                        ["train.jsonl:2", "NaN", "non-finite"]),
+    "jsonl-overflowing-number": ("SST-2/train.jsonl", b'{"text": "good", "label": 1e999}\n',
+                                 ["train.jsonl:1", "1e999", "non-finite"]),
+    "jsonl-utf16-broken": ("SST-2/train.jsonl", b"\xff\xfe{\x00\x00\xd8", ["train.jsonl", "UTF-16"]),
+    "csv-unterminated-quote": ("original/SST-2/train.csv", b'1,"a good film"\n0,"a bad film\n',
+                               ["train.csv:", "malformed CSV"]),
     "csv-nul-byte": ("original/SST-2/train.csv", b'1,"a good film"\n0,"a bad\x00 film"\n', ["train.csv:2", "NUL byte"]),
     "csv-latin1": ("original/SST-2/train.csv", "1,un film génial\n".encode("latin-1"), ["train.csv:1", "not UTF-8"]),
     "csv-one-column": ("original/SST-2/train.csv", b"1\n", ["train.csv:1", "'label,text'"]),
@@ -178,6 +186,140 @@ def test_impossible_k(tiny_bert, toy_data, tmp_path):
                        "--out", tmp_path / "run"], "K=500")
 
 
+# ---------------------------------------------------------------------------------------------- files from other tools
+def _as_other_tools_write(text: str, how: str) -> bytes:
+    """``text`` as Windows tools save it: a UTF-8 byte-order mark, CRLF line ends, trailing blank lines, or
+    UTF-16 with its byte-order mark (Notepad's "Unicode", PowerShell 5's ``>``)."""
+    crlf = text.replace("\n", "\r\n")
+    return {"bom": codecs.BOM_UTF8 + text.encode(),
+            "crlf": crlf.encode(),
+            "trailing-blank-lines": text.encode() + b"\n\n \n",
+            "bom-crlf-blank": codecs.BOM_UTF8 + crlf.encode() + b"\r\n\r\n",
+            "utf-16": crlf.encode("utf-16")}[how]
+
+
+OTHER_TOOLS = ["bom", "crlf", "trailing-blank-lines", "bom-crlf-blank", "utf-16"]
+GOOD_CSV = "".join(f'{i % 2},"film, {i}"\n' for i in range(40))
+
+
+@pytest.mark.parametrize("how", OTHER_TOOLS)
+@pytest.mark.parametrize("rel, text", [("SST-2/train.jsonl", GOOD_JSONL.decode()),
+                                       ("original/SST-2/train.tsv", GOOD_TSV.decode()),
+                                       ("original/SST-2/train.csv", GOOD_CSV)], ids=["jsonl", "tsv", "csv"])
+def test_task_files_written_by_other_tools_read_as_any_other(rel, text, how, tmp_path):
+    """A registered task's file (``--data-dir``) with a BOM, CRLF, trailing blank lines or in UTF-16 gives
+    exactly the examples of the plain UTF-8 file."""
+    from skillgraft.data import read_file
+    from skillgraft.data.tasks import get_task
+
+    plain, other = tmp_path / "plain" / rel, tmp_path / "other" / rel
+    for path, content in ((plain, text.encode()), (other, _as_other_tools_write(text, how))):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(content)
+    assert read_file(get_task("SST-2"), other) == read_file(get_task("SST-2"), plain)
+
+
+USER_ROWS = [{"review": f"a {'good' if i % 2 else 'bad'} film, really {i}", "stars": ["bad", "good"][i % 2]}
+             for i in range(30)]
+
+
+def _user_text(suffix: str) -> str:
+    if suffix == ".jsonl":
+        return "".join(json.dumps(r) + "\n" for r in USER_ROWS)
+    sep = "\t" if suffix == ".tsv" else ","
+    quote = (lambda v: v) if suffix == ".tsv" else (lambda v: f'"{v}"')
+    return f"review{sep}stars\n" + "".join(f"{quote(r['review'])}{sep}{r['stars']}\n" for r in USER_ROWS)
+
+
+@pytest.mark.parametrize("how", OTHER_TOOLS)
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".tsv"])
+def test_user_files_written_by_other_tools_read_as_any_other(suffix, how, tmp_path):
+    """``--data FILE`` (graft / evaluate a checkpoint) with a BOM (the header's first column too), CRLF,
+    trailing blank lines or UTF-16: the same rows, labels and hold-out as the plain UTF-8 file."""
+    from skillgraft.data.spec import UserDataSpec
+
+    text = _user_text(suffix)
+    plain, other = tmp_path / f"plain{suffix}", tmp_path / f"other{suffix}"
+    plain.write_bytes(text.encode())
+    other.write_bytes(_as_other_tools_write(text, how))
+    spec = {"text_field": "review", "label_field": "stars"}
+    a, b = (UserDataSpec.build({"data": p, **spec}).load() for p in (plain, other))
+    assert (b.train, b.test, b.task.labels) == (a.train, a.test, a.task.labels)
+    assert len(a.train) + len(a.test) == len(USER_ROWS) and a.task.labels == ("bad", "good")
+
+
+@pytest.mark.parametrize("how", ["bom-crlf-blank", "utf-16"])
+def test_configs_written_by_other_tools_read_as_any_other(how, ft_run, tiny_graft, tmp_path):
+    """A recipe, a run's config.json and a graft_config.json re-saved by a Windows editor read as before."""
+    from skillgraft.recipes.base import load_recipe
+    from skillgraft.train.run import read_run_config
+
+    recipes = pathlib.Path(__file__).resolve().parents[1] / "recipes"
+    (tmp_path / "r.yaml").write_bytes(_as_other_tools_write((recipes / "calibration.yaml").read_text(), how))
+    assert load_recipe(tmp_path / "r.yaml")[1] == load_recipe(recipes / "calibration.yaml")[1]
+    run = tmp_path / "run"
+    shutil.copytree(ft_run, run)
+    (run / "config.json").write_bytes(_as_other_tools_write((ft_run / "config.json").read_text(), how))
+    assert read_run_config(run) == read_run_config(ft_run)
+    folder = tmp_path / "g"
+    shutil.copytree(tiny_graft, folder)
+    (folder / "graft_config.json").write_bytes(_as_other_tools_write((tiny_graft / "graft_config.json").read_text(),
+                                                                     how))
+    assert Graft.from_pretrained(folder).size == Graft.from_pretrained(tiny_graft).size
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier(tiny_bert, tmp_path_factory):
+    """A plain Hugging Face sequence classifier (the tiny BERT with a fresh 2-label head)."""
+    import transformers as tf
+
+    out = tmp_path_factory.mktemp("clf") / "clf"
+    torch.manual_seed(0)
+    model = tf.AutoModelForSequenceClassification.from_pretrained(
+        tiny_bert, num_labels=2, id2label={0: "bad", 1: "good"}, label2id={"bad": 0, "good": 1})
+    model.save_pretrained(out)
+    tf.AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(out)
+    return out
+
+
+def test_evaluate_a_checkpoint_on_a_jsonl_with_a_byte_order_mark(tiny_classifier, tmp_path):
+    """The issue's case: `skillgraft evaluate CKPT --data reviews.jsonl` on a file a Windows tool saved."""
+    text = _user_text(".jsonl")
+    (tmp_path / "plain.jsonl").write_bytes(text.encode())
+    (tmp_path / "bom.jsonl").write_bytes(_as_other_tools_write(text, "bom-crlf-blank"))
+    outputs = []
+    for name in ("plain.jsonl", "bom.jsonl"):
+        r = invoke("evaluate", tiny_classifier, "--data", tmp_path / name, "--text-field", "review",
+                   "--label-field", "stars")
+        assert r.exit_code == 0, r.output
+        outputs += [line.replace(name.split(".")[0], "") for line in r.output.splitlines() if " acc " in line]
+    assert len(outputs) == 2 and outputs[0] == outputs[1] and f"(n={len(USER_ROWS)})" in outputs[0]
+
+
+USER_CASES = {
+    # id: (file name, its bytes, culprits in the message)
+    "jsonl-nan": ("r.jsonl", b'{"review": "good", "stars": "good"}\n{"review": NaN, "stars": "bad"}\n',
+                  ["r.jsonl:2", "NaN"]),
+    "jsonl-latin1": ("r.jsonl", '{"review": "café", "stars": "good"}\n'.encode("latin-1"),
+                     ["r.jsonl:1", "not UTF-8", "0xe9"]),
+    "jsonl-binary": ("r.jsonl", bytes(range(256)), ["r.jsonl:1", "NUL byte"]),
+    "csv-latin1": ("r.csv", "review,stars\ncafé,good\n".encode("latin-1"), ["r.csv:2", "not UTF-8"]),
+    "csv-extra-field": ("r.csv", b"review,stars\ngood film,good\nbad, film,bad\n",
+                        ["r.csv:3", "3 fields", "2 columns"]),
+    "csv-repeated-column": ("r.csv", b"review,review,stars\na,b,good\n", ["r.csv:1", "'review' appears twice"]),
+    "csv-unterminated-quote": ("r.csv", b'review,stars\n"good film,good\n', ["r.csv:", "malformed CSV"]),
+    "tsv-header-only": ("r.tsv", b"review\tstars\r\n\r\n", ["r.tsv", "no rows"]),
+}
+
+
+@pytest.mark.parametrize("case", list(USER_CASES))
+def test_bad_user_data_file(case, tiny_classifier, tmp_path):
+    name, content, culprits = USER_CASES[case]
+    (tmp_path / name).write_bytes(content)
+    refused(tmp_path, ["evaluate", tiny_classifier, "--data", tmp_path / name, "--text-field", "review",
+                       "--label-field", "stars", "--out", tmp_path / "eval"], str(tmp_path / name), *culprits)
+
+
 # ---------------------------------------------------------------------------------------------- CLI options
 OPTION_CASES = {
     # id: (verb and options after the common ones, culprits, is click's usage error)
@@ -213,6 +355,30 @@ OPTION_CASES = {
                                     ["--sparsity", "got -1"], False),
     "continual-steps-negative": (["continual", "add", "--state", "{tmp}/state", "--task", "SST-2", "--steps", -1],
                                  ["--steps", "got -1"], False),
+    # numbers out of range: seeds in [0, 2**32 - 1], counts up to 2**31 - 1, floats finite and within float32
+    "finetune-seed-negative": (["finetune", "--seed", -1], ["--seed", "greater than or equal to 0", "got -1"], False),
+    "finetune-seed-too-large": (["finetune", "--seed", 2**32], ["--seed", "less than or equal to 4294967295"],
+                                False),
+    "finetune-model-seed-negative": (["finetune", "--model-seed", -1], ["--model-seed", "got -1"], False),
+    "finetune-lr-nan": (["finetune", "--lr", "nan"], ["--lr", "finite number"], False),
+    "finetune-lr-overflow": (["finetune", "--lr", 1e39], ["--lr", "less than or equal to"], False),
+    "finetune-weight-decay-overflow": (["finetune", "--weight-decay", 1e308], ["--weight-decay", "less than"], False),
+    "finetune-steps-huge": (["finetune", "--steps", 2**64], ["--steps", "less than or equal to 2147483647"], False),
+    "finetune-max-length-huge": (["finetune", "--max-length", 2**64], ["--max-length", "less than or equal"], False),
+    "finetune-max-length-beyond-positions": (["finetune", "--max-length", 129],
+                                             ["--max-length 129", "128 positions", "at most 128"], False),
+    "graft-seed-negative": (["graft", "--seed", -1], ["--seed", "got -1"], False),
+    "graft-steps-huge": (["graft", "--steps", 2**64], ["--steps", "less than or equal"], False),
+    "graft-sigmoid-bias-inf": (["graft", "--sigmoid-bias", "inf"], ["--sigmoid-bias", "finite number"], False),
+    "graft-lr-overflow": (["graft", "--lr", 1e308], ["--lr", "less than or equal"], False),
+    "graft-max-length-zero": (["graft", "--max-length", 0], ["--max-length"], True),
+    "sweep-seed-too-large": (["sweep", "--seed", 2**40], ["--seed", "less than or equal"], False),
+    "fim-fisher-seed-negative": (["fim", "--task", "SST-2", "--fisher-seed", -1], ["--fisher-seed", "got -1"], False),
+    "fim-seed-negative": (["fim", "--task", "SST-2", "--seed", -1], ["--seed", "got -1"], False),
+    "continual-seed-negative": (["continual", "add", "--state", "{tmp}/state", "--task", "SST-2", "--seed", -1],
+                                ["--seed", "greater than or equal to 0"], True),
+    "continual-k-zero": (["continual", "add", "--state", "{tmp}/state", "--task", "SST-2", "--k", 0], ["--k"], True),
+    "demo-seed-negative": (["demo", "--seed", -1], ["--seed", "greater than or equal to 0"], True),
 }
 
 
@@ -226,7 +392,8 @@ def test_bad_option(case, ft_run, tiny_graft, tiny_bert, toy_data, tmp_path):
               "graft": ["--finetuned", ft_run, "--out", tmp_path / "g", "--cache", tmp_path / "store"],
               "sweep": ["--finetuned", ft_run, "--out", tmp_path / "s", "--cache", tmp_path / "store"],
               "fim": ["--model", tiny_bert, "--out", tmp_path / "fim"],
-              "continual add": ["--model", tiny_bert]}.get(verb, [])
+              "continual add": ["--model", tiny_bert],
+              "demo": ["--out", tmp_path / "demo", "--cache", tmp_path / "store"]}.get(verb, [])
     n = len(verb.split())
     args = [*args[:n], *common, *args[n:]]  # the case's own options come last, so they win
     if verb != "export":
@@ -245,6 +412,23 @@ def _edit_config(change):
     return edit
 
 
+def _edit_json(rel, change):
+    def edit(run):
+        cfg = json.loads((run / rel).read_text())
+        change(cfg)
+        (run / rel).write_text(json.dumps(cfg))
+    return edit
+
+
+def _edit_tensors(rel, change, metadata=None):
+    """Rewrite a safetensors file with ``change`` applied to its tensors."""
+    def edit(run):
+        tensors = load_file(str(run / rel))
+        change(tensors)
+        save_file(tensors, str(run / rel), metadata=metadata)
+    return edit
+
+
 def _truncate(rel, keep):
     def edit(run):
         path = run / rel
@@ -259,7 +443,9 @@ RUN_CASES = {
     "config-not-json": (lambda run: (run / "config.json").write_text("{'k': 8"), ["config.json", "not valid JSON"]),
     "config-a-list": (lambda run: (run / "config.json").write_text("[8, 13]"), ["config.json", "JSON object",
                                                                                  "list"]),
-    "config-binary": (lambda run: (run / "config.json").write_bytes(b"\xff\xfe\x00"), ["config.json", "cannot read"]),
+    "config-binary": (lambda run: (run / "config.json").write_bytes(b"\x80\x00\x01"), ["config.json:1", "NUL byte"]),
+    "config-latin1": (lambda run: (run / "config.json").write_bytes('{"model": "café"}'.encode("latin-1")),
+                      ["config.json:1", "not UTF-8 text"]),
     "config-without-model": (_edit_config(lambda c: c.pop("model")), ["config.json", "'model'"]),
     "config-without-max-length": (_edit_config(lambda c: c.pop("max_length")), ["config.json", "'max_length'"]),
     "config-without-head-seed": (_edit_config(lambda c: c["finetune"].pop("seed")), ["config.json", "finetune.seed"]),
@@ -268,7 +454,23 @@ RUN_CASES = {
     "truncated-head": (_truncate("model/head.safetensors", 60), ["head.safetensors"]),
     "truncated-weights": (_truncate("model/model.safetensors", 1000), ["run/model", "deserializing"]),
     "no-scorer-config": (lambda run: (run / "model" / "scorer_config.json").unlink(), ["scorer_config.json"]),
+    "scorer-config-a-list": (lambda run: (run / "model" / "scorer_config.json").write_text("[1]"),
+                             ["scorer_config.json", "expected a JSON object, got list"]),
+    "scorer-config-max-length-a-string": (_edit_json("model/scorer_config.json", lambda c: c.update(max_length="x")),
+                                          ["scorer_config.json", "'max_length'", "'x'"]),
+    "head-nan": (_edit_tensors("model/head.safetensors", lambda t: t["bias"].__setitem__(1, float("nan"))),
+                 ["run/model", "'head.bias'[1] is nan"]),
+    "weights-inf": (_edit_tensors("model/model.safetensors", lambda t: t[sorted(t)[3]].view(-1).__setitem__(
+        0, float("inf")), metadata={"format": "pt"}), ["run/model", "[0] is inf"]),
 }
+
+
+def test_evaluating_a_model_with_nan_weights_is_refused(ft_run, toy_data, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(ft_run, run)
+    _edit_tensors("model/head.safetensors", lambda t: t["weight"].view(-1).__setitem__(3, float("nan")))(run)
+    refused(tmp_path, ["evaluate", run, "--data-dir", toy_data, "--limit", 4, "--out", tmp_path / "ev"],
+            str(run), "'head.weight'[3] is nan", "meaningless")
 
 
 @pytest.mark.parametrize("case", list(RUN_CASES))
@@ -341,6 +543,15 @@ GRAFT_CASES = {
                                                                                           "--force"]),
     "fingerprint-removed-export": (_graft_config(lambda c: c.pop("base_fingerprint")), "export",
                                    ["base_fingerprint", "--force"]),
+    # non-finite values with a matching checksum (a buggy writer, another tool): refused, never applied
+    "values-nan": (_graft_tensors(lambda t: t["values"].__setitem__(4, float("nan"))), "apply",
+                   ["graft.safetensors", "'values'[4] is nan", "coordinate 1 of", "finite"]),
+    "values-inf": (_graft_tensors(lambda t: t["values"].__setitem__(0, float("inf"))), "export",
+                   ["graft.safetensors", "'values'[0] is inf", "coordinate 0 of"]),
+    "values-minus-inf": (_graft_tensors(lambda t: t["values"].__setitem__(5, float("-inf"))), "inspect",
+                         ["graft.safetensors", "'values'[5] is -inf"]),
+    "carried-nan": (_graft_tensors(lambda t: t["carried::head.weight"].view(-1).__setitem__(7, float("nan"))),
+                    "apply", ["graft.safetensors", "carried tensor 'head.weight'[7] is nan"]),
 }
 
 
@@ -363,6 +574,163 @@ def test_missing_fingerprint_is_accepted_with_force(tiny_graft, tiny_bert, toy_d
     _graft_config(lambda c: c.pop("base_fingerprint"))(folder)
     r = invoke("apply", folder, "--model", tiny_bert, "--data-dir", toy_data, "--limit", 4, "--force")
     assert r.exit_code == 0, r.output
+
+
+def test_graft_with_nan_is_never_exported(tiny_graft, tiny_bert, toy_data, tmp_path):
+    """The issue's case: a NaN in graft.safetensors with a matching weights_sha256. `apply --export` is refused
+    before any model is written; `Graft.from_pretrained` refuses it too (nothing to apply)."""
+    from skillgraft.errors import SkillgraftError
+
+    folder = tmp_path / "g"
+    shutil.copytree(tiny_graft, folder)
+    _graft_tensors(lambda t: t["values"].__setitem__(2, float("nan")))(folder)
+    refused(tmp_path, ["apply", folder, "--model", tiny_bert, "--data-dir", toy_data, "--export", tmp_path / "x",
+                       "--force"], "'values'[2] is nan")
+    with pytest.raises(SkillgraftError, match=r"graft\.safetensors: tensor 'values'\[2\] is nan"):
+        Graft.from_pretrained(folder)
+
+
+def test_a_graft_with_non_finite_values_is_never_written(tiny_graft, tmp_path):
+    from skillgraft.errors import SkillgraftError
+
+    g = Graft.from_pretrained(tiny_graft)
+    name = next(iter(g.values))
+    g.values[name][1] = float("nan")
+    with pytest.raises(SkillgraftError, match=r"tensor 'values'\[1\] is nan"):
+        g.save_pretrained(tmp_path / "g")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _first_float(position, value):
+    """Set ``position`` of the first floating-point tensor (by name) to ``value``."""
+    def edit(tensors):
+        key = next(k for k, t in sorted(tensors.items()) if t.is_floating_point())
+        tensors[key].view(-1)[position] = value
+    return edit
+
+
+ADAPTER_CASES = {
+    # id: (damage to a copy of a SHiRA adapter exported from the tiny graft, culprits)
+    "weights-nan": (_edit_tensors("adapter_model.safetensors", _first_float(1, float("nan"))),
+                    ["adapter_model.safetensors", "[1] is nan"]),
+    "weights-inf": (_edit_tensors("adapter_model.safetensors", _first_float(0, float("inf"))),
+                    ["adapter_model.safetensors", "[0] is inf"]),
+    "head-nan": (_edit_tensors("skillgraft_head.safetensors", _first_float(1, float("nan"))),
+                 ["skillgraft_head.safetensors", "[1] is nan"]),
+    "weights-truncated": (_truncate("adapter_model.safetensors", 50), ["adapter_model.safetensors", "truncated"]),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_adapter(tiny_graft, tiny_bert, tmp_path_factory):
+    out = tmp_path_factory.mktemp("adapter") / "a"
+    assert invoke("export", tiny_graft, "--model", tiny_bert, "--to", "peft", "--out", out).exit_code == 0
+    return out
+
+
+@pytest.mark.parametrize("case", list(ADAPTER_CASES))
+def test_bad_peft_adapter(case, tiny_adapter, tiny_bert, tmp_path):
+    """An imported PEFT adapter (`inspect ADAPTER`, `--compare ADAPTER`) holding NaN / ±Inf, or truncated."""
+    damage, culprits = ADAPTER_CASES[case]
+    folder = tmp_path / "a"
+    shutil.copytree(tiny_adapter, folder)
+    damage(folder)
+    refused(tmp_path, ["inspect", folder, "--model", tiny_bert, "--out", tmp_path / "i"], str(folder), *culprits)
+
+
+def test_fim_of_a_model_with_an_inf_weight_is_refused(tiny_bert, toy_data, tmp_path):
+    model = tmp_path / "bert"
+    shutil.copytree(tiny_bert, model)
+    _edit_tensors("model.safetensors", lambda t: t[sorted(t)[2]].view(-1).__setitem__(4, float("-inf")),
+                  metadata={"format": "pt"})(model)
+    refused(tmp_path, ["fim", "--task", "SST-2", "--k", 4, "--model", model, "--n", 4, "--data-dir", toy_data,
+                       "--out", tmp_path / "f"], str(model), "[4] is -inf", "Fisher scores would be meaningless")
+
+
+def test_fine_tuning_whose_loss_turns_non_finite_stops(tiny_bert, toy_data, tmp_path):
+    """SGD at lr 1e30 sends the weights to ±Inf after one step: one line naming the step, no run directory."""
+    refused(tmp_path, ["finetune", "--task", "SST-2", "--k", 4, "--model", tiny_bert, "--steps", 4, "--lr", 1e30,
+                       "--test-limit", 4, "--data-dir", toy_data, "--out", tmp_path / "run"],
+            "fine-tuning stopped at step 2", "the loss is nan", "--lr")
+
+
+def test_a_checkpoint_with_nan_weights_is_refused_before_grafting(ft_run, toy_data, tmp_path):
+    """A run whose model holds a NaN (a diverged fine-tuning saved by an older version, a damaged file)."""
+    run = tmp_path / "run"
+    shutil.copytree(ft_run, run)
+    path = run / "model" / "model.safetensors"
+    tensors = load_file(str(path))
+    key = sorted(k for k in tensors if k.endswith("attention.self.query.weight"))[0]
+    tensors[key].view(-1)[5] = float("nan")
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    line = refused(tmp_path, graft_args(run, toy_data, tmp_path / "g", tmp_path / "store"), f"{run}/model",
+                   "[5] is nan", "cannot be grafted")
+    assert "query.weight" in line
+
+
+@pytest.mark.parametrize("localizer", ["learned", "straight-through"])
+def test_localization_whose_loss_turns_non_finite_stores_nothing(localizer, ft_run, toy_data, tmp_path, monkeypatch):
+    """A loss that turns NaN mid-localization (injected at its second step) stops it with one line; no region
+    reaches the store, no report folder."""
+    import torch.nn.functional as F
+
+    from skillgraft.graft.localizers import learned
+
+    calls = {"n": 0}
+
+    def poisoned(loss):
+        calls["n"] += 1
+        return loss * float("nan") if calls["n"] > 1 else loss
+
+    real_batch_loss, real_ce = learned.batch_loss, F.cross_entropy
+    monkeypatch.setattr(learned, "batch_loss", lambda *a, **k: poisoned(real_batch_loss(*a, **k)))
+    if localizer != "learned":
+        monkeypatch.setattr(F, "cross_entropy", lambda *a, **k: poisoned(real_ce(*a, **k)))
+    store = tmp_path / "store"
+    store.mkdir()  # stays empty: no regions entry
+    refused(tmp_path, [*graft_args(ft_run, toy_data, tmp_path / "g", store), "--localizer", localizer],
+            "localization stopped at step 2", "the loss is nan")
+
+
+# ------------------------------------------------------------------------------------------- region and state folders
+def _region_tensors(change):
+    return _edit_tensors("region.safetensors", lambda t: change(t[sorted(t)[0]]))
+
+
+REGION_CASES = {
+    # id: (damage to a region folder (`continual add --region DIR`), culprits)
+    "json-broken": (lambda d: (d / "region.json").write_text("{"), ["region.json", "not valid JSON"]),
+    "json-a-list": (lambda d: (d / "region.json").write_text("[]"), ["region.json", "expected a JSON object"]),
+    "no-shapes": (_edit_json("region.json", lambda m: m.pop("shapes")), ["region.json", "'shapes'"]),
+    "weights-truncated": (_truncate("region.safetensors", 30), ["region.safetensors", "truncated or corrupted"]),
+    "weights-missing": (lambda d: (d / "region.safetensors").unlink(), ["no region.safetensors"]),
+    "index-out-of-range": (_region_tensors(lambda t: t.__setitem__(0, 10**9)),
+                           ["region.safetensors", "[0] = 1000000000 is out of range"]),
+    "index-negative": (_region_tensors(lambda t: t.__setitem__(0, -5)), ["region.safetensors", "[0] = -5"]),
+    "float-indices": (_edit_tensors("region.safetensors", lambda t: t.update({k: v.float() for k, v in t.items()})),
+                      ["region.safetensors", "dtype torch.float32", "int32 or int64"]),
+    "size-mismatch": (_edit_json("region.json", lambda m: m.update(size=m["size"] + 1)),
+                      ["region.safetensors", "'size' declares"]),
+}
+
+
+@pytest.mark.parametrize("case", list(REGION_CASES))
+def test_bad_region_folder(case, tiny_graft, tiny_bert, toy_data, tmp_path):
+    damage, culprits = REGION_CASES[case]
+    folder = tmp_path / "region"
+    Graft.from_pretrained(tiny_graft).region.save(folder)
+    damage(folder)
+    refused(tmp_path, ["continual", "add", "--state", tmp_path / "state", "--task", "SST-2", "--k", 4, "--model",
+                       tiny_bert, "--region", folder, "--steps", 1, "--test-limit", 4, "--data-dir", toy_data],
+            str(folder), *culprits)
+
+
+@pytest.mark.parametrize("content, says", [("[]", "expected a JSON object, got list"),
+                                           ('{"format": "skillgraft.continual"}', "missing field(s) ['tasks']")])
+def test_bad_continual_state(content, says, tmp_path):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "continual.json").write_text(content)
+    refused(tmp_path, ["continual", "show", tmp_path / "state"], str(tmp_path / "state" / "continual.json"), says)
 
 
 # ---------------------------------------------------------------------------------------------- output targets
@@ -531,11 +899,17 @@ def test_disk_full_while_writing_a_run_directory(tiny_bert, toy_data, tmp_path, 
 RECIPE_CASES = {
     "a-list": (b"- calibration\n- ood\n", ["expected a mapping"]),
     "a-string": (b"calibration\n", ["expected a mapping"]),
-    "binary": (bytes(range(256)), ["cannot read"]),
+    "binary": (bytes(range(256)), ["r.yaml:1", "NUL byte"]),
     "bad-yaml": (b"recipe: [calibration\n", ["not valid YAML"]),
     "no-recipe": (b"tasks: [SST-2]\n", ["'recipe:'"]),
     "unknown-recipe": (b"recipe: alchemy\n", ["unknown recipe 'alchemy'"]),
     "misspelt-field": (b"recipe: calibration\nseedz: [13]\n", ["seedz", "unknown field"]),
+    "seed-negative": (b"recipe: calibration\nseeds: [13, -1]\n", ["r.yaml.seeds.1", "greater than or equal to 0"]),
+    "seed-too-large": (b"recipe: graft\nseed: 4294967296\n", ["r.yaml.seed", "less than or equal to 4294967295"]),
+    "lr-nan": (b"recipe: calibration\nfinetune: {lr: .nan}\n", ["r.yaml.finetune.lr", "finite number"]),
+    "steps-huge": (b"recipe: calibration\nlocalize: {steps: 99999999999}\n", ["r.yaml.localize.steps",
+                                                                              "less than or equal to 2147483647"]),
+    "k-zero": (b"recipe: wise\nk: 0\n", ["r.yaml.k", "greater than or equal to 1"]),
 }
 
 
@@ -545,6 +919,25 @@ def test_bad_recipe(case, tmp_path):
     path = tmp_path / "r.yaml"
     path.write_bytes(content)
     refused(tmp_path, ["run", path, "--out", tmp_path / "out"], str(path), *culprits)
+
+
+TASK_YAML = ('name: MyTask\nkind: single\nlabels: ["0", "1"]\nlabel_words: [bad, good]\n'
+             'template: "*cls**sent_0*_It_was*mask*.*sep+*"\n')
+
+
+@pytest.mark.parametrize("content, culprits", [
+    ("name: café\n".encode("latin-1"), ["t.yaml:1", "not UTF-8 text (byte 0xe9"]),  # was: no file named
+    (b"name: [MyTask\n", ["t.yaml", "not valid YAML"]),
+], ids=["latin-1", "bad-yaml"])
+def test_bad_task_file(content, culprits, tmp_path):
+    (tmp_path / "t.yaml").write_bytes(content)
+    refused(tmp_path, ["tasks", "--task-file", tmp_path / "t.yaml"], str(tmp_path / "t.yaml"), *culprits)
+
+
+def test_task_file_written_by_other_tools(toy_data, tmp_path):
+    (tmp_path / "t.yaml").write_bytes(_as_other_tools_write(TASK_YAML, "utf-16"))
+    r = invoke("tasks", "--task-file", tmp_path / "t.yaml", "--data-dir", toy_data)
+    assert r.exit_code == 0 and "MyTask" in r.output, r.output
 
 
 @pytest.mark.parametrize("args, says", [

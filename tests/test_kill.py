@@ -7,10 +7,18 @@ written); the others are exact: a forked child runs the verb with ``SKILLGRAFT_C
 (skillgraft.io.crash_point) and SIGKILLs itself there — a finished store entry not yet renamed, a graft folder
 written, metrics.json written, the whole report written, the report in place, and an old report moved aside
 with the new one not yet in place (rolled back by the next run).
+
+SIGTERM and SIGHUP (schedulers, ``timeout``, container stops, a closed terminal) get Ctrl-C's cleanup: a real
+``skillgraft graft`` gets SIGTERM from outside mid-report; then every verb that writes runs in a forked child
+(the real entry point, ``skillgraft.cli.main``) that waits once its output's temporary sibling exists
+(``SKILLGRAFT_WAIT_AT=dir-opened:<name>``), gets each signal from outside, exits 128 + the signal's number with
+one line, and leaves every folder as it was.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import json
 import os
 import signal
@@ -136,3 +144,145 @@ def test_kill_9_never_leaves_a_report_that_disagrees(ft_run, toy_data, tmp_path)
     assert r.exit_code == 0, r.output
     assert consistent(out, store) == "complete"
     assert leftovers(tmp_path) == [] and leftovers(store) == []
+
+
+# ---------------------------------------------------------------------------------------------- SIGTERM / SIGHUP
+# What schedulers, `timeout`, container stops (SIGTERM) and a closed terminal (SIGHUP) send: each unwinds like
+# Ctrl-C, so no temporary sibling is left, prints one line naming the verb and exits 128 + the signal's number.
+STOPS = [signal.SIGTERM, signal.SIGHUP, signal.SIGINT]  # SIGINT: Ctrl-C, for comparison
+
+
+def interrupted_ok(code, stderr: str, sig, verb: str) -> None:
+    name = "Ctrl-C" if sig == signal.SIGINT else sig.name
+    lines = [x.strip() for x in stderr.replace("\r", "\n").splitlines() if x.strip()]
+    assert code == 128 + sig, (code, lines[-5:])
+    assert "Traceback" not in stderr and not any(x.startswith("error:") for x in lines), lines[-10:]
+    assert lines[-1] == f"interrupted ({name}) during skillgraft {verb}: nothing was written", lines[-5:]
+    assert sum("interrupted" in x for x in lines) == 1
+
+
+def snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
+
+
+def test_sigterm_from_outside_during_graft_leaves_nothing(ft_run, toy_data, tmp_path):
+    """The issue's case: a real `skillgraft graft` process (no test hook) gets SIGTERM from outside while its
+    report's temporary folder exists (polled for, not slept on): before, it died leaving `.g.<pid>-….tmp`."""
+    sig = signal.SIGTERM
+    out, store = tmp_path / "g", tmp_path / "store"
+    args = graft_args(ft_run, toy_data, out, store)
+    args[args.index("--steps") + 1] = "400"  # long enough to be caught mid-localization
+    proc = subprocess.Popen([sys.executable, "-m", "skillgraft.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline and not leftovers(tmp_path):
+        time.sleep(0.01)
+    assert proc.poll() is None, f"finished before its report folder was seen: {proc.communicate()[1][-2000:]}"
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=300)
+    interrupted_ok(proc.returncode, stderr, sig, "graft")
+    assert not out.exists() and leftovers(tmp_path) == []
+    assert not store.exists() or leftovers(store) == []
+
+
+def run_main_forked(args: list[str], wait_at: str, folder: Path, sig, stderr_file: Path) -> int:
+    """Run ``skillgraft.cli.main`` (the real entry point, its signal handlers included) in a forked child that
+    waits at ``SKILLGRAFT_WAIT_AT=dir-opened:<wait_at>``; once its temporary sibling in ``folder`` exists, send
+    ``sig`` from here. Returns the child's exit code (its stderr in ``stderr_file``)."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 70
+        try:
+            os.environ["SKILLGRAFT_WAIT_AT"] = f"dir-opened:{wait_at}"
+            out = os.open(os.devnull, os.O_WRONLY)
+            err = os.open(stderr_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(out, 1)
+            os.dup2(err, 2)
+            sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+            sys.argv = ["skillgraft", *args]
+            from skillgraft.cli import main
+
+            try:
+                main()
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    deadline = time.monotonic() + 300
+    temp = f".{wait_at}.{pid}-*.tmp"  # the child's own temporary sibling of its output
+    while not (folder.is_dir() and any(fnmatch.fnmatchcase(p.name, temp) for p in folder.iterdir())):
+        if os.waitpid(pid, os.WNOHANG) != (0, 0) or time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            raise AssertionError(f"no {temp} appeared in {folder}: {stderr_file.read_text()[-3000:]}")
+        time.sleep(0.01)
+    os.kill(pid, sig)
+    _, status = os.waitpid(pid, 0)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+
+
+@pytest.fixture(scope="module")
+def report(ft_run, toy_data, tmp_path_factory):
+    """A complete graft report (its graft folders for apply / export / inspect) and its store."""
+    root = tmp_path_factory.mktemp("report")
+    r = runner.invoke(app, graft_args(ft_run, toy_data, root / "g", root / "store"))
+    assert r.exit_code == 0, r.output
+    return root / "g", root / "store"
+
+
+def _verb_cases(ft_run, toy_data, tiny_bert, report, root: Path) -> dict:
+    """verb → (arguments, the output name the child waits at, the folder its temporary sibling appears in)."""
+    out_g, store = report
+    graft = next((out_g / "grafts").iterdir())
+    (root / "store").mkdir()  # an empty store, which must stay empty
+    recipe = root / "r.yaml"
+    recipe.write_text(f"recipe: graft\nmodel: {tiny_bert}\nk: 4\nseed: 13\ndata_dir: {toy_data}\ntest_limit: 8\n"
+                      "finetune: {steps: 2, eval_every: 2, optimizer: adamw, lr: 0.001}\nlocalize: {steps: 1}\n"
+                      "report: {baselines: [], lottery_zero: false}\n")
+    q = lambda *a: [str(x) for x in a]  # noqa: E731
+    return {
+        "finetune": (q("finetune", "--task", "SST-2", "--k", 4, "--model", tiny_bert, "--steps", 2, "--eval-every", 2,
+                       "--test-limit", 4, "--data-dir", toy_data, "--out", root / "run"), "run", root),
+        "graft": (q(*graft_args(ft_run, toy_data, root / "g", store)), "g", root),
+        "graft --overwrite": (q(*graft_args(ft_run, toy_data, out_g, store, "--overwrite")), "g", out_g.parent),
+        "graft (store)": (q(*graft_args(ft_run, toy_data, root / "g2", root / "store", "--budgets", "0.2")),
+                          "regions-*", root / "store"),
+        "sweep": (q("sweep", "--finetuned", ft_run, "--out", root / "s", "--cache", root / "store", "--levels",
+                    "0.01", "--no-learned", "--localizers", "movement", "--test-limit", 8, "--data-dir", toy_data),
+                  "s", root),
+        "apply": (q("apply", graft, "--model", tiny_bert, "--data-dir", toy_data, "--limit", 4, "--export",
+                    root / "x"), "x", root),
+        "export": (q("export", graft, "--model", tiny_bert, "--to", "peft", "--out", root / "e"), "e", root),
+        "inspect": (q("inspect", graft, "--out", root / "i"), "i", root),
+        "evaluate": (q("evaluate", ft_run, "--data-dir", toy_data, "--limit", 4, "--out", root / "ev"), "ev", root),
+        "fim": (q("fim", "--task", "SST-2", "--k", 4, "--model", tiny_bert, "--n", 4, "--data-dir", toy_data,
+                  "--out", root / "f"), "f", root),
+        "run": (q("run", recipe, "--out", root / "rr", "--cache", root / "store"), "rr", root),
+        "continual add": (q("continual", "add", "--state", root / "st", "--task", "SST-2", "--k", 4, "--model",
+                            tiny_bert, "--steps", 2, "--localize-steps", 1, "--test-limit", 4, "--data-dir",
+                            toy_data), "st", root),
+    }
+
+
+VERBS = ["finetune", "graft", "graft --overwrite", "graft (store)", "sweep", "apply", "export", "inspect", "evaluate",
+         "fim", "run", "continual add"]
+
+
+@pytest.mark.parametrize("sig", STOPS, ids=lambda s: s.name)
+@pytest.mark.parametrize("verb", VERBS)
+def test_each_verb_that_writes_cleans_up_on_sigterm_sighup_and_ctrl_c(verb, sig, ft_run, toy_data, tiny_bert, report,
+                                                                tmp_path, tmp_path_factory):
+    """The signal arrives from outside while the verb's output (or its store entry) is a temporary sibling:
+    exit 128 + signal, one line, and every folder involved byte for byte as it was (an old report too)."""
+    cases = _verb_cases(ft_run, toy_data, tiny_bert, report, tmp_path)
+    args, wait_at, folder = cases[verb]
+    roots = [tmp_path, report[0].parent]
+    before = [snapshot(r) for r in roots]
+    stderr_file = tmp_path_factory.mktemp("stderr") / "stderr.txt"
+    code = run_main_forked(args, wait_at, folder, sig, stderr_file)
+    stderr = stderr_file.read_text()
+    interrupted_ok(code, stderr, sig, verb.split(" (")[0].split(" --")[0])
+    assert [snapshot(r) for r in roots] == before, stderr[-3000:]

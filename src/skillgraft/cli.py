@@ -23,11 +23,14 @@ from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.fisher.fisher import FisherConfig
 from skillgraft.graft.export import ExportSpec
+from skillgraft.graft.keep import KeepSpec
 from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, options_union
 
 LocalizerFlags = options_union()  # every registered localizer's options; the chosen one validates what is set
 from skillgraft.models.spec import ModelSpec
+from skillgraft.recipes.frontier import FrontierSpec
 from skillgraft.recipes.graft import ReportSpec, SweepSpec
+from skillgraft.spec import COUNT_MAX, SEED_MAX
 from skillgraft.train.config import FinetuneConfig
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -44,7 +47,9 @@ def one_line_error(e: BaseException) -> str | None:
     from skillgraft.io import describe_io_error  # noqa: PLC0415
 
     if isinstance(e, SkillgraftError):
-        return str(e)
+        from skillgraft.spec import readable_bounds  # noqa: PLC0415
+
+        return readable_bounds(str(e))
     return describe_io_error(e)
 
 
@@ -161,7 +166,7 @@ def evaluate(
     mode: Optional[str] = typer.Option(None, help="a Hugging Face checkpoint: classifier | prompt | causal | generative "
                                                   "(default: from its class and the data)"),
     data_dir: Optional[Path] = DataDir,
-    limit: Optional[int] = typer.Option(None, min=1, help="first N examples only"),
+    limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX, help="first N examples only"),
     out: Optional[Path] = typer.Option(None, help="write metrics JSON + plots into this folder"),
     *, user: UserDataSpec,
 ) -> None:
@@ -172,6 +177,7 @@ def evaluate(
     from skillgraft.data import get_task, load_split  # noqa: PLC0415
     from skillgraft.evaluate import evaluate as run_eval, labels_of  # noqa: PLC0415
     from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram  # noqa: PLC0415
+    from skillgraft.finite import refuse_non_finite_model  # noqa: PLC0415
     from skillgraft.io import write_json  # noqa: PLC0415
     from skillgraft.models import Scorer  # noqa: PLC0415
     from skillgraft.models.scorer import SCORER_CONFIG  # noqa: PLC0415
@@ -192,6 +198,8 @@ def evaluate(
         split = "data" if user.data is not None else split
         if note:
             console.print(f"labels: {escape(note)}")
+    refuse_non_finite_model(scorer, str(model_dir), "its scores would be meaningless (its fine-tuning diverged, "
+                                                    "or the file is damaged)")
     metrics, probs = run_eval(scorer, examples, progress=split)
     if "loss" in metrics:  # generative data
         if out:
@@ -244,7 +252,8 @@ Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_
 @from_specs(localize=Options(LocalizerFlags), report=Options(ReportSpec, help={"localizer": (
                 f"localizer of the grafts: {', '.join(LOCALIZERS)}; its own options: `skillgraft localizers NAME`")}),
             data=Options(DataSpec, skip=("task", "k", "seed", "test_limit")),
-            user=Options(UserDataSpec, rename={"seed": "data_seed"}))
+            user=Options(UserDataSpec, rename={"seed": "data_seed"}), keep=Options(KeepSpec),
+            frontier=Options(FrontierSpec))
 def graft(
     finetuned: Path = typer.Option(..., help="the fine-tuned model: a Hugging Face checkpoint (hub name or folder saved "
                                              "by plain transformers) with --pretrained, or a skillgraft run directory"),
@@ -253,13 +262,17 @@ def graft(
     mode: Optional[str] = typer.Option(None, help="how to score a checkpoint pair: classifier | prompt | causal | "
                                                   "generative (default: from the fine-tuned checkpoint's class)"),
     task: Optional[str] = typer.Option(None, help="a registered task to graft a checkpoint pair on, instead of --data"),
-    max_length: int = typer.Option(128, help="max tokens per example (checkpoint pairs)"),
+    max_length: int = typer.Option(128, min=8, max=COUNT_MAX, help="max tokens per example (checkpoint pairs)"),
     out: Optional[Path] = typer.Option(None, help="output folder (default: <run>/graft, or runs/graft-<checkpoint name>)"),
     overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
     cache: Optional[Path] = Cache,
-    *, localize: LocalizerFlags, report: ReportSpec, data: DataSpec, user: UserDataSpec,
+    *, localize: LocalizerFlags, report: ReportSpec, data: DataSpec, user: UserDataSpec, keep: KeepSpec,
+    frontier: FrontierSpec,
 ) -> None:
-    """Learn sparse grafts from a pre-trained + fine-tuned pair and compare them (writes report.md)."""
+    """Learn sparse grafts from a pre-trained + fine-tuned pair and compare them (writes report.md).
+
+    --keep 0.95,0.99: the smallest graft keeping each share of FT's score (on a selection split); --frontier: share of
+    FT vs density against closed-form peers (frontier.csv, frontier.png)."""
     from skillgraft.io import check_target  # noqa: PLC0415
     from skillgraft.pipeline.setup import from_pair, from_run, is_run_dir  # noqa: PLC0415
     from skillgraft.recipes.graft import graft_report, localizer_options  # noqa: PLC0415
@@ -288,7 +301,7 @@ def graft(
     result = {}
 
     def write(run) -> None:
-        result.update(graft_report(setup, run, report, localize))
+        result.update(graft_report(setup, run, report, localize, keep=keep, frontier=frontier))
         if setup.labels_note or setup.graft_metadata:
             text = (run.path / "report.md").read_text()
             lines = ["", "## Models and data", "",
@@ -305,16 +318,34 @@ def graft(
 
     _report_folder(out, overwrite, cache, write)
     for r in result["rows"]:
-        if r["kind"] in ("graft", "ft"):
+        if r["kind"] in ("graft", "ft", "keep"):
             size = f", {r['file_bytes'] / 1024:.1f} KiB" if r.get("file_bytes") else ""
             extra = f" loss {r['loss']:.4f}" if "loss" in r else ""
             console.print(f"{r['model']:>22}: {result['task']} {r['score']:.4f} ECE {r['ece']:.4f}{extra} "
                           f"| {r['params']:,} params ({r['density']:.2e}){size}")
+    _print_keep(result)
     if setup.data_note:
         console.print(f"data: {escape(setup.data_note)}")
     if setup.labels_note:
         console.print(f"labels: {escape(setup.labels_note)}")
     console.print(f"[bold green]done[/] → {out}/report.md")
+
+
+def _print_keep(result: dict) -> None:
+    """One line per keep target (size found, selection and test shares, cost) and per frontier keep density."""
+    keep = result.get("keep")
+    for t in (keep or {}).get("targets", []):
+        size = t["size"] if t["reached"] else t["best_size"]
+        head = (f"keep {t['target']:g}: {size:,} params ({size / t['universe']:.2e})" if t["reached"] else
+                f"keep {t['target']:g}: [yellow]not reached[/] by any size; best {t['best_share']:.3f} at {size:,}")
+        test = "" if t.get("test_share") is None else f", test share {t['test_share']:.3f}"
+        console.print(f"{head}, selection share {t['selection_share'] or t['best_share']:.3f}{test} "
+                      f"| {t['probe_count']} probes, {t['search_seconds']:.0f} s")
+    if keep:
+        console.print(f"keep selection split: {escape(keep['selection'])}")
+    for k in (result.get("frontier") or {}).get("keep", []):
+        need = f"density {k['density']:.2e}" if k["reached"] else f"not reached (best {k['best_share']:.3f})"
+        console.print(f"frontier {escape(k['method'])} keep {k['target']:g}: {need}, test share {k['test_share']:.3f}")
 
 
 @app.command()
@@ -327,7 +358,7 @@ def apply(
     export: Optional[Path] = typer.Option(None, help="write the grafted model as a Hugging Face checkpoint here"),
     overwrite: bool = typer.Option(False, help="replace an existing --export folder (it is never mixed into)"),
     evaluate_on: Optional[str] = typer.Option("test", help="split to evaluate on (empty: skip)"),
-    limit: Optional[int] = typer.Option(None, min=1, help="first N examples only"),
+    limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX, help="first N examples only"),
     force: bool = typer.Option(False, help="apply even if the base fingerprint differs or the graft records none"),
     data_dir: Optional[Path] = DataDir,
 ) -> None:
@@ -479,15 +510,17 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
 @app.command()
 @friendly
 @from_specs(sweep=Options(SweepSpec), localize=Options(LocalizeConfig, skip=("budgets",)),
-            data=Options(DataSpec, skip=("task", "k", "seed")))
+            data=Options(DataSpec, skip=("task", "k", "seed")), frontier=Options(FrontierSpec))
 def sweep(
     finetuned: Path = typer.Option(..., help="a fine-tuning run directory"),
     out: Optional[Path] = typer.Option(None, help="output folder (default: <finetuned>/sweep)"),
     overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
     cache: Optional[Path] = Cache,
-    *, sweep: SweepSpec, localize: LocalizeConfig, data: DataSpec,
+    *, sweep: SweepSpec, localize: LocalizeConfig, data: DataSpec, frontier: FrontierSpec,
 ) -> None:
-    """Accuracy vs region size for learned, top-movement and random regions (paper Figs. 2/4): CSV + PNG."""
+    """Accuracy vs region size for learned, top-movement and random regions (paper Figs. 2/4): CSV + PNG.
+
+    --frontier also draws share of FT vs density against closed-form peers (frontier.csv, frontier.png)."""
     from skillgraft.io import check_target  # noqa: PLC0415
     from skillgraft.pipeline.setup import from_run  # noqa: PLC0415
     from skillgraft.recipes.graft import sweep_report  # noqa: PLC0415
@@ -495,9 +528,19 @@ def sweep(
     out = check_target(out or finetuned / "sweep", overwrite)
     setup = from_run(finetuned, data_dir=data.data_dir, test_limit=data.test_limit)
     rows: list = []
-    _report_folder(out, overwrite, cache, lambda run: rows.extend(sweep_report(setup, run, sweep, localize)))
+    found: dict = {}
+
+    def write(run) -> None:
+        rows.extend(sweep_report(setup, run, sweep, localize))
+        if frontier.frontier:
+            from skillgraft.recipes.frontier import frontier_report  # noqa: PLC0415
+
+            found["frontier"] = frontier_report(setup, run, frontier, "learned", localize)
+
+    _report_folder(out, overwrite, cache, write)
     for r in rows:
         console.print(f"{r['localizer']:>13} {float(r['level']):.0e}: {r['score']:.4f} (ECE {r['ece']:.4f})")
+    _print_keep(found)
     console.print(f"[bold green]done[/] → {out}/sweep.csv, {out}/sweep.png")
 
 
@@ -549,7 +592,7 @@ def merge(
 @friendly
 def demo(
     out: Path = typer.Option(Path("runs/demo"), help="demo folder (replaced whole when the run is complete)"),
-    seed: int = typer.Option(42, help="data seed"),
+    seed: int = typer.Option(42, min=0, max=SEED_MAX, help="data seed"),
     data_dir: Optional[Path] = DataDir,
     cache: Optional[Path] = Cache,
 ) -> None:
@@ -572,6 +615,7 @@ def fim(
     *, data: DataSpec, model: ModelSpec, fisher: FisherConfig,
 ) -> None:
     """Per-layer FIM scores of the pre-trained model (surgical fine-tuning): ranking table, fim.json, fim.png."""
+    from skillgraft.finite import refuse_non_finite_model  # noqa: PLC0415
     from skillgraft.fisher import fim_layer_scores  # noqa: PLC0415
     from skillgraft.fisher.plots import layer_scores_bar  # noqa: PLC0415
     from skillgraft.io import write_json  # noqa: PLC0415
@@ -579,6 +623,7 @@ def fim(
     k, seed, n_examples, kind, config = data.k, data.seed, fisher.n_examples, fisher.kind, fisher
     data = data.load()
     scorer = model.scorer(data.task)
+    refuse_non_finite_model(scorer, scorer.base_model, "its Fisher scores would be meaningless")
     scores = fim_layer_scores(scorer, data.train, aggregate=aggregate, normalize=normalize, config=config,
                               progress="fisher")
     ranks = scores.rank_of()
@@ -616,8 +661,8 @@ _CONTINUAL_LOCALIZE = {n: f"localize_{n}" for n in ("steps", "lr", "batch_size",
 def continual_add_cmd(
     state: Path = typer.Option(..., help="continual state folder (created on first use)"),
     task: str = typer.Option(..., help="the task that arrives now"),
-    k: int = typer.Option(16, help="examples per label"),
-    seed: int = typer.Option(13, help="data seed"),
+    k: int = typer.Option(16, min=1, max=COUNT_MAX, help="examples per label"),
+    seed: int = typer.Option(13, min=0, max=SEED_MAX, help="data seed"),
     data_dir: Optional[Path] = DataDir,
     model: Optional[str] = typer.Option(None, help="base model (only when creating the state; default MiniLM)"),
     mode: str = typer.Option("head", help="head | prompt (only when creating the state)"),
@@ -625,8 +670,8 @@ def continual_add_cmd(
                                                      "single-task fine-tune + localize)"),
     init: str = typer.Option("current", help="current (paper: train owned coordinates from the current model) | "
                                              "graft (start them from the single-task graft)"),
-    test_limit: Optional[int] = typer.Option(None, min=1, help="evaluate on a fixed seeded sample of N test "
-                                                               "examples"),
+    test_limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX,
+                                             help="evaluate on a fixed seeded sample of N test examples"),
     *,
     finetune: FinetuneConfig,
     localize: LocalizeConfig,
@@ -652,7 +697,7 @@ def continual_show_cmd(state: Path = typer.Argument(..., help="continual state f
 
     if not (state / "continual.json").is_file():
         raise SkillgraftError(f"{state}: no continual.json; not a continual state folder")
-    st = read_json(state / "continual.json")
+    st = read_json(state / "continual.json", required=("tasks",), what="continual state")
     table = Table(title=f"continual state {state} (base {st.get('base_model')})")
     for col in ("order", "task", "|γ|", "owned", "shared w/ earlier", "test (latest)"):
         table.add_column(col)
@@ -663,9 +708,29 @@ def continual_show_cmd(state: Path = typer.Argument(..., help="continual state f
     console.print(table)
 
 
+def interrupted_line(signum: int, argv: list[str]) -> str:
+    """The one line for a verb stopped by Ctrl-C, SIGTERM or SIGHUP: which verb, and what was written."""
+    import signal  # noqa: PLC0415
+
+    from skillgraft.io import written  # noqa: PLC0415
+
+    name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    words = [a for a in argv[:2] if not a.startswith("-")]
+    verb = " ".join(words[:2] if words[:1] == ["continual"] else words[:1])
+    done = written()
+    what = "nothing was written" if not done else (f"nothing else was written (complete before it: "
+                                                    f"{', '.join(str(p) for p in done[-3:])})")
+    return f"interrupted ({name}) during skillgraft {verb}: {what}"
+
+
 def main() -> None:  # pragma: no cover - entry point
-    """Entry point of ``skillgraft``: runs the app; Ctrl-C exits 130 with one line."""
+    """Entry point of ``skillgraft``: runs the app; Ctrl-C, SIGTERM and SIGHUP clean up, print one line and exit
+    128 + the signal's number (130, 143, 129)."""
     from typer import Abort  # noqa: PLC0415
+
+    from skillgraft.io import handle_signals, stopped_by  # noqa: PLC0415
+
+    handle_signals()  # SIGTERM / SIGHUP unwind like Ctrl-C: no temporary sibling is left behind
 
     try:  # typer ≥ 0.20 vendors click: its usage errors live under typer._click
         from typer._click.exceptions import ClickException  # noqa: PLC0415
@@ -679,18 +744,21 @@ def main() -> None:  # pragma: no cover - entry point
         hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
         err.print(f"[bold red]error:[/] {escape(e.format_message())}{escape(hint)}", highlight=False)
         sys.exit(e.exit_code)
-    except Abort:
-        err.print("[red]interrupted[/]")
-        sys.exit(130)
-    except KeyboardInterrupt:
-        err.print("[red]interrupted[/]")
-        sys.exit(130)
+    except (Abort, KeyboardInterrupt):
+        code = 130  # typer turns Ctrl-C into exit code 130 itself; older versions raise
     except Exception as e:  # outside a verb (e.g. while importing or parsing): the same one-line contract
         line = one_line_error(e)
         if line is None or os.environ.get("SKILLGRAFT_DEBUG") == "1":
             raise
         err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
         sys.exit(2)
+    signum = stopped_by()
+    if signum is not None:  # every atomic writer cleaned up on the way out
+        try:
+            err.print(f"[red]{escape(interrupted_line(signum, sys.argv[1:]))}[/]", highlight=False)
+        except OSError:  # the terminal that sent SIGHUP is gone
+            pass
+        sys.exit(128 + int(signum))
     sys.exit(code if isinstance(code, int) else 0)
 
 

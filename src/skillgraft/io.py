@@ -3,17 +3,25 @@
 An I/O fault inside :func:`atomic_path` / :func:`atomic_dir` (no space, permission denied, a read-only file
 system, …) removes the temporary sibling and is re-raised as an ``OSError`` naming the path the caller asked
 for, never the temporary one; :func:`describe_io_error` turns it into ``<path>: <reason>`` (the CLI's one line).
+
+Signals: :func:`handle_signals` (the CLI installs it) makes SIGTERM and SIGHUP — what schedulers, ``timeout``
+and container stops send — unwind like Ctrl-C (an :class:`Interrupted`, a ``KeyboardInterrupt``), so every
+temporary sibling is deleted on the way out; a signal that lands while an output is being renamed into place
+waits until the rename is done, and :func:`written` says which complete artifacts this process put in place.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import errno
 import json
 import os
 import re
 import shutil
+import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,19 +84,97 @@ def _located(e: BaseException, tmp: Path, path: Path) -> BaseException | None:
 
 
 def crash_point(point: str, path: Path) -> None:
-    """Fault injection for the kill -9 test (tests/test_kill.py): ``SKILLGRAFT_CRASH_AT=<point>:<glob>`` makes
-    this process SIGKILL itself the first time it reaches ``point`` for a target whose name matches ``glob``.
-    Points: ``file-written`` / ``dir-written`` (complete temporary sibling, not yet renamed), ``dir-swapped``
-    (an existing target moved aside, the new one not yet in place), ``dir-renamed`` (in place)."""
-    spec = os.environ.get("SKILLGRAFT_CRASH_AT")
-    if not spec:
-        return
-    import fnmatch  # noqa: PLC0415
-    import signal  # noqa: PLC0415
+    """Fault injection for the kill tests (tests/test_kill.py), inert unless set:
+    ``SKILLGRAFT_CRASH_AT=<point>:<glob>`` makes this process SIGKILL itself the first time it reaches ``point``
+    for a target whose name matches ``glob``; ``SKILLGRAFT_WAIT_AT=<point>:<glob>`` makes it wait there (up to
+    10 minutes) for a signal sent from outside. Points: ``dir-opened`` (the temporary sibling just made),
+    ``file-written`` / ``dir-written`` (complete temporary sibling, not yet renamed), ``dir-swapped`` (an
+    existing target moved aside, the new one not yet in place), ``dir-renamed`` (in place)."""
+    for var in ("SKILLGRAFT_CRASH_AT", "SKILLGRAFT_WAIT_AT"):
+        spec = os.environ.get(var)
+        if not spec:
+            continue
+        import fnmatch  # noqa: PLC0415
 
-    want, _, glob = spec.partition(":")
-    if want == point and fnmatch.fnmatchcase(Path(path).name, glob or "*"):
-        os.kill(os.getpid(), signal.SIGKILL)
+        want, _, glob = spec.partition(":")
+        if want == point and fnmatch.fnmatchcase(Path(path).name, glob or "*"):
+            if var == "SKILLGRAFT_CRASH_AT":
+                os.kill(os.getpid(), signal.SIGKILL)
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                time.sleep(0.02)
+
+
+# ---------------------------------------------------------------------------------------------- signals
+class Interrupted(KeyboardInterrupt):
+    """A stopping signal (SIGTERM, SIGHUP, Ctrl-C's SIGINT) raised in the main thread, so that every ``finally``
+    and atomic writer's cleanup runs on the way out, as for Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+_critical = 0                 # > 0 while an output is renamed into place
+_pending: list[int] = []      # a signal that arrived meanwhile
+_written: list[Path] = []     # complete artifacts this process put in place (not inside a temporary sibling)
+_stopped_by: list[int] = []   # the signal that stopped this process
+
+
+def _on_signal(signum: int, frame) -> None:
+    for s in STOP_SIGNALS:  # once is enough: a second signal must not interrupt the cleanup
+        signal.signal(s, signal.SIG_IGN)
+    _stopped_by.append(signum)
+    if _critical:
+        _pending.append(signum)
+        return
+    raise Interrupted(signum)
+
+
+def handle_signals() -> None:
+    """SIGTERM, SIGHUP and SIGINT raise :class:`Interrupted` in the main thread (call it from the main thread,
+    once per command: the record of what :func:`written` reports starts afresh)."""
+    _written.clear()
+    _stopped_by.clear()
+    for s in STOP_SIGNALS:
+        signal.signal(s, _on_signal)
+
+
+@contextlib.contextmanager
+def _deferred() -> Iterator[None]:
+    """A stopping signal that lands in the block is raised only when the block is done (making a temporary
+    sibling and remembering its name; renaming an output into place)."""
+    global _critical
+    _critical += 1
+    try:
+        yield
+    finally:
+        _critical -= 1
+        if not _critical and _pending:
+            raise Interrupted(_pending.pop())
+
+
+@contextlib.contextmanager
+def _committing(path: Path) -> Iterator[None]:
+    """Put ``path`` in place (the block) without a signal in between, and record it as written."""
+    with _deferred():
+        yield
+        if not any(_TMP_NAME.fullmatch(part) for part in Path(path).parts[:-1]):
+            _written.append(Path(path))
+
+
+def stopped_by() -> int | None:
+    """The number of the stopping signal :func:`handle_signals` caught, or None."""
+    return _stopped_by[0] if _stopped_by else None
+
+
+def written() -> list[Path]:
+    """The complete artifacts (outside any temporary sibling) this process has put in place, in order."""
+    return list(_written)
+
+
+_TMP_NAME = re.compile(r"\..+\.\d+-[^/]*\.tmp")
 
 
 def _moved(name, tmp: Path, path: Path):
@@ -112,12 +198,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         sweep_leftovers(path)
-        fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent)
-        os.close(fd)
+        with _deferred():
+            fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent)
+            os.close(fd)
         yield Path(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file ordinary permissions
         crash_point("file-written", path)
-        os.replace(tmp, path)
+        with _committing(path):
+            os.replace(tmp, path)
     except BaseException as e:
         located = _located(e, Path(tmp) if tmp else path, path)
         if located is None or located is e:
@@ -199,14 +287,15 @@ def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
         crash_point("dir-written", path)
         old = _old(path)
-        if os.path.lexists(path):
+        with _committing(path):
+            if os.path.lexists(path):
+                _remove(old)
+                os.replace(path, old)
+                crash_point("dir-swapped", path)  # a kill here: the old one in `old`, the new in `tmp`
+                os.replace(tmp, path)
+            else:
+                os.replace(tmp, path)
             _remove(old)
-            os.replace(path, old)
-            crash_point("dir-swapped", path)  # a kill here leaves no `path`: the old one is in `old`, the new in `tmp`
-            os.replace(tmp, path)
-        else:
-            os.replace(tmp, path)
-        _remove(old)
         crash_point("dir-renamed", path)
 
 
@@ -221,10 +310,11 @@ def atomic_files(folder: str | os.PathLike) -> Iterator[Path]:
     with _tmp_dir(folder) as tmp:
         yield tmp
         crash_point("dir-written", folder)
-        folder.mkdir(exist_ok=True)
-        for f in sorted(tmp.iterdir()):
-            os.chmod(f, 0o666 & ~_umask())
-            os.replace(f, folder / f.name)
+        with _committing(folder):
+            folder.mkdir(exist_ok=True)
+            for f in sorted(tmp.iterdir()):
+                os.chmod(f, 0o666 & ~_umask())
+                os.replace(f, folder / f.name)
 
 
 @contextlib.contextmanager
@@ -235,7 +325,9 @@ def _tmp_dir(path: Path) -> Iterator[Path]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         sweep_leftovers(path)
-        tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent))
+        with _deferred():
+            tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), suffix=".tmp", dir=path.parent))
+        crash_point("dir-opened", path)
         yield tmp
     except BaseException as e:
         located = _located(e, tmp or path, path)
@@ -272,18 +364,47 @@ def _jsonable(x):
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
+BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def read_text(path: Path) -> str:
+    """The text of a file as other tools write it (data files, recipes, configs): UTF-8 with or without a
+    byte-order mark, or UTF-16 with one (Windows "Unicode", PowerShell 5's ``>``); CRLF line ends are left to
+    the parsers, which all accept them. A NUL byte (a binary file), bytes that are not UTF-8 or an unreadable
+    file are one error naming the file and the line."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise SkillgraftError(f"{path}: cannot read ({describe_io_error(e).removeprefix(f'{path}: ')})") from None
+    encoding = next((enc for bom, enc in BOMS if raw.startswith(bom)), "utf-8")
+    if encoding == "utf-16":
+        try:
+            return raw.decode("utf-16")
+        except UnicodeDecodeError as e:
+            raise SkillgraftError(f"{path}: starts with a UTF-16 byte-order mark but is not UTF-16 text "
+                                  f"({e.reason} at offset {e.start}); re-save the file as UTF-8") from None
+    nul = raw.find(b"\x00")
+    if nul >= 0:
+        line = raw.count(b"\n", 0, nul) + 1
+        raise SkillgraftError(f"{path}:{line}: contains a NUL byte (a binary file?); expected UTF-8 text")
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError as e:
+        start = e.start + (3 if encoding == "utf-8-sig" else 0)
+        line = raw.count(b"\n", 0, start) + 1
+        raise SkillgraftError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[start]:02x} at offset {start}); "
+                              "re-save the file as UTF-8") from None
+
+
 def read_json(path: str | os.PathLike, *, required: tuple[str, ...] = (), what: str = "file") -> dict:
     """A JSON object from ``path``; missing file, bad JSON or a missing ``required`` key → one clear error."""
     path = Path(path)
     if not path.is_file():
         raise SkillgraftError(f"{what} not found: {path}" + (" (a folder)" if path.is_dir() else ""))
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
+        obj = json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise SkillgraftError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SkillgraftError(f"{path}: cannot read {what}: {describe_io_error(e).removeprefix(f'{path}: ')}") \
-            from None
     if required and not isinstance(obj, dict):
         raise SkillgraftError(f"{path}: unreadable {what} (expected a JSON object, got {type(obj).__name__})")
     missing = [k for k in required if k not in obj]

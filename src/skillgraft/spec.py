@@ -16,21 +16,29 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from skillgraft.errors import SkillgraftError
 
 S = TypeVar("S", bound="Spec")
+# Bounds every numeric field carries besides its own: a value out of range is one line naming the option,
+# before any work, never an overflow deep inside NumPy, the tokenizer or an optimizer.
+SEED_MAX = 2**32 - 1   # NumPy's RandomState and torch.manual_seed take seeds in [0, 2**32 - 1]
+COUNT_MAX = 2**31 - 1  # sizes, limits, steps, batch sizes, max lengths: an int32
+FLOAT_MAX = 3.4e38     # learning rates, penalties, weight decay: what float32 optimizer state can hold
+Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
 
 
 class Spec(BaseModel):
     """Base of every typed setting: frozen, unknown fields refused, values validated on construction."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, arbitrary_types_allowed=True,
+                              allow_inf_nan=False)  # `--lr nan`, `.inf` in a recipe: refused by name
 
     @classmethod
     def build(cls: type[S], values: dict[str, Any] | None = None, *, where: str = "") -> S:
@@ -74,7 +82,15 @@ def validation_message(error: ValidationError, where: str) -> str:
         shown = "" if isinstance(got, dict) else f" (got {got!r})"
         msg = item["msg"].removeprefix("Value error, ")
         parts.append(f"{field}: {msg}{shown}")
-    return "; ".join(parts)
+    return readable_bounds("; ".join(parts))
+
+
+_BIG_BOUND = re.compile(r"(than(?: or equal to)?) (\d{16,})\b")
+
+
+def readable_bounds(text: str) -> str:
+    """pydantic spells a float bound out in digits ("less than or equal to 340000…000"): 3.4e+38 instead."""
+    return _BIG_BOUND.sub(lambda m: f"{m.group(1)} {float(m.group(2)):g}", text)
 
 
 def stable_hash(obj: Any) -> str:
@@ -100,9 +116,10 @@ def parse_file(path: Path, parse: Callable[[str], Any], error: type[Exception],
                describe: Callable[[Any], str]) -> Any:
     """``parse`` of the text at ``path``; an ``error`` it raises (``describe``d) or a failed read is one
     :class:`SkillgraftError` naming the file."""
+    from skillgraft.io import read_text  # noqa: PLC0415
+
+    text = read_text(path)  # UTF-8 with or without a BOM, or UTF-16; else one error naming the file and line
     try:
-        return parse(path.read_text())
+        return parse(text)
     except error as e:
         raise SkillgraftError(f"{path}: {describe(e)}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SkillgraftError(f"{path}: cannot read ({e})") from None

@@ -16,12 +16,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from skillgraft.data.tasks import Task, get_task
 from skillgraft.errors import SkillgraftError
+from skillgraft.io import read_text
 
 SPLITS = ("train", "dev", "test")
 
@@ -115,35 +117,53 @@ def read_file(task: Task, path: Path) -> list[Example]:
     return examples
 
 
-def _read_text(path: Path) -> str:
-    """The file's text (UTF-8, a leading BOM dropped); a NUL byte (a binary file), bytes that are not UTF-8 or
-    an unreadable file are one error naming the file and the line."""
-    from skillgraft.io import describe_io_error  # noqa: PLC0415
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number (non-finite values are refused)")
 
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise SkillgraftError(f"{path}: cannot read ({describe_io_error(e).removeprefix(f'{path}: ')})") from None
-    nul = raw.find(b"\x00")
-    if nul >= 0:
-        line = raw.count(b"\n", 0, nul) + 1
-        raise SkillgraftError(f"{path}:{line}: contains a NUL byte (a binary file?); expected UTF-8 text")
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        start = e.start + (3 if raw.startswith(b"\xef\xbb\xbf") else 0)
-        line = raw.count(b"\n", 0, start) + 1
-        raise SkillgraftError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[start]:02x} at offset {start}); "
-                              "re-save the file as UTF-8") from None
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} overflows to {value} (non-finite values are refused)")
+    return value
+
+
+def jsonl_rows(path: Path, hint: str = "") -> list[tuple[str, dict]]:
+    """``(path:line, object)`` for each non-blank line of a JSONL file (BOM, CRLF and blank lines accepted);
+    a line that is not a JSON object, or holds NaN / Infinity, is one error naming the file and the line."""
+    rows = []
+    for lineno, line in enumerate(read_text(path).split("\n"), 1):  # not splitlines(): U+2028 is JSON text
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            row = json.loads(line, parse_constant=_no_constant, parse_float=_finite_float)
+        except json.JSONDecodeError as e:
+            raise SkillgraftError(f"{where}: malformed JSON ({e.msg} at column {e.colno}){hint}") from None
+        except ValueError as e:
+            raise SkillgraftError(f"{where}: {e}") from None
+        if not isinstance(row, dict):
+            raise SkillgraftError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        rows.append((where, row))
+    return rows
+
+
+def csv_reader(text: str, delimiter: str = ","):
+    """A strict ``csv.reader`` over ``text`` (quoting errors raise ``csv.Error``; fields up to the text's size)."""
+    csv.field_size_limit(max(csv.field_size_limit(), len(text) + 1))
+    return csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
 
 
 def _label(task: Task, raw: object, where: str) -> int:
     if isinstance(raw, (list, dict, bool)) or raw is None:
         got = "null" if raw is None else f"{type(raw).__name__} {raw!r}"
         raise SkillgraftError(f"{where}: field 'label' must be a string or a number, got {got}")
+    if isinstance(raw, float) and raw.is_integer():
+        raw = int(raw)  # 1.0 as pandas writes an integer label
     label = str(raw).strip()
     if label not in task.labels:
-        raise SkillgraftError(f"{where}: unknown label {label!r}; task {task.name!r} has labels {list(task.labels)}")
+        shown = repr(label) if len(label) <= 40 else repr(label[:40]) + f"… ({len(label)} characters)"
+        raise SkillgraftError(f"{where}: unknown label {shown}; task {task.name!r} has labels {list(task.labels)}")
     return task.labels.index(label)
 
 
@@ -157,16 +177,7 @@ def _text(value: object, where: str, field: str) -> str:
 
 def _read_jsonl(task: Task, path: Path) -> list[Example]:
     out = []
-    for lineno, line in enumerate(_read_text(path).split("\n"), 1):  # not splitlines(): U+2028 is JSON text
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SkillgraftError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(row, dict):
-            raise SkillgraftError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    for where, row in jsonl_rows(path):
         if "label" not in row:
             raise SkillgraftError(f"{where}: field 'label' is missing")
         label = _label(task, row["label"], where)
@@ -190,7 +201,7 @@ _TSV_COLUMNS = [
 
 
 def _read_tsv(task: Task, path: Path) -> list[Example]:
-    lines = _read_text(path).splitlines()
+    lines = read_text(path).splitlines()
     if not lines:
         raise SkillgraftError(f"{path}: the split is empty (no examples)")
     header = lines[0].split("\t")
@@ -217,10 +228,10 @@ def _read_tsv(task: Task, path: Path) -> list[Example]:
 
 def _read_csv(task: Task, path: Path) -> list[Example]:
     out = []
-    reader = csv.reader(io.StringIO(_read_text(path), newline=""))
+    reader = csv_reader(read_text(path))
     try:
         for row in reader:
-            if not row:
+            if not any(v.strip() for v in row):  # a blank line (spaces or CRLF)
                 continue
             where = f"{path}:{reader.line_num}"
             if len(row) < 2:

@@ -6,18 +6,20 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from skillgraft.spec import Spec
+from skillgraft.spec import COUNT_MAX, Seed, Spec
 
 
 class DataSpec(Spec):
     """A k-shot draw of a registered task (LM-BFF sampling) and the test subset it is evaluated on."""
 
     task: str = Field("SST-2", description="task name (see `skillgraft tasks`)")
-    k: int = Field(64, ge=1, description="examples per label (k-shot; the paper's main tables use 64); dev = the "
-                                       "next k per label")
-    seed: int = Field(42, description="data seed (LM-BFF: 13, 21, 42, 87, 100)")
+    k: int = Field(64, ge=1, le=COUNT_MAX, description=(
+        "examples per label (k-shot; the paper's main tables use 64); dev = the "
+        "next k per label"))
+    seed: Seed = Field(42, description="data seed (LM-BFF: 13, 21, 42, 87, 100)")
     data_dir: Path | None = Field(None, description="data root (default: $SKILLGRAFT_DATA, ./data, ../shared/data)")
-    test_limit: int | None = Field(None, ge=1, description="evaluate on a fixed seeded sample of N test examples")
+    test_limit: int | None = Field(None, ge=1, le=COUNT_MAX, description=(
+        "evaluate on a fixed seeded sample of N test examples"))
 
     def load(self, task=None):
         """The :class:`~skillgraft.data.sampling.FewShotData` of this draw (test subset applied).
@@ -54,10 +56,12 @@ class UserDataSpec(Spec):
     completion_field: str | None = Field(None, description="field holding the completion (generative data)")
     labels: list[str] | None = Field(None, description="the labels in the model's logit order (default: the fine-tuned "
                                                        "classifier's config.id2label, else inferred, sorted)")
-    k: int | None = Field(None, ge=1, description="k-shot: examples per label (per row for open-ended completions) "
-                                                  "used to localize (default: all rows)")
-    seed: int = Field(42, description="seed of the evaluation hold-out and of k-shot sampling")
-    test_limit: int | None = Field(None, ge=1, description="evaluate on a fixed seeded sample of N examples")
+    k: int | None = Field(None, ge=1, le=COUNT_MAX, description=(
+        "k-shot: examples per label (per row for open-ended completions) "
+        "used to localize (default: all rows)"))
+    seed: Seed = Field(42, description="seed of the evaluation hold-out and of k-shot sampling")
+    test_limit: int | None = Field(None, ge=1, le=COUNT_MAX, description=(
+        "evaluate on a fixed seeded sample of N examples"))
 
     @model_validator(mode="after")
     def _fields_agree(self):

@@ -189,10 +189,9 @@ def load_task_yaml(path: str | Path, *, overwrite: bool = False) -> list[Task]:
     path = Path(path)
     if not path.is_file():
         raise SkillgraftError(f"task file not found: {path}")
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise SkillgraftError(f"{path}: not valid YAML: {e}") from None
+    from skillgraft.spec import parse_file  # noqa: PLC0415
+
+    doc = parse_file(path, yaml.safe_load, yaml.YAMLError, lambda e: f"not valid YAML: {e}")  # BOM, UTF-16 read
     specs = doc.get("tasks", [doc]) if isinstance(doc, dict) else doc
     if not isinstance(specs, list):
         raise SkillgraftError(f"{path}: expected a task mapping or a list under 'tasks:'")

@@ -12,7 +12,7 @@ repository's layout, or a hub name such as ``stanfordnlp/sst2``) are read with t
 from __future__ import annotations
 
 import csv
-import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from skillgraft.data.loading import Example
+from skillgraft.data.loading import Example, csv_reader, jsonl_rows
+from skillgraft.io import read_text
 from skillgraft.data.tasks import Task
 from skillgraft.errors import SkillgraftError
 
@@ -117,28 +118,40 @@ def open_source(source: str | Path, config: str | None = None) -> Source:
 def _read_file(path: Path) -> list[tuple[str, dict]]:
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
-        rows = []
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise SkillgraftError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno}); "
-                                          "expected one JSON object per line") from None
-                if not isinstance(row, dict):
-                    raise SkillgraftError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-                rows.append((f"{path}:{lineno}", row))
+        rows = jsonl_rows(path, "; expected one JSON object per line")
     elif suffix in (".csv", ".tsv"):
-        with path.open(encoding="utf-8", newline="") as f:
-            reader = csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ",")
-            rows = [(f"{path}:{i}", dict(r)) for i, r in enumerate(reader, 2) if any((v or "").strip() for v in r.values())]
+        rows = _table_rows(path, "\t" if suffix == ".tsv" else ",")
     else:
         raise SkillgraftError(f"{path}: unsupported data file (expected .jsonl, .csv, .tsv, a Hugging Face dataset "
                               "folder or a hub dataset name)")
     if not rows:
         raise SkillgraftError(f"{path}: no rows")
+    return rows
+
+
+def _table_rows(path: Path, delimiter: str) -> list[tuple[str, dict]]:
+    """The rows of a CSV/TSV file with a header, as ``(path:line, {column: value})``; blank lines skipped, a
+    repeated column name or a row with more fields than the header is one error naming the line."""
+    reader = csv_reader(read_text(path), delimiter)
+    rows, header = [], None
+    try:
+        for row in reader:
+            if not any(v.strip() for v in row):
+                continue
+            where = f"{path}:{reader.line_num}"
+            if header is None:
+                header = [h.strip() for h in row]
+                twice = sorted({h for h in header if header.count(h) > 1})
+                if twice:
+                    raise SkillgraftError(f"{where}: column {twice[0]!r} appears twice in the header")
+                continue
+            if len(row) > len(header):
+                raise SkillgraftError(f"{where}: {len(row)} fields but the header names {len(header)} columns "
+                                      f"{header}; quote fields that hold the delimiter")
+            rows.append((where, dict(zip(header, row))))
+    except csv.Error as e:
+        kind = "TSV" if delimiter == "\t" else "CSV"
+        raise SkillgraftError(f"{path}:{reader.line_num}: malformed {kind} ({e})") from None
     return rows
 
 
@@ -180,6 +193,8 @@ def _field(row: dict, name: str, where: str) -> str:
     value = row[name]
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise SkillgraftError(f"{where}: field {name!r} must be text, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SkillgraftError(f"{where}: field {name!r} is {value} (non-finite values are refused)")
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 

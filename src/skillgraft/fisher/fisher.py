@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
-from skillgraft.spec import Spec
+from skillgraft.spec import COUNT_MAX, Seed, Spec
 
 if TYPE_CHECKING:
     from skillgraft.models.scorer import Scorer
@@ -46,13 +46,13 @@ class FisherConfig(Spec):
 
     kind: FisherKind = Field("empirical", description=(
         "empirical (true labels) | true (expectation over the model's labels) | sampled (one drawn label)"))
-    n_examples: int | None = Field(None, ge=1, description="use the first N examples (None: all)")
-    chunk_size: int | None = Field(None, ge=1, description=(
+    n_examples: int | None = Field(None, ge=1, le=COUNT_MAX, description="use the first N examples (None: all)")
+    chunk_size: int | None = Field(None, ge=1, le=COUNT_MAX, description=(
         "examples per vectorised chunk (None: hooks 16; vmap 4 on CPU, where larger is slower, 32 on GPU)"))
     method: Literal["auto", "hooks", "vmap", "loop"] = Field("auto", description=(
         "auto (hooks when every tensor sits in a Linear/Conv1D/LayerNorm/RMSNorm/Embedding, else vmap) | "
         "hooks | vmap | loop (reference)"))
-    seed: int = Field(0, description="seed of the labels drawn for kind=sampled")
+    seed: Seed = Field(0, description="seed of the labels drawn for kind=sampled")
 
 
 def body_names(scorer: Scorer) -> list[str]:

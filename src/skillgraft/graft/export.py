@@ -42,7 +42,7 @@ from torch import nn
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft, cached_fingerprint
-from skillgraft.graft.region import Region, _compact
+from skillgraft.graft.region import Region, compact_positions
 from skillgraft.io import atomic_dir, check_target
 from skillgraft.models.anatomy import graftable_names
 from skillgraft.spec import Spec
@@ -130,7 +130,7 @@ def _check_base(graft: Graft, scorer, force: bool) -> dict[str, torch.Tensor]:
 def load_graft_base(graft: Graft, model: str | None = None):
     """The graft's base: a Scorer when its task is known (head pooling then known), else the plain HF model."""
     from skillgraft.models.loading import model_reference  # noqa: PLC0415
-    from skillgraft.models.scorer import _load_for_mode, build_scorer  # noqa: PLC0415
+    from skillgraft.models.scorer import load_for_mode, build_scorer  # noqa: PLC0415
 
     mode = graft.metadata.get("mode", "head")
     name = model or graft.base_model or None
@@ -139,13 +139,13 @@ def load_graft_base(graft: Graft, model: str | None = None):
         return build_scorer(name, task, mode)
     with torch.random.fork_rng():
         torch.manual_seed(0)  # as build_scorer: weights missing from the checkpoint initialise the same way
-        return _load_for_mode(model_reference(name), mode, None)[0]
+        return load_for_mode(model_reference(name), mode, None)[0]
 
 
 def load_adapter_base(directory: str | os.PathLike, model: str | None = None) -> nn.Module:
     """The plain HF base model of a PEFT adapter folder (``--model`` or its ``base_model_name_or_path``)."""
     from skillgraft.models.loading import model_reference  # noqa: PLC0415
-    from skillgraft.models.scorer import _load_for_mode  # noqa: PLC0415
+    from skillgraft.models.scorer import load_for_mode  # noqa: PLC0415
 
     cfg, meta = _read_adapter(Path(directory))
     name = model or cfg.get("base_model_name_or_path")
@@ -159,7 +159,7 @@ def load_adapter_base(directory: str | os.PathLike, model: str | None = None) ->
             "prompt" if cls.endswith("ForMaskedLM") else "head"
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        return _load_for_mode(model_reference(name), mode, None)[0]
+        return load_for_mode(model_reference(name), mode, None)[0]
 
 
 # ---------------------------------------------------------------------------------------------- exact deltas
@@ -591,7 +591,7 @@ def export_delta(graft: Graft, out: str | os.PathLike, *, base=None, head: str =
     inexact = 0
     for name, idx in graft.region.indices.items():
         hf = _hf_name(name)
-        tensors[f"{hf}::indices"] = _compact(idx).contiguous()
+        tensors[f"{hf}::indices"] = compact_positions(idx).contiguous()
         tensors[f"{hf}::values"] = graft.values[name].reshape(-1).contiguous()
         if name in params:
             d, missed = exact_delta(params[name].detach().reshape(-1).cpu()[idx], graft.values[name])
@@ -623,9 +623,9 @@ def graft_task(graft: Graft):
 
     record = graft.metadata.get("task_spec")
     if isinstance(record, dict):
-        from skillgraft.models.scorer import _task_from_config  # noqa: PLC0415
+        from skillgraft.models.scorer import task_from_config  # noqa: PLC0415
 
-        return _task_from_config(dict(record), f"{graft._where()} metadata task_spec")
+        return task_from_config(dict(record), f"{graft._where()} metadata task_spec")
     name = graft.metadata.get("task")
     if not name:
         return None
@@ -709,8 +709,14 @@ def _read_adapter(directory: Path) -> tuple[dict, dict]:
         raise SkillgraftError(f"{directory}: no {ADAPTER_WEIGHTS} (found: {other})")
     from safetensors import safe_open  # noqa: PLC0415
 
-    with safe_open(str(w_path), "pt") as f:
-        header = f.metadata() or {}
+    try:
+        with safe_open(str(w_path), "pt") as f:
+            header = f.metadata() or {}
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 - safetensors' own error types: the file is damaged
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        raise SkillgraftError(f"{w_path}: not a readable safetensors file ({reason}); truncated or corrupted") from None
     try:
         meta = json.loads(header["skillgraft"]) if "skillgraft" in header else {}
     except json.JSONDecodeError:
@@ -718,15 +724,33 @@ def _read_adapter(directory: Path) -> tuple[dict, dict]:
     return cfg, meta
 
 
+def _load_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file of an adapter folder: readable, and every value finite."""
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    from skillgraft.finite import refuse_non_finite  # noqa: PLC0415
+
+    try:
+        tensors = load_file(str(path))
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001 - safetensors' own error types: the file is damaged
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        raise SkillgraftError(f"{path}: not a readable safetensors file ({reason}); truncated or corrupted") from None
+    for key, t in tensors.items():
+        refuse_non_finite(t, f"{path}: tensor {key!r}", "an adapter must hold finite values (a faulty writer, or a "
+                                                      "diverged training): merged, it would poison the model")
+    return tensors
+
+
 def graft_from_peft(directory: str | os.PathLike, base, *, force: bool = False) -> Graft:
     """Read a PEFT SHiRA adapter as a Graft on ``base`` (a Scorer or its plain HF model).
 
     The region is the adapter's support: every stored SHiRA entry (for an adapter written by
     :func:`export_peft`, its grafted entries without the zero padding), plus, in modules stored whole, the
-    coordinates that differ from the base. Values are what peft's merge computes, fl(θ_pre + w).
+    coordinates that differ from the base. Values are what peft's merge computes, fl(θ_pre + w). A damaged
+    weights file or a non-finite value is refused naming the file and the tensor's position.
     """
-    from safetensors.torch import load_file  # noqa: PLC0415
-
     directory = Path(directory)
     cfg, meta = _read_adapter(directory)
     scorer = _as_scorer(base)
@@ -737,7 +761,7 @@ def graft_from_peft(directory: str | os.PathLike, base, *, force: bool = False) 
         raise SkillgraftError(f"{directory}: the adapter was exported from base {meta.get('base_model') or '?'} "
                               f"[{meta['base_fingerprint']}]; the given base has fingerprint {got}. Pass its base "
                               "model, or force it")
-    tensors = load_file(str(directory / ADAPTER_WEIGHTS))
+    tensors = _load_weights(directory / ADAPTER_WEIGHTS)
     entries = meta.get("shira_entries", {})
     indices: dict[str, torch.Tensor] = {}
     values: dict[str, torch.Tensor] = {}
@@ -788,7 +812,7 @@ def graft_from_peft(directory: str | os.PathLike, base, *, force: bool = False) 
     shapes.update({n: tuple(params[n].shape) for n in indices if n not in shapes})
     carried = {}
     if (directory / HEAD_FILE).is_file():
-        carried = {f"head.{k}": v for k, v in load_file(str(directory / HEAD_FILE)).items()}
+        carried = {f"head.{k}": v for k, v in _load_weights(directory / HEAD_FILE).items()}
     metadata = {**meta.get("metadata", {}), "imported_from": str(directory), "peft_type": "SHIRA",
                 "r": cfg.get("r")}
     return Graft(Region(shapes, indices), values, carried, meta.get("base_model") or cfg.get("base_model_name_or_path")

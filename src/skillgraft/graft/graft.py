@@ -27,7 +27,7 @@ import torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft_file import FORMAT, FORMAT_VERSION, read_graft_file, write_graft_file
-from skillgraft.graft.region import Region, _compact
+from skillgraft.graft.region import Region, compact_positions
 from skillgraft.io import atomic_dir, check_target
 from skillgraft.models.anatomy import carried_names, check_compatible, fingerprint
 
@@ -360,12 +360,12 @@ class Graft:
             offsets = self._offsets()
             flat = torch.cat([self.region.indices[n] + offsets[n] for n in names]) if names else \
                 torch.empty(0, dtype=torch.long)
-            tensors["indices"] = _compact(flat)
+            tensors["indices"] = compact_positions(flat)
             tensors["values"] = (torch.cat([self.values[n].reshape(-1) for n in names]) if names
                                  else torch.empty(0)).contiguous()
         else:
             for name in names:
-                tensors[f"{name}::indices"] = _compact(self.region.indices[name])
+                tensors[f"{name}::indices"] = compact_positions(self.region.indices[name])
                 tensors[f"{name}::values"] = self.values[name].reshape(-1).contiguous()
         for name, t in self.carried.items():
             tensors[f"carried::{name}"] = t.contiguous()

@@ -10,8 +10,9 @@ carried tensors (names and shapes), the base model (name + content fingerprint),
 
 Reading trusts nothing: the config is checked against :class:`GraftFileConfig`, the weights file must
 open and match its checksum, and the tensors must agree with the config (dtypes, sorted unique in-range
-positions, value count = index count = declared size, carried names and shapes). Every failure is one
-:class:`SkillgraftError` line naming the file and the field or position at fault.
+positions, value count = index count = declared size, carried names and shapes, every value finite: no NaN
+or ±Inf, which would poison the model a graft is applied to). Every failure is one :class:`SkillgraftError`
+line naming the file and the field or position at fault. Writing refuses non-finite values too.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from pydantic import Field, ValidationError, field_validator
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.finite import first_non_finite, refuse_non_finite
 from skillgraft.io import atomic_dir
 from skillgraft.spec import Spec, parse_file
 
@@ -38,6 +40,8 @@ WEIGHTS_FILE = "graft.safetensors"
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 Dim = Annotated[int, Field(ge=0)]
+NON_FINITE = ("a graft must hold finite values (a faulty writer, or a diverged fine-tuning): applied, it would "
+              "poison the model and every export of it")
 
 
 class GraftFileConfig(Spec):
@@ -85,6 +89,8 @@ def write_graft_file(directory: str | os.PathLike, tensors: dict[str, torch.Tens
     """Write ``graft.safetensors`` (``tensors``) + ``graft_config.json`` (``config`` + the checksum) atomically."""
     from safetensors.torch import save  # noqa: PLC0415
 
+    for key, t in tensors.items():  # never write what we would refuse to read
+        refuse_non_finite(t, f"{Path(directory) / WEIGHTS_FILE}: tensor {key!r}", NON_FINITE)
     blob = save(tensors, metadata={"format": FORMAT})
     config = {**config, "weights_sha256": hashlib.sha256(blob).hexdigest()}
     try:
@@ -107,7 +113,7 @@ def read_graft_file(directory: str | os.PathLike) -> GraftFile:
         raise SkillgraftError(f"{directory}: not a graft folder (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
     cfg = read_config(cfg_path)
     shapes = {k: tuple(v) for k, v in cfg.shapes.items()}
-    tensors = _read_tensors(w_path, cfg.weights_sha256)
+    tensors = read_tensors(w_path, cfg.weights_sha256)
     carried = _carried(w_path, tensors, cfg)
     if "indices" in tensors or "values" in tensors:
         indices, values = _packed(w_path, tensors, shapes, cfg.size)
@@ -167,7 +173,8 @@ def _schema_message(error: ValidationError, path: Path) -> str:
     return f"{path}: " + "; ".join(parts)
 
 
-def _read_tensors(path: Path, sha256: str | None) -> dict[str, torch.Tensor]:
+def read_tensors(path: Path, sha256: str | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file (matching ``sha256`` if given); a damaged file is one error naming it."""
     from safetensors.torch import load  # noqa: PLC0415
 
     try:
@@ -195,6 +202,7 @@ def _carried(path: Path, tensors: dict[str, torch.Tensor], cfg: GraftFileConfig)
             raise SkillgraftError(f"{path}: tensor 'carried::{name}' is not declared in {CONFIG_FILE} 'carried'")
         if not t.dtype.is_floating_point:
             raise SkillgraftError(f"{path}: carried tensor {name!r} has dtype {t.dtype}; expected floating point")
+        refuse_non_finite(t, f"{path}: carried tensor {name!r}", NON_FINITE)
         if cfg.carried_shapes is not None and list(t.shape) != cfg.carried_shapes[name]:
             raise SkillgraftError(f"{path}: carried tensor {name!r} has shape {list(t.shape)}; {CONFIG_FILE} "
                                   f"declares {cfg.carried_shapes[name]}")
@@ -205,7 +213,7 @@ def _carried(path: Path, tensors: dict[str, torch.Tensor], cfg: GraftFileConfig)
     return carried
 
 
-def _check_positions(path: Path, what: str, idx: torch.Tensor, vals: torch.Tensor | None, limit: int,
+def check_positions(path: Path, what: str, idx: torch.Tensor, vals: torch.Tensor | None, limit: int,
                      range_of: str) -> torch.Tensor:
     """dtype, 1-D, count, range [0, limit) and strictly increasing order of one indices tensor."""
     if idx.dtype not in INDEX_DTYPES:
@@ -238,6 +246,11 @@ def _check_values(path: Path, what: str, vals: torch.Tensor) -> None:
         raise SkillgraftError(f"{path}: {what} has shape {list(vals.shape)}; expected one dimension")
 
 
+def _non_finite(path: Path, what: str, count: int) -> None:
+    more = f" ({count} non-finite values in all)" if count > 1 else ""
+    raise SkillgraftError(f"{path}: {what}{more}; {NON_FINITE}")
+
+
 def _packed(path: Path, tensors: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]], size: int
             ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     for key in tensors:
@@ -249,12 +262,19 @@ def _packed(path: Path, tensors: dict[str, torch.Tensor], shapes: dict[str, tupl
     vals = tensors["values"]
     _check_values(path, "tensor 'values'", vals)
     universe = sum(numel(s) for s in shapes.values())
-    flat = _check_positions(path, "tensor 'indices'", tensors["indices"], vals, universe,
+    flat = check_positions(path, "tensor 'indices'", tensors["indices"], vals, universe,
                             "the coordinates of 'shapes'")
     if flat.numel() != size:
         raise SkillgraftError(f"{path}: holds {flat.numel()} positions and values; {CONFIG_FILE} 'size' declares {size}")
     sizes = [numel(s) for s in shapes.values()]
     ends = torch.tensor(sizes, dtype=torch.long).cumsum(0)
+    bad = first_non_finite(vals)
+    if bad is not None:
+        i, value, count = bad
+        k = int(torch.searchsorted(ends, flat[i], right=True))
+        name = list(shapes)[k]
+        _non_finite(path, f"tensor 'values'[{i}] is {value} (coordinate {int(flat[i]) - int(ends[k]) + sizes[k]} of "
+                          f"{name!r})", count)
     cuts = [0, *torch.searchsorted(flat, ends).tolist()]  # where each universe tensor's positions end
     indices, values = {}, {}
     for k, name in enumerate(shapes):
@@ -282,8 +302,13 @@ def _per_tensor(path: Path, tensors: dict[str, torch.Tensor], shapes: dict[str, 
         raise SkillgraftError(f"{path}: tensor '{name}::{missing}' is missing")
     for name in indices:
         _check_values(path, f"tensor '{name}::values'", values[name])
-        indices[name] = _check_positions(path, f"tensor '{name}::indices'", indices[name], values[name],
+        indices[name] = check_positions(path, f"tensor '{name}::indices'", indices[name], values[name],
                                          numel(shapes[name]), f"tensor {name!r} of shape {list(shapes[name])}")
+        bad = first_non_finite(values[name])
+        if bad is not None:
+            i, value, count = bad
+            _non_finite(path, f"tensor '{name}::values'[{i}] is {value} (coordinate {int(indices[name][i])} of "
+                              f"{name!r})", count)
     total = sum(int(v.numel()) for v in indices.values())
     if total != size:
         raise SkillgraftError(f"{path}: holds {total} positions and values; {CONFIG_FILE} 'size' declares {size}")

@@ -58,7 +58,7 @@ class Region:
             idx = torch.as_tensor(idx, dtype=torch.long).reshape(-1).cpu()
             if idx.numel():
                 idx = torch.unique(idx)  # sorted
-                if idx[0] < 0 or idx[-1] >= _numel(self.shapes[name]):
+                if idx[0] < 0 or idx[-1] >= numel_of(self.shapes[name]):
                     raise SkillgraftError(f"region indices out of range for {name!r} of shape {self.shapes[name]}")
                 clean[name] = idx
         self.indices = clean
@@ -79,13 +79,13 @@ class Region:
     @classmethod
     def full(cls, shapes: dict[str, tuple[int, ...]]) -> Region:
         """Every coordinate of the universe: θ_pre + γ⊙Δ = θ_ft on these tensors."""
-        return cls(shapes, {k: torch.arange(_numel(s)) for k, s in shapes.items()})
+        return cls(shapes, {k: torch.arange(numel_of(s)) for k, s in shapes.items()})
 
     def to_masks(self, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
         """Dense boolean masks (only for tensors of the universe; use sparingly on big models)."""
         out = {}
         for name, shape in self.shapes.items():
-            m = torch.zeros(_numel(shape), dtype=torch.bool, device=device)
+            m = torch.zeros(numel_of(shape), dtype=torch.bool, device=device)
             if name in self.indices:
                 m[self.indices[name].to(device)] = True
             out[name] = m.view(shape)
@@ -101,7 +101,7 @@ class Region:
 
     @property
     def universe_size(self) -> int:
-        return sum(_numel(s) for s in self.shapes.values())
+        return sum(numel_of(s) for s in self.shapes.values())
 
     @property
     def density(self) -> float:
@@ -190,7 +190,7 @@ class Region:
     # ------------------------------------------------------------------ files
     def state(self) -> tuple[dict[str, torch.Tensor], dict]:
         """(tensors, metadata) to store: int32 indices per tensor and the universe's shapes."""
-        tensors = {f"{name}::indices": _compact(idx) for name, idx in self.indices.items()}
+        tensors = {f"{name}::indices": compact_positions(idx) for name, idx in self.indices.items()}
         return tensors, {"shapes": {k: list(v) for k, v in self.shapes.items()}}
 
     def save(self, directory: str | os.PathLike, *, overwrite: bool = True) -> Path:
@@ -206,15 +206,36 @@ class Region:
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> Region:
-        """Read a region folder written by :meth:`save` (``region.json`` + ``region.safetensors``)."""
-        from safetensors.torch import load_file  # noqa: PLC0415
+        """Read a region folder written by :meth:`save`, validated like a graft file: ``region.json`` maps tensor
+        names to shapes, ``region.safetensors`` holds ``<name>::indices`` of those tensors (integers, sorted,
+        unique, in range); any problem is one error naming the file."""
+        from skillgraft.graft.graft_file import check_positions, read_tensors  # noqa: PLC0415
+        from skillgraft.io import read_json  # noqa: PLC0415
 
         directory = Path(directory)
-        if not (directory / "region.json").is_file():
+        meta_path, weights = directory / "region.json", directory / "region.safetensors"
+        if not meta_path.is_file():
             raise SkillgraftError(f"{directory}: no region.json")
-        meta = json.loads((directory / "region.json").read_text())
-        tensors = load_file(str(directory / "region.safetensors"))
-        return cls.from_state(tensors, meta)
+        meta = read_json(meta_path, required=("shapes",), what="region file")
+        shapes = meta["shapes"]
+        if not isinstance(shapes, dict) or not all(
+                isinstance(v, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in v)
+                for v in shapes.values()):
+            raise SkillgraftError(f"{meta_path}: field 'shapes' must map tensor names to lists of sizes")
+        if not weights.is_file():
+            raise SkillgraftError(f"{directory}: no region.safetensors")
+        indices = {}
+        for key, t in read_tensors(weights).items():
+            name, sep, kind = key.rpartition("::")
+            if not sep or kind != "indices" or name not in shapes:
+                raise SkillgraftError(f"{weights}: unexpected tensor {key!r} (expected '<name>::indices' of a tensor "
+                                      "in region.json 'shapes')")
+            indices[name] = check_positions(weights, f"tensor {key!r}", t, None, numel_of(tuple(shapes[name])),
+                                            f"tensor {name!r} of shape {shapes[name]}")
+        size = sum(int(i.numel()) for i in indices.values())
+        if meta.get("size", size) != size:
+            raise SkillgraftError(f"{weights}: holds {size} positions; region.json 'size' declares {meta['size']}")
+        return cls({k: tuple(v) for k, v in shapes.items()}, indices)
 
     @classmethod
     def from_state(cls, tensors: dict[str, torch.Tensor], meta: dict) -> Region:
@@ -223,13 +244,13 @@ class Region:
         return cls({k: tuple(v) for k, v in meta["shapes"].items()}, idx)
 
 
-def _numel(shape: tuple[int, ...]) -> int:
+def numel_of(shape: tuple[int, ...]) -> int:
     n = 1
     for d in shape:
         n *= int(d)
     return n
 
 
-def _compact(idx: torch.Tensor) -> torch.Tensor:
+def compact_positions(idx: torch.Tensor) -> torch.Tensor:
     """Indices as int32 when they fit (4 bytes per coordinate), else int64."""
     return idx.to(torch.int32) if (idx.numel() == 0 or int(idx.max()) < 2**31 - 1) else idx

@@ -19,7 +19,8 @@ import torch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, model_serializer, model_validator
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.region import Region, _numel
+from skillgraft.finite import refuse_non_finite
+from skillgraft.graft.region import Region, numel_of
 from skillgraft.models.anatomy import Graftable, graftable_names
 
 Shapes = dict[str, tuple[int, ...]]
@@ -228,5 +229,7 @@ def select(scores: dict[str, torch.Tensor], budget: Budget | float | int | str,
         if n not in shapes or tuple(shapes[n]) != tuple(s.shape):
             raise SkillgraftError(f"scores for {n!r} of shape {tuple(s.shape)} do not fit the universe "
                                   f"({shapes.get(n, 'absent')})")
-    masks = select_masks(scores, budget, sum(_numel(s) for s in shapes.values()))
+        refuse_non_finite(s, f"localizer scores of {n!r}", "a region cannot be chosen by them (a non-finite loss "
+                                                           "or weight upstream)")
+    masks = select_masks(scores, budget, sum(numel_of(s) for s in shapes.values()))
     return Region.from_masks({n: m.cpu() for n, m in masks.items()}, shapes)

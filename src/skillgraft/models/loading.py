@@ -48,7 +48,7 @@ def model_reference(name: str | os.PathLike | None) -> ModelRef:
     return ModelRef(name, name)
 
 
-def _quiet():
+def quiet_transformers():
     from transformers.utils import logging as hf_logging  # noqa: PLC0415
 
     level = hf_logging.get_verbosity()
@@ -76,7 +76,7 @@ def load_hf_model(path: str, kind: str, *, dtype: torch.dtype | None = None, wit
     from safetensors import SafetensorError  # noqa: PLC0415
 
     classes = {"base": AutoModel, "mlm": AutoModelForMaskedLM, "causal": AutoModelForCausalLM}
-    hf_logging, level = _quiet()
+    hf_logging, level = quiet_transformers()
     kwargs = {"dtype": dtype} if dtype is not None else {}
     try:
         if kind == "mlm" and with_mlm_check:
@@ -132,7 +132,7 @@ def load_classifier(path: str, labels: tuple[str, ...], *, pad_token_id: int | N
     """
     from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: PLC0415
 
-    hf_logging, level = _quiet()
+    hf_logging, level = quiet_transformers()
     try:
         config = AutoConfig.from_pretrained(path)
         if config.num_labels != len(labels) or list(config.id2label.values()) != list(labels):

@@ -61,6 +61,10 @@ class Scorer(nn.Module):
             raise SkillgraftError(f"unknown scorer mode {mode!r}; use {', '.join(MODES)}")
         if pooling not in ("cls", "mean", "last"):
             raise SkillgraftError(f"unknown pooling {pooling!r}; use cls, mean or last")
+        limit = position_limit(model)
+        if limit is not None and max_length > limit:
+            raise SkillgraftError(f"--max-length {max_length} is more than the {limit} positions "
+                                  f"{base_model or type(model).__name__} has learned; give at most {limit}")
         self.model = model
         self.tokenizer = tokenizer
         self.task = task
@@ -299,12 +303,8 @@ class Scorer(nn.Module):
                 f"{directory}: no {SCORER_CONFIG}; not a skillgraft model folder (for a plain Hugging Face "
                 "checkpoint use build_scorer(name_or_path, task, mode))"
             )
-        try:
-            cfg = json.loads(cfg_path.read_text())
-            saved_task = _task_from_config(cfg["task"], str(cfg_path))
-        except (json.JSONDecodeError, KeyError) as e:
-            raise SkillgraftError(f"{cfg_path}: unreadable scorer config ({e})") from None
-        task = get_task(task) if task is not None else saved_task
+        cfg = _read_scorer_config(cfg_path)
+        task = get_task(task) if task is not None else task_from_config(cfg["task"], str(cfg_path))
         mode = cfg["mode"]
         tokenizer = load_tokenizer(str(directory))
         if mode == "classifier":
@@ -323,6 +323,9 @@ class Scorer(nn.Module):
                 state = load_file(str(head_path))
             except Exception as e:  # noqa: BLE001 - a truncated or damaged file (safetensors' own error type)
                 raise SkillgraftError(f"{head_path}: unreadable head ({str(e).splitlines()[0]})") from None
+            if set(state) != {"weight", "bias"} or state["weight"].dim() != 2:
+                raise SkillgraftError(f"{head_path}: expected tensors 'weight' [labels, hidden] and 'bias', got "
+                                      f"{ {k: list(v.shape) for k, v in state.items()} }")
             if state["weight"].shape[0] != task.num_labels:
                 raise SkillgraftError(
                     f"{head_path}: the head has {state['weight'].shape[0]} outputs but task {task.name!r} has "
@@ -332,7 +335,7 @@ class Scorer(nn.Module):
         return scorer
 
 
-def _task_from_config(spec: dict, source: str) -> Task:
+def task_from_config(spec: dict, source: str) -> Task:
     """The task a scorer config records (a registered-style task, or a generative one)."""
     if isinstance(spec, dict) and spec.get("kind") == "generative":
         from skillgraft.data.user import GenerativeTask  # noqa: PLC0415
@@ -349,6 +352,32 @@ def _pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         mask[i, : len(r)] = 1
     return ids, mask
+
+
+def _read_scorer_config(path: Path) -> dict:
+    """``scorer_config.json``: a JSON object with a known mode and pooling and an integer max_length."""
+    from skillgraft.io import read_json  # noqa: PLC0415
+
+    cfg = read_json(path, required=("task", "mode", "pooling", "max_length"), what="scorer config")
+    if cfg["mode"] not in MODES or cfg["pooling"] not in ("cls", "mean", "last"):
+        raise SkillgraftError(f"{path}: unreadable scorer config (mode {cfg['mode']!r}, pooling {cfg['pooling']!r}; "
+                              f"expected one of {', '.join(MODES)} and cls, mean or last)")
+    n = cfg["max_length"]
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 2**31 - 1:
+        raise SkillgraftError(f"{path}: field 'max_length' must be a positive integer, got {n!r}")
+    if not isinstance(cfg["task"], dict):
+        raise SkillgraftError(f"{path}: field 'task' must be an object, got {type(cfg['task']).__name__}")
+    return cfg
+
+
+def position_limit(model: nn.Module) -> int | None:
+    """How many tokens a model with learned absolute position embeddings (BERT's ``position_embeddings``,
+    GPT-2's ``wpe``; RoBERTa's offset by its padding index) can take; None for rotary / relative positions."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) and name.rpartition(".")[2] in ("position_embeddings", "wpe"):
+            offset = module.padding_idx + 1 if module.padding_idx is not None else 0
+            return module.num_embeddings - offset
+    return None
 
 
 def build_scorer(model_name: str | None, task: Task | str, mode: Mode = "head", *, pooling: Pooling | None = None,
@@ -370,7 +399,7 @@ def build_scorer(model_name: str | None, task: Task | str, mode: Mode = "head", 
             model, head = load_classifier(ref.path, task.labels, pad_token_id=tokenizer.pad_token_id, dtype=dtype)
             tied, carried = False, ["model." + n for n in head]
         else:
-            model, tied = _load_for_mode(ref, mode, dtype)
+            model, tied = load_for_mode(ref, mode, dtype)
     if pooling is None:
         pooling = "last" if getattr(model.config, "is_decoder", False) or mode == "causal" or \
             model.config.model_type in ("gpt2", "llama", "mistral", "qwen2", "gpt_neox") else "mean"
@@ -378,7 +407,7 @@ def build_scorer(model_name: str | None, task: Task | str, mode: Mode = "head", 
                   tied_decoder=tied, head_seed=head_seed, carried=carried)
 
 
-def _load_for_mode(ref, mode: str, dtype):
+def load_for_mode(ref, mode: str, dtype):
     tied = False
     if mode == "head":
         model = load_hf_model(ref.path, "base", dtype=dtype)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from skillgraft.spec import Spec
+from skillgraft.spec import COUNT_MAX, Spec
 
 
 class ModelSpec(Spec):
@@ -16,7 +16,7 @@ class ModelSpec(Spec):
     mode: Literal["head", "prompt", "causal"] = Field("head", description="scorer: head | prompt | causal")
     pooling: Literal["cls", "mean", "last"] | None = Field(
         None, description="head pooling: cls | mean | last (default: mean; last for decoder LMs)")
-    max_length: int = Field(128, ge=8, description="max tokens per example")
+    max_length: int = Field(128, ge=8, le=COUNT_MAX, description="max tokens per example")
 
     def scorer(self, task, *, head_seed: int = 0, dtype=None):
         """A pre-trained Scorer of this spec for ``task`` (a new head initialised from ``head_seed``)."""

@@ -17,7 +17,7 @@ from skillgraft.data.loading import Example, load_split
 from skillgraft.data.sampling import eval_subset
 from skillgraft.data.tasks import get_task
 from skillgraft.errors import SkillgraftError
-from skillgraft.spec import Spec
+from skillgraft.spec import COUNT_MAX, Spec
 
 
 def _task_name(name: str) -> str:
@@ -34,7 +34,7 @@ class TargetSpec(Spec):
     labels: dict[str, str | None] | None = Field(None, description=(
         "target label → source label, by name; null drops that label (null map: identical label names)"))
     split: Literal["train", "dev", "test"] = Field("test", description="which split of the target is evaluated")
-    limit: int | None = Field(None, ge=1, description=(
+    limit: int | None = Field(None, ge=1, le=COUNT_MAX, description=(
         "seeded sample of N examples after mapping (null: all; in a recipe, not given: its ood_limit)"))
 
     @model_validator(mode="before")

@@ -20,6 +20,8 @@ import numpy as np
 from skillgraft.data.sampling import FewShotData
 from skillgraft.data.spec import DataSpec
 from skillgraft.errors import SkillgraftError
+from skillgraft.finite import refuse_non_finite_model
+from skillgraft.models.pair import check_pair, complete_model, model_labels, pair_mode, torch_fork
 from skillgraft.models.scorer import Scorer
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.store import Store, data_digest, model_digest
@@ -147,6 +149,8 @@ def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = 
     if not ft_dir.exists():
         raise SkillgraftError(f"fine-tuning run not found: {ft_dir}")
     ft, pre, cfg = load_finetuned(ft_dir)
+    refuse_non_finite_model(ft, str(ft_dir / "model"))
+    refuse_non_finite_model(pre, f"base model {pre.base_model}")
     ft.eval()
     pre.eval()
     spec = DataSpec.build({"task": ft.task.name, "k": cfg["k"], "seed": cfg["seed"],
@@ -157,12 +161,6 @@ def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = 
 
 
 # ---------------------------------------------------------------------------------------------- checkpoint pairs
-PAIR_MODES = ("classifier", "prompt", "causal", "generative", "head")
-_SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                 "intermediate_size", "vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "max_position_embeddings",
-                 "n_positions", "type_vocab_size", "embedding_size", "head_dim")
-
-
 def is_run_dir(path: str | os.PathLike) -> bool:
     """A skillgraft fine-tuning run directory (``model/`` with a scorer config), not a plain checkpoint; also a
     damaged one whose ``config.json`` skillgraft wrote (``from_run`` then names what is missing)."""
@@ -176,101 +174,6 @@ def is_run_dir(path: str | os.PathLike) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(cfg, dict) and "skillgraft_version" in cfg
-
-
-def pair_mode(finetuned: str, generative_data: bool, mode: str | None = None) -> str:
-    """How to score θ_ft: ``mode`` when given, else from what the checkpoint was saved as."""
-    from skillgraft.models.loading import checkpoint_kind, model_reference  # noqa: PLC0415
-
-    if mode is not None:
-        if mode not in PAIR_MODES:
-            raise SkillgraftError(f"--mode {mode!r}: use one of {', '.join(PAIR_MODES)}")
-        return mode
-    kind = checkpoint_kind(model_reference(finetuned).path)
-    if kind == "classifier":
-        return "classifier"
-    if kind == "causal":
-        return "generative" if generative_data else "causal"
-    if kind == "mlm":
-        return "prompt"
-    if generative_data:
-        return "generative"
-    raise SkillgraftError(f"{finetuned}: cannot tell how to score this checkpoint (config.json architectures: "
-                          f"{kind or 'none'}); pass --mode classifier | prompt | causal | generative")
-
-
-def check_pair(pretrained: str, finetuned: str) -> None:
-    """Refuse, before loading any weights, a pair whose architectures, shapes or tokenizers differ."""
-    from transformers import AutoConfig  # noqa: PLC0415
-
-    from skillgraft.models.loading import load_tokenizer, model_reference  # noqa: PLC0415
-
-    refs = [model_reference(pretrained), model_reference(finetuned)]
-    configs = []
-    for ref, role in zip(refs, ("pre-trained (--pretrained)", "fine-tuned (--finetuned)")):
-        try:
-            configs.append(AutoConfig.from_pretrained(ref.path).to_dict())
-        except (OSError, ValueError) as e:
-            raise SkillgraftError(f"{role} model {ref.name!r}: no readable config ({str(e).splitlines()[0]})") from None
-    a, b = configs
-    if a.get("model_type") != b.get("model_type"):
-        raise SkillgraftError(f"different architectures: {refs[0].name} is {a.get('model_type')!r}, {refs[1].name} is "
-                              f"{b.get('model_type')!r}; a graft needs θ_ft fine-tuned from θ_pre")
-    for key in _SHAPE_FIELDS:
-        if a.get(key) != b.get(key):
-            raise SkillgraftError(f"different shapes: {key} is {a.get(key)} in {refs[0].name} but {b.get(key)} in "
-                                  f"{refs[1].name}; a graft needs θ_ft fine-tuned from θ_pre")
-    ta, tb = load_tokenizer(refs[0].path), load_tokenizer(refs[1].path)
-    va, vb = ta.get_vocab(), tb.get_vocab()
-    if va != vb:
-        diff = sorted(set(va.items()) ^ set(vb.items()))
-        raise SkillgraftError(f"different tokenizers: the vocabularies of {refs[0].name} ({len(va)} tokens) and "
-                              f"{refs[1].name} ({len(vb)} tokens) differ in {len(diff)} entries, e.g. {diff[:2]}")
-
-
-def _model_labels(finetuned: str) -> tuple[str, ...] | None:
-    from transformers import AutoConfig  # noqa: PLC0415
-
-    from skillgraft.models.loading import model_reference  # noqa: PLC0415
-
-    cfg = AutoConfig.from_pretrained(model_reference(finetuned).path)
-    return tuple(str(cfg.id2label[i]) for i in range(cfg.num_labels))
-
-
-def _complete_model(path: str, mode: str, role: str):
-    """θ_pre or θ_ft of a causal pair, refusing a checkpoint that lacks tensors the model has."""
-    from transformers import AutoModelForCausalLM  # noqa: PLC0415
-
-    from skillgraft.models.loading import _quiet  # noqa: PLC0415
-
-    hf_logging, level = _quiet()
-    try:
-        with torch_fork(0):
-            model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
-    except (OSError, ValueError) as e:
-        raise SkillgraftError(f"could not load {role} model {path!r} as a causal LM: {str(e).splitlines()[0]}") from None
-    finally:
-        hf_logging.set_verbosity(level)
-    missing = sorted(info.get("missing_keys") or [])
-    if missing:
-        raise SkillgraftError(f"the {role} model {path} lacks {len(missing)} tensor(s) the other has, e.g. "
-                              f"{missing[:3]} (a causal LM pair must have the same tensors)")
-    return model.eval()
-
-
-def torch_fork(seed: int):
-    """A forked RNG seeded with ``seed`` (weights missing from a checkpoint initialise the same every time)."""
-    import contextlib  # noqa: PLC0415
-
-    import torch  # noqa: PLC0415
-
-    @contextlib.contextmanager
-    def forked():
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
-            yield
-
-    return forked()
 
 
 def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None, max_length: int = 128,
@@ -313,7 +216,7 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         if data.generative != (mode == "generative"):
             raise SkillgraftError(f"--mode {mode} needs {'prompt→completion' if mode == 'generative' else 'labelled'} "
                                   "data (--prompt-field/--completion-field for generative data)")
-        labels = _model_labels(finetuned) if mode == "classifier" else None
+        labels = model_labels(finetuned) if mode == "classifier" else None
         loaded = data.load(labels)
         task, train, dev, test = loaded.task, loaded.train, loaded.dev, loaded.test
         files, note, k, seed = loaded.files, loaded.labels_note, data.k or 0, data.seed
@@ -326,7 +229,7 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         task, train, dev, test, files, note, k, seed = few.task, few.train, few.dev, few.test, None, "", few.k, few.seed
         data_note = ""
     if mode == "classifier":
-        n = len(_model_labels(finetuned))
+        n = len(model_labels(finetuned))
         if n != task.num_labels:
             raise SkillgraftError(f"the fine-tuned classifier {finetuned} has {n} outputs but the data has "
                                   f"{task.num_labels} labels {list(task.labels)}")
@@ -336,7 +239,7 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         built = []
         for name, role in ((finetuned, "fine-tuned"), (pretrained, "pre-trained")):
             ref = model_reference(name)
-            model = _complete_model(ref.path, mode, role)
+            model = complete_model(ref.path, mode, role)
             built.append(Scorer(model, load_tokenizer(ref.path), task, mode, pooling="last", max_length=max_length,
                                 base_model=ref.name))
         ft, pre = built
@@ -348,6 +251,8 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
                                   f"{sorted(ft.carried - pre.carried)[:3]}")
         ft.carried = pre.carried  # what θ_pre lacks travels whole
     check_compatible(pre, ft)
+    refuse_non_finite_model(ft, f"--finetuned {finetuned}")
+    refuse_non_finite_model(pre, f"--pretrained {pretrained}")
     ft.eval()
     pre.eval()
     few = FewShotData(task, k, seed, train, dev, test)
@@ -370,9 +275,9 @@ def task_record(task) -> dict:
 
 def task_from_record(record: dict):
     """The task a graft's metadata records (a registered-style task, or a generative one)."""
-    from skillgraft.models.scorer import _task_from_config  # noqa: PLC0415
+    from skillgraft.models.scorer import task_from_config  # noqa: PLC0415
 
-    return _task_from_config(dict(record), "graft metadata task_spec")
+    return task_from_config(dict(record), "graft metadata task_spec")
 
 
 def open_checkpoint(path: str, data, *, mode: str | None = None, split: str = "test", max_length: int = 128,
@@ -392,14 +297,14 @@ def open_checkpoint(path: str, data, *, mode: str | None = None, split: str = "t
     if user:
         if data.generative != (mode == "generative"):
             raise SkillgraftError(f"--mode {mode} needs {'prompt→completion' if mode == 'generative' else 'labelled'} data")
-        labels = _model_labels(path) if mode == "classifier" else None
+        labels = model_labels(path) if mode == "classifier" else None
         loaded = data.replace(eval_data=data.eval_data or data.data).load(labels)
         task, examples, note = loaded.task, loaded.test, loaded.labels_note
     else:
         task, note = get_task(data), ""
         examples = load_split(task, split, data_dir)
-    if mode == "classifier" and len(_model_labels(path)) != task.num_labels:
-        raise SkillgraftError(f"the classifier {path} has {len(_model_labels(path))} outputs but the data has "
+    if mode == "classifier" and len(model_labels(path)) != task.num_labels:
+        raise SkillgraftError(f"the classifier {path} has {len(model_labels(path))} outputs but the data has "
                               f"{task.num_labels} labels {list(task.labels)}")
     scorer = build_scorer(path, task, mode, max_length=max_length).eval()
     return scorer, examples, note

@@ -27,7 +27,7 @@ from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.report import RunDir, mean_std  # noqa: F401 - re-exported for recipes
 from skillgraft.pipeline.setup import Setup, prepare
 from skillgraft.pipeline.store import Store
-from skillgraft.spec import Spec, read_yaml
+from skillgraft.spec import COUNT_MAX, Seed, Spec, read_yaml
 from skillgraft.train import FinetuneConfig
 
 
@@ -62,7 +62,7 @@ class SeedsMixin(Spec):
     """Tasks × data seeds → mean (std)."""
 
     tasks: list[str] = Field(default_factory=lambda: ["SST-2"], min_length=1, description="tasks to run")
-    seeds: list[int] = Field(default_factory=lambda: [13], min_length=1,
+    seeds: list[Seed] = Field(default_factory=lambda: [13], min_length=1,
                              description="data seeds → mean (std); the paper uses [13, 21, 42, 87, 100]")
 
     @field_validator("seeds", mode="before")
@@ -74,8 +74,8 @@ class SeedsMixin(Spec):
 class OneSeedMixin(Spec):
     """One data seed for every task, and the test evaluation's batch size."""
 
-    seed: int = Field(13, description="data seed of every task's k-shot draw")
-    eval_batch_size: int = Field(64, ge=1, description="batch size of test evaluation")
+    seed: Seed = Field(13, description="data seed of every task's k-shot draw")
+    eval_batch_size: int = Field(64, ge=1, le=COUNT_MAX, description="batch size of test evaluation")
 
 
 @dataclass(frozen=True)

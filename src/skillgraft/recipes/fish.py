@@ -39,7 +39,7 @@ from skillgraft.pipeline.variants import base_variants, compare, graft_variant
 from skillgraft.recipes.base import ExperimentSpec, SeedsMixin, recipe
 from skillgraft.recipes.graft import learned_regions
 from skillgraft.recipes.surgical import draw_key, setting_line
-from skillgraft.spec import Spec
+from skillgraft.spec import COUNT_MAX, Seed, Spec
 from skillgraft.train import Snapshots, finetune
 
 METRICS = ["iou_fish_learned", "learned_score", "fish_score", "random_score", "learned_ece", "fish_ece", "random_ece"]
@@ -50,11 +50,12 @@ class TrackingSpec(Spec):
     """Fig. 15: one fine-tuning run with checkpoints; a region learned on one, grafted with each."""
 
     task: str | None = Field(None, description="task of the tracked run (null: the first of `tasks`)")
-    seed: int | None = Field(None, description="data seed of the tracked run (null: the first of `seeds`)")
-    steps: list[Annotated[int, Field(ge=1)]] = Field(min_length=1, description=(
+    seed: Seed | None = Field(None, description="data seed of the tracked run (null: the first of `seeds`)")
+    steps: list[Annotated[int, Field(ge=1, le=COUNT_MAX)]] = Field(min_length=1, description=(
         "checkpoints (fine-tuning steps, within the run's step count) grafted with the region"))
-    learn_at: int | None = Field(None, ge=1, description="checkpoint the region is learned on, one of `steps` "
-                                                         "(null: the middle one)")
+    learn_at: int | None = Field(None, ge=1, le=COUNT_MAX, description=(
+        "checkpoint the region is learned on, one of `steps` "
+        "(null: the middle one)"))
     sparsity: Fraction | None = Field(None, description="region size as a fraction of the graftable body "
                                                         "(null: the middle of `sparsities`)")
 

@@ -23,7 +23,7 @@ from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram,
 from skillgraft.evaluate.predict import labels_of
 from skillgraft.graft.localizers import LocalizeConfig, get_localizer
 from skillgraft.graft.region import Region
-from skillgraft.graft.selection import Budget
+from skillgraft.graft.selection import Budget, region_universe
 from skillgraft.io import read_json, write_json
 from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.setup import Setup
@@ -101,14 +101,28 @@ def learned_regions(setup: Setup, store, localizer: str, options: Spec, *,
 
 
 def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, options: Spec | dict | None = None,
-                 *, progress: bool = True) -> dict:
-    """Learn regions for ``setup`` and compare them (see the module doc); returns the metrics."""
+                 *, progress: bool = True, keep=None, frontier=None) -> dict:
+    """Learn regions for ``setup`` and compare them (see the module doc); returns the metrics.
+
+    ``keep`` (a :class:`~skillgraft.graft.keep.KeepSpec` with targets) adds the smallest graft reaching each share
+    of FT (:mod:`skillgraft.recipes.keep`; without budgets, only those); ``frontier`` (a
+    :class:`~skillgraft.recipes.frontier.FrontierSpec` with ``frontier`` on) adds the share-vs-density frontier."""
     report = report or ReportSpec()
     options = localizer_options(report.localizer, options)
     for name in report.baselines:
         get_localizer(name)  # unknown names fail before any work
-    regions, summary = learned_regions(setup, run.store, report.localizer, options, progress=progress)
+    if keep is not None and keep.keep:
+        get_localizer(report.localizer).check_ranked()  # before any work
+    keep_only = bool(keep is not None and keep.keep and not getattr(options, "budgets", None))
+    regions, summary = ({}, {}) if keep_only else learned_regions(setup, run.store, report.localizer, options,
+                                                                 progress=progress)
     variants: list[Variant] = base_variants(setup)
+    kept: list[Variant] = []
+    if keep is not None and keep.keep:
+        from skillgraft.recipes.keep import keep_variants  # noqa: PLC0415
+
+        kept, keep_summary = keep_variants(setup, run.store, report.localizer, options, keep, progress=progress)
+        variants += kept
     grafts: dict[str, tuple[Budget, Variant]] = {}
     seed, graftable = getattr(options, "seed", 0), options.graftable
     for budget, region in regions.items():
@@ -136,15 +150,28 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
         path = v.graft.save_pretrained(run.path / "grafts" / graft_folder(budget))
         row = next(r for r in rows if r["model"] == name)
         row["file_bytes"] = (path / "graft.safetensors").stat().st_size
-    universe = regions and next(iter(regions.values())).universe_size
+    for v in kept:
+        path = v.graft.save_pretrained(run.path / "grafts" / v.name.replace(" ", "-"))
+        next(r for r in rows if r["model"] == v.name)["file_bytes"] = (path / "graft.safetensors").stat().st_size
+    universe = (next(iter(regions.values())).universe_size if regions else
+                sum(int(np.prod(s)) for s in region_universe(setup.pre, options.graftable).values()))
     head_only = next((v for v in variants if v.kind == "head-only"), None)
     metrics = {"task": setup.task, "k": setup.k, "seed": setup.seed, "test_n": len(setup.test),
                "graftable_parameters": universe, "total_parameters": setup.total_parameters,
                "localizer": report.localizer, "localization": summary,
                "carried_parameters": head_only.graft.carried_size if head_only else 0, "rows": rows}
+    if kept:
+        from skillgraft.recipes.keep import keep_section  # noqa: PLC0415
+
+        metrics["keep"] = keep_section(keep_summary, rows)
+    if frontier is not None and frontier.frontier:
+        from skillgraft.recipes.frontier import frontier_report  # noqa: PLC0415
+
+        metrics["frontier"] = frontier_report(setup, run, frontier, report.localizer, options, keep,
+                                              progress=progress)
     run.json("metrics.json", metrics)
     write_csv(run.file("results.csv"), rows)
-    shown = [r["model"] for r in rows if r["kind"] in ("ft", "graft")]
+    shown = [r["model"] for r in rows if r["kind"] in ("ft", "graft", "keep")]
     labels = labels_of(setup.test)
     confidence_histogram({n: probs[n] for n in shown}, run.file("confidence.png"),
                          title=f"{setup.task} test: confidence")
@@ -223,6 +250,14 @@ def report_markdown(metrics: dict) -> str:
               "ECE: 10 equal-width bins over the max probability (Guo et al.).", "",
               "![confidence](confidence.png)", "", "![reliability](reliability.png)", "",
               "![accuracy vs size](accuracy_vs_size.png)", ""]
+    if metrics.get("keep"):
+        from skillgraft.recipes.keep import keep_markdown  # noqa: PLC0415
+
+        lines += keep_markdown(metrics["keep"])
+    if metrics.get("frontier"):
+        from skillgraft.recipes.frontier import frontier_markdown  # noqa: PLC0415
+
+        lines += frontier_markdown(metrics["frontier"])
     return "\n".join(lines)
 
 
@@ -237,7 +272,7 @@ class GraftRecipeSpec(ExperimentSpec):
     """Fine-tune a model (or find it in the store), then the grafting report (``recipe: graft``; the demo)."""
 
     task: str = Field("SST-2", description="task name (see `skillgraft tasks`)")
-    seed: int = Field(42, description="data seed")
+    seed: int = Field(42, ge=0, le=2**32 - 1, description="data seed")
     localize: LocalizeConfig = Field(default_factory=LocalizeConfig, description="the learned localizer's settings")
     report: ReportSpec = Field(default_factory=ReportSpec, description="what the report compares")
 

@@ -36,7 +36,7 @@ from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.store import data_digest, model_digest
 from skillgraft.recipes.base import ExperimentSpec, OneSeedMixin, recipe
 from skillgraft.recipes.graft import learned_regions
-from skillgraft.spec import Spec
+from skillgraft.spec import COUNT_MAX, Spec
 from skillgraft.train import FinetuneConfig
 from skillgraft.train.multitask import JointScorer, MultiTaskScorer, multitask_finetune, tag
 
@@ -69,7 +69,7 @@ def inherit_finetune(values, section: str, *, drop: tuple[str, ...] = ()):
 class PurifySpec(Spec):
     """Localizer steps from γ_base = γ_G on the joint loss Σ_{i∈G} L_i (paper: 10)."""
 
-    steps: int = Field(10, ge=0, description="localizer steps from γ_base = γ_G (paper: 10)")
+    steps: int = Field(10, ge=0, le=COUNT_MAX, description="localizer steps from γ_base = γ_G (paper: 10)")
     select_on: Literal["train+dev", "train", "last"] = Field(
         "last", description="which step's region is kept (last: the region after the last step)")
 

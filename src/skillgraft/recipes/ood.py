@@ -21,7 +21,7 @@ from skillgraft.pipeline.variants import compare
 from skillgraft.recipes.base import ExperimentSpec, recipe
 from skillgraft.recipes.calibration import GraftVariantsMixin, model_variants, rows_of, setting_line
 from skillgraft.recipes.paper_numbers import PAPER_NOTE, TABLE3_4096, TABLE7_4096, TABLE7_COLUMNS
-from skillgraft.spec import Spec
+from skillgraft.spec import COUNT_MAX, Seed, Spec
 
 METRICS = ["score", "accuracy", "ece", "agreement"]
 
@@ -29,9 +29,9 @@ METRICS = ["score", "accuracy", "ece", "agreement"]
 class TransfersMixin(Spec):
     """Source → OOD target transfers, each over data seeds (label maps checked before any work)."""
 
-    seeds: list[int] = Field(default_factory=lambda: [13], min_length=1,
+    seeds: list[Seed] = Field(default_factory=lambda: [13], min_length=1,
                              description="data seeds → mean (std); the paper uses [13, 21, 42, 87, 100]")
-    ood_limit: int | None = Field(None, ge=1, description=(
+    ood_limit: int | None = Field(None, ge=1, le=COUNT_MAX, description=(
         "each OOD set: seeded sample of N examples after label mapping (not given: test_limit; null: all); a "
         "target's own `limit` wins"))
     transfers: list[TransferSpec] = Field(min_length=1, description=(

@@ -44,7 +44,7 @@ from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_
 from skillgraft.recipes.base import ExperimentSpec, SeedsMixin, recipe
 from skillgraft.recipes.graft import learned_regions
 from skillgraft.recipes.paper_numbers import PAPER_NOTE, TABLE2_64, TABLE3_4096, TABLE7_4096, TABLE7_COLUMNS
-from skillgraft.spec import Spec
+from skillgraft.spec import COUNT_MAX, Seed, Spec
 from skillgraft.train import FinetuneConfig
 
 SINGLE = ["SST-2", "sst-5", "mr", "cr", "mpqa", "subj", "trec", "ag_news"]
@@ -90,9 +90,9 @@ class PaperSpec(ExperimentSpec, SeedsMixin):
     mode: Literal["head", "prompt", "causal"] = Field("prompt", description=(
         "scorer: prompt (the paper's: LM-BFF template + label words at the mask) | head | causal"))
     tasks: list[str] = Field(default_factory=lambda: SINGLE + PAIRS, min_length=1, description="tasks to run")
-    seeds: list[int] = Field(default_factory=lambda: [13, 21, 42], min_length=1,
+    seeds: list[Seed] = Field(default_factory=lambda: [13, 21, 42], min_length=1,
                              description="data seeds → mean (std); the paper uses [13, 21, 42, 87, 100]")
-    task_seeds: dict[str, list[int]] = Field(default_factory=lambda: {t: [13] for t in PAIRS}, description=(
+    task_seeds: dict[str, list[Seed]] = Field(default_factory=lambda: {t: [13] for t in PAIRS}, description=(
         "seeds of particular tasks instead of `seeds` (default: one seed for the sentence-pair tasks)"))
     budgets: list[Budget] = Field(default_factory=lambda: [Budget.parse(x) for x in (1e-5, 1e-4, 1e-3)],
                                   min_length=1, description="graft sizes, fractions of the body (or counts)")
@@ -105,7 +105,7 @@ class PaperSpec(ExperimentSpec, SeedsMixin):
         "Table 7 / Table 3 OOD sets: [{source, targets: [{task, labels: {target label: source label | null}}]}] "
         "(default: SST-2 → imdb, yelp_polarity; mpqa → SST-2, yelp_polarity; QNLI → MNLI, SNLI (0/1)); a "
         "transfer runs when its source is among `tasks`, on Table 2's models ([]: none)"))
-    ood_limit: int | None = Field(None, ge=1, description=(
+    ood_limit: int | None = Field(None, ge=1, le=COUNT_MAX, description=(
         "each OOD set: seeded sample of N examples after label mapping (not given: test_limit; null: all); a "
         "target's own `limit` wins"))
     finetunes: dict[str, dict] = Field(default_factory=dict, description=(

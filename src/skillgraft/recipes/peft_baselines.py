@@ -25,6 +25,7 @@ from skillgraft.recipes.calibration import switch
 from skillgraft.recipes.graft import learned_regions
 from skillgraft.recipes.ood import TransfersMixin, paper_ood_lines, run_transfers
 from skillgraft.recipes.paper_numbers import TABLE6_4096
+from skillgraft.spec import COUNT_MAX
 from skillgraft.train import FinetuneConfig
 from skillgraft.train.adapters import AdapterConfig
 
@@ -37,7 +38,7 @@ class PeftSpec(ExperimentSpec, TransfersMixin):
     localize: LocalizeConfig = Field(default_factory=LocalizeConfig, description=(
         "the learned localizer's settings; `budgets` gives one region per budget from one localization"))
     bitfit: BitFitSpec | None = Field(default_factory=BitFitSpec, description="BitFit (null or false: off)")
-    lora_ranks: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 2, 8], description=(
+    lora_ranks: list[Annotated[int, Field(ge=1, le=COUNT_MAX)]] = Field(default_factory=lambda: [1, 2, 8], description=(
         "one LoRA baseline per rank (empty: none)"))
     lora: AdapterConfig = Field(default_factory=AdapterConfig, description=(
         "LoRA settings (target_modules, lora_alpha, lora_dropout); the ranks are `lora_ranks`"))

@@ -36,6 +36,7 @@ from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, summary_rows
 from skillgraft.pipeline.store import Store, data_digest, model_digest
 from skillgraft.recipes.base import ExperimentSpec, SeedsMixin, recipe
+from skillgraft.spec import COUNT_MAX
 from skillgraft.train import AutoRGN, FinetuneConfig, Snapshots, finetune
 
 METHODS = ("full", "fim-top", "fim-bottom", "random", "auto-rgn")
@@ -46,7 +47,7 @@ METRICS = ["score", "accuracy", "ece", "trainable_parameters"]
 class SurgicalSpec(ExperimentSpec, SeedsMixin):
     """Which blocks train (FIM top/bottom-K, random-K, all, Auto-RGN), how the FIM is computed, stability."""
 
-    layers_k: list[Annotated[int, Field(ge=1)]] = Field(
+    layers_k: list[Annotated[int, Field(ge=1, le=COUNT_MAX)]] = Field(
         default_factory=lambda: [1, 2, 3], min_length=1,
         description="K: number of blocks trained by fim-top / fim-bottom / random (each ≤ the model's blocks)")
     methods: list[Method] = Field(default_factory=lambda: list(METHODS), min_length=1, description=(
@@ -57,7 +58,7 @@ class SurgicalSpec(ExperimentSpec, SeedsMixin):
     fisher_aggregate: Literal["sum", "frobenius"] = Field(
         "sum", description="block score: sum (of Fisher entries; the definition) | frobenius (the reference code)")
     fisher_normalize: bool = Field(False, description="divide each block's score by its parameter count")
-    stability_steps: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, description=(
+    stability_steps: list[Annotated[int, Field(ge=0, le=COUNT_MAX)]] = Field(default_factory=list, description=(
         "FIM ranking recomputed on these checkpoints of one full FT run of the first task and seed (empty: none)"))
 
 

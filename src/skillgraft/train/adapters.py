@@ -20,7 +20,7 @@ import torch
 from pydantic import Field
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.spec import Spec
+from skillgraft.spec import COUNT_MAX, FLOAT_MAX, Spec
 
 Method = Literal["lora", "ia3"]
 
@@ -29,8 +29,8 @@ class AdapterConfig(Spec):
     """One peft adapter (defaults: peft's own, LoRA on query/value as in Hu et al. 2022)."""
 
     method: Method = Field("lora", description="lora or ia3")
-    r: int = Field(8, ge=1, description="LoRA rank")
-    lora_alpha: float = Field(8, gt=0, description="LoRA scaling numerator (scale = alpha / r)")
+    r: int = Field(8, ge=1, le=COUNT_MAX, description="LoRA rank")
+    lora_alpha: float = Field(8, gt=0, le=FLOAT_MAX, description="LoRA scaling numerator (scale = alpha / r)")
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout")
     target_modules: list[str] | None = Field(None, description=(
         "module names to adapt (None: query/value for LoRA, peft's defaults for IA³)"))

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from skillgraft.spec import Spec
+from skillgraft.spec import COUNT_MAX, FLOAT_MAX, Seed, Spec
 
 
 DEFAULT_LR = {"sgd": 0.1, "adamw": 2e-5}
@@ -16,22 +16,25 @@ class FinetuneConfig(Spec):
     """Settings of one fine-tuning run (defaults: the paper's SGD recipe, tuned for MiniLM)."""
 
     optimizer: Literal["sgd", "adamw"] = Field("sgd", description="sgd (paper default) or adamw")
-    lr: float | None = Field(None, gt=0, description=(
+    lr: float | None = Field(None, gt=0, le=FLOAT_MAX, description=(
         "learning rate (default: 0.1 for SGD, the MiniLM SST-2 sweep in bench/RESULTS.md; 2e-5 for AdamW)"))
-    batch_size: int = Field(8, ge=1, description="examples per step (split over processes)")
-    weight_decay: float = Field(1e-4, ge=0, description="weight decay")
-    max_grad_norm: float | None = Field(1.0, gt=0, description="gradient clipping by global norm (None: off)")
-    steps: int | None = Field(None, ge=0, description="training steps (None: 16·n·k capped at max_steps)")
-    max_steps: int | None = Field(400, ge=1, description="cap on the default step count (None: no cap)")
-    eval_every: int = Field(100, ge=0, description="dev evaluation interval in steps (0: only at the end)")
-    l1: float = Field(0.0, ge=0, description="λ of the L1 penalty λ‖θ−θ_pre‖₁ on movement")
+    batch_size: int = Field(8, ge=1, le=COUNT_MAX, description="examples per step (split over processes)")
+    weight_decay: float = Field(1e-4, ge=0, le=FLOAT_MAX, description="weight decay")
+    max_grad_norm: float | None = Field(1.0, gt=0, le=FLOAT_MAX, description=(
+        "gradient clipping by global norm (None: off)"))
+    steps: int | None = Field(None, ge=0, le=COUNT_MAX, description=(
+        "training steps (None: 16·n·k capped at max_steps)"))
+    max_steps: int | None = Field(400, ge=1, le=COUNT_MAX, description="cap on the default step count (None: no cap)")
+    eval_every: int = Field(100, ge=0, le=COUNT_MAX, description=(
+        "dev evaluation interval in steps (0: only at the end)"))
+    l1: float = Field(0.0, ge=0, le=FLOAT_MAX, description="λ of the L1 penalty λ‖θ−θ_pre‖₁ on movement")
     freeze_embeddings: bool = Field(True, description="freeze the embeddings (paper default)")
     freeze_head: bool = Field(False, description="freeze the head (the LM head in prompt mode)")
     bias_only: bool = Field(False, description="train only biases (BitFit)")
-    layers: list[Annotated[int, Field(ge=0)]] | None = Field(
+    layers: list[Annotated[int, Field(ge=0, le=COUNT_MAX)]] | None = Field(
         None, description="train only these transformer blocks, 0-based (+ the head); None: all")
-    seed: int = Field(0, ge=0, description="model seed (batch order, head init)")
-    eval_batch_size: int = Field(64, ge=1, description="batch size of dev evaluation")
+    seed: Seed = Field(0, description="model seed (batch order, head init)")
+    eval_batch_size: int = Field(64, ge=1, le=COUNT_MAX, description="batch size of dev evaluation")
 
     @model_validator(mode="after")
     def _default_lr(self) -> FinetuneConfig:

@@ -1,7 +1,8 @@
 """The training core: one loop on Hugging Face Accelerate (one CPU, one GPU, or ``accelerate launch`` many).
 
 nanoGPT style, top to bottom: the sampler gives each step's task and global batch; each process takes its
-shard; loss = cross-entropy on the task scorer's label logits (+ λ‖θ−θ_pre‖₁ when ``config.l1`` > 0);
+shard; loss = cross-entropy on the task scorer's label logits (+ λ‖θ−θ_pre‖₁ when ``config.l1`` > 0; a
+non-finite loss on any process stops the run with one line, :func:`~skillgraft.finite.check_loss`);
 backward, clip, optimizer step; every ``eval_every`` steps (and at the end) the dev sets are scored.
 Everything else — keeping the best dev weights, region masks, Auto-RGN, snapshots — is a callback
 (:mod:`skillgraft.train.callbacks`). The model is a Scorer (with a :class:`SingleTask` sampler) or a
@@ -21,6 +22,7 @@ from tqdm.auto import tqdm
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.predict import evaluate
+from skillgraft.finite import check_loss, refuse_non_finite
 from skillgraft.models.freezing import freeze
 from skillgraft.train.config import FinetuneConfig
 
@@ -179,6 +181,8 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
         loss = torch.nn.functional.cross_entropy(logits.float(), labels)
         if anchors is not None:
             loss = loss + config.l1 * sum((p - a).abs().sum() for p, a in zip(params, anchors))
+        shared = accelerator.reduce(loss.detach(), reduction="mean") if world > 1 else loss.detach()
+        value = check_loss(shared, "fine-tuning", step + 1)  # before the step, on every process: never train on NaN
         accelerator.backward(loss)
         emit(callbacks, "on_after_backward", step)
         if config.max_grad_norm:
@@ -187,7 +191,7 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
         opt.step()
         opt.zero_grad(set_to_none=True)
         emit(callbacks, "on_after_optimizer_step", step)
-        loss_ema = loss.item() if loss_ema is None else 0.9 * loss_ema + 0.1 * loss.item()
+        loss_ema = value if loss_ema is None else 0.9 * loss_ema + 0.1 * value
         evaluated = config.eval_every and (step + 1) % config.eval_every == 0 and step + 1 < steps
         if evaluated:
             dev_score(step + 1)
@@ -195,6 +199,9 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
         if evaluated or step % 10 == 0:
             bar.set_postfix(loss=f"{loss_ema:.3f}", dev=f"{state.history[-1]['dev']:.3f}" if state.history else "-")
     seconds = time.perf_counter() - start - eval_seconds
+    for p in params:  # the last step's update is checked by no later loss
+        refuse_non_finite(p, f"fine-tuning stopped after step {steps}: a trained weight",
+                          "nothing was stored. Lower the learning rate (--lr)")
     dev_score(steps)
     emit(callbacks, "on_train_end", state)
     raw.eval()

@@ -20,7 +20,7 @@ from skillgraft.graft.localizers.base import Localization, Localizer, LocalizerO
 from skillgraft.graft.localizers.bias import Bias
 from skillgraft.graft.localizers.fish import Fish, FishOptions
 from skillgraft.graft.localizers.learned import Learned, LocalizeConfig, LocalizeResult, localize
-from skillgraft.graft.localizers.movement import Movement, movement
+from skillgraft.graft.localizers.movement import Movement, TiesTrim, movement
 from skillgraft.graft.localizers.random import Random, RandomOptions
 from skillgraft.graft.localizers.relaxed import (HardConcrete, LearnedAdam, LearnedSaliency, Prune, RelaxedOptions,
                                                  StraightThrough)
@@ -100,6 +100,7 @@ def options_union() -> type[Spec]:
 
 register_localizer("learned")(Learned)
 register_localizer("movement")(Movement)
+register_localizer("ties-trim")(TiesTrim)
 register_localizer("random")(Random)
 register_localizer("bias")(Bias)
 register_localizer("fish")(Fish)

@@ -20,6 +20,7 @@ from pydantic import Field
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
+from skillgraft.graft.keep import KeepResult, KeepSpec, Ranking, keep_search
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget, Budgets, parse_budgets, region_universe, select
 from skillgraft.models.anatomy import Graftable
@@ -90,6 +91,32 @@ class Localizer:
         regions = {b: select(scores, b, shapes) for b in budgets}
         return Localization(regions, {"budgets": [b.key for b in regions], "config": opts.to_dict(),
                                       "score_seconds": time.perf_counter() - t0})
+
+    @property
+    def ranked(self) -> bool:
+        """Whether this localizer orders the coordinates (scores, or its own :meth:`ranking`): keep targets need it."""
+        return type(self).scores is not Localizer.scores or type(self).ranking is not Localizer.ranking
+
+    def ranking(self, pre, ft, data, options: Spec | dict | None = None, *, progress: bool = False) -> Ranking:
+        """The nested family of this localizer's regions: its scores' order (keep targets search it)."""
+        opts = self.options(options)
+        self.check_ranked()
+        return Ranking.from_scores(self.scores(pre, ft, data, opts, progress=progress),
+                                   region_universe(pre, opts.graftable))
+
+    def check_ranked(self) -> None:
+        """One clear line, before any work, for a keep target on a localizer without an order."""
+        if not self.ranked:
+            raise SkillgraftError(f"localizer {self.name!r} gives no order of the coordinates (one trajectory per "
+                                  "budget), so a keep target cannot be searched on it; use learned or a score-based "
+                                  "localizer (movement, fish, …)")
+
+    def keep(self, pre, ft, data, keep: KeepSpec | Sequence[float], options: Spec | dict | None = None, *,
+             selection: list[Example] | None = None, progress: bool = False) -> list[KeepResult]:
+        """The smallest region of :meth:`ranking` reaching each keep target on ``selection`` (default: the data's
+        dev split), by the search of :mod:`skillgraft.graft.keep`."""
+        selection = examples_of(data)[1] if selection is None else selection
+        return keep_search(pre, ft, self.ranking(pre, ft, data, options, progress=progress), selection, keep)
 
     def regions(self, pre, ft, data, budgets: Sequence[Budget | float | int | str], options: Spec | dict | None = None,
                 *, progress: bool = False) -> dict[Budget, Region]:

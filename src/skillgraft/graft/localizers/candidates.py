@@ -25,10 +25,11 @@ from functools import partial
 import torch
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.graft.keep import Ranking
 from skillgraft.graft.localizers.sharded import Group, Piece
 from skillgraft.graft.localizers.source import FineTuned
 from skillgraft.graft.localizers.topk import StreamingTopK, top_k
-from skillgraft.graft.region import Region
+from skillgraft.graft.region import Region, numel_of
 from skillgraft.graft.selection import Budget
 
 CHUNK = 1 << 20  # S is drawn in chunks of this many values (same stream as one draw per tensor)
@@ -63,6 +64,26 @@ class Holding:
         s = torch.sigmoid(self.S[n] - self.bias)
         return torch.where(self.base[n], 1 - s, s)
 
+    def ranking_keys(self, seed: int) -> tuple[dict, dict, dict]:
+        """The learned order of the held coordinates (:class:`~skillgraft.graft.keep.Ranking` ``first``/``then``):
+
+        * first the learned region, γ > 0.5 (the rounded γ), by the logit of γ with every coordinate's S started
+          from the same ½ (S − S₀ + ½: the learned drift orders them, not the initial draw's noise), ±(bias − S̃),
+          + on γ_base;
+        * then every other coordinate by |Δ| (γ_base's own score): outside the region the drift is a small
+          first-order signal the loss never tested in a graft, and ordering the rest by it loses to a random
+          order at 1e-1 of MiniLM's body (bench/RESULTS.md, issue 25).
+
+        Returns (keys, in the region, |Δ|) per tensor, on the CPU."""
+        start = self._draw_S(seed)
+        keys, region, moved = {}, {}, {}
+        for n in self.names:
+            drift = self.S[n].double() - start[n].double() + 0.5 - self.bias
+            keys[n] = torch.where(self.base[n], -drift, drift).cpu()
+            region[n] = (self.gamma(n) > 0.5).cpu()
+            moved[n] = self.delta[n].abs().double().cpu()
+        return keys, region, moved
+
     def hold_choice(self, masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Move the working weights to the binary ``masks``; returns the continuous γ to :meth:`release` to."""
         continuous = dict(self.current)
@@ -86,7 +107,7 @@ class Candidates(Holding):
         self.offsets, start = {}, 0  # each tensor's first position in the universe (tensors in `names` order)
         for n, p in pieces.items():
             self.offsets[n] = start
-            start += _numel(p.shape)
+            start += numel_of(p.shape)
         self.universe = start
         self.bias = config.sigmoid_bias
         if base is not None:
@@ -111,6 +132,15 @@ class Candidates(Holding):
         self.grads: dict[str, torch.Tensor | None] = dict.fromkeys(self.names)
         self.hooks: list = []
         _release_freed_memory()
+
+    def ranking(self, seed: int) -> Ranking:
+        """The learned order of the candidates (:meth:`Holding.ranking_keys`); coordinates outside C are never
+        ranked, so the largest region of the family is C."""
+        if self.group.sharded:
+            raise SkillgraftError("keep targets need the learned ranking in one process; run without sharding")
+        keys, region, moved = (torch.cat([t[n].reshape(-1) for n in self.names]) for t in self.ranking_keys(seed))
+        positions = torch.cat([self._global(n, self.pos[n]) for n in self.names])
+        return Ranking.from_keys(self.shapes, positions, keys, first=region, then=moved)
 
     # ------------------------------------------------------------------ construction
     def _total(self, local: int) -> int:
@@ -202,7 +232,7 @@ class Candidates(Holding):
         for n, piece in self.pieces.items():
             want = self.pos[n].to(torch.int64).cpu() + piece.first  # flat index in the whole tensor, ascending
             S = torch.empty(want.numel(), dtype=torch.float32)
-            done, j, total = 0, 0, _numel(piece.shape)
+            done, j, total = 0, 0, numel_of(piece.shape)
             while done < total:
                 size = min(CHUNK, total - done)
                 draw = torch.rand(size, generator=gen)
@@ -297,13 +327,6 @@ class Candidates(Holding):
             mine = {n: torch.cat([torch.as_tensor(p[n]) for p in parts if n in p]) for n in self.names
                     if any(n in p for p in parts)}
         return Region(self.shapes, mine)
-
-
-def _numel(shape) -> int:
-    out = 1
-    for d in shape:
-        out *= int(d)
-    return out
 
 
 def _check_fits(region: Region, shapes: dict, what: str) -> None:

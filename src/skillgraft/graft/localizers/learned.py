@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
+from skillgraft.finite import check_loss
 from skillgraft.graft.localizers.base import Localizer, examples_of
 from skillgraft.graft.localizers.candidates import Candidates, Holding
 from skillgraft.graft.localizers.checkpointing import activation_checkpointing
@@ -44,6 +45,7 @@ from skillgraft.graft.localizers.lending import preserved
 from skillgraft.graft.localizers.sharded import (Group, fsdp_requested, is_sharded, pieces, reshard, shard,
                                                  sum_gradients)
 from skillgraft.graft.localizers.source import FineTuned, InMemory, fine_tuned
+from skillgraft.graft.keep import KeepResult, KeepSpec, Ranking, keep_search
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import ROUND, Budget, Budgets, parse_budgets, select_masks, top_k_masks
 from skillgraft.models.anatomy import Graftable, carried_names, graftable_names
@@ -55,18 +57,18 @@ class LocalizeConfig(Spec):
     """Settings of the learned localizer (defaults: the reference implementation's)."""
 
     sparsity: float = Field(1e-4, ge=0, le=1, description="γ_base size as a fraction of graftable parameters")
-    steps: int = Field(100, ge=0, description="gradient steps on S")
-    lr: float = Field(1e7, gt=0, description="learning rate of plain gradient descent on S")
-    sigmoid_bias: float = Field(10.0, description="γ uses σ(S − bias); S ~ U[0,1) at start")
-    batch_size: int = Field(1024, ge=1, description="examples per step (full batch when smaller)")
-    micro_batch: int = Field(64, ge=1, description="examples per forward/backward (accumulated)")
+    steps: int = Field(100, ge=0, le=2**31 - 1, description="gradient steps on S")
+    lr: float = Field(1e7, gt=0, le=3.4e38, description="learning rate of plain gradient descent on S")
+    sigmoid_bias: float = Field(10.0, ge=0, le=3.4e38, description="γ uses σ(S − bias); S ~ U[0,1) at start")
+    batch_size: int = Field(1024, ge=1, le=2**31 - 1, description="examples per step (full batch when smaller)")
+    micro_batch: int = Field(64, ge=1, le=2**31 - 1, description="examples per forward/backward (accumulated)")
     graftable: Graftable = Field("body", description="the universe of a region: body | body+embeddings | all | bias")
     budgets: Budgets = Field(None, description=(
         "region sizes learned from one trajectory: fractions of graftable parameters in (0, 1] or counts ≥ 1 "
         "(exact top-k of γ), or 'round' (γ rounded at 0.5); default: round"))
-    l1: float = Field(0.0, ge=0, description="λ of an L1 term λ·Σγ (as Localize-and-Stitch)")
-    seed: int = Field(0, description="seed of S's initialisation and of the step batches")
-    eval_every: int = Field(1, ge=1, description="score each budget's region every N steps")
+    l1: float = Field(0.0, ge=0, le=3.4e38, description="λ of an L1 term λ·Σγ (as Localize-and-Stitch)")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of S's initialisation and of the step batches")
+    eval_every: int = Field(1, ge=1, le=2**31 - 1, description="score each budget's region every N steps")
     select_on: Literal["train+dev", "train", "last"] = Field("train+dev", description=(
         "which accuracy picks the best step (last: no selection)"))
     candidates: float | None = Field(None, gt=0, le=1, description=(
@@ -119,6 +121,8 @@ class LocalizeResult:
     config: dict
     candidate_size: int | None = None  # |C| when candidate-restricted
     step_times: list[float] = field(default_factory=list)  # seconds of each step (benchmarks)
+    ranking: Ranking | None = None    # the learned order at the last step (keep targets; see graft.keep)
+    keep: list[KeepResult] = field(default_factory=list)  # one per keep target
 
     @property
     def region(self) -> Region:
@@ -132,6 +136,8 @@ class LocalizeResult:
                "step_seconds": self.step_seconds, "history": self.history, "config": self.config}
         if self.candidate_size is not None:
             out["candidate_size"] = self.candidate_size
+        if self.keep:
+            out["keep"] = [r.to_dict() for r in self.keep]
         return out
 
 
@@ -159,10 +165,20 @@ class _Working(Holding):
             k = int(sum(int(m.sum()) for m in self.base.values()))
         self.base_size = k
         self.size = None
-        gen = torch.Generator().manual_seed(config.seed)
-        self.S = {n: torch.rand(d.shape, generator=gen).to(d.device) for n, d in self.delta.items()}
+        self.S = self._draw_S(config.seed)
         self.bias = config.sigmoid_bias
         self.current = {n: self.gamma(n) for n in names}  # γ the working weights currently hold
+
+    def _draw_S(self, seed: int) -> dict[str, torch.Tensor]:
+        """S ~ U[0, 1): one seeded stream over the tensors in order."""
+        gen = torch.Generator().manual_seed(seed)
+        return {n: torch.rand(d.shape, generator=gen).to(d.device) for n, d in self.delta.items()}
+
+    def ranking(self, seed: int) -> Ranking:
+        """The learned order of every graftable coordinate (:meth:`Holding.ranking_keys`)."""
+        keys, region, moved = (torch.cat([t[n].reshape(-1) for n in self.names]) for t in self.ranking_keys(seed))
+        shapes = {n: tuple(self.delta[n].shape) for n in self.names}
+        return Ranking.from_keys(shapes, torch.arange(self.universe), keys, first=region, then=moved)
 
     @torch.no_grad()
     def apply(self) -> None:
@@ -213,7 +229,8 @@ class _Working(Holding):
 
 def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, config: LocalizeConfig | None = None,
              *, accelerator=None, progress: bool = True, base: Region | None = None,
-             candidates: Region | None = None) -> LocalizeResult:
+             candidates: Region | None = None, keep: KeepSpec | float | list[float] | None = None,
+             selection: list[Example] | None = None, ranked: bool = False) -> LocalizeResult:
     """Learn a sparse region γ such that θ_pre + γ⊙(θ_ft − θ_pre) keeps the fine-tuned skill.
 
     ``ft`` is the fine-tuned scorer, or the folder it was saved to (read lazily, tensor by tensor). ``pre``
@@ -223,12 +240,28 @@ def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, co
     the optimisation to that region (chosen by any scorer) instead of the top-``config.candidates`` |Δ|.
     Under ``accelerate launch`` with an FSDP2 config, or with a ``fully_shard``-ed ``pre``, each process
     works on its own shards (``pre`` stays sharded afterwards; its values are restored).
+
+    ``keep`` (a share of FT's score such as 0.95, several, or a :class:`~skillgraft.graft.keep.KeepSpec`): after
+    the trajectory, the smallest region of its learned order (``result.ranking``) whose score on ``selection``
+    (default: ``dev``) is at least that share of FT's score there (``result.keep``; :mod:`skillgraft.graft.keep`).
+    ``ranked``: return that order (``result.ranking``) without a keep target.
     """
     from accelerate import Accelerator  # noqa: PLC0415
 
     config = config or LocalizeConfig()
     if not train:
         raise SkillgraftError("localization needs training examples")
+    if keep is not None and not isinstance(keep, KeepSpec):
+        keep = KeepSpec.build({"keep": keep}, where="keep")
+    keep = keep if keep is not None and keep.keep else None
+    selection = dev if selection is None else selection
+    if keep is not None:
+        if not selection:
+            raise SkillgraftError("a keep target needs a selection split: pass dev examples (or selection=), "
+                                  "distinct from the test rows")
+        if not isinstance(ft, torch.nn.Module):
+            raise SkillgraftError("a keep target scores grafts of the fine-tuned model: pass it loaded, not as a "
+                                  "folder")
     accelerator = accelerator or Accelerator()
     names = graftable_names(pre, config.graftable)
     carried = carried_names(pre)
@@ -241,12 +274,15 @@ def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, co
             shard(pre, accelerator)
         sum_gradients(pre)
     with preserved(pre, carried if lean else names + carried):
-        return _optimise(pre, source, names, carried, train, dev, config, accelerator, group, progress, base,
-                         candidates, lean)
+        result = _optimise(pre, source, names, carried, train, dev, config, accelerator, group, progress, base,
+                           candidates, lean, ranked or keep is not None)
+    if keep is not None:  # θ_pre is itself again: score grafts of the learned order on the selection split
+        result.keep = keep_search(pre, ft, result.ranking, selection, keep)
+    return result
 
 
 def _optimise(pre, source, names, carried, train, dev, config, accelerator, group, progress, base, chosen,
-              lean) -> LocalizeResult:
+              lean, ranked: bool = False) -> LocalizeResult:
     """The optimisation of Eq. 3–4 on ``pre`` (whose flags, modes and head the caller restores)."""
     world, rank = accelerator.num_processes, accelerator.process_index
     if not group.sharded:
@@ -268,7 +304,10 @@ def _optimise(pre, source, names, carried, train, dev, config, accelerator, grou
     try:
         work.apply()
         with activation_checkpointing(pre, checkpointing):
-            return _steps(pre, work, train, dev, config, accelerator, group, progress, world, rank)
+            result = _steps(pre, work, train, dev, config, accelerator, group, progress, world, rank)
+            if ranked:
+                result.ranking = work.ranking(config.seed)
+            return result
     finally:
         work.close()
         work.restore()
@@ -310,6 +349,7 @@ def _steps(pre, work, train, dev, config, accelerator, group, progress, world, r
         for step in bar:
             t0 = time.perf_counter()
             order = rng.permutation(len(train))[:batch_n] if batch_n < len(train) else np.arange(len(train))
+            total = 0.0
             for chunk, weight in _micro_batches(order[rank::world], config.micro_batch,
                                                 math.ceil(len(order) / world) if lockstep else None):
                 batch = pre.collate([train[i] for i in chunk])
@@ -317,6 +357,8 @@ def _steps(pre, work, train, dev, config, accelerator, group, progress, world, r
                 # cross-entropy (generative: completion tokens)
                 loss = batch_loss(pre, batch, reduction="sum") / batch_n
                 (loss if weight == 1 else loss * weight).backward()
+                total = total + loss.detach() * weight
+            check_loss(group.sum_(total), "localization", step)  # before S moves: a NaN is never stored
             work.update(config.lr, config.l1, group)
             step_times.append(time.perf_counter() - t0)
             if step % config.eval_every == 0 or step == config.steps:
@@ -375,3 +417,14 @@ class Learned(Localizer):
     def regions(self, pre, ft, data, budgets, options=None, *, progress: bool = False) -> dict[Budget, Region]:
         config = self.options(options).replace(budgets=parse_budgets(budgets) or None)
         return self.run(pre, ft, data, config, progress=progress).regions
+
+    def ranking(self, pre, ft, data, options=None, *, progress: bool = False) -> Ranking:
+        """The learned order at the end of one trajectory (the rounded γ by the learned drift, then |Δ|)."""
+        train, dev = examples_of(data)
+        return localize(pre, ft, train, dev, self.options(options), ranked=True, progress=progress).ranking
+
+    def keep(self, pre, ft, data, keep, options=None, *, selection=None, progress: bool = False) -> list[KeepResult]:
+        """Keep targets searched on the learned order at the end of one trajectory (see :func:`localize`)."""
+        train, dev = examples_of(data)
+        return localize(pre, ft, train, dev, self.options(options), keep=keep, selection=selection,
+                        progress=progress).keep

@@ -15,7 +15,7 @@ from skillgraft.graft.selection import region_universe
 
 class RandomOptions(LocalizerOptions):
     """Options of the random localizer: the universe, budgets and the draw's seed."""
-    seed: int = Field(0, description="seed of the permutation the coordinates are drawn from")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of the permutation the coordinates are drawn from")
 
 
 class Random(Localizer):

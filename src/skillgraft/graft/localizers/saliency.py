@@ -33,7 +33,8 @@ class SaliencyConfig(Spec):
     kind: Literal["gradient", "fisher"] = Field("gradient", description=(
         "gradient: Σ_b |∂L_b/∂θ ⊙ Δ| over micro-batches; fisher: F_jj · Δ_j²"))
     signed: bool = Field(False, description="gradient kind: −∂L/∂θ ⊙ Δ (full batch) instead of its magnitude")
-    micro_batch: int = Field(32, ge=1, description="examples per backward pass (the b of Σ_b; ≥ n: one batch)")
+    micro_batch: int = Field(32, ge=1, le=2**31 - 1, description=(
+        "examples per backward pass (the b of Σ_b; ≥ n: one batch)"))
     fisher: FisherConfig = Field(default_factory=FisherConfig, description="the Fisher estimate (kind: fisher)")
 
 

@@ -1,0 +1,53 @@
+"""Non-finite values (NaN, ±Inf) are refused where they enter, named by file and position, never stored.
+
+A NaN in a graft's values poisons every model it is applied to and every checkpoint exported from it, and
+nothing downstream notices (an argmax of NaN logits is still a label). So each reader of weights from
+outside (graft files, PEFT adapters, heads, checkpoints to graft) checks them on load, each writer checks
+what it is about to store, and the training loops stop at the first non-finite loss.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from skillgraft.errors import SkillgraftError
+
+
+def first_non_finite(t: torch.Tensor) -> tuple[int, float, int] | None:
+    """(flat position, value, count) of the first non-finite value of ``t``; None when all are finite."""
+    if not (t.dtype.is_floating_point or t.dtype.is_complex) or not t.numel():
+        return None
+    bad = ~torch.isfinite(t.detach().reshape(-1))
+    if not bool(bad.any()):
+        return None
+    where = torch.nonzero(bad).reshape(-1)
+    i = int(where[0])
+    return i, float(t.detach().reshape(-1)[i]), int(where.numel())
+
+
+def refuse_non_finite(t: torch.Tensor, what: str, why: str = "non-finite values are refused") -> None:
+    """Raise a one-line :class:`SkillgraftError` naming ``what[position]`` and the value if ``t`` holds one."""
+    found = first_non_finite(t)
+    if found is not None:
+        i, value, count = found
+        more = f" ({count} non-finite values in all)" if count > 1 else ""
+        raise SkillgraftError(f"{what}[{i}] is {value}{more}; {why}")
+
+
+def refuse_non_finite_model(model: torch.nn.Module, where: str,
+                            why: str = "a model with non-finite weights cannot be grafted (its fine-tuning "
+                                       "diverged, or the file is damaged)") -> None:
+    """Every parameter of ``model`` must be finite (a checkpoint read from outside: one pass over its weights)."""
+    for name, p in model.named_parameters():
+        refuse_non_finite(p, f"{where}: tensor {name!r}", why)
+
+
+def check_loss(loss: torch.Tensor | float, what: str, step: int) -> float:
+    """The loss as a float; a non-finite one stops ``what`` with one line (nothing of the run is stored)."""
+    value = float(loss)
+    if not math.isfinite(value):
+        raise SkillgraftError(f"{what} stopped at step {step}: the loss is {value}; nothing was stored. Lower the "
+                              "learning rate (--lr), or check the model and data for non-finite values")
+    return value

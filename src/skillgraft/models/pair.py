@@ -1,0 +1,113 @@
+"""Checkpoint pairs (θ_pre, θ_ft) as a user has them: how to score them, and whether they form a pair at all.
+
+``pair_mode`` reads the fine-tuned checkpoint's class (…ForSequenceClassification → classifier, …ForCausalLM →
+causal or generative, …ForMaskedLM → prompt); ``check_pair`` refuses, before any weights load, two checkpoints
+of different architectures, shapes or tokenizer vocabularies; ``complete_model`` refuses a causal LM lacking
+tensors the other has. Used by ``skillgraft graft`` / ``evaluate`` on a pair (pipeline.setup.from_pair) and by
+anything else that takes checkpoint pairs.
+"""
+
+from __future__ import annotations
+
+from skillgraft.errors import SkillgraftError
+
+PAIR_MODES = ("classifier", "prompt", "causal", "generative", "head")
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                 "intermediate_size", "vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "max_position_embeddings",
+                 "n_positions", "type_vocab_size", "embedding_size", "head_dim")
+
+
+def pair_mode(finetuned: str, generative_data: bool, mode: str | None = None) -> str:
+    """How to score θ_ft: ``mode`` when given, else from what the checkpoint was saved as."""
+    from skillgraft.models.loading import checkpoint_kind, model_reference  # noqa: PLC0415
+
+    if mode is not None:
+        if mode not in PAIR_MODES:
+            raise SkillgraftError(f"--mode {mode!r}: use one of {', '.join(PAIR_MODES)}")
+        return mode
+    kind = checkpoint_kind(model_reference(finetuned).path)
+    if kind == "classifier":
+        return "classifier"
+    if kind == "causal":
+        return "generative" if generative_data else "causal"
+    if kind == "mlm":
+        return "prompt"
+    if generative_data:
+        return "generative"
+    raise SkillgraftError(f"{finetuned}: cannot tell how to score this checkpoint (config.json architectures: "
+                          f"{kind or 'none'}); pass --mode classifier | prompt | causal | generative")
+
+
+def check_pair(pretrained: str, finetuned: str) -> None:
+    """Refuse, before loading any weights, a pair whose architectures, shapes or tokenizers differ."""
+    from transformers import AutoConfig  # noqa: PLC0415
+
+    from skillgraft.models.loading import load_tokenizer, model_reference  # noqa: PLC0415
+
+    refs = [model_reference(pretrained), model_reference(finetuned)]
+    configs = []
+    for ref, role in zip(refs, ("pre-trained (--pretrained)", "fine-tuned (--finetuned)")):
+        try:
+            configs.append(AutoConfig.from_pretrained(ref.path).to_dict())
+        except (OSError, ValueError) as e:
+            raise SkillgraftError(f"{role} model {ref.name!r}: no readable config ({str(e).splitlines()[0]})") from None
+    a, b = configs
+    if a.get("model_type") != b.get("model_type"):
+        raise SkillgraftError(f"different architectures: {refs[0].name} is {a.get('model_type')!r}, {refs[1].name} is "
+                              f"{b.get('model_type')!r}; a graft needs θ_ft fine-tuned from θ_pre")
+    for key in SHAPE_FIELDS:
+        if a.get(key) != b.get(key):
+            raise SkillgraftError(f"different shapes: {key} is {a.get(key)} in {refs[0].name} but {b.get(key)} in "
+                                  f"{refs[1].name}; a graft needs θ_ft fine-tuned from θ_pre")
+    ta, tb = load_tokenizer(refs[0].path), load_tokenizer(refs[1].path)
+    va, vb = ta.get_vocab(), tb.get_vocab()
+    if va != vb:
+        diff = sorted(set(va.items()) ^ set(vb.items()))
+        raise SkillgraftError(f"different tokenizers: the vocabularies of {refs[0].name} ({len(va)} tokens) and "
+                              f"{refs[1].name} ({len(vb)} tokens) differ in {len(diff)} entries, e.g. {diff[:2]}")
+
+
+def model_labels(finetuned: str) -> tuple[str, ...] | None:
+    """The label names of a fine-tuned checkpoint's config (``id2label`` in logit order)."""
+    from transformers import AutoConfig  # noqa: PLC0415
+
+    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+
+    cfg = AutoConfig.from_pretrained(model_reference(finetuned).path)
+    return tuple(str(cfg.id2label[i]) for i in range(cfg.num_labels))
+
+
+def complete_model(path: str, mode: str, role: str):
+    """θ_pre or θ_ft of a causal pair, refusing a checkpoint that lacks tensors the model has."""
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    from skillgraft.models.loading import quiet_transformers  # noqa: PLC0415
+
+    hf_logging, level = quiet_transformers()
+    try:
+        with torch_fork(0):
+            model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+    except (OSError, ValueError) as e:
+        raise SkillgraftError(f"could not load {role} model {path!r} as a causal LM: {str(e).splitlines()[0]}") from None
+    finally:
+        hf_logging.set_verbosity(level)
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise SkillgraftError(f"the {role} model {path} lacks {len(missing)} tensor(s) the other has, e.g. "
+                              f"{missing[:3]} (a causal LM pair must have the same tensors)")
+    return model.eval()
+
+
+def torch_fork(seed: int):
+    """A forked RNG seeded with ``seed`` (weights missing from a checkpoint initialise the same every time)."""
+    import contextlib  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    @contextlib.contextmanager
+    def forked():
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            yield
+
+    return forked()

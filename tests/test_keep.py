@@ -1,0 +1,242 @@
+"""Keep targets: the smallest region of one nested family reaching a share of FT's score on a selection split."""
+
+import math
+
+import pytest
+import torch
+
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft import Budget, LocalizeConfig, get_localizer, localize, select
+from skillgraft.graft.dare import dare_graft
+from skillgraft.graft.keep import KeepSpec, Ranking, graft_scorer, search_keep, selection_score
+from skillgraft.graft.selection import region_universe
+from test_cli import ft_run  # noqa: F401 - the tiny fine-tuning run the CLI tests use
+from test_localizers import pair  # noqa: F401 - a tiny BERT and a plain-AdamW copy of it
+
+
+def test_search_finds_the_smallest_size_on_a_constructed_case():
+    calls = []
+
+    def score(k):  # a monotone family: share k/1000, FT scores 0.8
+        calls.append(k)
+        return 0.8 * min(1.0, k / 1000)
+
+    r95, r99 = search_keep(score, 0.8, [0.95, 0.99], 10_000, start=1, tolerance=1e-6)
+    assert (r95.reached, r95.size, r99.size) == (True, 950, 990)
+    assert math.isclose(r95.share, 0.95) and r95.density == 0.095
+    assert len(calls) == len(set(calls))  # every size scored once, whatever the number of targets
+    assert any(p.size == 949 and p.share < 0.95 for p in r95.probes)  # the size below was tried and failed
+    # a looser tolerance stops earlier, within that factor of the answer
+    (r,) = search_keep(lambda k: min(1.0, k / 1000), 1.0, [0.95], 10_000, tolerance=0.1)
+    assert 950 <= r.size <= 950 * 1.1 and max(p.size for p in r.probes if p.share < 0.95) * 1.1 >= r.size
+
+
+def test_unreachable_target_is_reported_with_the_best_reached():
+    (r,) = search_keep(lambda k: 0.5 * min(0.9, k / 100), 0.5, [0.95], 1000)
+    assert not r.reached and r.size is None and r.density is None
+    assert math.isclose(r.best_share, 0.9) and r.best_size == min(p.size for p in r.probes if p.share >= 0.9 - 1e-12)
+    assert max(p.size for p in r.probes) == 1000  # it tried the whole universe
+    assert "not reached" in r.describe() and "0.900" in r.describe()
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, 1.5, "nan", "x", float("inf")])
+def test_bad_keep_values_are_one_clear_line(bad):
+    with pytest.raises(SkillgraftError) as e:
+        KeepSpec.build({"keep": [0.9, bad]}, where="keep")
+    assert "\n" not in str(e.value) and "(0, 1]" in str(e.value) or "not a number" in str(e.value)
+    with pytest.raises(SkillgraftError):
+        search_keep(lambda k: 1.0, 1.0, [bad], 10)
+
+
+def test_ranking_is_the_shared_selection_nested():
+    gen = torch.Generator().manual_seed(0)
+    scores = {"a": torch.randint(0, 5, (7, 3), generator=gen).float(), "b": torch.rand(11, generator=gen)}
+    shapes = {"a": (7, 3), "c": (4,), "b": (11,)}
+    ranking = Ranking.from_scores(scores, shapes)
+    assert len(ranking) == 32 and ranking.universe == 36
+    previous = None
+    for k in (1, 5, 17, 32):
+        region = ranking.region(k)
+        assert len(region) == k and region == select(scores, Budget.parse(k), shapes)  # same ties as select
+        if previous is not None:
+            assert len(previous & region) == len(previous)  # nested
+        previous = region
+
+
+def test_keep_on_a_localizer_scores_the_region_it_returns(pair):
+    pre, ft, data = pair
+    before = {n: p.detach().clone() for n, p in pre.named_parameters()}
+    (r,) = get_localizer("movement").keep(pre, ft, data, [0.9])
+    ft_score = selection_score(ft, data.dev)
+    again = graft_scorer(pre, ft, data.dev)(r.region)
+    if r.reached:
+        assert len(r.region) == r.size and again >= 0.9 * ft_score - 1e-9
+        assert math.isclose(again / ft_score, r.share)
+        assert r.region == get_localizer("movement").region(pre, ft, data, r.size)  # the movement region of that size
+    else:
+        assert len(r.region) == r.best_size
+    assert all(torch.equal(p, before[n]) for n, p in pre.named_parameters())  # θ_pre untouched
+
+
+def test_learned_keep_from_one_trajectory(pair):
+    pre, ft, data = pair
+    before = {n: p.detach().clone() for n, p in pre.named_parameters()}
+    result = localize(pre, ft, data.train, data.dev, LocalizeConfig(sparsity=0.01, steps=3, budgets=[0.01]),
+                      keep=[0.8, 1.0], progress=False)
+    assert result.ranking is not None and len(result.ranking) == result.ranking.universe
+    low, full = result.keep
+    assert [low.target, full.target] == [0.8, 1.0]
+    assert all(torch.equal(p, before[n]) for n, p in pre.named_parameters())
+    if low.reached and full.reached:
+        assert low.size <= full.size
+    assert "keep" in result.summary and result.summary["keep"][0]["probe_count"] == len(low.probes)
+    # the learned order starts with γ_base (the top 1% |Δ|) unless the trajectory moved it
+    base = get_localizer("movement").region(pre, ft, data, 0.01)
+    assert len(result.ranking.region(len(base)) & base) >= 0.5 * len(base)
+    with pytest.raises(SkillgraftError, match="selection split"):
+        localize(pre, ft, data.train, None, LocalizeConfig(steps=1), keep=0.9, progress=False)
+
+
+def test_ties_trim_keeps_the_same_share_of_every_tensor(pair):
+    pre, ft, data = pair
+    region = get_localizer("ties-trim").region(pre, ft, data, 0.1)
+    shapes = region_universe(pre)
+    for name, shape in shapes.items():
+        n = math.prod(shape)
+        got = len(region.indices.get(name, []))
+        assert abs(got - 0.1 * n) <= 1 + 0.01 * n, (name, got, n)
+    assert region != get_localizer("movement").region(pre, ft, data, 0.1)  # not the global top-|Δ|
+
+
+def test_dare_rescales_delta_on_its_draw(pair):
+    pre, ft, data = pair
+    region = get_localizer("random").region(pre, ft, data, 0.25)
+    graft = dare_graft(pre, ft, region)
+    p_pre, p_ft = dict(pre.named_parameters()), dict(ft.named_parameters())
+    scale = region.universe_size / len(region)
+    name = next(iter(region.indices))
+    idx = region.indices[name]
+    a, b = p_pre[name].detach().reshape(-1)[idx], p_ft[name].detach().reshape(-1)[idx]
+    assert torch.allclose(graft.values[name], a + (b - a) * scale, atol=1e-6)
+    assert math.isclose(scale, 4.0, rel_tol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------- CLI and report
+@pytest.mark.parametrize("bad", ["0", "1.5", "-1", "lots"])
+def test_cli_bad_keep_is_one_line_before_any_work(ft_run, tmp_path, bad):
+    from test_cli import invoke
+
+    r = invoke("graft", "--finetuned", ft_run, "--out", tmp_path / "g", "--keep", f"0.9,{bad}")
+    assert r.exit_code == 2 and "--keep" in r.output and "(0, 1]" in r.output or "not a number" in r.output
+    assert len([x for x in r.output.splitlines() if x.strip()]) == 1 and "Traceback" not in r.output
+    assert not (tmp_path / "g").exists()
+
+
+def test_cli_graft_keep_and_frontier(ft_run, toy_data, tmp_path):
+    import csv
+    import json
+
+    from test_cli import invoke
+
+    out = tmp_path / "g"
+    r = invoke("graft", "--finetuned", ft_run, "--out", out, "--keep", "0.9,1.0", "--steps", 2, "--sparsity", 0.01,
+               "--frontier", "--frontier-levels", "0.001,0.01,0.1", "--data-dir", toy_data)
+    assert r.exit_code == 0, r.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    names = [row["model"] for row in metrics["rows"]]
+    assert "keep 0.9" in names and "keep 1" in names and not any(n.startswith("graft ") for n in names)  # keep only
+    keep = metrics["keep"]
+    assert "dev split" in keep["selection"]
+    for t in keep["targets"]:
+        row = next(x for x in metrics["rows"] if x["model"] == f"keep {t['target']:g}")
+        assert row["params"] == (t["size"] if t["reached"] else t["best_size"])
+        assert t["test_share"] == row["share_of_ft"] and t["probe_count"] >= 1
+        assert (out / "grafts" / f"keep-{t['target']:g}" / "graft.safetensors").is_file()
+    assert "keep 0.9:" in r.output and "selection share" in r.output
+    text = (out / "report.md").read_text()
+    assert "## Keep targets" in text and "## Share of FT vs density" in text
+    assert (out / "frontier.png").stat().st_size > 1000
+    rows = list(csv.DictReader((out / "frontier.csv").open()))
+    methods = {x["method"] for x in rows}
+    assert {"learned", "learned order", "top-|Δ| per tensor (TIES trim)", "top-|Δ| global (L&S dataless)",
+            "DARE (reference)", "random"} == methods
+    assert len(rows) == 6 * 3 and {float(x["density"]) for x in rows} == {0.001, 0.01, 0.1}
+    keeps = list(csv.DictReader((out / "frontier_keep.csv").open()))
+    assert {x["method"] for x in keeps} == methods - {"learned"} and {float(x["target"]) for x in keeps} == {0.95, 0.99}
+    assert all(x["test_share"] for x in keeps)
+
+
+def test_keep_on_a_localizer_without_an_order_is_one_line(ft_run, tmp_path):
+    from test_cli import invoke
+
+    r = invoke("graft", "--finetuned", ft_run, "--out", tmp_path / "g", "--localizer", "prune", "--keep", "0.9")
+    assert r.exit_code == 2 and "no order" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "g").exists()
+
+
+def test_ranking_in_two_tiers():
+    positions = torch.arange(6)
+    keys = torch.tensor([0.1, 5.0, 0.3, 9.0, 0.2, 1.0], dtype=torch.float64)
+    first = torch.tensor([True, False, True, False, True, False])
+    then = torch.tensor([0.0, 1.0, 0.0, 3.0, 0.0, 2.0], dtype=torch.float64)
+    r = Ranking.from_keys({"a": (6,)}, positions, keys, first=first, then=then)
+    assert r.order.tolist() == [2, 4, 0, 3, 5, 1]  # the first tier by keys, then the rest by `then`
+
+
+def test_selection_split_holds_out_localization_rows_without_a_dev_split(pair):
+    import dataclasses
+    from types import SimpleNamespace
+
+    from skillgraft.recipes.keep import selection_split
+
+    _, _, data = pair
+    setup = SimpleNamespace(data=dataclasses.replace(data, dev=[]), test=data.test)
+    selection, rest, note = selection_split(setup, 0.25)
+    assert len(selection) == round(0.25 * len(data.train)) and len(selection) + len(rest.train) == len(data.train)
+    assert not {id(e) for e in selection} & {id(e) for e in rest.train} and rest.dev == []
+    assert "held-out" in note and selection_split(setup, 0.25)[0] == selection  # seeded
+    with_dev = selection_split(SimpleNamespace(data=data, test=data.test))
+    assert with_dev[0] == list(data.dev) and with_dev[1] is data and "dev split" in with_dev[2]
+
+
+def test_keep_on_a_checkpoint_pair_holds_out_a_selection_slice(tmp_path):
+    """A user's classifier pair and data file (no dev split): the selection split is a held-out slice."""
+    import json
+
+    from test_cli import invoke
+    from test_open_world import sentiment_rows, train_classifier, write_rows
+    from tiny import build_tiny
+
+    from skillgraft.graft import Graft
+
+    a = build_tiny("bert", tmp_path / "a")
+    b = train_classifier(a, tmp_path / "b", sentiment_rows())
+    data = write_rows(tmp_path / "reviews.jsonl", sentiment_rows())
+    out = tmp_path / "g"
+    r = invoke("graft", "--pretrained", a, "--finetuned", b, "--data", data, "--keep", "0.9", "--localizer",
+               "movement", "--baselines", "", "--out", out)
+    assert r.exit_code == 0, r.output
+    keep = json.loads((out / "metrics.json").read_text())["keep"]
+    assert "held-out slice" in keep["selection"] and keep["selection_n"] >= 1
+    (t,) = keep["targets"]
+    graft = Graft.from_pretrained(out / "grafts" / "keep-0.9")
+    assert graft.size == (t["size"] if t["reached"] else t["best_size"]) and graft.carried
+    assert graft.metadata["keep"] == 0.9
+
+
+def test_frontier_learned_from_one_trajectory_per_sparsity(ft_run, toy_data, tmp_path):
+    import csv
+
+    from test_cli import invoke
+
+    out = tmp_path / "s"
+    r = invoke("sweep", "--finetuned", ft_run, "--out", out, "--levels", "0.01", "--steps", 2, "--data-dir", toy_data,
+               "--frontier", "--frontier-levels", "0.001,0.01,0.1", "--frontier-sparsities", "0.001,0.05",
+               "--frontier-peers", "movement", "--frontier-keep", "0.9")
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader((out / "frontier.csv").open()))
+    learned = {float(x["density"]): int(x["params"]) for x in rows if x["method"] == "learned"}
+    assert learned == {0.001: 18, 0.01: 181, 0.1: 1814}  # 0.001 and 0.01 from the 1e-3 trajectory, 0.1 from 0.05
+    assert "frontier top-|Δ| global (L&S dataless) keep 0.9" in r.output
+    r = invoke("sweep", "--finetuned", ft_run, "--out", tmp_path / "t", "--frontier", "--frontier-sparsities", "0")
+    assert r.exit_code == 2 and "--frontier-sparsities" in r.output
