@@ -196,7 +196,8 @@ def weight_files(path: str) -> list[Path]:
 def check_inputs(pretrained: str, inputs: list[ModelInput], spec: MergeSpec) -> str:
     """Refuse, before any weights load, what cannot be merged; returns the scoring mode they share."""
     from skillgraft.models.loading import model_reference  # noqa: PLC0415
-    from skillgraft.pipeline.setup import check_pair, is_run_dir, pair_mode  # noqa: PLC0415
+    from skillgraft.models.pair import check_pair, pair_mode  # noqa: PLC0415
+    from skillgraft.pipeline.setup import is_run_dir  # noqa: PLC0415
     from skillgraft.pipeline.store import file_digest  # noqa: PLC0415
 
     try:
@@ -352,7 +353,7 @@ def mergekit_input(scorer, folder: Path) -> None:
     import torch  # noqa: PLC0415
 
     from skillgraft.models.anatomy import carried_names  # noqa: PLC0415
-    from skillgraft.pipeline.setup import torch_fork  # noqa: PLC0415
+    from skillgraft.models.pair import torch_fork  # noqa: PLC0415
 
     model = scorer.model
     if not carried_names(scorer):
