@@ -181,7 +181,9 @@ class KeepResult:
     best_size: int            # the size with the best selection share (unreachable targets: what to offer)
     best_share: float
     universe: int
-    probes: list[Probe] = field(default_factory=list)  # every probe this target's search looked at, in order
+    # every probe this target's search looked at, in order (sizes another target scored first included: their
+    # seconds count once per target that used them)
+    probes: list[Probe] = field(default_factory=list)
     region: Region | None = field(default=None, repr=False)  # γ of `size` (unreachable: of `best_size`)
 
     @property
@@ -204,7 +206,8 @@ class KeepResult:
         if self.reached:
             return (f"keep {self.target:g}: {self.size:,} coordinates (density {self.density:.2e}), selection share "
                     f"{self.share:.3f} ({cost})")
-        return (f"keep {self.target:g}: not reached by any size up to {self.universe:,} coordinates; best selection "
+        largest = max((p.size for p in self.probes), default=0)
+        return (f"keep {self.target:g}: not reached by any size up to {largest:,} coordinates; best selection "
                 f"share {self.best_share:.3f} at {self.best_size:,} ({cost})")
 
 
