@@ -26,7 +26,7 @@ from pydantic import Field, field_validator
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.region import Region, numel_of
-from skillgraft.graft.selection import Budget, _as_list
+from skillgraft.graft.selection import Budget, as_list
 from skillgraft.spec import Spec
 
 Shapes = dict[str, tuple[int, ...]]
@@ -65,7 +65,7 @@ class KeepSpec(Spec):
     @field_validator("keep", mode="before")
     @classmethod
     def _shares(cls, value):
-        values = _as_list(value)
+        values = as_list(value)
         if values is None:
             return None
         try:

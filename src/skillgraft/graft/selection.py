@@ -146,7 +146,7 @@ def _parse_fields(value: Any) -> dict:
 ROUND = Budget(kind="round")
 
 
-def _as_list(values: Any) -> list | None:
+def as_list(values: Any) -> list | None:
     """One value, a list, or a comma-separated string (``"1e-4,1e-3"``) as a list; empty → None."""
     if isinstance(values, str):
         values = [v for v in values.split(",") if v.strip()]
@@ -157,11 +157,11 @@ def _as_list(values: Any) -> list | None:
 
 def parse_budgets(values) -> list[Budget]:
     """Budgets from a list (or one value, or a comma-separated string such as ``"1e-4,1e-3"``)."""
-    return [Budget.parse(v) for v in _as_list(values) or []]
+    return [Budget.parse(v) for v in as_list(values) or []]
 
 
 # A config field holding budgets: accepts one value, a list or "1e-4,100"; serialises as plain numbers.
-Budgets = Annotated[list[Budget] | None, BeforeValidator(_as_list)]
+Budgets = Annotated[list[Budget] | None, BeforeValidator(as_list)]
 
 
 def region_universe(pre, graftable: Graftable = "body") -> Shapes:

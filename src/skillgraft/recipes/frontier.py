@@ -30,7 +30,7 @@ from skillgraft.evaluate.plots import save_figure
 from skillgraft.graft.dare import dare_graft, dare_values
 from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec, check_share, graft_scorer, keep_search
 from skillgraft.graft.localizers import LocalizeConfig, get_localizer, localize
-from skillgraft.graft.selection import Budget, _as_list, region_universe
+from skillgraft.graft.selection import Budget, as_list, region_universe
 from skillgraft.io import read_json, write_json
 from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.setup import Setup
@@ -74,7 +74,7 @@ class FrontierSpec(Spec):
     @classmethod
     def _shares(cls, value):
         try:
-            return [check_share(v) for v in _as_list(value) or []]
+            return [check_share(v) for v in as_list(value) or []]
         except Exception as e:  # noqa: BLE001 - one line, whatever was wrong
             raise ValueError(str(e)) from None
 

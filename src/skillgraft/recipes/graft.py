@@ -29,7 +29,7 @@ from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
 from skillgraft.recipes.base import ExperimentSpec, recipe
-from skillgraft.spec import Spec
+from skillgraft.spec import SEED_MAX, Spec
 
 # Report names of the baseline localizers (kept from the reports in bench/RESULTS.md).
 BASELINE_LABELS = {"movement": "top-movement", "random": "random", "bias": "bias-only"}
@@ -272,7 +272,7 @@ class GraftRecipeSpec(ExperimentSpec):
     """Fine-tune a model (or find it in the store), then the grafting report (``recipe: graft``; the demo)."""
 
     task: str = Field("SST-2", description="task name (see `skillgraft tasks`)")
-    seed: int = Field(42, ge=0, le=2**32 - 1, description="data seed")
+    seed: int = Field(42, ge=0, le=SEED_MAX, description="data seed")
     localize: LocalizeConfig = Field(default_factory=LocalizeConfig, description="the learned localizer's settings")
     report: ReportSpec = Field(default_factory=ReportSpec, description="what the report compares")
 

@@ -50,25 +50,25 @@ from skillgraft.graft.region import Region
 from skillgraft.graft.selection import ROUND, Budget, Budgets, parse_budgets, select_masks, top_k_masks
 from skillgraft.models.anatomy import Graftable, carried_names, graftable_names
 from skillgraft.models.scorer import batch_hits, batch_loss
-from skillgraft.spec import Spec
+from skillgraft.spec import COUNT_MAX, FLOAT_MAX, SEED_MAX, Spec
 
 
 class LocalizeConfig(Spec):
     """Settings of the learned localizer (defaults: the reference implementation's)."""
 
     sparsity: float = Field(1e-4, ge=0, le=1, description="γ_base size as a fraction of graftable parameters")
-    steps: int = Field(100, ge=0, le=2**31 - 1, description="gradient steps on S")
-    lr: float = Field(1e7, gt=0, le=3.4e38, description="learning rate of plain gradient descent on S")
-    sigmoid_bias: float = Field(10.0, ge=0, le=3.4e38, description="γ uses σ(S − bias); S ~ U[0,1) at start")
-    batch_size: int = Field(1024, ge=1, le=2**31 - 1, description="examples per step (full batch when smaller)")
-    micro_batch: int = Field(64, ge=1, le=2**31 - 1, description="examples per forward/backward (accumulated)")
+    steps: int = Field(100, ge=0, le=COUNT_MAX, description="gradient steps on S")
+    lr: float = Field(1e7, gt=0, le=FLOAT_MAX, description="learning rate of plain gradient descent on S")
+    sigmoid_bias: float = Field(10.0, ge=0, le=FLOAT_MAX, description="γ uses σ(S − bias); S ~ U[0,1) at start")
+    batch_size: int = Field(1024, ge=1, le=COUNT_MAX, description="examples per step (full batch when smaller)")
+    micro_batch: int = Field(64, ge=1, le=COUNT_MAX, description="examples per forward/backward (accumulated)")
     graftable: Graftable = Field("body", description="the universe of a region: body | body+embeddings | all | bias")
     budgets: Budgets = Field(None, description=(
         "region sizes learned from one trajectory: fractions of graftable parameters in (0, 1] or counts ≥ 1 "
         "(exact top-k of γ), or 'round' (γ rounded at 0.5); default: round"))
-    l1: float = Field(0.0, ge=0, le=3.4e38, description="λ of an L1 term λ·Σγ (as Localize-and-Stitch)")
-    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of S's initialisation and of the step batches")
-    eval_every: int = Field(1, ge=1, le=2**31 - 1, description="score each budget's region every N steps")
+    l1: float = Field(0.0, ge=0, le=FLOAT_MAX, description="λ of an L1 term λ·Σγ (as Localize-and-Stitch)")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of S's initialisation and of the step batches")
+    eval_every: int = Field(1, ge=1, le=COUNT_MAX, description="score each budget's region every N steps")
     select_on: Literal["train+dev", "train", "last"] = Field("train+dev", description=(
         "which accuracy picks the best step (last: no selection)"))
     candidates: float | None = Field(None, gt=0, le=1, description=(

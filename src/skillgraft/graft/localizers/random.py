@@ -11,11 +11,12 @@ from pydantic import Field
 
 from skillgraft.graft.localizers.base import Localizer, LocalizerOptions
 from skillgraft.graft.selection import region_universe
+from skillgraft.spec import SEED_MAX
 
 
 class RandomOptions(LocalizerOptions):
     """Options of the random localizer: the universe, budgets and the draw's seed."""
-    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of the permutation the coordinates are drawn from")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of the permutation the coordinates are drawn from")
 
 
 class Random(Localizer):

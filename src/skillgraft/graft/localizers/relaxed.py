@@ -51,6 +51,7 @@ from skillgraft.graft.localizers.saliency import SaliencyConfig, saliency_scores
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import region_universe, top_k_flat, top_k_masks
 from skillgraft.models.anatomy import carried_names, check_compatible, graftable_names
+from skillgraft.spec import COUNT_MAX, FLOAT_MAX, SEED_MAX
 
 DEFAULT_LR = {("sigmoid", "sgd"): 1e7, ("sigmoid", "adam"): 0.5, ("sigmoid", "nsgd"): 0.5,
               ("straight-through", "sgd"): 1e4, ("straight-through", "adam"): 0.05, ("straight-through", "nsgd"): 0.1,
@@ -69,33 +70,33 @@ class RelaxedOptions(LocalizerOptions):
     optimizer: Literal["sgd", "adam", "nsgd"] = Field("adam", description=(
         "update of z: plain gradient descent, Adam (per-coordinate scale), or nsgd (gradient descent on the gradient "
         "divided by its RMS over the candidates: one scale per step, magnitudes kept)"))
-    lr: float | None = Field(None, gt=0, le=3.4e38, description=(
+    lr: float | None = Field(None, gt=0, le=FLOAT_MAX, description=(
         "learning rate on z (default: sigmoid 1e7 SGD (the paper's) / 0.5 Adam or nsgd; straight-through 1e4 SGD / "
         "0.05 Adam / 0.1 nsgd; hard-concrete 1.0 Adam / 0.2 nsgd on log α)"))
-    steps: int = Field(50, ge=0, le=2**31 - 1, description=(
+    steps: int = Field(50, ge=0, le=COUNT_MAX, description=(
         "gradient steps (per budget for straight-through and hard-concrete)"))
     anneal_from: float | None = Field(None, gt=0, le=1, description=(
         "straight-through: start from the top fraction of the base score this large and prune geometrically to "
         "each budget over `anneal_steps` (a continuation from a nearly full graft); null: start at the budget"))
-    anneal_steps: int = Field(0, ge=0, le=2**31 - 1, description=(
+    anneal_steps: int = Field(0, ge=0, le=COUNT_MAX, description=(
         "straight-through with anneal_from: steps of the pruning schedule, part of `steps`; regions are scored "
         "only once the mask has the budget's size"))
-    l0_penalty: float = Field(1.0, ge=0, le=3.4e38, description=(
+    l0_penalty: float = Field(1.0, ge=0, le=FLOAT_MAX, description=(
         "hard-concrete: ρ of the size penalty ρ·((E‖z‖₀ − k)/k)²"))
     base: Literal["movement", "saliency"] = Field("movement", description=(
         "base score of γ_base and of the candidate set: |Δ| or a first-order saliency"))
     saliency: SaliencyConfig = Field(default_factory=SaliencyConfig, description="the saliency (base: saliency)")
     sparsity: float = Field(1e-4, gt=0, le=1, description="sigmoid: γ_base size as a fraction of the universe")
-    sigmoid_bias: float = Field(10.0, gt=0, le=3.4e38, description="sigmoid: z₀ = ±(bias − u), u ~ U[0,1)")
+    sigmoid_bias: float = Field(10.0, gt=0, le=FLOAT_MAX, description="sigmoid: z₀ = ±(bias − u), u ~ U[0,1)")
     candidates: float | None = Field(1e-2, gt=0, le=1, description=(
         "candidate set: the top fraction of the universe by the base score (at least the largest budget and "
         "γ_base; null: the whole universe); S, Δ and θ_pre are kept only there"))
-    batch_size: int = Field(1024, ge=1, le=2**31 - 1, description="examples per step (full batch when smaller)")
-    micro_batch: int = Field(64, ge=1, le=2**31 - 1, description="examples per forward/backward (accumulated)")
-    eval_every: int = Field(5, ge=1, le=2**31 - 1, description="score each budget's region every N steps")
+    batch_size: int = Field(1024, ge=1, le=COUNT_MAX, description="examples per step (full batch when smaller)")
+    micro_batch: int = Field(64, ge=1, le=COUNT_MAX, description="examples per forward/backward (accumulated)")
+    eval_every: int = Field(5, ge=1, le=COUNT_MAX, description="score each budget's region every N steps")
     select_on: Literal["dev", "train+dev", "train", "last"] = Field("dev", description=(
         "which accuracy picks the best step (last: no selection)"))
-    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of z's initialisation and of the step batches")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of z's initialisation and of the step batches")
 
     @model_serializer(mode="wrap")
     def _only_fields_in_use(self, handler):
@@ -458,11 +459,11 @@ class PruneOptions(RelaxedOptions):
 
     relaxation: Relaxation = Field("straight-through", description="sigmoid | straight-through | hard-concrete")
     optimizer: Literal["sgd", "adam", "nsgd"] = Field("nsgd", description="update of z (see RelaxedOptions)")
-    steps: int = Field(90, ge=0, le=2**31 - 1, description=(
+    steps: int = Field(90, ge=0, le=COUNT_MAX, description=(
         "gradient steps per budget: the pruning schedule, then the exact size"))
     anneal_from: float | None = Field(0.1, gt=0, le=1, description=(
         "the starting graft: the top fraction of |Δ| (0.1: about FT's accuracy on MiniLM SST-2)"))
-    anneal_steps: int = Field(60, ge=0, le=2**31 - 1, description=(
+    anneal_steps: int = Field(60, ge=0, le=COUNT_MAX, description=(
         "steps of the geometric pruning schedule (part of `steps`)"))
     candidates: float | None = Field(None, gt=0, le=1, description=(
         "candidate set: the top fraction of the universe by |Δ| (null: the whole universe); at least anneal_from"))

@@ -22,7 +22,7 @@ from skillgraft.fisher.fisher import FisherConfig, fisher_diagonal
 from skillgraft.graft.localizers.base import Localizer, LocalizerOptions, examples_of
 from skillgraft.graft.localizers.lending import lent_head, preserved
 from skillgraft.models.anatomy import check_compatible, graftable_names
-from skillgraft.spec import Spec
+from skillgraft.spec import COUNT_MAX, Spec
 
 
 class SaliencyConfig(Spec):
@@ -33,7 +33,7 @@ class SaliencyConfig(Spec):
     kind: Literal["gradient", "fisher"] = Field("gradient", description=(
         "gradient: Σ_b |∂L_b/∂θ ⊙ Δ| over micro-batches; fisher: F_jj · Δ_j²"))
     signed: bool = Field(False, description="gradient kind: −∂L/∂θ ⊙ Δ (full batch) instead of its magnitude")
-    micro_batch: int = Field(32, ge=1, le=2**31 - 1, description=(
+    micro_batch: int = Field(32, ge=1, le=COUNT_MAX, description=(
         "examples per backward pass (the b of Σ_b; ≥ n: one batch)"))
     fisher: FisherConfig = Field(default_factory=FisherConfig, description="the Fisher estimate (kind: fisher)")
 
