@@ -13,6 +13,7 @@ from skillgraft.data import load_kshot
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft import Budget, LocalizeConfig, get_localizer, graftable_names, localize
 from skillgraft.graft.localizers.candidates import Candidates
+from skillgraft.graft.localizers.relaxations import Sigmoid
 from skillgraft.graft.localizers.sharded import Group, pieces
 from skillgraft.graft.localizers.source import InMemory, fine_tuned
 from skillgraft.graft.localizers.topk import Collective, StreamingTopK, top_k
@@ -171,15 +172,18 @@ def test_candidate_state_lives_on_the_candidates_only(llama_bf16, data):
     names = graftable_names(pre)
     cfg = LocalizeConfig(sparsity=0.01, candidates=0.05, steps=2, budgets=[0.01, 0.05, 30])
     before = snapshot(pre)
-    work = Candidates(pieces(pre, names, Group()), fine_tuned(str(folder), pre, names), cfg, Group())
     universe = sum(p.numel() for n, p in pre.named_parameters() if n in names)
+    work = Candidates(pieces(pre, names, Group()), fine_tuned(str(folder), pre, names), Group(),
+                      size=Budget.parse(0.05).size(universe))
+    relax = Sigmoid()
+    relax.start(work, None, work.top({n: d.abs() for n, d in work.delta.items()}, int(round(0.01 * universe))), None, 0)
     assert work.size == Budget.parse(0.05).size(universe) == sum(p.numel() for p in work.pos.values())
     for n in names:
         m = work.pos[n].numel()
         assert work.pos[n].dtype == torch.int32
-        assert work.S[n].dtype == torch.float32 and work.S[n].shape == (m,)  # fp32 S on a bf16 model
-        assert work.delta[n].shape == work.original[n].shape == work.base[n].shape == (m,)
-    assert work.base_size == int(round(0.01 * universe))
+        assert relax.S[n].dtype == torch.float32 and relax.S[n].shape == (m,)  # fp32 S on a bf16 model
+        assert work.delta[n].shape == work.original[n].shape == relax.base[n].shape == (m,)
+    assert work.count(relax.base) == int(round(0.01 * universe))
     assert_intact(pre, before)  # building the state reads θ_pre only
     top_c = get_localizer("movement").region(pre, ft, None, 0.05)  # C is exactly the top-c |Δ|, same tie rule
     assert all(torch.equal(work.pos[n].to(torch.int64), top_c.indices.get(n, torch.empty(0, dtype=torch.int64)))
@@ -204,8 +208,8 @@ def test_candidate_set_is_the_exact_top_c_even_among_ties(bert):
             if n in names[len(names) // 2:]:
                 p.copy_(dict(pre.named_parameters())[n])
     for c in (0.05, 0.6):
-        work = Candidates(pieces(pre, names, Group()), InMemory(half), LocalizeConfig(sparsity=0.01, candidates=c),
-                          Group())
+        universe = sum(p.numel() for n, p in pre.named_parameters() if n in names)
+        work = Candidates(pieces(pre, names, Group()), InMemory(half), Group(), size=Budget.parse(c).size(universe))
         want = get_localizer("movement").region(pre, half, None, c)
         assert all(torch.equal(work.pos[n].to(torch.int64), want.indices.get(n, torch.empty(0, dtype=torch.int64)))
                    for n in names), c
