@@ -5,6 +5,7 @@ import random
 import subprocess
 import sys
 import threading
+import types
 
 import pytest
 import torch
@@ -303,11 +304,14 @@ def test_in_memory_and_folder_sources_agree(llama_bf16):
 
 
 # ---------------------------------------------------------------------------------------------- FSDP2
-SCRIPT = """
-import sys, torch
+RELAXED = {"steps": 3, "candidates": 0.05, "sparsity": 0.01, "budgets": [0.005, 0.02], "micro_batch": 4,
+           "eval_every": 1, "seed": 3}
+SCRIPT = f"""
+import sys, types, torch
 from accelerate import Accelerator
 from skillgraft.data import load_kshot
-from skillgraft.graft import LocalizeConfig, localize
+from skillgraft.graft import LocalizeConfig, get_localizer, localize
+RELAXED = {RELAXED!r}
 from skillgraft.graft.localizers import candidates as C
 from skillgraft.models import build_scorer
 torch.set_num_threads(1)
@@ -315,7 +319,7 @@ acc = Accelerator(cpu=True)
 pre_path, ft_dir, data_dir, out, cfg = sys.argv[1:6]
 data = load_kshot("SST-2", 8, 13, data_dir)
 pre = build_scorer(pre_path, "SST-2", "causal")
-before = {n: p.detach().clone() for n, p in pre.named_parameters()}
+before = {{n: p.detach().clone() for n, p in pre.named_parameters()}}
 held = []
 init = C.Candidates.__init__
 def spy(self, *a, **k):
@@ -327,10 +331,16 @@ res = localize(pre, ft_dir, data.train[:9], data.dev, LocalizeConfig.model_valid
 intact = all(torch.equal((p.full_tensor() if hasattr(p, "full_tensor") else p).detach(), before[n])
              for n, p in pre.named_parameters())
 sharded = sum(hasattr(p, "full_tensor") for p in pre.parameters())
-held = acc.gather(torch.tensor(held)).tolist()
+held_by_rank = acc.gather(torch.tensor(held)).tolist()
+relaxed = {{}}
+for optimizer in ("adam", "nsgd"):  # another relaxation's optimizers on the same sharded layout
+    r = get_localizer("learned-adam").run(pre, ft_dir, types.SimpleNamespace(train=data.train[:9], dev=data.dev),
+                                          dict(RELAXED, optimizer=optimizer))
+    relaxed[optimizer] = ({{b.key: r.indices for b, r in r.regions.items()}}, r.history)
 if acc.is_main_process:
-    torch.save({"regions": {b.key: r.indices for b, r in res.regions.items()}, "history": res.history,
-                "intact": intact, "sharded": sharded, "held": held, "candidates": res.candidate_size}, out)
+    torch.save({{"regions": {{b.key: r.indices for b, r in res.regions.items()}}, "history": res.history,
+                "intact": intact, "sharded": sharded, "held": held_by_rank, "candidates": res.candidate_size,
+                "relaxed": relaxed}}, out)
 acc.wait_for_everyone()  # neither rank leaves while the other still talks to gloo (else: SIGABRT at exit)
 acc.end_training()       # destroys the process group
 """
@@ -373,3 +383,11 @@ def test_two_process_fsdp2_localization_matches_one(tiny_models, data, toy_data,
     for budget, region in one.regions.items():
         got = two["regions"][budget.key]
         assert set(got) == set(region.indices) and all(torch.equal(got[n], region.indices[n]) for n in got), budget
+    nine = types.SimpleNamespace(train=small.train[:9], dev=small.dev)
+    for optimizer, (regions, history) in two["relaxed"].items():  # learned-adam (Adam, nsgd) sharded = one process
+        alone = get_localizer("learned-adam").run(pre, tmp_path / "ft", nine, {**RELAXED, "optimizer": optimizer})
+        assert history == alone.history, optimizer
+        assert regions.keys() == {b.key for b in alone.regions}
+        for budget, region in alone.regions.items():
+            got = regions[budget.key]
+            assert set(got) == set(region.indices) and all(torch.equal(got[n], region.indices[n]) for n in got)
