@@ -33,7 +33,6 @@ import torch
 from tqdm.auto import tqdm
 
 from skillgraft.data.loading import Example
-from skillgraft.errors import SkillgraftError
 from skillgraft.finite import check_loss
 from skillgraft.graft.localizers.base import Localization
 from skillgraft.graft.localizers.candidates import Candidates
@@ -122,8 +121,7 @@ def run(pre, ft, train: list[Example], select: list[Example], plan: Plan, *, acc
     source = fine_tuned(ft, pre, names + [n for n in carried if n not in names])
     sharded = is_sharded(pre) or fsdp_requested(accelerator)
     group = Group(accelerator.num_processes, accelerator.process_index, sharded, accelerator.device)
-    probe = plan.relaxation()
-    lean = sharded or probe.absolute or plan.candidates is not None or plan.chosen is not None
+    lean = sharded or plan.relaxation().absolute or plan.candidates is not None or plan.chosen is not None
     if sharded:
         if not is_sharded(pre):
             shard(pre, accelerator)
@@ -145,8 +143,8 @@ def _optimise(pre, source, names, carried, train, select, plan, accelerator, gro
             part.values().copy_(source.rows(n, part.start, part.stop).reshape(-1))
     for p in pre.parameters():
         p.requires_grad_(False)
-    universe = sum(math.prod(p.shape) for n, p in pre.named_parameters() if n in set(names))
     if lean:
+        universe = sum(math.prod(p.shape) for n, p in pre.named_parameters() if n in set(names))  # global shapes
         size = plan.candidates(universe) if plan.candidates is not None else None
         layout: Layout = Candidates(pieces(pre, names, group), source, group, size=size, chosen=plan.chosen,
                                     base=plan.base)
@@ -297,4 +295,4 @@ def accuracy(scorer, examples: list[Example], micro_batch: int = 64) -> float:
     return _accuracy(scorer, examples, micro_batch, Accelerator())
 
 
-__all__ = ["Optimizer", "Plan", "SkillgraftError", "accuracy", "run"]
+__all__ = ["Optimizer", "Plan", "accuracy", "run"]

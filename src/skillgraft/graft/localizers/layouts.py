@@ -85,9 +85,8 @@ class Layout:
         k = budget.size(self.universe)
         held = self.universe if self.size is None else self.size
         if k > held:
-            raise SkillgraftError(f"budget {budget} asks for {k} coordinates but the candidate set holds {held}; "
-                                  "raise candidates" if self.size is not None else
-                                  f"budget {budget} asks for {k} coordinates but only {held} can be chosen")
+            fix = "the candidate set holds {}; raise candidates" if self.size is not None else "only {} can be chosen"
+            raise SkillgraftError(f"budget {budget} asks for {k} coordinates but {fix.format(held)}")
         return self.top(scores, k)
 
     def flat(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
