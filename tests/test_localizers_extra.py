@@ -98,7 +98,7 @@ def test_zero_steps_gives_the_base_region(pair, name):
 
 def test_sigmoid_sgd_is_the_papers_update(pair):
     """One engine: the sigmoid relaxation from |Δ| with SGD on the whole universe *is* the learned localizer —
-    the same S draw, arithmetic, trajectory and regions, bit for bit."""
+    the same S draw (C = U), arithmetic and trajectory; its regions are the top-k of γ's logit, here the same."""
     pre, ft, data = pair
     budgets = [Budget.parse(0.01), Budget.parse(0.05)]
     paper = localize(pre, ft, data.train, data.dev, LocalizeConfig(sparsity=0.01, steps=6, lr=1e7, budgets=budgets,

@@ -185,18 +185,20 @@ class Candidates(Layout):
         out = {}
         for n, piece in self.pieces.items():
             want = self.pos[n].to(torch.int64).cpu() + piece.first  # flat index in the whole tensor, ascending
-            S = torch.empty(want.numel(), dtype=torch.float32)
-            done, j, total = 0, 0, numel_of(piece.shape)
-            while done < total:
-                size = min(CHUNK, total - done)
-                draw = torch.rand(size, generator=gen)
-                end = int(torch.searchsorted(want, done + size)) if want.numel() else 0
-                if end > j:
-                    S[j:end] = draw[want[j:end] - done]
-                    j = end
-                done += size
-            out[n] = S.to(self.delta[n].device)
+            out[n] = _stream_at(gen, want, numel_of(piece.shape)).to(self.delta[n].device)
         return out
+
+    def draw_flat(self, seed: int) -> dict[str, torch.Tensor]:
+        """U[0, 1) over C itself: the i-th candidate (C in universe order, over every process) gets the stream's
+        i-th value — what the relaxed localizers always drew; it depends on C, not on the process count."""
+        counts = {n: int(p.numel()) for n, p in self.pos.items()}
+        every = self.group.gather(counts) if self.group.sharded else [counts]
+        start, want = 0, []
+        for n in self.names:
+            before = sum(c[n] for c in every[:self.group.rank]) if self.group.sharded else 0
+            want.append(torch.arange(counts[n]) + start + before)
+            start += sum(c[n] for c in every)
+        return self._split(_stream_at(torch.Generator().manual_seed(seed), torch.cat(want), start))
 
     # ------------------------------------------------------------------ the working weights
     @torch.no_grad()
@@ -263,6 +265,22 @@ class Candidates(Layout):
             mine = {n: torch.cat([torch.as_tensor(p[n]) for p in parts if n in p]) for n in self.names
                     if any(n in p for p in parts)}
         return Region(self.shapes, mine)
+
+
+def _stream_at(gen: torch.Generator, want: torch.Tensor, total: int) -> torch.Tensor:
+    """The values at positions ``want`` (ascending) of the next ``total`` draws of U[0, 1) from ``gen``, drawn in
+    chunks (the same stream as one draw of ``total``), without holding ``total`` values at once."""
+    out = torch.empty(want.numel(), dtype=torch.float32)
+    done, j = 0, 0
+    while done < total:
+        size = min(CHUNK, total - done)
+        draw = torch.rand(size, generator=gen)
+        end = int(torch.searchsorted(want, done + size)) if want.numel() else 0
+        if end > j:
+            out[j:end] = draw[want[j:end] - done]
+            j = end
+        done += size
+    return out
 
 
 def _check_fits(region: Region, shapes: dict, what: str) -> None:

@@ -66,6 +66,10 @@ class Layout:
         so a coordinate's draw does not depend on the layout."""
         raise NotImplementedError
 
+    def draw_flat(self, seed: int) -> dict[str, torch.Tensor]:
+        """U[0, 1) over the layout's own coordinates in order (the stream's i-th value to the i-th coordinate)."""
+        raise NotImplementedError
+
     def gather(self, scores: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Dense per-tensor scores at the layout's coordinates."""
         raise NotImplementedError
@@ -149,6 +153,8 @@ class Dense(Layout):
     def draw(self, seed: int) -> dict[str, torch.Tensor]:
         gen = torch.Generator().manual_seed(seed)
         return {n: torch.rand(d.shape, generator=gen).to(d.device) for n, d in self.delta.items()}
+
+    draw_flat = draw  # the layout's coordinates are the universe
 
     def gather(self, scores: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {n: scores[n].to(self.delta[n].device) for n in self.names}

@@ -4,8 +4,8 @@ Each relaxation keeps its parameters z on the layout's coordinates, gives the ma
 t updates (:meth:`mask`), turns ∂L/∂θ into ∂L/∂z (:meth:`grad`; ∂L/∂m = ∂L/∂θ ⊙ Δ since θ = θ_pre + m ⊙ Δ), and
 scores the coordinates a budget's region is the top-k of (:meth:`scores`):
 
-* :class:`Sigmoid` (paper Eq. 3): γ = γ_base ⊙ (1 − σ(S − b)) + (1 − γ_base) ⊙ σ(S − b), S ~ U[0, 1) (one stream
-  over the universe), loss at the continuous γ, ∂L/∂S = (∂L/∂θ ⊙ Δ + λ) ⊙ (1 − 2γ_base) ⊙ σ'(S − b); regions:
+* :class:`Sigmoid` (paper Eq. 3): γ = γ_base ⊙ (1 − σ(S − b)) + (1 − γ_base) ⊙ σ(S − b), S₀ ~ U[0, 1) (one stream
+  over the universe, or over C), loss at the continuous γ, ∂L/∂S = (∂L/∂θ ⊙ Δ + λ) ⊙ (1 − 2γ_base) ⊙ σ'(S − b); regions:
   γ > 0.5 (Eq. 4, ``round``) or the exact top-k of γ. One trajectory for every budget.
 * :class:`StraightThrough`: the binary top-k(z) forward, ∂L/∂z := ∂L/∂m backward; z₀ = 1 on the top-k of the
   base score (+ a tie-break by its rank). With ``start_k`` the forward size is pruned geometrically from
@@ -73,12 +73,18 @@ class Sigmoid(Relaxation):
 
     name, rounds = "sigmoid", True
 
-    def __init__(self, bias: float = 10.0, l1: float = 0.0):
-        self.bias, self.l1 = bias, l1
+    def __init__(self, bias: float = 10.0, l1: float = 0.0, draw: str = "universe", select: str = "gamma"):
+        self.bias, self.l1, self.draw, self.select = bias, l1, draw, select
+        self.rounds = select == "gamma"  # γ > 0.5 is read off γ itself
+
+    def _draw(self, seed: int) -> dict[str, torch.Tensor]:
+        """S₀ ~ U[0, 1): the universe's stream at the layout's coordinates (``learned``: the same S₀ whatever C),
+        or one stream over C itself (``draw="candidates"``: the relaxed localizers')."""
+        return self.layout.draw(seed) if self.draw == "universe" else self.layout.draw_flat(seed)
 
     def start(self, layout, score, base, k, seed):
         self.layout, self.base = layout, base
-        self.S = layout.draw(seed)
+        self.S = self._draw(seed)
         return [self.S[n] for n in layout.names]
 
     def gamma(self, n: str) -> torch.Tensor:
@@ -90,7 +96,11 @@ class Sigmoid(Relaxation):
         return {n: self.gamma(n) for n in self.layout.names}
 
     def scores(self):
-        return self.mask(0)  # the top-k of γ itself
+        """γ itself (``learned``: its pinned regions), or its logit ±(S − b) (``select="logit"``, the relaxed
+        localizers: the top-k of γ ≈ 1 on γ_base ties in float32 by position, its logit does not)."""
+        if self.select == "gamma":
+            return self.mask(0)
+        return {n: torch.where(self.base[n], self.bias - self.S[n], self.S[n] - self.bias) for n in self.layout.names}
 
     @torch.no_grad()
     def grad(self, g):
@@ -111,7 +121,7 @@ class Sigmoid(Relaxation):
           first-order signal the loss never tested in a graft, and ordering the rest by it loses to a random
           order at 1e-1 of MiniLM's body (bench/RESULTS.md, issue 25).
         """
-        layout, start = self.layout, self.layout.draw(seed)
+        layout, start = self.layout, self._draw(seed)
         keys, region, moved = [], [], []
         for n in layout.names:
             drift = self.S[n].double() - start[n].double() + 0.5 - self.bias

@@ -4,10 +4,10 @@ Each is the engine (:mod:`.engine`) with one relaxation (:mod:`.relaxations`), o
 on the candidate layout: a candidate set C (the top-c coordinates of the base score; S, Δ and θ_pre live only
 there) inside θ_pre itself, θ(m) = θ_pre + m ⊙ Δ:
 
-* ``sigmoid`` (paper Eq. 3–4): the learned localizer's γ and S (the same draw and arithmetic), γ_base the
-  top-``sparsity`` of the base score; with SGD this is the paper's update; with Adam (``optimizer: adam``) the
-  per-coordinate step no longer vanishes with σ'(S). Every budget's region is the exact top-k of γ (one
-  trajectory for all budgets).
+* ``sigmoid`` (paper Eq. 3–4): the learned localizer's γ and S (its arithmetic; S₀ drawn as one stream over
+  C), γ_base the top-``sparsity`` of the base score; with SGD this is the paper's update; with Adam
+  (``optimizer: adam``) the per-coordinate step no longer vanishes with σ'(S). Every budget's region is the
+  exact top-k of γ's logit (one trajectory for all budgets).
 * ``straight-through``: the forward pass uses the *binary* graft m = top-k(z) at the budget's exact
   size, the backward pass treats m as continuous: ∂L/∂z := ∂L/∂m = ∂L/∂θ ⊙ Δ (the first-order loss
   change of flipping each coordinate). z₀ = 1 on the top-k of the base score (0 elsewhere, ties by base
@@ -156,7 +156,7 @@ def relaxed_localize(pre, ft, data, opts: RelaxedOptions, *, accelerator=None, p
         chosen = Region.from_masks(top_k_masks(scores, c), shapes)
     score_seconds = time.perf_counter() - t0
     start_k = None if opts.anneal_from is None else min(c, max(round(opts.anneal_from * universe), *sizes))
-    relaxation = {"sigmoid": partial(relaxations.Sigmoid, opts.sigmoid_bias),
+    relaxation = {"sigmoid": partial(relaxations.Sigmoid, opts.sigmoid_bias, draw="candidates", select="logit"),
                   "straight-through": partial(relaxations.StraightThrough, start_k, opts.anneal_steps),
                   "hard-concrete": partial(relaxations.HardConcrete, opts.l0_penalty)}[opts.relaxation]
     plan = engine.Plan(
