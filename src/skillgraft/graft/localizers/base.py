@@ -22,8 +22,8 @@ from pydantic import Field
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.localizers.sharded import fsdp_launched, is_sharded
 from skillgraft.graft.keep import KeepResult, KeepSpec, Ranking, keep_search
+from skillgraft.graft.localizers.sharded import fsdp_launched, is_sharded
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget, Budgets, parse_budgets, region_universe, select
 from skillgraft.models.anatomy import Graftable

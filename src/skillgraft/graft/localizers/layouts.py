@@ -19,10 +19,10 @@ from __future__ import annotations
 import torch
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.region import Region
-from skillgraft.graft.selection import Budget, top_k_masks
 from skillgraft.graft.localizers.sharded import Group
 from skillgraft.graft.localizers.source import FineTuned, InMemory
+from skillgraft.graft.region import Region
+from skillgraft.graft.selection import Budget, top_k_masks
 
 
 class Layout:
