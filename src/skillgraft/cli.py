@@ -28,7 +28,7 @@ from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, options_unio
 
 LocalizerFlags = options_union()  # every registered localizer's options; the chosen one validates what is set
 from skillgraft.models.spec import ModelSpec
-from skillgraft.recipes.frontier import FrontierSpec
+from skillgraft.pipeline.frontier import FrontierSpec
 from skillgraft.recipes.graft import ReportSpec, SweepSpec
 from skillgraft.spec import COUNT_MAX, SEED_MAX
 from skillgraft.train.config import FinetuneConfig
@@ -533,7 +533,7 @@ def sweep(
     def write(run) -> None:
         rows.extend(sweep_report(setup, run, sweep, localize))
         if frontier.frontier:
-            from skillgraft.recipes.frontier import frontier_report  # noqa: PLC0415
+            from skillgraft.pipeline.frontier import frontier_report  # noqa: PLC0415
 
             found["frontier"] = frontier_report(setup, run, frontier, "learned", localize)
 
@@ -597,7 +597,7 @@ def demo(
     cache: Optional[Path] = Cache,
 ) -> None:
     """The main job: fine-tune MiniLM 64-shot on SST-2, learn grafts at 3 sizes, compare, write report.md."""
-    from skillgraft.recipes.demo import run_demo  # noqa: PLC0415
+    from skillgraft.recipes.graft import run_demo  # noqa: PLC0415
 
     report = run_demo(out, seed=seed, data_dir=data_dir, cache=cache)
     console.print(f"[bold green]done[/] → {report}")

@@ -64,6 +64,13 @@ def md_table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def setting_line(spec, extra: str = "") -> str:
+    """One sentence of a recipe's report header: model, mode, k, data seeds, test subset (+ ``extra``)."""
+    model = spec.model or "bundled all-MiniLM-L6-v2"
+    return (f"Model {model} ({spec.mode} mode), k={spec.k} per label, data seeds {spec.seeds}, test subset "
+            f"{spec.test_limit or 'full'} examples (seeded sample)" + (f", {extra}" if extra else "") + ".")
+
+
 def mean_std(values: list[float]) -> str:
     """``mean (std)`` over seeds, as the paper's tables print it."""
     arr = np.asarray([v for v in values if v is not None], dtype=float)

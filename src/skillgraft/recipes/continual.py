@@ -6,7 +6,7 @@ Tasks arrive in order (paper: QNLI → AG News → SST-2). Three ways to learn t
 * **naive continual FT** — one body fine-tuned on each task in turn (a new head per task); after the
   last task, every task is evaluated with its head on the final body (catastrophic forgetting).
 * **grafting continual** — γ_t learned from the single-task model (the store's regions,
-  :func:`skillgraft.recipes.graft.learned_regions`); task t_n trains only γ_{t_n} \\ ∪_{i<n} γ_{t_i} (+ its
+  :func:`skillgraft.pipeline.regions.learned_regions`); task t_n trains only γ_{t_n} \\ ∪_{i<n} γ_{t_i} (+ its
   head) and is inferred with ∪_{i≤n} γ_{t_i} (:class:`skillgraft.continual.ContinualLearner`, state saved
   under ``state/`` in the run folder).
 """
@@ -21,10 +21,9 @@ from pydantic import Field, model_validator
 from skillgraft.continual import ContinualLearner
 from skillgraft.evaluate.predict import evaluate
 from skillgraft.graft import Graft, LocalizeConfig
+from skillgraft.pipeline.regions import learned_regions
 from skillgraft.pipeline.report import RunDir, md_table
-from skillgraft.recipes.base import ExperimentSpec, OneSeedMixin, recipe
-from skillgraft.recipes.graft import learned_regions
-from skillgraft.recipes.multitask import TaskNames, inherit_finetune
+from skillgraft.recipes.base import ExperimentSpec, OneSeedMixin, TaskNames, inherit_finetune, recipe
 from skillgraft.train import FinetuneConfig
 from skillgraft.train.multitask import MultiTaskScorer, multitask_finetune
 
