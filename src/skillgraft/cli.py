@@ -672,6 +672,7 @@ def continual_add_cmd(
                                              "graft (start them from the single-task graft)"),
     test_limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX,
                                              help="evaluate on a fixed seeded sample of N test examples"),
+    cache: Optional[Path] = Cache,
     *,
     finetune: FinetuneConfig,
     localize: LocalizeConfig,
@@ -680,10 +681,11 @@ def continual_add_cmd(
 
     Fine-tuning options: the single-task run γ_task is learned from and the owned-region training.
     """
-    from skillgraft.continual import continual_add  # noqa: PLC0415
+    from skillgraft.pipeline.continual import continual_add  # noqa: PLC0415
 
     entry = continual_add(state, task, k=k, seed=seed, data_dir=data_dir, model=model, mode=mode, region=region,
-                          finetune_config=finetune, localize_config=localize, init=init, test_limit=test_limit)
+                          finetune_config=finetune, localize_config=localize, init=init, test_limit=test_limit,
+                          cache=cache)
     console.print(f"[bold green]added[/] {entry['task']} as task #{entry['order']}: |γ|={entry['region_size']}, "
                   f"owned {entry['owned_size']} (shared with earlier {entry['shared_with_earlier']}); "
                   f"test {entry['test']['score']:.4f} → {state}/continual.json")
