@@ -283,14 +283,16 @@ def test_continual_recipe_resumes_each_step_from_the_store(tiny_bert, multi_data
     with pytest.raises(KeyboardInterrupt):
         run_recipe(tmp_path / "c.yaml", tmp_path / "run", cache=tmp_path / "b")
     assert not (tmp_path / "run").exists() and trained == ["ag_news", "SST-2"]
-    steps = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "b").glob("continual-graft-*") if (p / "key.json").is_file())
+    steps = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "b").glob("continual-graft-*")
+                   if (p / "key.json").is_file())
     assert steps == ["continual-graft-1-ag_news"]  # the interrupted step 2 left no entry
 
     def never(*args, **kwargs):
         raise AssertionError("a finished stage ran again")
 
     trained.clear()
-    monkeypatch.setattr(pc, "finetune_region", lambda mt, task, *a, **kw: trained.append(task) or real(mt, task, *a, **kw))
+    monkeypatch.setattr(pc, "finetune_region",
+                        lambda mt, task, *a, **kw: trained.append(task) or real(mt, task, *a, **kw))
     monkeypatch.setattr(pc, "multitask_finetune", never)     # naive steps: from the store
     monkeypatch.setattr(train_run, "run_finetune", never)    # single-task fine-tunings: from the store
     resumed = json.loads((run_recipe(tmp_path / "c.yaml", tmp_path / "run", cache=tmp_path / "b")

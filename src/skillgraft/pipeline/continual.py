@@ -279,7 +279,8 @@ def naive_steps(store: Store, model: ModelSpec, draws: list[DataSpec], data: dic
 
 def grafting_steps(store: Store, model: ModelSpec, draws: list[DataSpec], data: dict[str, FewShotData],
                    regions: dict[str, Region], config: FinetuneConfig, *, region_key: dict,
-                   init: dict[str, Graft] | None = None, progress: bool = False) -> Iterator[tuple[ContinualLearner, dict]]:
+                   init: dict[str, Graft] | None = None,
+                   progress: bool = False) -> Iterator[tuple[ContinualLearner, dict]]:
     """Grafting continual: task t_n trains γ_{t_n} minus the earlier regions (:meth:`ContinualLearner.add_task`).
 
     Yields ``(learner, entry)`` right after each task. Step n is the store entry ``continual-graft`` keyed by the
@@ -322,10 +323,10 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
     γ_task is read from ``region`` (a Region or Graft folder) or learned from an independent single-task
     run (fine-tune with ``region_finetune_config`` or else ``finetune_config``, then localize with
     ``localize_config``): both are stages of the store ``cache`` (default ``$SKILLGRAFT_CACHE`` or
-    ``runs/cache``), shared with ``skillgraft graft`` and the recipes at the same settings. The owned coordinates train with ``finetune_config``; a config left out is the
-    spec's defaults (``FinetuneConfig()``, ``LocalizeConfig()``). After training, every learned task is
-    evaluated on its test split (the DataSpec's seeded subset) with its own union graft, and the state is
-    saved atomically.
+    ``runs/cache``), shared with ``skillgraft graft`` and the recipes at the same settings. The owned
+    coordinates train with ``finetune_config``; a config left out is the spec's defaults (``FinetuneConfig()``,
+    ``LocalizeConfig()``). After training, every learned task is evaluated on its test split (the DataSpec's
+    seeded subset) with its own union graft, and the state is saved atomically.
     """
     def draw(name: str, k: int, seed: int) -> DataSpec:
         return DataSpec.build({"task": name, "k": k, "seed": seed, "data_dir": data_dir, "test_limit": test_limit},

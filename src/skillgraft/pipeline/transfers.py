@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 from skillgraft.pipeline.ood import ood_examples
 from skillgraft.pipeline.paper_numbers import PAPER_NOTE, TABLE3_4096, TABLE7_4096, TABLE7_COLUMNS
-from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, setting_line, summary_rows
+from skillgraft.pipeline.report import RunDir, md_table, pct, setting_line
 from skillgraft.pipeline.variants import compare, rows_of
 
 METRICS = ["score", "accuracy", "ece", "agreement"]
@@ -44,10 +44,7 @@ def run_transfers(spec, run: RunDir, variants_fn: Callable, *, title: str, paper
         timings.append({"source": setup.task, "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
                         "n_eval": {k: len(v) for k, v in sets.items()}})
     columns = METRICS + ["params", "params_pct"]
-    agg = aggregate(rows, ["source", "model", "kind", "eval"], columns)
-    summary = summary_rows(agg, columns)
-    run.csv("metrics.csv", rows)
-    run.csv("summary.csv", summary)
+    agg, summary = run.seed_tables("metrics.csv", rows, ["source", "model", "kind", "eval"], columns)
     run.report(transfers_report(spec, agg, timings, title, paper_lines))
     return {"rows": rows, "summary": summary, "timings": timings}
 

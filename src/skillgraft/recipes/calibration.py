@@ -18,7 +18,7 @@ from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram
 from skillgraft.evaluate.predict import labels_of
 from skillgraft.pipeline.paper_numbers import PAPER_NOTE, TABLE1_4096, TABLE2_64
 from skillgraft.pipeline.regions import model_variants
-from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, setting_line, summary_rows
+from skillgraft.pipeline.report import RunDir, md_table, pct, setting_line
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.variants import Variant, compare, rows_of
 from skillgraft.recipes.base import ExperimentSpec, GraftVariantsMixin, SeedsMixin, recipe
@@ -49,10 +49,7 @@ def calibration(spec: CalibrationSpec, run: RunDir) -> dict:
         e = ft_ece.get((r["task"], r["seed"]))
         r["ece_reduction"] = (1 - r["ece"] / e) if e else None
     columns = METRICS + ["ece_reduction", "params", "params_pct"]
-    agg = aggregate(rows, ["task", "model", "kind"], columns)
-    summary = summary_rows(agg, columns)
-    run.csv("metrics.csv", rows)
-    run.csv("summary.csv", summary)
+    agg, summary = run.seed_tables("metrics.csv", rows, ["task", "model", "kind"], columns)
     run.report(_report(spec, agg, timings))
     return {"rows": rows, "summary": summary, "timings": timings}
 

@@ -35,7 +35,7 @@ from skillgraft.graft.scoring import evaluate_graft
 from skillgraft.io import read_json, write_json
 from skillgraft.models import param_groups
 from skillgraft.pipeline.regions import learned_regions
-from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, setting_line, summary_rows
+from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, setting_line
 from skillgraft.pipeline.store import draw_key
 from skillgraft.pipeline.variants import base_variants, compare, graft_variant
 from skillgraft.recipes.base import ExperimentSpec, SeedsMixin, recipe
@@ -144,10 +144,7 @@ def fish(spec: FishSpec, run: RunDir) -> dict:
                     regions_for_maps[f"{setup.task} FISH"] = (setup.pre, fish_r)
             timings.append({"task": setup.task, "seed": seed, "localize_seconds": round(t_loc, 1),
                             "fisher_seconds": round(t_fish, 1), "finetune_seconds": round(setup.ft_seconds, 1)})
-    agg = aggregate(rows, ["task", "sparsity"], METRICS)
-    summary = summary_rows(agg, METRICS)
-    run.csv("fish.csv", rows)
-    run.csv("summary.csv", summary)
+    agg, summary = run.seed_tables("fish.csv", rows, ["task", "sparsity"], METRICS)
     maps = {}
     if regions_for_maps:
         maps = plot_heatmaps(regions_for_maps, run.file("heatmap.png"))

@@ -39,7 +39,7 @@ from skillgraft.io import read_json, write_json
 from skillgraft.pipeline.ood import TargetSpec, TransferSpec, ood_examples, with_limits
 from skillgraft.pipeline.paper_numbers import PAPER_NOTE, TABLE2_64, TABLE3_4096, TABLE7_4096, TABLE7_COLUMNS
 from skillgraft.pipeline.regions import learned_regions
-from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, summary_rows
+from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.store import data_digest
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
@@ -307,10 +307,9 @@ def paper(spec: PaperSpec, run: RunDir) -> dict:
                     timings.append(timing)
                 tuned += [{"finetune": label, "optimizer": config.optimizer, "lr": config.lr, "l1": config.l1, **r}
                           for r in found if r.get("localizer") in (None, ref.title)]
-    agg = aggregate(rows, ["task", "model", "kind", "localizer", "budget"], METRICS + ["params"])
+    agg, _ = run.seed_tables("metrics.csv", rows, ["task", "model", "kind", "localizer", "budget"],
+                             METRICS + ["params"])
     table = localizer_table(spec, rows)
-    run.csv("metrics.csv", rows)
-    run.csv("summary.csv", summary_rows(agg, METRICS + ["params"]))
     run.csv("localizers.csv", table)
     if oods:
         run.csv("ood.csv", oods)

@@ -31,7 +31,7 @@ from skillgraft.fisher import FisherConfig, block_names, fim_layer_scores, ranki
 from skillgraft.fisher.plots import layer_scores_bar
 from skillgraft.io import read_json, write_json
 from skillgraft.models.anatomy import is_carried
-from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, setting_line, summary_rows
+from skillgraft.pipeline.report import RunDir, md_table, pct, setting_line
 from skillgraft.pipeline.store import Store, draw_key
 from skillgraft.recipes.base import ExperimentSpec, SeedsMixin, recipe
 from skillgraft.spec import COUNT_MAX
@@ -129,10 +129,7 @@ def surgical(spec: SurgicalSpec, run: RunDir) -> dict:
                             "train_seconds": sum(r["train_seconds"] for r in rows if r["task"] == data.task.name
                                                  and r["seed"] == seed)})
     stability = stability_rows(spec, run) if spec.stability_steps else []
-    agg = aggregate(rows, ["task", "method"], METRICS)
-    summary = summary_rows(agg, METRICS)
-    run.csv("results.csv", rows)
-    run.csv("summary.csv", summary)
+    agg, summary = run.seed_tables("results.csv", rows, ["task", "method"], METRICS)
     run.csv("fim.csv", [{**r, "ranking": " ".join(map(str, r["ranking"])),
                          "scores": " ".join(f"{s:.4g}" for s in r["scores"])} for r in fim_rows])
     if stability:
