@@ -249,6 +249,12 @@ def test_continual_recipe_and_cli(tiny_bert, multi_data, tmp_path):
     assert res.exit_code == 0 and "cr" in res.output
     res = runner.invoke(app, ["continual", "show", str(tmp_path)])
     assert res.exit_code == 2 and "not a continual state" in res.output
+    # `skillgraft run --progress` turns on every stage's progress bars; its stages come from the store
+    res = runner.invoke(app, ["run", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "again"),
+                              "--cache", str(tmp_path / "cache"), "--progress"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["progress"] is True
+    assert json.loads((out / "config.json").read_text())["progress"] is False
 
 
 def test_continual_recipe_resumes_each_step_from_the_store(tiny_bert, multi_data, tmp_path, monkeypatch):

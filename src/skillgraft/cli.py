@@ -227,11 +227,14 @@ def run_cmd(
     cache: Optional[Path] = typer.Option(None, help="store of finished stages (default: the recipe's cache_dir, "
                                                     "$SKILLGRAFT_CACHE or runs/cache)"),
     overwrite: bool = typer.Option(False, help="replace an existing run directory whole (checked before any work)"),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress",
+                                            help="progress bars for every stage (default: the recipe's `progress:`)"),
 ) -> None:
     """Run an experiment described by a recipe YAML; writes metrics, CSVs, plots and report.md."""
     from skillgraft.recipes import run_recipe  # noqa: PLC0415
 
-    path = run_recipe(recipe_file, out, cache=cache, overwrite=overwrite)
+    path = run_recipe(recipe_file, out, cache=cache, overwrite=overwrite,
+                      overrides=None if progress is None else {"progress": progress})
     console.print(f"[bold green]done[/] {recipe_file} → {path}/report.md")
 
 
