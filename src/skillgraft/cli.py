@@ -130,9 +130,7 @@ def finetune(
     if layers is not None:
         finetune = finetune.replace(layers=parse_layers(layers, task=data.task, model=model.model, mode=model.mode,
                                                         k=data.k, seed=data.seed, data_dir=data.data_dir))
-    m = run_finetune(data.task, data.k, data.seed, out, model=model.model, mode=model.mode, pooling=model.pooling,
-                     config=finetune, data_dir=data.data_dir, max_length=model.max_length, test_limit=data.test_limit,
-                     overwrite=overwrite)
+    m = run_finetune(data, out, model=model, finetune=finetune, overwrite=overwrite)
     if "test" in m:
         t = m["test"]
         extra = f" F1 {t['f1']:.4f}" if "f1" in t else ""

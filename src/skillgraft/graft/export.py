@@ -41,9 +41,11 @@ from pydantic import Field
 from torch import nn
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.finite import refuse_non_finite
 from skillgraft.graft.graft import Graft, cached_fingerprint
+from skillgraft.graft.graft_file import WEIGHTS_FILE
 from skillgraft.graft.region import Region, compact_positions
-from skillgraft.io import atomic_dir, check_target
+from skillgraft.io import atomic_dir, check_target, read_json
 from skillgraft.models.anatomy import graftable_names
 from skillgraft.spec import Spec
 
@@ -694,8 +696,6 @@ def export_graft(graft: Graft, out: str | os.PathLike, spec: ExportSpec | None =
 # ---------------------------------------------------------------------------------------------- import
 def _read_adapter(directory: Path) -> tuple[dict, dict]:
     """(adapter_config, skillgraft header metadata or {}) of a PEFT adapter folder; SHiRA only."""
-    from skillgraft.io import read_json  # noqa: PLC0415
-
     cfg_path = directory / ADAPTER_CONFIG
     if not cfg_path.is_file():
         raise SkillgraftError(f"{directory}: not a PEFT adapter folder (no {ADAPTER_CONFIG})")
@@ -728,8 +728,6 @@ def _load_weights(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file of an adapter folder: readable, and every value finite."""
     from safetensors.torch import load_file  # noqa: PLC0415
 
-    from skillgraft.finite import refuse_non_finite  # noqa: PLC0415
-
     try:
         tensors = load_file(str(path))
     except OSError:
@@ -743,8 +741,9 @@ def _load_weights(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def graft_from_peft(directory: str | os.PathLike, base, *, force: bool = False) -> Graft:
-    """Read a PEFT SHiRA adapter as a Graft on ``base`` (a Scorer or its plain HF model).
+def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = False) -> Graft:
+    """Read a PEFT SHiRA adapter as a Graft on ``base`` (a Scorer or its plain HF model; default: the adapter's
+    base model, :func:`load_adapter_base`).
 
     The region is the adapter's support: every stored SHiRA entry (for an adapter written by
     :func:`export_peft`, its grafted entries without the zero padding), plus, in modules stored whole, the
@@ -753,7 +752,7 @@ def graft_from_peft(directory: str | os.PathLike, base, *, force: bool = False) 
     """
     directory = Path(directory)
     cfg, meta = _read_adapter(directory)
-    scorer = _as_scorer(base)
+    scorer = _as_scorer(base if base is not None else load_adapter_base(directory))
     params = dict(scorer.named_parameters())
     canonical = {id(p): n for n, p in params.items()}  # a tied weight is named once, by its first owner
     got = cached_fingerprint(scorer)
@@ -821,8 +820,6 @@ def graft_from_peft(directory: str | os.PathLike, base, *, force: bool = False) 
 
 def read_graft_or_adapter(directory: str | os.PathLike, model: str | None = None) -> tuple[Graft, Path]:
     """A graft folder, or a PEFT SHiRA adapter folder read on its base model; returns (graft, weights file)."""
-    from skillgraft.graft.graft_file import WEIGHTS_FILE  # noqa: PLC0415
-
     directory = Path(directory)
     if (directory / ADAPTER_CONFIG).is_file():
         return graft_from_peft(directory, load_adapter_base(directory, model)), directory / ADAPTER_WEIGHTS

@@ -397,13 +397,3 @@ class Graft:
         with self.applied(base_scorer, force=force), atomic_dir(directory, overwrite=overwrite) as tmp:
             base_scorer.save_pretrained(tmp)
         return Path(directory)
-
-    @classmethod
-    def from_peft(cls, directory: str | os.PathLike, base=None, *, force: bool = False) -> Graft:
-        """A PEFT SHiRA adapter as a graft on ``base`` (a Scorer or HF model; default: the adapter's base model).
-
-        See :func:`skillgraft.graft.export.graft_from_peft`; ``skillgraft export --to peft`` writes the other way.
-        """
-        from skillgraft.graft.export import graft_from_peft, load_adapter_base  # noqa: PLC0415
-
-        return graft_from_peft(directory, base if base is not None else load_adapter_base(directory), force=force)

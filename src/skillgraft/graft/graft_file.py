@@ -31,10 +31,11 @@ from pydantic import Field, ValidationError, field_validator
 from skillgraft.errors import SkillgraftError
 from skillgraft.finite import first_non_finite, refuse_non_finite
 from skillgraft.io import atomic_dir
-from skillgraft.spec import Spec, parse_file
+from skillgraft.spec import Spec, file_message, parse_file
 
 FORMAT = "skillgraft.graft"
 FORMAT_VERSION = 1
+UNKNOWN = f"unknown field (not part of format version {FORMAT_VERSION})"
 CONFIG_FILE = "graft_config.json"
 WEIGHTS_FILE = "graft.safetensors"
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -96,7 +97,7 @@ def write_graft_file(directory: str | os.PathLike, tensors: dict[str, torch.Tens
     try:
         GraftFileConfig.model_validate(config)  # never write what we would refuse to read
     except ValidationError as e:
-        raise SkillgraftError(_schema_message(e, Path(directory) / CONFIG_FILE)) from None
+        raise SkillgraftError(file_message(e, Path(directory) / CONFIG_FILE, UNKNOWN)) from None
     text = json.dumps(config, indent=2)
     with atomic_dir(directory, overwrite=overwrite) as tmp:
         (tmp / WEIGHTS_FILE).write_bytes(blob)
@@ -136,7 +137,7 @@ def read_config(path: Path) -> GraftFileConfig:
     try:
         cfg = GraftFileConfig.model_validate(raw)
     except ValidationError as e:
-        raise SkillgraftError(_schema_message(e, path)) from None
+        raise SkillgraftError(file_message(e, path, UNKNOWN)) from None
 
     def bad(field: str, msg: str):
         return SkillgraftError(f"{path}: field {field!r}: {msg}")
@@ -158,19 +159,6 @@ def read_config(path: Path) -> GraftFileConfig:
                                                     abs_tol=1e-12):
         raise bad("density", f"{cfg.density} but size / graftable = {cfg.size / max(1, universe)}")
     return cfg
-
-
-def _schema_message(error: ValidationError, path: Path) -> str:
-    parts = []
-    for item in error.errors():
-        loc = ".".join(str(x) for x in item["loc"])
-        if item["type"] == "extra_forbidden":
-            parts.append(f"field {loc!r}: unknown field (not part of format version {FORMAT_VERSION})")
-            continue
-        got = item.get("input")
-        shown = "" if item["type"] == "missing" or isinstance(got, (dict, list)) else f" (got {got!r})"
-        parts.append(f"field {loc!r}: {item['msg'].removeprefix('Value error, ')}{shown}")
-    return f"{path}: " + "; ".join(parts)
 
 
 def read_tensors(path: Path, sha256: str | None = None) -> dict[str, torch.Tensor]:
