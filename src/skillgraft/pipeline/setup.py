@@ -110,12 +110,18 @@ def scorer_digest(scorer) -> str:
     return h.hexdigest()[:16]
 
 
+def finetune_key(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig) -> dict:
+    """The store key of a fine-tuning run: the resolved specs (the data root left out: the data's content
+    digest stands for it) and the content digests of the model and the data."""
+    return {"model": model.to_dict(), "model_digest": model_digest(model.model),
+            "data": data.to_dict() | {"data_dir": None}, "data_digest": data_digest(data.task, data.data_dir),
+            "finetune": finetune.to_dict()}
+
+
 def finetuned_run(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, *,
                   progress: bool = True) -> tuple[Path, float]:
     """The run directory of this fine-tuning (trained once, then found in the store) and its seconds."""
-    key = {"model": model.to_dict(), "model_digest": model_digest(model.model),
-           "data": data.to_dict() | {"data_dir": None}, "data_digest": data_digest(data.task, data.data_dir),
-           "finetune": finetune.to_dict()}
+    key = finetune_key(model, data, finetune)
     t0 = time.perf_counter()
 
     def make(folder: Path) -> None:
