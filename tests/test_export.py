@@ -190,7 +190,7 @@ def test_peft_plain_load_equals_grafted_model(tiny_models, tmp_path, kind, mode,
     assert s["inexact"] == 0 and all(torch.equal(back.values[n], graft.values[n]) for n in graft.values)
     assert set(back.carried) == set(graft.carried)
     assert all(torch.equal(back.carried[n], graft.carried[n]) for n in graft.carried)
-    assert back.base_fingerprint == graft.base_fingerprint and back.metadata["mode"] == mode
+    assert back.base_fingerprint == graft.base_fingerprint and back.metadata.mode == mode
 
 
 @pytest.mark.parametrize("route", ["modules_to_save", "tensors"])
@@ -337,7 +337,7 @@ def test_a_users_shira_adapter_imports_as_a_region(tiny_bert, tmp_path):
     g = graft_from_peft(tmp_path / "shira", pre)
     layers = [n for n in g.region.indices]
     assert len(layers) == 4 and all(len(g.region.indices[n]) == 2 * (32 + 32) for n in layers)
-    assert g.metadata["peft_type"] == "SHIRA" and g.metadata["r"] == 2 and not g.carried
+    assert g.metadata.peft_type == "SHIRA" and g.metadata.r == 2 and not g.carried
     assert g.region.universe_size == sum(torch.Size(s).numel() for s in g.region.shapes.values())
     got, _ = grafted_outputs(pre, g, ids, mask)
     assert (got - want).abs().max() <= 1e-6

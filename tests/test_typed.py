@@ -92,3 +92,76 @@ def test_store_key_of_a_finetuning_run_is_unchanged(monkeypatch, tmp_path):
     key = pipeline_setup.finetune_key(ModelSpec(), DataSpec(task="SST-2", k=64, seed=42), FinetuneConfig(steps=400))
     assert Store(tmp_path).path("ft", key, label="SST-2-64-42-head").name == "ft-SST-2-64-42-head-a6b7f06e3f2d"
     assert Store(tmp_path).path("ft", key).name == "ft-a6b7f06e3f2d"
+
+
+# graft_config.json "metadata" of grafts written before it was typed (a checkpoint pair's graft in a merge, and a
+# composition of it with a registered-task graft), with the weights those writers stored.
+TASK_SPEC = {"name": "reviews", "kind": "single", "labels": ["bad", "good"], "label_words": ["bad", "good"],
+             "template": "*cls**sent_0*_It_was*mask*.*sep+*", "causal_template": None, "metric": "accuracy",
+             "folder": None, "positive_label": None, "has_train": True, "test_from_train": False}
+PAIR_META = {"task": "reviews", "mode": "classifier", "k": 0, "seed": 42, "pretrained": "A", "finetuned": "B",
+             "task_spec": TASK_SPEC,
+             "user_data": {"data": "reviews.jsonl", "text_field": "review", "label_field": "stars", "seed": 42},
+             "localizer": "learned", "budget": "0.01", "merge_task": "reviews"}
+COMPOSED_META = {"composed_of": [PAIR_META, {"task": "SST-2", "mode": "head", "k": 64, "seed": 13, "keep": 0.9}],
+                 "overlap_policy": "average",
+                 "compose": {"policy": "average", "grafts": 2, "sizes": [3, 2], "size": 4, "overlapping_coordinates": 1,
+                             "dropped_coordinates": 0, "carried_conflicts": ["head.weight"], "carried_policy": "first"}}
+_HEADER = ("+AAAAAAAAAB7Il9fbWV0YWRhdGFfXyI6eyJmb3JtYXQiOiJza2lsbGdyYWZ0LmdyYWZ0In0sImNhcnJpZWQ6OmhlYWQud2VpZ2h0Ijp7ImR0"
+           "eXBlIjoiRjMyIiwic2hhcGUiOlsyLDNdLCJkYXRhX29mZnNldHMiOlswLDI0XX0sInZhbHVlcyI6eyJkdHlwZSI6IkYzMiIsInNoYXBlIjpb")
+OLD_GRAFTS = {  # name: (size, metadata, sha256 and base64 of graft.safetensors)
+    "pair": (3, PAIR_META, "e9c4ecb768c5ccd29bd2503e281ea40ec34abc837317a05c29e064b8ffd6e8f7",
+             _HEADER + "M10sImRhdGFfb2Zmc2V0cyI6WzI0LDM2XX0sImluZGljZXMiOnsiZHR5cGUiOiJJMzIiLCJzaGFwZSI6WzNdLCJkYXRhX29mZnNl"
+             "dHMiOlszNiw0OF19fSAgICAgILaEET+h0Yq/LQWzv3qDzj7liFY/RCE4v1w/xT9QPJa+SXELwAEAAAAHAAAADAAAAA=="),
+    "composed": (4, COMPOSED_META, "ad7f9d628f92b4afe227de4c9b1d1877580188a04f7640773791b6bdf6506972",
+                 _HEADER + "NF0sImRhdGFfb2Zmc2V0cyI6WzI0LDQwXX0sImluZGljZXMiOnsiZHR5cGUiOiJJMzIiLCJzaGFwZSI6WzRdLCJkYXRh"
+                 "X29mZnNldHMiOls0MCw1Nl19fSAgICAgILaEET+h0Yq/LQWzv3qDzj7liFY/RCE4v1w/xT+uX7K+GL0Yv0lxC8ABAAAABwAAAAsAAAA"
+                 "MAAAA"),
+}
+
+
+def _write_old_graft(folder, size: int, metadata: dict, sha: str, weights: str) -> dict:
+    """A graft folder byte for byte as the writer before typed metadata wrote it (json.dumps(config, indent=2))."""
+    import base64
+
+    config = {"format": "skillgraft.graft", "format_version": 1, "base_model": "tiny-base",
+              "base_fingerprint": "ffffffffffffffff", "size": size, "density": size / 17, "graftable_parameters": 17,
+              "carried_parameters": 6, "carried": ["head.weight"], "carried_shapes": {"head.weight": [2, 3]},
+              "shapes": {"a.weight": [4, 3], "b.bias": [5]}, "metadata": metadata, "weights_sha256": sha}
+    folder.mkdir()
+    (folder / "graft.safetensors").write_bytes(base64.b64decode(weights))
+    (folder / "graft_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return config
+
+
+def test_graft_files_written_before_typed_metadata_read_and_round_trip(tmp_path):
+    from skillgraft.graft import Graft
+    from skillgraft.graft.graft_file import GraftMetadata
+
+    for name, (size, metadata, sha, weights) in OLD_GRAFTS.items():
+        old = _write_old_graft(tmp_path / name, size, metadata, sha, weights)
+        g = Graft.from_pretrained(tmp_path / name)
+        assert isinstance(g.metadata, GraftMetadata) and g.size == size and g.metadata.to_dict() == metadata
+        g.save_pretrained(tmp_path / f"{name}-again")
+        again = json.loads((tmp_path / f"{name}-again" / "graft_config.json").read_text())
+        assert again == old  # the same file, field for field (metadata as written, no keys added)
+    pair = Graft.from_pretrained(tmp_path / "pair").metadata
+    assert (pair.task, pair.mode, pair.k, pair.seed, pair.merge_task) == ("reviews", "classifier", 0, 42, "reviews")
+    assert pair.task_spec == TASK_SPEC and pair.user_data["label_field"] == "stars" and pair.localizer == "learned"
+    composed = Graft.from_pretrained(tmp_path / "composed").metadata
+    assert composed.task is None and composed.compose["overlapping_coordinates"] == 1
+    assert composed.composed_of[1] == {"task": "SST-2", "mode": "head", "k": 64, "seed": 13, "keep": 0.9}
+
+
+def test_bad_graft_metadata_names_the_file_and_field(tmp_path):
+    from skillgraft.errors import SkillgraftError
+    from skillgraft.graft import Graft
+
+    size, metadata, sha, weights = OLD_GRAFTS["pair"]
+    _write_old_graft(tmp_path / "g", size, {**metadata, "k": "all"}, sha, weights)
+    try:
+        Graft.from_pretrained(tmp_path / "g")
+    except SkillgraftError as e:
+        assert str(e).startswith(f"{tmp_path / 'g' / 'graft_config.json'}: field 'metadata.k'") and "'all'" in str(e)
+    else:
+        raise AssertionError("a graft whose metadata.k is not a number was read")

@@ -374,7 +374,7 @@ def apply(
     task = task or graft_task(g)
     if not task:
         raise SkillgraftError(f"{graft_dir}: the graft records no task; pass --task")
-    ft_mode = g.metadata.get("mode", mode)
+    ft_mode = g.metadata.mode or mode
     pre = build_scorer(model or g.base_model or None, task, ft_mode)
     if export:
         s = export_hf(g, pre, export, force=force, overwrite=overwrite)
@@ -384,7 +384,7 @@ def apply(
             err.print(f"[yellow]warning:[/] exported → {export}, but head mode has no Hugging Face class: the task "
                       "head is in head.safetensors (marked incomplete; load with skillgraft's Scorer.from_pretrained)")
     if evaluate_on:
-        recorded = g.metadata.get("user_data")
+        recorded = g.metadata.user_data
         if recorded:  # a checkpoint pair's graft: the held-out rows of the user's data it was learned on
             from skillgraft.data.spec import UserDataSpec  # noqa: PLC0415
 
@@ -437,7 +437,7 @@ def inspect(
 
     with atomic_files(out) as tmp:  # both files, or neither
         write_json(tmp / "distribution.json", dist)
-        plot_distribution(dist, tmp / "distribution.png", title=f"{g.metadata.get('task', '')} graft")
+        plot_distribution(dist, tmp / "distribution.png", title=f"{g.metadata.task or ''} graft")
     console.print(f"→ {out / 'distribution.png'}")
 
 

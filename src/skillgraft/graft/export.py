@@ -134,7 +134,7 @@ def load_graft_base(graft: Graft, model: str | None = None):
     from skillgraft.models.loading import model_reference  # noqa: PLC0415
     from skillgraft.models.scorer import load_for_mode, build_scorer  # noqa: PLC0415
 
-    mode = graft.metadata.get("mode", "head")
+    mode = graft.metadata.mode or "head"
     name = model or graft.base_model or None
     task = graft_task(graft)
     if task is not None:
@@ -398,7 +398,7 @@ def _head_file(graft: Graft, scorer, tmp: Path, head: str, what: str) -> dict | 
             "cannot hold it. Use --head separate (writes it to skillgraft_head.safetensors beside it) or --to hf")
     from safetensors.torch import save_file  # noqa: PLC0415
 
-    pooling = graft.metadata.get("pooling") or getattr(scorer, "pooling", None) or "unknown"
+    pooling = graft.metadata.pooling or getattr(scorer, "pooling", None) or "unknown"
     task = getattr(scorer, "task", None)
     meta = {"format": "skillgraft.head", "pooling": str(pooling),
             "labels": json.dumps(list(task.labels) if task is not None else []),
@@ -508,11 +508,11 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
                          modules_to_save=sorted(l.path for l in plan.whole) or None, fan_in_fan_out=False,
                          base_model_name_or_path=summary["base_model"], inference_mode=True,
                          task_type={"causal": "CAUSAL_LM", "generative": "CAUSAL_LM", "classifier": "SEQ_CLS"}.get(
-                             graft.metadata.get("mode", getattr(scorer, "mode", ""))))
+                             graft.metadata.mode or getattr(scorer, "mode", "")))
     with atomic_dir(out, overwrite=overwrite) as tmp:
         summary["routes"]["head"] = None if own_head else _head_file(graft, scorer, tmp, spec.head, "PEFT adapter")
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS),
-                  metadata=_header(graft, {"shira_entries": entries, "mode": graft.metadata.get("mode") or
+                  metadata=_header(graft, {"shira_entries": entries, "mode": graft.metadata.mode or
                                            getattr(scorer, "mode", None)}))
         config.save_pretrained(str(tmp), auto_mapping_dict={"base_model_class": type(hf).__name__,
                                                             "parent_library": type(hf).__module__})
@@ -623,12 +623,12 @@ def graft_task(graft: Graft):
     by name, or None."""
     from skillgraft.data.tasks import get_task  # noqa: PLC0415
 
-    record = graft.metadata.get("task_spec")
-    if isinstance(record, dict):
+    record = graft.metadata.task_spec
+    if record is not None:
         from skillgraft.models.scorer import task_from_config  # noqa: PLC0415
 
         return task_from_config(dict(record), f"{graft._where()} metadata task_spec")
-    name = graft.metadata.get("task")
+    name = graft.metadata.task
     if not name:
         return None
     try:
