@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from pydantic import Field
 
 from skillgraft import __version__
