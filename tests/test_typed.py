@@ -8,6 +8,7 @@ import json
 from skillgraft.data.spec import DataSpec
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline import setup as pipeline_setup
+from skillgraft.pipeline import store as pipeline_store
 from skillgraft.pipeline.report import write_csv
 from skillgraft.pipeline.store import Store
 from skillgraft.pipeline.variants import ResultRow, derive
@@ -87,8 +88,8 @@ def test_result_rows_are_typed_and_read_as_their_columns(tmp_path):
 def test_store_key_of_a_finetuning_run_is_unchanged(monkeypatch, tmp_path):
     """The key of resolved specs hashes to the digest of an entry written before the specs were typed
     (``ft-SST-2-64-42-head-a6b7f06e3f2d`` in the shared store: MiniLM, SST-2 k=64 seed 42, 400 SGD steps)."""
-    monkeypatch.setattr(pipeline_setup, "model_digest", lambda model: "4663cd7f326c1415")
-    monkeypatch.setattr(pipeline_setup, "data_digest", lambda task, data_dir=None: "cbcfd0532b41ed7e")
+    monkeypatch.setattr(pipeline_store, "model_digest", lambda model: "4663cd7f326c1415")
+    monkeypatch.setattr(pipeline_store, "data_digest", lambda task, data_dir=None: "cbcfd0532b41ed7e")
     key = pipeline_setup.finetune_key(ModelSpec(), DataSpec(task="SST-2", k=64, seed=42), FinetuneConfig(steps=400))
     assert Store(tmp_path).path("ft", key, label="SST-2-64-42-head").name == "ft-SST-2-64-42-head-a6b7f06e3f2d"
     assert Store(tmp_path).path("ft", key).name == "ft-a6b7f06e3f2d"

@@ -24,7 +24,7 @@ from skillgraft.finite import refuse_non_finite_model
 from skillgraft.models.pair import check_pair, complete_model, model_labels, pair_mode, torch_fork
 from skillgraft.models.scorer import Scorer
 from skillgraft.models.spec import ModelSpec
-from skillgraft.pipeline.store import Store, data_digest, model_digest
+from skillgraft.pipeline.store import Store, data_digest, draw_key
 from skillgraft.train import FinetuneConfig
 from skillgraft.train.run import RunConfig, load_finetuned, run_finetune
 
@@ -111,11 +111,8 @@ def scorer_digest(scorer) -> str:
 
 
 def finetune_key(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig) -> dict:
-    """The store key of a fine-tuning run: the resolved specs (the data root left out: the data's content
-    digest stands for it) and the content digests of the model and the data."""
-    return {"model": model.to_dict(), "model_digest": model_digest(model.model),
-            "data": data.to_dict() | {"data_dir": None}, "data_digest": data_digest(data.task, data.data_dir),
-            "finetune": finetune.to_dict()}
+    """The store key of a fine-tuning run: its draw (:func:`~skillgraft.pipeline.store.draw_key`) and settings."""
+    return {**draw_key(model, data), "finetune": finetune.to_dict()}
 
 
 def finetuned_run(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, *,

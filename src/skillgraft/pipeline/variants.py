@@ -185,3 +185,9 @@ def derive(rows: list[ResultRow], *, universe_size: int) -> list[ResultRow]:
             if "loss" in r.metrics:
                 r.loss_recovered = (loss["pre"] - r.metrics["loss"]) / (loss["pre"] - loss["ft"])
     return rows
+
+
+def rows_of(setup: Setup, rows: list[dict], **extra) -> list[dict]:
+    """``compare`` rows with the draw they belong to and params as % of all model parameters."""
+    return [{**extra, "task": setup.task, "k": setup.k, "seed": setup.seed, **r,
+             "params_pct": 100.0 * r["params"] / setup.total_parameters} for r in rows]
