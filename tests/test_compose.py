@@ -43,7 +43,7 @@ def test_error_policy_raises_on_overlap_and_passes_disjoint():
     disjoint = graft({"w": [1]}, {"w": [7.0]})
     g = compose([A, disjoint])
     assert len(g.region) == 5 and values_of(g)["w"][1] == 7.0
-    assert g.metadata["compose"]["overlapping_coordinates"] == 0
+    assert g.metadata.compose["overlapping_coordinates"] == 0
 
 
 def test_first_wins():
@@ -52,7 +52,7 @@ def test_first_wins():
     assert v["w"] == {0: 1.0, 2: 2.0, 4: 3.0, 5: 50.0}
     assert v["b"] == {1: 10.0, 3: 40.0}
     assert values_of(compose([C, B, A], "first"))["w"][2] == 200.0
-    assert g.metadata["compose"]["overlapping_coordinates"] == 4
+    assert g.metadata.compose["overlapping_coordinates"] == 4
 
 
 def test_average_is_mean_of_covering_grafts():
@@ -66,7 +66,7 @@ def test_consensus_keeps_coordinates_at_least_two_agree_on():
     v = values_of(g)
     assert v["w"] == {2: pytest.approx(74.0), 4: pytest.approx(201.5)}
     assert v["b"] == {1: 20.0, 3: 220.0}
-    assert g.metadata["compose"]["dropped_coordinates"] == 2
+    assert g.metadata.compose["dropped_coordinates"] == 2
     assert values_of(compose([A, B, C], "consensus", min_agree=3))["w"] == {2: pytest.approx(74.0)}
     with pytest.raises(SkillgraftError, match="min_agree"):
         compose([A, B, C], "consensus", min_agree=4)
@@ -92,4 +92,4 @@ def test_composed_graft_round_trips(tmp_path):
     g.save_pretrained(tmp_path / "g")
     back = Graft.from_pretrained(tmp_path / "g")
     assert back.region == g.region and values_of(back) == values_of(g)
-    assert back.metadata["overlap_policy"] == "consensus"
+    assert back.metadata.overlap_policy == "consensus"

@@ -190,7 +190,7 @@ def test_peft_plain_load_equals_grafted_model(tiny_models, tmp_path, kind, mode,
     assert s["inexact"] == 0 and all(torch.equal(back.values[n], graft.values[n]) for n in graft.values)
     assert set(back.carried) == set(graft.carried)
     assert all(torch.equal(back.carried[n], graft.carried[n]) for n in graft.carried)
-    assert back.base_fingerprint == graft.base_fingerprint and back.metadata["mode"] == mode
+    assert back.base_fingerprint == graft.base_fingerprint and back.metadata.mode == mode
 
 
 @pytest.mark.parametrize("route", ["modules_to_save", "tensors"])
@@ -334,10 +334,10 @@ def test_a_users_shira_adapter_imports_as_a_region(tiny_bert, tmp_path):
     with torch.no_grad():
         want = model(input_ids=ids, attention_mask=mask).last_hidden_state
     pre = build_scorer(str(tiny_bert), "SST-2", "head")
-    g = Graft.from_peft(tmp_path / "shira", pre)
+    g = graft_from_peft(tmp_path / "shira", pre)
     layers = [n for n in g.region.indices]
     assert len(layers) == 4 and all(len(g.region.indices[n]) == 2 * (32 + 32) for n in layers)
-    assert g.metadata["peft_type"] == "SHIRA" and g.metadata["r"] == 2 and not g.carried
+    assert g.metadata.peft_type == "SHIRA" and g.metadata.r == 2 and not g.carried
     assert g.region.universe_size == sum(torch.Size(s).numel() for s in g.region.shapes.values())
     got, _ = grafted_outputs(pre, g, ids, mask)
     assert (got - want).abs().max() <= 1e-6
@@ -351,9 +351,9 @@ def test_a_users_shira_adapter_imports_as_a_region(tiny_bert, tmp_path):
                                peft.LoraConfig(r=2, target_modules=["query"]))
     lora.save_pretrained(str(tmp_path / "lora"))
     with pytest.raises(SkillgraftError, match="only SHiRA"):
-        Graft.from_peft(tmp_path / "lora", pre)
+        graft_from_peft(tmp_path / "lora", pre)
     with pytest.raises(SkillgraftError, match="not a PEFT adapter folder"):
-        Graft.from_peft(tmp_path, pre)
+        graft_from_peft(tmp_path, pre)
 
 
 # ------------------------------------------------------------------------------------------- reader without skillgraft
@@ -478,5 +478,5 @@ def test_minilm_graft_exports_and_reloads_with_plain_peft(tmp_path):
     ref, _ = grafted_outputs(pre, graft, ids, mask)
     assert (out - ref).abs().max() <= 1e-6
     assert_same_weights(merged, exported_weights(pre, graft, tmp_path / "hf"))
-    back = Graft.from_peft(tmp_path / "adapter", pre)
+    back = graft_from_peft(tmp_path / "adapter", pre)
     assert back.region == graft.region

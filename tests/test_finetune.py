@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from skillgraft.data import load_kshot
+from skillgraft.data import DataSpec, load_kshot
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate import evaluate
 from skillgraft.models import Scorer, build_scorer
+from skillgraft.models.spec import ModelSpec
 from skillgraft.train import FinetuneConfig, batch_schedule, finetune, run_finetune
+from skillgraft.train.run import RunConfig, read_run_config
 
 
 def test_batch_schedule_deterministic_epochs():
@@ -66,27 +68,56 @@ def test_bad_config_errors():
 
 def test_run_directory_complete_and_atomic(tiny_bert, toy_data, tmp_path):
     out = tmp_path / "run"
-    m = run_finetune("SST-2", 8, 13, out, model=str(tiny_bert), data_dir=str(toy_data),
-                     config=FinetuneConfig(steps=10, eval_every=5), progress=False)
+    data = DataSpec(task="SST-2", k=8, seed=13, data_dir=toy_data)
+    model = ModelSpec(model=str(tiny_bert))
+    config = FinetuneConfig(steps=10, eval_every=5)
+    m = run_finetune(data, out, model=model, finetune=config, progress=False)
     names = {p.name for p in out.iterdir()}
     assert {"model", "config.json", "metrics.json", "test_probs.csv", "confidence.png", "reliability.png"} <= names
     assert out.stat().st_mode & 0o055 and (out / "metrics.json").stat().st_mode & 0o044  # readable, not 0700/0600
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["test"]["accuracy"] == m["test"]["accuracy"] and "ece" in saved["test"]
     assert Scorer.from_pretrained(out / "model").task.name == "SST-2"
+    # config.json: the same fields in the same order as before it was a spec, read back as a RunConfig
+    raw = json.loads((out / "config.json").read_text())
+    assert list(raw) == ["skillgraft_version", "task", "k", "seed", "model", "mode", "pooling", "max_length",
+                         "data_dir", "test_limit", "finetune", "num_processes"]
+    assert raw["data_dir"] == str(toy_data) and raw["finetune"] == config.to_dict()
+    cfg = read_run_config(out)
+    assert isinstance(cfg, RunConfig) and cfg.finetune == config and (cfg.k, cfg.seed) == (8, 13)
+    assert cfg.model_spec == model.replace(model=raw["model"], pooling="mean")
     with pytest.raises(SkillgraftError, match="already exists"):
-        run_finetune("SST-2", 8, 13, out, model=str(tiny_bert), data_dir=str(toy_data),
-                     config=FinetuneConfig(steps=1), progress=False)
+        run_finetune(data, out, model=model, finetune=FinetuneConfig(steps=1), progress=False)
     # a failing run leaves nothing behind
     with pytest.raises(SkillgraftError):
-        run_finetune("SST-2", 500, 13, tmp_path / "bad", model=str(tiny_bert), data_dir=str(toy_data), progress=False)
+        run_finetune(data.replace(k=500), tmp_path / "bad", model=model, progress=False)
     assert not (tmp_path / "bad").exists() and not list(tmp_path.glob(".bad*"))
+
+
+@pytest.mark.parametrize("change, culprits", [
+    (lambda c: c.pop("seed"), ["'seed'", "Field required"]),
+    (lambda c: c.update(pooling="max"), ["'pooling'", "'max'"]),
+    (lambda c: c["finetune"].update(lr=-1), ["'finetune.lr'", "-1"]),
+    (lambda c: c.update(colour="red"), ["'colour'", "unknown field"]),
+])
+def test_run_config_read_as_a_spec_names_file_and_field(tmp_path, change, culprits):
+    """A run's config.json that does not fit :class:`RunConfig` is one error naming the file and the field."""
+    good = {"skillgraft_version": "0.1.0", "task": "SST-2", "k": 8, "seed": 13, "model": "m", "mode": "head",
+            "pooling": "mean", "max_length": 128, "data_dir": None, "test_limit": None,
+            "finetune": FinetuneConfig().to_dict(), "num_processes": 1}
+    (tmp_path / "config.json").write_text(json.dumps(good))
+    assert read_run_config(tmp_path).model_spec == ModelSpec(model="m", pooling="mean")
+    change(good)
+    (tmp_path / "config.json").write_text(json.dumps(good))
+    with pytest.raises(SkillgraftError) as e:
+        read_run_config(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'config.json'}: field ") and all(c in str(e.value) for c in culprits)
 
 
 SCRIPT = """
 import json, sys, torch
 from accelerate import Accelerator
-from skillgraft.data import load_kshot
+from skillgraft.data import DataSpec, load_kshot
 from skillgraft.models import build_scorer
 from skillgraft.train import FinetuneConfig, finetune
 acc = Accelerator(cpu=True)

@@ -391,9 +391,9 @@ def test_save_pretrained_refuses_an_existing_folder(pair, tmp_path):
     a.save_pretrained(tmp_path / "g")
     with pytest.raises(SkillgraftError, match="already exists"):
         b.save_pretrained(tmp_path / "g")
-    assert Graft.from_pretrained(tmp_path / "g").metadata == {"task": "A"}
+    assert Graft.from_pretrained(tmp_path / "g").metadata.to_dict() == {"task": "A"}
     b.save_pretrained(tmp_path / "g", overwrite=True)
-    assert Graft.from_pretrained(tmp_path / "g").metadata == {"task": "B"}
+    assert Graft.from_pretrained(tmp_path / "g").metadata.to_dict() == {"task": "B"}
 
 
 def test_a_changed_base_never_gets_a_stale_backup(pair):

@@ -221,7 +221,7 @@ def test_keep_on_a_checkpoint_pair_holds_out_a_selection_slice(tmp_path):
     (t,) = keep["targets"]
     graft = Graft.from_pretrained(out / "grafts" / "keep-0.9")
     assert graft.size == (t["size"] if t["reached"] else t["best_size"]) and graft.carried
-    assert graft.metadata["keep"] == 0.9
+    assert graft.metadata.keep == 0.9
 
 
 def test_frontier_learned_from_one_trajectory_per_sparsity(ft_run, toy_data, tmp_path):

@@ -65,3 +65,60 @@ def test_the_rule_sees_a_cross_recipe_import():
     assert {"skillgraft.recipes.graft", "skillgraft.recipes.ood", "skillgraft.recipes.multitask",
             "skillgraft.recipes.wise"} <= set(bad)
     assert not any(_under(n, "skillgraft.recipes.base") for n in bad)
+
+
+# ---------------------------------------------------------------------------------------------- import circles
+def import_graph() -> dict[str, set[str]]:
+    """module → the skillgraft modules it imports anywhere in its body (``from pkg import sub`` counts ``pkg.sub``)."""
+    files = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return {name: {n for n in imported(path) if n in files and n != name} for name, path in files.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while (w := stack.pop()) != v:
+                comp.add(w)
+            if comp:
+                out.append(comp | {v})
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_graph_sees_function_level_imports_and_circles():
+    assert "skillgraft.pipeline.setup" in import_graph()["skillgraft.cli"]  # imported inside a verb
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+
+
+def test_no_import_circle_among_data_modules():
+    """data/ modules import each other top-level and acyclically (no import inside a function to dodge a circle)."""
+    for comp in circles(import_graph()):
+        data = sorted(m for m in comp if m.startswith("skillgraft.data."))
+        assert len(data) < 2, f"data modules import each other in a circle: {sorted(comp)}"
+
+
+def test_no_import_circle_between_graft_and_export():
+    for comp in circles(import_graph()):
+        assert not {"skillgraft.graft.graft", "skillgraft.graft.export"} <= comp, \
+            f"graft/graft.py and graft/export.py import each other: {sorted(comp)}"

@@ -148,7 +148,7 @@ def stitched_topic(classifiers, out: Path, texts: list[str]):
     from skillgraft.pipeline.setup import task_from_record
 
     g = {n: Graft.from_pretrained(out / "grafts" / n) for n in ("sentiment", "topic")}
-    pre = build_scorer(str(classifiers["base"]), task_from_record(g["topic"].metadata["task_spec"]), "classifier")
+    pre = build_scorer(str(classifiers["base"]), task_from_record(g["topic"].metadata.task_spec), "classifier")
     body = stitch([g["sentiment"], g["topic"]], "average", base=dict(pre.named_parameters()))
     with task_view(body, g["topic"]).applied(pre), torch.no_grad():
         return pre.model(**pre.tokenizer(texts, return_tensors="pt", padding=True)).logits

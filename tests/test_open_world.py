@@ -199,8 +199,8 @@ def test_generative_pair_graft_reports_completion_loss_and_exports_a_causal_lm(t
     assert ft["loss"] < pre_row["loss"] and ft["loss_recovered"] == pytest.approx(1.0)
     assert ft["exact_match"] > pre_row["exact_match"]
     graft = Graft.from_pretrained(next((out / "grafts").iterdir()))
-    assert graft.metadata["mode"] == "generative" and not graft.carried
-    pre = build_scorer(str(a), task_from_record(graft.metadata["task_spec"]), "generative")
+    assert graft.metadata.mode == "generative" and not graft.carried
+    pre = build_scorer(str(a), task_from_record(graft.metadata.task_spec), "generative")
     diff, neither, from_b = max_diff_and_provenance(export, pre, graft, [r["prompt"] for r in rows[:6]])
     assert diff <= 1e-6 and neither == 0 and 0 < from_b <= graft.size
 
@@ -554,7 +554,7 @@ def test_label_word_pairs_masked_lm_prompt_and_causal(kind, masked, cls, tiny_mo
         "--budgets", "5e-2", "--steps", 2, "--baselines", "", "--no-lottery-zero", "--out", out)
     graft_dir = next((out / "grafts").iterdir())
     graft = Graft.from_pretrained(graft_dir)
-    assert graft.metadata["mode"] == ("prompt" if masked else "causal") and not graft.carried
+    assert graft.metadata.mode == ("prompt" if masked else "causal") and not graft.carried
     rows = {r["model"]: r for r in json.loads((out / "metrics.json").read_text())["rows"]}
     assert {"pre-trained", "fine-tuned"} <= set(rows) and rows["fine-tuned"]["n"] == 80
     cli("apply", graft_dir, "--export", tmp_path / "export")

@@ -130,9 +130,7 @@ def finetune(
     if layers is not None:
         finetune = finetune.replace(layers=parse_layers(layers, task=data.task, model=model.model, mode=model.mode,
                                                         k=data.k, seed=data.seed, data_dir=data.data_dir))
-    m = run_finetune(data.task, data.k, data.seed, out, model=model.model, mode=model.mode, pooling=model.pooling,
-                     config=finetune, data_dir=data.data_dir, max_length=model.max_length, test_limit=data.test_limit,
-                     overwrite=overwrite)
+    m = run_finetune(data, out, model=model, finetune=finetune, overwrite=overwrite)
     if "test" in m:
         t = m["test"]
         extra = f" F1 {t['f1']:.4f}" if "f1" in t else ""
@@ -379,7 +377,7 @@ def apply(
     task = task or graft_task(g)
     if not task:
         raise SkillgraftError(f"{graft_dir}: the graft records no task; pass --task")
-    ft_mode = g.metadata.get("mode", mode)
+    ft_mode = g.metadata.mode or mode
     pre = build_scorer(model or g.base_model or None, task, ft_mode)
     if export:
         s = export_hf(g, pre, export, force=force, overwrite=overwrite)
@@ -389,7 +387,7 @@ def apply(
             err.print(f"[yellow]warning:[/] exported → {export}, but head mode has no Hugging Face class: the task "
                       "head is in head.safetensors (marked incomplete; load with skillgraft's Scorer.from_pretrained)")
     if evaluate_on:
-        recorded = g.metadata.get("user_data")
+        recorded = g.metadata.user_data
         if recorded:  # a checkpoint pair's graft: the held-out rows of the user's data it was learned on
             from skillgraft.data.spec import UserDataSpec  # noqa: PLC0415
 
@@ -442,7 +440,7 @@ def inspect(
 
     with atomic_files(out) as tmp:  # both files, or neither
         write_json(tmp / "distribution.json", dist)
-        plot_distribution(dist, tmp / "distribution.png", title=f"{g.metadata.get('task', '')} graft")
+        plot_distribution(dist, tmp / "distribution.png", title=f"{g.metadata.task or ''} graft")
     console.print(f"→ {out / 'distribution.png'}")
 
 

@@ -22,7 +22,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from skillgraft.errors import SkillgraftError
@@ -355,6 +355,8 @@ def write_json(path: str | os.PathLike, obj) -> Path:
 
 
 def _jsonable(x):
+    if isinstance(x, Mapping):  # a typed row read as its columns (pipeline.variants.ResultRow)
+        return dict(x)
     if hasattr(x, "item"):
         return x.item()
     if isinstance(x, Path):

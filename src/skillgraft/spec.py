@@ -24,6 +24,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.io import read_json, read_text
 
 S = TypeVar("S", bound="Spec")
 # Bounds every numeric field carries besides its own: a value out of range is one line naming the option,
@@ -68,6 +69,18 @@ class Spec(BaseModel):
         """Short stable hash of the resolved values (cache keys)."""
         return stable_hash(self.to_dict())
 
+    @classmethod
+    def read(cls: type[S], path: str | os.PathLike, *, what: str = "file") -> S:
+        """The JSON file at ``path`` validated into this spec; a missing or unreadable file, or any field at
+        fault, is one error naming the file and the field (:func:`file_message`)."""
+        raw = read_json(path, what=what)
+        if not isinstance(raw, dict):
+            raise SkillgraftError(f"{path}: unreadable {what} (expected a JSON object, got {type(raw).__name__})")
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as e:
+            raise SkillgraftError(file_message(e, Path(path))) from None
+
 
 def validation_message(error: ValidationError, where: str) -> str:
     """One line per problem: ``where.field: message (got value)``."""
@@ -83,6 +96,20 @@ def validation_message(error: ValidationError, where: str) -> str:
         msg = item["msg"].removeprefix("Value error, ")
         parts.append(f"{field}: {msg}{shown}")
     return readable_bounds("; ".join(parts))
+
+
+def file_message(error: ValidationError, path: Path, unknown: str = "unknown field") -> str:
+    """One line for a file that does not fit its spec: ``path: field 'a.b': message (got value); …``."""
+    parts = []
+    for item in error.errors():
+        loc = ".".join(str(x) for x in item["loc"])
+        if item["type"] == "extra_forbidden":
+            parts.append(f"field {loc!r}: {unknown}")
+            continue
+        got = item.get("input")
+        shown = "" if item["type"] == "missing" or isinstance(got, (dict, list)) else f" (got {got!r})"
+        parts.append(f"field {loc!r}: {item['msg'].removeprefix('Value error, ')}{shown}")
+    return readable_bounds(f"{path}: " + "; ".join(parts))
 
 
 _BIG_BOUND = re.compile(r"(than(?: or equal to)?) (\d{16,})\b")
@@ -116,8 +143,6 @@ def parse_file(path: Path, parse: Callable[[str], Any], error: type[Exception],
                describe: Callable[[Any], str]) -> Any:
     """``parse`` of the text at ``path``; an ``error`` it raises (``describe``d) or a failed read is one
     :class:`SkillgraftError` naming the file."""
-    from skillgraft.io import read_text  # noqa: PLC0415
-
     text = read_text(path)  # UTF-8 with or without a BOM, or UTF-16; else one error naming the file and line
     try:
         return parse(text)

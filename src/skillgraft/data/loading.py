@@ -14,13 +14,11 @@ Data root resolution: explicit argument, then ``$SKILLGRAFT_DATA``, then ``./dat
 from __future__ import annotations
 
 import csv
-import io
-import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from skillgraft.data.sources import csv_reader, jsonl_rows, open_source
 from skillgraft.data.tasks import Task, get_task
 from skillgraft.errors import SkillgraftError
 from skillgraft.io import read_text
@@ -115,43 +113,6 @@ def read_file(task: Task, path: Path) -> list[Example]:
     if not examples:
         raise SkillgraftError(f"{path}: the split is empty (no examples)")
     return examples
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not a JSON number (non-finite values are refused)")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} overflows to {value} (non-finite values are refused)")
-    return value
-
-
-def jsonl_rows(path: Path, hint: str = "") -> list[tuple[str, dict]]:
-    """``(path:line, object)`` for each non-blank line of a JSONL file (BOM, CRLF and blank lines accepted);
-    a line that is not a JSON object, or holds NaN / Infinity, is one error naming the file and the line."""
-    rows = []
-    for lineno, line in enumerate(read_text(path).split("\n"), 1):  # not splitlines(): U+2028 is JSON text
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            row = json.loads(line, parse_constant=_no_constant, parse_float=_finite_float)
-        except json.JSONDecodeError as e:
-            raise SkillgraftError(f"{where}: malformed JSON ({e.msg} at column {e.colno}){hint}") from None
-        except ValueError as e:
-            raise SkillgraftError(f"{where}: {e}") from None
-        if not isinstance(row, dict):
-            raise SkillgraftError(f"{where}: expected a JSON object, got {type(row).__name__}")
-        rows.append((where, row))
-    return rows
-
-
-def csv_reader(text: str, delimiter: str = ","):
-    """A strict ``csv.reader`` over ``text`` (quoting errors raise ``csv.Error``; fields up to the text's size)."""
-    csv.field_size_limit(max(csv.field_size_limit(), len(text) + 1))
-    return csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
 
 
 def _label(task: Task, raw: object, where: str) -> int:
@@ -250,12 +211,10 @@ def _read_csv(task: Task, path: Path) -> list[Example]:
 
 def load_hf_split(task: Task | str, split: str, dataset: str, config: str | None = None,
                   text_fields: tuple[str, ...] | None = None, label_field: str = "label") -> list[Example]:
-    """Load a split of a Hugging Face dataset (hub name or folder; :func:`~skillgraft.data.user.open_source`).
+    """Load a split of a Hugging Face dataset (hub name or folder; :func:`~skillgraft.data.sources.open_source`).
 
     Integer labels are taken as indices into ``task.labels``; string labels must match them.
     """
-    from skillgraft.data.user import open_source  # noqa: PLC0415 - user imports this module
-
     task = get_task(task)
     _, rows = open_source(dataset, config).split(split, "split")
     columns = list(rows[0][1])

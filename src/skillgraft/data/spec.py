@@ -6,6 +6,9 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
+from skillgraft.data.sampling import FewShotData, load_kshot
+from skillgraft.data.user import UserData, load_user_data
+from skillgraft.errors import SkillgraftError
 from skillgraft.spec import COUNT_MAX, Seed, Spec
 
 
@@ -21,14 +24,12 @@ class DataSpec(Spec):
     test_limit: int | None = Field(None, ge=1, le=COUNT_MAX, description=(
         "evaluate on a fixed seeded sample of N test examples"))
 
-    def load(self, task=None):
+    def load(self, task=None) -> FewShotData:
         """The :class:`~skillgraft.data.sampling.FewShotData` of this draw (test subset applied).
 
         ``task``: a Task object to use instead of looking ``self.task`` up in the registry (e.g. the task
         a saved model records).
         """
-        from skillgraft.data.sampling import load_kshot  # noqa: PLC0415
-
         return load_kshot(task or self.task, self.k, self.seed, self.data_dir, test_limit=self.test_limit)
 
 
@@ -75,12 +76,8 @@ class UserDataSpec(Spec):
     def generative(self) -> bool:
         return self.completion_field is not None
 
-    def load(self, model_labels: tuple[str, ...] | None = None):
+    def load(self, model_labels: tuple[str, ...] | None = None) -> UserData:
         """The examples (:class:`~skillgraft.data.user.UserData`); ``model_labels``: a classifier's id2label."""
-        from skillgraft.data.user import load_user_data  # noqa: PLC0415
-
         if self.data is None:
-            from skillgraft.errors import SkillgraftError  # noqa: PLC0415
-
             raise SkillgraftError("no --data file given")
         return load_user_data(self, model_labels)

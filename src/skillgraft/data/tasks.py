@@ -19,6 +19,7 @@ from typing import Literal
 import yaml
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.spec import parse_file
 
 Kind = Literal["single", "pair"]
 Metric = Literal["accuracy", "f1"]
@@ -189,8 +190,6 @@ def load_task_yaml(path: str | Path, *, overwrite: bool = False) -> list[Task]:
     path = Path(path)
     if not path.is_file():
         raise SkillgraftError(f"task file not found: {path}")
-    from skillgraft.spec import parse_file  # noqa: PLC0415
-
     doc = parse_file(path, yaml.safe_load, yaml.YAMLError, lambda e: f"not valid YAML: {e}")  # BOM, UTF-16 read
     specs = doc.get("tasks", [doc]) if isinstance(doc, dict) else doc
     if not isinstance(specs, list):

@@ -6,25 +6,26 @@ fine-tuned classifier's ``config.id2label``, or inferred from the data (sorted; 
 index order) — :class:`UserData` says which. Without a separate evaluation file, a dataset's 'validation' (else
 'test') split is evaluated on, else a seeded fraction of the rows is held out; k-shot sampling (LM-BFF style,
 per label) is optional. Hugging Face datasets (a ``save_to_disk`` folder, a folder of data files in a hub
-repository's layout, or a hub name such as ``stanfordnlp/sst2``) are read with the ``datasets`` package.
+repository's layout, or a hub name such as ``stanfordnlp/sst2``) are read with the ``datasets`` package
+(:mod:`skillgraft.data.sources`).
 """
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from skillgraft.data.loading import Example, csv_reader, jsonl_rows
-from skillgraft.io import read_text
-from skillgraft.data.tasks import Task
+from skillgraft.data.loading import Example
+from skillgraft.data.sampling import eval_subset, sample_kshot
+from skillgraft.data.sources import open_source
+from skillgraft.data.tasks import SENTIMENT, Task
 from skillgraft.errors import SkillgraftError
 
+EVAL_SPLITS = ("validation", "test")          # default evaluation splits of a dataset, in order
 MAX_LABEL_COMPLETIONS = 32  # completions drawn from at most this many distinct strings are labels
 _GENERIC = re.compile(r"^LABEL_\d+$")
 
@@ -62,129 +63,6 @@ class UserData:
 
 def _is_generic(labels) -> bool:
     return all(_GENERIC.match(str(x)) for x in labels)
-
-
-DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv")
-EVAL_SPLITS = ("validation", "test")          # default evaluation splits of a dataset, in order
-_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-@dataclass
-class Source:
-    """A user's data source: its splits (a file has one, named ``None``) and the files behind them.
-
-    A file's split holds its rows; a dataset's holds the ``datasets.Dataset``, turned into rows only when
-    :meth:`split` chooses it (the unused splits of a large dataset are never materialised).
-    """
-
-    name: str
-    splits: dict[str | None, Any]
-    files: list[Path]
-
-    def split(self, name: str | None, option: str, default: tuple[str, ...] = ("train",)) -> tuple[str | None, list]:
-        """(split name, rows): ``name`` if given (it must exist), else the first of ``default``, else the only one."""
-        if None in self.splits:  # a file
-            if name is not None:
-                raise SkillgraftError(f"{option} {name!r}: {self.name} is a file with no splits; {option} applies to "
-                                      "a Hugging Face dataset")
-            return None, self.splits[None]
-        if name is None:
-            name = next((d for d in default if d in self.splits), None)
-            if name is None and len(self.splits) > 1:
-                raise SkillgraftError(f"{self.name}: splits {sorted(self.splits)}; choose one with {option}")
-            name = name or next(iter(self.splits))
-        elif name not in self.splits:
-            raise SkillgraftError(f"{self.name}: no split {name!r} ({option}); it has {sorted(self.splits)}")
-        return name, [(f"{self.name}[{name}][{i}]", dict(row)) for i, row in enumerate(self.splits[name])]
-
-
-def open_source(source: str | Path, config: str | None = None) -> Source:
-    """Read ``source``: a .jsonl/.csv/.tsv file, a ``datasets`` folder (``save_to_disk`` or data files in a hub
-    repository's layout), or a Hugging Face Hub dataset name (``config``: its configuration)."""
-    path = Path(source)
-    if path.is_file():
-        if config is not None:
-            raise SkillgraftError(f"--data-config {config!r}: {path} is a file; a configuration applies to a Hugging "
-                                  "Face dataset")
-        return Source(str(path), {None: _read_file(path)}, [path])
-    if path.is_dir():
-        return _read_dataset(str(path), config, local=True)
-    text = str(source)
-    if path.suffix.lower() in DATA_SUFFIXES or not _HUB_NAME.match(text):
-        raise SkillgraftError(f"data file not found: {path}")
-    return _read_dataset(text, config, local=False)
-
-
-def _read_file(path: Path) -> list[tuple[str, dict]]:
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json"):
-        rows = jsonl_rows(path, "; expected one JSON object per line")
-    elif suffix in (".csv", ".tsv"):
-        rows = _table_rows(path, "\t" if suffix == ".tsv" else ",")
-    else:
-        raise SkillgraftError(f"{path}: unsupported data file (expected .jsonl, .csv, .tsv, a Hugging Face dataset "
-                              "folder or a hub dataset name)")
-    if not rows:
-        raise SkillgraftError(f"{path}: no rows")
-    return rows
-
-
-def _table_rows(path: Path, delimiter: str) -> list[tuple[str, dict]]:
-    """The rows of a CSV/TSV file with a header, as ``(path:line, {column: value})``; blank lines skipped, a
-    repeated column name or a row with more fields than the header is one error naming the line."""
-    reader = csv_reader(read_text(path), delimiter)
-    rows, header = [], None
-    try:
-        for row in reader:
-            if not any(v.strip() for v in row):
-                continue
-            where = f"{path}:{reader.line_num}"
-            if header is None:
-                header = [h.strip() for h in row]
-                twice = sorted({h for h in header if header.count(h) > 1})
-                if twice:
-                    raise SkillgraftError(f"{where}: column {twice[0]!r} appears twice in the header")
-                continue
-            if len(row) > len(header):
-                raise SkillgraftError(f"{where}: {len(row)} fields but the header names {len(header)} columns "
-                                      f"{header}; quote fields that hold the delimiter")
-            rows.append((where, dict(zip(header, row))))
-    except csv.Error as e:
-        kind = "TSV" if delimiter == "\t" else "CSV"
-        raise SkillgraftError(f"{path}:{reader.line_num}: malformed {kind} ({e})") from None
-    return rows
-
-
-def _read_dataset(source: str, config: str | None, *, local: bool) -> Source:
-    import datasets  # noqa: PLC0415 - only users' dataset folders and names need it
-
-    what = f"{source}" + (f" (configuration {config!r})" if config else "")
-    saved = local and any((Path(source) / f).is_file() for f in ("dataset_dict.json", "state.json"))
-    try:
-        if saved:
-            if config is not None:
-                raise SkillgraftError(f"--data-config {config!r}: {source} is a dataset saved with save_to_disk, "
-                                      "which has no configurations")
-            ds = datasets.load_from_disk(source)
-        else:
-            ds = datasets.load_dataset(source, config)
-    except SkillgraftError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any failure is one clear line naming the source
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        if local:
-            raise SkillgraftError(f"{source}: not a Hugging Face dataset folder (save_to_disk, or data files such as "
-                                  f"train.jsonl / test.csv): {first}") from None
-        raise SkillgraftError(f"{source}: no such file or folder, and loading it as a Hugging Face Hub dataset"
-                              f"{' configuration ' + repr(config) if config else ''} failed: {first}") from None
-    parts = dict(ds.items()) if isinstance(ds, datasets.DatasetDict) else {getattr(ds, "split", None) or "train": ds}
-    splits = {str(name): part for name, part in parts.items() if len(part)}
-    files = [Path(f["filename"]) for part in parts.values() for f in part.cache_files]
-    if not splits:
-        raise SkillgraftError(f"{what}: no rows")
-    if local and not saved:
-        files = [f for f in Path(source).rglob("*") if f.is_file() and ".cache" not in f.parts]
-    return Source(what, splits, sorted(set(files)))
 
 
 def _field(row: dict, name: str, where: str) -> str:
@@ -249,8 +127,6 @@ def _split(rows: list, fraction: float, seed: int) -> tuple[list, list]:
 def load_user_data(spec, model_labels: tuple[str, ...] | None = None) -> UserData:
     """The examples of ``spec`` (a :class:`~skillgraft.data.spec.UserDataSpec`): train (optionally k-shot) and
     evaluation rows, as a classification or generative task."""
-    from skillgraft.data.sampling import eval_subset, sample_kshot  # noqa: PLC0415
-
     source = open_source(spec.data, spec.data_config)
     train_split, rows = source.split(spec.data_split, "--data-split")
     files = list(source.files)
@@ -300,8 +176,6 @@ def _classification(name, rows, eval_rows, spec, model_labels) -> UserData:
     train, test = parse(rows), parse(eval_rows)
     values = {x[2] for x in train + test}
     labels, index, note = resolve_labels(values, spec.labels, model_labels, source=str(spec.data))
-    from skillgraft.data.tasks import SENTIMENT  # noqa: PLC0415
-
     template = "*cls**sent_0**+sent_1*_Answer:*mask*.*sep+*" if spec.text_pair_field else SENTIMENT
     task = Task(name, "pair" if spec.text_pair_field else "single", labels, labels, template,
                 description=f"user data {spec.data}")

@@ -15,7 +15,7 @@ from the grafts that cover it (its *coverage* c ≥ 1):
   graft); needs ``base``, the θ_pre tensors (a TIES-style "strongest task wins" per coordinate).
 
 Carried tensors (new heads) that collide with different values follow ``carried``: ``error``, ``first``
-or ``drop``. What happened (coverage counts, dropped coordinates) is in ``metadata["compose"]``.
+or ``drop``. What happened (coverage counts, dropped coordinates) is in ``metadata.compose``.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def compose(grafts: Sequence[Graft], policy: Policy = "error", *, min_agree: int
         report["min_agree"] = min_agree
     first = grafts[0]
     return Graft(region, values, merged_carried, first.base_model, first.base_fingerprint,
-                 {"composed_of": [g.metadata for g in grafts], "overlap_policy": policy, "compose": report})
+                 {"composed_of": [g.metadata.to_dict() for g in grafts], "overlap_policy": policy, "compose": report})
 
 
 def coverage(regions: Sequence[Region]) -> dict[int, int]:

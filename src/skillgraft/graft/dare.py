@@ -39,4 +39,4 @@ def dare_graft(pre, ft, region: Region, metadata: dict | None = None) -> Graft:
     graft = Graft.from_models(pre, ft, region, metadata)
     values = dare_values(pre, ft, region.universe_size)(region)
     return Graft(region, values, graft.carried, graft.base_model, graft.base_fingerprint,
-                 {**graft.metadata, "dare": True})
+                 graft.metadata.updated(dare=True))

@@ -41,9 +41,11 @@ from pydantic import Field
 from torch import nn
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.finite import refuse_non_finite
 from skillgraft.graft.graft import Graft, cached_fingerprint
+from skillgraft.graft.graft_file import WEIGHTS_FILE
 from skillgraft.graft.region import Region, compact_positions
-from skillgraft.io import atomic_dir, check_target
+from skillgraft.io import atomic_dir, check_target, read_json
 from skillgraft.models.anatomy import graftable_names
 from skillgraft.spec import Spec
 
@@ -132,7 +134,7 @@ def load_graft_base(graft: Graft, model: str | None = None):
     from skillgraft.models.loading import model_reference  # noqa: PLC0415
     from skillgraft.models.scorer import load_for_mode, build_scorer  # noqa: PLC0415
 
-    mode = graft.metadata.get("mode", "head")
+    mode = graft.metadata.mode or "head"
     name = model or graft.base_model or None
     task = graft_task(graft)
     if task is not None:
@@ -396,7 +398,7 @@ def _head_file(graft: Graft, scorer, tmp: Path, head: str, what: str) -> dict | 
             "cannot hold it. Use --head separate (writes it to skillgraft_head.safetensors beside it) or --to hf")
     from safetensors.torch import save_file  # noqa: PLC0415
 
-    pooling = graft.metadata.get("pooling") or getattr(scorer, "pooling", None) or "unknown"
+    pooling = graft.metadata.pooling or getattr(scorer, "pooling", None) or "unknown"
     task = getattr(scorer, "task", None)
     meta = {"format": "skillgraft.head", "pooling": str(pooling),
             "labels": json.dumps(list(task.labels) if task is not None else []),
@@ -506,11 +508,11 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
                          modules_to_save=sorted(l.path for l in plan.whole) or None, fan_in_fan_out=False,
                          base_model_name_or_path=summary["base_model"], inference_mode=True,
                          task_type={"causal": "CAUSAL_LM", "generative": "CAUSAL_LM", "classifier": "SEQ_CLS"}.get(
-                             graft.metadata.get("mode", getattr(scorer, "mode", ""))))
+                             graft.metadata.mode or getattr(scorer, "mode", "")))
     with atomic_dir(out, overwrite=overwrite) as tmp:
         summary["routes"]["head"] = None if own_head else _head_file(graft, scorer, tmp, spec.head, "PEFT adapter")
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS),
-                  metadata=_header(graft, {"shira_entries": entries, "mode": graft.metadata.get("mode") or
+                  metadata=_header(graft, {"shira_entries": entries, "mode": graft.metadata.mode or
                                            getattr(scorer, "mode", None)}))
         config.save_pretrained(str(tmp), auto_mapping_dict={"base_model_class": type(hf).__name__,
                                                             "parent_library": type(hf).__module__})
@@ -621,12 +623,12 @@ def graft_task(graft: Graft):
     by name, or None."""
     from skillgraft.data.tasks import get_task  # noqa: PLC0415
 
-    record = graft.metadata.get("task_spec")
-    if isinstance(record, dict):
+    record = graft.metadata.task_spec
+    if record is not None:
         from skillgraft.models.scorer import task_from_config  # noqa: PLC0415
 
         return task_from_config(dict(record), f"{graft._where()} metadata task_spec")
-    name = graft.metadata.get("task")
+    name = graft.metadata.task
     if not name:
         return None
     try:
@@ -694,8 +696,6 @@ def export_graft(graft: Graft, out: str | os.PathLike, spec: ExportSpec | None =
 # ---------------------------------------------------------------------------------------------- import
 def _read_adapter(directory: Path) -> tuple[dict, dict]:
     """(adapter_config, skillgraft header metadata or {}) of a PEFT adapter folder; SHiRA only."""
-    from skillgraft.io import read_json  # noqa: PLC0415
-
     cfg_path = directory / ADAPTER_CONFIG
     if not cfg_path.is_file():
         raise SkillgraftError(f"{directory}: not a PEFT adapter folder (no {ADAPTER_CONFIG})")
@@ -728,8 +728,6 @@ def _load_weights(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file of an adapter folder: readable, and every value finite."""
     from safetensors.torch import load_file  # noqa: PLC0415
 
-    from skillgraft.finite import refuse_non_finite  # noqa: PLC0415
-
     try:
         tensors = load_file(str(path))
     except OSError:
@@ -743,8 +741,9 @@ def _load_weights(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def graft_from_peft(directory: str | os.PathLike, base, *, force: bool = False) -> Graft:
-    """Read a PEFT SHiRA adapter as a Graft on ``base`` (a Scorer or its plain HF model).
+def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = False) -> Graft:
+    """Read a PEFT SHiRA adapter as a Graft on ``base`` (a Scorer or its plain HF model; default: the adapter's
+    base model, :func:`load_adapter_base`).
 
     The region is the adapter's support: every stored SHiRA entry (for an adapter written by
     :func:`export_peft`, its grafted entries without the zero padding), plus, in modules stored whole, the
@@ -753,7 +752,7 @@ def graft_from_peft(directory: str | os.PathLike, base, *, force: bool = False) 
     """
     directory = Path(directory)
     cfg, meta = _read_adapter(directory)
-    scorer = _as_scorer(base)
+    scorer = _as_scorer(base if base is not None else load_adapter_base(directory))
     params = dict(scorer.named_parameters())
     canonical = {id(p): n for n, p in params.items()}  # a tied weight is named once, by its first owner
     got = cached_fingerprint(scorer)
@@ -821,8 +820,6 @@ def graft_from_peft(directory: str | os.PathLike, base, *, force: bool = False) 
 
 def read_graft_or_adapter(directory: str | os.PathLike, model: str | None = None) -> tuple[Graft, Path]:
     """A graft folder, or a PEFT SHiRA adapter folder read on its base model; returns (graft, weights file)."""
-    from skillgraft.graft.graft_file import WEIGHTS_FILE  # noqa: PLC0415
-
     directory = Path(directory)
     if (directory / ADAPTER_CONFIG).is_file():
         return graft_from_peft(directory, load_adapter_base(directory, model)), directory / ADAPTER_WEIGHTS

@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.graft_file import FORMAT, FORMAT_VERSION, read_graft_file, write_graft_file
+from skillgraft.graft.graft_file import FORMAT, FORMAT_VERSION, GraftMetadata, read_graft_file, write_graft_file
 from skillgraft.graft.region import Region, compact_positions
 from skillgraft.io import atomic_dir, check_target
 from skillgraft.models.anatomy import carried_names, check_compatible, fingerprint
@@ -165,10 +165,12 @@ class Graft:
     carried: dict[str, torch.Tensor] = field(default_factory=dict)
     base_model: str = ""
     base_fingerprint: str = ""
-    metadata: dict = field(default_factory=dict)
+    metadata: GraftMetadata = field(default_factory=GraftMetadata)  # a dict given is validated into one
     source: Path | None = field(default=None, compare=False)  # the folder it was read from, for messages
 
     def __post_init__(self) -> None:
+        if not isinstance(self.metadata, GraftMetadata):
+            self.metadata = GraftMetadata.build(dict(self.metadata or {}), where=f"{self._where()} metadata")
         self._check_values()
 
     def _check_values(self) -> None:
@@ -188,7 +190,7 @@ class Graft:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_models(cls, pre, ft, region: Region, metadata: dict | None = None) -> Graft:
+    def from_models(cls, pre, ft, region: Region, metadata: GraftMetadata | dict | None = None) -> Graft:
         """Take θ_ft's values on ``region`` (and the new head) from the fine-tuned scorer ``ft``."""
         if active_graft(pre) is not None:
             raise SkillgraftError("the pre-trained model has a graft applied; revert it before taking a graft "
@@ -199,7 +201,7 @@ class Graft:
                   for name, idx in region.indices.items()}
         carried = {name: ft_params[name].detach().cpu().clone() for name in carried_names(ft)}
         return cls(region, values, carried, getattr(pre, "base_model", ""), cached_fingerprint(pre),
-                   dict(metadata or {}))
+                   metadata or GraftMetadata())
 
     @property
     def size(self) -> int:
@@ -337,7 +339,7 @@ class Graft:
                 "density": self.region.density, "graftable_parameters": self.region.universe_size,
                 "carried_parameters": self.carried_size, "carried": sorted(self.carried),
                 "carried_shapes": {k: list(self.carried[k].shape) for k in sorted(self.carried)},
-                "shapes": {k: list(v) for k, v in self.region.shapes.items()}, "metadata": self.metadata}
+                "shapes": {k: list(v) for k, v in self.region.shapes.items()}, "metadata": self.metadata.to_dict()}
 
     def _offsets(self) -> dict[str, int]:
         """Start of each universe tensor in the concatenation of all of them (``shapes`` order)."""
@@ -384,7 +386,7 @@ class Graft:
         f = read_graft_file(directory)
         cfg = f.config
         return cls(Region(f.shapes, f.indices), f.values, f.carried, cfg.base_model, cfg.base_fingerprint or "",
-                   dict(cfg.metadata), Path(directory))
+                   cfg.metadata, Path(directory))
 
     def export(self, base_scorer, directory: str | os.PathLike, *, force: bool = False,
                overwrite: bool = False) -> Path:
@@ -397,13 +399,3 @@ class Graft:
         with self.applied(base_scorer, force=force), atomic_dir(directory, overwrite=overwrite) as tmp:
             base_scorer.save_pretrained(tmp)
         return Path(directory)
-
-    @classmethod
-    def from_peft(cls, directory: str | os.PathLike, base=None, *, force: bool = False) -> Graft:
-        """A PEFT SHiRA adapter as a graft on ``base`` (a Scorer or HF model; default: the adapter's base model).
-
-        See :func:`skillgraft.graft.export.graft_from_peft`; ``skillgraft export --to peft`` writes the other way.
-        """
-        from skillgraft.graft.export import graft_from_peft, load_adapter_base  # noqa: PLC0415
-
-        return graft_from_peft(directory, base if base is not None else load_adapter_base(directory), force=force)

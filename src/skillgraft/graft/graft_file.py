@@ -26,15 +26,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.finite import first_non_finite, refuse_non_finite
 from skillgraft.io import atomic_dir
-from skillgraft.spec import Spec, parse_file
+from skillgraft.spec import Spec, file_message, parse_file
 
 FORMAT = "skillgraft.graft"
 FORMAT_VERSION = 1
+UNKNOWN = f"unknown field (not part of format version {FORMAT_VERSION})"
 CONFIG_FILE = "graft_config.json"
 WEIGHTS_FILE = "graft.safetensors"
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -42,6 +43,35 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 Dim = Annotated[int, Field(ge=0)]
 NON_FINITE = ("a graft must hold finite values (a faulty writer, or a diverged fine-tuning): applied, it would "
               "poison the model and every export of it")
+
+
+class GraftMetadata(Spec):
+    """What a graft records about how it was learned (``graft_config.json`` "metadata"). The fields skillgraft
+    reads back are typed; any other key a recipe records (localizer, budget, a compose report, …) is kept as
+    written and read as an attribute (``metadata.compose``). Only the keys given are written (:meth:`to_dict`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    task: str | None = Field(None, description="task name (registered, or the user's data file's stem)")
+    mode: Literal["head", "prompt", "causal", "classifier", "generative"] | None = Field(
+        None, description="scorer mode of the fine-tuned model")
+    k: int | None = Field(None, ge=0, description="examples per label it was localized on (0: every row)")
+    seed: int | None = Field(None, ge=0, description="data seed")
+    pretrained: str | None = Field(None, description="a checkpoint pair's pre-trained model")
+    finetuned: str | None = Field(None, description="a checkpoint pair's fine-tuned model")
+    task_spec: dict[str, Any] | None = Field(None, description="the task itself (a user's data: labels, kind, …)")
+    user_data: dict[str, Any] | None = Field(None, description="the UserDataSpec of a checkpoint pair's data")
+    pooling: str | None = Field(None, description="head pooling of the scorer it was learned with")
+    merge_task: str | None = Field(None, description="the task's name in a merge")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys given (typed ones and any other), as JSON values: what ``graft_config.json`` stores."""
+        dumped = self.model_dump(mode="json")
+        return {k: v for k, v in dumped.items() if k in self.model_fields_set or k in (self.model_extra or {})}
+
+    def updated(self, **changes) -> GraftMetadata:
+        """A validated copy with ``changes`` added or replaced."""
+        return type(self).build({**self.to_dict(), **changes}, where="graft metadata")
 
 
 class GraftFileConfig(Spec):
@@ -60,7 +90,7 @@ class GraftFileConfig(Spec):
     carried_shapes: dict[str, list[Dim]] | None = Field(None, description="shape of each carried tensor")
     shapes: dict[str, list[Dim]] = Field(description="the universe: graftable tensor names and shapes, in order")
     weights_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="sha256 of graft.safetensors")
-    metadata: dict[str, Any] = Field(default_factory=dict, description="task, mode, how it was learned, …")
+    metadata: GraftMetadata = Field(default_factory=GraftMetadata, description="task, mode, how it was learned, …")
 
     @field_validator("base_fingerprint", mode="before")
     @classmethod
@@ -96,7 +126,7 @@ def write_graft_file(directory: str | os.PathLike, tensors: dict[str, torch.Tens
     try:
         GraftFileConfig.model_validate(config)  # never write what we would refuse to read
     except ValidationError as e:
-        raise SkillgraftError(_schema_message(e, Path(directory) / CONFIG_FILE)) from None
+        raise SkillgraftError(file_message(e, Path(directory) / CONFIG_FILE, UNKNOWN)) from None
     text = json.dumps(config, indent=2)
     with atomic_dir(directory, overwrite=overwrite) as tmp:
         (tmp / WEIGHTS_FILE).write_bytes(blob)
@@ -136,7 +166,7 @@ def read_config(path: Path) -> GraftFileConfig:
     try:
         cfg = GraftFileConfig.model_validate(raw)
     except ValidationError as e:
-        raise SkillgraftError(_schema_message(e, path)) from None
+        raise SkillgraftError(file_message(e, path, UNKNOWN)) from None
 
     def bad(field: str, msg: str):
         return SkillgraftError(f"{path}: field {field!r}: {msg}")
@@ -158,19 +188,6 @@ def read_config(path: Path) -> GraftFileConfig:
                                                     abs_tol=1e-12):
         raise bad("density", f"{cfg.density} but size / graftable = {cfg.size / max(1, universe)}")
     return cfg
-
-
-def _schema_message(error: ValidationError, path: Path) -> str:
-    parts = []
-    for item in error.errors():
-        loc = ".".join(str(x) for x in item["loc"])
-        if item["type"] == "extra_forbidden":
-            parts.append(f"field {loc!r}: unknown field (not part of format version {FORMAT_VERSION})")
-            continue
-        got = item.get("input")
-        shown = "" if item["type"] == "missing" or isinstance(got, (dict, list)) else f" (got {got!r})"
-        parts.append(f"field {loc!r}: {item['msg'].removeprefix('Value error, ')}{shown}")
-    return f"{path}: " + "; ".join(parts)
 
 
 def read_tensors(path: Path, sha256: str | None = None) -> dict[str, torch.Tensor]:

@@ -24,6 +24,7 @@ from torch import nn
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.compose import compose
 from skillgraft.graft.graft import Graft
+from skillgraft.graft.graft_file import GraftMetadata
 
 RULES = ("average", "max-delta", "disjoint", "consensus", "first")
 
@@ -40,15 +41,15 @@ def stitch(grafts: Sequence[Graft], rule: str = "average", *, base: Mapping[str,
         raise SkillgraftError(f"stitching needs at least two grafts, got {len(grafts)}")
     bodies = [Graft(g.region, g.values, {}, g.base_model, g.base_fingerprint, g.metadata, g.source) for g in grafts]
     merged = compose(bodies, rule, base=base)
-    merged.metadata = {"stitch": merged.metadata["compose"] | {"rule": rule},
-                       "tasks": [g.metadata.get("merge_task", g.metadata.get("task")) for g in grafts]}
+    merged.metadata = GraftMetadata(stitch=merged.metadata.compose | {"rule": rule},
+                                    tasks=[g.metadata.merge_task or g.metadata.task for g in grafts])
     return merged
 
 
 def task_view(body: Graft, graft: Graft) -> Graft:
     """The stitched ``body`` with the head ``graft`` carries: what task ``graft`` runs on the merged model."""
     return Graft(body.region, body.values, graft.carried, body.base_model, body.base_fingerprint,
-                 {**body.metadata, "task": graft.metadata.get("task"), "mode": graft.metadata.get("mode")})
+                 body.metadata.updated(task=graft.metadata.task, mode=graft.metadata.mode))
 
 
 @contextlib.contextmanager

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from skillgraft.spec import COUNT_MAX, Spec
+
+Mode = Literal["head", "prompt", "causal"]
+Pooling = Literal["cls", "mean", "last"]
+MaxLength = Annotated[int, Field(ge=8, le=COUNT_MAX)]
 
 
 class ModelSpec(Spec):
     """A Hugging Face model by hub name or local path, wrapped as a Scorer of one mode."""
 
     model: str | None = Field(None, description="hub name or local path (default: bundled all-MiniLM-L6-v2)")
-    mode: Literal["head", "prompt", "causal"] = Field("head", description="scorer: head | prompt | causal")
-    pooling: Literal["cls", "mean", "last"] | None = Field(
-        None, description="head pooling: cls | mean | last (default: mean; last for decoder LMs)")
-    max_length: int = Field(128, ge=8, le=COUNT_MAX, description="max tokens per example")
+    mode: Mode = Field("head", description="scorer: head | prompt | causal")
+    pooling: Pooling | None = Field(None, description="head pooling: cls | mean | last (default: mean; last for decoder "
+                                                      "LMs)")
+    max_length: MaxLength = Field(128, description="max tokens per example")
 
     def scorer(self, task, *, head_seed: int = 0, dtype=None):
         """A pre-trained Scorer of this spec for ``task`` (a new head initialised from ``head_seed``)."""

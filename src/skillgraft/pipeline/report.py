@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ class RunDir:
         """Write ``obj`` as JSON into the run folder (atomic)."""
         return write_json(self.file(name), obj)
 
-    def csv(self, name: str, rows: list[dict]) -> Path:
+    def csv(self, name: str, rows: list[Mapping]) -> Path:
         """Write rows as CSV into the run folder (atomic)."""
         return write_csv(self.file(name), rows)
 
@@ -50,8 +51,10 @@ class RunDir:
         return self.path / name
 
 
-def write_csv(path: str | os.PathLike, rows: list[dict]) -> Path:
-    """Rows of dicts as CSV (columns: union of keys in first-seen order; floats to 6 significant digits)."""
+def write_csv(path: str | os.PathLike, rows: list[Mapping]) -> Path:
+    """Rows (dicts, or :class:`~skillgraft.pipeline.variants.ResultRow`) as CSV (columns: union of keys in first-seen
+    order; floats to 6 significant digits)."""
+    rows = [dict(r) for r in rows]
     cols: list[str] = []
     for r in rows:
         cols.extend(k for k in r if k not in cols)

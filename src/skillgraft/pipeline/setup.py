@@ -26,6 +26,7 @@ from skillgraft.models.scorer import Scorer
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.store import Store, data_digest, draw_key
 from skillgraft.train import FinetuneConfig
+from skillgraft.train.run import RunConfig, load_finetuned, run_finetune
 
 
 @dataclass
@@ -36,7 +37,7 @@ class Setup:
     pre: Scorer
     data: FewShotData
     ft_dir: Path
-    run_config: dict
+    run_config: RunConfig | None  # a skillgraft run's config.json; None for a checkpoint pair
     data_root: str | None = None  # the data root the examples were read from
     ft_seconds: float = 0.0
     probs: dict[str, np.ndarray] = field(default_factory=dict)  # FT's probabilities per evaluation set
@@ -71,9 +72,9 @@ class Setup:
     def finetune_config(self) -> FinetuneConfig:
         """The fine-tuning settings of a skillgraft run; for a checkpoint pair (trained elsewhere) the defaults
         with trained embeddings (what it changed is unknown: every body tensor counts)."""
-        if "finetune" not in self.run_config:
+        if self.run_config is None:
             return FinetuneConfig.build({"freeze_embeddings": False}, where="checkpoint pair")
-        return FinetuneConfig.build(self.run_config["finetune"], where=f"{self.ft_dir}/config.json finetune")
+        return self.run_config.finetune
 
     def identity(self) -> dict:
         """What determines everything learned from this setup (part of every downstream cache key): the
@@ -109,18 +110,19 @@ def scorer_digest(scorer) -> str:
     return h.hexdigest()[:16]
 
 
+def finetune_key(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig) -> dict:
+    """The store key of a fine-tuning run: its draw (:func:`~skillgraft.pipeline.store.draw_key`) and settings."""
+    return {**draw_key(model, data), "finetune": finetune.to_dict()}
+
+
 def finetuned_run(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, *,
                   progress: bool = True) -> tuple[Path, float]:
     """The run directory of this fine-tuning (trained once, then found in the store) and its seconds."""
-    from skillgraft.train.run import run_finetune  # noqa: PLC0415
-
-    key = {**draw_key(model, data), "finetune": finetune.to_dict()}
+    key = finetune_key(model, data, finetune)
     t0 = time.perf_counter()
 
     def make(folder: Path) -> None:
-        run_finetune(data.task, data.k, data.seed, folder / "run", model=model.model, mode=model.mode,
-                     pooling=model.pooling, config=finetune, data_dir=data.data_dir, max_length=model.max_length,
-                     test_limit=data.test_limit, overwrite=True, progress=progress)
+        run_finetune(data, folder / "run", model=model, finetune=finetune, overwrite=True, progress=progress)
 
     entry = store.fetch("ft", key, make, label=f"{data.task}-{data.k}-{data.seed}-{model.mode}")
     return entry / "run", time.perf_counter() - t0
@@ -141,8 +143,6 @@ def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = 
 
     ``data_dir`` / ``test_limit`` override the run's own (None: the run's data root, full test set).
     """
-    from skillgraft.train.run import load_finetuned  # noqa: PLC0415
-
     ft_dir = Path(ft_dir)
     if not ft_dir.exists():
         raise SkillgraftError(f"fine-tuning run not found: {ft_dir}")
@@ -151,8 +151,8 @@ def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = 
     refuse_non_finite_model(pre, f"base model {pre.base_model}")
     ft.eval()
     pre.eval()
-    spec = DataSpec.build({"task": ft.task.name, "k": cfg["k"], "seed": cfg["seed"],
-                           "data_dir": data_dir or cfg.get("data_dir"), "test_limit": test_limit},
+    spec = DataSpec.build({"task": ft.task.name, "k": cfg.k, "seed": cfg.seed,
+                           "data_dir": data_dir or cfg.data_dir, "test_limit": test_limit},
                           where=f"{ft_dir}/config.json")
     data = spec.load(ft.task)
     return Setup(ft, pre, data, ft_dir, cfg, data_root=str(spec.data_dir) if spec.data_dir else None)
@@ -254,13 +254,11 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     ft.eval()
     pre.eval()
     few = FewShotData(task, k, seed, train, dev, test)
-    run_config = {"pretrained": pre.base_model, "finetuned": ft.base_model, "mode": mode, "k": k, "seed": seed,
-                  "data": [str(f) for f in files] if files is not None else task.name, "labels": note}
     root = getattr(data, "data_dir", None) if not user else None
     meta = {"pretrained": pre.base_model, "finetuned": ft.base_model, "task_spec": task_record(task)}
     if user:
         meta["user_data"] = data.to_dict()
-    return Setup(ft, pre, few, Path(finetuned), run_config, data_root=str(root) if root else None,
+    return Setup(ft, pre, few, Path(finetuned), None, data_root=str(root) if root else None,
                  data_files=files, labels_note=note, data_note=data_note, graft_metadata=meta)
 
 

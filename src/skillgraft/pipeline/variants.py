@@ -11,8 +11,9 @@ and every row gets the same derived columns, computed here once:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +47,62 @@ class Variant:
         else:
             with self.graft.applied(setup.pre, outside=self.outside):
                 yield setup.pre
+
+
+@dataclass(eq=False)
+class ResultRow(Mapping):
+    """One model's row of a report: what it is, its metrics on one evaluation set (in :func:`evaluate`'s order),
+    the derived columns (:func:`derive`) and any column a recipe adds (``extra``, e.g. ``file_bytes``).
+
+    Read-only as a mapping of its CSV/JSON columns (:meth:`columns`: ``model, kind, params``, the metrics, the
+    derived columns that apply, the extra ones), so reports index it by column name; ``row[col] = v`` sets a
+    field, a metric or an extra column.
+    """
+
+    model: str
+    kind: str
+    params: int
+    metrics: dict[str, Any]
+    density: float | None = None
+    share_of_ft: float | None = None
+    gap_closed: float | None = None
+    loss_recovered: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def score(self) -> float:
+        return self.metrics["score"]
+
+    def columns(self) -> dict[str, Any]:
+        """The row as CSV/JSON columns, in report order (derived columns only where they apply)."""
+        derived = {k: getattr(self, k) for k in _DERIVED if getattr(self, k) is not None}
+        return {"model": self.model, "kind": self.kind, "params": self.params, **self.metrics, **derived,
+                **self.extra}
+
+    def __getitem__(self, key: str):
+        if key in _NAMED or (key in _DERIVED and getattr(self, key) is not None):
+            return getattr(self, key)
+        if key in self.metrics:
+            return self.metrics[key]
+        return self.extra[key]
+
+    def __setitem__(self, key: str, value) -> None:
+        if key in _NAMED or key in _DERIVED:
+            setattr(self, key, value)
+        elif key in self.metrics:
+            self.metrics[key] = value
+        else:
+            self.extra[key] = value
+
+    def __iter__(self):
+        return iter(self.columns())
+
+    def __len__(self) -> int:
+        return len(self.columns())
+
+
+_NAMED = ("model", "kind", "params")
+_DERIVED = ("density", "share_of_ft", "gap_closed", "loss_recovered")
 
 
 def universe(pre) -> dict[str, tuple[int, ...]]:
@@ -98,35 +155,35 @@ def evaluate_variant(setup: Setup, variant: Variant, examples: list[Example], se
 
 
 def compare(setup: Setup, variants: list[Variant], examples: list[Example] | None = None, set_name: str = "test",
-            progress: bool = False) -> tuple[list[dict], dict[str, np.ndarray]]:
+            progress: bool = False) -> tuple[list[ResultRow], dict[str, np.ndarray]]:
     """Every variant on one evaluation set (FT first: the agreement reference); rows with derived columns."""
     examples = setup.test if examples is None else examples
     rows, probs = [], {}
     for v in sorted(variants, key=lambda v: v.kind != "ft"):
         m, p = evaluate_variant(setup, v, examples, set_name, progress=v.name if progress else False)
         probs[v.name] = p
-        rows.append({"model": v.name, "kind": v.kind, "params": v.params, **m})
+        rows.append(ResultRow(v.name, v.kind, v.params, m))
     order = {v.name: i for i, v in enumerate(variants)}
-    rows.sort(key=lambda r: order[r["model"]])
+    rows.sort(key=lambda r: order[r.model])
     return derive(rows, universe_size=sum(int(np.prod(s)) for s in universe(setup.pre).values())), probs
 
 
-def derive(rows: list[dict], *, universe_size: int) -> list[dict]:
-    """Add density, share of FT and gap closed (from head only, else from pre-trained) to each row."""
-    score = {r["kind"]: r["score"] for r in rows if r["kind"] in ("ft", "head-only", "pre")}
+def derive(rows: list[ResultRow], *, universe_size: int) -> list[ResultRow]:
+    """Set density, share of FT and gap closed (from head only, else from pre-trained) on each row."""
+    score = {r.kind: r.score for r in rows if r.kind in ("ft", "head-only", "pre")}
     ft = score.get("ft")
     ref = score.get("head-only", score.get("pre"))
     for r in rows:
-        r["density"] = r["params"] / universe_size if universe_size else 0.0
+        r.density = r.params / universe_size if universe_size else 0.0
         if ft:
-            r["share_of_ft"] = r["score"] / ft
+            r.share_of_ft = r.score / ft
         if ft is not None and ref is not None and ft != ref:
-            r["gap_closed"] = (r["score"] - ref) / (ft - ref)
-    loss = {r["kind"]: r["loss"] for r in rows if r["kind"] in ("ft", "pre") and "loss" in r}
+            r.gap_closed = (r.score - ref) / (ft - ref)
+    loss = {r.kind: r.metrics["loss"] for r in rows if r.kind in ("ft", "pre") and "loss" in r.metrics}
     if len(loss) == 2 and loss["pre"] != loss["ft"]:  # generative: share of FT's loss drop the model recovers
         for r in rows:
-            if "loss" in r:
-                r["loss_recovered"] = (loss["pre"] - r["loss"]) / (loss["pre"] - loss["ft"])
+            if "loss" in r.metrics:
+                r.loss_recovered = (loss["pre"] - r.metrics["loss"]) / (loss["pre"] - loss["ft"])
     return rows
 
 

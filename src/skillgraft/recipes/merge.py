@@ -270,7 +270,7 @@ def task_graft(setup: Setup, m: ModelInput, spec: MergeSpec, options: Spec, stor
 
     if m.graft is not None:
         g = Graft.from_pretrained(m.graft)
-        g.metadata = {**g.metadata, "merge_task": m.name}
+        g.metadata = g.metadata.updated(merge_task=m.name)
         return g
     if "sparsity" in type(options).model_fields and "sparsity" not in options.model_fields_set and \
             spec.budget.fraction:
@@ -480,7 +480,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
                           *both(grafted(lambda name: grafts[name]))))
     for rule, body in bodies.items():
         s = Scored("stitch", rule, *both(grafted(lambda name, body=body: task_view(body, grafts[name]))),
-                   info={k: body.metadata["stitch"][k] for k in ("size", "overlapping_coordinates",
+                   info={k: body.metadata.stitch[k] for k in ("size", "overlapping_coordinates",
                                                                   "dropped_coordinates")})
         results.append(s)
     mk_seconds = 0.0

@@ -125,7 +125,7 @@ class _Context:
 
     def setup(self, task: str) -> Setup:
         """Task ``task``'s view of the MT model beside the pre-trained body, as a Setup (regions cache key)."""
-        return Setup(self.mt[task], self.pre[task], self.data[task], self.mt_entry, {},
+        return Setup(self.mt[task], self.pre[task], self.data[task], self.mt_entry, None,
                      data_root=str(self.spec.data_dir) if self.spec.data_dir else None)
 
 

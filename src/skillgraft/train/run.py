@@ -8,16 +8,19 @@ import time
 from pathlib import Path
 
 import numpy as np
+from pydantic import Field
 
 from skillgraft import __version__
-from skillgraft.data.sampling import load_kshot
+from skillgraft.data.spec import DataSpec
 from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram
 from skillgraft.evaluate.predict import evaluate, labels_of
 from skillgraft.errors import SkillgraftError
 from skillgraft.io import atomic_dir, atomic_path, check_target, read_json, write_json
-from skillgraft.models.scorer import build_scorer
+from skillgraft.models.scorer import Scorer
+from skillgraft.models.spec import MaxLength, Mode, ModelSpec, Pooling
+from skillgraft.spec import COUNT_MAX, Seed, Spec
 from skillgraft.train.config import FinetuneConfig
-from skillgraft.train.finetune import finetune
+from skillgraft.train.finetune import finetune as train
 
 
 def write_probs(path: Path, probs: np.ndarray, labels: np.ndarray, label_names) -> None:
@@ -29,82 +32,90 @@ def write_probs(path: Path, probs: np.ndarray, labels: np.ndarray, label_names) 
             w.writerow([i, label_names[y], *[f"{p:.6f}" for p in row]])
 
 
-def run_finetune(task: str, k: int, seed: int, out_dir: str | os.PathLike, *, model: str | None = None,
-                 mode: str = "head", pooling: str | None = None, config: FinetuneConfig | None = None,
-                 data_dir: str | None = None, max_length: int = 128, test_limit: int | None = None,
-                 overwrite: bool = False, accelerator=None, progress: bool = True) -> dict:
-    """Fine-tune ``model`` on a k-shot draw of ``task`` and write ``out_dir``; returns the metrics.
+class RunConfig(Spec):
+    """A fine-tuning run directory's ``config.json``: what rebuilds θ_pre exactly (same base, scorer and head
+    initialisation) and the k-shot draw the run saw."""
 
-    ``out_dir`` gets ``model/`` (HF checkpoint + scorer config), ``config.json``, ``metrics.json``,
-    ``test_probs.csv``, ``confidence.png`` and ``reliability.png``; it appears only when complete. An existing
-    ``out_dir`` is refused before any training unless ``overwrite``.
+    skillgraft_version: str | None = Field(None, description="skillgraft version that wrote the run")
+    task: str | None = Field(None, description="task name")
+    k: int = Field(ge=1, le=COUNT_MAX, description="examples per label of the k-shot draw")
+    seed: Seed = Field(description="data seed of the k-shot draw")
+    model: str = Field(description="the pre-trained model (hub name or path, as resolved)")
+    mode: Mode = Field(description="scorer: head | prompt | causal")
+    pooling: Pooling | None = Field(description="head pooling")
+    max_length: MaxLength = Field(description="max tokens per example")
+    data_dir: str | None = Field(None, description="data root given to the run")
+    test_limit: int | None = Field(None, ge=1, le=COUNT_MAX, description="test subset size")
+    finetune: FinetuneConfig = Field(description="the fine-tuning settings (finetune.seed: the head's initialisation)")
+    num_processes: int = Field(1, ge=1, description="processes the run trained on")
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec(model=self.model, mode=self.mode, pooling=self.pooling, max_length=self.max_length)
+
+
+def run_finetune(data: DataSpec, out_dir: str | os.PathLike, *, model: ModelSpec | None = None,
+                 finetune: FinetuneConfig | None = None, overwrite: bool = False, accelerator=None,
+                 progress: bool = True) -> dict:
+    """Fine-tune ``model`` on the k-shot draw ``data`` and write ``out_dir``; returns the metrics.
+
+    ``out_dir`` gets ``model/`` (HF checkpoint + scorer config), ``config.json`` (:class:`RunConfig`),
+    ``metrics.json``, ``test_probs.csv``, ``confidence.png`` and ``reliability.png``; it appears only when
+    complete. An existing ``out_dir`` is refused before any training unless ``overwrite``.
     """
     from accelerate import Accelerator  # noqa: PLC0415
 
     check_target(out_dir, overwrite)
-    config = config or FinetuneConfig()
+    model = model or ModelSpec()
+    config = finetune or FinetuneConfig()
     accelerator = accelerator or Accelerator()
-    data = load_kshot(task, k, seed, data_dir, test_limit=test_limit)
-    scorer = build_scorer(model, data.task, mode, pooling=pooling, max_length=max_length, head_seed=config.seed)
-    result = finetune(scorer, data.train, data.dev, config, k=k, accelerator=accelerator, progress=progress)
-    metrics = {"task": data.task.name, "k": k, "seed": seed, "steps": result.steps, "best_step": result.best_step,
-               "best_dev": result.best_dev, "train_seconds": round(result.seconds, 2),
+    few = data.load()
+    scorer = model.scorer(few.task, head_seed=config.seed)
+    result = train(scorer, few.train, few.dev, config, k=data.k, accelerator=accelerator, progress=progress)
+    metrics = {"task": few.task.name, "k": data.k, "seed": data.seed, "steps": result.steps,
+               "best_step": result.best_step, "best_dev": result.best_dev, "train_seconds": round(result.seconds, 2),
                "train_examples_per_second": round(result.examples_per_second, 2),
                "trainable_parameters": result.trainable_parameters, "history": result.history}
     if not accelerator.is_main_process:
         return metrics
     t0 = time.perf_counter()
-    test_metrics, probs = evaluate(result.scorer, data.test, progress="test")
+    test_metrics, probs = evaluate(result.scorer, few.test, progress="test")
     metrics["test"] = test_metrics
-    metrics["eval_examples_per_second"] = round(len(data.test) / (time.perf_counter() - t0), 2)
-    resolved = {"skillgraft_version": __version__, "task": data.task.name, "k": k, "seed": seed,
-                "model": scorer.base_model, "mode": mode, "pooling": scorer.pooling, "max_length": max_length,
-                "data_dir": str(data_dir) if data_dir else None, "test_limit": test_limit,
-                "finetune": config.to_dict(), "num_processes": accelerator.num_processes}
-    labels = labels_of(data.test)
+    metrics["eval_examples_per_second"] = round(len(few.test) / (time.perf_counter() - t0), 2)
+    resolved = RunConfig(skillgraft_version=__version__, task=few.task.name, k=data.k, seed=data.seed,
+                         model=scorer.base_model, mode=model.mode, pooling=scorer.pooling,
+                         max_length=model.max_length, data_dir=str(data.data_dir) if data.data_dir else None,
+                         test_limit=data.test_limit, finetune=config, num_processes=accelerator.num_processes)
+    labels = labels_of(few.test)
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         result.scorer.save_pretrained(tmp / "model")
-        write_json(tmp / "config.json", resolved)
+        write_json(tmp / "config.json", resolved.to_dict())
         write_json(tmp / "metrics.json", metrics)
-        write_probs(tmp / "test_probs.csv", probs, labels, data.task.labels)
-        confidence_histogram({"fine-tuned": probs}, tmp / "confidence.png", title=f"{data.task.name} test")
-        reliability_diagram({"fine-tuned": (probs, labels)}, tmp / "reliability.png", title=f"{data.task.name} test")
+        write_probs(tmp / "test_probs.csv", probs, labels, few.task.labels)
+        confidence_histogram({"fine-tuned": probs}, tmp / "confidence.png", title=f"{few.task.name} test")
+        reliability_diagram({"fine-tuned": (probs, labels)}, tmp / "reliability.png", title=f"{few.task.name} test")
     return metrics
 
 
-def load_finetuned(run_dir: str | os.PathLike):
-    """(fine-tuned scorer, pre-trained scorer, resolved config) of a fine-tuning run directory."""
-    from skillgraft.models import Scorer  # noqa: PLC0415
-
+def load_finetuned(run_dir: str | os.PathLike) -> tuple[Scorer, Scorer, RunConfig]:
+    """(fine-tuned scorer, pre-trained scorer, run config) of a fine-tuning run directory."""
     run_dir = Path(run_dir)
     model_dir = run_dir / "model"
     if not model_dir.is_dir():
         raise SkillgraftError(f"{run_dir}: not a fine-tuning run directory (no model/ folder)")
     cfg = read_run_config(run_dir)
     ft = Scorer.from_pretrained(model_dir)
-    pre = build_scorer(cfg["model"], ft.task, cfg["mode"], pooling=cfg["pooling"], max_length=cfg["max_length"],
-                       head_seed=cfg["finetune"]["seed"])
+    pre = cfg.model_spec.scorer(ft.task, head_seed=cfg.finetune.seed)
     return ft, pre, cfg
 
 
-# What a run's config.json must record to rebuild θ_pre exactly (same base, scorer and head initialisation).
-RUN_FIELDS = ("k", "seed", "model", "mode", "pooling", "max_length", "finetune")
-
-
-def read_run_config(run_dir: str | os.PathLike) -> dict:
-    """A run directory's ``config.json``, checked: every field of :data:`RUN_FIELDS` present and well typed
-    (an error names the file and the field), ``finetune.seed`` (the head's initialisation) included."""
-    from skillgraft.models.spec import ModelSpec  # noqa: PLC0415
-
+def read_run_config(run_dir: str | os.PathLike) -> RunConfig:
+    """A run directory's ``config.json`` as a :class:`RunConfig`; a missing or damaged file, or a field missing
+    or at fault, is one error naming the file and the field. ``finetune.seed`` (the head's initialisation)
+    must be recorded: its default would silently rebuild another θ_pre."""
     path = Path(run_dir) / "config.json"
-    cfg = read_json(path, required=RUN_FIELDS, what="fine-tuning run config")
-    ModelSpec.build({f: cfg[f] for f in ("model", "mode", "pooling", "max_length")}, where=str(path))
-    for name in ("k", "seed"):
-        if not isinstance(cfg[name], int) or isinstance(cfg[name], bool):
-            raise SkillgraftError(f"{path}: field {name!r} must be an integer, got {cfg[name]!r}")
-    ft = cfg["finetune"]
-    if not isinstance(ft, dict) or not isinstance(ft.get("seed"), int):
-        got = f"a {type(ft).__name__}" if not isinstance(ft, dict) else f"seed {ft.get('seed', 'missing')!r}"
-        raise SkillgraftError(f"{path}: field 'finetune.seed' (the head's initialisation) must be an integer; "
-                              f"got {got}")
-    return cfg
+    raw = read_json(path, what="fine-tuning run config")
+    ft = raw.get("finetune") if isinstance(raw, dict) else None
+    if isinstance(ft, dict) and "seed" not in ft:
+        raise SkillgraftError(f"{path}: field 'finetune.seed' (the head's initialisation) is missing")
+    return RunConfig.read(path, what="fine-tuning run config")

@@ -1,0 +1,168 @@
+"""Typed artefacts keep their bytes: report rows write the same CSV / JSON as the dicts they replaced, and the
+store's keys of resolved specs give the same digests as the entries already on disk."""
+
+from __future__ import annotations
+
+import json
+
+from skillgraft.data.spec import DataSpec
+from skillgraft.models.spec import ModelSpec
+from skillgraft.pipeline import setup as pipeline_setup
+from skillgraft.pipeline import store as pipeline_store
+from skillgraft.pipeline.report import write_csv
+from skillgraft.pipeline.store import Store
+from skillgraft.pipeline.variants import ResultRow, derive
+from skillgraft.train import FinetuneConfig
+
+
+def _rows(metrics: list[tuple[str, str, int, dict]]) -> list[ResultRow]:
+    return [ResultRow(name, kind, params, dict(m)) for name, kind, params, m in metrics]
+
+
+CLASSIFICATION = [  # evaluate()'s metrics in its order (f1 task; FT's agreement appended last)
+    ("fine-tuned", "ft", 1000, {"accuracy": 0.9, "ece": 0.05, "n": 400, "mean_confidence": 0.91, "f1": 0.88,
+                                "score": 0.88, "agreement": 1.0}),
+    ("pre-trained", "pre", 0, {"accuracy": 0.5, "ece": 0.2, "n": 400, "mean_confidence": 0.6, "f1": 0.4,
+                               "score": 0.4, "agreement": 0.52}),
+    ("head only", "head-only", 0, {"accuracy": 0.6, "ece": 0.15, "n": 400, "mean_confidence": 0.7, "f1": 0.55,
+                                   "score": 0.55, "agreement": 0.61}),
+    ("graft 0.01", "graft", 10, {"accuracy": 0.85, "ece": 0.07, "n": 400, "mean_confidence": 0.8123456789,
+                                 "f1": 0.8, "score": 0.8, "agreement": 0.93}),
+]
+GENERATIVE = [
+    ("fine-tuned", "ft", 1000, {"loss": 1.25, "exact_match": 0.4, "score": 0.4, "agreement": 1.0}),
+    ("pre-trained", "pre", 0, {"loss": 3.5, "exact_match": 0.1, "score": 0.1, "agreement": 0.2}),
+    ("graft 0.01", "graft", 12, {"loss": 2.0, "exact_match": 0.3, "score": 0.3, "agreement": 0.5}),
+]
+# What write_csv wrote for these rows when they were dicts (derive() of the code before ResultRow).
+CLASSIFICATION_CSV = """\
+model,kind,params,accuracy,ece,n,mean_confidence,f1,score,agreement,density,share_of_ft,gap_closed,file_bytes
+fine-tuned,ft,1000,0.9,0.05,400,0.91,0.88,0.88,1,0.5,1,1,
+pre-trained,pre,0,0.5,0.2,400,0.6,0.4,0.4,0.52,0,0.454545,-0.454545,
+head only,head-only,0,0.6,0.15,400,0.7,0.55,0.55,0.61,0,0.625,0,
+graft 0.01,graft,10,0.85,0.07,400,0.812346,0.8,0.8,0.93,0.005,0.909091,0.757576,123
+"""
+GENERATIVE_CSV = """\
+model,kind,params,loss,exact_match,score,agreement,density,share_of_ft,gap_closed,loss_recovered
+fine-tuned,ft,1000,1.25,0.4,0.4,1,0.5,1,1,1
+pre-trained,pre,0,3.5,0.1,0.1,0.2,0,0.25,0,0
+graft 0.01,graft,12,2,0.3,0.3,0.5,0.006,0.75,0.666667,0.666667
+"""
+WITHOUT_FT_CSV = """\
+model,kind,params,accuracy,ece,n,mean_confidence,f1,score,agreement,density
+pre-trained,pre,0,0.5,0.2,400,0.6,0.4,0.4,0.52,0
+head only,head-only,0,0.6,0.15,400,0.7,0.55,0.55,0.61,0
+graft 0.01,graft,10,0.85,0.07,400,0.812346,0.8,0.8,0.93,0
+"""
+
+
+def _crlf(text: str) -> bytes:
+    return text.replace("\n", "\r\n").encode()  # the csv module's line ends
+
+
+def test_result_rows_write_the_same_csv_bytes(tmp_path):
+    rows = derive(_rows(CLASSIFICATION), universe_size=2000)
+    rows[3]["file_bytes"] = 123  # a column a recipe adds after the comparison
+    assert write_csv(tmp_path / "a.csv", rows).read_bytes() == _crlf(CLASSIFICATION_CSV)
+    generative = derive(_rows(GENERATIVE), universe_size=2000)
+    assert write_csv(tmp_path / "g.csv", generative).read_bytes() == _crlf(GENERATIVE_CSV)
+    without_ft = derive(_rows(CLASSIFICATION[1:]), universe_size=0)
+    assert write_csv(tmp_path / "n.csv", without_ft).read_bytes() == _crlf(WITHOUT_FT_CSV)
+
+
+def test_result_rows_are_typed_and_read_as_their_columns(tmp_path):
+    from skillgraft.io import write_json
+
+    rows = derive(_rows(CLASSIFICATION), universe_size=2000)
+    graft = rows[3]
+    assert (graft.score, graft.density, graft.share_of_ft, graft.loss_recovered) == (0.8, 0.005, 0.8 / 0.88, None)
+    assert graft["score"] == 0.8 and graft["gap_closed"] == graft.gap_closed and "loss_recovered" not in graft
+    assert graft.get("file_bytes") is None and list(graft)[:4] == ["model", "kind", "params", "accuracy"]
+    # JSON (metrics.json's "rows"): the same objects, keys in the same order, as the dicts they replaced
+    written = json.loads(write_json(tmp_path / "m.json", {"rows": rows}).read_text())["rows"]
+    assert written == [dict(r) for r in rows] and list(written[0]) == list(rows[0].columns())
+    assert written[1] == {"model": "pre-trained", "kind": "pre", "params": 0, **CLASSIFICATION[1][3],
+                          "density": 0.0, "share_of_ft": 0.4 / 0.88, "gap_closed": (0.4 - 0.55) / (0.88 - 0.55)}
+
+
+def test_store_key_of_a_finetuning_run_is_unchanged(monkeypatch, tmp_path):
+    """The key of resolved specs hashes to the digest of an entry written before the specs were typed
+    (``ft-SST-2-64-42-head-a6b7f06e3f2d`` in the shared store: MiniLM, SST-2 k=64 seed 42, 400 SGD steps)."""
+    monkeypatch.setattr(pipeline_store, "model_digest", lambda model: "4663cd7f326c1415")
+    monkeypatch.setattr(pipeline_store, "data_digest", lambda task, data_dir=None: "cbcfd0532b41ed7e")
+    key = pipeline_setup.finetune_key(ModelSpec(), DataSpec(task="SST-2", k=64, seed=42), FinetuneConfig(steps=400))
+    assert Store(tmp_path).path("ft", key, label="SST-2-64-42-head").name == "ft-SST-2-64-42-head-a6b7f06e3f2d"
+    assert Store(tmp_path).path("ft", key).name == "ft-a6b7f06e3f2d"
+
+
+# graft_config.json "metadata" of grafts written before it was typed (a checkpoint pair's graft in a merge, and a
+# composition of it with a registered-task graft), with the weights those writers stored.
+TASK_SPEC = {"name": "reviews", "kind": "single", "labels": ["bad", "good"], "label_words": ["bad", "good"],
+             "template": "*cls**sent_0*_It_was*mask*.*sep+*", "causal_template": None, "metric": "accuracy",
+             "folder": None, "positive_label": None, "has_train": True, "test_from_train": False}
+PAIR_META = {"task": "reviews", "mode": "classifier", "k": 0, "seed": 42, "pretrained": "A", "finetuned": "B",
+             "task_spec": TASK_SPEC,
+             "user_data": {"data": "reviews.jsonl", "text_field": "review", "label_field": "stars", "seed": 42},
+             "localizer": "learned", "budget": "0.01", "merge_task": "reviews"}
+COMPOSED_META = {"composed_of": [PAIR_META, {"task": "SST-2", "mode": "head", "k": 64, "seed": 13, "keep": 0.9}],
+                 "overlap_policy": "average",
+                 "compose": {"policy": "average", "grafts": 2, "sizes": [3, 2], "size": 4, "overlapping_coordinates": 1,
+                             "dropped_coordinates": 0, "carried_conflicts": ["head.weight"], "carried_policy": "first"}}
+_HEADER = ("+AAAAAAAAAB7Il9fbWV0YWRhdGFfXyI6eyJmb3JtYXQiOiJza2lsbGdyYWZ0LmdyYWZ0In0sImNhcnJpZWQ6OmhlYWQud2VpZ2h0Ijp7ImR0"
+           "eXBlIjoiRjMyIiwic2hhcGUiOlsyLDNdLCJkYXRhX29mZnNldHMiOlswLDI0XX0sInZhbHVlcyI6eyJkdHlwZSI6IkYzMiIsInNoYXBlIjpb")
+OLD_GRAFTS = {  # name: (size, metadata, sha256 and base64 of graft.safetensors)
+    "pair": (3, PAIR_META, "e9c4ecb768c5ccd29bd2503e281ea40ec34abc837317a05c29e064b8ffd6e8f7",
+             _HEADER + "M10sImRhdGFfb2Zmc2V0cyI6WzI0LDM2XX0sImluZGljZXMiOnsiZHR5cGUiOiJJMzIiLCJzaGFwZSI6WzNdLCJkYXRhX29mZnNl"
+             "dHMiOlszNiw0OF19fSAgICAgILaEET+h0Yq/LQWzv3qDzj7liFY/RCE4v1w/xT9QPJa+SXELwAEAAAAHAAAADAAAAA=="),
+    "composed": (4, COMPOSED_META, "ad7f9d628f92b4afe227de4c9b1d1877580188a04f7640773791b6bdf6506972",
+                 _HEADER + "NF0sImRhdGFfb2Zmc2V0cyI6WzI0LDQwXX0sImluZGljZXMiOnsiZHR5cGUiOiJJMzIiLCJzaGFwZSI6WzRdLCJkYXRh"
+                 "X29mZnNldHMiOls0MCw1Nl19fSAgICAgILaEET+h0Yq/LQWzv3qDzj7liFY/RCE4v1w/xT+uX7K+GL0Yv0lxC8ABAAAABwAAAAsAAAA"
+                 "MAAAA"),
+}
+
+
+def _write_old_graft(folder, size: int, metadata: dict, sha: str, weights: str) -> dict:
+    """A graft folder byte for byte as the writer before typed metadata wrote it (json.dumps(config, indent=2))."""
+    import base64
+
+    config = {"format": "skillgraft.graft", "format_version": 1, "base_model": "tiny-base",
+              "base_fingerprint": "ffffffffffffffff", "size": size, "density": size / 17, "graftable_parameters": 17,
+              "carried_parameters": 6, "carried": ["head.weight"], "carried_shapes": {"head.weight": [2, 3]},
+              "shapes": {"a.weight": [4, 3], "b.bias": [5]}, "metadata": metadata, "weights_sha256": sha}
+    folder.mkdir()
+    (folder / "graft.safetensors").write_bytes(base64.b64decode(weights))
+    (folder / "graft_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return config
+
+
+def test_graft_files_written_before_typed_metadata_read_and_round_trip(tmp_path):
+    from skillgraft.graft import Graft
+    from skillgraft.graft.graft_file import GraftMetadata
+
+    for name, (size, metadata, sha, weights) in OLD_GRAFTS.items():
+        old = _write_old_graft(tmp_path / name, size, metadata, sha, weights)
+        g = Graft.from_pretrained(tmp_path / name)
+        assert isinstance(g.metadata, GraftMetadata) and g.size == size and g.metadata.to_dict() == metadata
+        g.save_pretrained(tmp_path / f"{name}-again")
+        again = json.loads((tmp_path / f"{name}-again" / "graft_config.json").read_text())
+        assert again == old  # the same file, field for field (metadata as written, no keys added)
+    pair = Graft.from_pretrained(tmp_path / "pair").metadata
+    assert (pair.task, pair.mode, pair.k, pair.seed, pair.merge_task) == ("reviews", "classifier", 0, 42, "reviews")
+    assert pair.task_spec == TASK_SPEC and pair.user_data["label_field"] == "stars" and pair.localizer == "learned"
+    composed = Graft.from_pretrained(tmp_path / "composed").metadata
+    assert composed.task is None and composed.compose["overlapping_coordinates"] == 1
+    assert composed.composed_of[1] == {"task": "SST-2", "mode": "head", "k": 64, "seed": 13, "keep": 0.9}
+
+
+def test_bad_graft_metadata_names_the_file_and_field(tmp_path):
+    from skillgraft.errors import SkillgraftError
+    from skillgraft.graft import Graft
+
+    size, metadata, sha, weights = OLD_GRAFTS["pair"]
+    _write_old_graft(tmp_path / "g", size, {**metadata, "k": "all"}, sha, weights)
+    try:
+        Graft.from_pretrained(tmp_path / "g")
+    except SkillgraftError as e:
+        assert str(e).startswith(f"{tmp_path / 'g' / 'graft_config.json'}: field 'metadata.k'") and "'all'" in str(e)
+    else:
+        raise AssertionError("a graft whose metadata.k is not a number was read")
