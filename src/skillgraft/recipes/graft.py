@@ -27,12 +27,14 @@ from skillgraft.graft.selection import Budget, region_universe
 from skillgraft.io import read_json, write_json
 from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.setup import Setup
-from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
+from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant, score_ft_first
 from skillgraft.recipes.base import ExperimentSpec, recipe
 from skillgraft.spec import SEED_MAX, Spec
 
 # Report names of the baseline localizers (kept from the reports in bench/RESULTS.md).
 BASELINE_LABELS = {"movement": "top-movement", "random": "random", "bias": "bias-only"}
+# Localizers that read θ_ft from its checkpoint files, tensor by tensor (a report using only these releases it).
+READS_FILES = ("learned", "movement", "ties-trim", "random", "bias")
 
 
 class ReportSpec(Spec):
@@ -62,6 +64,13 @@ def localizer_options(localizer: str, localize: Spec | dict | None, *, build=Non
         raise SkillgraftError(f"localizer {localizer!r} has no option {', '.join(foreign)}; its options: "
                               f"{', '.join(loc.Options.model_fields)}")
     return build(loc.Options, given) if build is not None else loc.options(given)
+
+
+def releases_ft(report: ReportSpec, keep=None, frontier=None) -> bool:
+    """Whether the report needs θ_ft in memory only to score FT (then a lean pair releases it, docs/scale.md):
+    its localizer and baselines read θ_ft from its files; keep targets and the frontier need it loaded."""
+    return (report.localizer in READS_FILES and all(b in READS_FILES for b in report.baselines)
+            and not (keep is not None and keep.keep) and not (frontier is not None and frontier.frontier))
 
 
 def baseline_options(name: str, graftable: str, seed: int) -> dict:
@@ -114,6 +123,7 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
     if keep is not None and keep.keep:
         get_localizer(report.localizer).check_ranked()  # before any work
     keep_only = bool(keep is not None and keep.keep and not getattr(options, "budgets", None))
+    score_ft_first(setup, release=releases_ft(report, keep, frontier), progress=progress)  # a lean pair
     regions, summary = ({}, {}) if keep_only else learned_regions(setup, run.store, report.localizer, options,
                                                                  progress=progress)
     variants: list[Variant] = base_variants(setup)
