@@ -89,7 +89,7 @@ def graft_variant(setup: Setup, region: Region, budget, metadata: dict | None = 
 def score_ft_first(setup: Setup, *, release: bool, progress: bool = False) -> None:
     """A lean pair (θ_pre deferred, ``from_pair(..., lean=True)``): score FT on the test set, release θ_ft when
     ``release`` (what follows reads it from its files), then load θ_pre; the two are never resident together."""
-    if setup.pre is not None:
+    if getattr(setup, "load_pre", None) is None:  # θ_pre loaded already: nothing deferred
         return
     evaluate_variant(setup, Variant("fine-tuned", "ft", 0), setup.test, progress="fine-tuned" if progress else False)
     if release:
