@@ -334,10 +334,11 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
             raise SkillgraftError(f"the fine-tuned checkpoint {finetuned} lacks tensors of its own classifier: "
                                   f"{sorted(ft.carried - pre.carried)[:3]}")
         ft.carried = pre.carried  # what θ_pre lacks travels whole
-    refuse_non_finite_model(ft, f"--finetuned {finetuned}")
-    ft.eval()
     if pre is not None:
         check_compatible(pre, ft)
+    refuse_non_finite_model(ft, f"--finetuned {finetuned}")
+    ft.eval()
+    if pre is not None:  # a deferred θ_pre is checked when it loads (Setup.load_deferred_pre)
         refuse_non_finite_model(pre, f"--pretrained {pretrained}")
         pre.eval()
     few = FewShotData(task, k, seed, train, dev, test)
