@@ -107,9 +107,10 @@ def test_cli_pair_never_holds_both_models_and_localizes_without_theta_ft(llama_p
     assert "fine-tuned" in (out / "report.md").read_text() and f"fine-tuned: `{b}`" in (out / "report.md").read_text()
 
 
-def test_lean_pair_keeps_theta_ft_when_its_files_do_not_read_back(llama_pair, toy_data, tmp_path):
-    """A checkpoint without safetensors (pytorch_model.bin) cannot be read lazily: θ_ft stays in memory and
-    the report is made as before (θ_pre still loads after FT was scored)."""
+def test_lean_pair_needs_safetensors_that_read_back(llama_pair, toy_data, tmp_path, monkeypatch):
+    """A checkpoint without safetensors (pytorch_model.bin) cannot be read lazily: both models load at once
+    (A checked before any work) and the report is made as before; a B whose safetensors do not read back to
+    the loaded values is never released."""
     import transformers as tf
 
     a, b = llama_pair
@@ -121,5 +122,11 @@ def test_lean_pair_keeps_theta_ft_when_its_files_do_not_read_back(llama_pair, to
     setup, metrics = report(a, bin_ft, toy_data, tmp_path / "r", lean=True)
     assert not setup.released and setup.pre is not None
     _, loaded = report(a, b, toy_data, tmp_path / "both", lean=False)
+    import skillgraft.pipeline.setup as setup_module
+
+    monkeypatch.setattr(setup_module, "readable_as", lambda model, folder: False)
+    unreadable, again = report(a, b, toy_data, tmp_path / "unreadable", lean=True)
+    assert not unreadable.released and unreadable.pre is not None
+    assert again["rows"] == loaded["rows"]
     drop = lambda rows: [{k: v for k, v in r.items() if k != "file_bytes"} for r in rows]  # noqa: E731 (paths differ)
     assert drop(metrics["rows"]) == drop(loaded["rows"])

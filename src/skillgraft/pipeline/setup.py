@@ -169,6 +169,16 @@ def readable_as(model, folder: str | os.PathLike) -> bool:
     return True
 
 
+def same_tensors(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two checkpoint folders' safetensors hold the same tensor names and shapes (headers only)."""
+    from skillgraft.graft.localizers.source import SafetensorsFolder  # noqa: PLC0415
+
+    try:
+        return SafetensorsFolder(a).shapes == SafetensorsFolder(b).shapes
+    except SkillgraftError:
+        return False
+
+
 def scorer_digest(scorer) -> str:
     """Content digest of a scorer: the base model's fingerprint plus its task head's exact values."""
     import hashlib  # noqa: PLC0415
@@ -324,6 +334,8 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
             refuse_non_finite_model(pre, f"--pretrained {pretrained}")
             return pre.eval()
 
+        # lean only when A's and B's safetensors list the same tensors (else both load now: A refused before work)
+        lean = lean and same_tensors(model_reference(pretrained).path, model_reference(finetuned).path)
         ft = causal(finetuned, "fine-tuned")
         pre = None if lean else causal(pretrained, "pre-trained")
         deferred = load_pre if lean else None
