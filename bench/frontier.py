@@ -3,14 +3,14 @@
 Three fine-tuned MiniLM SST-2 models (64-shot, data seed 42), all found in (or added to) the store
 (``SKILLGRAFT_CACHE``):
 
-* ``demo`` — the model ``make demo`` fine-tunes (head mode, SGD lr 0.1, 400 steps; recipes/demo.py), the very
+* ``demo`` — the model ``make demo`` fine-tunes (head mode, SGD lr 0.1, 400 steps; recipes/graft.py DEMO), the very
   store entry the demo uses;
 * ``adamw`` / ``adamw-l1`` — the plain-transformers AdamW classifier of bench/open_world.py (its
   ``finetune_minilm``: AutoModelForSequenceClassification, AdamW lr 1e-4, 80 steps of 16, optionally
   λ‖θ − θ_pre‖₁), trained here on the same k-shot draw as the demo (open_world.py draws its own 64 per
   label), grafted as a checkpoint pair (``classifier`` mode, its own head carried).
 
-For each: ``recipes.frontier.frontier_report`` — the learned localizer (one trajectory: best-step regions and its
+For each: ``pipeline.frontier.frontier_report`` — the learned localizer (one trajectory: best-step regions and its
 order at the last step) against top-|Δ| per tensor (TIES trim), top-|Δ| global (L&S dataless), DARE and random at
 densities 1e-5 … 1e-1, scored on a seeded subset of the SST-2 test set; keep densities for 95% / 99% searched on
 the dev split (the next 64 per label).
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 def demo_setup(store, test_limit: int):
     from skillgraft.pipeline.setup import finetuned_run, from_run
-    from skillgraft.recipes.demo import DEMO
+    from skillgraft.recipes.graft import DEMO
 
     ft_dir, seconds = finetuned_run(store, DEMO.model_spec(), DEMO.data_spec(DEMO.task, DEMO.seed), DEMO.finetune,
                                     progress=True)
@@ -82,7 +82,7 @@ def main() -> None:
     from skillgraft.graft.keep import KeepSpec
     from skillgraft.graft.localizers import LocalizeConfig
     from skillgraft.pipeline import RunDir, Store
-    from skillgraft.recipes.frontier import FrontierSpec, frontier_markdown, frontier_report
+    from skillgraft.pipeline.frontier import FrontierSpec, frontier_markdown, frontier_report
 
     store = Store()
     spec = FrontierSpec(frontier=True, frontier_sparsities=[float(x) for x in args.sparsities.split(",")])

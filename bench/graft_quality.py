@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from skillgraft.recipes.base import RECIPES, run_spec
-from skillgraft.recipes.demo import DEMO
+from skillgraft.recipes.graft import DEMO
 
 HERE = Path(__file__).resolve().parent
 

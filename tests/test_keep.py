@@ -187,7 +187,7 @@ def test_selection_split_holds_out_localization_rows_without_a_dev_split(pair):
     import dataclasses
     from types import SimpleNamespace
 
-    from skillgraft.recipes.keep import selection_split
+    from skillgraft.pipeline.keep import selection_split
 
     _, _, data = pair
     setup = SimpleNamespace(data=dataclasses.replace(data, dev=[]), test=data.test)

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from skillgraft.continual import ContinualLearner, continual_add
+from skillgraft.pipeline.continual import ContinualLearner, continual_add
 from skillgraft.data import load_kshot
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate import evaluate
@@ -175,9 +175,12 @@ def test_continual_add_learns_region_and_extends_state(tiny_bert, multi_data, tm
     state = tmp_path / "cl"
     loc = LocalizeConfig(sparsity=0.01, steps=3)
     kw = dict(k=8, seed=13, data_dir=multi_data, model=str(tiny_bert), finetune_config=FAST, localize_config=loc,
-              test_limit=40, progress=False)
+              test_limit=40, cache=tmp_path / "store", progress=False)
     e1 = continual_add(state, "ag_news", **kw)
     assert e1["order"] == 1 and e1["region_size"] > 0 and e1["test"]["n"] == 40
+    # γ comes from the store's stages (shared with `skillgraft graft` and the recipes): fine-tuning, then regions
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "store").iterdir()) == ["ft", "regions"]
+    assert e1["single_task"]["finetuned"].startswith("ft-ag_news-8-13-")
     Region.load(state / "regions" / "1-ag_news").save(tmp_path / "r")
     e2 = continual_add(state, "SST-2", region=tmp_path / "r", **kw)  # γ given: all of it owned by ag_news
     assert e2["owned_size"] == 0 and e2["shared_with_earlier"] == e1["region_size"]
@@ -246,6 +249,62 @@ def test_continual_recipe_and_cli(tiny_bert, multi_data, tmp_path):
     assert res.exit_code == 0 and "cr" in res.output
     res = runner.invoke(app, ["continual", "show", str(tmp_path)])
     assert res.exit_code == 2 and "not a continual state" in res.output
+    # `skillgraft run --progress` turns on every stage's progress bars; its stages come from the store
+    res = runner.invoke(app, ["run", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "again"),
+                              "--cache", str(tmp_path / "cache"), "--progress"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["progress"] is True
+    assert json.loads((out / "config.json").read_text())["progress"] is False
+
+
+def test_continual_recipe_resumes_each_step_from_the_store(tiny_bert, multi_data, tmp_path, monkeypatch):
+    """Every continual stage is a store entry: a run interrupted in its second grafting step resumes there (the
+    fine-tunings, regions, naive steps and the first grafting step are read back) and gives the same rows."""
+    import shutil
+
+    import yaml
+
+    import skillgraft.pipeline.continual as pc
+    import skillgraft.train.run as train_run
+    from skillgraft.recipes import run_recipe
+
+    fast = {"optimizer": "adamw", "lr": 2e-3, "steps": 6, "eval_every": 3, "weight_decay": 0.0}
+    cfg = {"recipe": "continual", "model": str(tiny_bert), "tasks": ["ag_news", "SST-2"], "k": 8, "seed": 13,
+           "data_dir": str(multi_data), "test_limit": 20, "finetune": fast, "continual_finetune": fast,
+           "localize": {"sparsity": 0.01, "steps": 1}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    whole = json.loads((run_recipe(tmp_path / "c.yaml", tmp_path / "whole", cache=tmp_path / "a")
+                        / "metrics.json").read_text())
+    shutil.copytree(tmp_path / "a", tmp_path / "b",  # the fine-tunings, regions and naive steps are finished
+                    ignore=lambda folder, names: [n for n in names if n.startswith("continual-graft")])
+    real, trained = pc.finetune_region, []
+
+    def interrupted(mt, task, *args, **kwargs):
+        trained.append(task)
+        if len(trained) == 2:
+            raise KeyboardInterrupt
+        return real(mt, task, *args, **kwargs)
+
+    monkeypatch.setattr(pc, "finetune_region", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_recipe(tmp_path / "c.yaml", tmp_path / "run", cache=tmp_path / "b")
+    assert not (tmp_path / "run").exists() and trained == ["ag_news", "SST-2"]
+    steps = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "b").glob("continual-graft-*")
+                   if (p / "key.json").is_file())
+    assert steps == ["continual-graft-1-ag_news"]  # the interrupted step 2 left no entry
+
+    def never(*args, **kwargs):
+        raise AssertionError("a finished stage ran again")
+
+    trained.clear()
+    monkeypatch.setattr(pc, "finetune_region",
+                        lambda mt, task, *a, **kw: trained.append(task) or real(mt, task, *a, **kw))
+    monkeypatch.setattr(pc, "multitask_finetune", never)     # naive steps: from the store
+    monkeypatch.setattr(train_run, "run_finetune", never)    # single-task fine-tunings: from the store
+    resumed = json.loads((run_recipe(tmp_path / "c.yaml", tmp_path / "run", cache=tmp_path / "b")
+                          / "metrics.json").read_text())
+    assert trained == ["SST-2"]
+    assert resumed["rows"] == whole["rows"] and resumed["ownership"] == whole["ownership"]
 
 
 @pytest.mark.parametrize("name,bad,message", [
@@ -293,7 +352,7 @@ def test_cli_continual_add_takes_its_settings_from_the_specs(monkeypatch, tmp_pa
     """One default per setting: no option given → FinetuneConfig() and LocalizeConfig(); bad values named."""
     from typer.testing import CliRunner
 
-    import skillgraft.continual as continual_module
+    import skillgraft.pipeline.continual as continual_module
     from skillgraft.cli import app
 
     seen = {}
@@ -309,6 +368,9 @@ def test_cli_continual_add_takes_its_settings_from_the_specs(monkeypatch, tmp_pa
     res = runner.invoke(app, base)
     assert res.exit_code == 0, res.output
     assert seen["finetune_config"] == FinetuneConfig() and seen["localize_config"] == LocalizeConfig()
+    assert seen["cache"] is None  # the store: $SKILLGRAFT_CACHE or runs/cache
+    res = runner.invoke(app, [*base, "--cache", str(tmp_path / "store")])
+    assert res.exit_code == 0 and seen["cache"] == tmp_path / "store", res.output
     res = runner.invoke(app, [*base, "--optimizer", "adamw", "--steps", "7", "--localize-steps", "2",
                               "--sparsity", "0.01", "--localize-lr", "5"])
     assert res.exit_code == 0, res.output

@@ -28,7 +28,7 @@ from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, options_unio
 
 LocalizerFlags = options_union()  # every registered localizer's options; the chosen one validates what is set
 from skillgraft.models.spec import ModelSpec
-from skillgraft.recipes.frontier import FrontierSpec
+from skillgraft.pipeline.frontier import FrontierSpec
 from skillgraft.recipes.graft import ReportSpec, SweepSpec
 from skillgraft.spec import COUNT_MAX, SEED_MAX
 from skillgraft.train.config import FinetuneConfig
@@ -227,11 +227,14 @@ def run_cmd(
     cache: Optional[Path] = typer.Option(None, help="store of finished stages (default: the recipe's cache_dir, "
                                                     "$SKILLGRAFT_CACHE or runs/cache)"),
     overwrite: bool = typer.Option(False, help="replace an existing run directory whole (checked before any work)"),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress",
+                                            help="progress bars for every stage (default: the recipe's `progress:`)"),
 ) -> None:
     """Run an experiment described by a recipe YAML; writes metrics, CSVs, plots and report.md."""
     from skillgraft.recipes import run_recipe  # noqa: PLC0415
 
-    path = run_recipe(recipe_file, out, cache=cache, overwrite=overwrite)
+    path = run_recipe(recipe_file, out, cache=cache, overwrite=overwrite,
+                      overrides=None if progress is None else {"progress": progress})
     console.print(f"[bold green]done[/] {recipe_file} → {path}/report.md")
 
 
@@ -534,7 +537,7 @@ def sweep(
     def write(run) -> None:
         rows.extend(sweep_report(setup, run, sweep, localize))
         if frontier.frontier:
-            from skillgraft.recipes.frontier import frontier_report  # noqa: PLC0415
+            from skillgraft.pipeline.frontier import frontier_report  # noqa: PLC0415
 
             found["frontier"] = frontier_report(setup, run, frontier, "learned", localize)
 
@@ -598,7 +601,7 @@ def demo(
     cache: Optional[Path] = Cache,
 ) -> None:
     """The main job: fine-tune MiniLM 64-shot on SST-2, learn grafts at 3 sizes, compare, write report.md."""
-    from skillgraft.recipes.demo import run_demo  # noqa: PLC0415
+    from skillgraft.recipes.graft import run_demo  # noqa: PLC0415
 
     report = run_demo(out, seed=seed, data_dir=data_dir, cache=cache)
     console.print(f"[bold green]done[/] → {report}")
@@ -673,6 +676,7 @@ def continual_add_cmd(
                                              "graft (start them from the single-task graft)"),
     test_limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX,
                                              help="evaluate on a fixed seeded sample of N test examples"),
+    cache: Optional[Path] = Cache,
     *,
     finetune: FinetuneConfig,
     localize: LocalizeConfig,
@@ -681,10 +685,11 @@ def continual_add_cmd(
 
     Fine-tuning options: the single-task run γ_task is learned from and the owned-region training.
     """
-    from skillgraft.continual import continual_add  # noqa: PLC0415
+    from skillgraft.pipeline.continual import continual_add  # noqa: PLC0415
 
     entry = continual_add(state, task, k=k, seed=seed, data_dir=data_dir, model=model, mode=mode, region=region,
-                          finetune_config=finetune, localize_config=localize, init=init, test_limit=test_limit)
+                          finetune_config=finetune, localize_config=localize, init=init, test_limit=test_limit,
+                          cache=cache)
     console.print(f"[bold green]added[/] {entry['task']} as task #{entry['order']}: |γ|={entry['region_size']}, "
                   f"owned {entry['owned_size']} (shared with earlier {entry['shared_with_earlier']}); "
                   f"test {entry['test']['score']:.4f} → {state}/continual.json")

@@ -32,6 +32,17 @@ class RunDir:
         """Write rows as CSV into the run folder (atomic)."""
         return write_csv(self.file(name), rows)
 
+    def seed_tables(self, name: str, rows: list[dict], keys: list[str], metrics: list[str]) -> tuple[list[dict],
+                                                                                                list[dict]]:
+        """Write ``rows`` (one per data seed) to ``name`` and their mean/std over seeds, grouped by ``keys``, to
+        ``summary.csv``; returns the groups (:func:`aggregate`, what a report's tables are built from) and the
+        summary rows."""
+        agg = aggregate(rows, keys, metrics)
+        summary = summary_rows(agg, metrics)
+        self.csv(name, rows)
+        self.csv("summary.csv", summary)
+        return agg, summary
+
     def report(self, markdown: str, name: str = "report.md") -> Path:
         """Write the Markdown report into the run folder (atomic)."""
         with atomic_path(self.file(name)) as tmp:
@@ -62,6 +73,13 @@ def md_table(headers: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def setting_line(spec, extra: str = "") -> str:
+    """One sentence of a recipe's report header: model, mode, k, data seeds, test subset (+ ``extra``)."""
+    model = spec.model or "bundled all-MiniLM-L6-v2"
+    return (f"Model {model} ({spec.mode} mode), k={spec.k} per label, data seeds {spec.seeds}, test subset "
+            f"{spec.test_limit or 'full'} examples (seeded sample)" + (f", {extra}" if extra else "") + ".")
 
 
 def mean_std(values: list[float]) -> str:

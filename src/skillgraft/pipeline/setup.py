@@ -26,7 +26,7 @@ from skillgraft.finite import refuse_non_finite_model
 from skillgraft.models.pair import check_pair, complete_model, model_labels, pair_mode, torch_fork
 from skillgraft.models.scorer import Scorer
 from skillgraft.models.spec import ModelSpec
-from skillgraft.pipeline.store import Store, data_digest, model_digest
+from skillgraft.pipeline.store import Store, data_digest, draw_key
 from skillgraft.train import FinetuneConfig
 
 
@@ -198,9 +198,7 @@ def finetuned_run(store: Store, model: ModelSpec, data: DataSpec, finetune: Fine
     """The run directory of this fine-tuning (trained once, then found in the store) and its seconds."""
     from skillgraft.train.run import run_finetune  # noqa: PLC0415
 
-    key = {"model": model.to_dict(), "model_digest": model_digest(model.model),
-           "data": data.to_dict() | {"data_dir": None}, "data_digest": data_digest(data.task, data.data_dir),
-           "finetune": finetune.to_dict()}
+    key = {**draw_key(model, data), "finetune": finetune.to_dict()}
     t0 = time.perf_counter()
 
     def make(folder: Path) -> None:

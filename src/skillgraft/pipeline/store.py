@@ -57,6 +57,13 @@ def _slug(label: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in str(label))[:60]
 
 
+def draw_key(model, data) -> dict:
+    """What determines a run from θ_pre on one k-shot draw: a ModelSpec + the model's identity, a DataSpec + the
+    data files' digest (the data root left out: the same files anywhere are the same draw)."""
+    return {"model": model.to_dict(), "model_digest": model_digest(model.model),
+            "data": data.to_dict() | {"data_dir": None}, "data_digest": data_digest(data.task, data.data_dir)}
+
+
 def file_digest(paths: list[Path]) -> str:
     """sha256 of the files' contents (data files in cache keys: other rows → another key)."""
     h = hashlib.sha256()

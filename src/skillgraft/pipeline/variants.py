@@ -145,3 +145,9 @@ def derive(rows: list[dict], *, universe_size: int) -> list[dict]:
             if "loss" in r:
                 r["loss_recovered"] = (loss["pre"] - r["loss"]) / (loss["pre"] - loss["ft"])
     return rows
+
+
+def rows_of(setup: Setup, rows: list[dict], **extra) -> list[dict]:
+    """``compare`` rows with the draw they belong to and params as % of all model parameters."""
+    return [{**extra, "task": setup.task, "k": setup.k, "seed": setup.seed, **r,
+             "params_pct": 100.0 * r["params"] / setup.total_parameters} for r in rows]

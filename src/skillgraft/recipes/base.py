@@ -7,7 +7,9 @@ or misspelt field, or a bad value, is refused with its name before any work and 
 exists. ``run_recipe`` writes the run folder atomically (it appears only when the recipe finished), with
 ``config.json`` (the resolved spec) and ``metrics.json`` (what the function returned). Expensive stages
 (fine-tuning, localization, trained baselines) live in the :class:`~skillgraft.pipeline.Store`, so a
-re-run or another recipe on the same settings reuses them.
+re-run or another recipe on the same settings reuses them. The settings several recipes share (seeds, task
+lists, the grafts a comparison holds, OOD transfers) are the mixins here; recipe modules import only this module
+(and :mod:`skillgraft.pipeline`), never each other.
 """
 
 from __future__ import annotations
@@ -16,17 +18,21 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from skillgraft.data.spec import DataSpec
+from skillgraft.data.tasks import get_task
 from skillgraft.errors import SkillgraftError
+from skillgraft.graft.localizers import LocalizeConfig
 from skillgraft.io import atomic_dir, check_target, write_json
 from skillgraft.models.spec import ModelSpec
+from skillgraft.pipeline.ood import TransferSpec, with_limits
 from skillgraft.pipeline.report import RunDir, mean_std  # noqa: F401 - re-exported for recipes
 from skillgraft.pipeline.setup import Setup, prepare
 from skillgraft.pipeline.store import Store
+from skillgraft.pipeline.trained import BitFitSpec, RetrainSpec
 from skillgraft.spec import COUNT_MAX, Seed, Spec, read_yaml
 from skillgraft.train import FinetuneConfig
 
@@ -76,6 +82,111 @@ class OneSeedMixin(Spec):
 
     seed: Seed = Field(13, description="data seed of every task's k-shot draw")
     eval_batch_size: int = Field(64, ge=1, le=COUNT_MAX, description="batch size of test evaluation")
+
+
+def _task_names(names: list[str]) -> list[str]:
+    try:
+        return [get_task(t).name for t in names]
+    except SkillgraftError as e:
+        raise ValueError(str(e)) from None
+
+
+# Registered task names, canonicalised (``sst-2`` → ``SST-2``); an unknown name is refused at validation.
+TaskNames = Annotated[list[str], AfterValidator(_task_names)]
+
+
+def inherit_finetune(values, section: str, *, drop: tuple[str, ...] = ()):
+    """Before validation: fields of ``values[section]`` (a FinetuneConfig) left out take ``values['finetune']``'s,
+    except ``drop``."""
+    if not isinstance(values, dict):
+        return values
+    base, own = values.get("finetune") or {}, values.get(section)
+    if isinstance(base, FinetuneConfig):
+        base = base.model_dump(exclude_unset=True)
+    if not isinstance(base, dict) or not (own is None or isinstance(own, dict)):
+        return values  # a ready FinetuneConfig, or a bad value the field's validation names
+    inherited = {k: v for k, v in base.items() if k in FinetuneConfig.model_fields and k not in drop}
+    return {**values, section: {**inherited, **(own or {})}}
+
+
+def switch(v):
+    """YAML ``true`` turns an optional sub-spec on with its defaults, ``false`` off."""
+    return {} if v is True else None if v is False else v
+
+
+class GraftVariantsMixin(Spec):
+    """The models a calibration / OOD comparison holds beside FT: learned grafts, re-training, BitFit."""
+
+    localize: LocalizeConfig = Field(default_factory=LocalizeConfig, description=(
+        "the learned localizer's settings; `budgets` gives one region per budget from one localization"))
+    retrain: RetrainSpec | None = Field(None, description=(
+        "graft re-training (Table 1) of one learned region; its `finetune` fields change the recipe's "
+        "`finetune` (null: off)"))
+    bitfit: BitFitSpec | None = Field(None, description="BitFit beside the grafts (null: off)")
+
+    @field_validator("retrain", "bitfit", mode="before")
+    @classmethod
+    def _switch(cls, v):
+        return switch(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retrain_from_finetune(cls, values):
+        """``retrain.finetune`` is the recipe's ``finetune`` with the given fields changed."""
+        if not isinstance(values, dict):
+            return values
+        retrain = switch(values.get("retrain"))
+        if isinstance(retrain, dict) and (retrain.get("finetune") is None or isinstance(retrain["finetune"], dict)):
+            base = values.get("finetune") or {}
+            base = base.to_dict() if isinstance(base, Spec) else base
+            if isinstance(base, dict):
+                values = {**values, "retrain": {**retrain, "finetune": {**base, **(retrain.get("finetune") or {})}}}
+        return values
+
+    @model_validator(mode="after")
+    def _retrain_budget_is_learned(self):
+        budget = self.retrain.budget if self.retrain else None
+        if budget is not None and budget not in self.localize.budget_list:
+            raise ValueError(f"retrain.budget: {budget} is not among localize.budgets "
+                             f"{[b.label for b in self.localize.budget_list]}")
+        return self
+
+
+class TransfersMixin(Spec):
+    """Source → OOD target transfers, each over data seeds (label maps checked before any work)."""
+
+    seeds: list[Seed] = Field(default_factory=lambda: [13], min_length=1,
+                             description="data seeds → mean (std); the paper uses [13, 21, 42, 87, 100]")
+    ood_limit: int | None = Field(None, ge=1, le=COUNT_MAX, description=(
+        "each OOD set: seeded sample of N examples after label mapping (not given: test_limit; null: all); a "
+        "target's own `limit` wins"))
+    transfers: list[TransferSpec] = Field(min_length=1, description=(
+        "[{source: TASK, targets: [{task, labels: {target label: source label | null}}]}]; a bare target "
+        "name means identical label names"))
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _one_seed(cls, v):
+        return [v] if isinstance(v, int) else v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _limits(cls, values):
+        """``ood_limit`` defaults to ``test_limit``; each target's ``limit`` to ``ood_limit``."""
+        if not isinstance(values, dict):
+            return values
+        limit = values.get("ood_limit", values.get("test_limit"))
+        transfers = with_limits(values.get("transfers"), limit)
+        return {**values, "ood_limit": limit, **({"transfers": transfers} if transfers is not None else {})}
+
+    @model_validator(mode="after")
+    def _mappable(self):
+        for i, transfer in enumerate(self.transfers):
+            try:
+                transfer.check(f"transfers[{i}]")
+            except SkillgraftError as e:
+                raise ValueError(str(e)) from None
+        return self
 
 
 @dataclass(frozen=True)

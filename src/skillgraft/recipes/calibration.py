@@ -1,7 +1,7 @@
 """Calibration recipe (paper Table 1/2, Fig. 6): fine-tuned model vs grafts at several sparsities.
 
 For each task and data seed: fine-tune (from the store), learn regions at the configured budgets (the one
-regions cache, :func:`skillgraft.recipes.graft.learned_regions`), then compare pre-trained, head only, FT,
+regions cache, :func:`skillgraft.pipeline.regions.learned_regions`), then compare pre-trained, head only, FT,
 each graft, optionally graft re-training (Table 1) and BitFit on the test subset
 (:func:`skillgraft.pipeline.variants.compare`): accuracy/F1, ECE (10 equal-width bins), agreement with FT,
 share of FT, gap closed. Writes ``metrics.csv`` (one row per task × seed × model), ``summary.csv``
@@ -13,98 +13,21 @@ from __future__ import annotations
 
 import time
 
-from pydantic import Field, field_validator, model_validator
-
 from skillgraft.data import get_task
 from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram
 from skillgraft.evaluate.predict import labels_of
-from skillgraft.graft.localizers import LocalizeConfig
-from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, summary_rows
+from skillgraft.pipeline.paper_numbers import PAPER_NOTE, TABLE1_4096, TABLE2_64
+from skillgraft.pipeline.regions import model_variants
+from skillgraft.pipeline.report import RunDir, md_table, pct, setting_line
 from skillgraft.pipeline.setup import Setup
-from skillgraft.pipeline.trained import BitFitSpec, RetrainSpec, bitfit_variant, retrain_variant
-from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
-from skillgraft.recipes.base import ExperimentSpec, SeedsMixin, recipe
-from skillgraft.recipes.graft import learned_regions
-from skillgraft.recipes.paper_numbers import PAPER_NOTE, TABLE1_4096, TABLE2_64
-from skillgraft.spec import Spec
+from skillgraft.pipeline.variants import Variant, compare, rows_of
+from skillgraft.recipes.base import ExperimentSpec, GraftVariantsMixin, SeedsMixin, recipe
 
 METRICS = ["score", "accuracy", "ece", "agreement", "mean_confidence"]
 
 
-def switch(v):
-    """YAML ``true`` turns an optional sub-spec on with its defaults, ``false`` off."""
-    return {} if v is True else None if v is False else v
-
-
-class GraftVariantsMixin(Spec):
-    """The models a calibration / OOD comparison holds beside FT: learned grafts, re-training, BitFit."""
-
-    localize: LocalizeConfig = Field(default_factory=LocalizeConfig, description=(
-        "the learned localizer's settings; `budgets` gives one region per budget from one localization"))
-    retrain: RetrainSpec | None = Field(None, description=(
-        "graft re-training (Table 1) of one learned region; its `finetune` fields change the recipe's "
-        "`finetune` (null: off)"))
-    bitfit: BitFitSpec | None = Field(None, description="BitFit beside the grafts (null: off)")
-
-    @field_validator("retrain", "bitfit", mode="before")
-    @classmethod
-    def _switch(cls, v):
-        return switch(v)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _retrain_from_finetune(cls, values):
-        """``retrain.finetune`` is the recipe's ``finetune`` with the given fields changed."""
-        if not isinstance(values, dict):
-            return values
-        retrain = switch(values.get("retrain"))
-        if isinstance(retrain, dict) and (retrain.get("finetune") is None or isinstance(retrain["finetune"], dict)):
-            base = values.get("finetune") or {}
-            base = base.to_dict() if isinstance(base, Spec) else base
-            if isinstance(base, dict):
-                values = {**values, "retrain": {**retrain, "finetune": {**base, **(retrain.get("finetune") or {})}}}
-        return values
-
-    @model_validator(mode="after")
-    def _retrain_budget_is_learned(self):
-        budget = self.retrain.budget if self.retrain else None
-        if budget is not None and budget not in self.localize.budget_list:
-            raise ValueError(f"retrain.budget: {budget} is not among localize.budgets "
-                             f"{[b.label for b in self.localize.budget_list]}")
-        return self
-
-
 class CalibrationSpec(ExperimentSpec, SeedsMixin, GraftVariantsMixin):
     """Calibration of grafts vs FT (paper Table 1/2, Fig. 6)."""
-
-
-def model_variants(setup: Setup, spec: GraftVariantsMixin, run: RunDir) -> tuple[list[Variant], dict]:
-    """pre, head only, FT, learned grafts, and (if configured) re-trained graft and BitFit; + the
-    localization summary."""
-    regions, summary = learned_regions(setup, run.store, "learned", spec.localize, progress=spec.progress)
-    variants = base_variants(setup) + [graft_variant(setup, region, budget, {"budget": budget.key})
-                                       for budget, region in regions.items()]
-    if spec.retrain:
-        key = spec.retrain.budget or next(iter(regions))
-        label = "graft re-training" if key.rounding else f"graft re-training {key.label}"
-        variants.append(retrain_variant(setup, run.store, regions[key], spec.retrain.finetune, label=label,
-                                        budget=key.fraction))
-    if spec.bitfit:
-        variants.append(bitfit_variant(setup, run.store, spec.bitfit.finetune))
-    return variants, summary
-
-
-def rows_of(setup: Setup, rows: list[dict], **extra) -> list[dict]:
-    """``compare`` rows with the draw they belong to and params as % of all model parameters."""
-    return [{**extra, "task": setup.task, "k": setup.k, "seed": setup.seed, **r,
-             "params_pct": 100.0 * r["params"] / setup.total_parameters} for r in rows]
-
-
-def setting_line(spec: ExperimentSpec, extra: str = "") -> str:
-    """One sentence of the report: model, k, seeds, test subset."""
-    model = spec.model or "bundled all-MiniLM-L6-v2"
-    return (f"Model {model} ({spec.mode} mode), k={spec.k} per label, data seeds {spec.seeds}, test subset "
-            f"{spec.test_limit or 'full'} examples (seeded sample)" + (f", {extra}" if extra else "") + ".")
 
 
 @recipe("calibration", CalibrationSpec)
@@ -126,10 +49,7 @@ def calibration(spec: CalibrationSpec, run: RunDir) -> dict:
         e = ft_ece.get((r["task"], r["seed"]))
         r["ece_reduction"] = (1 - r["ece"] / e) if e else None
     columns = METRICS + ["ece_reduction", "params", "params_pct"]
-    agg = aggregate(rows, ["task", "model", "kind"], columns)
-    summary = summary_rows(agg, columns)
-    run.csv("metrics.csv", rows)
-    run.csv("summary.csv", summary)
+    agg, summary = run.seed_tables("metrics.csv", rows, ["task", "model", "kind"], columns)
     run.report(_report(spec, agg, timings))
     return {"rows": rows, "summary": summary, "timings": timings}
 

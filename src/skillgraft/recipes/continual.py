@@ -6,9 +6,12 @@ Tasks arrive in order (paper: QNLI → AG News → SST-2). Three ways to learn t
 * **naive continual FT** — one body fine-tuned on each task in turn (a new head per task); after the
   last task, every task is evaluated with its head on the final body (catastrophic forgetting).
 * **grafting continual** — γ_t learned from the single-task model (the store's regions,
-  :func:`skillgraft.recipes.graft.learned_regions`); task t_n trains only γ_{t_n} \\ ∪_{i<n} γ_{t_i} (+ its
-  head) and is inferred with ∪_{i≤n} γ_{t_i} (:class:`skillgraft.continual.ContinualLearner`, state saved
-  under ``state/`` in the run folder).
+  :func:`skillgraft.pipeline.regions.learned_regions`); task t_n trains only γ_{t_n} \\ ∪_{i<n} γ_{t_i} (+ its
+  head) and is inferred with ∪_{i≤n} γ_{t_i} (:class:`skillgraft.pipeline.continual.ContinualLearner`, state
+  saved under ``state/`` in the run folder).
+
+Every stage is in the store: each task's fine-tuning and region (the same entries as every other recipe's), and
+each step of both continual methods (:mod:`skillgraft.pipeline.continual`), so an interrupted run resumes.
 """
 
 from __future__ import annotations
@@ -18,15 +21,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from skillgraft.continual import ContinualLearner
 from skillgraft.evaluate.predict import evaluate
-from skillgraft.graft import Graft, LocalizeConfig
+from skillgraft.graft import LocalizeConfig
+from skillgraft.pipeline.continual import grafting_steps, naive_steps, task_region
 from skillgraft.pipeline.report import RunDir, md_table
-from skillgraft.recipes.base import ExperimentSpec, OneSeedMixin, recipe
-from skillgraft.recipes.graft import learned_regions
-from skillgraft.recipes.multitask import TaskNames, inherit_finetune
+from skillgraft.recipes.base import ExperimentSpec, OneSeedMixin, TaskNames, inherit_finetune, recipe
 from skillgraft.train import FinetuneConfig
-from skillgraft.train.multitask import MultiTaskScorer, multitask_finetune
 
 PAPER_TABLE4 = {"FT": {"QNLI": "88.0 (0.8)", "ag_news": "93.1 (0.1)", "SST-2": "92.1 (0.1)"},
                 "ContinualFT": {"QNLI": "67.5 (5.3)", "ag_news": "87.6 (2.5)", "SST-2": "92.0 (0.5)"},
@@ -72,36 +72,29 @@ def continual(spec: ContinualSpec, run: RunDir) -> dict:
         setup = spec.setup(run, t, seed)
         data[t] = setup.data
         single[t] = evaluate(setup.ft, setup.test, batch_size=batch)[0]["score"]
-        found, summary = learned_regions(setup, run.store, "learned", spec.localize, progress=progress)
-        regions[t] = next(iter(found.values()))
-        grafts[t] = Graft.from_models(setup.pre, setup.ft, regions[t], {"task": t})
-        region_info[t] = {"size": len(regions[t]), "localize_seconds": summary.get("seconds")}
+        regions[t], grafts[t], region_info[t] = task_region(setup, run.store, spec.localize, progress=progress)
         del setup
     test = {t: d.test for t, d in data.items()}
     timings["single_task_ft_and_regions"] = time.perf_counter() - t0
 
-    # naive continual FT: one body, tasks in order, a head per task
-    t0 = time.perf_counter()
-    naive = MultiTaskScorer.build(spec.model, tasks[:1], spec.mode, pooling=spec.pooling, max_length=spec.max_length,
-                                  head_seed=cont_cfg.seed)
+    # each step of both continual methods is a store entry (keyed by every step up to it): a re-run resumes
+    model, draws = spec.model_spec(), [spec.data_spec(t, seed) for t in tasks]
+    t0 = time.perf_counter()  # naive continual FT: one body, tasks in order, a head per task
     naive_right_after = {}
-    for n, t in enumerate(tasks):
-        if n:
-            naive.add_task(t, head_seed=cont_cfg.seed)
-        multitask_finetune(naive, {t: (data[t].train, data[t].dev)}, ft_cfg, progress=progress)
+    for t, naive in zip(tasks, naive_steps(run.store, model, draws, data, ft_cfg, head_seed=cont_cfg.seed,
+                                           progress=progress)):
         naive_right_after[t] = evaluate(naive[t], test[t], batch_size=batch)[0]["score"]
     naive_final = {t: evaluate(naive[t], test[t], batch_size=batch)[0]["score"] for t in tasks}
     del naive
     timings["naive_continual"] = time.perf_counter() - t0
 
-    # grafting continual
-    t0 = time.perf_counter()
-    learner = ContinualLearner.create(spec.model, spec.mode, pooling=spec.pooling, max_length=spec.max_length)
+    t0 = time.perf_counter()  # grafting continual
     graft_right_after, entries = {}, []
-    for t in tasks:
-        entry = learner.add_task(t, regions[t], data[t].train, data[t].dev, cont_cfg,
-                                 init=grafts[t] if spec.init == "graft" else None, progress=progress,
-                                 info={"k": spec.k, "seed": seed})
+    region_key = {"finetune": ft_cfg.to_dict(), "localizer": "learned", "localize": spec.localize.to_dict()}
+    for t, (learner, entry) in zip(tasks, grafting_steps(run.store, model, draws, data, regions, cont_cfg,
+                                                         region_key=region_key,
+                                                         init=grafts if spec.init == "graft" else None,
+                                                         progress=progress)):
         graft_right_after[t] = learner.evaluate(t, test[t], batch_size=batch)[0]["score"]
         entries.append(entry)
     graft_final = {t: learner.evaluate(t, test[t], batch_size=batch)[0]["score"] for t in tasks}

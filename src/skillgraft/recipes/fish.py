@@ -9,7 +9,7 @@ Region analyses: per layer × module type heatmaps of the learned (and FISH) reg
 (share of each cell's parameters in the region); and tracking — one fine-tuning run with checkpoints,
 a region learned on the checkpoint at ``learn_at``, grafted with the values of earlier/later checkpoints.
 
-Fine-tuning, learned and FISH regions (the one regions cache, :func:`skillgraft.recipes.graft.learned_regions`)
+Fine-tuning, learned and FISH regions (the one regions cache, :func:`skillgraft.pipeline.regions.learned_regions`)
 and the tracking rows (kind ``fish-tracking``) live in the store. Writes ``fish.csv`` (one row per task ×
 seed × sparsity), ``summary.csv``, ``heatmap.png``, ``tracking.csv``, ``tracking.png`` and ``report.md``.
 """
@@ -34,11 +34,11 @@ from skillgraft.graft.inspect import kind_of
 from skillgraft.graft.scoring import evaluate_graft
 from skillgraft.io import read_json, write_json
 from skillgraft.models import param_groups
-from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, summary_rows
+from skillgraft.pipeline.regions import learned_regions
+from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, setting_line
+from skillgraft.pipeline.store import draw_key
 from skillgraft.pipeline.variants import base_variants, compare, graft_variant
 from skillgraft.recipes.base import ExperimentSpec, SeedsMixin, recipe
-from skillgraft.recipes.graft import learned_regions
-from skillgraft.recipes.surgical import draw_key, setting_line
 from skillgraft.spec import COUNT_MAX, Seed, Spec
 from skillgraft.train import Snapshots, finetune
 
@@ -144,10 +144,7 @@ def fish(spec: FishSpec, run: RunDir) -> dict:
                     regions_for_maps[f"{setup.task} FISH"] = (setup.pre, fish_r)
             timings.append({"task": setup.task, "seed": seed, "localize_seconds": round(t_loc, 1),
                             "fisher_seconds": round(t_fish, 1), "finetune_seconds": round(setup.ft_seconds, 1)})
-    agg = aggregate(rows, ["task", "sparsity"], METRICS)
-    summary = summary_rows(agg, METRICS)
-    run.csv("fish.csv", rows)
-    run.csv("summary.csv", summary)
+    agg, summary = run.seed_tables("fish.csv", rows, ["task", "sparsity"], METRICS)
     maps = {}
     if regions_for_maps:
         maps = plot_heatmaps(regions_for_maps, run.file("heatmap.png"))
@@ -271,7 +268,7 @@ def report(spec: FishSpec, agg: list[dict], base_rows: list[dict], maps: dict, t
            timings: list[dict]) -> str:
     fcfg = spec.fisher
     lines = ["# FISH vs learned vs random regions (Table 8) and region analyses (Figs. 9, 10, 15)", "",
-             setting_line(spec, spec.seeds, f"FISH = top {fcfg.kind} Fisher of θ_pre over "
+             setting_line(spec, f"FISH = top {fcfg.kind} Fisher of θ_pre over "
                                             f"{fcfg.n_examples or 'all'} training examples (head: {spec.fish_head})"),
              "",
              "All three regions of a row have exactly the same size (the learned region's, an exact budget by "

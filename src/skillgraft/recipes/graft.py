@@ -1,4 +1,5 @@
-"""The grafting report (``skillgraft graft``, ``make demo``): learn regions, compare them, write report.md.
+"""The grafting report (``skillgraft graft``, ``make demo``: the ``graft`` recipe with :data:`DEMO`): learn regions,
+compare them, write report.md.
 
 For one fine-tuned model (a :class:`~skillgraft.pipeline.setup.Setup`) a localizer from the registry
 (default ``learned``, paper Eq. 3–4: one trajectory, a region per budget) gives regions; every graft is
@@ -12,6 +13,7 @@ re-run only re-scores.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -22,14 +24,14 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram, save_figure
 from skillgraft.evaluate.predict import labels_of
 from skillgraft.graft.localizers import LocalizeConfig, get_localizer
-from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget, region_universe
-from skillgraft.io import read_json, write_json
+from skillgraft.pipeline.regions import learned_regions, localizer_options
 from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant, score_ft_first
-from skillgraft.recipes.base import ExperimentSpec, recipe
+from skillgraft.recipes.base import RECIPES, ExperimentSpec, recipe, run_spec
 from skillgraft.spec import SEED_MAX, Spec
+from skillgraft.train import FinetuneConfig
 
 # Report names of the baseline localizers (kept from the reports in bench/RESULTS.md).
 BASELINE_LABELS = {"movement": "top-movement", "random": "random", "bias": "bias-only"}
@@ -44,26 +46,6 @@ class ReportSpec(Spec):
     baselines: list[str] = Field(default_factory=lambda: ["movement", "random", "bias"],
                                  description="matched-size baseline localizers (empty: none)")
     lottery_zero: bool = Field(True, description="also score each graft with zeros outside γ (lottery ticket)")
-
-
-def localizer_options(localizer: str, localize: Spec | dict | None, *, build=None) -> Spec:
-    """The options of ``localizer``: its own defaults, overridden only by the fields the user set.
-
-    ``localize`` may be the localizer's own options, a dict, or another localizer's options spec (the CLI and
-    the recipes' ``localize`` section): only its *explicitly set* fields (``model_fields_set``) carry over, so
-    ``--localizer prune`` never runs with the learned localizer's lr or steps. A set field the chosen
-    localizer does not have is refused by name. ``build(OptionsClass, values)`` validates (the CLI passes one
-    whose errors name ``--options``).
-    """
-    loc = get_localizer(localizer)
-    if localize is None or isinstance(localize, loc.Options):
-        return loc.options(localize)
-    given = dict(localize) if isinstance(localize, dict) else localize.given()
-    foreign = sorted(k for k in given if k not in loc.Options.model_fields)
-    if foreign:
-        raise SkillgraftError(f"localizer {localizer!r} has no option {', '.join(foreign)}; its options: "
-                              f"{', '.join(loc.Options.model_fields)}")
-    return build(loc.Options, given) if build is not None else loc.options(given)
 
 
 def releases_ft(report: ReportSpec, keep=None, frontier=None) -> bool:
@@ -81,41 +63,13 @@ def baseline_options(name: str, graftable: str, seed: int) -> dict:
     return {"graftable": graftable, **({"seed": seed} if name == "random" else {})}
 
 
-def learned_regions(setup: Setup, store, localizer: str, options: Spec, *,
-                    progress: bool = False) -> tuple[dict[Budget, Region], dict]:
-    """Regions of ``localizer`` for ``setup`` (one per budget) and its summary: THE regions cache.
-
-    The store key covers the fine-tuned model, the data (content digest), the localizer and its resolved
-    options; a finished entry is reused, an interrupted one never is.
-    """
-    loc = get_localizer(localizer)
-    options = loc.options(options)
-    key = {"setup": setup.identity(), "localizer": localizer, "options": options.to_dict()}
-    holder: dict = {}
-
-    def make(folder: Path) -> None:
-        t0 = time.perf_counter()
-        result = loc.run(setup.pre, setup.ft, setup.data, options, progress=progress)
-        for budget, region in result.regions.items():
-            region.save(folder / budget.key)
-        summary = {**result.summary, "budgets": [b.key for b in result.regions],
-                   "seconds": time.perf_counter() - t0}
-        write_json(folder / "summary.json", summary)
-        holder["regions"] = result.regions
-
-    entry = store.fetch("regions", key, make, label=f"{setup.task}-{setup.k}-{setup.seed}-{localizer}")
-    summary = read_json(entry / "summary.json", required=("budgets",), what="stored regions summary")
-    regions = holder.get("regions") or {Budget.parse(b): Region.load(entry / b) for b in summary["budgets"]}
-    return regions, summary
-
-
 def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, options: Spec | dict | None = None,
                  *, progress: bool = True, keep=None, frontier=None) -> dict:
     """Learn regions for ``setup`` and compare them (see the module doc); returns the metrics.
 
     ``keep`` (a :class:`~skillgraft.graft.keep.KeepSpec` with targets) adds the smallest graft reaching each share
-    of FT (:mod:`skillgraft.recipes.keep`; without budgets, only those); ``frontier`` (a
-    :class:`~skillgraft.recipes.frontier.FrontierSpec` with ``frontier`` on) adds the share-vs-density frontier."""
+    of FT (:mod:`skillgraft.pipeline.keep`; without budgets, only those); ``frontier`` (a
+    :class:`~skillgraft.pipeline.frontier.FrontierSpec` with ``frontier`` on) adds the share-vs-density frontier."""
     report = report or ReportSpec()
     options = localizer_options(report.localizer, options)
     for name in report.baselines:
@@ -129,7 +83,7 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
     variants: list[Variant] = base_variants(setup)
     kept: list[Variant] = []
     if keep is not None and keep.keep:
-        from skillgraft.recipes.keep import keep_variants  # noqa: PLC0415
+        from skillgraft.pipeline.keep import keep_variants  # noqa: PLC0415
 
         kept, keep_summary = keep_variants(setup, run.store, report.localizer, options, keep, progress=progress)
         variants += kept
@@ -171,11 +125,11 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
                "localizer": report.localizer, "localization": summary,
                "carried_parameters": head_only.graft.carried_size if head_only else 0, "rows": rows}
     if kept:
-        from skillgraft.recipes.keep import keep_section  # noqa: PLC0415
+        from skillgraft.pipeline.keep import keep_section  # noqa: PLC0415
 
         metrics["keep"] = keep_section(keep_summary, rows)
     if frontier is not None and frontier.frontier:
-        from skillgraft.recipes.frontier import frontier_report  # noqa: PLC0415
+        from skillgraft.pipeline.frontier import frontier_report  # noqa: PLC0415
 
         metrics["frontier"] = frontier_report(setup, run, frontier, report.localizer, options, keep,
                                               progress=progress)
@@ -261,11 +215,11 @@ def report_markdown(metrics: dict) -> str:
               "![confidence](confidence.png)", "", "![reliability](reliability.png)", "",
               "![accuracy vs size](accuracy_vs_size.png)", ""]
     if metrics.get("keep"):
-        from skillgraft.recipes.keep import keep_markdown  # noqa: PLC0415
+        from skillgraft.pipeline.keep import keep_markdown  # noqa: PLC0415
 
         lines += keep_markdown(metrics["keep"])
     if metrics.get("frontier"):
-        from skillgraft.recipes.frontier import frontier_markdown  # noqa: PLC0415
+        from skillgraft.pipeline.frontier import frontier_markdown  # noqa: PLC0415
 
         lines += frontier_markdown(metrics["frontier"])
     return "\n".join(lines)
@@ -304,6 +258,23 @@ def graft_recipe(spec: GraftRecipeSpec, run: RunDir) -> dict:
              f"evaluation {t2 - t1:.0f} s.\n")
     run.report(text)
     return metrics
+
+# ---------------------------------------------------------------------------------------------- the demo
+# The main job (``make demo``): MiniLM, SST-2 64-shot → fine-tune → grafts at 3 sizes → report. Its stages live in
+# the store (``runs/cache`` by default): a second run finds the fine-tuned model and the regions there and only
+# re-scores and re-writes the report, which replaces ``runs/demo`` whole when complete.
+DEMO = GraftRecipeSpec(
+    recipe="graft", task="SST-2", k=64, seed=42, progress=True,
+    finetune=FinetuneConfig(optimizer="sgd", lr=0.1, batch_size=8, steps=400, eval_every=100),
+    localize=LocalizeConfig(sparsity=1e-4, steps=50, budgets=[1e-4, 3e-4, 1e-3], eval_every=10),
+)
+
+
+def run_demo(out: str | os.PathLike = "runs/demo", *, seed: int = 42, data_dir: str | os.PathLike | None = None,
+             cache: str | os.PathLike | None = None) -> Path:
+    """Run (or resume) the demo; returns the path of ``report.md``."""
+    spec = DEMO.replace(seed=seed, data_dir=data_dir)
+    return run_spec(RECIPES["graft"], spec, out, cache=cache, overwrite=True) / "report.md"
 
 
 # ---------------------------------------------------------------------------------------------- sweep

@@ -266,7 +266,7 @@ def open_setup(pretrained: str, m: ModelInput, spec: MergeSpec) -> Setup:
 def task_graft(setup: Setup, m: ModelInput, spec: MergeSpec, options: Spec, store) -> Graft:
     """The task's graft: the given one, or its region localized at ``spec.budget`` by ``spec.localizer`` with
     ``options`` (its own options spec; from the store when done)."""
-    from skillgraft.recipes.graft import learned_regions  # noqa: PLC0415
+    from skillgraft.pipeline.regions import learned_regions  # noqa: PLC0415
 
     if m.graft is not None:
         g = Graft.from_pretrained(m.graft)
@@ -445,7 +445,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     import contextlib  # noqa: PLC0415
 
     from skillgraft.pipeline.store import Store  # noqa: PLC0415
-    from skillgraft.recipes.graft import localizer_options  # noqa: PLC0415
+    from skillgraft.pipeline.regions import localizer_options  # noqa: PLC0415
 
     out = check_target(out, overwrite)
     localize = localizer_options(spec.localizer, localize)  # an unknown name or option fails before any work

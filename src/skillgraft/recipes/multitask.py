@@ -11,7 +11,7 @@
    steps from γ_base = γ_G on the joint loss Σ_{i∈G} L_i.
 
 The multi-task model (kind ``multitask``) and the task regions (the one regions cache,
-:func:`skillgraft.recipes.graft.learned_regions`) live in the store, keyed by the resolved specs.
+:func:`skillgraft.pipeline.regions.learned_regions`) live in the store, keyed by the resolved specs.
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import Field, model_validator
 
-from skillgraft.data.tasks import get_task
-from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.plots import save_figure
 from skillgraft.evaluate.predict import evaluate
 from skillgraft.graft import Graft, LocalizeConfig, Region, localize
@@ -33,37 +31,12 @@ from skillgraft.graft.selection import region_universe
 from skillgraft.io import read_json, write_json
 from skillgraft.pipeline.report import RunDir, md_table
 from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.regions import learned_regions
 from skillgraft.pipeline.store import data_digest, model_digest
-from skillgraft.recipes.base import ExperimentSpec, OneSeedMixin, recipe
-from skillgraft.recipes.graft import learned_regions
+from skillgraft.recipes.base import ExperimentSpec, OneSeedMixin, TaskNames, inherit_finetune, recipe
 from skillgraft.spec import COUNT_MAX, Spec
 from skillgraft.train import FinetuneConfig
 from skillgraft.train.multitask import JointScorer, MultiTaskScorer, multitask_finetune, tag
-
-
-def _task_names(names: list[str]) -> list[str]:
-    try:
-        return [get_task(t).name for t in names]
-    except SkillgraftError as e:
-        raise ValueError(str(e)) from None
-
-
-# Registered task names, canonicalised (``sst-2`` → ``SST-2``); an unknown name is refused at validation.
-TaskNames = Annotated[list[str], AfterValidator(_task_names)]
-
-
-def inherit_finetune(values, section: str, *, drop: tuple[str, ...] = ()):
-    """Before validation: fields of ``values[section]`` (a FinetuneConfig) left out take ``values['finetune']``'s,
-    except ``drop``."""
-    if not isinstance(values, dict):
-        return values
-    base, own = values.get("finetune") or {}, values.get(section)
-    if isinstance(base, FinetuneConfig):
-        base = base.model_dump(exclude_unset=True)
-    if not isinstance(base, dict) or not (own is None or isinstance(own, dict)):
-        return values  # a ready FinetuneConfig, or a bad value the field's validation names
-    inherited = {k: v for k, v in base.items() if k in FinetuneConfig.model_fields and k not in drop}
-    return {**values, section: {**inherited, **(own or {})}}
 
 
 class PurifySpec(Spec):

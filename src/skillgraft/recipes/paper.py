@@ -2,7 +2,7 @@
 
 For each task and data seed: fine-tune with LM-BFF templates and label words (prompt mode, no new head; from
 the store), learn regions with every configured localizer at ``budgets`` (the one regions cache,
-:func:`skillgraft.recipes.graft.learned_regions`), and score pre-trained, FT and every graft on the test subset
+:func:`skillgraft.pipeline.regions.learned_regions`), and score pre-trained, FT and every graft on the test subset
 (:func:`skillgraft.pipeline.variants.compare`): accuracy (F1 for MRPC/QQP), ECE, agreement with FT, share of FT
 and gap closed — from the pre-trained model in prompt mode (there is no head-only model), from head only in head
 mode. The rows of each (task, seed) are stored too, so an interrupted run resumes where it stopped.
@@ -37,13 +37,13 @@ from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.selection import Budget
 from skillgraft.io import read_json, write_json
 from skillgraft.pipeline.ood import TargetSpec, TransferSpec, ood_examples, with_limits
-from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, summary_rows
+from skillgraft.pipeline.paper_numbers import PAPER_NOTE, TABLE2_64, TABLE3_4096, TABLE7_4096, TABLE7_COLUMNS
+from skillgraft.pipeline.regions import learned_regions
+from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.store import data_digest
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
 from skillgraft.recipes.base import ExperimentSpec, SeedsMixin, recipe
-from skillgraft.recipes.graft import learned_regions
-from skillgraft.recipes.paper_numbers import PAPER_NOTE, TABLE2_64, TABLE3_4096, TABLE7_4096, TABLE7_COLUMNS
 from skillgraft.spec import COUNT_MAX, Seed, Spec
 from skillgraft.train import FinetuneConfig
 
@@ -307,10 +307,9 @@ def paper(spec: PaperSpec, run: RunDir) -> dict:
                     timings.append(timing)
                 tuned += [{"finetune": label, "optimizer": config.optimizer, "lr": config.lr, "l1": config.l1, **r}
                           for r in found if r.get("localizer") in (None, ref.title)]
-    agg = aggregate(rows, ["task", "model", "kind", "localizer", "budget"], METRICS + ["params"])
+    agg, _ = run.seed_tables("metrics.csv", rows, ["task", "model", "kind", "localizer", "budget"],
+                             METRICS + ["params"])
     table = localizer_table(spec, rows)
-    run.csv("metrics.csv", rows)
-    run.csv("summary.csv", summary_rows(agg, METRICS + ["params"]))
     run.csv("localizers.csv", table)
     if oods:
         run.csv("ood.csv", oods)

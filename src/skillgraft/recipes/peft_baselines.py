@@ -15,16 +15,15 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 
 from skillgraft.graft.localizers import LocalizeConfig
+from skillgraft.pipeline.paper_numbers import TABLE6_4096
+from skillgraft.pipeline.regions import learned_grafts
 from skillgraft.pipeline.report import RunDir
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.trained import (IA3_FINETUNE, LORA_FINETUNE, BitFitSpec, adapter_variant, bitfit_variant,
                                          with_defaults)
-from skillgraft.pipeline.variants import Variant, base_variants, graft_variant
-from skillgraft.recipes.base import ExperimentSpec, recipe
-from skillgraft.recipes.calibration import switch
-from skillgraft.recipes.graft import learned_regions
-from skillgraft.recipes.ood import TransfersMixin, paper_ood_lines, run_transfers
-from skillgraft.recipes.paper_numbers import TABLE6_4096
+from skillgraft.pipeline.transfers import paper_ood_lines, run_transfers
+from skillgraft.pipeline.variants import Variant
+from skillgraft.recipes.base import ExperimentSpec, TransfersMixin, recipe, switch
 from skillgraft.spec import COUNT_MAX
 from skillgraft.train import FinetuneConfig
 from skillgraft.train.adapters import AdapterConfig
@@ -73,9 +72,7 @@ class PeftSpec(ExperimentSpec, TransfersMixin):
 
 
 def peft_variants(setup: Setup, spec: PeftSpec, run: RunDir) -> list[Variant]:
-    regions, _ = learned_regions(setup, run.store, "learned", spec.localize, progress=spec.progress)
-    variants = base_variants(setup) + [graft_variant(setup, region, budget, {"budget": budget.key})
-                                       for budget, region in regions.items()]
+    variants, _, _ = learned_grafts(setup, run.store, spec.localize, progress=spec.progress)
     if spec.bitfit:
         variants.append(bitfit_variant(setup, run.store, spec.bitfit.finetune))
     for r in spec.lora_ranks:

@@ -24,7 +24,6 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field
 
-from skillgraft.data.spec import DataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.plots import save_figure
 from skillgraft.evaluate.predict import evaluate
@@ -32,9 +31,8 @@ from skillgraft.fisher import FisherConfig, block_names, fim_layer_scores, ranki
 from skillgraft.fisher.plots import layer_scores_bar
 from skillgraft.io import read_json, write_json
 from skillgraft.models.anatomy import is_carried
-from skillgraft.models.spec import ModelSpec
-from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, summary_rows
-from skillgraft.pipeline.store import Store, data_digest, model_digest
+from skillgraft.pipeline.report import RunDir, md_table, pct, setting_line
+from skillgraft.pipeline.store import Store, draw_key
 from skillgraft.recipes.base import ExperimentSpec, SeedsMixin, recipe
 from skillgraft.spec import COUNT_MAX
 from skillgraft.train import AutoRGN, FinetuneConfig, Snapshots, finetune
@@ -60,19 +58,6 @@ class SurgicalSpec(ExperimentSpec, SeedsMixin):
     fisher_normalize: bool = Field(False, description="divide each block's score by its parameter count")
     stability_steps: list[Annotated[int, Field(ge=0, le=COUNT_MAX)]] = Field(default_factory=list, description=(
         "FIM ranking recomputed on these checkpoints of one full FT run of the first task and seed (empty: none)"))
-
-
-def draw_key(model: ModelSpec, data: DataSpec) -> dict:
-    """What determines a run from θ_pre on one k-shot draw: model + its identity, data spec + file digest."""
-    return {"model": model.to_dict(), "model_digest": model_digest(model.model),
-            "data": data.to_dict() | {"data_dir": None}, "data_digest": data_digest(data.task, data.data_dir)}
-
-
-def setting_line(spec: ExperimentSpec, seeds: list[int], extra: str = "") -> str:
-    """One sentence: model, mode, k, seeds, test subset (+ ``extra``), for a report's header."""
-    model = spec.model or "bundled all-MiniLM-L6-v2"
-    return (f"Model {model} ({spec.mode} mode), k={spec.k} per label, data seeds {seeds}, test subset "
-            f"{spec.test_limit or 'full'} examples (seeded sample)" + (f", {extra}" if extra else "") + ".")
 
 
 def selections(methods: list[str], layers_k: list[int], scores, n_blocks: int,
@@ -144,10 +129,7 @@ def surgical(spec: SurgicalSpec, run: RunDir) -> dict:
                             "train_seconds": sum(r["train_seconds"] for r in rows if r["task"] == data.task.name
                                                  and r["seed"] == seed)})
     stability = stability_rows(spec, run) if spec.stability_steps else []
-    agg = aggregate(rows, ["task", "method"], METRICS)
-    summary = summary_rows(agg, METRICS)
-    run.csv("results.csv", rows)
-    run.csv("summary.csv", summary)
+    agg, summary = run.seed_tables("results.csv", rows, ["task", "method"], METRICS)
     run.csv("fim.csv", [{**r, "ranking": " ".join(map(str, r["ranking"])),
                          "scores": " ".join(f"{s:.4g}" for s in r["scores"])} for r in fim_rows])
     if stability:
@@ -211,7 +193,7 @@ def report(spec: SurgicalSpec, agg: list[dict], fim_rows: list[dict], stability:
            timings: list[dict]) -> str:
     ft = spec.finetune
     lines = ["# Surgical fine-tuning by FIM score", "",
-             setting_line(spec, spec.seeds, f"fine-tuning {ft.optimizer} lr {ft.lr} for {ft.steps or 'default'} "
+             setting_line(spec, f"fine-tuning {ft.optimizer} lr {ft.lr} for {ft.steps or 'default'} "
                                             f"steps, Fisher {spec.fisher.kind} over {spec.fisher.n_examples or 'all'} "
                                             "training examples"),
              "",

@@ -20,13 +20,12 @@ from skillgraft.graft.interpolate import interpolate
 from skillgraft.graft.localizers import LocalizeConfig
 from skillgraft.graft.selection import Budget
 from skillgraft.io import atomic_path
-from skillgraft.pipeline.report import RunDir, md_table
+from skillgraft.pipeline.paper_numbers import FIG7_NLI_OPTIMA, PAPER_NOTE
+from skillgraft.pipeline.regions import learned_regions
+from skillgraft.pipeline.report import RunDir, md_table, setting_line
+from skillgraft.pipeline.transfers import transfer_setups
 from skillgraft.pipeline.variants import graft_label, graft_variant
-from skillgraft.recipes.base import ExperimentSpec, recipe
-from skillgraft.recipes.calibration import setting_line
-from skillgraft.recipes.graft import learned_regions
-from skillgraft.recipes.ood import TransfersMixin, transfer_setups
-from skillgraft.recipes.paper_numbers import FIG7_NLI_OPTIMA, PAPER_NOTE
+from skillgraft.recipes.base import ExperimentSpec, TransfersMixin, recipe
 
 
 class WiseSpec(ExperimentSpec, TransfersMixin):

@@ -18,6 +18,12 @@ The state is a folder a user can read and extend (``skillgraft continual add --s
     model/                   the current body + one head per task (MultiTaskScorer format)
     regions/<n>-<task>/      γ_{t_n}                      (Region: region.json + region.safetensors)
     owned/<n>-<task>/        γ_{t_n} \\ ∪_{i<n} γ_{t_i}    (the coordinates task n trained and owns)
+
+Every stage goes through the :class:`~skillgraft.pipeline.store.Store`: γ_t is the store's regions stage
+(:func:`~skillgraft.pipeline.regions.learned_regions`) of the store's single-task fine-tuning
+(:func:`~skillgraft.pipeline.setup.prepare`), and in a recipe each continual step — the state after tasks
+t_1 … t_n, grafting (:func:`grafting_steps`) or naive sequential FT (:func:`naive_steps`) — is a store entry keyed
+by the resolved specs of every step up to n, so an interrupted run resumes after its last finished step.
 """
 
 from __future__ import annotations
@@ -29,14 +35,22 @@ from pathlib import Path
 
 import torch
 
+from collections.abc import Iterator
+
 from skillgraft.data.loading import Example
+from skillgraft.data.sampling import FewShotData
+from skillgraft.data.spec import DataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
-from skillgraft.models.anatomy import fingerprint, graftable_names
 from skillgraft.graft.region import Region
 from skillgraft.io import atomic_dir, read_json
+from skillgraft.models.anatomy import fingerprint, graftable_names
+from skillgraft.models.spec import ModelSpec
+from skillgraft.pipeline.regions import learned_regions
+from skillgraft.pipeline.setup import Setup, prepare
+from skillgraft.pipeline.store import Store, draw_key
 from skillgraft.train.finetune import FinetuneConfig
-from skillgraft.train.multitask import MultiTaskScorer, finetune_region
+from skillgraft.train.multitask import MultiTaskScorer, finetune_region, multitask_finetune
 
 STATE_FILE = "continual.json"
 
@@ -219,43 +233,104 @@ def _copy_graft_values(view, graft: Graft, region: Region) -> None:
             params[name].detach().copy_(t)
 
 
-def task_region(task: str, train: list[Example], dev: list[Example] | None, *, model: str | None = None,
-                mode: str = "head", finetune_config: FinetuneConfig | None = None, localize_config=None,
-                progress: bool = True) -> tuple[Region, Graft, dict]:
-    """γ_t from an independent single-task run: fine-tune a fresh model on ``task``, then localize."""
-    from skillgraft.graft.localizers import LocalizeConfig, localize  # noqa: PLC0415
-    from skillgraft.models.scorer import build_scorer  # noqa: PLC0415
-    from skillgraft.train.finetune import finetune  # noqa: PLC0415
+def task_region(setup: Setup, store: Store, localize=None, *, progress: bool = False) -> tuple[Region, Graft, dict]:
+    """γ_t from the independent single-task run ``setup`` (the store's fine-tuning): the learned localizer's first
+    region (the store's regions stage), the single-task graft on it, and a summary."""
+    found, summary = learned_regions(setup, store, "learned", localize, progress=progress)
+    region = next(iter(found.values()))
+    graft = Graft.from_models(setup.pre, setup.ft, region, {"task": setup.task})
+    return region, graft, {"size": len(region), "localize_seconds": summary.get("seconds"),
+                           "finetuned": setup.ft_dir.parent.name}
 
-    cfg = finetune_config or FinetuneConfig()
-    ft = build_scorer(model, task, mode, head_seed=cfg.seed)
-    res = finetune(ft, train, dev, cfg, progress=progress)
-    pre = build_scorer(model, task, mode, head_seed=cfg.seed)
-    loc = localize(pre, ft, train, dev, localize_config or LocalizeConfig(), progress=progress)
-    graft = Graft.from_models(pre, ft, loc.region, {"task": task})
-    return loc.region, graft, {"finetune_steps": res.steps, "finetune_best_dev": res.best_dev,
-                               "localize_best_step": next(iter(loc.best_step.values())), "region_size": len(loc.region)}
+
+# ---------------------------------------------------------------------------------------------- store stages
+def naive_steps(store: Store, model: ModelSpec, draws: list[DataSpec], data: dict[str, FewShotData],
+                config: FinetuneConfig, *, head_seed: int, progress: bool = False) -> Iterator[MultiTaskScorer]:
+    """Naive continual FT: one body fine-tuned on each task in turn (a new head per task, seeded ``head_seed``).
+
+    Yields the model right after each task (the same object, trained further after the next ``next``). Step n is
+    the store entry ``continual-naive`` keyed by the draws of tasks 1 … n, ``config`` and ``head_seed``.
+    """
+    current = None
+    for n, draw in enumerate(draws, 1):
+        task = data[draw.task].task.name
+        key = {"draws": [draw_key(model, d) for d in draws[:n]], "finetune": config.to_dict(), "head_seed": head_seed}
+        label = f"{n}-{task}"
+        found = store.get("continual-naive", key, label)
+        if found is not None:
+            current = MultiTaskScorer.from_pretrained(found / "model")
+            yield current
+            continue
+
+        def make(folder: Path, task=task, draw=draw) -> None:
+            nonlocal current
+            if current is None:
+                current = MultiTaskScorer.build(model.model, [task], model.mode, pooling=model.pooling,
+                                                max_length=model.max_length, head_seed=head_seed)
+            else:
+                current.add_task(task, head_seed=head_seed)
+            multitask_finetune(current, {task: (data[draw.task].train, data[draw.task].dev)}, config,
+                               progress=progress)
+            current.save_pretrained(folder / "model")
+
+        store.fetch("continual-naive", key, make, label)
+        yield current
+
+
+def grafting_steps(store: Store, model: ModelSpec, draws: list[DataSpec], data: dict[str, FewShotData],
+                   regions: dict[str, Region], config: FinetuneConfig, *, region_key: dict,
+                   init: dict[str, Graft] | None = None,
+                   progress: bool = False) -> Iterator[tuple[ContinualLearner, dict]]:
+    """Grafting continual: task t_n trains γ_{t_n} minus the earlier regions (:meth:`ContinualLearner.add_task`).
+
+    Yields ``(learner, entry)`` right after each task. Step n is the store entry ``continual-graft`` keyed by the
+    draws of tasks 1 … n, ``region_key`` (what determines the regions: the single-task fine-tuning and the
+    localizer's options), ``config`` and whether owned coordinates start from the single-task graft (``init``).
+    """
+    learner = None
+    for n, draw in enumerate(draws, 1):
+        task = data[draw.task].task.name
+        key = {"draws": [draw_key(model, d) for d in draws[:n]], "regions": region_key,
+               "finetune": config.to_dict(), "init": "graft" if init else "current"}
+        label = f"{n}-{task}"
+        found = store.get("continual-graft", key, label)
+        if found is not None:
+            learner = ContinualLearner.load(found / "state")
+            yield learner, learner.entries[-1]
+            continue
+
+        def make(folder: Path, task=task, draw=draw) -> None:
+            nonlocal learner
+            if learner is None:
+                learner = ContinualLearner.create(model.model, model.mode, pooling=model.pooling,
+                                                  max_length=model.max_length)
+            learner.add_task(task, regions[task], data[draw.task].train, data[draw.task].dev, config,
+                             init=init[task] if init else None, progress=progress,
+                             info={"k": draw.k, "seed": draw.seed})
+            learner.save(folder / "state")
+
+        store.fetch("continual-graft", key, make, label)
+        yield learner, learner.entries[-1]
 
 
 def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int = 13, data_dir=None,
                   model: str | None = None, mode: str = "head", region: str | os.PathLike | None = None,
                   finetune_config: FinetuneConfig | None = None, region_finetune_config: FinetuneConfig | None = None,
                   localize_config=None, init: str = "current", test_limit: int | None = None,
-                  progress: bool = True) -> dict:
+                  cache: str | os.PathLike | None = None, progress: bool = True) -> dict:
     """Add ``task`` to the continual state folder ``state`` (created on first use); returns its entry.
 
     γ_task is read from ``region`` (a Region or Graft folder) or learned from an independent single-task
     run (fine-tune with ``region_finetune_config`` or else ``finetune_config``, then localize with
-    ``localize_config``). The owned coordinates train with ``finetune_config``; a config left out is the
-    spec's defaults (``FinetuneConfig()``, ``LocalizeConfig()``). After training, every learned task is
-    evaluated on its test split (the DataSpec's seeded subset) with its own union graft, and the state is
-    saved atomically.
+    ``localize_config``): both are stages of the store ``cache`` (default ``$SKILLGRAFT_CACHE`` or
+    ``runs/cache``), shared with ``skillgraft graft`` and the recipes at the same settings. The owned
+    coordinates train with ``finetune_config``; a config left out is the spec's defaults (``FinetuneConfig()``,
+    ``LocalizeConfig()``). After training, every learned task is evaluated on its test split (the DataSpec's
+    seeded subset) with its own union graft, and the state is saved atomically.
     """
-    from skillgraft.data.spec import DataSpec  # noqa: PLC0415
-
-    def draw(name: str, k: int, seed: int):
+    def draw(name: str, k: int, seed: int) -> DataSpec:
         return DataSpec.build({"task": name, "k": k, "seed": seed, "data_dir": data_dir, "test_limit": test_limit},
-                              where="continual add").load()
+                              where="continual add")
 
     if init not in ("current", "graft"):
         raise SkillgraftError(f"init must be 'current' or 'graft', got {init!r}")
@@ -265,7 +340,8 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
         if state.exists() and any(state.iterdir()):
             raise SkillgraftError(f"{state} exists and is not a continual state folder (no {STATE_FILE})")
         learner = ContinualLearner.create(model, mode)
-    data = draw(task, k, seed)
+    spec = draw(task, k, seed)
+    data = spec.load()
     task = data.task.name
     info = {"k": k, "seed": seed}
     init_graft = None
@@ -280,10 +356,13 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
             raise SkillgraftError(f"--region {region_path}: neither a region folder (region.json) nor a graft folder")
         info["region_source"] = str(region_path)
     else:
-        gamma, init_graft, single = task_region(task, data.train, data.dev, model=learner.settings["model"],
-                                                mode=learner.settings["mode"],
-                                                finetune_config=region_finetune_config or finetune_config,
-                                                localize_config=localize_config, progress=progress)
+        settings, store = learner.settings, Store(cache)
+        model_spec = ModelSpec(model=settings["model"], mode=settings["mode"], pooling=settings["pooling"],
+                               max_length=settings["max_length"] or 128)
+        setup = prepare(store, model_spec, spec, region_finetune_config or finetune_config or FinetuneConfig(),
+                        progress=progress)
+        gamma, init_graft, single = task_region(setup, store, localize_config, progress=progress)
+        del setup
         info["region_source"] = "single-task fine-tune + localize"
         info["single_task"] = single
     if init == "graft" and init_graft is None:
@@ -291,7 +370,7 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
     entry = learner.add_task(task, gamma, data.train, data.dev, finetune_config or FinetuneConfig(),
                              init=init_graft if init == "graft" else None, progress=progress, info=info)
     for e in learner.entries:
-        test = data.test if e["task"] == task else draw(e["task"], e.get("k", k), e.get("seed", seed)).test
+        test = data.test if e["task"] == task else draw(e["task"], e.get("k", k), e.get("seed", seed)).load().test
         metrics, _ = learner.evaluate(e["task"], test)
         e.setdefault("test_history", []).append({"after": task, "score": metrics["score"], "n": metrics["n"]})
         if e["task"] == task:

@@ -13,7 +13,7 @@ the graftable body), each method's graft θ_pre + γ_d ⊙ Δ is scored on the t
 * ``random`` — a uniform region of the same size.
 
 For each method with a nested family, the density needed for each of ``frontier_keep`` (95% and 99% of FT)
-is searched on the selection split (:mod:`skillgraft.recipes.keep`), and the region found is scored on the
+is searched on the selection split (:mod:`skillgraft.pipeline.keep`), and the region found is scored on the
 test rows too. Writes ``frontier.csv``, ``frontier_keep.csv`` and ``frontier.png``; the whole result is a
 store entry, so a re-run only re-plots.
 """
@@ -35,7 +35,7 @@ from skillgraft.io import read_json, write_json
 from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
-from skillgraft.recipes.keep import selection_split
+from skillgraft.pipeline.keep import selection_split
 from skillgraft.spec import Spec
 
 PEER_LABELS = {"ties-trim": "top-|Δ| per tensor (TIES trim)", "movement": "top-|Δ| global (L&S dataless)",

@@ -1,0 +1,93 @@
+"""The regions stage: a localizer's regions for one setup, learned once and then read from the store.
+
+Every runner that needs regions (``skillgraft graft``, the recipes, ``skillgraft merge``, continual learning)
+asks :func:`learned_regions`; its store key covers the fine-tuned model, the data (content digest), the
+localizer and its resolved options, so the same setting means the same entry whichever runner asks.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft.localizers import get_localizer
+from skillgraft.graft.region import Region
+from skillgraft.graft.selection import Budget
+from skillgraft.io import read_json, write_json
+from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.trained import bitfit_variant, retrain_variant
+from skillgraft.pipeline.variants import Variant, base_variants, graft_variant
+from skillgraft.spec import Spec
+
+
+def localizer_options(localizer: str, localize: Spec | dict | None, *, build=None) -> Spec:
+    """The options of ``localizer``: its own defaults, overridden only by the fields the user set.
+
+    ``localize`` may be the localizer's own options, a dict, or another localizer's options spec (the CLI and
+    the recipes' ``localize`` section): only its *explicitly set* fields (``model_fields_set``) carry over, so
+    ``--localizer prune`` never runs with the learned localizer's lr or steps. A set field the chosen
+    localizer does not have is refused by name. ``build(OptionsClass, values)`` validates (the CLI passes one
+    whose errors name ``--options``).
+    """
+    loc = get_localizer(localizer)
+    if localize is None or isinstance(localize, loc.Options):
+        return loc.options(localize)
+    given = dict(localize) if isinstance(localize, dict) else localize.given()
+    foreign = sorted(k for k in given if k not in loc.Options.model_fields)
+    if foreign:
+        raise SkillgraftError(f"localizer {localizer!r} has no option {', '.join(foreign)}; its options: "
+                              f"{', '.join(loc.Options.model_fields)}")
+    return build(loc.Options, given) if build is not None else loc.options(given)
+
+
+def learned_regions(setup: Setup, store, localizer: str, options: Spec, *,
+                    progress: bool = False) -> tuple[dict[Budget, Region], dict]:
+    """Regions of ``localizer`` for ``setup`` (one per budget) and its summary: THE regions cache.
+
+    The store key covers the fine-tuned model, the data (content digest), the localizer and its resolved
+    options; a finished entry is reused, an interrupted one never is.
+    """
+    loc = get_localizer(localizer)
+    options = loc.options(options)
+    key = {"setup": setup.identity(), "localizer": localizer, "options": options.to_dict()}
+    holder: dict = {}
+
+    def make(folder: Path) -> None:
+        t0 = time.perf_counter()
+        result = loc.run(setup.pre, setup.ft, setup.data, options, progress=progress)
+        for budget, region in result.regions.items():
+            region.save(folder / budget.key)
+        summary = {**result.summary, "budgets": [b.key for b in result.regions],
+                   "seconds": time.perf_counter() - t0}
+        write_json(folder / "summary.json", summary)
+        holder["regions"] = result.regions
+
+    entry = store.fetch("regions", key, make, label=f"{setup.task}-{setup.k}-{setup.seed}-{localizer}")
+    summary = read_json(entry / "summary.json", required=("budgets",), what="stored regions summary")
+    regions = holder.get("regions") or {Budget.parse(b): Region.load(entry / b) for b in summary["budgets"]}
+    return regions, summary
+
+
+def learned_grafts(setup: Setup, store, localize: Spec, *, progress: bool = False
+                   ) -> tuple[list[Variant], dict[Budget, Region], dict]:
+    """pre, head only, FT and one learned graft per budget of ``localize`` (the learned localizer's options), the
+    regions and the localization summary: the models every comparison recipe starts from."""
+    regions, summary = learned_regions(setup, store, "learned", localize, progress=progress)
+    variants = base_variants(setup) + [graft_variant(setup, region, budget, {"budget": budget.key})
+                                       for budget, region in regions.items()]
+    return variants, regions, summary
+
+
+def model_variants(setup: Setup, spec, run) -> tuple[list[Variant], dict]:
+    """:func:`learned_grafts` and, if ``spec`` (a recipe's ``GraftVariantsMixin``) asks, a re-trained graft and
+    BitFit; + the localization summary."""
+    variants, regions, summary = learned_grafts(setup, run.store, spec.localize, progress=spec.progress)
+    if spec.retrain:
+        key = spec.retrain.budget or next(iter(regions))
+        label = "graft re-training" if key.rounding else f"graft re-training {key.label}"
+        variants.append(retrain_variant(setup, run.store, regions[key], spec.retrain.finetune, label=label,
+                                        budget=key.fraction))
+    if spec.bitfit:
+        variants.append(bitfit_variant(setup, run.store, spec.bitfit.finetune))
+    return variants, summary
