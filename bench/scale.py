@@ -16,11 +16,13 @@ sentiment task, k examples per label = one batch of 2k examples in micro-batches
 
 and the command line on a checkpoint pair (issue 22 item 7; θ_ft saved by plain transformers beside θ_pre):
 
-    cli              `skillgraft graft --pretrained A --finetuned B --candidates c --baselines ''` in process
-                     (loading, FT scored then released, θ_pre loaded, localization reading θ_ft from B's
-                     files, the graft scored), the same localization settings
+    cli              `skillgraft graft --pretrained A --finetuned B --candidates c --baselines '' --no-lottery-zero`
+                     in process (loading, FT scored then released, θ_pre loaded, localization reading θ_ft
+                     from B's files, the graft and θ_pre scored), the same localization settings
     cli+ckpt         the same with --gradient-checkpointing
-    cli+baselines    the default report (top-movement, random, bias-only baselines), with checkpointing
+    cli+lottery      cli+ckpt with the lottery-ticket-zero row (its apply backs up every body tensor)
+    cli+baselines    the default report (top-movement, random, bias-only baselines, lottery-ticket-zero),
+                     with checkpointing
 
 Localization runs issue 12's setting: the default budget (γ rounded at 0.5), micro_batch 16, ``--repeats``
 steps. Memory: the subprocess first runs the same measurement on a tiny Llama (imports, kernels, lazy
@@ -176,8 +178,9 @@ def measure_cli(name: str, pre_dir: str, ft_dir: str, train, args, repeats: int,
                "--candidates", str(args.candidates), "--steps", str(repeats), "--micro-batch", str(args.micro_batch),
                "--batch-size", str(2 * args.k), "--select-on", "train", "--eval-every", str(10 ** 6),
                "--out", f"{tmp}/out", "--cache", f"{tmp}/cache"]
-        cmd += ["--gradient-checkpointing"] if "ckpt" in name or name == "cli+baselines" else []
+        cmd += ["--gradient-checkpointing"] if name != "cli" else []
         cmd += [] if name == "cli+baselines" else ["--baselines", ""]
+        cmd += ["--no-lottery-zero"] if name in ("cli", "cli+ckpt") else []
         reset_peak()
         t0 = clock()
         app(cmd, standalone_mode=False)
@@ -328,8 +331,8 @@ def main() -> None:
 
 def table(results: dict) -> str:
     lines = ["| model | weights | forward | SGD step | dense | candidates c=1e-2 | + checkpointing | CLI pair | "
-             "CLI + ckpt | CLI + baselines, ckpt | step ÷ fwd/bwd (dense / cand. / +ckpt) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "CLI + ckpt | + lottery-zero | + baselines | step ÷ fwd/bwd (dense / cand. / +ckpt) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for size, entry in results["sizes"].items():
         by = {r["phase"]: r for r in entry["rows"] if "error" not in r}
         s = entry["summary"]
@@ -350,7 +353,8 @@ def table(results: dict) -> str:
         params = f" ({any_row['params'] / 1e6:.0f}M)" if "params" in any_row else ""
         lines.append(f"| {size}{params} | {any_row['weights_bytes'] / 2 ** 20:,.0f} MB | "
                      f"{cell('forward')} | {cell('sgd')} | {cell('dense')} | {cell('candidates')} | "
-                     f"{cell('candidates+ckpt')} | {cell('cli')} | {cell('cli+ckpt')} | {cell('cli+baselines')} | "
+                     f"{cell('candidates+ckpt')} | {cell('cli')} | {cell('cli+ckpt')} | {cell('cli+lottery')} | "
+                     f"{cell('cli+baselines')} | "
                      f"{steps} |")
     return "\n".join(lines)
 

@@ -130,3 +130,23 @@ def test_lean_pair_needs_safetensors_that_read_back(llama_pair, toy_data, tmp_pa
     assert again["rows"] == loaded["rows"]
     drop = lambda rows: [{k: v for k, v in r.items() if k != "file_bytes"} for r in rows]  # noqa: E731 (paths differ)
     assert drop(metrics["rows"]) == drop(loaded["rows"])
+
+
+def test_readable_as_compares_every_value_slice_by_slice(llama_pair):
+    import transformers as tf
+
+    from skillgraft.pipeline.setup import readable_as
+
+    _, b = llama_pair
+    model = torch.nn.Module()  # a scorer's naming: model.<the checkpoint's names>
+    model.model = tf.AutoModelForCausalLM.from_pretrained(b)
+    assert readable_as(model, b, chunk=16) and readable_as(model, b)
+    weight = model.model.model.layers[1].mlp.down_proj.weight
+    kept = weight[-1, -1].item()
+    with torch.no_grad():
+        weight[-1, -1] += 1e-3  # one value, in the last slice
+    assert not readable_as(model, b, chunk=16) and not readable_as(model, b)
+    with torch.no_grad():
+        weight[-1, -1] = kept
+    assert readable_as(model, b, chunk=16)
+    assert not readable_as(model.to(torch.float64), b)  # another dtype than the files'

@@ -151,9 +151,9 @@ class Setup:
                 "digest": data_digest(self.data.task, self.data_root)}
 
 
-def readable_as(model, folder: str | os.PathLike) -> bool:
+def readable_as(model, folder: str | os.PathLike, chunk: int = 1 << 22) -> bool:
     """Whether every parameter of ``model`` is in ``folder``'s safetensors (read lazily, as the localizers do)
-    with the same dtype and values."""
+    with the same dtype and values; read in slices of about ``chunk`` values (no tensor-sized copy)."""
     from skillgraft.graft.localizers.source import SafetensorsFolder  # noqa: PLC0415
 
     try:
@@ -161,11 +161,15 @@ def readable_as(model, folder: str | os.PathLike) -> bool:
     except SkillgraftError:
         return False  # e.g. only pytorch_model.bin
     for name, p in model.named_parameters():
-        if name not in source.shapes:
+        if source.shapes.get(name) != tuple(p.shape):
             return False
-        value = source.rows(name)
-        if value.dtype != p.dtype or not torch.equal(value, p.detach().cpu()):
-            return False
+        value = p.detach()
+        step = max(1, chunk // max(1, value[0].numel())) if value.dim() else 1
+        for start in range(0, len(value) if value.dim() else 1, step):
+            read = source.rows(name, start, start + step) if value.dim() else source.rows(name)
+            mine = value[start:start + step] if value.dim() else value
+            if read.dtype != p.dtype or not torch.equal(read, mine.cpu()):
+                return False
     return True
 
 
