@@ -125,14 +125,14 @@ def phase(name: str, size: str, pre_dir: str, ft_dir: str, data_dir: str, args) 
 
     import torch
 
-    import skillgraft.graft.localizers.learned as learned
+    import skillgraft.graft.localizers.engine as engine
     from skillgraft.data import load_kshot
 
     torch.set_num_threads(args.threads)
     # Step times in process CPU time: the machine is shared, and with one thread CPU time is what a step
     # costs whatever else runs (wall time under a load of 8 on 2 cores is noise). The localizer's own step
     # timer reads the same clock.
-    learned.time = types.SimpleNamespace(perf_counter=clock)
+    engine.time = types.SimpleNamespace(perf_counter=clock)
 
     train = load_kshot("SST-2", args.k, 42, data_dir).train
     tiny_pre, tiny_ft = build("tiny", Path(args.work), args.dtype)

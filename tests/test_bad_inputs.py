@@ -672,9 +672,7 @@ def test_a_checkpoint_with_nan_weights_is_refused_before_grafting(ft_run, toy_da
 def test_localization_whose_loss_turns_non_finite_stores_nothing(localizer, ft_run, toy_data, tmp_path, monkeypatch):
     """A loss that turns NaN mid-localization (injected at its second step) stops it with one line; no region
     reaches the store, no report folder."""
-    import torch.nn.functional as F
-
-    from skillgraft.graft.localizers import learned
+    from skillgraft.graft.localizers import engine
 
     calls = {"n": 0}
 
@@ -682,10 +680,8 @@ def test_localization_whose_loss_turns_non_finite_stores_nothing(localizer, ft_r
         calls["n"] += 1
         return loss * float("nan") if calls["n"] > 1 else loss
 
-    real_batch_loss, real_ce = learned.batch_loss, F.cross_entropy
-    monkeypatch.setattr(learned, "batch_loss", lambda *a, **k: poisoned(real_batch_loss(*a, **k)))
-    if localizer != "learned":
-        monkeypatch.setattr(F, "cross_entropy", lambda *a, **k: poisoned(real_ce(*a, **k)))
+    real_batch_loss = engine.batch_loss  # every learned localizer's loss (one engine)
+    monkeypatch.setattr(engine, "batch_loss", lambda *a, **k: poisoned(real_batch_loss(*a, **k)))
     store = tmp_path / "store"
     store.mkdir()  # stays empty: no regions entry
     refused(tmp_path, [*graft_args(ft_run, toy_data, tmp_path / "g", store), "--localizer", localizer],

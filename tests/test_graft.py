@@ -8,7 +8,8 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate import evaluate
 from skillgraft.graft import (ROUND, Budget, Graft, LocalizeConfig, Region, fingerprint, get_localizer, graftable_names,
                               localize, module_type, top_k_masks)
-from skillgraft.graft.localizers.learned import _Working
+from skillgraft.graft.localizers.layouts import Dense
+from skillgraft.graft.localizers.relaxations import Sigmoid
 from skillgraft.models import build_scorer
 from skillgraft.train import FinetuneConfig, finetune
 
@@ -254,11 +255,12 @@ def test_working_state_is_memory_lean(pair):
     """Δ is kept in the model dtype and the base patch as booleans; S covers only graftable tensors."""
     pre, ft, _ = pair
     names = graftable_names(pre)
-    w = _Working(pre, ft, names, LocalizeConfig(sparsity=0.01))
-    assert all(w.delta[n].dtype == dict(pre.named_parameters())[n].dtype for n in names)
-    assert all(w.base[n].dtype == torch.bool for n in names)
-    assert set(w.S) == set(names)
-    w.restore()
+    layout = Dense(pre, ft, names)
+    relax = Sigmoid()
+    relax.start(layout, None, layout.top({n: d.abs() for n, d in layout.delta.items()}, 30), None, 0)
+    assert all(layout.delta[n].dtype == dict(pre.named_parameters())[n].dtype for n in names)
+    assert all(relax.base[n].dtype == torch.bool for n in names) and layout.count(relax.base) == 30
+    assert set(relax.S) == set(names)
 
 
 def test_union_policies(pair):

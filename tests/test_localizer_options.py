@@ -11,6 +11,7 @@ from __future__ import annotations
 import types
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import skillgraft.pipeline.setup as pair_loading
@@ -37,7 +38,7 @@ def capture(monkeypatch):
         raise Captured("captured")
 
     monkeypatch.setattr(graft_recipes, "learned_regions", fake_regions)
-    monkeypatch.setattr(pair_loading, "from_pair", lambda *a, **k: types.SimpleNamespace())
+    monkeypatch.setattr(pair_loading, "from_pair", lambda *a, **k: types.SimpleNamespace(pre=torch.nn.Linear(1, 1)))
     return seen
 
 
@@ -125,3 +126,19 @@ def test_localizers_verb_lists_the_registry_and_one_localizers_defaults():
     assert " 60 " in row  # prune's own schedule, not another localizer's default
     result = runner.invoke(app, ["localizers", "oracle"])
     assert result.exit_code == 2 and "unknown localizer 'oracle'" in result.output
+
+
+def test_baselines_that_cannot_run_sharded_are_left_out_before_any_work(monkeypatch):
+    """Under an FSDP launch the score-based baselines refuse; the report leaves them out with one warning naming
+    each, before the learned localizer runs (they used to be skipped silently after it)."""
+    from skillgraft.recipes.graft import ReportSpec, runnable_baselines
+
+    setup = types.SimpleNamespace(pre=torch.nn.Linear(2, 2))
+    report, options = ReportSpec(), LocalizeConfig()
+    assert runnable_baselines(report, setup, options).baselines == ["movement", "random", "bias"]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.warns(UserWarning, match=r"movement \(localizer 'movement' does not run sharded.*random.*bias"):
+        assert runnable_baselines(report, setup, options).baselines == []
+    with pytest.raises(SkillgraftError, match="nope"):
+        runnable_baselines(ReportSpec(baselines=["nope"]), setup, options)

@@ -5,6 +5,7 @@ import random
 import subprocess
 import sys
 import threading
+import types
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from skillgraft.data import load_kshot
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft import Budget, LocalizeConfig, get_localizer, graftable_names, localize
 from skillgraft.graft.localizers.candidates import Candidates
+from skillgraft.graft.localizers.relaxations import Sigmoid
 from skillgraft.graft.localizers.sharded import Group, pieces
 from skillgraft.graft.localizers.source import InMemory, fine_tuned
 from skillgraft.graft.localizers.topk import Collective, StreamingTopK, top_k
@@ -171,15 +173,18 @@ def test_candidate_state_lives_on_the_candidates_only(llama_bf16, data):
     names = graftable_names(pre)
     cfg = LocalizeConfig(sparsity=0.01, candidates=0.05, steps=2, budgets=[0.01, 0.05, 30])
     before = snapshot(pre)
-    work = Candidates(pieces(pre, names, Group()), fine_tuned(str(folder), pre, names), cfg, Group())
     universe = sum(p.numel() for n, p in pre.named_parameters() if n in names)
+    work = Candidates(pieces(pre, names, Group()), fine_tuned(str(folder), pre, names), Group(),
+                      size=Budget.parse(0.05).size(universe))
+    relax = Sigmoid()
+    relax.start(work, None, work.top({n: d.abs() for n, d in work.delta.items()}, int(round(0.01 * universe))), None, 0)
     assert work.size == Budget.parse(0.05).size(universe) == sum(p.numel() for p in work.pos.values())
     for n in names:
         m = work.pos[n].numel()
         assert work.pos[n].dtype == torch.int32
-        assert work.S[n].dtype == torch.float32 and work.S[n].shape == (m,)  # fp32 S on a bf16 model
-        assert work.delta[n].shape == work.original[n].shape == work.base[n].shape == (m,)
-    assert work.base_size == int(round(0.01 * universe))
+        assert relax.S[n].dtype == torch.float32 and relax.S[n].shape == (m,)  # fp32 S on a bf16 model
+        assert work.delta[n].shape == work.original[n].shape == relax.base[n].shape == (m,)
+    assert work.count(relax.base) == int(round(0.01 * universe))
     assert_intact(pre, before)  # building the state reads θ_pre only
     top_c = get_localizer("movement").region(pre, ft, None, 0.05)  # C is exactly the top-c |Δ|, same tie rule
     assert all(torch.equal(work.pos[n].to(torch.int64), top_c.indices.get(n, torch.empty(0, dtype=torch.int64)))
@@ -204,8 +209,8 @@ def test_candidate_set_is_the_exact_top_c_even_among_ties(bert):
             if n in names[len(names) // 2:]:
                 p.copy_(dict(pre.named_parameters())[n])
     for c in (0.05, 0.6):
-        work = Candidates(pieces(pre, names, Group()), InMemory(half), LocalizeConfig(sparsity=0.01, candidates=c),
-                          Group())
+        universe = sum(p.numel() for n, p in pre.named_parameters() if n in names)
+        work = Candidates(pieces(pre, names, Group()), InMemory(half), Group(), size=Budget.parse(c).size(universe))
         want = get_localizer("movement").region(pre, half, None, c)
         assert all(torch.equal(work.pos[n].to(torch.int64), want.indices.get(n, torch.empty(0, dtype=torch.int64)))
                    for n in names), c
@@ -299,11 +304,14 @@ def test_in_memory_and_folder_sources_agree(llama_bf16):
 
 
 # ---------------------------------------------------------------------------------------------- FSDP2
-SCRIPT = """
-import sys, torch
+RELAXED = {"steps": 2, "candidates": 0.05, "sparsity": 0.01, "budgets": [0.005, 0.02], "micro_batch": 4,
+           "eval_every": 1, "seed": 3, "optimizer": "nsgd"}  # nsgd: its RMS is all-reduced; Adam is elementwise
+SCRIPT = f"""
+import sys, types, torch
 from accelerate import Accelerator
 from skillgraft.data import load_kshot
-from skillgraft.graft import LocalizeConfig, localize
+from skillgraft.graft import LocalizeConfig, get_localizer, localize
+RELAXED = {RELAXED!r}
 from skillgraft.graft.localizers import candidates as C
 from skillgraft.models import build_scorer
 torch.set_num_threads(1)
@@ -311,7 +319,7 @@ acc = Accelerator(cpu=True)
 pre_path, ft_dir, data_dir, out, cfg = sys.argv[1:6]
 data = load_kshot("SST-2", 8, 13, data_dir)
 pre = build_scorer(pre_path, "SST-2", "causal")
-before = {n: p.detach().clone() for n, p in pre.named_parameters()}
+before = {{n: p.detach().clone() for n, p in pre.named_parameters()}}
 held = []
 init = C.Candidates.__init__
 def spy(self, *a, **k):
@@ -323,10 +331,14 @@ res = localize(pre, ft_dir, data.train[:9], data.dev, LocalizeConfig.model_valid
 intact = all(torch.equal((p.full_tensor() if hasattr(p, "full_tensor") else p).detach(), before[n])
              for n, p in pre.named_parameters())
 sharded = sum(hasattr(p, "full_tensor") for p in pre.parameters())
-held = acc.gather(torch.tensor(held)).tolist()
+held_by_rank = acc.gather(torch.tensor(held)).tolist()
+nine = types.SimpleNamespace(train=data.train[:9], dev=data.dev)
+adam = get_localizer("learned-adam").run(pre, ft_dir, nine, RELAXED)
+relaxed = ({{b.key: r.indices for b, r in adam.regions.items()}}, adam.history)  # another optimizer, one layout
 if acc.is_main_process:
-    torch.save({"regions": {b.key: r.indices for b, r in res.regions.items()}, "history": res.history,
-                "intact": intact, "sharded": sharded, "held": held, "candidates": res.candidate_size}, out)
+    torch.save({{"regions": {{b.key: r.indices for b, r in res.regions.items()}}, "history": res.history,
+                "intact": intact, "sharded": sharded, "held": held_by_rank, "candidates": res.candidate_size,
+                "relaxed": relaxed}}, out)
 acc.wait_for_everyone()  # neither rank leaves while the other still talks to gloo (else: SIGABRT at exit)
 acc.end_training()       # destroys the process group
 """
@@ -360,7 +372,7 @@ def test_two_process_fsdp2_localization_matches_one(tiny_models, data, toy_data,
                         "--main_process_port", str(_free_port()), str(script), str(tiny_models["llama"]),
                         str(tmp_path / "ft"),
                         str(toy_data), str(tmp_path / "two.pt"), cfg.model_dump_json()],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=900)  # a loaded machine
     assert r.returncode == 0, r.stderr[-3000:]
     two = torch.load(tmp_path / "two.pt")
     assert two["intact"] and two["sharded"] == len(list(pre.model.parameters()))  # every base tensor sharded
@@ -369,3 +381,10 @@ def test_two_process_fsdp2_localization_matches_one(tiny_models, data, toy_data,
     for budget, region in one.regions.items():
         got = two["regions"][budget.key]
         assert set(got) == set(region.indices) and all(torch.equal(got[n], region.indices[n]) for n in got), budget
+    nine = types.SimpleNamespace(train=small.train[:9], dev=small.dev)
+    regions, history = two["relaxed"]  # learned-adam (nsgd) sharded = one process
+    alone = get_localizer("learned-adam").run(pre, tmp_path / "ft", nine, RELAXED)
+    assert history == alone.history and regions.keys() == {b.key for b in alone.regions}
+    for budget, region in alone.regions.items():
+        got = regions[budget.key]
+        assert set(got) == set(region.indices) and all(torch.equal(got[n], region.indices[n]) for n in got)

@@ -63,6 +63,25 @@ def baseline_options(name: str, graftable: str, seed: int) -> dict:
     return {"graftable": graftable, **({"seed": seed} if name == "random" else {})}
 
 
+def runnable_baselines(report: ReportSpec, setup: Setup, options: Spec) -> ReportSpec:
+    """``report`` without the baselines that cannot run on ``setup`` (a sharded model, generative data), each
+    named in one warning; an unknown baseline name is refused. Checked before any work."""
+    import warnings  # noqa: PLC0415
+
+    keep, left = [], []
+    for name in report.baselines:
+        loc = get_localizer(name)  # unknown names fail here
+        try:
+            loc.check(setup.pre, loc.options(baseline_options(name, options.graftable, getattr(options, "seed", 0))))
+            keep.append(name)
+        except SkillgraftError as e:
+            left.append(f"{name} ({e})")
+    if left:
+        warnings.warn(f"baseline(s) left out of the report: {'; '.join(left)}", stacklevel=2)
+        report = report.replace(baselines=keep)
+    return report
+
+
 def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, options: Spec | dict | None = None,
                  *, progress: bool = True, keep=None, frontier=None) -> dict:
     """Learn regions for ``setup`` and compare them (see the module doc); returns the metrics.
@@ -72,8 +91,7 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
     :class:`~skillgraft.pipeline.frontier.FrontierSpec` with ``frontier`` on) adds the share-vs-density frontier."""
     report = report or ReportSpec()
     options = localizer_options(report.localizer, options)
-    for name in report.baselines:
-        get_localizer(name)  # unknown names fail before any work
+    report = runnable_baselines(report, setup, options)  # before any work
     if keep is not None and keep.keep:
         get_localizer(report.localizer).check_ranked()  # before any work
     keep_only = bool(keep is not None and keep.keep and not getattr(options, "budgets", None))

@@ -1,11 +1,13 @@
 """What a localizer is: it scores the graftable coordinates; the shared selection makes the Regions.
 
     regions(pre, ft, data, budgets, options) → {Budget: Region},   |region| = budget.size(|U|)
-    run(pre, ft, data, options)              → Localization(regions for options.budgets, summary)
+    run(pre, ft, data, options)              → Localization (regions for options.budgets, summary)
 
 A score-based localizer implements only ``scores`` (one pass, whatever the number of budgets) and
 inherits ``run``/``regions``, which call :func:`~skillgraft.graft.selection.select` once per budget.
-The learned localizer (paper Eq. 3–4) overrides ``run``: its selection happens inside the optimisation.
+The learned localizers (paper Eq. 3–4 and its relaxations) override ``run``: they run the engine
+(:mod:`.engine`), whose selection happens inside the optimisation. Every localizer says, before any work,
+what it cannot do (:meth:`Localizer.refuse`: sharded models, generative data).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pydantic import Field
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.keep import KeepResult, KeepSpec, Ranking, keep_search
+from skillgraft.graft.localizers.sharded import fsdp_launched, is_sharded
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget, Budgets, parse_budgets, region_universe, select
 from skillgraft.models.anatomy import Graftable
@@ -37,14 +40,47 @@ class LocalizerOptions(Spec):
 
 @dataclass
 class Localization:
-    """What ``Localizer.run`` returns: a Region per budget and a JSON-able summary."""
+    """What every localizer's ``run`` returns: a Region per budget and what produced it (JSON-able ``summary``).
+
+    Score-based localizers fill ``regions``, ``config`` and ``extra`` (their scoring time); the engine
+    (:mod:`.engine`) also the best step and score per budget, the history of scored steps, γ_base's size, the
+    step times, |C| when candidate-restricted, and on request the learned order and keep-target results.
+    """
 
     regions: dict[Budget, Region]
-    summary: dict = field(default_factory=dict)
+    best_step: dict[Budget, int] = field(default_factory=dict)
+    best_score: dict[Budget, float] = field(default_factory=dict)
+    history: list[dict] = field(default_factory=list)   # per scored step: "<budget label>:acc" / ":size" / …
+    base_size: int | None = None
+    step_seconds: float | None = None  # median time of one step (forward/backward + update)
+    config: dict = field(default_factory=dict)
+    candidate_size: int | None = None  # |C| when candidate-restricted
+    step_times: list[float] = field(default_factory=list)  # seconds of each step (benchmarks)
+    ranking: Ranking | None = None    # the learned order at the last step (keep targets; see graft.keep)
+    keep: list[KeepResult] = field(default_factory=list)  # one per keep target
+    extra: dict = field(default_factory=dict)  # more summary fields (e.g. score_seconds)
 
     @property
     def region(self) -> Region:
         return next(iter(self.regions.values()))
+
+    @property
+    def summary(self) -> dict:
+        """JSON-able: budgets by their exact key (``Budget.parse(key)`` gives them back)."""
+        out = {"budgets": [b.key for b in self.regions]}
+        if self.best_step:
+            out |= {"best_step": {b.key: s for b, s in self.best_step.items()},
+                    "best_score": {b.key: s for b, s in self.best_score.items()}}
+        if self.base_size is not None:
+            out["base_size"] = self.base_size
+        if self.step_seconds is not None:
+            out |= {"step_seconds": self.step_seconds, "history": self.history}
+        out["config"] = self.config
+        if self.candidate_size is not None:
+            out["candidate_size"] = self.candidate_size
+        if self.keep:
+            out["keep"] = [r.to_dict() for r in self.keep]
+        return out | self.extra
 
 
 def examples_of(data: Any) -> tuple[list[Example], list[Example]]:
@@ -74,6 +110,28 @@ class Localizer:
                                   f"{type(options).__name__}")
         return self.Options.build(options, where=f"localizer {self.name!r} options")
 
+    def refuse(self, options: Spec, *, sharded: bool = False, generative: bool = False) -> None:
+        """One clear line, before any work, for a run this localizer cannot do: a sharded (FSDP) model — a
+        score-based localizer scores every coordinate in one process — or generative data when it needs labels
+        (:meth:`needs_labels`). The learned localizers override it (they run sharded through the engine)."""
+        if sharded:
+            raise SkillgraftError(f"localizer {self.name!r} does not run sharded (FSDP): it scores every coordinate in "
+                                  "one process; launch it without an FSDP config (learned and learned-adam run "
+                                  "sharded)")
+        why = self.needs_labels(options)
+        if generative and why:
+            raise SkillgraftError(f"localizer {self.name!r} needs class labels ({why}); generative (prompt → "
+                                  "completion) data has none")
+
+    def needs_labels(self, options: Spec) -> str | None:
+        """Why this localizer needs class labels (None: it does not)."""
+        return None
+
+    def check(self, pre, options: Spec) -> None:
+        """:meth:`refuse` for this run: is ``pre`` sharded (or the process launched with FSDP), is it generative."""
+        self.refuse(options, sharded=is_sharded(pre) or fsdp_launched(),
+                    generative=getattr(pre, "mode", None) == "generative")
+
     def scores(self, pre, ft, data, options: Spec, *, progress: bool = False) -> dict[str, torch.Tensor]:
         """One score per graftable coordinate (higher = more likely in the region), per tensor."""
         raise NotImplementedError(f"localizer {self.name!r} does not score coordinates")
@@ -85,12 +143,12 @@ class Localizer:
         if not budgets or any(b.rounding for b in budgets):
             raise SkillgraftError(f"localizer {self.name!r} needs budgets that are fractions or counts (the 'round' "
                                   "budget, γ rounded at 0.5, is the learned localizer's)")
+        self.check(pre, opts)
         t0 = time.perf_counter()
         scores = self.scores(pre, ft, data, opts, progress=progress)
         shapes = region_universe(pre, opts.graftable)
         regions = {b: select(scores, b, shapes) for b in budgets}
-        return Localization(regions, {"budgets": [b.key for b in regions], "config": opts.to_dict(),
-                                      "score_seconds": time.perf_counter() - t0})
+        return Localization(regions, config=opts.to_dict(), extra={"score_seconds": time.perf_counter() - t0})
 
     @property
     def ranked(self) -> bool:
@@ -101,6 +159,7 @@ class Localizer:
         """The nested family of this localizer's regions: its scores' order (keep targets search it)."""
         opts = self.options(options)
         self.check_ranked()
+        self.check(pre, opts)
         return Ranking.from_scores(self.scores(pre, ft, data, opts, progress=progress),
                                    region_universe(pre, opts.graftable))
 

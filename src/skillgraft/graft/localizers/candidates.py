@@ -1,10 +1,10 @@
-"""Candidate-restricted localization: S, Δ and the saved θ_pre exist only on a candidate set C.
+"""The candidate (and sharded) layout of the engine: S, Δ and the saved θ_pre exist only on a candidate set C.
 
-C is the top-c fraction of the graftable coordinates by |Δ| (``LocalizeConfig.candidates``; c ≥ sparsity
-and ≥ every fractional budget), or a Region chosen by any other scorer, plus an explicit γ_base. It is
+C is the top-c fraction of the graftable coordinates by |Δ| (``candidates``; c ≥ sparsity and ≥ every
+fractional budget), or a Region chosen by any other score (a saliency), plus an explicit γ_base. It is
 kept per tensor as int32 positions, and only on C the localizer holds
 
-    S (fp32, also for bf16/fp16 models), Δ = θ_ft − θ_pre, θ_pre (for the restore), γ_base, γ held, ∂L/∂θ
+    Δ = θ_ft − θ_pre, θ_pre (for the restore), the mask held, ∂L/∂θ; and the relaxation's S (fp32) and γ_base
 
 Coordinates outside C stay exactly θ_pre (γ = 0) and are never selected. A hook on each graftable tensor
 (``register_post_accumulate_grad_hook``) gathers its gradient onto C as soon as it is accumulated and
@@ -25,12 +25,11 @@ from functools import partial
 import torch
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.keep import Ranking
+from skillgraft.graft.localizers.layouts import Layout
 from skillgraft.graft.localizers.sharded import Group, Piece
 from skillgraft.graft.localizers.source import FineTuned
 from skillgraft.graft.localizers.topk import StreamingTopK, top_k
 from skillgraft.graft.region import Region, numel_of
-from skillgraft.graft.selection import Budget
 
 CHUNK = 1 << 20  # S is drawn in chunks of this many values (same stream as one draw per tensor)
 BINS = 1 << 15   # histogram bins of |Δ|: the top 16 bits of a non-negative float32 (order-preserving)
@@ -52,56 +51,12 @@ def _release_freed_memory() -> None:
         pass
 
 
-class Holding:
-    """Scoring a binary choice inside a continuous trajectory: hold θ_pre + mask⊙Δ, then go back.
-
-    Shared by the dense working state and :class:`Candidates` (both define ``names``, ``current``, ``hold``,
-    and ``S``, ``base``, ``bias`` for :meth:`gamma`).
-    """
-
-    def gamma(self, n: str) -> torch.Tensor:
-        """γ of tensor n: σ(S − bias), flipped to 1 − σ on γ_base."""
-        s = torch.sigmoid(self.S[n] - self.bias)
-        return torch.where(self.base[n], 1 - s, s)
-
-    def ranking_keys(self, seed: int) -> tuple[dict, dict, dict]:
-        """The learned order of the held coordinates (:class:`~skillgraft.graft.keep.Ranking` ``first``/``then``):
-
-        * first the learned region, γ > 0.5 (the rounded γ), by the logit of γ with every coordinate's S started
-          from the same ½ (S − S₀ + ½: the learned drift orders them, not the initial draw's noise), ±(bias − S̃),
-          + on γ_base;
-        * then every other coordinate by |Δ| (γ_base's own score): outside the region the drift is a small
-          first-order signal the loss never tested in a graft, and ordering the rest by it loses to a random
-          order at 1e-1 of MiniLM's body (bench/RESULTS.md, issue 25).
-
-        Returns (keys, in the region, |Δ|) per tensor, on the CPU."""
-        start = self._draw_S(seed)
-        keys, region, moved = {}, {}, {}
-        for n in self.names:
-            drift = self.S[n].double() - start[n].double() + 0.5 - self.bias
-            keys[n] = torch.where(self.base[n], -drift, drift).cpu()
-            region[n] = (self.gamma(n) > 0.5).cpu()
-            moved[n] = self.delta[n].abs().double().cpu()
-        return keys, region, moved
-
-    def hold_choice(self, masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Move the working weights to the binary ``masks``; returns the continuous γ to :meth:`release` to."""
-        continuous = dict(self.current)
-        for n in self.names:
-            self.hold(n, masks[n].to(continuous[n].dtype))
-        return continuous
-
-    def release(self, continuous: dict[str, torch.Tensor]) -> None:
-        """Back to the continuous γ that :meth:`hold_choice` returned."""
-        for n in self.names:
-            self.hold(n, continuous[n])
-
-
-class Candidates(Holding):
+class Candidates(Layout):
     """The working model's graftable tensors restricted to C: Δ, S, γ_base, γ held, θ_pre, gathered ∂L/∂θ."""
 
-    def __init__(self, pieces: dict[str, Piece], source: FineTuned, config, group: Group, *,
-                 base: Region | None = None, chosen: Region | None = None):
+    def __init__(self, pieces: dict[str, Piece], source: FineTuned, group: Group, *, size: int | None = None,
+                 chosen: Region | None = None, base: Region | None = None):
+        """C = the top-``size`` |Δ| (every coordinate when None), or the Region ``chosen``; ∪ ``base`` (γ_base)."""
         self.pieces, self.names, self.group = pieces, list(pieces), group
         self.shapes = {n: p.shape for n, p in pieces.items()}
         self.offsets, start = {}, 0  # each tensor's first position in the universe (tensors in `names` order)
@@ -109,13 +64,11 @@ class Candidates(Holding):
             self.offsets[n] = start
             start += numel_of(p.shape)
         self.universe = start
-        self.bias = config.sigmoid_bias
         if base is not None:
             _check_fits(base, self.shapes, "base region")
         if chosen is not None:
             _check_fits(chosen, self.shapes, "candidate region")
-        k_c = Budget.parse(config.candidates).size(self.universe) if config.candidates is not None else self.universe
-        positions = self._choose(k_c, source, base, chosen)
+        positions = self._choose(self.universe if size is None else size, source, base, chosen)
         self.pos, self.original, self.delta = {}, {}, {}
         for n, piece in pieces.items():
             pos = positions.pop(n)
@@ -125,22 +78,16 @@ class Candidates(Holding):
             ft = source.rows(n, piece.start, piece.stop).reshape(-1)
             self.delta[n] = ft[pos.to(ft.device)].to(values.device) - self.original[n]
         self.size = self._total(sum(int(p.numel()) for p in self.pos.values()))
-        self.base = self._base(config.sparsity, base)
-        self.base_size = self._total(sum(int(b.sum()) for b in self.base.values()))
-        self.S = self._draw_S(config.seed)
-        self.current = {n: self.gamma(n) for n in self.names}
-        self.grads: dict[str, torch.Tensor | None] = dict.fromkeys(self.names)
+        self.current = {n: torch.zeros(d.shape, device=d.device) for n, d in self.delta.items()}
+        self.grads_: dict[str, torch.Tensor | None] = dict.fromkeys(self.names)
         self.hooks: list = []
         _release_freed_memory()
 
-    def ranking(self, seed: int) -> Ranking:
-        """The learned order of the candidates (:meth:`Holding.ranking_keys`); coordinates outside C are never
-        ranked, so the largest region of the family is C."""
+    def positions(self) -> torch.Tensor:
+        """The candidates' positions in the universe; coordinates outside C are never ranked or selected."""
         if self.group.sharded:
             raise SkillgraftError("keep targets need the learned ranking in one process; run without sharding")
-        keys, region, moved = (torch.cat([t[n].reshape(-1) for n in self.names]) for t in self.ranking_keys(seed))
-        positions = torch.cat([self._global(n, self.pos[n]) for n in self.names])
-        return Ranking.from_keys(self.shapes, positions, keys, first=region, then=moved)
+        return torch.cat([self._global(n, self.pos[n]) for n in self.names])
 
     # ------------------------------------------------------------------ construction
     def _total(self, local: int) -> int:
@@ -204,19 +151,26 @@ class Candidates(Holding):
         idx = idx[(idx >= piece.first) & (idx < piece.first + piece.numel)]
         return idx - piece.first
 
-    def _base(self, sparsity: float, base: Region | None) -> dict[str, torch.Tensor]:
-        """γ_base on C: the given region, or the top-``sparsity`` |Δ| (C holds it: c ≥ sparsity)."""
-        if base is not None:
-            out = {}
-            for n in self.names:
-                idx = self._local(base, n).to(self.pos[n].device)
-                out[n] = torch.isin(self.pos[n].to(torch.int64), idx)
-            return out
-        k = int(round(sparsity * self.universe))
-        wide = torch.float64 if any(d.dtype == torch.float64 for d in self.delta.values()) else torch.float32
-        scores = torch.cat([d.abs().reshape(-1).cpu().to(wide) for d in self.delta.values()])
+    def masks_of(self, region: Region) -> dict[str, torch.Tensor]:
+        out = {}
+        for n in self.names:
+            idx = self._local(region, n).to(self.pos[n].device)
+            out[n] = torch.isin(self.pos[n].to(torch.int64), idx)
+        return out
+
+    def gather(self, scores: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = {}
+        for n, piece in self.pieces.items():
+            flat = scores[n].reshape(-1)[piece.first:piece.first + piece.numel]
+            out[n] = flat[self.pos[n].to(torch.int64).to(flat.device)].to(self.delta[n].device)
+        return out
+
+    def top(self, scores: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
+        """Exactly the top-k over C (distributed when sharded); compared in float32, or float64 if any score is."""
+        wide = torch.float64 if any(s.dtype == torch.float64 for s in scores.values()) else torch.float32
+        flat = torch.cat([scores[n].reshape(-1).cpu().to(wide) for n in self.names])
         glob = torch.cat([self._global(n, p) for n, p in self.pos.items()]) if self.group.topk else None
-        return self._split(top_k(scores, glob, k, self.group.topk))
+        return self._split(top_k(flat, glob, k, self.group.topk))
 
     def _split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         out, start = {}, 0
@@ -225,34 +179,28 @@ class Candidates(Holding):
             start += pos.numel()
         return out
 
-    def _draw_S(self, seed: int) -> dict[str, torch.Tensor]:
-        """S ~ U[0, 1) at C: the dense localizer's draw (one stream over the tensors in order), gathered."""
+    def draw(self, seed: int) -> dict[str, torch.Tensor]:
+        """U[0, 1) at C: the dense layout's draw (one stream over the tensors in order), gathered."""
         gen = torch.Generator().manual_seed(seed)
         out = {}
         for n, piece in self.pieces.items():
             want = self.pos[n].to(torch.int64).cpu() + piece.first  # flat index in the whole tensor, ascending
-            S = torch.empty(want.numel(), dtype=torch.float32)
-            done, j, total = 0, 0, numel_of(piece.shape)
-            while done < total:
-                size = min(CHUNK, total - done)
-                draw = torch.rand(size, generator=gen)
-                end = int(torch.searchsorted(want, done + size)) if want.numel() else 0
-                if end > j:
-                    S[j:end] = draw[want[j:end] - done]
-                    j = end
-                done += size
-            out[n] = S.to(self.delta[n].device)
+            out[n] = _stream_at(gen, want, numel_of(piece.shape)).to(self.delta[n].device)
         return out
 
-    # ------------------------------------------------------------------ the working weights
-    @torch.no_grad()
-    def apply(self) -> None:
-        """Move C from θ_pre to θ_pre + γ⊙Δ (the caller restores with :meth:`restore` in a finally)."""
+    def draw_flat(self, seed: int) -> dict[str, torch.Tensor]:
+        """U[0, 1) over C itself: the i-th candidate (C in universe order, over every process) gets the stream's
+        i-th value — what the relaxed localizers always drew; it depends on C, not on the process count."""
+        counts = {n: int(p.numel()) for n, p in self.pos.items()}
+        every = self.group.gather(counts) if self.group.sharded else [counts]
+        start, want = 0, []
         for n in self.names:
-            values, idx = self.pieces[n].values(), self.pos[n]
-            step = self.current[n].to(values.dtype) * self.delta[n]
-            values.index_copy_(0, idx.to(torch.int64), (values.index_select(0, idx) + step).to(values.dtype))
+            before = sum(c[n] for c in every[:self.group.rank]) if self.group.sharded else 0
+            want.append(torch.arange(counts[n]) + start + before)
+            start += sum(c[n] for c in every)
+        return self._split(_stream_at(torch.Generator().manual_seed(seed), torch.cat(want), start))
 
+    # ------------------------------------------------------------------ the working weights
     @torch.no_grad()
     def hold(self, n: str, target: torch.Tensor) -> None:
         """Move tensor n's candidates from θ_pre + current⊙Δ to θ_pre + target⊙Δ."""
@@ -263,12 +211,20 @@ class Candidates(Holding):
         self.current[n] = target
 
     @torch.no_grad()
+    def put(self, n: str, target: torch.Tensor) -> None:
+        """θ_pre + target⊙Δ on tensor n's candidates, computed in float32 from the saved θ_pre (no drift)."""
+        values = self.pieces[n].values()
+        new = self.original[n].float() + target.float() * self.delta[n].float()
+        values.index_copy_(0, self.pos[n].to(torch.int64), new.to(values.dtype))
+        self.current[n] = target
+
+    @torch.no_grad()
     def restore(self) -> None:
         """θ_pre back on C, bit-exactly (nothing outside C was ever written)."""
         for n in self.names:
             self.pieces[n].values().index_copy_(0, self.pos[n].to(torch.int64), self.original[n])
 
-    # ------------------------------------------------------------------ gradients and the step on S
+    # ------------------------------------------------------------------ gradients
     def watch(self) -> None:
         """Gather each graftable tensor's gradient onto C as soon as it is accumulated; drop the dense one."""
         for n, piece in self.pieces.items():
@@ -279,7 +235,7 @@ class Candidates(Holding):
         g = self.pieces[n].grad()
         if g is not None:
             picked = g.index_select(0, self.pos[n])
-            self.grads[n] = picked if self.grads[n] is None else self.grads[n] + picked  # as autograd accumulates
+            self.grads_[n] = picked if self.grads_[n] is None else self.grads_[n] + picked  # as autograd accumulates
         param.grad = None
 
     def close(self) -> None:
@@ -288,36 +244,18 @@ class Candidates(Holding):
         self.hooks = []
 
     @torch.no_grad()
-    def update(self, lr: float, l1: float, group: Group | None = None) -> None:
-        """S ← S − lr·∂L/∂S on C; ∂L/∂S = (∂L/∂θ ⊙ Δ + λ) ⊙ (1 − 2γ_base) ⊙ σ'(S − bias); θ follows γ."""
+    def grads(self) -> dict[str, torch.Tensor]:
+        """The gathered ∂L/∂θ on C since the last call (zeros where a tensor got none)."""
+        out = {}
         for n in self.names:
-            g = self.grads[n]
+            g = self.grads_[n]
             if g is None:
-                g = torch.zeros(self.pos[n].numel(), dtype=self.pieces[n].param.dtype, device=self.S[n].device)
+                g = torch.zeros(self.pos[n].numel(), dtype=self.pieces[n].param.dtype, device=self.delta[n].device)
             if self.group.world > 1 and not self.group.sharded:
                 self.group.sum_(g)  # replicated model: sum the ranks' gathered gradients (not the dense ones)
-            s = torch.sigmoid(self.S[n] - self.bias)
-            sign = 1 - 2 * self.base[n].to(s.dtype)
-            grad_s = (g.to(s.dtype) * self.delta[n].to(s.dtype) + l1) * sign * s * (1 - s)
-            self.S[n].sub_(lr * grad_s)
-            self.grads[n] = None
-            self.hold(n, self.gamma(n))
-
-    # ------------------------------------------------------------------ selection
-    def choose(self, budget: Budget) -> dict[str, torch.Tensor]:
-        """Masks over C of what ``budget`` selects now: γ > 0.5, or exactly the top-k of γ (ties by position)."""
-        if budget.rounding:
-            return {n: self.gamma(n) > 0.5 for n in self.names}
-        k = budget.size(self.universe)
-        if k > self.size:
-            raise SkillgraftError(f"budget {budget} asks for {k} coordinates but the candidate set holds {self.size}; "
-                                  "raise candidates")
-        scores = torch.cat([self.gamma(n).reshape(-1).cpu() for n in self.names])
-        glob = torch.cat([self._global(n, p) for n, p in self.pos.items()]) if self.group.topk else None
-        return self._split(top_k(scores, glob, k, self.group.topk))
-
-    def count(self, masks: dict[str, torch.Tensor]) -> int:
-        return self._total(sum(int(m.sum()) for m in masks.values()))
+            out[n] = g
+            self.grads_[n] = None
+        return out
 
     def region(self, masks: dict[str, torch.Tensor]) -> Region:
         """The Region of ``masks`` (gathered from every process when sharded)."""
@@ -327,6 +265,22 @@ class Candidates(Holding):
             mine = {n: torch.cat([torch.as_tensor(p[n]) for p in parts if n in p]) for n in self.names
                     if any(n in p for p in parts)}
         return Region(self.shapes, mine)
+
+
+def _stream_at(gen: torch.Generator, want: torch.Tensor, total: int) -> torch.Tensor:
+    """The values at positions ``want`` (ascending) of the next ``total`` draws of U[0, 1) from ``gen``, drawn in
+    chunks (the same stream as one draw of ``total``), without holding ``total`` values at once."""
+    out = torch.empty(want.numel(), dtype=torch.float32)
+    done, j = 0, 0
+    while done < total:
+        size = min(CHUNK, total - done)
+        draw = torch.rand(size, generator=gen)
+        end = int(torch.searchsorted(want, done + size)) if want.numel() else 0
+        if end > j:
+            out[j:end] = draw[want[j:end] - done]
+            j = end
+        done += size
+    return out
 
 
 def _check_fits(region: Region, shapes: dict, what: str) -> None:

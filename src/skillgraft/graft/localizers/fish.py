@@ -33,6 +33,9 @@ class Fish(Localizer):
     Options = FishOptions
     summary = "top diagonal Fisher of θ_pre (Sung et al., 2021)"
 
+    def needs_labels(self, options) -> str | None:
+        return "the Fisher of log p(y|x) over the label set"
+
     def scores(self, pre, ft, data, options, *, progress: bool = False) -> dict[str, torch.Tensor]:
         """Diagonal Fisher F_jj(θ_pre) over the graftable tensors (the fine-tuned head lent for the pass)."""
         train, _ = examples_of(data)

@@ -1,13 +1,13 @@
 """Learned localizers beyond the paper's recipe: other γ_base, Adam on S, and a straight-through binary graft.
 
-All optimise a mask m over a candidate set C (the top-c coordinates of the base score; S, Δ and θ_pre
-live only there) with the working model θ(m) = θ_pre + m ⊙ Δ held inside θ_pre itself:
+Each is the engine (:mod:`.engine`) with one relaxation (:mod:`.relaxations`), one optimizer and a base score,
+on the candidate layout: a candidate set C (the top-c coordinates of the base score; S, Δ and θ_pre live only
+there) inside θ_pre itself, θ(m) = θ_pre + m ⊙ Δ:
 
-* ``sigmoid`` (paper Eq. 3–4): m = γ = σ(z), z₀ = ±(b − u) (u ~ U[0,1), + on γ_base = top-``sparsity`` of
-  the base score), i.e. the paper's γ_base ⊙ (1 − σ(S − b)) + (1 − γ_base) ⊙ σ(S − b) with z = ±(b − S);
-  the loss is taken at the continuous γ, ∂L/∂z = ∂L/∂θ ⊙ Δ ⊙ σ'(z). With SGD this is the paper's
-  update; with Adam (``optimizer: adam``) the per-coordinate step no longer vanishes with σ'(z).
-  Every budget's region is the exact top-k of z (one trajectory for all budgets).
+* ``sigmoid`` (paper Eq. 3–4): the learned localizer's γ and S (its arithmetic; S₀ drawn as one stream over
+  C), γ_base the top-``sparsity`` of the base score; with SGD this is the paper's update; with Adam
+  (``optimizer: adam``) the per-coordinate step no longer vanishes with σ'(S). Every budget's region is the
+  exact top-k of γ's logit (one trajectory for all budgets).
 * ``straight-through``: the forward pass uses the *binary* graft m = top-k(z) at the budget's exact
   size, the backward pass treats m as continuous: ∂L/∂z := ∂L/∂m = ∂L/∂θ ⊙ Δ (the first-order loss
   change of flipping each coordinate). z₀ = 1 on the top-k of the base score (0 elsewhere, ties by base
@@ -25,40 +25,39 @@ live only there) with the working model θ(m) = θ_pre + m ⊙ Δ held inside θ
   the top-k never changed in 50 steps on MiniLM SST-2). The region is the exact top-k of log α. One trajectory
   per budget.
 
-The base score is |Δ| (``base: movement``) or a first-order saliency (``base: saliency``,
+The base score is |Δ| (``base: movement``; C then comes from the streamed top-c of the candidate layout, θ_ft
+may be a saved folder) or a first-order saliency (``base: saliency``,
 :mod:`skillgraft.graft.localizers.saliency`). The region kept for each budget is the best scored one on the
 dev set (``select_on``; step 0 — the base region itself — included). θ_pre is restored bit-exactly in a
-``finally`` (weights, the lent head, flags, grads, modes; also on Ctrl-C).
+``finally`` (weights, the lent head, flags, grads, modes; also on Ctrl-C). Sharded (FSDP) runs: the sigmoid
+relaxation from |Δ| only; straight-through and hard-concrete rank C in one process and refuse.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from functools import partial
 from typing import Literal
 
-import numpy as np
 import torch
 from pydantic import Field, model_serializer, model_validator
-from tqdm.auto import tqdm
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.finite import check_loss
+from skillgraft.graft.localizers import engine
 from skillgraft.graft.localizers.base import Localization, Localizer, LocalizerOptions, examples_of
-from skillgraft.graft.localizers.lending import preserved
+from skillgraft.graft.localizers.engine import accuracy  # noqa: F401 - what a region is scored by
 from skillgraft.graft.localizers.movement import movement
+from skillgraft.graft.localizers import relaxations
 from skillgraft.graft.localizers.saliency import SaliencyConfig, saliency_scores
 from skillgraft.graft.region import Region
-from skillgraft.graft.selection import region_universe, top_k_flat, top_k_masks
-from skillgraft.models.anatomy import carried_names, check_compatible, graftable_names
+from skillgraft.graft.selection import region_universe, top_k_masks
 from skillgraft.spec import COUNT_MAX, FLOAT_MAX, SEED_MAX
 
 DEFAULT_LR = {("sigmoid", "sgd"): 1e7, ("sigmoid", "adam"): 0.5, ("sigmoid", "nsgd"): 0.5,
               ("straight-through", "sgd"): 1e4, ("straight-through", "adam"): 0.05, ("straight-through", "nsgd"): 0.1,
               ("hard-concrete", "sgd"): 1e4, ("hard-concrete", "adam"): 1.0, ("hard-concrete", "nsgd"): 0.2}
 Relaxation = Literal["sigmoid", "straight-through", "hard-concrete"]
-# Hard-concrete constants (Louizos et al., 2018): temperature β and the stretch interval (γ, ζ).
-HC_BETA, HC_LOW, HC_HIGH = 2 / 3, -0.1, 1.1
 
 
 class RelaxedOptions(LocalizerOptions):
@@ -125,57 +124,6 @@ class RelaxedOptions(LocalizerOptions):
         return self
 
 
-class _Candidates:
-    """The candidate coordinates of each tensor, θ_pre and Δ there, and writing θ_pre + m ⊙ Δ into the model."""
-
-    def __init__(self, pre, ft, names: list[str], masks: dict[str, torch.Tensor], base_scores: dict[str, torch.Tensor]):
-        p_pre, p_ft = dict(pre.named_parameters()), dict(ft.named_parameters())
-        self.names = [n for n in names if bool(masks[n].any())]
-        self.params = {n: p_pre[n] for n in self.names}
-        self.idx, pre_v, delta_v, score_v = {}, [], [], []
-        for n in self.names:
-            p = p_pre[n]
-            idx = torch.nonzero(masks[n].reshape(-1), as_tuple=False).reshape(-1).to(p.device)
-            self.idx[n] = idx
-            pre_v.append(p.detach().reshape(-1)[idx].float())
-            delta_v.append(p_ft[n].detach().to(p.device).reshape(-1)[idx].float() - pre_v[-1])
-            score_v.append(base_scores[n].reshape(-1)[idx.cpu()].float().to(p.device))
-        self.sizes = [len(self.idx[n]) for n in self.names]
-        self.pre, self.delta, self.score = torch.cat(pre_v), torch.cat(delta_v), torch.cat(score_v)
-
-    def __len__(self) -> int:
-        return int(self.delta.numel())
-
-    def ranks(self) -> torch.Tensor:
-        """Each candidate's rank by the base score (0 = the highest; ties by position), as floats."""
-        out = torch.empty(len(self), device=self.delta.device)
-        out[torch.argsort(self.score, descending=True, stable=True)] = torch.arange(
-            len(self), dtype=torch.float32, device=self.delta.device)
-        return out
-
-    @torch.no_grad()
-    def hold(self, m: torch.Tensor) -> None:
-        """Write θ_pre + m ⊙ Δ at the candidates (exact: from the saved θ_pre values, no drift)."""
-        values = self.pre + m.float() * self.delta
-        for n, v in zip(self.names, values.split(self.sizes)):
-            p = self.params[n]
-            p.detach().reshape(-1)[self.idx[n]] = v.to(p.dtype)
-
-    def grad(self) -> torch.Tensor:
-        """∂L/∂m = ∂L/∂θ ⊙ Δ at the candidates (zeros where a tensor got no gradient); clears the grads."""
-        parts = []
-        for n in self.names:
-            p = self.params[n]
-            parts.append(p.grad.reshape(-1)[self.idx[n]].float() if p.grad is not None
-                         else torch.zeros(len(self.idx[n]), device=self.delta.device))
-            p.grad = None
-        return torch.cat(parts) * self.delta
-
-    def region(self, mask: torch.Tensor, shapes: dict[str, tuple[int, ...]]) -> Region:
-        chosen = {n: idx[m].cpu() for n, idx, m in zip(self.names, self.idx.values(), mask.bool().split(self.sizes))}
-        return Region(shapes, chosen)
-
-
 def base_scores(pre, ft, train, opts: RelaxedOptions, *, progress: bool = False) -> dict[str, torch.Tensor]:
     """The score γ_base and the candidate set are drawn from: |Δ| or the saliency."""
     if opts.base == "movement":
@@ -183,20 +131,8 @@ def base_scores(pre, ft, train, opts: RelaxedOptions, *, progress: bool = False)
     return saliency_scores(pre, ft, train, opts.saliency, opts.graftable, progress=progress)
 
 
-@torch.no_grad()
-def accuracy(scorer, examples, micro_batch: int) -> float:
-    """Accuracy of ``scorer`` on ``examples``."""
-    device = next(scorer.parameters()).device
-    correct = 0
-    for start in range(0, len(examples), micro_batch):
-        batch = scorer.collate(examples[start:start + micro_batch])
-        batch = {k: v.to(device) for k, v in batch.items()}
-        labels = batch.pop("labels")
-        correct += int((scorer(**batch).argmax(-1) == labels).sum())
-    return correct / max(1, len(examples))
-
-
-def relaxed_localize(pre, ft, data, opts: RelaxedOptions, *, progress: bool = False) -> Localization:
+def relaxed_localize(pre, ft, data, opts: RelaxedOptions, *, accelerator=None, progress: bool = False
+                     ) -> Localization:
     """Regions of exactly each of ``opts.budgets``' sizes (see the module doc); ``pre`` restored bit-exactly."""
     train, dev = examples_of(data)
     if not train:
@@ -207,202 +143,32 @@ def relaxed_localize(pre, ft, data, opts: RelaxedOptions, *, progress: bool = Fa
     if not budgets or any(b.rounding for b in budgets):
         raise SkillgraftError("the relaxed localizers need budgets that are fractions or counts (exact sizes), "
                               "not 'round'")
-    names = graftable_names(pre, opts.graftable)
-    check_compatible(pre, ft, names)
     shapes = region_universe(pre, opts.graftable)
     universe = sum(math.prod(s) for s in shapes.values())
-    sizes = {b: b.size(universe) for b in budgets}
+    sizes = [b.size(universe) for b in budgets]
     base_k = max(1, round(opts.sparsity * universe))
+    c = universe if opts.candidates is None else min(universe, max(math.ceil(opts.candidates * universe), *sizes,
+                                                                   base_k))
     t0 = time.perf_counter()
-    scores = base_scores(pre, ft, train, opts, progress=progress)
+    scores = chosen = None
+    if opts.base == "saliency":  # C = the top-c saliency (the candidate layout takes the top-c |Δ| by itself)
+        scores = base_scores(pre, ft, train, opts, progress=progress)
+        chosen = Region.from_masks(top_k_masks(scores, c), shapes)
     score_seconds = time.perf_counter() - t0
-    c = universe if opts.candidates is None else min(universe, max(math.ceil(opts.candidates * universe),
-                                                                   max(sizes.values()), base_k))
-    start_k = None if opts.anneal_from is None else min(c, max(round(opts.anneal_from * universe), *sizes.values()))
+    start_k = None if opts.anneal_from is None else min(c, max(round(opts.anneal_from * universe), *sizes))
+    relaxation = {"sigmoid": partial(relaxations.Sigmoid, opts.sigmoid_bias, draw="candidates", select="logit"),
+                  "straight-through": partial(relaxations.StraightThrough, start_k, opts.anneal_steps),
+                  "hard-concrete": partial(relaxations.HardConcrete, opts.l0_penalty)}[opts.relaxation]
+    plan = engine.Plan(
+        relaxation=relaxation, optimizer=opts.optimizer, lr=opts.lr, steps=opts.steps, budgets=budgets,
+        batch_size=opts.batch_size, micro_batch=opts.micro_batch, eval_every=opts.eval_every,
+        last=opts.select_on == "last", seed=opts.seed, graftable=opts.graftable,
+        candidates=None if chosen is not None else (lambda _: c), chosen=chosen,
+        base_size=(lambda _: base_k) if opts.relaxation == "sigmoid" else None, scores=scores, config=opts.to_dict())
     select = {"dev": dev, "train+dev": train + dev, "train": train, "last": []}[opts.select_on]
-    with preserved(pre, names + carried_names(pre)):
-        params, source = dict(pre.named_parameters()), dict(ft.named_parameters())
-        with torch.no_grad():
-            for n in carried_names(pre):  # θ_pre wears the fine-tuned task head (head mode)
-                params[n].copy_(source[n])
-        for p in pre.parameters():
-            p.requires_grad_(False)
-        cand = _Candidates(pre, ft, names, top_k_masks(scores, c), scores)
-        for p in cand.params.values():
-            p.requires_grad_(True)
-            p.grad = None
-        pre.eval()
-        run = _Trajectory(pre, cand, train, select, opts, progress)
-        if opts.relaxation == "sigmoid":
-            found = run.sigmoid(sizes, base_k)
-        else:
-            found = {}
-            for b, k in sizes.items():
-                found |= (run.straight_through(b, k, start_k) if opts.relaxation == "straight-through"
-                          else run.hard_concrete(b, k))
-    regions = {b: cand.region(found[b]["mask"], shapes) for b in budgets}
-    summary = {"budgets": [b.key for b in budgets], "config": opts.to_dict(), "candidates": len(cand),
-               "base_size": base_k if opts.relaxation == "sigmoid" else None, "score_seconds": score_seconds,
-               "best_step": {b.key: found[b]["step"] for b in budgets},
-               "best_score": {b.key: found[b]["score"] for b in budgets},
-               "step_seconds": float(np.median(run.step_times)) if run.step_times else 0.0, "history": run.history}
-    return Localization(regions, summary)
-
-
-class _Trajectory:
-    """One optimisation of z on the candidates, scoring the exact-size regions every ``eval_every`` steps."""
-
-    def __init__(self, pre, cand: _Candidates, train, select, opts: RelaxedOptions, progress: bool):
-        self.pre, self.cand, self.train, self.select, self.opts = pre, cand, train, select, opts
-        self.progress = progress
-        self.history: list[dict] = []
-        self.step_times: list[float] = []
-
-    def _optimizer(self, z: torch.Tensor) -> torch.optim.Optimizer:
-        cls = torch.optim.Adam if self.opts.optimizer == "adam" else torch.optim.SGD
-        return cls([z], lr=self.opts.lr)
-
-    def _step(self, optim, z: torch.Tensor, grad: torch.Tensor) -> None:
-        if self.opts.optimizer == "nsgd":  # one scale per step: the gradient's RMS over the candidates
-            grad = grad / grad.pow(2).mean().sqrt().clamp_min(1e-30)
-        z.grad = grad
-        optim.step()
-
-    def _backward(self, rng: np.random.RandomState) -> torch.Tensor:
-        """∂L/∂m on one step's batch at the mask the model currently holds."""
-        n = min(self.opts.batch_size, len(self.train))
-        order = rng.permutation(len(self.train))[:n] if n < len(self.train) else np.arange(len(self.train))
-        device = self.cand.delta.device
-        total = 0.0
-        for start in range(0, len(order), self.opts.micro_batch):
-            batch = self.pre.collate([self.train[i] for i in order[start:start + self.opts.micro_batch]])
-            batch = {k: v.to(device) for k, v in batch.items()}
-            labels = batch.pop("labels")
-            loss = torch.nn.functional.cross_entropy(self.pre(**batch).float(), labels, reduction="sum") / n
-            loss.backward()
-            total = total + loss.detach()
-        check_loss(total, "localization", len(self.step_times) + 1)  # before z moves: a NaN is never stored
-        return self.cand.grad()
-
-    def _score(self, mask: torch.Tensor) -> float:
-        if not self.select:
-            return 0.0
-        self.cand.hold(mask)
-        return accuracy(self.pre, self.select, self.opts.micro_batch)
-
-    def _keep(self, best: dict, step: int, mask: torch.Tensor, label: str, row: dict) -> None:
-        acc = self._score(mask)
-        row[f"{label}:acc"] = acc
-        if self.opts.select_on == "last" or acc > best["score"]:
-            best.update(score=acc, step=step, mask=mask.clone())
-
-    def sigmoid(self, sizes: dict, base_k: int) -> dict:
-        """Paper Eq. 3–4 on the candidates: one trajectory, every budget's exact top-k of z scored."""
-        opts, cand = self.opts, self.cand
-        gen = torch.Generator().manual_seed(opts.seed)
-        u = torch.rand(len(cand), generator=gen).to(cand.delta.device)
-        on_base = top_k_flat(cand.score, base_k)
-        z = torch.where(on_base, opts.sigmoid_bias - u, u - opts.sigmoid_bias).requires_grad_(True)
-        optim = self._optimizer(z)
-        best = {b: {"score": -1.0, "step": 0, "mask": None} for b in sizes}
-        rng = np.random.RandomState(opts.seed)
-
-        def score(step: int) -> None:
-            row = {"step": step}
-            for b, k in sizes.items():
-                self._keep(best[b], step, top_k_flat(z.detach(), k).float(), b.label, row)
-            self.history.append(row)
-
-        score(0)
-        bar = tqdm(range(1, opts.steps + 1), desc="localize (sigmoid)", disable=not self.progress)
-        for step in bar:
-            t0 = time.perf_counter()
-            gamma = torch.sigmoid(z.detach())
-            cand.hold(gamma)
-            g = self._backward(rng)
-            self._step(optim, z, g * gamma * (1 - gamma))
-            self.step_times.append(time.perf_counter() - t0)
-            if step % opts.eval_every == 0 or step == opts.steps:
-                score(step)
-        bar.close()
-        return best
-
-    def straight_through(self, budget, k: int, start_k: int | None = None) -> dict:
-        """The binary graft of exactly k coordinates forward, ∂L/∂m backward (one trajectory per budget); with
-        ``start_k`` the forward mask is pruned from start_k to k over ``anneal_steps`` first."""
-        opts, cand = self.opts, self.cand
-        ranks = cand.ranks()
-        if start_k is None:
-            z = top_k_flat(cand.score, k).float() + 1e-3 * (1 - ranks / len(cand))
-        else:  # the base score's order, on the scale of one nsgd step per coordinate
-            z = 1 - ranks / len(cand)
-        z.requires_grad_(True)
-        optim = self._optimizer(z)
-        best = {"score": -1.0, "step": 0, "mask": None}
-        rng = np.random.RandomState(opts.seed)
-        label = budget.label
-        first = opts.anneal_steps if start_k is not None else 0
-        bar = tqdm(range(opts.steps + 1), desc=f"localize (straight-through {label})", disable=not self.progress)
-        for step in bar:
-            size = k if step >= first else round(math.exp(
-                math.log(start_k) * (1 - step / first) + math.log(k) * step / first))
-            mask = top_k_flat(z.detach(), size).float()
-            if step >= first and (step % opts.eval_every == 0 or step in (first, opts.steps)):
-                row = {"step": step, "budget": label}
-                self._keep(best, step, mask, label, row)
-                self.history.append(row)
-            if step == opts.steps:
-                break
-            t0 = time.perf_counter()
-            cand.hold(mask)
-            self._step(optim, z, self._backward(rng))
-            self.step_times.append(time.perf_counter() - t0)
-        bar.close()
-        return {budget: best}
-
-    def hard_concrete(self, budget, k: int) -> dict:
-        """L0 hard-concrete gates on the candidates, E‖z‖₀ held at k by a penalty; regions: top-k of log α."""
-        opts, cand = self.opts, self.cand
-        n = len(cand)
-        device = cand.delta.device
-        shift = HC_BETA * math.log(-HC_LOW / HC_HIGH)  # P(z > 0) = σ(log α − shift)
-        p_off = min(0.5, 0.1 * k / max(1, n - k))
-        on, off = math.log(0.95 / 0.05) - shift, math.log(p_off / (1 - p_off)) + shift
-        # P(z = 1) = σ(log α + shift): 0.95 on the base region; P(z > 0) = p_off elsewhere (k/10 open gates)
-        on_base = top_k_flat(cand.score, k)
-        ranks = cand.ranks()
-        log_alpha = torch.where(on_base, torch.full((n,), on, device=device), torch.full((n,), off, device=device))
-        log_alpha = (log_alpha + 1e-3 * (1 - ranks / n)).requires_grad_(True)  # ties by the base score
-        optim = self._optimizer(log_alpha)
-        gen = torch.Generator(device=device).manual_seed(opts.seed)
-        best = {"score": -1.0, "step": 0, "mask": None}
-        rng = np.random.RandomState(opts.seed)
-        label = budget.label
-        bar = tqdm(range(opts.steps + 1), desc=f"localize (hard-concrete {label})", disable=not self.progress)
-        for step in bar:
-            if step % opts.eval_every == 0 or step == opts.steps:
-                row = {"step": step, "budget": label,
-                       "expected_size": float(torch.sigmoid(log_alpha.detach() - shift).sum())}
-                self._keep(best, step, top_k_flat(log_alpha.detach(), k).float(), label, row)
-                self.history.append(row)
-            if step == opts.steps:
-                break
-            t0 = time.perf_counter()
-            u = torch.rand(n, generator=gen, device=device).clamp(1e-6, 1 - 1e-6)
-            s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + log_alpha) / HC_BETA)
-            z = (s * (HC_HIGH - HC_LOW) + HC_LOW).clamp(0, 1)
-            cand.hold(z.detach())
-            g = self._backward(rng)  # ∂L/∂z
-            expected = torch.sigmoid(log_alpha - shift).sum()
-            penalty = opts.l0_penalty * ((expected - k) / k) ** 2
-            optim.zero_grad()
-            torch.autograd.backward([z, penalty], [g, torch.ones_like(penalty)])
-            if opts.optimizer == "nsgd":
-                log_alpha.grad /= log_alpha.grad.pow(2).mean().sqrt().clamp_min(1e-30)
-            optim.step()
-            self.step_times.append(time.perf_counter() - t0)
-        bar.close()
-        return {budget: best}
+    result = engine.run(pre, ft, train, select, plan, accelerator=accelerator, progress=progress)
+    result.extra["score_seconds"] = score_seconds
+    return result
 
 
 class Relaxed(Localizer):
@@ -412,7 +178,25 @@ class Relaxed(Localizer):
     summary = "learned mask: sigmoid (paper) or straight-through binary graft; SGD or Adam; |Δ| or saliency base"
 
     def run(self, pre, ft, data, options=None, *, progress: bool = False) -> Localization:
-        return relaxed_localize(pre, ft, data, self.options(options), progress=progress)
+        opts = self.options(options)
+        self.check(pre, opts)
+        return relaxed_localize(pre, ft, data, opts, progress=progress)
+
+    def refuse(self, options, *, sharded: bool = False, generative: bool = False) -> None:
+        """Sharded: the sigmoid relaxation from |Δ| only; generative data: any but a Fisher saliency base."""
+        if sharded and options.relaxation != "sigmoid":
+            raise SkillgraftError(f"localizer {self.name!r} (relaxation {options.relaxation}) does not run sharded "
+                                  "(FSDP): its start ranks every candidate by the base score in one process; run it "
+                                  "without an FSDP config, or use learned / learned-adam")
+        if sharded and options.base == "saliency":
+            raise SkillgraftError(f"localizer {self.name!r} with base 'saliency' does not run sharded (FSDP): the "
+                                  "saliency needs both models whole in one process; use base 'movement'")
+        super().refuse(options, generative=generative)
+
+    def needs_labels(self, options) -> str | None:
+        if options.base == "saliency" and options.saliency.kind == "fisher":
+            return "its saliency base is a Fisher of log p(y|x) over the labels"
+        return None
 
 
 class AdamOptions(RelaxedOptions):

@@ -22,6 +22,7 @@ from skillgraft.fisher.fisher import FisherConfig, fisher_diagonal
 from skillgraft.graft.localizers.base import Localizer, LocalizerOptions, examples_of
 from skillgraft.graft.localizers.lending import lent_head, preserved
 from skillgraft.models.anatomy import check_compatible, graftable_names
+from skillgraft.models.scorer import batch_loss
 from skillgraft.spec import COUNT_MAX, Spec
 
 
@@ -75,8 +76,7 @@ def _gradient_scores(scorer, train, names, delta, config: SaliencyConfig) -> dic
     for start in range(0, len(train), config.micro_batch):
         batch = scorer.collate(train[start:start + config.micro_batch])
         batch = {k: v.to(device) for k, v in batch.items()}
-        labels = batch.pop("labels")
-        loss = torch.nn.functional.cross_entropy(scorer(**batch).float(), labels, reduction="sum") / len(train)
+        loss = batch_loss(scorer, batch, reduction="sum") / len(train)  # generative: completion tokens
         loss.backward()
         with torch.no_grad():
             for n in names:
@@ -93,6 +93,9 @@ class Saliency(Localizer):
 
     Options = SaliencyOptions
     summary = "top |∂L/∂θ ⊙ Δ| (or Fisher·Δ²) at θ_ft or θ_pre"
+
+    def needs_labels(self, options) -> str | None:
+        return "kind 'fisher': the Fisher of log p(y|x) over the labels" if options.kind == "fisher" else None
 
     def scores(self, pre, ft, data, options, *, progress: bool = False) -> dict[str, torch.Tensor]:
         train, _ = examples_of(data)

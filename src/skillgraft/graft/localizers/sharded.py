@@ -39,6 +39,12 @@ def fsdp_requested(accelerator) -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and os.environ.get("FSDP_VERSION") == "2"
 
 
+def fsdp_launched() -> bool:
+    """Launched on several processes with an FSDP config (read from the launcher's environment, no Accelerator)."""
+    return (int(os.environ.get("WORLD_SIZE", "1")) > 1
+            and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true")
+
+
 def shard(scorer: torch.nn.Module, accelerator) -> None:
     """``fully_shard`` each transformer block of ``scorer.model`` (its ``_no_split_modules``), then the model.
 

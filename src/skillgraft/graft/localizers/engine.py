@@ -1,0 +1,298 @@
+"""The one engine of the learned localizers (paper Eq. 3–4): min over a mask m of L(θ_pre + m ⊙ Δ), Δ = θ_ft − θ_pre.
+
+    θ(m) = θ_pre + m ⊙ Δ        ∂L/∂m = ∂L/∂θ ⊙ Δ        region = top-k of the relaxation's scores (or γ > 0.5)
+
+What varies is a strategy each:
+
+* the **relaxation** (:mod:`.relaxations`): how m is parametrised and scored — sigmoid (the paper's γ),
+  straight-through, hard-concrete, the prune schedule;
+* the **optimizer** on its parameters (:class:`Optimizer`): sgd (the paper's), adam, nsgd;
+* the **layout** (:mod:`.layouts`, :mod:`.candidates`): dense, candidate-restricted, or sharded under FSDP2;
+
+and every scorer kind works, generative data included: the loss is the scorer's own (``batch_loss``: label
+cross-entropy, or the completion tokens' for generative data) and a region's score its hits (``batch_hits``:
+accuracy, or completion-token accuracy).
+
+The engine owns everything else, once: lending θ_pre the fine-tuned task head, sharding, the step loop over
+seeded mini-batches of micro-batches (lock-stepped across processes), the non-finite-loss stop before a
+parameter moves, scoring each budget's region every ``eval_every`` steps on the selection split with a history
+(accuracy, size, IoU with the last scored region), keeping the best step per budget, and restoring θ_pre bit-
+exactly (weights, head, flags, grads, modes) in a ``finally`` — also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from skillgraft.data.loading import Example
+from skillgraft.finite import check_loss
+from skillgraft.graft.localizers.base import Localization
+from skillgraft.graft.localizers.candidates import Candidates
+from skillgraft.graft.localizers.checkpointing import activation_checkpointing
+from skillgraft.graft.localizers.layouts import Dense, Layout
+from skillgraft.graft.localizers.lending import preserved
+from skillgraft.graft.localizers.relaxations import Relaxation
+from skillgraft.graft.localizers.sharded import (Group, fsdp_requested, is_sharded, pieces, reshard, shard,
+                                                 sum_gradients)
+from skillgraft.graft.localizers.source import fine_tuned
+from skillgraft.graft.region import Region
+from skillgraft.graft.selection import Budget
+from skillgraft.models.anatomy import carried_names, graftable_names
+from skillgraft.models.scorer import batch_hits, batch_loss
+
+
+class Optimizer:
+    """The update of a relaxation's parameters z: sgd z ← z − lr·g (the paper's), adam (``torch.optim.Adam``), or
+    nsgd: sgd on g / RMS(g) over every coordinate (one scale per step, magnitudes kept)."""
+
+    def __init__(self, kind: str, lr: float, params: list[torch.Tensor], group: Group):
+        self.kind, self.lr, self.params, self.group = kind, lr, params, group
+        self.adam = torch.optim.Adam(params, lr=lr) if kind == "adam" else None
+
+    @torch.no_grad()
+    def step(self, grads: list[torch.Tensor]) -> None:
+        if self.kind == "nsgd":
+            scale = self._rms(grads).clamp_min(1e-30)
+            grads = [g / scale for g in grads]
+        if self.adam is not None:
+            for p, g in zip(self.params, grads):
+                p.grad = g
+            self.adam.step()
+            for p in self.params:
+                p.grad = None
+        else:
+            for p, g in zip(self.params, grads):
+                p.sub_(self.lr * g)
+
+    def _rms(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        if not (self.group.sharded and self.group.world > 1):
+            return flat.pow(2).mean().sqrt()
+        total = self.group.sum_(torch.stack([flat.double().pow(2).sum(), torch.tensor(flat.numel(), dtype=torch.float64,
+                                                                                     device=flat.device)]))
+        return (total[0] / total[1].clamp(min=1)).sqrt().to(flat.dtype)
+
+
+@dataclass
+class Plan:
+    """One engine run: the strategies and the loop's settings (the localizers build it from their options)."""
+
+    relaxation: Callable[[], Relaxation]   # a fresh relaxation per trajectory
+    optimizer: str
+    lr: float
+    steps: int
+    budgets: list[Budget]
+    batch_size: int = 1024
+    micro_batch: int = 64
+    eval_every: int = 1
+    last: bool = False                     # keep the last scored step (no selection)
+    seed: int = 0
+    graftable: str = "body"
+    candidates: Callable[[int], int | None] | None = None  # |C| from |U| (None: dense when the relaxation allows)
+    chosen: Region | None = None           # C itself (a Region chosen by another score)
+    base: Region | None = None             # γ_base itself
+    base_size: Callable[[int], int] | None = None  # |γ_base| from |U| (the top of the base score)
+    scores: dict[str, torch.Tensor] | None = None  # the base score per graftable coordinate (default |Δ|)
+    gradient_checkpointing: bool = False
+    config: dict = field(default_factory=dict)
+
+
+def run(pre, ft, train: list[Example], select: list[Example], plan: Plan, *, accelerator=None,
+        progress: bool = False, ranked: bool = False) -> Localization:
+    """Learn the regions of ``plan.budgets`` (see the module doc); ``pre`` is the working model, restored on return.
+
+    ``ft`` is the fine-tuned scorer or the folder it was saved to (read lazily). Under ``accelerate launch`` with
+    an FSDP2 config, or with a ``fully_shard``-ed ``pre``, each process works on its own shards (``pre`` stays
+    sharded afterwards; its values are restored). ``ranked``: also return the learned order (sigmoid only).
+    """
+    from accelerate import Accelerator  # noqa: PLC0415
+
+    accelerator = accelerator or Accelerator()
+    names = graftable_names(pre, plan.graftable)
+    carried = carried_names(pre)
+    source = fine_tuned(ft, pre, names + [n for n in carried if n not in names])
+    sharded = is_sharded(pre) or fsdp_requested(accelerator)
+    group = Group(accelerator.num_processes, accelerator.process_index, sharded, accelerator.device)
+    lean = sharded or plan.relaxation().absolute or plan.candidates is not None or plan.chosen is not None
+    if sharded:
+        if not is_sharded(pre):
+            shard(pre, accelerator)
+        sum_gradients(pre)
+    with preserved(pre, carried if lean else names + carried):
+        return _optimise(pre, source, names, carried, train, select, plan, accelerator, group, progress, lean,
+                         ranked)
+
+
+def _optimise(pre, source, names, carried, train, select, plan, accelerator, group, progress, lean, ranked):
+    """Build the layout on ``pre`` (whose flags, modes and head the caller restores), run the trajectories."""
+    if not group.sharded:
+        pre.to(accelerator.device)
+    pre.eval()
+    for p in pre.parameters():
+        p.grad = None
+    with torch.no_grad():  # lend θ_pre the fine-tuned task head
+        for n, part in pieces(pre, carried, group).items():
+            part.values().copy_(source.rows(n, part.start, part.stop).reshape(-1))
+    for p in pre.parameters():
+        p.requires_grad_(False)
+    if lean:
+        universe = sum(math.prod(p.shape) for n, p in pre.named_parameters() if n in set(names))  # global shapes
+        size = plan.candidates(universe) if plan.candidates is not None else None
+        layout: Layout = Candidates(pieces(pre, names, group), source, group, size=size, chosen=plan.chosen,
+                                    base=plan.base)
+    else:
+        layout = Dense(pre, source, names, group)
+        if plan.base is not None:
+            layout.masks_of(plan.base)  # refused before any step when it does not fit
+    checkpointing = plan.gradient_checkpointing or (
+        group.sharded and os.environ.get("FSDP_ACTIVATION_CHECKPOINTING", "false").lower() == "true")
+    try:
+        with activation_checkpointing(pre, checkpointing):
+            return _trajectories(pre, layout, train, select, plan, accelerator, group, progress, ranked)
+    finally:
+        layout.close()
+        layout.restore()
+
+
+def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, group, progress, ranked):
+    per_budget = plan.relaxation().per_budget
+    score = None  # the base score at the layout's coordinates, where γ_base or the relaxation's start needs it
+    if per_budget or (plan.base is None and plan.base_size is not None):
+        score = {n: d.abs() for n, d in layout.delta.items()} if plan.scores is None else layout.gather(plan.scores)
+    base = None
+    if plan.base is not None:
+        base = layout.masks_of(plan.base)
+    elif plan.base_size is not None:
+        base = layout.top(score, plan.base_size(layout.universe))
+    base_size = None if base is None else layout.count(base)
+    if not per_budget:
+        score = None
+    layout.watch()
+    history: list[dict] = []
+    step_times: list[float] = []
+    best: dict[Budget, tuple[float, int, Region | None]] = {}
+    relax = None
+    groups = [[b] for b in plan.budgets] if per_budget else [plan.budgets]
+    for budgets in groups:
+        relax = plan.relaxation()
+        k = budgets[0].size(layout.universe) if relax.per_budget else None
+        params = relax.start(layout, score, base, k, plan.seed)
+        best |= _trajectory(pre, layout, relax, Optimizer(plan.optimizer, plan.lr, params, group), budgets, train,
+                            select, plan, accelerator, group, progress, history, step_times)
+    result = Localization({b: best[b][2] for b in plan.budgets}, {b: best[b][1] for b in plan.budgets},
+                          {b: best[b][0] for b in plan.budgets}, history, base_size,
+                          float(np.median(step_times)) if step_times else 0.0, plan.config, layout.size, step_times)
+    if ranked:
+        result.ranking = relax.ranking(plan.seed)
+    return result
+
+
+def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, budgets: list[Budget], train, select,
+                plan: Plan, accelerator, group: Group, progress, history: list[dict], step_times: list[float]) -> dict:
+    """One optimisation of the relaxation's parameters; every ``eval_every`` steps each budget's region is scored."""
+    world, rank = accelerator.num_processes, accelerator.process_index
+    batch_n = min(plan.batch_size, len(train))
+    rng = np.random.RandomState(plan.seed)
+    best: dict[Budget, tuple[float, int, Region | None]] = {b: (-1.0, 0, None) for b in budgets}
+    previous: dict[Budget, Region] = {}
+    lockstep = group.sharded and world > 1  # every process runs every forward (FSDP gathers in each)
+
+    def score(step: int) -> None:
+        row = {"step": step, **({"budget": budgets[0].label} if relax.per_budget else {}), **relax.row()}
+        for b in budgets:
+            masks = layout.select(relax.scores(), b)
+            acc = 0.0
+            if select:
+                held = layout.hold_choice(masks, relax.absolute)
+                acc = _accuracy(pre, select, plan.micro_batch, accelerator, lockstep)
+                layout.release(held, relax.absolute)
+            region = layout.region(masks)
+            row[f"{b.label}:acc"], row[f"{b.label}:size"] = acc, layout.count(masks)
+            if b in previous:  # how much the region still moves: IoU with the last scored step's region
+                row[f"{b.label}:iou_prev"] = round(region.iou(previous[b]), 6)
+            previous[b] = region
+            if plan.last or acc > best[b][0]:
+                best[b] = (acc, step, region)
+        history.append(row)
+
+    def scored(step: int) -> bool:
+        return step >= relax.first and (step % plan.eval_every == 0 or step in (relax.first, plan.steps))
+
+    layout.write(relax.mask(0), relax.absolute)
+    if scored(0):
+        score(0)
+    label = f"localize ({relax.name} {budgets[0].label})" if relax.per_budget else "localize"
+    bar = tqdm(range(1, plan.steps + 1), desc=label, disable=not (progress and accelerator.is_main_process))
+    try:
+        for step in bar:
+            t0 = time.perf_counter()
+            order = rng.permutation(len(train))[:batch_n] if batch_n < len(train) else np.arange(len(train))
+            total = 0.0
+            for chunk, weight in _micro_batches(order[rank::world], plan.micro_batch,
+                                                math.ceil(len(order) / world) if lockstep else None):
+                batch = pre.collate([train[i] for i in chunk])
+                batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+                # cross-entropy (generative: completion tokens)
+                loss = batch_loss(pre, batch, reduction="sum") / batch_n
+                (loss if weight == 1 else loss * weight).backward()
+                total = total + loss.detach() * weight
+            check_loss(group.sum_(total), "localization", step)  # before z moves: a NaN is never stored
+            optimizer.step(relax.grad(layout.grads()))
+            layout.write(relax.mask(step), relax.absolute)
+            step_times.append(time.perf_counter() - t0)
+            if scored(step):
+                score(step)
+                bar.set_postfix({b.label: f"{history[-1][b.label + ':acc']:.3f}/{history[-1][b.label + ':size']}"
+                                 for b in budgets})
+    finally:
+        bar.close()
+    return best
+
+
+def _micro_batches(mine: np.ndarray, micro_batch: int, lockstep: int | None):
+    """(example indices, loss weight) per forward. ``lockstep``: every process runs ⌈lockstep/micro⌉ of them,
+    a process without examples left running one weighted 0 (FSDP needs every rank in every forward)."""
+    count = math.ceil((lockstep if lockstep is not None else len(mine)) / micro_batch)
+    for i in range(count):
+        chunk = mine[i * micro_batch:(i + 1) * micro_batch]
+        yield (chunk, 1) if len(chunk) else (np.zeros(1, dtype=np.int64), 0.0)
+
+
+@torch.no_grad()
+def _accuracy(scorer, examples: list[Example], micro_batch: int, accelerator, lockstep: bool = False) -> float:
+    """Accuracy of ``scorer`` on ``examples`` (sharded over processes, counts summed)."""
+    world, rank = accelerator.num_processes, accelerator.process_index
+    mine = examples[rank::world]
+    correct = torch.zeros(2, device=accelerator.device)
+    slots = math.ceil(len(examples) / world) if lockstep else len(mine)
+    for start in range(0, slots, micro_batch):
+        part = mine[start:start + micro_batch]
+        batch = scorer.collate(part or examples[:1])
+        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+        hits, count = batch_hits(scorer, batch)  # labels right (generative: next completion tokens right)
+        if part:
+            correct[0] += hits
+            correct[1] += count
+    if lockstep:
+        reshard(scorer)  # a no-grad forward may leave gathered parameters behind; the next edit must show
+    if world > 1:
+        torch.distributed.all_reduce(correct)
+    return float(correct[0] / correct[1].clamp(min=1))
+
+
+def accuracy(scorer, examples: list[Example], micro_batch: int = 64) -> float:
+    """Accuracy of ``scorer`` on ``examples`` in one process (what the engine scores a region by)."""
+    from accelerate import Accelerator  # noqa: PLC0415
+
+    return _accuracy(scorer, examples, micro_batch, Accelerator())
+
+
+__all__ = ["Optimizer", "Plan", "accuracy", "run"]

@@ -1,0 +1,195 @@
+"""Where a learned mask lives: the coordinates it covers, Δ there, and writing θ_pre + m ⊙ Δ into the model.
+
+A layout is the engine's (:mod:`.engine`) view of the working model's graftable tensors:
+
+* :class:`Dense` — every graftable coordinate, per tensor in its own shape; θ_pre is restored from the
+  caller's offloaded snapshot;
+* :class:`~skillgraft.graft.localizers.candidates.Candidates` — a candidate set C only (top-c |Δ| or a Region
+  chosen by any score), flat per tensor; θ_pre saved and restored on C; gradients gathered onto C by hooks.
+  Under FSDP2 it holds C ∩ this process's rows (the *sharded* layout) and its top-k is the distributed one.
+
+Both hold per tensor ``delta`` (Δ at the layout's coordinates, model dtype) and ``current`` (the mask the
+weights hold), and write a mask two ways: :meth:`Layout.hold` moves the weights by (m − current) ⊙ Δ (the
+paper's localizer, whose trajectory is pinned bit for bit), :meth:`Layout.put` writes θ_pre + m ⊙ Δ from the
+saved θ_pre (binary and sampled masks: no drift however often they flip).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft.localizers.sharded import Group
+from skillgraft.graft.localizers.source import FineTuned, InMemory
+from skillgraft.graft.region import Region
+from skillgraft.graft.selection import Budget, top_k_masks
+
+
+class Layout:
+    """What the engine needs of a layout (see the module doc); subclasses fill in the storage."""
+
+    names: list[str]
+    delta: dict[str, torch.Tensor]
+    current: dict[str, torch.Tensor]
+    universe: int           # |U|: every graftable coordinate, over all processes
+    size: int | None = None  # |C| when candidate-restricted (None: dense)
+    group: Group
+
+    # ------------------------------------------------------------------ writing masks
+    @torch.no_grad()
+    def hold(self, n: str, target: torch.Tensor) -> None:
+        """Move tensor n's working weights from θ_pre + current⊙Δ to θ_pre + target⊙Δ (incrementally)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def put(self, n: str, target: torch.Tensor) -> None:
+        """Write θ_pre + target⊙Δ at tensor n from the saved θ_pre (exact, whatever was held before)."""
+        raise SkillgraftError(f"{type(self).__name__} layout keeps no θ_pre to write binary masks from")
+
+    def write(self, masks: dict[str, torch.Tensor], absolute: bool = False) -> None:
+        for n in self.names:
+            (self.put if absolute else self.hold)(n, masks[n])
+
+    def hold_choice(self, masks: dict[str, torch.Tensor], absolute: bool = False) -> dict[str, torch.Tensor]:
+        """Move the working weights to the binary ``masks``; returns the mask to :meth:`release` to."""
+        continuous = dict(self.current)
+        self.write({n: masks[n].to(continuous[n].dtype) for n in self.names}, absolute)
+        return continuous
+
+    def release(self, continuous: dict[str, torch.Tensor], absolute: bool = False) -> None:
+        """Back to the mask that :meth:`hold_choice` returned."""
+        self.write(continuous, absolute)
+
+    # ------------------------------------------------------------------ per-coordinate values and selection
+    def draw(self, seed: int) -> dict[str, torch.Tensor]:
+        """U[0, 1) at the layout's coordinates: one seeded stream over the whole universe (tensors in order),
+        so a coordinate's draw does not depend on the layout."""
+        raise NotImplementedError
+
+    def draw_flat(self, seed: int) -> dict[str, torch.Tensor]:
+        """U[0, 1) over the layout's own coordinates in order (the stream's i-th value to the i-th coordinate)."""
+        raise NotImplementedError
+
+    def gather(self, scores: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Dense per-tensor scores at the layout's coordinates."""
+        raise NotImplementedError
+
+    def masks_of(self, region: Region) -> dict[str, torch.Tensor]:
+        """A Region as boolean masks at the layout's coordinates."""
+        raise NotImplementedError
+
+    def top(self, scores: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
+        """Masks of exactly the k largest ``scores`` over the layout (the shared tie rule; over every process)."""
+        raise NotImplementedError
+
+    def select(self, scores: dict[str, torch.Tensor], budget: Budget) -> dict[str, torch.Tensor]:
+        """What ``budget`` selects by ``scores``: s > 0.5 (round), or exactly the top-k."""
+        if budget.rounding:
+            return {n: scores[n] > 0.5 for n in self.names}
+        k = budget.size(self.universe)
+        held = self.universe if self.size is None else self.size
+        if k > held:
+            fix = "the candidate set holds {}; raise candidates" if self.size is not None else "only {} can be chosen"
+            raise SkillgraftError(f"budget {budget} asks for {k} coordinates but {fix.format(held)}")
+        return self.top(scores, k)
+
+    def flat(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per-tensor values as one vector (tensors in order, positions ascending)."""
+        return torch.cat([values[n].reshape(-1) for n in self.names])
+
+    def split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """:meth:`flat` undone: views of ``flat`` in each tensor's layout shape."""
+        out, start = {}, 0
+        for n in self.names:
+            d = self.delta[n]
+            out[n] = flat[start:start + d.numel()].view(d.shape)
+            start += d.numel()
+        return out
+
+    # ------------------------------------------------------------------ gradients, regions, lifetime
+    def watch(self) -> None:
+        raise NotImplementedError
+
+    def grads(self) -> dict[str, torch.Tensor]:
+        """∂L/∂θ at the layout's coordinates since the last call (summed over replicating processes)."""
+        raise NotImplementedError
+
+    def count(self, masks: dict[str, torch.Tensor]) -> int:
+        local = sum(int(m.sum()) for m in masks.values())
+        return self.group.sum(local) if self.group.sharded else local
+
+    def region(self, masks: dict[str, torch.Tensor]) -> Region:
+        raise NotImplementedError
+
+    def positions(self) -> torch.Tensor:
+        """Each held coordinate's position in the universe (the :meth:`flat` order), on the CPU."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def restore(self) -> None:
+        pass
+
+
+class Dense(Layout):
+    """Every graftable coordinate, in the working model's own tensors; θ_pre restored by the caller's snapshot."""
+
+    def __init__(self, pre, source: FineTuned | torch.nn.Module, names: list[str], group: Group | None = None):
+        source = source if isinstance(source, FineTuned) else InMemory(source)
+        p_pre = dict(pre.named_parameters())
+        self.names, self.group = names, group or Group()
+        self.params = {n: p_pre[n] for n in names}
+        self.delta = {n: (source.rows(n).to(p_pre[n].device) - p_pre[n].detach()) for n in names}
+        self.universe = sum(d.numel() for d in self.delta.values())
+        self.current = {n: torch.zeros(d.shape, device=d.device) for n, d in self.delta.items()}
+
+    @torch.no_grad()
+    def hold(self, n: str, target: torch.Tensor) -> None:
+        change = target.to(self.delta[n].dtype) - self.current[n].to(self.delta[n].dtype)
+        self.params[n].add_(change * self.delta[n])
+        self.current[n] = target
+
+    def draw(self, seed: int) -> dict[str, torch.Tensor]:
+        gen = torch.Generator().manual_seed(seed)
+        return {n: torch.rand(d.shape, generator=gen).to(d.device) for n, d in self.delta.items()}
+
+    draw_flat = draw  # the layout's coordinates are the universe
+
+    def gather(self, scores: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {n: scores[n].to(self.delta[n].device) for n in self.names}
+
+    def masks_of(self, region: Region) -> dict[str, torch.Tensor]:
+        bad = [n for n in region.indices if n not in self.delta]
+        if bad or any(tuple(self.delta[n].shape) != s for n, s in region.shapes.items() if n in self.delta):
+            raise SkillgraftError(f"base region does not fit the graftable tensors (e.g. {bad[:2]})")
+        masks = region.to_masks()
+        return {n: (masks[n].to(self.delta[n].device) if n in masks
+                    else torch.zeros_like(self.delta[n], dtype=torch.bool)) for n in self.names}
+
+    def top(self, scores: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
+        return top_k_masks({n: scores[n] for n in self.names}, k)
+
+    def watch(self) -> None:
+        """Gradients of the graftable tensors, kept dense in ``.grad`` until :meth:`grads`."""
+        for p in self.params.values():
+            p.requires_grad_(True)
+
+    @torch.no_grad()
+    def grads(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for n, p in self.params.items():
+            out[n] = self.group.sum_(p.grad if p.grad is not None else torch.zeros_like(p))
+            p.grad = None
+        return out
+
+    def region(self, masks: dict[str, torch.Tensor]) -> Region:
+        return Region.from_masks({n: m.cpu() for n, m in masks.items()},
+                                 {n: tuple(self.delta[n].shape) for n in self.names})
+
+    def positions(self) -> torch.Tensor:
+        return torch.arange(self.universe)
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {n: tuple(self.delta[n].shape) for n in self.names}

@@ -1,0 +1,211 @@
+"""How the engine relaxes the binary region m ∈ {0,1}^C into something a gradient can move (paper Eq. 3–4 and kin).
+
+Each relaxation keeps its parameters z on the layout's coordinates, gives the mask the forward pass uses after
+t updates (:meth:`mask`), turns ∂L/∂θ into ∂L/∂z (:meth:`grad`; ∂L/∂m = ∂L/∂θ ⊙ Δ since θ = θ_pre + m ⊙ Δ), and
+scores the coordinates a budget's region is the top-k of (:meth:`scores`):
+
+* :class:`Sigmoid` (paper Eq. 3): γ = γ_base ⊙ (1 − σ(S − b)) + (1 − γ_base) ⊙ σ(S − b), S₀ ~ U[0, 1) (one stream
+  over the universe, or over C), loss at the continuous γ, ∂L/∂S = (∂L/∂θ ⊙ Δ + λ) ⊙ (1 − 2γ_base) ⊙ σ'(S − b); regions:
+  γ > 0.5 (Eq. 4, ``round``) or the exact top-k of γ. One trajectory for every budget.
+* :class:`StraightThrough`: the binary top-k(z) forward, ∂L/∂z := ∂L/∂m backward; z₀ = 1 on the top-k of the
+  base score (+ a tie-break by its rank). With ``start_k`` the forward size is pruned geometrically from
+  start_k to k over ``anneal_steps`` (the prune schedule, Sanh et al. 2020), regions scored at size k only.
+* :class:`HardConcrete` (L0, Louizos et al. 2018): stochastic gates z = clamp(σ((log u − log(1−u) + log α)/β)
+  (ζ − γ) + γ, 0, 1), the penalty ρ((E‖z‖₀ − k)/k)² on top of the loss; regions: the exact top-k of log α.
+
+Straight-through and hard-concrete run one trajectory per budget and write masks from the saved θ_pre
+(``absolute``): they need the candidate layout in one process (their start ranks C by the base score).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from skillgraft.graft.keep import Ranking
+from skillgraft.graft.localizers.layouts import Layout
+from skillgraft.graft.selection import top_k_flat
+
+# Hard-concrete constants (Louizos et al., 2018): temperature β and the stretch interval (γ, ζ).
+HC_BETA, HC_LOW, HC_HIGH = 2 / 3, -0.1, 1.1
+
+
+class Relaxation:
+    """The strategy interface (see the module doc)."""
+
+    name = ""
+    per_budget = False   # one trajectory per budget (else one for all budgets)
+    absolute = False     # masks written from the saved θ_pre (else incrementally, as the paper's localizer)
+    rounds = False       # selects γ > 0.5 ('round' budgets)
+    sharded = True       # runs on the sharded layout
+    first = 0            # the first step whose regions are scored
+
+    def start(self, layout: Layout, score: dict[str, torch.Tensor], base: dict[str, torch.Tensor] | None,
+              k: int | None, seed: int) -> list[torch.Tensor]:
+        """Initial parameters (returned for the optimizer) from the base score and γ_base; k: the budget's size."""
+        raise NotImplementedError
+
+    def mask(self, t: int) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def grad(self, g: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def scores(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def row(self) -> dict:
+        """Extra history fields at a scored step."""
+        return {}
+
+
+def _ranks(score: torch.Tensor) -> torch.Tensor:
+    """Each coordinate's rank by ``score`` (0 = the highest; ties by position), as floats."""
+    out = torch.empty(score.numel(), device=score.device)
+    out[torch.argsort(score, descending=True, stable=True)] = torch.arange(
+        score.numel(), dtype=torch.float32, device=score.device)
+    return out
+
+
+class Sigmoid(Relaxation):
+    """Paper Eq. 3: γ from S through a sigmoid, flipped on γ_base (per tensor, the reference arithmetic)."""
+
+    name, rounds = "sigmoid", True
+
+    def __init__(self, bias: float = 10.0, l1: float = 0.0, draw: str = "universe", select: str = "gamma"):
+        self.bias, self.l1, self.draw, self.select = bias, l1, draw, select
+        self.rounds = select == "gamma"  # γ > 0.5 is read off γ itself
+
+    def _draw(self, seed: int) -> dict[str, torch.Tensor]:
+        """S₀ ~ U[0, 1): the universe's stream at the layout's coordinates (``learned``: the same S₀ whatever C),
+        or one stream over C itself (``draw="candidates"``: the relaxed localizers')."""
+        return self.layout.draw(seed) if self.draw == "universe" else self.layout.draw_flat(seed)
+
+    def start(self, layout, score, base, k, seed):
+        self.layout, self.base = layout, base
+        self.S = self._draw(seed)
+        return [self.S[n] for n in layout.names]
+
+    def gamma(self, n: str) -> torch.Tensor:
+        """γ of tensor n: σ(S − bias), flipped to 1 − σ on γ_base."""
+        s = torch.sigmoid(self.S[n] - self.bias)
+        return torch.where(self.base[n], 1 - s, s)
+
+    def mask(self, t):
+        return {n: self.gamma(n) for n in self.layout.names}
+
+    def scores(self):
+        """γ itself (``learned``: its pinned regions), or its logit ±(S − b) (``select="logit"``, the relaxed
+        localizers: the top-k of γ ≈ 1 on γ_base ties in float32 by position, its logit does not)."""
+        if self.select == "gamma":
+            return self.mask(0)
+        return {n: torch.where(self.base[n], self.bias - self.S[n], self.S[n] - self.bias) for n in self.layout.names}
+
+    @torch.no_grad()
+    def grad(self, g):
+        out = []
+        for n in self.layout.names:
+            s = torch.sigmoid(self.S[n] - self.bias)
+            sign = 1 - 2 * self.base[n].to(s.dtype)
+            out.append((g[n].to(s.dtype) * self.layout.delta[n].to(s.dtype) + self.l1) * sign * s * (1 - s))
+        return out
+
+    def ranking(self, seed: int) -> Ranking:
+        """The learned order of the held coordinates (:class:`~skillgraft.graft.keep.Ranking` ``first``/``then``):
+
+        * first the learned region, γ > 0.5 (the rounded γ), by the logit of γ with every coordinate's S started
+          from the same ½ (S − S₀ + ½: the learned drift orders them, not the initial draw's noise), ±(bias − S̃),
+          + on γ_base;
+        * then every other coordinate by |Δ| (γ_base's own score): outside the region the drift is a small
+          first-order signal the loss never tested in a graft, and ordering the rest by it loses to a random
+          order at 1e-1 of MiniLM's body (bench/RESULTS.md, issue 25).
+        """
+        layout, start = self.layout, self._draw(seed)
+        keys, region, moved = [], [], []
+        for n in layout.names:
+            drift = self.S[n].double() - start[n].double() + 0.5 - self.bias
+            keys.append(torch.where(self.base[n], -drift, drift).cpu().reshape(-1))
+            region.append((self.gamma(n) > 0.5).cpu().reshape(-1))
+            moved.append(layout.delta[n].abs().double().cpu().reshape(-1))
+        return Ranking.from_keys(layout.shapes, layout.positions(), torch.cat(keys), first=torch.cat(region),
+                                 then=torch.cat(moved))
+
+
+class StraightThrough(Relaxation):
+    """The binary top-k graft forward, ∂L/∂m backward; optionally pruned from start_k to k first."""
+
+    name, per_budget, absolute, sharded = "straight-through", True, True, False
+
+    def __init__(self, start_k: int | None = None, anneal_steps: int = 0):
+        self.start_k, self.anneal_steps = start_k, anneal_steps
+        self.first = anneal_steps if start_k is not None else 0
+
+    def start(self, layout, score, base, k, seed):
+        self.layout, self.k = layout, k
+        flat = layout.flat(score).float()
+        ranks = _ranks(flat)
+        if self.start_k is None:
+            self.z = top_k_flat(flat, k).float() + 1e-3 * (1 - ranks / flat.numel())
+        else:  # the base score's order, on the scale of one nsgd step per coordinate
+            self.z = 1 - ranks / flat.numel()
+        self.z.requires_grad_(True)
+        self.delta = layout.flat({n: d.float() for n, d in layout.delta.items()})
+        return [self.z]
+
+    def size(self, t: int) -> int:
+        if t >= self.first:
+            return self.k
+        return round(math.exp(math.log(self.start_k) * (1 - t / self.first) + math.log(self.k) * t / self.first))
+
+    def mask(self, t):
+        return self.layout.split(top_k_flat(self.z.detach(), self.size(t)).float())
+
+    def scores(self):
+        return self.layout.split(self.z.detach())
+
+    def grad(self, g):
+        return [self.layout.flat({n: v.float() for n, v in g.items()}) * self.delta]
+
+
+class HardConcrete(Relaxation):
+    """Stochastic L0 gates, E‖z‖₀ held at the budget by a penalty; regions: the top-k of log α."""
+
+    name, per_budget, absolute, sharded = "hard-concrete", True, True, False
+
+    def __init__(self, penalty: float = 1.0):
+        self.penalty = penalty
+        self.shift = HC_BETA * math.log(-HC_LOW / HC_HIGH)  # P(z > 0) = σ(log α − shift)
+
+    def start(self, layout, score, base, k, seed):
+        self.layout, self.k = layout, k
+        flat = layout.flat(score).float()
+        n, device = flat.numel(), flat.device
+        p_off = min(0.5, 0.1 * k / max(1, n - k))
+        on, off = math.log(0.95 / 0.05) - self.shift, math.log(p_off / (1 - p_off)) + self.shift
+        # P(z = 1) = σ(log α + shift): 0.95 on the base region; P(z > 0) = p_off elsewhere (k/10 open gates)
+        log_alpha = torch.where(top_k_flat(flat, k), torch.full((n,), on, device=device),
+                                torch.full((n,), off, device=device))
+        self.log_alpha = (log_alpha + 1e-3 * (1 - _ranks(flat) / n)).requires_grad_(True)  # ties by the base score
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+        self.delta = layout.flat({m: d.float() for m, d in layout.delta.items()})
+        return [self.log_alpha]
+
+    def mask(self, t):
+        n = self.log_alpha.numel()
+        u = torch.rand(n, generator=self.gen, device=self.log_alpha.device).clamp(1e-6, 1 - 1e-6)
+        s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + self.log_alpha) / HC_BETA)
+        self.z = (s * (HC_HIGH - HC_LOW) + HC_LOW).clamp(0, 1)
+        return self.layout.split(self.z.detach())
+
+    def scores(self):
+        return self.layout.split(self.log_alpha.detach())
+
+    def grad(self, g):
+        dz = self.layout.flat({n: v.float() for n, v in g.items()}) * self.delta  # ∂L/∂z
+        expected = torch.sigmoid(self.log_alpha - self.shift).sum()
+        penalty = self.penalty * ((expected - self.k) / self.k) ** 2
+        return list(torch.autograd.grad([self.z, penalty], [self.log_alpha], [dz, torch.ones_like(penalty)]))
+
+    def row(self):
+        return {"expected_size": float(torch.sigmoid(self.log_alpha.detach() - self.shift).sum())}

@@ -1,0 +1,185 @@
+"""One engine for the paper's Eq. 3–4 (issue 22): every learned localizer is a relaxation × optimizer × layout over
+:mod:`skillgraft.graft.localizers.engine`, and every registered localizer runs with candidates, sharded (FSDP) and
+generative data, or refuses with one line naming itself and what it cannot do, before any work."""
+
+import hashlib
+import json
+import random
+import types
+
+import pytest
+import torch
+
+from test_localizers import assert_intact, digest, pair, snapshot  # noqa: F401 - the shared tiny pair
+
+from skillgraft.data.loading import Example
+from skillgraft.data.user import GenerativeTask
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft import LOCALIZERS, get_localizer, graftable_names
+from skillgraft.graft.localizers import Localization, LocalizeResult
+from skillgraft.models import build_scorer
+
+# Regions recorded on the pair of test_localizers with the code before the engine (git b9e4a3a: learned.py +
+# candidates.py, and relaxed.py with its own candidates, loss, accuracy and result type): region digests, best
+# steps and scores, and for the learned localizer the whole history's digest.
+BEFORE = {
+    "learned": ("learned", {"sparsity": 0.01, "steps": 4, "seed": 3, "budgets": [0.005, 0.02, "round"],
+                            "eval_every": 2, "micro_batch": 8},
+                {"0.005": "1711a4ed6369dfba", "0.02": "557ab92c17fccaf2", "round": "48e085de78d9b8a7"},
+                {"0.005": 0, "0.02": 4, "round": 0}, {"0.005": 0.578125, "0.02": 0.625, "round": 0.578125},
+                "a0c7fedcdac31635"),
+    "learned-candidates-l1": ("learned", {"sparsity": 0.01, "steps": 4, "seed": 3, "budgets": [0.005, 0.02, "round"],
+                                          "candidates": 0.2, "micro_batch": 8, "l1": 1e-3},
+                              {"0.005": "fa56c7d04dce2e1f", "0.02": "1d1459691261d731", "round": "48e085de78d9b8a7"},
+                              {"0.005": 4, "0.02": 1, "round": 0},
+                              {"0.005": 0.59375, "0.02": 0.609375, "round": 0.578125}, "fd53cbbeaef0aafe"),
+    "learned-adam": ("learned-adam", {"steps": 4, "eval_every": 2, "micro_batch": 16, "budgets": [0.01, 30],
+                                      "sparsity": 0.005},
+                     {"0.01": "0339b48bf9cc63f5", "30": "680346ee128cd5b7"}, {"0.01": 0, "30": 0},
+                     {"0.01": 0.53125, "30": 0.53125}, None),
+    "learned-adam-moving": ("learned-adam", {"steps": 8, "eval_every": 4, "micro_batch": 16, "budgets": [0.01, 30],
+                                             "sparsity": 0.02, "select_on": "last"},
+                            {"0.01": "9962251bf1fe2b70", "30": "8121a7b96fc413c7"}, {"0.01": 8, "30": 8}, None, None),
+    "learned-saliency-moving": ("learned-saliency", {"steps": 8, "eval_every": 4, "micro_batch": 16,
+                                                     "budgets": [0.01, 30], "select_on": "last", "lr": 1e8,
+                                                     "saliency": {"micro_batch": 16}},
+                                {"0.01": "e9ff7a57f09c7e17", "30": "931fe71367acaa9f"}, {"0.01": 8, "30": 8}, None,
+                                None),
+    "straight-through-adam": ("straight-through", {"steps": 8, "eval_every": 2, "micro_batch": 16,
+                                                   "budgets": [0.01, 30], "select_on": "last", "lr": 0.5},
+                              {"0.01": "e869a4685c4b8d9f", "30": "13bd2a69d051093a"}, {"0.01": 8, "30": 8}, None, None),
+    "straight-through-nsgd": ("straight-through", {"steps": 8, "eval_every": 4, "micro_batch": 16, "budgets": [30],
+                                                   "optimizer": "nsgd", "select_on": "last", "lr": 2.0},
+                              {"30": "90e7d975dd5b9254"}, {"30": 8}, None, None),
+    "prune": ("prune", {"steps": 6, "anneal_steps": 3, "anneal_from": 0.5, "eval_every": 2, "micro_batch": 16,
+                        "budgets": [30, 0.01], "select_on": "last"},
+              {"30": "8c7f21fc974cc9f2", "0.01": "a6edb2202106f11e"}, {"30": 6, "0.01": 6}, None, None),
+    "prune-on-dev": ("prune", {"steps": 5, "anneal_steps": 3, "anneal_from": 0.5, "eval_every": 2, "micro_batch": 16,
+                               "budgets": [30, 0.01]},
+                     {"30": "b916cc3327fda061", "0.01": "4c9be8d5e26f0108"}, {"30": 3, "0.01": 3},
+                     {"30": 0.5625, "0.01": 0.625}, None),
+    "hard-concrete": ("hard-concrete", {"steps": 4, "eval_every": 2, "micro_batch": 16, "budgets": [0.01, 30]},
+                      {"0.01": "48e085de78d9b8a7", "30": "844efd492c99ebc6"}, {"0.01": 0, "30": 0},
+                      {"0.01": 0.53125, "30": 0.53125}, None),
+}
+
+
+@pytest.mark.parametrize("case", list(BEFORE))
+def test_the_engine_reproduces_the_previous_localizers(pair, case):
+    pre, ft, data = pair
+    name, options, regions, best_step, best_score, history = BEFORE[case]
+    before = snapshot(pre)
+    res = get_localizer(name).run(pre, ft, data, options)
+    assert isinstance(res, Localization) and LocalizeResult is Localization  # one result type
+    assert {b.key: digest(r) for b, r in res.regions.items()} == regions
+    assert res.summary["best_step"] == best_step
+    if best_score is not None:
+        assert res.summary["best_score"] == best_score
+    if history is not None:
+        assert hashlib.sha256(json.dumps(res.history, sort_keys=True).encode()).hexdigest()[:16] == history
+    assert_intact(pre, before)
+
+
+def test_score_based_summaries_are_unchanged(pair):
+    pre, ft, data = pair
+    res = get_localizer("movement").run(pre, ft, data, {"budgets": [30]})
+    assert isinstance(res, Localization) and set(res.summary) == {"budgets", "config", "score_seconds"}
+
+
+# ---------------------------------------------------------------------------------------------- works or refuses
+def fast(name: str, **more) -> dict:
+    """Options that keep localizer ``name`` quick on the tiny models (only the fields it has)."""
+    wanted = {"sparsity": 0.01, "steps": 2, "eval_every": 1, "micro_batch": 16, "fisher": {"n_examples": 8},
+              "saliency": {"micro_batch": 16}, **({"anneal_steps": 1} if name == "prune" else {}), **more}
+    return {k: v for k, v in wanted.items() if k in get_localizer(name).Options.model_fields}
+
+
+SHARDED = {"learned", "learned-adam"}      # run sharded under FSDP2; every other one refuses
+GENERATIVE_REFUSED = {"fish": "localizer 'fish' needs class labels.*generative",  # the Fisher of log p(y|x)
+                      "bias": "has no bias parameters"}  # not the data: the tiny Llama has no biases
+
+
+@pytest.mark.parametrize("name", sorted(LOCALIZERS))
+def test_candidates_work_or_are_refused_by_name(pair, name):
+    pre, ft, data = pair
+    loc = get_localizer(name)
+    if "candidates" not in loc.Options.model_fields:
+        with pytest.raises(SkillgraftError, match="candidates"):
+            loc.options({"candidates": 0.3})
+        return
+    before = snapshot(pre)
+    res = loc.run(pre, ft, data, {**fast(name), "candidates": 0.3, "budgets": [0.01, 20]})
+    universe = sum(p.numel() for n, p in pre.named_parameters() if n in graftable_names(pre))
+    assert 0 < res.candidate_size < universe and res.summary["candidate_size"] == res.candidate_size
+    top_c = get_localizer("movement").region(pre, ft, None, res.candidate_size)
+    for budget, region in res.regions.items():
+        assert len(region) == budget.size(universe)
+        if loc.options().to_dict().get("base", "movement") == "movement":
+            assert len(region & top_c) == len(region)  # every region lies in C = the top-c |Δ|
+    assert_intact(pre, before)
+
+
+@pytest.mark.parametrize("name", sorted(LOCALIZERS))
+def test_sharded_runs_work_or_are_refused_before_any_work(pair, name, monkeypatch):
+    """The decision is made from the options alone; under an FSDP launch a refusing localizer stops with one line
+    naming itself before it touches the model. (Sharded runs themselves: test_scale's two-process test.)"""
+    pre, ft, data = pair
+    loc = get_localizer(name)
+    opts = loc.options(fast(name, budgets=[30]))
+    if name in SHARDED:
+        loc.refuse(opts, sharded=True)
+        return
+    with pytest.raises(SkillgraftError, match=f"localizer '{name}'.*does not run sharded"):
+        loc.refuse(opts, sharded=True)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    before = snapshot(pre)
+    with pytest.raises(SkillgraftError, match=f"localizer '{name}'.*does not run sharded"):
+        loc.run(pre, ft, data, opts)
+    assert_intact(pre, before)
+
+
+@pytest.fixture(scope="module")
+def generative(tiny_models):
+    """(pre, ft, data): a tiny Llama as a prompt → completion scorer and a copy trained on the completions."""
+    rng = random.Random(0)
+    rows = [Example(f"review {i}: the {rng.choice(['film', 'movie'])} was", 0, [" bad", " good"][i % 2])
+            for i in range(40)]
+    task = GenerativeTask.make("g")
+    pre = build_scorer(str(tiny_models["llama"]), task, "generative")
+    ft = build_scorer(str(tiny_models["llama"]), task, "generative")
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW([p for n, p in ft.named_parameters() if "embed" not in n], lr=3e-3)
+    for step in range(15):
+        ft.loss(ft.collate([rows[(step * 8 + i) % 32] for i in range(8)])).backward()
+        opt.step()
+        opt.zero_grad()
+    return pre, ft.eval(), types.SimpleNamespace(train=rows[:32], dev=rows[32:])
+
+
+@pytest.mark.parametrize("name", sorted(LOCALIZERS))
+def test_generative_data_works_or_is_refused_by_name(generative, name):
+    pre, ft, data = generative
+    loc = get_localizer(name)
+    before = snapshot(pre)
+    options = fast(name, budgets=[0.01, 20])
+    if name in GENERATIVE_REFUSED:
+        with pytest.raises(SkillgraftError, match=GENERATIVE_REFUSED[name]):
+            loc.run(pre, ft, data, options)
+    else:
+        res = loc.run(pre, ft, data, options)
+        for budget, region in res.regions.items():
+            assert len(region) == budget.size(region.universe_size)
+        for row in res.history:  # scored by completion-token accuracy
+            assert all(0 <= v <= 1 for k, v in row.items() if k.endswith(":acc"))
+    assert_intact(pre, before)
+
+
+def test_a_fisher_saliency_is_refused_on_generative_data(generative):
+    pre, ft, data = generative
+    for name in ("saliency", "learned-saliency"):
+        options = fast(name, budgets=[20])
+        options = {**options, "kind": "fisher"} if name == "saliency" else {**options, "saliency": {"kind": "fisher"}}
+        with pytest.raises(SkillgraftError, match=f"localizer '{name}' needs class labels"):
+            get_localizer(name).run(pre, ft, data, options)
+
