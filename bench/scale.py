@@ -1,6 +1,7 @@
 """Localization memory and speed at scale: random bf16 Llamas of ~40M, ~165M and ~500M parameters (CPU).
 
 Usage: .venv/bin/python bench/scale.py [--sizes 40M,165M,500M] [--repeats 3] [--micro-batch 16] [--k 16]
+       [--phases forward,candidates,cli,...] [--dtype bf16|fp32]
 
 Per size, a random Llama is built from a config, saved with save_pretrained (θ_pre), and a "fine-tuned"
 copy (θ_pre + small heavy-tailed noise on the body, saved as a skillgraft scorer folder) is written beside
@@ -13,13 +14,23 @@ sentiment task, k examples per label = one batch of 2k examples in micro-batches
     candidates       LocalizeConfig(candidates=1e-2), θ_ft read lazily from the folder
     candidates+ckpt  the same with gradient_checkpointing=True
 
+and the command line on a checkpoint pair (issue 22 item 7; θ_ft saved by plain transformers beside θ_pre):
+
+    cli              `skillgraft graft --pretrained A --finetuned B --candidates c --baselines '' --no-lottery-zero`
+                     in process (loading, FT scored then released, θ_pre loaded, localization reading θ_ft
+                     from B's files, the graft and θ_pre scored), the same localization settings
+    cli+ckpt         the same with --gradient-checkpointing
+    cli+lottery      cli+ckpt with the lottery-ticket-zero row (its apply backs up every body tensor)
+    cli+baselines    the default report (top-movement, random, bias-only baselines, lottery-ticket-zero),
+                     with checkpointing
+
 Localization runs issue 12's setting: the default budget (γ rounded at 0.5), micro_batch 16, ``--repeats``
 steps. Memory: the subprocess first runs the same measurement on a tiny Llama (imports, kernels, lazy
 initialisations warm), takes its RSS as the baseline, loads the model, resets the high-water mark
 (/proc/self/clear_refs) and reports VmHWM − baseline: everything the measurement made resident, weights
 included. Times: process CPU time with one thread (the machine is shared; wall time there is noise),
 minimum over repeats; the step is compared with a plain forward/backward (gradients on the body tensors)
-timed in the same process right after. Writes bench/results/scale.json and prints a table.
+timed in the same process right after. Writes bench/results/scale.json (``--results``) and prints a table.
 """
 
 from __future__ import annotations
@@ -45,7 +56,8 @@ SIZES = {  # vocab 32000 unless smaller; untied embeddings (LlamaConfig's defaul
     "500M": {"hidden_size": 1280, "intermediate_size": 3584, "num_hidden_layers": 20, "num_attention_heads": 16,
              "vocab_size": 32000},
 }
-PHASES = ["forward", "sgd", "dense", "candidates", "candidates+ckpt"]
+PHASES = ["forward", "sgd", "dense", "candidates", "candidates+ckpt", "cli", "cli+ckpt"]
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
 
 def clock() -> float:
@@ -66,10 +78,12 @@ def reset_peak() -> None:
         f.write("5")  # resets VmHWM to the current RSS
 
 
-def build(size: str, work: Path) -> tuple[Path, Path]:
-    """θ_pre (an HF checkpoint + tokenizer) and a fine-tuned scorer folder for ``size`` (cached in ``work``)."""
-    pre_dir, ft_dir = work / size / "pre", work / size / "ft"
-    if (ft_dir / "scorer_config.json").is_file():
+def build(size: str, work: Path, dtype: str = "bf16") -> tuple[Path, Path]:
+    """θ_pre (an HF checkpoint + tokenizer) and a fine-tuned scorer folder for ``size`` (cached in ``work``),
+    with the fine-tuned model also saved by plain transformers in ``ft-hf`` beside it (the CLI's pair)."""
+    folder = work / (size if dtype == "bf16" else f"{size}-{dtype}")
+    pre_dir, ft_dir = folder / "pre", folder / "ft"
+    if (ft_dir / "scorer_config.json").is_file() and (folder / "ft-hf" / "config.json").is_file():
         return pre_dir, ft_dir
     import torch
     import transformers as tf
@@ -84,11 +98,12 @@ def build(size: str, work: Path) -> tuple[Path, Path]:
     tok = _bpe_tokenizer({"bos": "<s>", "eos": "</s>", "unk": "<unk>"})
     cfg = tf.LlamaConfig(**SIZES[size], num_key_value_heads=SIZES[size]["num_attention_heads"],
                          max_position_embeddings=512, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    model = tf.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    torch_dtype = getattr(torch, DTYPES[dtype])
+    model = tf.LlamaForCausalLM(cfg).to(torch_dtype)
     model.save_pretrained(pre_dir)
     tok.save_pretrained(pre_dir)
     del model
-    ft = build_scorer(str(pre_dir), "SST-2", "causal", dtype=torch.bfloat16)
+    ft = build_scorer(str(pre_dir), "SST-2", "causal", dtype=torch_dtype)
     gen = torch.Generator().manual_seed(1)
     params = dict(ft.named_parameters())
     with torch.no_grad():  # a stand-in fine-tuning: heavy-tailed small movement of the body
@@ -97,6 +112,8 @@ def build(size: str, work: Path) -> tuple[Path, Path]:
             noise = torch.randn(p.shape, generator=gen) * torch.rand(p.shape, generator=gen) ** 4
             p.add_((1e-2 * noise * p.float().abs().mean()).to(p.dtype))
     ft.save_pretrained(ft_dir)
+    ft.model.save_pretrained(folder / "ft-hf")
+    tok.save_pretrained(folder / "ft-hf")
     return pre_dir, ft_dir
 
 
@@ -118,12 +135,13 @@ def phase(name: str, size: str, pre_dir: str, ft_dir: str, data_dir: str, args) 
     engine.time = types.SimpleNamespace(perf_counter=clock)
 
     train = load_kshot("SST-2", args.k, 42, data_dir).train
-    tiny_pre, tiny_ft = build("tiny", Path(args.work))
-    measure(name, str(tiny_pre), str(tiny_ft), train, args, repeats=1)
+    tiny_pre, tiny_ft = build("tiny", Path(args.work), args.dtype)
+    run = measure_cli if name.startswith("cli") else measure
+    run(name, str(tiny_pre), str(tiny_ft), train, args, repeats=1)
     gc.collect()
     torch.manual_seed(0)
     base = status("VmRSS")
-    out = measure(name, pre_dir, ft_dir, train, args, repeats=args.repeats, base=base)
+    out = run(name, pre_dir, ft_dir, train, args, repeats=args.repeats, base=base)
     out.update(phase=name, size=size, baseline_rss=base)
     return out
 
@@ -146,6 +164,32 @@ def plain_forward_backward(pre, batches, body, n_examples) -> float:
     return seconds
 
 
+def measure_cli(name: str, pre_dir: str, ft_dir: str, train, args, repeats: int, base: int | None = None) -> dict:
+    """`skillgraft graft` on the pair (θ_pre, θ_ft saved by plain transformers), in this process: the peak of
+    the whole command (both loads included) above the baseline."""
+    import tempfile
+
+    from skillgraft.cli import app
+
+    base = status("VmRSS") if base is None else base
+    with tempfile.TemporaryDirectory(dir=args.work) as tmp:
+        cmd = ["graft", "--pretrained", pre_dir, "--finetuned", str(Path(ft_dir).parent / "ft-hf"), "--task",
+               "SST-2", "--data-dir", args.data, "--k", str(args.k), "--test-limit", str(args.test_limit),
+               "--candidates", str(args.candidates), "--steps", str(repeats), "--micro-batch", str(args.micro_batch),
+               "--batch-size", str(2 * args.k), "--select-on", "train", "--eval-every", str(10 ** 6),
+               "--out", f"{tmp}/out", "--cache", f"{tmp}/cache"]
+        cmd += ["--gradient-checkpointing"] if name != "cli" else []
+        cmd += [] if name == "cli+baselines" else ["--baselines", ""]
+        cmd += ["--no-lottery-zero"] if name in ("cli", "cli+ckpt") else []
+        reset_peak()
+        t0 = clock()
+        app(cmd, standalone_mode=False)
+        out = {"cli_seconds": clock() - t0, "peak_above_baseline": status("VmHWM") - base, "command": cmd[:-4]}
+    pre_files = sorted(Path(pre_dir).glob("*.safetensors"))
+    out["weights_bytes"] = sum(p.stat().st_size for p in pre_files)
+    return out
+
+
 def measure(name: str, pre_dir: str, ft_dir: str, train, args, repeats: int, base: int | None = None) -> dict:
     import torch
 
@@ -155,8 +199,9 @@ def measure(name: str, pre_dir: str, ft_dir: str, train, args, repeats: int, bas
 
     base = status("VmRSS") if base is None else base
     t_load = clock()
-    pre = build_scorer(pre_dir, "SST-2", "causal", dtype=torch.bfloat16)
-    ft = Scorer.from_pretrained(ft_dir, dtype=torch.bfloat16) if name == "dense" else None
+    dtype = getattr(torch, DTYPES[args.dtype])
+    pre = build_scorer(pre_dir, "SST-2", "causal", dtype=dtype)
+    ft = Scorer.from_pretrained(ft_dir, dtype=dtype) if name == "dense" else None
     out: dict = {"load_seconds": clock() - t_load, "load_peak_above_baseline": status("VmHWM") - base,
                  "rss_after_load_above_baseline": status("VmRSS") - base,
                  "params": sum(p.numel() for p in pre.parameters()),
@@ -211,7 +256,7 @@ def run_phase(name: str, size: str, pre_dir: Path, ft_dir: Path, data_dir: Path,
     cmd = [sys.executable, __file__, "--phase", name, "--sizes", size, "--pre", str(pre_dir), "--ft", str(ft_dir),
            "--data", str(data_dir), "--micro-batch", str(args.micro_batch), "--k",
            str(args.k), "--candidates", str(args.candidates), "--repeats", str(args.repeats), "--work", str(args.work),
-           "--threads", str(args.threads)]
+           "--threads", str(args.threads), "--dtype", args.dtype, "--test-limit", str(args.test_limit)]
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     if r.returncode:
         return {"phase": name, "size": size, "error": r.stderr[-1500:]}
@@ -250,6 +295,9 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--k", type=int, default=16, help="examples per label: a batch of 2k")
     ap.add_argument("--candidates", type=float, default=1e-2)
+    ap.add_argument("--results", default="scale.json", help="file name under bench/results")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="the models' dtype")
+    ap.add_argument("--test-limit", type=int, default=32, help="test examples the CLI phases score every model on")
     ap.add_argument("--work", default=os.environ.get("SKILLGRAFT_SCALE_WORK", "/tmp/skillgraft-scale"))
     ap.add_argument("--phase")
     ap.add_argument("--pre")
@@ -268,7 +316,7 @@ def main() -> None:
                "sizes": {}}
     for size in args.sizes.split(","):
         t0 = time.time()
-        pre_dir, ft_dir = build(size, work)
+        pre_dir, ft_dir = build(size, work, args.dtype)
         rows = []
         for name in args.phases.split(","):
             row = run_phase(name, size, pre_dir, ft_dir, data_dir, args)
@@ -277,13 +325,14 @@ def main() -> None:
             print(f"{size:>5} {name:<16} {shown}", flush=True)
         results["sizes"][size] = {"rows": rows, "summary": summarise(rows), "seconds": time.time() - t0}
         (HERE / "results").mkdir(exist_ok=True)
-        (HERE / "results" / "scale.json").write_text(json.dumps(results, indent=2))
+        (HERE / "results" / args.results).write_text(json.dumps(results, indent=2))
     print(table(results))
 
 
 def table(results: dict) -> str:
-    lines = ["| model | weights | forward | SGD step | dense | candidates c=1e-2 | + checkpointing | "
-             "step ÷ fwd/bwd (dense / cand. / +ckpt) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| model | weights | forward | SGD step | dense | candidates c=1e-2 | + checkpointing | CLI pair | "
+             "CLI + ckpt | + lottery-zero | + baselines | step ÷ fwd/bwd (dense / cand. / +ckpt) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for size, entry in results["sizes"].items():
         by = {r["phase"]: r for r in entry["rows"] if "error" not in r}
         s = entry["summary"]
@@ -301,9 +350,12 @@ def table(results: dict) -> str:
         steps = " / ".join(f"{s[k]:.2f}" if k in s else "—" for k in
                            ("dense:step_vs_forward_backward", "candidates:step_vs_forward_backward",
                             "candidates+ckpt:step_vs_forward_backward"))
-        lines.append(f"| {size} ({any_row['params'] / 1e6:.0f}M) | {any_row['weights_bytes'] / 2 ** 20:,.0f} MB | "
+        params = f" ({any_row['params'] / 1e6:.0f}M)" if "params" in any_row else ""
+        lines.append(f"| {size}{params} | {any_row['weights_bytes'] / 2 ** 20:,.0f} MB | "
                      f"{cell('forward')} | {cell('sgd')} | {cell('dense')} | {cell('candidates')} | "
-                     f"{cell('candidates+ckpt')} | {steps} |")
+                     f"{cell('candidates+ckpt')} | {cell('cli')} | {cell('cli+ckpt')} | {cell('cli+lottery')} | "
+                     f"{cell('cli+baselines')} | "
+                     f"{steps} |")
     return "\n".join(lines)
 
 

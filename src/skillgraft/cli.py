@@ -276,7 +276,7 @@ def graft(
     FT vs density against closed-form peers (frontier.csv, frontier.png)."""
     from skillgraft.io import check_target  # noqa: PLC0415
     from skillgraft.pipeline.setup import from_pair, from_run, is_run_dir  # noqa: PLC0415
-    from skillgraft.recipes.graft import graft_report, localizer_options  # noqa: PLC0415
+    from skillgraft.recipes.graft import graft_report, localizer_options, releases_ft  # noqa: PLC0415
 
     # the chosen localizer's own defaults + the options the user set; checked before any work
     localize = localizer_options(report.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
@@ -298,7 +298,8 @@ def graft(
         spec = user if user.data is not None else DataSpec.build(
             {"task": task, "k": user.k or 64, "seed": user.seed, "data_dir": data.data_dir,
              "test_limit": user.test_limit}, where="--task")
-        setup = from_pair(pretrained, str(finetuned), spec, mode=mode, max_length=max_length, data_dir=data.data_dir)
+        setup = from_pair(pretrained, str(finetuned), spec, mode=mode, max_length=max_length, data_dir=data.data_dir,
+                          lean=releases_ft(report, keep, frontier))  # θ_ft scored, released, then read from files
     result = {}
 
     def write(run) -> None:

@@ -191,15 +191,24 @@ class Graft:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_models(cls, pre, ft, region: Region, metadata: GraftMetadata | dict | None = None) -> Graft:
-        """Take θ_ft's values on ``region`` (and the new head) from the fine-tuned scorer ``ft``."""
+        """Take θ_ft's values on ``region`` (and the new head) from the fine-tuned scorer ``ft``, or from the
+        folder it was saved to (read lazily: one tensor at a time, the region's values kept)."""
         if active_graft(pre) is not None:
             raise SkillgraftError("the pre-trained model has a graft applied; revert it before taking a graft "
                                   "against it (its fingerprint would be the grafted model's)")
-        check_compatible(pre, ft, list(region.shapes))
-        ft_params = dict(ft.named_parameters())
-        values = {name: ft_params[name].detach().reshape(-1)[idx.to(ft_params[name].device)].cpu().clone()
-                  for name, idx in region.indices.items()}
-        carried = {name: ft_params[name].detach().cpu().clone() for name in carried_names(ft)}
+        if isinstance(ft, (str, os.PathLike)):
+            from skillgraft.graft.localizers.source import fine_tuned  # noqa: PLC0415
+
+            heads = carried_names(pre)
+            source = fine_tuned(ft, pre, list(dict.fromkeys([*region.shapes, *heads])))
+            values = {name: source.rows(name).reshape(-1)[idx] for name, idx in region.indices.items()}
+            carried = {name: source.rows(name) for name in heads}
+        else:
+            check_compatible(pre, ft, list(region.shapes))
+            ft_params = dict(ft.named_parameters())
+            values = {name: ft_params[name].detach().reshape(-1)[idx.to(ft_params[name].device)].cpu().clone()
+                      for name, idx in region.indices.items()}
+            carried = {name: ft_params[name].detach().cpu().clone() for name in carried_names(ft)}
         return cls(region, values, carried, getattr(pre, "base_model", ""), cached_fingerprint(pre),
                    metadata or GraftMetadata())
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from skillgraft.data.sampling import FewShotData
 from skillgraft.data.spec import DataSpec
@@ -29,12 +31,30 @@ from skillgraft.train import FinetuneConfig
 from skillgraft.train.run import RunConfig, load_finetuned, run_finetune
 
 
+@dataclass(frozen=True)
+class FineTunedFiles:
+    """θ_ft released from memory: the checkpoint folder it was loaded from, read lazily (tensor by tensor, by
+    the localizers that take a folder and by ``Graft.from_models``), and what a report shows of it."""
+
+    path: Path
+    base_model: str
+    digest: str                          # scorer_digest of the model it was (part of every cache key)
+    shapes: dict[str, tuple[int, ...]]   # its parameters' shapes (θ_pre loaded later is checked against them)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+
 @dataclass
 class Setup:
-    """θ_ft and θ_pre scorers of one fine-tuning run, the k-shot data and FT's probabilities per set."""
+    """θ_ft and θ_pre scorers of one fine-tuning run, the k-shot data and FT's probabilities per set.
 
-    ft: Scorer
-    pre: Scorer
+    A lean checkpoint pair (``from_pair(..., lean=True)``) starts with θ_pre not loaded (``pre`` None,
+    ``load_pre`` set): FT is scored first, then :meth:`release_ft` drops θ_ft for its files and
+    :meth:`load_deferred_pre` loads θ_pre, so the two models are never resident together (docs/scale.md)."""
+
+    ft: Scorer | FineTunedFiles
+    pre: Scorer | None
     data: FewShotData
     ft_dir: Path
     run_config: RunConfig | None  # a skillgraft run's config.json; None for a checkpoint pair
@@ -45,6 +65,9 @@ class Setup:
     labels_note: str = ""                 # how the labels were decided (user data)
     data_note: str = ""                   # which files / dataset splits were learned on and evaluated on
     graft_metadata: dict = field(default_factory=dict)  # recorded in every graft (a pair: its task, data, models)
+    load_pre: Callable[[], Scorer] | None = field(default=None, repr=False)  # θ_pre, deferred (a lean pair)
+    ft_files: Path | None = None          # a lean pair: the folder θ_ft was loaded from (read back lazily)
+    ft_metrics: dict[str, dict] = field(default_factory=dict)  # FT's metrics per evaluation set, once released
     _identity: dict | None = field(default=None, repr=False)
 
     @property
@@ -80,9 +103,42 @@ class Setup:
         """What determines everything learned from this setup (part of every downstream cache key): the
         contents of θ_ft (with its head) and θ_pre, and the data (the draw and the files' content digest)."""
         if self._identity is None:
-            self._identity = {"finetuned": scorer_digest(self.ft), "pretrained": scorer_digest(self.pre),
-                              "mode": self.pre.mode, "data": self.data_key}
+            ft = self.ft.digest if isinstance(self.ft, FineTunedFiles) else scorer_digest(self.ft)
+            self._identity = {"finetuned": ft, "pretrained": scorer_digest(self.pre), "mode": self.pre.mode,
+                              "data": self.data_key}
         return self._identity
+
+    @property
+    def released(self) -> bool:
+        """θ_ft is not in memory (only its files): FT was scored before (``ft_metrics``, ``probs``)."""
+        return isinstance(self.ft, FineTunedFiles)
+
+    def release_ft(self) -> bool:
+        """Drop θ_ft from memory for the checkpoint files it was loaded from (``ft_files``); returns whether it did.
+
+        Only when every parameter reads back from the folder's safetensors with the loaded dtype and values
+        (then whatever reads θ_ft lazily computes exactly what it computed on the model); otherwise θ_ft
+        stays. Score FT first (``ft_metrics``/``probs`` keep its scores): afterwards ``ft`` is a
+        :class:`FineTunedFiles`. Callers must hold no other reference to the model."""
+        import gc  # noqa: PLC0415
+
+        if self.released or self.ft_files is None or not readable_as(self.ft, self.ft_files):
+            return self.released
+        self.ft = FineTunedFiles(Path(self.ft_files), self.ft.base_model, scorer_digest(self.ft),
+                                 {n: tuple(p.shape) for n, p in self.ft.named_parameters()})
+        gc.collect()
+        return True
+
+    def load_deferred_pre(self) -> None:
+        """Load θ_pre when it was deferred (a lean pair), checked against θ_ft's tensors and shapes."""
+        if self.pre is not None:
+            return
+        self.pre = self.load_pre()
+        self.load_pre = None
+        shapes = self.ft.shapes if self.released else {n: tuple(p.shape) for n, p in self.ft.named_parameters()}
+        if shapes != {n: tuple(p.shape) for n, p in self.pre.named_parameters()}:
+            raise SkillgraftError(f"pre-trained and fine-tuned models differ in their tensors or shapes "
+                                  f"({self.pre.base_model} vs {self.ft.base_model})")
 
     @property
     def data_key(self) -> dict:
@@ -94,6 +150,38 @@ class Setup:
                     "train_n": len(self.data.train), "test_n": len(self.test), "digest": file_digest(self.data_files)}
         return {"task": self.task, "k": self.k, "seed": self.seed, "test_n": len(self.test),
                 "digest": data_digest(self.data.task, self.data_root)}
+
+
+def readable_as(model, folder: str | os.PathLike, chunk: int = 1 << 22) -> bool:
+    """Whether every parameter of ``model`` is in ``folder``'s safetensors (read lazily, as the localizers do)
+    with the same dtype and values; read in slices of about ``chunk`` values (no tensor-sized copy)."""
+    from skillgraft.graft.localizers.source import SafetensorsFolder  # noqa: PLC0415
+
+    try:
+        source = SafetensorsFolder(folder)
+    except SkillgraftError:
+        return False  # e.g. only pytorch_model.bin
+    for name, p in model.named_parameters():
+        if source.shapes.get(name) != tuple(p.shape):
+            return False
+        value = p.detach()
+        step = max(1, chunk // max(1, value[0].numel())) if value.dim() else 1
+        for start in range(0, len(value) if value.dim() else 1, step):
+            read = source.rows(name, start, start + step) if value.dim() else source.rows(name)
+            mine = value[start:start + step] if value.dim() else value
+            if read.dtype != p.dtype or not torch.equal(read, mine.cpu()):
+                return False
+    return True
+
+
+def same_tensors(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two checkpoint folders' safetensors hold the same tensor names and shapes (headers only)."""
+    from skillgraft.graft.localizers.source import SafetensorsFolder  # noqa: PLC0415
+
+    try:
+        return SafetensorsFolder(a).shapes == SafetensorsFolder(b).shapes
+    except SkillgraftError:
+        return False
 
 
 def scorer_digest(scorer) -> str:
@@ -175,7 +263,7 @@ def is_run_dir(path: str | os.PathLike) -> bool:
 
 
 def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None, max_length: int = 128,
-              data_dir: str | os.PathLike | None = None) -> Setup:
+              data_dir: str | os.PathLike | None = None, lean: bool = False) -> Setup:
     """A Setup from two Hugging Face checkpoints and the data to localize and evaluate on.
 
     ``pretrained`` (A) and ``finetuned`` (B) are hub names or folders saved by plain transformers (B may
@@ -185,6 +273,9 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     ``generative`` with prompt→completion data, else ``causal``; …ForMaskedLM → ``prompt``). Refused before
     any weights load: a missing folder, different architectures, shapes or vocabularies; then A lacking a
     tensor of B's body (a classification head and a pooler only B has are carried).
+
+    ``lean`` (causal and generative pairs): θ_pre is not loaded yet (``Setup.load_pre``), so that FT can be
+    scored and released (:meth:`Setup.release_ft`) before θ_pre loads; its checks run when it loads.
     """
     from skillgraft.data.sampling import FewShotData  # noqa: PLC0415
     from skillgraft.data.spec import UserDataSpec  # noqa: PLC0415
@@ -231,16 +322,25 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         if n != task.num_labels:
             raise SkillgraftError(f"the fine-tuned classifier {finetuned} has {n} outputs but the data has "
                                   f"{task.num_labels} labels {list(task.labels)}")
+    deferred = None  # a lean pair's θ_pre, loaded once θ_ft is released
     if mode in ("causal", "generative"):
         from skillgraft.models.scorer import Scorer  # noqa: PLC0415
 
-        built = []
-        for name, role in ((finetuned, "fine-tuned"), (pretrained, "pre-trained")):
+        def causal(name: str, role: str) -> Scorer:
             ref = model_reference(name)
-            model = complete_model(ref.path, mode, role)
-            built.append(Scorer(model, load_tokenizer(ref.path), task, mode, pooling="last", max_length=max_length,
-                                base_model=ref.name))
-        ft, pre = built
+            return Scorer(complete_model(ref.path, mode, role), load_tokenizer(ref.path), task, mode, pooling="last",
+                          max_length=max_length, base_model=ref.name)
+
+        def load_pre() -> Scorer:
+            pre = causal(pretrained, "pre-trained")
+            refuse_non_finite_model(pre, f"--pretrained {pretrained}")
+            return pre.eval()
+
+        # lean only when A's and B's safetensors list the same tensors (else both load now: A refused before work)
+        lean = lean and same_tensors(model_reference(pretrained).path, model_reference(finetuned).path)
+        ft = causal(finetuned, "fine-tuned")
+        pre = None if lean else causal(pretrained, "pre-trained")
+        deferred = load_pre if lean else None
     else:
         ft = build_scorer(finetuned, task, mode, max_length=max_length)
         pre = build_scorer(pretrained, task, mode, max_length=max_length)
@@ -248,18 +348,22 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
             raise SkillgraftError(f"the fine-tuned checkpoint {finetuned} lacks tensors of its own classifier: "
                                   f"{sorted(ft.carried - pre.carried)[:3]}")
         ft.carried = pre.carried  # what θ_pre lacks travels whole
-    check_compatible(pre, ft)
+    if pre is not None:
+        check_compatible(pre, ft)
     refuse_non_finite_model(ft, f"--finetuned {finetuned}")
-    refuse_non_finite_model(pre, f"--pretrained {pretrained}")
     ft.eval()
-    pre.eval()
+    if pre is not None:  # a deferred θ_pre is checked when it loads (Setup.load_deferred_pre)
+        refuse_non_finite_model(pre, f"--pretrained {pretrained}")
+        pre.eval()
     few = FewShotData(task, k, seed, train, dev, test)
+    pre_name = model_reference(pretrained).name  # θ_pre may not be loaded yet (a lean pair)
     root = getattr(data, "data_dir", None) if not user else None
-    meta = {"pretrained": pre.base_model, "finetuned": ft.base_model, "task_spec": task_record(task)}
+    meta = {"pretrained": pre_name, "finetuned": ft.base_model, "task_spec": task_record(task)}
     if user:
         meta["user_data"] = data.to_dict()
     return Setup(ft, pre, few, Path(finetuned), None, data_root=str(root) if root else None,
-                 data_files=files, labels_note=note, data_note=data_note, graft_metadata=meta)
+                 data_files=files, labels_note=note, data_note=data_note, graft_metadata=meta,
+                 load_pre=deferred, ft_files=Path(model_reference(finetuned).path) if deferred else None)
 
 
 def task_record(task) -> dict:

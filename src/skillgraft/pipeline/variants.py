@@ -118,8 +118,9 @@ def base_variants(setup: Setup) -> list[Variant]:
         empty = Region.empty(universe(setup.pre))
         out.append(Variant("head only", "head-only", 0, Graft.from_models(setup.pre, setup.ft, empty)))
     frozen_embeddings = setup.finetune_config.freeze_embeddings
-    body = sum(p.numel() for n, p in setup.ft.named_parameters()
-               if not is_carried(n, setup.ft) and not (frozen_embeddings and "embeddings" in n))
+    ft = setup.pre if setup.released else setup.ft  # released θ_ft: the same tensors as θ_pre (checked)
+    body = sum(p.numel() for n, p in ft.named_parameters()
+               if not is_carried(n, ft) and not (frozen_embeddings and "embeddings" in n))
     out.append(Variant("fine-tuned", "ft", body))
     return out
 
@@ -142,15 +143,31 @@ def graft_variant(setup: Setup, region: Region, budget, metadata: dict | None = 
     return Variant(name or graft_label(budget), kind, len(region), graft, fraction, outside)
 
 
+def score_ft_first(setup: Setup, *, release: bool, progress: bool = False) -> None:
+    """A lean pair (θ_pre deferred, ``from_pair(..., lean=True)``): score FT on the test set, release θ_ft when
+    ``release`` (what follows reads it from its files), then load θ_pre; the two are never resident together."""
+    if getattr(setup, "load_pre", None) is None:  # θ_pre loaded already: nothing deferred
+        return
+    evaluate_variant(setup, Variant("fine-tuned", "ft", 0), setup.test, progress="fine-tuned" if progress else False)
+    if release:
+        setup.release_ft()
+    setup.load_deferred_pre()
+
+
 def evaluate_variant(setup: Setup, variant: Variant, examples: list[Example], set_name: str = "test",
                      batch_size: int = 64, progress: bool | str = False) -> tuple[dict, np.ndarray]:
-    """Metrics of a variant on ``examples`` (agreement with FT on the same set when FT was run first)."""
+    """Metrics of a variant on ``examples`` (agreement with FT on the same set when FT was run first).
+
+    FT's metrics are kept per set (``setup.ft_metrics``): once θ_ft is released they are its row."""
+    if variant.kind == "ft" and setup.released:
+        return dict(setup.ft_metrics[set_name]), setup.probs[set_name]
     with variant.use(setup) as scorer:
         metrics, probs = evaluate(scorer, examples, batch_size=batch_size, reference=setup.probs.get(set_name),
                                   progress=progress)
     if variant.kind == "ft":
         setup.probs[set_name] = probs
         metrics["agreement"] = 1.0
+        setup.ft_metrics[set_name] = dict(metrics)
     return metrics, probs
 
 

@@ -28,13 +28,15 @@ from skillgraft.graft.selection import Budget, region_universe
 from skillgraft.pipeline.regions import learned_regions, localizer_options
 from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.setup import Setup
-from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
+from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant, score_ft_first
 from skillgraft.recipes.base import RECIPES, ExperimentSpec, recipe, run_spec
 from skillgraft.spec import SEED_MAX, Spec
 from skillgraft.train import FinetuneConfig
 
 # Report names of the baseline localizers (kept from the reports in bench/RESULTS.md).
 BASELINE_LABELS = {"movement": "top-movement", "random": "random", "bias": "bias-only"}
+# Localizers that read θ_ft from its checkpoint files, tensor by tensor (a report using only these releases it).
+READS_FILES = ("learned", "movement", "ties-trim", "random", "bias")
 
 
 class ReportSpec(Spec):
@@ -44,6 +46,13 @@ class ReportSpec(Spec):
     baselines: list[str] = Field(default_factory=lambda: ["movement", "random", "bias"],
                                  description="matched-size baseline localizers (empty: none)")
     lottery_zero: bool = Field(True, description="also score each graft with zeros outside γ (lottery ticket)")
+
+
+def releases_ft(report: ReportSpec, keep=None, frontier=None) -> bool:
+    """Whether the report needs θ_ft in memory only to score FT (then a lean pair releases it, docs/scale.md):
+    its localizer and baselines read θ_ft from its files; keep targets and the frontier need it loaded."""
+    return (report.localizer in READS_FILES and all(b in READS_FILES for b in report.baselines)
+            and not (keep is not None and keep.keep) and not (frontier is not None and frontier.frontier))
 
 
 def baseline_options(name: str, graftable: str, seed: int) -> dict:
@@ -60,10 +69,11 @@ def runnable_baselines(report: ReportSpec, setup: Setup, options: Spec) -> Repor
     import warnings  # noqa: PLC0415
 
     keep, left = [], []
+    model = setup.pre if setup.pre is not None else setup.ft  # a lean pair: θ_pre not loaded yet (same mode)
     for name in report.baselines:
         loc = get_localizer(name)  # unknown names fail here
         try:
-            loc.check(setup.pre, loc.options(baseline_options(name, options.graftable, getattr(options, "seed", 0))))
+            loc.check(model, loc.options(baseline_options(name, options.graftable, getattr(options, "seed", 0))))
             keep.append(name)
         except SkillgraftError as e:
             left.append(f"{name} ({e})")
@@ -86,6 +96,7 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
     if keep is not None and keep.keep:
         get_localizer(report.localizer).check_ranked()  # before any work
     keep_only = bool(keep is not None and keep.keep and not getattr(options, "budgets", None))
+    score_ft_first(setup, release=releases_ft(report, keep, frontier), progress=progress)  # a lean pair
     regions, summary = ({}, {}) if keep_only else learned_regions(setup, run.store, report.localizer, options,
                                                                  progress=progress)
     variants: list[Variant] = base_variants(setup)

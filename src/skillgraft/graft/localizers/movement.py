@@ -8,15 +8,15 @@ from __future__ import annotations
 import torch
 
 from skillgraft.graft.localizers.base import Localizer, LocalizerOptions
-from skillgraft.models.anatomy import Graftable, check_compatible, graftable_names
+from skillgraft.graft.localizers.source import fine_tuned
+from skillgraft.models.anatomy import Graftable, graftable_names
 
 
 def movement(pre, ft, graftable: Graftable = "body") -> dict[str, torch.Tensor]:
-    """|θ_ft − θ_pre| per graftable tensor (on the CPU)."""
+    """|θ_ft − θ_pre| per graftable tensor (on the CPU); ``ft`` a scorer or its folder (read tensor by tensor)."""
     names = graftable_names(pre, graftable)
-    check_compatible(pre, ft, names)
-    a, b = dict(pre.named_parameters()), dict(ft.named_parameters())
-    return {n: (b[n].detach() - a[n].detach()).abs().cpu() for n in names}
+    b, a = fine_tuned(ft, pre, names), dict(pre.named_parameters())
+    return {n: (b.rows(n).to(a[n].device) - a[n].detach()).abs().cpu() for n in names}
 
 
 class Movement(Localizer):

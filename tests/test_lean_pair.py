@@ -1,0 +1,152 @@
+"""The CLI's checkpoint-pair path is as lean as the library's (issue 22 item 7): FT is scored first and
+released, θ_pre loads only then, and localization, baselines and grafts read θ_ft from its files; the
+report is the same as with both models in memory."""
+
+from __future__ import annotations
+
+import csv
+import gc
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from skillgraft.cli import app
+from skillgraft.data.spec import DataSpec
+from skillgraft.graft import Graft
+from skillgraft.pipeline import RunDir, Store
+from skillgraft.pipeline.setup import FineTunedFiles, from_pair
+from skillgraft.recipes.graft import ReportSpec, graft_report, localizer_options
+
+OPTIONS = {"candidates": 0.2, "budgets": [1e-2, 5e-2], "steps": 3, "batch_size": 16}
+
+
+@pytest.fixture(scope="module")
+def llama_pair(tiny_models, tmp_path_factory) -> tuple[Path, Path]:
+    """(A, B): the tiny Llama and a copy whose body moved (heavy-tailed noise), both saved by plain transformers."""
+    import transformers as tf
+
+    a = tiny_models["llama"]
+    b = tmp_path_factory.mktemp("lean") / "ft"
+    model = tf.AutoModelForCausalLM.from_pretrained(a)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layers" in name or name.endswith("norm.weight"):
+                p.add_(0.05 * torch.randn(p.shape, generator=gen) * torch.rand(p.shape, generator=gen) ** 4)
+    model.save_pretrained(b)
+    tf.AutoTokenizer.from_pretrained(a).save_pretrained(b)
+    return a, b
+
+
+def report(a: Path, b: Path, data_dir: Path, out: Path, *, lean: bool, options: dict = OPTIONS):
+    spec = DataSpec.build({"task": "SST-2", "k": 16, "seed": 42, "data_dir": str(data_dir)}, where="test")
+    setup = from_pair(str(a), str(b), spec, data_dir=data_dir, lean=lean)
+    metrics = graft_report(setup, RunDir(out, Store(out / "store")), ReportSpec(),
+                           localizer_options("learned", options), progress=False)
+    return setup, metrics
+
+
+@pytest.mark.parametrize("options", [OPTIONS, {**OPTIONS, "candidates": None}], ids=["candidates", "dense"])
+def test_lean_pair_report_equals_the_report_with_both_models_loaded(llama_pair, toy_data, tmp_path, options):
+    a, b = llama_pair
+    today, m0 = report(a, b, toy_data, tmp_path / "today", lean=False, options=options)
+    lean, m1 = report(a, b, toy_data, tmp_path / "lean", lean=True, options=options)
+    assert not today.released and isinstance(lean.ft, FineTunedFiles) and lean.ft.path == b
+    assert lean.identity() == today.identity()  # the same store keys
+    assert m1["rows"] == m0["rows"]  # every row, every number (FT, pre, grafts, baselines, lottery-zero)
+    assert {r["kind"] for r in m1["rows"]} >= {"ft", "pre", "graft", "baseline", "lottery-zero"}
+    read = [list(csv.reader((tmp_path / d / "results.csv").open())) for d in ("today", "lean")]
+    assert read[0] == read[1]
+    folders = sorted(p.name for p in (tmp_path / "today" / "grafts").iterdir())
+    assert folders == sorted(p.name for p in (tmp_path / "lean" / "grafts").iterdir()) and folders
+    for name in folders:
+        g0, g1 = (Graft.from_pretrained(tmp_path / d / "grafts" / name) for d in ("today", "lean"))
+        assert g0.region == g1.region and g0.values.keys() == g1.values.keys()
+        assert all(torch.equal(g0.values[n], g1.values[n]) and g0.values[n].dtype == g1.values[n].dtype
+                   for n in g0.values)
+
+
+def test_cli_pair_never_holds_both_models_and_localizes_without_theta_ft(llama_pair, toy_data, tmp_path, monkeypatch):
+    """Weak references to every model the pair loads: θ_ft is gone before θ_pre loads, and when localization
+    starts (it reads θ_ft from B's files); the report still has FT's row."""
+    import skillgraft.graft.localizers.learned as learned
+    import skillgraft.pipeline.setup as setup_module
+
+    a, b = llama_pair
+    loaded: list[tuple[str, weakref.ref]] = []
+    seen: dict[str, list] = {"pre-trained": [], "localize": []}
+    real_complete, real_localize = setup_module.complete_model, learned.localize
+
+    def alive_ft() -> bool:
+        gc.collect()
+        return any(ref() is not None for role, ref in loaded if role == "fine-tuned")
+
+    def complete(path, mode, role):
+        if role == "pre-trained":
+            seen["pre-trained"].append(alive_ft())
+        model = real_complete(path, mode, role)
+        loaded.append((role, weakref.ref(model)))
+        return model
+
+    def localize(pre, ft, *args, **kwargs):
+        seen["localize"].append((alive_ft(), type(ft).__name__))
+        return real_localize(pre, ft, *args, **kwargs)
+
+    monkeypatch.setattr(setup_module, "complete_model", complete)
+    monkeypatch.setattr(learned, "localize", localize)
+    out = tmp_path / "report"
+    result = CliRunner().invoke(app, ["graft", "--pretrained", str(a), "--finetuned", str(b), "--task", "SST-2",
+                                      "--data-dir", str(toy_data), "--k", "16", "--candidates", "0.2", "--budgets",
+                                      "0.05", "--steps", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert seen["pre-trained"] == [False]                      # θ_pre loaded once, after θ_ft was released
+    assert seen["localize"] == [(False, "FineTunedFiles")]     # localization reads θ_ft from its files
+    assert "fine-tuned" in (out / "report.md").read_text() and f"fine-tuned: `{b}`" in (out / "report.md").read_text()
+
+
+def test_lean_pair_needs_safetensors_that_read_back(llama_pair, toy_data, tmp_path, monkeypatch):
+    """A checkpoint without safetensors (pytorch_model.bin) cannot be read lazily: both models load at once
+    (A checked before any work) and the report is made as before; a B whose safetensors do not read back to
+    the loaded values is never released."""
+    import transformers as tf
+
+    a, b = llama_pair
+    bin_ft = tmp_path / "bin-ft"
+    model = tf.AutoModelForCausalLM.from_pretrained(b)
+    model.config.save_pretrained(bin_ft)
+    torch.save(model.state_dict(), bin_ft / "pytorch_model.bin")
+    tf.AutoTokenizer.from_pretrained(b).save_pretrained(bin_ft)
+    setup, metrics = report(a, bin_ft, toy_data, tmp_path / "r", lean=True)
+    assert not setup.released and setup.pre is not None
+    _, loaded = report(a, b, toy_data, tmp_path / "both", lean=False)
+    import skillgraft.pipeline.setup as setup_module
+
+    monkeypatch.setattr(setup_module, "readable_as", lambda model, folder: False)
+    unreadable, again = report(a, b, toy_data, tmp_path / "unreadable", lean=True)
+    assert not unreadable.released and unreadable.pre is not None
+    assert again["rows"] == loaded["rows"]
+    drop = lambda rows: [{k: v for k, v in r.items() if k != "file_bytes"} for r in rows]  # noqa: E731 (paths differ)
+    assert drop(metrics["rows"]) == drop(loaded["rows"])
+
+
+def test_readable_as_compares_every_value_slice_by_slice(llama_pair):
+    import transformers as tf
+
+    from skillgraft.pipeline.setup import readable_as
+
+    _, b = llama_pair
+    model = torch.nn.Module()  # a scorer's naming: model.<the checkpoint's names>
+    model.model = tf.AutoModelForCausalLM.from_pretrained(b)
+    assert readable_as(model, b, chunk=16) and readable_as(model, b)
+    weight = model.model.model.layers[1].mlp.down_proj.weight
+    kept = weight[-1, -1].item()
+    with torch.no_grad():
+        weight[-1, -1] += 1e-3  # one value, in the last slice
+    assert not readable_as(model, b, chunk=16) and not readable_as(model, b)
+    with torch.no_grad():
+        weight[-1, -1] = kept
+    assert readable_as(model, b, chunk=16)
+    assert not readable_as(model.to(torch.float64), b)  # another dtype than the files'
