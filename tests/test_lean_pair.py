@@ -150,3 +150,29 @@ def test_readable_as_compares_every_value_slice_by_slice(llama_pair):
         weight[-1, -1] = kept
     assert readable_as(model, b, chunk=16)
     assert not readable_as(model.to(torch.float64), b)  # another dtype than the files'
+
+
+def test_lean_pair_refuses_a_non_finite_theta_pre_before_any_work(llama_pair, toy_data, tmp_path, monkeypatch):
+    """θ_pre is loaded only after FT is scored on a lean pair, but a NaN in its files is still refused first:
+    its safetensors are read slice by slice before θ_ft loads."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from skillgraft.errors import SkillgraftError
+    from skillgraft.pipeline import setup as setup_module
+
+    a, b = llama_pair
+    bad = tmp_path / "pre"
+    shutil.copytree(a, bad)
+    (weights,) = bad.glob("*.safetensors")
+    tensors = load_file(weights)
+    name = next(n for n in tensors if "layers.0" in n and tensors[n].dim() == 2)
+    tensors[name][1, 2] = float("nan")
+    save_file(tensors, weights, metadata={"format": "pt"})
+    loaded = []
+    monkeypatch.setattr(setup_module, "complete_model", lambda *a, **k: loaded.append(a) or 1 / 0)
+    spec = DataSpec.build({"task": "SST-2", "k": 16, "seed": 42, "data_dir": str(toy_data)}, where="test")
+    with pytest.raises(SkillgraftError, match=rf"--pretrained .*tensor '(model\.)?{name}' from row 0\[\d+\] is nan"):
+        from_pair(str(bad), str(b), spec, data_dir=toy_data, lean=True)
+    assert loaded == []  # refused before either model loaded

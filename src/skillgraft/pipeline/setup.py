@@ -10,6 +10,7 @@ examples, whichever verb or recipe asks.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -172,6 +173,24 @@ def readable_as(model, folder: str | os.PathLike, chunk: int = 1 << 22) -> bool:
             if read.dtype != p.dtype or not torch.equal(read, mine.cpu()):
                 return False
     return True
+
+
+def refuse_non_finite_files(folder: str | os.PathLike, where: str, chunk: int = 1 << 22) -> None:
+    """Every tensor of ``folder``'s safetensors must be finite, read in slices of about ``chunk`` values (a lean
+    pair's θ_pre is checked this way before any work, without being loaded)."""
+    from skillgraft.finite import refuse_non_finite  # noqa: PLC0415
+    from skillgraft.graft.localizers.source import SafetensorsFolder  # noqa: PLC0415
+
+    source = SafetensorsFolder(folder)
+    for name, shape in source.shapes.items():
+        rows = shape[0] if shape else 1
+        step = max(1, chunk // max(1, math.prod(shape[1:]))) if shape else 1
+        for start in range(0, rows, step):
+            part = source.rows(name, start, start + step) if shape else source.rows(name)
+            if part.is_floating_point():
+                refuse_non_finite(part.reshape(-1), f"{where}: tensor {name!r} from row {start}",
+                                  "a model with non-finite weights cannot be grafted (its fine-tuning diverged, "
+                                  "or the file is damaged)")
 
 
 def same_tensors(a: str | os.PathLike, b: str | os.PathLike) -> bool:
@@ -338,6 +357,8 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
 
         # lean only when A's and B's safetensors list the same tensors (else both load now: A refused before work)
         lean = lean and same_tensors(model_reference(pretrained).path, model_reference(finetuned).path)
+        if lean:  # θ_pre loads later: its weights are still checked before any work, slice by slice
+            refuse_non_finite_files(model_reference(pretrained).path, f"--pretrained {pretrained}")
         ft = causal(finetuned, "fine-tuned")
         pre = None if lean else causal(pretrained, "pre-trained")
         deferred = load_pre if lean else None
