@@ -69,9 +69,9 @@ def runnable_baselines(report: ReportSpec, setup: Setup, options: Spec) -> Repor
     import warnings  # noqa: PLC0415
 
     keep, left = [], []
-    model = setup.pre if setup.pre is not None else setup.ft  # a lean pair: θ_pre not loaded yet (same mode)
     for name in report.baselines:
         loc = get_localizer(name)  # unknown names fail here
+        model = setup.pre if setup.pre is not None else setup.ft  # a lean pair: θ_pre not loaded yet (same mode)
         try:
             loc.check(model, loc.options(baseline_options(name, options.graftable, getattr(options, "seed", 0))))
             keep.append(name)
