@@ -23,17 +23,19 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from skillgraft.graft.region import Region, module_type
+from skillgraft.graft.region import Region
 from skillgraft.models.loading import bundled_minilm_path
+from skillgraft.spec import read_yaml
 
-TASKS = ["SST-2", "ag_news", "QNLI", "subj"]
-OPTIONS = {"sparsity": 0.0, "steps": 120, "batch_size": 64}  # bench/fidelity/multitask.yaml's localizer
+RECIPE = read_yaml(Path(__file__).with_name("multitask.yaml"))  # the one source of the tasks and the localizer
+TASKS = list(RECIPE["tasks"])
+OPTIONS = {"sparsity": 0.0, **{k: RECIPE["localize"][k] for k in ("steps", "batch_size")}}  # γ_base = 0 (Fig. 8)
 
 
 def find_regions(store: Path) -> dict[str, Region]:
     """The γ_base = 0 region of each task whose stored key matches the recipe's localizer options."""
     found = {}
-    for entry in sorted(store.glob("regions-*-1024-13-learned-*")):
+    for entry in sorted(store.glob(f"regions-*-{RECIPE['k']}-{RECIPE['seed']}-learned-*")):
         key = json.loads((entry / "key.json").read_text())
         task, opts = key["setup"]["data"]["task"], key["options"]
         if task in TASKS and all(opts.get(k) == v for k, v in OPTIONS.items()):
@@ -46,7 +48,7 @@ def find_regions(store: Path) -> dict[str, Region]:
 
 def movement(store: Path) -> dict[str, torch.Tensor]:
     """|θ_MT − θ_pre| per region tensor name (``model.`` + the body's names)."""
-    (mt,) = sorted(store.glob("multitask-SST-2_ag_news_QNLI_subj-1024-13-*"))
+    (mt,) = sorted(store.glob(f"multitask-{'_'.join(TASKS)}-{RECIPE['k']}-{RECIPE['seed']}-*"))
     ft = load_file(mt / "model" / "body" / "model.safetensors")
     pre = load_file(bundled_minilm_path() / "model.safetensors")
     return {f"model.{n}": (ft[n].float() - pre[n].float()).abs() for n in ft if n in pre}
@@ -65,16 +67,11 @@ def top_delta(delta: dict[str, torch.Tensor], names: list[str], size: int) -> Re
     return Region.from_masks(masks, {n: tuple(delta[n].shape) for n in names})
 
 
-def kind(name: str) -> str:
-    if module_type(name) == "layernorm":
-        return "layernorm"
-    if name.endswith("bias"):
-        return "bias"
-    return module_type(name).split(".")[0]  # attn / ffn / other
-
-
 def shares(region: Region) -> dict[str, float]:
-    counts = region.counts_by(kind)
+    """Share of the region per coarse module type (attn / ffn / layernorm / bias), from Region.module_type_counts."""
+    counts: dict[str, int] = {}
+    for kind, n in region.module_type_counts().items():
+        counts[kind.split(".")[0]] = counts.get(kind.split(".")[0], 0) + n
     total = max(1, len(region))
     return {k: round(v / total, 3) for k, v in sorted(counts.items())}
 

@@ -166,13 +166,23 @@ def readable_as(model, folder: str | os.PathLike, chunk: int = 1 << 22) -> bool:
         if source.shapes.get(name) != tuple(p.shape):
             return False
         value = p.detach()
-        step = max(1, chunk // max(1, value[0].numel())) if value.dim() else 1
-        for start in range(0, len(value) if value.dim() else 1, step):
-            read = source.rows(name, start, start + step) if value.dim() else source.rows(name)
-            mine = value[start:start + step] if value.dim() else value
+        for start, read in row_slices(source, name, chunk):
+            mine = value[start:start + len(read)] if value.dim() else value
             if read.dtype != p.dtype or not torch.equal(read, mine.cpu()):
                 return False
     return True
+
+
+def row_slices(source, name: str, chunk: int):
+    """``(start, rows)`` of tensor ``name`` of a lazy θ_ft ``source``, about ``chunk`` values at a time along dim 0
+    (a 0-d tensor whole): no tensor-sized copy."""
+    shape = source.shapes[name]
+    if not shape:
+        yield 0, source.rows(name)
+        return
+    step = max(1, chunk // max(1, math.prod(shape[1:])))
+    for start in range(0, shape[0], step):
+        yield start, source.rows(name, start, start + step)
 
 
 def refuse_non_finite_files(folder: str | os.PathLike, where: str, chunk: int = 1 << 22) -> None:
@@ -182,11 +192,8 @@ def refuse_non_finite_files(folder: str | os.PathLike, where: str, chunk: int = 
     from skillgraft.graft.localizers.source import SafetensorsFolder  # noqa: PLC0415
 
     source = SafetensorsFolder(folder)
-    for name, shape in source.shapes.items():
-        rows = shape[0] if shape else 1
-        step = max(1, chunk // max(1, math.prod(shape[1:]))) if shape else 1
-        for start in range(0, rows, step):
-            part = source.rows(name, start, start + step) if shape else source.rows(name)
+    for name in source.shapes:
+        for start, part in row_slices(source, name, chunk):
             if part.is_floating_point():
                 refuse_non_finite(part.reshape(-1), f"{where}: tensor {name!r} from row {start}",
                                   "a model with non-finite weights cannot be grafted (its fine-tuning diverged, "
