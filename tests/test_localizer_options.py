@@ -8,7 +8,9 @@ them with the localizer's documented defaults plus exactly the fields the user s
 
 from __future__ import annotations
 
+import re
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +20,7 @@ import skillgraft.pipeline.setup as pair_loading
 import skillgraft.recipes.graft as graft_recipes
 from skillgraft.cli import app
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, get_localizer
+from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, get_localizer, support, support_table
 from skillgraft.recipes.graft import GraftRecipeSpec, graft_recipe, localizer_options
 
 runner = CliRunner()
@@ -142,3 +144,50 @@ def test_baselines_that_cannot_run_sharded_are_left_out_before_any_work(monkeypa
         assert runnable_baselines(report, setup, options).baselines == []
     with pytest.raises(SkillgraftError, match="nope"):
         runnable_baselines(ReportSpec(baselines=["nope"]), setup, options)
+
+
+# --- where each localizer runs: derived from the code, shown by `skillgraft localizers`, documented ---------------
+
+def doc_support_rows() -> dict[str, tuple[bool, bool, bool]]:
+    """docs/localizers.md's "What runs where" table: localizer → (candidates, sharded, generative) is "yes"."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "localizers.md").read_text()
+    block = text.split("| | `--candidates` | sharded (FSDP2) | generative data |", 1)[1].split("\n\n", 1)[0]
+    rows = {}
+    for line in block.strip().splitlines()[1:]:
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        for name in re.findall(r"`([a-z-]+)`", cells[0]):
+            rows[name] = tuple(c.startswith("yes") for c in cells[1:4])
+    return rows
+
+
+def test_docs_where_table_agrees_with_the_code():
+    documented = doc_support_rows()
+    assert set(documented) == set(LOCALIZERS), "docs/localizers.md 'What runs where' must list every localizer"
+    for row in support_table():
+        derived = tuple(v == "yes" for v in (row.candidates, row.sharded, row.generative))
+        assert documented[row.name] == derived, (row.name, row)
+
+
+def test_support_follows_refuse(monkeypatch):
+    assert support("learned") == ("learned", "yes", "yes", "yes")
+    loc = get_localizer("learned")
+
+    def refuse(options, *, sharded=False, generative=False):
+        if generative:
+            raise SkillgraftError("localizer 'learned' refuses generative data (test)")
+
+    monkeypatch.setattr(loc, "refuse", refuse)
+    assert support("learned").generative == "refused: localizer 'learned' refuses generative data (test)"
+    assert support("learned").sharded == "yes"
+    assert support("movement").candidates.startswith("refused: localizer 'movement' has no option 'candidates'")
+
+
+def test_cli_localizers_shows_where_each_runs():
+    listing = runner.invoke(app, ["localizers"], env={"COLUMNS": "220"})
+    assert listing.exit_code == 0, listing.output
+    line = next(ln for ln in listing.output.splitlines() if "│ fish " in ln)
+    assert line.count("refused") == 3
+    one = runner.invoke(app, ["localizers", "prune"], env={"COLUMNS": "400"})
+    assert one.exit_code == 0, one.output
+    assert "where 'prune' runs" in one.output
+    assert "(relaxation straight-through) does not run sharded (FSDP)" in one.output

@@ -493,20 +493,30 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
     """The registered localizers, or one localizer's options with their defaults and help."""
     from rich.table import Table  # noqa: PLC0415
 
-    from skillgraft.graft.localizers import get_localizer, options_table  # noqa: PLC0415
+    from skillgraft.graft.localizers import get_localizer, options_table, support, support_table  # noqa: PLC0415
+
+    def short(verdict: str) -> str:
+        return "yes" if verdict == "yes" else "refused"
 
     if name is None:
-        table = Table("localizer", "what it does")
-        for n, loc in LOCALIZERS.items():
-            table.add_row(n, loc.summary or "")
+        table = Table("localizer", "what it does", "--candidates", "FSDP", "generative data")
+        for row in support_table():
+            table.add_row(row.name, LOCALIZERS[row.name].summary or "", short(row.candidates), short(row.sharded),
+                          short(row.generative))
         console.print(table)
-        console.print("options of one: skillgraft localizers NAME; use: skillgraft graft --localizer NAME …")
+        console.print("options and reasons of one: skillgraft localizers NAME; use: skillgraft graft --localizer NAME …")
         return
     get_localizer(name)  # an unknown name is one line listing the known ones
     table = Table("option", "default", "help", title=f"localizer {name!r}: {get_localizer(name).summary}")
     for field, default, text in options_table(name):
         table.add_row(f"--{field.replace('_', '-')}", default, text)
     console.print(table)
+    row = support(name)
+    where = Table("setting", "with the default options", title=f"where {name!r} runs")
+    for setting, verdict in (("--candidates", row.candidates), ("FSDP (sharded)", row.sharded),
+                             ("generative data", row.generative)):
+        where.add_row(setting, verdict)
+    console.print(where)
 
 
 @app.command()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import types
 import typing
+from typing import NamedTuple
 
 from pydantic import Field, create_model
 
@@ -65,6 +66,38 @@ def options_table(name: str) -> list[tuple[str, str, str]]:
     return rows
 
 
+class Support(NamedTuple):
+    """Where localizer ``name`` runs with its default options: ``"yes"``, or the one line it refuses with."""
+
+    name: str
+    candidates: str  # --candidates (the candidate-restricted layout): an option of the optimised localizers only
+    sharded: str     # a model sharded with FSDP2
+    generative: str  # generative (prompt → completion) data, which has no class labels
+
+
+def support(name: str) -> Support:
+    """:class:`Support` of localizer ``name``, read from the code itself (its options and ``refuse``), so the
+    table ``skillgraft localizers`` prints and docs/localizers.md cannot drift from what a run does."""
+    loc = get_localizer(name)
+    opts = loc.options(None)
+
+    def verdict(**setting) -> str:
+        try:
+            loc.refuse(opts, **setting)
+        except SkillgraftError as e:
+            return f"refused: {e}"
+        return "yes"
+
+    candidates = ("yes" if "candidates" in loc.Options.model_fields else
+                  f"refused: localizer {name!r} has no option 'candidates' (it has no optimisation to restrict)")
+    return Support(name, candidates, verdict(sharded=True), verdict(generative=True))
+
+
+def support_table() -> list[Support]:
+    """:func:`support` of every registered localizer, in registration order."""
+    return [support(name) for name in LOCALIZERS]
+
+
 def _without_none(ann):
     """``X | None`` → ``X`` (the union's fields are all optional anyway)."""
     args = typing.get_args(ann)
@@ -113,4 +146,4 @@ register_localizer("hard-concrete")(HardConcrete)
 
 __all__ = ["LOCALIZERS", "FishOptions", "LocalizeConfig", "LocalizeResult", "Localization", "Localizer",
            "LocalizerOptions", "RandomOptions", "RelaxedOptions", "SaliencyOptions", "get_localizer", "localize", "movement", "options_table", "options_union",
-           "register_localizer"]
+           "register_localizer", "Support", "support", "support_table"]
