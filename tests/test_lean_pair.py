@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from skillgraft.cli import app
 from skillgraft.data.spec import DataSpec
 from skillgraft.graft import Graft
+from skillgraft.graft.graft_file import GraftMetadata
 from skillgraft.pipeline import RunDir, Store
 from skillgraft.pipeline.setup import FineTunedFiles, from_pair
 from skillgraft.recipes.graft import ReportSpec, graft_report, localizer_options
@@ -67,6 +68,10 @@ def test_lean_pair_report_equals_the_report_with_both_models_loaded(llama_pair, 
         assert g0.region == g1.region and g0.values.keys() == g1.values.keys()
         assert all(torch.equal(g0.values[n], g1.values[n]) and g0.values[n].dtype == g1.values[n].dtype
                    for n in g0.values)
+        # the pair's typed metadata (Setup.graft_metadata, a GraftMetadata) is what each graft records
+        assert isinstance(lean.graft_metadata, GraftMetadata)
+        assert g1.metadata.pretrained == str(a) and g1.metadata.finetuned == lean.graft_metadata.finetuned
+        assert g1.metadata.task_spec == lean.graft_metadata.task_spec and g1.metadata.task_spec["name"] == "SST-2"
 
 
 def test_cli_pair_never_holds_both_models_and_localizes_without_theta_ft(llama_pair, toy_data, tmp_path, monkeypatch):

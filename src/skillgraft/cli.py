@@ -304,7 +304,7 @@ def graft(
 
     def write(run) -> None:
         result.update(graft_report(setup, run, report, localize, keep=keep, frontier=frontier))
-        if setup.labels_note or setup.graft_metadata:
+        if setup.labels_note or setup.graft_metadata.to_dict():
             text = (run.path / "report.md").read_text()
             lines = ["", "## Models and data", "",
                      f"- pre-trained: `{setup.pre.base_model}`; fine-tuned: `{setup.ft.base_model}`; scored as "

@@ -24,6 +24,7 @@ from skillgraft.data.sampling import FewShotData
 from skillgraft.data.spec import DataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.finite import refuse_non_finite_model
+from skillgraft.graft.graft_file import GraftMetadata
 from skillgraft.models.pair import check_pair, complete_model, model_labels, pair_mode, torch_fork
 from skillgraft.models.scorer import Scorer
 from skillgraft.models.spec import ModelSpec
@@ -65,7 +66,8 @@ class Setup:
     data_files: list[Path] | None = None  # a user's data files (instead of a registered task's)
     labels_note: str = ""                 # how the labels were decided (user data)
     data_note: str = ""                   # which files / dataset splits were learned on and evaluated on
-    graft_metadata: dict = field(default_factory=dict)  # recorded in every graft (a pair: its task, data, models)
+    graft_metadata: GraftMetadata = field(default_factory=GraftMetadata)  # recorded in every graft (a pair: its
+    # task, data and models)
     load_pre: Callable[[], Scorer] | None = field(default=None, repr=False)  # θ_pre, deferred (a lean pair)
     ft_files: Path | None = None          # a lean pair: the folder θ_ft was loaded from (read back lazily)
     ft_metrics: dict[str, dict] = field(default_factory=dict)  # FT's metrics per evaluation set, once released
@@ -390,7 +392,8 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     if user:
         meta["user_data"] = data.to_dict()
     return Setup(ft, pre, few, Path(finetuned), None, data_root=str(root) if root else None,
-                 data_files=files, labels_note=note, data_note=data_note, graft_metadata=meta,
+                 data_files=files, labels_note=note, data_note=data_note,
+                 graft_metadata=GraftMetadata.build(meta, where="graft metadata"),
                  load_pre=deferred, ft_files=Path(model_reference(finetuned).path) if deferred else None)
 
 

@@ -137,7 +137,7 @@ def graft_variant(setup: Setup, region: Region, budget, metadata: dict | None = 
                   kind: str = "graft", outside: str = "pre") -> Variant:
     """θ_pre + γ⊙(θ_ft − θ_pre) on ``region`` (plus the new head), as a Variant."""
     meta = {"task": setup.task, "mode": setup.pre.mode, "k": setup.k, "seed": setup.seed,
-            **getattr(setup, "graft_metadata", {}), **(metadata or {})}
+            **(setup.graft_metadata.to_dict() if hasattr(setup, "graft_metadata") else {}), **(metadata or {})}
     graft = Graft.from_models(setup.pre, setup.ft, region, meta)
     fraction = getattr(budget, "fraction", budget if isinstance(budget, float) else None)
     return Variant(name or graft_label(budget), kind, len(region), graft, fraction, outside)

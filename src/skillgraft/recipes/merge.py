@@ -259,7 +259,7 @@ def open_setup(pretrained: str, m: ModelInput, spec: MergeSpec) -> Setup:
         dev = [ex for i, ex in enumerate(train) if i in held]
         train = [ex for i, ex in enumerate(train) if i not in held]
     setup.data = dataclasses.replace(data, train=train, dev=eval_subset(dev, spec.dev_limit))
-    setup.graft_metadata["merge_task"] = m.name
+    setup.graft_metadata = setup.graft_metadata.updated(merge_task=m.name)
     return setup
 
 
@@ -279,7 +279,7 @@ def task_graft(setup: Setup, m: ModelInput, spec: MergeSpec, options: Spec, stor
     regions, _ = learned_regions(setup, store, spec.localizer, options)
     region = regions.get(spec.budget) or next(iter(regions.values()))
     meta = {"task": setup.task, "mode": setup.pre.mode, "localizer": spec.localizer, "budget": spec.budget.key,
-            **setup.graft_metadata}
+            **setup.graft_metadata.to_dict()}
     return Graft.from_models(setup.pre, setup.ft, region, meta)
 
 
