@@ -286,3 +286,20 @@ def test_lottery_zero_row_of_a_pair_is_the_row_computed_with_the_backup_in_memor
         assert any(r["kind"] == "lottery-zero" for r in m["rows"])
         rows.append([{k: v for k, v in r.items() if k != "file_bytes"} for r in m["rows"]])
     assert rows[0] == rows[1]
+
+
+def test_non_finite_check_reads_a_tensor_in_chunks_and_names_the_first_value():
+    """A checkpoint's weights are checked a few MB at a time (no tensor-sized temporaries: a lean pair's peak
+    would otherwise grow by twice its embedding matrix in bools); position, value and count are those of the
+    whole tensor, whatever the chunk."""
+    from skillgraft.finite import first_non_finite
+
+    t = torch.randn(10, 100)
+    assert first_non_finite(t, chunk=7) is None
+    flat = t.view(-1)
+    flat[13], flat[500], flat[999] = float("nan"), float("inf"), -float("inf")
+    for chunk in (1, 7, 100, 1000, 1 << 22):
+        pos, value, count = first_non_finite(t, chunk=chunk)
+        assert (pos, count) == (13, 3) and value != value  # noqa: PLR0124 (nan)
+    flat[13] = 0.0
+    assert first_non_finite(t, chunk=7)[:2] == (500, float("inf"))
