@@ -181,3 +181,130 @@ def test_lean_pair_refuses_a_non_finite_theta_pre_before_any_work(llama_pair, to
     with pytest.raises(SkillgraftError, match=rf"--pretrained .*tensor '(model\.)?{name}' from row 0\[\d+\] is nan"):
         from_pair(str(bad), str(b), spec, data_dir=toy_data, lean=True)
     assert loaded == []  # refused before either model loaded
+
+
+# ---------------------------------------------------------------------------------------- lottery-ticket-zero
+def _rss(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+class _Body(torch.nn.Module):
+    """A scorer's naming (``model.<the file's names>``): 16 linear maps of 1M fp32 values = 64 MiB."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024, bias=False) for _ in range(16)])
+
+    def forward(self, x):
+        return self.model(x)
+
+
+def _body_and_files(tmp_path):
+    from safetensors.torch import save_file
+
+    from skillgraft.graft import Region
+
+    torch.manual_seed(0)
+    body = _Body().eval()
+    (tmp_path / "pre").mkdir()
+    save_file({k: v.contiguous() for k, v in body.model.state_dict().items()}, tmp_path / "pre" / "model.safetensors")
+    shapes = {n: tuple(p.shape) for n, p in body.named_parameters()}
+    gen = torch.Generator().manual_seed(1)
+    region = Region(shapes, {n: torch.randperm(1 << 20, generator=gen)[:1000] for n in list(shapes)[::3]})
+    values = {n: torch.randn(len(i), generator=gen) for n, i in region.indices.items()}
+    return body, Graft(region, values), tmp_path / "pre"
+
+
+def test_lottery_zero_restores_theta_pre_from_its_files_not_a_backup_in_memory(tmp_path):
+    """With θ_pre's files, applying a graft with zeros outside γ keeps no copy of the body: the tensors held while
+    it is applied are O(|γ|) bytes, and the process's peak RSS grows by a small fraction of the 64 MiB body
+    (without the files: by the whole body). The outputs are the same; the model is restored bit-exactly."""
+    import sys
+
+    from skillgraft.graft.graft import _APPLIED
+
+    body, graft, files = _body_and_files(tmp_path)
+    before = {n: p.detach().clone() for n, p in body.named_parameters()}
+    x = torch.randn(4, 1024)
+    body_bytes = sum(t.numel() * 4 for t in before.values())
+    peaks, outputs = {}, {}
+    for how, pre_files in (("memory", None), ("files", files)):
+        import gc
+
+        gc.collect()
+        if sys.platform == "linux":
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets VmHWM to the current RSS
+        base = _rss("VmRSS")
+        with graft.applied(body, outside="zero", force=True, pre_files=pre_files):
+            peaks[how] = _rss("VmHWM") - base
+            held = sum(old.numel() * old.element_size() for _, _, old in body.model.__dict__[_APPLIED].saved
+                       if isinstance(old, torch.Tensor))
+            outputs[how] = body(x)
+        assert all(torch.equal(p, before[n]) for n, p in body.named_parameters())
+        if how == "memory":
+            assert held == body_bytes
+        else:
+            assert held == 0  # every tensor is restored from the files (the region's values are the graft's)
+    assert torch.equal(outputs["memory"], outputs["files"])
+    assert peaks["memory"] > 0.9 * body_bytes  # the measurement sees a whole-body backup ...
+    assert peaks["files"] < 0.25 * body_bytes  # ... and this one does not keep it
+
+
+def test_lottery_zero_keeps_in_memory_what_the_files_do_not_hold(tmp_path):
+    """A tensor that differs from θ_pre's files (one value) is backed up in memory; an exception in the block
+    restores everything bit-exactly; a folder without safetensors is refused before any write."""
+    from skillgraft.errors import SkillgraftError
+    from skillgraft.graft.graft import _APPLIED
+
+    body, graft, files = _body_and_files(tmp_path)
+    changed = body.model[3].weight
+    with torch.no_grad():
+        changed[0, 0] += 1.0
+    before = {n: p.detach().clone() for n, p in body.named_parameters()}
+    with pytest.raises(RuntimeError, match="boom"):
+        with graft.applied(body, outside="zero", force=True, pre_files=files):
+            backed = [p for p, _, old in body.model.__dict__[_APPLIED].saved if isinstance(old, torch.Tensor)]
+            assert len(backed) == 1 and backed[0] is changed and (changed != 0).sum() <= 1000
+            raise RuntimeError("boom")
+    assert all(torch.equal(p, before[n]) for n, p in body.named_parameters())
+    with pytest.raises(SkillgraftError, match="pre_files"):
+        graft.apply(body, outside="zero", force=True, pre_files=tmp_path)
+    assert all(torch.equal(p, before[n]) for n, p in body.named_parameters())
+
+
+def test_lottery_zero_row_of_a_pair_is_the_row_computed_with_the_backup_in_memory(llama_pair, toy_data, tmp_path):
+    """The report's lottery-ticket-zero rows restore θ_pre from A's files; every row equals the rows computed with
+    the old whole-body backup in memory (``pre_files`` dropped)."""
+    a, b = llama_pair
+    spec = DataSpec.build({"task": "SST-2", "k": 16, "seed": 42, "data_dir": str(toy_data)}, where="test")
+    rows = []
+    for files in (True, False):
+        setup = from_pair(str(a), str(b), spec, data_dir=toy_data, lean=True)
+        assert setup.pre_files == a
+        if not files:
+            setup.pre_files = None
+        out = tmp_path / str(files)
+        m = graft_report(setup, RunDir(out, Store(tmp_path / "store")), ReportSpec(baselines=[]),
+                         localizer_options("learned", OPTIONS), progress=False)
+        assert any(r["kind"] == "lottery-zero" for r in m["rows"])
+        rows.append([{k: v for k, v in r.items() if k != "file_bytes"} for r in m["rows"]])
+    assert rows[0] == rows[1]
+
+
+def test_non_finite_check_reads_a_tensor_in_chunks_and_names_the_first_value():
+    """A checkpoint's weights are checked a few MB at a time (no tensor-sized temporaries: a lean pair's peak
+    would otherwise grow by twice its embedding matrix in bools); position, value and count are those of the
+    whole tensor, whatever the chunk."""
+    from skillgraft.finite import first_non_finite
+
+    t = torch.randn(10, 100)
+    assert first_non_finite(t, chunk=7) is None
+    flat = t.view(-1)
+    flat[13], flat[500], flat[999] = float("nan"), float("inf"), -float("inf")
+    for chunk in (1, 7, 100, 1000, 1 << 22):
+        pos, value, count = first_non_finite(t, chunk=chunk)
+        assert (pos, count) == (13, 3) and value != value  # noqa: PLR0124 (nan)
+    flat[13] = 0.0
+    assert first_non_finite(t, chunk=7)[:2] == (500, float("inf"))

@@ -15,16 +15,27 @@ import torch
 from skillgraft.errors import SkillgraftError
 
 
-def first_non_finite(t: torch.Tensor) -> tuple[int, float, int] | None:
-    """(flat position, value, count) of the first non-finite value of ``t``; None when all are finite."""
+def first_non_finite(t: torch.Tensor, chunk: int = 1 << 22) -> tuple[int, float, int] | None:
+    """(flat position, value, count) of the first non-finite value of ``t``; None when all are finite.
+
+    Checked ``chunk`` values at a time: the temporaries are a few MB, never tensor-sized (a checkpoint's
+    embedding matrix is checked without a copy of its size)."""
     if not (t.dtype.is_floating_point or t.dtype.is_complex) or not t.numel():
         return None
-    bad = ~torch.isfinite(t.detach().reshape(-1))
-    if not bool(bad.any()):
+    flat = t.detach().reshape(-1)
+    first, count = None, 0
+    for start in range(0, flat.numel(), chunk):
+        part = flat[start:start + chunk]
+        finite = torch.isfinite(part)
+        if bool(finite.all()):
+            continue
+        bad = ~finite
+        count += int(bad.sum())
+        if first is None:
+            first = start + int(torch.nonzero(bad)[0, 0])
+    if first is None:
         return None
-    where = torch.nonzero(bad).reshape(-1)
-    i = int(where[0])
-    return i, float(t.detach().reshape(-1)[i]), int(where.numel())
+    return first, float(flat[first]), count
 
 
 def refuse_non_finite(t: torch.Tensor, what: str, why: str = "non-finite values are refused") -> None:

@@ -147,13 +147,52 @@ def _same(a: list, b: list) -> bool:
     return len(a) == len(b) and a[0] is b[0] and all(x[0] is y[0] and x[1] == y[1] for x, y in zip(a[1:], b[1:]))
 
 
-def _restore(saved: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]) -> None:
+class _InFiles:
+    """A backup kept on disk: the tensor's θ_pre values are its copy in θ_pre's safetensors (checked equal)."""
+
+    def __init__(self, source, name: str):
+        self.source, self.name = source, name
+
+    def same_as(self, d: torch.Tensor) -> bool:
+        """Whether ``d`` equals the files' tensor (dtype and every value), read in slices."""
+        if self.source.shapes.get(self.name) != tuple(d.shape):
+            return False
+        for start, part in self.slices():
+            if part.dtype != d.dtype or not torch.equal(part, (d[start:start + len(part)] if d.dim() else d).cpu()):
+                return False
+        return True
+
+    def copy_into(self, d: torch.Tensor) -> None:
+        for start, part in self.slices():
+            (d[start:start + len(part)] if d.dim() else d).copy_(part.to(d.device))
+
+    def slices(self):
+        from skillgraft.graft.localizers.source import row_slices  # noqa: PLC0415
+
+        return row_slices(self.source, self.name)
+
+
+def _restore(saved: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | _InFiles]]) -> None:
     for p, idx, old in reversed(saved):
         d = p.detach()  # shares storage and version counter with p
-        if idx is None:
+        if isinstance(old, _InFiles):
+            old.copy_into(d)
+        elif idx is None:
             d.copy_(old)
         else:
             d.put_(idx, old)
+
+
+def _pre_source(pre_files):
+    """θ_pre's checkpoint folder as a lazy source (``shapes``, ``rows``); a source object is used as it is."""
+    if pre_files is None or hasattr(pre_files, "rows"):
+        return pre_files
+    from skillgraft.graft.localizers.source import SafetensorsFolder  # noqa: PLC0415
+
+    try:
+        return SafetensorsFolder(pre_files)
+    except SkillgraftError as e:
+        raise SkillgraftError(f"pre_files {pre_files}: {e}") from None
 
 
 @dataclass
@@ -261,7 +300,7 @@ class Graft:
         return params, key, base
 
     @torch.no_grad()
-    def apply(self, scorer, *, outside: Outside = "pre", force: bool = False):
+    def apply(self, scorer, *, outside: Outside = "pre", force: bool = False, pre_files=None):
         """Write the graft into ``scorer`` in place; :meth:`revert` restores the exact previous values.
 
         Every check (architecture, carried shapes, base fingerprint, no graft already applied) runs before
@@ -269,12 +308,16 @@ class Graft:
         the model as it was. Only the overwritten coordinates are backed up (plus carried tensors); on a
         base whose content is known unchanged since this graft's last apply, that backup is reused.
         ``outside="zero"`` sets graftable coordinates outside the region to 0 instead of θ_pre (the
-        lottery-ticket-zero baseline); it backs up the whole universe tensors. ``force`` skips the
+        lottery-ticket-zero baseline); it backs up the whole universe tensors, unless ``pre_files`` (θ_pre's
+        safetensors folder, e.g. the checkpoint it was loaded from) holds a tensor with the same dtype and
+        values (checked in slices): that tensor is restored from the files on revert, so the backup costs no
+        memory (the files must not change while the graft is applied). ``force`` skips the
         base-fingerprint check (never the shape checks).
         """
         if outside not in ("pre", "zero"):
             raise SkillgraftError(f"outside must be 'pre' or 'zero', got {outside!r}")
         params, key, base = self._prepare(scorer, force)
+        files = _pre_source(pre_files) if outside == "zero" else None
         body = _body(scorer)
         # the backup of θ_pre on the region is for exactly these index tensors, unchanged, on this base content
         anchor = [self.region, *[(t, t._version) for t in self.region.indices.values()]]
@@ -286,7 +329,9 @@ class Graft:
             if outside == "zero":
                 for name in self.region.shapes:
                     p = params[name]
-                    saved.append((p, None, p.detach().clone()))
+                    on_disk = _InFiles(files, name) if files is not None and name in files.shapes else None
+                    keep = on_disk if on_disk is not None and on_disk.same_as(p.detach()) else p.detach().clone()
+                    saved.append((p, None, keep))
                     p.detach().zero_()
             for name, idx in self.region.indices.items():
                 p = params[name]
@@ -332,9 +377,10 @@ class Graft:
         return scorer
 
     @contextlib.contextmanager
-    def applied(self, scorer, *, outside: Outside = "pre", force: bool = False) -> Iterator:
-        """``with graft.applied(model) as m: ...`` — apply, yield the model, revert bit-exactly on any exit."""
-        self.apply(scorer, outside=outside, force=force)
+    def applied(self, scorer, *, outside: Outside = "pre", force: bool = False, pre_files=None) -> Iterator:
+        """``with graft.applied(model) as m: ...`` — apply, yield the model, revert bit-exactly on any exit
+        (``pre_files``: see :meth:`apply`)."""
+        self.apply(scorer, outside=outside, force=force, pre_files=pre_files)
         try:
             yield scorer
         finally:

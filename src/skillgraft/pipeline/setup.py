@@ -10,7 +10,6 @@ examples, whichever verb or recipe asks.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable
@@ -70,6 +69,7 @@ class Setup:
     # task, data and models)
     load_pre: Callable[[], Scorer] | None = field(default=None, repr=False)  # θ_pre, deferred (a lean pair)
     ft_files: Path | None = None          # a lean pair: the folder θ_ft was loaded from (read back lazily)
+    pre_files: Path | None = None         # a pair: A's folder (lottery-ticket-zero restores θ_pre from it, checked)
     ft_metrics: dict[str, dict] = field(default_factory=dict)  # FT's metrics per evaluation set, once released
     _identity: dict | None = field(default=None, repr=False)
 
@@ -178,13 +178,9 @@ def readable_as(model, folder: str | os.PathLike, chunk: int = 1 << 22) -> bool:
 def row_slices(source, name: str, chunk: int):
     """``(start, rows)`` of tensor ``name`` of a lazy θ_ft ``source``, about ``chunk`` values at a time along dim 0
     (a 0-d tensor whole): no tensor-sized copy."""
-    shape = source.shapes[name]
-    if not shape:
-        yield 0, source.rows(name)
-        return
-    step = max(1, chunk // max(1, math.prod(shape[1:])))
-    for start in range(0, shape[0], step):
-        yield start, source.rows(name, start, start + step)
+    from skillgraft.graft.localizers.source import row_slices as slices  # noqa: PLC0415
+
+    return slices(source, name, chunk)
 
 
 def refuse_non_finite_files(folder: str | os.PathLike, where: str, chunk: int = 1 << 22) -> None:
@@ -271,7 +267,14 @@ def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = 
                            "data_dir": data_dir or cfg.data_dir, "test_limit": test_limit},
                           where=f"{ft_dir}/config.json")
     data = spec.load(ft.task)
-    return Setup(ft, pre, data, ft_dir, cfg, data_root=str(spec.data_dir) if spec.data_dir else None)
+    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+
+    try:
+        pre_files = _local_folder(model_reference(pre.base_model).path)
+    except SkillgraftError:
+        pre_files = None
+    return Setup(ft, pre, data, ft_dir, cfg, data_root=str(spec.data_dir) if spec.data_dir else None,
+                 pre_files=pre_files)
 
 
 # ---------------------------------------------------------------------------------------------- checkpoint pairs
@@ -394,7 +397,16 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     return Setup(ft, pre, few, Path(finetuned), None, data_root=str(root) if root else None,
                  data_files=files, labels_note=note, data_note=data_note,
                  graft_metadata=GraftMetadata.build(meta, where="graft metadata"),
-                 load_pre=deferred, ft_files=Path(model_reference(finetuned).path) if deferred else None)
+                 load_pre=deferred, ft_files=Path(model_reference(finetuned).path) if deferred else None,
+                 pre_files=_local_folder(model_reference(pretrained).path))
+
+
+def _local_folder(path: str) -> Path | None:
+    """``path`` when it is a local folder with safetensors weights (else None: a hub id, or .bin weights)."""
+    folder = Path(path)
+    has = folder.is_dir() and ((folder / "model.safetensors").is_file()
+                               or (folder / "model.safetensors.index.json").is_file())
+    return folder if has else None
 
 
 def task_record(task) -> dict:

@@ -39,13 +39,15 @@ class Variant:
 
     @contextlib.contextmanager
     def use(self, setup: Setup) -> Iterator:
-        """The scorer computing this variant (θ_pre is restored bit-exactly on exit)."""
+        """The scorer computing this variant (θ_pre is restored bit-exactly on exit; lottery-ticket-zero restores
+        it from θ_pre's files where they hold the same values, instead of a backup of the body in memory)."""
         if self.kind == "ft":
             yield setup.ft
         elif self.graft is None:
             yield setup.pre
         else:
-            with self.graft.applied(setup.pre, outside=self.outside):
+            files = getattr(setup, "pre_files", None) if self.outside == "zero" else None
+            with self.graft.applied(setup.pre, outside=self.outside, pre_files=files):
                 yield setup.pre
 
 

@@ -13,6 +13,7 @@ the mapping again, so only the tensor being read is resident.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -79,6 +80,18 @@ class SafetensorsFolder(FineTuned):
         with safe_open(str(file), framework="pt") as f:  # mapped for this read only
             piece = f.get_slice(key)
             return piece[start:stop] if piece.get_shape() else f.get_tensor(key)
+
+
+def row_slices(source, name: str, chunk: int = 1 << 22):
+    """``(start, rows)`` of tensor ``name`` of a lazy ``source``, about ``chunk`` values at a time along dim 0
+    (a 0-d tensor whole): no tensor-sized copy."""
+    shape = source.shapes[name]
+    if not shape:
+        yield 0, source.rows(name)
+        return
+    step = max(1, chunk // max(1, math.prod(shape[1:])))
+    for start in range(0, shape[0], step):
+        yield start, source.rows(name, start, start + step)
 
 
 def fine_tuned(ft, pre: torch.nn.Module, names: list[str]) -> FineTuned:
