@@ -183,11 +183,13 @@ def test_support_follows_refuse(monkeypatch):
 
 
 def test_cli_localizers_shows_where_each_runs():
-    listing = runner.invoke(app, ["localizers"], env={"COLUMNS": "220"})
+    listing = runner.invoke(app, ["localizers"])
     assert listing.exit_code == 0, listing.output
+    assert all(name in listing.output for name in LOCALIZERS)
     line = next(ln for ln in listing.output.splitlines() if "│ fish " in ln)
     assert line.count("refused") == 3
-    one = runner.invoke(app, ["localizers", "prune"], env={"COLUMNS": "400"})
+    one = runner.invoke(app, ["localizers", "prune"])
     assert one.exit_code == 0, one.output
-    assert "where 'prune' runs" in one.output
-    assert "(relaxation straight-through) does not run sharded (FSDP)" in one.output
+    flat = re.sub(r"[\s│]+", "", one.output)  # the table wraps long reasons over lines
+    assert "where'prune'runs" in flat
+    assert "(relaxationstraight-through)doesnotrunsharded(FSDP)" in flat

@@ -491,7 +491,7 @@ def export_cmd(
 @friendly
 def localizers(name: Optional[str] = typer.Argument(None, help="a registered localizer: show its options")) -> None:
     """The registered localizers, or one localizer's options with their defaults and help."""
-    from rich.table import Table  # noqa: PLC0415
+    from rich.table import Column, Table  # noqa: PLC0415
 
     from skillgraft.graft.localizers import get_localizer, options_table, support, support_table  # noqa: PLC0415
 
@@ -499,7 +499,8 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
         return "yes" if verdict == "yes" else "refused"
 
     if name is None:
-        table = Table("localizer", "what it does", "--candidates", "FSDP", "generative data")
+        table = Table("what it does", "--candidates", "FSDP", "generative")
+        table.columns.insert(0, Column("localizer", no_wrap=True))
         for row in support_table():
             table.add_row(row.name, LOCALIZERS[row.name].summary or "", short(row.candidates), short(row.sharded),
                           short(row.generative))
