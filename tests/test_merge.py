@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from skillgraft.cli import app
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft import Graft, Region
-from skillgraft.graft.merge import stitch, swapped, task_view
+from skillgraft.graft.merge import scaled, stitch, swapped, task_view
 
 runner = CliRunner()
 TOPICS = {"sport": ["football", "tennis", "goal"], "money": ["market", "stocks", "bank"],
@@ -149,7 +149,9 @@ def stitched_topic(classifiers, out: Path, texts: list[str]):
 
     g = {n: Graft.from_pretrained(out / "grafts" / n) for n in ("sentiment", "topic")}
     pre = build_scorer(str(classifiers["base"]), task_from_record(g["topic"].metadata.task_spec), "classifier")
-    body = stitch([g["sentiment"], g["topic"]], "average", base=dict(pre.named_parameters()))
+    base = dict(pre.named_parameters())
+    lam = json.loads((out / "merge.json").read_text())["headline"]["stitch_scale"]
+    body = scaled(stitch([g["sentiment"], g["topic"]], "average", base=base), lam, base)
     with task_view(body, g["topic"]).applied(pre), torch.no_grad():
         return pre.model(**pre.tokenizer(texts, return_tensors="pt", padding=True)).logits
 
@@ -174,6 +176,19 @@ def test_merge_classifiers_end_to_end(classifiers, merged):
         assert all(r["on_test"] == (r["config"] == "defaults" or r["chosen_on_dev"]) for r in grid)
         best = max(grid, key=lambda r: r["dev_mean_normalized"])
         assert best["chosen_on_dev"] and best["bytes_per_task"] == ft["bytes_per_task"]
+    # the stitch's λ grid (default 1, 1.5, 2, 3): every λ scored on dev, per rule λ = 1 and the dev-best on test;
+    # the written model is the average rule at its dev-best λ
+    for rule in ("average", "max-delta", "disjoint"):
+        grid = [r for r in s["rows"] if r["method"] == "stitch" and r["config"].split(" ")[0] == rule]
+        assert sorted(r["scale"] for r in grid) == [1.0, 1.5, 2.0, 3.0]
+        best = max(grid, key=lambda r: r["dev_mean_normalized"])
+        assert [r["scale"] for r in grid if r["chosen_on_dev"]] == [best["scale"]]
+        assert all(r["on_test"] == (r["scale"] == 1.0 or r["chosen_on_dev"]) for r in grid)
+    written = [r for r in s["rows"] if r.get("written")]
+    assert len(written) == 1 and written[0]["config"].startswith("average") and written[0]["chosen_on_dev"]
+    assert s["headline"]["stitch_scale"] == written[0]["scale"]
+    assert s["headline"]["stitch_mean_normalized"] == written[0]["mean_normalized"]
+    assert s["headline"]["stitch_scale_1_mean_normalized"] == rows[("stitch", "average")]["mean_normalized"]
     # bytes per task: a graft is a few KiB, a checkpoint is the whole model
     stitch_row = rows[("stitch", "average")]
     assert 0 < stitch_row["bytes_per_task"] < 0.5 * ft["bytes_per_task"]
@@ -231,6 +246,14 @@ def test_stitch_rules_on_overlap():
         stitch([a, b], "max-delta")
     with pytest.raises(SkillgraftError, match="unknown overlap rule"):
         stitch([a, b], "mean")
+    # strength λ: θ_pre + λ (v − θ_pre) on the stitch's region (sparse task arithmetic); λ = 1 is the stitch itself
+    body = stitch([a, b], "average", base=base)
+    assert scaled(body, 1.0, base) is body
+    twice = scaled(body, 2.0, base)
+    assert dict(zip(twice.region.indices["w"].tolist(), twice.values["w"].tolist())) == {0: 2.0, 2: -2.0, 3: 10.0}
+    assert twice.metadata.stitch["scale"] == 2.0 and twice.metadata.stitch["rule"] == "average"
+    with pytest.raises(SkillgraftError, match="scale must be > 0"):
+        scaled(body, 0.0, base)
 
 
 def test_swapped_restores_bit_exactly():
@@ -322,7 +345,8 @@ def test_merge_causal_lm_sft_pairs(tiny_models, tmp_path, monkeypatch):
 
     merged = tf.AutoModelForCausalLM.from_pretrained(out / "model")
     g = [Graft.from_pretrained(out / "grafts" / n) for n in ("sft-a", "sft-b")]
-    body = stitch(g, "average", base=dict(tf.AutoModelForCausalLM.from_pretrained(base).named_parameters()))
+    theta_pre = {f"model.{k}": v for k, v in tf.AutoModelForCausalLM.from_pretrained(base).named_parameters()}
+    body = scaled(stitch(g, "average", base=theta_pre), s["headline"]["stitch_scale"], theta_pre)
     pre = {f"model.{k}": v for k, v in tf.AutoModelForCausalLM.from_pretrained(base).state_dict().items()}
     got = merged.state_dict()
     for name, idx in body.region.indices.items():

@@ -9,6 +9,10 @@ do (:mod:`skillgraft.graft.compose`): ``average`` (the equation above), ``max-de
 largest |τ_t| wins), ``disjoint`` (contested coordinates stay θ_pre), ``consensus``, ``first``. Each task
 keeps its own head (carried tensors): the merged model is one shared body plus one head per task.
 
+:func:`scaled` gives the stitch a strength λ, as task arithmetic has one (L&S's "sparse task arithmetic"):
+
+    θ_merged(λ) = θ_pre + λ Σ_t (γ_t ⊘ Σ_s γ_s) ⊙ τ_t                          (λ = 1: Eq. 4)
+
 This module is core (no pipeline imports): the stitch, a task's view of it, and :func:`swapped`, which runs a
 model with another body (a stitched or a mergekit-merged one) and restores it bit-exactly.
 """
@@ -44,6 +48,26 @@ def stitch(grafts: Sequence[Graft], rule: str = "average", *, base: Mapping[str,
     merged.metadata = GraftMetadata(stitch=merged.metadata.compose | {"rule": rule},
                                     tasks=[g.metadata.merge_task or g.metadata.task for g in grafts])
     return merged
+
+
+def scaled(body: Graft, scale: float, base: Mapping[str, torch.Tensor]) -> Graft:
+    """``body`` with strength λ = ``scale``: θ_pre + λ (v − θ_pre) on its region (``base``: θ_pre per tensor name).
+
+    λ = 1 returns ``body`` itself; the metadata records λ as ``stitch["scale"]``.
+    """
+    if not scale > 0:
+        raise SkillgraftError(f"a stitch's scale must be > 0, got {scale}")
+    if scale == 1:
+        return body
+    missing = [n for n in body.region.indices if n not in base]
+    if missing:
+        raise SkillgraftError(f"scaling a stitch needs θ_pre of every region tensor; missing {missing[:3]}")
+    values = {}
+    for name, idx in body.region.indices.items():
+        pre = base[name].detach().reshape(-1).cpu()[idx].double()
+        values[name] = (pre + scale * (body.values[name].double() - pre)).to(body.values[name].dtype)
+    meta = body.metadata.updated(stitch={**(getattr(body.metadata, "stitch", None) or {}), "scale": scale})
+    return Graft(body.region, values, body.carried, body.base_model, body.base_fingerprint, meta, body.source)
 
 
 def task_view(body: Graft, graft: Graft) -> Graft:

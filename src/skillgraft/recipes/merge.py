@@ -38,7 +38,7 @@ from pydantic import Field, field_validator
 from skillgraft.data.spec import UserDataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
-from skillgraft.graft.merge import RULES, stitch, swapped, task_view
+from skillgraft.graft.merge import RULES, scaled, stitch, swapped, task_view
 from skillgraft.graft.selection import Budget
 from skillgraft.io import atomic_dir, check_target
 from skillgraft.pipeline.report import md_table, write_csv
@@ -62,6 +62,10 @@ class MergeSpec(Spec):
                               description="overlap rules the report measures")
     mergekit: list[Literal["linear", "task_arithmetic", "ties", "dare_ties"]] = Field(
         default_factory=lambda: list(METHODS), description="mergekit methods to compare (empty: none)")
+    stitch_scales: list[float] = Field(default_factory=lambda: [1.0, 1.5, 2.0, 3.0],
+                                       description="λ grid of the stitch, θ_pre + λ Σ_t (γ_t ⊘ Σ_s γ_s) ⊙ τ_t (sparse "
+                                                   "task arithmetic; 1 = Localize-and-Stitch): chosen on dev rows per "
+                                                   "rule, the written model takes its rule's dev-best λ")
     scales: list[float] = Field(default_factory=lambda: [0.3, 0.5, 1.0, 1.5],
                                 description="λ grid of task_arithmetic, ties and dare_ties (chosen on dev rows)")
     densities: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.5],
@@ -74,7 +78,7 @@ class MergeSpec(Spec):
     max_length: int = Field(128, ge=8, description="max tokens per example")
     random_seed: int = Field(0, description="seed of mergekit's random pruning (dare_ties)")
 
-    @field_validator("scales", "densities")
+    @field_validator("scales", "densities", "stitch_scales")
     @classmethod
     def _positive(cls, v: list[float]) -> list[float]:
         if any(x <= 0 for x in v):
@@ -478,11 +482,14 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     results.append(ft)
     results.append(Scored("graft", f"each task's own graft ({spec.budget.label})",
                           *both(grafted(lambda name: grafts[name]))))
+    written = bodies[spec.rule]
     for rule, body in bodies.items():
-        s = Scored("stitch", rule, *both(grafted(lambda name, body=body: task_view(body, grafts[name]))),
-                   info={k: body.metadata.stitch[k] for k in ("size", "overlapping_coordinates",
-                                                                  "dropped_coordinates")})
-        results.append(s)
+        stitched = stitch_grid(setups, grafts, rule, body, spec.stitch_scales, base, ft)
+        results += stitched
+        if rule == spec.rule:
+            chosen = next(s for s in stitched if s.info.get("chosen_on_dev"))
+            chosen.info["written"] = True
+            written = scaled(body, chosen.info["scale"], base)
     mk_seconds = 0.0
     if spec.mergekit:
         t1 = time.perf_counter()
@@ -491,12 +498,39 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     summary = summarize(results, ft, setups, grafts, spec, mode, pretrained)
     summary["seconds"] = {"localize_and_load": t_loc, "mergekit": mk_seconds, "total": time.perf_counter() - t0}
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        write_outputs(tmp, setups, grafts, bodies[spec.rule], spec, mode)
+        write_outputs(tmp, setups, grafts, written, spec, mode)
         (tmp / "merge.json").write_text(json.dumps(summary, indent=2, default=float))
         write_csv(tmp / "results.csv", summary["rows"])
         (tmp / "report.md").write_text(report_markdown(summary))
         (tmp / "README.md").write_text(readme(summary, mode))
     return summary
+
+
+def stitch_grid(setups: dict[str, Setup], grafts: dict[str, Graft], rule: str, body: Graft, scales: list[float],
+                base: dict, ft: Scored) -> list[Scored]:
+    """The stitch under ``rule`` at every λ of ``scales`` scored on dev; λ = 1 (Localize-and-Stitch) and the
+    dev-best λ also on test (the rows of the report; the dev-best is marked ``chosen_on_dev``)."""
+    import contextlib  # noqa: PLC0415
+
+    def on(graft: Graft):
+        @contextlib.contextmanager
+        def use(name, setup):
+            with task_view(graft, grafts[name]).applied(setup.pre):
+                yield setup.pre
+        return use
+
+    info = {k: body.metadata.stitch[k] for k in ("size", "overlapping_coordinates", "dropped_coordinates")}
+    rows = []
+    for lam in dict.fromkeys([1.0, *scales]):
+        s = Scored("stitch", rule if lam == 1 else f"{rule} λ={lam:g}", info={**info, "scale": lam})
+        s.dev = score_tasks(setups, on(scaled(body, lam, base)), "dev")
+        rows.append(s)
+    best = max((s for s in rows if s.info["scale"] in scales), key=lambda s: s.mean_normalized(ft, "dev"))
+    best.info["chosen_on_dev"] = True
+    for s in rows:
+        if s.info["scale"] == 1 or s is best:
+            s.test = score_tasks(setups, on(scaled(body, s.info["scale"], base)), "test")
+    return rows
 
 
 def run_mergekit_grid(setups: dict[str, Setup], spec: MergeSpec, ft: Scored) -> list[Scored]:
@@ -583,12 +617,15 @@ def summarize(results: list[Scored], ft: Scored, setups: dict[str, Setup], graft
             row[f"{n}:bytes"] = stored[n]
         rows.append(row)
     stitch_rows = [r for r in rows if r["method"] == "stitch" and r.get("on_test")]
-    written = next(r for r in stitch_rows if r["config"] == spec.rule)
+    written = next(r for r in stitch_rows if r.get("written"))
+    plain = next(r for r in stitch_rows if r["config"] == spec.rule)  # λ = 1: Localize-and-Stitch as published
     dev_rule = max(stitch_rows, key=lambda r: r["dev_mean_normalized"])
     mk = [r for r in rows if r["method"].startswith("mergekit") and r.get("on_test") and r.get("chosen_on_dev")]
     best_mk = max(mk, key=lambda r: r["mean_normalized"]) if mk else None
     checkpoint_bytes = float(np.mean(list(ckpt.values())))
-    headline = {"stitch_rule": spec.rule, "stitch_mean_normalized": written["mean_normalized"],
+    headline = {"stitch_rule": spec.rule, "stitch_scale": written["scale"],
+                "stitch_mean_normalized": written["mean_normalized"],
+                "stitch_scale_1_mean_normalized": plain["mean_normalized"],
                 "stitch_rule_chosen_on_dev": dev_rule["config"],
                 "stitch_dev_rule_mean_normalized": dev_rule["mean_normalized"],
                 "best_mergekit": f"{best_mk['method']} ({best_mk['config']})" if best_mk else None,
@@ -654,7 +691,7 @@ def report_markdown(s: dict) -> str:
     lines = [f"# Merging {len(names)} fine-tuned models of `{s['pretrained']}`", "",
              f"Scored as `{s['mode']}`. Each task's region: localizer `{cfg['localizer']}` at budget {cfg['budget']} "
              "of the graftable parameters; the stitched model resolves overlaps by "
-             f"`{cfg['rule']}` (written to this folder).", "",
+             f"`{cfg['rule']}` at strength λ = {h['stitch_scale']:g} (chosen on dev; written to this folder).", "",
              "**Every method merges the body only** (all but the task heads): heads of tasks with different label "
              "sets cannot be merged, so each task runs on the merged body with its own fine-tuned head — for "
              "skillgraft's stitch and for every mergekit method alike.", "",
@@ -676,9 +713,10 @@ def report_markdown(s: dict) -> str:
                       *[_fmt(r[f"{n}:normalized"]) for n in names], _fmt(r["mean_accuracy"]),
                       _fmt(r["mean_normalized"]), _fmt(r["dev_mean_normalized"]), f"{r['bytes_per_task']:,.0f}"])
     lines += md_table(header, table).splitlines()
-    grid = [r for r in s["rows"] if r["method"].startswith("mergekit")]
+    grid = [r for r in s["rows"] if r["method"].startswith("mergekit") or r["method"] == "stitch"]
     if grid:
-        lines += ["", "## mergekit grid (dev rows only; λ = `lambda`, weight 1 per model)", "",
+        lines += ["", "## Grids (chosen on dev rows only; mergekit: λ = `lambda`, weight 1 per model; stitch: λ of "
+                  "θ_pre + λ Σ_t (γ_t ⊘ Σ_s γ_s) ⊙ τ_t)", "",
                   "| method | settings | dev mean norm | on test |", "|---|---|---:|---|"]
         for r in grid:
             if r.get("error"):
@@ -687,9 +725,10 @@ def report_markdown(s: dict) -> str:
                 lines.append(f"| {r['method']} | {r['config']} | {_fmt(r['dev_mean_normalized'])} | "
                              f"{'yes' if r.get('on_test') else 'no'} |")
     lines += ["", "## Headline", "",
-              f"- stitch (`{h['stitch_rule']}`): mean normalized accuracy {_fmt(h['stitch_mean_normalized'])}; "
-              f"the rule chosen on dev is `{h['stitch_rule_chosen_on_dev']}` "
-              f"({_fmt(h['stitch_dev_rule_mean_normalized'])})"]
+              f"- stitch (`{h['stitch_rule']}`, λ = {h['stitch_scale']:g} chosen on dev; written to this folder): "
+              f"mean normalized accuracy {_fmt(h['stitch_mean_normalized'])} (at λ = 1, Localize-and-Stitch as "
+              f"published: {_fmt(h['stitch_scale_1_mean_normalized'])}); the rule and λ best on dev are "
+              f"`{h['stitch_rule_chosen_on_dev']}` ({_fmt(h['stitch_dev_rule_mean_normalized'])})"]
     if h.get("best_mergekit"):
         lines.append(f"- best mergekit method (its settings chosen on dev, best of the methods on test): "
                      f"{h['best_mergekit']}: {_fmt(h['best_mergekit_mean_normalized'])}")
@@ -697,7 +736,7 @@ def report_markdown(s: dict) -> str:
         lines.append(f"- largest stored skill: {h['max_graft_bytes']:,} bytes = "
                      f"{100 * h['max_graft_share_of_checkpoint']:.2f}% of its checkpoint's weight bytes")
     lines += ["", "Overlap rules: *average* — θ_pre + Σ_t (γ_t ⊘ Σ_s γ_s) ⊙ τ_t (Localize-and-Stitch, Eq. 4: the mean "
-              "of the claiming tasks' values); *max-delta* — the task with the largest |τ_t| at the coordinate wins; "
+              "of the claiming tasks' values; `λ=…` rows scale that sum, as task arithmetic's λ does); *max-delta* — the task with the largest |τ_t| at the coordinate wins; "
               "*disjoint* — contested coordinates stay θ_pre. mergekit: `linear` = mean of the fine-tuned bodies; "
               "`task_arithmetic` = θ_pre + λ Σ_t τ_t; `ties` = trim to the top-density |τ|, elect signs, mean of the "
               "agreeing values, × λ; `dare_ties` = random drop to density with rescaling, sign election, sum × λ. "
