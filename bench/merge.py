@@ -70,8 +70,12 @@ def prepare(task: str, k: int, dev: int, test: int, root: Path) -> Path:
     return folder
 
 
-def finetune(base: Path, data: Path, out: Path, *, lr: float, epochs: int, seed: int = 0) -> dict:
-    """Plain transformers fine-tuning of a sequence classifier; returns its settings and seconds."""
+def finetune(base: Path, data: Path, out: Path, *, lr: float, epochs: int, seed: int = 0,
+             optimizer: str = "adamw") -> dict:
+    """Plain transformers fine-tuning of a sequence classifier; returns its settings and seconds.
+
+    ``adamw``: torch's AdamW (what users run); ``sgd``: SGD with momentum 0.9 and gradient clipping at 1 (the
+    grafting paper's optimizer family, under which skills localize: its Fig. 5)."""
     import transformers as tf
     import yaml
 
@@ -83,7 +87,8 @@ def finetune(base: Path, data: Path, out: Path, *, lr: float, epochs: int, seed:
     model = tf.AutoModelForSequenceClassification.from_pretrained(
         base, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)})
     steps = epochs * ((len(rows) + 15) // 16)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    opt = (torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9) if optimizer == "sgd"
+           else torch.optim.AdamW(model.parameters(), lr=lr))
     sched = tf.get_linear_schedule_with_warmup(opt, steps // 10, steps)
     first, second = spec.get("text_field", "text"), spec.get("text_pair_field")
     model.train()
@@ -98,6 +103,8 @@ def finetune(base: Path, data: Path, out: Path, *, lr: float, epochs: int, seed:
                       padding=True, truncation=True, max_length=128)
             loss = model(**enc, labels=torch.tensor([labels.index(r["label"]) for r in batch])).loss
             loss.backward()
+            if optimizer == "sgd":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
             opt.zero_grad()
@@ -106,7 +113,7 @@ def finetune(base: Path, data: Path, out: Path, *, lr: float, epochs: int, seed:
     shutil.rmtree(tmp, ignore_errors=True)
     model.eval().save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    info = {"optimizer": "AdamW", "lr": lr, "epochs": epochs, "steps": step, "batch": 16, "warmup": 0.1,
+    info = {"optimizer": {"sgd": "SGD (momentum 0.9, clip 1)"}.get(optimizer, "AdamW"), "lr": lr, "epochs": epochs, "steps": step, "batch": 16, "warmup": 0.1,
             "schedule": "linear", "rows": len(rows), "seed": seed, "seconds": time.perf_counter() - t0}
     (tmp / "finetune.json").write_text(json.dumps(info, indent=2))
     tmp.rename(out)
@@ -132,6 +139,9 @@ def main() -> None:
     ap.add_argument("--test", type=int, default=300)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
+                    help="fine-tuning optimizer (adamw: what users run; sgd: momentum 0.9, clip 1)")
+    ap.add_argument("--stitch-scales", default="1,1.5,2,3,4,6", help="λ grid of the stitch (chosen on dev)")
     ap.add_argument("--runs", default="movement:0.01:mergekit,learned:0.01,movement:0.005",
                     help="localizer:budget[:mergekit] per merge run (the mergekit grid runs once)")
     ap.add_argument("--densities", default="0.2,0.5", help="density grid of ties / dare_ties (λ: merge's default)")
@@ -144,14 +154,15 @@ def main() -> None:
 
     tasks = args.tasks.split(",")
     base = bundled_minilm_path()
-    setting = hashlib.sha256(json.dumps([args.k, args.dev, args.test, args.lr, args.epochs]).encode()).hexdigest()[:8]
+    key = [args.k, args.dev, args.test, args.lr, args.epochs] + ([args.optimizer] if args.optimizer != "adamw" else [])
+    setting = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:8]
     root = args.root / f"k{args.k}-{setting}"
     timings: dict = {"finetune": {}}
     for task in tasks:
         data = prepare(task, args.k, args.dev, args.test, root)
         ft = root / "ft" / task
         if not ft.is_dir():
-            info = finetune(base, data, ft, lr=args.lr, epochs=args.epochs)
+            info = finetune(base, data, ft, lr=args.lr, epochs=args.epochs, optimizer=args.optimizer)
             print(f"fine-tuned {task}: {info}", flush=True)
         timings["finetune"][task] = json.loads((ft / "finetune.json").read_text())
     for run in args.runs.split(","):
@@ -161,7 +172,7 @@ def main() -> None:
         if not (out / "merge.json").is_file():
             cli = ["merge", "--pretrained", "all-MiniLM-L6-v2", "--out", out, "--overwrite", "--localizer", localizer,
                    "--budget", budget, "--mergekit", "linear,task_arithmetic,ties,dare_ties" if "mergekit" in flags
-                   else "", "--densities", args.densities]
+                   else "", "--densities", args.densities, "--stitch-scales", args.stitch_scales]
             for task in tasks:
                 cli += ["--finetuned", root / "ft" / task, "--data", root / "data" / task / "spec.yaml",
                         "--dev-data", root / "data" / task / "dev.jsonl"]
