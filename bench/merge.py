@@ -144,7 +144,8 @@ def main() -> None:
     ap.add_argument("--stitch-scales", default="1,1.5,2,3,4,6", help="λ grid of the stitch (chosen on dev)")
     ap.add_argument("--runs", default="movement:0.01:mergekit,learned:0.01,movement:0.005",
                     help="localizer:budget[:mergekit] per merge run (the mergekit grid runs once)")
-    ap.add_argument("--densities", default="0.2,0.5", help="density grid of ties / dare_ties (λ: merge's default)")
+    ap.add_argument("--densities", default="0.2,0.5", help="density grid of ties / dare_ties")
+    ap.add_argument("--scales", default="0.3,0.5,1,1.5", help="λ grid of task_arithmetic / ties / dare_ties")
     ap.add_argument("--learned", default="--steps,50,--batch-size,64,--eval-every,10",
                     help="extra options of the learned localizer (comma-separated)")
     ap.add_argument("--root", type=Path, default=Path("/work/store/merge-bench"))
@@ -172,7 +173,8 @@ def main() -> None:
         if not (out / "merge.json").is_file():
             cli = ["merge", "--pretrained", "all-MiniLM-L6-v2", "--out", out, "--overwrite", "--localizer", localizer,
                    "--budget", budget, "--mergekit", "linear,task_arithmetic,ties,dare_ties" if "mergekit" in flags
-                   else "", "--densities", args.densities, "--stitch-scales", args.stitch_scales]
+                   else "", "--densities", args.densities, "--scales", args.scales,
+                   "--stitch-scales", args.stitch_scales]
             for task in tasks:
                 cli += ["--finetuned", root / "ft" / task, "--data", root / "data" / task / "spec.yaml",
                         "--dev-data", root / "data" / task / "dev.jsonl"]
