@@ -274,10 +274,12 @@ def graft(
 
     --keep 0.95,0.99: the smallest graft keeping each share of FT's score (on a selection split); --frontier: share of
     FT vs density against closed-form peers (frontier.csv, frontier.png)."""
+    from skillgraft.heap import return_large_blocks  # noqa: PLC0415
     from skillgraft.io import check_target  # noqa: PLC0415
     from skillgraft.pipeline.setup import from_pair, from_run, is_run_dir  # noqa: PLC0415
     from skillgraft.recipes.graft import graft_report, localizer_options, releases_ft  # noqa: PLC0415
 
+    return_large_blocks()  # tensor-sized temporaries freed go back to the OS at once (the peak is the work's)
     # the chosen localizer's own defaults + the options the user set; checked before any work
     localize = localizer_options(report.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
     if is_run_dir(finetuned) or (pretrained is None and not (finetuned / "config.json").is_file()):

@@ -51,8 +51,11 @@ def refuse_non_finite_model(model: torch.nn.Module, where: str,
                             why: str = "a model with non-finite weights cannot be grafted (its fine-tuning "
                                        "diverged, or the file is damaged)") -> None:
     """Every parameter of ``model`` must be finite (a checkpoint read from outside: one pass over its weights)."""
+    from skillgraft.heap import release_freed_memory  # noqa: PLC0415
+
     for name, p in model.named_parameters():
         refuse_non_finite(p, f"{where}: tensor {name!r}", why)
+    release_freed_memory()  # the chunks' temporaries (tens of MB glibc would otherwise keep resident)
 
 
 def check_loss(loss: torch.Tensor | float, what: str, step: int) -> float:

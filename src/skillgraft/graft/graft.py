@@ -17,6 +17,7 @@ in-place version counters; see :func:`cached_fingerprint`).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,9 +30,10 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft_file import FORMAT, FORMAT_VERSION, GraftMetadata, read_graft_file, write_graft_file
 from skillgraft.graft.region import Region, compact_positions
 from skillgraft.io import atomic_dir, check_target
-from skillgraft.models.anatomy import carried_names, check_compatible, fingerprint
+from skillgraft.models.anatomy import carried_names, check_compatible, fingerprint, sample_positions, tensor_sample
 
-__all__ = ["FORMAT_VERSION", "Graft", "active_graft", "cached_fingerprint", "forget_fingerprint"]
+__all__ = ["FORMAT_VERSION", "Graft", "active_graft", "cached_fingerprint", "fingerprint_from_files",
+           "forget_fingerprint"]
 
 Outside = Literal["pre", "zero"]
 _APPLIED = "_skillgraft_applied"          # attribute of the base body: the record of the graft applied to it
@@ -89,12 +91,29 @@ class _Base:
 
     ``epoch`` is created when the fingerprint is computed and kept across apply → revert pairs that
     restore the body bit-exactly, so "same epoch" means "same content": a graft may then reuse the θ_pre
-    values it backed up the last time instead of gathering them again.
+    values it backed up the last time instead of gathering them again. ``samples``: each tensor's sampled
+    bytes with the (identity, storage, version) they were read at; a recomputation reads again only the
+    tensors written since (a tensor never read, e.g. most of a memory-mapped embedding matrix, stays unread).
     """
 
     key: tuple
     fingerprint: str
     epoch: object = field(default_factory=object)
+    samples: dict[str, tuple[tuple, bytes]] = field(default_factory=dict, repr=False)
+
+
+def _fingerprint(scorer, known: dict[str, tuple[tuple, bytes]], read) -> tuple[str, dict]:
+    """``fingerprint(scorer)`` and the samples it hashed: a tensor unchanged since ``known`` is not read again,
+    the others are read by ``read(name, p)``."""
+    samples: dict[str, tuple[tuple, bytes]] = {}
+
+    def sample(name: str, p: torch.Tensor) -> bytes:
+        state = (id(p), p.data_ptr(), p._version)
+        old = known.get(name)
+        samples[name] = (state, old[1] if old is not None and old[0] == state else read(name, p))
+        return samples[name][1]
+
+    return fingerprint(scorer, sample), samples
 
 
 def _base(scorer, key: tuple, compute: bool) -> _Base | None:
@@ -104,7 +123,8 @@ def _base(scorer, key: tuple, compute: bool) -> _Base | None:
         return known
     if not compute:
         return None
-    known = _Base(key, fingerprint(scorer))
+    value, samples = _fingerprint(scorer, known.samples if known is not None else {}, lambda _, p: tensor_sample(p))
+    known = _Base(key, value, samples=samples)
     body.__dict__[_BASE] = known
     return known
 
@@ -118,6 +138,39 @@ def cached_fingerprint(scorer) -> str:
     bypass PyTorch's version counter; after such a write call :func:`forget_fingerprint`.
     """
     return _base(scorer, _state_key(_body(scorer)), compute=True).fingerprint
+
+
+def fingerprint_from_files(scorer, pre_files) -> str:
+    """:func:`cached_fingerprint` of a model just loaded from the safetensors folder ``pre_files``, its samples read
+    from the files (in slices) instead of the model's memory: a memory-mapped model's pages stay untouched (a
+    fingerprint strided over a whole embedding matrix would otherwise make all of it resident). A tensor whose
+    file entry differs in shape or dtype, or in its first value, is sampled from memory."""
+    from skillgraft.graft.localizers.source import row_slices  # noqa: PLC0415
+
+    source = _pre_source(pre_files)
+
+    def read(name: str, p: torch.Tensor) -> bytes:
+        full = "model." + name  # the scorer's name (a source names tensors as the scorer does)
+        flat = p.detach().reshape(-1)
+        if source.shapes.get(full) != tuple(p.shape) or flat.numel() == 0:
+            return tensor_sample(p)
+        positions, row = sample_positions(flat.numel()), math.prod(p.shape[1:])
+        taken = []
+        for start, rows in row_slices(source, full):
+            values = rows.reshape(-1)
+            if rows.dtype != p.dtype or (start == 0 and not torch.equal(values[:1], flat[:1].cpu())):
+                return tensor_sample(p)
+            first = start * row  # the slice holds flat positions [first, first + len(values))
+            at = -(-first // positions.step) * positions.step - first
+            end = min(positions.stop, first + len(values)) - first
+            if at < end:
+                taken.append(values[at:end:positions.step])
+        return torch.cat(taken).float().contiguous().numpy().tobytes()
+
+    body = _body(scorer)
+    value, samples = _fingerprint(scorer, {}, read)
+    body.__dict__[_BASE] = _Base(_state_key(body), value, samples=samples)
+    return value
 
 
 def forget_fingerprint(scorer) -> None:
@@ -373,7 +426,7 @@ class Graft:
         if key is not None and key == rec.key:
             # nothing else changed while applied: the body is bit-exactly the base it was (same epoch)
             body.__dict__[_BASE] = _Base(_bumped(key, [p for p, _, _ in rec.saved]), rec.base.fingerprint,
-                                         rec.base.epoch)
+                                         rec.base.epoch, rec.base.samples)
         return scorer
 
     @contextlib.contextmanager

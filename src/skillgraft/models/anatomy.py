@@ -58,23 +58,38 @@ def carried_names(scorer: Scorer) -> list[str]:
     return [n for n, _ in scorer.named_parameters() if is_carried(n, scorer)]
 
 
-def fingerprint(scorer: Scorer) -> str:
+FINGERPRINT_SAMPLES = 8192  # values of each tensor the fingerprint hashes (evenly strided)
+
+
+def fingerprint(scorer: Scorer, sample=None) -> str:
     """Content fingerprint of the base model's weights (``scorer.model``; carried head tensors excluded).
 
     sha256 over every tensor's name, shape, dtype and up to 8192 evenly strided values: cheap on big
     models, and any real change of base weights (another checkpoint, a different seed) changes it.
+    ``sample(name, p)`` gives a tensor's sampled bytes (default :func:`tensor_sample`; a cache, or the
+    checkpoint files the model was loaded from, give the same bytes without reading the tensor's memory).
     """
     h = hashlib.sha256()
     carried = getattr(scorer, "carried", ())
     for name, p in scorer.model.named_parameters():
         if "model." + name in carried:
             continue
-        flat = p.detach().reshape(-1)
-        step = max(1, flat.numel() // 8192)
-        sample = flat[::step][:8192].float().cpu().contiguous()
         h.update(f"{name}|{tuple(p.shape)}|{p.dtype}|".encode())
-        h.update(sample.numpy().tobytes())
+        h.update(sample(name, p) if sample is not None else tensor_sample(p))
     return h.hexdigest()[:32]
+
+
+def sample_positions(numel: int) -> range:
+    """The flat positions of a tensor of ``numel`` values that :func:`fingerprint` hashes."""
+    step = max(1, numel // FINGERPRINT_SAMPLES)
+    return range(0, numel, step)[:FINGERPRINT_SAMPLES]
+
+
+def tensor_sample(p) -> bytes:
+    """The bytes :func:`fingerprint` hashes for tensor ``p``: its sampled values as float32."""
+    flat = p.detach().reshape(-1)
+    positions = sample_positions(flat.numel())
+    return flat[positions.start:positions.stop:positions.step].float().cpu().contiguous().numpy().tobytes()
 
 
 def check_compatible(pre: Scorer, ft: Scorer, names: list[str] | None = None) -> None:

@@ -24,6 +24,7 @@ from skillgraft.data.spec import DataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.finite import refuse_non_finite_model
 from skillgraft.graft.graft_file import GraftMetadata
+from skillgraft.heap import release_freed_memory
 from skillgraft.models.pair import check_pair, complete_model, model_labels, pair_mode, torch_fork
 from skillgraft.models.scorer import Scorer
 from skillgraft.models.spec import ModelSpec
@@ -142,6 +143,7 @@ class Setup:
         if shapes != {n: tuple(p.shape) for n, p in self.pre.named_parameters()}:
             raise SkillgraftError(f"pre-trained and fine-tuned models differ in their tensors or shapes "
                                   f"({self.pre.base_model} vs {self.ft.base_model})")
+        release_freed_memory()  # what scoring FT and reading the checkpoints left in the heap, before the work
 
     @property
     def data_key(self) -> dict:
@@ -196,6 +198,7 @@ def refuse_non_finite_files(folder: str | os.PathLike, where: str, chunk: int = 
                 refuse_non_finite(part.reshape(-1), f"{where}: tensor {name!r} from row {start}",
                                   "a model with non-finite weights cannot be grafted (its fine-tuning diverged, "
                                   "or the file is damaged)")
+    release_freed_memory()  # the slices' temporaries (kept in the heap by glibc otherwise)
 
 
 def same_tensors(a: str | os.PathLike, b: str | os.PathLike) -> bool:
@@ -212,9 +215,10 @@ def scorer_digest(scorer) -> str:
     """Content digest of a scorer: the base model's fingerprint plus its task head's exact values."""
     import hashlib  # noqa: PLC0415
 
-    from skillgraft.models.anatomy import carried_names, fingerprint  # noqa: PLC0415
+    from skillgraft.graft.graft import cached_fingerprint  # noqa: PLC0415
+    from skillgraft.models.anatomy import carried_names  # noqa: PLC0415
 
-    h = hashlib.sha256(fingerprint(scorer).encode())
+    h = hashlib.sha256(cached_fingerprint(scorer).encode())
     params = dict(scorer.named_parameters())
     for name in carried_names(scorer):
         h.update(name.encode())
@@ -362,9 +366,13 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
             return Scorer(complete_model(ref.path, mode, role), load_tokenizer(ref.path), task, mode, pooling="last",
                           max_length=max_length, base_model=ref.name)
 
-        def load_pre() -> Scorer:
+        def load_pre() -> Scorer:  # deferred: A's files were checked for non-finite values before any work
+            from skillgraft.graft.graft import fingerprint_from_files  # noqa: PLC0415
+
             pre = causal(pretrained, "pre-trained")
-            refuse_non_finite_model(pre, f"--pretrained {pretrained}")
+            # what the store keys and grafts need of θ_pre's identity, read from A's files: a memory-mapped model's
+            # pages stay untouched until the work reads them (most of the embedding matrix never is)
+            fingerprint_from_files(pre, model_reference(pretrained).path)
             return pre.eval()
 
         # lean only when A's and B's safetensors list the same tensors (else both load now: A refused before work)

@@ -19,7 +19,6 @@ process holds C ∩ its own rows; the budgets' top-k is the distributed one of :
 
 from __future__ import annotations
 
-import ctypes
 from functools import partial
 
 import torch
@@ -30,6 +29,7 @@ from skillgraft.graft.localizers.sharded import Group, Piece
 from skillgraft.graft.localizers.source import FineTuned
 from skillgraft.graft.localizers.topk import StreamingTopK, top_k
 from skillgraft.graft.region import Region, numel_of
+from skillgraft.heap import release_freed_memory
 
 CHUNK = 1 << 20  # S is drawn in chunks of this many values (same stream as one draw per tensor)
 BINS = 1 << 15   # histogram bins of |Δ|: the top 16 bits of a non-negative float32 (order-preserving)
@@ -40,15 +40,6 @@ def _bins(moved: torch.Tensor) -> torch.Tensor:
     keys = moved.float() if moved.dtype != torch.float32 else moved.clone()
     keys = keys.view(torch.int32).bitwise_right_shift_(16)
     return keys.to(torch.int16)  # < 2**15
-
-
-def _release_freed_memory() -> None:
-    """Give freed heap pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere): building C frees
-    many tensor-sized temporaries that glibc would otherwise keep resident next to the long-lived state."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 class Candidates(Layout):
@@ -81,7 +72,7 @@ class Candidates(Layout):
         self.current = {n: torch.zeros(d.shape, device=d.device) for n, d in self.delta.items()}
         self.grads_: dict[str, torch.Tensor | None] = dict.fromkeys(self.names)
         self.hooks: list = []
-        _release_freed_memory()
+        release_freed_memory()  # building C freed many tensor-sized temporaries
 
     def positions(self) -> torch.Tensor:
         """The candidates' positions in the universe; coordinates outside C are never ranked or selected."""
