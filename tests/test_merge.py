@@ -210,6 +210,7 @@ def test_merge_classifiers_end_to_end(classifiers, merged):
     shared = [k for k in bodies[0] if "pooler" not in k]  # the pooler is each task's own here (θ_pre has none)
     assert shared and all(torch.equal(bodies[0][k], bodies[1][k]) for k in shared)
     assert (out / "README.md").read_text().count("AutoModelForSequenceClassification.from_pretrained") == 1
+    assert f"strength λ = {s['headline']['stitch_scale']:g}" in (out / "README.md").read_text()
 
 
 def test_merged_checkpoint_reads_without_skillgraft(classifiers, merged):
@@ -314,6 +315,7 @@ def test_bad_inputs_are_one_line_before_any_weights_load(classifiers, tiny_model
     out.mkdir()
     assert "already exists" in cli(*merge_args(c, out), code=2)
     assert "--rule" in cli(*merge_args(c, tmp_path / "p", "--rule", "mean"), code=2)
+    assert "--stitch-scales" in cli(*merge_args(c, tmp_path / "p", "--stitch-scales", ""), code=2)  # no λ to choose
     assert "has no option steps" in cli(*merge_args(c, tmp_path / "p", "--localizer", "movement", "--steps", "3"),
                                         code=2)
 

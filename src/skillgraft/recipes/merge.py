@@ -85,6 +85,13 @@ class MergeSpec(Spec):
             raise ValueError(f"values must be > 0, got {v}")
         return v
 
+    @field_validator("stitch_scales")
+    @classmethod
+    def _not_empty(cls, v: list[float]) -> list[float]:
+        if not v:
+            raise ValueError("give at least one λ (1 = Localize-and-Stitch as published)")
+        return v
+
     @field_validator("densities")
     @classmethod
     def _at_most_one(cls, v: list[float]) -> list[float]:
@@ -467,13 +474,6 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     def finetuned(name, setup):
         yield setup.ft
 
-    def grafted(graft_of):
-        @contextlib.contextmanager
-        def use(name, setup):
-            with graft_of(name).applied(setup.pre):
-                yield setup.pre
-        return use
-
     def both(use) -> tuple[dict, dict]:
         return score_tasks(setups, use, "dev"), score_tasks(setups, use, "test")
 
@@ -482,14 +482,12 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     results.append(ft)
     results.append(Scored("graft", f"each task's own graft ({spec.budget.label})",
                           *both(grafted(lambda name: grafts[name]))))
-    written = bodies[spec.rule]
     for rule, body in bodies.items():
-        stitched = stitch_grid(setups, grafts, rule, body, spec.stitch_scales, base, ft)
+        stitched, best = stitch_grid(setups, grafts, rule, body, spec.stitch_scales, base, ft)
         results += stitched
         if rule == spec.rule:
-            chosen = next(s for s in stitched if s.info.get("chosen_on_dev"))
-            chosen.info["written"] = True
-            written = scaled(body, chosen.info["scale"], base)
+            written = best  # the written model: --rule at its dev-best λ
+            next(s for s in stitched if s.info.get("chosen_on_dev")).info["written"] = True
     mk_seconds = 0.0
     if spec.mergekit:
         t1 = time.perf_counter()
@@ -506,31 +504,36 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     return summary
 
 
-def stitch_grid(setups: dict[str, Setup], grafts: dict[str, Graft], rule: str, body: Graft, scales: list[float],
-                base: dict, ft: Scored) -> list[Scored]:
-    """The stitch under ``rule`` at every λ of ``scales`` scored on dev; λ = 1 (Localize-and-Stitch) and the
-    dev-best λ also on test (the rows of the report; the dev-best is marked ``chosen_on_dev``)."""
+def grafted(graft_of):
+    """``use`` for :func:`score_tasks`: each task's θ_pre with the graft ``graft_of(name)`` applied (reverted after)."""
     import contextlib  # noqa: PLC0415
 
-    def on(graft: Graft):
-        @contextlib.contextmanager
-        def use(name, setup):
-            with task_view(graft, grafts[name]).applied(setup.pre):
-                yield setup.pre
-        return use
+    @contextlib.contextmanager
+    def use(name, setup):
+        with graft_of(name).applied(setup.pre):
+            yield setup.pre
+    return use
 
+
+def stitch_grid(setups: dict[str, Setup], grafts: dict[str, Graft], rule: str, body: Graft, scales: list[float],
+                base: dict, ft: Scored) -> tuple[list[Scored], Graft]:
+    """The stitch under ``rule`` at every λ of ``scales`` scored on dev; λ = 1 (Localize-and-Stitch) and the
+    dev-best λ also on test (the rows of the report; the dev-best is marked ``chosen_on_dev``). Returns the rows
+    and the stitch at the dev-best λ."""
     info = {k: body.metadata.stitch[k] for k in ("size", "overlapping_coordinates", "dropped_coordinates")}
-    rows = []
+    rows, bodies = [], {}
     for lam in dict.fromkeys([1.0, *scales]):
+        bodies[lam] = scaled(body, lam, base)
+        use = grafted(lambda name, b=bodies[lam]: task_view(b, grafts[name]))
         s = Scored("stitch", rule if lam == 1 else f"{rule} λ={lam:g}", info={**info, "scale": lam})
-        s.dev = score_tasks(setups, on(scaled(body, lam, base)), "dev")
-        rows.append(s)
-    best = max((s for s in rows if s.info["scale"] in scales), key=lambda s: s.mean_normalized(ft, "dev"))
+        s.dev = score_tasks(setups, use, "dev")
+        rows.append((s, use))
+    best = max((s for s, _ in rows if s.info["scale"] in scales), key=lambda s: s.mean_normalized(ft, "dev"))
     best.info["chosen_on_dev"] = True
-    for s in rows:
+    for s, use in rows:
         if s.info["scale"] == 1 or s is best:
-            s.test = score_tasks(setups, on(scaled(body, s.info["scale"], base)), "test")
-    return rows
+            s.test = score_tasks(setups, use, "test")
+    return [s for s, _ in rows], bodies[best.info["scale"]]
 
 
 def run_mergekit_grid(setups: dict[str, Setup], spec: MergeSpec, ft: Scored) -> list[Scored]:
@@ -736,7 +739,8 @@ def report_markdown(s: dict) -> str:
         lines.append(f"- largest stored skill: {h['max_graft_bytes']:,} bytes = "
                      f"{100 * h['max_graft_share_of_checkpoint']:.2f}% of its checkpoint's weight bytes")
     lines += ["", "Overlap rules: *average* — θ_pre + Σ_t (γ_t ⊘ Σ_s γ_s) ⊙ τ_t (Localize-and-Stitch, Eq. 4: the mean "
-              "of the claiming tasks' values; `λ=…` rows scale that sum, as task arithmetic's λ does); *max-delta* — the task with the largest |τ_t| at the coordinate wins; "
+              "of the claiming tasks' values; `λ=…` rows scale that sum, as task arithmetic's λ does); "
+              "*max-delta* — the task with the largest |τ_t| at the coordinate wins; "
               "*disjoint* — contested coordinates stay θ_pre. mergekit: `linear` = mean of the fine-tuned bodies; "
               "`task_arithmetic` = θ_pre + λ Σ_t τ_t; `ties` = trim to the top-density |τ|, elect signs, mean of the "
               "agreeing values, × λ; `dare_ties` = random drop to density with rescaling, sign election, sum × λ. "
@@ -753,13 +757,14 @@ def readme(s: dict, mode: str) -> str:
     if mode == "classifier":
         return f"""# A merged model: one body, one head per task
 
-Merged by `skillgraft merge` (rule `{s['settings']['rule']}`) from {len(names)} classifiers fine-tuned from
-`{s['pretrained']}`.
+Merged by `skillgraft merge` (rule `{s['settings']['rule']}`, strength λ = {s['headline']['stitch_scale']:g}) from
+{len(names)} classifiers fine-tuned from `{s['pretrained']}`.
 
 - `tasks/<task>/` — a complete Hugging Face checkpoint per task ({', '.join(f'`{n}`' for n in names)}): the merged
   body (bit-identical in every folder) and that task's own classification head, with its labels in
   `config.json` (`id2label`) and its tokenizer.
-- `grafts/<task>/` — each task's skill as skillgraft stores it (positions + values + head).
+- `grafts/<task>/` — each task's skill as skillgraft stores it (positions + values + head); the body above is
+  their stitch under the rule, scaled by λ (`skillgraft.graft.merge.stitch`, then `scaled`).
 - `report.md`, `merge.json`, `results.csv` — the comparison with mergekit's methods.
 
 Load with plain transformers (no skillgraft needed):
@@ -776,9 +781,9 @@ label = model.config.id2label[int(logits.argmax(-1))]
 """
     return f"""# A merged model
 
-Merged by `skillgraft merge` (rule `{s['settings']['rule']}`) from {len(names)} models fine-tuned from
-`{s['pretrained']}` ({', '.join(f'`{n}`' for n in names)}); the tasks share every tensor, so `model/` serves
-all of them.
+Merged by `skillgraft merge` (rule `{s['settings']['rule']}`, strength λ = {s['headline']['stitch_scale']:g}) from
+{len(names)} models fine-tuned from `{s['pretrained']}` ({', '.join(f'`{n}`' for n in names)}); the tasks share
+every tensor, so `model/` serves all of them.
 
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer   # AutoModelForMaskedLM for masked LMs
@@ -786,5 +791,6 @@ model = AutoModelForCausalLM.from_pretrained("model")
 tok = AutoTokenizer.from_pretrained("model")
 ```
 
-`grafts/<task>/` holds each task's skill as skillgraft stores it; `report.md` compares with mergekit's methods.
+`grafts/<task>/` holds each task's skill as skillgraft stores it (`model/` is their stitch under the rule, scaled by
+λ); `report.md` compares with mergekit's methods.
 """
