@@ -1,4 +1,5 @@
-"""Tiny randomly initialised models (BERT, RoBERTa, GPT-2, Llama) and a tiny task dataset, built in-test."""
+"""Tiny randomly initialised models (BERT, RoBERTa, GPT-2, Llama, Gemma 3) and a tiny task dataset, built in-test;
+a tiny Gemma 3 written as a GGUF file with the ``gguf`` package."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def _bpe_tokenizer(special: dict[str, str]):
 
 
 def build_tiny(kind: str, directory: Path, *, layers: int = 2, mlm_head: bool = True) -> Path:
-    """Save a tiny random ``kind`` ∈ {bert, roberta, gpt2, llama} model + tokenizer in ``directory``."""
+    """Save a tiny random ``kind`` ∈ {bert, roberta, gpt2, llama, gemma3} model + tokenizer in ``directory``."""
     import torch
     import transformers as tf
 
@@ -76,8 +77,96 @@ def build_tiny(kind: str, directory: Path, *, layers: int = 2, mlm_head: bool = 
                              num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
                              bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
         model = tf.LlamaForCausalLM(cfg)
+    elif kind == "gemma3":
+        model, tok = tiny_gemma3(layers=max(layers, 3))
     else:
         raise ValueError(kind)
     model.save_pretrained(directory)
     tok.save_pretrained(directory)
     return directory
+
+
+def tiny_gemma3(layers: int = 3, *, softcap: float | None = 30.0, vocab_size: int | None = None, gguf_like: bool = False):
+    """Gemma 3's architecture shrunk (Gemma3ForCausalLM: sliding-window and full-attention layers, tied embeddings,
+    one key/value head, (1 + w) RMS norms; a final logit soft-cap, which the 270M model leaves off, so the
+    head-only-where-scored path is checked through it) and a byte-level BPE tokenizer. ``gguf_like``: the values
+    a GGUF file does not record, as transformers fills them in (Gemma 3's 5:1 sliding/full pattern, one rope base,
+    query scale 256)."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    tok = _bpe_tokenizer({"pad": "<pad>", "eos": "<eos>", "bos": "<bos>", "unk": "<unk>"})
+    cfg = tf.Gemma3TextConfig(
+        vocab_size=vocab_size or len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=256 if gguf_like else 16,
+        sliding_window=4, max_position_embeddings=128,
+        layer_types=None if gguf_like else ["sliding_attention" if (i + 1) % 3 else "full_attention"
+                                             for i in range(layers)],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}} if gguf_like else None, tie_word_embeddings=True, final_logit_softcapping=softcap,
+        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    model = tf.Gemma3ForCausalLM(cfg)
+    with torch.no_grad():  # Gemma's norms start at w = 0 (scale 1 + w): give them values a GGUF round trip can see
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0, 0.1)
+    return model.eval(), tok
+
+
+GGUF_WORDS = ["the", "movie", "was", "great", "terrible", "good", "bad", "it", "a", "plot", "film", "is"]
+
+
+def write_tiny_gguf(path: Path, *, quantize: str | None = "Q8_0", layers: int = 6, architecture: str = "gemma3"):
+    """A tiny random Gemma 3 written as llama.cpp writes one (``gguf.GGUFWriter``: llama.cpp tensor names, norms
+    stored as 1 + w, a sentencepiece-style vocabulary), ``quantize`` applied to the 2-D weights whose rows fit
+    its blocks (the rest F32). Returns (path, the fp32 model written)."""
+    import gguf
+    import numpy as np
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, get_gguf_hf_weights_map
+
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "\u2581"] + [chr(c) for c in range(97, 123)] + \
+        ["\u2581" + w for w in GGUF_WORDS] + [".", ","]
+    model, _ = tiny_gemma3(layers=layers, softcap=None, vocab_size=len(tokens), gguf_like=True)
+    cfg = model.config
+    processor = TENSOR_PROCESSORS["gemma3"](config=cfg)
+    names = {hf: g for g, hf in get_gguf_hf_weights_map(model, processor).items()}
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_name("tiny gemma 3")
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_sliding_window(cfg.sliding_window)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * len(tokens))
+    writer.add_token_types([3, 3, 3, 2] + [1] * (len(tokens) - 4))
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    writer.add_unk_token_id(3)
+    writer.add_pad_token_id(0)
+    kind = getattr(gguf.GGMLQuantizationType, quantize) if quantize else None
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight":
+            continue  # tied to the embedding
+        data = tensor.float().numpy()
+        if "norm.weight" in name:
+            data = data + 1  # llama.cpp stores Gemma's RMS norm scale as 1 + w
+        data = np.ascontiguousarray(data)
+        if kind is not None and data.ndim == 2 and data.shape[-1] % gguf.GGML_QUANT_SIZES[kind][0] == 0:
+            writer.add_tensor(names[name], gguf.quants.quantize(data, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(names[name], data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, model

@@ -36,6 +36,7 @@ from skillgraft.data.loading import Example
 from skillgraft.data.tasks import Task, get_task, task_from_dict
 from skillgraft.errors import SkillgraftError
 from skillgraft.models.loading import load_classifier, load_hf_model, load_tokenizer, model_reference
+from skillgraft.models.logits import head_logits
 from skillgraft.models.templates import render, word_ids
 
 Mode = Literal["head", "prompt", "causal", "classifier", "generative"]
@@ -221,22 +222,45 @@ class Scorer(nn.Module):
                 hidden = self.model(**kwargs).last_hidden_state[rows, score_pos]
                 words = self.model.get_input_embeddings().weight[self.label_token_ids]
                 return hidden @ words.detach().T
-            logits = self.model(**kwargs).logits[rows, score_pos]
-            return logits[:, self.label_token_ids]
-        logits = self.model(**kwargs).logits
-        if target_ids is None:
-            return torch.log_softmax(logits[rows, score_pos].float(), dim=-1)[:, self.label_token_ids]
-        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+            return head_logits(self.model, kwargs, rows, score_pos)[:, self.label_token_ids]
+        if target_ids is None:  # causal, one token per label word: the position before it
+            logits = head_logits(self.model, kwargs, rows, score_pos)
+            return torch.log_softmax(logits.float(), dim=-1)[:, self.label_token_ids]
+        return self._word_logp(kwargs, target_ids).view(-1, self.task.num_labels)
+
+    def _word_logp(self, kwargs: dict, target_ids: torch.Tensor) -> torch.Tensor:
+        """Σ log p of each row's label-word tokens ``[rows]``: the head reads only the L positions from the one
+        before the word's first token (L = the longest label word; its tokens are contiguous), a static shape
+        that ``vmap`` (per-example Fisher) can batch."""
         target = target_ids[:, 1:]
-        picked = logp.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1) * (target != -100)
-        return picked.sum(-1).view(-1, self.task.num_labels)
+        valid = target != -100
+        width = max(len(ids) for ids in self.label_ids)
+        start = valid.int().argmax(-1, keepdim=True)  # first target position of each row
+        cols = start + torch.arange(width, device=target.device)
+        inside = cols < target.shape[1]
+        cols = cols.clamp(max=target.shape[1] - 1)
+        rows = torch.arange(target.shape[0], device=target.device).unsqueeze(1)
+        logp = torch.log_softmax(head_logits(self.model, kwargs, rows, cols).float(), dim=-1)
+        words = target.gather(1, cols)
+        keep = inside & (words != -100)
+        picked = logp.gather(-1, words.clamp(min=0).unsqueeze(-1)).squeeze(-1) * keep
+        return picked.sum(-1)
+
+    def _completion_logits(self, kwargs: dict, target_ids: torch.Tensor):
+        """Logits ``[N, vocab]`` at the N completion positions only (where ``target_ids[:, 1:]`` ≠ -100), with
+        their (row, column) and their target tokens."""
+        target = target_ids[:, 1:]
+        rows, cols = (target != -100).nonzero(as_tuple=True)
+        return head_logits(self.model, kwargs, rows, cols), rows, cols, target[rows, cols]
 
     def _token_logp(self, kwargs: dict, target_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """log p of every target token given the tokens before it (0 where the target is -100), and the mask."""
-        logits = self.model(**kwargs).logits[:, :-1]
+        """log p of every target token given the tokens before it (0 where the target is -100), and the mask;
+        the head runs only at completion positions."""
+        logits, rows, cols, words = self._completion_logits(kwargs, target_ids)
+        nll = F.cross_entropy(logits.float(), words, reduction="none")
         target = target_ids[:, 1:]
-        nll = F.cross_entropy(logits.float().transpose(1, 2), target, ignore_index=-100, reduction="none")
-        return -nll, target != -100
+        logp = torch.zeros(target.shape, dtype=nll.dtype, device=nll.device).index_put((rows, cols), -nll)
+        return logp, target != -100
 
     def loss(self, batch: dict[str, torch.Tensor], reduction: Literal["mean", "sum"] = "mean") -> torch.Tensor:
         """The objective on a :meth:`collate` batch: cross-entropy of the labels; generative mode: each
@@ -253,10 +277,9 @@ class Scorer(nn.Module):
         tokens that are the model's most likely next token (teacher forcing)."""
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         if self.mode == "generative":
-            logits = self.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits[:, :-1]
-            target = inputs["target_ids"][:, 1:]
-            valid = target != -100
-            return ((logits.argmax(-1) == target) & valid).sum(), int(valid.sum())
+            kwargs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+            logits, _, _, words = self._completion_logits(kwargs, inputs["target_ids"])
+            return (logits.argmax(-1) == words).sum(), len(words)
         labels = batch["labels"]
         return (self(**inputs).argmax(-1) == labels).sum(), len(labels)
 
