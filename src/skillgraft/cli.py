@@ -277,6 +277,7 @@ def graft(
     from skillgraft.heap import return_large_blocks  # noqa: PLC0415
     from skillgraft.io import check_target  # noqa: PLC0415
     from skillgraft.pipeline.setup import from_pair, from_run, is_run_dir  # noqa: PLC0415
+    from skillgraft.models.gguf import base_model_note  # noqa: PLC0415
     from skillgraft.recipes.graft import graft_report, localizer_options, releases_ft  # noqa: PLC0415
 
     return_large_blocks()  # tensor-sized temporaries freed go back to the OS at once (the peak is the work's)
@@ -287,7 +288,7 @@ def graft(
             raise SkillgraftError(f"--finetuned {finetuned} is a skillgraft run: it grafts on its own task data "
                                   "(drop --data/--task, or give a Hugging Face checkpoint with --pretrained)")
         out = check_target(out or finetuned / "graft", overwrite)
-        setup = from_run(finetuned, data_dir=data.data_dir, test_limit=user.test_limit)
+        setup = from_run(finetuned, data_dir=data.data_dir, test_limit=user.test_limit, pretrained=pretrained)
     else:
         if pretrained is None:
             raise SkillgraftError(f"--finetuned {finetuned} is a Hugging Face checkpoint: give --pretrained, the "
@@ -306,11 +307,14 @@ def graft(
 
     def write(run) -> None:
         result.update(graft_report(setup, run, report, localize, keep=keep, frontier=frontier))
-        if setup.labels_note or setup.graft_metadata.to_dict():
+        converted = base_model_note(setup.pre.base_model)  # e.g. dequantized from a GGUF file
+        if setup.labels_note or setup.graft_metadata.to_dict() or converted:
             text = (run.path / "report.md").read_text()
             lines = ["", "## Models and data", "",
                      f"- pre-trained: `{setup.pre.base_model}`; fine-tuned: `{setup.ft.base_model}`; scored as "
                      f"`{setup.pre.mode}`"]
+            if converted:
+                lines.append(f"- `{setup.pre.base_model}`: {converted}")
             if setup.data_files:
                 more = ", …" if len(setup.data_files) > 6 else ""
                 shown = ", ".join(f"`{f}`" for f in setup.data_files[:6]) + more

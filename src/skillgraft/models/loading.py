@@ -35,13 +35,26 @@ def bundled_minilm_path() -> Path:
 
 
 def model_reference(name: str | os.PathLike | None) -> ModelRef:
-    """Resolve a model name: None or a MiniLM alias → the bundled copy; a folder → itself; else a hub id."""
+    """Resolve a model name: None or a MiniLM alias → the bundled copy; ``gemma-3-270m`` → the bundled Gemma
+    (the ``gemma`` extra); a GGUF file (or a folder holding one and no config.json) → its dequantized folder in
+    the store, converted on first use (models/gguf.py); a folder → itself; else a hub id."""
+    from skillgraft.models import gguf  # noqa: PLC0415
+
     if name is None or str(name).lower() in _MINILM_ALIASES:
         return ModelRef(DEFAULT_MODEL, str(bundled_minilm_path()))
     name = str(name)
+    if name.lower() in gguf.GEMMA_ALIASES:
+        return ModelRef(gguf.GEMMA_NAME, str(gguf.bundled_gemma()))
+    if gguf.is_gguf(name) and (Path(name).is_file() or not Path(name).exists()):
+        return ModelRef(name, str(gguf.converted_folder(name)))
     if Path(name).exists():
+        if Path(name).is_dir() and not (Path(name) / "config.json").is_file():
+            found = gguf.gguf_in_folder(Path(name))
+            if found is not None:
+                return ModelRef(name, str(gguf.converted_folder(found)))
         if not (Path(name) / "config.json").is_file():
-            raise SkillgraftError(f"{name}: folder has no config.json; not a Hugging Face model checkpoint")
+            raise SkillgraftError(f"{name}: folder has no config.json; not a Hugging Face model checkpoint "
+                                  "(nor a folder holding one GGUF file)")
         return ModelRef(name, name)
     if name.startswith((".", "/", "~")) or name.count("/") > 1:
         raise SkillgraftError(f"model checkpoint not found: {name} (no such folder)")

@@ -254,14 +254,24 @@ def prepare(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneCo
 
 
 def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = None,
-             test_limit: int | None = None) -> Setup:
+             test_limit: int | None = None, pretrained: str | None = None) -> Setup:
     """Open a fine-tuning run directory: θ_ft, θ_pre (same head initialisation), its k-shot data.
 
-    ``data_dir`` / ``test_limit`` override the run's own (None: the run's data root, full test set).
+    ``data_dir`` / ``test_limit`` override the run's own (None: the run's data root, full test set);
+    ``pretrained``, when given, must name the model the run was fine-tuned from (checked before any weights load).
     """
     ft_dir = Path(ft_dir)
     if not ft_dir.exists():
         raise SkillgraftError(f"fine-tuning run not found: {ft_dir}")
+    if pretrained is not None:
+        from skillgraft.models.loading import model_reference  # noqa: PLC0415
+        from skillgraft.train.run import read_run_config  # noqa: PLC0415
+
+        recorded = read_run_config(ft_dir).model
+        same = pretrained == recorded or model_reference(pretrained).path == model_reference(recorded).path
+        if not same:
+            raise SkillgraftError(f"--pretrained {pretrained} is not the model the run {ft_dir} was fine-tuned from "
+                                  f"({recorded}); drop --pretrained or give that model")
     ft, pre, cfg = load_finetuned(ft_dir)
     refuse_non_finite_model(ft, str(ft_dir / "model"))
     refuse_non_finite_model(pre, f"base model {pre.base_model}")
