@@ -1,4 +1,5 @@
-"""Localization memory and speed at scale: random bf16 Llamas of ~40M, ~165M and ~500M parameters (CPU).
+"""Localization memory and speed at scale: random bf16 Llamas of ~40M, ~165M and ~500M parameters (CPU), and
+the real google/gemma-3-270m (``--sizes gemma --dtype fp32``: θ_pre is its dequantized folder, ``make gemma``).
 
 Usage: .venv/bin/python bench/scale.py [--sizes 40M,165M,500M] [--repeats 3] [--micro-batch 16] [--k 16]
        [--phases forward,candidates,cli,...] [--dtype bf16|fp32]
@@ -83,6 +84,10 @@ def build(size: str, work: Path, dtype: str = "bf16") -> tuple[Path, Path]:
     with the fine-tuned model also saved by plain transformers in ``ft-hf`` beside it (the CLI's pair)."""
     folder = work / (size if dtype == "bf16" else f"{size}-{dtype}")
     pre_dir, ft_dir = folder / "pre", folder / "ft"
+    if size == "gemma":  # the real google/gemma-3-270m as θ_pre (its dequantized folder in the store)
+        from skillgraft.models.loading import model_reference
+
+        pre_dir = Path(model_reference("gemma-3-270m").path)
     if (ft_dir / "scorer_config.json").is_file() and (folder / "ft-hf" / "config.json").is_file():
         return pre_dir, ft_dir
     import torch
@@ -95,14 +100,18 @@ def build(size: str, work: Path, dtype: str = "bf16") -> tuple[Path, Path]:
     from skillgraft.models.anatomy import graftable_names
 
     torch.manual_seed(0)
-    tok = _bpe_tokenizer({"bos": "<s>", "eos": "</s>", "unk": "<unk>"})
-    cfg = tf.LlamaConfig(**SIZES[size], num_key_value_heads=SIZES[size]["num_attention_heads"],
-                         max_position_embeddings=512, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     torch_dtype = getattr(torch, DTYPES[dtype])
-    model = tf.LlamaForCausalLM(cfg).to(torch_dtype)
-    model.save_pretrained(pre_dir)
-    tok.save_pretrained(pre_dir)
-    del model
+    if size == "gemma":
+        tok = tf.AutoTokenizer.from_pretrained(pre_dir)
+    else:
+        tok = _bpe_tokenizer({"bos": "<s>", "eos": "</s>", "unk": "<unk>"})
+        cfg = tf.LlamaConfig(**SIZES[size], num_key_value_heads=SIZES[size]["num_attention_heads"],
+                             max_position_embeddings=512, bos_token_id=tok.bos_token_id,
+                             eos_token_id=tok.eos_token_id)
+        model = tf.LlamaForCausalLM(cfg).to(torch_dtype)
+        model.save_pretrained(pre_dir)
+        tok.save_pretrained(pre_dir)
+        del model
     ft = build_scorer(str(pre_dir), "SST-2", "causal", dtype=torch_dtype)
     gen = torch.Generator().manual_seed(1)
     params = dict(ft.named_parameters())

@@ -4,6 +4,7 @@ Usage: .venv/bin/python bench/swap.py [--threads 1,2] [--density 1e-3] [--models
 
 Two base models, each timed in the same run and at each thread count:
 * ``minilm``: the bundled all-MiniLM-L6-v2 head-mode scorer (``build_scorer(None, "SST-2", "head")``);
+* ``gemma``: the real google/gemma-3-270m (fp32, 268M parameters, tied 262k vocabulary; ``make gemma``);
 * ``llama``: a random bf16 Llama built in-process from a config (hidden 768, 12 layers, intermediate 3072,
   vocab 32000, untied LM head; its size is printed).
 The skills are grafts of ``density`` × the body (top-|Δ| coordinates of a randomly perturbed copy, no
@@ -130,9 +131,32 @@ def build(kind: str, density: float):
 
         return pre, grafts, pre.model, ["query", "value"], reload, \
             f"all-MiniLM-L6-v2 (fp32, {total / 1e6:.1f}M parameters, body {len(names)} tensors)"
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
+    if kind == "gemma":  # the real google/gemma-3-270m (fp32, dequantized from its GGUF: `make gemma`)
+        from skillgraft.models.loading import model_reference
+
+        folder = model_reference("gemma-3-270m").path
+        pre = AutoModelForCausalLM.from_pretrained(folder).eval()
+        names = [n for n, _ in pre.named_parameters() if n.startswith("model.layers.") or n == "model.norm.weight"]
+        grafts = []
+        for seed in (1, 2):
+            ft = perturbed(pre, seed, 1e-2)
+            region = top_delta_region(pre, ft, names, density)
+            fp = dict(ft.named_parameters())
+            values = {n: fp[n].detach().reshape(-1)[i].clone() for n, i in region.indices.items()}
+            grafts.append(Graft(region, values, {}, "gemma-3-270m", cached_fingerprint(pre), {"skill": seed}))
+            del ft, fp
+            gc.collect()
+        total = sum(p.numel() for p in pre.parameters())
+        body = sum(pre.get_parameter(n).numel() for n in names)
+
+        def reload(folder):
+            return AutoModelForCausalLM.from_pretrained(folder)
+
+        return pre, grafts, pre, ["q_proj", "v_proj"], reload, \
+            f"google/gemma-3-270m (fp32, {total / 1e6:.1f}M parameters, body {body / 1e6:.1f}M in {len(names)} tensors)"
     pre = LlamaForCausalLM(LlamaConfig(**LLAMA)).to(torch.bfloat16).eval()
     names = [n for n, _ in pre.named_parameters() if n.startswith("model.layers.") or n == "model.norm.weight"]
     grafts = []

@@ -91,14 +91,20 @@ def data_digest(task, data_dir=None) -> str:
 
 def model_digest(model: str | None) -> str:
     """Identity of a pre-trained model for cache keys: for a local folder its config and weight files
-    (name, size, modification time), for the bundled MiniLM its package version, else the hub name."""
+    (name, size, modification time; a folder converted from GGUF: the file's sha256), for the bundled MiniLM its
+    package version, else the hub name."""
     from skillgraft.models.loading import model_reference  # noqa: PLC0415
+
+    from skillgraft.models.gguf import SOURCE_FILE  # noqa: PLC0415
 
     ref = model_reference(model)
     folder = Path(ref.path)
     if not folder.is_dir():
         return ref.name
     h = hashlib.sha256(ref.name.encode())
+    if (folder / SOURCE_FILE).is_file():  # converted from a GGUF file: the file's content is its identity
+        h.update(json.loads((folder / SOURCE_FILE).read_text())["sha256"].encode())
+        return h.hexdigest()[:16]
     for f in sorted(folder.iterdir()):
         if f.is_file() and (f.suffix in (".safetensors", ".bin", ".json") or f.name.startswith("tokenizer")):
             st = f.stat()
