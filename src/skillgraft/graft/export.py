@@ -543,7 +543,19 @@ def _own_head(graft: Graft, hf: nn.Module) -> list[str]:
 
 
 def _base_name(graft: Graft, scorer) -> str:
+    """The base as plain transformers / peft can load it: a hub id, or for a model converted from GGUF (the
+    bundled Gemma, a user's .gguf) the converted folder, whose dequantized weights are the base (a hub copy of the
+    unquantized model is another base)."""
+    from skillgraft.models.gguf import SOURCE_FILE  # noqa: PLC0415
+    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+
     name = graft.base_model or getattr(scorer, "base_model", "") or ""
+    try:
+        folder = Path(model_reference(name).path) if name and name not in _HUB_IDS else None
+    except SkillgraftError:
+        folder = None
+    if folder is not None and (folder / SOURCE_FILE).is_file():
+        return str(folder.resolve())
     return _HUB_IDS.get(name, name)
 
 
