@@ -124,3 +124,19 @@ def test_releasing_theta_ft_follows_the_capabilities():
 
     assert releases_ft(ReportSpec())  # learned + movement / random / bias read θ_ft from files
     assert not releases_ft(ReportSpec(localizer="fish"))
+
+
+# ---------------------------------------------------------------------------------------------- model families
+def test_the_family_table_gives_pooling_and_module_types(tiny_models):
+    import transformers as tf
+
+    from skillgraft.models.families import DECODER, FAMILIES, default_pooling, family, module_type
+
+    for kind, pooling in (("bert", "mean"), ("roberta", "mean"), ("gpt2", "last"), ("llama", "last")):
+        cfg = tf.AutoConfig.from_pretrained(tiny_models[kind])
+        assert cfg.model_type in FAMILIES and default_pooling(cfg, "head") == pooling
+        assert build_scorer(str(tiny_models[kind]), "SST-2", "head").pooling == pooling  # the Scorer reads the table
+    assert default_pooling(tf.BertConfig(), "causal") == "last"
+    assert family(tf.BertConfig(is_decoder=True, model_type="unheard-of")) in (DECODER, FAMILIES["bert"])
+    assert module_type("model.layers.0.self_attn.q_proj.weight") == "attn.query"
+    assert module_type("transformer.h.0.attn.c_attn.weight") == "attn.qkv"

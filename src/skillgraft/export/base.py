@@ -15,6 +15,7 @@ from torch import nn
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft, cached_fingerprint
+from skillgraft.models.families import HUB_IDS
 from skillgraft.spec import Spec
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -24,7 +25,7 @@ HEAD_FILE = "skillgraft_head.safetensors"
 SUMMARY_FILE = "skillgraft_export.json"
 PEFT_PREFIX = "base_model.model."
 SCORER_PREFIX = "model."
-_HUB_IDS = {"all-MiniLM-L6-v2": "sentence-transformers/all-MiniLM-L6-v2"}
+_HUB_IDS = HUB_IDS  # the one table of model-family quirks (models/families.py)
 
 class ExportSpec(Spec):
     """Options of ``skillgraft export`` (one source for the CLI and the library)."""
