@@ -6,7 +6,8 @@ Usage: flock /work/heavy.lock .venv/bin/python bench/merge_memory.py [--n 2 4] [
 A random Llama (hidden 512, 8 layers, vocab 32000: 58M parameters, 232 MB fp32) is saved as θ_pre, and N
 "fine-tuned" copies (θ_pre + seeded noise) with 30 prompt → completion rows each. Each merge runs in a fresh
 process: the peak RSS above the process's baseline (VmHWM after /proc/self/clear_refs, baseline taken after the
-imports) ÷ one checkpoint's weight bytes. Settings: localizer ``movement`` (reads θ_ft from its files), budget
+imports) ÷ one checkpoint's weight bytes. As the command line does, glibc's mmap threshold is fixed first
+(``skillgraft.heap.return_large_blocks``: freed tensor-sized blocks go back to the OS); ``--no-heap`` leaves it. Settings: localizer ``movement`` (reads θ_ft from its files), budget
 1e-3, the stitch at λ = 1 under ``average``, no mergekit grid (its ``mergekit-yaml`` runs in a process of its
 own; in-process it holds one merged body at a time). ``--old-src`` runs the same merge on another source tree
 (``git archive <commit> src | tar -x -C DIR``) for a before / after. Writes bench/results/merge_memory.json.
@@ -34,6 +35,9 @@ def rss(field):
             return int(line.split()[1]) * 1024
 import torch
 torch.set_num_threads(1)
+if "--no-heap" not in sys.argv:
+    from skillgraft.heap import return_large_blocks
+    return_large_blocks()  # as `skillgraft merge` (and `graft`) set for their process
 from skillgraft.data.spec import UserDataSpec
 from skillgraft.pipeline.store import Store
 try:
@@ -88,10 +92,10 @@ def build(root: Path, n: int) -> int:
     return (root / "base" / "model.safetensors").stat().st_size
 
 
-def measure(root: Path, n: int, src: Path) -> dict:
+def measure(root: Path, n: int, src: Path, extra: tuple = ()) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        r = subprocess.run([sys.executable, "-c", MERGE, str(root), str(n), str(Path(tmp) / "out")],
+        r = subprocess.run([sys.executable, "-c", MERGE, str(root), str(n), str(Path(tmp) / "out"), *extra],
                            capture_output=True, text=True, env=env)
         if r.returncode:
             raise SystemExit(r.stderr[-3000:])
@@ -102,6 +106,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--old-src", type=Path, default=None, help="another source tree to compare (its src/ folder)")
+    ap.add_argument("--no-heap", action="store_true", help="leave glibc's dynamic mmap threshold")
     ap.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()) / "skillgraft-merge-memory")
     args = ap.parse_args()
     args.root.mkdir(parents=True, exist_ok=True)
@@ -110,8 +115,8 @@ def main() -> None:
     trees = [("this tree", SRC)] + ([("old tree", args.old_src)] if args.old_src else [])
     for label, src in trees:
         for n in args.n:
-            m = measure(args.root, n, src)
-            row = {"tree": label, "n": n, "peak_above_baseline": m["peak"] - m["baseline"],
+            m = measure(args.root, n, src, ("--no-heap",) if args.no_heap else ())
+            row = {"tree": label, "n": n, "heap_threshold_fixed": not args.no_heap, "peak_above_baseline": m["peak"] - m["baseline"],
                    "ratio_to_one_model": (m["peak"] - m["baseline"]) / weights}
             out["runs"].append(row)
             print(f"{label}: N={n}: peak {row['peak_above_baseline'] / 2**20:.0f} MiB above baseline = "

@@ -194,8 +194,11 @@ def graft(
 
     --keep 0.95,0.99: the smallest graft keeping each share of FT's score (on a selection split); --frontier: share of
     FT vs density against closed-form peers (frontier.csv, frontier.png)."""
+    from skillgraft.heap import return_large_blocks  # noqa: PLC0415
     from skillgraft.pipeline.regions import localizer_options  # noqa: PLC0415
     from skillgraft.verbs.graft import GraftInputs, graft as run_graft  # noqa: PLC0415
+
+    return_large_blocks()  # tensor-sized temporaries freed go back to the OS at once (the peak is the work's)
 
     # the chosen localizer's own defaults + the options the user set; checked before any work
     options = localizer_options(report.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
@@ -401,8 +404,10 @@ def merge(
     from skillgraft.pipeline.regions import localizer_options  # noqa: PLC0415
     from skillgraft.verbs.merge import merge_models, resolve_inputs  # noqa: PLC0415
 
+    from skillgraft.heap import return_large_blocks  # noqa: PLC0415
     from skillgraft.merge import merge_methods  # noqa: PLC0415
 
+    return_large_blocks()  # freed θ_pre copies and released θ_ft go back to the OS at once (bench/merge_memory.py)
     check_target(out, overwrite)
     localize = localizer_options(spec.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
     pretrained, inputs = resolve_inputs(pretrained=pretrained, finetuned=finetuned, data=data, eval_data=eval_data,

@@ -353,11 +353,9 @@ def graft(inputs: GraftInputs, *, report: ReportSpec | None = None, localize: Sp
 
     ``localize``: the options of ``report.localizer`` set by the caller (its own defaults for the rest); every
     refusal (unknown option, no data, an existing ``out``) comes before any model loads."""
-    from skillgraft.heap import return_large_blocks  # noqa: PLC0415
     from skillgraft.io import atomic_dir, check_target  # noqa: PLC0415
     from skillgraft.pipeline import Store  # noqa: PLC0415
 
-    return_large_blocks()  # tensor-sized temporaries freed go back to the OS at once (the peak is the work's)
     report = report or ReportSpec()
     options = localizer_options(report.localizer, localize)
     check_inputs(inputs)
