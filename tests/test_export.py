@@ -17,8 +17,8 @@ import torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft import Graft, Region, graftable_names
-from skillgraft.graft.export import (ExportSpec, apply_entries, exact_delta, export_delta, export_graft, export_peft,
-                                     graft_from_peft, shira_entries)
+from skillgraft.export import (ExportSpec, apply_entries, exact_delta, export_delta, export_graft, export_peft,
+                               graft_from_peft, shira_entries)
 from skillgraft.models import build_scorer
 
 HF_CLASS = {"head": "AutoModel", "prompt": "AutoModelForMaskedLM", "causal": "AutoModelForCausalLM"}

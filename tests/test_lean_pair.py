@@ -19,7 +19,8 @@ from skillgraft.graft import Graft
 from skillgraft.graft.graft_file import GraftMetadata
 from skillgraft.pipeline import RunDir, Store
 from skillgraft.pipeline.setup import FineTunedFiles, from_pair
-from skillgraft.recipes.graft import ReportSpec, graft_report, localizer_options
+from skillgraft.pipeline.regions import localizer_options
+from skillgraft.verbs.graft import ReportSpec, graft_report
 
 OPTIONS = {"candidates": 0.2, "budgets": [1e-2, 5e-2], "steps": 3, "batch_size": 16}
 

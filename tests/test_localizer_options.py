@@ -17,11 +17,12 @@ import torch
 from typer.testing import CliRunner
 
 import skillgraft.pipeline.setup as pair_loading
-import skillgraft.recipes.graft as graft_recipes
+import skillgraft.verbs.graft as graft_recipes
 from skillgraft.cli import app
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, get_localizer, support, support_table
-from skillgraft.recipes.graft import GraftRecipeSpec, graft_recipe, localizer_options
+from skillgraft.pipeline.regions import localizer_options
+from skillgraft.recipes.graft import GraftRecipeSpec, graft_recipe
 
 runner = CliRunner()
 
@@ -133,7 +134,7 @@ def test_localizers_verb_lists_the_registry_and_one_localizers_defaults():
 def test_baselines_that_cannot_run_sharded_are_left_out_before_any_work(monkeypatch):
     """Under an FSDP launch the score-based baselines refuse; the report leaves them out with one warning naming
     each, before the learned localizer runs (they used to be skipped silently after it)."""
-    from skillgraft.recipes.graft import ReportSpec, runnable_baselines
+    from skillgraft.verbs.graft import ReportSpec, runnable_baselines
 
     setup = types.SimpleNamespace(pre=torch.nn.Linear(2, 2))
     report, options = ReportSpec(), LocalizeConfig()

@@ -29,8 +29,8 @@ TOPICS = {"sport": ["football", "tennis", "goal"], "money": ["market", "stocks",
           "vote": ["election", "president", "senate"]}
 
 
-def cli(*args, code: int = 0) -> str:
-    r = runner.invoke(app, [str(a) for a in args])
+def cli(*args, code: int = 0, obj: dict | None = None) -> str:
+    r = runner.invoke(app, [str(a) for a in args], obj=obj)
     if r.exit_code != code:
         raise AssertionError(f"exit {r.exit_code} (wanted {code}): {r.output}\n{r.exception!r}")
     return r.output
@@ -128,17 +128,10 @@ READER = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def merged(classifiers, tmp_path_factory) -> tuple[Path, str]:
     """``skillgraft merge`` of the two classifiers (mergekit stood in for by :func:`fake_mergekit`)."""
-    import skillgraft.recipes.merge as merge_mod
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(merge_mod, "run_mergekit", fake_mergekit)
     out = tmp_path_factory.mktemp("merged") / "out"
-    try:
-        text = cli(*merge_args(classifiers, out, "--localizer", "movement", "--budget", "0.05", "--mergekit",
-                               "ties,task_arithmetic", "--scales", "0.5,1.5", "--densities", "0.5", "--rules",
-                               "average,max-delta,disjoint"))
-    finally:
-        mp.undo()
+    text = cli(*merge_args(classifiers, out, "--localizer", "movement", "--budget", "0.05", "--mergekit",
+                           "ties,task_arithmetic", "--scales", "0.5,1.5", "--densities", "0.5", "--rules",
+                           "average,max-delta,disjoint"), obj={"mergekit_runner": fake_mergekit})
     return out, text
 
 
@@ -323,9 +316,6 @@ def test_bad_inputs_are_one_line_before_any_weights_load(classifiers, tiny_model
 def test_merge_causal_lm_sft_pairs(tiny_models, tmp_path, monkeypatch):
     """Two tiny Llama SFT models (different completion words) merge into one AutoModelForCausalLM; a per-model data
     spec (.yaml) gives each its fields; the mergekit grid runs on the whole models (no task head)."""
-    import skillgraft.recipes.merge as merge_mod
-
-    monkeypatch.setattr(merge_mod, "run_mergekit", fake_mergekit)
     base = tiny_models["llama"]
     rows_a = sft_rows(80)
     rows_b = [{"question": r["prompt"].replace("It was", "Verdict:"), "answer": {" terrible": " no", " great": " yes"}[
@@ -339,7 +329,8 @@ def test_merge_causal_lm_sft_pairs(tiny_models, tmp_path, monkeypatch):
     out = tmp_path / "merged"
     cli("merge", "--pretrained", base, "--finetuned", a, "--finetuned", b, "--data", data_a, "--data",
         tmp_path / "b.yaml", "--prompt-field", "prompt", "--completion-field", "completion", "--localizer", "learned",
-        "--steps", "3", "--budget", "0.05", "--mergekit", "task_arithmetic", "--scales", "0.5", "--out", out)
+        "--steps", "3", "--budget", "0.05", "--mergekit", "task_arithmetic", "--scales", "0.5", "--out", out,
+        obj={"mergekit_runner": fake_mergekit})
     s = json.loads((out / "merge.json").read_text())
     assert s["mode"] == "generative" and set(s["tasks"]) == {"sft-a", "sft-b"}
     assert {r["config"] for r in s["rows"] if r["method"] == "mergekit task_arithmetic"} == {"defaults", "λ=0.5"}
@@ -376,7 +367,7 @@ def test_mergekit_yaml_merges_the_bodies(classifiers, tiny_models, tmp_path, kin
     """The real ``mergekit-yaml`` on what merge gives it: task_arithmetic equals θ_pre + λ Σ_t τ_t on the body
     (BERT classifiers: inside a zero-headed container of their own class; Llama: the whole causal LM)."""
     from skillgraft.models import build_scorer
-    from skillgraft.recipes.merge import body_module, body_state, mergekit_input, mergekit_yaml, run_mergekit
+    from skillgraft.merge.mergekit import body_module, body_state, mergekit_input, mergekit_yaml, run_mergekit
 
     if kind == "bert":
         paths = [c[0] for c in (classifiers["sentiment"], classifiers["topic"])]

@@ -6,7 +6,8 @@ import random
 import pytest
 import torch
 
-from skillgraft.pipeline.continual import ContinualLearner, continual_add
+from skillgraft.pipeline.continual import ContinualLearner
+from skillgraft.verbs.continual import continual_add
 from skillgraft.data import load_kshot
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate import evaluate
@@ -352,7 +353,7 @@ def test_cli_continual_add_takes_its_settings_from_the_specs(monkeypatch, tmp_pa
     """One default per setting: no option given → FinetuneConfig() and LocalizeConfig(); bad values named."""
     from typer.testing import CliRunner
 
-    import skillgraft.pipeline.continual as continual_module
+    import skillgraft.verbs.continual as continual_module
     from skillgraft.cli import app
 
     seen = {}

@@ -408,7 +408,7 @@ def test_evaluate_any_hf_checkpoint_with_user_data(pairs, user_data, toy_data):
 
 def test_head_mode_export_is_marked_incomplete(tiny_bert, tmp_path):
     from skillgraft.graft import Graft, Region
-    from skillgraft.graft.export import export_hf
+    from skillgraft.export import export_hf
     from skillgraft.models import build_scorer
     from skillgraft.pipeline.variants import universe
 
@@ -469,7 +469,7 @@ def test_classifier_graft_as_a_peft_adapter_keeps_its_head(pairs, user_data, tmp
     from peft import PeftModel
 
     from skillgraft.graft import Graft
-    from skillgraft.graft.export import graft_task
+    from skillgraft.export import graft_task
     from skillgraft.models import build_scorer
 
     a, b = pairs["roberta"]

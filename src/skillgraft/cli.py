@@ -18,18 +18,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from skillgraft.clierrors import interrupted_line, one_line_error
 from skillgraft.clispec import Options, build, from_specs
 from skillgraft.data.spec import DataSpec, UserDataSpec
-from skillgraft.errors import SkillgraftError
 from skillgraft.fisher.fisher import FisherConfig
-from skillgraft.graft.export import ExportSpec
+from skillgraft.export.base import ExportSpec
 from skillgraft.graft.keep import KeepSpec
 from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, options_union
 
 LocalizerFlags = options_union()  # every registered localizer's options; the chosen one validates what is set
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.frontier import FrontierSpec
-from skillgraft.recipes.graft import ReportSpec, SweepSpec
+from skillgraft.verbs.graft import ReportSpec
+from skillgraft.verbs.sweep import SweepSpec
 from skillgraft.spec import COUNT_MAX, SEED_MAX
 from skillgraft.train.config import FinetuneConfig
 
@@ -39,18 +40,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Find where a fine-tuned model keeps a task's skill, store it as a sparse graft, use it.")
 console = Console(stderr=False, soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
-
-
-def one_line_error(e: BaseException) -> str | None:
-    """The user-facing line for an error users or their machine can cause (a SkillgraftError, an I/O error
-    naming its path: ``<path>: no space left on device``); None for a bug, which keeps its traceback."""
-    from skillgraft.io import describe_io_error  # noqa: PLC0415
-
-    if isinstance(e, SkillgraftError):
-        from skillgraft.spec import readable_bounds  # noqa: PLC0415
-
-        return readable_bounds(str(e))
-    return describe_io_error(e)
 
 
 def friendly(fn):
@@ -89,25 +78,13 @@ DataDir = typer.Option(None, "--data-dir", help="data root (default: $SKILLGRAFT
 def tasks(data_dir: Optional[Path] = DataDir,
           task_file: Optional[Path] = typer.Option(None, help="YAML file of extra tasks to register first")) -> None:
     """List every registered task, where its data was found, and its split sizes."""
-    from skillgraft.data import TASKS, load_task_yaml  # noqa: PLC0415
-    from skillgraft.data.loading import find_split_file, read_file, resolve_data_dir  # noqa: PLC0415
+    from skillgraft.verbs.tasks import tasks as list_tasks  # noqa: PLC0415
 
-    if task_file:
-        load_task_yaml(task_file)
     table = Table(title="skillgraft tasks")
     for col in ("task", "kind", "labels", "metric", "data", "train", "dev", "test"):
         table.add_column(col)
-    for task in TASKS.values():
-        try:
-            root = resolve_data_dir(data_dir, task)
-        except SkillgraftError:
-            table.add_row(task.name, task.kind, str(task.num_labels), task.metric, "[red]not found[/]", "-", "-", "-")
-            continue
-        sizes = []
-        for split in ("train", "dev", "test"):
-            path = find_split_file(task, split, root)
-            sizes.append(str(len(read_file(task, path))) if path else "-")
-        table.add_row(task.name, task.kind, str(task.num_labels), task.metric, str(root / task.data_folder), *sizes)
+    for t in list_tasks(data_dir, task_file):
+        table.add_row(t.name, t.kind, str(t.labels), t.metric, t.data or "[red]not found[/]", *t.sizes)
     console.print(table)
 
 
@@ -128,6 +105,8 @@ def finetune(
 
     out = check_target(out or Path("runs") / f"ft-{data.task}-{data.k}-{data.seed}", overwrite)  # before any work
     if layers is not None:
+        from skillgraft.fisher.surgical import parse_layers  # noqa: PLC0415
+
         finetune = finetune.replace(layers=parse_layers(layers, task=data.task, model=model.model, mode=model.mode,
                                                         k=data.k, seed=data.seed, data_dir=data.data_dir))
     m = run_finetune(data, out, model=model, finetune=finetune, overwrite=overwrite)
@@ -137,20 +116,6 @@ def finetune(
         console.print(f"[bold green]done[/] {m['task']} k={data.k} seed={data.seed}: test acc {t['accuracy']:.4f}"
                       f"{extra} ECE {t['ece']:.4f} | {m['steps']} steps in {m['train_seconds']:.0f}s "
                       f"({m['train_examples_per_second']:.1f} ex/s) → {out}")
-
-
-def parse_layers(spec: Optional[str], **context) -> Optional[list[int]]:
-    """'0,3,5' → [0, 3, 5]; 'fim:top-2' etc. are resolved by the Fisher module."""
-    if spec is None:
-        return None
-    if ":" in spec or spec.startswith("random"):
-        from skillgraft.fisher.surgical import resolve_layer_spec  # noqa: PLC0415
-
-        return resolve_layer_spec(spec, **context)
-    try:
-        return [int(x) for x in spec.split(",") if x.strip()]
-    except ValueError:
-        raise SkillgraftError(f"--layers {spec!r}: expected block indices like '0,3,5' or fim:top-K") from None
 
 
 @app.command()
@@ -172,49 +137,13 @@ def evaluate(
 
     A Hugging Face checkpoint is evaluated on every row of --eval-data (else of --data), or on --task's split.
     """
-    from skillgraft.data import get_task, load_split  # noqa: PLC0415
-    from skillgraft.evaluate import evaluate as run_eval, labels_of  # noqa: PLC0415
-    from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram  # noqa: PLC0415
-    from skillgraft.finite import refuse_non_finite_model  # noqa: PLC0415
-    from skillgraft.io import write_json  # noqa: PLC0415
-    from skillgraft.models import Scorer  # noqa: PLC0415
-    from skillgraft.models.scorer import SCORER_CONFIG  # noqa: PLC0415
+    from skillgraft.verbs.evaluate import evaluate as run_evaluate  # noqa: PLC0415
 
-    folder = model_dir / "model" if (model_dir / "model").is_dir() else model_dir
-    if (folder / SCORER_CONFIG).is_file() and user.data is None:
-        scorer = Scorer.from_pretrained(folder, task=task)
-        examples = load_split(get_task(task or scorer.task.name) if task else scorer.task, split, data_dir)[:limit]
-    else:
-        from skillgraft.pipeline.setup import open_checkpoint  # noqa: PLC0415
-
-        if user.data is None and task is None:
-            raise SkillgraftError(f"{model_dir}: a Hugging Face checkpoint needs data: --data FILE (with its field names) "
-                                  "or --task NAME")
-        scorer, examples, note = open_checkpoint(str(model_dir), user if user.data is not None else task, mode=mode,
-                                                 split=split, data_dir=data_dir)
-        examples = examples[:limit]
-        split = "data" if user.data is not None else split
-        if note:
-            console.print(f"labels: {escape(note)}")
-    refuse_non_finite_model(scorer, str(model_dir), "its scores would be meaningless (its fine-tuning diverged, "
-                                                    "or the file is damaged)")
-    metrics, probs = run_eval(scorer, examples, progress=split)
-    if "loss" in metrics:  # generative data
-        if out:
-            write_json(out / "metrics.json", metrics)
-        em = f" exact match {metrics['exact_match']:.4f}" if "exact_match" in metrics else ""
-        console.print(f"{scorer.task.name} {split} (n={metrics['n']}): completion loss {metrics['loss']:.4f} token "
-                      f"accuracy {metrics['token_accuracy']:.4f}{em}")
-        return
-    if out:
-        from skillgraft.io import atomic_files  # noqa: PLC0415
-
-        with atomic_files(out) as tmp:  # the three files, or none of them
-            write_json(tmp / "metrics.json", metrics)
-            confidence_histogram({"model": probs}, tmp / "confidence.png")
-            reliability_diagram({"model": (probs, labels_of(examples))}, tmp / "reliability.png")
-    console.print(f"{scorer.task.name} {split} (n={metrics['n']}): acc {metrics['accuracy']:.4f} "
-                  f"ECE {metrics['ece']:.4f}" + (f" F1 {metrics['f1']:.4f}" if "f1" in metrics else ""))
+    result = run_evaluate(model_dir, user=user, task=task, split=split, mode=mode, data_dir=data_dir, limit=limit,
+                          out=out)
+    if result.labels_note:
+        console.print(f"labels: {escape(result.labels_note)}")
+    console.print(result.line())
 
 
 @app.command("run")
@@ -234,15 +163,6 @@ def run_cmd(
     path = run_recipe(recipe_file, out, cache=cache, overwrite=overwrite,
                       overrides=None if progress is None else {"progress": progress})
     console.print(f"[bold green]done[/] {recipe_file} → {path}/report.md")
-
-
-def _report_folder(out: Path, overwrite: bool, cache: Optional[Path], write) -> None:
-    """Run ``write(RunDir)`` into a temporary sibling of ``out``; it becomes ``out`` only when complete."""
-    from skillgraft.io import atomic_dir  # noqa: PLC0415
-    from skillgraft.pipeline import RunDir, Store  # noqa: PLC0415
-
-    with atomic_dir(out, overwrite=overwrite) as tmp:
-        write(RunDir(tmp, Store(cache)))
 
 
 Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_CACHE or runs/cache)")
@@ -275,68 +195,27 @@ def graft(
     --keep 0.95,0.99: the smallest graft keeping each share of FT's score (on a selection split); --frontier: share of
     FT vs density against closed-form peers (frontier.csv, frontier.png)."""
     from skillgraft.heap import return_large_blocks  # noqa: PLC0415
-    from skillgraft.io import check_target  # noqa: PLC0415
-    from skillgraft.pipeline.setup import from_pair, from_run, is_run_dir  # noqa: PLC0415
-    from skillgraft.models.gguf import base_model_note  # noqa: PLC0415
-    from skillgraft.recipes.graft import graft_report, localizer_options, releases_ft  # noqa: PLC0415
+    from skillgraft.pipeline.regions import localizer_options  # noqa: PLC0415
+    from skillgraft.verbs.graft import GraftInputs, graft as run_graft  # noqa: PLC0415
 
     return_large_blocks()  # tensor-sized temporaries freed go back to the OS at once (the peak is the work's)
+
     # the chosen localizer's own defaults + the options the user set; checked before any work
-    localize = localizer_options(report.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
-    if is_run_dir(finetuned) or (pretrained is None and not (finetuned / "config.json").is_file()):
-        if user.data is not None or task is not None:
-            raise SkillgraftError(f"--finetuned {finetuned} is a skillgraft run: it grafts on its own task data "
-                                  "(drop --data/--task, or give a Hugging Face checkpoint with --pretrained)")
-        out = check_target(out or finetuned / "graft", overwrite)
-        setup = from_run(finetuned, data_dir=data.data_dir, test_limit=user.test_limit, pretrained=pretrained)
-    else:
-        if pretrained is None:
-            raise SkillgraftError(f"--finetuned {finetuned} is a Hugging Face checkpoint: give --pretrained, the "
-                                  "checkpoint it was fine-tuned from")
-        if user.data is None and task is None:
-            raise SkillgraftError("a checkpoint pair needs data: --data FILE (with its field names) or --task NAME")
-        if user.data is not None and task is not None:
-            raise SkillgraftError("give --data FILE or --task NAME, not both")
-        out = check_target(out or Path("runs") / f"graft-{finetuned.name or 'model'}", overwrite)  # before any work
-        spec = user if user.data is not None else DataSpec.build(
-            {"task": task, "k": user.k or 64, "seed": user.seed, "data_dir": data.data_dir,
-             "test_limit": user.test_limit}, where="--task")
-        setup = from_pair(pretrained, str(finetuned), spec, mode=mode, max_length=max_length, data_dir=data.data_dir,
-                          lean=releases_ft(report, keep, frontier))  # θ_ft scored, released, then read from files
-    result = {}
-
-    def write(run) -> None:
-        result.update(graft_report(setup, run, report, localize, keep=keep, frontier=frontier))
-        converted = base_model_note(setup.pre.base_model)  # e.g. dequantized from a GGUF file
-        if setup.labels_note or setup.graft_metadata.to_dict() or converted:
-            text = (run.path / "report.md").read_text()
-            lines = ["", "## Models and data", "",
-                     f"- pre-trained: `{setup.pre.base_model}`; fine-tuned: `{setup.ft.base_model}`; scored as "
-                     f"`{setup.pre.mode}`"]
-            if converted:
-                lines.append(f"- `{setup.pre.base_model}`: {converted}")
-            if setup.data_files:
-                more = ", …" if len(setup.data_files) > 6 else ""
-                shown = ", ".join(f"`{f}`" for f in setup.data_files[:6]) + more
-                lines.append(f"- data: {setup.data_note or shown}; {len(setup.data.train)} examples to localize on, "
-                             f"{len(setup.test)} held out" + (f" (files: {shown})" if setup.data_note else ""))
-            if setup.labels_note:
-                lines.append(f"- labels: {setup.labels_note}")
-            run.report(text + "\n".join(lines) + "\n")
-
-    _report_folder(out, overwrite, cache, write)
-    for r in result["rows"]:
+    options = localizer_options(report.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
+    result = run_graft(GraftInputs(finetuned, pretrained, mode, task, max_length, data, user), report=report,
+                       localize=options, keep=keep, frontier=frontier, out=out, overwrite=overwrite, cache=cache)
+    for r in result.rows:
         if r["kind"] in ("graft", "ft", "keep"):
             size = f", {r['file_bytes'] / 1024:.1f} KiB" if r.get("file_bytes") else ""
             extra = f" loss {r['loss']:.4f}" if "loss" in r else ""
-            console.print(f"{r['model']:>22}: {result['task']} {r['score']:.4f} ECE {r['ece']:.4f}{extra} "
+            console.print(f"{r['model']:>22}: {result.metrics['task']} {r['score']:.4f} ECE {r['ece']:.4f}{extra} "
                           f"| {r['params']:,} params ({r['density']:.2e}){size}")
-    _print_keep(result)
-    if setup.data_note:
-        console.print(f"data: {escape(setup.data_note)}")
-    if setup.labels_note:
-        console.print(f"labels: {escape(setup.labels_note)}")
-    console.print(f"[bold green]done[/] → {out}/report.md")
+    _print_keep(result.metrics)
+    if result.data_note:
+        console.print(f"data: {escape(result.data_note)}")
+    if result.labels_note:
+        console.print(f"labels: {escape(result.labels_note)}")
+    console.print(f"[bold green]done[/] → {result.out}/report.md")
 
 
 def _print_keep(result: dict) -> None:
@@ -371,42 +250,17 @@ def apply(
     data_dir: Optional[Path] = DataDir,
 ) -> None:
     """Apply a graft to its base model: evaluate it and/or export the grafted model in the user's own class."""
-    from skillgraft.data import load_split  # noqa: PLC0415
-    from skillgraft.graft import Graft  # noqa: PLC0415
-    from skillgraft.graft.export import export_hf, graft_task  # noqa: PLC0415
-    from skillgraft.graft.scoring import evaluate_graft  # noqa: PLC0415
-    from skillgraft.io import check_target  # noqa: PLC0415
-    from skillgraft.models import build_scorer  # noqa: PLC0415
+    from skillgraft.verbs.apply import apply as run_apply  # noqa: PLC0415
 
-    if export:
-        check_target(export, overwrite)  # before any work: an existing folder is never deleted by surprise
-    g = Graft.from_pretrained(graft_dir)
-    task = task or graft_task(g)
-    if not task:
-        raise SkillgraftError(f"{graft_dir}: the graft records no task; pass --task")
-    ft_mode = g.metadata.mode or mode
-    pre = build_scorer(model or g.base_model or None, task, ft_mode)
-    if export:
-        s = export_hf(g, pre, export, force=force, overwrite=overwrite)
-        if s["complete"]:
-            console.print(f"exported grafted model → {export} (loads with transformers.{s['loads_with']})")
-        else:
-            err.print(f"[yellow]warning:[/] exported → {export}, but head mode has no Hugging Face class: the task "
-                      "head is in head.safetensors (marked incomplete; load with skillgraft's Scorer.from_pretrained)")
-    if evaluate_on:
-        recorded = g.metadata.user_data
-        if recorded:  # a checkpoint pair's graft: the held-out rows of the user's data it was learned on
-            from skillgraft.data.spec import UserDataSpec  # noqa: PLC0415
-
-            spec = UserDataSpec.build(recorded, where=f"{graft_dir} metadata user_data")
-            examples = spec.load(pre.task.labels if ft_mode == "classifier" else None).test[:limit]
-        else:
-            examples = load_split(task, evaluate_on, data_dir)[:limit]
-        m, _ = evaluate_graft(pre, g, examples, force=force, progress=evaluate_on)
-        score = f"acc {m['accuracy']:.4f}" if "accuracy" in m else f"token accuracy {m['token_accuracy']:.4f}"
-        extra = f" completion loss {m['loss']:.4f}" if "loss" in m else ""
-        console.print(f"graft {graft_dir}: {pre.task.name} {'held-out' if recorded else evaluate_on} (n={m['n']}) "
-                      f"{score} ECE {m['ece']:.4f}{extra} | {g.size:,} params ({g.region.density:.2e})")
+    result = run_apply(graft_dir, model=model, task=task, mode=mode, export=export, overwrite=overwrite,
+                       evaluate_on=evaluate_on, limit=limit, force=force, data_dir=data_dir)
+    if result.export is not None and result.export["complete"]:
+        console.print(f"exported grafted model → {export} (loads with transformers.{result.export['loads_with']})")
+    elif result.export is not None:
+        err.print(f"[yellow]warning:[/] exported → {export}, but head mode has no Hugging Face class: the task "
+                  "head is in head.safetensors (marked incomplete; load with skillgraft's Scorer.from_pretrained)")
+    if result.metrics is not None:
+        console.print(result.line())
 
 
 @app.command()
@@ -419,21 +273,12 @@ def inspect(
     compare: Optional[Path] = typer.Option(None, help="another graft or SHiRA adapter folder: overlap and IoU"),
 ) -> None:
     """Size, density and where a graft's parameters sit (per layer × module type; paper Figs. 9/10)."""
-    from skillgraft.graft.export import read_graft_or_adapter  # noqa: PLC0415
-    from skillgraft.graft.inspect import distribution, plot_distribution  # noqa: PLC0415
-    from skillgraft.io import write_json  # noqa: PLC0415
+    from skillgraft.verbs.inspect import inspect as run_inspect  # noqa: PLC0415
 
-    g, weights = read_graft_or_adapter(graft_dir, model)
-    dist = distribution(g.region)
-    size = weights.stat().st_size
-    console.print(f"[bold]{graft_dir}[/]: {g.size:,} grafted parameters, density {g.region.density:.3e} of "
-                  f"{g.region.universe_size:,} graftable; carried {g.carried_size:,}; file {size / 1024:.1f} KiB "
-                  f"({size / max(1, g.size):.1f} bytes/parameter); base {g.base_model} [{g.base_fingerprint[:12]}]")
-    if compare is not None:
-        other = read_graft_or_adapter(compare, model)[0].region
-        console.print(f"vs {compare}: shared {len(g.region & other):,}; overlap |A∩B|/|B| "
-                      f"{g.region.overlap(other):.4f}; |A∩B|/|A| {other.overlap(g.region):.4f}; "
-                      f"IoU {g.region.iou(other):.4f}")
+    r = run_inspect(graft_dir, out=out, model=model, compare=compare)
+    for line in r.lines(graft_dir, compare):
+        console.print(line)
+    dist = r.distribution
     table = Table(title="region by layer × module type")
     table.add_column("layer")
     for col in dist["module_types"]:
@@ -442,13 +287,7 @@ def inspect(
     for layer, row in dist["table"].items():
         table.add_row(layer, *[str(row.get(c, 0)) for c in dist["module_types"]], str(sum(row.values())))
     console.print(table)
-    out = out or graft_dir
-    from skillgraft.io import atomic_files  # noqa: PLC0415
-
-    with atomic_files(out) as tmp:  # both files, or neither
-        write_json(tmp / "distribution.json", dist)
-        plot_distribution(dist, tmp / "distribution.png", title=f"{g.metadata.task or ''} graft")
-    console.print(f"→ {out / 'distribution.png'}")
+    console.print(f"→ {r.out / 'distribution.png'}")
 
 
 @app.command("export")
@@ -460,35 +299,19 @@ def export_cmd(
     *, spec: ExportSpec,
 ) -> None:
     """Write a graft as a PEFT SHiRA adapter, a plain safetensors delta or an HF checkpoint (docs/export.md)."""
-    from skillgraft.graft import Graft  # noqa: PLC0415
-    from skillgraft.graft.export import export_graft  # noqa: PLC0415
-    from skillgraft.io import check_target  # noqa: PLC0415
+    from skillgraft.export import get_exporter  # noqa: PLC0415
+    from skillgraft.verbs.export import export as run_export  # noqa: PLC0415
 
-    check_target(out, spec.overwrite)  # before any work
-    s = export_graft(Graft.from_pretrained(graft_dir), out, spec)
-    routes = s.get("routes", {})
-    if "shira" in routes:
-        sh, ms, ts = routes["shira"], routes["modules_to_save"], routes["tensors"]
-        console.print(f"SHiRA: {sh['coordinates']:,} coordinates in {sh['modules']} Linear weight(s) "
-                      f"(+{sh['padding_entries']:,} zero entries, r={sh['r']})"
-                      + (f", zero placeholder target {sh['placeholder']}" if sh["placeholder"] else ""))
-        if ms["modules"]:
-            console.print(f"modules_to_save: {ms['coordinates']:,} coordinates in {len(ms['modules'])} module(s) "
-                          f"stored whole ({ms['stored_parameters']:,} parameters)")
-            if ms["stored_parameters"] > 20 * max(1, s["coordinates"]):
-                console.print("[yellow]hint:[/] --non-linear tensors stores only the grafted tensors (biases and "
-                              "norms, not whole modules); --to delta stores only the coordinates")
-        if ts["tensors"]:
-            console.print(f"tensors: {ts['coordinates']:,} coordinates in {len(ts['tensors'])} tensor(s) stored whole "
-                          f"({ts['stored_parameters']:,} parameters; loaded into the base model, not undone by "
-                          "disabling the adapter)")
-    head_info = routes.get("head") or s.get("head")
-    if head_info:
-        console.print(f"[yellow]task head ({head_info['parameters']:,} parameters) written separately to "
-                      f"{out}/skillgraft_head.safetensors: the adapter alone outputs hidden states, not labels[/]")
-    if s.get("inexact"):
-        err.print(f"[yellow]warning:[/] {s['inexact']} coordinate(s) are not reproduced bit for bit by the additive "
-                  "form (within an ulp)")
+    s = run_export(graft_dir, out, spec)
+    for kind, text in get_exporter(spec.to).lines(s):  # each exporter says what to print of its own summary
+        if kind == "warning":
+            err.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
+        elif kind == "hint":
+            console.print(f"[yellow]hint:[/] {escape(text)}")
+        elif kind == "note":
+            console.print(f"[yellow]{escape(text)}[/]")
+        else:
+            console.print(escape(text))
     size = f" ({s['bytes'] / 1024:.1f} KiB)" if "bytes" in s else ""
     console.print(f"[bold green]exported[/] {s['coordinates']:,} grafted coordinates as {s['to']} → {out}{size}")
 
@@ -540,31 +363,18 @@ def sweep(
     """Accuracy vs region size for learned, top-movement and random regions (paper Figs. 2/4): CSV + PNG.
 
     --frontier also draws share of FT vs density against closed-form peers (frontier.csv, frontier.png)."""
-    from skillgraft.io import check_target  # noqa: PLC0415
-    from skillgraft.pipeline.setup import from_run  # noqa: PLC0415
-    from skillgraft.recipes.graft import sweep_report  # noqa: PLC0415
+    from skillgraft.verbs.sweep import sweep as run_sweep  # noqa: PLC0415
 
-    out = check_target(out or finetuned / "sweep", overwrite)
-    setup = from_run(finetuned, data_dir=data.data_dir, test_limit=data.test_limit)
-    rows: list = []
-    found: dict = {}
-
-    def write(run) -> None:
-        rows.extend(sweep_report(setup, run, sweep, localize))
-        if frontier.frontier:
-            from skillgraft.pipeline.frontier import frontier_report  # noqa: PLC0415
-
-            found["frontier"] = frontier_report(setup, run, frontier, "learned", localize)
-
-    _report_folder(out, overwrite, cache, write)
-    for r in rows:
+    result = run_sweep(finetuned, sweep, localize, data=data, frontier=frontier, out=out, overwrite=overwrite,
+                       cache=cache)
+    for r in result.rows:
         console.print(f"{r['localizer']:>13} {float(r['level']):.0e}: {r['score']:.4f} (ECE {r['ece']:.4f})")
-    _print_keep(found)
-    console.print(f"[bold green]done[/] → {out}/sweep.csv, {out}/sweep.png")
+    _print_keep(result.found)
+    console.print(f"[bold green]done[/] → {result.out}/sweep.csv, {result.out}/sweep.png")
 
 
 def _merge_specs():
-    from skillgraft.recipes.merge import MergeSpec  # noqa: PLC0415
+    from skillgraft.verbs.merge import MergeSpec  # noqa: PLC0415
 
     return from_specs(spec=Options(MergeSpec), localize=Options(LocalizerFlags, skip=("budgets",)),
                       user=Options(UserDataSpec, rename={"seed": "data_seed"},
@@ -591,20 +401,36 @@ def merge(
     """Merge several fine-tuned models of one base by stitching their grafts; compare with mergekit (report.md)."""
     from skillgraft.io import check_target  # noqa: PLC0415
     from skillgraft.pipeline import Store  # noqa: PLC0415
-    from skillgraft.recipes.graft import localizer_options  # noqa: PLC0415
-    from skillgraft.recipes.merge import merge_models, resolve_inputs  # noqa: PLC0415
+    from skillgraft.pipeline.regions import localizer_options  # noqa: PLC0415
+    from skillgraft.verbs.merge import merge_models, resolve_inputs  # noqa: PLC0415
 
+    from skillgraft.heap import return_large_blocks  # noqa: PLC0415
+    from skillgraft.merge import merge_methods  # noqa: PLC0415
+
+    return_large_blocks()  # freed θ_pre copies and released θ_ft go back to the OS at once (bench/merge_memory.py)
     check_target(out, overwrite)
     localize = localizer_options(spec.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
     pretrained, inputs = resolve_inputs(pretrained=pretrained, finetuned=finetuned, data=data, eval_data=eval_data,
                                         dev_data=dev_data, grafts=grafts, shared=user)
-    s = merge_models(pretrained, inputs, spec, localize, out, store=Store(cache), overwrite=overwrite)
+    s = merge_models(pretrained, inputs, spec, localize, out, store=Store(cache), overwrite=overwrite,
+                     methods=merge_methods(mergekit_runner=_injected("mergekit_runner")))
     for r in s["rows"]:
         if r.get("on_test"):
             console.print(f"{r['method']:>26} {r['config']:<24} mean acc {r['mean_accuracy']:.4f} normalized "
                           f"{r['mean_normalized']:.4f} | {r['bytes_per_task']:,.0f} bytes/task")
     console.print(f"[bold green]done[/] → {out}/report.md (merged model: {out}/"
                   f"{'tasks/<task>' if s['mode'] == 'classifier' else 'model'})")
+
+
+def _injected(name: str):
+    """What a caller put in the command's context object (``CliRunner().invoke(app, args, obj={name: …})``): the
+    seam through which tests give a verb a stand-in (a fake mergekit runner) without patching a module."""
+    try:
+        from typer._click.globals import get_current_context  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - a typer on the system's click
+        from click import get_current_context  # noqa: PLC0415
+    ctx = get_current_context(silent=True)
+    return (ctx.obj or {}).get(name) if ctx is not None and isinstance(ctx.obj, dict) else None
 
 
 @app.command()
@@ -634,33 +460,17 @@ def fim(
     *, data: DataSpec, model: ModelSpec, fisher: FisherConfig,
 ) -> None:
     """Per-layer FIM scores of the pre-trained model (surgical fine-tuning): ranking table, fim.json, fim.png."""
-    from skillgraft.finite import refuse_non_finite_model  # noqa: PLC0415
-    from skillgraft.fisher import fim_layer_scores  # noqa: PLC0415
-    from skillgraft.fisher.plots import layer_scores_bar  # noqa: PLC0415
-    from skillgraft.io import write_json  # noqa: PLC0415
+    from skillgraft.verbs.fim import fim as run_fim  # noqa: PLC0415
 
-    k, seed, n_examples, kind, config = data.k, data.seed, fisher.n_examples, fisher.kind, fisher
-    data = data.load()
-    scorer = model.scorer(data.task)
-    refuse_non_finite_model(scorer, scorer.base_model, "its Fisher scores would be meaningless")
-    scores = fim_layer_scores(scorer, data.train, aggregate=aggregate, normalize=normalize, config=config,
-                              progress="fisher")
-    ranks = scores.rank_of()
-    table = Table(title=f"FIM layer ranking: {data.task.name} k={k} seed={seed} ({kind}, {aggregate})")
+    r = run_fim(data, model, fisher, aggregate=aggregate, normalize=normalize, out=out)
+    ranks = r.scores.rank_of()
+    table = Table(title=f"FIM layer ranking: {r.task} k={r.k} seed={r.seed} ({r.kind}, {r.aggregate})")
     for col in ("block", "score", "rank", "parameters"):
         table.add_column(col, justify="right")
-    for i in scores.ranking():
-        table.add_row(str(i), f"{scores.scores[i]:.4g}", str(ranks[i] + 1), f"{scores.num_parameters[i]:,}")
+    for i in r.scores.ranking():
+        table.add_row(str(i), f"{r.scores.scores[i]:.4g}", str(ranks[i] + 1), f"{r.scores.num_parameters[i]:,}")
     console.print(table)
-    out = out or Path("runs") / f"fim-{data.task.name}-{k}-{seed}"
-    n_used = min(len(data.train), n_examples or len(data.train))
-    from skillgraft.io import atomic_files  # noqa: PLC0415
-
-    with atomic_files(out) as tmp:  # both files, or neither
-        write_json(tmp / "fim.json", {"task": data.task.name, "k": k, "seed": seed, "model": scorer.base_model,
-                                      "mode": model.mode, "n_examples": n_used, **scores.to_dict()})
-        layer_scores_bar(scores, tmp / "fim.png", title=f"{data.task.name} FIM per block (N={n_used})")
-    console.print(f"top → bottom: {scores.ranking()}  → {out}/fim.json, {out}/fim.png")
+    console.print(f"top → bottom: {r.scores.ranking()}  → {r.out}/fim.json, {r.out}/fim.png")
 
 
 continual_app = typer.Typer(no_args_is_help=True, help="Forget-free continual learning by grafting (paper §5.2).")
@@ -700,7 +510,7 @@ def continual_add_cmd(
 
     Fine-tuning options: the single-task run γ_task is learned from and the owned-region training.
     """
-    from skillgraft.pipeline.continual import continual_add  # noqa: PLC0415
+    from skillgraft.verbs.continual import continual_add  # noqa: PLC0415
 
     entry = continual_add(state, task, k=k, seed=seed, data_dir=data_dir, model=model, mode=mode, region=region,
                           finetune_config=finetune, localize_config=localize, init=init, test_limit=test_limit,
@@ -714,11 +524,9 @@ def continual_add_cmd(
 @friendly
 def continual_show_cmd(state: Path = typer.Argument(..., help="continual state folder")) -> None:
     """Arrival order, region sizes, owned coordinates and test scores of a continual state."""
-    from skillgraft.io import read_json  # noqa: PLC0415
+    from skillgraft.verbs.continual import read_state  # noqa: PLC0415
 
-    if not (state / "continual.json").is_file():
-        raise SkillgraftError(f"{state}: no continual.json; not a continual state folder")
-    st = read_json(state / "continual.json", required=("tasks",), what="continual state")
+    st = read_state(state)
     table = Table(title=f"continual state {state} (base {st.get('base_model')})")
     for col in ("order", "task", "|γ|", "owned", "shared w/ earlier", "test (latest)"):
         table.add_column(col)
@@ -727,21 +535,6 @@ def continual_show_cmd(state: Path = typer.Argument(..., help="continual state f
         table.add_row(str(e["order"]), e["task"], str(e.get("region_size")), str(e.get("owned_size")),
                       str(e.get("shared_with_earlier")), f"{hist[-1]['score']:.4f}" if hist else "-")
     console.print(table)
-
-
-def interrupted_line(signum: int, argv: list[str]) -> str:
-    """The one line for a verb stopped by Ctrl-C, SIGTERM or SIGHUP: which verb, and what was written."""
-    import signal  # noqa: PLC0415
-
-    from skillgraft.io import written  # noqa: PLC0415
-
-    name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-    words = [a for a in argv[:2] if not a.startswith("-")]
-    verb = " ".join(words[:2] if words[:1] == ["continual"] else words[:1])
-    done = written()
-    what = "nothing was written" if not done else (f"nothing else was written (complete before it: "
-                                                    f"{', '.join(str(p) for p in done[-3:])})")
-    return f"interrupted ({name}) during skillgraft {verb}: {what}"
 
 
 def main() -> None:  # pragma: no cover - entry point

@@ -100,3 +100,15 @@ def ranking_stability(scorers: dict[int, object], examples: list[Example], *, ag
         rows.append(row)
         prev = s
     return rows, scores
+
+
+def parse_layers(spec: str | None, **context) -> list[int] | None:
+    """'0,3,5' → [0, 3, 5]; 'fim:top-2' etc. are resolved by the Fisher module."""
+    if spec is None:
+        return None
+    if ":" in spec or spec.startswith("random"):
+        return resolve_layer_spec(spec, **context)
+    try:
+        return [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise SkillgraftError(f"--layers {spec!r}: expected block indices like '0,3,5' or fim:top-K") from None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,29 +17,7 @@ import torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.io import atomic_dir
-
-# Module types by parameter-name pattern (BERT/RoBERTa, GPT-2, Llama spellings). Order matters.
-MODULE_TYPES: list[tuple[str, str]] = [
-    (r"(LayerNorm|layer_norm|layernorm|ln_\d|ln_f|norm)\b", "layernorm"),
-    (r"(attention\.self\.query|q_proj)\b", "attn.query"),
-    (r"(attention\.self\.key|k_proj)\b", "attn.key"),
-    (r"(attention\.self\.value|v_proj)\b", "attn.value"),
-    (r"attn\.c_attn\b", "attn.qkv"),
-    (r"(attention\.output\.dense|o_proj|attn\.c_proj)\b", "attn.output"),
-    (r"(intermediate\.dense|gate_proj|up_proj|mlp\.c_fc)\b", "ffn.intermediate"),
-    (r"(output\.dense|down_proj|mlp\.c_proj)\b", "ffn.output"),
-    (r"(embeddings|wte|wpe|embed_tokens)", "embeddings"),
-    (r"^head\.|lm_head|cls\.predictions", "head"),
-]
-
-
-def module_type(name: str) -> str:
-    """Coarse module type of a parameter name (``attn.value``, ``ffn.intermediate``, ``layernorm`` …)."""
-    for pattern, kind in MODULE_TYPES:
-        if re.search(pattern, name):
-            return kind
-    return "other"
-
+from skillgraft.models.families import module_type  # the one table of model-family quirks
 
 @dataclass
 class Region:

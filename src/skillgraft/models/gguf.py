@@ -131,6 +131,19 @@ def base_model_note(name: str) -> str:
         return ""
 
 
+def converted_base(name: str) -> str:
+    """The absolute path of the folder ``name`` was converted into from a GGUF file ('' for any other model)."""
+    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+
+    if not name:
+        return ""
+    try:
+        folder = Path(model_reference(name).path)
+    except SkillgraftError:
+        return ""
+    return str(folder.resolve()) if (folder / SOURCE_FILE).is_file() else ""
+
+
 def _sha256(path: Path) -> str:
     import hashlib  # noqa: PLC0415
 

@@ -424,8 +424,9 @@ def build_scorer(model_name: str | None, task: Task | str, mode: Mode = "head", 
         else:
             model, tied = load_for_mode(ref, mode, dtype)
     if pooling is None:
-        pooling = "last" if getattr(model.config, "is_decoder", False) or mode == "causal" or \
-            model.config.model_type in ("gpt2", "llama", "mistral", "qwen2", "gpt_neox") else "mean"
+        from skillgraft.models.families import default_pooling  # noqa: PLC0415
+
+        pooling = default_pooling(model.config, mode)  # the one table of model-family quirks
     return Scorer(model, tokenizer, task, mode, pooling=pooling, max_length=max_length, base_model=ref.name,
                   tied_decoder=tied, head_seed=head_seed, carried=carried)
 

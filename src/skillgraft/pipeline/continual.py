@@ -47,7 +47,7 @@ from skillgraft.io import atomic_dir, read_json
 from skillgraft.models.anatomy import fingerprint, graftable_names
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.regions import learned_regions
-from skillgraft.pipeline.setup import Setup, prepare
+from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.store import Store, draw_key
 from skillgraft.train.finetune import FinetuneConfig
 from skillgraft.train.multitask import MultiTaskScorer, finetune_region, multitask_finetune
@@ -311,69 +311,3 @@ def grafting_steps(store: Store, model: ModelSpec, draws: list[DataSpec], data: 
 
         store.fetch("continual-graft", key, make, label)
         yield learner, learner.entries[-1]
-
-
-def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int = 13, data_dir=None,
-                  model: str | None = None, mode: str = "head", region: str | os.PathLike | None = None,
-                  finetune_config: FinetuneConfig | None = None, region_finetune_config: FinetuneConfig | None = None,
-                  localize_config=None, init: str = "current", test_limit: int | None = None,
-                  cache: str | os.PathLike | None = None, progress: bool = True) -> dict:
-    """Add ``task`` to the continual state folder ``state`` (created on first use); returns its entry.
-
-    γ_task is read from ``region`` (a Region or Graft folder) or learned from an independent single-task
-    run (fine-tune with ``region_finetune_config`` or else ``finetune_config``, then localize with
-    ``localize_config``): both are stages of the store ``cache`` (default ``$SKILLGRAFT_CACHE`` or
-    ``runs/cache``), shared with ``skillgraft graft`` and the recipes at the same settings. The owned
-    coordinates train with ``finetune_config``; a config left out is the spec's defaults (``FinetuneConfig()``,
-    ``LocalizeConfig()``). After training, every learned task is evaluated on its test split (the DataSpec's
-    seeded subset) with its own union graft, and the state is saved atomically.
-    """
-    def draw(name: str, k: int, seed: int) -> DataSpec:
-        return DataSpec.build({"task": name, "k": k, "seed": seed, "data_dir": data_dir, "test_limit": test_limit},
-                              where="continual add")
-
-    if init not in ("current", "graft"):
-        raise SkillgraftError(f"init must be 'current' or 'graft', got {init!r}")
-    state = Path(state)
-    learner = ContinualLearner.load(state) if (state / STATE_FILE).is_file() else None
-    if learner is None:
-        if state.exists() and any(state.iterdir()):
-            raise SkillgraftError(f"{state} exists and is not a continual state folder (no {STATE_FILE})")
-        learner = ContinualLearner.create(model, mode)
-    spec = draw(task, k, seed)
-    data = spec.load()
-    task = data.task.name
-    info = {"k": k, "seed": seed}
-    init_graft = None
-    if region is not None:
-        region_path = Path(region)
-        if (region_path / "region.json").is_file():
-            gamma = Region.load(region_path)
-        elif (region_path / "graft_config.json").is_file():
-            init_graft = Graft.from_pretrained(region_path)
-            gamma = init_graft.region
-        else:
-            raise SkillgraftError(f"--region {region_path}: neither a region folder (region.json) nor a graft folder")
-        info["region_source"] = str(region_path)
-    else:
-        settings, store = learner.settings, Store(cache)
-        model_spec = ModelSpec(model=settings["model"], mode=settings["mode"], pooling=settings["pooling"],
-                               max_length=settings["max_length"] or 128)
-        setup = prepare(store, model_spec, spec, region_finetune_config or finetune_config or FinetuneConfig(),
-                        progress=progress)
-        gamma, init_graft, single = task_region(setup, store, localize_config, progress=progress)
-        del setup
-        info["region_source"] = "single-task fine-tune + localize"
-        info["single_task"] = single
-    if init == "graft" and init_graft is None:
-        raise SkillgraftError("init='graft' needs a graft (give --region a graft folder, or let it learn one)")
-    entry = learner.add_task(task, gamma, data.train, data.dev, finetune_config or FinetuneConfig(),
-                             init=init_graft if init == "graft" else None, progress=progress, info=info)
-    for e in learner.entries:
-        test = data.test if e["task"] == task else draw(e["task"], e.get("k", k), e.get("seed", seed)).load().test
-        metrics, _ = learner.evaluate(e["task"], test)
-        e.setdefault("test_history", []).append({"after": task, "score": metrics["score"], "n": metrics["n"]})
-        if e["task"] == task:
-            e["test"] = metrics
-    learner.save(state)
-    return entry

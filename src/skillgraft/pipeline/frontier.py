@@ -29,7 +29,7 @@ from pydantic import Field, field_validator
 from skillgraft.evaluate.plots import save_figure
 from skillgraft.graft.dare import dare_graft, dare_values
 from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec, check_share, graft_scorer, keep_search
-from skillgraft.graft.localizers import LocalizeConfig, get_localizer, localize
+from skillgraft.graft.localizers import get_localizer, localize
 from skillgraft.graft.selection import Budget, as_list, region_universe
 from skillgraft.io import read_json, write_json
 from skillgraft.pipeline.report import RunDir, write_csv
@@ -115,8 +115,8 @@ def _families(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, d
     """{method: (ranking or None, {density: region} or None, dare?)} and the localizer's seconds."""
     out: dict[str, tuple] = {}
     t0 = time.perf_counter()
-    if localizer == "learned":
-        base = LocalizeConfig.build(options.to_dict(), where="learned options")
+    if get_localizer(localizer).sparsity_trajectories:  # learned: one trajectory per γ_base sparsity
+        base = get_localizer(localizer).options(options.to_dict())
         sparsities = spec.frontier_sparsities or [base.sparsity]
         regions, order = {}, None
         for i, s in enumerate(sparsities):  # each density: the trajectory of the largest sparsity ≤ it

@@ -308,7 +308,8 @@ def is_run_dir(path: str | os.PathLike) -> bool:
 
 
 def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None, max_length: int = 128,
-              data_dir: str | os.PathLike | None = None, lean: bool = False) -> Setup:
+              data_dir: str | os.PathLike | None = None, lean: bool = False,
+              share_pre: Callable[[Scorer], Scorer] | None = None) -> Setup:
     """A Setup from two Hugging Face checkpoints and the data to localize and evaluate on.
 
     ``pretrained`` (A) and ``finetuned`` (B) are hub names or folders saved by plain transformers (B may
@@ -321,6 +322,9 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
 
     ``lean`` (causal and generative pairs): θ_pre is not loaded yet (``Setup.load_pre``), so that FT can be
     scored and released (:meth:`Setup.release_ft`) before θ_pre loads; its checks run when it loads.
+
+    ``share_pre`` (a :class:`~skillgraft.pipeline.workbench.Workbench`'s ``share``): θ_pre loads first and goes
+    through it (its parameters become the bench's θ_pre), then θ_ft loads.
     """
     from skillgraft.data.sampling import FewShotData  # noqa: PLC0415
     from skillgraft.data.spec import UserDataSpec  # noqa: PLC0415
@@ -389,12 +393,20 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         lean = lean and same_tensors(model_reference(pretrained).path, model_reference(finetuned).path)
         if lean:  # θ_pre loads later: its weights are still checked before any work, slice by slice
             refuse_non_finite_files(model_reference(pretrained).path, f"--pretrained {pretrained}")
-        ft = causal(finetuned, "fine-tuned")
-        pre = None if lean else causal(pretrained, "pre-trained")
+        if share_pre is not None and not lean:  # θ_pre first, shared: the old one is freed before θ_ft loads
+            pre = share_pre(causal(pretrained, "pre-trained"))
+            ft = causal(finetuned, "fine-tuned")
+        else:
+            ft = causal(finetuned, "fine-tuned")
+            pre = None if lean else causal(pretrained, "pre-trained")
         deferred = load_pre if lean else None
     else:
-        ft = build_scorer(finetuned, task, mode, max_length=max_length)
-        pre = build_scorer(pretrained, task, mode, max_length=max_length)
+        if share_pre is not None:  # θ_pre first, shared: the old one is freed before θ_ft loads
+            pre = share_pre(build_scorer(pretrained, task, mode, max_length=max_length))
+            ft = build_scorer(finetuned, task, mode, max_length=max_length)
+        else:
+            ft = build_scorer(finetuned, task, mode, max_length=max_length)
+            pre = build_scorer(pretrained, task, mode, max_length=max_length)
         if mode == "classifier" and ft.carried - pre.carried:
             raise SkillgraftError(f"the fine-tuned checkpoint {finetuned} lacks tensors of its own classifier: "
                                   f"{sorted(ft.carried - pre.carried)[:3]}")

@@ -100,6 +100,9 @@ class Localizer:
     name: ClassVar[str] = ""
     Options: ClassVar[type[Spec]] = LocalizerOptions
     summary: ClassVar[str] = ""
+    # capabilities, declared by each localizer (read by the verbs, never listed outside it)
+    reads_files: ClassVar[bool] = False  # reads θ_ft lazily from its checkpoint files (a lean pair may release it)
+    sparsity_trajectories: ClassVar[bool] = False  # one trajectory per γ_base sparsity (the frontier learns each)
 
     def options(self, options: Spec | dict | None = None) -> Spec:
         """``options`` validated as this localizer's Options (a dict, an instance, or None for defaults)."""

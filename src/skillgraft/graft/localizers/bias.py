@@ -18,6 +18,8 @@ from skillgraft.graft.localizers.movement import movement
 class Bias(Localizer):
     """The bias coordinates with the largest |θ_ft − θ_pre|."""
 
+    reads_files = True
+
     Options = LocalizerOptions
     summary = "biases with the largest |θ_ft − θ_pre|"
 

@@ -156,6 +156,8 @@ class Learned(Localizer):
 
     Options = LocalizeConfig
     summary = "learned γ (paper Eq. 3–4); takes 'round' too"
+    reads_files = True
+    sparsity_trajectories = True
 
     def run(self, pre, ft, data, options=None, *, progress: bool = False) -> LocalizeResult:
         train, dev = examples_of(data)

@@ -22,6 +22,8 @@ def movement(pre, ft, graftable: Graftable = "body") -> dict[str, torch.Tensor]:
 class Movement(Localizer):
     """The top-|θ_ft − θ_pre| coordinates."""
 
+    reads_files = True
+
     Options = LocalizerOptions
     summary = "top |θ_ft − θ_pre|"
 
@@ -49,6 +51,8 @@ class TiesTrim(Localizer):
     (the original TIES code and Localize-and-Stitch's dataless mask rank |Δ| over the whole flattened task
     vector instead: that is ``movement``).
     """
+
+    reads_files = True
 
     Options = LocalizerOptions
     summary = "top |θ_ft − θ_pre| within each tensor (TIES trim as mergekit/PEFT apply it)"

@@ -22,6 +22,8 @@ class RandomOptions(LocalizerOptions):
 class Random(Localizer):
     """k uniformly random graftable coordinates (a seeded permutation's first k)."""
 
+    reads_files = True
+
     Options = RandomOptions
     summary = "uniformly random coordinates (seeded)"
 

@@ -27,168 +27,25 @@ pooling and labels in the header, and a README saying the adapter alone outputs 
 inspect, compare and compose).
 """
 
-from __future__ import annotations
-
 import json
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Optional
 
 import torch
-from pydantic import Field
 from torch import nn
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.export.base import (_HUB_IDS, ADAPTER_CONFIG, ADAPTER_WEIGHTS, HEAD_FILE, PEFT_PREFIX, SCORER_PREFIX,
+                                    SUMMARY_FILE, ExportSpec, Exporter, _as_scorer, _check_base, _head_file, _header,
+                                    _hf_name, exact_delta)
 from skillgraft.finite import refuse_non_finite
 from skillgraft.graft.graft import Graft, cached_fingerprint
 from skillgraft.graft.graft_file import WEIGHTS_FILE
-from skillgraft.graft.region import Region, compact_positions
+from skillgraft.graft.region import Region
 from skillgraft.io import atomic_dir, check_target, read_json
 from skillgraft.models.anatomy import graftable_names
-from skillgraft.spec import Spec
-
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-DELTA_FILE = "delta.safetensors"
-HEAD_FILE = "skillgraft_head.safetensors"
-SUMMARY_FILE = "skillgraft_export.json"
-PEFT_PREFIX = "base_model.model."
-SCORER_PREFIX = "model."
-_HUB_IDS = {"all-MiniLM-L6-v2": "sentence-transformers/all-MiniLM-L6-v2"}
-
-
-class ExportSpec(Spec):
-    """Options of ``skillgraft export`` (one source for the CLI and the library)."""
-
-    to: Literal["peft", "hf", "delta"] = Field(
-        "peft", description="peft: a PEFT SHiRA adapter folder; hf: the grafted model as a Hugging Face checkpoint; "
-                            "delta: delta.safetensors of per-tensor int32 indices + values (stock safetensors reader)")
-    model: Optional[str] = Field(None, description="base model (default: the one recorded in the graft)")
-    non_linear: Literal["modules_to_save", "tensors", "refuse"] = Field(
-        "modules_to_save", description="coordinates SHiRA cannot hold (biases, norms, embeddings, Conv1D, tied "
-                                       "weights): modules_to_save stores their modules whole (peft's own route; "
-                                       "dense); tensors stores just those tensors, loaded into the base model like "
-                                       "peft's LoRA bias='all' (small; disabling the adapter does not undo them); "
-                                       "refuse lists them and writes nothing")
-    head: Literal["separate", "refuse"] = Field(
-        "separate", description="a head-mode graft's new task head: separate writes skillgraft_head.safetensors "
-                                "beside the adapter/delta (the adapter alone outputs hidden states); refuse")
-    overwrite: bool = Field(False, description="replace an existing output folder whole (never mixed into)")
-    force: bool = Field(False, description="export even if the base model's fingerprint differs from the graft's")
-
-
-# ---------------------------------------------------------------------------------------------- base model
-class _Body(nn.Module):
-    """A plain HF model seen with Scorer parameter names (``model.<HF name>``)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-
-def _as_scorer(base) -> nn.Module:
-    """A Scorer stays itself; a plain Hugging Face model is wrapped so its parameters read ``model.*``."""
-    from transformers import PreTrainedModel  # noqa: PLC0415
-
-    if not isinstance(base, PreTrainedModel) and isinstance(getattr(base, "model", None), nn.Module):
-        return base
-    if isinstance(base, nn.Module):
-        return _Body(base)
-    raise SkillgraftError(f"expected a Scorer or a Hugging Face model as the base, got {type(base).__name__}")
-
-
-def _hf_name(name: str) -> str:
-    if not name.startswith(SCORER_PREFIX):
-        raise SkillgraftError(f"graft tensor {name!r} is not part of the base model (expected 'model.<name>')")
-    return name[len(SCORER_PREFIX):]
-
-
-def _check_base(graft: Graft, scorer, force: bool) -> dict[str, torch.Tensor]:
-    """The base must have every graft tensor with its shape, and (unless ``force``) the graft's fingerprint."""
-    params = dict(scorer.named_parameters())
-    for name, shape in graft.region.shapes.items():
-        if name.startswith("head."):
-            continue
-        if name not in params:
-            raise SkillgraftError(f"this graft covers tensor {name!r}, which the base model does not have; it was "
-                                  "learned on a different architecture")
-        if tuple(params[name].shape) != tuple(shape):
-            raise SkillgraftError(f"this graft expects {name!r} of shape {tuple(shape)}, the base model has "
-                                  f"{tuple(params[name].shape)}")
-    if not force and not graft.base_fingerprint:  # the same rule as Graft.apply
-        raise SkillgraftError(f"{graft._where()} records no base_fingerprint, so it cannot be checked against the "
-                              "base it is exported for; export it anyway with --force")
-    if not force:
-        got = cached_fingerprint(scorer)
-        if got != graft.base_fingerprint:
-            raise SkillgraftError(f"this graft was learned on base model {graft.base_model or '?'} with fingerprint "
-                                  f"{graft.base_fingerprint}; the given base has {got}. Export against its base "
-                                  "model, or force it (--force)")
-    return params
-
-
-def load_graft_base(graft: Graft, model: str | None = None):
-    """The graft's base: a Scorer when its task is known (head pooling then known), else the plain HF model."""
-    from skillgraft.models.loading import model_reference  # noqa: PLC0415
-    from skillgraft.models.scorer import load_for_mode, build_scorer  # noqa: PLC0415
-
-    mode = graft.metadata.mode or "head"
-    name = model or graft.base_model or None
-    task = graft_task(graft)
-    if task is not None:
-        return build_scorer(name, task, mode)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)  # as build_scorer: weights missing from the checkpoint initialise the same way
-        return load_for_mode(model_reference(name), mode, None)[0]
-
-
-def load_adapter_base(directory: str | os.PathLike, model: str | None = None) -> nn.Module:
-    """The plain HF base model of a PEFT adapter folder (``--model`` or its ``base_model_name_or_path``)."""
-    from skillgraft.models.loading import model_reference  # noqa: PLC0415
-    from skillgraft.models.scorer import load_for_mode  # noqa: PLC0415
-
-    cfg, meta = _read_adapter(Path(directory))
-    name = model or cfg.get("base_model_name_or_path")
-    if not name:
-        raise SkillgraftError(f"{directory}: the adapter names no base model; pass --model")
-    if meta.get("mode"):
-        mode = meta["mode"]
-    else:
-        cls = str((cfg.get("auto_mapping") or {}).get("base_model_class", ""))
-        mode = "causal" if cfg.get("task_type") == "CAUSAL_LM" or cls.endswith("ForCausalLM") else \
-            "prompt" if cls.endswith("ForMaskedLM") else "head"
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        return load_for_mode(model_reference(name), mode, None)[0]
-
-
-# ---------------------------------------------------------------------------------------------- exact deltas
-def exact_delta(base: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Additive deltas d (in ``base``'s dtype) with fl(base + d) == target; returns d and a mask of misses.
-
-    d = target − base rounded once is usually exact; where it is not, the rounding residual is folded back
-    in (and a last ulp step tried). Some targets no single addition reaches: when fine-tuning shrank a weight
-    (|target| < |base|/2), target may sit on a finer grid than both base and d; d then lands on the nearest
-    reachable value, within half an ulp of max(|base|, |d|) (about 15% of a real MiniLM graft's coordinates).
-    """
-    base, target = base.reshape(-1), target.reshape(-1).to(base.dtype)
-    b64, t64 = base.double(), target.double()
-    d = (t64 - b64).to(base.dtype)
-    for _ in range(4):
-        bad = (base + d) != target
-        if not bool(bad.any()):
-            break
-        got = (base[bad] + d[bad]).double()
-        d[bad] = (d[bad].double() + (t64[bad] - got)).to(base.dtype)
-    bad = (base + d) != target
-    if bool(bad.any()) and base.dtype in (torch.float32, torch.float64):
-        up = torch.where(target[bad] > base[bad] + d[bad], math.inf, -math.inf).to(base.dtype)
-        step = torch.nextafter(d[bad], up)
-        fixed = (base[bad] + step) == target[bad]
-        d[bad] = torch.where(fixed, step, d[bad])
-    return d, ((base + d) != target) & torch.isfinite(target)
 
 
 def shira_entries(base: torch.Tensor, idx: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -386,40 +243,13 @@ def _placeholder(hf: nn.Module, taken: set[str]) -> _Layer:
     return _Layer(linears[0][0], linears[0][1], {}, "")
 
 
-# ---------------------------------------------------------------------------------------------- writers
-def _head_file(graft: Graft, scorer, tmp: Path, head: str, what: str) -> dict | None:
-    """Write the carried head beside the adapter/delta (or refuse); returns its summary."""
-    if not graft.carried:
-        return None
-    names = {k: tuple(v.shape) for k, v in graft.carried.items()}
-    if head == "refuse":
-        raise SkillgraftError(
-            f"this graft carries a new task head {names} that the base model lacks; a {what} for the base model "
-            "cannot hold it. Use --head separate (writes it to skillgraft_head.safetensors beside it) or --to hf")
-    from safetensors.torch import save_file  # noqa: PLC0415
-
-    pooling = graft.metadata.pooling or getattr(scorer, "pooling", None) or "unknown"
-    task = getattr(scorer, "task", None)
-    meta = {"format": "skillgraft.head", "pooling": str(pooling),
-            "labels": json.dumps(list(task.labels) if task is not None else []),
-            "usage": "logits = pool(last_hidden_state of the grafted base model) @ weight.T + bias"}
-    save_file({k.removeprefix("head."): v.detach().cpu().contiguous() for k, v in graft.carried.items()},
-              str(tmp / HEAD_FILE), metadata=meta)
-    return {"route": f"separate file {HEAD_FILE}", "tensors": sorted(graft.carried),
-            "parameters": graft.carried_size, "pooling": str(pooling)}
-
-
-def _header(graft: Graft, extra: dict) -> dict[str, str]:
-    """safetensors header metadata (strings): the graft's config, so an import restores it exactly."""
-    return {"format": "pt", "skillgraft": json.dumps({**graft.config(), **extra})}
-
-
 def _grafted(param: torch.Tensor, graft: Graft, name: str) -> torch.Tensor:
     """θ_pre of one tensor with the graft written in (a CPU copy)."""
     out = param.detach().cpu().clone()
     if name in graft.region.indices:
         out.view(-1)[graft.region.indices[name]] = graft.values[name].to(out.dtype)
     return out
+
 
 
 def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str = "modules_to_save",
@@ -543,20 +373,12 @@ def _own_head(graft: Graft, hf: nn.Module) -> list[str]:
 
 
 def _base_name(graft: Graft, scorer) -> str:
-    """The base as plain transformers / peft can load it: a hub id, or for a model converted from GGUF (the
-    bundled Gemma, a user's .gguf) the converted folder, whose dequantized weights are the base (a hub copy of the
-    unquantized model is another base)."""
-    from skillgraft.models.gguf import SOURCE_FILE  # noqa: PLC0415
-    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+    """The base as plain transformers / peft load it: a hub id, or the folder a GGUF file was converted into (its
+    dequantized weights are the base; a hub copy of the unquantized model is another base)."""
+    from skillgraft.models.gguf import converted_base  # noqa: PLC0415
 
     name = graft.base_model or getattr(scorer, "base_model", "") or ""
-    try:
-        folder = Path(model_reference(name).path) if name and name not in _HUB_IDS else None
-    except SkillgraftError:
-        folder = None
-    if folder is not None and (folder / SOURCE_FILE).is_file():
-        return str(folder.resolve())
-    return _HUB_IDS.get(name, name)
+    return converted_base(name) or _HUB_IDS.get(name, name)
 
 
 def _readme(summary: dict, model_class: str) -> str:
@@ -588,124 +410,58 @@ def _readme(summary: dict, model_class: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def export_delta(graft: Graft, out: str | os.PathLike, *, base=None, head: str = "separate",
-                 overwrite: bool = False, force: bool = False) -> dict:
-    """Write ``delta.safetensors``: per base tensor ``<hf name>::indices`` (int32) and ``::values``.
+class Peft(Exporter):
+    """A PEFT SHiRA adapter folder for the plain Hugging Face base model (see the module doc)."""
 
-    With ``base`` (a Scorer or HF model; checked like :meth:`Graft.apply`) also ``::delta``, additive deltas
-    with fl(w + delta) == values. Names are the base model's own (``encoder.layer.0...weight``).
-    """
-    check_target(out, overwrite)
-    spec = ExportSpec.build({"head": head}, where="export_delta")
-    scorer = _as_scorer(base) if base is not None else None
-    params = _check_base(graft, scorer, force) if scorer is not None else {}
-    if graft.carried and spec.head == "refuse":
-        _head_file(graft, scorer, Path(out), "refuse", "delta file")
-    tensors: dict[str, torch.Tensor] = {}
-    inexact = 0
-    for name, idx in graft.region.indices.items():
-        hf = _hf_name(name)
-        tensors[f"{hf}::indices"] = compact_positions(idx).contiguous()
-        tensors[f"{hf}::values"] = graft.values[name].reshape(-1).contiguous()
-        if name in params:
-            d, missed = exact_delta(params[name].detach().reshape(-1).cpu()[idx], graft.values[name])
-            tensors[f"{hf}::delta"] = d.contiguous()
-            inexact += int(missed.sum())
-    summary = {"to": "delta", "out": str(out), "format": "safetensors: <name>::indices int32 flat (row-major), "
-               "<name>::values (set: w.view(-1)[indices] = values)" + (", <name>::delta (add)" if params else ""),
-               "coordinates": graft.size, "tensors": len(graft.region.indices), "inexact": inexact}
-    from safetensors.torch import save_file  # noqa: PLC0415
+    summary = "a PEFT SHiRA adapter folder (PeftModel.from_pretrained, mergekit)"
+    container = "PEFT adapter"
 
-    with atomic_dir(out, overwrite=overwrite) as tmp:
-        summary["head"] = _head_file(graft, scorer, tmp, spec.head, "delta file")
-        meta = _header(graft, {"format": "skillgraft.delta", "layout": summary["format"]})
-        save_file(tensors, str(tmp / DELTA_FILE), metadata=meta)
-        summary["bytes"] = (tmp / DELTA_FILE).stat().st_size
-        (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
-    return summary
+    def export(self, graft: Graft, base, out, spec: ExportSpec) -> dict:
+        return export_peft(graft, base, out, non_linear=spec.non_linear, head=spec.head, overwrite=spec.overwrite,
+                           force=spec.force)
 
-
-# The class a user loads an export with, by scorer mode (head mode has none: its head is skillgraft's own).
-USER_CLASS = {"classifier": "AutoModelForSequenceClassification", "generative": "AutoModelForCausalLM",
-              "causal": "AutoModelForCausalLM", "prompt": "AutoModelForMaskedLM", "head": None}
-
-
-def graft_task(graft: Graft):
-    """The task a graft records: its own task spec (a checkpoint pair on a user's data), a registered task
-    by name, or None."""
-    from skillgraft.data.tasks import get_task  # noqa: PLC0415
-
-    record = graft.metadata.task_spec
-    if record is not None:
-        from skillgraft.models.scorer import task_from_config  # noqa: PLC0415
-
-        return task_from_config(dict(record), f"{graft._where()} metadata task_spec")
-    name = graft.metadata.task
-    if not name:
-        return None
-    try:
-        return get_task(name)
-    except SkillgraftError:
-        return None
-
-
-def export_hf(graft: Graft, base_scorer, out: str | os.PathLike, *, overwrite: bool = False,
-              force: bool = False) -> dict:
-    """The grafted model in the class the user fine-tuned with (``--to hf``; ``apply --export``), atomically.
-
-    θ_pre + γ⊙Δ with the carried head is saved by plain ``save_pretrained`` with the tokenizer: a classifier
-    graft loads with ``AutoModelForSequenceClassification`` (its own head, labels in ``config.id2label``), a
-    causal / generative graft with ``AutoModelForCausalLM``, a prompt graft with ``AutoModelForMaskedLM``.
-    No skillgraft file is needed to use it (``scorer_config.json`` lets ``skillgraft evaluate`` read it too).
-    Head mode has no Hugging Face equivalent (skillgraft's own pooled Linear head): that export is the body
-    plus ``head.safetensors`` and is marked **incomplete** in ``config.json`` and ``README.md``.
-    """
-    if not hasattr(base_scorer, "scorer_config"):
-        raise SkillgraftError("--to hf needs the graft's Scorer (a registered task, or a graft of a checkpoint pair "
-                              "that records its task); use --to peft or --to delta for the plain model")
-    check_target(out, overwrite)
-    mode = base_scorer.mode
-    user_class = None if base_scorer.tied_decoder else USER_CLASS.get(mode)
-    summary = {"to": "hf", "out": str(out), "coordinates": graft.size, "carried": graft.carried_size, "mode": mode,
-               "model_class": type(base_scorer.model).__name__,
-               "loads_with": user_class or "skillgraft.models.Scorer.from_pretrained (incomplete as a plain model)",
-               "complete": user_class is not None,
-               "format": "Hugging Face checkpoint (plain save_pretrained) + tokenizer"}
-    with graft.applied(base_scorer, force=force), atomic_dir(out, overwrite=overwrite) as tmp:
-        base_scorer.save_pretrained(tmp)
-        if user_class is None:
-            cfg_path = tmp / "config.json"
-            cfg = json.loads(cfg_path.read_text())
-            cfg["skillgraft_incomplete"] = ("no task head in this checkpoint: skillgraft's own head (mean-pooled "
-                                            "Linear) is in head.safetensors; loading it as a classifier gives a "
-                                            "random head. Use skillgraft.models.Scorer.from_pretrained")
-            cfg_path.write_text(json.dumps(cfg, indent=2))
-            (tmp / "README.md").write_text(
-                "# Incomplete: a grafted body without its task head\n\nThis folder holds the grafted model body "
-                f"({summary['model_class']}). The task head is skillgraft's own (a Linear layer on "
-                f"{base_scorer.pooling}-pooled hidden states) in `head.safetensors`; no Hugging Face class holds it, so "
-                "`AutoModelForSequenceClassification` would load a *random* head here. Load it with "
-                "`skillgraft.models.Scorer.from_pretrained(folder)`.\n")
-        (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
-    return summary
-
-
-def export_graft(graft: Graft, out: str | os.PathLike, spec: ExportSpec | None = None, base=None) -> dict:
-    """``skillgraft export``: check the target, load the base when not given, write ``spec.to``."""
-    spec = spec or ExportSpec()
-    check_target(out, spec.overwrite)
-    if graft.carried and spec.head == "refuse" and spec.to != "hf":
-        _head_file(graft, None, Path(out), "refuse", "PEFT adapter" if spec.to == "peft" else "delta file")
-    base = base if base is not None else load_graft_base(graft, spec.model)
-    if spec.to == "hf":
-        return export_hf(graft, base, out, overwrite=spec.overwrite, force=spec.force)
-    if spec.to == "delta":
-        return export_delta(graft, out, base=base, head=spec.head, overwrite=spec.overwrite, force=spec.force)
-    return export_peft(graft, base, out, non_linear=spec.non_linear, head=spec.head, overwrite=spec.overwrite,
-                       force=spec.force)
+    def lines(self, summary: dict) -> list[tuple[str, str]]:
+        """The routes: SHiRA entries, modules stored whole, tensors stored whole; then the head and inexact lines."""
+        out = []
+        routes = summary.get("routes", {})
+        sh, ms, ts = routes["shira"], routes["modules_to_save"], routes["tensors"]
+        out.append(("info", f"SHiRA: {sh['coordinates']:,} coordinates in {sh['modules']} Linear weight(s) "
+                            f"(+{sh['padding_entries']:,} zero entries, r={sh['r']})"
+                    + (f", zero placeholder target {sh['placeholder']}" if sh["placeholder"] else "")))
+        if ms["modules"]:
+            out.append(("info", f"modules_to_save: {ms['coordinates']:,} coordinates in {len(ms['modules'])} "
+                                f"module(s) stored whole ({ms['stored_parameters']:,} parameters)"))
+            if ms["stored_parameters"] > 20 * max(1, summary["coordinates"]):
+                out.append(("hint", "--non-linear tensors stores only the grafted tensors (biases and norms, not whole "
+                                    "modules); --to delta stores only the coordinates"))
+        if ts["tensors"]:
+            out.append(("info", f"tensors: {ts['coordinates']:,} coordinates in {len(ts['tensors'])} tensor(s) stored "
+                                f"whole ({ts['stored_parameters']:,} parameters; loaded into the base model, not "
+                                "undone by disabling the adapter)"))
+        return out + super().lines(summary)
 
 
 # ---------------------------------------------------------------------------------------------- import
+def load_adapter_base(directory: str | os.PathLike, model: str | None = None) -> nn.Module:
+    """The plain HF base model of a PEFT adapter folder (``--model`` or its ``base_model_name_or_path``)."""
+    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+    from skillgraft.models.scorer import load_for_mode  # noqa: PLC0415
+
+    cfg, meta = _read_adapter(Path(directory))
+    name = model or cfg.get("base_model_name_or_path")
+    if not name:
+        raise SkillgraftError(f"{directory}: the adapter names no base model; pass --model")
+    if meta.get("mode"):
+        mode = meta["mode"]
+    else:
+        cls = str((cfg.get("auto_mapping") or {}).get("base_model_class", ""))
+        mode = "causal" if cfg.get("task_type") == "CAUSAL_LM" or cls.endswith("ForCausalLM") else \
+            "prompt" if cls.endswith("ForMaskedLM") else "head"
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return load_for_mode(model_reference(name), mode, None)[0]
+
+
 def _read_adapter(directory: Path) -> tuple[dict, dict]:
     """(adapter_config, skillgraft header metadata or {}) of a PEFT adapter folder; SHiRA only."""
     cfg_path = directory / ADAPTER_CONFIG

@@ -1,0 +1,225 @@
+"""What every exporter shares: the :class:`Exporter` interface, :class:`ExportSpec`, the base model a graft is
+exported for (checked like :meth:`Graft.apply`), exact additive deltas and the carried head's separate file."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import ClassVar, Literal, Optional
+
+import torch
+from pydantic import Field, field_validator
+from torch import nn
+
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft.graft import Graft, cached_fingerprint
+from skillgraft.models.families import HUB_IDS
+from skillgraft.spec import Spec
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+DELTA_FILE = "delta.safetensors"
+HEAD_FILE = "skillgraft_head.safetensors"
+SUMMARY_FILE = "skillgraft_export.json"
+PEFT_PREFIX = "base_model.model."
+SCORER_PREFIX = "model."
+_HUB_IDS = HUB_IDS  # the one table of model-family quirks (models/families.py)
+
+class ExportSpec(Spec):
+    """Options of ``skillgraft export`` (one source for the CLI and the library)."""
+
+    to: str = Field("peft", description="peft: a PEFT SHiRA adapter folder; hf: the grafted model as a Hugging Face "
+                                        "checkpoint; delta: delta.safetensors of per-tensor int32 indices + values "
+                                        "(stock safetensors reader); any other registered exporter (EXPORTERS)")
+    model: Optional[str] = Field(None, description="base model (default: the one recorded in the graft)")
+    non_linear: Literal["modules_to_save", "tensors", "refuse"] = Field(
+        "modules_to_save", description="coordinates SHiRA cannot hold (biases, norms, embeddings, Conv1D, tied "
+                                       "weights): modules_to_save stores their modules whole (peft's own route; "
+                                       "dense); tensors stores just those tensors, loaded into the base model like "
+                                       "peft's LoRA bias='all' (small; disabling the adapter does not undo them); "
+                                       "refuse lists them and writes nothing")
+    head: Literal["separate", "refuse"] = Field(
+        "separate", description="a head-mode graft's new task head: separate writes skillgraft_head.safetensors "
+                                "beside the adapter/delta (the adapter alone outputs hidden states); refuse")
+    overwrite: bool = Field(False, description="replace an existing output folder whole (never mixed into)")
+    force: bool = Field(False, description="export even if the base model's fingerprint differs from the graft's")
+
+
+    @field_validator("to")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        from skillgraft.export import EXPORTERS  # noqa: PLC0415
+
+        if v not in EXPORTERS:
+            raise ValueError(f"unknown export target {v!r}; known: {', '.join(EXPORTERS)}")
+        return v
+
+
+class Exporter:
+    """Base of every export target: ``export`` writes the folder and returns its summary (the JSON written as
+    ``skillgraft_export.json``); ``lines`` is what a command line prints of that summary."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    container: ClassVar[str | None] = None  # what cannot hold a carried head ("PEFT adapter"); None: it carries it
+
+    def export(self, graft: Graft, base, out: str | os.PathLike, spec: ExportSpec) -> dict:
+        raise NotImplementedError
+
+    def lines(self, summary: dict) -> list[tuple[str, str]]:
+        """``(kind, text)`` to print, ``kind`` one of ``info``, ``note``, ``hint``, ``warning``: the separate head
+        file and inexact coordinates (every exporter may have them)."""
+        out = []
+        head = (summary.get("routes") or {}).get("head") or summary.get("head")
+        if head:
+            out.append(("note", f"task head ({head['parameters']:,} parameters) written separately to "
+                                f"{summary['out']}/{HEAD_FILE}: the adapter alone outputs hidden states, not labels"))
+        if summary.get("inexact"):
+            out.append(("warning", f"{summary['inexact']} coordinate(s) are not reproduced bit for bit by the "
+                                   "additive form (within an ulp)"))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------- base model
+class _Body(nn.Module):
+    """A plain HF model seen with Scorer parameter names (``model.<HF name>``)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+
+def _as_scorer(base) -> nn.Module:
+    """A Scorer stays itself; a plain Hugging Face model is wrapped so its parameters read ``model.*``."""
+    from transformers import PreTrainedModel  # noqa: PLC0415
+
+    if not isinstance(base, PreTrainedModel) and isinstance(getattr(base, "model", None), nn.Module):
+        return base
+    if isinstance(base, nn.Module):
+        return _Body(base)
+    raise SkillgraftError(f"expected a Scorer or a Hugging Face model as the base, got {type(base).__name__}")
+
+
+def _hf_name(name: str) -> str:
+    if not name.startswith(SCORER_PREFIX):
+        raise SkillgraftError(f"graft tensor {name!r} is not part of the base model (expected 'model.<name>')")
+    return name[len(SCORER_PREFIX):]
+
+
+def _check_base(graft: Graft, scorer, force: bool) -> dict[str, torch.Tensor]:
+    """The base must have every graft tensor with its shape, and (unless ``force``) the graft's fingerprint."""
+    params = dict(scorer.named_parameters())
+    for name, shape in graft.region.shapes.items():
+        if name.startswith("head."):
+            continue
+        if name not in params:
+            raise SkillgraftError(f"this graft covers tensor {name!r}, which the base model does not have; it was "
+                                  "learned on a different architecture")
+        if tuple(params[name].shape) != tuple(shape):
+            raise SkillgraftError(f"this graft expects {name!r} of shape {tuple(shape)}, the base model has "
+                                  f"{tuple(params[name].shape)}")
+    if not force and not graft.base_fingerprint:  # the same rule as Graft.apply
+        raise SkillgraftError(f"{graft._where()} records no base_fingerprint, so it cannot be checked against the "
+                              "base it is exported for; export it anyway with --force")
+    if not force:
+        got = cached_fingerprint(scorer)
+        if got != graft.base_fingerprint:
+            raise SkillgraftError(f"this graft was learned on base model {graft.base_model or '?'} with fingerprint "
+                                  f"{graft.base_fingerprint}; the given base has {got}. Export against its base "
+                                  "model, or force it (--force)")
+    return params
+
+
+def load_graft_base(graft: Graft, model: str | None = None):
+    """The graft's base: a Scorer when its task is known (head pooling then known), else the plain HF model."""
+    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+    from skillgraft.models.scorer import load_for_mode, build_scorer  # noqa: PLC0415
+
+    mode = graft.metadata.mode or "head"
+    name = model or graft.base_model or None
+    task = graft_task(graft)
+    if task is not None:
+        return build_scorer(name, task, mode)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)  # as build_scorer: weights missing from the checkpoint initialise the same way
+        return load_for_mode(model_reference(name), mode, None)[0]
+
+
+# ---------------------------------------------------------------------------------------------- exact deltas
+def exact_delta(base: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Additive deltas d (in ``base``'s dtype) with fl(base + d) == target; returns d and a mask of misses.
+
+    d = target − base rounded once is usually exact; where it is not, the rounding residual is folded back
+    in (and a last ulp step tried). Some targets no single addition reaches: when fine-tuning shrank a weight
+    (|target| < |base|/2), target may sit on a finer grid than both base and d; d then lands on the nearest
+    reachable value, within half an ulp of max(|base|, |d|) (about 15% of a real MiniLM graft's coordinates).
+    """
+    base, target = base.reshape(-1), target.reshape(-1).to(base.dtype)
+    b64, t64 = base.double(), target.double()
+    d = (t64 - b64).to(base.dtype)
+    for _ in range(4):
+        bad = (base + d) != target
+        if not bool(bad.any()):
+            break
+        got = (base[bad] + d[bad]).double()
+        d[bad] = (d[bad].double() + (t64[bad] - got)).to(base.dtype)
+    bad = (base + d) != target
+    if bool(bad.any()) and base.dtype in (torch.float32, torch.float64):
+        up = torch.where(target[bad] > base[bad] + d[bad], math.inf, -math.inf).to(base.dtype)
+        step = torch.nextafter(d[bad], up)
+        fixed = (base[bad] + step) == target[bad]
+        d[bad] = torch.where(fixed, step, d[bad])
+    return d, ((base + d) != target) & torch.isfinite(target)
+
+
+
+# ---------------------------------------------------------------------------------------------- writers
+def _head_file(graft: Graft, scorer, tmp: Path, head: str, what: str) -> dict | None:
+    """Write the carried head beside the adapter/delta (or refuse); returns its summary."""
+    if not graft.carried:
+        return None
+    names = {k: tuple(v.shape) for k, v in graft.carried.items()}
+    if head == "refuse":
+        raise SkillgraftError(
+            f"this graft carries a new task head {names} that the base model lacks; a {what} for the base model "
+            "cannot hold it. Use --head separate (writes it to skillgraft_head.safetensors beside it) or --to hf")
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    pooling = graft.metadata.pooling or getattr(scorer, "pooling", None) or "unknown"
+    task = getattr(scorer, "task", None)
+    meta = {"format": "skillgraft.head", "pooling": str(pooling),
+            "labels": json.dumps(list(task.labels) if task is not None else []),
+            "usage": "logits = pool(last_hidden_state of the grafted base model) @ weight.T + bias"}
+    save_file({k.removeprefix("head."): v.detach().cpu().contiguous() for k, v in graft.carried.items()},
+              str(tmp / HEAD_FILE), metadata=meta)
+    return {"route": f"separate file {HEAD_FILE}", "tensors": sorted(graft.carried),
+            "parameters": graft.carried_size, "pooling": str(pooling)}
+
+
+def _header(graft: Graft, extra: dict) -> dict[str, str]:
+    """safetensors header metadata (strings): the graft's config, so an import restores it exactly."""
+    return {"format": "pt", "skillgraft": json.dumps({**graft.config(), **extra})}
+
+
+
+def graft_task(graft: Graft):
+    """The task a graft records: its own task spec (a checkpoint pair on a user's data), a registered task
+    by name, or None."""
+    from skillgraft.data.tasks import get_task  # noqa: PLC0415
+
+    record = graft.metadata.task_spec
+    if record is not None:
+        from skillgraft.models.scorer import task_from_config  # noqa: PLC0415
+
+        return task_from_config(dict(record), f"{graft._where()} metadata task_spec")
+    name = graft.metadata.task
+    if not name:
+        return None
+    try:
+        return get_task(name)
+    except SkillgraftError:
+        return None
+
+

@@ -1,0 +1,229 @@
+"""mergekit's dense merges (``linear``, ``task_arithmetic``, ``ties``, ``dare_ties``) as a merge method, run through
+``mergekit-yaml`` on the same checkpoints: each method's documented defaults (weight 1, every other parameter
+mergekit's default) and a grid of λ / density chosen on dev rows. Heads of tasks with different label sets cannot be
+merged, so every method merges the *body* (all but the task head) and each task runs on it with its own head.
+
+The runner is injectable: ``Mergekit(runner=fake)`` (tests stand in a function for the ``mergekit-yaml`` process).
+Each merged state is kept on disk between its dev and test scoring, so one merged body is in memory at a time.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from skillgraft.errors import SkillgraftError
+from skillgraft.merge.base import Bench, MergeMethod, Scored
+from skillgraft.spec import Spec
+
+METHODS = ("linear", "task_arithmetic", "ties", "dare_ties")
+Runner = Callable[[str, Path, int], dict]  # (mergekit YAML, work folder, seed) → merged tensors
+
+
+class MergekitOptions(Spec):
+    """mergekit's options (fields of ``skillgraft merge``)."""
+
+    mergekit: list[Literal[METHODS]] = Field(default_factory=lambda: list(METHODS),
+                                             description="mergekit methods to compare (empty: none)")
+    scales: list[float] = Field(default_factory=lambda: [0.3, 0.5, 1.0, 1.5],
+                                description="λ grid of task_arithmetic, ties and dare_ties (chosen on dev rows)")
+    densities: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.5],
+                                   description="density grid of ties and dare_ties (chosen on dev rows)")
+    random_seed: int = Field(0, description="seed of mergekit's random pruning (dare_ties)")
+
+    @field_validator("scales", "densities")
+    @classmethod
+    def _positive(cls, v: list[float]) -> list[float]:
+        if any(x <= 0 for x in v):
+            raise ValueError(f"values must be > 0, got {v}")
+        return v
+
+    @field_validator("densities")
+    @classmethod
+    def _at_most_one(cls, v: list[float]) -> list[float]:
+        if any(x > 1 for x in v):
+            raise ValueError(f"densities are fractions in (0, 1], got {v}")
+        return v
+
+
+def mergekit_configs(spec: MergekitOptions) -> list[tuple[str, str, dict, dict]]:
+    """(method, label, per-model parameters, global parameters): each method's defaults, then the grid."""
+    out = []
+    for method in spec.mergekit:
+        out.append((method, "defaults", {"weight": 1.0}, {}))
+        if method == "task_arithmetic":
+            out += [(method, f"λ={s:g}", {"weight": 1.0}, {"lambda": s}) for s in spec.scales if s != 1.0]
+        elif method in ("ties", "dare_ties"):
+            out += [(method, f"density={d:g} λ={s:g}", {"weight": 1.0, "density": d}, {"lambda": s})
+                    for d in spec.densities for s in spec.scales]
+    return out
+
+
+def body_module(scorer):
+    """What every method merges: the model without its task head (``base_model``) when it has one, else all."""
+    from skillgraft.models.anatomy import carried_names  # noqa: PLC0415
+
+    return scorer.model.base_model if carried_names(scorer) else scorer.model
+
+
+
+def mergekit_yaml(method: str, base: Path, models: list[Path], params: dict, global_params: dict) -> str:
+    """A mergekit-yaml config (absolute paths); ``linear`` has no base model."""
+    import yaml  # noqa: PLC0415
+
+    cfg = {"merge_method": method, "models": [{"model": str(p.resolve()), "parameters": dict(params)} for p in models],
+           "dtype": "float32"}
+    if method != "linear":
+        cfg["base_model"] = str(base.resolve())
+    if global_params:
+        cfg["parameters"] = global_params
+    return yaml.safe_dump(cfg, sort_keys=False)
+
+
+def run_mergekit(config: str, work: Path, seed: int) -> dict:
+    """Run ``mergekit-yaml`` on ``config``; the merged tensors (the output folder is removed)."""
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    exe = Path(sys.executable).with_name("mergekit-yaml")
+    if not exe.is_file():
+        found = shutil.which("mergekit-yaml")
+        if not found:
+            raise SkillgraftError("mergekit-yaml not found (mergekit is pinned in requirements.lock: run `make setup`), "
+                                  "or pass --mergekit ''")
+        exe = Path(found)
+    (work / "merge.yml").write_text(config)
+    out = work / "merged"
+    shutil.rmtree(out, ignore_errors=True)
+    r = subprocess.run([str(exe), str(work / "merge.yml"), str(out), "--no-copy-tokenizer", "--no-write-model-card",
+                        "--random-seed", str(seed), "--quiet"], capture_output=True, text=True)
+    if r.returncode:
+        lines = [x for x in (r.stderr or r.stdout).strip().splitlines() if x.strip()]
+        raise SkillgraftError(f"mergekit-yaml failed: {lines[-1] if lines else r.returncode}")
+    state: dict = {}
+    for f in sorted(out.glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    shutil.rmtree(out, ignore_errors=True)
+    return state
+
+
+def mergekit_input(scorer, folder: Path) -> None:
+    """Write what mergekit merges for ``scorer``: the whole model, or (a model with a task head) its body inside
+    a two-output classifier of the model's own class whose head is all zeros — the same in every input, so it
+    merges to itself and is dropped. (A body saved alone as ``BertModel`` crashes mergekit 0.1.5's planner on
+    its optional aliased ``position_ids``; its ``…ForSequenceClassification`` definitions work.)"""
+    import copy  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    from skillgraft.models.anatomy import carried_names  # noqa: PLC0415
+    from skillgraft.models.pair import torch_fork  # noqa: PLC0415
+
+    model = scorer.model
+    if not carried_names(scorer):
+        arch = model.config.architectures
+        try:
+            model.save_pretrained(folder)
+        finally:
+            model.config.architectures = arch  # save_pretrained writes the class name into the shared config
+        return
+    cfg = copy.deepcopy(model.config)
+    cfg.num_labels, cfg.problem_type = 2, None
+    with torch_fork(0):
+        container = type(model)(cfg)
+    container.base_model.load_state_dict(body_module(scorer).state_dict())
+    body = {id(p) for p in container.base_model.parameters()}
+    with torch.no_grad():
+        for p in container.parameters():
+            if id(p) not in body:
+                p.zero_()
+    container.save_pretrained(folder)
+
+
+def body_state(scorer, merged: dict) -> dict:
+    """The merged tensors for :func:`body_module` of ``scorer`` (read from :func:`mergekit_input`'s layout), less
+    its carried head tensors (a pooler only the fine-tuned checkpoints have stays each task's own, as in the
+    stitch). Every other parameter of the body must be merged."""
+    from skillgraft.models.anatomy import carried_names  # noqa: PLC0415
+
+    module = body_module(scorer)
+    carried_list = carried_names(scorer)
+    if carried_list:
+        prefix = scorer.model.base_model_prefix + "."
+        merged = {n[len(prefix):]: t for n, t in merged.items() if n.startswith(prefix)}
+    own = module.state_dict()
+    params = dict(scorer.named_parameters())
+    carried = {id(params[n]) for n in carried_list}
+    body = [n for n, p in module.named_parameters() if id(p) not in carried]
+    missing = [n for n in body if n not in merged]
+    if missing:
+        raise SkillgraftError(f"the merged model lacks {len(missing)} tensor(s) of the body, e.g. {missing[:3]}")
+    skip = {n for n, p in module.named_parameters() if id(p) in carried}
+    return {n: t for n, t in merged.items() if n in own and n not in skip}
+
+
+class Mergekit(MergeMethod):
+    """mergekit's methods on the bodies; ``runner`` runs one YAML (default: the ``mergekit-yaml`` process)."""
+
+    summary = "mergekit's linear / task_arithmetic / ties / dare_ties on the same checkpoints (grid chosen on dev)"
+    Options = MergekitOptions
+
+    def __init__(self, runner: Runner | None = None):
+        self.runner = runner or run_mergekit
+
+    def active(self, options: MergekitOptions) -> bool:
+        return bool(options.mergekit)
+
+    def start(self, bench: Bench, options: MergekitOptions, work: Path) -> None:
+        mergekit_input(bench.pre_scorer(), work / "mergekit" / "base")
+
+    def on_model(self, bench: Bench, name: str, ft, options: MergekitOptions, work: Path) -> None:
+        mergekit_input(ft, work / "mergekit" / f"ft{bench.names.index(name)}")
+
+    def rows(self, bench: Bench, options: MergekitOptions, ft: Scored, work: Path) -> list[Scored]:
+        """Every config scored on dev; per method its defaults and its dev-best config also on test."""
+        from safetensors.torch import load_file, save_file  # noqa: PLC0415
+
+        root = work / "mergekit"
+        dirs = [root / "base", *[root / f"ft{i}" for i in range(len(bench.names))]]
+        scored: list[Scored] = []
+        kept: dict[tuple[str, str], Path] = {}  # merged states that may still be scored on test, on disk
+        for method, label, params, global_params in mergekit_configs(options):
+            s = Scored(f"mergekit {method}", label, info={"parameters": params, "global": global_params})
+            try:
+                merged = self.runner(mergekit_yaml(method, dirs[0], dirs[1:], params, global_params), root,
+                                     options.random_seed)
+            except SkillgraftError as e:
+                s.info["error"] = str(e)
+                scored.append(s)
+                continue
+            s.dev = bench.score(bench.on_body(merged), "dev")
+            path = root / f"state-{len(scored)}.safetensors"
+            save_file({k: v.contiguous() for k, v in merged.items()}, str(path))
+            del merged
+            kept[(method, label)] = path
+            scored.append(s)
+            for key in [k for k in kept if k[0] == method]:  # keep only what may still be scored on test
+                if key[1] != "defaults" and key != _best(scored, method, ft):
+                    kept.pop(key).unlink()
+        for method in options.mergekit:
+            best = _best(scored, method, ft)
+            for s in scored:
+                if s.method == f"mergekit {method}" and (s.config == "defaults" or (method, s.config) == best) \
+                        and (method, s.config) in kept:
+                    s.test = bench.score(bench.on_body(load_file(str(kept[(method, s.config)]))), "test")
+                    s.info["chosen_on_dev"] = (method, s.config) == best
+        return scored
+
+
+def _best(scored: list[Scored], method: str, ft: Scored) -> tuple[str, str] | None:
+    mine = [s for s in scored if s.method == f"mergekit {method}" and s.dev]
+    if not mine:
+        return None
+    best = max(mine, key=lambda s: s.mean_normalized(ft, "dev"))
+    return method, best.config

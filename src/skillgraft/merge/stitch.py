@@ -1,0 +1,77 @@
+"""The stitch (Localize-and-Stitch, :mod:`skillgraft.graft.merge`) as a merge method: every overlap rule of
+``--rules`` at every strength λ of ``--stitch-scales`` scored on dev; λ = 1 and the dev-best λ also on test; the
+written model is ``--rule`` at its dev-best λ."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from skillgraft.graft.merge import RULES, scaled, stitch, task_view
+from skillgraft.merge.base import Bench, MergeMethod, Scored
+from skillgraft.spec import Spec
+
+Rule = Literal[RULES]
+
+
+class StitchOptions(Spec):
+    """The stitch's options (fields of ``skillgraft merge``)."""
+
+    rule: Rule = Field("average", description="overlap rule of the written model: average (Localize-and-Stitch), "
+                                              "max-delta (largest |θ_ft − θ_pre| wins), disjoint (contested "
+                                              "coordinates stay θ_pre), consensus, first")
+    rules: list[Rule] = Field(default_factory=lambda: ["average", "max-delta", "disjoint"],
+                              description="overlap rules the report measures")
+    stitch_scales: list[float] = Field(default_factory=lambda: [1.0, 1.5, 2.0, 3.0],
+                                       description="λ grid of the stitch, θ_pre + λ Σ_t (γ_t ⊘ Σ_s γ_s) ⊙ τ_t (sparse "
+                                                   "task arithmetic; 1 = Localize-and-Stitch): chosen on dev rows per "
+                                                   "rule, the written model takes its rule's dev-best λ")
+
+    @field_validator("stitch_scales")
+    @classmethod
+    def _positive_not_empty(cls, v: list[float]) -> list[float]:
+        if any(x <= 0 for x in v):
+            raise ValueError(f"values must be > 0, got {v}")
+        if not v:
+            raise ValueError("give at least one λ (1 = Localize-and-Stitch as published)")
+        return v
+
+
+class Stitch(MergeMethod):
+    """θ_pre + λ Σ_t (γ_t ⊘ Σ_s γ_s) ⊙ τ_t under each overlap rule; each task keeps its own head."""
+
+    summary = "the grafts' regions stitched under an overlap rule, at a strength λ chosen on dev"
+    Options = StitchOptions
+
+    def rows(self, bench: Bench, options: StitchOptions, ft: Scored, work: Path) -> list[Scored]:
+        grafts = [bench.grafts[n] for n in bench.names]
+        out = []
+        for rule in dict.fromkeys([options.rule, *options.rules]):
+            body = stitch(grafts, rule, base=bench.base)
+            rows = self.grid(bench, rule, body, options.stitch_scales, ft)
+            if rule == options.rule:  # the written model: --rule at its dev-best λ
+                next(s for s in rows if s.info.get("chosen_on_dev")).info["written"] = True
+            out += rows
+        return out
+
+    def grid(self, bench: Bench, rule: str, body, scales: list[float], ft: Scored) -> list[Scored]:
+        """The stitch under ``rule`` at every λ of ``scales`` scored on dev; λ = 1 (Localize-and-Stitch) and the
+        dev-best λ also on test (the dev-best is marked ``chosen_on_dev``; ``Scored.body`` is its stitch)."""
+        info = {k: body.metadata.stitch[k] for k in ("size", "overlapping_coordinates", "dropped_coordinates")}
+        rows = []
+        for lam in dict.fromkeys([1.0, *scales]):
+            b = scaled(body, lam, bench.base)
+            use = bench.grafted(lambda name, b=b: task_view(b, bench.grafts[name]))
+            s = Scored("stitch", rule if lam == 1 else f"{rule} λ={lam:g}", info={**info, "scale": lam}, body=b)
+            s.dev = bench.score(use, "dev")
+            rows.append((s, use))
+        best = max((s for s, _ in rows if s.info["scale"] in scales), key=lambda s: s.mean_normalized(ft, "dev"))
+        best.info["chosen_on_dev"] = True
+        for s, use in rows:
+            if s.info["scale"] == 1 or s is best:
+                s.test = bench.score(use, "test")
+            elif s is not best:
+                s.body = None  # only the reported stitches are kept
+        return [s for s, _ in rows]

@@ -1,0 +1,118 @@
+"""A Workbench: one θ_pre and N fine-tuned models, each with an explicit state.
+
+    loaded    θ_ft in memory (its Setup's ``ft`` is a Scorer): scored, localized, seen by the merge methods
+    released  only its checkpoint files (``ft`` is a :class:`~skillgraft.pipeline.setup.FineTunedFiles`); its
+              head (the carried tensors, a few KiB) stays, and :meth:`Workbench.finetuned` reads it back whole
+
+Every member's ``pre`` is a scorer of θ_pre whose parameters *are* the bench's θ_pre (shared, not copied; only a
+task's own new head is its own), and a member is released before the next one loads, so whatever N is the bench
+holds about two models' weights: θ_pre once and one θ_ft (``skillgraft merge``; ``skillgraft graft`` is N = 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from skillgraft.heap import release_freed_memory
+from skillgraft.models.anatomy import carried_names
+from skillgraft.pipeline.setup import FineTunedFiles, Setup
+
+State = Literal["loaded", "released"]
+
+
+def share_parameters(scorer, shared, keep: set[str]) -> int:
+    """Point every parameter of ``scorer`` at ``shared``'s parameter of the same name and shape (except ``keep``,
+    e.g. a task's own head); returns how many were shared. Tied weights stay tied (names are read with
+    duplicates). The replaced tensors are freed once nothing else holds them."""
+    theirs = dict(shared.named_parameters(remove_duplicate=False))
+    n = 0
+    for prefix, module in scorer.named_modules():
+        for pname, p in list(module._parameters.items()):
+            full = f"{prefix}.{pname}" if prefix else pname
+            other = theirs.get(full)
+            if p is None or other is None or full in keep or other.shape != p.shape or other is p:
+                continue
+            module._parameters[pname] = other
+            n += 1
+    return n
+
+
+@dataclass
+class Workbench:
+    """θ_pre once (``pre``) and the members, by name, in the order added."""
+
+    pre: object | None = None                                   # θ_pre's scorer (the first member's)
+    members: dict[str, Setup] = field(default_factory=dict)
+    states: dict[str, State] = field(default_factory=dict)
+    heads: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # each θ_ft's carried tensors
+    loaders: dict[str, Callable] = field(default_factory=dict, repr=False)   # read a released θ_ft back
+    grafts: dict[str, object] = field(default_factory=dict)     # each member's graft, once made
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.members)
+
+    @property
+    def base(self) -> dict[str, torch.Tensor]:
+        """θ_pre per scorer parameter name."""
+        return dict(self.pre.named_parameters())
+
+    def pre_scorer(self):
+        return self.pre
+
+    def share(self, pre):
+        """θ_pre of a new member: the first becomes the bench's θ_pre; a later one's parameters become the bench's
+        (its own carried head aside), so θ_pre stays in memory once. Pass as ``from_pair(share_pre=…)``, which then
+        loads θ_pre before θ_ft."""
+        if self.pre is None:
+            self.pre = pre
+            return pre
+        share_parameters(pre, self.pre, set(carried_names(pre)))
+        gc.collect()
+        release_freed_memory()
+        return pre
+
+    def add(self, name: str, setup: Setup, loader: Callable | None = None) -> Setup:
+        """A loaded member; ``loader()`` reads its θ_ft back after it is released (:meth:`finetuned`)."""
+        self.members[name] = setup
+        self.states[name] = "loaded"
+        params = dict(setup.ft.named_parameters())
+        self.heads[name] = {n: params[n].detach().clone() for n in carried_names(setup.ft)}
+        if loader is not None:
+            self.loaders[name] = loader
+        return setup
+
+    def release(self, name: str) -> None:
+        """Drop member ``name``'s θ_ft from memory (what identifies it, its head and its scores are kept)."""
+        setup = self.members[name]
+        if self.states[name] == "released":
+            return
+        ft = setup.ft
+        setup.identity()  # its digest, part of every cache key, computed while θ_ft is in memory
+        setup.ft = FineTunedFiles(setup.ft_dir, ft.base_model, setup.identity()["finetuned"],
+                                  {n: tuple(p.shape) for n, p in ft.named_parameters()})
+        del ft
+        self.states[name] = "released"
+        gc.collect()
+        release_freed_memory()
+
+    @contextlib.contextmanager
+    def finetuned(self, name: str) -> Iterator[object]:
+        """Member ``name``'s θ_ft: the loaded one, or read back from its files for the block (then dropped)."""
+        setup = self.members[name]
+        if self.states[name] == "loaded":
+            yield setup.ft
+            return
+        ft = self.loaders[name]()
+        try:
+            yield ft
+        finally:
+            del ft
+            gc.collect()
+            release_freed_memory()

@@ -1,0 +1,14 @@
+"""The verbs: each ``skillgraft <verb>`` is one function here, typed specs in, a typed result out; cli.py only parses
+the options and prints the result, and recipes may call them.
+
+    graft     :func:`skillgraft.verbs.graft.graft`          → GraftResult (report folder, metrics, rows)
+    sweep     :func:`skillgraft.verbs.sweep.sweep`          → SweepResult
+    merge     :func:`skillgraft.verbs.merge.merge_models`   → merge.json's summary
+    apply     :func:`skillgraft.verbs.apply.apply`          → ApplyResult
+    export    :func:`skillgraft.verbs.export.export`        → the exporter's summary
+    fim       :func:`skillgraft.verbs.fim.fim`              → FimResult
+    evaluate  :func:`skillgraft.verbs.evaluate.evaluate`    → EvaluateResult
+    continual :func:`skillgraft.verbs.continual.continual_add` → the task's state entry
+
+Modules are imported on use (a verb loads only what it needs).
+"""

@@ -1,0 +1,70 @@
+"""``skillgraft apply``: a graft applied to its base model (fingerprint-checked), evaluated and/or exported as a
+Hugging Face checkpoint of the user's own class."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from skillgraft.errors import SkillgraftError
+
+
+@dataclass
+class ApplyResult:
+    """What ``skillgraft apply`` did: the export's summary (None: no export) and the evaluation (None: skipped)."""
+
+    graft_dir: Path
+    task: str
+    size: int
+    density: float
+    export: dict | None = None
+    metrics: dict | None = None
+    split: str = ""
+
+    def line(self) -> str:
+        """The evaluation line ``skillgraft apply`` prints."""
+        m = self.metrics
+        score = f"acc {m['accuracy']:.4f}" if "accuracy" in m else f"token accuracy {m['token_accuracy']:.4f}"
+        extra = f" completion loss {m['loss']:.4f}" if "loss" in m else ""
+        return (f"graft {self.graft_dir}: {self.task} {self.split} (n={m['n']}) {score} ECE {m['ece']:.4f}{extra} | "
+                f"{self.size:,} params ({self.density:.2e})")
+
+
+def apply(graft_dir: str | os.PathLike, *, model: str | None = None, task: str | None = None, mode: str = "head",
+          export: str | os.PathLike | None = None, overwrite: bool = False, evaluate_on: str | None = "test",
+          limit: int | None = None, force: bool = False, data_dir: str | os.PathLike | None = None) -> ApplyResult:
+    """Apply the graft in ``graft_dir`` to its base (``model``, default the recorded one); ``export``: write the
+    grafted model there (refused before any work if it exists, unless ``overwrite``); ``evaluate_on``: a split
+    (a checkpoint pair's graft: the held-out rows of the data it was learned on), or None to skip."""
+    from skillgraft.data import load_split  # noqa: PLC0415
+    from skillgraft.export.hf import export_hf, graft_task  # noqa: PLC0415
+    from skillgraft.graft import Graft  # noqa: PLC0415
+    from skillgraft.graft.scoring import evaluate_graft  # noqa: PLC0415
+    from skillgraft.io import check_target  # noqa: PLC0415
+    from skillgraft.models import build_scorer  # noqa: PLC0415
+
+    graft_dir = Path(graft_dir)
+    if export:
+        check_target(export, overwrite)  # before any work: an existing folder is never deleted by surprise
+    g = Graft.from_pretrained(graft_dir)
+    task = task or graft_task(g)
+    if not task:
+        raise SkillgraftError(f"{graft_dir}: the graft records no task; pass --task")
+    ft_mode = g.metadata.mode or mode
+    pre = build_scorer(model or g.base_model or None, task, ft_mode)
+    result = ApplyResult(graft_dir, pre.task.name, g.size, g.region.density)
+    if export:
+        result.export = export_hf(g, pre, export, force=force, overwrite=overwrite)
+    if evaluate_on:
+        recorded = g.metadata.user_data
+        if recorded:  # a checkpoint pair's graft: the held-out rows of the user's data it was learned on
+            from skillgraft.data.spec import UserDataSpec  # noqa: PLC0415
+
+            spec = UserDataSpec.build(recorded, where=f"{graft_dir} metadata user_data")
+            examples = spec.load(pre.task.labels if ft_mode == "classifier" else None).test[:limit]
+        else:
+            examples = load_split(task, evaluate_on, data_dir)[:limit]
+        result.metrics, _ = evaluate_graft(pre, g, examples, force=force, progress=evaluate_on)
+        result.split = "held-out" if recorded else evaluate_on
+    return result

@@ -1,0 +1,80 @@
+"""``skillgraft evaluate``: a saved model's accuracy / F1 and ECE (generative data: completion loss, exact match),
+with the metrics file and plots written atomically when asked."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from skillgraft.data.spec import UserDataSpec
+from skillgraft.errors import SkillgraftError
+
+
+@dataclass
+class EvaluateResult:
+    """The metrics of one model on one split (``split`` is ``data`` for a user's rows)."""
+
+    task: str
+    split: str
+    metrics: dict
+    labels_note: str = ""
+
+    @property
+    def generative(self) -> bool:
+        return "loss" in self.metrics
+
+    def line(self) -> str:
+        """The one line ``skillgraft evaluate`` prints."""
+        m = self.metrics
+        if self.generative:
+            em = f" exact match {m['exact_match']:.4f}" if "exact_match" in m else ""
+            return (f"{self.task} {self.split} (n={m['n']}): completion loss {m['loss']:.4f} token "
+                    f"accuracy {m['token_accuracy']:.4f}{em}")
+        return (f"{self.task} {self.split} (n={m['n']}): acc {m['accuracy']:.4f} ECE {m['ece']:.4f}"
+                + (f" F1 {m['f1']:.4f}" if "f1" in m else ""))
+
+
+def evaluate(model_dir: str | os.PathLike, *, user: UserDataSpec | None = None, task: str | None = None,
+             split: str = "test", mode: str | None = None, data_dir: str | os.PathLike | None = None,
+             limit: int | None = None, out: str | os.PathLike | None = None) -> EvaluateResult:
+    """Evaluate a skillgraft run (or its ``model/``) on its task's ``split``, or any Hugging Face checkpoint on
+    every row of ``user``'s ``--eval-data`` (else ``--data``) or on ``task``'s split; ``out``: metrics.json
+    (+ confidence.png and reliability.png for labelled data), all or none."""
+    from skillgraft.data import get_task, load_split  # noqa: PLC0415
+    from skillgraft.evaluate import evaluate as run_eval, labels_of  # noqa: PLC0415
+    from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram  # noqa: PLC0415
+    from skillgraft.finite import refuse_non_finite_model  # noqa: PLC0415
+    from skillgraft.io import atomic_files, write_json  # noqa: PLC0415
+    from skillgraft.models import Scorer  # noqa: PLC0415
+    from skillgraft.models.scorer import SCORER_CONFIG  # noqa: PLC0415
+
+    model_dir = Path(model_dir)
+    user = user or UserDataSpec()
+    note = ""
+    folder = model_dir / "model" if (model_dir / "model").is_dir() else model_dir
+    if (folder / SCORER_CONFIG).is_file() and user.data is None:
+        scorer = Scorer.from_pretrained(folder, task=task)
+        examples = load_split(get_task(task or scorer.task.name) if task else scorer.task, split, data_dir)[:limit]
+    else:
+        from skillgraft.pipeline.setup import open_checkpoint  # noqa: PLC0415
+
+        if user.data is None and task is None:
+            raise SkillgraftError(f"{model_dir}: a Hugging Face checkpoint needs data: --data FILE (with its field "
+                                  "names) or --task NAME")
+        scorer, examples, note = open_checkpoint(str(model_dir), user if user.data is not None else task, mode=mode,
+                                                 split=split, data_dir=data_dir)
+        examples = examples[:limit]
+        split = "data" if user.data is not None else split
+    refuse_non_finite_model(scorer, str(model_dir), "its scores would be meaningless (its fine-tuning diverged, "
+                                                    "or the file is damaged)")
+    metrics, probs = run_eval(scorer, examples, progress=split)
+    result = EvaluateResult(scorer.task.name, split, metrics, note)
+    if out and result.generative:
+        write_json(Path(out) / "metrics.json", metrics)
+    elif out:
+        with atomic_files(out) as tmp:  # the three files, or none of them
+            write_json(tmp / "metrics.json", metrics)
+            confidence_histogram({"model": probs}, tmp / "confidence.png")
+            reliability_diagram({"model": (probs, labels_of(examples))}, tmp / "reliability.png")
+    return result

@@ -1,0 +1,375 @@
+"""``skillgraft graft``: learn regions for one fine-tuned model, compare them, write report.md (also the ``graft``
+recipe and ``make demo``).
+
+:func:`graft` is the verb (typed inputs in, a :class:`GraftResult` out): it decides once whether ``--finetuned`` is
+a skillgraft run or a checkpoint pair, opens the :class:`~skillgraft.pipeline.setup.Setup` and writes the report
+folder atomically; :func:`graft_report` is the report itself.
+
+For one fine-tuned model (a :class:`~skillgraft.pipeline.setup.Setup`) a localizer from the registry
+(default ``learned``, paper Eq. 3–4: one trajectory, a region per budget) gives regions; every graft is
+scored on the test subset beside the pre-trained model, the head-only model (head mode), the fine-tuned
+model, matched-size baseline localizers (top-movement, random, bias-only) and lottery-ticket-zero (the
+graft applied with zeros outside γ). Writes ``grafts/<budget>/`` (graft files), ``metrics.json``,
+``results.csv``, ``confidence.png``, ``reliability.png``, ``accuracy_vs_size.png`` and ``report.md``.
+Regions are kept in the store, keyed by the fine-tuned model, the data and the localizer's options, so a
+re-run only re-scores.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from pydantic import Field
+
+from skillgraft.errors import SkillgraftError
+from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram, save_figure
+from skillgraft.evaluate.predict import labels_of
+from skillgraft.data.spec import DataSpec, UserDataSpec
+from skillgraft.graft.localizers import LOCALIZERS, get_localizer
+from skillgraft.graft.selection import Budget, region_universe
+from skillgraft.pipeline.regions import learned_regions, localizer_options
+from skillgraft.pipeline.report import RunDir, write_csv
+from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant, score_ft_first
+from skillgraft.spec import Spec
+
+# Report names of the baseline localizers (kept from the reports in bench/RESULTS.md).
+BASELINE_LABELS = {"movement": "top-movement", "random": "random", "bias": "bias-only"}
+
+
+class ReportSpec(Spec):
+    """What a grafting report compares (the localizer's own settings are its options)."""
+
+    localizer: str = Field("learned", description="localizer of the grafts (see docs/localizers.md)")
+    baselines: list[str] = Field(default_factory=lambda: ["movement", "random", "bias"],
+                                 description="matched-size baseline localizers (empty: none)")
+    lottery_zero: bool = Field(True, description="also score each graft with zeros outside γ (lottery ticket)")
+
+
+def releases_ft(report: ReportSpec, keep=None, frontier=None) -> bool:
+    """Whether the report needs θ_ft in memory only to score FT (then a lean pair releases it, docs/scale.md):
+    its localizer and baselines read θ_ft from its files (``Localizer.reads_files``); keep targets and the frontier
+    need it loaded."""
+    reads = [get_localizer(n).reads_files if n in LOCALIZERS else False for n in [report.localizer, *report.baselines]]
+    return (all(reads)
+            and not (keep is not None and keep.keep) and not (frontier is not None and frontier.frontier))
+
+
+def baseline_options(name: str, graftable: str, seed: int) -> dict:
+    """Options of a matched-size baseline localizer: the graft's universe (and seed, for random); every
+    other field is the baseline's own default."""
+    if name == "bias":
+        return {}
+    return {"graftable": graftable, **({"seed": seed} if name == "random" else {})}
+
+
+def runnable_baselines(report: ReportSpec, setup: Setup, options: Spec) -> ReportSpec:
+    """``report`` without the baselines that cannot run on ``setup`` (a sharded model, generative data), each
+    named in one warning; an unknown baseline name is refused. Checked before any work."""
+    import warnings  # noqa: PLC0415
+
+    keep, left = [], []
+    for name in report.baselines:
+        loc = get_localizer(name)  # unknown names fail here
+        model = setup.pre if setup.pre is not None else setup.ft  # a lean pair: θ_pre not loaded yet (same mode)
+        try:
+            loc.check(model, loc.options(baseline_options(name, options.graftable, getattr(options, "seed", 0))))
+            keep.append(name)
+        except SkillgraftError as e:
+            left.append(f"{name} ({e})")
+    if left:
+        warnings.warn(f"baseline(s) left out of the report: {'; '.join(left)}", stacklevel=2)
+        report = report.replace(baselines=keep)
+    return report
+
+
+def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, options: Spec | dict | None = None,
+                 *, progress: bool = True, keep=None, frontier=None, notes=None) -> dict:
+    """Learn regions for ``setup`` and compare them (see the module doc); returns the metrics.
+
+    ``keep`` (a :class:`~skillgraft.graft.keep.KeepSpec` with targets) adds the smallest graft reaching each share
+    of FT (:mod:`skillgraft.pipeline.keep`; without budgets, only those); ``frontier`` (a
+    :class:`~skillgraft.pipeline.frontier.FrontierSpec` with ``frontier`` on) adds the share-vs-density frontier;
+    ``notes``: lines appended to report.md, or a function giving them once the work is done (the models and data
+    of a pair: θ_pre of a lean pair loads during the work)."""
+    report = report or ReportSpec()
+    options = localizer_options(report.localizer, options)
+    report = runnable_baselines(report, setup, options)  # before any work
+    if keep is not None and keep.keep:
+        get_localizer(report.localizer).check_ranked()  # before any work
+    keep_only = bool(keep is not None and keep.keep and not getattr(options, "budgets", None))
+    score_ft_first(setup, release=releases_ft(report, keep, frontier), progress=progress)  # a lean pair
+    regions, summary = ({}, {}) if keep_only else learned_regions(setup, run.store, report.localizer, options,
+                                                                 progress=progress)
+    variants: list[Variant] = base_variants(setup)
+    kept: list[Variant] = []
+    if keep is not None and keep.keep:
+        from skillgraft.pipeline.keep import keep_variants  # noqa: PLC0415
+
+        kept, keep_summary = keep_variants(setup, run.store, report.localizer, options, keep, progress=progress)
+        variants += kept
+    grafts: dict[str, tuple[Budget, Variant]] = {}
+    seed, graftable = getattr(options, "seed", 0), options.graftable
+    for budget, region in regions.items():
+        meta = {"localizer": report.localizer, "budget": budget.key, "localize": options.to_dict(),
+                "finetuned_run": str(setup.ft_dir)}
+        graft = graft_variant(setup, region, budget, meta)
+        variants.append(graft)
+        grafts[graft.name] = (budget, graft)
+        size = Budget.parse(len(region)) if len(region) else None
+        for name in report.baselines:
+            if size is None:
+                continue
+            base_opts = baseline_options(name, graftable, seed)
+            try:
+                base_region = get_localizer(name).region(setup.pre, setup.ft, setup.data, size, base_opts)
+            except SkillgraftError:
+                continue  # e.g. more coordinates than the model has biases
+            variants.append(graft_variant(setup, base_region, size, name=f"{BASELINE_LABELS.get(name, name)} @ "
+                                          f"{graft.name}", kind="baseline"))
+        if report.lottery_zero:
+            variants.append(Variant(f"lottery-ticket-zero @ {graft.name}", "lottery-zero", len(region), graft.graft,
+                                    graft.budget, outside="zero"))
+    rows, probs = compare(setup, variants, progress=progress)
+    for name, (budget, v) in grafts.items():
+        path = v.graft.save_pretrained(run.path / "grafts" / graft_folder(budget))
+        row = next(r for r in rows if r["model"] == name)
+        row["file_bytes"] = (path / "graft.safetensors").stat().st_size
+    for v in kept:
+        path = v.graft.save_pretrained(run.path / "grafts" / v.name.replace(" ", "-"))
+        next(r for r in rows if r["model"] == v.name)["file_bytes"] = (path / "graft.safetensors").stat().st_size
+    universe = (next(iter(regions.values())).universe_size if regions else
+                sum(int(np.prod(s)) for s in region_universe(setup.pre, options.graftable).values()))
+    head_only = next((v for v in variants if v.kind == "head-only"), None)
+    metrics = {"task": setup.task, "k": setup.k, "seed": setup.seed, "test_n": len(setup.test),
+               "graftable_parameters": universe, "total_parameters": setup.total_parameters,
+               "localizer": report.localizer, "localization": summary,
+               "carried_parameters": head_only.graft.carried_size if head_only else 0, "rows": rows}
+    if kept:
+        from skillgraft.pipeline.keep import keep_section  # noqa: PLC0415
+
+        metrics["keep"] = keep_section(keep_summary, rows)
+    if frontier is not None and frontier.frontier:
+        from skillgraft.pipeline.frontier import frontier_report  # noqa: PLC0415
+
+        metrics["frontier"] = frontier_report(setup, run, frontier, report.localizer, options, keep,
+                                              progress=progress)
+    run.json("metrics.json", metrics)
+    write_csv(run.file("results.csv"), rows)
+    shown = [r["model"] for r in rows if r["kind"] in ("ft", "graft", "keep")]
+    labels = labels_of(setup.test)
+    confidence_histogram({n: probs[n] for n in shown}, run.file("confidence.png"),
+                         title=f"{setup.task} test: confidence")
+    reliability_diagram({n: (probs[n], labels) for n in shown}, run.file("reliability.png"),
+                        title=f"{setup.task} test: reliability")
+    size_plot(rows, run.file("accuracy_vs_size.png"), setup.data.task.metric)
+    notes = notes() if callable(notes) else notes
+    run.report(report_markdown(metrics) + ("\n".join(notes) + "\n" if notes else ""))
+    return metrics
+
+
+def graft_folder(budget: Budget) -> str:
+    """Folder name of a learned graft in a report: ``budget-0.001`` or ``round``."""
+    return "round" if budget.rounding else f"budget-{budget.label}"
+
+
+def size_plot(rows: list[dict], path: Path, metric: str) -> None:
+    """Score vs grafted parameters per localizer, with FT / head only / pre-trained as lines."""
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    groups: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        if r["params"] and r["kind"] != "ft":
+            kind = r["model"].split(" @ ")[0] if " @ " in r["model"] else "learned graft"
+            groups.setdefault(kind, []).append((r["params"], r["score"]))
+    for kind, pts in groups.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=kind)
+    for r in rows:
+        if r["kind"] in ("ft", "head-only", "pre"):
+            ax.axhline(r["score"], ls="--", lw=1, color={"ft": "k", "head-only": "gray"}.get(r["kind"], "r"),
+                       label=r["model"])
+    ax.set_xscale("log")
+    ax.set_xlabel("grafted parameters")
+    ax.set_ylabel(metric)
+    ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def report_markdown(metrics: dict) -> str:
+    """The grafting report: one table (score, ECE, agreement with FT, parameters, file size) and plots."""
+    metric = "F1" if any("f1" in r for r in metrics["rows"]) else "accuracy"
+    loc = metrics["localization"]
+    cfg = loc.get("config", {})
+    ref = "head-only" if metrics["carried_parameters"] else "pre-trained"
+    shots = f"{metrics['k']}-shot" if metrics["k"] else "all rows"  # k = 0: a user's data, every row
+    lines = [f"# Grafting report — {metrics['task']}, {shots}, data seed {metrics['seed']}", "",
+             f"Test examples: {metrics['test_n']}. Graftable parameters (body): {metrics['graftable_parameters']:,} "
+             f"of {metrics['total_parameters']:,}. Carried task head: {metrics['carried_parameters']:,} parameters "
+             "(travels whole with every graft; counted separately).", ""]
+    if metrics["localizer"] == "learned" and "step_seconds" in loc:
+        lines += [f"Localization: {cfg.get('steps')} steps, lr {cfg.get('lr', 0):g}, base patch "
+                  f"{loc['base_size']:,} coordinates (sparsity {cfg.get('sparsity', 0):g}), "
+                  f"{loc['step_seconds']:.2f} s/step, best step {loc['best_step']}.", ""]
+    else:
+        lines += [f"Localizer: {metrics['localizer']}.", ""]
+    lines += [f"| model | params | density | {metric} | share of FT | gap closed | ECE | agreement w/ FT | file |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in metrics["rows"]:
+        gap = f"{r['gap_closed']:.2f}" if "gap_closed" in r else "-"
+        size = f"{r['file_bytes'] / 1024:.1f} KiB" if r.get("file_bytes") else "-"
+        share = f"{r['share_of_ft']:.3f}" if "share_of_ft" in r else "-"
+        lines.append(f"| {r['model']} | {r['params']:,} | {r['density']:.2e} | {r['score']:.4f} | "
+                     f"{share} | {gap} | {r['ece']:.4f} | {r.get('agreement', 1.0):.3f} | {size} |")
+    if any("loss" in r for r in metrics["rows"]):  # generative data (docs/generative.md)
+        lines += ["", "| model | completion loss | share of FT's loss drop | token accuracy | exact match |",
+                  "|---|---:|---:|---:|---:|"]
+        for r in metrics["rows"]:
+            rec = f"{r['loss_recovered']:.3f}" if "loss_recovered" in r else "-"
+            em = f"{r['exact_match']:.4f}" if "exact_match" in r else "-"
+            lines.append(f"| {r['model']} | {r['loss']:.4f} | {rec} | {r['token_accuracy']:.4f} | {em} |")
+        lines += ["", "*completion loss*: mean token cross-entropy on the completion tokens (held out); *share of FT's "
+                  "loss drop* = (L_pre − L) ÷ (L_pre − L_FT); *exact match*: the gold completion is the most likely of "
+                  "the label completions (when completions are labels)."]
+    lines += ["", f"*share of FT* = score ÷ fine-tuned score; *gap closed* = (score − {ref}) ÷ (FT − {ref}); "
+              "ECE: 10 equal-width bins over the max probability (Guo et al.).", "",
+              "![confidence](confidence.png)", "", "![reliability](reliability.png)", "",
+              "![accuracy vs size](accuracy_vs_size.png)", ""]
+    if metrics.get("keep"):
+        from skillgraft.pipeline.keep import keep_markdown  # noqa: PLC0415
+
+        lines += keep_markdown(metrics["keep"])
+    if metrics.get("frontier"):
+        from skillgraft.pipeline.frontier import frontier_markdown  # noqa: PLC0415
+
+        lines += frontier_markdown(metrics["frontier"])
+    return "\n".join(lines)
+
+
+def mean_share(rows: list[dict]) -> float:
+    """Mean share of FT over the learned grafts of a report (a one-number summary)."""
+    vals = [r["share_of_ft"] for r in rows if r["kind"] == "graft" and "share_of_ft" in r]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------- the verb
+@dataclass
+class GraftResult:
+    """What ``skillgraft graft`` wrote: the report folder, its metrics and how the data and labels were read."""
+
+    out: Path
+    metrics: dict
+    data_note: str = ""
+    labels_note: str = ""
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.metrics["rows"]
+
+
+@dataclass
+class GraftInputs:
+    """Where the models and data of ``skillgraft graft`` come from (the command line's own options)."""
+
+    finetuned: Path
+    pretrained: str | None = None
+    mode: str | None = None
+    task: str | None = None
+    max_length: int = 128
+    data: DataSpec = field(default_factory=DataSpec)          # only data_dir is read (a run: its own task data)
+    user: UserDataSpec = field(default_factory=UserDataSpec)  # a pair's own data files
+
+
+def is_run(inputs: GraftInputs) -> bool:
+    """Whether ``--finetuned`` is a skillgraft run directory (else a Hugging Face checkpoint pair)."""
+    from skillgraft.pipeline.setup import is_run_dir  # noqa: PLC0415
+
+    f = inputs.finetuned
+    return is_run_dir(f) or (inputs.pretrained is None and not (Path(f) / "config.json").is_file())
+
+
+def default_out(inputs: GraftInputs) -> Path:
+    """``<run>/graft`` for a run, ``runs/graft-<checkpoint name>`` for a pair."""
+    f = Path(inputs.finetuned)
+    return f / "graft" if is_run(inputs) else Path("runs") / f"graft-{f.name or 'model'}"
+
+
+def check_inputs(inputs: GraftInputs) -> None:
+    """One line, before any work, for inputs that name no data or two kinds of it."""
+    f, user = inputs.finetuned, inputs.user
+    if is_run(inputs):
+        if user.data is not None or inputs.task is not None:
+            raise SkillgraftError(f"--finetuned {f} is a skillgraft run: it grafts on its own task data "
+                                  "(drop --data/--task, or give a Hugging Face checkpoint with --pretrained)")
+        return
+    if inputs.pretrained is None:
+        raise SkillgraftError(f"--finetuned {f} is a Hugging Face checkpoint: give --pretrained, the "
+                              "checkpoint it was fine-tuned from")
+    if user.data is None and inputs.task is None:
+        raise SkillgraftError("a checkpoint pair needs data: --data FILE (with its field names) or --task NAME")
+    if user.data is not None and inputs.task is not None:
+        raise SkillgraftError("give --data FILE or --task NAME, not both")
+
+
+def open_setup(inputs: GraftInputs, *, lean: bool = False) -> Setup:
+    """The Setup of a run directory or of a checkpoint pair (``lean``: θ_ft scored, released, then read from files)."""
+    from skillgraft.pipeline.setup import from_pair, from_run  # noqa: PLC0415
+
+    user, data = inputs.user, inputs.data
+    if is_run(inputs):
+        return from_run(inputs.finetuned, data_dir=data.data_dir, test_limit=user.test_limit,
+                        pretrained=inputs.pretrained)
+    spec = user if user.data is not None else DataSpec.build(
+        {"task": inputs.task, **({"k": user.k} if user.k else {}), "seed": user.seed, "data_dir": data.data_dir,
+         "test_limit": user.test_limit}, where="--task")  # a registered task: DataSpec's own k unless --k
+    return from_pair(inputs.pretrained, str(inputs.finetuned), spec, mode=inputs.mode, max_length=inputs.max_length,
+                     data_dir=data.data_dir, lean=lean)
+
+
+def models_and_data(setup: Setup) -> list[str]:
+    """The report's "Models and data" section of a checkpoint pair, or of any run whose base was converted from a
+    GGUF file (which it names, quantization included; empty otherwise)."""
+    from skillgraft.models.gguf import base_model_note  # noqa: PLC0415
+
+    converted = base_model_note(setup.pre.base_model)  # e.g. dequantized from a GGUF file
+    if not (setup.labels_note or setup.graft_metadata.to_dict() or converted):
+        return []
+    lines = ["", "## Models and data", "",
+             f"- pre-trained: `{setup.pre.base_model}`; fine-tuned: `{setup.ft.base_model}`; scored as "
+             f"`{setup.pre.mode}`"]
+    if converted:
+        lines.append(f"- `{setup.pre.base_model}`: {converted}")
+    if setup.data_files:
+        more = ", …" if len(setup.data_files) > 6 else ""
+        shown = ", ".join(f"`{f}`" for f in setup.data_files[:6]) + more
+        lines.append(f"- data: {setup.data_note or shown}; {len(setup.data.train)} examples to localize on, "
+                     f"{len(setup.test)} held out" + (f" (files: {shown})" if setup.data_note else ""))
+    if setup.labels_note:
+        lines.append(f"- labels: {setup.labels_note}")
+    return lines
+
+
+def graft(inputs: GraftInputs, *, report: ReportSpec | None = None, localize: Spec | dict | None = None,
+          keep=None, frontier=None, out: str | os.PathLike | None = None, overwrite: bool = False,
+          cache: str | os.PathLike | None = None) -> GraftResult:
+    """``skillgraft graft``: learn grafts for ``inputs`` and write the report folder ``out`` (atomically).
+
+    ``localize``: the options of ``report.localizer`` set by the caller (its own defaults for the rest); every
+    refusal (unknown option, no data, an existing ``out``) comes before any model loads."""
+    from skillgraft.io import atomic_dir, check_target  # noqa: PLC0415
+    from skillgraft.pipeline import Store  # noqa: PLC0415
+
+    report = report or ReportSpec()
+    options = localizer_options(report.localizer, localize)
+    check_inputs(inputs)
+    out = check_target(Path(out) if out is not None else default_out(inputs), overwrite)  # before any work
+    setup = open_setup(inputs, lean=not is_run(inputs) and releases_ft(report, keep, frontier))
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        run = RunDir(tmp, Store(cache))
+        metrics = graft_report(setup, run, report, options, keep=keep, frontier=frontier,
+                               notes=lambda: models_and_data(setup))
+    return GraftResult(out, metrics, setup.data_note, setup.labels_note)

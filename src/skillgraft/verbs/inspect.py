@@ -1,0 +1,49 @@
+"""``skillgraft inspect``: a graft's (or a PEFT SHiRA adapter's) size, density and where its parameters sit (per
+layer × module type; paper Figs. 9/10), written as ``distribution.json`` + ``distribution.png`` (both, or neither)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class InspectResult:
+    """What ``skillgraft inspect`` found: the graft, its file's bytes, the distribution and the comparison."""
+
+    graft: object  # skillgraft.graft.Graft
+    file_bytes: int
+    distribution: dict
+    out: Path
+    other: object | None = None  # the --compare graft's Region
+
+    def lines(self, graft_dir, compare=None) -> list[str]:
+        """The summary lines (markup: the folder in bold)."""
+        g, size = self.graft, self.file_bytes
+        out = [f"[bold]{graft_dir}[/]: {g.size:,} grafted parameters, density {g.region.density:.3e} of "
+               f"{g.region.universe_size:,} graftable; carried {g.carried_size:,}; file {size / 1024:.1f} KiB "
+               f"({size / max(1, g.size):.1f} bytes/parameter); base {g.base_model} [{g.base_fingerprint[:12]}]"]
+        if self.other is not None:
+            o = self.other
+            out.append(f"vs {compare}: shared {len(g.region & o):,}; overlap |A∩B|/|B| {g.region.overlap(o):.4f}; "
+                       f"|A∩B|/|A| {o.overlap(g.region):.4f}; IoU {g.region.iou(o):.4f}")
+        return out
+
+
+def inspect(graft_dir: str | os.PathLike, *, out: str | os.PathLike | None = None, model: str | None = None,
+            compare: str | os.PathLike | None = None) -> InspectResult:
+    """Read the graft or adapter in ``graft_dir`` (``model``: a PEFT adapter's base), compare it with ``compare``,
+    and write its distribution into ``out`` (default: the graft folder)."""
+    from skillgraft.export import read_graft_or_adapter  # noqa: PLC0415
+    from skillgraft.graft.inspect import distribution, plot_distribution  # noqa: PLC0415
+    from skillgraft.io import atomic_files, write_json  # noqa: PLC0415
+
+    g, weights = read_graft_or_adapter(graft_dir, model)
+    dist = distribution(g.region)
+    other = read_graft_or_adapter(compare, model)[0].region if compare is not None else None
+    out = Path(out or graft_dir)
+    with atomic_files(out) as tmp:  # both files, or neither
+        write_json(tmp / "distribution.json", dist)
+        plot_distribution(dist, tmp / "distribution.png", title=f"{g.metadata.task or ''} graft")
+    return InspectResult(g, weights.stat().st_size, dist, out, other)

@@ -1,0 +1,227 @@
+"""``skillgraft merge``: several fine-tuned models of one base → one model, stitched from their localized regions,
+beside mergekit's dense merges of the same checkpoints (report.md).
+
+1. Inputs are checked before any weights load (:func:`~skillgraft.verbs.merge_inputs.check_inputs`): one data source per model, no model twice,
+   one architecture, shapes and vocabulary (the pre-trained model's), one scoring mode.
+2. A :class:`~skillgraft.pipeline.workbench.Workbench` holds θ_pre once and loads one θ_ft at a time: each is
+   scored, localized and shown to every merge method (mergekit writes its input), then released. Each pair
+   (θ_pre, θ_ft,t) is localized by a registered localizer at ``budget`` (regions kept in the store),
+   or a given graft is used; every registered merge method (:mod:`skillgraft.merge`) gives its rows: the stitch
+   (:mod:`skillgraft.merge.stitch`) under each measured rule, and
+3. mergekit's ``linear``, ``task_arithmetic``, ``ties`` and ``dare_ties`` run through ``mergekit-yaml`` on the
+   same checkpoints: documented defaults (weight 1, every other parameter mergekit's default) and a grid of λ /
+   density chosen on dev rows. Heads of tasks with different label sets cannot be merged, so every method merges
+   the *body* (all but the task head) and each task runs on it with its own fine-tuned head.
+4. Every model is scored per task on dev and test rows: accuracy, normalized accuracy (÷ the task's own
+   fine-tuned model), their means, and bytes stored per task.
+
+Output folder: ``tasks/<task>/`` (classifiers: a complete checkpoint per task, the merged body and the task's
+own head; ``AutoModelForSequenceClassification.from_pretrained``) or ``model/`` (causal / masked LMs: one merged
+model), ``grafts/<task>/`` (each task's graft: the skill as stored), ``README.md``, ``report.md``,
+``merge.json``, ``results.csv``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from pydantic import Field, create_model
+
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft.graft import Graft
+from skillgraft.graft.selection import Budget
+from skillgraft.io import atomic_dir, check_target
+from skillgraft.merge import MERGE_METHODS, MergeMethod, Scored, merge_methods
+from skillgraft.pipeline.report import write_csv
+from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.workbench import Workbench
+from skillgraft.spec import Spec
+from skillgraft.verbs.merge_inputs import ModelInput, check_inputs, resolve_inputs
+from skillgraft.verbs.merge_report import readme, report_markdown, summarize, write_outputs
+
+__all__ = ["MergeSpec", "ModelInput", "check_inputs", "merge_models", "resolve_inputs"]
+
+
+class MergeSettings(Spec):
+    """Settings of ``skillgraft merge`` itself (each merge method's are its own ``Options``)."""
+
+    budget: Budget = Field(Budget.parse(5e-3), description="region size per task: a fraction of the graftable "
+                                                          "parameters in (0, 1] or a count")
+    localizer: str = Field("learned", description="localizer of each task's region (docs/localizers.md)")
+    dev_fraction: float = Field(0.2, gt=0, lt=1, description="share of a model's --data rows held out as dev rows "
+                                                             "(grid choice) when no --dev-data is given")
+    dev_limit: int | None = Field(200, ge=1, description="dev rows per task scored for the grid (seeded sample)")
+    mode: str | None = Field(None, description="how to score the models: classifier | prompt | causal | generative "
+                                               "(default: from the fine-tuned checkpoints' class)")
+    max_length: int = Field(128, ge=8, description="max tokens per example")
+
+
+# The options of ``skillgraft merge``: its own settings and every registered method's options (one default each).
+MergeSpec = create_model("MergeSpec", __base__=(MergeSettings, *[type(m).Options for m in MERGE_METHODS.values()]),
+                         __doc__="Settings of ``skillgraft merge`` (the localizer's own settings are its options).")
+
+
+# ---------------------------------------------------------------------------------------------- one model
+def open_setup(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None) -> Setup:
+    """θ_pre, θ_ft and the rows of one model: train (localize), dev (grid choice), test (report)."""
+    from skillgraft.data.sampling import eval_subset  # noqa: PLC0415
+    from skillgraft.pipeline.setup import from_pair  # noqa: PLC0415
+
+    setup = from_pair(pretrained, m.finetuned, m.data, mode=spec.mode, max_length=spec.max_length, share_pre=share_pre)
+    data = setup.data
+    train = data.train
+    if m.dev_data is not None:
+        labels = tuple(data.task.labels) or None
+        dev_spec = m.data.replace(data=m.dev_data, eval_data=m.dev_data, k=None, test_limit=None,
+                                  labels=list(labels) if labels and setup.pre.mode == "generative" else m.data.labels)
+        dev = dev_spec.load(labels if setup.pre.mode == "classifier" else None).test
+        setup.data_files = [*(setup.data_files or []), m.dev_data]
+    else:
+        order = np.random.RandomState(data.seed).permutation(len(train))
+        n_dev = int(round(spec.dev_fraction * len(train)))
+        if n_dev < 1 or n_dev >= len(train):
+            raise SkillgraftError(f"{m.name}: {len(train)} row(s) of --data cannot give both localization and dev "
+                                  "rows; give --dev-data")
+        held = set(order[:n_dev].tolist())
+        dev = [ex for i, ex in enumerate(train) if i in held]
+        train = [ex for i, ex in enumerate(train) if i not in held]
+    setup.data = dataclasses.replace(data, train=train, dev=eval_subset(dev, spec.dev_limit))
+    setup.graft_metadata = setup.graft_metadata.updated(merge_task=m.name)
+    return setup
+
+
+def task_graft(setup: Setup, m: ModelInput, spec: MergeSpec, options: Spec, store) -> Graft:
+    """The task's graft: the given one, or its region localized at ``spec.budget`` by ``spec.localizer`` with
+    ``options`` (its own options spec; from the store when done)."""
+    from skillgraft.pipeline.regions import learned_regions  # noqa: PLC0415
+
+    if m.graft is not None:
+        g = Graft.from_pretrained(m.graft)
+        g.metadata = g.metadata.updated(merge_task=m.name)
+        return g
+    if "sparsity" in type(options).model_fields and "sparsity" not in options.model_fields_set and \
+            spec.budget.fraction:
+        options = options.replace(sparsity=spec.budget.fraction)  # γ_base of the budget's size (L&S's init)
+    options = options.replace(budgets=[spec.budget])
+    regions, _ = learned_regions(setup, store, spec.localizer, options)
+    region = regions.get(spec.budget) or next(iter(regions.values()))
+    meta = {"task": setup.task, "mode": setup.pre.mode, "localizer": spec.localizer, "budget": spec.budget.key,
+            **setup.graft_metadata.to_dict()}
+    return Graft.from_models(setup.pre, setup.ft, region, meta)
+
+
+def score(scorer, examples) -> float:
+    from skillgraft.evaluate.predict import evaluate  # noqa: PLC0415
+
+    return float(evaluate(scorer, examples)[0]["score"])
+
+
+# ---------------------------------------------------------------------------------------------- the bench
+class MergeBench(Workbench):
+    """The Workbench as the merge methods see it (:class:`skillgraft.merge.base.Bench`): tasks scored on their own
+    rows, with a graft applied or a merged body swapped in."""
+
+    def score(self, use, split: str) -> dict[str, float]:
+        out = {}
+        for name, setup in self.members.items():
+            rows = setup.data.dev if split == "dev" else setup.test
+            with use(name) as scorer:
+                out[name] = score(scorer, rows)
+        return out
+
+    def grafted(self, graft_of):
+        import contextlib  # noqa: PLC0415
+
+        @contextlib.contextmanager
+        def use(name):
+            setup = self.members[name]
+            with graft_of(name).applied(setup.pre):
+                yield setup.pre
+        return use
+
+    def on_body(self, merged: dict):
+        """Each task's θ_pre scorer with the merged body and the task's own head (θ_ft's carried tensors)."""
+        import contextlib  # noqa: PLC0415
+
+        from skillgraft.graft.merge import swapped  # noqa: PLC0415
+        from skillgraft.merge.mergekit import body_module, body_state  # noqa: PLC0415
+
+        @contextlib.contextmanager
+        def use(name):
+            pre = self.members[name].pre
+            with swapped(pre, self.heads[name]), swapped(body_module(pre), body_state(pre, merged)):
+                yield pre
+        return use
+
+
+# ---------------------------------------------------------------------------------------------- the merge
+def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, localize: Spec | dict | None,
+                 out: str | os.PathLike, *, store=None, overwrite: bool = False, progress: bool = False,
+                 methods: dict[str, MergeMethod] | None = None) -> dict:
+    """Merge ``inputs`` (fine-tuned from ``pretrained``) into ``out``; see the module doc. Returns merge.json.
+
+    ``localize``: the options of ``spec.localizer`` set by the caller (its own spec or a dict; the rest are
+    the localizer's own defaults). ``methods``: the merge methods (default: the registry,
+    :func:`skillgraft.merge.merge_methods`; tests pass one with a fake mergekit runner).
+    """
+    from skillgraft.pipeline.regions import localizer_options  # noqa: PLC0415
+    from skillgraft.pipeline.store import Store  # noqa: PLC0415
+
+    out = check_target(out, overwrite)
+    localize = localizer_options(spec.localizer, localize)  # an unknown name or option fails before any work
+    mode = check_inputs(pretrained, inputs, spec)
+    store = store or Store()
+    chosen = [(m, m.options(spec)) for m in (methods or merge_methods()).values()]
+    chosen = [(m, o) for m, o in chosen if m.active(o)]
+    t0 = time.perf_counter()
+    bench = MergeBench()
+    ft = Scored("fine-tuned", "each task's own model")
+    seconds: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="skillgraft-merge-") as work:
+        work = Path(work)
+        for m in inputs:  # one θ_ft in memory at a time
+            setup = open_setup(pretrained, m, spec, share_pre=bench.share)
+            bench.add(m.name, setup, loader=_loader(setup, m.finetuned, spec.max_length))
+            if len(bench.members) == 1:
+                for method, opts in chosen:
+                    method.start(bench, opts, work)
+            ft.dev[m.name] = score(setup.ft, setup.data.dev)
+            ft.test[m.name] = score(setup.ft, setup.test)
+            bench.grafts[m.name] = task_graft(setup, m, spec, localize, store)
+            for method, opts in chosen:
+                method.on_model(bench, m.name, setup.ft, opts, work)
+            bench.release(m.name)
+        t_loc = time.perf_counter() - t0
+        results: list[Scored] = [ft, Scored("graft", f"each task's own graft ({spec.budget.label})")]
+        results[1].dev, results[1].test = (bench.score(bench.grafted(lambda n: bench.grafts[n]), s)
+                                           for s in ("dev", "test"))
+        for method, opts in chosen:
+            t1 = time.perf_counter()
+            results += method.rows(bench, opts, ft, work)
+            seconds[method.name] = time.perf_counter() - t1
+    written = next(s.body for s in results if s.method == "stitch" and s.info.get("written"))
+    summary = summarize(results, ft, bench.members, bench.grafts, spec, mode, pretrained)
+    summary["seconds"] = {"localize_and_load": t_loc, "mergekit": seconds.get("mergekit", 0.0),
+                          "total": time.perf_counter() - t0}
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        write_outputs(tmp, bench, written)
+        (tmp / "merge.json").write_text(json.dumps(summary, indent=2, default=float))
+        write_csv(tmp / "results.csv", summary["rows"])
+        (tmp / "report.md").write_text(report_markdown(summary))
+        (tmp / "README.md").write_text(readme(summary, mode))
+    return summary
+
+
+def _loader(setup: Setup, finetuned: str, max_length: int):
+    """Reads a released fine-tuned model back, as ``from_pair`` loaded it (writing the merged classifiers)."""
+    def load():
+        from skillgraft.models.scorer import build_scorer  # noqa: PLC0415
+
+        return build_scorer(finetuned, setup.data.task, setup.pre.mode, max_length=max_length).eval()
+    return load

@@ -1,0 +1,155 @@
+"""The inputs of ``skillgraft merge``: one fine-tuned model per ``--finetuned`` with its data (or its graft), read
+from the command line's lists and refused, before any weights load, when they cannot be merged."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from skillgraft.data.spec import UserDataSpec
+from skillgraft.errors import SkillgraftError
+
+
+@dataclass
+class ModelInput:
+    """One fine-tuned model to merge, with the data it is localized and scored on."""
+
+    finetuned: str
+    data: UserDataSpec | None = None
+    dev_data: Path | None = None
+    graft: Path | None = None
+    name: str = ""
+
+
+def resolve_inputs(*, pretrained: str | None, finetuned: list[str], data: list[str], eval_data: list[str],
+                   dev_data: list[str], grafts: list[str], shared: UserDataSpec) -> tuple[str, list[ModelInput]]:
+    """The models to merge from the CLI lists (one per model, in the same order); one line on any mismatch.
+
+    A ``--data`` entry ending in ``.yaml``/``.yml`` is a data spec (``UserDataSpec`` fields: data, eval_data,
+    text_field, text_pair_field, labels, …; paths relative to the file) over the shared options.
+    """
+    from skillgraft.spec import read_yaml  # noqa: PLC0415
+
+    records = [_graft_record(g) for g in grafts]
+    if grafts and finetuned and len(finetuned) != len(grafts):
+        raise SkillgraftError(f"{len(grafts)} --grafts but {len(finetuned)} --finetuned models: give one per graft, "
+                              "in the same order, or none (each graft's recorded fine-tuned model)")
+    if grafts and not finetuned:
+        finetuned = [r.get("finetuned") or _missing(g, "finetuned") for g, r in zip(grafts, records)]
+        pretrained = pretrained or records[0].get("pretrained") or _missing(grafts[0], "pretrained")
+    n = len(finetuned)
+    if n < 2:
+        raise SkillgraftError(f"merging needs at least two fine-tuned models (--finetuned, once per model); got {n}")
+    if pretrained is None:
+        raise SkillgraftError("--pretrained is required: the checkpoint every --finetuned model was fine-tuned from")
+    if not data and grafts and all(r.get("user_data") for r in records):
+        specs = [UserDataSpec.build(r["user_data"], where=f"{g} metadata user_data") for g, r in zip(grafts, records)]
+    else:
+        if len(data) != n:
+            raise SkillgraftError(f"{n} fine-tuned models but {len(data)} --data: give one --data per model, in the "
+                                  "same order (a model without data cannot be localized or scored)")
+        specs = []
+        for d in data:
+            if str(d).endswith((".yaml", ".yml")):
+                values = read_yaml(d)
+                root = Path(d).parent
+                for key in ("data", "eval_data"):
+                    if values.get(key) and not Path(values[key]).is_absolute() and (root / values[key]).exists():
+                        values[key] = str(root / values[key])
+                specs.append(UserDataSpec.build({**shared.model_dump(exclude={"data", "eval_data"}), **values},
+                                                where=str(d)))
+            else:
+                specs.append(shared.replace(data=d))
+    for option, values in (("--eval-data", eval_data), ("--dev-data", dev_data)):
+        if values and len(values) != n:
+            raise SkillgraftError(f"{n} fine-tuned models but {len(values)} {option}: give one per model or none")
+    if eval_data:
+        specs = [s.replace(eval_data=e) for s, e in zip(specs, eval_data)]
+    for i, s in enumerate(specs):
+        if s.data is None:
+            raise SkillgraftError(f"model {i + 1} ({finetuned[i]}): no --data")
+        for p in (s.data, s.eval_data, dev_data[i] if dev_data else None):
+            if p is not None and Path(p).suffix.lower() in (".jsonl", ".json", ".csv", ".tsv") and not Path(p).exists():
+                raise SkillgraftError(f"model {i + 1} ({finetuned[i]}): data file not found: {p}")
+    names = task_names(finetuned)
+    return pretrained, [ModelInput(str(f), s, Path(dev_data[i]) if dev_data else None,
+                                   Path(grafts[i]) if grafts else None, names[i])
+                        for i, (f, s) in enumerate(zip(finetuned, specs))]
+
+
+def _graft_record(path: str) -> dict:
+    from skillgraft.graft.graft_file import CONFIG_FILE  # noqa: PLC0415
+    from skillgraft.io import read_json  # noqa: PLC0415
+
+    cfg = Path(path) / CONFIG_FILE
+    if not cfg.is_file():
+        raise SkillgraftError(f"--grafts {path}: not a graft folder (no {CONFIG_FILE})")
+    meta = read_json(cfg, what="graft config").get("metadata") or {}
+    return {**meta, "base_fingerprint": read_json(cfg, what="graft config").get("base_fingerprint")}
+
+
+def _missing(graft: str, what: str):
+    raise SkillgraftError(f"--grafts {graft} records no {what} model; pass --{what}")
+
+
+def task_names(finetuned: list[str]) -> list[str]:
+    """One name per model: its folder name, made unique (``-2``, ``-3``) where two share one."""
+    base = [Path(str(f).rstrip("/")).name or "model" for f in finetuned]
+    out, seen = [], {}
+    for b in base:
+        seen[b] = seen.get(b, 0) + 1
+        out.append(b if base.count(b) == 1 else f"{b}-{seen[b]}")
+    return out
+
+
+def weight_files(path: str) -> list[Path]:
+    """The weight files of a checkpoint folder (safetensors, else pickled .bin), for sizes and identity."""
+    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+
+    folder = Path(model_reference(path).path)
+    if not folder.is_dir():
+        return []
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    return files or sorted((folder / "model").glob("*.safetensors"))
+
+
+def check_inputs(pretrained: str, inputs: list[ModelInput], spec) -> str:
+    """Refuse, before any weights load, what cannot be merged; returns the scoring mode they share."""
+    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+    from skillgraft.models.pair import check_pair, pair_mode  # noqa: PLC0415
+    from skillgraft.pipeline.setup import is_run_dir  # noqa: PLC0415
+    from skillgraft.pipeline.store import file_digest  # noqa: PLC0415
+
+    try:
+        model_reference(pretrained)
+    except SkillgraftError as e:
+        raise SkillgraftError(f"--pretrained: {e}") from None
+    seen: dict[str, str] = {}
+    base_files = weight_files(pretrained)
+    if base_files:
+        seen[file_digest(base_files)] = f"the --pretrained model {pretrained}"
+    modes = {}
+    for m in inputs:
+        try:
+            ref = model_reference(m.finetuned)
+        except SkillgraftError as e:
+            raise SkillgraftError(f"--finetuned: {e}") from None
+        if is_run_dir(m.finetuned):
+            raise SkillgraftError(f"--finetuned {m.finetuned} is a skillgraft run directory; merge takes Hugging Face "
+                                  "checkpoints (export the run's model/ folder, or pass it directly)")
+        files = weight_files(m.finetuned)
+        key = file_digest(files) if files else os.path.realpath(ref.path)
+        if key in seen:
+            raise SkillgraftError(f"--finetuned {m.finetuned} is the same model as {seen[key]} (identical weights): "
+                                  "give each fine-tuned model once")
+        seen[key] = f"--finetuned {m.finetuned}"
+        check_pair(pretrained, m.finetuned)  # architecture, shapes, vocabulary
+        modes[m.finetuned] = pair_mode(m.finetuned, m.data.generative, spec.mode)
+    if len(set(modes.values())) > 1:
+        shown = ", ".join(f"{k} → {v}" for k, v in modes.items())
+        raise SkillgraftError(f"the models are scored differently ({shown}); merge models of one kind, or set --mode")
+    prints = {_graft_record(str(m.graft)).get("base_fingerprint") for m in inputs if m.graft is not None}
+    if len(prints - {None}) > 1:
+        raise SkillgraftError(f"the --grafts were learned on different base models (fingerprints {sorted(prints - {None})})")
+    return next(iter(modes.values()))

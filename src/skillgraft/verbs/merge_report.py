@@ -1,0 +1,218 @@
+"""The outputs of ``skillgraft merge``: merge.json's rows and headline (:func:`summarize`), the merged model and each
+task's graft (:func:`write_outputs`), report.md and README.md."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from skillgraft.graft.graft import Graft
+from skillgraft.graft.merge import swapped, task_view
+from skillgraft.merge.base import Scored
+from skillgraft.merge.mergekit import body_module
+from skillgraft.pipeline.report import md_table
+from skillgraft.verbs.merge_inputs import weight_files
+
+
+def summarize(results: list[Scored], ft: Scored, setups: dict, grafts: dict[str, Graft],
+              spec, mode: str, pretrained: str) -> dict:
+    """merge.json: settings, per-task rows, the chosen configurations and the headline comparison."""
+    names = list(setups)
+    ckpt = {n: sum(f.stat().st_size for f in weight_files(str(setups[n].ft_dir))) for n in names}
+    graft_bytes = {n: graft_file_bytes(grafts[n]) for n in names}
+    rows = []
+    for s in results:
+        if not s.test and not s.dev:
+            rows.append({"method": s.method, "config": s.config, "error": s.info.get("error", "")})
+            continue
+        stitched = s.method in ("stitch", "graft")
+        stored = {n: (graft_bytes[n] if stitched else ckpt[n]) for n in names}
+        row = {"method": s.method, "config": s.config, "on_test": bool(s.test),
+               "chosen_on_dev": bool(s.info.get("chosen_on_dev")),
+               "dev_mean_normalized": s.mean_normalized(ft, "dev") if s.dev else None,
+               "mean_accuracy": float(np.mean(list(s.test.values()))) if s.test else None,
+               "mean_normalized": s.mean_normalized(ft) if s.test else None,
+               "bytes_per_task": float(np.mean(list(stored.values()))), **s.info}
+        for n in names:
+            row[f"{n}:dev"] = s.dev.get(n)
+            row[f"{n}:test"] = s.test.get(n)
+            row[f"{n}:normalized"] = s.normalized(ft).get(n) if s.test else None
+            row[f"{n}:bytes"] = stored[n]
+        rows.append(row)
+    stitch_rows = [r for r in rows if r["method"] == "stitch" and r.get("on_test")]
+    written = next(r for r in stitch_rows if r.get("written"))
+    plain = next(r for r in stitch_rows if r["config"] == spec.rule)  # λ = 1: Localize-and-Stitch as published
+    dev_rule = max(stitch_rows, key=lambda r: r["dev_mean_normalized"])
+    mk = [r for r in rows if r["method"].startswith("mergekit") and r.get("on_test") and r.get("chosen_on_dev")]
+    best_mk = max(mk, key=lambda r: r["mean_normalized"]) if mk else None
+    checkpoint_bytes = float(np.mean(list(ckpt.values())))
+    headline = {"stitch_rule": spec.rule, "stitch_scale": written["scale"],
+                "stitch_mean_normalized": written["mean_normalized"],
+                "stitch_scale_1_mean_normalized": plain["mean_normalized"],
+                "stitch_rule_chosen_on_dev": dev_rule["config"],
+                "stitch_dev_rule_mean_normalized": dev_rule["mean_normalized"],
+                "best_mergekit": f"{best_mk['method']} ({best_mk['config']})" if best_mk else None,
+                "best_mergekit_mean_normalized": best_mk["mean_normalized"] if best_mk else None,
+                "checkpoint_bytes": checkpoint_bytes,
+                "max_graft_bytes": max(graft_bytes.values()),
+                "max_graft_share_of_checkpoint": max(graft_bytes[n] / ckpt[n] for n in names if ckpt[n]) if
+                any(ckpt.values()) else None}
+    if best_mk:
+        headline["stitch_at_least_best_mergekit"] = written["mean_normalized"] >= best_mk["mean_normalized"]
+    tasks = {}
+    for n in names:
+        st = setups[n]
+        tasks[n] = {"finetuned": st.ft.base_model, "task": st.task, "labels": list(st.data.task.labels),
+                    "train": len(st.data.train), "dev": len(st.data.dev), "test": len(st.test),
+                    "data": st.data_note, "graft_size": grafts[n].size, "graft_bytes": graft_bytes[n],
+                    "checkpoint_bytes": ckpt[n]}
+    return {"pretrained": pretrained, "mode": mode, "settings": spec.to_dict(), "tasks": tasks, "rows": rows,
+            "headline": headline}
+
+
+def graft_file_bytes(graft: Graft) -> int:
+    """Bytes of the graft as stored (graft.safetensors: positions, values, the carried head)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = graft.save_pretrained(Path(tmp) / "g")
+        return (path / "graft.safetensors").stat().st_size
+
+
+def write_outputs(folder: Path, bench, body: Graft) -> None:
+    """The merged model (``tasks/<task>/`` or ``model/``) and each task's graft (``grafts/<task>/``); a released
+    fine-tuned classifier is read back from its files, one at a time (:meth:`Workbench.finetuned`)."""
+    from skillgraft.models.anatomy import carried_names  # noqa: PLC0415
+
+    for name, g in bench.grafts.items():
+        g.save_pretrained(folder / "grafts" / name)
+    pre = bench.pre
+    if not carried_names(pre):  # one merged model serves every task
+        with body.applied(pre):
+            pre.model.save_pretrained(folder / "model")
+        pre.tokenizer.save_pretrained(folder / "model")
+        return
+    for name, setup in bench.members.items():
+        # the stitched body (θ_pre outside the union) written into the task's own fine-tuned classifier
+        with task_view(body, bench.grafts[name]).applied(setup.pre):
+            state = {n: t.detach().clone() for n, t in body_module(setup.pre).state_dict().items()}
+        with bench.finetuned(name) as ft, swapped(body_module(ft), state):
+            ft.model.save_pretrained(folder / "tasks" / name)
+            ft.tokenizer.save_pretrained(folder / "tasks" / name)
+        del state
+
+
+def _fmt(x, pct: bool = False) -> str:
+    if x is None or (isinstance(x, float) and np.isnan(x)):
+        return "-"
+    return f"{100 * x:.1f}" if pct else f"{x:.4f}"
+
+
+def report_markdown(s: dict) -> str:
+    """report.md: per-task accuracy and normalized accuracy of every method, means, bytes per task."""
+    names = list(s["tasks"])
+    h = s["headline"]
+    cfg = s["settings"]
+    lines = [f"# Merging {len(names)} fine-tuned models of `{s['pretrained']}`", "",
+             f"Scored as `{s['mode']}`. Each task's region: localizer `{cfg['localizer']}` at budget {cfg['budget']} "
+             "of the graftable parameters; the stitched model resolves overlaps by "
+             f"`{cfg['rule']}` at strength λ = {h['stitch_scale']:g} (chosen on dev; written to this folder).", "",
+             "**Every method merges the body only** (all but the task heads): heads of tasks with different label "
+             "sets cannot be merged, so each task runs on the merged body with its own fine-tuned head — for "
+             "skillgraft's stitch and for every mergekit method alike.", "",
+             "| task | fine-tuned checkpoint | labels | localize rows | dev rows | test rows | graft | graft bytes | "
+             "checkpoint bytes | share |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for n, t in s["tasks"].items():
+        share = t["graft_bytes"] / t["checkpoint_bytes"] if t["checkpoint_bytes"] else float("nan")
+        lines.append(f"| {n} | `{t['finetuned']}` | {len(t['labels'])} | {t['train']} | {t['dev']} | {t['test']} | "
+                     f"{t['graft_size']:,} | {t['graft_bytes']:,} | {t['checkpoint_bytes']:,} | {100 * share:.2f}% |")
+    lines += ["", "## Test accuracy (normalized = merged ÷ the task's own fine-tuned model)", ""]
+    header = ["method", "settings", *[f"{n} acc" for n in names], *[f"{n} norm" for n in names], "mean acc",
+              "mean norm", "dev mean norm", "bytes / task"]
+    table = []
+    for r in s["rows"]:
+        if not r.get("on_test"):
+            continue
+        mark = " (chosen on dev)" if r.get("chosen_on_dev") else ""
+        table.append([r["method"], r["config"] + mark, *[_fmt(r[f"{n}:test"]) for n in names],
+                      *[_fmt(r[f"{n}:normalized"]) for n in names], _fmt(r["mean_accuracy"]),
+                      _fmt(r["mean_normalized"]), _fmt(r["dev_mean_normalized"]), f"{r['bytes_per_task']:,.0f}"])
+    lines += md_table(header, table).splitlines()
+    grid = [r for r in s["rows"] if r["method"].startswith("mergekit") or r["method"] == "stitch"]
+    if grid:
+        lines += ["", "## Grids (chosen on dev rows only; mergekit: λ = `lambda`, weight 1 per model; stitch: λ of "
+                  "θ_pre + λ Σ_t (γ_t ⊘ Σ_s γ_s) ⊙ τ_t)", "",
+                  "| method | settings | dev mean norm | on test |", "|---|---|---:|---|"]
+        for r in grid:
+            if r.get("error"):
+                lines.append(f"| {r['method']} | {r['config']} | failed: {r['error']} | - |")
+            else:
+                lines.append(f"| {r['method']} | {r['config']} | {_fmt(r['dev_mean_normalized'])} | "
+                             f"{'yes' if r.get('on_test') else 'no'} |")
+    lines += ["", "## Headline", "",
+              f"- stitch (`{h['stitch_rule']}`, λ = {h['stitch_scale']:g} chosen on dev; written to this folder): "
+              f"mean normalized accuracy {_fmt(h['stitch_mean_normalized'])} (at λ = 1, Localize-and-Stitch as "
+              f"published: {_fmt(h['stitch_scale_1_mean_normalized'])}); the rule and λ best on dev are "
+              f"`{h['stitch_rule_chosen_on_dev']}` ({_fmt(h['stitch_dev_rule_mean_normalized'])})"]
+    if h.get("best_mergekit"):
+        lines.append(f"- best mergekit method (its settings chosen on dev, best of the methods on test): "
+                     f"{h['best_mergekit']}: {_fmt(h['best_mergekit_mean_normalized'])}")
+    if h.get("max_graft_share_of_checkpoint") is not None:
+        lines.append(f"- largest stored skill: {h['max_graft_bytes']:,} bytes = "
+                     f"{100 * h['max_graft_share_of_checkpoint']:.2f}% of its checkpoint's weight bytes")
+    lines += ["", "Overlap rules: *average* — θ_pre + Σ_t (γ_t ⊘ Σ_s γ_s) ⊙ τ_t (Localize-and-Stitch, Eq. 4: the mean "
+              "of the claiming tasks' values; `λ=…` rows scale that sum, as task arithmetic's λ does); "
+              "*max-delta* — the task with the largest |τ_t| at the coordinate wins; "
+              "*disjoint* — contested coordinates stay θ_pre. mergekit: `linear` = mean of the fine-tuned bodies; "
+              "`task_arithmetic` = θ_pre + λ Σ_t τ_t; `ties` = trim to the top-density |τ|, elect signs, mean of the "
+              "agreeing values, × λ; `dare_ties` = random drop to density with rescaling, sign election, sum × λ. "
+              "*defaults*: weight 1 per model and mergekit's own defaults (λ 1, density 1).",
+              "", "*bytes / task*: what must be kept per task to rebuild the merged model — a graft file (positions, "
+              "values, the task's head) for the stitch; the whole fine-tuned checkpoint (its dense task vector) for "
+              "mergekit's methods and single-task models.", ""]
+    return "\n".join(lines)
+
+
+def readme(s: dict, mode: str) -> str:
+    """README.md of the output folder: the layout and how to load it with plain transformers."""
+    names = list(s["tasks"])
+    if mode == "classifier":
+        return f"""# A merged model: one body, one head per task
+
+Merged by `skillgraft merge` (rule `{s['settings']['rule']}`, strength λ = {s['headline']['stitch_scale']:g}) from
+{len(names)} classifiers fine-tuned from `{s['pretrained']}`.
+
+- `tasks/<task>/` — a complete Hugging Face checkpoint per task ({', '.join(f'`{n}`' for n in names)}): the merged
+  body (bit-identical in every folder) and that task's own classification head, with its labels in
+  `config.json` (`id2label`) and its tokenizer.
+- `grafts/<task>/` — each task's skill as skillgraft stores it (positions + values + head); the body above is
+  their stitch under the rule, scaled by λ (`skillgraft.graft.merge.stitch`, then `scaled`).
+- `report.md`, `merge.json`, `results.csv` — the comparison with mergekit's methods.
+
+Load with plain transformers (no skillgraft needed):
+
+```python
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+model = AutoModelForSequenceClassification.from_pretrained("tasks/{names[0]}")
+tok = AutoTokenizer.from_pretrained("tasks/{names[0]}")
+logits = model(**tok(["some text"], return_tensors="pt")).logits
+label = model.config.id2label[int(logits.argmax(-1))]
+```
+
+`AutoModel.from_pretrained("tasks/<any task>")` gives the shared merged body alone.
+"""
+    return f"""# A merged model
+
+Merged by `skillgraft merge` (rule `{s['settings']['rule']}`, strength λ = {s['headline']['stitch_scale']:g}) from
+{len(names)} models fine-tuned from `{s['pretrained']}` ({', '.join(f'`{n}`' for n in names)}); the tasks share
+every tensor, so `model/` serves all of them.
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer   # AutoModelForMaskedLM for masked LMs
+model = AutoModelForCausalLM.from_pretrained("model")
+tok = AutoTokenizer.from_pretrained("model")
+```
+
+`grafts/<task>/` holds each task's skill as skillgraft stores it (`model/` is their stitch under the rule, scaled by
+λ); `report.md` compares with mergekit's methods.
+"""
