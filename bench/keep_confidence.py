@@ -7,7 +7,9 @@ twice with the same probes (one memo of graft outcomes per size):
 
 * ``point`` — the old search: gallop ×4 from ``--keep-from``, stop at the first size whose point share ≥ τ, bisect;
 * ``bound`` — the issue-38 search at confidence c (default 0.9): the paired-bootstrap lower bound of the share must
-  reach τ, for that size and every larger probed size (the whole coarse grid scored, then bisection).
+  reach τ, for that size and every larger probed size (the whole coarse grid scored, then bisection);
+* both again on a seeded ``--subset`` of the selection rows (default 64: a split as small as the issue's 80 rows),
+  the rows named in the rule (``point (64 rows)``).
 
 Each chosen size is then scored on a seeded subset of the task's test set (``--test-limit``), and the report is, per
 τ (0.9, 0.95, 0.99) and fine-tuning: how often the test share is ≥ τ under each rule, and the size cost (the
@@ -76,7 +78,11 @@ def adamw_setup(store, task: str, seed: int, k: int, test_limit: int, lr: float 
     return setup, seconds
 
 
-def measure(setup, confidences: list[float], keep_from: float, tolerance: float) -> dict:
+def measure(setup, confidences: list[float], keep_from: float, tolerance: float, subset: int = 0) -> dict:
+    import dataclasses
+
+    import numpy as np
+
     from skillgraft.graft.keep import graft_outcome, search_keep, selection_outcome
     from skillgraft.graft.localizers import get_localizer
 
@@ -94,11 +100,24 @@ def measure(setup, confidences: list[float], keep_from: float, tolerance: float)
 
     ref = selection_outcome(setup.ft, selection)
     start = max(1, round(keep_from * ranking.universe))
-    searches = {"point": search_keep(at, ref, TARGETS, len(ranking), start=start, tolerance=tolerance,
-                                     universe=ranking.universe)}
-    for c in confidences:
-        searches[f"bound {c:g}"] = search_keep(at, ref, TARGETS, len(ranking), start=start, tolerance=tolerance,
-                                               universe=ranking.universe, confidence=c)
+    searches = {}
+    # the full selection split, and (``subset``) a seeded part of it: a smaller split, as the issue's 80 rows
+    views = [("", None)] + ([(f" ({subset} rows)", np.sort(np.random.RandomState(0).permutation(len(selection))
+                                                          [:subset]))] if 0 < subset < len(selection) else [])
+    for suffix, rows in views:
+        def part(o, rows=rows):
+            if rows is None:
+                return o
+            sub = dataclasses.replace(o, pred=o.pred[rows], labels=o.labels[rows])
+            return dataclasses.replace(sub, score=float((sub.pred == sub.labels).mean()))
+
+        view, ref_view = (lambda k, part=part: part(at(k))), part(ref)
+        searches["point" + suffix] = search_keep(view, ref_view, TARGETS, len(ranking), start=start,
+                                                 tolerance=tolerance, universe=ranking.universe)
+        for c in confidences:
+            searches[f"bound {c:g}{suffix}"] = search_keep(view, ref_view, TARGETS, len(ranking), start=start,
+                                                           tolerance=tolerance, universe=ranking.universe,
+                                                           confidence=c)
     search_seconds = time.perf_counter() - t0
     ft_test = selection_outcome(setup.ft, test).score
     test_graft = graft_outcome(setup.pre, setup.ft, test)
@@ -120,14 +139,17 @@ def measure(setup, confidences: list[float], keep_from: float, tolerance: float)
 
 
 def summarize(out: Path) -> str:
-    """Markdown tables over every finished JSON: coverage and size cost per fine-tuning, rule and target."""
+    """Markdown tables over every finished JSON: coverage and size cost per fine-tuning, rule and target.
+
+    ``reached``: searches whose rule was met on the selection split; an unreached one is counted with the size it
+    offers (the best selection share, or the best bound), the graft `--keep` would write."""
     import math
 
     results = [json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.name != "summary.json"]
     lines = [f"{len(results)} fine-tuned models: " + ", ".join(sorted(f"{r['mode']} {r['task']}/{r['seed']}"
                                                                     for r in results)), ""]
-    lines += ["| fine-tuning | rule | τ | n | test share ≥ τ | mean test share | min test share | median density | "
-              "size ÷ point size (geo. mean) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["| fine-tuning | rule | τ | n | reached | test share ≥ τ | mean test share | min test share | median density | "
+              "size ÷ point size (geo. mean) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for mode in sorted({r["mode"] for r in results}):
         mine = [r for r in results if r["mode"] == mode]
         rules = list(dict.fromkeys(row["rule"] for r in mine for row in r["rows"]))
@@ -140,10 +162,12 @@ def summarize(out: Path) -> str:
                 ok = sum(s >= tau - 1e-12 for s in shares)
                 dens = sorted(row["density"] for row, _ in got)
                 ratios = []
+                suffix = rule[rule.index(" ("):] if " (" in rule else ""
                 for row, r in got:
-                    point = next(x for x in r["rows"] if x["rule"] == "point" and x["target"] == tau)
+                    point = next(x for x in r["rows"] if x["rule"] == "point" + suffix and x["target"] == tau)
                     ratios.append(math.log(row["size"] / point["size"]))
-                lines.append(f"| {mode} | {rule} | {tau:g} | {len(got)} | {ok}/{len(got)} ({ok / len(got):.0%}) | "
+                reached = sum(row["reached"] for row, _ in got)
+                lines.append(f"| {mode} | {rule} | {tau:g} | {len(got)} | {reached} | {ok}/{len(got)} ({ok / len(got):.0%}) | "
                              f"{sum(shares) / len(shares):.3f} | {min(shares):.3f} | {dens[len(dens) // 2]:.2e} | "
                              f"{math.exp(sum(ratios) / len(ratios)):.2f} |")
     return "\n".join(lines)
@@ -157,6 +181,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=64, help="k-shot per label (the dev split: the next k per label)")
     ap.add_argument("--test-limit", type=int, default=500)
     ap.add_argument("--confidence", default="0.9", help="confidences of the bound (comma-separated)")
+    ap.add_argument("--subset", type=int, default=64, help="also search on a seeded part of the selection split of "
+                    "this many rows (0: no)")
     ap.add_argument("--keep-from", type=float, default=1e-6)
     ap.add_argument("--tolerance", type=float, default=0.1)
     ap.add_argument("--out", type=Path, default=Path("bench") / "results" / "keep_confidence")
@@ -185,7 +211,7 @@ def main() -> None:
                 setup, ft_seconds = make(store, task, seed, args.k, args.test_limit)
                 result = {"mode": mode, "task": task, "seed": seed, "k": args.k, "fine_tune_seconds": ft_seconds,
                           "confidences": confidences, "family": "movement (top-|Δ| global)",
-                          **measure(setup, confidences, args.keep_from, args.tolerance)}
+                          **measure(setup, confidences, args.keep_from, args.tolerance, args.subset)}
                 result["total_seconds"] = time.perf_counter() - t0
                 path.write_text(json.dumps(result, indent=1, default=float))
                 short = {(row["rule"], row["target"]): f"{row['density']:.1e}/{row['test_share']:.3f}"
