@@ -240,3 +240,193 @@ def test_frontier_learned_from_one_trajectory_per_sparsity(ft_run, toy_data, tmp
     assert "frontier top-|Δ| global (L&S dataless) keep 0.9" in r.output
     r = invoke("sweep", "--finetuned", ft_run, "--out", tmp_path / "t", "--frontier", "--frontier-sparsities", "0")
     assert r.exit_code == 2 and "--frontier-sparsities" in r.output
+
+
+# ---------------------------------------------------------------------------------------------- the stated confidence
+def _outcome(correct, labels=None, metric="accuracy"):
+    """An Outcome from per-row correctness (labels all 1; pred = label where correct, else 0)."""
+    import numpy as np
+
+    from skillgraft.graft.keep import Outcome
+
+    correct = np.asarray(correct, dtype=bool)
+    labels = np.ones(len(correct), dtype=int) if labels is None else np.asarray(labels)
+    pred = np.where(correct, labels, 1 - labels)
+    if metric == "f1":
+        tp = int(((pred == 1) & (labels == 1)).sum())
+        wrong = int(((pred == 1) != (labels == 1)).sum())
+        score = 2 * tp / (2 * tp + wrong) if 2 * tp + wrong else 1.0
+    else:
+        score = float(correct.mean())
+    return Outcome(score, pred, labels, metric)
+
+
+def _exact_bootstrap_quantile(graft, ft, q):
+    """The q-quantile (inverted CDF) of the share over *every* one of the n^n equally likely resamples."""
+    import itertools
+
+    import numpy as np
+
+    from skillgraft.graft.keep import bootstrap_shares
+
+    n = len(ft.pred)
+    weights = np.array([np.bincount(draw, minlength=n) for draw in itertools.product(range(n), repeat=n)], float)
+    return float(np.quantile(bootstrap_shares(graft, ft, weights), q, method="inverted_cdf"))
+
+
+def test_share_bound_on_hand_made_cases():
+    from skillgraft.graft.keep import share_bound
+
+    ft = _outcome([1, 1, 1])
+    # graft agrees with FT on every row: every resample's share is 1
+    assert share_bound(_outcome([1, 1, 1]), ft, 0.9) == 1.0
+    # graft wrong on one of 3 rows FT gets right: a resample's share is (draws of the 2 good rows)/3, so
+    # P(0) = 1/27, P(1/3) = 6/27, P(2/3) = 12/27, P(1) = 8/27: the 10% quantile is 1/3, the 50% one 2/3
+    graft = _outcome([1, 1, 0])
+    assert share_bound(graft, ft, 0.9) == pytest.approx(1 / 3, abs=1e-12)
+    assert share_bound(graft, ft, 0.5) == pytest.approx(2 / 3, abs=1e-12)
+    assert share_bound(graft, ft, 0.7) == pytest.approx(_exact_bootstrap_quantile(graft, ft, 0.3), abs=1e-12)
+    # FT right on 1 of 2 rows, graft the same: a quarter of resamples draw FT's wrong row twice (FT scores 0:
+    # share counted as 0, conservative), the rest have share 1 → the 10% quantile is 0, the 30% one is 1
+    same = _outcome([1, 0])
+    assert share_bound(same, _outcome([1, 0]), 0.9) == 0.0 and share_bound(same, _outcome([1, 0]), 0.7) == 1.0
+    # paired: graft right where FT is wrong and wrong where FT is right, on 4 rows (exact enumeration, 256 draws;
+    # the exact CDF: 0.5 → 0.148, 0.667 → 0.242, 0.75 → 0.367, 1 → 0.641, so these quantiles are 0.5, 0.75 and 1,
+    # each well inside a step of the CDF, where 2,000 seeded resamples cannot land on the neighbouring value)
+    graft, ft = _outcome([1, 1, 1, 0]), _outcome([1, 1, 0, 1])
+    assert [share_bound(graft, ft, c) for c in (0.9, 0.7, 0.5)] == [0.5, 0.75, 1.0]
+    for confidence in (0.9, 0.7, 0.5):
+        assert share_bound(graft, ft, confidence) == pytest.approx(
+            _exact_bootstrap_quantile(graft, ft, 1 - confidence), abs=1e-12)
+    # F1 (a pair task's metric): the share of F1 per resample, against the exact enumeration
+    labels = [1, 0, 1, 1, 0]
+    graft, ft = _outcome([1, 1, 0, 1, 0], labels, "f1"), _outcome([1, 1, 1, 1, 0], labels, "f1")
+    assert share_bound(graft, ft, 0.65) == pytest.approx(_exact_bootstrap_quantile(graft, ft, 0.35), abs=1e-12)
+
+
+def test_rows_needed_by_hand():
+    from skillgraft.graft.keep import rows_needed
+
+    # point 0.98, bound 0.90 on 100 rows, target 0.95: the gap 0.08 must shrink to 0.03 → ×(8/3)² rows
+    assert rows_needed(0.98, 0.90, 100, 0.95) == math.ceil(100 * (0.08 / 0.03) ** 2) == 712
+    assert rows_needed(0.98, 0.96, 100, 0.95) == 100            # the bound already reaches it
+    assert rows_needed(0.93, 0.85, 100, 0.95) is None           # the point estimate is below: no rows confirm it
+    assert rows_needed(0.98, None, None, 0.95) is None
+
+
+def _noisy_family(n_rows=80, ft_right=64, crossing=(16, 59), truth_below=4096):
+    """A family of sizes 1 … 16384 on n_rows selection rows: FT right on ``ft_right``; the graft's correct rows
+    grow with the size except one lucky small size (``crossing``: size, correct rows) whose point share crosses
+    0.9 by chance; sizes ≥ ``truth_below`` agree with FT."""
+    import numpy as np
+
+    ft = np.zeros(n_rows, bool)
+    ft[:ft_right] = True
+
+    def at(k):
+        if k == crossing[0]:
+            right = np.zeros(n_rows, bool)
+            right[:crossing[1] - 1] = True
+            right[-1] = True  # one row FT gets wrong
+            return _outcome(right)
+        good = ft_right if k >= truth_below else min(ft_right - 1, int(ft_right * 0.5 + 4 * math.log2(k)))
+        right = np.zeros(n_rows, bool)
+        right[:good] = True
+        return _outcome(right)
+
+    return at, _outcome(ft)
+
+
+def test_bound_search_does_not_stop_at_a_noisy_crossing():
+    at, ft = _noisy_family()
+    (point,) = search_keep(at, ft, [0.9], 16384, start=1, tolerance=0.01)
+    assert point.size == 16 and point.confidence is None  # the old rule: the first size whose point share crosses
+    (r,) = search_keep(at, ft, [0.9], 16384, start=1, tolerance=0.01, confidence=0.9)
+    assert r.reached and r.size > 16 and r.confidence == 0.9 and r.rows == 80
+    assert r.bound >= 0.9 and r.share >= r.bound
+    probed = {p.size: p for p in r.probes}
+    assert all(p.bound >= 0.9 for s, p in probed.items() if s >= r.size)  # every larger probed size passes
+    assert any(p.bound < 0.9 for s, p in probed.items() if s < r.size)     # and the bracket below failed
+    assert 16 in probed and probed[16].share >= 0.9 and probed[16].bound < 0.9  # the crossing was seen, not taken
+    assert r.point_size == 16 and r.rows_needed and r.rows_needed > 80 and "point estimate reaches" in r.note
+    assert "lower bound" in r.describe()
+    # deterministic: the same bounds again
+    (again,) = search_keep(at, ft, [0.9], 16384, start=1, tolerance=0.01, confidence=0.9)
+    assert [p.to_dict() | {"seconds": 0} for p in again.probes] == [p.to_dict() | {"seconds": 0} for p in r.probes]
+
+
+def test_bound_search_reports_a_selection_split_too_small():
+    import numpy as np
+
+    ft = _outcome(np.arange(20) < 16)
+
+    def at(k):  # the best region keeps 15 of FT's 16 rows: point share 0.9375 at best, the bound below 0.9
+        right = np.zeros(20, bool)
+        right[:min(15, 8 + k.bit_length())] = True
+        return _outcome(right)
+
+    (r,) = search_keep(at, ft, [0.9], 1024, confidence=0.9)
+    assert not r.reached and r.size is None and r.bound < 0.9
+    assert r.point_size is not None and r.rows_needed > 20
+    assert "too few" in r.note and f"{r.rows_needed:,} selection rows" in r.note and "too few" in r.describe()
+
+
+def test_noisy_selection_split_no_longer_picks_a_size_below_target(pair):
+    """Tiny model: on small noisy selection splits, the point search picked sizes keeping < 90% of FT on a large
+    fresh sample; the bound's choice keeps ≥ 90% there."""
+    import random
+
+    from tiny import sentence
+
+    from skillgraft.data.loading import Example
+    from skillgraft.graft.keep import graft_outcome, keep_search, selection_outcome
+
+    pre, ft, data = pair
+    ranking = get_localizer("movement").ranking(pre, ft, data, None)
+    rng = random.Random(7)
+    truth = [Example(sentence(rng, i % 2), i % 2) for i in range(600)]
+    truth_ft, truth_graft = selection_outcome(ft, truth).score, graft_outcome(pre, ft, truth)
+    for seed in (101, 104, 107):  # 24-row selection splits on which the point estimate crosses early
+        draw = random.Random(seed)
+        selection = [Example(sentence(draw, i % 2), i % 2) for i in range(24)]
+        (r,) = keep_search(pre, ft, ranking, selection, [0.9])  # the default: 90% confidence
+        assert r.confidence == 0.9 and r.reached
+        assert truth_graft(ranking.region(r.size)).score >= 0.9 * truth_ft, seed
+        # the old point search (today's rule) on the same split stops at a size that keeps < 90% on the fresh rows
+        score = graft_outcome(pre, ft, selection)
+        (point,) = search_keep(lambda k: score(ranking.region(k)), selection_outcome(ft, selection), [0.9],
+                               len(ranking), start=1)
+        assert point.reached and point.size < r.size
+        assert truth_graft(ranking.region(point.size)).score < 0.9 * truth_ft, seed
+
+
+def test_cli_keep_data_confidence_and_refusals(ft_run, toy_data, tmp_path):
+    import json
+    import random
+
+    from test_cli import invoke
+    from tiny import sentence
+
+    rng = random.Random(5)
+    rows = [{"text": sentence(rng, i % 2), "label": str(i % 2)} for i in range(60)]
+    keep_data = tmp_path / "selection.jsonl"
+    keep_data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "g"
+    r = invoke("graft", "--finetuned", ft_run, "--out", out, "--keep", "0.9", "--keep-data", keep_data,
+               "--keep-confidence", "0.8", "--localizer", "movement", "--baselines", "", "--data-dir", toy_data)
+    assert r.exit_code == 0, r.output
+    keep = json.loads((out / "metrics.json").read_text())["keep"]
+    assert "selection.jsonl (60 rows, --keep-data" in keep["selection"] and keep["selection_n"] == 60
+    (t,) = keep["targets"]
+    assert t["confidence"] == 0.8 and t["selection_rows"] == 60 and t["bound"] is not None
+    if t["reached"]:
+        assert t["bound"] >= 0.9
+    assert "80% lower bound" in r.output and "lower bound" in (out / "report.md").read_text()
+    # a test row in the selection file is refused, in one line
+    test_row = (toy_data / "SST-2" / "test.jsonl").read_text().splitlines()[0]
+    keep_data.write_text(keep_data.read_text() + test_row + "\n")
+    r = invoke("graft", "--finetuned", ft_run, "--out", tmp_path / "h", "--keep", "0.9", "--keep-data", keep_data,
+               "--localizer", "movement", "--baselines", "", "--data-dir", toy_data)
+    assert r.exit_code != 0 and "1 of its 61 rows are test rows" in r.output
+    r = invoke("graft", "--finetuned", ft_run, "--out", tmp_path / "i", "--keep", "0.9", "--keep-confidence", "1")
+    assert r.exit_code == 2 and "--keep-confidence" in r.output

@@ -221,18 +221,17 @@ def graft(
 def _print_keep(result: dict) -> None:
     """One line per keep target (size found, selection and test shares, cost) and per frontier keep density."""
     keep = result.get("keep")
+    from skillgraft.pipeline.keep import keep_line  # noqa: PLC0415
+
     for t in (keep or {}).get("targets", []):
-        size = t["size"] if t["reached"] else t["best_size"]
-        head = (f"keep {t['target']:g}: {size:,} params ({size / t['universe']:.2e})" if t["reached"] else
-                f"keep {t['target']:g}: [yellow]not reached[/] by any size; best {t['best_share']:.3f} at {size:,}")
-        test = "" if t.get("test_share") is None else f", test share {t['test_share']:.3f}"
-        console.print(f"{head}, selection share {t['selection_share'] or t['best_share']:.3f}{test} "
-                      f"| {t['probe_count']} probes, {t['search_seconds']:.0f} s")
+        console.print(keep_line(t))
     if keep:
         console.print(f"keep selection split: {escape(keep['selection'])}")
     for k in (result.get("frontier") or {}).get("keep", []):
         need = f"density {k['density']:.2e}" if k["reached"] else f"not reached (best {k['best_share']:.3f})"
-        console.print(f"frontier {escape(k['method'])} keep {k['target']:g}: {need}, test share {k['test_share']:.3f}")
+        bound = "" if k.get("bound") is None else f", {k['confidence']:.0%} lower bound {k['bound']:.3f}"
+        console.print(f"frontier {escape(k['method'])} keep {k['target']:g}: {need}{bound}, test share "
+                      f"{k['test_share']:.3f}")
 
 
 @app.command()

@@ -13,8 +13,9 @@ the graftable body), each method's graft θ_pre + γ_d ⊙ Δ is scored on the t
 * ``random`` — a uniform region of the same size.
 
 For each method with a nested family, the density needed for each of ``frontier_keep`` (95% and 99% of FT)
-is searched on the selection split (:mod:`skillgraft.pipeline.keep`), and the region found is scored on the
-test rows too. Writes ``frontier.csv``, ``frontier_keep.csv`` and ``frontier.png``; the whole result is a
+is searched on the selection split (:mod:`skillgraft.pipeline.keep`) with the keep search's confidence (the
+paired-bootstrap lower bound of the share must reach the target), and the region found is scored on the test
+rows too. Writes ``frontier.csv``, ``frontier_keep.csv`` and ``frontier.png``; the whole result is a
 store entry, so a re-run only re-plots.
 """
 
@@ -28,14 +29,14 @@ from pydantic import Field, field_validator
 
 from skillgraft.evaluate.plots import save_figure
 from skillgraft.graft.dare import dare_graft, dare_values
-from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec, check_share, graft_scorer, keep_search
+from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec, check_share, graft_outcome, keep_search
 from skillgraft.graft.localizers import get_localizer, localize
 from skillgraft.graft.selection import Budget, as_list, region_universe
 from skillgraft.io import read_json, write_json
 from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
-from skillgraft.pipeline.keep import selection_split
+from skillgraft.pipeline.keep import keep_identity, selection_split
 from skillgraft.spec import Spec
 
 PEER_LABELS = {"ties-trim": "top-|Δ| per tensor (TIES trim)", "movement": "top-|Δ| global (L&S dataless)",
@@ -98,7 +99,7 @@ def frontier_report(setup: Setup, run: RunDir, spec: FrontierSpec | None = None,
         if name != "dare":
             get_localizer(name)  # unknown names fail before any work
     key = {"setup": setup.identity(), "localizer": localizer, "options": options.to_dict(), "frontier": spec.to_dict(),
-           "keep": keep.to_dict(), "learned_order": LEARNED_ORDER}
+           **keep_identity(keep), "learned_order": LEARNED_ORDER}
 
     def make(folder: Path) -> None:
         write_json(folder / "frontier.json", _measure(setup, spec, localizer, options, keep, progress))
@@ -148,7 +149,7 @@ def _families(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, d
 
 
 def _measure(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, keep: KeepSpec, progress: bool) -> dict:
-    selection, data, note = selection_split(setup, keep.keep_holdout)
+    selection, data, note = selection_split(setup, keep)
     families, loc_seconds = _families(setup, spec, localizer, options, data, progress)
     universe = region_universe(setup.pre, options.graftable)
     size = sum(math.prod(s) for s in universe.values())
@@ -164,8 +165,8 @@ def _measure(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, ke
     for method, (ranking, _, dare) in families.items():
         if ranking is None or not keep.keep:
             continue
-        score = graft_scorer(setup.pre, setup.ft, selection, values=dare_values(setup.pre, setup.ft, size) if dare
-                             else None)
+        score = graft_outcome(setup.pre, setup.ft, selection, values=dare_values(setup.pre, setup.ft, size) if dare
+                              else None)
         for r in keep_search(setup.pre, setup.ft, ranking, selection, keep, score=score):
             name = f"{method} keep {r.target:g}"
             variants.append(_variant(setup, r.region, Budget.parse(max(1, len(r.region))), name, dare))
@@ -183,7 +184,7 @@ def _measure(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, ke
         row = by_name[k.pop("name")]
         k["test_score"], k["test_share"] = row["score"], row["share_of_ft"]
     return {"task": setup.task, "ft_score": ft["score"], "reference_scores": ref, "test_n": len(setup.test),
-            "selection": note, "selection_n": len(selection), "universe": size, "localizer": localizer,
+            "selection": note, "selection_n": len(selection), "confidence": keep.keep_confidence, "universe": size, "localizer": localizer,
             "localizer_seconds": loc_seconds, "keep_seconds": keep_seconds, "rows": out_rows, "keep": keeps,
             "ahead": ahead(out_rows)}
 
@@ -256,13 +257,19 @@ def frontier_markdown(result: dict) -> list[str]:
             lines.append(f"| {a['density']:g} | {_cell(a['learned'])} | {a['learned_share']:.3f} | "
                          f"{_cell(a['best_peer'])} | {a['peer_share']:.3f} | {'yes' if a['ahead'] else '**no**'} |")
     if result["keep"]:
-        lines += ["", "Density needed for each share of FT (searched on the selection split; the test share of the "
-                  "region found beside it):", "", "| method | target | density needed | selection share | test share | "
-                  "probes |", "|---|---:|---:|---:|---:|---:|"]
+        conf = result.get("confidence")
+        how = (f"the smallest density whose {conf:.0%} lower bound of the share (a paired bootstrap over the selection "
+               "rows) reaches the target" if conf is not None else "the point estimate")
+        lines += ["", f"Density needed for each share of FT (searched on the selection split: {how}; the test share of "
+                  "the region found beside it):", "", "| method | target | density needed | selection share | "
+                  "lower bound | test share | point-estimate density | probes |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for k in result["keep"]:
             need = f"{k['density']:.2e}" if k["reached"] else f"not reached (best {k['best_share']:.3f})"
             sel = f"{k['selection_share']:.3f}" if k["reached"] else "-"
-            lines.append(f"| {_cell(k['method'])} | {k['target']:g} | {need} | {sel} | {k['test_share']:.3f} | "
-                         f"{k['probe_count']} |")
+            bound = "-" if k.get("bound") is None else f"{k['bound']:.3f}"
+            point = "-" if k.get("point_size") is None else f"{k['point_size'] / k['universe']:.2e}"
+            lines.append(f"| {_cell(k['method'])} | {k['target']:g} | {need} | {sel} | {bound} | {k['test_share']:.3f} | "
+                         f"{point} | {k['probe_count']} |")
     lines += ["", "![frontier](frontier.png)", ""]
     return lines

@@ -1,8 +1,9 @@
 """Keep targets in a grafting report (``skillgraft graft --keep 0.95,0.99``): the smallest graft keeping each share.
 
-The selection split is the data's dev split (a k-shot draw: the next K per label), else a seeded held-out
-slice of the localization rows (the localizer then learns on the rest); the report's test rows are never
-used to choose. The search (:mod:`skillgraft.graft.keep`) runs on the chosen localizer's nested family; the
+The selection split is a user's ``--keep-data`` file, else the data's dev split (a k-shot draw: the next K per
+label), else a seeded held-out slice of the localization rows (the localizer then learns on the rest); the
+report's test rows are never used to choose (a ``--keep-data`` row that is also a test row is refused). A size
+counts as reaching a target when the lower confidence bound of its share (``--keep-confidence``) does. The search (:mod:`skillgraft.graft.keep`) runs on the chosen localizer's nested family; the
 found regions are stored (keyed by the setup, the localizer and its options, the targets and the split) and
 scored on the test rows beside every other variant.
 """
@@ -10,13 +11,14 @@ scored on the test rows beside every other variant.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 from pathlib import Path
 
 import numpy as np
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec
+from skillgraft.graft.keep import KEEP_BOUND, LEARNED_ORDER, KeepSpec
 from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget
@@ -26,23 +28,60 @@ from skillgraft.pipeline.variants import Variant, graft_variant
 from skillgraft.spec import Spec
 
 
-def selection_split(setup: Setup, holdout: float = 0.2) -> tuple[list, object, str]:
-    """(selection examples, the data the localizer learns on, a note saying which) for keep searches."""
+def selection_split(setup: Setup, keep: KeepSpec | float = 0.2) -> tuple[list, object, str]:
+    """(selection examples, the data the localizer learns on, a note saying which) for keep searches.
+
+    ``keep``: the keep spec (its ``keep_data`` file, else its ``keep_holdout``), or a hold-out fraction."""
+    spec = keep if isinstance(keep, KeepSpec) else KeepSpec(keep_holdout=keep)
     data = setup.data
+    if spec.keep_data is not None:
+        selection = read_keep_data(spec.keep_data, data.task, setup.test)
+        note = (f"{spec.keep_data} ({len(selection)} rows, --keep-data; none of them a test row); the localizer "
+                "learned on all its rows")
+        return selection, data, note
     if data.dev:
         note = f"the dev split ({len(data.dev)} rows, distinct from the {len(setup.test)} test rows)"
         return list(data.dev), data, note
     rows = list(data.train)
-    n = max(1, round(holdout * len(rows)))
+    n = max(1, round(spec.keep_holdout * len(rows)))
     if len(rows) - n < 1:
         raise SkillgraftError(f"a keep target needs a selection split: the data has no dev split and only {len(rows)} "
-                              "localization row(s) to hold some out from")
+                              "localization row(s) to hold some out from (pass --keep-data)")
     order = np.random.RandomState(0).permutation(len(rows))
     selection = [rows[i] for i in sorted(order[:n])]
     rest = [rows[i] for i in sorted(order[n:])]
     note = (f"a seeded held-out slice of {n} of the {len(rows)} localization rows (no dev split); the localizer "
             f"learned on the other {len(rest)}")
     return selection, dataclasses.replace(data, train=rest, dev=[]), note
+
+
+def read_keep_data(path: Path, task, test: list) -> list:
+    """The labelled rows of a ``--keep-data`` file (the task's layout); refused if empty or sharing a test row."""
+    from skillgraft.data.loading import read_file  # noqa: PLC0415
+
+    if task.kind == "generative":
+        raise SkillgraftError("--keep-data reads classification rows (text, label); for generative data the keep "
+                              "search uses the dev split or a held-out slice")
+    path = Path(path)
+    if not path.is_file():
+        raise SkillgraftError(f"--keep-data {path}: no such file")
+    rows = read_file(task, path)
+    if not rows:
+        raise SkillgraftError(f"--keep-data {path}: no rows")
+    tested = {(ex.text_a, ex.text_b) for ex in test}
+    shared = sum((ex.text_a, ex.text_b) in tested for ex in rows)
+    if shared:
+        raise SkillgraftError(f"--keep-data {path}: {shared} of its {len(rows)} rows are test rows; a keep target "
+                              "is chosen on rows the report does not score")
+    return rows
+
+
+def keep_identity(keep: KeepSpec) -> dict:
+    """The keep spec's part of a store key: its settings, the bound's method, and the --keep-data file's content."""
+    out = {"keep": keep.to_dict(), "bound": KEEP_BOUND}
+    if keep.keep_data is not None and Path(keep.keep_data).is_file():
+        out["keep_data"] = hashlib.sha256(Path(keep.keep_data).read_bytes()).hexdigest()
+    return out
 
 
 def keep_label(target: float) -> str:
@@ -54,16 +93,16 @@ def keep_results(setup: Setup, store, localizer: str, options: Spec, keep: KeepS
     """Regions found for each keep target and the search's summary (stored: a re-run only re-scores)."""
     loc = get_localizer(localizer)
     options = loc.options(options)
-    key = {"setup": setup.identity(), "localizer": localizer, "options": options.to_dict(), "keep": keep.to_dict(),
+    key = {"setup": setup.identity(), "localizer": localizer, "options": options.to_dict(), **keep_identity(keep),
            "learned_order": LEARNED_ORDER}
     holder: dict = {}
 
     def make(folder: Path) -> None:
-        selection, data, note = selection_split(setup, keep.keep_holdout)
+        selection, data, note = selection_split(setup, keep)
         t0 = time.perf_counter()
         results = loc.keep(setup.pre, setup.ft, data, keep, options, selection=selection, progress=progress)
-        summary = {"selection": note, "selection_n": len(selection), "seconds": time.perf_counter() - t0,
-                   "targets": [r.to_dict() for r in results]}
+        summary = {"selection": note, "selection_n": len(selection), "confidence": keep.keep_confidence,
+                   "seconds": time.perf_counter() - t0, "targets": [r.to_dict() for r in results]}
         for r in results:
             r.region.save(folder / f"keep-{r.target!r}")
         write_json(folder / "summary.json", summary)
@@ -99,19 +138,44 @@ def keep_section(summary: dict, rows: list[dict]) -> dict:
     return out
 
 
+def keep_line(t: dict) -> str:
+    """One console line (rich markup) for a keep target of :func:`keep_section`: size, shares, bound, cost, note."""
+    from rich.markup import escape  # noqa: PLC0415
+
+    size = t["size"] if t["reached"] else t["best_size"]
+    head = (f"keep {t['target']:g}: {size:,} params ({size / t['universe']:.2e})" if t["reached"] else
+            f"keep {t['target']:g}: [yellow]not reached[/] by any size; best {t['best_share']:.3f} at {size:,}")
+    bound = ("" if t.get("bound") is None else
+             f", {t['confidence']:.0%} lower bound {t['bound']:.3f} on {t['selection_rows']} rows")
+    test = "" if t.get("test_share") is None else f", test share {t['test_share']:.3f}"
+    note = f"\n  {escape(t['note'])}" if t.get("note") else ""
+    return (f"{head}, selection share {t['selection_share'] or t['best_share']:.3f}{bound}{test} "
+            f"| {t['probe_count']} probes, {t['search_seconds']:.0f} s{note}")
+
+
 def keep_markdown(section: dict) -> list[str]:
-    """Report lines: per target the size found, its selection and test shares, and what the search cost."""
+    """Report lines: per target the size found, its selection share, bound and test share, and what the search cost."""
+    conf = section.get("confidence")
     lines = ["", "## Keep targets", "",
              f"Selection split: {section['selection']}. Each target's region is the smallest probed size of the "
-             "localizer's nested family whose selection score is at least that share of FT's (galloping ×4, then "
-             "bisection on a log scale).", "",
-             "| target | reached | size | density | selection share | test share | probes | search s |",
-             "|---:|:---:|---:|---:|---:|---:|---:|---:|"]
+             "localizer's nested family whose share of FT's selection score reaches the target "
+             + (f"with {conf:.0%} confidence: the lower bound of a paired bootstrap over the selection rows (graft "
+                "and FT on the same resampled rows, seeded), for that size and every larger probed size (the coarse "
+                "grid ×4 is scored whole, then bisection on a log scale)." if conf is not None else
+                "(point estimate; galloping ×4, then bisection on a log scale)."), "",
+             "| target | reached | size | density | selection share | lower bound | test share | point-estimate size "
+             "| probes | search s |",
+             "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    notes = []
     for t in section["targets"]:
         size = t["size"] if t["reached"] else t["best_size"]
         sel = t["selection_share"] if t["reached"] else t["best_share"]
         test = "-" if t.get("test_share") is None else f"{t['test_share']:.3f}"
+        bound = "-" if t.get("bound") is None else f"{t['bound']:.3f}"
+        point = "-" if t.get("point_size") is None else f"{t['point_size']:,}"
         reached = "yes" if t["reached"] else "**no** (best reached shown)"
-        lines.append(f"| {t['target']:g} | {reached} | {size:,} | {size / t['universe']:.2e} | {sel:.3f} | {test} | "
-                     f"{t['probe_count']} | {t['search_seconds']:.0f} |")
-    return lines
+        lines.append(f"| {t['target']:g} | {reached} | {size:,} | {size / t['universe']:.2e} | {sel:.3f} | {bound} | "
+                     f"{test} | {point} | {t['probe_count']} | {t['search_seconds']:.0f} |")
+        if t.get("note"):
+            notes.append(f"- keep {t['target']:g}: {t['note']}.")
+    return lines + ([""] + notes if notes else [])

@@ -1,0 +1,225 @@
+"""Issue 38 figures: does a `--keep τ` size chosen on the selection split keep τ of FT on the test rows?
+
+For each MiniLM fine-tune (tasks × data seeds × two fine-tunings) the nested family of top-|Δ| over the whole body
+(the ``movement`` localizer, Localize-and-Stitch's dataless mask; a score-based family, no learned trajectory) is
+searched on the selection split — the dev split, the next K per label after the k-shot draw, never a test row —
+twice with the same probes (one memo of graft outcomes per size):
+
+* ``point`` — the old search: gallop ×4 from ``--keep-from``, stop at the first size whose point share ≥ τ, bisect;
+* ``bound`` — the issue-38 search at confidence c (default 0.9): the paired-bootstrap lower bound of the share must
+  reach τ, for that size and every larger probed size (the whole coarse grid scored, then bisection);
+* both again on a seeded ``--subset`` of the selection rows (default 64: a split as small as the issue's 80 rows),
+  the rows named in the rule (``point (64 rows)``).
+
+Each chosen size is then scored on a seeded subset of the task's test set (``--test-limit``), and the report is, per
+τ (0.9, 0.95, 0.99) and fine-tuning: how often the test share is ≥ τ under each rule, and the size cost (the
+bound's size over the point search's).
+
+Fine-tunings (both found in, or added to, the store: ``SKILLGRAFT_CACHE`` or ./runs/cache):
+
+* ``head`` — skillgraft's head mode as ``make demo`` fine-tunes SST-2 (SGD lr 0.1, 400 steps of 8; the demo's config
+  with ``eval_every`` 400 so that only the end is evaluated);
+* ``adamw`` — bench/open_world.py's ``finetune_minilm``: plain transformers ``AutoModelForSequenceClassification``,
+  AdamW lr 1e-4, 80 steps of 16, grafted as a checkpoint pair in ``classifier`` mode (its head carried).
+
+Resumable: one JSON per (fine-tuning, task, seed) under ``--out``; a finished one is skipped, and the fine-tunings are
+store entries. ``--summary`` only re-reads the JSONs and prints the tables.
+
+    flock /work/heavy.lock .venv/bin/python bench/keep_confidence.py [--tasks SST-2,mr,cr,subj,mpqa]
+        [--seeds 13,21,42] [--modes head,adamw] [--k 64] [--test-limit 500] [--confidence 0.9]
+        [--out bench/results/keep_confidence]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+TARGETS = (0.9, 0.95, 0.99)
+
+
+def head_setup(store, task: str, seed: int, k: int, test_limit: int):
+    from skillgraft.pipeline.setup import finetuned_run, from_run
+    from skillgraft.recipes.graft import DEMO
+
+    finetune = DEMO.finetune.replace(eval_every=400)
+    ft_dir, seconds = finetuned_run(store, DEMO.model_spec(), DEMO.data_spec(task, seed, k=k), finetune,
+                                    progress=False)
+    return from_run(ft_dir, test_limit=test_limit), seconds
+
+
+def adamw_setup(store, task: str, seed: int, k: int, test_limit: int, lr: float = 1e-4, steps: int = 80):
+    from open_world import finetune_minilm
+
+    from skillgraft.data import load_kshot
+    from skillgraft.data.spec import DataSpec
+    from skillgraft.models.loading import bundled_minilm_path
+    from skillgraft.pipeline.setup import from_pair
+    from skillgraft.pipeline.store import data_digest
+
+    data = DataSpec(task=task, k=k, seed=seed)
+    key = {"bench": "open_world.finetune_minilm", "lr": lr, "steps": steps, "l1": 0.0, "data": data.to_dict(),
+           "data_digest": data_digest(task)}
+    t0 = time.perf_counter()
+
+    def make(folder: Path) -> None:
+        rows = [{"text": e.text_a, "label": e.label} for e in load_kshot(task, k, seed).train]
+        finetune_minilm(bundled_minilm_path(), rows, folder / "model", lr=lr, steps=steps, l1=0.0)
+
+    entry = store.fetch("ft-hf", key, make, label=f"{task}-{k}-{seed}-adamw")
+    seconds = time.perf_counter() - t0
+    setup = from_pair("all-MiniLM-L6-v2", str(entry / "model"), data.replace(test_limit=test_limit), mode="classifier")
+    return setup, seconds
+
+
+def measure(setup, confidences: list[float], keep_from: float, tolerance: float, subset: int = 0) -> dict:
+    import dataclasses
+
+    import numpy as np
+
+    from skillgraft.graft.keep import graft_outcome, search_keep, selection_outcome
+    from skillgraft.graft.localizers import get_localizer
+
+    data = setup.data
+    selection, test = list(data.dev), list(setup.test)
+    t0 = time.perf_counter()
+    ranking = get_localizer("movement").ranking(setup.pre, setup.ft, data, None)
+    score = graft_outcome(setup.pre, setup.ft, selection)
+    memo: dict[int, object] = {}
+
+    def at(k: int):
+        if k not in memo:
+            memo[k] = score(ranking.region(k))
+        return memo[k]
+
+    ref = selection_outcome(setup.ft, selection)
+    start = max(1, round(keep_from * ranking.universe))
+    searches = {}
+    # the full selection split, and (``subset``) a seeded part of it: a smaller split, as the issue's 80 rows
+    views = [("", None)] + ([(f" ({subset} rows)", np.sort(np.random.RandomState(0).permutation(len(selection))
+                                                          [:subset]))] if 0 < subset < len(selection) else [])
+    for suffix, rows in views:
+        def part(o, rows=rows):
+            if rows is None:
+                return o
+            sub = dataclasses.replace(o, pred=o.pred[rows], labels=o.labels[rows])
+            return dataclasses.replace(sub, score=float((sub.pred == sub.labels).mean()))
+
+        view, ref_view = (lambda k, part=part: part(at(k))), part(ref)
+        searches["point" + suffix] = search_keep(view, ref_view, TARGETS, len(ranking), start=start,
+                                                 tolerance=tolerance, universe=ranking.universe)
+        for c in confidences:
+            searches[f"bound {c:g}{suffix}"] = search_keep(view, ref_view, TARGETS, len(ranking), start=start,
+                                                           tolerance=tolerance, universe=ranking.universe,
+                                                           confidence=c)
+    search_seconds = time.perf_counter() - t0
+    ft_test = selection_outcome(setup.ft, test).score
+    test_graft = graft_outcome(setup.pre, setup.ft, test)
+    tested: dict[int, float] = {}
+    rows = []
+    for rule, results in searches.items():
+        for r in results:
+            size = r.size if r.reached else r.best_size
+            if size not in tested:
+                tested[size] = test_graft(ranking.region(size)).score
+            rows.append({"rule": rule, "target": r.target, "reached": r.reached, "size": size,
+                         "density": size / ranking.universe, "selection_share": r.share if r.reached else r.best_share,
+                         "bound": r.bound, "point_size": r.point_size, "rows_needed": r.rows_needed,
+                         "test_score": tested[size], "test_share": tested[size] / ft_test,
+                         "probes": len(r.probes)})
+    return {"ft_selection": ref.score, "ft_test": ft_test, "selection_rows": len(selection), "test_rows": len(test),
+            "universe": ranking.universe, "probes_scored": len(memo), "search_seconds": search_seconds,
+            "seconds": time.perf_counter() - t0, "rows": rows}
+
+
+def summarize(out: Path) -> str:
+    """Markdown tables over every finished JSON: coverage and size cost per fine-tuning, rule and target.
+
+    ``reached``: searches whose rule was met on the selection split; an unreached one is counted with the size it
+    offers (the best selection share, or the best bound), the graft `--keep` would write."""
+    import math
+
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.name != "summary.json"]
+    lines = [f"{len(results)} fine-tuned models: " + ", ".join(sorted(f"{r['mode']} {r['task']}/{r['seed']}"
+                                                                    for r in results)), ""]
+    lines += ["| fine-tuning | rule | τ | n | reached | test share ≥ τ | mean test share | min test share | median density | "
+              "size ÷ point size (geo. mean) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for mode in sorted({r["mode"] for r in results}):
+        mine = [r for r in results if r["mode"] == mode]
+        rules = list(dict.fromkeys(row["rule"] for r in mine for row in r["rows"]))
+        for tau in TARGETS:
+            for rule in rules:
+                got = [(row, r) for r in mine for row in r["rows"] if row["rule"] == rule and row["target"] == tau]
+                if not got:
+                    continue
+                shares = [row["test_share"] for row, _ in got]
+                ok = sum(s >= tau - 1e-12 for s in shares)
+                dens = sorted(row["density"] for row, _ in got)
+                ratios = []
+                suffix = rule[rule.index(" ("):] if " (" in rule else ""
+                for row, r in got:
+                    point = next(x for x in r["rows"] if x["rule"] == "point" + suffix and x["target"] == tau)
+                    ratios.append(math.log(row["size"] / point["size"]))
+                reached = sum(row["reached"] for row, _ in got)
+                lines.append(f"| {mode} | {rule} | {tau:g} | {len(got)} | {reached} | {ok}/{len(got)} ({ok / len(got):.0%}) | "
+                             f"{sum(shares) / len(shares):.3f} | {min(shares):.3f} | {dens[len(dens) // 2]:.2e} | "
+                             f"{math.exp(sum(ratios) / len(ratios)):.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", default="SST-2,mr,cr,subj,mpqa")
+    ap.add_argument("--seeds", default="13,21,42")
+    ap.add_argument("--modes", default="head,adamw")
+    ap.add_argument("--k", type=int, default=64, help="k-shot per label (the dev split: the next k per label)")
+    ap.add_argument("--test-limit", type=int, default=500)
+    ap.add_argument("--confidence", default="0.9", help="confidences of the bound (comma-separated)")
+    ap.add_argument("--subset", type=int, default=64, help="also search on a seeded part of the selection split of "
+                    "this many rows (0: no)")
+    ap.add_argument("--keep-from", type=float, default=1e-6)
+    ap.add_argument("--tolerance", type=float, default=0.1)
+    ap.add_argument("--out", type=Path, default=Path("bench") / "results" / "keep_confidence")
+    ap.add_argument("--summary", action="store_true", help="only print the tables of the finished runs")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.summary:
+        print(summarize(args.out))
+        return
+
+    import torch
+
+    from skillgraft.pipeline import Store
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    store = Store()
+    confidences = [float(x) for x in args.confidence.split(",")]
+    for seed in [int(s) for s in args.seeds.split(",")]:  # seeds outermost: every task at one seed first
+        for task in args.tasks.split(","):
+            for mode in args.modes.split(","):
+                path = args.out / f"{mode}-{task}-{seed}.json"
+                if path.exists():
+                    continue
+                t0 = time.perf_counter()
+                make = head_setup if mode == "head" else adamw_setup
+                setup, ft_seconds = make(store, task, seed, args.k, args.test_limit)
+                result = {"mode": mode, "task": task, "seed": seed, "k": args.k, "fine_tune_seconds": ft_seconds,
+                          "confidences": confidences, "family": "movement (top-|Δ| global)",
+                          **measure(setup, confidences, args.keep_from, args.tolerance, args.subset)}
+                result["total_seconds"] = time.perf_counter() - t0
+                path.write_text(json.dumps(result, indent=1, default=float))
+                short = {(row["rule"], row["target"]): f"{row['density']:.1e}/{row['test_share']:.3f}"
+                         for row in result["rows"]}
+                print(f"{mode} {task} {seed}: {result['total_seconds']:.0f} s, {short}", flush=True)
+                del setup
+    print(summarize(args.out))
+
+
+if __name__ == "__main__":
+    main()
