@@ -49,6 +49,8 @@ def test_gemma_finetune_and_graft_report(gemma_run):
     metrics = json.loads((gemma_run / "graft" / "metrics.json").read_text())
     models = {row["model"] for row in metrics["rows"]}
     assert {"pre-trained", "fine-tuned", "graft 0.01"} <= models
+    ft = next(r for r in metrics["rows"] if r["kind"] == "ft")
+    assert ft["density"] == pytest.approx(1.0)  # the body; frozen `embed_tokens` (and the tied head) not counted
     graft = Graft.from_pretrained(gemma_run / "graft" / "grafts" / "budget-0.01")
     assert graft.metadata.mode == "causal" and graft.size > 0
     assert all("embed_tokens" not in n and "lm_head" not in n for n in graft.region.indices)  # body only (tied)

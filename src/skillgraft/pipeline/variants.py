@@ -22,6 +22,7 @@ from skillgraft.evaluate.predict import evaluate
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
 from skillgraft.models.anatomy import carried_names, graftable_names, is_carried
+from skillgraft.models.freezing import param_groups
 from skillgraft.pipeline.setup import Setup
 
 
@@ -121,8 +122,9 @@ def base_variants(setup: Setup) -> list[Variant]:
         out.append(Variant("head only", "head-only", 0, Graft.from_models(setup.pre, setup.ft, empty)))
     frozen_embeddings = setup.finetune_config.freeze_embeddings
     ft = setup.pre if setup.released else setup.ft  # released θ_ft: the same tensors as θ_pre (checked)
+    groups = param_groups(ft)  # embeddings by structure (BERT's `embeddings.*`, Llama/Gemma's `embed_tokens`)
     body = sum(p.numel() for n, p in ft.named_parameters()
-               if not is_carried(n, ft) and not (frozen_embeddings and "embeddings" in n))
+               if not is_carried(n, ft) and not (frozen_embeddings and groups.get(n) == "embeddings"))
     out.append(Variant("fine-tuned", "ft", body))
     return out
 
