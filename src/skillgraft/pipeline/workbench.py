@@ -6,7 +6,10 @@
 
 Every member's ``pre`` is a scorer of θ_pre whose parameters *are* the bench's θ_pre (shared, not copied; only a
 task's own new head is its own), and a member is released before the next one loads, so whatever N is the bench
-holds about two models' weights: θ_pre once and one θ_ft (``skillgraft merge``; ``skillgraft graft`` is N = 1).
+holds at most two models' weights: θ_pre once and one θ_ft. θ_pre has a state too: :meth:`Workbench.release_pre`
+drops its tensors (every member's θ_pre with them) and the next member's θ_pre gives them back (:meth:`share`),
+so a lean member — θ_ft loaded, scored, released to its files, then θ_pre — holds one model's weights at a time
+(``skillgraft merge``; bench/merge_memory.py).
 """
 
 from __future__ import annotations
