@@ -18,6 +18,7 @@ import contextlib
 import gc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -121,15 +122,16 @@ class Workbench:
             self.loaders[name] = loader
         return setup
 
-    def release(self, name: str) -> None:
-        """Drop member ``name``'s θ_ft from memory (what identifies it, its head and its scores are kept)."""
+    def release(self, name: str, folder: Path | None = None) -> None:
+        """Drop member ``name``'s θ_ft from memory (what identifies it, its head and its scores are kept); ``folder``:
+        where it is read back from (default its ``ft_dir``)."""
         setup = self.members[name]
         if self.states[name] == "released":
             return
         ft = setup.ft
         # its digest, part of every cache key, computed while θ_ft is in memory (a lean member's θ_pre loads later)
         digest = setup.identity()["finetuned"] if setup.pre is not None else scorer_digest(ft)
-        setup.ft = FineTunedFiles(setup.ft_dir, ft.base_model, digest,
+        setup.ft = FineTunedFiles(folder or setup.ft_dir, ft.base_model, digest,
                                   {n: tuple(p.shape) for n, p in ft.named_parameters()})
         del ft
         self.states[name] = "released"
@@ -144,9 +146,10 @@ class Workbench:
         if self.states[name] == "released":
             return True
         setup = self.members[name]
-        if not setup.ft_dir.is_dir() or not readable_as(setup.ft, setup.ft_dir):
+        folder = Path(setup.ft_files or setup.ft_dir)  # a lean pair's local folder (a hub id's snapshot)
+        if not folder.is_dir() or not readable_as(setup.ft, folder):
             return False
-        self.release(name)
+        self.release(name, folder)
         return True
 
     @contextlib.contextmanager
