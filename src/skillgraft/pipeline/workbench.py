@@ -23,9 +23,9 @@ from typing import Literal
 
 import torch
 
+from skillgraft.graft.graft import adopt_fingerprint, forget_fingerprint, known_fingerprint
 from skillgraft.heap import release_freed_memory
 from skillgraft.models.anatomy import carried_names
-from skillgraft.graft.graft import adopt_fingerprint, forget_fingerprint, known_fingerprint
 from skillgraft.pipeline.setup import FineTunedFiles, Setup, readable_as, scorer_digest
 
 State = Literal["loaded", "released"]
