@@ -10,6 +10,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft import (LOCALIZERS, ROUND, Budget, LocalizeConfig, Region, get_localizer, graftable_names,
                               localize, parse_budgets, register_localizer, select)
 from skillgraft.graft.localizers import Localizer, LocalizerOptions
+from skillgraft.graft.selection import region_universe, select_streamed
 from skillgraft.models import build_scorer
 
 # Options that keep every registered localizer fast on the tiny model.
@@ -118,6 +119,38 @@ def test_select_is_exact_and_fraction_of_the_universe():
         select({"a.bias": torch.ones(4)}, 1, shapes)
     gamma = {"a.bias": torch.tensor([0.2, 0.6, 0.5, 0.9, 0.1])}
     assert select(gamma, ROUND).indices["a.bias"].tolist() == [1, 3]  # γ rounded at 0.5 (strictly above)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_streamed_selection_is_select(dtype):
+    """One tensor at a time, each tensor's own top-k pooled: the same regions as select on the dense scores, ties
+    (many exact zeros, repeated values across tensors) resolved by position as top_k_flat resolves them."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = {"e": (50, 8), "a": (30, 7), "z": (40,), "b": (6, 5, 4), "c": (3,)}
+    scores = {n: (torch.randint(0, 4, s, generator=gen).to(dtype) * 0.25) for n, s in shapes.items()}
+    scores["e"].zero_()  # an untouched tensor: |Δ| = 0 everywhere
+    scores["z"] = torch.linspace(0, 1, 40).to(dtype)
+    budgets = [Budget.parse(b) for b in (1, 7, 40, 0.05, 0.3, 0.9, 773)]
+    streamed = select_streamed(iter(scores.items()), budgets, shapes)
+    for b in budgets:
+        assert streamed[b] == select(scores, b, shapes), b
+        assert list(streamed[b].shapes) == list(shapes)
+    with pytest.raises(SkillgraftError, match="only 250 can be chosen"):
+        select_streamed(iter({"a": scores["a"], "z": scores["z"]}.items()), [Budget.parse(251)], shapes)
+    with pytest.raises(SkillgraftError, match="do not fit"):
+        select_streamed(iter({"a": torch.ones(4)}.items()), [Budget.parse(1)], shapes)
+
+
+def test_movement_streams_and_reads_files(pair, tmp_path):
+    """movement's regions: streamed (small budgets) or dense (large), from the scorer or its saved files: equal."""
+    pre, ft, _ = pair
+    movement = get_localizer("movement")
+    ft.save_pretrained(tmp_path / "ft")
+    budgets = [Budget.parse(b) for b in (30, 0.01, 0.5)]  # 0.5: above the streaming share (the dense path)
+    dense = {b: select(movement.scores(pre, ft, None, movement.options({})), b, region_universe(pre))
+             for b in budgets}
+    for source in (ft, tmp_path / "ft"):
+        assert movement.regions(pre, source, None, budgets) == dense
 
 
 # ---------------------------------------------------------------------------------------------- registry

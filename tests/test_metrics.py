@@ -38,3 +38,19 @@ def test_plots_are_pngs(tmp_path):
                  reliability_diagram({"a": (p, y)}, tmp_path / "r.png")):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_share_of_ft_is_derived_once_for_graft_and_merge_rows():
+    """A graft report's share_of_ft and a merge row's normalized accuracy are the same function of the scores."""
+    import math
+
+    from skillgraft.evaluate.metrics import share_of_ft
+    from skillgraft.merge.base import Scored
+    from skillgraft.pipeline.variants import ResultRow, derive
+
+    assert share_of_ft(0.45, 0.9) == 0.5 and share_of_ft(0.5, 0.0) is None and share_of_ft(0.5, None) is None
+    rows = derive([ResultRow("FT", "ft", 10, {"score": 0.9}), ResultRow("graft", "graft", 1, {"score": 0.45})],
+                  universe_size=100)
+    merged = Scored("stitch", "x", test={"t": 0.45, "u": 0.3}).normalized(Scored("fine-tuned", "", test={"t": 0.9,
+                                                                                                        "u": 0.0}))
+    assert rows[1].share_of_ft == merged["t"] == share_of_ft(0.45, 0.9) and math.isnan(merged["u"])

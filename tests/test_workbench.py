@@ -67,3 +67,49 @@ def test_a_bench_holds_theta_pre_once_and_releases_each_member(classifier_pair, 
     with bench.finetuned("b") as model:  # read back from its files for the block
         assert dict(model.named_parameters())[next(iter(bench.heads["b"]))].shape == next(iter(
             bench.heads["b"].values())).shape
+
+
+@pytest.fixture(scope="module")
+def llama_pair(tiny_models, tmp_path_factory):
+    """(A, B): the tiny Llama and a copy whose body moved, both saved by plain transformers."""
+    import transformers as tf
+
+    a = tiny_models["llama"]
+    b = tmp_path_factory.mktemp("bench-lean") / "ft"
+    model = tf.AutoModelForCausalLM.from_pretrained(a)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layers" in name:
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    model.save_pretrained(b)
+    tf.AutoTokenizer.from_pretrained(a).save_pretrained(b)
+    return a, b
+
+
+def test_lean_members_hold_one_model_and_give_theta_pre_back(llama_pair, toy_data):
+    """A lean member (``release_pre`` → θ_ft loaded, released to its files → θ_pre given back through ``share``):
+    θ_pre's tensors are dropped while θ_ft is in memory, every member's θ_pre is the bench's again afterwards, with
+    θ_pre's values and fingerprint, and the store keys are those of a member loaded with both models."""
+    from skillgraft.data.spec import DataSpec
+    from skillgraft.graft.graft import cached_fingerprint
+    from skillgraft.models.anatomy import fingerprint
+
+    a, b = llama_pair
+    spec = DataSpec.build({"task": "SST-2", "k": 16, "seed": 42, "data_dir": str(toy_data)}, where="test")
+    both = from_pair(str(a), str(b), spec, data_dir=toy_data)
+    bench = Workbench()
+    for name in ("a", "b"):
+        bench.release_pre()
+        if bench.pre is not None:
+            assert bench.pre_state == "released"
+            assert all(p.numel() == 0 for p in bench.pre.parameters())  # no θ_pre beside the coming θ_ft
+        setup = from_pair(str(a), str(b), spec, data_dir=toy_data, lean=True, share_pre=bench.share)
+        bench.add(name, setup)
+        assert setup.pre is None and bench.release_to_files(name) and isinstance(setup.ft, FineTunedFiles)
+        setup.load_deferred_pre()
+        assert bench.pre_state == "loaded" and setup.identity() == both.identity()  # the same store keys
+    mine, ref = dict(bench.pre.named_parameters()), dict(both.pre.named_parameters())
+    assert all(torch.equal(mine[n], ref[n]) for n in ref)
+    first = dict(bench.members["a"].pre.named_parameters())
+    assert all(first[n] is p for n, p in dict(bench.members["b"].pre.named_parameters()).items())
+    assert cached_fingerprint(bench.pre) == fingerprint(both.pre) == cached_fingerprint(bench.members["b"].pre)

@@ -5,6 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 
+def share_of_ft(score: float, ft: float | None) -> float | None:
+    """A model's score as a share of the fine-tuned model's (``score / ft``): the one derivation of "share of FT",
+    called "normalized accuracy" in merge reports (graft reports' ``share_of_ft``, merge rows' ``normalized``).
+    None when FT has no score, or scores 0."""
+    return score / ft if ft else None
+
+
 def accuracy(probs: np.ndarray, labels: np.ndarray) -> float:
     """Share of examples whose most probable label is the gold one."""
     return float((probs.argmax(-1) == labels).mean())

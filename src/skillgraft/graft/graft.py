@@ -173,6 +173,19 @@ def fingerprint_from_files(scorer, pre_files) -> str:
     return value
 
 
+def known_fingerprint(scorer) -> str | None:
+    """The fingerprint cached for ``scorer``'s current weights, without computing one (None: none cached)."""
+    known = _base(scorer, _state_key(_body(scorer)), compute=False)
+    return known.fingerprint if known is not None else None
+
+
+def adopt_fingerprint(scorer, value: str) -> None:
+    """Cache ``value`` as the fingerprint of ``scorer``'s current weights: its parameters were just pointed at
+    tensors of a model whose fingerprint it is (no tensor read, so a memory-mapped model's pages stay untouched)."""
+    body = _body(scorer)
+    body.__dict__[_BASE] = _Base(_state_key(body), value)
+
+
 def forget_fingerprint(scorer) -> None:
     """Drop what is cached about the base's content (needed only after writing weights through ``param.data``)."""
     _body(scorer).__dict__.pop(_BASE, None)

@@ -233,3 +233,53 @@ def select(scores: dict[str, torch.Tensor], budget: Budget | float | int | str,
                                                            "or weight upstream)")
     masks = select_masks(scores, budget, sum(numel_of(s) for s in shapes.values()))
     return Region.from_masks({n: m.cpu() for n, m in masks.items()}, shapes)
+
+
+def select_streamed(scored, budgets: list[Budget], shapes: Shapes) -> dict[Budget, Region]:
+    """:func:`select` for each budget from scores given one tensor at a time (``scored``: ``(name, scores)`` pairs
+    in universe order), without holding them: every tensor's own top-k (k of the largest budget) is merged into
+    a pool of at most k candidates, ordered as :func:`top_k_flat` orders the concatenation (score descending,
+    earlier position first), so each budget's region is the same as ``select`` on the dense scores. Comparisons
+    are in float64, in which every float32 / bfloat16 score is exact (the order is the same).
+    """
+    total = sum(numel_of(s) for s in shapes.values())
+    sizes = {b: b.size(total) for b in budgets}
+    k = max(sizes.values())
+    pool_v = torch.empty(0, dtype=torch.float64)
+    pool_p = torch.empty(0, dtype=torch.long)   # global position: offset of the tensor in score order + index
+    names, offsets, offset = [], [], 0
+    for name, s in scored:
+        if name not in shapes or tuple(shapes[name]) != tuple(s.shape):
+            raise SkillgraftError(f"scores for {name!r} of shape {tuple(s.shape)} do not fit the universe "
+                                  f"({shapes.get(name, 'absent')})")
+        refuse_non_finite(s, f"localizer scores of {name!r}", "a region cannot be chosen by them (a non-finite loss "
+                                                              "or weight upstream)")
+        flat = s.reshape(-1)
+        flat = flat.float() if flat.is_floating_point() and flat.dtype != torch.float64 else flat.to(torch.float64)
+        mine = torch.nonzero(top_k_flat(flat, k)).view(-1) if k < flat.numel() else torch.arange(flat.numel())
+        values = flat[mine].to(torch.float64).cpu()
+        del s, flat
+        pool_v, pool_p = torch.cat([pool_v, values]), torch.cat([pool_p, mine.cpu() + offset])
+        if pool_v.numel() > 2 * k:  # keep the best k (pruned lazily: the top k of a union is the top k of its parts')
+            pool_v, pool_p = _best(pool_v, pool_p, k)
+        names.append(name)
+        offsets.append(offset)
+        offset += numel_of(shapes[name])
+    if k > offset:
+        raise SkillgraftError(f"budget {max(sizes, key=sizes.get)} asks for {k} coordinates but only {offset} can be "
+                              f"chosen (the scored tensors: {names[:3]}{' …' if len(names) > 3 else ''})")
+    ranked = torch.sort(pool_v, descending=True, stable=True).indices  # the pool (in position order), best first
+    out = {}
+    for budget, size in sizes.items():
+        chosen = torch.sort(pool_p[ranked[:size]]).values
+        bounds = torch.searchsorted(chosen, torch.tensor([*offsets, offset]))
+        out[budget] = Region(dict(shapes), {n: chosen[bounds[i]:bounds[i + 1]] - offsets[i]
+                                            for i, n in enumerate(names)})
+    return out
+
+
+def _best(values: torch.Tensor, positions: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best of a pool in position order (score descending, earlier position first), in position order."""
+    keep = torch.sort(values, descending=True, stable=True).indices[:k]
+    keep = keep[torch.argsort(positions[keep])]
+    return values[keep], positions[keep]

@@ -12,6 +12,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 import torch
 
+from skillgraft.evaluate.metrics import share_of_ft
 from skillgraft.spec import Spec
 
 
@@ -27,9 +28,11 @@ class Scored:
     body: object = field(default=None, repr=False, compare=False)  # what the row merged (the stitch's Graft)
 
     def normalized(self, ft: Scored, split: str = "test") -> dict[str, float]:
-        """Score ÷ the task's own fine-tuned score (the one derivation of "normalized accuracy")."""
+        """Score ÷ the task's own fine-tuned score (:func:`~skillgraft.evaluate.metrics.share_of_ft`, as a graft
+        report's ``share_of_ft``; NaN where FT has no score)."""
         mine, ref = getattr(self, split), getattr(ft, split)
-        return {t: (mine[t] / ref[t] if ref.get(t) else float("nan")) for t in mine}
+        shares = {t: share_of_ft(mine[t], ref.get(t)) for t in mine}
+        return {t: float("nan") if v is None else v for t, v in shares.items()}
 
     def mean_normalized(self, ft: Scored, split: str = "test") -> float:
         vals = list(self.normalized(ft, split).values())

@@ -323,8 +323,8 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     ``lean`` (causal and generative pairs): θ_pre is not loaded yet (``Setup.load_pre``), so that FT can be
     scored and released (:meth:`Setup.release_ft`) before θ_pre loads; its checks run when it loads.
 
-    ``share_pre`` (a :class:`~skillgraft.pipeline.workbench.Workbench`'s ``share``): θ_pre loads first and goes
-    through it (its parameters become the bench's θ_pre), then θ_ft loads.
+    ``share_pre`` (a :class:`~skillgraft.pipeline.workbench.Workbench`'s ``share``): θ_pre goes through it (its
+    parameters become the bench's θ_pre): loaded first, then θ_ft; or, lean, when it loads (after θ_ft's release).
     """
     from skillgraft.data.sampling import FewShotData  # noqa: PLC0415
     from skillgraft.data.spec import UserDataSpec  # noqa: PLC0415
@@ -399,7 +399,7 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         else:
             ft = causal(finetuned, "fine-tuned")
             pre = None if lean else causal(pretrained, "pre-trained")
-        deferred = load_pre if lean else None
+        deferred = (load_pre if share_pre is None else lambda: share_pre(load_pre())) if lean else None
     else:
         if share_pre is not None:  # θ_pre first, shared: the old one is freed before θ_ft loads
             pre = share_pre(build_scorer(pretrained, task, mode, max_length=max_length))

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from skillgraft.data.loading import Example
+from skillgraft.evaluate.metrics import share_of_ft
 from skillgraft.evaluate.predict import evaluate
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
@@ -196,8 +197,7 @@ def derive(rows: list[ResultRow], *, universe_size: int) -> list[ResultRow]:
     ref = score.get("head-only", score.get("pre"))
     for r in rows:
         r.density = r.params / universe_size if universe_size else 0.0
-        if ft:
-            r.share_of_ft = r.score / ft
+        r.share_of_ft = share_of_ft(r.score, ft)
         if ft is not None and ref is not None and ft != ref:
             r.gap_closed = (r.score - ref) / (ft - ref)
     loss = {r.kind: r.metrics["loss"] for r in rows if r.kind in ("ft", "pre") and "loss" in r.metrics}

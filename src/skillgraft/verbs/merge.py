@@ -35,6 +35,7 @@ from pydantic import Field, create_model
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
+from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.selection import Budget
 from skillgraft.io import atomic_dir, check_target
 from skillgraft.merge import MERGE_METHODS, MergeMethod, Scored, merge_methods
@@ -68,19 +69,21 @@ MergeSpec = create_model("MergeSpec", __base__=(MergeSettings, *[type(m).Options
 
 
 # ---------------------------------------------------------------------------------------------- one model
-def open_setup(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None) -> Setup:
-    """θ_pre, θ_ft and the rows of one model: train (localize), dev (grid choice), test (report)."""
+def open_setup(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None, lean: bool = False) -> Setup:
+    """θ_pre, θ_ft and the rows of one model: train (localize), dev (grid choice), test (report). ``lean``: θ_pre
+    loads later (:meth:`Setup.load_deferred_pre`), when a causal pair allows it (``from_pair``)."""
     from skillgraft.data.sampling import eval_subset  # noqa: PLC0415
     from skillgraft.pipeline.setup import from_pair  # noqa: PLC0415
 
-    setup = from_pair(pretrained, m.finetuned, m.data, mode=spec.mode, max_length=spec.max_length, share_pre=share_pre)
+    setup = from_pair(pretrained, m.finetuned, m.data, mode=spec.mode, max_length=spec.max_length, share_pre=share_pre,
+                      lean=lean)
     data = setup.data
     train = data.train
     if m.dev_data is not None:
         labels = tuple(data.task.labels) or None
         dev_spec = m.data.replace(data=m.dev_data, eval_data=m.dev_data, k=None, test_limit=None,
-                                  labels=list(labels) if labels and setup.pre.mode == "generative" else m.data.labels)
-        dev = dev_spec.load(labels if setup.pre.mode == "classifier" else None).test
+                                  labels=list(labels) if labels and setup.ft.mode == "generative" else m.data.labels)
+        dev = dev_spec.load(labels if setup.ft.mode == "classifier" else None).test
         setup.data_files = [*(setup.data_files or []), m.dev_data]
     else:
         order = np.random.RandomState(data.seed).permutation(len(train))
@@ -185,17 +188,22 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="skillgraft-merge-") as work:
         work = Path(work)
+        reads_files = get_localizer(spec.localizer).reads_files
         for m in inputs:  # one θ_ft in memory at a time
-            setup = open_setup(pretrained, m, spec, share_pre=bench.share)
+            bench.release_pre()  # the member's θ_pre gives the tensors back (share): loaded later when lean
+            setup = open_setup(pretrained, m, spec, share_pre=bench.share, lean=m.graft is not None or reads_files)
             bench.add(m.name, setup, loader=_loader(setup, m.finetuned, spec.max_length))
+            ft.dev[m.name] = score(setup.ft, setup.data.dev)
+            ft.test[m.name] = score(setup.ft, setup.test)
+            for method, opts in chosen:
+                method.on_model(bench, m.name, setup.ft, opts, work)
+            if (m.graft is None and reads_files) or setup.pre is None:
+                bench.release_to_files(m.name)  # localized from θ_ft's files: θ_pre and one tensor of θ_ft resident
+            setup.load_deferred_pre()  # a lean member: θ_pre after θ_ft's release (docs/scale.md)
             if len(bench.members) == 1:
                 for method, opts in chosen:
                     method.start(bench, opts, work)
-            ft.dev[m.name] = score(setup.ft, setup.data.dev)
-            ft.test[m.name] = score(setup.ft, setup.test)
             bench.grafts[m.name] = task_graft(setup, m, spec, localize, store)
-            for method, opts in chosen:
-                method.on_model(bench, m.name, setup.ft, opts, work)
             bench.release(m.name)
         t_loc = time.perf_counter() - t0
         results: list[Scored] = [ft, Scored("graft", f"each task's own graft ({spec.budget.label})")]

@@ -12,8 +12,9 @@ what it cannot do (:meth:`Localizer.refuse`: sharded models, generative data).
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -25,9 +26,14 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft.keep import KeepResult, KeepSpec, Ranking, keep_search
 from skillgraft.graft.localizers.sharded import fsdp_launched, is_sharded
 from skillgraft.graft.region import Region
-from skillgraft.graft.selection import Budget, Budgets, parse_budgets, region_universe, select
+from skillgraft.graft.selection import Budget, Budgets, parse_budgets, region_universe, select, select_streamed
 from skillgraft.models.anatomy import Graftable
 from skillgraft.spec import Spec
+
+
+# A streamed selection keeps up to 2k candidates (16 bytes each): used while k ≤ |U| / STREAM_SHARE, where that pool
+# stays well under the dense scores (4-8 bytes per coordinate) it replaces.
+STREAM_SHARE = 32
 
 
 class LocalizerOptions(Spec):
@@ -139,6 +145,13 @@ class Localizer:
         """One score per graftable coordinate (higher = more likely in the region), per tensor."""
         raise NotImplementedError(f"localizer {self.name!r} does not score coordinates")
 
+    def score_stream(self, pre, ft, data, options: Spec, *, progress: bool = False
+                     ) -> Iterator[tuple[str, torch.Tensor]] | None:
+        """:meth:`scores` one tensor at a time, ``(name, scores)`` in universe order, when this localizer can give them
+        so (then :meth:`run` never holds them all: :func:`~skillgraft.graft.selection.select_streamed`); None: it
+        cannot (only :meth:`scores`)."""
+        return None
+
     def run(self, pre, ft, data, options: Spec | dict | None = None, *, progress: bool = False) -> Localization:
         """Regions for ``options.budgets`` (scores computed once) and a summary (seconds)."""
         opts = self.options(options)
@@ -148,9 +161,16 @@ class Localizer:
                                   "budget, γ rounded at 0.5, is the learned localizer's)")
         self.check(pre, opts)
         t0 = time.perf_counter()
-        scores = self.scores(pre, ft, data, opts, progress=progress)
         shapes = region_universe(pre, opts.graftable)
-        regions = {b: select(scores, b, shapes) for b in budgets}
+        total = sum(math.prod(s) for s in shapes.values())
+        # small budgets: scores one tensor at a time, each tensor's own top-k kept (same regions as select's)
+        stream = self.score_stream(pre, ft, data, opts, progress=progress) if \
+            max(b.size(total) for b in budgets) <= total // STREAM_SHARE else None
+        if stream is not None:
+            regions = select_streamed(stream, budgets, shapes)
+        else:
+            scores = self.scores(pre, ft, data, opts, progress=progress)
+            regions = {b: select(scores, b, shapes) for b in budgets}
         return Localization(regions, config=opts.to_dict(), extra={"score_seconds": time.perf_counter() - t0})
 
     @property

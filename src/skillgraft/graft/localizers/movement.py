@@ -5,18 +5,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from skillgraft.graft.localizers.base import Localizer, LocalizerOptions
-from skillgraft.graft.localizers.source import fine_tuned
+from skillgraft.graft.localizers.source import SafetensorsFolder, fine_tuned, row_slices
 from skillgraft.models.anatomy import Graftable, graftable_names
 
 
 def movement(pre, ft, graftable: Graftable = "body") -> dict[str, torch.Tensor]:
     """|θ_ft − θ_pre| per graftable tensor (on the CPU); ``ft`` a scorer or its folder (read tensor by tensor)."""
+    return dict(movement_stream(pre, ft, graftable))
+
+
+def movement_stream(pre, ft, graftable: Graftable = "body") -> Iterator[tuple[str, torch.Tensor]]:
+    """:func:`movement` one tensor at a time, in universe order; a folder's tensor is read in row slices into its
+    |Δ| (no tensor-sized copy of θ_ft beside it)."""
     names = graftable_names(pre, graftable)
     b, a = fine_tuned(ft, pre, names), dict(pre.named_parameters())
-    return {n: (b.rows(n).to(a[n].device) - a[n].detach()).abs().cpu() for n in names}
+    for n in names:
+        theta = a[n].detach()
+        if not isinstance(b, SafetensorsFolder) or not theta.dim():
+            yield n, (b.rows(n).to(theta.device) - theta).abs().cpu()
+            continue
+        out = None
+        for start, rows in row_slices(b, n):
+            part = (rows.to(theta.device) - theta[start:start + len(rows)]).abs_().cpu()
+            if out is None:
+                out = torch.empty(theta.shape, dtype=part.dtype)
+            out[start:start + len(rows)] = part
+            del rows, part
+        yield n, out
 
 
 class Movement(Localizer):
@@ -30,6 +50,9 @@ class Movement(Localizer):
     def scores(self, pre, ft, data, options, *, progress: bool = False) -> dict[str, torch.Tensor]:
         """|θ_ft − θ_pre| per graftable coordinate (γ_base of paper Eq. 3)."""
         return movement(pre, ft, options.graftable)
+
+    def score_stream(self, pre, ft, data, options, *, progress: bool = False):
+        return movement_stream(pre, ft, options.graftable)
 
 
 def per_tensor_quantiles(moved: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -59,3 +82,7 @@ class TiesTrim(Localizer):
 
     def scores(self, pre, ft, data, options, *, progress: bool = False) -> dict[str, torch.Tensor]:
         return per_tensor_quantiles(movement(pre, ft, options.graftable))
+
+    def score_stream(self, pre, ft, data, options, *, progress: bool = False):
+        return ((n, next(iter(per_tensor_quantiles({n: m}).values())))
+                for n, m in movement_stream(pre, ft, options.graftable))
