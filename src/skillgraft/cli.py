@@ -248,6 +248,13 @@ def _report_folder(out: Path, overwrite: bool, cache: Optional[Path], write) -> 
 Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_CACHE or runs/cache)")
 
 
+def _inputs(cache: Optional[Path], inputs: dict) -> dict:
+    """What a verb reads or fills, for check_target: its store (the default one too) and its inputs."""
+    from skillgraft.pipeline.store import Store  # noqa: PLC0415
+
+    return {"--cache": Store(cache).root, **inputs}
+
+
 @app.command()
 @friendly
 @from_specs(localize=Options(LocalizerFlags), report=Options(ReportSpec, help={"localizer": (
@@ -280,13 +287,15 @@ def graft(
     from skillgraft.recipes.graft import graft_report, localizer_options, releases_ft  # noqa: PLC0415
 
     return_large_blocks()  # tensor-sized temporaries freed go back to the OS at once (the peak is the work's)
+    apart = _inputs(cache, {"--finetuned": finetuned, "--pretrained": pretrained, "--data": user.data,
+                            "--eval-data": user.eval_data, "--data-dir": data.data_dir})  # never inside --out
     # the chosen localizer's own defaults + the options the user set; checked before any work
     localize = localizer_options(report.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
     if is_run_dir(finetuned) or (pretrained is None and not (finetuned / "config.json").is_file()):
         if user.data is not None or task is not None:
             raise SkillgraftError(f"--finetuned {finetuned} is a skillgraft run: it grafts on its own task data "
                                   "(drop --data/--task, or give a Hugging Face checkpoint with --pretrained)")
-        out = check_target(out or finetuned / "graft", overwrite)
+        out = check_target(out or finetuned / "graft", overwrite, apart)
         setup = from_run(finetuned, data_dir=data.data_dir, test_limit=user.test_limit)
     else:
         if pretrained is None:
@@ -296,7 +305,7 @@ def graft(
             raise SkillgraftError("a checkpoint pair needs data: --data FILE (with its field names) or --task NAME")
         if user.data is not None and task is not None:
             raise SkillgraftError("give --data FILE or --task NAME, not both")
-        out = check_target(out or Path("runs") / f"graft-{finetuned.name or 'model'}", overwrite)  # before any work
+        out = check_target(out or Path("runs") / f"graft-{finetuned.name or 'model'}", overwrite, apart)  # before work
         spec = user if user.data is not None else DataSpec.build(
             {"task": task, "k": user.k or 64, "seed": user.seed, "data_dir": data.data_dir,
              "test_limit": user.test_limit}, where="--task")
@@ -375,7 +384,7 @@ def apply(
     from skillgraft.models import build_scorer  # noqa: PLC0415
 
     if export:
-        check_target(export, overwrite)  # before any work: an existing folder is never deleted by surprise
+        check_target(export, overwrite, {"graft": graft_dir, "--model": model, "--data-dir": data_dir})  # before work
     g = Graft.from_pretrained(graft_dir)
     task = task or graft_task(g)
     if not task:
@@ -460,7 +469,7 @@ def export_cmd(
     from skillgraft.graft.export import export_graft  # noqa: PLC0415
     from skillgraft.io import check_target  # noqa: PLC0415
 
-    check_target(out, spec.overwrite)  # before any work
+    check_target(out, spec.overwrite, {"graft": graft_dir, "--model": spec.model})  # before any work
     s = export_graft(Graft.from_pretrained(graft_dir), out, spec)
     routes = s.get("routes", {})
     if "shira" in routes:
@@ -540,7 +549,8 @@ def sweep(
     from skillgraft.pipeline.setup import from_run  # noqa: PLC0415
     from skillgraft.recipes.graft import sweep_report  # noqa: PLC0415
 
-    out = check_target(out or finetuned / "sweep", overwrite)
+    out = check_target(out or finetuned / "sweep", overwrite,
+                       _inputs(cache, {"--finetuned": finetuned, "--data-dir": data.data_dir}))
     setup = from_run(finetuned, data_dir=data.data_dir, test_limit=data.test_limit)
     rows: list = []
     found: dict = {}

@@ -43,7 +43,7 @@ from skillgraft.data.spec import DataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
-from skillgraft.io import atomic_dir, read_json
+from skillgraft.io import atomic_dir, check_apart, read_json
 from skillgraft.models.anatomy import fingerprint, graftable_names
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.regions import learned_regions
@@ -335,6 +335,7 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
     if init not in ("current", "graft"):
         raise SkillgraftError(f"init must be 'current' or 'graft', got {init!r}")
     state = Path(state)
+    check_apart(state, {"--cache": Store(cache).root, "--data-dir": data_dir})  # the state is replaced whole on save
     learner = ContinualLearner.load(state) if (state / STATE_FILE).is_file() else None
     if learner is None:
         if state.exists() and any(state.iterdir()):

@@ -446,6 +446,18 @@ def score_tasks(setups: dict[str, Setup], use, split: str) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------- the merge
+def merge_inputs(pretrained: str, inputs: list[ModelInput], store=None) -> dict:
+    """The paths a merge reads or fills (none may lie inside its --out)."""
+    from skillgraft.pipeline.store import Store  # noqa: PLC0415
+
+    paths = {"--cache": (store or Store()).root, "--pretrained": pretrained}
+    for i, m in enumerate(inputs, 1):
+        data = m.data or UserDataSpec()
+        paths |= {f"--finetuned {i}": m.finetuned, f"--data {i}": data.data, f"--eval-data {i}": data.eval_data,
+                  f"--dev-data {i}": m.dev_data, f"--grafts {i}": m.graft}
+    return paths
+
+
 def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, localize: Spec | dict | None,
                  out: str | os.PathLike, *, store=None, overwrite: bool = False, progress: bool = False) -> dict:
     """Merge ``inputs`` (fine-tuned from ``pretrained``) into ``out``; see the module doc. Returns merge.json.
@@ -458,7 +470,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     from skillgraft.pipeline.store import Store  # noqa: PLC0415
     from skillgraft.pipeline.regions import localizer_options  # noqa: PLC0415
 
-    out = check_target(out, overwrite)
+    out = check_target(out, overwrite, merge_inputs(pretrained, inputs, store))
     localize = localizer_options(spec.localizer, localize)  # an unknown name or option fails before any work
     mode = check_inputs(pretrained, inputs, spec)
     store = store or Store()

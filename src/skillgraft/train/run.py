@@ -65,8 +65,8 @@ def run_finetune(data: DataSpec, out_dir: str | os.PathLike, *, model: ModelSpec
     """
     from accelerate import Accelerator  # noqa: PLC0415
 
-    check_target(out_dir, overwrite)
     model = model or ModelSpec()
+    check_target(out_dir, overwrite, {"--model": model.model, "--data-dir": data.data_dir})
     config = finetune or FinetuneConfig()
     accelerator = accelerator or Accelerator()
     few = data.load()
