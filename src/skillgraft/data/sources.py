@@ -46,8 +46,30 @@ def jsonl_rows(path: Path, hint: str = "") -> list[tuple[str, dict]]:
             raise SkillgraftError(f"{where}: {e}") from None
         if not isinstance(row, dict):
             raise SkillgraftError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        if "\\u" in line:  # only an escape can make a lone surrogate: "\ud800" parses, then breaks the tokenizer
+            _refuse_surrogates(where, row)
         rows.append((where, row))
     return rows
+
+
+def _refuse_surrogates(where: str, value, field: str = "") -> None:
+    """An unpaired surrogate escape (``"\ud800"``, half of a UTF-16 pair) in any string of ``value``: one
+    error naming the line, the field and the character (it is no Unicode text; a tokenizer fails on it)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            name = f"field {field!r}" if field else "a key"
+            raise SkillgraftError(f"{where}: {name} holds an unpaired surrogate escape "
+                                  f"'\\u{ord(value[e.start]):04x}' (character {e.start + 1}): not Unicode text; "
+                                  "write the character itself or its full surrogate pair") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _refuse_surrogates(where, k, "")
+            _refuse_surrogates(where, v, f"{field}.{k}" if field else k)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _refuse_surrogates(where, v, f"{field}[{i}]")
 
 
 def csv_reader(text: str, delimiter: str = ","):
