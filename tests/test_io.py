@@ -175,3 +175,40 @@ def test_merge_refuses_its_store_inside_its_output(tmp_path):
         sio.check_target(tmp_path / "m", True, merge_inputs("pre", [ModelInput("a"),
                                                                     ModelInput("b", UserDataSpec(data=data))]))
     assert os.path.isfile(data)
+
+
+# ---------------------------------------------------------------------------------------------- paths named right
+def test_path_problem_says_what_is_wrong(tmp_path):
+    from skillgraft.io import path_problem
+
+    (tmp_path / "loop1").symlink_to("loop2")
+    (tmp_path / "loop2").symlink_to("loop1")
+    (tmp_path / "dangling").symlink_to("nowhere")
+    (tmp_path / "f").write_text("x")
+    assert path_problem(tmp_path / "f") is None and path_problem(tmp_path, "folder") is None
+    assert path_problem(tmp_path / "missing") == "not found"
+    assert "symbolic link loop" in path_problem(tmp_path / "loop1")
+    assert "broken symbolic link (to nowhere" in path_problem(tmp_path / "dangling")
+    assert path_problem(tmp_path) == "a folder, not a file"
+    assert path_problem(tmp_path / "f", "folder") == "a file, not a folder"
+    assert "a folder on its path is a file" in path_problem(tmp_path / "f" / "x")
+
+
+@pytest.mark.parametrize("args, culprits", [
+    (["run", "{d}"], ["{d}: a folder, not a file"]),
+    (["run", "{loop}"], ["{loop}: a symbolic link loop"]),
+    (["tasks", "--task-file", "{d}"], ["{d}: a folder, not a file", "task file"]),
+    (["tasks", "--task-file", "{loop}"], ["{loop}: a symbolic link loop"]),
+    (["evaluate", "{tiny_bert}", "--mode", "prompt", "--data", "{loop}"], ["{loop}: a symbolic link loop", "data file"]),
+    (["graft", "--finetuned", "{loop}", "--out", "{tmp}/g"], ["{loop}: a symbolic link loop", "fine-tuning run"]),
+    (["graft", "--finetuned", "{loop}"], ["{loop} is a symbolic link loop"]),
+])
+def test_folders_and_link_loops_are_not_called_not_found(args, culprits, tiny_bert, tmp_path):
+    work, links = tmp_path / "w", tmp_path / "l"  # the loop outside the folder compared byte for byte
+    (work / "d").mkdir(parents=True)
+    links.mkdir()
+    (links / "loop1").symlink_to("loop2")
+    (links / "loop2").symlink_to("loop1")
+    names = {"d": work / "d", "loop": links / "loop1", "tiny_bert": tiny_bert, "tmp": work}
+    line = refused(work, [a.format(**names) for a in args], *[c.format(**names) for c in culprits])
+    assert "not found" not in line

@@ -272,7 +272,7 @@ def check_target(path: str | os.PathLike, overwrite: bool = False,
     while not os.path.lexists(parent) and parent != parent.parent:
         parent = parent.parent  # the nearest existing ancestor: where the first new folder will be made
     if not parent.is_dir():
-        raise SkillgraftError(f"cannot create {path}: {parent} is a file, not a folder")
+        raise SkillgraftError(f"cannot create {path}: {parent} is {path_problem(parent, 'folder') or 'not a folder'}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise SkillgraftError(f"cannot create {path}: {parent} is not writable (permission denied or a "
                               "read-only file system)")
@@ -494,11 +494,49 @@ def read_text(path: Path) -> str:
                               "re-save the file as UTF-8") from None
 
 
+def path_problem(path: str | os.PathLike, want: str = "file") -> str | None:
+    """Why ``path`` is no ``want`` ("file" or "folder") we can open, in words; None when it is one. Only a path
+    that does not exist is "not found": a folder where a file should be, a link loop, a broken link or a parent
+    we may not enter say so (before, each was called "not found")."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symbolic link loop (it never reaches a file)"
+        if e.errno == errno.ENOENT and os.path.islink(path):
+            return f"a broken symbolic link (to {os.readlink(path)}, which does not exist)"
+        if e.errno == errno.ENOENT:
+            return "not found"
+        if e.errno == errno.ENOTDIR:
+            return "not found (a folder on its path is a file)"
+        if e.errno == errno.EACCES:
+            return "cannot be reached (permission denied on a folder on its path)"
+        return _lower_first(os.strerror(e.errno)) if e.errno else str(e)
+    import stat  # noqa: PLC0415
+
+    if want == "file" and stat.S_ISDIR(st.st_mode):
+        return "a folder, not a file"
+    if want == "folder" and not stat.S_ISDIR(st.st_mode):
+        return "a file, not a folder"
+    if want == "file" and not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a device, socket or pipe)"
+    return None
+
+
+def no_such(path: str | os.PathLike, what: str, want: str = "file") -> SkillgraftError:
+    """The error for a ``path`` that :func:`path_problem` finds wanting: ``<what> not found: <path>`` when it
+    does not exist, else ``<path>: <why>; expected <what>``."""
+    why = path_problem(path, want) or "not readable"
+    if why == "not found":
+        return SkillgraftError(f"{what} not found: {path}")
+    return SkillgraftError(f"{path}: {why}; expected {'a ' if not what.startswith(('a ', 'an ')) else ''}{what}")
+
+
 def read_json(path: str | os.PathLike, *, required: tuple[str, ...] = (), what: str = "file") -> dict:
     """A JSON object from ``path``; missing file, bad JSON or a missing ``required`` key → one clear error."""
     path = Path(path)
     if not path.is_file():
-        raise SkillgraftError(f"{what} not found: {path}" + (" (a folder)" if path.is_dir() else ""))
+        raise no_such(path, what)
     try:
         obj = json.loads(read_text(path))
     except json.JSONDecodeError as e:

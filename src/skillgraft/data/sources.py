@@ -11,13 +11,14 @@ import csv
 import io
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.io import read_text
+from skillgraft.io import no_such, read_text
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number (non-finite values are refused)")
@@ -123,8 +124,8 @@ def open_source(source: str | Path, config: str | None = None) -> Source:
     if path.is_dir():
         return _read_dataset(str(path), config, local=True)
     text = str(source)
-    if path.suffix.lower() in DATA_SUFFIXES or not _HUB_NAME.match(text):
-        raise SkillgraftError(f"data file not found: {path}")
+    if os.path.lexists(path) or path.suffix.lower() in DATA_SUFFIXES or not _HUB_NAME.match(text):
+        raise no_such(path, "data file")  # a link loop or a broken link is no hub name either
     return _read_dataset(text, config, local=False)
 
 

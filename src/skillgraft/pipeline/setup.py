@@ -261,7 +261,9 @@ def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = 
     """
     ft_dir = Path(ft_dir)
     if not ft_dir.exists():
-        raise SkillgraftError(f"fine-tuning run not found: {ft_dir}")
+        from skillgraft.io import no_such  # noqa: PLC0415
+
+        raise no_such(ft_dir, "fine-tuning run", "folder")
     ft, pre, cfg = load_finetuned(ft_dir)
     refuse_non_finite_model(ft, str(ft_dir / "model"))
     refuse_non_finite_model(pre, f"base model {pre.base_model}")
