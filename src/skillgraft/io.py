@@ -170,8 +170,11 @@ def stopped_by() -> int | None:
 
 
 def written() -> list[Path]:
-    """The complete artifacts (outside any temporary sibling) this process has put in place, in order."""
-    return list(_written)
+    """The complete artifacts (outside any temporary sibling) this process has put in place and that are still
+    there, in order: one written into a scratch folder (``tempfile.TemporaryDirectory``: merge measures a graft's
+    file size that way) is gone once that folder is, and was never a result (issue 36: the "interrupted" line
+    of a merge listed such folders as complete)."""
+    return [p for p in dict.fromkeys(_written) if os.path.lexists(p)]
 
 
 _TMP_NAME = re.compile(r"\..+\.\d+-[^/]*\.tmp")

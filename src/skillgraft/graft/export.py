@@ -145,7 +145,8 @@ def load_graft_base(graft: Graft, model: str | None = None):
 
 
 def load_adapter_base(directory: str | os.PathLike, model: str | None = None) -> nn.Module:
-    """The plain HF base model of a PEFT adapter folder (``--model`` or its ``base_model_name_or_path``)."""
+    """The plain HF base model of a PEFT adapter folder (``--model`` or its ``base_model_name_or_path``); a
+    sequence classifier's comes wrapped with Scorer names and its carried head (as the graft's scorer had)."""
     from skillgraft.models.loading import model_reference  # noqa: PLC0415
     from skillgraft.models.scorer import load_for_mode  # noqa: PLC0415
 
@@ -158,10 +159,52 @@ def load_adapter_base(directory: str | os.PathLike, model: str | None = None) ->
     else:
         cls = str((cfg.get("auto_mapping") or {}).get("base_model_class", ""))
         mode = "causal" if cfg.get("task_type") == "CAUSAL_LM" or cls.endswith("ForCausalLM") else \
-            "prompt" if cls.endswith("ForMaskedLM") else "head"
+            "prompt" if cls.endswith("ForMaskedLM") else \
+            "classifier" if cfg.get("task_type") == "SEQ_CLS" or cls.endswith("ForSequenceClassification") else "head"
     with torch.random.fork_rng():
         torch.manual_seed(0)
+        if mode == "classifier":  # a checkpoint pair's graft: the base as a sequence classifier (was: unknown mode)
+            from skillgraft.models.loading import load_classifier  # noqa: PLC0415
+
+            model, head = load_classifier(model_reference(name).path, _adapter_labels(Path(directory), meta))
+            body = _Body(model)
+            body.carried = tuple(f"{SCORER_PREFIX}{n}" for n in head)  # its new head is no part of the fingerprint
+            return body
         return load_for_mode(model_reference(name), mode, None)[0]
+
+
+def _check_shira_indices(file: Path, key: str, ij: torch.Tensor, values: torch.Tensor, shape) -> None:
+    """A SHiRA layer's ``shira_indices`` must be integer (row, column) pairs inside its weight, one per value:
+    peft itself loads an index outside the weight and fails (or writes out of bounds) only when merging."""
+    if ij.dtype.is_floating_point or ij.dtype.is_complex or ij.dtype == torch.bool:
+        raise SkillgraftError(f"{file}: tensor {key!r} has dtype {ij.dtype}; expected integer (row, column) indices")
+    if ij.dim() != 2 or ij.shape[0] != 2:
+        raise SkillgraftError(f"{file}: tensor {key!r} has shape {tuple(ij.shape)}; expected (2, n): rows and columns")
+    if ij.shape[1] != values.numel():
+        raise SkillgraftError(f"{file}: tensor {key!r} holds {ij.shape[1]} positions but its shira_weight holds "
+                              f"{values.numel()} values")
+    for axis, (what, size) in enumerate((("row", shape[0]), ("column", shape[1]))):
+        bad = torch.nonzero((ij[axis] < 0) | (ij[axis] >= size)).reshape(-1)
+        if bad.numel():
+            i = int(bad[0])
+            raise SkillgraftError(f"{file}: tensor {key!r}[{axis}, {i}] = {int(ij[axis, i])} is out of range: the "
+                                  f"weight has {size} {what}s (shape {tuple(shape)}); the adapter is damaged or "
+                                  "for another model")
+
+
+def _adapter_labels(directory: Path, meta: dict) -> tuple[str, ...]:
+    """The labels of a sequence-classifier adapter: the graft's task, else as many as its stored head has."""
+    labels = ((meta.get("metadata") or {}).get("task_spec") or {}).get("labels")
+    if labels:
+        return tuple(str(x) for x in labels)
+    from safetensors import safe_open  # noqa: PLC0415
+
+    with safe_open(str(directory / ADAPTER_WEIGHTS), "pt") as f:
+        for key in f.keys():
+            if key.endswith(("classifier.weight", "score.weight", "out_proj.weight")):
+                return tuple(str(i) for i in range(f.get_slice(key).get_shape()[0]))
+    raise SkillgraftError(f"{directory}: a sequence-classifier adapter that records neither its labels nor its "
+                          "classification head; its number of labels is unknown")
 
 
 # ---------------------------------------------------------------------------------------------- exact deltas
@@ -764,6 +807,7 @@ def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = Fa
     entries = meta.get("shira_entries", {})
     indices: dict[str, torch.Tensor] = {}
     values: dict[str, torch.Tensor] = {}
+    head, carried = set(getattr(scorer, "carried", ())), {}
     for key, t in tensors.items():
         path = key.removeprefix(PEFT_PREFIX)
         if path.endswith(".shira_weight"):
@@ -781,6 +825,7 @@ def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = Fa
             if ij is None:
                 raise SkillgraftError(f"{directory}: {key} has no matching shira_indices")
             w = params[name]
+            _check_shira_indices(directory / ADAPTER_WEIGHTS, f"{PEFT_PREFIX}{path}.shira_indices", ij, t, w.shape)
             ij, t = ij.long(), t.reshape(-1)
             if path in entries:  # written by export_peft: grafted entries first, zero padding after
                 ij, t = ij[:, : entries[path]], t[: entries[path]]
@@ -801,6 +846,9 @@ def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = Fa
             if new.numel() != old.numel():
                 raise SkillgraftError(f"{directory}: {path} has {new.numel()} values, the base model's has "
                                       f"{old.numel()}")
+            if name in head:  # a classifier's task head (modules_to_save): carried whole, as in the graft
+                carried[name] = new.reshape(params[name].shape).clone()
+                continue
             changed = torch.nonzero(new != old).reshape(-1)
             if changed.numel():
                 indices[name], values[name] = changed, new[changed]
@@ -809,9 +857,8 @@ def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = Fa
     else:
         shapes = {n: tuple(params[n].shape) for n in graftable_names(scorer)}
     shapes.update({n: tuple(params[n].shape) for n in indices if n not in shapes})
-    carried = {}
     if (directory / HEAD_FILE).is_file():
-        carried = {f"head.{k}": v for k, v in _load_weights(directory / HEAD_FILE).items()}
+        carried |= {f"head.{k}": v for k, v in _load_weights(directory / HEAD_FILE).items()}
     metadata = {**meta.get("metadata", {}), "imported_from": str(directory), "peft_type": "SHIRA",
                 "r": cfg.get("r")}
     return Graft(Region(shapes, indices), values, carried, meta.get("base_model") or cfg.get("base_model_name_or_path")
