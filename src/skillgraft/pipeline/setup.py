@@ -453,6 +453,10 @@ def open_checkpoint(path: str, data, *, mode: str | None = None, split: str = "t
         labels = model_labels(path) if mode == "classifier" else None
         loaded = data.replace(eval_data=data.eval_data or data.data).load(labels)
         task, examples, note = loaded.task, loaded.test, loaded.labels_note
+        if task.num_labels:  # rows of one label: accuracy means little (a warning line; docs/reliability.md §11)
+            from skillgraft.pipeline.caveats import one_label, warned  # noqa: PLC0415
+
+            warned([one_label([e.label for e in examples], tuple(task.labels), str(data.eval_data or data.data))])
     else:
         task, note = get_task(data), ""
         examples = load_split(task, split, data_dir)

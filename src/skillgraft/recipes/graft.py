@@ -143,6 +143,9 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
                "graftable_parameters": universe, "total_parameters": setup.total_parameters,
                "localizer": report.localizer, "localization": summary,
                "carried_parameters": head_only.graft.carried_size if head_only else 0, "rows": rows}
+    from skillgraft.pipeline.caveats import graft_caveats  # noqa: PLC0415
+
+    metrics["caveats"] = graft_caveats(setup, rows, options.graftable)  # results that mean nothing: warned, noted
     if kept:
         from skillgraft.pipeline.keep import keep_section  # noqa: PLC0415
 
@@ -205,6 +208,9 @@ def report_markdown(metrics: dict) -> str:
              f"Test examples: {metrics['test_n']}. Graftable parameters (body): {metrics['graftable_parameters']:,} "
              f"of {metrics['total_parameters']:,}. Carried task head: {metrics['carried_parameters']:,} parameters "
              "(travels whole with every graft; counted separately).", ""]
+    from skillgraft.pipeline.caveats import caveat_markdown  # noqa: PLC0415
+
+    lines += caveat_markdown(metrics.get("caveats"))
     if metrics["localizer"] == "learned" and "step_seconds" in loc:
         lines += [f"Localization: {cfg.get('steps')} steps, lr {cfg.get('lr', 0):g}, base patch "
                   f"{loc['base_size']:,} coordinates (sparsity {cfg.get('sparsity', 0):g}), "
