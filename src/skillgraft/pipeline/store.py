@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from skillgraft.io import TargetExists, _remove, atomic_dir
+from skillgraft.resume import discard, resume_point
 from skillgraft.spec import stable_hash
 
 FORMAT_VERSION = 1
@@ -49,8 +50,9 @@ class Store:
         path = self.path(kind, key, label)
         if os.path.lexists(path):  # only an unfinished (keyless) entry can be here (an old version's)
             _remove(path)
+        resume = path.with_name(f".{path.name}.resume")  # long loops' saved state: the same command resumes
         try:
-            with atomic_dir(path) as tmp:
+            with resume_point(resume), atomic_dir(path) as tmp:
                 make(tmp)
                 (tmp / KEY_FILE).write_text(json.dumps({"kind": kind, **key}, indent=1, default=str) + "\n")
         except TargetExists:
@@ -58,6 +60,7 @@ class Store:
             # be being read) and ours is dropped
             if self.get(kind, key, label) is None:
                 raise
+        discard(resume)
         return path
 
 
