@@ -83,3 +83,56 @@ def test_a_state_saved_by_other_settings_is_not_used(ft_run, toy_data, tmp_path,
     monkeypatch.setenv("SKILLGRAFT_CHECKPOINT_SECONDS", "soon")
     with resume_point(tmp_path / "r"), pytest.raises(SkillgraftError, match="SKILLGRAFT_CHECKPOINT_SECONDS"):
         checkpoint("localize", {})
+
+
+def _finetune_args(tiny_bert, toy_data, out, *extra):
+    return ("finetune", "--task", "SST-2", "--k", 8, "--seed", 13, "--model", tiny_bert, "--optimizer", "adamw",
+            "--lr", 1e-3, "--steps", 8, "--eval-every", 2, "--data-dir", toy_data, "--test-limit", 8, "--out", out,
+            *extra)
+
+
+def _run_files(run):
+    """The run's weights and its metrics without timings."""
+    metrics = json.loads((run / "metrics.json").read_text())
+    for k in ("train_seconds", "train_examples_per_second", "eval_examples_per_second"):
+        metrics.pop(k, None)
+    weights = {p.name: p.read_bytes() for p in sorted((run / "model").iterdir()) if p.suffix == ".safetensors"}
+    return weights, metrics
+
+
+def test_finetuning_resumes_to_the_same_run(tiny_bert, toy_data, tmp_path, monkeypatch):
+    """Stopped at step 5 of 8 (dropout on: the random generators are part of the state), then the same command."""
+    import skillgraft.train.core as core
+
+    monkeypatch.setenv("SKILLGRAFT_CHECKPOINT_SECONDS", "0")
+    r = invoke(*_finetune_args(tiny_bert, toy_data, tmp_path / "ref"))
+    assert r.exit_code == 0, r.output
+    reference = _run_files(tmp_path / "ref")
+
+    calls: list[int] = []
+    real = core.check_loss
+
+    def check(value, what, step):
+        calls.append(step)
+        if len(calls) == 5 and stop:
+            raise SkillgraftError("stopped from the test")
+        return real(value, what, step)
+
+    monkeypatch.setattr(core, "check_loss", check)
+    stop = True
+    r = invoke(*_finetune_args(tiny_bert, toy_data, tmp_path / "run"))
+    assert r.exit_code == 2 and "stopped from the test" in r.output, r.output
+    assert not (tmp_path / "run").exists() and (tmp_path / ".run.resume" / "finetune-0.pt").is_file()
+    stop, calls[:] = False, []
+    r = invoke(*_finetune_args(tiny_bert, toy_data, tmp_path / "run"))
+    assert r.exit_code == 0, r.output
+    assert calls == [5, 6, 7, 8]  # steps 1–4 were saved: only the rest ran
+    assert _run_files(tmp_path / "run") == reference
+    assert not (tmp_path / ".run.resume").exists()
+    # other settings on the same --out never take that state: a stopped run with --lr 2e-3 starts over
+    stop, calls[:] = True, []
+    assert invoke(*_finetune_args(tiny_bert, toy_data, tmp_path / "other")).exit_code == 2
+    stop, calls[:] = False, []
+    args = list(_finetune_args(tiny_bert, toy_data, tmp_path / "other"))
+    args[args.index("--lr") + 1] = 2e-3
+    assert invoke(*args).exit_code == 0 and calls[0] == 1

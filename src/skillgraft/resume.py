@@ -45,9 +45,10 @@ def interval() -> float:
 
 
 @contextlib.contextmanager
-def resume_point(folder: str | os.PathLike) -> Iterator[Path]:
-    """Long loops run in the block save and resume their state in ``folder`` (see the module doc)."""
-    token = _point.set((Path(folder), {}))
+def resume_point(folder: str | os.PathLike, key=None) -> Iterator[Path]:
+    """Long loops run in the block save and resume their state in ``folder`` (see the module doc). ``key``:
+    what determines the stage's result when ``folder`` alone does not (a run directory's models and data)."""
+    token = _point.set((Path(folder), {"": key}))
     try:
         yield Path(folder)
     finally:
@@ -106,7 +107,7 @@ def checkpoint(kind: str, settings) -> Checkpoint | None:
     folder, counters = point
     index = counters.get(kind, 0)
     counters[kind] = index + 1
-    return Checkpoint(folder / f"{kind}-{index}.pt", stable_hash(settings))
+    return Checkpoint(folder / f"{kind}-{index}.pt", stable_hash({"stage": counters[""], "loop": settings}))
 
 
 def cpu(x):
