@@ -68,17 +68,24 @@ def outside_body(setup, graftable: str = "body") -> str | None:
     params = {n: p for n, p in pre.named_parameters() if not is_carried(n, pre)}
     inside = set(graftable_names(pre, graftable))
     source = fine_tuned(setup.ft, pre, list(params))
+    # a lean pair's θ_pre is memory-mapped and must stay unread where the work never reads it (its embedding's
+    # unused rows): its values come from its files here, as its fingerprint does
+    files = getattr(setup, "pre_files", None) if getattr(setup, "released", False) else None
+    pre_source = fine_tuned(files, pre, list(params)) if files is not None else None
     mass: dict[str, float] = {}
     with torch.no_grad():
         for name, p in params.items():
-            flat, shape = p.detach().reshape(-1), tuple(source.shape(name))
+            shape = tuple(source.shape(name))
             row = math.prod(shape[1:]) if shape else 1
             step = max(1, (1 << 22) // max(1, row))  # about 4M values at a time: no tensor-sized copy
             total = 0.0
             for start in range(0, shape[0] if shape else 1, step):
                 block = (source.rows(name, start, start + step) if shape else source.rows(name)).reshape(-1)
-                ref = flat[start * row:start * row + block.numel()]
-                total += float(((block.to(flat.device, torch.float64) - ref.double()) ** 2).sum())
+                if pre_source is not None:
+                    ref = (pre_source.rows(name, start, start + step) if shape else pre_source.rows(name)).reshape(-1)
+                else:
+                    ref = p.detach().reshape(-1)[start * row:start * row + block.numel()]
+                total += float(((block.to(ref.device, torch.float64) - ref.double()) ** 2).sum())
             mass[name] = total
     whole = sum(mass.values())
     outside = {n: m for n, m in mass.items() if n not in inside}
