@@ -170,8 +170,11 @@ def stopped_by() -> int | None:
 
 
 def written() -> list[Path]:
-    """The complete artifacts (outside any temporary sibling) this process has put in place, in order."""
-    return list(_written)
+    """The complete artifacts (outside any temporary sibling) this process has put in place and that are still
+    there, in order: one written into a scratch folder (``tempfile.TemporaryDirectory``: merge measures a graft's
+    file size that way) is gone once that folder is, and was never a result (issue 36: the "interrupted" line
+    of a merge listed such folders as complete)."""
+    return [p for p in dict.fromkeys(_written) if os.path.lexists(p)]
 
 
 _TMP_NAME = re.compile(r"\..+\.\d+-[^/]*\.tmp")
@@ -248,13 +251,19 @@ def _running(pid: int) -> bool:
     return True
 
 
-def check_target(path: str | os.PathLike, overwrite: bool = False) -> Path:
+def check_target(path: str | os.PathLike, overwrite: bool = False,
+                 inputs: Mapping[str, str | os.PathLike | None] | None = None) -> Path:
     """Refuse an existing output ``path`` unless ``overwrite``, and one that cannot be created (a file where
     a folder should be, a folder we may not write into): call it before any work.
+
+    ``inputs`` (``{"--cache": store root, "--finetuned": run, …}``): paths the command reads or fills (a store
+    may not exist yet); one that is ``path`` itself or lies inside it is refused (:func:`check_apart`): putting
+    the output in place would delete it.
 
     A replacement that a kill interrupted (the old ``path`` moved aside, the new one not yet in place) is rolled
     back first: the old ``path`` returns, and is refused like any other unless ``overwrite``."""
     path = Path(path)
+    check_apart(path, inputs or {})
     if not os.path.lexists(path) and os.path.lexists(_old(path)):
         with contextlib.suppress(OSError):
             os.replace(_old(path), path)
@@ -266,11 +275,39 @@ def check_target(path: str | os.PathLike, overwrite: bool = False) -> Path:
     while not os.path.lexists(parent) and parent != parent.parent:
         parent = parent.parent  # the nearest existing ancestor: where the first new folder will be made
     if not parent.is_dir():
-        raise SkillgraftError(f"cannot create {path}: {parent} is a file, not a folder")
+        raise SkillgraftError(f"cannot create {path}: {parent} is {path_problem(parent, 'folder') or 'not a folder'}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise SkillgraftError(f"cannot create {path}: {parent} is not writable (permission denied or a "
                               "read-only file system)")
     return path
+
+
+def _absolute(path: str | os.PathLike) -> Path:
+    """``path`` made absolute with its links resolved as far as it exists (``..`` folded), without requiring it."""
+    try:
+        return Path(os.path.realpath(os.path.abspath(path)))
+    except (OSError, ValueError):
+        return Path(os.path.abspath(path))
+
+
+def check_apart(out: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None]) -> None:
+    """Refuse an output target ``out`` that is, or holds, one of ``inputs`` (option name → path; None and paths
+    that do not exist — hub names — are skipped, except a store, ``--cache``, filled during the run): an output is written beside itself and renamed into place, and with
+    ``--overwrite`` the old one is deleted, so an input or a store inside it would be lost (before, `graft --cache
+    X/store --out X` deleted the store it had just filled)."""
+    target = _absolute(out)
+    for option, value in inputs.items():
+        if value is None or str(value) == "":
+            continue
+        where = _absolute(value)
+        if not option.startswith("--cache") and not os.path.lexists(where):
+            continue
+        if where == target:
+            raise SkillgraftError(f"{option} {value} is the output folder {out} itself: putting the output in place "
+                                  "would delete it; choose another output path")
+        if target in where.parents:
+            raise SkillgraftError(f"{option} {value} is inside the output folder {out}: putting the output in place "
+                                  f"would delete it; choose an output path outside it (or move {option})")
 
 
 @contextlib.contextmanager
@@ -278,7 +315,9 @@ def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[
     """Yield a temporary folder beside ``path``; it becomes ``path`` only if the block succeeds.
 
     An existing ``path`` is an error unless ``overwrite``; then it is replaced only after success (moved aside
-    to ``.<name>.old``, the new folder renamed in, the old one deleted). The temporary sibling is
+    to ``.<name>.old``, the new folder renamed in, the old one deleted). Without ``overwrite`` the final rename
+    never replaces anything: a ``path`` that appeared meanwhile (a concurrent writer) is :class:`TargetExists`
+    and stays as it is. The temporary sibling is
     ``.<name>.<pid>-<random>.tmp``: deleted on any error, and by a later write of ``path`` once its pid is gone.
     """
     path = check_target(path, overwrite)
@@ -288,15 +327,75 @@ def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[
         crash_point("dir-written", path)
         old = _old(path)
         with _committing(path):
-            if os.path.lexists(path):
+            if overwrite and os.path.lexists(path):
                 _remove(old)
                 os.replace(path, old)
                 crash_point("dir-swapped", path)  # a kill here: the old one in `old`, the new in `tmp`
                 os.replace(tmp, path)
-            else:
-                os.replace(tmp, path)
+            else:  # never replaces: `path` may have appeared since check_target (another process, the user)
+                try:
+                    rename_noreplace(tmp, path)
+                except FileExistsError:
+                    raise TargetExists(path) from None
             _remove(old)
         crash_point("dir-renamed", path)
+
+
+class TargetExists(SkillgraftError):
+    """An output that did not exist when the command started appeared before its result was put in place
+    (another process wrote it meanwhile, or the user made it); it is left as it is and nothing is written."""
+
+    def __init__(self, path: Path):
+        what = "folder" if Path(path).is_dir() else "file"
+        super().__init__(f"{path} appeared while this command ran ({what}; another process wrote it?); left as it "
+                         "is and nothing of this run was written. Pass --overwrite to replace it, or choose "
+                         "another output path")
+        self.path = Path(path)
+
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+def _renameat2():
+    try:
+        import ctypes  # noqa: PLC0415
+        import ctypes.util  # noqa: PLC0415
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError, ImportError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def rename_noreplace(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Rename ``src`` to ``dst`` unless ``dst`` exists (``FileExistsError``), in one step where the system can
+    (Linux ``renameat2(RENAME_NOREPLACE)``); elsewhere a check just before the rename. A plain ``rename(2)``
+    would silently replace an empty folder or a file at ``dst``."""
+    global _renameat2_fn
+    if _renameat2_fn is _UNSET:
+        _renameat2_fn = _renameat2()
+    if _renameat2_fn is not None:
+        import ctypes  # noqa: PLC0415
+
+        if _renameat2_fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return
+        code = ctypes.get_errno()
+        if code == errno.EEXIST:
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(dst))
+        if code not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise OSError(code, os.strerror(code), os.fspath(src), None, os.fspath(dst))
+        # a file system without RENAME_NOREPLACE: check, then rename
+    if os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(dst))
+    os.rename(src, dst)
+
+
+_UNSET = object()
+_renameat2_fn = _UNSET
 
 
 @contextlib.contextmanager
@@ -398,11 +497,49 @@ def read_text(path: Path) -> str:
                               "re-save the file as UTF-8") from None
 
 
+def path_problem(path: str | os.PathLike, want: str = "file") -> str | None:
+    """Why ``path`` is no ``want`` ("file" or "folder") we can open, in words; None when it is one. Only a path
+    that does not exist is "not found": a folder where a file should be, a link loop, a broken link or a parent
+    we may not enter say so (before, each was called "not found")."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symbolic link loop (it never reaches a file)"
+        if e.errno == errno.ENOENT and os.path.islink(path):
+            return f"a broken symbolic link (to {os.readlink(path)}, which does not exist)"
+        if e.errno == errno.ENOENT:
+            return "not found"
+        if e.errno == errno.ENOTDIR:
+            return "not found (a folder on its path is a file)"
+        if e.errno == errno.EACCES:
+            return "cannot be reached (permission denied on a folder on its path)"
+        return _lower_first(os.strerror(e.errno)) if e.errno else str(e)
+    import stat  # noqa: PLC0415
+
+    if want == "file" and stat.S_ISDIR(st.st_mode):
+        return "a folder, not a file"
+    if want == "folder" and not stat.S_ISDIR(st.st_mode):
+        return "a file, not a folder"
+    if want == "file" and not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a device, socket or pipe)"
+    return None
+
+
+def no_such(path: str | os.PathLike, what: str, want: str = "file") -> SkillgraftError:
+    """The error for a ``path`` that :func:`path_problem` finds wanting: ``<what> not found: <path>`` when it
+    does not exist, else ``<path>: <why>; expected <what>``."""
+    why = path_problem(path, want) or "not readable"
+    if why == "not found":
+        return SkillgraftError(f"{what} not found: {path}")
+    return SkillgraftError(f"{path}: {why}; expected {'a ' if not what.startswith(('a ', 'an ')) else ''}{what}")
+
+
 def read_json(path: str | os.PathLike, *, required: tuple[str, ...] = (), what: str = "file") -> dict:
     """A JSON object from ``path``; missing file, bad JSON or a missing ``required`` key → one clear error."""
     path = Path(path)
     if not path.is_file():
-        raise SkillgraftError(f"{what} not found: {path}" + (" (a folder)" if path.is_dir() else ""))
+        raise no_such(path, what)
     try:
         obj = json.loads(read_text(path))
     except json.JSONDecodeError as e:

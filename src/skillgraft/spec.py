@@ -129,9 +129,11 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     """A YAML mapping from ``path``; a missing file or bad YAML is one clear error naming the file."""
     import yaml  # noqa: PLC0415
 
+    from skillgraft.io import no_such  # noqa: PLC0415
+
     path = Path(path)
     if not path.is_file():
-        raise SkillgraftError(f"file not found: {path}")
+        raise no_such(path, "YAML file")
     data = parse_file(path, yaml.safe_load, yaml.YAMLError,
                       lambda e: f"not valid YAML ({str(e).splitlines()[0]})") or {}
     if not isinstance(data, dict):

@@ -11,13 +11,14 @@ import csv
 import io
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.io import read_text
+from skillgraft.io import no_such, read_text
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number (non-finite values are refused)")
@@ -46,8 +47,30 @@ def jsonl_rows(path: Path, hint: str = "") -> list[tuple[str, dict]]:
             raise SkillgraftError(f"{where}: {e}") from None
         if not isinstance(row, dict):
             raise SkillgraftError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        if "\\u" in line:  # only an escape can make a lone surrogate: "\ud800" parses, then breaks the tokenizer
+            _refuse_surrogates(where, row)
         rows.append((where, row))
     return rows
+
+
+def _refuse_surrogates(where: str, value, field: str = "") -> None:
+    """An unpaired surrogate escape (``"\ud800"``, half of a UTF-16 pair) in any string of ``value``: one
+    error naming the line, the field and the character (it is no Unicode text; a tokenizer fails on it)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            name = f"field {field!r}" if field else "a key"
+            raise SkillgraftError(f"{where}: {name} holds an unpaired surrogate escape "
+                                  f"'\\u{ord(value[e.start]):04x}' (character {e.start + 1}): not Unicode text; "
+                                  "write the character itself or its full surrogate pair") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _refuse_surrogates(where, k, "")
+            _refuse_surrogates(where, v, f"{field}.{k}" if field else k)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _refuse_surrogates(where, v, f"{field}[{i}]")
 
 
 def csv_reader(text: str, delimiter: str = ","):
@@ -101,8 +124,8 @@ def open_source(source: str | Path, config: str | None = None) -> Source:
     if path.is_dir():
         return _read_dataset(str(path), config, local=True)
     text = str(source)
-    if path.suffix.lower() in DATA_SUFFIXES or not _HUB_NAME.match(text):
-        raise SkillgraftError(f"data file not found: {path}")
+    if os.path.lexists(path) or path.suffix.lower() in DATA_SUFFIXES or not _HUB_NAME.match(text):
+        raise no_such(path, "data file")  # a link loop or a broken link is no hub name either
     return _read_dataset(text, config, local=False)
 
 

@@ -189,7 +189,9 @@ def load_task_yaml(path: str | Path, *, overwrite: bool = False) -> list[Task]:
     """Register every task defined in a YAML file (one mapping, or a list under ``tasks:``)."""
     path = Path(path)
     if not path.is_file():
-        raise SkillgraftError(f"task file not found: {path}")
+        from skillgraft.io import no_such  # noqa: PLC0415
+
+        raise no_such(path, "task file")
     doc = parse_file(path, yaml.safe_load, yaml.YAMLError, lambda e: f"not valid YAML: {e}")  # BOM, UTF-16 read
     specs = doc.get("tasks", [doc]) if isinstance(doc, dict) else doc
     if not isinstance(specs, list):

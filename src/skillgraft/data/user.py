@@ -175,12 +175,29 @@ def _classification(name, rows, eval_rows, spec, model_labels) -> UserData:
 
     train, test = parse(rows), parse(eval_rows)
     values = {x[2] for x in train + test}
-    labels, index, note = resolve_labels(values, spec.labels, model_labels, source=str(spec.data))
+    try:
+        labels, index, note = resolve_labels(values, spec.labels, model_labels, source=str(spec.data))
+    except SkillgraftError:
+        if not (spec.eval_data is not None or spec.eval_split is not None):
+            raise  # the held-out rows are --data's own rows
+        _blame_eval_rows(train, test, spec, model_labels)
+        raise
     template = "*cls**sent_0**+sent_1*_Answer:*mask*.*sep+*" if spec.text_pair_field else SENTIMENT
     task = Task(name, "pair" if spec.text_pair_field else "single", labels, labels, template,
                 description=f"user data {spec.data}")
     make = lambda items: [Example(t, index[y], p) for t, p, y, _ in items]  # noqa: E731
     return UserData(task, make(train), make(test), [], note)
+
+
+def _blame_eval_rows(train, test, spec, model_labels) -> None:
+    """When the labels of --data and --eval-data together cannot be resolved: if --data's alone can, the fault is
+    an evaluation row's label, named with its file and line (it was blamed on --data)."""
+    known, _, note = resolve_labels({x[2] for x in train}, spec.labels, model_labels, source=str(spec.data))
+    option = "--eval-data" if spec.eval_data is not None else "--eval-split"
+    for _, _, y, where in test:
+        if y not in known and not (re.fullmatch(r"-?\d+", y) and "indices" in note and 0 <= int(y) < len(known)):
+            raise SkillgraftError(f"{where}: unknown label {y!r} in the evaluation rows ({option}); the labels are "
+                                  f"{list(known)} ({note})") from None
 
 
 def _generative(name, rows, eval_rows, spec) -> UserData:

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.export.adapter_checks import adapter_base, check_shira_indices
 from skillgraft.export.base import (_HUB_IDS, ADAPTER_CONFIG, ADAPTER_WEIGHTS, HEAD_FILE, PEFT_PREFIX, SCORER_PREFIX,
                                     SUMMARY_FILE, ExportSpec, Exporter, _as_scorer, _check_base, _head_file, _header,
                                     _hf_name, exact_delta)
@@ -443,10 +444,7 @@ class Peft(Exporter):
 
 # ---------------------------------------------------------------------------------------------- import
 def load_adapter_base(directory: str | os.PathLike, model: str | None = None) -> nn.Module:
-    """The plain HF base model of a PEFT adapter folder (``--model`` or its ``base_model_name_or_path``)."""
-    from skillgraft.models.loading import model_reference  # noqa: PLC0415
-    from skillgraft.models.scorer import load_for_mode  # noqa: PLC0415
-
+    """The HF base model of a PEFT adapter folder (``--model`` or its ``base_model_name_or_path``; a classifier's)."""
     cfg, meta = _read_adapter(Path(directory))
     name = model or cfg.get("base_model_name_or_path")
     if not name:
@@ -456,10 +454,11 @@ def load_adapter_base(directory: str | os.PathLike, model: str | None = None) ->
     else:
         cls = str((cfg.get("auto_mapping") or {}).get("base_model_class", ""))
         mode = "causal" if cfg.get("task_type") == "CAUSAL_LM" or cls.endswith("ForCausalLM") else \
-            "prompt" if cls.endswith("ForMaskedLM") else "head"
+            "prompt" if cls.endswith("ForMaskedLM") else \
+            "classifier" if cfg.get("task_type") == "SEQ_CLS" or cls.endswith("ForSequenceClassification") else "head"
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        return load_for_mode(model_reference(name), mode, None)[0]
+        return adapter_base(Path(directory), meta, name, mode)
 
 
 def _read_adapter(directory: Path) -> tuple[dict, dict]:
@@ -532,6 +531,7 @@ def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = Fa
     entries = meta.get("shira_entries", {})
     indices: dict[str, torch.Tensor] = {}
     values: dict[str, torch.Tensor] = {}
+    head, carried = set(getattr(scorer, "carried", ())), {}
     for key, t in tensors.items():
         path = key.removeprefix(PEFT_PREFIX)
         if path.endswith(".shira_weight"):
@@ -549,6 +549,7 @@ def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = Fa
             if ij is None:
                 raise SkillgraftError(f"{directory}: {key} has no matching shira_indices")
             w = params[name]
+            check_shira_indices(directory / ADAPTER_WEIGHTS, f"{PEFT_PREFIX}{path}.shira_indices", ij, t, w.shape)
             ij, t = ij.long(), t.reshape(-1)
             if path in entries:  # written by export_peft: grafted entries first, zero padding after
                 ij, t = ij[:, : entries[path]], t[: entries[path]]
@@ -569,6 +570,9 @@ def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = Fa
             if new.numel() != old.numel():
                 raise SkillgraftError(f"{directory}: {path} has {new.numel()} values, the base model's has "
                                       f"{old.numel()}")
+            if name in head:  # a classifier's task head (modules_to_save): carried whole, as in the graft
+                carried[name] = new.reshape(params[name].shape).clone()
+                continue
             changed = torch.nonzero(new != old).reshape(-1)
             if changed.numel():
                 indices[name], values[name] = changed, new[changed]
@@ -577,9 +581,8 @@ def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = Fa
     else:
         shapes = {n: tuple(params[n].shape) for n in graftable_names(scorer)}
     shapes.update({n: tuple(params[n].shape) for n in indices if n not in shapes})
-    carried = {}
     if (directory / HEAD_FILE).is_file():
-        carried = {f"head.{k}": v for k, v in _load_weights(directory / HEAD_FILE).items()}
+        carried |= {f"head.{k}": v for k, v in _load_weights(directory / HEAD_FILE).items()}
     metadata = {**meta.get("metadata", {}), "imported_from": str(directory), "peft_type": "SHIRA",
                 "r": cfg.get("r")}
     return Graft(Region(shapes, indices), values, carried, meta.get("base_model") or cfg.get("base_model_name_or_path")

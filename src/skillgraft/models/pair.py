@@ -40,17 +40,12 @@ def pair_mode(finetuned: str, generative_data: bool, mode: str | None = None) ->
 
 def check_pair(pretrained: str, finetuned: str) -> None:
     """Refuse, before loading any weights, a pair whose architectures, shapes or tokenizers differ."""
-    from transformers import AutoConfig  # noqa: PLC0415
-
     from skillgraft.models.loading import load_tokenizer, model_reference  # noqa: PLC0415
 
     refs = [model_reference(pretrained), model_reference(finetuned)]
     configs = []
     for ref, role in zip(refs, ("pre-trained (--pretrained)", "fine-tuned (--finetuned)")):
-        try:
-            configs.append(AutoConfig.from_pretrained(ref.path).to_dict())
-        except (OSError, ValueError) as e:
-            raise SkillgraftError(f"{role} model {ref.name!r}: no readable config ({str(e).splitlines()[0]})") from None
+        configs.append(read_config(ref.path, f"{role} model {ref.name!r}").to_dict())
     a, b = configs
     if a.get("model_type") != b.get("model_type"):
         raise SkillgraftError(f"different architectures: {refs[0].name} is {a.get('model_type')!r}, {refs[1].name} is "
@@ -69,12 +64,42 @@ def check_pair(pretrained: str, finetuned: str) -> None:
 
 def model_labels(finetuned: str) -> tuple[str, ...] | None:
     """The label names of a fine-tuned checkpoint's config (``id2label`` in logit order)."""
-    from transformers import AutoConfig  # noqa: PLC0415
-
     from skillgraft.models.loading import model_reference  # noqa: PLC0415
 
-    cfg = AutoConfig.from_pretrained(model_reference(finetuned).path)
-    return tuple(str(cfg.id2label[i]) for i in range(cfg.num_labels))
+    cfg = read_config(model_reference(finetuned).path, f"model {finetuned!r}")
+    try:
+        return tuple(str(cfg.id2label[i]) for i in range(cfg.num_labels))
+    except (KeyError, TypeError, AttributeError):
+        raise SkillgraftError(f"{finetuned}/config.json: 'id2label' does not name each of its {cfg.num_labels} "
+                              f"labels 0…{cfg.num_labels - 1} (got {getattr(cfg, 'id2label', None)!r})") from None
+
+
+def read_config(path: str, who: str):
+    """A checkpoint's ``AutoConfig``; one line naming ``who`` and the fault when transformers cannot read it (no
+    ``model_type``, not JSON, an unknown architecture) — it raises a plain ValueError, which was a traceback."""
+    import json  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from transformers import AutoConfig  # noqa: PLC0415
+
+    from skillgraft.io import read_text  # noqa: PLC0415
+
+    file = Path(path) / "config.json"
+    if file.is_file():  # a local folder: name the file and field at fault
+        try:
+            raw = json.loads(read_text(file))
+        except json.JSONDecodeError as e:
+            raise SkillgraftError(f"{file}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        if not isinstance(raw, dict):
+            raise SkillgraftError(f"{file}: expected a JSON object, got {type(raw).__name__}")
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        if file.is_file() and "model_type" in first:
+            raise SkillgraftError(f"{file}: no 'model_type' field, so transformers cannot tell the architecture of "
+                                  f"{who} (add it, e.g. \"model_type\": \"bert\")") from None
+        raise SkillgraftError(f"{who}: no readable config ({first})") from None
 
 
 def complete_model(path: str, mode: str, role: str):

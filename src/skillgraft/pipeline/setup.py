@@ -262,7 +262,9 @@ def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = 
     """
     ft_dir = Path(ft_dir)
     if not ft_dir.exists():
-        raise SkillgraftError(f"fine-tuning run not found: {ft_dir}")
+        from skillgraft.io import no_such  # noqa: PLC0415
+
+        raise no_such(ft_dir, "fine-tuning run", "folder")
     if pretrained is not None:
         from skillgraft.models.loading import model_reference  # noqa: PLC0415
         from skillgraft.train.run import read_run_config  # noqa: PLC0415
@@ -473,6 +475,10 @@ def open_checkpoint(path: str, data, *, mode: str | None = None, split: str = "t
         labels = model_labels(path) if mode == "classifier" else None
         loaded = data.replace(eval_data=data.eval_data or data.data).load(labels)
         task, examples, note = loaded.task, loaded.test, loaded.labels_note
+        if task.num_labels:  # rows of one label: accuracy means little (a warning line; docs/reliability.md §11)
+            from skillgraft.pipeline.caveats import one_label, warned  # noqa: PLC0415
+
+            warned([one_label([e.label for e in examples], tuple(task.labels), str(data.eval_data or data.data))])
     else:
         task, note = get_task(data), ""
         examples = load_split(task, split, data_dir)

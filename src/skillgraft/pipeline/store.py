@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from skillgraft.io import atomic_dir
+from skillgraft.io import TargetExists, _remove, atomic_dir
+from skillgraft.resume import discard, resume_point
 from skillgraft.spec import stable_hash
 
 FORMAT_VERSION = 1
@@ -47,9 +48,19 @@ class Store:
         if found is not None:
             return found
         path = self.path(kind, key, label)
-        with atomic_dir(path, overwrite=True) as tmp:  # only an unfinished (keyless) entry can be here
-            make(tmp)
-            (tmp / KEY_FILE).write_text(json.dumps({"kind": kind, **key}, indent=1, default=str) + "\n")
+        if os.path.lexists(path):  # only an unfinished (keyless) entry can be here (an old version's)
+            _remove(path)
+        resume = path.with_name(f".{path.name}.resume")  # long loops' saved state: the same command resumes
+        try:
+            with resume_point(resume), atomic_dir(path) as tmp:
+                make(tmp)
+                (tmp / KEY_FILE).write_text(json.dumps({"kind": kind, **key}, indent=1, default=str) + "\n")
+        except TargetExists:
+            # another process finished the same entry meanwhile: the same key, the same result; it stays (it may
+            # be being read) and ours is dropped
+            if self.get(kind, key, label) is None:
+                raise
+        discard(resume)
         return path
 
 

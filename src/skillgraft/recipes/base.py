@@ -240,8 +240,8 @@ def run_spec(entry: Recipe, spec, out: str | os.PathLike, *, cache: str | os.Pat
     """Run a registered recipe with a validated spec into ``out`` (atomic; refused if it exists unless
     ``overwrite``)."""
     out = Path(out)
-    check_target(out, overwrite)
     store = Store(cache if cache is not None else spec.cache_dir)
+    check_target(out, overwrite, {"--cache": store.root, "data_dir": getattr(spec, "data_dir", None)})
     with atomic_dir(out, overwrite=overwrite) as tmp:
         run = RunDir(tmp, store)
         write_json(tmp / "config.json", spec.to_dict())

@@ -71,6 +71,16 @@ class BestDev(Callback):
             p.copy_(v)
         state.best_step, state.best_dev = self.step, self.score
 
+    def state(self) -> dict:
+        """What resuming needs (skillgraft.resume): the best step, its score and weights."""
+        return {"step": self.step, "score": self.score,
+                "weights": None if self.weights is None else [w.detach().to("cpu", copy=True) for w in self.weights]}
+
+    def load_state(self, state: dict) -> None:
+        self.step, self.score = state["step"], state["score"]
+        self.weights = None if state["weights"] is None else [
+            w.to(p.device, p.dtype) for w, p in zip(state["weights"], self.params)]
+
 
 class RegionMask(Callback):
     """Only the allowed coordinates of ``module`` (default: the trained model) move.

@@ -131,6 +131,46 @@ def dev_metrics(model, sampler, step: int, batch_size: int) -> dict | None:
             **{f"dev:{t}": s for t, s in scores.items() if t is not None}}
 
 
+def _checkpoint(config: FinetuneConfig, sampler, callbacks, params, world: int):
+    """The fine-tuning's checkpoint in the store stage being written; None outside one, with several processes,
+    or with a callback whose state is not saved (Auto-RGN, snapshots: such runs start over)."""
+    from skillgraft.resume import checkpoint  # noqa: PLC0415
+
+    stateless = ("RegionMask",)  # its masks and θ_pre values are set again at train start
+    if world > 1 or any(not hasattr(cb, "state") and type(cb).__name__ not in stateless for cb in callbacks):
+        return None
+    return checkpoint("finetune", {"config": config.to_dict(), "steps": sampler.steps,
+                                   "tasks": {str(t): [len(tr), len(dev or [])] for t, (tr, dev) in sampler.data.items()},
+                                   "params": [list(p.shape) for p in params],
+                                   "callbacks": [type(cb).__name__ for cb in callbacks]})
+
+
+def _state(done: int, loss_ema, eval_seconds: float, seconds: float, params, opt, state: TrainState, callbacks,
+           accelerator) -> dict:
+    """Everything the steps after ``done`` depend on: weights, optimizer moments, the random generators (dropout),
+    the history, the callbacks' own state."""
+    return {"step": done, "loss_ema": loss_ema, "eval_seconds": eval_seconds, "seconds": seconds,
+            "params": [p.detach().to("cpu", copy=True) for p in params], "optimizer": opt.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "history": list(state.history),
+            "callbacks": [cb.state() if hasattr(cb, "state") else None for cb in callbacks]}
+
+
+@torch.no_grad()
+def _resume(saved: dict, params, opt, state: TrainState, callbacks, accelerator) -> None:
+    for p, value in zip(params, saved["params"]):
+        p.copy_(value.to(p.device, p.dtype))
+    opt.load_state_dict(saved["optimizer"])
+    torch.set_rng_state(saved["torch_rng"])
+    if saved["cuda_rng"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(saved["cuda_rng"])
+    state.history[:] = saved["history"]
+    for cb, cb_state in zip(callbacks, saved["callbacks"]):
+        if cb_state is not None:
+            cb.load_state(cb_state)
+
+
 def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=None, progress: bool = True,
         desc: str = "train") -> TrainResult:
     """Train ``model`` in place on ``sampler``'s batches; afterwards it is in eval mode with every
@@ -170,10 +210,20 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
             emit(callbacks, "on_evaluate", step, metrics)
 
     start = time.perf_counter()
+    saved = _checkpoint(config, sampler, callbacks, params, world)
+    resumed = saved.load() if saved is not None else None
+    done, loss_ema = 0, None
+    if resumed is not None:  # the same command, stopped: go on from the last saved step (skillgraft.resume)
+        done, loss_ema, eval_seconds = resumed["step"], resumed["loss_ema"], resumed["eval_seconds"]
+        _resume(resumed, params, opt, state, callbacks, accelerator)
+        start -= resumed["seconds"]
     wrapped.train()
-    bar = tqdm(sampler, total=steps, desc=desc, disable=not (progress and accelerator.is_main_process))
-    loss_ema = None
-    for step, (task, examples) in enumerate(bar):
+    batches = iter(sampler)
+    for _ in range(done):  # the batches of the steps done before the stop: drawn (a seeded schedule), not run
+        next(batches)
+    bar = tqdm(batches, total=steps, desc=desc, disable=not (progress and accelerator.is_main_process),
+               initial=done)
+    for step, (task, examples) in enumerate(bar, start=done):
         batch = view_of(raw, task).collate(examples[rank::world])
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
         labels = batch.pop("labels")
@@ -198,6 +248,9 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
             wrapped.train()
         if evaluated or step % 10 == 0:
             bar.set_postfix(loss=f"{loss_ema:.3f}", dev=f"{state.history[-1]['dev']:.3f}" if state.history else "-")
+        if saved is not None and step + 1 < steps and saved.due():
+            saved.save(_state(step + 1, loss_ema, eval_seconds, time.perf_counter() - start, params, opt, state,
+                              callbacks, accelerator))
     seconds = time.perf_counter() - start - eval_seconds
     for p in params:  # the last step's update is checked by no later loss
         refuse_non_finite(p, f"fine-tuning stopped after step {steps}: a trained weight",

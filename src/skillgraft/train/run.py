@@ -65,13 +65,21 @@ def run_finetune(data: DataSpec, out_dir: str | os.PathLike, *, model: ModelSpec
     """
     from accelerate import Accelerator  # noqa: PLC0415
 
-    check_target(out_dir, overwrite)
     model = model or ModelSpec()
+    check_target(out_dir, overwrite, {"--model": model.model, "--data-dir": data.data_dir})
     config = finetune or FinetuneConfig()
     accelerator = accelerator or Accelerator()
     few = data.load()
     scorer = model.scorer(few.task, head_seed=config.seed)
-    result = train(scorer, few.train, few.dev, config, k=data.k, accelerator=accelerator, progress=progress)
+    from skillgraft.models.anatomy import fingerprint  # noqa: PLC0415
+    from skillgraft.resume import discard, resume_point  # noqa: PLC0415
+    from skillgraft.spec import stable_hash  # noqa: PLC0415
+
+    resume = Path(out_dir).with_name(f".{Path(out_dir).name}.resume")  # the same command resumes a stopped run
+    key = {"model": model.to_dict(), "weights": fingerprint(scorer), "config": config.to_dict(),
+           "examples": stable_hash([[e.text_a, e.text_b, e.label] for e in [*few.train, *(few.dev or [])]])}
+    with resume_point(resume, key=key):
+        result = train(scorer, few.train, few.dev, config, k=data.k, accelerator=accelerator, progress=progress)
     metrics = {"task": few.task.name, "k": data.k, "seed": data.seed, "steps": result.steps,
                "best_step": result.best_step, "best_dev": result.best_dev, "train_seconds": round(result.seconds, 2),
                "train_examples_per_second": round(result.examples_per_second, 2),
@@ -94,6 +102,7 @@ def run_finetune(data: DataSpec, out_dir: str | os.PathLike, *, model: ModelSpec
         write_probs(tmp / "test_probs.csv", probs, labels, few.task.labels)
         confidence_histogram({"fine-tuned": probs}, tmp / "confidence.png", title=f"{few.task.name} test")
         reliability_diagram({"fine-tuned": (probs, labels)}, tmp / "reliability.png", title=f"{few.task.name} test")
+    discard(resume)  # the run is complete: its saved state is no longer needed
     return metrics
 
 

@@ -46,7 +46,7 @@ def apply(graft_dir: str | os.PathLike, *, model: str | None = None, task: str |
 
     graft_dir = Path(graft_dir)
     if export:
-        check_target(export, overwrite)  # before any work: an existing folder is never deleted by surprise
+        check_target(export, overwrite, {"graft": graft_dir, "--model": model, "--data-dir": data_dir})  # before work
     g = Graft.from_pretrained(graft_dir)
     task = task or graft_task(g)
     if not task:

@@ -13,6 +13,7 @@ from skillgraft.data.spec import DataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
+from skillgraft.io import check_apart
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.continual import STATE_FILE, ContinualLearner, task_region
 from skillgraft.pipeline.setup import prepare
@@ -42,6 +43,7 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
     if init not in ("current", "graft"):
         raise SkillgraftError(f"init must be 'current' or 'graft', got {init!r}")
     state = Path(state)
+    check_apart(state, {"--cache": Store(cache).root, "--data-dir": data_dir})  # the state is replaced whole on save
     learner = ContinualLearner.load(state) if (state / STATE_FILE).is_file() else None
     if learner is None:
         if state.exists() and any(state.iterdir()):

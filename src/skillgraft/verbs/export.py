@@ -15,5 +15,5 @@ def export(graft_dir: str | os.PathLike, out: str | os.PathLike, spec: ExportSpe
     from skillgraft.io import check_target  # noqa: PLC0415
 
     spec = spec or ExportSpec()
-    check_target(out, spec.overwrite)  # before any work
+    check_target(out, spec.overwrite, {"graft": graft_dir, "--model": spec.model})  # before any work
     return export_graft(Graft.from_pretrained(Path(graft_dir)), out, spec)

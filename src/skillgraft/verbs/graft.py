@@ -148,6 +148,9 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
                "graftable_parameters": universe, "total_parameters": setup.total_parameters,
                "localizer": report.localizer, "localization": summary,
                "carried_parameters": head_only.graft.carried_size if head_only else 0, "rows": rows}
+    from skillgraft.pipeline.caveats import graft_caveats  # noqa: PLC0415
+
+    metrics["caveats"] = graft_caveats(setup, rows, options.graftable)  # results that mean nothing: warned, noted
     if kept:
         from skillgraft.pipeline.keep import keep_section  # noqa: PLC0415
 
@@ -211,6 +214,9 @@ def report_markdown(metrics: dict) -> str:
              f"Test examples: {metrics['test_n']}. Graftable parameters (body): {metrics['graftable_parameters']:,} "
              f"of {metrics['total_parameters']:,}. Carried task head: {metrics['carried_parameters']:,} parameters "
              "(travels whole with every graft; counted separately).", ""]
+    from skillgraft.pipeline.caveats import caveat_markdown  # noqa: PLC0415
+
+    lines += caveat_markdown(metrics.get("caveats"))
     if metrics["localizer"] == "learned" and "step_seconds" in loc:
         lines += [f"Localization: {cfg.get('steps')} steps, lr {cfg.get('lr', 0):g}, base patch "
                   f"{loc['base_size']:,} coordinates (sparsity {cfg.get('sparsity', 0):g}), "
@@ -366,7 +372,10 @@ def graft(inputs: GraftInputs, *, report: ReportSpec | None = None, localize: Sp
     report = report or ReportSpec()
     options = localizer_options(report.localizer, localize)
     check_inputs(inputs)
-    out = check_target(Path(out) if out is not None else default_out(inputs), overwrite)  # before any work
+    apart = {"--cache": Store(cache).root, "--finetuned": inputs.finetuned, "--pretrained": inputs.pretrained,
+             "--data": inputs.user.data, "--eval-data": inputs.user.eval_data,
+             "--data-dir": inputs.data.data_dir}  # what the command reads or fills: never inside --out
+    out = check_target(Path(out) if out is not None else default_out(inputs), overwrite, apart)  # before any work
     setup = open_setup(inputs, lean=not is_run(inputs) and releases_ft(report, keep, frontier))
     with atomic_dir(out, overwrite=overwrite) as tmp:
         run = RunDir(tmp, Store(cache))

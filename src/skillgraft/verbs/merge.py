@@ -43,7 +43,7 @@ from skillgraft.pipeline.report import write_csv
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.workbench import Workbench
 from skillgraft.spec import Spec
-from skillgraft.verbs.merge_inputs import ModelInput, check_inputs, resolve_inputs
+from skillgraft.verbs.merge_inputs import ModelInput, check_inputs, merge_inputs, resolve_inputs
 from skillgraft.verbs.merge_report import readme, report_markdown, summarize, write_outputs
 
 __all__ = ["MergeSpec", "ModelInput", "check_inputs", "merge_models", "resolve_inputs"]
@@ -176,7 +176,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     from skillgraft.pipeline.regions import localizer_options  # noqa: PLC0415
     from skillgraft.pipeline.store import Store  # noqa: PLC0415
 
-    out = check_target(out, overwrite)
+    out = check_target(out, overwrite, merge_inputs(pretrained, inputs, store))
     localize = localizer_options(spec.localizer, localize)  # an unknown name or option fails before any work
     mode = check_inputs(pretrained, inputs, spec)
     store = store or Store()

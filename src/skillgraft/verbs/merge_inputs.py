@@ -153,3 +153,15 @@ def check_inputs(pretrained: str, inputs: list[ModelInput], spec) -> str:
     if len(prints - {None}) > 1:
         raise SkillgraftError(f"the --grafts were learned on different base models (fingerprints {sorted(prints - {None})})")
     return next(iter(modes.values()))
+
+
+def merge_inputs(pretrained: str, inputs: list[ModelInput], store=None) -> dict:
+    """The paths a merge reads or fills (none may lie inside its --out)."""
+    from skillgraft.pipeline.store import Store  # noqa: PLC0415
+
+    paths = {"--cache": (store or Store()).root, "--pretrained": pretrained}
+    for i, m in enumerate(inputs, 1):
+        data = m.data or UserDataSpec()
+        paths |= {f"--finetuned {i}": m.finetuned, f"--data {i}": data.data, f"--eval-data {i}": data.eval_data,
+                  f"--dev-data {i}": m.dev_data, f"--grafts {i}": m.graft}
+    return paths

@@ -68,8 +68,10 @@ def summarize(results: list[Scored], ft: Scored, setups: dict, grafts: dict[str,
                     "train": len(st.data.train), "dev": len(st.data.dev), "test": len(st.test),
                     "data": st.data_note, "graft_size": grafts[n].size, "graft_bytes": graft_bytes[n],
                     "checkpoint_bytes": ckpt[n]}
+    from skillgraft.pipeline.caveats import merge_caveats  # noqa: PLC0415
+
     return {"pretrained": pretrained, "mode": mode, "settings": spec.to_dict(), "tasks": tasks, "rows": rows,
-            "headline": headline}
+            "headline": headline, "caveats": merge_caveats(setups, ft.test)}
 
 
 def graft_file_bytes(graft: Graft) -> int:
@@ -126,6 +128,9 @@ def report_markdown(s: dict) -> str:
         share = t["graft_bytes"] / t["checkpoint_bytes"] if t["checkpoint_bytes"] else float("nan")
         lines.append(f"| {n} | `{t['finetuned']}` | {len(t['labels'])} | {t['train']} | {t['dev']} | {t['test']} | "
                      f"{t['graft_size']:,} | {t['graft_bytes']:,} | {t['checkpoint_bytes']:,} | {100 * share:.2f}% |")
+    from skillgraft.pipeline.caveats import caveat_markdown  # noqa: PLC0415
+
+    lines += ["", *caveat_markdown(s.get("caveats"))]
     lines += ["", "## Test accuracy (normalized = merged ÷ the task's own fine-tuned model)", ""]
     header = ["method", "settings", *[f"{n} acc" for n in names], *[f"{n} norm" for n in names], "mean acc",
               "mean norm", "dev mean norm", "bytes / task"]

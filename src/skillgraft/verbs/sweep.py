@@ -99,7 +99,8 @@ def sweep(finetuned: str | os.PathLike, spec: SweepSpec | None = None, localize:
     from skillgraft.pipeline.setup import from_run  # noqa: PLC0415
 
     data = data or DataSpec()
-    out = check_target(Path(out) if out is not None else Path(finetuned) / "sweep", overwrite)
+    out = check_target(Path(out) if out is not None else Path(finetuned) / "sweep", overwrite,
+                       {"--cache": Store(cache).root, "--finetuned": finetuned, "--data-dir": data.data_dir})
     setup = from_run(finetuned, data_dir=data.data_dir, test_limit=data.test_limit)
     found: dict = {}
     with atomic_dir(out, overwrite=overwrite) as tmp:

@@ -209,6 +209,14 @@ class Candidates(Layout):
         values.index_copy_(0, self.pos[n].to(torch.int64), new.to(values.dtype))
         self.current[n] = target
 
+    def _working(self) -> dict[str, torch.Tensor]:
+        return {n: self.pieces[n].values().index_select(0, self.pos[n].to(torch.int64)) for n in self.names}
+
+    def _set_working(self, working: dict[str, torch.Tensor]) -> None:
+        for n in self.names:
+            values = self.pieces[n].values()
+            values.index_copy_(0, self.pos[n].to(torch.int64), working[n].to(values.device, values.dtype))
+
     @torch.no_grad()
     def restore(self) -> None:
         """θ_pre back on C, bit-exactly (nothing outside C was ever written)."""

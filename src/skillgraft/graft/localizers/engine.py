@@ -181,12 +181,21 @@ def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, g
     best: dict[Budget, tuple[float, int, Region | None]] = {}
     relax = None
     groups = [[b] for b in plan.budgets] if per_budget else [plan.budgets]
-    for budgets in groups:
+    saved = _checkpoint(plan, layout, group, accelerator, len(train), len(select))
+    state = saved.load() if saved is not None else None
+    if state is not None:  # the same command, stopped: resume from the last saved step (skillgraft.resume)
+        history[:], step_times[:] = state["history"], state["step_times"]
+        best |= state["best_before"]
+    for i, budgets in enumerate(groups):
+        if state is not None and i < state["group"]:
+            continue  # a trajectory finished before the stop: its best regions came back with the state
         relax = plan.relaxation()
         k = budgets[0].size(layout.universe) if relax.per_budget else None
         params = relax.start(layout, score, base, k, plan.seed)
+        here = state if state is not None and i == state["group"] else None
         best |= _trajectory(pre, layout, relax, Optimizer(plan.optimizer, plan.lr, params, group), budgets, train,
-                            select, plan, accelerator, group, progress, history, step_times)
+                            select, plan, accelerator, group, progress, history, step_times,
+                            saved=saved, resumed=here, where={"group": i, "best_before": dict(best)})
     result = Localization({b: best[b][2] for b in plan.budgets}, {b: best[b][1] for b in plan.budgets},
                           {b: best[b][0] for b in plan.budgets}, history, base_size,
                           float(np.median(step_times)) if step_times else 0.0, plan.config, layout.size, step_times)
@@ -195,14 +204,54 @@ def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, g
     return result
 
 
+def _checkpoint(plan: Plan, layout: Layout, group: Group, accelerator, n_train: int, n_select: int):
+    """The localization's checkpoint in the store stage being written (None: not in one, or sharded: each process
+    holds only its shards)."""
+    from skillgraft.resume import checkpoint  # noqa: PLC0415
+
+    if group.sharded or accelerator.num_processes > 1:
+        return None
+    relax = plan.relaxation()
+    return checkpoint("localize", {
+        "relaxation": [type(relax).__name__, relax.name], "optimizer": plan.optimizer, "lr": plan.lr,
+        "steps": plan.steps, "budgets": [str(b) for b in plan.budgets], "batch": [plan.batch_size, plan.micro_batch],
+        "eval_every": plan.eval_every, "last": plan.last, "seed": plan.seed, "graftable": plan.graftable,
+        "config": plan.config, "universe": layout.universe, "size": layout.size, "rows": [n_train, n_select]})
+
+
 def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, budgets: list[Budget], train, select,
-                plan: Plan, accelerator, group: Group, progress, history: list[dict], step_times: list[float]) -> dict:
-    """One optimisation of the relaxation's parameters; every ``eval_every`` steps each budget's region is scored."""
+                plan: Plan, accelerator, group: Group, progress, history: list[dict], step_times: list[float], *,
+                saved=None, resumed: dict | None = None, where: dict | None = None) -> dict:
+    """One optimisation of the relaxation's parameters; every ``eval_every`` steps each budget's region is scored.
+
+    ``saved`` (a :class:`skillgraft.resume.Checkpoint`): the state after a step is saved there when due;
+    ``resumed``: such a state, to go on from (bit for bit what the uninterrupted run does next)."""
     world, rank = accelerator.num_processes, accelerator.process_index
     batch_n = min(plan.batch_size, len(train))
     rng = np.random.RandomState(plan.seed)
     best: dict[Budget, tuple[float, int, Region | None]] = {b: (-1.0, 0, None) for b in budgets}
     previous: dict[Budget, Region] = {}
+
+    def save(step: int) -> None:
+        from skillgraft.resume import cpu  # noqa: PLC0415
+
+        saved.save({**(where or {}), "step": step, "rng": rng.get_state(), "best": best, "previous": previous,
+                    "history": history, "step_times": step_times, "params": cpu(optimizer.params),
+                    "adam": optimizer.adam.state_dict() if optimizer.adam is not None else None,
+                    "relaxation": relax.state(), "layout": layout.state()})
+
+    def resume(state: dict) -> int:
+        with torch.no_grad():
+            for p, value in zip(optimizer.params, state["params"]):
+                p.copy_(value.to(p.device))
+        if optimizer.adam is not None:
+            optimizer.adam.load_state_dict(state["adam"])
+        relax.load_state(state["relaxation"], state["step"])
+        layout.load_state(state["layout"])
+        rng.set_state(state["rng"])
+        best.update(state["best"])
+        previous.update(state["previous"])
+        return state["step"]
     lockstep = group.sharded and world > 1  # every process runs every forward (FSDP gathers in each)
 
     def score(step: int) -> None:
@@ -226,11 +275,16 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
     def scored(step: int) -> bool:
         return step >= relax.first and (step % plan.eval_every == 0 or step in (relax.first, plan.steps))
 
-    layout.write(relax.mask(0), relax.absolute)
-    if scored(0):
-        score(0)
+    if resumed is not None:
+        done = resume(resumed)
+    else:
+        done = 0
+        layout.write(relax.mask(0), relax.absolute)
+        if scored(0):
+            score(0)
     label = f"localize ({relax.name} {budgets[0].label})" if relax.per_budget else "localize"
-    bar = tqdm(range(1, plan.steps + 1), desc=label, disable=not (progress and accelerator.is_main_process))
+    bar = tqdm(range(done + 1, plan.steps + 1), desc=label, disable=not (progress and accelerator.is_main_process),
+               initial=done, total=plan.steps)
     try:
         for step in bar:
             t0 = time.perf_counter()
@@ -252,6 +306,8 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
                 score(step)
                 bar.set_postfix({b.label: f"{history[-1][b.label + ':acc']:.3f}/{history[-1][b.label + ':size']}"
                                  for b in budgets})
+            if saved is not None and step < plan.steps and saved.due():
+                save(step)
     finally:
         bar.close()
     return best

@@ -131,6 +131,26 @@ class Layout:
     def restore(self) -> None:
         pass
 
+    # ------------------------------------------------------------------ resuming (skillgraft.resume)
+    @torch.no_grad()
+    def state(self) -> dict:
+        """What a resumed run needs of the layout, bit for bit: the working weights at its coordinates (written
+        incrementally, they carry the rounding of every step) and the mask they hold."""
+        return {"working": {n: w.detach().to("cpu", copy=True) for n, w in self._working().items()},
+                "current": {n: c.detach().to("cpu", copy=True) for n, c in self.current.items()}}
+
+    @torch.no_grad()
+    def load_state(self, state: dict) -> None:
+        """:meth:`state` put back."""
+        self._set_working(state["working"])
+        self.current = {n: state["current"][n].to(self.delta[n].device) for n in self.names}
+
+    def _working(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def _set_working(self, working: dict[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
 
 class Dense(Layout):
     """Every graftable coordinate, in the working model's own tensors; θ_pre restored by the caller's snapshot."""
@@ -149,6 +169,13 @@ class Dense(Layout):
         change = target.to(self.delta[n].dtype) - self.current[n].to(self.delta[n].dtype)
         self.params[n].add_(change * self.delta[n])
         self.current[n] = target
+
+    def _working(self) -> dict[str, torch.Tensor]:
+        return {n: self.params[n] for n in self.names}
+
+    def _set_working(self, working: dict[str, torch.Tensor]) -> None:
+        for n in self.names:
+            self.params[n].copy_(working[n].to(self.params[n].device))
 
     def draw(self, seed: int) -> dict[str, torch.Tensor]:
         gen = torch.Generator().manual_seed(seed)

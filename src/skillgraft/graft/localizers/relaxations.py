@@ -59,6 +59,13 @@ class Relaxation:
         """Extra history fields at a scored step."""
         return {}
 
+    def state(self) -> dict:
+        """What resuming needs beyond the optimizer's parameters (skillgraft.resume)."""
+        return {}
+
+    def load_state(self, state: dict, t: int) -> None:
+        """:meth:`state` put back after step ``t`` (the parameters already restored)."""
+
 
 def _ranks(score: torch.Tensor) -> torch.Tensor:
     """Each coordinate's rank by ``score`` (0 = the highest; ties by position), as floats."""
@@ -193,6 +200,7 @@ class HardConcrete(Relaxation):
 
     def mask(self, t):
         n = self.log_alpha.numel()
+        self.drawn_from = self.gen.get_state()  # resuming redraws the same u (z's graph is rebuilt, not saved)
         u = torch.rand(n, generator=self.gen, device=self.log_alpha.device).clamp(1e-6, 1 - 1e-6)
         s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + self.log_alpha) / HC_BETA)
         self.z = (s * (HC_HIGH - HC_LOW) + HC_LOW).clamp(0, 1)
@@ -209,3 +217,10 @@ class HardConcrete(Relaxation):
 
     def row(self):
         return {"expected_size": float(torch.sigmoid(self.log_alpha.detach() - self.shift).sum())}
+
+    def state(self):
+        return {"gen": self.drawn_from}
+
+    def load_state(self, state, t):
+        self.gen.set_state(state["gen"])
+        self.mask(t)  # the gates of step t again, from the same noise: z and its graph, the generator moved on

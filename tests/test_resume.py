@@ -1,0 +1,138 @@
+"""skillgraft.resume: a stage stopped midway resumes from its saved state on the same command, to the same
+result as an uninterrupted run, bit for bit (issue 36: a localization stopped at step 28 of 30 wrote nothing)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_bad_inputs import ft_run, graft_args, invoke  # noqa: F401
+
+import skillgraft.graft.localizers.engine as engine
+from skillgraft.errors import SkillgraftError
+
+
+def _files(out):
+    """Every graft's bytes and the localization's history without its timings."""
+    grafts = {p.name: (p / "graft.safetensors").read_bytes() for p in sorted((out / "grafts").iterdir())}
+    loc = json.loads((out / "metrics.json").read_text())["localization"]
+    return grafts, loc.get("history"), loc.get("best_step")
+
+
+def _counting(monkeypatch, stop_at: int | None = None) -> list[int]:
+    """Count the localization's steps (its loss checks); with ``stop_at`` the run stops before that step moves."""
+    calls: list[int] = []
+    real = engine.check_loss
+
+    def check(total, what, step):
+        calls.append(step)
+        if stop_at is not None and len(calls) == stop_at:
+            raise SkillgraftError("stopped from the test")
+        return real(total, what, step)
+
+    monkeypatch.setattr(engine, "check_loss", check)
+    return calls
+
+
+@pytest.mark.parametrize("localizer, extra", [
+    ("learned", ["--budgets", "0.05,0.1"]),
+    ("hard-concrete", ["--budgets", "0.05,0.1"]),  # one trajectory per budget, Adam, stochastic gates
+])
+def test_localization_resumes_to_the_same_result(localizer, extra, ft_run, toy_data, tmp_path, monkeypatch):  # noqa: F811
+    steps = 6
+    args = lambda out, store: [*graft_args(ft_run, toy_data, out, store, "--localizer", localizer, "--steps", steps,  # noqa: E731
+                                           "--eval-every", 2), *extra]
+    args_ref = args(tmp_path / "ref", tmp_path / "store-ref")
+    args_ref[args_ref.index("--budgets") + 1] = extra[1]
+    monkeypatch.setenv("SKILLGRAFT_CHECKPOINT_SECONDS", "0")  # save after every step
+    r = invoke(*args_ref)
+    assert r.exit_code == 0, r.output
+    reference = _files(tmp_path / "ref")
+    total = 2 * steps if localizer == "hard-concrete" else steps
+
+    stop = total - 2 if localizer == "hard-concrete" else 4  # hard-concrete: inside its second trajectory
+    calls = _counting(monkeypatch, stop_at=stop)
+    store = tmp_path / "store"
+    r = invoke(*args(tmp_path / "g", store))
+    assert r.exit_code == 2 and "stopped from the test" in r.output, r.output
+    assert not (tmp_path / "g").exists()
+    saved = [p for p in store.iterdir() if p.name.endswith(".resume")]
+    assert len(saved) == 1 and list(saved[0].iterdir()), list(store.iterdir())
+
+    calls = _counting(monkeypatch)  # the same command again: it goes on from the last saved step
+    r = invoke(*args(tmp_path / "g", store))
+    assert r.exit_code == 0, r.output
+    assert len(calls) == total - (stop - 1), calls  # only the steps not done before the stop
+    assert _files(tmp_path / "g") == reference
+    assert not [p for p in store.iterdir() if p.name.startswith(".")]  # the saved state is gone with the entry
+
+
+def test_a_state_saved_by_other_settings_is_not_used(ft_run, toy_data, tmp_path, monkeypatch):  # noqa: F811
+    from skillgraft.resume import Checkpoint, checkpoint, resume_point
+
+    with resume_point(tmp_path / "r"):
+        a = checkpoint("localize", {"steps": 6})
+        a.save({"step": 3})
+        assert checkpoint("localize", {"steps": 6}).load() is None  # the second loop of the stage: its own file
+    with resume_point(tmp_path / "r"):
+        assert checkpoint("localize", {"steps": 6}).load()["step"] == 3
+    with resume_point(tmp_path / "r"):
+        assert checkpoint("localize", {"steps": 7}).load() is None
+    (tmp_path / "r" / "localize-0.pt").write_bytes(b"damaged")
+    assert Checkpoint(tmp_path / "r" / "localize-0.pt", "x").load() is None
+    monkeypatch.setenv("SKILLGRAFT_CHECKPOINT_SECONDS", "soon")
+    with resume_point(tmp_path / "r"), pytest.raises(SkillgraftError, match="SKILLGRAFT_CHECKPOINT_SECONDS"):
+        checkpoint("localize", {})
+
+
+def _finetune_args(tiny_bert, toy_data, out, *extra):
+    return ("finetune", "--task", "SST-2", "--k", 8, "--seed", 13, "--model", tiny_bert, "--optimizer", "adamw",
+            "--lr", 1e-3, "--steps", 8, "--eval-every", 2, "--data-dir", toy_data, "--test-limit", 8, "--out", out,
+            *extra)
+
+
+def _run_files(run):
+    """The run's weights and its metrics without timings."""
+    metrics = json.loads((run / "metrics.json").read_text())
+    for k in ("train_seconds", "train_examples_per_second", "eval_examples_per_second"):
+        metrics.pop(k, None)
+    weights = {p.name: p.read_bytes() for p in sorted((run / "model").iterdir()) if p.suffix == ".safetensors"}
+    return weights, metrics
+
+
+def test_finetuning_resumes_to_the_same_run(tiny_bert, toy_data, tmp_path, monkeypatch):
+    """Stopped at step 5 of 8 (dropout on: the random generators are part of the state), then the same command."""
+    import skillgraft.train.core as core
+
+    monkeypatch.setenv("SKILLGRAFT_CHECKPOINT_SECONDS", "0")
+    r = invoke(*_finetune_args(tiny_bert, toy_data, tmp_path / "ref"))
+    assert r.exit_code == 0, r.output
+    reference = _run_files(tmp_path / "ref")
+
+    calls: list[int] = []
+    real = core.check_loss
+
+    def check(value, what, step):
+        calls.append(step)
+        if len(calls) == 5 and stop:
+            raise SkillgraftError("stopped from the test")
+        return real(value, what, step)
+
+    monkeypatch.setattr(core, "check_loss", check)
+    stop = True
+    r = invoke(*_finetune_args(tiny_bert, toy_data, tmp_path / "run"))
+    assert r.exit_code == 2 and "stopped from the test" in r.output, r.output
+    assert not (tmp_path / "run").exists() and (tmp_path / ".run.resume" / "finetune-0.pt").is_file()
+    stop, calls[:] = False, []
+    r = invoke(*_finetune_args(tiny_bert, toy_data, tmp_path / "run"))
+    assert r.exit_code == 0, r.output
+    assert calls == [5, 6, 7, 8]  # steps 1–4 were saved: only the rest ran
+    assert _run_files(tmp_path / "run") == reference
+    assert not (tmp_path / ".run.resume").exists()
+    # other settings on the same --out never take that state: a stopped run with --lr 2e-3 starts over
+    stop, calls[:] = True, []
+    assert invoke(*_finetune_args(tiny_bert, toy_data, tmp_path / "other")).exit_code == 2
+    stop, calls[:] = False, []
+    args = list(_finetune_args(tiny_bert, toy_data, tmp_path / "other"))
+    args[args.index("--lr") + 1] = 2e-3
+    assert invoke(*args).exit_code == 0 and calls[0] == 1
