@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from skillgraft.clierrors import interrupted_line, one_line_error
+from skillgraft.clihelp import App
 from skillgraft.clispec import Options, build, from_specs
 from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.fisher.fisher import FisherConfig
@@ -27,6 +28,36 @@ from skillgraft.graft.keep import KeepSpec
 from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, options_union
 
 LocalizerFlags = options_union()  # every registered localizer's options; the chosen one validates what is set
+
+
+def _localizer_options(skip: tuple[str, ...] = (), panel: str = "Localizer (defaults: learned's)") -> Options:
+    """Every localizer's options for --help: each with its own help, the localizers that take it when only one or
+    two do, and the default of ``learned`` (the default localizer; another's: ``skillgraft localizers NAME``)."""
+    from skillgraft.clihelp import shown_default  # noqa: PLC0415
+
+    owners: dict[str, list[str]] = {}
+    texts: dict[str, str] = {}
+    defaults: dict[str, dict] = {}
+    for name, loc in LOCALIZERS.items():
+        resolved = loc.Options.build({})  # validators fill derived defaults (e.g. lr from relaxation × optimizer)
+        for field, info in loc.Options.model_fields.items():
+            owners.setdefault(field, []).append(name)
+            texts.setdefault(field, info.description or "")
+            defaults.setdefault(name, {})[field] = getattr(resolved, field, None)
+    helps, shown = {}, {}
+    for field in LocalizerFlags.model_fields:
+        who = owners.get(field, [])
+        scope = f" (only {' and '.join(who)})" if len(who) <= 2 and len(who) < len(LOCALIZERS) else ""
+        helps[field] = texts.get(field, "") + scope
+        source = "learned" if "learned" in who else (who[0] if who else None)
+        value = shown_default(defaults.get(source, {}).get(field)) if source else None
+        if value is None and "default" not in texts.get(field, ""):
+            value = "none"
+        if value is not None:
+            shown[field] = value if source == "learned" else f"{value} ({source})"
+    return Options(LocalizerFlags, skip=skip, help=helps, shown=shown, panel=panel)
+
+
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.frontier import FrontierSpec
 from skillgraft.verbs.graft import ReportSpec
@@ -36,8 +67,30 @@ from skillgraft.train.config import FinetuneConfig
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Find where a fine-tuned model keeps a task's skill, store it as a sparse graft, use it.")
+app = App(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+          help="Find where a fine-tuned model keeps a task's skill, store it as a sparse graft, use it.")
+
+# --help panels (clihelp.render): each option sits in one; options with none go to "Options", shown last
+MODEL, DATA, LOCALIZER, REPORT, KEEP, OUTPUT, TRAIN = ("Model", "Data", "Localizer", "Report",
+                                                       "Keep / frontier", "Output", "Training")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+        try:
+            v = version("skillgraft")
+        except PackageNotFoundError:  # pragma: no cover - run from a source tree without installing
+            v = "unknown"
+        console.print(f"skillgraft {v}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                               help="print skillgraft's version and exit")) -> None:
+    """Find where a fine-tuned model keeps a task's skill, store it as a sparse graft, use it."""
 console = Console(stderr=False, soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
@@ -70,7 +123,8 @@ def _warnings_to_console() -> None:
 
 _warnings_to_console()
 
-DataDir = typer.Option(None, "--data-dir", help="data root (default: $SKILLGRAFT_DATA, ./data, ../shared/data)")
+DataDir = typer.Option(None, "--data-dir", help="data root (default: $SKILLGRAFT_DATA, ./data, ../shared/data)",
+                       rich_help_panel=DATA)
 
 
 @app.command()
@@ -90,13 +144,15 @@ def tasks(data_dir: Optional[Path] = DataDir,
 
 @app.command()
 @friendly
-@from_specs(data=Options(DataSpec), model=Options(ModelSpec),
-            finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",)))
+@from_specs(data=Options(DataSpec, panel=DATA), model=Options(ModelSpec, panel=MODEL),
+            finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",), panel=TRAIN))
 def finetune(
     layers: Optional[str] = typer.Option(None, help="train only these blocks: '0,3,5', or fim:top-K / fim:bottom-K / "
-                                                    "random-K (surgical fine-tuning)"),
-    out: Optional[Path] = typer.Option(None, help="run directory (default: runs/ft-<task>-<k>-<seed>)"),
-    overwrite: bool = typer.Option(False, help="replace an existing run directory whole (checked before training)"),
+                                                    "random-K (surgical fine-tuning)", rich_help_panel=TRAIN),
+    out: Optional[Path] = typer.Option(None, help="run directory (default: runs/ft-<task>-<k>-<seed>)",
+                                       rich_help_panel=OUTPUT),
+    overwrite: bool = typer.Option(False, help="replace an existing run directory whole (checked before training)",
+                                   rich_help_panel=OUTPUT),
     *, data: DataSpec, model: ModelSpec, finetune: FinetuneConfig,
 ) -> None:
     """Fine-tune a model on a k-shot task and write a run directory (model, config, metrics, plots)."""
@@ -120,17 +176,18 @@ def finetune(
 
 @app.command()
 @friendly
-@from_specs(user=Options(UserDataSpec, skip=("k", "seed", "eval_fraction", "test_limit")))
+@from_specs(user=Options(UserDataSpec, skip=("k", "seed", "eval_fraction", "test_limit"), panel=DATA))
 def evaluate(
     model_dir: Path = typer.Argument(..., help="a model folder: a skillgraft run (or its model/), or any Hugging Face "
                                                 "checkpoint (sequence classifier, masked LM, causal LM) or hub name"),
-    task: Optional[str] = typer.Option(None, help="task to evaluate on (default: the model's task)"),
-    split: str = typer.Option("test", help="train | dev | test"),
+    task: Optional[str] = typer.Option(None, help="task to evaluate on (default: the model's task)",
+                                       rich_help_panel=DATA),
+    split: str = typer.Option("test", help="train | dev | test", rich_help_panel=DATA),
     mode: Optional[str] = typer.Option(None, help="a Hugging Face checkpoint: classifier | prompt | causal | generative "
                                                   "(default: from its class and the data)"),
     data_dir: Optional[Path] = DataDir,
-    limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX, help="first N examples only"),
-    out: Optional[Path] = typer.Option(None, help="write metrics JSON + plots into this folder"),
+    limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX, help="first N examples only", rich_help_panel=DATA),
+    out: Optional[Path] = typer.Option(None, help="write metrics JSON + plots into this folder", rich_help_panel=OUTPUT),
     *, user: UserDataSpec,
 ) -> None:
     """Evaluate a model: accuracy/F1, ECE (generative data: completion loss, exact match), (with --out) plots.
@@ -165,27 +222,36 @@ def run_cmd(
     console.print(f"[bold green]done[/] {recipe_file} → {path}/report.md")
 
 
-Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_CACHE or runs/cache)")
+Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_CACHE or runs/cache)",
+                     rich_help_panel=OUTPUT)
 
 
 @app.command()
 @friendly
-@from_specs(localize=Options(LocalizerFlags), report=Options(ReportSpec, help={"localizer": (
-                f"localizer of the grafts: {', '.join(LOCALIZERS)}; its own options: `skillgraft localizers NAME`")}),
-            data=Options(DataSpec, skip=("task", "k", "seed", "test_limit")),
-            user=Options(UserDataSpec, rename={"seed": "data_seed"}), keep=Options(KeepSpec),
-            frontier=Options(FrontierSpec))
+@from_specs(localize=_localizer_options(), report=Options(ReportSpec, help={"localizer": (
+                f"localizer of the grafts: {', '.join(LOCALIZERS)}; its own options: `skillgraft localizers NAME`")},
+                                                                   panel=REPORT),
+            data=Options(DataSpec, skip=("task", "k", "seed", "test_limit"), panel=DATA),
+            user=Options(UserDataSpec, rename={"seed": "data_seed"}, panel=DATA), keep=Options(KeepSpec, panel=KEEP),
+            frontier=Options(FrontierSpec, panel=KEEP))
 def graft(
     finetuned: Path = typer.Option(..., help="the fine-tuned model: a Hugging Face checkpoint (hub name or folder saved "
-                                             "by plain transformers) with --pretrained, or a skillgraft run directory"),
+                                             "by plain transformers) with --pretrained, or a skillgraft run directory",
+                                   rich_help_panel=MODEL),
     pretrained: Optional[str] = typer.Option(None, help="the checkpoint --finetuned was fine-tuned from (hub name or "
-                                                        "folder); needed unless --finetuned is a skillgraft run"),
+                                                        "folder); needed unless --finetuned is a skillgraft run",
+                                             rich_help_panel=MODEL),
     mode: Optional[str] = typer.Option(None, help="how to score a checkpoint pair: classifier | prompt | causal | "
-                                                  "generative (default: from the fine-tuned checkpoint's class)"),
-    task: Optional[str] = typer.Option(None, help="a registered task to graft a checkpoint pair on, instead of --data"),
-    max_length: int = typer.Option(128, min=8, max=COUNT_MAX, help="max tokens per example (checkpoint pairs)"),
-    out: Optional[Path] = typer.Option(None, help="output folder (default: <run>/graft, or runs/graft-<checkpoint name>)"),
-    overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
+                                                  "generative (default: from the fine-tuned checkpoint's class)",
+                                       rich_help_panel=MODEL),
+    task: Optional[str] = typer.Option(None, help="a registered task to graft a checkpoint pair on, instead of --data",
+                                       rich_help_panel=DATA),
+    max_length: int = typer.Option(128, min=8, max=COUNT_MAX, help="max tokens per example (checkpoint pairs)",
+                                   rich_help_panel=MODEL),
+    out: Optional[Path] = typer.Option(None, help="output folder (default: <run>/graft, or runs/graft-<checkpoint name>)",
+                                       rich_help_panel=OUTPUT),
+    overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)",
+                                   rich_help_panel=OUTPUT),
     cache: Optional[Path] = Cache,
     *, localize: LocalizerFlags, report: ReportSpec, data: DataSpec, user: UserDataSpec, keep: KeepSpec,
     frontier: FrontierSpec,
@@ -292,7 +358,7 @@ def inspect(
 
 @app.command("export")
 @friendly
-@from_specs(spec=Options(ExportSpec))
+@from_specs(spec=Options(ExportSpec, panel="Export"))
 def export_cmd(
     graft_dir: Path = typer.Argument(..., help="a graft folder (graft_config.json + graft.safetensors)"),
     out: Path = typer.Option(..., help="output folder (refused if it exists, unless --overwrite)"),
@@ -351,12 +417,14 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
 
 @app.command()
 @friendly
-@from_specs(sweep=Options(SweepSpec), localize=Options(LocalizeConfig, skip=("budgets",)),
-            data=Options(DataSpec, skip=("task", "k", "seed")), frontier=Options(FrontierSpec))
+@from_specs(sweep=Options(SweepSpec, panel="Sweep"), localize=Options(LocalizeConfig, skip=("budgets",),
+                                                                     panel="Localizer (learned)"),
+            data=Options(DataSpec, skip=("task", "k", "seed"), panel=DATA), frontier=Options(FrontierSpec, panel=KEEP))
 def sweep(
-    finetuned: Path = typer.Option(..., help="a fine-tuning run directory"),
-    out: Optional[Path] = typer.Option(None, help="output folder (default: <finetuned>/sweep)"),
-    overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
+    finetuned: Path = typer.Option(..., help="a fine-tuning run directory", rich_help_panel=MODEL),
+    out: Optional[Path] = typer.Option(None, help="output folder (default: <finetuned>/sweep)", rich_help_panel=OUTPUT),
+    overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)",
+                                   rich_help_panel=OUTPUT),
     cache: Optional[Path] = Cache,
     *, sweep: SweepSpec, localize: LocalizeConfig, data: DataSpec, frontier: FrontierSpec,
 ) -> None:
@@ -376,25 +444,32 @@ def sweep(
 def _merge_specs():
     from skillgraft.verbs.merge import MergeSpec  # noqa: PLC0415
 
-    return from_specs(spec=Options(MergeSpec), localize=Options(LocalizerFlags, skip=("budgets",)),
+    return from_specs(spec=Options(MergeSpec, panel="Merge"), localize=_localizer_options(skip=("budgets",)),
                       user=Options(UserDataSpec, rename={"seed": "data_seed"},
-                                   skip=("data", "eval_data", "data_config", "data_split", "eval_split")))
+                                   skip=("data", "eval_data", "data_config", "data_split", "eval_split"), panel=DATA))
 
 
 @app.command()
 @friendly
 @_merge_specs()
 def merge(
-    pretrained: Optional[str] = typer.Option(None, help="the checkpoint every model was fine-tuned from"),
-    finetuned: list[str] = typer.Option([], help="a fine-tuned Hugging Face checkpoint (repeat: once per model)"),
+    pretrained: Optional[str] = typer.Option(None, help="the checkpoint every model was fine-tuned from",
+                                             rich_help_panel=MODEL),
+    finetuned: list[str] = typer.Option([], help="a fine-tuned Hugging Face checkpoint (repeat: once per model)",
+                                        rich_help_panel=MODEL),
     data: list[str] = typer.Option([], help="each model's data, in the --finetuned order (repeat); a .yaml file is a "
-                                            "data spec with that model's own fields (data, eval_data, text_field, …)"),
-    eval_data: list[str] = typer.Option([], help="each model's held-out test rows (repeat; default: see --data)"),
+                                            "data spec with that model's own fields (data, eval_data, text_field, …)",
+                                   rich_help_panel=DATA),
+    eval_data: list[str] = typer.Option([], help="each model's held-out test rows (repeat; default: see --data)",
+                                        rich_help_panel=DATA),
     dev_data: list[str] = typer.Option([], help="each model's dev rows for the mergekit grid (repeat; default: a "
-                                                "seeded --dev-fraction of its --data)"),
-    grafts: list[str] = typer.Option([], help="use these grafts instead of localizing (repeat: once per model)"),
-    out: Path = typer.Option(..., help="output folder: merged model, grafts, report.md (refused if it exists)"),
-    overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
+                                                "seeded --dev-fraction of its --data)", rich_help_panel=DATA),
+    grafts: list[str] = typer.Option([], help="use these grafts instead of localizing (repeat: once per model)",
+                                     rich_help_panel=MODEL),
+    out: Path = typer.Option(..., help="output folder: merged model, grafts, report.md (refused if it exists)",
+                             rich_help_panel=OUTPUT),
+    overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)",
+                                   rich_help_panel=OUTPUT),
     cache: Optional[Path] = Cache,
     *, spec, localize, user: UserDataSpec,
 ) -> None:
@@ -450,8 +525,8 @@ def demo(
 
 @app.command()
 @friendly
-@from_specs(data=Options(DataSpec, skip=("test_limit",)), model=Options(ModelSpec),
-            fisher=Options(FisherConfig, rename={"n_examples": "n", "seed": "fisher_seed"}))
+@from_specs(data=Options(DataSpec, skip=("test_limit",), panel=DATA), model=Options(ModelSpec, panel=MODEL),
+            fisher=Options(FisherConfig, rename={"n_examples": "n", "seed": "fisher_seed"}, panel="Fisher"))
 def fim(
     aggregate: Literal["sum", "frobenius"] = typer.Option("sum", help="block score: sum (of Fisher entries) | "
                                                                       "frobenius (reference code)"),
@@ -473,7 +548,7 @@ def fim(
     console.print(f"top → bottom: {r.scores.ranking()}  → {r.out}/fim.json, {r.out}/fim.png")
 
 
-continual_app = typer.Typer(no_args_is_help=True, help="Forget-free continual learning by grafting (paper §5.2).")
+continual_app = App(no_args_is_help=True, help="Forget-free continual learning by grafting (paper §5.2).")
 app.add_typer(continual_app, name="continual")
 
 
@@ -485,8 +560,9 @@ _CONTINUAL_LOCALIZE = {n: f"localize_{n}" for n in ("steps", "lr", "batch_size",
 
 @continual_app.command("add")
 @friendly
-@from_specs(finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",)),
-            localize=Options(LocalizeConfig, rename=_CONTINUAL_LOCALIZE, skip=("budgets", "graftable")))
+@from_specs(finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",), panel=TRAIN),
+            localize=Options(LocalizeConfig, rename=_CONTINUAL_LOCALIZE, skip=("budgets", "graftable"),
+                             panel="Localizer (learned)"))
 def continual_add_cmd(
     state: Path = typer.Option(..., help="continual state folder (created on first use)"),
     task: str = typer.Option(..., help="the task that arrives now"),

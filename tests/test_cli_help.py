@@ -1,0 +1,76 @@
+"""``--help`` at 80 columns (issue 37): every verb's options grouped into panels, each option name whole, one style
+for types / ranges / defaults; ``-h``; ``--version``."""
+
+import re
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from skillgraft.cli import app
+
+runner = CliRunner()
+
+
+def commands(group, path=()):
+    """(path, click command) of every command under ``group``."""
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):
+            yield from commands(cmd, (*path, name))
+        else:
+            yield (*path, name), cmd
+
+
+ALL = list(commands(typer.main.get_command(app)))
+
+
+def help_of(*args, columns=80):
+    r = runner.invoke(app, [*args], env={"COLUMNS": str(columns), "TERMINAL_WIDTH": str(columns)})
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+@pytest.mark.parametrize("path,cmd", ALL, ids=[" ".join(p) for p, _ in ALL])
+def test_every_option_name_whole_at_80_columns(path, cmd):
+    text = help_of(*path, "--help")
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert not re.search(r"-[\w-]*…", text)  # no name cut
+    for param in cmd.params:
+        for opt in [*param.opts, *param.secondary_opts]:
+            if opt.startswith("--no-") and f"--[no-]{opt[5:]}" in text:
+                continue
+            if opt.startswith("--") and f"--[no-]{opt[2:]}" in text:
+                continue
+            shown = opt.upper() if not opt.startswith("-") else opt
+            assert re.search(rf"(?<![\w-]){re.escape(shown)}(?![\w-])", text), f"{' '.join(path)}: {opt} not whole"
+    # one style for types, ranges and defaults
+    for bad in ("<list[", "<str>", "<int", "2147483647", "4294967295", "10000000.0", "[default: (", "{graft_dir}"):
+        assert bad not in text, f"{' '.join(path)}: {bad!r} in --help"
+
+
+def test_graft_help_is_grouped_and_shows_every_localizer_default():
+    text = help_of("graft", "--help")
+    for panel in ("Model", "Data", "Localizer", "Keep / frontier", "Output", "Report"):
+        assert f"─ {panel}" in text, panel
+    localizer = text.split("─ Localizer")[1].split("╰")[0]
+    rows = re.split(r"\n│ (?=--)", localizer)[1:]
+    assert len(rows) > 10
+    for row in rows:
+        assert "default" in row, row.split()[0]
+    assert "--lr FLOAT" in localizer and "[default: 1e+07]" in localizer
+    assert "--max-length INT" in text and "[x ≥ 8]" in text
+
+
+def test_merge_help_has_panels():
+    text = help_of("merge", "--help")
+    for panel in ("Model", "Data", "Merge", "Localizer", "Output"):
+        assert f"─ {panel}" in text, panel
+
+
+def test_short_help_and_version():
+    assert help_of("graft", "-h") == help_of("graft", "--help")
+    assert "Commands" in help_of("-h") and "Commands" in help_of("continual", "-h")
+    from importlib.metadata import version
+
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.strip() == f"skillgraft {version('skillgraft')}"
