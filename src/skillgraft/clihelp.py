@@ -194,16 +194,9 @@ def usage(cmd, ctx) -> str:
     return " ".join(parts)
 
 
-def render(cmd, ctx, console: Console | None = None) -> None:
-    """Print ``cmd``'s help: usage, its doc's paragraphs, then one panel per group of options."""
-    console = console or Console(highlight=False, soft_wrap=False)
-    width = console.width
-    console.print(Text.assemble(("Usage: ", "yellow"), (usage(cmd, ctx), "bold")))
-    console.print("")
-    for p in paragraphs(cmd.help or ""):
-        for line in _wrap([(w, "") for w in p.split()], width - 1):
-            console.print(Text.assemble(" ", line))
-        console.print("")
+def describe(cmd, ctx) -> dict:
+    """What ``cmd``'s help says, independent of the width: usage, paragraphs, panels of (name, help tokens) and, for
+    a group, its commands. JSON-able: :mod:`skillgraft.entry` shows it from a cache without importing the verbs."""
     panels: dict[str, list] = {}
     for param in cmd.get_params(ctx):
         if getattr(param, "hidden", False):
@@ -211,20 +204,55 @@ def render(cmd, ctx, console: Console | None = None) -> None:
         default_panel = ARGUMENTS if isinstance(param, TyperArgument) else OPTIONS
         panels.setdefault(getattr(param, "rich_help_panel", None) or default_panel, []).append(param)
     order = sorted(panels, key=lambda p: (p != ARGUMENTS, p == OPTIONS))  # arguments first, general options last
-    inner = width - 4
-    for title in order:
-        rows = [(names(p), help_tokens(p, ctx)) for p in panels[title]]
-        console.print(Panel(Group(*option_rows(rows, inner)), title=title, title_align="left", border_style="dim",
-                            width=width, padding=(0, 1)))
+    out = {"usage": usage(cmd, ctx)[len(ctx.command_path):].split(),  # without the command's path: the caller's
+           "paragraphs": paragraphs(cmd.help or ""),
+           "panels": [[title, [[names(p), help_tokens(p, ctx)] for p in panels[title]]] for title in order]}
     if isinstance(cmd, TyperGroup):
         rows = []
         for name in cmd.list_commands(ctx):
             sub = cmd.get_command(ctx, name)
             if sub is not None and not sub.hidden:
                 first = (paragraphs(sub.help or "") or [""])[0]
-                rows.append((name, [(w, "") for w in first.split()]))
-        console.print(Panel(Group(*option_rows(rows, inner)), title="Commands", title_align="left",
-                            border_style="dim", width=width, padding=(0, 1)))
+                rows.append([name, [[w, ""] for w in first.split()]])
+        out["panels"].append(["Commands", rows])
+    return out
+
+
+def show(desc: dict, command_path: str, console: Console | None = None) -> None:
+    """Print a :func:`describe` d help at the console's width."""
+    console = console or Console(highlight=False, soft_wrap=False)
+    width = console.width
+    console.print(Text.assemble(("Usage: ", "yellow"), (" ".join([command_path, *desc["usage"]]), "bold")))
+    console.print("")
+    for p in desc["paragraphs"]:
+        for line in _wrap([(w, "") for w in p.split()], width - 1):
+            console.print(Text.assemble(" ", line))
+        console.print("")
+    for title, rows in desc["panels"]:
+        rows = [(name, [tuple(t) for t in tokens]) for name, tokens in rows]
+        console.print(Panel(Group(*option_rows(rows, width - 4)), title=title, title_align="left", border_style="dim",
+                            width=width, padding=(0, 1)))
+
+
+def render(cmd, ctx, console: Console | None = None) -> None:
+    """Print ``cmd``'s help: usage, its doc's paragraphs, then one panel per group of options."""
+    show(describe(cmd, ctx), ctx.command_path, console)
+
+
+def describe_all(app) -> dict[str, dict]:
+    """:func:`describe` of the app and every command under it, keyed by command path (``""``, ``"graft"``,
+    ``"continual add"``)."""
+    root = typer.main.get_command(app)
+    out: dict[str, dict] = {}
+
+    def walk(cmd, path: list[str], parent):
+        ctx = cmd.make_context(" ".join(["skillgraft", *path]), [], parent=parent, resilient_parsing=True)
+        out[" ".join(path)] = describe(cmd, ctx)
+        for name, sub in (getattr(cmd, "commands", None) or {}).items():
+            walk(sub, [*path, name], ctx)
+
+    walk(root, [], None)
+    return out
 
 
 class HelpCommand(TyperCommand):
