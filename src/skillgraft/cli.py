@@ -95,13 +95,19 @@ console = Console(stderr=False, soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 
+_JSON = {"on": False}  # --json of the running verb: its report is one JSON document on stdout, nothing else there
+
+
 def friendly(fn):
-    """Turn SkillgraftError and I/O errors into one red line and exit code 2 (no traceback; docs/reliability.md).
+    """Turn SkillgraftError and I/O errors into one red line and exit code 2 (no traceback; docs/reliability.md);
+    give the verb ``--json`` (its human lines silenced, :func:`_report`'s document printed instead).
 
     ``SKILLGRAFT_DEBUG=1`` re-raises them with their traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        _JSON["on"] = bool(kwargs.pop("json_output", False))
+        console.quiet = _JSON["on"]
         try:
             return fn(*args, **kwargs)
         except Exception as e:
@@ -110,8 +116,47 @@ def friendly(fn):
                 raise
             err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
             raise typer.Exit(2) from None
+        finally:
+            console.quiet = False
+            _JSON["on"] = False
 
+    import inspect as _inspect  # noqa: PLC0415
+
+    sig = _inspect.signature(fn)
+    flag = _inspect.Parameter("json_output", _inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                              default=typer.Option(False, "--json", rich_help_panel=OUTPUT,
+                                                   help="print the report as one JSON document on stdout (for "
+                                                        "scripts; progress and warnings stay on stderr)"))
+    wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), flag])
     return wrapper
+
+
+def _plain(obj):
+    """``obj`` as JSON values: paths and other objects as text, NaN / ∞ as null, dataclasses as dicts."""
+    import dataclasses  # noqa: PLC0415
+    import math  # noqa: PLC0415
+
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _plain({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if hasattr(obj, "item") and callable(obj.item):  # a NumPy / torch scalar
+        return _plain(obj.item())
+    return str(obj)
+
+
+def _report(obj) -> None:
+    """With --json: the verb's report, one JSON document on stdout."""
+    if _JSON["on"]:
+        import json  # noqa: PLC0415
+
+        typer.echo(json.dumps(_plain(obj), indent=2))
 
 
 def _warnings_to_console() -> None:
@@ -137,9 +182,11 @@ def tasks(data_dir: Optional[Path] = DataDir,
     table = Table(title="skillgraft tasks")
     for col in ("task", "kind", "labels", "metric", "data", "train", "dev", "test"):
         table.add_column(col)
-    for t in list_tasks(data_dir, task_file):
+    rows = list_tasks(data_dir, task_file)
+    for t in rows:
         table.add_row(t.name, t.kind, str(t.labels), t.metric, t.data or "[red]not found[/]", *t.sizes)
     console.print(table)
+    _report([{**_plain(t), "sizes": dict(zip(("train", "dev", "test"), t.sizes))} for t in rows])
 
 
 @app.command()
@@ -166,6 +213,7 @@ def finetune(
         finetune = finetune.replace(layers=parse_layers(layers, task=data.task, model=model.model, mode=model.mode,
                                                         k=data.k, seed=data.seed, data_dir=data.data_dir))
     m = run_finetune(data, out, model=model, finetune=finetune, overwrite=overwrite)
+    _report({"out": out, **m})
     if "test" in m:
         t = m["test"]
         extra = f" F1 {t['f1']:.4f}" if "f1" in t else ""
@@ -201,6 +249,7 @@ def evaluate(
     if result.labels_note:
         console.print(f"labels: {escape(result.labels_note)}")
     console.print(result.line())
+    _report({**_plain(result), "out": out})
 
 
 @app.command("run")
@@ -220,6 +269,7 @@ def run_cmd(
     path = run_recipe(recipe_file, out, cache=cache, overwrite=overwrite,
                       overrides=None if progress is None else {"progress": progress})
     console.print(f"[bold green]done[/] {recipe_file} → {path}/report.md")
+    _report({"recipe": recipe_file, "out": path, "report": Path(path) / "report.md"})
 
 
 Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_CACHE or runs/cache)",
@@ -282,6 +332,8 @@ def graft(
     if result.labels_note:
         console.print(f"labels: {escape(result.labels_note)}")
     console.print(f"[bold green]done[/] → {result.out}/report.md")
+    _report({"out": result.out, "report": result.out / "report.md", "data_note": result.data_note,
+             "labels_note": result.labels_note, **result.metrics})
 
 
 def _print_keep(result: dict) -> None:
@@ -327,6 +379,7 @@ def apply(
                   "head is in head.safetensors (marked incomplete; load with skillgraft's Scorer.from_pretrained)")
     if result.metrics is not None:
         console.print(result.line())
+    _report({**_plain(result), "export_dir": export})
 
 
 @app.command()
@@ -354,6 +407,14 @@ def inspect(
         table.add_row(layer, *[str(row.get(c, 0)) for c in dist["module_types"]], str(sum(row.values())))
     console.print(table)
     console.print(f"→ {r.out / 'distribution.png'}")
+    g = r.graft
+    doc = {"graft": graft_dir, "size": g.size, "density": g.region.density, "universe": g.region.universe_size,
+           "carried": g.carried_size, "file_bytes": r.file_bytes, "base_model": g.base_model,
+           "base_fingerprint": g.base_fingerprint, "distribution": dist, "out": r.out}
+    if r.other is not None:
+        doc["compare"] = {"graft": compare, "shared": len(g.region & r.other), "overlap": g.region.overlap(r.other),
+                          "overlap_of_self": r.other.overlap(g.region), "iou": g.region.iou(r.other)}
+    _report(doc)
 
 
 @app.command("export")
@@ -380,6 +441,7 @@ def export_cmd(
             console.print(escape(text))
     size = f" ({s['bytes'] / 1024:.1f} KiB)" if "bytes" in s else ""
     console.print(f"[bold green]exported[/] {s['coordinates']:,} grafted coordinates as {s['to']} → {out}{size}")
+    _report({"out": out, **s})
 
 
 @app.command()
@@ -396,10 +458,13 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
     if name is None:
         table = Table("what it does", "--candidates", "FSDP", "generative")
         table.columns.insert(0, Column("localizer", no_wrap=True))
-        for row in support_table():
+        rows = support_table()
+        for row in rows:
             table.add_row(row.name, LOCALIZERS[row.name].summary or "", short(row.candidates), short(row.sharded),
                           short(row.generative))
         console.print(table)
+        _report([{"name": r.name, "summary": LOCALIZERS[r.name].summary or "", "candidates": r.candidates,
+                  "sharded": r.sharded, "generative": r.generative} for r in rows])
         console.print("options and reasons of one: skillgraft localizers NAME; use: skillgraft graft --localizer NAME …")
         return
     get_localizer(name)  # an unknown name is one line listing the known ones
@@ -413,6 +478,9 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
                              ("generative data", row.generative)):
         where.add_row(setting, verdict)
     console.print(where)
+    _report({"name": name, "summary": get_localizer(name).summary,
+             "options": [{"option": f, "default": d, "help": t} for f, d, t in options_table(name)],
+             "support": {"candidates": row.candidates, "sharded": row.sharded, "generative": row.generative}})
 
 
 @app.command()
@@ -439,6 +507,7 @@ def sweep(
         console.print(f"{r['localizer']:>13} {float(r['level']):.0e}: {r['score']:.4f} (ECE {r['ece']:.4f})")
     _print_keep(result.found)
     console.print(f"[bold green]done[/] → {result.out}/sweep.csv, {result.out}/sweep.png")
+    _report({"out": result.out, "rows": result.rows, **result.found})
 
 
 def _merge_specs():
@@ -495,6 +564,7 @@ def merge(
                           f"{r['mean_normalized']:.4f} | {r['bytes_per_task']:,.0f} bytes/task")
     console.print(f"[bold green]done[/] → {out}/report.md (merged model: {out}/"
                   f"{'tasks/<task>' if s['mode'] == 'classifier' else 'model'})")
+    _report({"out": out, "report": out / "report.md", **s})
 
 
 def _injected(name: str):
@@ -521,6 +591,7 @@ def demo(
 
     report = run_demo(out, seed=seed, data_dir=data_dir, cache=cache)
     console.print(f"[bold green]done[/] → {report}")
+    _report({"out": out, "report": report})
 
 
 @app.command()
@@ -546,6 +617,8 @@ def fim(
         table.add_row(str(i), f"{r.scores.scores[i]:.4g}", str(ranks[i] + 1), f"{r.scores.num_parameters[i]:,}")
     console.print(table)
     console.print(f"top → bottom: {r.scores.ranking()}  → {r.out}/fim.json, {r.out}/fim.png")
+    _report({"task": r.task, "k": r.k, "seed": r.seed, "kind": r.kind, "aggregate": r.aggregate, "out": r.out,
+             "ranking": r.scores.ranking(), "scores": r.scores.scores, "parameters": r.scores.num_parameters})
 
 
 continual_app = App(no_args_is_help=True, help="Forget-free continual learning by grafting (paper §5.2).")
@@ -594,6 +667,7 @@ def continual_add_cmd(
     console.print(f"[bold green]added[/] {entry['task']} as task #{entry['order']}: |γ|={entry['region_size']}, "
                   f"owned {entry['owned_size']} (shared with earlier {entry['shared_with_earlier']}); "
                   f"test {entry['test']['score']:.4f} → {state}/continual.json")
+    _report({"state": state, **entry})
 
 
 @continual_app.command("show")
@@ -611,6 +685,7 @@ def continual_show_cmd(state: Path = typer.Argument(..., help="continual state f
         table.add_row(str(e["order"]), e["task"], str(e.get("region_size")), str(e.get("owned_size")),
                       str(e.get("shared_with_earlier")), f"{hist[-1]['score']:.4f}" if hist else "-")
     console.print(table)
+    _report(st)
 
 
 def main() -> None:  # pragma: no cover - entry point
