@@ -20,6 +20,7 @@ from rich.table import Table
 
 from skillgraft.clierrors import interrupted_line, one_line_error
 from skillgraft.clihelp import App
+from skillgraft.cliconfig import config_option
 from skillgraft.clispec import Options, build, from_specs
 from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.fisher.fisher import FisherConfig
@@ -285,6 +286,7 @@ Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_
             user=Options(UserDataSpec, rename={"seed": "data_seed"}, panel=DATA), keep=Options(KeepSpec, panel=KEEP),
             frontier=Options(FrontierSpec, panel=KEEP))
 def graft(
+    config: Optional[Path] = config_option(),
     finetuned: Path = typer.Option(..., help="the fine-tuned model: a Hugging Face checkpoint (hub name or folder saved "
                                              "by plain transformers) with --pretrained, or a skillgraft run directory",
                                    rich_help_panel=MODEL),
@@ -522,6 +524,7 @@ def _merge_specs():
 @friendly
 @_merge_specs()
 def merge(
+    config: Optional[Path] = config_option(mergekit=True),
     pretrained: Optional[str] = typer.Option(None, help="the checkpoint every model was fine-tuned from",
                                              rich_help_panel=MODEL),
     finetuned: list[str] = typer.Option([], help="a fine-tuned Hugging Face checkpoint (repeat: once per model)",

@@ -211,6 +211,11 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
                           "total": time.perf_counter() - t0}
     with atomic_dir(out, overwrite=overwrite) as tmp:
         write_outputs(tmp, bench, written)
+        from skillgraft.merge.mergekit import chosen_yamls  # noqa: PLC0415
+
+        for method, text in chosen_yamls(results, pretrained, [m.finetuned for m in inputs]).items():
+            (tmp / "mergekit").mkdir(exist_ok=True)
+            (tmp / "mergekit" / f"{method}.yaml").write_text(text)  # the dev-chosen config, for mergekit-yaml
         (tmp / "merge.json").write_text(json.dumps(summary, indent=2, default=float))
         write_csv(tmp / "results.csv", summary["rows"])
         (tmp / "report.md").write_text(report_markdown(summary))
