@@ -252,7 +252,7 @@ def _grafted(param: torch.Tensor, graft: Graft, name: str) -> torch.Tensor:
 
 
 
-def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str = "modules_to_save",
+def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str = "tensors",
                 head: str = "separate", overwrite: bool = False, force: bool = False) -> dict:
     """Write ``graft`` as a PEFT SHiRA adapter for ``base`` (a Scorer or its plain HF model); returns the summary.
 
@@ -331,6 +331,9 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
         },
         "replace_pairs": pairs, "inexact": inexact,
     }
+    if own_head:  # a classifier: the labels its head was trained for, which the base's config does not know
+        id2label = {int(k): str(v) for k, v in (getattr(hf.config, "id2label", None) or {}).items()}
+        summary["labels"] = {"num_labels": len(id2label), "id2label": id2label}
     from peft import ShiraConfig  # noqa: PLC0415
     from safetensors.torch import save_file  # noqa: PLC0415
 
@@ -383,11 +386,26 @@ def _base_name(graft: Graft, scorer) -> str:
 
 def _readme(summary: dict, model_class: str) -> str:
     routes = summary["routes"]
+    labels = summary.get("labels")
+    if labels:
+        id2label = {int(k): v for k, v in labels["id2label"].items()}
+        load = (f"{model_class}.from_pretrained({summary['base_model']!r}, num_labels={labels['num_labels']}, "
+                f"id2label={id2label!r}, label2id={ {v: k for k, v in id2label.items()}!r})")
+    else:
+        load = f"{model_class}.from_pretrained({summary['base_model']!r})"
     lines = [
         "---", "library_name: peft", f"base_model: {summary['base_model']}", "tags: [skillgraft, shira]", "---", "",
         "# skillgraft graft as a PEFT SHiRA adapter", "",
-        f"Load on `{model_class}.from_pretrained({summary['base_model']!r})` with "
-        "`PeftModel.from_pretrained(base, this_folder)`; `merge_and_unload()` gives the grafted weights.", "",
+        "Load with plain transformers + peft:", "", "```python", "from peft import PeftModel",
+        f"from transformers import {model_class}", "", f"base = {load}",
+        "model = PeftModel.from_pretrained(base, \"path/to/this/folder\")  # merge_and_unload(): the grafted weights", "```",
+        "",]
+    if labels:
+        lines += [f"A sequence classifier with {labels['num_labels']} labels: "
+                  + ", ".join(f"{k} = {v}" for k, v in sorted(id2label.items()))
+                  + ". Pass num_labels / id2label as above: the base's own config does not know them (without "
+                  "them transformers builds a 2-label head named LABEL_0, LABEL_1).", ""]
+    lines += [
         f"- graft coordinates: {summary['coordinates']:,}",
         f"- SHiRA entries: {routes['shira']['coordinates']:,} grafted + {routes['shira']['padding_entries']:,} "
         f"zero padding (r={routes['shira']['r']})",
@@ -431,13 +449,20 @@ class Peft(Exporter):
         if ms["modules"]:
             out.append(("info", f"modules_to_save: {ms['coordinates']:,} coordinates in {len(ms['modules'])} "
                                 f"module(s) stored whole ({ms['stored_parameters']:,} parameters)"))
-            if ms["stored_parameters"] > 20 * max(1, summary["coordinates"]):
+            if ms["coordinates"] and ms["stored_parameters"] > 20 * max(1, summary["coordinates"]):
                 out.append(("hint", "--non-linear tensors stores only the grafted tensors (biases and norms, not whole "
                                     "modules); --to delta stores only the coordinates"))
         if ts["tensors"]:
             out.append(("info", f"tensors: {ts['coordinates']:,} coordinates in {len(ts['tensors'])} tensor(s) stored "
                                 f"whole ({ts['stored_parameters']:,} parameters; loaded into the base model, not "
                                 "undone by disabling the adapter)"))
+        if sh["padding_entries"] > max(sh["coordinates"], 1):
+            out.append(("hint", f"most SHiRA entries are zero padding (SHiRA holds r·(m+n) entries per Linear, "
+                                f"{sh['padding_entries']:,} here): --to delta stores only the coordinates"))
+        labels = summary.get("labels")
+        if labels:
+            out.append(("info", f"labels: num_labels={labels['num_labels']}, id2label={labels['id2label']} "
+                                "(pass them to from_pretrained: README.md)"))
         return out + super().lines(summary)
 
 
