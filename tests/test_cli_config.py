@@ -75,3 +75,16 @@ def test_merge_from_a_mergekit_shaped_config(classifiers, tmp_path):  # noqa: F8
     assert all(m["parameters"]["density"] == 0.5 for m in mk["models"])
     for m in mk["models"]:  # the checkpoints it names are the user's own, readable as mergekit reads them
         assert load_file(f"{m['model']}/model.safetensors")
+
+
+def test_former_option_names_warn(tmp_path):
+    """merge's --budget is --budgets now, as graft's; the old name still works and warns."""
+    r = invoke("merge", "--budget", "0.05", "--budgets", "0.05", "--out", tmp_path / "m")
+    assert r.exit_code == 2 and "--budget is the former name of --budgets" in r.output
+    import pytest
+
+    with pytest.warns(UserWarning, match="--budget is renamed --budgets"):  # the command prints it on stderr
+        r = invoke("merge", "--budget", "0.05", "--out", tmp_path / "m")  # fails later, on the missing models
+    assert r.exit_code == 2 and "at least two fine-tuned models" in r.output
+    r = invoke("merge", "--budgets", "0.05", "--out", tmp_path / "m")
+    assert r.exit_code == 2 and "renamed" not in r.output

@@ -515,7 +515,10 @@ def sweep(
 def _merge_specs():
     from skillgraft.verbs.merge import MergeSpec  # noqa: PLC0415
 
-    return from_specs(spec=Options(MergeSpec, panel="Merge"), localize=_localizer_options(skip=("budgets",)),
+    return from_specs(spec=Options(MergeSpec, panel="Merge", rename={"budget": "budgets"}, old={"budget": "budget"},
+                                   help={"budget": "region size of each task's graft: a fraction of the graftable "
+                                                   "parameters in (0, 1] or a count (one here; graft's --budgets "
+                                                   "takes several); the former --budget still works, with a warning"}), localize=_localizer_options(skip=("budgets",)),
                       user=Options(UserDataSpec, rename={"seed": "data_seed"},
                                    skip=("data", "eval_data", "data_config", "data_split", "eval_split"), panel=DATA))
 

@@ -37,6 +37,7 @@ class Options:
     help: dict[str, str] = field(default_factory=dict)     # extra help for a field in this verb only
     panel: str | None = None                               # the --help panel of these options (default: Options)
     shown: dict[str, str] = field(default_factory=dict)    # field → the default --help shows (default: the spec's)
+    old: dict[str, str] = field(default_factory=dict)      # field → a former option name, kept as an alias that warns
 
     def fields(self) -> dict[str, Any]:
         """The spec's fields offered as options (not skipped, not fixed by the verb)."""
@@ -98,6 +99,7 @@ def from_specs(**sections: Options):
         taken = {p.name for p in own}
         generated: list[inspect.Parameter] = []
         lists: dict[str, tuple[str, str]] = {}
+        aliases: dict[str, str] = {}                    # former option name → its new name
         owner: dict[str, tuple[str, str]] = {}          # parameter name → (section, field)
         for section, opts in sections.items():
             for name, info in opts.fields().items():
@@ -122,12 +124,34 @@ def from_specs(**sections: Options):
                                                                rich_help_panel=opts.panel))
                 generated.append(param)
                 owner[opt] = (section, name)
+                if name in opts.old:  # a renamed option: the old name still works, hidden from --help, and warns
+                    former = opts.old[name]
+                    if former in taken:
+                        raise RuntimeError(f"{fn.__name__}: option --{former} declared twice")
+                    taken.add(former)
+                    generated.append(inspect.Parameter(
+                        former, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[annotation],
+                        default=typer.Option(None, f"--{former.replace('_', '-')}", hidden=True)))
+                    aliases[former] = opt
+                    if is_list:
+                        lists[former] = (section, name)
         kinds = [p for p in own if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own if p not in kinds]
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             values: dict[str, dict[str, Any]] = {s: dict(o.fixed) for s, o in sections.items()}
+            for former, new in aliases.items():
+                v = kwargs.pop(former, None)
+                if v is None:
+                    continue
+                old_flag, new_flag = f"--{former.replace('_', '-')}", f"--{new.replace('_', '-')}"
+                if kwargs.get(new) is not None:
+                    raise SkillgraftError(f"{old_flag} is the former name of {new_flag}: give one of them")
+                import warnings  # noqa: PLC0415
+
+                warnings.warn(f"{old_flag} is renamed {new_flag} (the old name still works, for now)", stacklevel=2)
+                kwargs[new] = v
             for opt, (section, name) in owner.items():
                 if opt not in kwargs:
                     continue
