@@ -400,14 +400,8 @@ def inspect(
     for line in r.lines(graft_dir, compare):
         console.print(line)
     dist = r.distribution
-    table = Table(title="region by layer × module type")
-    table.add_column("layer")
-    for col in dist["module_types"]:
-        table.add_column(col, justify="right")
-    table.add_column("total", justify="right")
-    for layer, row in dist["table"].items():
-        table.add_row(layer, *[str(row.get(c, 0)) for c in dist["module_types"]], str(sum(row.values())))
-    console.print(table)
+    for item in region_table(dist, console.width):
+        console.print(item)
     console.print(f"→ {r.out / 'distribution.png'}")
     g = r.graft
     doc = {"graft": graft_dir, "size": g.size, "density": g.region.density, "universe": g.region.universe_size,
@@ -417,6 +411,44 @@ def inspect(
         doc["compare"] = {"graft": compare, "shared": len(g.region & r.other), "overlap": g.region.overlap(r.other),
                           "overlap_of_self": r.other.overlap(g.region), "iou": g.region.iou(r.other)}
     _report(doc)
+
+
+def _short(module_type: str) -> str:
+    """A module type in a few characters: ``attn.query`` → ``a.query``, ``ffn.intermediate`` → ``f.in``."""
+    for long, short in (("attn.", "a."), ("ffn.", "f."), ("intermediate", "in"), ("output", "out"),
+                        ("layernorm", "norm"), ("embeddings", "emb")):
+        module_type = module_type.replace(long, short)
+    return module_type
+
+
+def region_table(dist: dict, width: int) -> list:
+    """Where a region sits, readable at ``width`` columns: a table of layers × module types (biases summed into
+    one column), or, when even that is wider, one line per layer listing its non-zero module types."""
+    weights = [c for c in dist["module_types"] if not c.endswith("(bias)")]
+    cols = [*weights, "bias", "total"]
+    rows = []
+    for layer, row in dist["table"].items():
+        cells = {c: row.get(c, 0) for c in weights}
+        cells["bias"] = sum(v for c, v in row.items() if c.endswith("(bias)"))
+        cells["total"] = sum(row.values())
+        rows.append((layer, cells))
+    headers = {c: _short(c) for c in cols}
+    need = max([len("layer"), *(len(r[0]) for r in rows)]) + 1
+    need += sum(max([len(headers[c]), *(len(f"{r[1][c]:,}") for r in rows)]) + 1 for c in cols)
+    if need <= width:
+        table = Table(title="region by layer × module type (coordinates)", box=None, pad_edge=False,
+                      padding=(0, 0, 0, 1), title_justify="left")
+        table.add_column("layer", no_wrap=True)
+        for c in cols:
+            table.add_column(headers[c], justify="right", no_wrap=True)
+        for layer, cells in rows:
+            table.add_row(layer, *[f"{cells[c]:,}" for c in cols])
+        return [table]
+    out = ["region by layer (coordinates per module type)"]
+    for layer, cells in rows:
+        parts = [f"{_short(c)} {cells[c]:,}" for c in [*weights, "bias"] if cells[c]]
+        out.append(f"{layer}: {cells['total']:,} — {', '.join(parts) or 'none'}")
+    return out
 
 
 @app.command("export")
