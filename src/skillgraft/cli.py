@@ -6,20 +6,19 @@ ranges and help are declared once, on the spec's fields.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Literal, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from skillgraft.clierrors import interrupted_line, one_line_error
 from skillgraft.clihelp import App
+from skillgraft.cliout import (DATA, KEEP, MODEL, OUTPUT, REPORT, TRAIN, console, err, friendly, localizer_flags,
+                               plain as _plain, print_keep, print_version, region_table, report as _report)
 from skillgraft.cliconfig import config_option
 from skillgraft.clispec import Options, build, from_specs
 from skillgraft.data.spec import DataSpec, UserDataSpec
@@ -29,36 +28,6 @@ from skillgraft.graft.keep import KeepSpec
 from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, options_union
 
 LocalizerFlags = options_union()  # every registered localizer's options; the chosen one validates what is set
-
-
-def _localizer_options(skip: tuple[str, ...] = (), panel: str = "Localizer (defaults: learned's)") -> Options:
-    """Every localizer's options for --help: each with its own help, the localizers that take it when only one or
-    two do, and the default of ``learned`` (the default localizer; another's: ``skillgraft localizers NAME``)."""
-    from skillgraft.clihelp import shown_default  # noqa: PLC0415
-
-    owners: dict[str, list[str]] = {}
-    texts: dict[str, str] = {}
-    defaults: dict[str, dict] = {}
-    for name, loc in LOCALIZERS.items():
-        resolved = loc.Options.build({})  # validators fill derived defaults (e.g. lr from relaxation × optimizer)
-        for field, info in loc.Options.model_fields.items():
-            owners.setdefault(field, []).append(name)
-            texts.setdefault(field, info.description or "")
-            defaults.setdefault(name, {})[field] = getattr(resolved, field, None)
-    helps, shown = {}, {}
-    for field in LocalizerFlags.model_fields:
-        who = owners.get(field, [])
-        scope = f" (only {' and '.join(who)})" if len(who) <= 2 and len(who) < len(LOCALIZERS) else ""
-        helps[field] = texts.get(field, "") + scope
-        source = "learned" if "learned" in who else (who[0] if who else None)
-        value = shown_default(defaults.get(source, {}).get(field)) if source else None
-        if value is None and "default" not in texts.get(field, ""):
-            value = "none"
-        if value is not None:
-            shown[field] = value if source == "learned" else f"{value} ({source})"
-    return Options(LocalizerFlags, skip=skip, help=helps, shown=shown, panel=panel)
-
-
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.frontier import FrontierSpec
 from skillgraft.verbs.graft import ReportSpec
@@ -71,103 +40,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 app = App(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
           help="Find where a fine-tuned model keeps a task's skill, store it as a sparse graft, use it.")
 
-# --help panels (clihelp.render): each option sits in one; options with none go to "Options", shown last
-MODEL, DATA, LOCALIZER, REPORT, KEEP, OUTPUT, TRAIN = ("Model", "Data", "Localizer", "Report",
-                                                       "Keep / frontier", "Output", "Training")
-
-
-def _version(value: bool) -> None:
-    if value:
-        from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
-
-        try:
-            v = version("skillgraft")
-        except PackageNotFoundError:  # pragma: no cover - run from a source tree without installing
-            v = "unknown"
-        console.print(f"skillgraft {v}")
-        raise typer.Exit()
-
-
 @app.callback()
-def _main_options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+def _main_options(version: bool = typer.Option(False, "--version", callback=print_version, is_eager=True,
                                                help="print skillgraft's version and exit")) -> None:
     """Find where a fine-tuned model keeps a task's skill, store it as a sparse graft, use it."""
-console = Console(stderr=False, soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
 
-
-_JSON = {"on": False}  # --json of the running verb: its report is one JSON document on stdout, nothing else there
-
-
-def friendly(fn):
-    """Turn SkillgraftError and I/O errors into one red line and exit code 2 (no traceback; docs/reliability.md);
-    give the verb ``--json`` (its human lines silenced, :func:`_report`'s document printed instead).
-
-    ``SKILLGRAFT_DEBUG=1`` re-raises them with their traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        _JSON["on"] = bool(kwargs.pop("json_output", False))
-        console.quiet = _JSON["on"]
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:
-            line = one_line_error(e)
-            if line is None or os.environ.get("SKILLGRAFT_DEBUG") == "1":
-                raise
-            err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
-            raise typer.Exit(2) from None
-        finally:
-            console.quiet = False
-            _JSON["on"] = False
-
-    import inspect as _inspect  # noqa: PLC0415
-
-    sig = _inspect.signature(fn)
-    flag = _inspect.Parameter("json_output", _inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                              default=typer.Option(False, "--json", rich_help_panel=OUTPUT,
-                                                   help="print the report as one JSON document on stdout (for "
-                                                        "scripts; progress and warnings stay on stderr)"))
-    wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), flag])
-    return wrapper
-
-
-def _plain(obj):
-    """``obj`` as JSON values: paths and other objects as text, NaN / ∞ as null, dataclasses as dicts."""
-    import dataclasses  # noqa: PLC0415
-    import math  # noqa: PLC0415
-
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return _plain({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if obj is None or isinstance(obj, (bool, int, str)):
-        return obj
-    if hasattr(obj, "item") and callable(obj.item):  # a NumPy / torch scalar
-        return _plain(obj.item())
-    return str(obj)
-
-
-def _report(obj) -> None:
-    """With --json: the verb's report, one JSON document on stdout."""
-    if _JSON["on"]:
-        import json  # noqa: PLC0415
-
-        typer.echo(json.dumps(_plain(obj), indent=2))
-
-
-def _warnings_to_console() -> None:
-    def show(message, category, filename, lineno, file=None, line=None):
-        err.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False)
-
-    warnings.showwarning = show
-
-
-_warnings_to_console()
 
 DataDir = typer.Option(None, "--data-dir", help="data root (default: $SKILLGRAFT_DATA, ./data, ../shared/data)",
                        rich_help_panel=DATA)
@@ -279,7 +156,7 @@ Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_
 
 @app.command()
 @friendly
-@from_specs(localize=_localizer_options(), report=Options(ReportSpec, help={"localizer": (
+@from_specs(localize=localizer_flags(LocalizerFlags), report=Options(ReportSpec, help={"localizer": (
                 f"localizer of the grafts: {', '.join(LOCALIZERS)}; its own options: `skillgraft localizers NAME`")},
                                                                    panel=REPORT),
             data=Options(DataSpec, skip=("task", "k", "seed", "test_limit"), panel=DATA),
@@ -328,7 +205,7 @@ def graft(
             extra = f" loss {r['loss']:.4f}" if "loss" in r else ""
             console.print(f"{r['model']:>22}: {result.metrics['task']} {r['score']:.4f} ECE {r['ece']:.4f}{extra} "
                           f"| {r['params']:,} params ({r['density']:.2e}){size}")
-    _print_keep(result.metrics)
+    print_keep(result.metrics)
     if result.data_note:
         console.print(f"data: {escape(result.data_note)}")
     if result.labels_note:
@@ -336,23 +213,6 @@ def graft(
     console.print(f"[bold green]done[/] → {result.out}/report.md")
     _report({"out": result.out, "report": result.out / "report.md", "data_note": result.data_note,
              "labels_note": result.labels_note, **result.metrics})
-
-
-def _print_keep(result: dict) -> None:
-    """One line per keep target (size found, selection and test shares, cost) and per frontier keep density."""
-    keep = result.get("keep")
-    for t in (keep or {}).get("targets", []):
-        size = t["size"] if t["reached"] else t["best_size"]
-        head = (f"keep {t['target']:g}: {size:,} params ({size / t['universe']:.2e})" if t["reached"] else
-                f"keep {t['target']:g}: [yellow]not reached[/] by any size; best {t['best_share']:.3f} at {size:,}")
-        test = "" if t.get("test_share") is None else f", test share {t['test_share']:.3f}"
-        console.print(f"{head}, selection share {t['selection_share'] or t['best_share']:.3f}{test} "
-                      f"| {t['probe_count']} probes, {t['search_seconds']:.0f} s")
-    if keep:
-        console.print(f"keep selection split: {escape(keep['selection'])}")
-    for k in (result.get("frontier") or {}).get("keep", []):
-        need = f"density {k['density']:.2e}" if k["reached"] else f"not reached (best {k['best_share']:.3f})"
-        console.print(f"frontier {escape(k['method'])} keep {k['target']:g}: {need}, test share {k['test_share']:.3f}")
 
 
 @app.command()
@@ -411,44 +271,6 @@ def inspect(
         doc["compare"] = {"graft": compare, "shared": len(g.region & r.other), "overlap": g.region.overlap(r.other),
                           "overlap_of_self": r.other.overlap(g.region), "iou": g.region.iou(r.other)}
     _report(doc)
-
-
-def _short(module_type: str) -> str:
-    """A module type in a few characters: ``attn.query`` → ``a.query``, ``ffn.intermediate`` → ``f.in``."""
-    for long, short in (("attn.", "a."), ("ffn.", "f."), ("intermediate", "in"), ("output", "out"),
-                        ("layernorm", "norm"), ("embeddings", "emb")):
-        module_type = module_type.replace(long, short)
-    return module_type
-
-
-def region_table(dist: dict, width: int) -> list:
-    """Where a region sits, readable at ``width`` columns: a table of layers × module types (biases summed into
-    one column), or, when even that is wider, one line per layer listing its non-zero module types."""
-    weights = [c for c in dist["module_types"] if not c.endswith("(bias)")]
-    cols = [*weights, "bias", "total"]
-    rows = []
-    for layer, row in dist["table"].items():
-        cells = {c: row.get(c, 0) for c in weights}
-        cells["bias"] = sum(v for c, v in row.items() if c.endswith("(bias)"))
-        cells["total"] = sum(row.values())
-        rows.append((layer, cells))
-    headers = {c: _short(c) for c in cols}
-    need = max([len("layer"), *(len(r[0]) for r in rows)]) + 1
-    need += sum(max([len(headers[c]), *(len(f"{r[1][c]:,}") for r in rows)]) + 1 for c in cols)
-    if need <= width:
-        table = Table(title="region by layer × module type (coordinates)", box=None, pad_edge=False,
-                      padding=(0, 0, 0, 1), title_justify="left")
-        table.add_column("layer", no_wrap=True)
-        for c in cols:
-            table.add_column(headers[c], justify="right", no_wrap=True)
-        for layer, cells in rows:
-            table.add_row(layer, *[f"{cells[c]:,}" for c in cols])
-        return [table]
-    out = ["region by layer (coordinates per module type)"]
-    for layer, cells in rows:
-        parts = [f"{_short(c)} {cells[c]:,}" for c in [*weights, "bias"] if cells[c]]
-        out.append(f"{layer}: {cells['total']:,} — {', '.join(parts) or 'none'}")
-    return out
 
 
 @app.command("export")
@@ -539,7 +361,7 @@ def sweep(
                        cache=cache)
     for r in result.rows:
         console.print(f"{r['localizer']:>13} {float(r['level']):.0e}: {r['score']:.4f} (ECE {r['ece']:.4f})")
-    _print_keep(result.found)
+    print_keep(result.found)
     console.print(f"[bold green]done[/] → {result.out}/sweep.csv, {result.out}/sweep.png")
     _report({"out": result.out, "rows": result.rows, **result.found})
 
@@ -550,7 +372,7 @@ def _merge_specs():
     return from_specs(spec=Options(MergeSpec, panel="Merge", rename={"budget": "budgets"}, old={"budget": "budget"},
                                    help={"budget": "region size of each task's graft: a fraction of the graftable "
                                                    "parameters in (0, 1] or a count (one here; graft's --budgets "
-                                                   "takes several); the former --budget still works, with a warning"}), localize=_localizer_options(skip=("budgets",)),
+                                                   "takes several); the former --budget still works, with a warning"}), localize=localizer_flags(LocalizerFlags, skip=("budgets",)),
                       user=Options(UserDataSpec, rename={"seed": "data_seed"},
                                    skip=("data", "eval_data", "data_config", "data_split", "eval_split"), panel=DATA))
 
