@@ -11,10 +11,12 @@ from test_merge import classifiers  # noqa: F401 - the two tiny classifiers of o
 runner = CliRunner()
 
 
-def doc(*args, obj=None):
-    """The verb's JSON document (stdout only: warnings and progress go to stderr)."""
+def doc(*args, obj=None, stderr=None):
+    """The verb's JSON document (stdout only: warnings and progress go to stderr, appended to ``stderr``)."""
     r = runner.invoke(app, [str(a) for a in args], obj=obj)
     assert r.exit_code == 0, r.output
+    if stderr is not None:
+        stderr.append(r.stderr)
     return json.loads(r.stdout)
 
 
@@ -61,6 +63,8 @@ def test_merge(classifiers, tmp_path):
 
     m = doc(*merge_args(classifiers, tmp_path / "m", "--localizer", "movement", "--budget", "0.05", "--mergekit",
                         "task_arithmetic", "--scales", "1", "--rules", "average", "--json"),
-            obj={"mergekit_runner": fake_mergekit})
+            obj={"mergekit_runner": fake_mergekit}, stderr=(progress := []))
     assert m["out"] == str(tmp_path / "m") and m["mode"] == "classifier"
+    for phase in ("load, score, localize", "mergekit grid", "merge methods"):  # no long phase without a word
+        assert phase in progress[0], phase
     assert any(r.get("on_test") for r in m["rows"])

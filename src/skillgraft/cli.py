@@ -416,7 +416,7 @@ def merge(
     localize = localizer_options(spec.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
     pretrained, inputs = resolve_inputs(pretrained=pretrained, finetuned=finetuned, data=data, eval_data=eval_data,
                                         dev_data=dev_data, grafts=grafts, shared=user)
-    s = merge_models(pretrained, inputs, spec, localize, out, store=Store(cache), overwrite=overwrite,
+    s = merge_models(pretrained, inputs, spec, localize, out, store=Store(cache), overwrite=overwrite, progress=True,
                      methods=merge_methods(mergekit_runner=_injected("mergekit_runner")))
     for r in s["rows"]:
         if r.get("on_test"):

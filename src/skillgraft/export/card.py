@@ -20,7 +20,8 @@ def peft_readme(summary: dict, model_class: str) -> str:
         "# skillgraft graft as a PEFT SHiRA adapter", "",
         "Load with plain transformers + peft:", "", "```python", "from peft import PeftModel",
         f"from transformers import {model_class}", "", f"base = {load}",
-        "model = PeftModel.from_pretrained(base, \"path/to/this/folder\")  # merge_and_unload(): the grafted weights", "```",
+        'model = PeftModel.from_pretrained(base, "path/to/this/folder")  # merge_and_unload(): the grafted weights',
+        "```",
         "",]
     if labels:
         lines += [f"A sequence classifier with {labels['num_labels']} labels: "

@@ -214,7 +214,11 @@ class Mergekit(MergeMethod):
         dirs = [root / "base", *[root / f"ft{i}" for i in range(len(bench.names))]]
         scored: list[Scored] = []
         kept: dict[tuple[str, str], Path] = {}  # merged states that may still be scored on test, on disk
-        for method, label, params, global_params in mergekit_configs(options):
+        from tqdm.auto import tqdm  # noqa: PLC0415
+
+        configs = mergekit_configs(options)
+        for method, label, params, global_params in tqdm(configs, desc="mergekit grid", unit="merge", leave=False,
+                                                          disable=not getattr(bench, "progress", False)):
             s = Scored(f"mergekit {method}", label, info={"parameters": params, "global": global_params})
             try:
                 merged = self.runner(mergekit_yaml(method, dirs[0], dirs[1:], params, global_params), root,

@@ -96,7 +96,7 @@ def open_setup(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None) 
     return setup
 
 
-def task_graft(setup: Setup, m: ModelInput, spec: MergeSpec, options: Spec, store) -> Graft:
+def task_graft(setup: Setup, m: ModelInput, spec: MergeSpec, options: Spec, store, *, progress: bool = False) -> Graft:
     """The task's graft: the given one, or its region localized at ``spec.budget`` by ``spec.localizer`` with
     ``options`` (its own options spec; from the store when done)."""
     from skillgraft.pipeline.regions import learned_regions  # noqa: PLC0415
@@ -109,7 +109,7 @@ def task_graft(setup: Setup, m: ModelInput, spec: MergeSpec, options: Spec, stor
             spec.budget.fraction:
         options = options.replace(sparsity=spec.budget.fraction)  # γ_base of the budget's size (L&S's init)
     options = options.replace(budgets=[spec.budget])
-    regions, _ = learned_regions(setup, store, spec.localizer, options)
+    regions, _ = learned_regions(setup, store, spec.localizer, options, progress=progress)
     region = regions.get(spec.budget) or next(iter(regions.values()))
     meta = {"task": setup.task, "mode": setup.pre.mode, "localizer": spec.localizer, "budget": spec.budget.key,
             **setup.graft_metadata.to_dict()}
@@ -180,12 +180,15 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     chosen = [(m, m.options(spec)) for m in (methods or merge_methods()).values()]
     chosen = [(m, o) for m, o in chosen if m.active(o)]
     t0 = time.perf_counter()
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
     bench = MergeBench()
+    bench.progress = progress  # merge methods show their own long loops (mergekit's grid) when set
     ft = Scored("fine-tuned", "each task's own model")
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="skillgraft-merge-") as work:
         work = Path(work)
-        for m in inputs:  # one θ_ft in memory at a time
+        for m in tqdm(inputs, desc="load, score, localize", unit="model", disable=not progress):  # one θ_ft at a time
             setup = open_setup(pretrained, m, spec, share_pre=bench.share)
             bench.add(m.name, setup, loader=_loader(setup, m.finetuned, spec.max_length))
             if len(bench.members) == 1:
@@ -193,7 +196,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
                     method.start(bench, opts, work)
             ft.dev[m.name] = score(setup.ft, setup.data.dev)
             ft.test[m.name] = score(setup.ft, setup.test)
-            bench.grafts[m.name] = task_graft(setup, m, spec, localize, store)
+            bench.grafts[m.name] = task_graft(setup, m, spec, localize, store, progress=progress)
             for method, opts in chosen:
                 method.on_model(bench, m.name, setup.ft, opts, work)
             bench.release(m.name)
@@ -201,7 +204,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
         results: list[Scored] = [ft, Scored("graft", f"each task's own graft ({spec.budget.label})")]
         results[1].dev, results[1].test = (bench.score(bench.grafted(lambda n: bench.grafts[n]), s)
                                            for s in ("dev", "test"))
-        for method, opts in chosen:
+        for method, opts in tqdm(chosen, desc="merge methods", unit="method", disable=not progress):
             t1 = time.perf_counter()
             results += method.rows(bench, opts, ft, work)
             seconds[method.name] = time.perf_counter() - t1
