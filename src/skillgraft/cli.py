@@ -113,7 +113,8 @@ def evaluate(
                                                   "(default: from its class and the data)"),
     data_dir: Optional[Path] = DataDir,
     limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX, help="first N examples only", rich_help_panel=DATA),
-    out: Optional[Path] = typer.Option(None, help="write metrics JSON + plots into this folder", rich_help_panel=OUTPUT),
+    out: Optional[Path] = typer.Option(None, help="write metrics JSON + plots into this folder",
+                                       rich_help_panel=OUTPUT),
     *, user: UserDataSpec,
 ) -> None:
     """Evaluate a model: accuracy/F1, ECE (generative data: completion loss, exact match), (with --out) plots.
@@ -372,7 +373,8 @@ def _merge_specs():
     return from_specs(spec=Options(MergeSpec, panel="Merge", rename={"budget": "budgets"}, old={"budget": "budget"},
                                    help={"budget": "region size of each task's graft: a fraction of the graftable "
                                                    "parameters in (0, 1] or a count (one here; graft's --budgets "
-                                                   "takes several); the former --budget still works, with a warning"}), localize=localizer_flags(LocalizerFlags, skip=("budgets",)),
+                                                   "takes several); the former --budget still works, with a warning"}),
+                      localize=localizer_flags(LocalizerFlags, skip=("budgets",)),
                       user=Options(UserDataSpec, rename={"seed": "data_seed"},
                                    skip=("data", "eval_data", "data_config", "data_split", "eval_split"), panel=DATA))
 

@@ -101,9 +101,9 @@ def chosen_yamls(results: list[Scored], pretrained: str, finetuned: list[str]) -
                     text = text.replace(str(Path(p).resolve()), p)
             else:
                 text = mergekit_yaml(method, local[0], local[1:], s.info["parameters"], s.info["global"])
-            out[method] = (f"# mergekit {method} at the configuration skillgraft merge chose on dev rows ({s.config});\n"
-                           "# skillgraft merged the bodies only (each task kept its own head): run as is on checkpoints\n"
-                           "# whose heads agree, e.g. `mergekit-yaml this.yaml merged/`\n" + text)
+            out[method] = (f"# mergekit {method} at the configuration skillgraft merge chose on dev rows "
+                           f"({s.config});\n# skillgraft merged the bodies only (each task kept its own head): run "
+                           "as is on checkpoints\n# whose heads agree, e.g. `mergekit-yaml this.yaml merged/`\n" + text)
     return out
 
 
