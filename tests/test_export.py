@@ -216,7 +216,7 @@ def test_tied_embeddings_go_whole_with_their_partner(tiny_bert, tmp_path):
     pre, graft = make_graft(tiny_bert, "prompt", keep=lambda n: "word_embeddings" in n or "query.weight" in n,
                             graftable="body+embeddings")
     ids, mask = batch(pre)
-    s = export_peft(graft, pre, tmp_path / "adapter")
+    s = export_peft(graft, pre, tmp_path / "adapter", non_linear="modules_to_save")
     dense = s["routes"]["modules_to_save"]["modules"]
     assert "bert.embeddings.word_embeddings" in dense and "cls.predictions.decoder" in dense
     out, merged = plain_peft(tiny_bert, tmp_path / "adapter", "AutoModelForMaskedLM", ids, mask)
@@ -236,12 +236,12 @@ def test_unrepresentable_coordinates_are_refused_with_names(tiny_models, tmp_pat
     # GPT-2's only nn.Linear is lm_head, tied to wte: a graft on wte leaves no SHiRA target at all
     pre, graft = make_graft(tiny_models["gpt2"], "causal", keep=lambda n: "wte" in n, graftable="body+embeddings")
     with pytest.raises(SkillgraftError, match="at least one nn.Linear target"):
-        export_peft(graft, pre, tmp_path / "a")
+        export_peft(graft, pre, tmp_path / "a", non_linear="modules_to_save")
     assert not (tmp_path / "a").exists()
     # BERT's MLM-head bias belongs to a container module: peft could store it whole but not merge it
     pre, graft = make_graft(tiny_models["bert"], "prompt", keep=lambda n: n.startswith("model.cls."), graftable="all")
     with pytest.raises(SkillgraftError, match=r"cls\.predictions \(BertLMPredictionHead.*merge_and_unload"):
-        export_peft(graft, pre, tmp_path / "a")
+        export_peft(graft, pre, tmp_path / "a", non_linear="modules_to_save")
     # a head-mode graft with head="refuse" names the head
     pre, graft = make_graft(tiny_models["bert"], "head", keep=linear_weights_only)
     with pytest.raises(SkillgraftError, match=r"new task head .*head\.weight"):
@@ -445,7 +445,8 @@ def test_cli_export_and_inspect_an_adapter(tiny_bert, tmp_path):
     pre, graft = make_graft(tiny_bert, "head", keep=lambda n: "pooler" not in n)
     graft.save_pretrained(tmp_path / "g")
     runner = CliRunner()
-    r = runner.invoke(app, ["export", str(tmp_path / "g"), "--to", "peft", "--out", str(tmp_path / "a")])
+    r = runner.invoke(app, ["export", str(tmp_path / "g"), "--to", "peft", "--out", str(tmp_path / "a"),
+                            "--non-linear", "modules_to_save"])
     assert r.exit_code == 0, r.output
     assert "modules_to_save" in r.output and "skillgraft_head.safetensors" in r.output
     r = runner.invoke(app, ["export", str(tmp_path / "g"), "--to", "peft", "--out", str(tmp_path / "a")])
@@ -470,7 +471,7 @@ def test_minilm_graft_exports_and_reloads_with_plain_peft(tmp_path):
     pre, graft = make_graft(path, "head", count=200,
                             keep=lambda n: (".layer.3." in n and linear_weights_only(n)) or ".layer.5." in n)
     ids, mask = batch(pre)
-    s = export_peft(graft, pre, tmp_path / "adapter")
+    s = export_peft(graft, pre, tmp_path / "adapter", non_linear="modules_to_save")
     routes = s["routes"]
     assert routes["shira"]["coordinates"] == 6 * 200 and routes["modules_to_save"]["coordinates"] == graft.size - 1200
     assert s["inexact"] == 0 and s["replace_pairs"] > 0

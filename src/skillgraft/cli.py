@@ -6,19 +6,20 @@ ranges and help are declared once, on the spec's fields.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Literal, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from skillgraft.clierrors import interrupted_line, one_line_error
+from skillgraft.clihelp import App
+from skillgraft.cliout import (DATA, KEEP, MODEL, OUTPUT, REPORT, TRAIN, console, err, friendly, localizer_flags,
+                               plain as _plain, print_keep, print_version, region_table, report as _report)
+from skillgraft.cliconfig import config_option
 from skillgraft.clispec import Options, build, from_specs
 from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.fisher.fisher import FisherConfig
@@ -36,41 +37,17 @@ from skillgraft.train.config import FinetuneConfig
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Find where a fine-tuned model keeps a task's skill, store it as a sparse graft, use it.")
-console = Console(stderr=False, soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+app = App(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+          help="Find where a fine-tuned model keeps a task's skill, store it as a sparse graft, use it.")
+
+@app.callback()
+def _main_options(version: bool = typer.Option(False, "--version", callback=print_version, is_eager=True,
+                                               help="print skillgraft's version and exit")) -> None:
+    """Find where a fine-tuned model keeps a task's skill, store it as a sparse graft, use it."""
 
 
-def friendly(fn):
-    """Turn SkillgraftError and I/O errors into one red line and exit code 2 (no traceback; docs/reliability.md).
-
-    ``SKILLGRAFT_DEBUG=1`` re-raises them with their traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:
-            line = one_line_error(e)
-            if line is None or os.environ.get("SKILLGRAFT_DEBUG") == "1":
-                raise
-            err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
-            raise typer.Exit(2) from None
-
-    return wrapper
-
-
-def _warnings_to_console() -> None:
-    def show(message, category, filename, lineno, file=None, line=None):
-        err.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False)
-
-    warnings.showwarning = show
-
-
-_warnings_to_console()
-
-DataDir = typer.Option(None, "--data-dir", help="data root (default: $SKILLGRAFT_DATA, ./data, ../shared/data)")
+DataDir = typer.Option(None, "--data-dir", help="data root (default: $SKILLGRAFT_DATA, ./data, ../shared/data)",
+                       rich_help_panel=DATA)
 
 
 @app.command()
@@ -83,20 +60,24 @@ def tasks(data_dir: Optional[Path] = DataDir,
     table = Table(title="skillgraft tasks")
     for col in ("task", "kind", "labels", "metric", "data", "train", "dev", "test"):
         table.add_column(col)
-    for t in list_tasks(data_dir, task_file):
+    rows = list_tasks(data_dir, task_file)
+    for t in rows:
         table.add_row(t.name, t.kind, str(t.labels), t.metric, t.data or "[red]not found[/]", *t.sizes)
     console.print(table)
+    _report([{**_plain(t), "sizes": dict(zip(("train", "dev", "test"), t.sizes))} for t in rows])
 
 
 @app.command()
 @friendly
-@from_specs(data=Options(DataSpec), model=Options(ModelSpec),
-            finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",)))
+@from_specs(data=Options(DataSpec, panel=DATA), model=Options(ModelSpec, panel=MODEL),
+            finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",), panel=TRAIN))
 def finetune(
     layers: Optional[str] = typer.Option(None, help="train only these blocks: '0,3,5', or fim:top-K / fim:bottom-K / "
-                                                    "random-K (surgical fine-tuning)"),
-    out: Optional[Path] = typer.Option(None, help="run directory (default: runs/ft-<task>-<k>-<seed>)"),
-    overwrite: bool = typer.Option(False, help="replace an existing run directory whole (checked before training)"),
+                                                    "random-K (surgical fine-tuning)", rich_help_panel=TRAIN),
+    out: Optional[Path] = typer.Option(None, help="run directory (default: runs/ft-<task>-<k>-<seed>)",
+                                       rich_help_panel=OUTPUT),
+    overwrite: bool = typer.Option(False, help="replace an existing run directory whole (checked before training)",
+                                   rich_help_panel=OUTPUT),
     *, data: DataSpec, model: ModelSpec, finetune: FinetuneConfig,
 ) -> None:
     """Fine-tune a model on a k-shot task and write a run directory (model, config, metrics, plots)."""
@@ -110,6 +91,7 @@ def finetune(
         finetune = finetune.replace(layers=parse_layers(layers, task=data.task, model=model.model, mode=model.mode,
                                                         k=data.k, seed=data.seed, data_dir=data.data_dir))
     m = run_finetune(data, out, model=model, finetune=finetune, overwrite=overwrite)
+    _report({"out": out, **m})
     if "test" in m:
         t = m["test"]
         extra = f" F1 {t['f1']:.4f}" if "f1" in t else ""
@@ -120,17 +102,19 @@ def finetune(
 
 @app.command()
 @friendly
-@from_specs(user=Options(UserDataSpec, skip=("k", "seed", "eval_fraction", "test_limit")))
+@from_specs(user=Options(UserDataSpec, skip=("k", "seed", "eval_fraction", "test_limit"), panel=DATA))
 def evaluate(
     model_dir: Path = typer.Argument(..., help="a model folder: a skillgraft run (or its model/), or any Hugging Face "
                                                 "checkpoint (sequence classifier, masked LM, causal LM) or hub name"),
-    task: Optional[str] = typer.Option(None, help="task to evaluate on (default: the model's task)"),
-    split: str = typer.Option("test", help="train | dev | test"),
+    task: Optional[str] = typer.Option(None, help="task to evaluate on (default: the model's task)",
+                                       rich_help_panel=DATA),
+    split: str = typer.Option("test", help="train | dev | test", rich_help_panel=DATA),
     mode: Optional[str] = typer.Option(None, help="a Hugging Face checkpoint: classifier | prompt | causal | generative "
                                                   "(default: from its class and the data)"),
     data_dir: Optional[Path] = DataDir,
-    limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX, help="first N examples only"),
-    out: Optional[Path] = typer.Option(None, help="write metrics JSON + plots into this folder"),
+    limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX, help="first N examples only", rich_help_panel=DATA),
+    out: Optional[Path] = typer.Option(None, help="write metrics JSON + plots into this folder",
+                                       rich_help_panel=OUTPUT),
     *, user: UserDataSpec,
 ) -> None:
     """Evaluate a model: accuracy/F1, ECE (generative data: completion loss, exact match), (with --out) plots.
@@ -144,6 +128,7 @@ def evaluate(
     if result.labels_note:
         console.print(f"labels: {escape(result.labels_note)}")
     console.print(result.line())
+    _report({**_plain(result), "out": out})
 
 
 @app.command("run")
@@ -163,29 +148,40 @@ def run_cmd(
     path = run_recipe(recipe_file, out, cache=cache, overwrite=overwrite,
                       overrides=None if progress is None else {"progress": progress})
     console.print(f"[bold green]done[/] {recipe_file} → {path}/report.md")
+    _report({"recipe": recipe_file, "out": path, "report": Path(path) / "report.md"})
 
 
-Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_CACHE or runs/cache)")
+Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_CACHE or runs/cache)",
+                     rich_help_panel=OUTPUT)
 
 
 @app.command()
 @friendly
-@from_specs(localize=Options(LocalizerFlags), report=Options(ReportSpec, help={"localizer": (
-                f"localizer of the grafts: {', '.join(LOCALIZERS)}; its own options: `skillgraft localizers NAME`")}),
-            data=Options(DataSpec, skip=("task", "k", "seed", "test_limit")),
-            user=Options(UserDataSpec, rename={"seed": "data_seed"}), keep=Options(KeepSpec),
-            frontier=Options(FrontierSpec))
+@from_specs(localize=localizer_flags(LocalizerFlags), report=Options(ReportSpec, help={"localizer": (
+                f"localizer of the grafts: {', '.join(LOCALIZERS)}; its own options: `skillgraft localizers NAME`")},
+                                                                   panel=REPORT),
+            data=Options(DataSpec, skip=("task", "k", "seed", "test_limit"), panel=DATA),
+            user=Options(UserDataSpec, rename={"seed": "data_seed"}, panel=DATA), keep=Options(KeepSpec, panel=KEEP),
+            frontier=Options(FrontierSpec, panel=KEEP))
 def graft(
+    config: Optional[Path] = config_option(),
     finetuned: Path = typer.Option(..., help="the fine-tuned model: a Hugging Face checkpoint (hub name or folder saved "
-                                             "by plain transformers) with --pretrained, or a skillgraft run directory"),
+                                             "by plain transformers) with --pretrained, or a skillgraft run directory",
+                                   rich_help_panel=MODEL),
     pretrained: Optional[str] = typer.Option(None, help="the checkpoint --finetuned was fine-tuned from (hub name or "
-                                                        "folder); needed unless --finetuned is a skillgraft run"),
+                                                        "folder); needed unless --finetuned is a skillgraft run",
+                                             rich_help_panel=MODEL),
     mode: Optional[str] = typer.Option(None, help="how to score a checkpoint pair: classifier | prompt | causal | "
-                                                  "generative (default: from the fine-tuned checkpoint's class)"),
-    task: Optional[str] = typer.Option(None, help="a registered task to graft a checkpoint pair on, instead of --data"),
-    max_length: int = typer.Option(128, min=8, max=COUNT_MAX, help="max tokens per example (checkpoint pairs)"),
-    out: Optional[Path] = typer.Option(None, help="output folder (default: <run>/graft, or runs/graft-<checkpoint name>)"),
-    overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
+                                                  "generative (default: from the fine-tuned checkpoint's class)",
+                                       rich_help_panel=MODEL),
+    task: Optional[str] = typer.Option(None, help="a registered task to graft a checkpoint pair on, instead of --data",
+                                       rich_help_panel=DATA),
+    max_length: int = typer.Option(128, min=8, max=COUNT_MAX, help="max tokens per example (checkpoint pairs)",
+                                   rich_help_panel=MODEL),
+    out: Optional[Path] = typer.Option(None, help="output folder (default: <run>/graft, or runs/graft-<checkpoint name>)",
+                                       rich_help_panel=OUTPUT),
+    overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)",
+                                   rich_help_panel=OUTPUT),
     cache: Optional[Path] = Cache,
     *, localize: LocalizerFlags, report: ReportSpec, data: DataSpec, user: UserDataSpec, keep: KeepSpec,
     frontier: FrontierSpec,
@@ -210,28 +206,14 @@ def graft(
             extra = f" loss {r['loss']:.4f}" if "loss" in r else ""
             console.print(f"{r['model']:>22}: {result.metrics['task']} {r['score']:.4f} ECE {r['ece']:.4f}{extra} "
                           f"| {r['params']:,} params ({r['density']:.2e}){size}")
-    _print_keep(result.metrics)
+    print_keep(result.metrics)
     if result.data_note:
         console.print(f"data: {escape(result.data_note)}")
     if result.labels_note:
         console.print(f"labels: {escape(result.labels_note)}")
     console.print(f"[bold green]done[/] → {result.out}/report.md")
-
-
-def _print_keep(result: dict) -> None:
-    """One line per keep target (size found, selection and test shares, cost) and per frontier keep density."""
-    keep = result.get("keep")
-    from skillgraft.pipeline.keep import keep_line  # noqa: PLC0415
-
-    for t in (keep or {}).get("targets", []):
-        console.print(keep_line(t))
-    if keep:
-        console.print(f"keep selection split: {escape(keep['selection'])}")
-    for k in (result.get("frontier") or {}).get("keep", []):
-        need = f"density {k['density']:.2e}" if k["reached"] else f"not reached (best {k['best_share']:.3f})"
-        bound = "" if k.get("bound") is None else f", {k['confidence']:.0%} lower bound {k['bound']:.3f}"
-        console.print(f"frontier {escape(k['method'])} keep {k['target']:g}: {need}{bound}, test share "
-                      f"{k['test_share']:.3f}")
+    _report({"out": result.out, "report": result.out / "report.md", "data_note": result.data_note,
+             "labels_note": result.labels_note, **result.metrics})
 
 
 @app.command()
@@ -260,6 +242,7 @@ def apply(
                   "head is in head.safetensors (marked incomplete; load with skillgraft's Scorer.from_pretrained)")
     if result.metrics is not None:
         console.print(result.line())
+    _report({**_plain(result), "export_dir": export})
 
 
 @app.command()
@@ -278,20 +261,22 @@ def inspect(
     for line in r.lines(graft_dir, compare):
         console.print(line)
     dist = r.distribution
-    table = Table(title="region by layer × module type")
-    table.add_column("layer")
-    for col in dist["module_types"]:
-        table.add_column(col, justify="right")
-    table.add_column("total", justify="right")
-    for layer, row in dist["table"].items():
-        table.add_row(layer, *[str(row.get(c, 0)) for c in dist["module_types"]], str(sum(row.values())))
-    console.print(table)
+    for item in region_table(dist, console.width):
+        console.print(item)
     console.print(f"→ {r.out / 'distribution.png'}")
+    g = r.graft
+    doc = {"graft": graft_dir, "size": g.size, "density": g.region.density, "universe": g.region.universe_size,
+           "carried": g.carried_size, "file_bytes": r.file_bytes, "base_model": g.base_model,
+           "base_fingerprint": g.base_fingerprint, "distribution": dist, "out": r.out}
+    if r.other is not None:
+        doc["compare"] = {"graft": compare, "shared": len(g.region & r.other), "overlap": g.region.overlap(r.other),
+                          "overlap_of_self": r.other.overlap(g.region), "iou": g.region.iou(r.other)}
+    _report(doc)
 
 
 @app.command("export")
 @friendly
-@from_specs(spec=Options(ExportSpec))
+@from_specs(spec=Options(ExportSpec, panel="Export"))
 def export_cmd(
     graft_dir: Path = typer.Argument(..., help="a graft folder (graft_config.json + graft.safetensors)"),
     out: Path = typer.Option(..., help="output folder (refused if it exists, unless --overwrite)"),
@@ -313,6 +298,7 @@ def export_cmd(
             console.print(escape(text))
     size = f" ({s['bytes'] / 1024:.1f} KiB)" if "bytes" in s else ""
     console.print(f"[bold green]exported[/] {s['coordinates']:,} grafted coordinates as {s['to']} → {out}{size}")
+    _report({"out": out, **s})
 
 
 @app.command()
@@ -329,10 +315,13 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
     if name is None:
         table = Table("what it does", "--candidates", "FSDP", "generative")
         table.columns.insert(0, Column("localizer", no_wrap=True))
-        for row in support_table():
+        rows = support_table()
+        for row in rows:
             table.add_row(row.name, LOCALIZERS[row.name].summary or "", short(row.candidates), short(row.sharded),
                           short(row.generative))
         console.print(table)
+        _report([{"name": r.name, "summary": LOCALIZERS[r.name].summary or "", "candidates": r.candidates,
+                  "sharded": r.sharded, "generative": r.generative} for r in rows])
         console.print("options and reasons of one: skillgraft localizers NAME; use: skillgraft graft --localizer NAME …")
         return
     get_localizer(name)  # an unknown name is one line listing the known ones
@@ -346,16 +335,21 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
                              ("generative data", row.generative)):
         where.add_row(setting, verdict)
     console.print(where)
+    _report({"name": name, "summary": get_localizer(name).summary,
+             "options": [{"option": f, "default": d, "help": t} for f, d, t in options_table(name)],
+             "support": {"candidates": row.candidates, "sharded": row.sharded, "generative": row.generative}})
 
 
 @app.command()
 @friendly
-@from_specs(sweep=Options(SweepSpec), localize=Options(LocalizeConfig, skip=("budgets",)),
-            data=Options(DataSpec, skip=("task", "k", "seed")), frontier=Options(FrontierSpec))
+@from_specs(sweep=Options(SweepSpec, panel="Sweep"), localize=Options(LocalizeConfig, skip=("budgets",),
+                                                                     panel="Localizer (learned)"),
+            data=Options(DataSpec, skip=("task", "k", "seed"), panel=DATA), frontier=Options(FrontierSpec, panel=KEEP))
 def sweep(
-    finetuned: Path = typer.Option(..., help="a fine-tuning run directory"),
-    out: Optional[Path] = typer.Option(None, help="output folder (default: <finetuned>/sweep)"),
-    overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
+    finetuned: Path = typer.Option(..., help="a fine-tuning run directory", rich_help_panel=MODEL),
+    out: Optional[Path] = typer.Option(None, help="output folder (default: <finetuned>/sweep)", rich_help_panel=OUTPUT),
+    overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)",
+                                   rich_help_panel=OUTPUT),
     cache: Optional[Path] = Cache,
     *, sweep: SweepSpec, localize: LocalizeConfig, data: DataSpec, frontier: FrontierSpec,
 ) -> None:
@@ -368,32 +362,45 @@ def sweep(
                        cache=cache)
     for r in result.rows:
         console.print(f"{r['localizer']:>13} {float(r['level']):.0e}: {r['score']:.4f} (ECE {r['ece']:.4f})")
-    _print_keep(result.found)
+    print_keep(result.found)
     console.print(f"[bold green]done[/] → {result.out}/sweep.csv, {result.out}/sweep.png")
+    _report({"out": result.out, "rows": result.rows, **result.found})
 
 
 def _merge_specs():
     from skillgraft.verbs.merge import MergeSpec  # noqa: PLC0415
 
-    return from_specs(spec=Options(MergeSpec), localize=Options(LocalizerFlags, skip=("budgets",)),
+    return from_specs(spec=Options(MergeSpec, panel="Merge", rename={"budget": "budgets"}, old={"budget": "budget"},
+                                   help={"budget": "region size of each task's graft: a fraction of the graftable "
+                                                   "parameters in (0, 1] or a count (one here; graft's --budgets "
+                                                   "takes several); the former --budget still works, with a warning"}),
+                      localize=localizer_flags(LocalizerFlags, skip=("budgets",)),
                       user=Options(UserDataSpec, rename={"seed": "data_seed"},
-                                   skip=("data", "eval_data", "data_config", "data_split", "eval_split")))
+                                   skip=("data", "eval_data", "data_config", "data_split", "eval_split"), panel=DATA))
 
 
 @app.command()
 @friendly
 @_merge_specs()
 def merge(
-    pretrained: Optional[str] = typer.Option(None, help="the checkpoint every model was fine-tuned from"),
-    finetuned: list[str] = typer.Option([], help="a fine-tuned Hugging Face checkpoint (repeat: once per model)"),
+    config: Optional[Path] = config_option(mergekit=True),
+    pretrained: Optional[str] = typer.Option(None, help="the checkpoint every model was fine-tuned from",
+                                             rich_help_panel=MODEL),
+    finetuned: list[str] = typer.Option([], help="a fine-tuned Hugging Face checkpoint (repeat: once per model)",
+                                        rich_help_panel=MODEL),
     data: list[str] = typer.Option([], help="each model's data, in the --finetuned order (repeat); a .yaml file is a "
-                                            "data spec with that model's own fields (data, eval_data, text_field, …)"),
-    eval_data: list[str] = typer.Option([], help="each model's held-out test rows (repeat; default: see --data)"),
+                                            "data spec with that model's own fields (data, eval_data, text_field, …)",
+                                   rich_help_panel=DATA),
+    eval_data: list[str] = typer.Option([], help="each model's held-out test rows (repeat; default: see --data)",
+                                        rich_help_panel=DATA),
     dev_data: list[str] = typer.Option([], help="each model's dev rows for the mergekit grid (repeat; default: a "
-                                                "seeded --dev-fraction of its --data)"),
-    grafts: list[str] = typer.Option([], help="use these grafts instead of localizing (repeat: once per model)"),
-    out: Path = typer.Option(..., help="output folder: merged model, grafts, report.md (refused if it exists)"),
-    overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)"),
+                                                "seeded --dev-fraction of its --data)", rich_help_panel=DATA),
+    grafts: list[str] = typer.Option([], help="use these grafts instead of localizing (repeat: once per model)",
+                                     rich_help_panel=MODEL),
+    out: Path = typer.Option(..., help="output folder: merged model, grafts, report.md (refused if it exists)",
+                             rich_help_panel=OUTPUT),
+    overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)",
+                                   rich_help_panel=OUTPUT),
     cache: Optional[Path] = Cache,
     *, spec, localize, user: UserDataSpec,
 ) -> None:
@@ -411,7 +418,7 @@ def merge(
     localize = localizer_options(spec.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
     pretrained, inputs = resolve_inputs(pretrained=pretrained, finetuned=finetuned, data=data, eval_data=eval_data,
                                         dev_data=dev_data, grafts=grafts, shared=user)
-    s = merge_models(pretrained, inputs, spec, localize, out, store=Store(cache), overwrite=overwrite,
+    s = merge_models(pretrained, inputs, spec, localize, out, store=Store(cache), overwrite=overwrite, progress=True,
                      methods=merge_methods(mergekit_runner=_injected("mergekit_runner")))
     for r in s["rows"]:
         if r.get("on_test"):
@@ -419,6 +426,7 @@ def merge(
                           f"{r['mean_normalized']:.4f} | {r['bytes_per_task']:,.0f} bytes/task")
     console.print(f"[bold green]done[/] → {out}/report.md (merged model: {out}/"
                   f"{'tasks/<task>' if s['mode'] == 'classifier' else 'model'})")
+    _report({"out": out, "report": out / "report.md", **s})
 
 
 def _injected(name: str):
@@ -445,12 +453,13 @@ def demo(
 
     report = run_demo(out, seed=seed, data_dir=data_dir, cache=cache)
     console.print(f"[bold green]done[/] → {report}")
+    _report({"out": out, "report": report})
 
 
 @app.command()
 @friendly
-@from_specs(data=Options(DataSpec, skip=("test_limit",)), model=Options(ModelSpec),
-            fisher=Options(FisherConfig, rename={"n_examples": "n", "seed": "fisher_seed"}))
+@from_specs(data=Options(DataSpec, skip=("test_limit",), panel=DATA), model=Options(ModelSpec, panel=MODEL),
+            fisher=Options(FisherConfig, rename={"n_examples": "n", "seed": "fisher_seed"}, panel="Fisher"))
 def fim(
     aggregate: Literal["sum", "frobenius"] = typer.Option("sum", help="block score: sum (of Fisher entries) | "
                                                                       "frobenius (reference code)"),
@@ -470,9 +479,11 @@ def fim(
         table.add_row(str(i), f"{r.scores.scores[i]:.4g}", str(ranks[i] + 1), f"{r.scores.num_parameters[i]:,}")
     console.print(table)
     console.print(f"top → bottom: {r.scores.ranking()}  → {r.out}/fim.json, {r.out}/fim.png")
+    _report({"task": r.task, "k": r.k, "seed": r.seed, "kind": r.kind, "aggregate": r.aggregate, "out": r.out,
+             "ranking": r.scores.ranking(), "scores": r.scores.scores, "parameters": r.scores.num_parameters})
 
 
-continual_app = typer.Typer(no_args_is_help=True, help="Forget-free continual learning by grafting (paper §5.2).")
+continual_app = App(no_args_is_help=True, help="Forget-free continual learning by grafting (paper §5.2).")
 app.add_typer(continual_app, name="continual")
 
 
@@ -484,8 +495,9 @@ _CONTINUAL_LOCALIZE = {n: f"localize_{n}" for n in ("steps", "lr", "batch_size",
 
 @continual_app.command("add")
 @friendly
-@from_specs(finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",)),
-            localize=Options(LocalizeConfig, rename=_CONTINUAL_LOCALIZE, skip=("budgets", "graftable")))
+@from_specs(finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",), panel=TRAIN),
+            localize=Options(LocalizeConfig, rename=_CONTINUAL_LOCALIZE, skip=("budgets", "graftable"),
+                             panel="Localizer (learned)"))
 def continual_add_cmd(
     state: Path = typer.Option(..., help="continual state folder (created on first use)"),
     task: str = typer.Option(..., help="the task that arrives now"),
@@ -517,6 +529,7 @@ def continual_add_cmd(
     console.print(f"[bold green]added[/] {entry['task']} as task #{entry['order']}: |γ|={entry['region_size']}, "
                   f"owned {entry['owned_size']} (shared with earlier {entry['shared_with_earlier']}); "
                   f"test {entry['test']['score']:.4f} → {state}/continual.json")
+    _report({"state": state, **entry})
 
 
 @continual_app.command("show")
@@ -534,6 +547,7 @@ def continual_show_cmd(state: Path = typer.Argument(..., help="continual state f
         table.add_row(str(e["order"]), e["task"], str(e.get("region_size")), str(e.get("owned_size")),
                       str(e.get("shared_with_earlier")), f"{hist[-1]['score']:.4f}" if hist else "-")
     console.print(table)
+    _report(st)
 
 
 def main() -> None:  # pragma: no cover - entry point

@@ -35,6 +35,9 @@ class Options:
     skip: tuple[str, ...] = ()                             # fields not offered on the command line
     fixed: dict[str, Any] = field(default_factory=dict)    # fields set by the verb, not by the user
     help: dict[str, str] = field(default_factory=dict)     # extra help for a field in this verb only
+    panel: str | None = None                               # the --help panel of these options (default: Options)
+    shown: dict[str, str] = field(default_factory=dict)    # field → the default --help shows (default: the spec's)
+    old: dict[str, str] = field(default_factory=dict)      # field → a former option name, kept as an alias that warns
 
     def fields(self) -> dict[str, Any]:
         """The spec's fields offered as options (not skipped, not fixed by the verb)."""
@@ -67,13 +70,18 @@ def _cli_type(tp):
 
 
 def _shown_default(info, is_list: bool) -> str | bool:
-    """The spec's default as --help shows it (False: nothing to show)."""
+    """The spec's default as --help shows it (False: nothing to show): numbers as written (``1e+07``), lists
+    comma-separated (``""``: empty), switches on / off."""
+    from skillgraft.clihelp import number  # noqa: PLC0415
+
     default = info.get_default(call_default_factory=True)
     if default is None:
         return False
     if is_list:
-        return ",".join(str(x) for x in default) or '""'
-    return str(default).lower() if isinstance(default, bool) else str(default)
+        return ",".join(number(x) for x in default) or '""'
+    if hasattr(default, "key") and not isinstance(default, (str, int, float)):
+        default = default.key
+    return number(default)
 
 
 def _parse_list(text: str | None):
@@ -91,6 +99,7 @@ def from_specs(**sections: Options):
         taken = {p.name for p in own}
         generated: list[inspect.Parameter] = []
         lists: dict[str, tuple[str, str]] = {}
+        aliases: dict[str, str] = {}                    # former option name → its new name
         owner: dict[str, tuple[str, str]] = {}          # parameter name → (section, field)
         for section, opts in sections.items():
             for name, info in opts.fields().items():
@@ -105,20 +114,44 @@ def from_specs(**sections: Options):
                 flag = f"--{opt.replace('_', '-')}"
                 if annotation is bool:  # a switch: --name / --no-name
                     flag = f"{flag}/--no-{opt.replace('_', '-')}"
+                shown = opts.shown.get(name) or _shown_default(info, is_list)
                 # Every option defaults to None (= not given): only what the user sets reaches the spec, so
                 # ``spec.model_fields_set`` is exactly the user's choices and the spec supplies the rest (a
                 # localizer then resolves its own defaults, issue 22). --help shows the spec's default.
                 param = inspect.Parameter(opt, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[annotation],
-                                          default=typer.Option(None, flag, help=help_text,
-                                                               show_default=_shown_default(info, is_list)))
+                                          default=typer.Option(None, flag, help=help_text, show_default=shown,
+                                                               metavar="LIST" if is_list else None,
+                                                               rich_help_panel=opts.panel))
                 generated.append(param)
                 owner[opt] = (section, name)
+                if name in opts.old:  # a renamed option: the old name still works, hidden from --help, and warns
+                    former = opts.old[name]
+                    if former in taken:
+                        raise RuntimeError(f"{fn.__name__}: option --{former} declared twice")
+                    taken.add(former)
+                    generated.append(inspect.Parameter(
+                        former, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[annotation],
+                        default=typer.Option(None, f"--{former.replace('_', '-')}", hidden=True)))
+                    aliases[former] = opt
+                    if is_list:
+                        lists[former] = (section, name)
         kinds = [p for p in own if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own if p not in kinds]
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             values: dict[str, dict[str, Any]] = {s: dict(o.fixed) for s, o in sections.items()}
+            for former, new in aliases.items():
+                v = kwargs.pop(former, None)
+                if v is None:
+                    continue
+                old_flag, new_flag = f"--{former.replace('_', '-')}", f"--{new.replace('_', '-')}"
+                if kwargs.get(new) is not None:
+                    raise SkillgraftError(f"{old_flag} is the former name of {new_flag}: give one of them")
+                import warnings  # noqa: PLC0415
+
+                warnings.warn(f"{old_flag} is renamed {new_flag} (the old name still works, for now)", stacklevel=2)
+                kwargs[new] = v
             for opt, (section, name) in owner.items():
                 if opt not in kwargs:
                     continue

@@ -41,6 +41,7 @@ from skillgraft.export.adapter_checks import adapter_base, check_shira_indices
 from skillgraft.export.base import (_HUB_IDS, ADAPTER_CONFIG, ADAPTER_WEIGHTS, HEAD_FILE, PEFT_PREFIX, SCORER_PREFIX,
                                     SUMMARY_FILE, ExportSpec, Exporter, _as_scorer, _check_base, _head_file, _header,
                                     _hf_name, exact_delta)
+from skillgraft.export.card import peft_readme
 from skillgraft.finite import refuse_non_finite
 from skillgraft.graft.graft import Graft, cached_fingerprint
 from skillgraft.graft.graft_file import WEIGHTS_FILE
@@ -253,7 +254,7 @@ def _grafted(param: torch.Tensor, graft: Graft, name: str) -> torch.Tensor:
 
 
 
-def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str = "modules_to_save",
+def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str = "tensors",
                 head: str = "separate", overwrite: bool = False, force: bool = False) -> dict:
     """Write ``graft`` as a PEFT SHiRA adapter for ``base`` (a Scorer or its plain HF model); returns the summary.
 
@@ -332,6 +333,9 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
         },
         "replace_pairs": pairs, "inexact": inexact,
     }
+    if own_head:  # a classifier: the labels its head was trained for, which the base's config does not know
+        id2label = {int(k): str(v) for k, v in (getattr(hf.config, "id2label", None) or {}).items()}
+        summary["labels"] = {"num_labels": len(id2label), "id2label": id2label}
     from peft import ShiraConfig  # noqa: PLC0415
     from safetensors.torch import save_file  # noqa: PLC0415
 
@@ -349,7 +353,7 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
                                                             "parent_library": type(hf).__module__})
         summary["bytes"] = (tmp / ADAPTER_WEIGHTS).stat().st_size
         (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
-        (tmp / "README.md").write_text(_readme(summary, type(hf).__name__))
+        (tmp / "README.md").write_text(peft_readme(summary, type(hf).__name__))
     return summary
 
 
@@ -382,35 +386,6 @@ def _base_name(graft: Graft, scorer) -> str:
     return converted_base(name) or _HUB_IDS.get(name, name)
 
 
-def _readme(summary: dict, model_class: str) -> str:
-    routes = summary["routes"]
-    lines = [
-        "---", "library_name: peft", f"base_model: {summary['base_model']}", "tags: [skillgraft, shira]", "---", "",
-        "# skillgraft graft as a PEFT SHiRA adapter", "",
-        f"Load on `{model_class}.from_pretrained({summary['base_model']!r})` with "
-        "`PeftModel.from_pretrained(base, this_folder)`; `merge_and_unload()` gives the grafted weights.", "",
-        f"- graft coordinates: {summary['coordinates']:,}",
-        f"- SHiRA entries: {routes['shira']['coordinates']:,} grafted + {routes['shira']['padding_entries']:,} "
-        f"zero padding (r={routes['shira']['r']})",
-        f"- modules stored whole (modules_to_save): {len(routes['modules_to_save']['modules'])} holding "
-        f"{routes['modules_to_save']['coordinates']:,} graft coordinates in "
-        f"{routes['modules_to_save']['stored_parameters']:,} stored parameters",
-    ]
-    if routes["tensors"]["tensors"]:
-        lines += [f"- tensors stored whole: {len(routes['tensors']['tensors'])} holding "
-                  f"{routes['tensors']['coordinates']:,} graft coordinates in "
-                  f"{routes['tensors']['stored_parameters']:,} parameters. peft loads them into the base model "
-                  "itself (as it does LoRA's bias='all'): disabling or unloading the adapter does not undo them."]
-    if summary["replace_pairs"]:
-        lines += [f"- {summary['replace_pairs']:,} coordinates no single fp32 addition reaches are written as two "
-                  "entries at the same position, -θ_pre then θ_ft (PyTorch adds duplicate COO entries in turn)."]
-    if routes.get("head"):
-        lines += ["", f"**Not a complete classifier.** The adapter outputs the base model's hidden states. The task "
-                  f"head ({routes['head']['parameters']:,} parameters) is in `{HEAD_FILE}`: "
-                  f"logits = pool(last_hidden_state) @ weight.T + bias, pooling `{routes['head']['pooling']}`."]
-    return "\n".join(lines) + "\n"
-
-
 class Peft(Exporter):
     """A PEFT SHiRA adapter folder for the plain Hugging Face base model (see the module doc)."""
 
@@ -432,13 +407,20 @@ class Peft(Exporter):
         if ms["modules"]:
             out.append(("info", f"modules_to_save: {ms['coordinates']:,} coordinates in {len(ms['modules'])} "
                                 f"module(s) stored whole ({ms['stored_parameters']:,} parameters)"))
-            if ms["stored_parameters"] > 20 * max(1, summary["coordinates"]):
+            if ms["coordinates"] and ms["stored_parameters"] > 20 * max(1, summary["coordinates"]):
                 out.append(("hint", "--non-linear tensors stores only the grafted tensors (biases and norms, not whole "
                                     "modules); --to delta stores only the coordinates"))
         if ts["tensors"]:
             out.append(("info", f"tensors: {ts['coordinates']:,} coordinates in {len(ts['tensors'])} tensor(s) stored "
                                 f"whole ({ts['stored_parameters']:,} parameters; loaded into the base model, not "
                                 "undone by disabling the adapter)"))
+        if sh["padding_entries"] > max(sh["coordinates"], 1):
+            out.append(("hint", f"most SHiRA entries are zero padding (SHiRA holds r·(m+n) entries per Linear, "
+                                f"{sh['padding_entries']:,} here): --to delta stores only the coordinates"))
+        labels = summary.get("labels")
+        if labels:
+            out.append(("info", f"labels: num_labels={labels['num_labels']}, id2label={labels['id2label']} "
+                                "(pass them to from_pretrained: README.md)"))
         return out + super().lines(summary)
 
 

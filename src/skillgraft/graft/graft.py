@@ -41,6 +41,17 @@ _BASE = "_skillgraft_base"                # attribute of the base body: what is 
 
 
 # ---------------------------------------------------------------------------------------------- base identity
+class _Plain(torch.nn.Module):
+    """A plain transformers model seen as skillgraft's Scorer names it (``model.`` + its own names), so a graft
+    applies to the model a user loaded with transformers; the carried head is left out of its fingerprint, as
+    a Scorer leaves it out."""
+
+    def __init__(self, model: torch.nn.Module, carried):
+        super().__init__()
+        self.model = model
+        self.carried = set(carried)
+
+
 def _body(scorer) -> torch.nn.Module:
     """The base model a graft is tied to: ``scorer.model`` (shared by every view of a multi-task model)."""
     return getattr(scorer, "model", scorer)
@@ -326,9 +337,24 @@ class Graft:
         return sum(t.numel() for t in self.carried.values())
 
     # ------------------------------------------------------------------ apply / revert
+    def _target(self, model):
+        """``model`` as the graft names tensors: a skillgraft Scorer as it is; a plain transformers model (no
+        ``mode``, a ``config``) seen through :class:`_Plain` when the graft's ``model.``-prefixed names are its own."""
+        if hasattr(model, "mode") or not hasattr(model, "config") or isinstance(model, _Plain):
+            return model
+        names = [*self.region.shapes, *self.carried]
+        if not names or not all(n.startswith("model.") for n in names):
+            if any(n.startswith("head.") for n in names):
+                raise SkillgraftError(f"{self._where()} is a head-mode graft: its task head ({', '.join(self.carried)})"
+                                      " is no part of a transformers model; apply it to skillgraft's Scorer "
+                                      "(Scorer.from_pretrained), or export it (skillgraft export / apply --export)")
+            return model
+        own = dict(model.named_parameters())
+        return _Plain(model, self.carried) if names[0][len("model."):] in own else model
+
     def _check_target(self, scorer, force: bool) -> dict[str, torch.nn.Parameter]:
         """Everything ``apply`` needs, checked before anything is written; returns the named parameters."""
-        return self._prepare(scorer, force)[0]
+        return self._prepare(self._target(scorer), force)[0]
 
     def _prepare(self, scorer, force: bool) -> tuple[dict[str, torch.nn.Parameter], tuple, _Base | None]:
         body = _body(scorer)
@@ -382,6 +408,7 @@ class Graft:
         """
         if outside not in ("pre", "zero"):
             raise SkillgraftError(f"outside must be 'pre' or 'zero', got {outside!r}")
+        target, scorer = scorer, self._target(scorer)  # a plain transformers model: seen as a Scorer names it
         params, key, base = self._prepare(scorer, force)
         files = _pre_source(pre_files) if outside == "zero" else None
         body = _body(scorer)
@@ -422,11 +449,12 @@ class Graft:
                 self.__dict__["_backup"] = (base.epoch, anchor,
                                             {name: (i, old) for (_, i, old), name in zip(saved, self.region.indices)})
         body.__dict__[_APPLIED] = rec
-        return scorer
+        return target
 
     @torch.no_grad()
     def revert(self, scorer):
         """Restore the values ``scorer`` had before :meth:`apply` (bit-exact)."""
+        target, scorer = scorer, self._target(scorer)
         body = _body(scorer)
         rec = body.__dict__.get(_APPLIED)
         if rec is None:
@@ -440,7 +468,7 @@ class Graft:
             # nothing else changed while applied: the body is bit-exactly the base it was (same epoch)
             body.__dict__[_BASE] = _Base(_bumped(key, [p for p, _, _ in rec.saved]), rec.base.fingerprint,
                                          rec.base.epoch, rec.base.samples)
-        return scorer
+        return target
 
     @contextlib.contextmanager
     def applied(self, scorer, *, outside: Outside = "pre", force: bool = False, pre_files=None) -> Iterator:

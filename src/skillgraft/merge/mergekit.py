@@ -86,6 +86,27 @@ def mergekit_yaml(method: str, base: Path, models: list[Path], params: dict, glo
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
+def chosen_yamls(results: list[Scored], pretrained: str, finetuned: list[str]) -> dict[str, str]:
+    """``{method: mergekit YAML}`` of each mergekit method's dev-chosen configuration, on the user's own checkpoints:
+    what ``skillgraft merge`` saves as ``mergekit/<method>.yaml`` for re-use with ``mergekit-yaml``."""
+    out = {}
+    for s in results:
+        if s.method.startswith("mergekit ") and s.info.get("chosen_on_dev") and s.test:
+            method = s.method.removeprefix("mergekit ")
+            local = [Path(p) if Path(p).exists() else None for p in [pretrained, *finetuned]]
+            if any(p is None for p in local):  # hub names: mergekit takes them as they are
+                text = mergekit_yaml(method, Path(pretrained), [Path(p) for p in finetuned], s.info["parameters"],
+                                     s.info["global"]).replace(str(Path(pretrained).resolve()), pretrained)
+                for p in finetuned:
+                    text = text.replace(str(Path(p).resolve()), p)
+            else:
+                text = mergekit_yaml(method, local[0], local[1:], s.info["parameters"], s.info["global"])
+            out[method] = (f"# mergekit {method} at the configuration skillgraft merge chose on dev rows "
+                           f"({s.config});\n# skillgraft merged the bodies only (each task kept its own head): run "
+                           "as is on checkpoints\n# whose heads agree, e.g. `mergekit-yaml this.yaml merged/`\n" + text)
+    return out
+
+
 def run_mergekit(config: str, work: Path, seed: int) -> dict:
     """Run ``mergekit-yaml`` on ``config``; the merged tensors (the output folder is removed)."""
     from safetensors.torch import load_file  # noqa: PLC0415
@@ -193,7 +214,11 @@ class Mergekit(MergeMethod):
         dirs = [root / "base", *[root / f"ft{i}" for i in range(len(bench.names))]]
         scored: list[Scored] = []
         kept: dict[tuple[str, str], Path] = {}  # merged states that may still be scored on test, on disk
-        for method, label, params, global_params in mergekit_configs(options):
+        from tqdm.auto import tqdm  # noqa: PLC0415
+
+        configs = mergekit_configs(options)
+        for method, label, params, global_params in tqdm(configs, desc="mergekit grid", unit="merge", leave=False,
+                                                          disable=not getattr(bench, "progress", False)):
             s = Scored(f"mergekit {method}", label, info={"parameters": params, "global": global_params})
             try:
                 merged = self.runner(mergekit_yaml(method, dirs[0], dirs[1:], params, global_params), root,

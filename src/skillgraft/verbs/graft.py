@@ -189,18 +189,34 @@ def size_plot(rows: list[dict], path: Path, metric: str) -> None:
         if r["params"] and r["kind"] != "ft":
             kind = r["model"].split(" @ ")[0] if " @ " in r["model"] else "learned graft"
             groups.setdefault(kind, []).append((r["params"], r["score"]))
-    for kind, pts in groups.items():
+    # the reference lines (black, gray, brown) and the localizers (the rest of tab10) never share a colour
+    colours = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:pink", "tab:olive", "tab:cyan"]
+    for i, (kind, pts) in enumerate(groups.items()):
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=kind)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=kind, color=colours[i % len(colours)])
     for r in rows:
         if r["kind"] in ("ft", "head-only", "pre"):
-            ax.axhline(r["score"], ls="--", lw=1, color={"ft": "k", "head-only": "gray"}.get(r["kind"], "r"),
-                       label=r["model"])
+            ax.axhline(r["score"], ls={"pre": ":"}.get(r["kind"], "--"), lw=1,
+                       color={"ft": "k", "head-only": "gray"}.get(r["kind"], "tab:brown"), label=r["model"])
     ax.set_xscale("log")
     ax.set_xlabel("grafted parameters")
     ax.set_ylabel(metric)
     ax.legend(fontsize=7)
     save_figure(fig, path)
+
+
+def best_steps(best) -> str:
+    """``{"0.0001": 40, "0.001": 60}`` as a reader writes it: ``40 (budget 1e-4), 60 (budget 1e-3)``."""
+    if not isinstance(best, dict):
+        return str(best)
+
+    def label(key) -> str:
+        try:
+            return f"{float(key):g}"
+        except (TypeError, ValueError):
+            return str(key)
+
+    return ", ".join(f"{step} (budget {label(key)})" for key, step in best.items()) or "-"
 
 
 def report_markdown(metrics: dict) -> str:
@@ -220,7 +236,7 @@ def report_markdown(metrics: dict) -> str:
     if metrics["localizer"] == "learned" and "step_seconds" in loc:
         lines += [f"Localization: {cfg.get('steps')} steps, lr {cfg.get('lr', 0):g}, base patch "
                   f"{loc['base_size']:,} coordinates (sparsity {cfg.get('sparsity', 0):g}), "
-                  f"{loc['step_seconds']:.2f} s/step, best step {loc['best_step']}.", ""]
+                  f"{loc['step_seconds']:.2f} s/step, best step {best_steps(loc['best_step'])}.", ""]
     else:
         lines += [f"Localizer: {metrics['localizer']}.", ""]
     lines += [f"| model | params | density | {metric} | share of FT | gap closed | ECE | agreement w/ FT | file |",

@@ -99,7 +99,7 @@ def open_setup(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None, 
     return setup
 
 
-def task_graft(setup: Setup, m: ModelInput, spec: MergeSpec, options: Spec, store) -> Graft:
+def task_graft(setup: Setup, m: ModelInput, spec: MergeSpec, options: Spec, store, *, progress: bool = False) -> Graft:
     """The task's graft: the given one, or its region localized at ``spec.budget`` by ``spec.localizer`` with
     ``options`` (its own options spec; from the store when done)."""
     from skillgraft.pipeline.regions import learned_regions  # noqa: PLC0415
@@ -112,7 +112,7 @@ def task_graft(setup: Setup, m: ModelInput, spec: MergeSpec, options: Spec, stor
             spec.budget.fraction:
         options = options.replace(sparsity=spec.budget.fraction)  # γ_base of the budget's size (L&S's init)
     options = options.replace(budgets=[spec.budget])
-    regions, _ = learned_regions(setup, store, spec.localizer, options)
+    regions, _ = learned_regions(setup, store, spec.localizer, options, progress=progress)
     region = regions.get(spec.budget) or next(iter(regions.values()))
     meta = {"task": setup.task, "mode": setup.pre.mode, "localizer": spec.localizer, "budget": spec.budget.key,
             **setup.graft_metadata.to_dict()}
@@ -183,13 +183,16 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     chosen = [(m, m.options(spec)) for m in (methods or merge_methods()).values()]
     chosen = [(m, o) for m, o in chosen if m.active(o)]
     t0 = time.perf_counter()
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
     bench = MergeBench()
+    bench.progress = progress  # merge methods show their own long loops (mergekit's grid) when set
     ft = Scored("fine-tuned", "each task's own model")
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="skillgraft-merge-") as work:
         work = Path(work)
         reads_files = get_localizer(spec.localizer).reads_files
-        for m in inputs:  # one θ_ft in memory at a time
+        for m in tqdm(inputs, desc="load, score, localize", unit="model", disable=not progress):  # one θ_ft at a time
             bench.release_pre()  # the member's θ_pre gives the tensors back (share): loaded later when lean
             setup = open_setup(pretrained, m, spec, share_pre=bench.share, lean=m.graft is not None or reads_files)
             bench.add(m.name, setup, loader=_loader(setup, m.finetuned, spec.max_length))
@@ -203,13 +206,13 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             if len(bench.members) == 1:
                 for method, opts in chosen:
                     method.start(bench, opts, work)
-            bench.grafts[m.name] = task_graft(setup, m, spec, localize, store)
+            bench.grafts[m.name] = task_graft(setup, m, spec, localize, store, progress=progress)
             bench.release(m.name)
         t_loc = time.perf_counter() - t0
         results: list[Scored] = [ft, Scored("graft", f"each task's own graft ({spec.budget.label})")]
         results[1].dev, results[1].test = (bench.score(bench.grafted(lambda n: bench.grafts[n]), s)
                                            for s in ("dev", "test"))
-        for method, opts in chosen:
+        for method, opts in tqdm(chosen, desc="merge methods", unit="method", disable=not progress):
             t1 = time.perf_counter()
             results += method.rows(bench, opts, ft, work)
             seconds[method.name] = time.perf_counter() - t1
@@ -219,6 +222,11 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
                           "total": time.perf_counter() - t0}
     with atomic_dir(out, overwrite=overwrite) as tmp:
         write_outputs(tmp, bench, written)
+        from skillgraft.merge.mergekit import chosen_yamls  # noqa: PLC0415
+
+        for method, text in chosen_yamls(results, pretrained, [m.finetuned for m in inputs]).items():
+            (tmp / "mergekit").mkdir(exist_ok=True)
+            (tmp / "mergekit" / f"{method}.yaml").write_text(text)  # the dev-chosen config, for mergekit-yaml
         (tmp / "merge.json").write_text(json.dumps(summary, indent=2, default=float))
         write_csv(tmp / "results.csv", summary["rows"])
         (tmp / "report.md").write_text(report_markdown(summary))

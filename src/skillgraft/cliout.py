@@ -1,0 +1,196 @@
+"""What the command line prints, beside the parsing in cli.py: the consoles, the one-line error contract and
+``--json`` of every verb (:func:`friendly`), ``--version``, the --help panels, the localizer options' help and the
+region table of ``inspect`` at the terminal's width (issue 37)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from skillgraft.clierrors import one_line_error
+from skillgraft.clihelp import shown_default
+from skillgraft.clispec import Options
+
+# --help panels (clihelp.render): each option sits in one; options with none go to "Options", shown last
+MODEL, DATA, LOCALIZER, REPORT, KEEP, OUTPUT, TRAIN = ("Model", "Data", "Localizer", "Report",
+                                                       "Keep / frontier", "Output", "Training")
+
+
+
+console = Console(stderr=False, soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+_JSON = {"on": False}  # --json of the running verb: its report is one JSON document on stdout, nothing else there
+
+
+def friendly(fn):
+    """Turn SkillgraftError and I/O errors into one red line and exit code 2 (no traceback; docs/reliability.md);
+    give the verb ``--json`` (its human lines silenced, :func:`report`'s document printed instead).
+
+    ``SKILLGRAFT_DEBUG=1`` re-raises them with their traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _JSON["on"] = bool(kwargs.pop("json_output", False))
+        console.quiet = _JSON["on"]
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            line = one_line_error(e)
+            if line is None or os.environ.get("SKILLGRAFT_DEBUG") == "1":
+                raise
+            err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
+            raise typer.Exit(2) from None
+        finally:
+            console.quiet = False
+            _JSON["on"] = False
+
+    import inspect as _inspect  # noqa: PLC0415
+
+    sig = _inspect.signature(fn)
+    flag = _inspect.Parameter("json_output", _inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                              default=typer.Option(False, "--json", rich_help_panel=OUTPUT,
+                                                   help="print the report as one JSON document on stdout (for "
+                                                        "scripts; progress and warnings stay on stderr)"))
+    wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), flag])
+    return wrapper
+
+
+def plain(obj):
+    """``obj`` as JSON values: paths and other objects as text, NaN / ∞ as null, dataclasses as dicts."""
+    import dataclasses  # noqa: PLC0415
+    import math  # noqa: PLC0415
+
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return plain({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
+    if isinstance(obj, dict):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set)):
+        return [plain(v) for v in obj]
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if hasattr(obj, "item") and callable(obj.item):  # a NumPy / torch scalar
+        return plain(obj.item())
+    return str(obj)
+
+
+def report(obj) -> None:
+    """With --json: the verb's report, one JSON document on stdout."""
+    if _JSON["on"]:
+        import json  # noqa: PLC0415
+
+        typer.echo(json.dumps(plain(obj), indent=2))
+
+
+def warnings_to_console() -> None:
+    def show(message, category, filename, lineno, file=None, line=None):
+        err.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False)
+
+    warnings.showwarning = show
+
+
+warnings_to_console()
+
+
+def print_version(value: bool) -> None:
+    """``--version``: print the installed version and exit."""
+    if value:
+        from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+        try:
+            v = version("skillgraft")
+        except PackageNotFoundError:  # pragma: no cover - run from a source tree without installing
+            v = "unknown"
+        console.print(f"skillgraft {v}")
+        raise typer.Exit()
+
+
+def localizer_flags(flags, skip: tuple[str, ...] = (), panel: str = "Localizer (defaults: learned's)") -> Options:
+    """Every localizer's options for --help: each with its own help, the localizers that take it when only one or
+    two do, and the default of ``learned`` (the default localizer; another's: ``skillgraft localizers NAME``)."""
+    from skillgraft.graft.localizers import LOCALIZERS  # noqa: PLC0415
+
+    owners: dict[str, list[str]] = {}
+    texts: dict[str, str] = {}
+    defaults: dict[str, dict] = {}
+    for name, loc in LOCALIZERS.items():
+        resolved = loc.Options.build({})  # validators fill derived defaults (e.g. lr from relaxation × optimizer)
+        for field, info in loc.Options.model_fields.items():
+            owners.setdefault(field, []).append(name)
+            texts.setdefault(field, info.description or "")
+            defaults.setdefault(name, {})[field] = getattr(resolved, field, None)
+    helps, shown = {}, {}
+    for field in flags.model_fields:
+        who = owners.get(field, [])
+        scope = f" (only {' and '.join(who)})" if len(who) <= 2 and len(who) < len(LOCALIZERS) else ""
+        helps[field] = texts.get(field, "") + scope
+        source = "learned" if "learned" in who else (who[0] if who else None)
+        value = shown_default(defaults.get(source, {}).get(field)) if source else None
+        if value is None and "default" not in texts.get(field, ""):
+            value = "none"
+        if value is not None:
+            shown[field] = value if source == "learned" else f"{value} ({source})"
+    return Options(flags, skip=skip, help=helps, shown=shown, panel=panel)
+
+
+def short(module_type: str) -> str:
+    """A module type in a few characters: ``attn.query`` → ``a.query``, ``ffn.intermediate`` → ``f.in``."""
+    for long, short in (("attn.", "a."), ("ffn.", "f."), ("intermediate", "in"), ("output", "out"),
+                        ("layernorm", "norm"), ("embeddings", "emb")):
+        module_type = module_type.replace(long, short)
+    return module_type
+
+
+def region_table(dist: dict, width: int) -> list:
+    """Where a region sits, readable at ``width`` columns: a table of layers × module types (biases summed into
+    one column), or, when even that is wider, one line per layer listing its non-zero module types."""
+    weights = [c for c in dist["module_types"] if not c.endswith("(bias)")]
+    cols = [*weights, "bias", "total"]
+    rows = []
+    for layer, row in dist["table"].items():
+        cells = {c: row.get(c, 0) for c in weights}
+        cells["bias"] = sum(v for c, v in row.items() if c.endswith("(bias)"))
+        cells["total"] = sum(row.values())
+        rows.append((layer, cells))
+    headers = {c: short(c) for c in cols}
+    need = max([len("layer"), *(len(r[0]) for r in rows)]) + 1
+    need += sum(max([len(headers[c]), *(len(f"{r[1][c]:,}") for r in rows)]) + 1 for c in cols)
+    if need <= width:
+        table = Table(title="region by layer × module type (coordinates)", box=None, pad_edge=False,
+                      padding=(0, 0, 0, 1), title_justify="left")
+        table.add_column("layer", no_wrap=True)
+        for c in cols:
+            table.add_column(headers[c], justify="right", no_wrap=True)
+        for layer, cells in rows:
+            table.add_row(layer, *[f"{cells[c]:,}" for c in cols])
+        return [table]
+    out = ["region by layer (coordinates per module type)"]
+    for layer, cells in rows:
+        parts = [f"{short(c)} {cells[c]:,}" for c in [*weights, "bias"] if cells[c]]
+        out.append(f"{layer}: {cells['total']:,} — {', '.join(parts) or 'none'}")
+    return out
+
+
+def print_keep(result: dict) -> None:
+    """One line per keep target (size found, selection and test shares, cost) and per frontier keep density."""
+    keep = result.get("keep")
+    from skillgraft.pipeline.keep import keep_line  # noqa: PLC0415
+
+    for t in (keep or {}).get("targets", []):
+        console.print(keep_line(t))
+    if keep:
+        console.print(f"keep selection split: {escape(keep['selection'])}")
+    for k in (result.get("frontier") or {}).get("keep", []):
+        need = f"density {k['density']:.2e}" if k["reached"] else f"not reached (best {k['best_share']:.3f})"
+        bound = "" if k.get("bound") is None else f", {k['confidence']:.0%} lower bound {k['bound']:.3f}"
+        console.print(f"frontier {escape(k['method'])} keep {k['target']:g}: {need}{bound}, test share "
+                      f"{k['test_share']:.3f}")

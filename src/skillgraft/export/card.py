@@ -1,0 +1,51 @@
+"""The model card (README.md) of a PEFT SHiRA adapter: how to load it with plain transformers + peft (with a
+classifier's labels: num_labels, id2label, label2id) and what each route stored (docs/export.md)."""
+
+from __future__ import annotations
+
+from skillgraft.export.base import HEAD_FILE
+
+
+def peft_readme(summary: dict, model_class: str) -> str:
+    routes = summary["routes"]
+    labels = summary.get("labels")
+    if labels:
+        id2label = {int(k): v for k, v in labels["id2label"].items()}
+        load = (f"{model_class}.from_pretrained({summary['base_model']!r}, num_labels={labels['num_labels']}, "
+                f"id2label={id2label!r}, label2id={ {v: k for k, v in id2label.items()}!r})")
+    else:
+        load = f"{model_class}.from_pretrained({summary['base_model']!r})"
+    lines = [
+        "---", "library_name: peft", f"base_model: {summary['base_model']}", "tags: [skillgraft, shira]", "---", "",
+        "# skillgraft graft as a PEFT SHiRA adapter", "",
+        "Load with plain transformers + peft:", "", "```python", "from peft import PeftModel",
+        f"from transformers import {model_class}", "", f"base = {load}",
+        'model = PeftModel.from_pretrained(base, "path/to/this/folder")  # merge_and_unload(): the grafted weights',
+        "```",
+        "",]
+    if labels:
+        lines += [f"A sequence classifier with {labels['num_labels']} labels: "
+                  + ", ".join(f"{k} = {v}" for k, v in sorted(id2label.items()))
+                  + ". Pass num_labels / id2label as above: the base's own config does not know them (without "
+                  "them transformers builds a 2-label head named LABEL_0, LABEL_1).", ""]
+    lines += [
+        f"- graft coordinates: {summary['coordinates']:,}",
+        f"- SHiRA entries: {routes['shira']['coordinates']:,} grafted + {routes['shira']['padding_entries']:,} "
+        f"zero padding (r={routes['shira']['r']})",
+        f"- modules stored whole (modules_to_save): {len(routes['modules_to_save']['modules'])} holding "
+        f"{routes['modules_to_save']['coordinates']:,} graft coordinates in "
+        f"{routes['modules_to_save']['stored_parameters']:,} stored parameters",
+    ]
+    if routes["tensors"]["tensors"]:
+        lines += [f"- tensors stored whole: {len(routes['tensors']['tensors'])} holding "
+                  f"{routes['tensors']['coordinates']:,} graft coordinates in "
+                  f"{routes['tensors']['stored_parameters']:,} parameters. peft loads them into the base model "
+                  "itself (as it does LoRA's bias='all'): disabling or unloading the adapter does not undo them."]
+    if summary["replace_pairs"]:
+        lines += [f"- {summary['replace_pairs']:,} coordinates no single fp32 addition reaches are written as two "
+                  "entries at the same position, -θ_pre then θ_ft (PyTorch adds duplicate COO entries in turn)."]
+    if routes.get("head"):
+        lines += ["", f"**Not a complete classifier.** The adapter outputs the base model's hidden states. The task "
+                  f"head ({routes['head']['parameters']:,} parameters) is in `{HEAD_FILE}`: "
+                  f"logits = pool(last_hidden_state) @ weight.T + bias, pooling `{routes['head']['pooling']}`."]
+    return "\n".join(lines) + "\n"
