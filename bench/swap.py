@@ -137,27 +137,17 @@ def build(kind: str, density: float):
     if kind == "gemma":  # the real google/gemma-3-270m (fp32, dequantized from its GGUF: `make gemma`)
         from skillgraft.models.loading import model_reference
 
-        folder = model_reference("gemma-3-270m").path
-        pre = AutoModelForCausalLM.from_pretrained(folder).eval()
-        names = [n for n, _ in pre.named_parameters() if n.startswith("model.layers.") or n == "model.norm.weight"]
-        grafts = []
-        for seed in (1, 2):
-            ft = perturbed(pre, seed, 1e-2)
-            region = top_delta_region(pre, ft, names, density)
-            fp = dict(ft.named_parameters())
-            values = {n: fp[n].detach().reshape(-1)[i].clone() for n, i in region.indices.items()}
-            grafts.append(Graft(region, values, {}, "gemma-3-270m", cached_fingerprint(pre), {"skill": seed}))
-            del ft, fp
-            gc.collect()
-        total = sum(p.numel() for p in pre.parameters())
-        body = sum(pre.get_parameter(n).numel() for n in names)
+        pre = AutoModelForCausalLM.from_pretrained(model_reference("gemma-3-270m").path).eval()
+        base, what = "gemma-3-270m", "google/gemma-3-270m (fp32"
 
         def reload(folder):
             return AutoModelForCausalLM.from_pretrained(folder)
+    else:
+        pre = LlamaForCausalLM(LlamaConfig(**LLAMA)).to(torch.bfloat16).eval()
+        base, what = "random-llama", "random Llama (bf16"
 
-        return pre, grafts, pre, ["q_proj", "v_proj"], reload, \
-            f"google/gemma-3-270m (fp32, {total / 1e6:.1f}M parameters, body {body / 1e6:.1f}M in {len(names)} tensors)"
-    pre = LlamaForCausalLM(LlamaConfig(**LLAMA)).to(torch.bfloat16).eval()
+        def reload(folder):
+            return LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.bfloat16)
     names = [n for n, _ in pre.named_parameters() if n.startswith("model.layers.") or n == "model.norm.weight"]
     grafts = []
     for seed in (1, 2):
@@ -165,17 +155,13 @@ def build(kind: str, density: float):
         region = top_delta_region(pre, ft, names, density)
         fp = dict(ft.named_parameters())
         values = {n: fp[n].detach().reshape(-1)[i].clone() for n, i in region.indices.items()}
-        grafts.append(Graft(region, values, {}, "random-llama", cached_fingerprint(pre), {"skill": seed}))
+        grafts.append(Graft(region, values, {}, base, cached_fingerprint(pre), {"skill": seed}))
         del ft, fp
         gc.collect()
     total = sum(p.numel() for p in pre.parameters())
     body = sum(pre.get_parameter(n).numel() for n in names)
-
-    def reload(folder):
-        return LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.bfloat16)
-
     return pre, grafts, pre, ["q_proj", "v_proj"], reload, \
-        f"random Llama (bf16, {total / 1e6:.1f}M parameters, body {body / 1e6:.1f}M in {len(names)} tensors)"
+        f"{what}, {total / 1e6:.1f}M parameters, body {body / 1e6:.1f}M in {len(names)} tensors)"
 
 
 def lora_rank(model, targets: list[str], size: int) -> tuple[int, int]:
