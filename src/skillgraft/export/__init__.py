@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from skillgraft.errors import SkillgraftError
+from skillgraft.registry import Registry
 from skillgraft.export.base import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, DELTA_FILE, HEAD_FILE, SUMMARY_FILE, ExportSpec,
                                     Exporter, _head_file, exact_delta, graft_task, load_graft_base)
 from skillgraft.export.delta import Delta, export_delta
@@ -21,27 +21,10 @@ from skillgraft.export.peft import (Peft, apply_entries, export_peft, graft_from
                                     read_graft_or_adapter, shira_entries)
 from skillgraft.graft.graft import Graft
 
-EXPORTERS: dict[str, Exporter] = {}
-
-
-def register_exporter(name: str, *, replace: bool = False):
-    """Class decorator: register an :class:`Exporter` subclass as ``--to name``."""
-    def add(cls: type[Exporter]) -> type[Exporter]:
-        if not (isinstance(cls, type) and issubclass(cls, Exporter)):
-            raise SkillgraftError(f"exporter {name!r} must be an Exporter subclass, got {cls!r}")
-        if name in EXPORTERS and not replace:
-            raise SkillgraftError(f"an exporter named {name!r} is already registered")
-        cls.name = name
-        EXPORTERS[name] = cls()
-        return cls
-    return add
-
-
-def get_exporter(name: str) -> Exporter:
-    """The registered exporter ``name`` (a clear error listing the known names otherwise)."""
-    if name not in EXPORTERS:
-        raise SkillgraftError(f"unknown export target {name!r}; known: {', '.join(EXPORTERS)}")
-    return EXPORTERS[name]
+_REGISTRY: Registry[Exporter] = Registry(Exporter, "exporter", article="an", lookup="export target")
+EXPORTERS: dict[str, Exporter] = _REGISTRY.members
+register_exporter = _REGISTRY.register  # class decorator: register a Exporter subclass under a name
+get_exporter = _REGISTRY.get  # the registered member of that name (an error listing the known names)
 
 
 def export_graft(graft: Graft, out: str | os.PathLike, spec: ExportSpec | None = None, base=None) -> dict:

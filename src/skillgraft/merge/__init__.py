@@ -10,32 +10,15 @@ registered methods with mergekit's runner replaced (tests inject a fake instead 
 
 from __future__ import annotations
 
-from skillgraft.errors import SkillgraftError
+from skillgraft.registry import Registry
 from skillgraft.merge.base import Bench, MergeMethod, Scored
 from skillgraft.merge.mergekit import METHODS as MERGEKIT_METHODS, Mergekit, MergekitOptions, Runner
 from skillgraft.merge.stitch import RULES, Rule, Stitch, StitchOptions
 
-MERGE_METHODS: dict[str, MergeMethod] = {}
-
-
-def register_merge_method(name: str, *, replace: bool = False):
-    """Class decorator: register a :class:`MergeMethod` subclass under ``name``."""
-    def add(cls: type[MergeMethod]) -> type[MergeMethod]:
-        if not (isinstance(cls, type) and issubclass(cls, MergeMethod)):
-            raise SkillgraftError(f"merge method {name!r} must be a MergeMethod subclass, got {cls!r}")
-        if name in MERGE_METHODS and not replace:
-            raise SkillgraftError(f"a merge method named {name!r} is already registered")
-        cls.name = name
-        MERGE_METHODS[name] = cls()
-        return cls
-    return add
-
-
-def get_merge_method(name: str) -> MergeMethod:
-    """The registered merge method ``name`` (a clear error listing the known names otherwise)."""
-    if name not in MERGE_METHODS:
-        raise SkillgraftError(f"unknown merge method {name!r}; known: {', '.join(MERGE_METHODS)}")
-    return MERGE_METHODS[name]
+_REGISTRY: Registry[MergeMethod] = Registry(MergeMethod, "merge method")
+MERGE_METHODS: dict[str, MergeMethod] = _REGISTRY.members
+register_merge_method = _REGISTRY.register  # class decorator: register a MergeMethod subclass under a name
+get_merge_method = _REGISTRY.get  # the registered member of that name (an error listing the known names)
 
 
 def merge_methods(*, mergekit_runner: Runner | None = None) -> dict[str, MergeMethod]:

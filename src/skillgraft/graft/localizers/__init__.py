@@ -17,6 +17,7 @@ from typing import NamedTuple
 from pydantic import Field, create_model
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.registry import Registry
 from skillgraft.graft.localizers.base import Localization, Localizer, LocalizerOptions
 from skillgraft.graft.localizers.bias import Bias
 from skillgraft.graft.localizers.fish import Fish, FishOptions
@@ -28,27 +29,10 @@ from skillgraft.graft.localizers.relaxed import (HardConcrete, LearnedAdam, Lear
 from skillgraft.graft.localizers.saliency import Saliency, SaliencyOptions
 from skillgraft.spec import Spec
 
-LOCALIZERS: dict[str, Localizer] = {}
-
-
-def register_localizer(name: str, *, replace: bool = False):
-    """Class decorator: register a :class:`Localizer` subclass under ``name``."""
-    def add(cls: type[Localizer]) -> type[Localizer]:
-        if not (isinstance(cls, type) and issubclass(cls, Localizer)):
-            raise SkillgraftError(f"localizer {name!r} must be a Localizer subclass, got {cls!r}")
-        if name in LOCALIZERS and not replace:
-            raise SkillgraftError(f"a localizer named {name!r} is already registered")
-        cls.name = name
-        LOCALIZERS[name] = cls()
-        return cls
-    return add
-
-
-def get_localizer(name: str) -> Localizer:
-    """The registered localizer ``name`` (a clear error listing the known names otherwise)."""
-    if name not in LOCALIZERS:
-        raise SkillgraftError(f"unknown localizer {name!r}; known: {', '.join(LOCALIZERS)}")
-    return LOCALIZERS[name]
+_REGISTRY: Registry[Localizer] = Registry(Localizer, "localizer")
+LOCALIZERS: dict[str, Localizer] = _REGISTRY.members
+register_localizer = _REGISTRY.register  # class decorator: register a Localizer subclass under a name
+get_localizer = _REGISTRY.get  # the registered member of that name (an error listing the known names)
 
 
 def options_table(name: str) -> list[tuple[str, str, str]]:
