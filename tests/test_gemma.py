@@ -135,7 +135,7 @@ def test_merge_two_gemma_fine_tunes(gemma_run, tiny_models, toy_data, tmp_path):
     out = tmp_path / "merged"
     cli("merge", "--pretrained", tiny_models["gemma3"], "--finetuned", gemma_run / "ft" / "model", "--finetuned",
         tmp_path / "ft2" / "model", "--data", data, "--data", data, "--mode", "causal", "--localizer", "movement",
-        "--budget", "0.02", "--mergekit", "", "--stitch-scales", "1.0", "--out", out)
+        "--budgets", "0.02", "--mergekit", "", "--stitch-scales", "1.0", "--out", out)
     summary = json.loads((out / "merge.json").read_text())
     assert summary["mode"] == "causal" and summary["rows"]
     merged = transformers.AutoModelForCausalLM.from_pretrained(out / "model")

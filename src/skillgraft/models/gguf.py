@@ -16,6 +16,7 @@ transformers can read its architecture.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -145,6 +146,14 @@ def converted_base(name: str) -> str:
 
 
 def _sha256(path: Path) -> str:
+    """The file's sha256, hashed once per (path, size, modification time) in a process (model_reference runs
+    for every store key and every load; a 250 MB file takes about a second)."""
+    st = path.stat()
+    return _sha256_of(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
     import hashlib  # noqa: PLC0415
 
     digest = hashlib.sha256()
@@ -175,12 +184,14 @@ def _say(message: str) -> None:
 def converted_folder(gguf_path: str | os.PathLike, *, label: str | None = None) -> Path:
     """The dequantized safetensors folder of ``gguf_path`` in the store, converting it on first use."""
     path = Path(gguf_path)
-    info = inspect_gguf(path)
+    if not path.is_file():
+        raise SkillgraftError(f"{path}: GGUF file not found")
     sha256 = _sha256(path)
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", label or path.stem).strip("-")[:40] or "model"
     folder = store_root() / f"gguf-{slug}-{sha256[:16]}"
-    if (folder / SOURCE_FILE).is_file():
+    if (folder / SOURCE_FILE).is_file():  # converted before: the same content was checked then
         return folder
+    info = inspect_gguf(path)  # checked before any work
     with _locked(store_root() / f".gguf-{sha256[:16]}.lock"):
         if not (folder / SOURCE_FILE).is_file():  # (or converted by another process meanwhile)
             _materialize(path, folder, info, sha256, str(path))
