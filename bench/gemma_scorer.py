@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -144,8 +145,8 @@ def main() -> int:
         for way in ("old", "scorer", "minimal"):
             cmd = [sys.executable, __file__, "--one", f"{way}:{kind}", "--batch", str(args.batch), "--repeats",
                    str(args.repeats), "--threads", str(args.threads)]
-            r = subprocess.run(cmd, capture_output=True, text=True, env={"OMP_NUM_THREADS": str(args.threads),
-                                                                         **__import__("os").environ})
+            r = subprocess.run(cmd, capture_output=True, text=True,
+                               env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})  # --threads wins
             if r.returncode:
                 print(r.stderr[-3000:], file=sys.stderr)
                 return 1
