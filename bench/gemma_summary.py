@@ -1,0 +1,125 @@
+"""Issue 33: the Gemma-3-270M rows of docs/fidelity.md, read from the store the Gemma recipes filled.
+
+Every finished (task, seed) of ``bench/fidelity/gemma-table2-{a,b}.yaml`` / ``gemma-fig5.yaml`` is a store entry
+("paper-rows", and "paper-ood-rows" per OOD set) whatever run wrote it, so this script reads those entries — not a
+run folder, which is written only when its whole recipe ends — and prints, per task (mean over the seeds found):
+
+* Table 2 / 9: pre-trained, FT and each localizer at each budget — accuracy, share of FT (acc / acc_FT), gap closed
+  from the pre-trained model ((acc − acc_pre) / (acc_FT − acc_pre)), ECE, agreement with FT;
+* the pooled mean over tasks of share of FT and gap closed per localizer × budget (the headline rows);
+* OOD (Tables 3 / 7): per source → target, the same columns;
+* Fig. 5: the rows of each fine-tuning label (SGD / AdamW / AdamW+L1) when ``gemma-fig5.yaml`` has run.
+
+    python bench/gemma_summary.py [--store /work/store] [--pretrained-digest 33a105a337b0def8] [--json OUT]
+
+Only entries of the converted Gemma (its model digest, printed by ``--list``) at causal mode are read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+from statistics import mean
+
+COLUMNS = ("accuracy", "share_of_ft", "gap_closed", "ece", "agreement")
+
+
+def entries(store: Path, kind: str, digest: str | None) -> list[tuple[dict, list[dict]]]:
+    """(key, rows) of every finished ``kind`` entry in causal mode (of the model ``digest`` if given)."""
+    out = []
+    for folder in sorted(store.glob(f"{kind}-*")):
+        key_file, rows_file = folder / "key.json", folder / "rows.json"
+        if not (key_file.is_file() and rows_file.is_file()):
+            continue
+        key = json.loads(key_file.read_text())
+        setup = key.get("setup", {})
+        if setup.get("mode") != "causal" or (digest and setup.get("pretrained") != digest):
+            continue
+        out.append((key, json.loads(rows_file.read_text())["rows"]))
+    return out
+
+
+def fmt(x) -> str:
+    return "–" if x is None else f"{x:.3f}"
+
+
+def table(rows: list[dict], group: tuple[str, ...]) -> list[dict]:
+    """Mean of COLUMNS per ``group`` + model (first over seeds within a task, then as given)."""
+    acc: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        acc[(*(r.get(g) for g in group), r["model"])].append(r)
+    out = []
+    for k, rs in acc.items():
+        row = dict(zip((*group, "model"), k, strict=True))
+        row["seeds"] = sorted({r["seed"] for r in rs})
+        for c in COLUMNS:
+            vals = [r[c] for r in rs if r.get(c) is not None]
+            row[c] = mean(vals) if vals else None
+        out.append(row)
+    return out
+
+
+def markdown(rows: list[dict], group: tuple[str, ...]) -> str:
+    head = [*group, "model", "seeds", *COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [str(r[g]) for g in group] + [r["model"], ",".join(map(str, r["seeds"]))]
+        cells += [fmt(r[c]) for c in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def pooled(rows: list[dict]) -> list[dict]:
+    """Per model: mean over tasks of each task's seed mean (tasks weigh alike, as the paper averages)."""
+    per_task = table(rows, ("task",))
+    by_model: dict[str, list[dict]] = defaultdict(list)
+    for r in per_task:
+        by_model[r["model"]].append(r)
+    out = []
+    for model, rs in by_model.items():
+        row = {"model": model, "seeds": sorted({s for r in rs for s in r["seeds"]}),
+               "tasks": sorted(r["task"] for r in rs)}
+        for c in COLUMNS:
+            vals = [r[c] for r in rs if r[c] is not None]
+            row[c] = mean(vals) if vals else None
+        out.append(row)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--store", type=Path, default=Path("/work/store"))
+    ap.add_argument("--pretrained-digest", default=None, help="only entries of this base (default: any causal)")
+    ap.add_argument("--json", type=Path, default=None, help="also write every table as JSON here")
+    a = ap.parse_args()
+
+    table2 = [r for _, rows in entries(a.store, "paper-rows", a.pretrained_digest) for r in rows]
+    main_rows = [r for r in table2 if not r.get("finetune")]
+    fig5 = [r for r in table2 if r.get("finetune")]
+    ood = [r for _, rows in entries(a.store, "paper-ood-rows", a.pretrained_digest) for r in rows]
+    found = sorted({(r["task"], r["seed"]) for r in main_rows})
+    print(f"Table 2 cells found (task, seed): {found}\n")
+    per_task = table(main_rows, ("task",))
+    print(markdown(per_task, ("task",)), "\n")
+    pool = pooled(main_rows)
+    tasks = sorted({r["task"] for r in main_rows})
+    print(f"Pooled over {len(tasks)} tasks ({', '.join(tasks)}):\n")
+    print(markdown(pool, ()), "\n")
+    ood_t = table(ood, ("source", "eval"))
+    if ood_t:
+        print("OOD:\n")
+        print(markdown(ood_t, ("source", "eval")), "\n")
+    fig5_t = table(fig5, ("task", "finetune"))
+    if fig5_t:
+        print("Fig. 5:\n")
+        print(markdown(fig5_t, ("task", "finetune")), "\n")
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps({"cells": found, "per_task": per_task, "pooled": pool, "ood": ood_t,
+                                      "fig5": fig5_t}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
