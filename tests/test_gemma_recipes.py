@@ -114,6 +114,74 @@ def test_every_gemma_recipe_runs_tiny(path, tiny_gemma, gemma_data, tmp_path):
                 assert {"loss", "loss_recovered", "exact_match", "token_accuracy", "ece", "agreement"} <= set(r)
         assert "loss drop recovered" in report
     assert (out / "summary.csv").is_file()
+    if values["recipe"] in ("paper", "generative"):
+        check_diagnostics(path, over, spec, tmp_path)
+
+
+def check_diagnostics(path: Path, over: dict, spec, tmp_path: Path) -> None:
+    """bench/gemma_diagnostics.py on the run's first draw, from the run's store: its numbers recomputed here."""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gemma_diagnostics as gd
+
+    task, seed = spec.tasks[0], spec.seeds[0]
+    extra = ["--finetune", "AdamW"] if getattr(spec, "finetunes", None) else []
+    args = [str(path), "--cache", str(tmp_path / "cache"), "--override", json.dumps(over), "--tasks", task,
+            "--seeds", str(seed), "--fractions", "1e-3,1e-2", "--out-dir", str(tmp_path / "diag"), "--name", "d", *extra]
+    assert gd.main(args) == 0
+    draw = json.loads((tmp_path / "diag" / "gemma_diagnostics-d.json").read_text())["draws"][0]
+    assert (draw["task"], draw["seed"]) == (spec.tasks[0], seed) and (tmp_path / "diag" / "gemma_diagnostics-d.md").is_file()
+    name, spec2 = gd.open_spec(str(path), over)
+    if extra:
+        spec2 = spec2.replace(finetune=spec2.finetune_of("AdamW").to_dict())
+    from skillgraft.pipeline.store import Store
+    from skillgraft.pipeline.variants import universe
+
+    setup = gd.open_setup(name, spec2, Store(tmp_path / "cache"), task, seed)
+
+    pre, ft = dict(setup.pre.named_parameters()), dict(setup.ft.named_parameters())
+    delta = torch.cat([(ft[n] - pre[n]).detach().double().reshape(-1) for n in universe(setup.pre)])
+    base = torch.cat([pre[n].detach().double().reshape(-1) for n in universe(setup.pre)])
+    assert draw["relative"]["all:body"]["rel_norm"] == pytest.approx(float(delta.norm() / base.norm()), rel=1e-6)
+    for label, fraction in (("0.001", 1e-3), ("0.01", 1e-2)):
+        top = draw["top_mass"][label]
+        kept = delta.abs().topk(top["entries"]).values.sum() / delta.abs().sum()
+        assert top["entries"] == round(fraction * delta.numel()) and top["share_of_abs_delta"] == pytest.approx(
+            float(kept), rel=1e-6)
+        assert sum(draw["top_layout"][label]["layer"].values()) == pytest.approx(1.0)
+    learned = draw["learned"]  # the reference localizer's regions were in the store (the run made them)
+    assert set(learned) == {b.label for b in spec.budgets}
+    assert all(0.0 <= v["overlap_with_top"] <= 1.0 and sum(v["module"].values()) == pytest.approx(1.0)
+               for v in learned.values())
+    know = draw["knowledge"]
+    assert set(know) == {"pre-trained:dev", "pre-trained:test", "fine-tuned:dev", "fine-tuned:test"}
+    assert know["pre-trained:test"]["n"] == len(setup.test)
+    assert all(0.0 < v["label_mass"] <= 1.0 and 0.0 <= v["accuracy"] <= 1.0 for v in know.values())
+
+
+def test_diagnostics_refuse_what_the_store_lacks(tiny_gemma, gemma_data, tmp_path, capsys):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gemma_diagnostics as gd
+
+    path = ROOT / "bench" / "fidelity" / "gemma-table2-a.yaml"
+    over = json.dumps(tiny_overrides(yaml.safe_load(path.read_text()), tiny_gemma, gemma_data))
+    out = tmp_path / "diag"
+    for args, message in (([str(path), "--cache", str(tmp_path / "empty"), "--override", over],
+                           "holds no fine-tuning of SST-2"),
+                          ([str(ROOT / "bench" / "fidelity" / "gemma-surgical.yaml")], "has no grafts to diagnose"),
+                          ([str(path), "--override", over, "--tasks", "ag_news"], "not among the recipe's tasks"),
+                          ([str(path), "--override", over, "--finetune", "AdamW"], "not among the recipe's finetunes"),
+                          ([str(path), "--fractions", "2"], "fractions in (0, 1]")):
+        assert gd.main([*args, "--out-dir", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()  # nothing written, nothing trained
+    assert not (tmp_path / "empty").exists() or not any((tmp_path / "empty").iterdir())
 
 
 # ---------------------------------------------------------------------------------------------- the generative recipe
@@ -209,4 +277,4 @@ def test_the_fine_tuning_loss_of_a_generative_scorer_is_its_completion_loss(tiny
     out = scorer(**batch)
     assert out.shape == (len(data.train),)
     assert torch.allclose(objective(scorer, out, labels), scorer.loss({**batch, "labels": labels}))
-    assert math.isfinite(float(objective(scorer, out, labels)))
+    assert math.isfinite(float(objective(scorer, out, labels).detach()))

@@ -146,11 +146,17 @@ def pair_data(spec: GenerativeSpec, task: str, seed: int) -> tuple[FewShotData, 
     return data, pairs
 
 
-def generative_setup(spec: GenerativeSpec, run: RunDir, task: str, seed: int, timing: dict) -> tuple[Setup, dict]:
-    """θ_pre and θ_ft (SFT on the pairs; the store's "generative-ft" entry) on one draw, and FT's training record."""
+def generative_setup(spec: GenerativeSpec, run: RunDir, task: str, seed: int, timing: dict, *,
+                     stored_only: bool = False) -> tuple[Setup, dict]:
+    """θ_pre and θ_ft (SFT on the pairs; the store's "generative-ft" entry) on one draw, and FT's training record.
+    ``stored_only``: refuse (one line) when the store does not hold the fine-tuning, instead of training it."""
     data, pairs = pair_data(spec, task, seed)
     data_spec = spec.data_spec(task, seed)
     key = {**draw_key(spec.model_spec(), data_spec), "pairs": pairs, "finetune": spec.finetune.to_dict()}
+    label = f"{data.task.name}-{data.k}-{seed}-generative"
+    if stored_only and run.store.get("generative-ft", key, label) is None:
+        raise SkillgraftError(f"the store {run.store.root} holds no generative fine-tuning of {data.task.name} "
+                              f"(k {data.k}, seed {seed}) with these settings: run the recipe first")
 
     def pre_scorer() -> Scorer:
         return build_scorer(spec.model, data.task, "generative", max_length=spec.max_length).eval()
@@ -168,7 +174,7 @@ def generative_setup(spec: GenerativeSpec, run: RunDir, task: str, seed: int, ti
         holder["ft"] = res.model
 
     t0 = time.perf_counter()
-    entry = run.store.fetch("generative-ft", key, make, label=f"{data.task.name}-{data.k}-{seed}-generative")
+    entry = run.store.fetch("generative-ft", key, make, label=label)
     record = read_json(entry / "metrics.json", required=("trainable_parameters",), what="stored SFT metrics")
     ft = holder.get("ft") or Scorer.from_pretrained(entry / "model", task=data.task).eval()
     timing["fine-tuning"] = round(time.perf_counter() - t0, 1)
