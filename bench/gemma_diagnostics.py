@@ -185,9 +185,10 @@ def markdown(results: list[dict], command: str) -> str:
     for r in results:
         lines += [f"## {r['task']} seed {r['seed']} (k {r['k']}, {r['mode']} mode)", ""]
         body = r["relative"]["all:body"]
+        shares = ", ".join(f"{b} ({v['entries']:,} entries): {_pct(v['share_of_abs_delta'])}%"
+                           for b, v in r["top_mass"].items())
         lines += [f"‖Δ‖/‖θ_pre‖ over the body ({body['params']:,} entries): {body['rel_norm']:.2e}. Share of Σ|Δ| in "
-                  "the top entries by |Δ|: " + ", ".join(f"{b} ({v['entries']:,} entries): {_pct(v['share_of_abs_delta'])}%"
-                                                         for b, v in r["top_mass"].items()) + ".", ""]
+                  f"the top entries by |Δ|: {shares}.", ""]
         budgets = list(r["top_layout"])
         learned = r["learned"] or {}
         for kind in ("layer", "module"):

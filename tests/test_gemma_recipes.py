@@ -55,8 +55,8 @@ def tiny_overrides(values: dict, model: Path, data: Path) -> dict:
     if "budgets" in values:
         over["budgets"] = [float(b) * SCALE for b in values["budgets"]]
     if "localizers" in values:
-        over["localizers"] = [{**loc, "options": {**loc.get("options", {}),
-                                                  **({"steps": 2, "eval_every": 1} if loc["name"] == "learned" else {})}}
+        short = {"steps": 2, "eval_every": 1}
+        over["localizers"] = [{**loc, "options": {**loc.get("options", {}), **(short if loc["name"] == "learned" else {})}}
                               for loc in values["localizers"]]
     if values["recipe"] == "surgical":
         over["fisher"] = {**values.get("fisher", {}), "n_examples": 4}
@@ -129,11 +129,12 @@ def check_diagnostics(path: Path, over: dict, spec, tmp_path: Path) -> None:
 
     task, seed = spec.tasks[0], spec.seeds[0]
     extra = ["--finetune", "AdamW"] if getattr(spec, "finetunes", None) else []
-    args = [str(path), "--cache", str(tmp_path / "cache"), "--override", json.dumps(over), "--tasks", task,
-            "--seeds", str(seed), "--fractions", "1e-3,1e-2", "--out-dir", str(tmp_path / "diag"), "--name", "d", *extra]
+    args = [str(path), "--cache", str(tmp_path / "cache"), "--override", json.dumps(over), "--tasks", task, "--seeds",
+            str(seed), "--fractions", "1e-3,1e-2", "--out-dir", str(tmp_path / "diag"), "--name", "d", *extra]
     assert gd.main(args) == 0
     draw = json.loads((tmp_path / "diag" / "gemma_diagnostics-d.json").read_text())["draws"][0]
-    assert (draw["task"], draw["seed"]) == (spec.tasks[0], seed) and (tmp_path / "diag" / "gemma_diagnostics-d.md").is_file()
+    assert (draw["task"], draw["seed"]) == (spec.tasks[0], seed)
+    assert (tmp_path / "diag" / "gemma_diagnostics-d.md").is_file()
     name, spec2 = gd.open_spec(str(path), over)
     if extra:
         spec2 = spec2.replace(finetune=spec2.finetune_of("AdamW").to_dict())
@@ -239,7 +240,8 @@ def test_generative_pairs_follow_the_causal_template(gemma_data):
     assert all(ex.text_a.endswith(" It was") and ex.text_b == [" bad", " good"][ex.label] for ex in data.train)
     assert len(data.train) == 8 and len(data.dev) == 8 and len(data.test) == 12
     topic, _ = pair_data(spec, "ag_news", 13)
-    assert topic.train[0].text_a.endswith(" Topic:") and topic.task.labels == (" World", " Sports", " Business", " Tech")
+    assert topic.train[0].text_a.endswith(" Topic:")
+    assert topic.task.labels == (" World", " Sports", " Business", " Tech")
     open_ended, _ = pair_data(spec.replace(exact_match=False), "SST-2", 13)
     assert open_ended.task.labels == ()  # open-ended: token accuracy, no candidates ranked
 
@@ -278,3 +280,11 @@ def test_the_fine_tuning_loss_of_a_generative_scorer_is_its_completion_loss(tiny
     assert out.shape == (len(data.train),)
     assert torch.allclose(objective(scorer, out, labels), scorer.loss({**batch, "labels": labels}))
     assert math.isfinite(float(objective(scorer, out, labels).detach()))
+
+
+def test_docs_name_every_field_of_the_generative_spec():
+    from skillgraft.recipes.generative import GenerativeSpec
+
+    doc = (ROOT / "docs" / "recipes.md").read_text()
+    for field in GenerativeSpec.model_fields:
+        assert f"`{field}`" in doc, field

@@ -33,7 +33,8 @@ def write_sentiment_data(root: Path, folder: str = "SST-2", n_train: int = 200, 
 TOPICS = {"1": ["world", "film"], "2": ["plot", "acting"], "3": ["good", "fine"], "4": ["bad", "poor"]}
 
 
-def write_topic_data(root: Path, folder: str = "ag_news", n_train: int = 120, n_test: int = 40, seed: int = 0) -> Path:
+def write_topic_data(root: Path, folder: str = "ag_news", n_train: int = 120, n_test: int = 40,
+                     seed: int = 0) -> Path:
     """A learnable toy 4-topic task (labels '1'..'4', as ag_news): the topic's words occur in its sentences."""
     rng = random.Random(seed)
     (root / folder).mkdir(parents=True, exist_ok=True)
