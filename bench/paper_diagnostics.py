@@ -29,19 +29,32 @@ ALPHAS = [0.25, 0.5, 0.75]
 
 
 @torch.no_grad()
-def scores(scorer, examples, micro_batch: int = 64) -> dict:
-    """Accuracy and the mean margin (logit of the label minus the best other logit) on ``examples``."""
+def label_logits(scorer, examples, micro_batch: int = 64) -> torch.Tensor:
+    """``[examples, labels]``: the scorer's label logits (causal mode: log p of each label word after the prompt; a
+    generative scorer: the summed log p of each label completion, ``Scorer.candidate_batch``)."""
     logits = []
-    for start in range(0, len(examples), micro_batch):
-        batch = scorer.collate(examples[start:start + micro_batch])
+    generative = getattr(scorer, "mode", None) == "generative"
+    step = max(1, micro_batch // scorer.task.num_labels) if generative else micro_batch
+    for start in range(0, len(examples), step):
+        chunk = examples[start:start + step]
+        batch = scorer.candidate_batch(chunk) if generative else scorer.collate(chunk)
         batch.pop("labels")
         logits.append(scorer(**batch).float())
-    logits = torch.cat(logits)
-    labels = torch.tensor([e.label for e in examples])
+    return torch.cat(logits)
+
+
+def margins(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per example: the label's logit minus the best other label's."""
     gold = logits.gather(1, labels[:, None]).squeeze(1)
-    other = logits.scatter(1, labels[:, None], float("-inf")).max(1).values
+    return gold - logits.scatter(1, labels[:, None], float("-inf")).max(1).values
+
+
+def scores(scorer, examples, micro_batch: int = 64) -> dict:
+    """Accuracy and the mean margin (logit of the label minus the best other logit) on ``examples``."""
+    logits = label_logits(scorer, examples, micro_batch)
+    labels = torch.tensor([e.label for e in examples])
     return {"acc": round(float((logits.argmax(-1) == labels).float().mean()), 4),
-            "margin": round(float((gold - other).mean()), 3)}
+            "margin": round(float(margins(logits, labels).mean()), 3)}
 
 
 def diagnose(task: str, seed: int) -> dict:

@@ -30,6 +30,25 @@ def write_sentiment_data(root: Path, folder: str = "SST-2", n_train: int = 200, 
     return root
 
 
+TOPICS = {"1": ["world", "film"], "2": ["plot", "acting"], "3": ["good", "fine"], "4": ["bad", "poor"]}
+
+
+def write_topic_data(root: Path, folder: str = "ag_news", n_train: int = 120, n_test: int = 40,
+                     seed: int = 0) -> Path:
+    """A learnable toy 4-topic task (labels '1'..'4', as ag_news): the topic's words occur in its sentences."""
+    rng = random.Random(seed)
+    (root / folder).mkdir(parents=True, exist_ok=True)
+    labels = sorted(TOPICS)
+    for split, n in (("train", n_train), ("test", n_test)):
+        with open(root / folder / f"{split}.jsonl", "w") as f:
+            for i in range(n):
+                y = labels[i % len(labels)]
+                words = rng.sample(FILLER, 3) + [rng.choice(TOPICS[y])]
+                rng.shuffle(words)
+                f.write(json.dumps({"text": " ".join(words), "label": y}) + "\n")
+    return root
+
+
 def _bpe_tokenizer(special: dict[str, str]):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

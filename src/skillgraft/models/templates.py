@@ -35,6 +35,21 @@ def _sentence(part: str, example: Example) -> str | None:
     return text
 
 
+def template_text(template: str, example: Example) -> str:
+    """The text of an LM-BFF template filled with ``example``, up to its ``*mask*`` (a causal prompt as a string:
+    special-token slots are left to the tokenizer, ``_`` is a space). ``*cls**sent_0*_It_was*mask*.`` → ``'… It
+    was'``."""
+    out = []
+    for part in (p for p in template.split("*") if p):
+        if part == "mask":
+            return "".join(out)
+        if part in ("cls", "sep", "sep+"):
+            continue
+        text = _sentence(part, example)
+        out.append(part.replace("_", " ") if text is None else text)
+    raise SkillgraftError(f"template {template!r} has no *mask*")
+
+
 def word_ids(tokenizer, word: str) -> list[int]:
     """Token ids of a label word as it follows other text (leading space), without stray space tokens."""
     ids = tokenizer.encode(" " + word, add_special_tokens=False)

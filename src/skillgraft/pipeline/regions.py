@@ -50,7 +50,7 @@ def learned_regions(setup: Setup, store, localizer: str, options: Spec, *,
     """
     loc = get_localizer(localizer)
     options = loc.options(options)
-    key = {"setup": setup.identity(), "localizer": localizer, "options": options.to_dict()}
+    key, label = _regions_key(setup, localizer, options)
     holder: dict = {}
 
     def make(folder: Path) -> None:
@@ -63,10 +63,27 @@ def learned_regions(setup: Setup, store, localizer: str, options: Spec, *,
         write_json(folder / "summary.json", summary)
         holder["regions"] = result.regions
 
-    entry = store.fetch("regions", key, make, label=f"{setup.task}-{setup.k}-{setup.seed}-{localizer}")
+    entry = store.fetch("regions", key, make, label=label)
+    regions, summary = _read_regions(entry, regions="regions" not in holder)
+    return holder.get("regions") or regions, summary
+
+
+def stored_regions(setup: Setup, store, localizer: str, options: Spec) -> tuple[dict[Budget, Region], dict] | None:
+    """The regions cache's entry for these settings (as :func:`learned_regions` returns it), or None when it is not
+    in the store: nothing is computed."""
+    key, label = _regions_key(setup, localizer, get_localizer(localizer).options(options))
+    entry = store.get("regions", key, label)
+    return None if entry is None else _read_regions(entry)
+
+
+def _regions_key(setup: Setup, localizer: str, options: Spec) -> tuple[dict, str]:
+    return ({"setup": setup.identity(), "localizer": localizer, "options": options.to_dict()},
+            f"{setup.task}-{setup.k}-{setup.seed}-{localizer}")
+
+
+def _read_regions(entry: Path, *, regions: bool = True) -> tuple[dict[Budget, Region], dict]:
     summary = read_json(entry / "summary.json", required=("budgets",), what="stored regions summary")
-    regions = holder.get("regions") or {Budget.parse(b): Region.load(entry / b) for b in summary["budgets"]}
-    return regions, summary
+    return ({Budget.parse(b): Region.load(entry / b) for b in summary["budgets"]} if regions else {}), summary
 
 
 def learned_grafts(setup: Setup, store, localize: Spec, *, progress: bool = False

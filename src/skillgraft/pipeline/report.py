@@ -73,7 +73,7 @@ def md_table(headers: list[str], rows: list[list]) -> str:
             return f"{v:.4g}"
         return str(v).replace("|", "\\|")
 
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines = ["| " + " | ".join(cell(str(h)) for h in headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
     return "\n".join(lines)
 

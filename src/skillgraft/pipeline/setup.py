@@ -231,6 +231,16 @@ def finetune_key(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig) -> 
     return {**draw_key(model, data), "finetune": finetune.to_dict()}
 
 
+def stored_run(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig) -> Path | None:
+    """The run directory of this fine-tuning if the store holds it (None: it was never finished; nothing trains)."""
+    entry = store.get("ft", finetune_key(model, data, finetune), _ft_label(model, data))
+    return None if entry is None else entry / "run"
+
+
+def _ft_label(model: ModelSpec, data: DataSpec) -> str:
+    return f"{data.task}-{data.k}-{data.seed}-{model.mode}"
+
+
 def finetuned_run(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, *,
                   progress: bool = True) -> tuple[Path, float]:
     """The run directory of this fine-tuning (trained once, then found in the store) and its seconds."""
@@ -240,7 +250,7 @@ def finetuned_run(store: Store, model: ModelSpec, data: DataSpec, finetune: Fine
     def make(folder: Path) -> None:
         run_finetune(data, folder / "run", model=model, finetune=finetune, overwrite=True, progress=progress)
 
-    entry = store.fetch("ft", key, make, label=f"{data.task}-{data.k}-{data.seed}-{model.mode}")
+    entry = store.fetch("ft", key, make, label=_ft_label(model, data))
     return entry / "run", time.perf_counter() - t0
 
 

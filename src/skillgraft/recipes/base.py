@@ -189,6 +189,31 @@ class TransfersMixin(Spec):
         return self
 
 
+class LocalizerRun(Spec):
+    """One localizer of a comparison: a registered name, its options and the label of its rows."""
+
+    name: str = Field(description="registered localizer (docs/localizers.md)")
+    label: str | None = Field(None, description="row label (default: the name)")
+    options: dict = Field(default_factory=dict, description=(
+        "the localizer's options; `budgets` here picks a subset of the recipe's `budgets` (default: all of them)"))
+
+    @property
+    def title(self) -> str:
+        return self.label or self.name
+
+    def resolved(self, budgets: list) -> Spec:
+        """The localizer's validated options at ``budgets`` (a recipe's), or the subset its own options name."""
+        from skillgraft.graft.localizers import get_localizer  # noqa: PLC0415
+        from skillgraft.graft.selection import Budget  # noqa: PLC0415
+
+        mine = self.options.get("budgets")
+        chosen = budgets if mine is None else [Budget.parse(b) for b in mine]
+        if any(b not in budgets for b in chosen):
+            raise SkillgraftError(f"options.budgets {[b.label for b in chosen]} must be among the recipe's budgets "
+                                  f"{[b.label for b in budgets]}")
+        return get_localizer(self.name).options({**self.options, "budgets": [b.key for b in chosen]})
+
+
 @dataclass(frozen=True)
 class Recipe:
     name: str

@@ -33,7 +33,6 @@ from pydantic import Field, field_validator, model_validator
 
 from skillgraft.data import get_task
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.selection import Budget
 from skillgraft.io import read_json, write_json
 from skillgraft.pipeline.ood import TargetSpec, TransferSpec, ood_examples, with_limits
@@ -43,7 +42,7 @@ from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.store import data_digest
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
-from skillgraft.recipes.base import ExperimentSpec, SeedsMixin, recipe
+from skillgraft.recipes.base import ExperimentSpec, LocalizerRun, SeedsMixin, recipe
 from skillgraft.spec import COUNT_MAX, Seed, Spec
 from skillgraft.train import FinetuneConfig
 
@@ -69,19 +68,6 @@ PAPER_TRANSFERS = [
     {"source": "mpqa", "targets": [{"task": "SST-2", "labels": _SAME01}, {"task": "yelp_polarity", "labels": _SAME01}]},
     {"source": "QNLI", "targets": [{"task": "MNLI", "labels": _NLI_01}, {"task": "SNLI", "labels": _NLI_01}]},
 ]
-
-
-class LocalizerRun(Spec):
-    """One localizer of the comparison: a registered name, its options and the label of its rows."""
-
-    name: str = Field(description="registered localizer (docs/localizers.md)")
-    label: str | None = Field(None, description="row label (default: the name)")
-    options: dict = Field(default_factory=dict, description=(
-        "the localizer's options; `budgets` here picks a subset of the recipe's `budgets` (default: all of them)"))
-
-    @property
-    def title(self) -> str:
-        return self.label or self.name
 
 
 class PaperSpec(ExperimentSpec, SeedsMixin):
@@ -174,12 +160,7 @@ class PaperSpec(ExperimentSpec, SeedsMixin):
 
     def options_of(self, loc: LocalizerRun) -> Spec:
         """The localizer's validated options with this recipe's budgets (or the subset it names)."""
-        mine = loc.options.get("budgets")
-        budgets = self.budgets if mine is None else [Budget.parse(b) for b in mine]
-        if any(b not in self.budgets for b in budgets):
-            raise SkillgraftError(f"options.budgets {[b.label for b in budgets]} must be among the recipe's budgets "
-                                  f"{[b.label for b in self.budgets]}")
-        return get_localizer(loc.name).options({**loc.options, "budgets": [b.key for b in budgets]})
+        return loc.resolved(self.budgets)
 
     def seeds_of(self, task: str) -> list[int]:
         return self.task_seeds.get(task) or self.task_seeds.get(get_task(task).name) or self.seeds

@@ -1,7 +1,8 @@
 """The training core: one loop on Hugging Face Accelerate (one CPU, one GPU, or ``accelerate launch`` many).
 
 nanoGPT style, top to bottom: the sampler gives each step's task and global batch; each process takes its
-shard; loss = cross-entropy on the task scorer's label logits (+ λ‖θ−θ_pre‖₁ when ``config.l1`` > 0; a
+shard; loss = cross-entropy on the task scorer's label logits (a generative scorer: the mean over examples of each
+example's completion-token cross-entropy, docs/generative.md) (+ λ‖θ−θ_pre‖₁ when ``config.l1`` > 0; a
 non-finite loss on any process stops the run with one line, :func:`~skillgraft.finite.check_loss`);
 backward, clip, optimizer step; every ``eval_every`` steps (and at the end) the dev sets are scored.
 Everything else — keeping the best dev weights, region masks, Auto-RGN, snapshots — is a callback
@@ -107,6 +108,14 @@ def trainable_parameters(model, sampler, config: FinetuneConfig, state: TrainSta
     if not params:
         raise SkillgraftError("no trainable parameters left after freezing")
     return params
+
+
+def objective(scorer, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The training loss of one batch's forward output: cross-entropy of label logits; a generative scorer's
+    output is each example's mean completion-token log-probability, so its loss is −mean (Scorer.loss)."""
+    if getattr(scorer, "mode", None) == "generative":
+        return -out.float().mean()
+    return torch.nn.functional.cross_entropy(out.float(), labels)
 
 
 def emit(callbacks, hook: str, *args) -> None:
@@ -227,8 +236,8 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
         batch = view_of(raw, task).collate(examples[rank::world])
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
         labels = batch.pop("labels")
-        logits = wrapped(**batch) if task is None else wrapped(task, **batch)
-        loss = torch.nn.functional.cross_entropy(logits.float(), labels)
+        out = wrapped(**batch) if task is None else wrapped(task, **batch)
+        loss = objective(view_of(raw, task), out, labels)
         if anchors is not None:
             loss = loss + config.l1 * sum((p - a).abs().sum() for p, a in zip(params, anchors))
         shared = accelerator.reduce(loss.detach(), reduction="mean") if world > 1 else loss.detach()
