@@ -27,14 +27,15 @@ pooling and labels in the header, and a README saying the adapter alone outputs 
 inspect, compare and compose).
 """
 
+from __future__ import annotations
+
 import json
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-from torch import nn
+from skillgraft.lazy import nn, torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.export.adapter_checks import adapter_base, check_shira_indices

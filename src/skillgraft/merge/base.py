@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-import numpy as np
-import torch
+from skillgraft.lazy import np
+from skillgraft.lazy import torch
 
 from skillgraft.evaluate.metrics import share_of_ft
 from skillgraft.spec import Spec

@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
+from skillgraft.lazy import np
+from skillgraft.lazy import torch
 
 from skillgraft.data.sampling import FewShotData
 from skillgraft.data.spec import DataSpec
@@ -26,11 +27,13 @@ from skillgraft.finite import refuse_non_finite_model
 from skillgraft.graft.graft_file import GraftMetadata
 from skillgraft.heap import release_freed_memory
 from skillgraft.models.pair import check_pair, complete_model, model_labels, pair_mode, torch_fork
-from skillgraft.models.scorer import Scorer
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.store import Store, data_digest, draw_key
 from skillgraft.train import FinetuneConfig
 from skillgraft.train.run import RunConfig, load_finetuned, run_finetune
+
+if TYPE_CHECKING:
+    from skillgraft.models.scorer import Scorer
 
 
 @dataclass(frozen=True)

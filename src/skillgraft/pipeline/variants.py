@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from skillgraft.lazy import np
 
 from skillgraft.data.loading import Example
 from skillgraft.evaluate.metrics import share_of_ft

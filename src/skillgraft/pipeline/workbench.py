@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import torch
+from skillgraft.lazy import torch
 
 from skillgraft.graft.graft import adopt_fingerprint, forget_fingerprint, known_fingerprint
 from skillgraft.heap import release_freed_memory

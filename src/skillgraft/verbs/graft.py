@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+from skillgraft.lazy import np
 from pydantic import Field
 
 from skillgraft.errors import SkillgraftError

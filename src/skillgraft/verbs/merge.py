@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+from skillgraft.lazy import np
 from pydantic import Field, create_model
 
 from skillgraft.errors import SkillgraftError

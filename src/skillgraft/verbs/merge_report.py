@@ -6,7 +6,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import numpy as np
+from skillgraft.lazy import np
 
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.merge import swapped, task_view

@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-import torch
+from skillgraft.lazy import np
+from skillgraft.lazy import no_grad, torch
 from tqdm.auto import tqdm
 
 from skillgraft.data.loading import Example
@@ -46,7 +46,6 @@ from skillgraft.graft.localizers.source import fine_tuned
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget
 from skillgraft.models.anatomy import carried_names, graftable_names
-from skillgraft.models.scorer import batch_hits, batch_loss
 
 
 class Optimizer:
@@ -57,7 +56,7 @@ class Optimizer:
         self.kind, self.lr, self.params, self.group = kind, lr, params, group
         self.adam = torch.optim.Adam(params, lr=lr) if kind == "adam" else None
 
-    @torch.no_grad()
+    @no_grad
     def step(self, grads: list[torch.Tensor]) -> None:
         if self.kind == "nsgd":
             scale = self._rms(grads).clamp_min(1e-30)
@@ -226,6 +225,8 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
 
     ``saved`` (a :class:`skillgraft.resume.Checkpoint`): the state after a step is saved there when due;
     ``resumed``: such a state, to go on from (bit for bit what the uninterrupted run does next)."""
+    from skillgraft.models.scorer import batch_loss  # noqa: PLC0415
+
     world, rank = accelerator.num_processes, accelerator.process_index
     batch_n = min(plan.batch_size, len(train))
     rng = np.random.RandomState(plan.seed)
@@ -322,9 +323,11 @@ def _micro_batches(mine: np.ndarray, micro_batch: int, lockstep: int | None):
         yield (chunk, 1) if len(chunk) else (np.zeros(1, dtype=np.int64), 0.0)
 
 
-@torch.no_grad()
+@no_grad
 def _accuracy(scorer, examples: list[Example], micro_batch: int, accelerator, lockstep: bool = False) -> float:
     """Accuracy of ``scorer`` on ``examples`` (sharded over processes, counts summed)."""
+    from skillgraft.models.scorer import batch_hits  # noqa: PLC0415
+
     world, rank = accelerator.num_processes, accelerator.process_index
     mine = examples[rank::world]
     correct = torch.zeros(2, device=accelerator.device)
