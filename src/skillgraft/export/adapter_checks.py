@@ -1,4 +1,4 @@
-"""Checks on a PEFT adapter read back into a graft (export/peft.py's ``graft_from_peft`` and
+"""Checks on a PEFT adapter read back into a graft (export/peft_read.py's ``graft_from_peft`` and
 ``load_adapter_base``): SHiRA indices inside their weight, and the labels of a sequence-classifier adapter."""
 
 from __future__ import annotations
