@@ -11,7 +11,7 @@ and every row gets the same derived columns, computed here once:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from skillgraft.lazy import np
 from skillgraft.data.loading import Example
 from skillgraft.evaluate.metrics import share_of_ft
 from skillgraft.evaluate.predict import evaluate
+from skillgraft.evaluate.rows import Row
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
 from skillgraft.models.anatomy import carried_names, graftable_names, is_carried
@@ -54,7 +55,7 @@ class Variant:
 
 
 @dataclass(eq=False)
-class ResultRow(Mapping):
+class ResultRow(Row):
     """One model's row of a report: what it is, its metrics on one evaluation set (in :func:`evaluate`'s order),
     the derived columns (:func:`derive`) and any column a recipe adds (``extra``, e.g. ``file_bytes``).
 

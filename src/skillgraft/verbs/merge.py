@@ -227,9 +227,10 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
         for method, text in chosen_yamls(results, pretrained, [m.finetuned for m in inputs]).items():
             (tmp / "mergekit").mkdir(exist_ok=True)
             (tmp / "mergekit" / f"{method}.yaml").write_text(text)  # the dev-chosen config, for mergekit-yaml
+        (tmp / "report.md").write_text(report_markdown(summary))  # from the typed rows
+        summary = {**summary, "rows": [r.columns() for r in summary["rows"]]}  # merge.json holds their columns
         (tmp / "merge.json").write_text(json.dumps(summary, indent=2, default=float))
         write_csv(tmp / "results.csv", summary["rows"])
-        (tmp / "report.md").write_text(report_markdown(summary))
         (tmp / "README.md").write_text(readme(summary, mode))
     return summary
 
