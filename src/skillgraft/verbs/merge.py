@@ -202,7 +202,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
                 method.on_model(bench, m.name, setup.ft, opts, work)
             if (m.graft is None and reads_files) or setup.pre is None:
                 bench.release_to_files(m.name)  # localized from θ_ft's files: θ_pre and one tensor of θ_ft resident
-            setup.load_deferred_pre()  # a lean member: θ_pre after θ_ft's release (docs/scale.md)
+            bench.load_pre(m.name)  # a lean member: θ_pre after θ_ft's release (docs/scale.md)
             if len(bench.members) == 1:
                 for method, opts in chosen:
                     method.start(bench, opts, work)
