@@ -31,9 +31,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def isolated_store(tmp_path_factory):
-    """Every test's store of finished stages lives in a temporary folder, never in ./runs/cache."""
-    root = tmp_path_factory.mktemp("store")
+def fixture_store(tmp_path_factory):
+    """The store of the session- and module-scoped fixtures (set up before any test's own): the fine-tuned runs
+    several tests read are made once, as inputs; never ./runs/cache."""
+    root = tmp_path_factory.mktemp("fixture-store")
     old = os.environ.get("SKILLGRAFT_CACHE")
     os.environ["SKILLGRAFT_CACHE"] = str(root)
     yield root
@@ -41,6 +42,16 @@ def isolated_store(tmp_path_factory):
         os.environ.pop("SKILLGRAFT_CACHE", None)
     else:
         os.environ["SKILLGRAFT_CACHE"] = old
+
+
+@pytest.fixture(autouse=True)
+def isolated_store(tmp_path_factory, monkeypatch):
+    """Each test's own store of finished stages (``$SKILLGRAFT_CACHE``), empty at its start and never ./runs/cache:
+    what a test costs does not depend on which tests ran before it in the same worker. What several tests read (the
+    tiny models, the toy data, a fine-tuned run of a module) are fixtures, read-only inputs."""
+    root = tmp_path_factory.mktemp("store")
+    monkeypatch.setenv("SKILLGRAFT_CACHE", str(root))
+    return root
 
 
 @pytest.fixture(scope="session")
