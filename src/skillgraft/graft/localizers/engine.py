@@ -104,6 +104,21 @@ class Plan:
     config: dict = field(default_factory=dict)
 
 
+def batch_loss(scorer, batch, reduction: str = "mean"):
+    """The scorer's own loss on a batch (:func:`skillgraft.models.scorer.batch_loss`; imported on first use, so the
+    localizers' options load without torch)."""
+    from skillgraft.models.scorer import batch_loss as loss  # noqa: PLC0415
+
+    return loss(scorer, batch, reduction=reduction)
+
+
+def batch_hits(scorer, batch):
+    """(correct, count) on a batch (:func:`skillgraft.models.scorer.batch_hits`; imported on first use)."""
+    from skillgraft.models.scorer import batch_hits as hits  # noqa: PLC0415
+
+    return hits(scorer, batch)
+
+
 def run(pre, ft, train: list[Example], select: list[Example], plan: Plan, *, accelerator=None,
         progress: bool = False, ranked: bool = False) -> Localization:
     """Learn the regions of ``plan.budgets`` (see the module doc); ``pre`` is the working model, restored on return.
@@ -225,8 +240,6 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
 
     ``saved`` (a :class:`skillgraft.resume.Checkpoint`): the state after a step is saved there when due;
     ``resumed``: such a state, to go on from (bit for bit what the uninterrupted run does next)."""
-    from skillgraft.models.scorer import batch_loss  # noqa: PLC0415
-
     world, rank = accelerator.num_processes, accelerator.process_index
     batch_n = min(plan.batch_size, len(train))
     rng = np.random.RandomState(plan.seed)
@@ -326,8 +339,6 @@ def _micro_batches(mine: np.ndarray, micro_batch: int, lockstep: int | None):
 @no_grad
 def _accuracy(scorer, examples: list[Example], micro_batch: int, accelerator, lockstep: bool = False) -> float:
     """Accuracy of ``scorer`` on ``examples`` (sharded over processes, counts summed)."""
-    from skillgraft.models.scorer import batch_hits  # noqa: PLC0415
-
     world, rank = accelerator.num_processes, accelerator.process_index
     mine = examples[rank::world]
     correct = torch.zeros(2, device=accelerator.device)
