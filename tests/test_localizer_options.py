@@ -31,6 +31,12 @@ class Captured(SkillgraftError):
     """Raised by the stubbed regions stage once it has the resolved options (no work is done)."""
 
 
+def fake_setup():
+    """What the stubbed pair loading gives: a Setup with one tiny θ_pre and θ_ft, nothing deferred (the graft's
+    Workbench of one member takes it as it is)."""
+    return types.SimpleNamespace(pre=torch.nn.Linear(1, 1), ft=torch.nn.Linear(1, 1), task="SST-2", load_pre=None)
+
+
 @pytest.fixture
 def capture(monkeypatch):
     """Stub the regions stage (and the pair loading) so a run stops with the options it would localize with."""
@@ -41,7 +47,7 @@ def capture(monkeypatch):
         raise Captured("captured")
 
     monkeypatch.setattr(graft_recipes, "learned_regions", fake_regions)
-    monkeypatch.setattr(pair_loading, "from_pair", lambda *a, **k: types.SimpleNamespace(pre=torch.nn.Linear(1, 1)))
+    monkeypatch.setattr(pair_loading, "from_pair", lambda *a, **k: fake_setup())
     return seen
 
 
@@ -74,7 +80,7 @@ def test_cli_resolves_each_localizers_own_defaults(name, capture, tmp_path):
 @pytest.mark.parametrize("name", sorted(LOCALIZERS))
 def test_recipe_resolves_each_localizers_own_defaults(name, capture, monkeypatch, tmp_path):
     spec = GraftRecipeSpec.build({"recipe": "graft", "report": {"localizer": name, "baselines": []}, "localize": user_fields(name)})
-    monkeypatch.setattr(GraftRecipeSpec, "setup", lambda self, *a, **k: types.SimpleNamespace())
+    monkeypatch.setattr(GraftRecipeSpec, "setup", lambda self, *a, **k: fake_setup())
     with pytest.raises(Captured):
         graft_recipe(spec, types.SimpleNamespace(store=None, path=tmp_path))
     assert capture["options"].to_dict() == expected(name)

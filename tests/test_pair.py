@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from test_bad_inputs import refused, tiny_classifier  # noqa: F401
+from badinputs import refused
 
 
 @pytest.fixture

@@ -110,13 +110,46 @@ def test_mergekit_runner_is_injected_not_patched():
 
 
 # ---------------------------------------------------------------------------------------------- localizers
+class LocalizerConformance:
+    """What every localizer must do: declare its capabilities itself, build its options from their defaults, describe
+    every option (``skillgraft localizers NAME``) and say where it runs (``refuse``), before any model loads."""
+
+    name: str
+
+    def test_declares_its_capabilities(self):
+        """Whether it reads θ_ft from files and learns one trajectory per sparsity (no list of names outside it
+        decides)."""
+        loc = LOCALIZERS[self.name]
+        assert isinstance(loc.reads_files, bool) and isinstance(loc.sparsity_trajectories, bool)
+        assert not loc.sparsity_trajectories or "sparsity" in loc.Options.model_fields
+
+    def test_default_options_and_their_table(self):
+        from skillgraft.graft.localizers import options_table
+
+        loc = LOCALIZERS[self.name]
+        assert issubclass(loc.Options, Spec) and "graftable" in loc.Options.model_fields
+        assert isinstance(loc.options(None), loc.Options)
+        assert [row[0] for row in options_table(self.name)] == list(loc.Options.model_fields)
+
+    def test_says_where_it_runs(self):
+        from skillgraft.graft.localizers import support
+
+        s = support(self.name)
+        for verdict in (s.candidates, s.sharded, s.generative):
+            assert verdict == "yes" or verdict.startswith("refused: "), verdict
+
+    def test_unknown_option_is_refused_by_name(self):
+        from skillgraft.pipeline.regions import localizer_options
+
+        with pytest.raises(SkillgraftError, match="no_such_option"):
+            localizer_options(self.name, {"no_such_option": 1})
+
+
 @pytest.mark.parametrize("name", sorted(LOCALIZERS))
-def test_localizers_declare_their_capabilities(name):
-    """Each localizer says itself whether it reads θ_ft from files and learns one trajectory per sparsity (no list
-    of names outside it decides)."""
-    loc = LOCALIZERS[name]
-    assert isinstance(loc.reads_files, bool) and isinstance(loc.sparsity_trajectories, bool)
-    assert not loc.sparsity_trajectories or "sparsity" in loc.Options.model_fields
+class TestLocalizers(LocalizerConformance):
+    @pytest.fixture(autouse=True)
+    def _name(self, name):
+        self.name = name
 
 
 def test_releasing_theta_ft_follows_the_capabilities():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_bad_inputs import ft_run, graft_args, invoke  # noqa: F401
+from badinputs import graft_args, invoke
 
 import skillgraft.graft.localizers.engine as engine
 from skillgraft.errors import SkillgraftError

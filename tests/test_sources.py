@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_bad_inputs import refused, tiny_classifier  # noqa: F401
+from badinputs import refused
 
 from skillgraft.data.sources import jsonl_rows
 from skillgraft.errors import SkillgraftError

@@ -196,7 +196,7 @@ def usage(cmd, ctx) -> str:
 
 def describe(cmd, ctx) -> dict:
     """What ``cmd``'s help says, independent of the width: usage, paragraphs, panels of (name, help tokens) and, for
-    a group, its commands. JSON-able: :mod:`skillgraft.entry` shows it from a cache without importing the verbs."""
+    a group, its commands. (:func:`show` lays it out at the console's width)."""
     panels: dict[str, list] = {}
     for param in cmd.get_params(ctx):
         if getattr(param, "hidden", False):
@@ -237,22 +237,6 @@ def show(desc: dict, command_path: str, console: Console | None = None) -> None:
 def render(cmd, ctx, console: Console | None = None) -> None:
     """Print ``cmd``'s help: usage, its doc's paragraphs, then one panel per group of options."""
     show(describe(cmd, ctx), ctx.command_path, console)
-
-
-def describe_all(app) -> dict[str, dict]:
-    """:func:`describe` of the app and every command under it, keyed by command path (``""``, ``"graft"``,
-    ``"continual add"``)."""
-    root = typer.main.get_command(app)
-    out: dict[str, dict] = {}
-
-    def walk(cmd, path: list[str], parent):
-        ctx = cmd.make_context(" ".join(["skillgraft", *path]), [], parent=parent, resilient_parsing=True)
-        out[" ".join(path)] = describe(cmd, ctx)
-        for name, sub in (getattr(cmd, "commands", None) or {}).items():
-            walk(sub, [*path, name], ctx)
-
-    walk(root, [], None)
-    return out
 
 
 class HelpCommand(TyperCommand):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-import torch
+from skillgraft.lazy import torch
 
 from skillgraft.errors import SkillgraftError
 

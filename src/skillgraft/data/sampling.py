@@ -16,7 +16,7 @@ import os
 import warnings
 from dataclasses import dataclass
 
-import numpy as np
+from skillgraft.lazy import np
 
 from skillgraft.data.loading import Example, find_split_file, load_split, read_file, resolve_data_dir
 from skillgraft.data.tasks import Task, get_task

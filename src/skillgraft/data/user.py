@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+from skillgraft.lazy import np
 
 from skillgraft.data.loading import Example
 from skillgraft.data.sampling import eval_subset, sample_kshot

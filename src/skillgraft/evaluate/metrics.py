@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
+from skillgraft.lazy import np
 
 
 def share_of_ft(score: float, ft: float | None) -> float | None:

@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import matplotlib
+from skillgraft.lazy import np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from skillgraft.lazy import plt
 
-from skillgraft.evaluate.metrics import ece, reliability_bins  # noqa: E402
-from skillgraft.io import atomic_path  # noqa: E402
+from skillgraft.evaluate.metrics import ece, reliability_bins
+from skillgraft.io import atomic_path
 
 
 def confidence_histogram(models: dict[str, np.ndarray], path: str | os.PathLike, *, title: str = "") -> Path:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
+from skillgraft.lazy import np
+from skillgraft.lazy import no_grad, torch
 from tqdm.auto import tqdm
 
 from skillgraft.data.loading import Example
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from skillgraft.models.scorer import Scorer
 
 
-@torch.no_grad()
+@no_grad
 def predict_probs(scorer: Scorer, examples: list[Example], *, batch_size: int = 64, progress: bool | str = False
                   ) -> np.ndarray:
     """Softmax over the label logits for every example, ``[n, num_labels]`` (float64)."""

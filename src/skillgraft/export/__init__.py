@@ -17,8 +17,9 @@ from skillgraft.export.base import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, DELTA_FILE,
                                     Exporter, _head_file, exact_delta, graft_task, load_graft_base)
 from skillgraft.export.delta import Delta, export_delta
 from skillgraft.export.hf import HF, USER_CLASS, export_hf
-from skillgraft.export.peft import (Peft, apply_entries, export_peft, graft_from_peft, load_adapter_base,
-                                    read_graft_or_adapter, shira_entries)
+from skillgraft.export.peft import Peft, export_peft
+from skillgraft.export.peft_read import graft_from_peft, load_adapter_base, read_graft_or_adapter
+from skillgraft.export.shira import apply_entries, shira_entries
 from skillgraft.graft.graft import Graft
 
 _REGISTRY: Registry[Exporter] = Registry(Exporter, "exporter", article="an", lookup="export target")

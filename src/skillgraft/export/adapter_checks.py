@@ -1,11 +1,11 @@
-"""Checks on a PEFT adapter read back into a graft (export/peft.py's ``graft_from_peft`` and
+"""Checks on a PEFT adapter read back into a graft (export/peft_read.py's ``graft_from_peft`` and
 ``load_adapter_base``): SHiRA indices inside their weight, and the labels of a sequence-classifier adapter."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
+from skillgraft.lazy import torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.export.base import ADAPTER_WEIGHTS
@@ -48,7 +48,8 @@ def adapter_labels(directory: Path, meta: dict) -> tuple[str, ...]:
 def adapter_base(directory: Path, meta: dict, name: str, mode: str):
     """An adapter's base model ``name`` loaded for ``mode``; a sequence classifier's (mode ``classifier``) with
     Scorer names (``model.*``) and its new head carried (no part of the fingerprint), as the graft's scorer had it."""
-    from skillgraft.export.base import SCORER_PREFIX, _Body  # noqa: PLC0415
+    from skillgraft.export.base import SCORER_PREFIX  # noqa: PLC0415
+    from skillgraft.models.named import PlainModel  # noqa: PLC0415
     from skillgraft.models.loading import load_classifier, model_reference  # noqa: PLC0415
     from skillgraft.models.scorer import load_for_mode  # noqa: PLC0415
 
@@ -56,6 +57,5 @@ def adapter_base(directory: Path, meta: dict, name: str, mode: str):
         return load_for_mode(model_reference(name), mode, None)[0]
 
     model, head = load_classifier(model_reference(name).path, adapter_labels(directory, meta))
-    body = _Body(model)
-    body.carried = tuple(f"{SCORER_PREFIX}{n}" for n in head)
+    body = PlainModel(model, (f"{SCORER_PREFIX}{n}" for n in head))
     return body

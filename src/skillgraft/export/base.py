@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 from typing import ClassVar, Literal, Optional
 
-import torch
+from skillgraft.lazy import torch
 from pydantic import Field, field_validator
-from torch import nn
+from skillgraft.lazy import nn
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft, cached_fingerprint
@@ -84,22 +84,16 @@ class Exporter:
 
 
 # ---------------------------------------------------------------------------------------------- base model
-class _Body(nn.Module):
-    """A plain HF model seen with Scorer parameter names (``model.<HF name>``)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-
 def _as_scorer(base) -> nn.Module:
     """A Scorer stays itself; a plain Hugging Face model is wrapped so its parameters read ``model.*``."""
     from transformers import PreTrainedModel  # noqa: PLC0415
 
+    from skillgraft.models.named import PlainModel  # noqa: PLC0415
+
     if not isinstance(base, PreTrainedModel) and isinstance(getattr(base, "model", None), nn.Module):
         return base
     if isinstance(base, nn.Module):
-        return _Body(base)
+        return PlainModel(base)
     raise SkillgraftError(f"expected a Scorer or a Hugging Face model as the base, got {type(base).__name__}")
 
 

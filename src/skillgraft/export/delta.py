@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-import torch
+from skillgraft.lazy import torch
 
 from skillgraft.export.base import (DELTA_FILE, SUMMARY_FILE, ExportSpec, Exporter, _as_scorer, _check_base, _head_file,
                                     _header, _hf_name, exact_delta)

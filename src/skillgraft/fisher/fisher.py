@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Literal
 
-import torch
+from skillgraft.lazy import torch
 from pydantic import Field
 from tqdm.auto import tqdm
 

@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from skillgraft.lazy import plt
 
-from skillgraft.evaluate.plots import save_figure  # noqa: E402
-from skillgraft.fisher.scores import LayerScores  # noqa: E402
+from skillgraft.evaluate.plots import save_figure
+from skillgraft.fisher.scores import LayerScores
 
 
 def layer_scores_bar(scores: LayerScores | dict[str, LayerScores], path: str | os.PathLike, *, title: str = "") -> Path:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-import torch
+from skillgraft.lazy import torch
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError

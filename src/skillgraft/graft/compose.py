@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-import torch
+from skillgraft.lazy import torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
+from skillgraft.lazy import torch
 
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import torch
+from skillgraft.lazy import no_grad, torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft_file import FORMAT, FORMAT_VERSION, GraftMetadata, read_graft_file, write_graft_file
@@ -41,17 +41,6 @@ _BASE = "_skillgraft_base"                # attribute of the base body: what is 
 
 
 # ---------------------------------------------------------------------------------------------- base identity
-class _Plain(torch.nn.Module):
-    """A plain transformers model seen as skillgraft's Scorer names it (``model.`` + its own names), so a graft
-    applies to the model a user loaded with transformers; the carried head is left out of its fingerprint, as
-    a Scorer leaves it out."""
-
-    def __init__(self, model: torch.nn.Module, carried):
-        super().__init__()
-        self.model = model
-        self.carried = set(carried)
-
-
 def _body(scorer) -> torch.nn.Module:
     """The base model a graft is tied to: ``scorer.model`` (shared by every view of a multi-task model)."""
     return getattr(scorer, "model", scorer)
@@ -339,8 +328,10 @@ class Graft:
     # ------------------------------------------------------------------ apply / revert
     def _target(self, model):
         """``model`` as the graft names tensors: a skillgraft Scorer as it is; a plain transformers model (no
-        ``mode``, a ``config``) seen through :class:`_Plain` when the graft's ``model.``-prefixed names are its own."""
-        if hasattr(model, "mode") or not hasattr(model, "config") or isinstance(model, _Plain):
+        ``mode``, a ``config``) seen through :class:`~skillgraft.models.named.PlainModel` when the graft's ``model.``-prefixed names are its own."""
+        from skillgraft.models.named import PlainModel  # noqa: PLC0415
+
+        if hasattr(model, "mode") or not hasattr(model, "config") or isinstance(model, PlainModel):
             return model
         names = [*self.region.shapes, *self.carried]
         if not names or not all(n.startswith("model.") for n in names):
@@ -350,7 +341,7 @@ class Graft:
                                       "(Scorer.from_pretrained), or export it (skillgraft export / apply --export)")
             return model
         own = dict(model.named_parameters())
-        return _Plain(model, self.carried) if names[0][len("model."):] in own else model
+        return PlainModel(model, self.carried) if names[0][len("model."):] in own else model
 
     def _check_target(self, scorer, force: bool) -> dict[str, torch.nn.Parameter]:
         """Everything ``apply`` needs, checked before anything is written; returns the named parameters."""
@@ -391,7 +382,7 @@ class Graft:
             )
         return params, key, base
 
-    @torch.no_grad()
+    @no_grad
     def apply(self, scorer, *, outside: Outside = "pre", force: bool = False, pre_files=None):
         """Write the graft into ``scorer`` in place; :meth:`revert` restores the exact previous values.
 
@@ -451,7 +442,7 @@ class Graft:
         body.__dict__[_APPLIED] = rec
         return target
 
-    @torch.no_grad()
+    @no_grad
     def revert(self, scorer):
         """Restore the values ``scorer`` had before :meth:`apply` (bit-exact)."""
         target, scorer = scorer, self._target(scorer)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import torch
+from skillgraft.lazy import torch
 from pydantic import ConfigDict, Field, ValidationError, field_validator
 
 from skillgraft.errors import SkillgraftError
@@ -38,7 +38,7 @@ FORMAT_VERSION = 1
 UNKNOWN = f"unknown field (not part of format version {FORMAT_VERSION})"
 CONFIG_FILE = "graft_config.json"
 WEIGHTS_FILE = "graft.safetensors"
-INDEX_DTYPES = (torch.int32, torch.int64)
+INDEX_DTYPES = ("torch.int32", "torch.int64")  # by name: the module imports no torch
 
 Dim = Annotated[int, Field(ge=0)]
 NON_FINITE = ("a graft must hold finite values (a faulty writer, or a diverged fine-tuning): applied, it would "
@@ -233,7 +233,7 @@ def _carried(path: Path, tensors: dict[str, torch.Tensor], cfg: GraftFileConfig)
 def check_positions(path: Path, what: str, idx: torch.Tensor, vals: torch.Tensor | None, limit: int,
                      range_of: str) -> torch.Tensor:
     """dtype, 1-D, count, range [0, limit) and strictly increasing order of one indices tensor."""
-    if idx.dtype not in INDEX_DTYPES:
+    if str(idx.dtype) not in INDEX_DTYPES:
         raise SkillgraftError(f"{path}: {what} has dtype {idx.dtype}; expected int32 or int64")
     if idx.dim() != 1:
         raise SkillgraftError(f"{path}: {what} has shape {list(idx.shape)}; expected one dimension")

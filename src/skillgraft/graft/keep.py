@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import torch
+from skillgraft.lazy import np
+from skillgraft.lazy import torch
 from pydantic import Field, field_validator
 
 from skillgraft.errors import SkillgraftError

@@ -22,8 +22,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 
-import torch
-from torch import nn
+from skillgraft.lazy import torch
+from skillgraft.lazy import nn
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.compose import compose

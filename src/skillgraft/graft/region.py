@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
+from skillgraft.lazy import torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.io import atomic_dir

@@ -15,7 +15,7 @@ import math
 import numbers
 from typing import Annotated, Any, Literal
 
-import torch
+from skillgraft.lazy import torch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, model_serializer, model_validator
 
 from skillgraft.errors import SkillgraftError

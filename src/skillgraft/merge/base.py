@@ -1,5 +1,6 @@
 """What every merge method shares: :class:`MergeMethod` (typed options, rows scored per task), :class:`Scored` (one
-merged model's scores per task, normalized in one place) and :class:`Bench`, what a method may ask of the models."""
+merged model's scores per task), :class:`MergeRow` (its report row, typed; normalized accuracy derived once, by
+:class:`~skillgraft.evaluate.rows.TaskScores`) and :class:`Bench`, what a method may ask of the models."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-import numpy as np
-import torch
+from skillgraft.lazy import np, torch
 
-from skillgraft.evaluate.metrics import share_of_ft
+from skillgraft.evaluate.rows import Row, TaskScores
 from skillgraft.spec import Spec
 
 
@@ -27,16 +27,75 @@ class Scored:
     info: dict = field(default_factory=dict)   # written to merge.json's row
     body: object = field(default=None, repr=False, compare=False)  # what the row merged (the stitch's Graft)
 
+    def scores(self, ft: Scored, stored: Mapping[str, int] | None = None) -> dict[str, TaskScores]:
+        """Each task's :class:`~skillgraft.evaluate.rows.TaskScores` beside its own fine-tuned model ``ft``."""
+        names = [*self.dev, *(t for t in self.test if t not in self.dev)] if stored is None else list(stored)
+        return {t: TaskScores(self.dev.get(t), self.test.get(t), ft.dev.get(t), ft.test.get(t),
+                              (stored or {}).get(t, 0)) for t in names}
+
     def normalized(self, ft: Scored, split: str = "test") -> dict[str, float]:
-        """Score ÷ the task's own fine-tuned score (:func:`~skillgraft.evaluate.metrics.share_of_ft`, as a graft
-        report's ``share_of_ft``; NaN where FT has no score)."""
-        mine, ref = getattr(self, split), getattr(ft, split)
-        shares = {t: share_of_ft(mine[t], ref.get(t)) for t in mine}
-        return {t: float("nan") if v is None else v for t, v in shares.items()}
+        """Score ÷ the task's own fine-tuned score (:meth:`TaskScores.normalized`, the one derivation of share of
+        FT; NaN where FT has no score), for the tasks scored on ``split``."""
+        scores = self.scores(ft)
+        return {t: scores[t].normalized(split) for t in getattr(self, split)}
 
     def mean_normalized(self, ft: Scored, split: str = "test") -> float:
         vals = list(self.normalized(ft, split).values())
         return float(np.mean(vals)) if vals else float("nan")
+
+
+@dataclass
+class MergeRow(Row):
+    """A row of ``skillgraft merge``'s report: one merged model (method, settings) with each task's
+    :class:`TaskScores`; its columns are merge.json's and results.csv's (``<task>:dev``, ``<task>:test``,
+    ``<task>:normalized``, ``<task>:bytes`` per task). A grid point that failed holds only its ``error``."""
+
+    method: str
+    config: str
+    tasks: dict[str, TaskScores] = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+    error: str | None = None
+
+    @classmethod
+    def of(cls, s: Scored, ft: Scored, stored: Mapping[str, int]) -> MergeRow:
+        """The row of ``s``; ``stored``: the bytes each task stores with this method (every task, in order)."""
+        if not s.test and not s.dev:
+            return cls(s.method, s.config, error=s.info.get("error", ""))
+        return cls(s.method, s.config, s.scores(ft, stored), dict(s.info))
+
+    @property
+    def on_test(self) -> bool:
+        return any(t.test is not None for t in self.tasks.values())
+
+    @property
+    def chosen_on_dev(self) -> bool:
+        return bool(self.info.get("chosen_on_dev"))
+
+    def mean_normalized(self, split: str = "test") -> float | None:
+        """Mean normalized score over the tasks scored on ``split`` (None when none is)."""
+        vals = [t.normalized(split) for t in self.tasks.values() if getattr(t, split) is not None]
+        return float(np.mean(vals)) if vals else None
+
+    @property
+    def mean_accuracy(self) -> float | None:
+        vals = [t.test for t in self.tasks.values() if t.test is not None]
+        return float(np.mean(vals)) if vals else None
+
+    @property
+    def bytes_per_task(self) -> float:
+        return float(np.mean([t.stored_bytes for t in self.tasks.values()]))
+
+    def columns(self) -> dict:
+        if self.error is not None:
+            return {"method": self.method, "config": self.config, "error": self.error}
+        out = {"method": self.method, "config": self.config, "on_test": self.on_test,
+               "chosen_on_dev": self.chosen_on_dev, "dev_mean_normalized": self.mean_normalized("dev"),
+               "mean_accuracy": self.mean_accuracy, "mean_normalized": self.mean_normalized("test"),
+               "bytes_per_task": self.bytes_per_task, **self.info}
+        for n, t in self.tasks.items():
+            out.update({f"{n}:dev": t.dev, f"{n}:test": t.test,
+                        f"{n}:normalized": t.normalized() if t.test is not None else None, f"{n}:bytes": t.stored_bytes})
+        return out
 
 
 Use = Callable[[str], contextlib.AbstractContextManager]  # task name → a context yielding the scorer to score

@@ -6,7 +6,7 @@ name prefixes (``layer.1`` is not a prefix match for ``layer.10`` here).
 
 from __future__ import annotations
 
-from torch import nn
+from skillgraft.lazy import nn
 
 from skillgraft.errors import SkillgraftError
 

@@ -16,8 +16,8 @@ the full forward, indexed afterwards.
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from skillgraft.lazy import torch
+from skillgraft.lazy import nn
 
 
 def output_head(model: nn.Module) -> nn.Module | None:

@@ -28,10 +28,7 @@ import warnings
 from pathlib import Path
 from typing import Literal
 
-import torch
-from torch import nn
-from torch.nn import functional as F
-
+from skillgraft.lazy import F, nn, no_grad, torch
 from skillgraft.data.loading import Example
 from skillgraft.data.tasks import Task, get_task, task_from_dict
 from skillgraft.errors import SkillgraftError
@@ -271,7 +268,7 @@ class Scorer(nn.Module):
             return per_example.sum() if reduction == "sum" else per_example.mean()
         return F.cross_entropy(self(**inputs).float(), batch["labels"], reduction=reduction)
 
-    @torch.no_grad()
+    @no_grad
     def hits(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
         """(correct, count) on a :meth:`collate` batch: labels predicted right; generative mode: completion
         tokens that are the model's most likely next token (teacher forcing)."""
@@ -460,7 +457,7 @@ def batch_loss(scorer, batch: dict[str, torch.Tensor], reduction: Literal["mean"
     return F.cross_entropy(scorer(**inputs).float(), batch["labels"], reduction=reduction)
 
 
-@torch.no_grad()
+@no_grad
 def batch_hits(scorer, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
     """``scorer.hits(batch)`` when the scorer has one, else (argmax == labels).sum() and the batch size."""
     if hasattr(scorer, "hits"):

@@ -15,7 +15,7 @@ import hashlib
 import time
 from pathlib import Path
 
-import numpy as np
+from skillgraft.lazy import np
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.keep import KEEP_BOUND, LEARNED_ORDER, KeepSpec

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-import numpy as np
+from skillgraft.lazy import np
 
 from skillgraft.io import atomic_path, write_json
 

@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
+from skillgraft.lazy import np
+from skillgraft.lazy import torch
 
 from skillgraft.data.sampling import FewShotData
 from skillgraft.data.spec import DataSpec
@@ -26,11 +27,13 @@ from skillgraft.finite import refuse_non_finite_model
 from skillgraft.graft.graft_file import GraftMetadata
 from skillgraft.heap import release_freed_memory
 from skillgraft.models.pair import check_pair, complete_model, model_labels, pair_mode, torch_fork
-from skillgraft.models.scorer import Scorer
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.store import Store, data_digest, draw_key
 from skillgraft.train import FinetuneConfig
 from skillgraft.train.run import RunConfig, load_finetuned, run_finetune
+
+if TYPE_CHECKING:
+    from skillgraft.models.scorer import Scorer
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,8 @@ class Setup:
     """θ_ft and θ_pre scorers of one fine-tuning run, the k-shot data and FT's probabilities per set.
 
     A lean checkpoint pair (``from_pair(..., lean=True)``) starts with θ_pre not loaded (``pre`` None,
-    ``load_pre`` set): FT is scored first, then :meth:`release_ft` drops θ_ft for its files and
-    :meth:`load_deferred_pre` loads θ_pre, so the two models are never resident together (docs/scale.md)."""
+    ``load_pre`` set): FT is scored first, then the Workbench releases θ_ft to its files
+    (:meth:`~skillgraft.pipeline.workbench.Workbench.release_to_files`) and :meth:`load_deferred_pre` loads θ_pre, so the two models are never resident together (docs/scale.md)."""
 
     ft: Scorer | FineTunedFiles
     pre: Scorer | None
@@ -116,22 +119,6 @@ class Setup:
     def released(self) -> bool:
         """θ_ft is not in memory (only its files): FT was scored before (``ft_metrics``, ``probs``)."""
         return isinstance(self.ft, FineTunedFiles)
-
-    def release_ft(self) -> bool:
-        """Drop θ_ft from memory for the checkpoint files it was loaded from (``ft_files``); returns whether it did.
-
-        Only when every parameter reads back from the folder's safetensors with the loaded dtype and values
-        (then whatever reads θ_ft lazily computes exactly what it computed on the model); otherwise θ_ft
-        stays. Score FT first (``ft_metrics``/``probs`` keep its scores): afterwards ``ft`` is a
-        :class:`FineTunedFiles`. Callers must hold no other reference to the model."""
-        import gc  # noqa: PLC0415
-
-        if self.released or self.ft_files is None or not readable_as(self.ft, self.ft_files):
-            return self.released
-        self.ft = FineTunedFiles(Path(self.ft_files), self.ft.base_model, scorer_digest(self.ft),
-                                 {n: tuple(p.shape) for n, p in self.ft.named_parameters()})
-        gc.collect()
-        return True
 
     def load_deferred_pre(self) -> None:
         """Load θ_pre when it was deferred (a lean pair), checked against θ_ft's tensors and shapes."""
@@ -333,7 +320,7 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     tensor of B's body (a classification head and a pooler only B has are carried).
 
     ``lean`` (causal and generative pairs): θ_pre is not loaded yet (``Setup.load_pre``), so that FT can be
-    scored and released (:meth:`Setup.release_ft`) before θ_pre loads; its checks run when it loads.
+    scored and released (:meth:`Workbench.release_to_files`) before θ_pre loads; its checks run when it loads.
 
     ``share_pre`` (a :class:`~skillgraft.pipeline.workbench.Workbench`'s ``share``): θ_pre goes through it (its
     parameters become the bench's θ_pre): loaded first, then θ_ft; or, lean, when it loads (after θ_ft's release).

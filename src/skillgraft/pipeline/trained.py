@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
+from skillgraft.lazy import torch
 from pydantic import Field, field_validator
 
 from skillgraft.errors import SkillgraftError

@@ -11,20 +11,22 @@ and every row gets the same derived columns, computed here once:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from skillgraft.lazy import np
 
 from skillgraft.data.loading import Example
 from skillgraft.evaluate.metrics import share_of_ft
 from skillgraft.evaluate.predict import evaluate
+from skillgraft.evaluate.rows import Row
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
 from skillgraft.models.anatomy import carried_names, graftable_names, is_carried
 from skillgraft.models.freezing import param_groups
 from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.workbench import Workbench
 
 
 @dataclass
@@ -54,7 +56,7 @@ class Variant:
 
 
 @dataclass(eq=False)
-class ResultRow(Mapping):
+class ResultRow(Row):
     """One model's row of a report: what it is, its metrics on one evaluation set (in :func:`evaluate`'s order),
     the derived columns (:func:`derive`) and any column a recipe adds (``extra``, e.g. ``file_bytes``).
 
@@ -148,15 +150,18 @@ def graft_variant(setup: Setup, region: Region, budget, metadata: dict | None = 
     return Variant(name or graft_label(budget), kind, len(region), graft, fraction, outside)
 
 
-def score_ft_first(setup: Setup, *, release: bool, progress: bool = False) -> None:
-    """A lean pair (θ_pre deferred, ``from_pair(..., lean=True)``): score FT on the test set, release θ_ft when
-    ``release`` (what follows reads it from its files), then load θ_pre; the two are never resident together."""
+def score_ft_first(bench: Workbench, name: str, *, release: bool, progress: bool = False) -> None:
+    """Member ``name`` of ``bench`` as a lean pair (θ_pre deferred, ``from_pair(..., lean=True)``): score FT on the
+    test set, release θ_ft to its files when ``release`` (what follows reads it from them:
+    :meth:`Workbench.release_to_files`, as ``skillgraft merge`` does), then load θ_pre; the two are never resident
+    together."""
+    setup = bench.members[name]
     if getattr(setup, "load_pre", None) is None:  # θ_pre loaded already: nothing deferred
         return
     evaluate_variant(setup, Variant("fine-tuned", "ft", 0), setup.test, progress="fine-tuned" if progress else False)
     if release:
-        setup.release_ft()
-    setup.load_deferred_pre()
+        bench.release_to_files(name)
+    bench.load_pre(name)
 
 
 def evaluate_variant(setup: Setup, variant: Variant, examples: list[Example], set_name: str = "test",

@@ -9,7 +9,8 @@ task's own new head is its own), and a member is released before the next one lo
 holds at most two models' weights: θ_pre once and one θ_ft. θ_pre has a state too: :meth:`Workbench.release_pre`
 drops its tensors (every member's θ_pre with them) and the next member's θ_pre gives them back (:meth:`share`),
 so a lean member — θ_ft loaded, scored, released to its files, then θ_pre — holds one model's weights at a time
-(``skillgraft merge``; bench/merge_memory.py).
+(``skillgraft merge``; bench/merge_memory.py). ``skillgraft graft`` is the same path with N = 1
+(:meth:`Workbench.of`; :func:`skillgraft.pipeline.variants.score_ft_first`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import torch
+from skillgraft.lazy import torch
 
 from skillgraft.graft.graft import adopt_fingerprint, forget_fingerprint, known_fingerprint
 from skillgraft.heap import release_freed_memory
@@ -112,8 +113,18 @@ class Workbench:
         gc.collect()
         release_freed_memory()
 
+    @classmethod
+    def of(cls, setup: Setup, name: str | None = None) -> Workbench:
+        """A bench of one member (``skillgraft graft``: N = 1), named after its task."""
+        bench = cls()
+        bench.add(name or setup.task, setup)
+        return bench
+
     def add(self, name: str, setup: Setup, loader: Callable | None = None) -> Setup:
-        """A loaded member; ``loader()`` reads its θ_ft back after it is released (:meth:`finetuned`)."""
+        """A loaded member; ``loader()`` reads its θ_ft back after it is released (:meth:`finetuned`). The first
+        member's θ_pre, when loaded, is the bench's (a later one's is shared through :meth:`share`)."""
+        if self.pre is None and setup.pre is not None:
+            self.pre, self.pre_state = setup.pre, "loaded"
         self.members[name] = setup
         self.states[name] = "loaded"
         params = dict(setup.ft.named_parameters())
@@ -121,6 +132,14 @@ class Workbench:
         if loader is not None:
             self.loaders[name] = loader
         return setup
+
+    def load_pre(self, name: str) -> None:
+        """Load member ``name``'s θ_pre when it was deferred (a lean pair: after its θ_ft was scored and released,
+        so the two are never resident together; docs/scale.md); the first one is the bench's θ_pre."""
+        setup = self.members[name]
+        setup.load_deferred_pre()
+        if self.pre is None:
+            self.pre, self.pre_state = setup.pre, "loaded"
 
     def release(self, name: str, folder: Path | None = None) -> None:
         """Drop member ``name``'s θ_ft from memory (what identifies it, its head and its scores are kept); ``folder``:

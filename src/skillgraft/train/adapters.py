@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
+from skillgraft.lazy import no_grad, torch
 from pydantic import Field
 
 from skillgraft.errors import SkillgraftError
@@ -73,7 +73,7 @@ def adapter_parameter_count(scorer, names: list[str]) -> int:
     return sum(params[n].numel() for n in names)
 
 
-@torch.no_grad()
+@no_grad
 def merged_state(scorer) -> dict[str, torch.Tensor]:
     """The scorer's weights with every adapter merged in, under the plain (pre-injection) names."""
     from peft.tuners.tuners_utils import BaseTunerLayer  # noqa: PLC0415

@@ -20,7 +20,7 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-import torch
+from skillgraft.lazy import no_grad, torch
 
 from skillgraft.errors import SkillgraftError
 
@@ -63,7 +63,7 @@ class BestDev(Callback):
             self.step, self.score = step, metrics["dev"]
             self.weights = [p.detach().clone() for p in self.params]
 
-    @torch.no_grad()
+    @no_grad
     def on_train_end(self, state: TrainState) -> None:
         if self.weights is None:
             return
@@ -134,13 +134,13 @@ class RegionMask(Callback):
                         for n, p in self._params.items() if id(p) in live}
         state.trainable_parameters -= sum(p.numel() - int(m.sum()) for p, m, _ in self._masked)
 
-    @torch.no_grad()
+    @no_grad
     def on_after_backward(self, step: int) -> None:
         for p, mask, _ in self._masked:
             if p.grad is not None:
                 p.grad.mul_(mask)
 
-    @torch.no_grad()
+    @no_grad
     def on_after_optimizer_step(self, step: int) -> None:
         for p, mask, saved in self._masked:
             p.copy_(torch.where(mask, p, saved))

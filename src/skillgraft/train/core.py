@@ -15,9 +15,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-import torch
-from torch import nn
+from skillgraft.lazy import np
+from skillgraft.lazy import nn, no_grad, torch
 from tqdm.auto import tqdm
 
 from skillgraft.data.loading import Example
@@ -166,7 +165,7 @@ def _state(done: int, loss_ema, eval_seconds: float, seconds: float, params, opt
             "callbacks": [cb.state() if hasattr(cb, "state") else None for cb in callbacks]}
 
 
-@torch.no_grad()
+@no_grad
 def _resume(saved: dict, params, opt, state: TrainState, callbacks, accelerator) -> None:
     for p, value in zip(params, saved["params"]):
         p.copy_(value.to(p.device, p.dtype))

@@ -6,8 +6,9 @@ import csv
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+from skillgraft.lazy import np
 from pydantic import Field
 
 from skillgraft import __version__
@@ -16,11 +17,13 @@ from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram
 from skillgraft.evaluate.predict import evaluate, labels_of
 from skillgraft.errors import SkillgraftError
 from skillgraft.io import atomic_dir, atomic_path, check_target, read_json, write_json
-from skillgraft.models.scorer import Scorer
 from skillgraft.models.spec import MaxLength, Mode, ModelSpec, Pooling
 from skillgraft.spec import COUNT_MAX, Seed, Spec
 from skillgraft.train.config import FinetuneConfig
 from skillgraft.train.finetune import finetune as train
+
+if TYPE_CHECKING:
+    from skillgraft.models.scorer import Scorer
 
 
 def write_probs(path: Path, probs: np.ndarray, labels: np.ndarray, label_names) -> None:
@@ -113,6 +116,8 @@ def load_finetuned(run_dir: str | os.PathLike) -> tuple[Scorer, Scorer, RunConfi
     if not model_dir.is_dir():
         raise SkillgraftError(f"{run_dir}: not a fine-tuning run directory (no model/ folder)")
     cfg = read_run_config(run_dir)
+    from skillgraft.models.scorer import Scorer  # noqa: PLC0415
+
     ft = Scorer.from_pretrained(model_dir)
     pre = cfg.model_spec.scorer(ft.task, head_seed=cfg.finetune.seed)
     return ft, pre, cfg

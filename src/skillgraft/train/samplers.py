@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-import numpy as np
+from skillgraft.lazy import np
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError

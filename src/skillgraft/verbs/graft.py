@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+from skillgraft.lazy import np
 from pydantic import Field
 
 from skillgraft.errors import SkillgraftError
@@ -33,6 +33,7 @@ from skillgraft.graft.selection import Budget, region_universe
 from skillgraft.pipeline.regions import learned_regions, localizer_options
 from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.workbench import Workbench
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant, score_ft_first
 from skillgraft.spec import Spec
 
@@ -101,7 +102,8 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
     if keep is not None and keep.keep:
         get_localizer(report.localizer).check_ranked()  # before any work
     keep_only = bool(keep is not None and keep.keep and not getattr(options, "budgets", None))
-    score_ft_first(setup, release=releases_ft(report, keep, frontier), progress=progress)  # a lean pair
+    bench = Workbench.of(setup)  # θ_pre and one fine-tuned model: merge's path with N = 1
+    score_ft_first(bench, bench.names[0], release=releases_ft(report, keep, frontier), progress=progress)  # lean
     regions, summary = ({}, {}) if keep_only else learned_regions(setup, run.store, report.localizer, options,
                                                                  progress=progress)
     variants: list[Variant] = base_variants(setup)

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+from skillgraft.lazy import np
 from pydantic import Field, create_model
 
 from skillgraft.errors import SkillgraftError
@@ -202,7 +202,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
                 method.on_model(bench, m.name, setup.ft, opts, work)
             if (m.graft is None and reads_files) or setup.pre is None:
                 bench.release_to_files(m.name)  # localized from θ_ft's files: θ_pre and one tensor of θ_ft resident
-            setup.load_deferred_pre()  # a lean member: θ_pre after θ_ft's release (docs/scale.md)
+            bench.load_pre(m.name)  # a lean member: θ_pre after θ_ft's release (docs/scale.md)
             if len(bench.members) == 1:
                 for method, opts in chosen:
                     method.start(bench, opts, work)
@@ -227,9 +227,10 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
         for method, text in chosen_yamls(results, pretrained, [m.finetuned for m in inputs]).items():
             (tmp / "mergekit").mkdir(exist_ok=True)
             (tmp / "mergekit" / f"{method}.yaml").write_text(text)  # the dev-chosen config, for mergekit-yaml
+        (tmp / "report.md").write_text(report_markdown(summary))  # from the typed rows
+        summary = {**summary, "rows": [r.columns() for r in summary["rows"]]}  # merge.json holds their columns
         (tmp / "merge.json").write_text(json.dumps(summary, indent=2, default=float))
         write_csv(tmp / "results.csv", summary["rows"])
-        (tmp / "report.md").write_text(report_markdown(summary))
         (tmp / "README.md").write_text(readme(summary, mode))
     return summary
 

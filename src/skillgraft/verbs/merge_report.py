@@ -6,11 +6,11 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import numpy as np
+from skillgraft.lazy import np
 
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.merge import swapped, task_view
-from skillgraft.merge.base import Scored
+from skillgraft.merge.base import MergeRow, Scored
 from skillgraft.merge.mergekit import body_module
 from skillgraft.pipeline.report import md_table
 from skillgraft.verbs.merge_inputs import weight_files
@@ -18,49 +18,32 @@ from skillgraft.verbs.merge_inputs import weight_files
 
 def summarize(results: list[Scored], ft: Scored, setups: dict, grafts: dict[str, Graft],
               spec, mode: str, pretrained: str) -> dict:
-    """merge.json: settings, per-task rows, the chosen configurations and the headline comparison."""
+    """merge.json: settings, per-task rows (typed :class:`~skillgraft.merge.base.MergeRow`; ``merge.json`` holds
+    their columns), the chosen configurations and the headline comparison."""
     names = list(setups)
     ckpt = {n: sum(f.stat().st_size for f in weight_files(str(setups[n].ft_dir))) for n in names}
     graft_bytes = {n: graft_file_bytes(grafts[n]) for n in names}
-    rows = []
-    for s in results:
-        if not s.test and not s.dev:
-            rows.append({"method": s.method, "config": s.config, "error": s.info.get("error", "")})
-            continue
-        stitched = s.method in ("stitch", "graft")
-        stored = {n: (graft_bytes[n] if stitched else ckpt[n]) for n in names}
-        row = {"method": s.method, "config": s.config, "on_test": bool(s.test),
-               "chosen_on_dev": bool(s.info.get("chosen_on_dev")),
-               "dev_mean_normalized": s.mean_normalized(ft, "dev") if s.dev else None,
-               "mean_accuracy": float(np.mean(list(s.test.values()))) if s.test else None,
-               "mean_normalized": s.mean_normalized(ft) if s.test else None,
-               "bytes_per_task": float(np.mean(list(stored.values()))), **s.info}
-        for n in names:
-            row[f"{n}:dev"] = s.dev.get(n)
-            row[f"{n}:test"] = s.test.get(n)
-            row[f"{n}:normalized"] = s.normalized(ft).get(n) if s.test else None
-            row[f"{n}:bytes"] = stored[n]
-        rows.append(row)
-    stitch_rows = [r for r in rows if r["method"] == "stitch" and r.get("on_test")]
-    written = next(r for r in stitch_rows if r.get("written"))
-    plain = next(r for r in stitch_rows if r["config"] == spec.rule)  # λ = 1: Localize-and-Stitch as published
-    dev_rule = max(stitch_rows, key=lambda r: r["dev_mean_normalized"])
-    mk = [r for r in rows if r["method"].startswith("mergekit") and r.get("on_test") and r.get("chosen_on_dev")]
-    best_mk = max(mk, key=lambda r: r["mean_normalized"]) if mk else None
+    rows = [MergeRow.of(s, ft, graft_bytes if s.method in ("stitch", "graft") else ckpt) for s in results]
+    stitch_rows = [r for r in rows if r.method == "stitch" and r.on_test]
+    written = next(r for r in stitch_rows if r.info.get("written"))
+    plain = next(r for r in stitch_rows if r.config == spec.rule)  # λ = 1: Localize-and-Stitch as published
+    dev_rule = max(stitch_rows, key=lambda r: r.mean_normalized("dev"))
+    mk = [r for r in rows if r.method.startswith("mergekit") and r.on_test and r.chosen_on_dev]
+    best_mk = max(mk, key=lambda r: r.mean_normalized()) if mk else None
     checkpoint_bytes = float(np.mean(list(ckpt.values())))
-    headline = {"stitch_rule": spec.rule, "stitch_scale": written["scale"],
-                "stitch_mean_normalized": written["mean_normalized"],
-                "stitch_scale_1_mean_normalized": plain["mean_normalized"],
-                "stitch_rule_chosen_on_dev": dev_rule["config"],
-                "stitch_dev_rule_mean_normalized": dev_rule["mean_normalized"],
-                "best_mergekit": f"{best_mk['method']} ({best_mk['config']})" if best_mk else None,
-                "best_mergekit_mean_normalized": best_mk["mean_normalized"] if best_mk else None,
+    headline = {"stitch_rule": spec.rule, "stitch_scale": written.info["scale"],
+                "stitch_mean_normalized": written.mean_normalized(),
+                "stitch_scale_1_mean_normalized": plain.mean_normalized(),
+                "stitch_rule_chosen_on_dev": dev_rule.config,
+                "stitch_dev_rule_mean_normalized": dev_rule.mean_normalized(),
+                "best_mergekit": f"{best_mk.method} ({best_mk.config})" if best_mk else None,
+                "best_mergekit_mean_normalized": best_mk.mean_normalized() if best_mk else None,
                 "checkpoint_bytes": checkpoint_bytes,
                 "max_graft_bytes": max(graft_bytes.values()),
                 "max_graft_share_of_checkpoint": max(graft_bytes[n] / ckpt[n] for n in names if ckpt[n]) if
                 any(ckpt.values()) else None}
     if best_mk:
-        headline["stitch_at_least_best_mergekit"] = written["mean_normalized"] >= best_mk["mean_normalized"]
+        headline["stitch_at_least_best_mergekit"] = written.mean_normalized() >= best_mk.mean_normalized()
     tasks = {}
     for n in names:
         st = setups[n]
@@ -111,7 +94,8 @@ def _fmt(x, pct: bool = False) -> str:
 
 
 def report_markdown(s: dict) -> str:
-    """report.md: per-task accuracy and normalized accuracy of every method, means, bytes per task."""
+    """report.md: per-task accuracy and normalized accuracy of every method, means, bytes per task (``s``: the
+    summary with its typed rows, :func:`summarize`)."""
     names = list(s["tasks"])
     h = s["headline"]
     cfg = s["settings"]
@@ -135,25 +119,26 @@ def report_markdown(s: dict) -> str:
     header = ["method", "settings", *[f"{n} acc" for n in names], *[f"{n} norm" for n in names], "mean acc",
               "mean norm", "dev mean norm", "bytes / task"]
     table = []
-    for r in s["rows"]:
-        if not r.get("on_test"):
+    rows: list[MergeRow] = s["rows"]
+    for r in rows:
+        if not r.on_test:
             continue
-        mark = " (chosen on dev)" if r.get("chosen_on_dev") else ""
-        table.append([r["method"], r["config"] + mark, *[_fmt(r[f"{n}:test"]) for n in names],
-                      *[_fmt(r[f"{n}:normalized"]) for n in names], _fmt(r["mean_accuracy"]),
-                      _fmt(r["mean_normalized"]), _fmt(r["dev_mean_normalized"]), f"{r['bytes_per_task']:,.0f}"])
+        mark = " (chosen on dev)" if r.chosen_on_dev else ""
+        table.append([r.method, r.config + mark, *[_fmt(r.tasks[n].test) for n in names],
+                      *[_fmt(r.tasks[n].normalized()) for n in names], _fmt(r.mean_accuracy),
+                      _fmt(r.mean_normalized()), _fmt(r.mean_normalized("dev")), f"{r.bytes_per_task:,.0f}"])
     lines += md_table(header, table).splitlines()
-    grid = [r for r in s["rows"] if r["method"].startswith("mergekit") or r["method"] == "stitch"]
+    grid = [r for r in rows if r.method.startswith("mergekit") or r.method == "stitch"]
     if grid:
         lines += ["", "## Grids (chosen on dev rows only; mergekit: λ = `lambda`, weight 1 per model; stitch: λ of "
                   "θ_pre + λ Σ_t (γ_t ⊘ Σ_s γ_s) ⊙ τ_t)", "",
                   "| method | settings | dev mean norm | on test |", "|---|---|---:|---|"]
         for r in grid:
-            if r.get("error"):
-                lines.append(f"| {r['method']} | {r['config']} | failed: {r['error']} | - |")
+            if r.error:
+                lines.append(f"| {r.method} | {r.config} | failed: {r.error} | - |")
             else:
-                lines.append(f"| {r['method']} | {r['config']} | {_fmt(r['dev_mean_normalized'])} | "
-                             f"{'yes' if r.get('on_test') else 'no'} |")
+                lines.append(f"| {r.method} | {r.config} | {_fmt(r.mean_normalized('dev'))} | "
+                             f"{'yes' if r.on_test else 'no'} |")
     lines += ["", "## Headline", "",
               f"- stitch (`{h['stitch_rule']}`, λ = {h['stitch_scale']:g} chosen on dev; written to this folder): "
               f"mean normalized accuracy {_fmt(h['stitch_mean_normalized'])} (at λ = 1, Localize-and-Stitch as "

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import torch
+from skillgraft.lazy import torch
 from pydantic import Field
 
 from skillgraft.data.loading import Example

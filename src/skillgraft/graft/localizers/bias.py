@@ -8,7 +8,7 @@ A fractional budget is a fraction of the whole universe (``graftable``), as for 
 
 from __future__ import annotations
 
-import torch
+from skillgraft.lazy import torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers.base import Localizer, LocalizerOptions

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from functools import partial
 
-import torch
+from skillgraft.lazy import no_grad, torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers.layouts import Layout
@@ -192,7 +192,7 @@ class Candidates(Layout):
         return self._split(_stream_at(torch.Generator().manual_seed(seed), torch.cat(want), start))
 
     # ------------------------------------------------------------------ the working weights
-    @torch.no_grad()
+    @no_grad
     def hold(self, n: str, target: torch.Tensor) -> None:
         """Move tensor n's candidates from θ_pre + current⊙Δ to θ_pre + target⊙Δ."""
         delta = self.delta[n]
@@ -201,7 +201,7 @@ class Candidates(Layout):
         values.index_copy_(0, idx.to(torch.int64), (values.index_select(0, idx) + change * delta).to(values.dtype))
         self.current[n] = target
 
-    @torch.no_grad()
+    @no_grad
     def put(self, n: str, target: torch.Tensor) -> None:
         """θ_pre + target⊙Δ on tensor n's candidates, computed in float32 from the saved θ_pre (no drift)."""
         values = self.pieces[n].values()
@@ -217,7 +217,7 @@ class Candidates(Layout):
             values = self.pieces[n].values()
             values.index_copy_(0, self.pos[n].to(torch.int64), working[n].to(values.device, values.dtype))
 
-    @torch.no_grad()
+    @no_grad
     def restore(self) -> None:
         """θ_pre back on C, bit-exactly (nothing outside C was ever written)."""
         for n in self.names:
@@ -242,7 +242,7 @@ class Candidates(Layout):
             h.remove()
         self.hooks = []
 
-    @torch.no_grad()
+    @no_grad
     def grads(self) -> dict[str, torch.Tensor]:
         """The gathered ∂L/∂θ on C since the last call (zeros where a tensor got none)."""
         out = {}

@@ -13,7 +13,7 @@ import contextlib
 import functools
 from collections.abc import Iterator
 
-import torch
+from skillgraft.lazy import torch
 
 from skillgraft.errors import SkillgraftError
 

@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-import torch
+from skillgraft.lazy import np
+from skillgraft.lazy import no_grad, torch
 from tqdm.auto import tqdm
 
 from skillgraft.data.loading import Example
@@ -46,7 +46,6 @@ from skillgraft.graft.localizers.source import fine_tuned
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget
 from skillgraft.models.anatomy import carried_names, graftable_names
-from skillgraft.models.scorer import batch_hits, batch_loss
 
 
 class Optimizer:
@@ -57,7 +56,7 @@ class Optimizer:
         self.kind, self.lr, self.params, self.group = kind, lr, params, group
         self.adam = torch.optim.Adam(params, lr=lr) if kind == "adam" else None
 
-    @torch.no_grad()
+    @no_grad
     def step(self, grads: list[torch.Tensor]) -> None:
         if self.kind == "nsgd":
             scale = self._rms(grads).clamp_min(1e-30)
@@ -103,6 +102,21 @@ class Plan:
     scores: dict[str, torch.Tensor] | None = None  # the base score per graftable coordinate (default |Δ|)
     gradient_checkpointing: bool = False
     config: dict = field(default_factory=dict)
+
+
+def batch_loss(scorer, batch, reduction: str = "mean"):
+    """The scorer's own loss on a batch (:func:`skillgraft.models.scorer.batch_loss`; imported on first use, so the
+    localizers' options load without torch)."""
+    from skillgraft.models.scorer import batch_loss as loss  # noqa: PLC0415
+
+    return loss(scorer, batch, reduction=reduction)
+
+
+def batch_hits(scorer, batch):
+    """(correct, count) on a batch (:func:`skillgraft.models.scorer.batch_hits`; imported on first use)."""
+    from skillgraft.models.scorer import batch_hits as hits  # noqa: PLC0415
+
+    return hits(scorer, batch)
 
 
 def run(pre, ft, train: list[Example], select: list[Example], plan: Plan, *, accelerator=None,
@@ -322,7 +336,7 @@ def _micro_batches(mine: np.ndarray, micro_batch: int, lockstep: int | None):
         yield (chunk, 1) if len(chunk) else (np.zeros(1, dtype=np.int64), 0.0)
 
 
-@torch.no_grad()
+@no_grad
 def _accuracy(scorer, examples: list[Example], micro_batch: int, accelerator, lockstep: bool = False) -> float:
     """Accuracy of ``scorer`` on ``examples`` (sharded over processes, counts summed)."""
     world, rank = accelerator.num_processes, accelerator.process_index

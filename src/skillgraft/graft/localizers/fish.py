@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
+from skillgraft.lazy import torch
 from pydantic import Field
 
 from skillgraft.errors import SkillgraftError

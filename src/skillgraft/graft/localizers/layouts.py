@@ -16,7 +16,7 @@ saved θ_pre (binary and sampled masks: no drift however often they flip).
 
 from __future__ import annotations
 
-import torch
+from skillgraft.lazy import no_grad, torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers.sharded import Group
@@ -36,12 +36,12 @@ class Layout:
     group: Group
 
     # ------------------------------------------------------------------ writing masks
-    @torch.no_grad()
+    @no_grad
     def hold(self, n: str, target: torch.Tensor) -> None:
         """Move tensor n's working weights from θ_pre + current⊙Δ to θ_pre + target⊙Δ (incrementally)."""
         raise NotImplementedError
 
-    @torch.no_grad()
+    @no_grad
     def put(self, n: str, target: torch.Tensor) -> None:
         """Write θ_pre + target⊙Δ at tensor n from the saved θ_pre (exact, whatever was held before)."""
         raise SkillgraftError(f"{type(self).__name__} layout keeps no θ_pre to write binary masks from")
@@ -132,14 +132,14 @@ class Layout:
         pass
 
     # ------------------------------------------------------------------ resuming (skillgraft.resume)
-    @torch.no_grad()
+    @no_grad
     def state(self) -> dict:
         """What a resumed run needs of the layout, bit for bit: the working weights at its coordinates (written
         incrementally, they carry the rounding of every step) and the mask they hold."""
         return {"working": {n: w.detach().to("cpu", copy=True) for n, w in self._working().items()},
                 "current": {n: c.detach().to("cpu", copy=True) for n, c in self.current.items()}}
 
-    @torch.no_grad()
+    @no_grad
     def load_state(self, state: dict) -> None:
         """:meth:`state` put back."""
         self._set_working(state["working"])
@@ -164,7 +164,7 @@ class Dense(Layout):
         self.universe = sum(d.numel() for d in self.delta.values())
         self.current = {n: torch.zeros(d.shape, device=d.device) for n, d in self.delta.items()}
 
-    @torch.no_grad()
+    @no_grad
     def hold(self, n: str, target: torch.Tensor) -> None:
         change = target.to(self.delta[n].dtype) - self.current[n].to(self.delta[n].dtype)
         self.params[n].add_(change * self.delta[n])
@@ -202,7 +202,7 @@ class Dense(Layout):
         for p in self.params.values():
             p.requires_grad_(True)
 
-    @torch.no_grad()
+    @no_grad
     def grads(self) -> dict[str, torch.Tensor]:
         out = {}
         for n, p in self.params.items():

@@ -22,7 +22,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Literal
 
-import torch
+from skillgraft.lazy import torch
 from pydantic import Field, model_serializer, model_validator
 
 from skillgraft.data.loading import Example

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 
-import torch
+from skillgraft.lazy import torch
 
 from skillgraft.models.anatomy import carried_names
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import torch
+from skillgraft.lazy import torch
 
 from skillgraft.graft.localizers.base import Localizer, LocalizerOptions
 from skillgraft.graft.localizers.source import SafetensorsFolder, fine_tuned, row_slices

@@ -6,7 +6,7 @@ regions of several sizes from one seed are nested. As scores: s_{π_i} = |U| −
 
 from __future__ import annotations
 
-import torch
+from skillgraft.lazy import torch
 from pydantic import Field
 
 from skillgraft.graft.localizers.base import Localizer, LocalizerOptions

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-import torch
+from skillgraft.lazy import no_grad, torch
 
 from skillgraft.graft.keep import Ranking
 from skillgraft.graft.localizers.layouts import Layout
@@ -109,7 +109,7 @@ class Sigmoid(Relaxation):
             return self.mask(0)
         return {n: torch.where(self.base[n], self.bias - self.S[n], self.S[n] - self.bias) for n in self.layout.names}
 
-    @torch.no_grad()
+    @no_grad
     def grad(self, g):
         out = []
         for n in self.layout.names:

@@ -40,7 +40,7 @@ import time
 from functools import partial
 from typing import Literal
 
-import torch
+from skillgraft.lazy import torch
 from pydantic import Field, model_serializer, model_validator
 
 from skillgraft.errors import SkillgraftError

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
+from skillgraft.lazy import torch
 from pydantic import Field
 
 from skillgraft.errors import SkillgraftError
@@ -22,7 +22,6 @@ from skillgraft.fisher.fisher import FisherConfig, fisher_diagonal
 from skillgraft.graft.localizers.base import Localizer, LocalizerOptions, examples_of
 from skillgraft.graft.localizers.lending import lent_head, preserved
 from skillgraft.models.anatomy import check_compatible, graftable_names
-from skillgraft.models.scorer import batch_loss
 from skillgraft.spec import COUNT_MAX, Spec
 
 
@@ -64,6 +63,8 @@ def saliency_scores(pre, ft, train, config: SaliencyConfig, graftable="body", *,
 
 
 def _gradient_scores(scorer, train, names, delta, config: SaliencyConfig) -> dict[str, torch.Tensor]:
+    from skillgraft.models.scorer import batch_loss  # noqa: PLC0415
+
     params = dict(scorer.named_parameters())
     for p in scorer.parameters():
         p.requires_grad_(False)

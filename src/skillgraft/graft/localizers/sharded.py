@@ -14,7 +14,7 @@ import math
 import os
 from dataclasses import dataclass
 
-import torch
+from skillgraft.lazy import torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers.topk import Collective

@@ -17,7 +17,7 @@ import math
 import os
 from pathlib import Path
 
-import torch
+from skillgraft.lazy import torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.models.anatomy import HEAD_PREFIX, check_compatible

@@ -12,7 +12,7 @@ flat index within a tensor). Because it is a strict total order, top-k(A ∪ B) 
 
 from __future__ import annotations
 
-import torch
+from skillgraft.lazy import torch
 
 from skillgraft.graft.selection import top_k_flat
 
@@ -87,8 +87,8 @@ class StreamingTopK:
     call to the next. ``result()`` gives (scores, positions), ascending.
     """
 
-    def __init__(self, k: int, dtype: torch.dtype = torch.float32):
-        self.k, self.dtype = k, dtype
+    def __init__(self, k: int, dtype: torch.dtype | None = None):
+        self.k, self.dtype = k, torch.float32 if dtype is None else dtype
         self.scores = torch.empty(0, dtype=dtype)
         self.positions = torch.empty(0, dtype=torch.int64)
         self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
