@@ -16,6 +16,9 @@ from skillgraft.evaluate.metrics import share_of_ft
 from skillgraft.spec import Spec
 
 
+Use = Callable[[str], contextlib.AbstractContextManager]  # task name → a context yielding the scorer to score
+
+
 @dataclass
 class Scored:
     """One merged model (a method and its settings) scored per task."""
@@ -26,6 +29,7 @@ class Scored:
     test: dict[str, float] = field(default_factory=dict)
     info: dict = field(default_factory=dict)   # written to merge.json's row
     body: object = field(default=None, repr=False, compare=False)  # what the row merged (the stitch's Graft)
+    reuse: Callable[[], Use] | None = field(default=None, repr=False, compare=False)  # its models again (refit)
 
     def normalized(self, ft: Scored, split: str = "test") -> dict[str, float]:
         """Score ÷ the task's own fine-tuned score (:func:`~skillgraft.evaluate.metrics.share_of_ft`, as a graft
@@ -37,9 +41,6 @@ class Scored:
     def mean_normalized(self, ft: Scored, split: str = "test") -> float:
         vals = list(self.normalized(ft, split).values())
         return float(np.mean(vals)) if vals else float("nan")
-
-
-Use = Callable[[str], contextlib.AbstractContextManager]  # task name → a context yielding the scorer to score
 
 
 class Bench(Protocol):

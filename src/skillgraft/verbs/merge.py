@@ -61,6 +61,12 @@ class MergeSettings(Spec):
     mode: str | None = Field(None, description="how to score the models: classifier | prompt | causal | generative "
                                                "(default: from the fine-tuned checkpoints' class)")
     max_length: int = Field(128, ge=8, description="max tokens per example")
+    refit_heads: int | None = Field(None, ge=1, description="refit each task's head (its last linear layer) on N "
+                                                            "labelled training rows per task on every merged body "
+                                                            "(never test or dev rows); the report shows every "
+                                                            "method with and without it")
+    routed: bool = Field(False, description="also write routed/: one base model plus each task's graft and head, "
+                                            "loaded by skillgraft.RoutedSkills (a task's graft applied per request)")
 
 
 # The options of ``skillgraft merge``: its own settings and every registered method's options (one default each).
@@ -210,12 +216,17 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             bench.release(m.name)
         t_loc = time.perf_counter() - t0
         results: list[Scored] = [ft, Scored("graft", f"each task's own graft ({spec.budget.label})")]
-        results[1].dev, results[1].test = (bench.score(bench.grafted(lambda n: bench.grafts[n]), s)
-                                           for s in ("dev", "test"))
+        own = bench.grafted(lambda n: bench.grafts[n])
+        results[1].dev, results[1].test = (bench.score(own, s) for s in ("dev", "test"))
+        results[1].reuse = lambda: own
         for method, opts in tqdm(chosen, desc="merge methods", unit="method", disable=not progress):
             t1 = time.perf_counter()
             results += method.rows(bench, opts, ft, work)
             seconds[method.name] = time.perf_counter() - t1
+        if spec.refit_heads:
+            t1 = time.perf_counter()
+            results += refit_rows(bench, results, spec.refit_heads, progress)
+            seconds["refit_heads"] = time.perf_counter() - t1
     written = next(s.body for s in results if s.method == "stitch" and s.info.get("written"))
     summary = summarize(results, ft, bench.members, bench.grafts, spec, mode, pretrained)
     summary["seconds"] = {"localize_and_load": t_loc, "mergekit": seconds.get("mergekit", 0.0),
@@ -232,6 +243,26 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
         (tmp / "report.md").write_text(report_markdown(summary))
         (tmp / "README.md").write_text(readme(summary, mode))
     return summary
+
+
+def refit_rows(bench: MergeBench, results: list[Scored], n: int, progress: bool = False) -> list[Scored]:
+    """Every test-scored row that can give its models again, with each task's head refitted on ``n`` training rows
+    (:mod:`skillgraft.merge.refit`), scored on dev and test."""
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
+    from skillgraft.merge.refit import refit_rows as sample, refitted  # noqa: PLC0415
+
+    rows = {name: sample(setup.data.train, n, setup.data.seed) for name, setup in bench.members.items()}
+    out = []
+    for s in tqdm([s for s in results if s.test and s.reuse is not None], desc="refit heads", unit="row",
+                  disable=not progress):
+        use = refitted(s.reuse(), rows.__getitem__)
+        info = {k: v for k, v in s.info.items() if k != "written"}
+        r = Scored(s.method, f"{s.config} + refit heads", info={**info, "refit_heads": n,
+                                                              "refit_rows": {t: len(x) for t, x in rows.items()}})
+        r.dev, r.test = bench.score(use, "dev"), bench.score(use, "test")
+        out.append(r)
+    return out
 
 
 def _loader(setup: Setup, finetuned: str, max_length: int):

@@ -28,24 +28,27 @@ def summarize(results: list[Scored], ft: Scored, setups: dict, grafts: dict[str,
             rows.append({"method": s.method, "config": s.config, "error": s.info.get("error", "")})
             continue
         stitched = s.method in ("stitch", "graft")
-        stored = {n: (graft_bytes[n] if stitched else ckpt[n]) for n in names}
+        own = s.info.get("bytes") or {}  # a method that stores its own per-task artefact says its bytes
+        stored = {n: own.get(n, graft_bytes[n] if stitched else ckpt[n]) for n in names}
+        info = {k: v for k, v in s.info.items() if k != "bytes"}
         row = {"method": s.method, "config": s.config, "on_test": bool(s.test),
                "chosen_on_dev": bool(s.info.get("chosen_on_dev")),
                "dev_mean_normalized": s.mean_normalized(ft, "dev") if s.dev else None,
                "mean_accuracy": float(np.mean(list(s.test.values()))) if s.test else None,
                "mean_normalized": s.mean_normalized(ft) if s.test else None,
-               "bytes_per_task": float(np.mean(list(stored.values()))), **s.info}
+               "bytes_per_task": float(np.mean(list(stored.values()))), **info}
         for n in names:
             row[f"{n}:dev"] = s.dev.get(n)
             row[f"{n}:test"] = s.test.get(n)
             row[f"{n}:normalized"] = s.normalized(ft).get(n) if s.test else None
             row[f"{n}:bytes"] = stored[n]
         rows.append(row)
-    stitch_rows = [r for r in rows if r["method"] == "stitch" and r.get("on_test")]
+    plain_rows = [r for r in rows if not r.get("refit_heads")]
+    stitch_rows = [r for r in plain_rows if r["method"] == "stitch" and r.get("on_test")]
     written = next(r for r in stitch_rows if r.get("written"))
     plain = next(r for r in stitch_rows if r["config"] == spec.rule)  # λ = 1: Localize-and-Stitch as published
     dev_rule = max(stitch_rows, key=lambda r: r["dev_mean_normalized"])
-    mk = [r for r in rows if r["method"].startswith("mergekit") and r.get("on_test") and r.get("chosen_on_dev")]
+    mk = [r for r in plain_rows if r["method"].startswith("mergekit") and r.get("on_test") and r.get("chosen_on_dev")]
     best_mk = max(mk, key=lambda r: r["mean_normalized"]) if mk else None
     checkpoint_bytes = float(np.mean(list(ckpt.values())))
     headline = {"stitch_rule": spec.rule, "stitch_scale": written["scale"],
@@ -61,6 +64,7 @@ def summarize(results: list[Scored], ft: Scored, setups: dict, grafts: dict[str,
                 any(ckpt.values()) else None}
     if best_mk:
         headline["stitch_at_least_best_mergekit"] = written["mean_normalized"] >= best_mk["mean_normalized"]
+    headline.update(refit_headline(rows, written))
     tasks = {}
     for n in names:
         st = setups[n]
@@ -72,6 +76,24 @@ def summarize(results: list[Scored], ft: Scored, setups: dict, grafts: dict[str,
 
     return {"pretrained": pretrained, "mode": mode, "settings": spec.to_dict(), "tasks": tasks, "rows": rows,
             "headline": headline, "caveats": merge_caveats(setups, ft.test)}
+
+
+def refit_headline(rows: list[dict], written: dict) -> dict:
+    """With --refit-heads: the written stitch and the best dev-chosen mergekit method, each with refitted heads."""
+    refit = [r for r in rows if r.get("refit_heads") and r.get("on_test")]
+    if not refit:
+        return {}
+    stitch = next((r for r in refit if r["method"] == "stitch" and r["config"] == f"{written['config']} + refit heads"),
+                  None)
+    mk = [r for r in refit if r["method"].startswith("mergekit") and r.get("chosen_on_dev")]
+    best = max(mk, key=lambda r: r["mean_normalized"]) if mk else None
+    out = {"refit_heads": refit[0]["refit_heads"],
+           "stitch_refit_mean_normalized": stitch["mean_normalized"] if stitch else None,
+           "best_mergekit_refit": f"{best['method']} ({best['config']})" if best else None,
+           "best_mergekit_refit_mean_normalized": best["mean_normalized"] if best else None}
+    if stitch and best:
+        out["stitch_refit_at_least_best_mergekit_refit"] = stitch["mean_normalized"] >= best["mean_normalized"]
+    return out
 
 
 def graft_file_bytes(graft: Graft) -> int:
@@ -154,6 +176,7 @@ def report_markdown(s: dict) -> str:
             else:
                 lines.append(f"| {r['method']} | {r['config']} | {_fmt(r['dev_mean_normalized'])} | "
                              f"{'yes' if r.get('on_test') else 'no'} |")
+    lines += refit_markdown(s)
     lines += ["", "## Headline", "",
               f"- stitch (`{h['stitch_rule']}`, λ = {h['stitch_scale']:g} chosen on dev; written to this folder): "
               f"mean normalized accuracy {_fmt(h['stitch_mean_normalized'])} (at λ = 1, Localize-and-Stitch as "
@@ -162,6 +185,10 @@ def report_markdown(s: dict) -> str:
     if h.get("best_mergekit"):
         lines.append(f"- best mergekit method (its settings chosen on dev, best of the methods on test): "
                      f"{h['best_mergekit']}: {_fmt(h['best_mergekit_mean_normalized'])}")
+    if h.get("refit_heads"):
+        lines.append(f"- with heads refitted on {h['refit_heads']} rows per task: stitch "
+                     f"{_fmt(h['stitch_refit_mean_normalized'])}, best mergekit method {h['best_mergekit_refit']}: "
+                     f"{_fmt(h['best_mergekit_refit_mean_normalized'])}")
     if h.get("max_graft_share_of_checkpoint") is not None:
         lines.append(f"- largest stored skill: {h['max_graft_bytes']:,} bytes = "
                      f"{100 * h['max_graft_share_of_checkpoint']:.2f}% of its checkpoint's weight bytes")
@@ -176,6 +203,27 @@ def report_markdown(s: dict) -> str:
               "values, the task's head) for the stitch; the whole fine-tuned checkpoint (its dense task vector) for "
               "mergekit's methods and single-task models.", ""]
     return "\n".join(lines)
+
+
+def refit_markdown(s: dict) -> list[str]:
+    """Every test-scored method with and without refitted heads (--refit-heads)."""
+    refit = {(r["method"], r["config"].removesuffix(" + refit heads")): r for r in s["rows"]
+             if r.get("refit_heads") and r.get("on_test")}
+    if not refit:
+        return []
+    n = next(iter(refit.values()))["refit_heads"]
+    lines = ["", f"## With each task's head refitted ({n} training rows per task, on the merged body)", "",
+             "Only the last linear layer of each task's head is refitted (L-BFGS, cross-entropy, pulled toward the "
+             "fine-tuned head); the rows are training rows, never test or dev rows.", "",
+             "| method | settings | mean norm | mean norm, refitted heads | change |", "|---|---|---:|---:|---:|"]
+    for r in s["rows"]:
+        k = (r["method"], r["config"])
+        if r.get("refit_heads") or not r.get("on_test") or k not in refit:
+            continue
+        a, b = r["mean_normalized"], refit[k]["mean_normalized"]
+        mark = " (chosen on dev)" if r.get("chosen_on_dev") else ""
+        lines.append(f"| {r['method']} | {r['config']}{mark} | {_fmt(a)} | {_fmt(b)} | {b - a:+.4f} |")
+    return lines
 
 
 def readme(s: dict, mode: str) -> str:

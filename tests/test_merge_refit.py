@@ -1,0 +1,86 @@
+"""Issue 35: ``skillgraft merge --refit-heads N`` (each task's head refitted on the merged body) and the task-aware
+merge methods (TALL masks, T-Switch, EMR-Merging) checked against their equations on tiny tensors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_merge import classifiers, cli, fake_mergekit, merge_args  # noqa: F401  (fixture)
+
+from skillgraft.merge.refit import fit_head, head_layer, refitted
+
+
+@pytest.fixture(scope="module")
+def refit_run(classifiers, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("refit") / "out"
+    text = cli(*merge_args(classifiers, out, "--localizer", "movement", "--budgets", "0.05", "--mergekit",
+                           "task_arithmetic", "--scales", "0.5", "--rules", "average", "--stitch-scales", "1,2",
+                           "--refit-heads", "16"), obj={"mergekit_runner": fake_mergekit})
+    return out, text
+
+
+def test_refit_rows_in_report_beside_every_method(refit_run):
+    out, _ = refit_run
+    s = json.loads((out / "merge.json").read_text())
+    plain = {(r["method"], r["config"]) for r in s["rows"] if r.get("on_test") and not r.get("refit_heads")}
+    refit = {(r["method"], r["config"].removesuffix(" + refit heads")) for r in s["rows"] if r.get("refit_heads")}
+    # every test-scored merged model (the stitch's, mergekit's, each graft alone) has its refitted twin
+    assert plain - {("fine-tuned", "each task's own model")} == refit
+    assert all(r["refit_rows"] == {"sentiment": 16, "topic": 16} for r in s["rows"] if r.get("refit_heads"))
+    h = s["headline"]
+    assert h["refit_heads"] == 16 and h["stitch_refit_mean_normalized"] is not None
+    assert h["best_mergekit_refit"].startswith("mergekit task_arithmetic")
+    report = (out / "report.md").read_text()
+    assert "refitted heads" in report and "16 training rows per task" in report
+    # the written model and the headline's plain numbers are the merge without refit
+    assert [r for r in s["rows"] if r.get("written")][0].get("refit_heads") is None
+
+
+def test_refit_changes_only_the_head_layer_on_training_rows(classifiers, tmp_path):  # noqa: F811
+    """Inside the refitted block only the head's last linear layer differs; after it the model is bit-exact; the
+    rows used are training rows (not one test or dev row)."""
+    from skillgraft.merge import Scored  # noqa: F401
+    from skillgraft.merge.refit import refit_rows
+    from skillgraft.verbs.merge import MergeSpec, open_setup
+    from skillgraft.verbs.merge_inputs import resolve_inputs
+
+    from skillgraft.data.spec import UserDataSpec
+
+    spec = MergeSpec()
+    c = classifiers
+    _, inputs = resolve_inputs(pretrained=str(c["base"]), finetuned=[str(c[t][0]) for t in ("sentiment", "topic")],
+                               data=[str(c[t][1]) for t in ("sentiment", "topic")],
+                               eval_data=[str(c[t][2]) for t in ("sentiment", "topic")],
+                               dev_data=[], grafts=[], shared=UserDataSpec())
+    setup = open_setup(str(c["base"]), inputs[1], spec)
+    rows = refit_rows(setup.data.train, 24, setup.data.seed)
+    key = lambda ex: (ex.text_a, ex.text_b, ex.label)  # noqa: E731
+    train = [key(x) for x in setup.data.train]
+    assert len(rows) == 24 and all(key(r) in train for r in rows)
+    held = {key(x) for x in setup.test} | {key(x) for x in setup.data.dev}
+    assert not [r for r in rows if key(r) in held and key(r) not in train]  # only training rows are drawn
+    scorer = setup.ft
+    before = {n: p.detach().clone() for n, p in scorer.named_parameters()}
+    import contextlib
+
+    use = refitted(lambda name: contextlib.nullcontext(scorer), lambda name: rows)
+    name, _ = head_layer(scorer)
+    with use("topic"):
+        inside = {n: p.detach().clone() for n, p in scorer.named_parameters()}
+    changed = {n for n in before if not torch.equal(before[n], inside[n])}
+    assert changed and changed <= {f"model.{name}.weight", f"model.{name}.bias"}
+    assert all(torch.equal(before[n], p) for n, p in scorer.named_parameters())
+
+
+def test_fit_head_solves_logistic_regression():
+    """On separable features the refitted head classifies every row; at l2 → ∞ it stays the initial head."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 5, generator=g)
+    y = (x[:, 0] > 0).long()
+    w0, b0 = torch.zeros(2, 5), torch.zeros(2)
+    fit = fit_head(x, y, w0, b0, l2=1e-4)
+    assert ((x @ fit["weight"].T + fit["bias"]).argmax(-1) == y).all()
+    stiff = fit_head(x, y, w0, b0, l2=1e8)
+    assert stiff["weight"].abs().max() < 1e-4
