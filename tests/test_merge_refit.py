@@ -1,5 +1,5 @@
-"""Issue 35: ``skillgraft merge --refit-heads N`` (each task's head refitted on the merged body) and the task-aware
-merge methods (TALL masks, T-Switch, EMR-Merging) checked against their equations on tiny tensors."""
+"""Issue 35: ``skillgraft merge --refit-heads N`` (each task's head refitted on the merged body) and ``--routed``
+(one base plus each task's graft and head, read by :class:`skillgraft.RoutedSkills`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def refit_run(classifiers, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("refit") / "out"
     text = cli(*merge_args(classifiers, out, "--localizer", "movement", "--budgets", "0.05", "--mergekit",
                            "task_arithmetic", "--scales", "0.5", "--rules", "average", "--stitch-scales", "1,2",
-                           "--refit-heads", "16"), obj={"mergekit_runner": fake_mergekit})
+                           "--refit-heads", "16", "--routed"), obj={"mergekit_runner": fake_mergekit})
     return out, text
 
 
@@ -84,3 +84,69 @@ def test_fit_head_solves_logistic_regression():
     assert ((x @ fit["weight"].T + fit["bias"]).argmax(-1) == y).all()
     stiff = fit_head(x, y, w0, b0, l2=1e8)
     assert stiff["weight"].abs().max() < 1e-4
+
+
+def plain_graft_logits(folder, task: str, texts: list[str]) -> torch.Tensor:
+    """The task's graft applied with plain transformers + safetensors: θ_pre's checkpoint with the graft's packed
+    positions and values written in and its head loaded."""
+    import transformers as tf
+    from safetensors.torch import load_file
+
+    cfg = json.loads((folder / "skills" / task / "graft_config.json").read_text())
+    tensors = load_file(str(folder / "skills" / task / "graft.safetensors"))
+    heads = {k.removeprefix("carried::model."): v for k, v in tensors.items() if k.startswith("carried::")}
+    labels = heads["classifier.weight"].shape[0]
+    model = tf.AutoModelForSequenceClassification.from_pretrained(folder / "base", num_labels=labels,
+                                                                  ignore_mismatched_sizes=True).eval()
+    params = dict(model.named_parameters())
+    flat = tensors["indices"].long()
+    start = 0
+    with torch.no_grad():
+        for name, shape in cfg["shapes"].items():
+            n = int(torch.Size(shape).numel())
+            sel = (flat >= start) & (flat < start + n)
+            params[name.removeprefix("model.")].view(-1)[flat[sel] - start] = tensors["values"][sel]
+            start += n
+        for name, t in heads.items():
+            params[name].copy_(t)
+    tok = tf.AutoTokenizer.from_pretrained(folder / "base")
+    with torch.no_grad():
+        return model(**tok(texts, return_tensors="pt", padding=True)).logits
+
+
+def test_routed_loader_applies_each_graft_exactly_and_restores_the_base(refit_run):
+    import skillgraft
+
+    out, _ = refit_run
+    folder = out / "routed"
+    skills = skillgraft.RoutedSkills.from_pretrained(folder)
+    assert skills.tasks == ["sentiment", "topic"]
+    before = {k: v.clone() for k, v in skills.model.state_dict().items()}
+    labels_before = dict(skills.model.config.id2label)
+    texts = ["the news said football today", "a good film", "market said"]
+    enc = skills.tokenizer(texts, return_tensors="pt", padding=True)
+    got = {}
+    for task in skills.tasks:
+        with skills.use(task) as model, torch.no_grad():
+            got[task] = model(**enc).logits
+            assert model.config.id2label == dict(enumerate(skills.labels[task]))
+        assert torch.equal(got[task], plain_graft_logits(folder, task, texts))
+        after = skills.model.state_dict()
+        assert after.keys() == before.keys() and all(torch.equal(before[k], after[k]) for k in before)
+        assert dict(skills.model.config.id2label) == labels_before
+    assert got["topic"].shape[1] == 3 and got["sentiment"].shape[1] == 2
+    # a mixed batch grouped by task gives what each task's block gives
+    tasks = ["topic", "sentiment", "topic"]
+    assert skills.grouped(tasks) == {"topic": [0, 2], "sentiment": [1]}
+    for task, idx, model in skills.batches(tasks):
+        with torch.no_grad():
+            sub = model(**skills.tokenizer([texts[i] for i in idx], return_tensors="pt", padding=True)).logits
+        ref = plain_graft_logits(folder, task, [texts[i] for i in idx])
+        assert torch.allclose(sub, ref, atol=1e-6)
+    s = json.loads((out / "merge.json").read_text())
+    r = s["routed"]
+    assert r["switch_ms"] > 0 and set(r["tasks"]) == {"sentiment", "topic"}
+    graft_row = next(x for x in s["rows"] if x["method"] == "graft" and not x.get("refit_heads"))
+    assert r["mean_normalized"] == graft_row["mean_normalized"]
+    assert r["bytes_per_task"] == pytest.approx(graft_row["bytes_per_task"], rel=0.01)
+    assert "Routed skills" in (out / "report.md").read_text()

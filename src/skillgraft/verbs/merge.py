@@ -238,6 +238,8 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
         for method, text in chosen_yamls(results, pretrained, [m.finetuned for m in inputs]).items():
             (tmp / "mergekit").mkdir(exist_ok=True)
             (tmp / "mergekit" / f"{method}.yaml").write_text(text)  # the dev-chosen config, for mergekit-yaml
+        if spec.routed:
+            summary["routed"] = write_routed_outputs(tmp / "routed", bench, summary)
         (tmp / "merge.json").write_text(json.dumps(summary, indent=2, default=float))
         write_csv(tmp / "results.csv", summary["rows"])
         (tmp / "report.md").write_text(report_markdown(summary))
@@ -262,6 +264,26 @@ def refit_rows(bench: MergeBench, results: list[Scored], n: int, progress: bool 
                                                               "refit_rows": {t: len(x) for t, x in rows.items()}})
         r.dev, r.test = bench.score(use, "dev"), bench.score(use, "test")
         out.append(r)
+    return out
+
+
+def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict) -> dict:
+    """``routed/`` (:mod:`skillgraft.graft.routed`) and what the report says of it: each task's graft alone is the
+    routed model of that task (the ``graft`` rows), its bytes, and the switch time of the loader as written."""
+    from skillgraft.graft.routed import RoutedSkills, switch_seconds, write_routed  # noqa: PLC0415
+
+    labels = {n: list(setup.data.task.labels) for n, setup in bench.members.items()}
+    record = write_routed(folder, bench.pre, bench.grafts, labels)
+    seconds = switch_seconds(RoutedSkills.from_pretrained(folder))
+    rows = [r for r in summary["rows"] if r["method"] == "graft" and r.get("on_test")]
+    ckpt = summary["headline"]["checkpoint_bytes"]
+    out = {"folder": "routed", "switch_ms": 1e3 * seconds,
+           "bytes_per_task": float(np.mean([t["bytes"] for t in record["tasks"].values()])),
+           "tasks": {n: t["bytes"] for n, t in record["tasks"].items()}}
+    out["share_of_checkpoint"] = out["bytes_per_task"] / ckpt if ckpt else None
+    for r in rows:
+        key = "mean_normalized_refit" if r.get("refit_heads") else "mean_normalized"
+        out[key] = r["mean_normalized"]
     return out
 
 

@@ -177,6 +177,7 @@ def report_markdown(s: dict) -> str:
                 lines.append(f"| {r['method']} | {r['config']} | {_fmt(r['dev_mean_normalized'])} | "
                              f"{'yes' if r.get('on_test') else 'no'} |")
     lines += refit_markdown(s)
+    lines += routed_markdown(s)
     lines += ["", "## Headline", "",
               f"- stitch (`{h['stitch_rule']}`, λ = {h['stitch_scale']:g} chosen on dev; written to this folder): "
               f"mean normalized accuracy {_fmt(h['stitch_mean_normalized'])} (at λ = 1, Localize-and-Stitch as "
@@ -223,6 +224,24 @@ def refit_markdown(s: dict) -> list[str]:
         a, b = r["mean_normalized"], refit[k]["mean_normalized"]
         mark = " (chosen on dev)" if r.get("chosen_on_dev") else ""
         lines.append(f"| {r['method']} | {r['config']}{mark} | {_fmt(a)} | {_fmt(b)} | {b - a:+.4f} |")
+    return lines
+
+
+def routed_markdown(s: dict) -> list[str]:
+    """--routed: the routed skills' accuracy, bytes per task and switch time."""
+    r = s.get("routed")
+    if not r:
+        return []
+    share = f" ({100 * r['share_of_checkpoint']:.2f}% of a checkpoint)" if r.get("share_of_checkpoint") else ""
+    lines = ["", "## Routed skills (`routed/`: one base, each task's graft and head, applied per request)", "",
+             f"- mean normalized accuracy {_fmt(r.get('mean_normalized'))} (each task's graft alone: the `graft` row)"
+             + (f"; with refitted heads {_fmt(r['mean_normalized_refit'])}" if "mean_normalized_refit" in r else ""),
+             f"- bytes per task {r['bytes_per_task']:,.0f}{share}",
+             f"- switch time {r['switch_ms']:.2f} ms (median of apply + revert through `RoutedSkills.use`)", "",
+             "```python", "from skillgraft import RoutedSkills",
+             "skills = RoutedSkills.from_pretrained(\"routed\")",
+             f"with skills.use(\"{next(iter(s['tasks']))}\") as model:",
+             "    logits = model(**skills.tokenizer(texts, return_tensors=\"pt\", padding=True)).logits", "```"]
     return lines
 
 
