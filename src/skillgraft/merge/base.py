@@ -50,8 +50,9 @@ class Bench(Protocol):
     grafts: dict[str, object]  # each task's graft (skillgraft.graft.Graft)
     base: Mapping[str, torch.Tensor]  # θ_pre per scorer parameter name
 
-    def score(self, use: Use, split: str) -> dict[str, float]:
-        """Each task's score on its ``split`` rows (dev or test) with the scorer ``use(name)`` yields."""
+    def score(self, use: Use, split: str, names: list[str] | None = None) -> dict[str, float]:
+        """Each task's (of ``names``, default all) score on its ``split`` rows (dev or test) with the scorer
+        ``use(name)`` yields."""
 
     def grafted(self, graft_of: Callable[[str], object]) -> Use:
         """Each task's θ_pre with ``graft_of(name)`` applied (reverted after)."""
@@ -61,6 +62,15 @@ class Bench(Protocol):
 
     def pre_scorer(self):
         """θ_pre's scorer (one per bench)."""
+
+
+def graft_file_bytes(graft) -> int:
+    """Bytes of a graft as stored (graft.safetensors: positions, values, the carried head)."""
+    import tempfile  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = graft.save_pretrained(Path(tmp) / "g")
+        return (path / "graft.safetensors").stat().st_size
 
 
 class MergeMethod:

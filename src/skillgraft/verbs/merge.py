@@ -136,9 +136,11 @@ class MergeBench(Workbench):
     """The Workbench as the merge methods see it (:class:`skillgraft.merge.base.Bench`): tasks scored on their own
     rows, with a graft applied or a merged body swapped in."""
 
-    def score(self, use, split: str) -> dict[str, float]:
+    def score(self, use, split: str, names: list[str] | None = None) -> dict[str, float]:
         out = {}
         for name, setup in self.members.items():
+            if names is not None and name not in names:
+                continue
             rows = setup.data.dev if split == "dev" else setup.test
             with use(name) as scorer:
                 out[name] = score(scorer, rows)

@@ -3,14 +3,13 @@ task's graft (:func:`write_outputs`), report.md and README.md."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.merge import swapped, task_view
-from skillgraft.merge.base import Scored
+from skillgraft.merge.base import Scored, graft_file_bytes
 from skillgraft.merge.mergekit import body_module
 from skillgraft.pipeline.report import md_table
 from skillgraft.verbs.merge_inputs import weight_files
@@ -65,6 +64,7 @@ def summarize(results: list[Scored], ft: Scored, setups: dict, grafts: dict[str,
     if best_mk:
         headline["stitch_at_least_best_mergekit"] = written["mean_normalized"] >= best_mk["mean_normalized"]
     headline.update(refit_headline(rows, written))
+    headline.update(peers_headline(plain_rows))
     tasks = {}
     for n in names:
         st = setups[n]
@@ -76,6 +76,18 @@ def summarize(results: list[Scored], ft: Scored, setups: dict, grafts: dict[str,
 
     return {"pretrained": pretrained, "mode": mode, "settings": spec.to_dict(), "tasks": tasks, "rows": rows,
             "headline": headline, "caveats": merge_caveats(setups, ft.test)}
+
+
+def peers_headline(rows: list[dict]) -> dict:
+    """The task-aware peers (--peers) at the grafts' bytes per task beside each task's graft alone (routed)."""
+    peers = {r["method"]: r for r in rows if r.get("equal_bytes") and r.get("on_test")}
+    graft = next((r for r in rows if r["method"] == "graft" and r.get("on_test")), None)
+    if not peers or graft is None:
+        return {}
+    return {"peers_at_equal_bytes": {m: r["mean_normalized"] for m, r in peers.items()},
+            "peers_bytes_per_task": {m: r["bytes_per_task"] for m, r in peers.items()},
+            "graft_at_least_every_peer": all(graft["mean_normalized"] >= r["mean_normalized"]
+                                             for r in peers.values())}
 
 
 def refit_headline(rows: list[dict], written: dict) -> dict:
@@ -94,13 +106,6 @@ def refit_headline(rows: list[dict], written: dict) -> dict:
     if stitch and best:
         out["stitch_refit_at_least_best_mergekit_refit"] = stitch["mean_normalized"] >= best["mean_normalized"]
     return out
-
-
-def graft_file_bytes(graft: Graft) -> int:
-    """Bytes of the graft as stored (graft.safetensors: positions, values, the carried head)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = graft.save_pretrained(Path(tmp) / "g")
-        return (path / "graft.safetensors").stat().st_size
 
 
 def write_outputs(folder: Path, bench, body: Graft) -> None:
@@ -190,6 +195,10 @@ def report_markdown(s: dict) -> str:
         lines.append(f"- with heads refitted on {h['refit_heads']} rows per task: stitch "
                      f"{_fmt(h['stitch_refit_mean_normalized'])}, best mergekit method {h['best_mergekit_refit']}: "
                      f"{_fmt(h['best_mergekit_refit_mean_normalized'])}")
+    if h.get("peers_at_equal_bytes"):
+        lines.append("- task-aware peers at the grafts' bytes per task: " + ", ".join(
+            f"{m} {_fmt(v)} ({h['peers_bytes_per_task'][m]:,.0f} bytes)" for m, v in h["peers_at_equal_bytes"].items())
+            + f"; each task's graft alone (routed): {_fmt(next(r['mean_normalized'] for r in s['rows'] if r['method'] == 'graft'))}")
     if h.get("max_graft_share_of_checkpoint") is not None:
         lines.append(f"- largest stored skill: {h['max_graft_bytes']:,} bytes = "
                      f"{100 * h['max_graft_share_of_checkpoint']:.2f}% of its checkpoint's weight bytes")
