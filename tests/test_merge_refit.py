@@ -150,3 +150,20 @@ def test_routed_loader_applies_each_graft_exactly_and_restores_the_base(refit_ru
     assert r["mean_normalized"] == graft_row["mean_normalized"]
     assert r["bytes_per_task"] == pytest.approx(graft_row["bytes_per_task"], rel=0.01)
     assert "Routed skills" in (out / "report.md").read_text()
+
+
+def test_mergekit_rows_save_the_yaml_they_ran(refit_run, classifiers):  # noqa: F811
+    """Each mergekit method's dev-chosen configuration is saved as mergekit/<method>.yaml on the user's checkpoints
+    (issue 35.4)."""
+    import yaml
+
+    out, text = refit_run
+    s = json.loads((out / "merge.json").read_text())
+    chosen = next(r for r in s["rows"] if r["method"] == "mergekit task_arithmetic" and r.get("chosen_on_dev")
+                  and not r.get("refit_heads"))
+    cfg = yaml.safe_load((out / "mergekit" / "task_arithmetic.yaml").read_text())
+    assert cfg["merge_method"] == "task_arithmetic"
+    assert [m["model"] for m in cfg["models"]] == [str(classifiers[t][0].resolve()) for t in ("sentiment", "topic")]
+    assert cfg["base_model"] == str(classifiers["base"].resolve())
+    assert cfg.get("parameters", {}) == chosen["global"] and cfg["models"][0]["parameters"] == chosen["parameters"]
+    assert "mergekit-yaml this.yaml" in (out / "mergekit" / "task_arithmetic.yaml").read_text()
