@@ -24,10 +24,11 @@ def refit_run(classifiers, tmp_path_factory):  # noqa: F811
 def test_refit_rows_in_report_beside_every_method(refit_run):
     out, _ = refit_run
     s = json.loads((out / "merge.json").read_text())
-    plain = {(r["method"], r["config"]) for r in s["rows"] if r.get("on_test") and not r.get("refit_heads")}
+    plain = {(r["method"], r["config"]) for r in s["rows"] if r.get("on_test") and not r.get("refit_heads")
+             and (r.get("chosen_on_dev") or r["method"] == "graft")}
     refit = {(r["method"], r["config"].removesuffix(" + refit heads")) for r in s["rows"] if r.get("refit_heads")}
-    # every test-scored merged model (the stitch's, mergekit's, each graft alone) has its refitted twin
-    assert plain - {("fine-tuned", "each task's own model")} == refit
+    # every method's dev-chosen merged model (the stitch's, mergekit's) and each graft alone has its refitted twin
+    assert plain == refit and {m for m, _ in refit} == {"graft", "stitch", "mergekit task_arithmetic"}
     assert all(r["refit_rows"] == {"sentiment": 16, "topic": 16} for r in s["rows"] if r.get("refit_heads"))
     h = s["headline"]
     assert h["refit_heads"] == 16 and h["stitch_refit_mean_normalized"] is not None

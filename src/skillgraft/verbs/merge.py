@@ -250,15 +250,16 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
 
 
 def refit_rows(bench: MergeBench, results: list[Scored], n: int, progress: bool = False) -> list[Scored]:
-    """Every test-scored row that can give its models again, with each task's head refitted on ``n`` training rows
-    (:mod:`skillgraft.merge.refit`), scored on dev and test."""
+    """Each method's dev-chosen row (and each task's graft alone) with each task's head refitted on ``n`` training
+    rows (:mod:`skillgraft.merge.refit`), scored on dev and test."""
     from tqdm.auto import tqdm  # noqa: PLC0415
 
     from skillgraft.merge.refit import refit_rows as sample, refitted  # noqa: PLC0415
 
     rows = {name: sample(setup.data.train, n, setup.data.seed) for name, setup in bench.members.items()}
     out = []
-    for s in tqdm([s for s in results if s.test and s.reuse is not None], desc="refit heads", unit="row",
+    todo = [s for s in results if s.test and s.reuse is not None and (s.info.get("chosen_on_dev") or s.method == "graft")]
+    for s in tqdm(todo, desc="refit heads", unit="row",
                   disable=not progress):
         use = refitted(s.reuse(), rows.__getitem__)
         info = {k: v for k, v in s.info.items() if k != "written"}
