@@ -258,7 +258,8 @@ def refit_rows(bench: MergeBench, results: list[Scored], n: int, progress: bool 
 
     rows = {name: sample(setup.data.train, n, setup.data.seed) for name, setup in bench.members.items()}
     out = []
-    todo = [s for s in results if s.test and s.reuse is not None and (s.info.get("chosen_on_dev") or s.method == "graft")]
+    todo = [s for s in results
+            if s.test and s.reuse is not None and (s.info.get("chosen_on_dev") or s.method == "graft")]
     for s in tqdm(todo, desc="refit heads", unit="row",
                   disable=not progress):
         use = refitted(s.reuse(), rows.__getitem__)

@@ -196,9 +196,10 @@ def report_markdown(s: dict) -> str:
                      f"{_fmt(h['stitch_refit_mean_normalized'])}, best mergekit method {h['best_mergekit_refit']}: "
                      f"{_fmt(h['best_mergekit_refit_mean_normalized'])}")
     if h.get("peers_at_equal_bytes"):
+        graft = next(r["mean_normalized"] for r in s["rows"] if r["method"] == "graft")
         lines.append("- task-aware peers at the grafts' bytes per task: " + ", ".join(
             f"{m} {_fmt(v)} ({h['peers_bytes_per_task'][m]:,.0f} bytes)" for m, v in h["peers_at_equal_bytes"].items())
-            + f"; each task's graft alone (routed): {_fmt(next(r['mean_normalized'] for r in s['rows'] if r['method'] == 'graft'))}")
+            + f"; each task's graft alone (routed): {_fmt(graft)}")
     if h.get("max_graft_share_of_checkpoint") is not None:
         lines.append(f"- largest stored skill: {h['max_graft_bytes']:,} bytes = "
                      f"{100 * h['max_graft_share_of_checkpoint']:.2f}% of its checkpoint's weight bytes")
