@@ -11,6 +11,9 @@
    bench/results/merge/.
 
     SKILLGRAFT_CACHE=/work/store python bench/merge.py [--tasks SST-2,ag_news,QNLI,subj] [--k 256]
+
+Issue 35 adds ``--refit-heads N`` (each task's head refitted on the merged body), ``--routed`` (routed/ written, the
+switch timed) and ``--peers tall,tswitch,emr`` (task-aware merges at the grafts' bytes per task).
 """
 
 from __future__ import annotations
@@ -148,6 +151,12 @@ def main() -> None:
     ap.add_argument("--scales", default="0.3,0.5,1,1.5", help="λ grid of task_arithmetic / ties / dare_ties")
     ap.add_argument("--learned", default="--steps,50,--batch-size,64,--eval-every,10",
                     help="extra options of the learned localizer (comma-separated)")
+    ap.add_argument("--rules", default="average,max-delta,disjoint", help="overlap rules of the stitch")
+    ap.add_argument("--mergekit-methods", default="linear,task_arithmetic,ties,dare_ties",
+                    help="mergekit methods of the run flagged :mergekit")
+    ap.add_argument("--refit-heads", type=int, default=None, help="merge --refit-heads N (issue 35)")
+    ap.add_argument("--routed", action="store_true", help="merge --routed: write routed/ and time the switch")
+    ap.add_argument("--peers", default="", help="task-aware peers of the run flagged :mergekit (tall,tswitch,emr)")
     ap.add_argument("--root", type=Path, default=Path("/work/store/merge-bench"))
     ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "merge")
     args = ap.parse_args()
@@ -172,9 +181,12 @@ def main() -> None:
         out = root / "out" / label
         if not (out / "merge.json").is_file():
             cli = ["merge", "--pretrained", "all-MiniLM-L6-v2", "--out", out, "--overwrite", "--localizer", localizer,
-                   "--budget", budget, "--mergekit", "linear,task_arithmetic,ties,dare_ties" if "mergekit" in flags
+                   "--budgets", budget, "--mergekit", args.mergekit_methods if "mergekit" in flags
                    else "", "--densities", args.densities, "--scales", args.scales,
-                   "--stitch-scales", args.stitch_scales]
+                   "--stitch-scales", args.stitch_scales, "--rules", args.rules,
+                   "--peers", args.peers if "mergekit" in flags else ""]
+            cli += (["--refit-heads", args.refit_heads] if args.refit_heads else []) + (
+                ["--routed"] if args.routed else [])
             for task in tasks:
                 cli += ["--finetuned", root / "ft" / task, "--data", root / "data" / task / "spec.yaml",
                         "--dev-data", root / "data" / task / "dev.jsonl"]
@@ -212,6 +224,8 @@ def summary(results: Path, labels: list[str]) -> str:
             if not r.get("on_test"):
                 continue
             method = r["method"] if r["method"] not in ("stitch", "graft") else f"{r['method']} ({label})"
+            if r["method"] == "graft" and s.get("routed"):
+                method += f", routed: switch {s['routed']['switch_ms']:.2f} ms"
             key = (method, r["config"])
             if key in seen:
                 continue

@@ -14,6 +14,7 @@ from skillgraft.registry import Registry
 from skillgraft.merge.base import Bench, MergeMethod, Scored
 from skillgraft.merge.mergekit import METHODS as MERGEKIT_METHODS, Mergekit, MergekitOptions, Runner
 from skillgraft.merge.stitch import RULES, Rule, Stitch, StitchOptions
+from skillgraft.merge.taskaware import Emr, Tall, TSwitch
 
 _REGISTRY: Registry[MergeMethod] = Registry(MergeMethod, "merge method")
 MERGE_METHODS: dict[str, MergeMethod] = _REGISTRY.members
@@ -31,6 +32,9 @@ def merge_methods(*, mergekit_runner: Runner | None = None) -> dict[str, MergeMe
 
 register_merge_method("stitch")(Stitch)
 register_merge_method("mergekit")(Mergekit)
+register_merge_method("tall")(Tall)
+register_merge_method("tswitch")(TSwitch)
+register_merge_method("emr")(Emr)
 
 __all__ = ["MERGEKIT_METHODS", "MERGE_METHODS", "RULES", "Bench", "MergeMethod", "Mergekit", "MergekitOptions",
            "Rule", "Scored", "Stitch", "StitchOptions", "get_merge_method", "merge_methods", "register_merge_method"]

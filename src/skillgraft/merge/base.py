@@ -16,6 +16,9 @@ from skillgraft.evaluate.rows import Row, TaskScores
 from skillgraft.spec import Spec
 
 
+Use = Callable[[str], contextlib.AbstractContextManager]  # task name → a context yielding the scorer to score
+
+
 @dataclass
 class Scored:
     """One merged model (a method and its settings) scored per task."""
@@ -26,6 +29,7 @@ class Scored:
     test: dict[str, float] = field(default_factory=dict)
     info: dict = field(default_factory=dict)   # written to merge.json's row
     body: object = field(default=None, repr=False, compare=False)  # what the row merged (the stitch's Graft)
+    reuse: Callable[[], Use] | None = field(default=None, repr=False, compare=False)  # its models again (refit)
 
     def scores(self, ft: Scored, stored: Mapping[str, int] | None = None) -> dict[str, TaskScores]:
         """Each task's :class:`~skillgraft.evaluate.rows.TaskScores` beside its own fine-tuned model ``ft``."""
@@ -58,10 +62,14 @@ class MergeRow(Row):
 
     @classmethod
     def of(cls, s: Scored, ft: Scored, stored: Mapping[str, int]) -> MergeRow:
-        """The row of ``s``; ``stored``: the bytes each task stores with this method (every task, in order)."""
+        """The row of ``s``; ``stored``: the bytes each task stores with this method (every task, in order), unless
+        the method says its own per-task bytes in ``s.info["bytes"]`` (the task-aware peers do)."""
         if not s.test and not s.dev:
             return cls(s.method, s.config, error=s.info.get("error", ""))
-        return cls(s.method, s.config, s.scores(ft, stored), dict(s.info))
+        own = s.info.get("bytes") or {}
+        stored = {n: own.get(n, b) for n, b in stored.items()}
+        info = {k: v for k, v in s.info.items() if k != "bytes"}
+        return cls(s.method, s.config, s.scores(ft, stored), info)
 
     @property
     def on_test(self) -> bool:
@@ -108,8 +116,9 @@ class Bench(Protocol):
     grafts: dict[str, object]  # each task's graft (skillgraft.graft.Graft)
     base: Mapping[str, torch.Tensor]  # θ_pre per scorer parameter name
 
-    def score(self, use: Use, split: str) -> dict[str, float]:
-        """Each task's score on its ``split`` rows (dev or test) with the scorer ``use(name)`` yields."""
+    def score(self, use: Use, split: str, names: list[str] | None = None) -> dict[str, float]:
+        """Each task's (of ``names``, default all) score on its ``split`` rows (dev or test) with the scorer
+        ``use(name)`` yields."""
 
     def grafted(self, graft_of: Callable[[str], object]) -> Use:
         """Each task's θ_pre with ``graft_of(name)`` applied (reverted after)."""
@@ -119,6 +128,15 @@ class Bench(Protocol):
 
     def pre_scorer(self):
         """θ_pre's scorer (one per bench)."""
+
+
+def graft_file_bytes(graft) -> int:
+    """Bytes of a graft as stored (graft.safetensors: positions, values, the carried head)."""
+    import tempfile  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = graft.save_pretrained(Path(tmp) / "g")
+        return (path / "graft.safetensors").stat().st_size
 
 
 class MergeMethod:

@@ -241,7 +241,9 @@ class Mergekit(MergeMethod):
             for s in scored:
                 if s.method == f"mergekit {method}" and (s.config == "defaults" or (method, s.config) == best) \
                         and (method, s.config) in kept:
-                    s.test = bench.score(bench.on_body(load_file(str(kept[(method, s.config)]))), "test")
+                    path = kept[(method, s.config)]
+                    s.test = bench.score(bench.on_body(load_file(str(path))), "test")
+                    s.reuse = lambda path=path: bench.on_body(load_file(str(path)))  # kept until the run ends
                     s.info["chosen_on_dev"] = (method, s.config) == best
         return scored
 

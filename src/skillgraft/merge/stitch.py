@@ -72,6 +72,7 @@ class Stitch(MergeMethod):
         for s, use in rows:
             if s.info["scale"] == 1 or s is best:
                 s.test = bench.score(use, "test")
+                s.reuse = lambda use=use: use
             elif s is not best:
                 s.body = None  # only the reported stitches are kept
         return [s for s, _ in rows]

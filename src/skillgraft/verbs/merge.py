@@ -61,6 +61,12 @@ class MergeSettings(Spec):
     mode: str | None = Field(None, description="how to score the models: classifier | prompt | causal | generative "
                                                "(default: from the fine-tuned checkpoints' class)")
     max_length: int = Field(128, ge=8, description="max tokens per example")
+    refit_heads: int | None = Field(None, ge=1, description="refit each task's head (its last linear layer) on N "
+                                                            "labelled training rows per task on every merged body "
+                                                            "(never test or dev rows); the report shows every "
+                                                            "method with and without it")
+    routed: bool = Field(False, description="also write routed/: one base model plus each task's graft and head, "
+                                            "loaded by skillgraft.RoutedSkills (a task's graft applied per request)")
 
 
 # The options of ``skillgraft merge``: its own settings and every registered method's options (one default each).
@@ -130,9 +136,11 @@ class MergeBench(Workbench):
     """The Workbench as the merge methods see it (:class:`skillgraft.merge.base.Bench`): tasks scored on their own
     rows, with a graft applied or a merged body swapped in."""
 
-    def score(self, use, split: str) -> dict[str, float]:
+    def score(self, use, split: str, names: list[str] | None = None) -> dict[str, float]:
         out = {}
         for name, setup in self.members.items():
+            if names is not None and name not in names:
+                continue
             rows = setup.data.dev if split == "dev" else setup.test
             with use(name) as scorer:
                 out[name] = score(scorer, rows)
@@ -210,12 +218,17 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             bench.release(m.name)
         t_loc = time.perf_counter() - t0
         results: list[Scored] = [ft, Scored("graft", f"each task's own graft ({spec.budget.label})")]
-        results[1].dev, results[1].test = (bench.score(bench.grafted(lambda n: bench.grafts[n]), s)
-                                           for s in ("dev", "test"))
+        own = bench.grafted(lambda n: bench.grafts[n])
+        results[1].dev, results[1].test = (bench.score(own, s) for s in ("dev", "test"))
+        results[1].reuse = lambda: own
         for method, opts in tqdm(chosen, desc="merge methods", unit="method", disable=not progress):
             t1 = time.perf_counter()
             results += method.rows(bench, opts, ft, work)
             seconds[method.name] = time.perf_counter() - t1
+        if spec.refit_heads:
+            t1 = time.perf_counter()
+            results += refit_rows(bench, results, spec.refit_heads, progress)
+            seconds["refit_heads"] = time.perf_counter() - t1
     written = next(s.body for s in results if s.method == "stitch" and s.info.get("written"))
     summary = summarize(results, ft, bench.members, bench.grafts, spec, mode, pretrained)
     summary["seconds"] = {"localize_and_load": t_loc, "mergekit": seconds.get("mergekit", 0.0),
@@ -227,12 +240,56 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
         for method, text in chosen_yamls(results, pretrained, [m.finetuned for m in inputs]).items():
             (tmp / "mergekit").mkdir(exist_ok=True)
             (tmp / "mergekit" / f"{method}.yaml").write_text(text)  # the dev-chosen config, for mergekit-yaml
+        if spec.routed:
+            summary["routed"] = write_routed_outputs(tmp / "routed", bench, summary)
         (tmp / "report.md").write_text(report_markdown(summary))  # from the typed rows
         summary = {**summary, "rows": [r.columns() for r in summary["rows"]]}  # merge.json holds their columns
         (tmp / "merge.json").write_text(json.dumps(summary, indent=2, default=float))
         write_csv(tmp / "results.csv", summary["rows"])
         (tmp / "README.md").write_text(readme(summary, mode))
     return summary
+
+
+def refit_rows(bench: MergeBench, results: list[Scored], n: int, progress: bool = False) -> list[Scored]:
+    """Each method's dev-chosen row (and each task's graft alone) with each task's head refitted on ``n`` training
+    rows (:mod:`skillgraft.merge.refit`), scored on dev and test."""
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
+    from skillgraft.merge.refit import refit_rows as sample, refitted  # noqa: PLC0415
+
+    rows = {name: sample(setup.data.train, n, setup.data.seed) for name, setup in bench.members.items()}
+    out = []
+    todo = [s for s in results
+            if s.test and s.reuse is not None and (s.info.get("chosen_on_dev") or s.method == "graft")]
+    for s in tqdm(todo, desc="refit heads", unit="row",
+                  disable=not progress):
+        use = refitted(s.reuse(), rows.__getitem__)
+        info = {k: v for k, v in s.info.items() if k != "written"}
+        r = Scored(s.method, f"{s.config} + refit heads", info={**info, "refit_heads": n,
+                                                              "refit_rows": {t: len(x) for t, x in rows.items()}})
+        r.dev, r.test = bench.score(use, "dev"), bench.score(use, "test")
+        out.append(r)
+    return out
+
+
+def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict) -> dict:
+    """``routed/`` (:mod:`skillgraft.graft.routed`) and what the report says of it: each task's graft alone is the
+    routed model of that task (the ``graft`` rows), its bytes, and the switch time of the loader as written."""
+    from skillgraft.graft.routed import RoutedSkills, switch_seconds, write_routed  # noqa: PLC0415
+
+    labels = {n: list(setup.data.task.labels) for n, setup in bench.members.items()}
+    record = write_routed(folder, bench.pre, bench.grafts, labels)
+    seconds = switch_seconds(RoutedSkills.from_pretrained(folder))
+    rows = [r for r in summary["rows"] if r["method"] == "graft" and r.get("on_test")]
+    ckpt = summary["headline"]["checkpoint_bytes"]
+    out = {"folder": "routed", "switch_ms": 1e3 * seconds,
+           "bytes_per_task": float(np.mean([t["bytes"] for t in record["tasks"].values()])),
+           "tasks": {n: t["bytes"] for n, t in record["tasks"].items()}}
+    out["share_of_checkpoint"] = out["bytes_per_task"] / ckpt if ckpt else None
+    for r in rows:
+        key = "mean_normalized_refit" if r.get("refit_heads") else "mean_normalized"
+        out[key] = r["mean_normalized"]
+    return out
 
 
 def _loader(setup: Setup, finetuned: str, max_length: int):

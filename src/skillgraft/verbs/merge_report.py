@@ -3,14 +3,13 @@ task's graft (:func:`write_outputs`), report.md and README.md."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 from skillgraft.lazy import np
 
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.merge import swapped, task_view
-from skillgraft.merge.base import MergeRow, Scored
+from skillgraft.merge.base import MergeRow, Scored, graft_file_bytes
 from skillgraft.merge.mergekit import body_module
 from skillgraft.pipeline.report import md_table
 from skillgraft.verbs.merge_inputs import weight_files
@@ -24,11 +23,12 @@ def summarize(results: list[Scored], ft: Scored, setups: dict, grafts: dict[str,
     ckpt = {n: sum(f.stat().st_size for f in weight_files(str(setups[n].ft_dir))) for n in names}
     graft_bytes = {n: graft_file_bytes(grafts[n]) for n in names}
     rows = [MergeRow.of(s, ft, graft_bytes if s.method in ("stitch", "graft") else ckpt) for s in results]
-    stitch_rows = [r for r in rows if r.method == "stitch" and r.on_test]
+    plain_rows = [r for r in rows if not r.info.get("refit_heads")]
+    stitch_rows = [r for r in plain_rows if r.method == "stitch" and r.on_test]
     written = next(r for r in stitch_rows if r.info.get("written"))
     plain = next(r for r in stitch_rows if r.config == spec.rule)  # λ = 1: Localize-and-Stitch as published
     dev_rule = max(stitch_rows, key=lambda r: r.mean_normalized("dev"))
-    mk = [r for r in rows if r.method.startswith("mergekit") and r.on_test and r.chosen_on_dev]
+    mk = [r for r in plain_rows if r.method.startswith("mergekit") and r.on_test and r.chosen_on_dev]
     best_mk = max(mk, key=lambda r: r.mean_normalized()) if mk else None
     checkpoint_bytes = float(np.mean(list(ckpt.values())))
     headline = {"stitch_rule": spec.rule, "stitch_scale": written.info["scale"],
@@ -44,6 +44,8 @@ def summarize(results: list[Scored], ft: Scored, setups: dict, grafts: dict[str,
                 any(ckpt.values()) else None}
     if best_mk:
         headline["stitch_at_least_best_mergekit"] = written.mean_normalized() >= best_mk.mean_normalized()
+    headline.update(refit_headline(rows, written))
+    headline.update(peers_headline(plain_rows))
     tasks = {}
     for n in names:
         st = setups[n]
@@ -57,11 +59,34 @@ def summarize(results: list[Scored], ft: Scored, setups: dict, grafts: dict[str,
             "headline": headline, "caveats": merge_caveats(setups, ft.test)}
 
 
-def graft_file_bytes(graft: Graft) -> int:
-    """Bytes of the graft as stored (graft.safetensors: positions, values, the carried head)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = graft.save_pretrained(Path(tmp) / "g")
-        return (path / "graft.safetensors").stat().st_size
+def peers_headline(rows: list[dict]) -> dict:
+    """The task-aware peers (--peers) at the grafts' bytes per task beside each task's graft alone (routed)."""
+    peers = {r["method"]: r for r in rows if r.get("equal_bytes") and r.get("on_test")}
+    graft = next((r for r in rows if r["method"] == "graft" and r.get("on_test")), None)
+    if not peers or graft is None:
+        return {}
+    return {"peers_at_equal_bytes": {m: r["mean_normalized"] for m, r in peers.items()},
+            "peers_bytes_per_task": {m: r["bytes_per_task"] for m, r in peers.items()},
+            "graft_at_least_every_peer": all(graft["mean_normalized"] >= r["mean_normalized"]
+                                             for r in peers.values())}
+
+
+def refit_headline(rows: list[dict], written: dict) -> dict:
+    """With --refit-heads: the written stitch and the best dev-chosen mergekit method, each with refitted heads."""
+    refit = [r for r in rows if r.get("refit_heads") and r.get("on_test")]
+    if not refit:
+        return {}
+    stitch = next((r for r in refit if r["method"] == "stitch" and r["config"] == f"{written['config']} + refit heads"),
+                  None)
+    mk = [r for r in refit if r["method"].startswith("mergekit") and r.get("chosen_on_dev")]
+    best = max(mk, key=lambda r: r["mean_normalized"]) if mk else None
+    out = {"refit_heads": refit[0]["refit_heads"],
+           "stitch_refit_mean_normalized": stitch["mean_normalized"] if stitch else None,
+           "best_mergekit_refit": f"{best['method']} ({best['config']})" if best else None,
+           "best_mergekit_refit_mean_normalized": best["mean_normalized"] if best else None}
+    if stitch and best:
+        out["stitch_refit_at_least_best_mergekit_refit"] = stitch["mean_normalized"] >= best["mean_normalized"]
+    return out
 
 
 def write_outputs(folder: Path, bench, body: Graft) -> None:
@@ -139,6 +164,8 @@ def report_markdown(s: dict) -> str:
             else:
                 lines.append(f"| {r.method} | {r.config} | {_fmt(r.mean_normalized('dev'))} | "
                              f"{'yes' if r.on_test else 'no'} |")
+    lines += refit_markdown(s)
+    lines += routed_markdown(s)
     lines += ["", "## Headline", "",
               f"- stitch (`{h['stitch_rule']}`, λ = {h['stitch_scale']:g} chosen on dev; written to this folder): "
               f"mean normalized accuracy {_fmt(h['stitch_mean_normalized'])} (at λ = 1, Localize-and-Stitch as "
@@ -147,6 +174,15 @@ def report_markdown(s: dict) -> str:
     if h.get("best_mergekit"):
         lines.append(f"- best mergekit method (its settings chosen on dev, best of the methods on test): "
                      f"{h['best_mergekit']}: {_fmt(h['best_mergekit_mean_normalized'])}")
+    if h.get("refit_heads"):
+        lines.append(f"- with heads refitted on {h['refit_heads']} rows per task: stitch "
+                     f"{_fmt(h['stitch_refit_mean_normalized'])}, best mergekit method {h['best_mergekit_refit']}: "
+                     f"{_fmt(h['best_mergekit_refit_mean_normalized'])}")
+    if h.get("peers_at_equal_bytes"):
+        graft = next(r["mean_normalized"] for r in s["rows"] if r["method"] == "graft")
+        lines.append("- task-aware peers at the grafts' bytes per task: " + ", ".join(
+            f"{m} {_fmt(v)} ({h['peers_bytes_per_task'][m]:,.0f} bytes)" for m, v in h["peers_at_equal_bytes"].items())
+            + f"; each task's graft alone (routed): {_fmt(graft)}")
     if h.get("max_graft_share_of_checkpoint") is not None:
         lines.append(f"- largest stored skill: {h['max_graft_bytes']:,} bytes = "
                      f"{100 * h['max_graft_share_of_checkpoint']:.2f}% of its checkpoint's weight bytes")
@@ -161,6 +197,45 @@ def report_markdown(s: dict) -> str:
               "values, the task's head) for the stitch; the whole fine-tuned checkpoint (its dense task vector) for "
               "mergekit's methods and single-task models.", ""]
     return "\n".join(lines)
+
+
+def refit_markdown(s: dict) -> list[str]:
+    """Every test-scored method with and without refitted heads (--refit-heads)."""
+    refit = {(r["method"], r["config"].removesuffix(" + refit heads")): r for r in s["rows"]
+             if r.get("refit_heads") and r.get("on_test")}
+    if not refit:
+        return []
+    n = next(iter(refit.values()))["refit_heads"]
+    lines = ["", f"## With each task's head refitted ({n} training rows per task, on the merged body)", "",
+             "Only the last linear layer of each task's head is refitted (L-BFGS, cross-entropy, pulled toward the "
+             "fine-tuned head); the rows are training rows, never test or dev rows.", "",
+             "| method | settings | mean norm | mean norm, refitted heads | change |", "|---|---|---:|---:|---:|"]
+    for r in s["rows"]:
+        k = (r["method"], r["config"])
+        if r.get("refit_heads") or not r.get("on_test") or k not in refit:
+            continue
+        a, b = r["mean_normalized"], refit[k]["mean_normalized"]
+        mark = " (chosen on dev)" if r.get("chosen_on_dev") else ""
+        lines.append(f"| {r['method']} | {r['config']}{mark} | {_fmt(a)} | {_fmt(b)} | {b - a:+.4f} |")
+    return lines
+
+
+def routed_markdown(s: dict) -> list[str]:
+    """--routed: the routed skills' accuracy, bytes per task and switch time."""
+    r = s.get("routed")
+    if not r:
+        return []
+    share = f" ({100 * r['share_of_checkpoint']:.2f}% of a checkpoint)" if r.get("share_of_checkpoint") else ""
+    lines = ["", "## Routed skills (`routed/`: one base, each task's graft and head, applied per request)", "",
+             f"- mean normalized accuracy {_fmt(r.get('mean_normalized'))} (each task's graft alone: the `graft` row)"
+             + (f"; with refitted heads {_fmt(r['mean_normalized_refit'])}" if "mean_normalized_refit" in r else ""),
+             f"- bytes per task {r['bytes_per_task']:,.0f}{share}",
+             f"- switch time {r['switch_ms']:.2f} ms (median of apply + revert through `RoutedSkills.use`)", "",
+             "```python", "from skillgraft import RoutedSkills",
+             "skills = RoutedSkills.from_pretrained(\"routed\")",
+             f"with skills.use(\"{next(iter(s['tasks']))}\") as model:",
+             "    logits = model(**skills.tokenizer(texts, return_tensors=\"pt\", padding=True)).logits", "```"]
+    return lines
 
 
 def readme(s: dict, mode: str) -> str:

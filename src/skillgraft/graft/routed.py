@@ -1,0 +1,142 @@
+"""Routed skills: one base model plus each task's graft and head, the task's graft applied per request.
+
+When the task of a request is known, no merge is needed: θ_t = θ_pre + γ_t ⊙ (θ_ft,t − θ_pre) (paper Eq. 1) with
+the task's own head, switched in a few scattered writes. ``skillgraft merge --routed`` writes the folder:
+
+    routed/base/            θ_pre as a Hugging Face checkpoint (with its tokenizer)
+    routed/skills/<task>/   each task's graft (positions, values, its head), graft_config.json + graft.safetensors
+    routed/routed.json      the tasks, their labels and bytes
+
+and :class:`RoutedSkills` reads it::
+
+    skills = RoutedSkills.from_pretrained("out/routed")
+    with skills.use("SST-2") as model:            # θ_pre + SST-2's graft and head; θ_pre again, bit for bit, after
+        logits = model(**skills.tokenizer(texts, return_tensors="pt", padding=True)).logits
+    for task, idx, model in skills.batches(tasks_of_requests):   # a mixed-task batch, grouped by task
+        ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft.graft import Graft
+
+FORMAT = "skillgraft-routed"
+FORMAT_VERSION = 1
+
+
+def write_routed(folder: Path, pre, grafts: dict[str, Graft], labels: dict[str, list[str]]) -> dict:
+    """Write ``folder`` (inside an atomic output folder): θ_pre's model and tokenizer, each graft, routed.json."""
+    model = pre.model
+    arch = getattr(model.config, "architectures", None)
+    try:
+        model.save_pretrained(folder / "base")
+    finally:
+        model.config.architectures = arch  # save_pretrained writes the class name into the shared config
+    pre.tokenizer.save_pretrained(folder / "base")
+    tasks = {}
+    for name, g in grafts.items():
+        path = g.save_pretrained(folder / "skills" / name)
+        tasks[name] = {"path": f"skills/{name}", "labels": list(labels.get(name) or []), "size": g.size,
+                       "bytes": (path / "graft.safetensors").stat().st_size}
+    record = {"format": FORMAT, "format_version": FORMAT_VERSION, "base": "base", "tasks": tasks}
+    (folder / "routed.json").write_text(json.dumps(record, indent=2))
+    return record
+
+
+class RoutedSkills:
+    """A base model and named skills (grafts with their heads); :meth:`use` applies one for a block."""
+
+    def __init__(self, model, tokenizer, skills: dict[str, Graft], labels: dict[str, list[str]] | None = None):
+        self.model, self.tokenizer, self.skills = model, tokenizer, skills
+        self.labels = labels or {}
+
+    @classmethod
+    def from_pretrained(cls, folder: str | os.PathLike, **model_kwargs) -> RoutedSkills:
+        """Read a ``routed/`` folder written by ``skillgraft merge --routed`` (the model in eval mode)."""
+        import transformers  # noqa: PLC0415
+
+        folder = Path(folder)
+        meta = folder / "routed.json"
+        if not meta.is_file():
+            raise SkillgraftError(f"{folder}: no routed.json (write one with `skillgraft merge … --routed`)")
+        record = json.loads(meta.read_text())
+        if record.get("format") != FORMAT:
+            raise SkillgraftError(f"{meta}: format {record.get('format')!r} is not {FORMAT!r}")
+        base = folder / record["base"]
+        config = transformers.AutoConfig.from_pretrained(base)
+        arch = (getattr(config, "architectures", None) or ["AutoModel"])[0]
+        model_cls = getattr(transformers, arch, None) or transformers.AutoModel
+        model = model_cls.from_pretrained(base, **model_kwargs).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(base)
+        skills = {name: Graft.from_pretrained(folder / t["path"]) for name, t in record["tasks"].items()}
+        return cls(model, tokenizer, skills, {name: t.get("labels") or [] for name, t in record["tasks"].items()})
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(self.skills)
+
+    @contextlib.contextmanager
+    def use(self, task: str) -> Iterator:
+        """The model with ``task``'s graft and head for the block; θ_pre restored bit-exactly after (a head with
+        another number of labels is swapped in whole, and the config's labels with it)."""
+        if task not in self.skills:
+            raise SkillgraftError(f"no skill {task!r}; the skills are {', '.join(self.skills)}")
+        graft = self.skills[task]
+        params = dict(self.model.named_parameters())
+        reshaped = []
+        for name, t in graft.carried.items():
+            p = params.get(name.removeprefix("model."))
+            if p is not None and p.shape != t.shape:
+                reshaped.append((p, p.data))
+                p.data = torch.empty(t.shape, dtype=p.dtype, device=p.device)
+        config = self.model.config
+        saved = {k: getattr(config, k, None) for k in ("id2label", "label2id")}
+        labels = self.labels.get(task)
+        try:
+            if labels:
+                config.id2label = dict(enumerate(labels))
+                config.label2id = {lab: i for i, lab in enumerate(labels)}
+            with graft.applied(self.model):
+                yield self.model
+        finally:
+            for p, data in reshaped:
+                p.data = data
+            for k, v in saved.items():
+                setattr(config, k, v)
+
+    @staticmethod
+    def grouped(tasks: Sequence[str]) -> dict[str, list[int]]:
+        """Positions of each task's requests in a mixed batch, tasks in order of first appearance."""
+        out: dict[str, list[int]] = {}
+        for i, t in enumerate(tasks):
+            out.setdefault(t, []).append(i)
+        return out
+
+    def batches(self, tasks: Sequence[str]) -> Iterator[tuple[str, list[int], object]]:
+        """``(task, positions, model)`` per task of a mixed batch, the task's skill applied while it is handled."""
+        for task, idx in self.grouped(tasks).items():
+            with self.use(task) as model:
+                yield task, idx, model
+
+
+def switch_seconds(skills: RoutedSkills, repeats: int = 5) -> float:
+    """Median seconds of one switch: entering and leaving :meth:`RoutedSkills.use` (apply + revert), every task."""
+    import time  # noqa: PLC0415
+
+    times = []
+    for _ in range(repeats):
+        for task in skills.tasks:
+            t0 = time.perf_counter()
+            with skills.use(task):
+                pass
+            times.append(time.perf_counter() - t0)
+    return float(sorted(times)[len(times) // 2])
