@@ -24,7 +24,7 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import torch
+from skillgraft.lazy import torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft

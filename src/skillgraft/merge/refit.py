@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-import numpy as np
-import torch
+from skillgraft.lazy import np
+from skillgraft.lazy import no_grad, torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.merge import swapped
@@ -44,7 +44,7 @@ def refit_rows(train: list, n: int, seed: int = 0) -> list:
     return [train[i] for i in sorted(order.tolist())]
 
 
-@torch.no_grad()
+@no_grad
 def head_inputs(scorer, layer: torch.nn.Linear, rows: list, batch_size: int = 64) -> torch.Tensor:
     """The head layer's input on each row, ``[len(rows), in_features]`` (the scorer in eval mode)."""
     got: list[torch.Tensor] = []

@@ -28,8 +28,8 @@ import math
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
-import torch
+from skillgraft.lazy import np
+from skillgraft.lazy import torch
 from pydantic import Field, field_validator
 
 from skillgraft.graft.graft import Graft
