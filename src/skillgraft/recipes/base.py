@@ -213,6 +213,28 @@ class LocalizerRun(Spec):
                                   f"{[b.label for b in budgets]}")
         return get_localizer(self.name).options({**self.options, "budgets": [b.key for b in chosen]})
 
+def size_budgets(v) -> list:
+    """A recipe's ``budgets`` field: sizes only (fractions of the body or counts), never ``round``."""
+    from skillgraft.graft.selection import Budget  # noqa: PLC0415
+
+    out = [Budget.parse(x) for x in ([v] if isinstance(v, (int, float, str)) else v)]
+    if any(x.rounding for x in out):
+        raise ValueError("budgets must be sizes (fractions or counts); 'round' has no size to compare at")
+    return out
+
+
+def check_localizer_runs(localizers: list[LocalizerRun], resolve: Callable[[LocalizerRun], object]) -> None:
+    """Distinct labels, and each run's options resolvable (``resolve``), as one ValueError naming the run."""
+    titles = [loc.title for loc in localizers]
+    if len(set(titles)) != len(titles):
+        raise ValueError(f"localizers: two share a label ({titles}); give each a `label`")
+    for i, loc in enumerate(localizers):
+        try:
+            resolve(loc)
+        except SkillgraftError as e:
+            raise ValueError(f"localizers[{i}] ({loc.name}): {e}") from None
+
+
 
 @dataclass(frozen=True)
 class Recipe:

@@ -43,7 +43,8 @@ from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct
 from skillgraft.pipeline.setup import Setup, scorer_digest
 from skillgraft.pipeline.store import draw_key
 from skillgraft.pipeline.variants import base_variants, compare, graft_variant
-from skillgraft.recipes.base import ExperimentSpec, LocalizerRun, SeedsMixin, recipe
+from skillgraft.recipes.base import (ExperimentSpec, LocalizerRun, SeedsMixin, check_localizer_runs, recipe,
+                                     size_budgets)
 from skillgraft.train import finetune
 
 METRICS = ["loss", "loss_recovered", "exact_match", "token_accuracy", "ece", "agreement", "share_of_ft"]
@@ -77,21 +78,11 @@ class GenerativeSpec(ExperimentSpec, SeedsMixin):
     @field_validator("budgets", mode="before")
     @classmethod
     def _budgets(cls, v):
-        out = [Budget.parse(b) for b in ([v] if isinstance(v, (int, float, str)) else v)]
-        if any(b.rounding for b in out):
-            raise ValueError("budgets must be sizes (fractions or counts); 'round' has no size to compare at")
-        return out
+        return size_budgets(v)
 
     @model_validator(mode="after")
     def _check(self):
-        titles = [loc.title for loc in self.localizers]
-        if len(set(titles)) != len(titles):
-            raise ValueError(f"localizers: two share a label ({titles}); give each a `label`")
-        for i, loc in enumerate(self.localizers):
-            try:
-                loc.resolved(self.budgets)
-            except SkillgraftError as e:
-                raise ValueError(f"localizers[{i}] ({loc.name}): {e}") from None
+        check_localizer_runs(self.localizers, lambda loc: loc.resolved(self.budgets))
         try:
             names = {get_task(t).name for t in self.tasks}
             for field in ("prompts", "completions"):

@@ -42,7 +42,8 @@ from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.store import data_digest
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
-from skillgraft.recipes.base import ExperimentSpec, LocalizerRun, SeedsMixin, recipe
+from skillgraft.recipes.base import (ExperimentSpec, LocalizerRun, SeedsMixin, check_localizer_runs, recipe,
+                                     size_budgets)
 from skillgraft.spec import COUNT_MAX, Seed, Spec
 from skillgraft.train import FinetuneConfig
 
@@ -113,21 +114,11 @@ class PaperSpec(ExperimentSpec, SeedsMixin):
     @field_validator("budgets", mode="before")
     @classmethod
     def _budgets(cls, v):
-        out = [Budget.parse(b) for b in ([v] if isinstance(v, (int, float, str)) else v)]
-        if any(b.rounding for b in out):
-            raise ValueError("budgets must be sizes (fractions or counts); 'round' has no size to compare at")
-        return out
+        return size_budgets(v)
 
     @model_validator(mode="after")
     def _check(self):
-        titles = [loc.title for loc in self.localizers]
-        if len(set(titles)) != len(titles):
-            raise ValueError(f"localizers: two share a label ({titles}); give each a `label`")
-        for i, loc in enumerate(self.localizers):
-            try:
-                self.options_of(loc)
-            except SkillgraftError as e:
-                raise ValueError(f"localizers[{i}] ({loc.name}): {e}") from None
+        check_localizer_runs(self.localizers, self.options_of)
         for t in list(self.tasks) + list(self.task_seeds) + list(self.finetune_tasks):
             try:
                 get_task(t)
