@@ -4,15 +4,16 @@
 # builds its .venv from nothing and runs the suite; one line per run (exit code, pass/fail counts, seconds) goes to
 # stdout and, with the run's tail, to bench/results/suite_determinism/run-<i>.log.
 #
-#     bash bench/suite_determinism.sh [N=5]
+#     bash bench/suite_determinism.sh [N=5] [FIRST=1]
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 N=${1:-5}
+FIRST=${2:-1}  # number of the first run (to add runs to an earlier series)
 OUT="$ROOT/bench/results/suite_determinism"
 PARENT=$(dirname "$ROOT")
 REV=$(git -C "$ROOT" rev-parse --short HEAD)
 mkdir -p "$OUT"
-for i in $(seq 1 "$N"); do
+for i in $(seq "$FIRST" $((FIRST + N - 1))); do
   dir="$PARENT/.fresh-clone-$i-$$"
   git clone -q "$ROOT" "$dir"
   start=$(date +%s)
