@@ -17,7 +17,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft import Budget
 from skillgraft.recipes import run_recipe
 from skillgraft.recipes.base import load_recipe
-from tiny import write_sentiment_data, write_tiny_gguf, write_topic_data
+from tiny import write_imdb_test, write_sentiment_data, write_tiny_gguf, write_topic_data
 
 ROOT = Path(__file__).resolve().parents[1]
 GEMMA = sorted((ROOT / "bench" / "fidelity").glob("gemma-*.yaml"))
@@ -37,12 +37,7 @@ def gemma_data(tmp_path_factory) -> Path:
     for i, folder in enumerate(("SST-2", "mr", "mpqa", "cr", "yelp_polarity")):
         write_sentiment_data(root, folder=folder, n_train=80, n_test=24, seed=i)
     write_topic_data(root)
-    other = write_sentiment_data(tmp_path_factory.mktemp("toy-imdb"), folder="imdb", n_test=24, seed=9)
-    (root / "imdb").mkdir()
-    with open(other / "imdb" / "test.jsonl") as f, open(root / "imdb" / "test.jsonl", "w") as out:
-        for line in f:
-            row = json.loads(line)
-            out.write(json.dumps({**row, "label": "pos" if row["label"] == "1" else "neg"}) + "\n")
+    write_imdb_test(root, tmp_path_factory.mktemp("toy-imdb"), n_test=24, seed=9)
     return root
 
 

@@ -19,7 +19,7 @@ from skillgraft.recipes import run_recipe
 from skillgraft.recipes.base import load_recipe
 from skillgraft.recipes.paper import PaperSpec, ood_section
 from skillgraft.train.config import DEFAULT_LR
-from tiny import write_sentiment_data
+from tiny import write_imdb_test, write_sentiment_data
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 TINY_FT = {"optimizer": "adamw", "lr": 3e-3, "steps": 16, "eval_every": 8, "freeze_embeddings": False}
@@ -40,12 +40,7 @@ def ood_data(tmp_path_factory) -> Path:
     """Toy SST-2 plus the paper's SST-2 OOD sets: 'imdb' (labels neg/pos, test only) and 'yelp_polarity' (0/1)."""
     root = write_sentiment_data(tmp_path_factory.mktemp("toy-paper-ood"))
     write_sentiment_data(root, folder="yelp_polarity", seed=3)
-    other = write_sentiment_data(tmp_path_factory.mktemp("toy-imdb"), folder="imdb", seed=2)
-    (root / "imdb").mkdir()
-    with open(other / "imdb" / "test.jsonl") as f, open(root / "imdb" / "test.jsonl", "w") as out:
-        for line in f:
-            row = json.loads(line)
-            out.write(json.dumps({**row, "label": "pos" if row["label"] == "1" else "neg"}) + "\n")
+    write_imdb_test(root, tmp_path_factory.mktemp("toy-imdb"), seed=2)
     return root
 
 

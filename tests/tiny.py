@@ -189,3 +189,16 @@ def write_tiny_gguf(path: Path, *, quantize: str | None = "Q8_0", layers: int = 
     writer.write_tensors_to_file()
     writer.close()
     return path, model
+
+
+def write_imdb_test(root: Path, scratch: Path, *, seed: int, **kw) -> None:
+    """An 'imdb' test set under ``root`` with the source's labels named neg/pos (as the paper's OOD set); the toy
+    sentiment rows are written to ``scratch`` first."""
+    import json  # noqa: PLC0415
+
+    other = write_sentiment_data(scratch, folder="imdb", seed=seed, **kw)
+    (root / "imdb").mkdir()
+    with open(other / "imdb" / "test.jsonl") as f, open(root / "imdb" / "test.jsonl", "w") as out:
+        for line in f:
+            row = json.loads(line)
+            out.write(json.dumps({**row, "label": "pos" if row["label"] == "1" else "neg"}) + "\n")
