@@ -1,6 +1,6 @@
 """Issue 33: the Gemma-3-270M rows of docs/fidelity.md, read from the store the Gemma recipes filled.
 
-Every finished (task, seed) of ``bench/fidelity/gemma-table2-{a,b}.yaml`` / ``gemma-fig5.yaml`` is a store entry
+Every finished (task, seed) of ``bench/fidelity/gemma-table2-{a,b,c}.yaml`` / ``gemma-fig5.yaml`` is a store entry
 ("paper-rows", and "paper-ood-rows" per OOD set) whatever run wrote it, so this script reads those entries — not a
 run folder, which is written only when its whole recipe ends — and prints, per task (mean over the seeds found):
 
