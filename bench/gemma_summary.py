@@ -5,7 +5,8 @@ Every finished (task, seed) of ``bench/fidelity/gemma-table2-{a,b,c}.yaml`` / ``
 run folder, which is written only when its whole recipe ends — and prints, per task (mean over the seeds found):
 
 * Table 2 / 9: pre-trained, FT and each localizer at each budget — accuracy, share of FT (acc / acc_FT), gap closed
-  from the pre-trained model ((acc − acc_pre) / (acc_FT − acc_pre)), ECE, agreement with FT;
+  from the pre-trained model ((acc − acc_pre) / (acc_FT − acc_pre)), ECE, over-confidence (mean confidence −
+  accuracy: the sign says which way ECE errs), agreement with FT;
 * the pooled mean over tasks of share of FT and gap closed per localizer × budget (the headline rows);
 * OOD (Tables 3 / 7): per source → target, the same columns;
 * Fig. 5: the rows of each fine-tuning label (SGD / AdamW / AdamW+L1) when ``gemma-fig5.yaml`` has run.
@@ -23,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
-COLUMNS = ("accuracy", "share_of_ft", "gap_closed", "ece", "agreement")
+COLUMNS = ("accuracy", "share_of_ft", "gap_closed", "ece", "over_confidence", "agreement")
 
 
 def entries(store: Path, kind: str, digest: str | None) -> list[tuple[dict, list[dict]]]:
@@ -37,7 +38,11 @@ def entries(store: Path, kind: str, digest: str | None) -> list[tuple[dict, list
         setup = key.get("setup", {})
         if setup.get("mode") != "causal" or (digest and setup.get("pretrained") != digest):
             continue
-        out.append((key, json.loads(rows_file.read_text())["rows"]))
+        rows = json.loads(rows_file.read_text())["rows"]
+        for r in rows:  # mean confidence − accuracy: > 0 over-confident (what ECE mostly measures here)
+            if r.get("mean_confidence") is not None and r.get("accuracy") is not None:
+                r["over_confidence"] = r["mean_confidence"] - r["accuracy"]
+        out.append((key, rows))
     return out
 
 
