@@ -424,6 +424,11 @@ def merge(
         if r.get("on_test"):
             console.print(f"{r['method']:>26} {r['config']:<24} mean acc {r['mean_accuracy']:.4f} normalized "
                           f"{r['mean_normalized']:.4f} | {r['bytes_per_task']:,.0f} bytes/task")
+    if (s.get("routed") or {}).get("keep"):
+        from skillgraft.pipeline.keep import keep_line  # noqa: PLC0415
+
+        for name, t in s["routed"]["keep"].items():
+            console.print(f"routed {name}: {keep_line(t)}")
     console.print(f"[bold green]done[/] → {out}/report.md (merged model: {out}/"
                   f"{'tasks/<task>' if s['mode'] == 'classifier' else 'model'})")
     _report({"out": out, "report": out / "report.md", **s})
