@@ -185,7 +185,8 @@ def keep_graft(setup: Setup, store, localizer: str, options: Spec, keep: KeepSpe
                progress: bool = False) -> tuple[object, dict]:
     """The graft of ``keep``'s one target (``skillgraft merge --routed --keep τ``): the region :func:`keep_results`
     finds on the same selection split as ``skillgraft graft --keep`` (the setup's dev rows, never its test rows),
-    θ_pre + γ ⊙ (θ_ft − θ_pre) on it, and that target's search result (with the selection note). Needs θ_ft loaded."""
+    θ_pre + γ ⊙ (θ_ft − θ_pre) on it, and that target's search result (with the selection note). Needs θ_ft
+    loaded."""
     from skillgraft.graft.graft import Graft  # noqa: PLC0415
 
     regions, summary = keep_results(setup, store, localizer, options, keep, progress=progress)

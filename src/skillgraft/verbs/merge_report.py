@@ -182,7 +182,8 @@ def report_markdown(s: dict) -> str:
         graft = next(r["mean_normalized"] for r in s["rows"] if r["method"] == "graft")
         lines.append("- task-aware peers at the grafts' bytes per task: " + ", ".join(
             f"{m} {_fmt(v)} ({h['peers_bytes_per_task'][m]:,.0f} bytes)" for m, v in h["peers_at_equal_bytes"].items())
-            + f"; each task's graft alone (routed): {_fmt(graft)}")
+            + f"; each task's graft alone ({'at --budgets' if (s.get('routed') or {}).get('keep') else 'routed'}): "
+            f"{_fmt(graft)}")
     if h.get("max_graft_share_of_checkpoint") is not None:
         lines.append(f"- largest stored skill: {h['max_graft_bytes']:,} bytes = "
                      f"{100 * h['max_graft_share_of_checkpoint']:.2f}% of its checkpoint's weight bytes")
@@ -259,8 +260,9 @@ def routed_keep_markdown(r: dict) -> list[str]:
         sel = t["selection_share"] if t["reached"] else t["best_share"]
         reached = "yes" if t["reached"] else "**no** (best reached shown)"
         point = "-" if t.get("point_size") is None else f"{t['point_size']:,}"
-        lines.append(f"| {n} | {reached} | {size:,} | {size / t['universe']:.2e} | {_fmt(sel)} | {_fmt(t.get('bound'))} "
-                     f"| {t.get('selection_rows') or '-'} | {_fmt(t.get('test_share'))} | {point} | {t['bytes']:,} |")
+        lines.append(f"| {n} | {reached} | {size:,} | {size / t['universe']:.2e} | {_fmt(sel)} | "
+                     f"{_fmt(t.get('bound'))} | {t.get('selection_rows') or '-'} | {_fmt(t.get('test_share'))} | "
+                     f"{point} | {t['bytes']:,} |")
         if t.get("note"):
             notes.append(f"- {n}: {t['note']}.")
     return lines + ([""] + notes if notes else [])
