@@ -18,7 +18,8 @@ from rich.table import Table
 from skillgraft.clierrors import interrupted_line, one_line_error
 from skillgraft.clihelp import App
 from skillgraft.cliout import (DATA, KEEP, MODEL, OUTPUT, REPORT, TRAIN, console, err, friendly, localizer_flags,
-                               plain as _plain, print_keep, print_version, region_table, report as _report)
+                               plain as _plain, print_keep, print_routed_keep, print_version, region_table,
+                               report as _report)
 from skillgraft.cliconfig import config_option
 from skillgraft.clispec import Options, build, from_specs
 from skillgraft.data.spec import DataSpec, UserDataSpec
@@ -424,6 +425,7 @@ def merge(
         if r.get("on_test"):
             console.print(f"{r['method']:>26} {r['config']:<24} mean acc {r['mean_accuracy']:.4f} normalized "
                           f"{r['mean_normalized']:.4f} | {r['bytes_per_task']:,.0f} bytes/task")
+    print_routed_keep(s)
     console.print(f"[bold green]done[/] → {out}/report.md (merged model: {out}/"
                   f"{'tasks/<task>' if s['mode'] == 'classifier' else 'model'})")
     _report({"out": out, "report": out / "report.md", **s})

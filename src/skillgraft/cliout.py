@@ -180,6 +180,14 @@ def region_table(dist: dict, width: int) -> list:
     return out
 
 
+def print_routed_keep(summary: dict) -> None:
+    """``merge --routed --keep``: one line per task's keep-sized routed graft (size, shares, bound, test share)."""
+    from skillgraft.pipeline.keep import keep_line  # noqa: PLC0415
+
+    for name, t in ((summary.get("routed") or {}).get("keep") or {}).items():
+        console.print(f"routed {escape(name)}: {keep_line(t)}")
+
+
 def print_keep(result: dict) -> None:
     """One line per keep target (size found, selection and test shares, cost) and per frontier keep density."""
     keep = result.get("keep")

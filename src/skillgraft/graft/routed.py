@@ -5,7 +5,7 @@ the task's own head, switched in a few scattered writes. ``skillgraft merge --ro
 
     routed/base/            θ_pre as a Hugging Face checkpoint (with its tokenizer)
     routed/skills/<task>/   each task's graft (positions, values, its head), graft_config.json + graft.safetensors
-    routed/routed.json      the tasks, their labels and bytes
+    routed/routed.json      the tasks, their labels and bytes (with ``--keep τ``: each task's keep search)
 
 and :class:`RoutedSkills` reads it::
 
@@ -33,8 +33,10 @@ FORMAT = "skillgraft-routed"
 FORMAT_VERSION = 1
 
 
-def write_routed(folder: Path, pre, grafts: dict[str, Graft], labels: dict[str, list[str]]) -> dict:
-    """Write ``folder`` (inside an atomic output folder): θ_pre's model and tokenizer, each graft, routed.json."""
+def write_routed(folder: Path, pre, grafts: dict[str, Graft], labels: dict[str, list[str]],
+                 keep: dict[str, dict] | None = None) -> dict:
+    """Write ``folder`` (inside an atomic output folder): θ_pre's model and tokenizer, each graft, routed.json
+    (``keep``: each task's keep search, ``skillgraft merge --routed --keep τ``, recorded beside its graft)."""
     model = pre.model
     arch = getattr(model.config, "architectures", None)
     try:
@@ -47,6 +49,8 @@ def write_routed(folder: Path, pre, grafts: dict[str, Graft], labels: dict[str, 
         path = g.save_pretrained(folder / "skills" / name)
         tasks[name] = {"path": f"skills/{name}", "labels": list(labels.get(name) or []), "size": g.size,
                        "bytes": (path / "graft.safetensors").stat().st_size}
+        if keep and name in keep:
+            tasks[name]["keep"] = keep[name]
     record = {"format": FORMAT, "format_version": FORMAT_VERSION, "base": "base", "tasks": tasks}
     (folder / "routed.json").write_text(json.dumps(record, indent=2))
     return record
@@ -55,9 +59,11 @@ def write_routed(folder: Path, pre, grafts: dict[str, Graft], labels: dict[str, 
 class RoutedSkills:
     """A base model and named skills (grafts with their heads); :meth:`use` applies one for a block."""
 
-    def __init__(self, model, tokenizer, skills: dict[str, Graft], labels: dict[str, list[str]] | None = None):
+    def __init__(self, model, tokenizer, skills: dict[str, Graft], labels: dict[str, list[str]] | None = None,
+                 keep: dict[str, dict] | None = None):
         self.model, self.tokenizer, self.skills = model, tokenizer, skills
         self.labels = labels or {}
+        self.keep = keep or {}  # each task's keep search (size, shares, bound, confidence), when sized by --keep
 
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike, **model_kwargs) -> RoutedSkills:
@@ -78,7 +84,8 @@ class RoutedSkills:
         model = model_cls.from_pretrained(base, **model_kwargs).eval()
         tokenizer = transformers.AutoTokenizer.from_pretrained(base)
         skills = {name: Graft.from_pretrained(folder / t["path"]) for name, t in record["tasks"].items()}
-        return cls(model, tokenizer, skills, {name: t.get("labels") or [] for name, t in record["tasks"].items()})
+        return cls(model, tokenizer, skills, {name: t.get("labels") or [] for name, t in record["tasks"].items()},
+                   {name: t["keep"] for name, t in record["tasks"].items() if t.get("keep")})
 
     @property
     def tasks(self) -> list[str]:

@@ -179,3 +179,19 @@ def keep_markdown(section: dict) -> list[str]:
         if t.get("note"):
             notes.append(f"- keep {t['target']:g}: {t['note']}.")
     return lines + ([""] + notes if notes else [])
+
+
+def keep_graft(setup: Setup, store, localizer: str, options: Spec, keep: KeepSpec, meta: dict | None = None, *,
+               progress: bool = False) -> tuple[object, dict]:
+    """The graft of ``keep``'s one target (``skillgraft merge --routed --keep τ``): the region :func:`keep_results`
+    finds on the same selection split as ``skillgraft graft --keep`` (the setup's dev rows, never its test rows),
+    θ_pre + γ ⊙ (θ_ft − θ_pre) on it, and that target's search result (with the selection note). Needs θ_ft
+    loaded."""
+    from skillgraft.graft.graft import Graft  # noqa: PLC0415
+
+    regions, summary = keep_results(setup, store, localizer, options, keep, progress=progress)
+    (target,) = summary["targets"]
+    region = regions[target["target"]]
+    meta = {"task": setup.task, "mode": setup.pre.mode, "localizer": localizer, "keep": target["target"],
+            "keep_confidence": summary.get("confidence"), **(meta or {})}
+    return Graft.from_models(setup.pre, setup.ft, region, meta), {**target, "selection": summary["selection"]}

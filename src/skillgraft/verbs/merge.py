@@ -23,6 +23,7 @@ model), ``grafts/<task>/`` (each task's graft: the skill as stored), ``README.md
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -31,10 +32,11 @@ import time
 from pathlib import Path
 
 from skillgraft.lazy import np
-from pydantic import Field, create_model
+from pydantic import Field, create_model, field_validator
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
+from skillgraft.graft.keep import KeepSpec, check_share
 from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.selection import Budget
 from skillgraft.io import atomic_dir, check_target
@@ -67,6 +69,27 @@ class MergeSettings(Spec):
                                                             "method with and without it")
     routed: bool = Field(False, description="also write routed/: one base model plus each task's graft and head, "
                                             "loaded by skillgraft.RoutedSkills (a task's graft applied per request)")
+    keep: float | None = Field(None, description=(
+        "with --routed: size each task's routed graft as the smallest region of the localizer keeping this share "
+        "of its fine-tuned model's score on its dev rows (--dev-data, else the --dev-fraction of --data) at "
+        "--keep-confidence, instead of --budgets (the stitch keeps --budgets; docs/keep.md)"))
+    keep_confidence: float = copy.copy(KeepSpec.model_fields["keep_confidence"])  # graft's --keep-confidence
+
+    @field_validator("keep", mode="before")
+    @classmethod
+    def _share(cls, value):
+        if value is None:
+            return None
+        if isinstance(value, (list, tuple)) or (isinstance(value, str) and "," in value):
+            raise ValueError(f"one share per merge (each routed task keeps one graft), not {value!r}")
+        try:
+            return check_share(value)
+        except SkillgraftError as e:
+            raise ValueError(str(e)) from None
+
+    def keep_spec(self) -> KeepSpec:
+        """The keep search of each routed task's graft: graft's :class:`KeepSpec` with this merge's one target."""
+        return KeepSpec(keep=[self.keep], keep_confidence=self.keep_confidence)
 
 
 # The options of ``skillgraft merge``: its own settings and every registered method's options (one default each).
@@ -184,6 +207,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     from skillgraft.pipeline.regions import localizer_options  # noqa: PLC0415
     from skillgraft.pipeline.store import Store  # noqa: PLC0415
 
+    check_keep(spec, inputs)
     out = check_target(out, overwrite, merge_inputs(pretrained, inputs, store))
     localize = localizer_options(spec.localizer, localize)  # an unknown name or option fails before any work
     mode = check_inputs(pretrained, inputs, spec)
@@ -197,30 +221,40 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     bench.progress = progress  # merge methods show their own long loops (mergekit's grid) when set
     ft = Scored("fine-tuned", "each task's own model")
     seconds: dict[str, float] = {}
+    kept: dict[str, tuple[Graft, dict]] = {}  # --keep: each task's routed graft and its keep search
     with tempfile.TemporaryDirectory(prefix="skillgraft-merge-") as work:
         work = Path(work)
         reads_files = get_localizer(spec.localizer).reads_files
         for m in tqdm(inputs, desc="load, score, localize", unit="model", disable=not progress):  # one θ_ft at a time
             bench.release_pre()  # the member's θ_pre gives the tensors back (share): loaded later when lean
-            setup = open_setup(pretrained, m, spec, share_pre=bench.share, lean=m.graft is not None or reads_files)
+            # a keep search scores θ_ft and θ_pre + γ⊙Δ on the same rows: both in memory (as graft --keep)
+            lean = (m.graft is not None or reads_files) and spec.keep is None
+            setup = open_setup(pretrained, m, spec, share_pre=bench.share, lean=lean)
             bench.add(m.name, setup, loader=_loader(setup, m.finetuned, spec.max_length))
             ft.dev[m.name] = score(setup.ft, setup.data.dev)
             ft.test[m.name] = score(setup.ft, setup.test)
             for method, opts in chosen:
                 method.on_model(bench, m.name, setup.ft, opts, work)
-            if (m.graft is None and reads_files) or setup.pre is None:
+            if (m.graft is None and reads_files and spec.keep is None) or setup.pre is None:
                 bench.release_to_files(m.name)  # localized from θ_ft's files: θ_pre and one tensor of θ_ft resident
             bench.load_pre(m.name)  # a lean member: θ_pre after θ_ft's release (docs/scale.md)
             if len(bench.members) == 1:
                 for method, opts in chosen:
                     method.start(bench, opts, work)
             bench.grafts[m.name] = task_graft(setup, m, spec, localize, store, progress=progress)
+            if spec.keep is not None:
+                from skillgraft.pipeline.keep import keep_graft  # noqa: PLC0415
+
+                kept[m.name] = keep_graft(setup, store, spec.localizer, localize, spec.keep_spec(),
+                                          setup.graft_metadata.to_dict(), progress=progress)
             bench.release(m.name)
         t_loc = time.perf_counter() - t0
         results: list[Scored] = [ft, Scored("graft", f"each task's own graft ({spec.budget.label})")]
         own = bench.grafted(lambda n: bench.grafts[n])
         results[1].dev, results[1].test = (bench.score(own, s) for s in ("dev", "test"))
         results[1].reuse = lambda: own
+        if kept:
+            results.append(routed_keep_row(bench, kept, spec))
         for method, opts in tqdm(chosen, desc="merge methods", unit="method", disable=not progress):
             t1 = time.perf_counter()
             results += method.rows(bench, opts, ft, work)
@@ -241,7 +275,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             (tmp / "mergekit").mkdir(exist_ok=True)
             (tmp / "mergekit" / f"{method}.yaml").write_text(text)  # the dev-chosen config, for mergekit-yaml
         if spec.routed:
-            summary["routed"] = write_routed_outputs(tmp / "routed", bench, summary)
+            summary["routed"] = write_routed_outputs(tmp / "routed", bench, summary, kept)
         (tmp / "report.md").write_text(report_markdown(summary))  # from the typed rows
         summary = {**summary, "rows": [r.columns() for r in summary["rows"]]}  # merge.json holds their columns
         (tmp / "merge.json").write_text(json.dumps(summary, indent=2, default=float))
@@ -260,7 +294,7 @@ def refit_rows(bench: MergeBench, results: list[Scored], n: int, progress: bool 
     rows = {name: sample(setup.data.train, n, setup.data.seed) for name, setup in bench.members.items()}
     out = []
     todo = [s for s in results
-            if s.test and s.reuse is not None and (s.info.get("chosen_on_dev") or s.method == "graft")]
+            if s.test and s.reuse is not None and (s.info.get("chosen_on_dev") or s.method in ("graft", "routed"))]
     for s in tqdm(todo, desc="refit heads", unit="row",
                   disable=not progress):
         use = refitted(s.reuse(), rows.__getitem__)
@@ -272,15 +306,53 @@ def refit_rows(bench: MergeBench, results: list[Scored], n: int, progress: bool 
     return out
 
 
-def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict) -> dict:
+def check_keep(spec: MergeSpec, inputs: list[ModelInput]) -> None:
+    """``--keep`` sizes each routed task's graft: refused, in one line and before any work, without ``--routed``,
+    with given ``--grafts`` (nothing to size) or with a localizer that orders no coordinates."""
+    if spec.keep is None:
+        return
+    if not spec.routed:
+        raise SkillgraftError(f"--keep {spec.keep:g} sizes each task's routed graft: give --routed with it (the "
+                              "stitch and mergekit rows use --budgets)")
+    given = [m.name for m in inputs if m.graft is not None]
+    if given:
+        raise SkillgraftError(f"--keep {spec.keep:g} sizes each task's graft by a search, but --grafts gives "
+                              f"{', '.join(given)} fixed: drop one of the two")
+    get_localizer(spec.localizer).check_ranked()
+
+
+def routed_keep_row(bench: MergeBench, kept: dict[str, tuple[Graft, dict]], spec: MergeSpec) -> Scored:
+    """The ``routed`` row of ``--keep``: each task's keep-sized graft alone (its routed model), scored on dev (the
+    selection rows) and test, with its own bytes per task."""
+    from skillgraft.merge.base import graft_file_bytes  # noqa: PLC0415
+
+    row = Scored("routed", f"keep {spec.keep:g} at {spec.keep_confidence:.0%} confidence",
+                 info={"keep": spec.keep, "keep_confidence": spec.keep_confidence,
+                       "bytes": {n: graft_file_bytes(g) for n, (g, _) in kept.items()}})
+    use = bench.grafted(lambda n: kept[n][0])
+    row.dev, row.test = (bench.score(use, s) for s in ("dev", "test"))
+    row.reuse = lambda: use
+    return row
+
+
+def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict,
+                         kept: dict[str, tuple[Graft, dict]] | None = None) -> dict:
     """``routed/`` (:mod:`skillgraft.graft.routed`) and what the report says of it: each task's graft alone is the
-    routed model of that task (the ``graft`` rows), its bytes, and the switch time of the loader as written."""
+    routed model of that task (the ``graft`` rows; with ``--keep`` the keep-sized grafts of ``kept``, the
+    ``routed`` rows, each with its keep search and test share), its bytes, and the switch time of the loader."""
     from skillgraft.graft.routed import RoutedSkills, switch_seconds, write_routed  # noqa: PLC0415
 
     labels = {n: list(setup.data.task.labels) for n, setup in bench.members.items()}
-    record = write_routed(folder, bench.pre, bench.grafts, labels)
+    method = "routed" if kept else "graft"
+    rows = [r for r in summary["rows"] if r["method"] == method and r.get("on_test")]
+    keep = None
+    if kept:
+        plain = next(r for r in rows if not r.get("refit_heads"))
+        keep = {n: {**{k: v for k, v in k_.items() if k != "probes"}, "test_score": plain[f"{n}:test"],
+                    "test_share": plain[f"{n}:normalized"]} for n, (_, k_) in kept.items()}
+    grafts = {n: g for n, (g, _) in kept.items()} if kept else bench.grafts
+    record = write_routed(folder, bench.pre, grafts, labels, keep)
     seconds = switch_seconds(RoutedSkills.from_pretrained(folder))
-    rows = [r for r in summary["rows"] if r["method"] == "graft" and r.get("on_test")]
     ckpt = summary["headline"]["checkpoint_bytes"]
     out = {"folder": "routed", "switch_ms": 1e3 * seconds,
            "bytes_per_task": float(np.mean([t["bytes"] for t in record["tasks"].values()])),
@@ -289,6 +361,9 @@ def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict) -> dict
     for r in rows:
         key = "mean_normalized_refit" if r.get("refit_heads") else "mean_normalized"
         out[key] = r["mean_normalized"]
+    if kept:
+        out.update(keep_target=summary["settings"]["keep"], keep_confidence=summary["settings"]["keep_confidence"],
+                   keep={n: {**kept[n][1], **k, "bytes": record["tasks"][n]["bytes"]} for n, k in keep.items()})
     return out
 
 

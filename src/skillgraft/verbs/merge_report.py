@@ -182,7 +182,8 @@ def report_markdown(s: dict) -> str:
         graft = next(r["mean_normalized"] for r in s["rows"] if r["method"] == "graft")
         lines.append("- task-aware peers at the grafts' bytes per task: " + ", ".join(
             f"{m} {_fmt(v)} ({h['peers_bytes_per_task'][m]:,.0f} bytes)" for m, v in h["peers_at_equal_bytes"].items())
-            + f"; each task's graft alone (routed): {_fmt(graft)}")
+            + f"; each task's graft alone ({'at --budgets' if (s.get('routed') or {}).get('keep') else 'routed'}): "
+            f"{_fmt(graft)}")
     if h.get("max_graft_share_of_checkpoint") is not None:
         lines.append(f"- largest stored skill: {h['max_graft_bytes']:,} bytes = "
                      f"{100 * h['max_graft_share_of_checkpoint']:.2f}% of its checkpoint's weight bytes")
@@ -226,8 +227,9 @@ def routed_markdown(s: dict) -> list[str]:
     if not r:
         return []
     share = f" ({100 * r['share_of_checkpoint']:.2f}% of a checkpoint)" if r.get("share_of_checkpoint") else ""
+    row = "the `routed` row" if r.get("keep") else "the `graft` row"
     lines = ["", "## Routed skills (`routed/`: one base, each task's graft and head, applied per request)", "",
-             f"- mean normalized accuracy {_fmt(r.get('mean_normalized'))} (each task's graft alone: the `graft` row)"
+             f"- mean normalized accuracy {_fmt(r.get('mean_normalized'))} (each task's graft alone: {row})"
              + (f"; with refitted heads {_fmt(r['mean_normalized_refit'])}" if "mean_normalized_refit" in r else ""),
              f"- bytes per task {r['bytes_per_task']:,.0f}{share}",
              f"- switch time {r['switch_ms']:.2f} ms (median of apply + revert through `RoutedSkills.use`)", "",
@@ -235,7 +237,35 @@ def routed_markdown(s: dict) -> list[str]:
              "skills = RoutedSkills.from_pretrained(\"routed\")",
              f"with skills.use(\"{next(iter(s['tasks']))}\") as model:",
              "    logits = model(**skills.tokenizer(texts, return_tensors=\"pt\", padding=True)).logits", "```"]
-    return lines
+    return lines + routed_keep_markdown(r)
+
+
+def routed_keep_markdown(r: dict) -> list[str]:
+    """--routed --keep τ: per task the size found, its selection share and lower bound, the test share, bytes."""
+    keep = r.get("keep")
+    if not keep:
+        return []
+    conf = r["keep_confidence"]
+    lines = ["", f"### Each routed graft sized by `--keep {r['keep_target']:g}` at {conf:.0%} confidence", "",
+             f"Each task's graft is the smallest probed size of the localizer's nested family whose share of its "
+             f"fine-tuned model's score on the task's dev rows (the selection split; never a test row) reaches "
+             f"{r['keep_target']:g} with {conf:.0%} confidence: the lower bound of a paired bootstrap over those rows "
+             "(graft and FT on the same resampled rows, seeded), for that size and every larger probed size, as "
+             "`skillgraft graft --keep` (docs/keep.md). *test share*: test score ÷ the task's fine-tuned test score.",
+             "", "| task | reached | size | density | selection share | lower bound | selection rows | test share | "
+             "point-estimate size | bytes |", "|---|:---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    notes = []
+    for n, t in keep.items():
+        size = t["size"] if t["reached"] else t["best_size"]
+        sel = t["selection_share"] if t["reached"] else t["best_share"]
+        reached = "yes" if t["reached"] else "**no** (best reached shown)"
+        point = "-" if t.get("point_size") is None else f"{t['point_size']:,}"
+        lines.append(f"| {n} | {reached} | {size:,} | {size / t['universe']:.2e} | {_fmt(sel)} | "
+                     f"{_fmt(t.get('bound'))} | {t.get('selection_rows') or '-'} | {_fmt(t.get('test_share'))} | "
+                     f"{point} | {t['bytes']:,} |")
+        if t.get("note"):
+            notes.append(f"- {n}: {t['note']}.")
+    return lines + ([""] + notes if notes else [])
 
 
 def readme(s: dict, mode: str) -> str:
