@@ -13,7 +13,8 @@
     SKILLGRAFT_CACHE=/work/store python bench/merge.py [--tasks SST-2,ag_news,QNLI,subj] [--k 256]
 
 Issue 35 adds ``--refit-heads N`` (each task's head refitted on the merged body), ``--routed`` (routed/ written, the
-switch timed) and ``--peers tall,tswitch,emr`` (task-aware merges at the grafts' bytes per task).
+switch timed) and ``--peers tall,tswitch,emr`` (task-aware merges at the grafts' bytes per task); ``--routed --keep τ``
+sizes each routed graft by a keep target with a stated confidence (issues 35 and 38).
 """
 
 from __future__ import annotations
@@ -156,6 +157,9 @@ def main() -> None:
                     help="mergekit methods of the run flagged :mergekit")
     ap.add_argument("--refit-heads", type=int, default=None, help="merge --refit-heads N (issue 35)")
     ap.add_argument("--routed", action="store_true", help="merge --routed: write routed/ and time the switch")
+    ap.add_argument("--keep", type=float, default=None,
+                    help="with --routed: each task's graft sized by merge --keep τ (issues 35, 38)")
+    ap.add_argument("--keep-confidence", type=float, default=None, help="merge --keep-confidence c")
     ap.add_argument("--peers", default="", help="task-aware peers of the run flagged :mergekit (tall,tswitch,emr)")
     ap.add_argument("--root", type=Path, default=Path("/work/store/merge-bench"))
     ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "merge")
@@ -177,7 +181,8 @@ def main() -> None:
         timings["finetune"][task] = json.loads((ft / "finetune.json").read_text())
     for run in args.runs.split(","):
         localizer, budget, *flags = run.split(":")
-        label = f"{localizer}-{budget}"
+        label = f"{localizer}-{budget}" + (f"-keep{args.keep:g}" if args.keep else "") + (
+            f"-c{args.keep_confidence:g}" if args.keep and args.keep_confidence else "")
         out = root / "out" / label
         if not (out / "merge.json").is_file():
             cli = ["merge", "--pretrained", "all-MiniLM-L6-v2", "--out", out, "--overwrite", "--localizer", localizer,
@@ -186,7 +191,8 @@ def main() -> None:
                    "--stitch-scales", args.stitch_scales, "--rules", args.rules,
                    "--peers", args.peers if "mergekit" in flags else ""]
             cli += (["--refit-heads", args.refit_heads] if args.refit_heads else []) + (
-                ["--routed"] if args.routed else [])
+                ["--routed"] if args.routed else []) + (["--keep", args.keep] if args.keep else []) + (
+                ["--keep-confidence", args.keep_confidence] if args.keep_confidence else [])
             for task in tasks:
                 cli += ["--finetuned", root / "ft" / task, "--data", root / "data" / task / "spec.yaml",
                         "--dev-data", root / "data" / task / "dev.jsonl"]
@@ -201,7 +207,9 @@ def main() -> None:
             shutil.copy(out / name, dest / name)
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "timings.json").write_text(json.dumps(timings, indent=2))
-    (args.results / "summary.md").write_text(summary(args.results, [r.split(":")[0] + "-" + r.split(":")[1]
+    suffix = (f"-keep{args.keep:g}" if args.keep else "") + (
+        f"-c{args.keep_confidence:g}" if args.keep and args.keep_confidence else "")
+    (args.results / "summary.md").write_text(summary(args.results, [r.split(":")[0] + "-" + r.split(":")[1] + suffix
                                                                     for r in args.runs.split(",")]))
     print(json.dumps(timings, indent=2))
     print((args.results / "summary.md").read_text())
