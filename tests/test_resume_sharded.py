@@ -115,10 +115,10 @@ def test_two_process_sharded_localization_resumes_bit_for_bit(tiny_models, toy_d
     assert r.returncode != 0 and (tmp_path / "ref.pt").is_file(), r.stderr[-3000:]
     ref = torch.load(tmp_path / "ref.pt")
     assert ref["steps"] == [1, 2, 3, 4]
-    b = tmp_path / "b"  # saves 1 and 2 complete (the manifest names 2); rank 0's third written, rank 1's cut short
-    assert json.loads((b / "localize-0.json").read_text())["serial"] == 2
-    assert {p.name for p in b.glob("*.pt")} == {"localize-0.rank0.2.pt", "localize-0.rank1.2.pt",
-                                                "localize-0.rank0.3.pt"}
+    b = tmp_path / "b"  # saves 1 and 2 complete (the manifest names 2); rank 1's third cut short (rank 0's may be
+    assert json.loads((b / "localize-0.json").read_text())["serial"] == 2  # written: it was stopped meanwhile)
+    assert {p.name for p in b.glob("*.pt")} - {"localize-0.rank0.3.pt"} == {"localize-0.rank0.2.pt",
+                                                                           "localize-0.rank1.2.pt"}
     for x in "cde":
         shutil.copytree(b, tmp_path / x)
     (tmp_path / "c" / "localize-0.json").unlink()        # no manifest: the save is not known complete

@@ -133,8 +133,12 @@ class Sharded(Checkpoint):
         else:
             path = self.file(self.rank, saved["serial"])
             state = _read(path)
-            if state is None or state.get("fingerprint") != self.fingerprint or state.get("serial") != saved["serial"]:
-                why = (path, "missing or damaged" if state is None else "saved with other settings")
+            if state is None:
+                why = (path, "missing or damaged")
+            elif state.get("fingerprint") != self.fingerprint or state.get("serial") != saved["serial"]:
+                why = (path, "saved with other settings")
+        if saved is not None:  # our saves are numbered after it: it never names one of them, used or not
+            self.serial = int(saved["serial"])
         reasons: list = [None] * self.world
         dist.all_gather_object(reasons, why)
         first = next((r for r in reasons if r), None)
@@ -142,7 +146,6 @@ class Sharded(Checkpoint):
             if self.rank == 0:
                 note(*first)
             return None
-        self.serial = saved["serial"]
         return state
 
     def due(self) -> bool:
@@ -192,7 +195,8 @@ def _read(path: Path) -> dict | None:
 def _read_manifest(path: Path) -> dict | None:
     try:
         saved = json.loads(path.read_text())
-        return saved if isinstance(saved, dict) and {"serial", "world", "fingerprint"} <= saved.keys() else None
+        fields = isinstance(saved, dict) and {"serial", "world", "fingerprint"} <= saved.keys()
+        return saved if fields and all(type(saved[k]) is int and saved[k] > 0 for k in ("serial", "world")) else None
     except (OSError, ValueError):
         return None
 
