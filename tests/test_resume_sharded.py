@@ -105,7 +105,7 @@ def _same(a: dict, b: dict) -> bool:
 
 def test_two_process_sharded_localization_resumes_bit_for_bit(tiny_models, toy_data, tmp_path, capfd):
     small = load_kshot("SST-2", 8, 13, toy_data)
-    pre, ft = trained_pair(tiny_models["llama"], "causal", small, steps=20)
+    pre, ft = trained_pair(tiny_models["llama"], "causal", small, steps=5)
     ft.save_pretrained(tmp_path / "ft")
     cfg = LocalizeConfig(sparsity=0.01, candidates=0.05, steps=4, seed=3, budgets=[0.005, 0.02], micro_batch=4)
     script = tmp_path / "localize.py"
