@@ -5,11 +5,13 @@ same command, run again, resumes from it to the same result as an uninterrupted 
 writing, ``<store>/.<entry>.resume/``, keyed like the entry itself (the same specs, data and models; anything
 else is another entry). Inside it, each long loop asks for a :func:`checkpoint` (``localize-0``, ``finetune-0``,
 … in the order the stage runs them), loads the state it finds there (:meth:`Checkpoint.load`; a state saved by
-other settings, recorded in its fingerprint, is ignored) and saves its state at the end of a step once
-``SKILLGRAFT_CHECKPOINT_SECONDS`` (default 180) have passed since the last save (:meth:`Checkpoint.due`). The
-state is everything the next step depends on — parameters, optimizer moments, random generators, the working
-weights, the best step so far and the history — written atomically (``io.atomic_path``). When the entry is
-complete the folder is deleted.
+other settings, recorded in its fingerprint, is ignored with one line) and saves its state at the end of a step
+once ``SKILLGRAFT_CHECKPOINT_SECONDS`` (default 180) have passed since the last save (:meth:`Checkpoint.due`).
+The state is everything the next step depends on — parameters, optimizer moments, random generators, the
+working weights, the best step so far and the history — written atomically (``io.atomic_path``). A loop run by
+several processes (sharded by FSDP2, or replicated) saves one file per rank and a manifest last
+(:class:`Sharded`); a resume by another number of processes starts over. When the entry is complete the folder
+is deleted.
 
 The files are pickles (``torch.save``) in the user's own store, read back only from there.
 """
@@ -17,8 +19,10 @@ The files are pickles (``torch.save``) in the user's own store, read back only f
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -65,20 +69,21 @@ class Checkpoint:
 
     def __init__(self, path: Path, fingerprint: str):
         self.path, self.fingerprint = path, fingerprint
+        self.manifest = path.with_suffix(".json")  # a multi-process save's (:class:`Sharded`)
         self.every = interval()
         self.last = time.monotonic()
 
     def load(self) -> dict | None:
-        """The state saved by the same loop with the same settings, or None."""
+        """The state saved by the same loop with the same settings, or None (with one line saying why, when a
+        state is there but not used)."""
         if not self.path.is_file():
+            if self.manifest.is_file():
+                saved = _read_manifest(self.manifest)
+                note(self.manifest, f"saved by {saved['world']} processes, this run has 1" if saved else "damaged")
             return None
-        import torch  # noqa: PLC0415
-
-        try:
-            state = torch.load(self.path, map_location="cpu", weights_only=False)
-        except Exception:  # noqa: BLE001 - a damaged state is ignored: the stage starts over
-            return None
-        if not isinstance(state, dict) or state.get("fingerprint") != self.fingerprint:
+        state = _read(self.path)
+        if state is None or state.get("fingerprint") != self.fingerprint:
+            note(self.path, "damaged" if state is None else "saved with other settings")
             return None
         return state
 
@@ -87,18 +92,128 @@ class Checkpoint:
 
     def save(self, state: dict) -> None:
         """Write ``state`` (plus the fingerprint) atomically; the previous one stays until it is complete."""
-        import torch  # noqa: PLC0415
-
-        from skillgraft.io import atomic_path  # noqa: PLC0415
-
-        with atomic_path(self.path) as tmp:
-            torch.save({**state, "fingerprint": self.fingerprint}, tmp)
+        _write(self.path, {**state, "fingerprint": self.fingerprint})
         self.last = time.monotonic()
 
 
-def checkpoint(kind: str, settings) -> Checkpoint | None:
+class Sharded(Checkpoint):
+    """The checkpoint of a loop run by ``world`` processes (FSDP shards, or replicas): each rank saves its own state
+    (its shards, optimizer moments, random generators) to ``<loop>.rank<r>.<n>.pt``, the n-th save; once every rank's
+    file is complete, rank 0 writes the manifest ``<loop>.json`` (n, the step, the world size, the fingerprint).
+    Only the save the manifest names is loaded, by every rank at once, so a save cut short (a rank killed while
+    writing, the manifest not yet written) is never read: the previous complete one is, or none. Every method is
+    collective: all ranks call it at the same point of the loop (:meth:`due` is rank 0's clock, broadcast)."""
+
+    def __init__(self, path: Path, fingerprint: str, world: int, rank: int, device):
+        super().__init__(path, fingerprint)
+        self.world, self.rank, self.device = world, rank, device
+        self.serial = 0  # the save the manifest names (0: none yet)
+
+    def file(self, rank: int, serial: int) -> Path:
+        return self.path.with_name(f"{self.path.stem}.rank{rank}.{serial}.pt")
+
+    def load(self) -> dict | None:
+        import torch.distributed as dist  # noqa: PLC0415
+
+        found: list = [None]
+        if self.rank == 0:
+            found[0] = _read_manifest(self.manifest) if self.manifest.is_file() else "none"
+        dist.broadcast_object_list(found, src=0)
+        saved, state, why = found[0], None, None
+        if saved == "none":
+            if self.rank == 0 and self.path.is_file():
+                note(self.path, f"saved by 1 process, this run has {self.world}")
+            return None
+        if saved is None:
+            why = (self.manifest, "damaged")
+        elif saved["world"] != self.world:
+            why = (self.manifest, f"saved by {saved['world']} processes, this run has {self.world}")
+        elif self.rank == 0 and saved["fingerprint"] != self.fingerprint:
+            why = (self.manifest, "saved with other settings")
+        else:
+            path = self.file(self.rank, saved["serial"])
+            state = _read(path)
+            if state is None:
+                why = (path, "missing or damaged")
+            elif state.get("fingerprint") != self.fingerprint or state.get("serial") != saved["serial"]:
+                why = (path, "saved with other settings")
+        if saved is not None:  # our saves are numbered after it: it never names one of them, used or not
+            self.serial = int(saved["serial"])
+        reasons: list = [None] * self.world
+        dist.all_gather_object(reasons, why)
+        first = next((r for r in reasons if r), None)
+        if first is not None:
+            if self.rank == 0:
+                note(*first)
+            return None
+        return state
+
+    def due(self) -> bool:
+        import torch  # noqa: PLC0415
+        import torch.distributed as dist  # noqa: PLC0415
+
+        flag = torch.tensor([int(super().due())], device=self.device)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+    def save(self, state: dict) -> None:
+        import torch.distributed as dist  # noqa: PLC0415
+
+        from skillgraft.io import atomic_path  # noqa: PLC0415
+
+        serial = self.serial + 1
+        _write(self.file(self.rank, serial), {**state, "fingerprint": self.fingerprint, "serial": serial})
+        dist.barrier()  # every rank's file is complete
+        if self.rank == 0:
+            with atomic_path(self.manifest) as tmp:
+                tmp.write_text(json.dumps({"serial": serial, "step": state.get("step"), "world": self.world,
+                                           "fingerprint": self.fingerprint}) + "\n")
+        dist.barrier()  # the manifest names the new save: the older files are no longer needed
+        for old in self.path.parent.glob(f"{self.path.stem}.rank{self.rank}.*.pt"):
+            if old != self.file(self.rank, serial):
+                old.unlink(missing_ok=True)
+        self.serial, self.last = serial, time.monotonic()
+
+
+def note(path: Path, reason: str) -> None:
+    """The one line saying that a saved state is there but not used."""
+    print(f"{path}: {reason}; not resuming from it, the loop starts over", file=sys.stderr, flush=True)
+
+
+def _read(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    import torch  # noqa: PLC0415
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception:  # noqa: BLE001 - a damaged state is ignored: the stage starts over
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def _read_manifest(path: Path) -> dict | None:
+    try:
+        saved = json.loads(path.read_text())
+        fields = isinstance(saved, dict) and {"serial", "world", "fingerprint"} <= saved.keys()
+        return saved if fields and all(type(saved[k]) is int and saved[k] > 0 for k in ("serial", "world")) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _write(path: Path, state: dict) -> None:
+    import torch  # noqa: PLC0415
+
+    from skillgraft.io import atomic_path  # noqa: PLC0415
+
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def checkpoint(kind: str, settings, *, world: int = 1, rank: int = 0, device="cpu") -> Checkpoint | None:
     """The checkpoint of the next ``kind`` loop of the current stage (None outside a :func:`resume_point`).
-    ``settings``: what the loop's result depends on beyond the stage's key (hashed into the fingerprint)."""
+    ``settings``: what the loop's result depends on beyond the stage's key (hashed into the fingerprint);
+    ``world`` processes run it (``rank``: this one; ``device``: where its collectives' tensors live)."""
     point = _point.get()
     if point is None:
         return None
@@ -107,7 +222,8 @@ def checkpoint(kind: str, settings) -> Checkpoint | None:
     folder, counters = point
     index = counters.get(kind, 0)
     counters[kind] = index + 1
-    return Checkpoint(folder / f"{kind}-{index}.pt", stable_hash({"stage": counters[""], "loop": settings}))
+    path, fingerprint = folder / f"{kind}-{index}.pt", stable_hash({"stage": counters[""], "loop": settings})
+    return Sharded(path, fingerprint, world, rank, device) if world > 1 else Checkpoint(path, fingerprint)
 
 
 def cpu(x):

@@ -139,18 +139,22 @@ def dev_metrics(model, sampler, step: int, batch_size: int) -> dict | None:
             **{f"dev:{t}": s for t, s in scores.items() if t is not None}}
 
 
-def _checkpoint(config: FinetuneConfig, sampler, callbacks, params, world: int):
-    """The fine-tuning's checkpoint in the store stage being written; None outside one, with several processes,
-    or with a callback whose state is not saved (Auto-RGN, snapshots: such runs start over)."""
+def _checkpoint(config: FinetuneConfig, sampler, callbacks, params, model, accelerator):
+    """The fine-tuning's checkpoint in the store stage being written; None outside one, with a callback whose state
+    is not saved (Auto-RGN, snapshots: such runs start over), or on a model Accelerate sharded (FSDP2 on GPUs).
+    Several processes (replicas) each save their own state, rank 0 the manifest last (skillgraft.resume)."""
     from skillgraft.resume import checkpoint  # noqa: PLC0415
 
     stateless = ("RegionMask",)  # its masks and θ_pre values are set again at train start
-    if world > 1 or any(not hasattr(cb, "state") and type(cb).__name__ not in stateless for cb in callbacks):
+    if any(not hasattr(cb, "state") and type(cb).__name__ not in stateless for cb in callbacks):
+        return None
+    if any(type(p).__name__ == "DTensor" for p in model.parameters()):
         return None
     return checkpoint("finetune", {"config": config.to_dict(), "steps": sampler.steps,
                                    "tasks": {str(t): [len(tr), len(dev or [])] for t, (tr, dev) in sampler.data.items()},
                                    "params": [list(p.shape) for p in params],
-                                   "callbacks": [type(cb).__name__ for cb in callbacks]})
+                                   "callbacks": [type(cb).__name__ for cb in callbacks]},
+                      world=accelerator.num_processes, rank=accelerator.process_index, device=accelerator.device)
 
 
 def _state(done: int, loss_ema, eval_seconds: float, seconds: float, params, opt, state: TrainState, callbacks,
@@ -218,7 +222,7 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
             emit(callbacks, "on_evaluate", step, metrics)
 
     start = time.perf_counter()
-    saved = _checkpoint(config, sampler, callbacks, params, world)
+    saved = _checkpoint(config, sampler, callbacks, params, raw, accelerator)
     resumed = saved.load() if saved is not None else None
     done, loss_ema = 0, None
     if resumed is not None:  # the same command, stopped: go on from the last saved step (skillgraft.resume)

@@ -219,18 +219,17 @@ def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, g
 
 
 def _checkpoint(plan: Plan, layout: Layout, group: Group, accelerator, n_train: int, n_select: int):
-    """The localization's checkpoint in the store stage being written (None: not in one, or sharded: each process
-    holds only its shards)."""
+    """The localization's checkpoint in the store stage being written (None: not in one). With several processes
+    each saves its own state (its shards' S, moments and working weights) and rank 0 the manifest last."""
     from skillgraft.resume import checkpoint  # noqa: PLC0415
 
-    if group.sharded or accelerator.num_processes > 1:
-        return None
     relax = plan.relaxation()
     return checkpoint("localize", {
         "relaxation": [type(relax).__name__, relax.name], "optimizer": plan.optimizer, "lr": plan.lr,
         "steps": plan.steps, "budgets": [str(b) for b in plan.budgets], "batch": [plan.batch_size, plan.micro_batch],
         "eval_every": plan.eval_every, "last": plan.last, "seed": plan.seed, "graftable": plan.graftable,
-        "config": plan.config, "universe": layout.universe, "size": layout.size, "rows": [n_train, n_select]})
+        "config": plan.config, "universe": layout.universe, "size": layout.size, "rows": [n_train, n_select]},
+        world=accelerator.num_processes, rank=accelerator.process_index, device=accelerator.device)
 
 
 def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, budgets: list[Budget], train, select,
