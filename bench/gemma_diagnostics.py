@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -256,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         results = []
+        os.environ["SKILLGRAFT_CACHE"] = str(store.root)  # the bundled Gemma converted into (found in) this store
         for task in tasks:
             draw_seeds = spec.seeds_of(task) if hasattr(spec, "seeds_of") else spec.seeds
             for seed in seeds or draw_seeds:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -197,9 +198,12 @@ def test_a_graft_report_of_a_gguf_pair_names_the_quantization(tiny_gguf, toy_dat
     assert json.loads((tmp_path / "ft" / "config.json").read_text())["model"] == str(tiny_gguf["q8"])
     cli("graft", "--pretrained", tiny_gguf["q8"], "--finetuned", tmp_path / "ft" / "model", "--task", "SST-2",
         "--k", 8, "--mode", "causal", "--out", tmp_path / "g", "--budgets", "0.01", "--steps", 2, "--eval-every", 1,
-        "--data-dir", toy_data)
+        "--data-dir", toy_data, "--cache", tmp_path / "own-store")
     report = (tmp_path / "g" / "report.md").read_text()
     assert "from GGUF Q8_0" in report and "dequantized" in report
+    # converted into the command's own --cache (beside its stages), not only into $SKILLGRAFT_CACHE
+    assert [p.name.startswith("gguf-tiny-q8") for p in (tmp_path / "own-store").glob("gguf-*")] == [True]
+    assert gguf.store_root() == Path(os.environ["SKILLGRAFT_CACHE"])  # for the command's duration only
     # its PEFT adapter names the converted folder as its base: plain peft loads it alone (no skillgraft, no GGUF)
     cli("export", tmp_path / "g" / "grafts" / "budget-0.01", "--to", "peft", "--out", tmp_path / "adapter")
     base = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]

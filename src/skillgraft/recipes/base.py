@@ -27,6 +27,7 @@ from skillgraft.data.tasks import get_task
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers import LocalizeConfig
 from skillgraft.io import atomic_dir, check_target, write_json
+from skillgraft.models.gguf import in_store
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.ood import TransferSpec, with_limits
 from skillgraft.pipeline.report import RunDir, mean_std  # noqa: F401 - re-exported for recipes
@@ -289,7 +290,7 @@ def run_spec(entry: Recipe, spec, out: str | os.PathLike, *, cache: str | os.Pat
     out = Path(out)
     store = Store(cache if cache is not None else spec.cache_dir)
     check_target(out, overwrite, {"--cache": store.root, "data_dir": getattr(spec, "data_dir", None)})
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with atomic_dir(out, overwrite=overwrite) as tmp, in_store(store.root):  # GGUF conversions into this store too
         run = RunDir(tmp, store)
         write_json(tmp / "config.json", spec.to_dict())
         metrics = entry.fn(spec, run) or {}

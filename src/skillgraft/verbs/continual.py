@@ -17,10 +17,11 @@ from skillgraft.io import check_apart
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.continual import STATE_FILE, ContinualLearner, task_region
 from skillgraft.pipeline.setup import prepare
-from skillgraft.pipeline.store import Store
+from skillgraft.pipeline.store import Store, converts_into_store
 from skillgraft.train.finetune import FinetuneConfig
 
 
+@converts_into_store
 def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int = 13, data_dir=None,
                   model: str | None = None, mode: str = "head", region: str | os.PathLike | None = None,
                   finetune_config: FinetuneConfig | None = None, region_finetune_config: FinetuneConfig | None = None,

@@ -33,6 +33,7 @@ from skillgraft.graft.selection import Budget, region_universe
 from skillgraft.pipeline.regions import learned_regions, localizer_options
 from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.store import converts_into_store
 from skillgraft.pipeline.workbench import Workbench
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant, score_ft_first
 from skillgraft.spec import Spec
@@ -377,6 +378,7 @@ def models_and_data(setup: Setup) -> list[str]:
     return lines
 
 
+@converts_into_store
 def graft(inputs: GraftInputs, *, report: ReportSpec | None = None, localize: Spec | dict | None = None,
           keep=None, frontier=None, out: str | os.PathLike | None = None, overwrite: bool = False,
           cache: str | os.PathLike | None = None) -> GraftResult:

@@ -43,6 +43,7 @@ from skillgraft.io import atomic_dir, check_target
 from skillgraft.merge import MERGE_METHODS, MergeMethod, Scored, merge_methods
 from skillgraft.pipeline.report import write_csv
 from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.store import converts_into_store
 from skillgraft.pipeline.workbench import Workbench
 from skillgraft.spec import Spec
 from skillgraft.verbs.merge_inputs import ModelInput, check_inputs, merge_inputs, resolve_inputs
@@ -195,6 +196,7 @@ class MergeBench(Workbench):
 
 
 # ---------------------------------------------------------------------------------------------- the merge
+@converts_into_store
 def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, localize: Spec | dict | None,
                  out: str | os.PathLike, *, store=None, overwrite: bool = False, progress: bool = False,
                  methods: dict[str, MergeMethod] | None = None) -> dict:

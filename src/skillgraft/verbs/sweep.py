@@ -17,6 +17,7 @@ from skillgraft.graft.selection import Budget
 from skillgraft.pipeline.regions import learned_regions
 from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.store import converts_into_store
 from skillgraft.pipeline.variants import base_variants, compare, graft_variant
 from skillgraft.spec import Spec
 from skillgraft.verbs.graft import BASELINE_LABELS, baseline_options
@@ -90,6 +91,7 @@ class SweepResult:
     found: dict = field(default_factory=dict)  # {"frontier": …} with --frontier
 
 
+@converts_into_store
 def sweep(finetuned: str | os.PathLike, spec: SweepSpec | None = None, localize: LocalizeConfig | None = None, *,
           data: DataSpec | None = None, frontier=None, out: str | os.PathLike | None = None, overwrite: bool = False,
           cache: str | os.PathLike | None = None) -> SweepResult:
