@@ -9,9 +9,11 @@ run folder, which is written only when its whole recipe ends — and prints, per
   accuracy: the sign says which way ECE errs), agreement with FT;
 * the pooled mean over tasks of share of FT and gap closed per localizer × budget (the headline rows);
 * OOD (Tables 3 / 7): per source → target, the same columns;
-* Fig. 5: the rows of each fine-tuning label (SGD / AdamW / AdamW+L1) when ``gemma-fig5.yaml`` has run.
+* Fig. 5: the rows of each fine-tuning label (SGD / AdamW / AdamW+L1) from the finished runs of
+  ``gemma-fig5.yaml`` (``--runs``: their ``metrics.json``, whose rows name the fine-tuning; its store entries do
+  not, and with one localizer they are left out of Table 2, which compares learned, top-|Δ| and random).
 
-    python bench/gemma_summary.py [--store /work/store] [--pretrained-digest 33a105a337b0def8] [--json OUT]
+    python bench/gemma_summary.py [--store /work/store] [--runs runs] [--pretrained-digest 33a105a337b0def8] [--json OUT]
 
 Only entries of the converted Gemma (its model digest, printed by ``--list``) at causal mode are read.
 """
@@ -27,6 +29,27 @@ from statistics import mean
 COLUMNS = ("accuracy", "share_of_ft", "gap_closed", "ece", "over_confidence", "agreement")
 
 
+def over_confidence(rows: list[dict]) -> list[dict]:
+    """Mean confidence − accuracy on each row: > 0 over-confident (what ECE mostly measures here)."""
+    for r in rows:
+        if r.get("mean_confidence") is not None and r.get("accuracy") is not None:
+            r["over_confidence"] = r["mean_confidence"] - r["accuracy"]
+    return rows
+
+
+def fig5_rows(runs: Path) -> list[dict]:
+    """The Fig. 5 rows (one per fine-tuning label × model) of every finished Fig. 5 run under ``runs``; a
+    (label, task, seed) found in two runs counts once."""
+    out, seen = [], set()
+    for path in sorted(runs.glob("gemma-fig5*/metrics.json")):
+        for r in json.loads(path.read_text()).get("finetune_rows", []):
+            key = (r["finetune"], r["task"], r["seed"], r["model"])
+            if key not in seen:
+                seen.add(key)
+                out.append(r)
+    return over_confidence(out)
+
+
 def entries(store: Path, kind: str, digest: str | None) -> list[tuple[dict, list[dict]]]:
     """(key, rows) of every finished ``kind`` entry in causal mode (of the model ``digest`` if given)."""
     out = []
@@ -38,11 +61,7 @@ def entries(store: Path, kind: str, digest: str | None) -> list[tuple[dict, list
         setup = key.get("setup", {})
         if setup.get("mode") != "causal" or (digest and setup.get("pretrained") != digest):
             continue
-        rows = json.loads(rows_file.read_text())["rows"]
-        for r in rows:  # mean confidence − accuracy: > 0 over-confident (what ECE mostly measures here)
-            if r.get("mean_confidence") is not None and r.get("accuracy") is not None:
-                r["over_confidence"] = r["mean_confidence"] - r["accuracy"]
-        out.append((key, rows))
+        out.append((key, over_confidence(json.loads(rows_file.read_text())["rows"])))
     return out
 
 
@@ -96,13 +115,15 @@ def pooled(rows: list[dict]) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", type=Path, default=Path("/work/store"))
+    ap.add_argument("--runs", type=Path, default=Path("runs"), help="folder of the finished Fig. 5 runs")
     ap.add_argument("--pretrained-digest", default=None, help="only entries of this base (default: any causal)")
     ap.add_argument("--json", type=Path, default=None, help="also write every table as JSON here")
     a = ap.parse_args()
 
-    table2 = [r for _, rows in entries(a.store, "paper-rows", a.pretrained_digest) for r in rows]
-    main_rows = [r for r in table2 if not r.get("finetune")]
-    fig5 = [r for r in table2 if r.get("finetune")]
+    # Table 2 entries compare several localizers; a Fig. 5 entry (one learned localizer per fine-tuning) is not one
+    main_rows = [r for key, rows in entries(a.store, "paper-rows", a.pretrained_digest)
+                 if len(key.get("localizers", [])) > 1 for r in rows]
+    fig5 = fig5_rows(a.runs)
     ood = [r for _, rows in entries(a.store, "paper-ood-rows", a.pretrained_digest) for r in rows]
     found = sorted({(r["task"], r["seed"]) for r in main_rows})
     print(f"Table 2 cells found (task, seed): {found}\n")
