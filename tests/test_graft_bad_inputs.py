@@ -7,7 +7,6 @@ inputs and the output is byte for byte as it was (docs/reliability.md; helpers: 
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 
 import pytest
@@ -19,11 +18,7 @@ from badinputs import edit_json, edit_tensors, graft_args, invoke, refused, trun
 
 # ---------------------------------------------------------------------------------------------- graft files
 def _graft_config(change):
-    def edit(folder):
-        cfg = json.loads((folder / "graft_config.json").read_text())
-        change(cfg)
-        (folder / "graft_config.json").write_text(json.dumps(cfg))
-    return edit
+    return edit_json("graft_config.json", change)
 
 
 def _graft_tensors(change):

@@ -6,7 +6,6 @@ inputs and the output is byte for byte as it was (docs/reliability.md; helpers: 
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
@@ -16,11 +15,7 @@ from badinputs import edit_json, edit_tensors, refused, truncate
 
 # ---------------------------------------------------------------------------------------------- run directories
 def _edit_config(change):
-    def edit(run):
-        cfg = json.loads((run / "config.json").read_text())
-        change(cfg)
-        (run / "config.json").write_text(json.dumps(cfg))
-    return edit
+    return edit_json("config.json", change)
 
 
 RUN_CASES = {
