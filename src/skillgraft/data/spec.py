@@ -57,6 +57,10 @@ class UserDataSpec(Spec):
     completion_field: str | None = Field(None, description="field holding the completion (generative data)")
     labels: list[str] | None = Field(None, description="the labels in the model's logit order (default: the fine-tuned "
                                                        "classifier's config.id2label, else inferred, sorted)")
+    template: str | None = Field(None, description=(
+        "prompt and causal modes: how a row is put to the model, with {text}, {text_pair} and {label} (the label is "
+        "scored as a word where {label} stands), e.g. '{text} Topic: {label}' (default: '{text} It was {label}.', "
+        "a pair: '{text} {text_pair} Answer: {label}.')"))
     k: int | None = Field(None, ge=1, le=COUNT_MAX, description=(
         "k-shot: examples per label (per row for open-ended completions) "
         "used to localize (default: all rows)"))
@@ -70,6 +74,15 @@ class UserDataSpec(Spec):
             raise ValueError("generative data needs both --prompt-field and --completion-field")
         if self.eval_data is not None and self.data is None:
             raise ValueError("--eval-data needs --data")
+        if self.template is not None:
+            if self.generative:
+                raise ValueError("--template is for classification rows; generative rows carry their own prompts")
+            from skillgraft.data.tasks import from_readable  # noqa: PLC0415
+
+            try:
+                from_readable(self.template, pair=self.text_pair_field is not None)
+            except SkillgraftError as e:
+                raise ValueError(f"--template {self.template!r}: {e}") from None
         return self
 
     @property

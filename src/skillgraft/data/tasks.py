@@ -12,6 +12,7 @@ any other part is literal text where ``_`` stands for a space.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -105,6 +106,52 @@ NLI = "*cls**sent-_0*?*mask*,*+sentl_1**sep+*"
 NLI_CAUSAL = "*cls**sent_0*_Question:*+sentl_1*_Yes_or_no?*mask**sep+*"
 PARAPHRASE = "*cls**sent_0**mask*,*+sentl_1**sep+*"
 PARAPHRASE_CAUSAL = "*cls**sent_0**+sentl_1*_Same_meaning?*mask**sep+*"
+
+
+_SLOTS = {"text": "sent_0", "text_pair": "sent_1", "label": "mask"}
+
+
+def from_readable(template: str, *, pair: bool = False) -> str:
+    """The LM-BFF template of a readable one: ``'{text} It was {label}.'`` → ``'*cls**sent_0*_It_was*mask*.*sep+*'``.
+
+    Slots are ``{text}``, ``{text_pair}`` (pair tasks) and ``{label}`` (exactly once; the label word is scored where
+    it stands, after a space). A template already in LM-BFF form (with ``*mask*``) is returned as it is.
+    """
+    if "*mask*" in template:
+        return template
+    parts = re.split(r"(\{[^{}]*\})", template)
+    slots = [p[1:-1] for p in parts[1::2]]
+    unknown = sorted({s for s in slots if s not in _SLOTS})
+    if unknown:
+        raise SkillgraftError(f"unknown slot(s) {', '.join('{' + s + '}' for s in unknown)}; "
+                              "the slots are {text}, {text_pair} and {label}")
+    if slots.count("label") != 1:
+        raise SkillgraftError(f"needs {{label}} exactly once (where the label word is scored)")
+    if slots.count("text") != 1:
+        raise SkillgraftError("needs {text} exactly once")
+    if slots.count("text_pair") != (1 if pair else 0):
+        raise SkillgraftError(("a pair task needs {text_pair} once" if pair
+                                                               else "{text_pair} needs a pair field (--text-pair-field)"))
+    if slots.index("label") != len(slots) - 1:
+        raise SkillgraftError("{label} must come after every text slot (a causal model scores the label word after "
+                              "the whole input; a label-first template is not supported for your own data)")
+    if any(c in "*_" for c in "".join(parts[0::2])):
+        raise SkillgraftError("the characters '*' and '_' are reserved outside the slots")
+    out = ["*cls*"]
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            out.append(part.replace(" ", "_"))
+            continue
+        slot = _SLOTS[part[1:-1]]
+        spaced = out[-1].endswith("_")
+        if spaced:
+            out[-1] = out[-1][:-1]
+        if slot == "mask":  # a label word is always read after a space (word_ids)
+            out.append("*mask*")
+        else:
+            out.append(f"*{'+' if spaced and i > 1 else ''}{slot}*")
+    out.append("*sep+*")
+    return "".join(out)
 
 _BUILTIN = [
     Task("SST-2", "single", ("0", "1"), ("terrible", "great"), SENTIMENT, description="SST binary sentiment"),

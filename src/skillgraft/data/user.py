@@ -22,7 +22,7 @@ from skillgraft.lazy import np
 from skillgraft.data.loading import Example
 from skillgraft.data.sampling import eval_subset, sample_kshot
 from skillgraft.data.sources import open_source
-from skillgraft.data.tasks import SENTIMENT, Task
+from skillgraft.data.tasks import SENTIMENT, Task, from_readable
 from skillgraft.errors import SkillgraftError
 
 EVAL_SPLITS = ("validation", "test")          # default evaluation splits of a dataset, in order
@@ -183,8 +183,13 @@ def _classification(name, rows, eval_rows, spec, model_labels) -> UserData:
         _blame_eval_rows(train, test, spec, model_labels)
         raise
     template = "*cls**sent_0**+sent_1*_Answer:*mask*.*sep+*" if spec.text_pair_field else SENTIMENT
-    task = Task(name, "pair" if spec.text_pair_field else "single", labels, labels, template,
-                description=f"user data {spec.data}")
+    try:
+        if spec.template is not None:
+            template = from_readable(spec.template, pair=spec.text_pair_field is not None)
+        task = Task(name, "pair" if spec.text_pair_field else "single", labels, labels, template,
+                    description=f"user data {spec.data}")
+    except SkillgraftError as e:
+        raise SkillgraftError(f"--template {spec.template!r}: {e}") from None
     make = lambda items: [Example(t, index[y], p) for t, p, y, _ in items]  # noqa: E731
     return UserData(task, make(train), make(test), [], note)
 
