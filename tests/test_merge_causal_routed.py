@@ -1,0 +1,100 @@
+"""Issue 35 on a causal LM (the Gemma routed comparison, bench/merge_gemma.py, in miniature): two "fine-tunes" of a
+tiny Gemma-3 given as user data with their own ``--template`` and label words, merged with ``--mode causal
+--routed``; each routed skill, read back with plain transformers + safetensors, is θ_pre with the graft's positions
+written in (no head: the label words are read off the tied LM head)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from test_merge import cli
+
+
+def _finetune_like(base, out, seed: int):
+    """θ_pre with a seeded nudge on a few body tensors, saved as a user's checkpoint (no training needed here)."""
+    import transformers as tf
+
+    model = tf.AutoModelForCausalLM.from_pretrained(base)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "mlp" in name or "norm" in name:
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(out)
+    tf.AutoTokenizer.from_pretrained(base).save_pretrained(out)
+    return out
+
+
+def _rows(path, words, n, seed):
+    rng = random.Random(seed)
+    path.write_text("".join(json.dumps({"text": f"row {rng.randint(0, 99)} says {w}", "label": w}) + "\n"
+                            for w in (words[i % len(words)] for i in range(n))))
+
+
+@pytest.fixture(scope="module")
+def causal_run(tiny_models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("causal-routed")
+    base = tiny_models["gemma3"]
+    specs = {"sentiment": (["terrible", "great"], "{text} It was {label}."),
+             "topic": (["World", "Sports"], "{text} Topic: {label}")}
+    args = ["merge", "--pretrained", base, "--out", root / "out", "--mode", "causal", "--localizer", "movement",
+            "--budgets", "0.02", "--mergekit", "", "--rules", "average", "--stitch-scales", "1", "--routed"]
+    for i, (task, (words, template)) in enumerate(specs.items()):
+        _rows(root / f"{task}.jsonl", words, 24, i)
+        _rows(root / f"{task}-test.jsonl", words, 12, 10 + i)
+        _rows(root / f"{task}-dev.jsonl", words, 12, 20 + i)
+        (root / f"{task}.yaml").write_text(f"data: {task}.jsonl\neval_data: {task}-test.jsonl\n"
+                                           f"template: '{template}'\nlabels: {words}\n")
+        args += ["--finetuned", _finetune_like(base, root / task, seed=i), "--data", root / f"{task}.yaml",
+                 "--dev-data", root / f"{task}-dev.jsonl"]
+    cli(*args)
+    return root / "out", base
+
+
+def test_causal_routed_skill_is_pre_plus_graft_read_back_plainly(causal_run):
+    import transformers as tf
+    from safetensors.torch import load_file
+
+    import skillgraft
+
+    out, base = causal_run
+    s = json.loads((out / "merge.json").read_text())
+    assert s["mode"] == "causal" and set(s["routed"]["tasks"]) == {"sentiment", "topic"}
+    skills = skillgraft.RoutedSkills.from_pretrained(out / "routed")
+    ids = torch.tensor([[2, 10, 11, 12, 13, 14]])
+    before = {k: v.clone() for k, v in skills.model.state_dict().items()}
+    for task in ("sentiment", "topic"):
+        folder = out / "routed" / "skills" / task
+        cfg = json.loads((folder / "graft_config.json").read_text())
+        tensors = load_file(str(folder / "graft.safetensors"))
+        assert not [k for k in tensors if k.startswith("carried::")]  # no task head in causal mode
+        plain = tf.AutoModelForCausalLM.from_pretrained(out / "routed" / "base").eval()
+        params = dict(plain.named_parameters())
+        flat, start = tensors["indices"].long(), 0
+        with torch.no_grad():
+            for name, shape in cfg["shapes"].items():
+                n = int(torch.Size(shape).numel())
+                sel = (flat >= start) & (flat < start + n)
+                params[name.removeprefix("model.")].view(-1)[flat[sel] - start] = tensors["values"][sel]
+                start += n
+            want = plain(input_ids=ids).logits
+            with skills.use(task) as model:
+                got = model(input_ids=ids).logits
+        assert torch.allclose(got, want, atol=1e-5)
+        assert not torch.allclose(want, tf.AutoModelForCausalLM.from_pretrained(base)(input_ids=ids).logits)
+        after = skills.model.state_dict()
+        assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_bad_template_in_a_model_data_spec_is_refused_naming_the_file(tiny_models, tmp_path):
+    from badinputs import refused
+
+    base = tiny_models["gemma3"]
+    _rows(tmp_path / "a.jsonl", ["no", "yes"], 8, 0)
+    (tmp_path / "a.yaml").write_text("data: a.jsonl\ntemplate: '{label} {text}'\n")
+    refused(tmp_path, ["merge", "--pretrained", base, "--finetuned", base, "--finetuned", base, "--data",
+                       tmp_path / "a.yaml", "--data", tmp_path / "a.jsonl", "--mode", "causal", "--out",
+                       tmp_path / "out"], "a.yaml", "template", "{label} must come after")
