@@ -96,23 +96,18 @@ def plain_graft_logits(folder, task: str, texts: list[str]) -> torch.Tensor:
     """The task's graft applied with plain transformers + safetensors: θ_pre's checkpoint with the graft's packed
     positions and values written in and its head loaded."""
     import transformers as tf
+    from plain import write_graft_in
+
     from safetensors.torch import load_file
 
-    cfg = json.loads((folder / "skills" / task / "graft_config.json").read_text())
     tensors = load_file(str(folder / "skills" / task / "graft.safetensors"))
     heads = {k.removeprefix("carried::model."): v for k, v in tensors.items() if k.startswith("carried::")}
     labels = heads["classifier.weight"].shape[0]
     model = tf.AutoModelForSequenceClassification.from_pretrained(folder / "base", num_labels=labels,
                                                                   ignore_mismatched_sizes=True).eval()
     params = dict(model.named_parameters())
-    flat = tensors["indices"].long()
-    start = 0
+    write_graft_in(params, folder / "skills" / task)
     with torch.no_grad():
-        for name, shape in cfg["shapes"].items():
-            n = int(torch.Size(shape).numel())
-            sel = (flat >= start) & (flat < start + n)
-            params[name.removeprefix("model.")].view(-1)[flat[sel] - start] = tensors["values"][sel]
-            start += n
         for name, t in heads.items():
             params[name].copy_(t)
     tok = tf.AutoTokenizer.from_pretrained(folder / "base")
