@@ -111,6 +111,10 @@ def test_generative_loss_hits_and_candidates_read_only_completion_positions(tiny
     nll = F.cross_entropy(_full(scorer, batch)[:, :-1].float().transpose(1, 2), target, ignore_index=-100,
                           reduction="none")
     assert torch.allclose(loss, (nll.sum(-1) / (target != -100).sum(-1)).mean(), atol=1e-5)
+    with torch.no_grad():  # evaluation's single pass gives the forward's mean log-probabilities and the hits
+        mean_logp, one_pass_hits, one_pass_count = scorer.completion_eval(batch)
+        assert torch.equal(mean_logp, scorer(**{k: v for k, v in batch.items() if k != "labels"}))
+    assert (int(one_pass_hits), one_pass_count) == (int(expect), completion)
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta"])

@@ -31,8 +31,8 @@ def evaluate_generative(scorer, examples: list[Example], *, batch_size: int = 64
     losses, correct, tokens = [], 0, 0
     for start in tqdm(range(0, len(examples), batch_size), desc=desc, disable=not progress, leave=False):
         batch = {k: v.to(device) for k, v in scorer.collate(examples[start:start + batch_size]).items()}
-        losses.append(-scorer(**{k: v for k, v in batch.items() if k != "labels"}).double().cpu())
-        c, t = scorer.hits(batch)
+        mean_logp, c, t = scorer.completion_eval(batch)  # one pass: the loss and the teacher-forced hits
+        losses.append(-mean_logp.double().cpu())
         correct, tokens = correct + int(c), tokens + t
     loss = float(torch.cat(losses).mean())
     token_accuracy = correct / max(1, tokens)

@@ -253,7 +253,18 @@ class Scorer(nn.Module):
     def _token_logp(self, kwargs: dict, target_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """log p of every target token given the tokens before it (0 where the target is -100), and the mask;
         the head runs only at completion positions."""
-        logits, rows, cols, words = self._completion_logits(kwargs, target_ids)
+        return self._logp_of(*self._completion_logits(kwargs, target_ids), target_ids)
+
+    def completion_eval(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Generative mode, one forward pass for both: each example's mean completion log-probability ``[batch]``
+        (as :meth:`forward`) and the teacher-forced (correct, count) of :meth:`hits`."""
+        kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        logits, rows, cols, words = self._completion_logits(kwargs, batch["target_ids"])
+        logp, valid = self._logp_of(logits, rows, cols, words, batch["target_ids"])
+        return logp.sum(-1) / valid.sum(-1).clamp(min=1), (logits.argmax(-1) == words).sum(), len(words)
+
+    @staticmethod
+    def _logp_of(logits, rows, cols, words, target_ids) -> tuple[torch.Tensor, torch.Tensor]:
         nll = F.cross_entropy(logits.float(), words, reduction="none")
         target = target_ids[:, 1:]
         logp = torch.zeros(target.shape, dtype=nll.dtype, device=nll.device).index_put((rows, cols), -nll)
