@@ -19,6 +19,9 @@ Fine-tunings (both found in, or added to, the store: ``SKILLGRAFT_CACHE`` or ./r
 
 * ``head`` — skillgraft's head mode as ``make demo`` fine-tunes SST-2 (SGD lr 0.1, 400 steps of 8; the demo's config
   with ``eval_every`` 400 so that only the end is evaluated);
+* ``gemma`` — the Gemma-3-270M Table 2 fine-tunes already in the store (causal prompt mode, K = 16 per label, SGD;
+  tasks SST-2, mr, mpqa, ag_news, seeds 13 and 42), with 64 selection rows per label from the rest of the training
+  pool: ``--modes gemma --tasks SST-2,mr,mpqa,ag_news --seeds 13,42 --test-limit 200``;
 * ``adamw`` — bench/open_world.py's ``finetune_minilm``: plain transformers ``AutoModelForSequenceClassification``,
   AdamW lr 1e-4, 80 steps of 16, grafted as a checkpoint pair in ``classifier`` mode (its head carried).
 
@@ -76,6 +79,26 @@ def adamw_setup(store, task: str, seed: int, k: int, test_limit: int, lr: float 
     seconds = time.perf_counter() - t0
     setup = from_pair("all-MiniLM-L6-v2", str(entry / "model"), data.replace(test_limit=test_limit), mode="classifier")
     return setup, seconds
+
+
+def gemma_setup(store, task: str, seed: int, k: int, test_limit: int, selection_per_label: int = 64):
+    """A Gemma-3-270M Table 2 fine-tune from the store (causal prompt mode, K = 16, SGD; bench/fidelity/
+    gemma-table2-*.yaml; never fine-tuned here), with a selection split of ``selection_per_label`` rows per label
+    from the rest of the task's training pool (seeded; the k-shot dev split is only 16 per label)."""
+    import random
+
+    from merge_gemma import find_ft
+
+    from skillgraft.data.loading import load_split
+    from skillgraft.pipeline.setup import from_run
+
+    setup = from_run(find_ft(Path(store.root), task, k, seed).parent, test_limit=test_limit)
+    seen = {e.text_a for e in setup.data.train}
+    pool = [e for e in load_split(setup.ft.task, "train") if e.text_a not in seen]
+    random.Random(seed).shuffle(pool)
+    setup.data.dev = [e for lab in range(setup.ft.task.num_labels)
+                      for e in [x for x in pool if x.label == lab][:selection_per_label]]
+    return setup, 0.0
 
 
 def measure(setup, confidences: list[float], keep_from: float, tolerance: float, subset: int = 0) -> dict:
@@ -207,9 +230,10 @@ def main() -> None:
                 if path.exists():
                     continue
                 t0 = time.perf_counter()
-                make = head_setup if mode == "head" else adamw_setup
-                setup, ft_seconds = make(store, task, seed, args.k, args.test_limit)
-                result = {"mode": mode, "task": task, "seed": seed, "k": args.k, "fine_tune_seconds": ft_seconds,
+                make = {"head": head_setup, "adamw": adamw_setup, "gemma": gemma_setup}[mode]
+                k = 16 if mode == "gemma" else args.k  # the Gemma fine-tunes' own draw
+                setup, ft_seconds = make(store, task, seed, k, args.test_limit)
+                result = {"mode": mode, "task": task, "seed": seed, "k": k, "fine_tune_seconds": ft_seconds,
                           "confidences": confidences, "family": "movement (top-|Δ| global)",
                           **measure(setup, confidences, args.keep_from, args.tolerance, args.subset)}
                 result["total_seconds"] = time.perf_counter() - t0
