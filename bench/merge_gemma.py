@@ -121,11 +121,7 @@ def main() -> None:
             cli += ["--keep", args.keep, "--keep-confidence", args.keep_confidence]
         for task in tasks:
             data = prepare(task, args.k, args.seed, args.dev, args.test_limit, root)
-            named = root / "ft" / task  # a link named by the task: merge names each model by its folder
-            if not named.exists():
-                named.parent.mkdir(parents=True, exist_ok=True)
-                named.symlink_to(find_ft(store, task, args.k, args.seed))
-            cli += ["--finetuned", named, "--data", data / "spec.yaml",
+            cli += ["--finetuned", find_ft(store, task, args.k, args.seed), "--names", task, "--data", data / "spec.yaml",
                     "--dev-data", data / "dev.jsonl"]
         t0 = time.perf_counter()
         run_merge(cli)

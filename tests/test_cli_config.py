@@ -55,7 +55,7 @@ def test_merge_from_a_mergekit_shaped_config(classifiers, tmp_path):  # noqa: F8
 
     c = classifiers
     cfg = {"base_model": str(c["base"]), "merge_method": "ties", "parameters": {"lambda": [0.5, 1.0]},
-           "models": [{"model": str(c[n][0]), "data": str(c[n][1]), "eval_data": str(c[n][2]),
+           "models": [{"model": str(c[n][0]), "data": str(c[n][1]), "eval_data": str(c[n][2]), "name": f"my-{n}",
                        "parameters": {"weight": 1.0, "density": 0.5}} for n in ("sentiment", "topic")],
            "dtype": "float32", "out": str(tmp_path / "m"), "localizer": "movement", "budget": 0.05,
            "rules": "average"}
@@ -64,7 +64,7 @@ def test_merge_from_a_mergekit_shaped_config(classifiers, tmp_path):  # noqa: F8
     assert r.exit_code == 0, r.output
     summary = json.loads((tmp_path / "m" / "merge.json").read_text())
     assert summary["settings"]["mergekit"] == ["ties"] and summary["settings"]["scales"] == [0.5, 1.0]
-    assert summary["settings"]["densities"] == [0.5] and set(summary["tasks"]) == {"sentiment", "topic"}
+    assert summary["settings"]["densities"] == [0.5] and set(summary["tasks"]) == {"my-sentiment", "my-topic"}
     # the dev-chosen ties configuration, saved for mergekit-yaml on the user's own checkpoints
     saved = (tmp_path / "m" / "mergekit" / "ties.yaml").read_text()
     mk = yaml.safe_load(saved)

@@ -1,6 +1,6 @@
 """Issue 35 on a causal LM (the Gemma routed comparison, bench/merge_gemma.py, in miniature): two "fine-tunes" of a
 tiny Gemma-3 given as user data with their own ``--template`` and label words, merged with ``--mode causal
---routed``; each routed skill, read back with plain transformers + safetensors, is θ_pre with the graft's positions
+--routed`` (named by ``--names``); each routed skill, read back with plain transformers + safetensors, is θ_pre with the graft's positions
 written in (no head: the label words are read off the tied LM head)."""
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def causal_run(tiny_models, tmp_path_factory):
         _rows(root / f"{task}-dev.jsonl", words, 12, 20 + i)
         (root / f"{task}.yaml").write_text(f"data: {task}.jsonl\neval_data: {task}-test.jsonl\n"
                                            f"template: '{template}'\nlabels: {words}\n")
-        args += ["--finetuned", _finetune_like(base, root / task, seed=i), "--data", root / f"{task}.yaml",
-                 "--dev-data", root / f"{task}-dev.jsonl"]
+        args += ["--finetuned", _finetune_like(base, root / f"ft-{i}" / "model", seed=i), "--names", task,
+                 "--data", root / f"{task}.yaml", "--dev-data", root / f"{task}-dev.jsonl"]
     cli(*args)
     return root / "out", base
 
@@ -89,3 +89,18 @@ def test_a_bad_template_in_a_model_data_spec_is_refused_naming_the_file(tiny_mod
     refused(tmp_path, ["merge", "--pretrained", base, "--finetuned", base, "--finetuned", base, "--data",
                        tmp_path / "a.yaml", "--data", tmp_path / "a.jsonl", "--mode", "causal", "--out",
                        tmp_path / "out"], "a.yaml", "template", "{label} must come after")
+
+
+@pytest.mark.parametrize(("names", "needle"), [
+    (["a"], "2 fine-tuned models but 1 --names"),
+    (["a", "a"], "--names 'a' is given twice"),
+    (["a", "b/c"], "--names 'b/c': a name is letters"),
+])
+def test_bad_names_are_refused_in_one_line_before_any_weights_load(tiny_models, tmp_path, names, needle):
+    from badinputs import refused
+
+    base = tiny_models["gemma3"]
+    _rows(tmp_path / "a.jsonl", ["no", "yes"], 8, 0)
+    args = ["merge", "--pretrained", base, "--finetuned", base, "--finetuned", base, "--data", tmp_path / "a.jsonl",
+            "--data", tmp_path / "a.jsonl", "--mode", "causal", "--out", tmp_path / "out"]
+    refused(tmp_path, args + [x for n in names for x in ("--names", n)], needle)

@@ -398,6 +398,9 @@ def merge(
                                                 "seeded --dev-fraction of its --data)", rich_help_panel=DATA),
     grafts: list[str] = typer.Option([], help="use these grafts instead of localizing (repeat: once per model)",
                                      rich_help_panel=MODEL),
+    names: list[str] = typer.Option([], help="each model's name in the report, grafts/ and routed/skills/ (repeat, "
+                                             "in the --finetuned order; default: its folder name)",
+                                    rich_help_panel=MODEL),
     out: Path = typer.Option(..., help="output folder: merged model, grafts, report.md (refused if it exists)",
                              rich_help_panel=OUTPUT),
     overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)",
@@ -418,7 +421,7 @@ def merge(
     check_target(out, overwrite)
     localize = localizer_options(spec.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
     pretrained, inputs = resolve_inputs(pretrained=pretrained, finetuned=finetuned, data=data, eval_data=eval_data,
-                                        dev_data=dev_data, grafts=grafts, shared=user)
+                                        dev_data=dev_data, grafts=grafts, shared=user, names=names)
     s = merge_models(pretrained, inputs, spec, localize, out, store=Store(cache), overwrite=overwrite, progress=True,
                      methods=merge_methods(mergekit_runner=_injected("mergekit_runner")))
     for r in s["rows"]:

@@ -7,7 +7,7 @@ merge.yaml`` also takes mergekit's shape::
     base_model: ./base                  # --pretrained
     models:
       - model: ./ft-sentiment           # --finetuned, once per model
-        data: sentiment.jsonl           # skillgraft's own per-model keys: data, eval_data, dev_data, graft
+        data: sentiment.jsonl           # skillgraft's own per-model keys: data, eval_data, dev_data, graft, name
       - model: ./ft-topic
         data: topic.jsonl
     merge_method: ties                  # --mergekit (a list compares several)
@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import typer
 
-PER_MODEL = {"data": "data", "eval_data": "eval_data", "dev_data": "dev_data", "graft": "grafts"}
+PER_MODEL = {"data": "data", "eval_data": "eval_data", "dev_data": "dev_data", "graft": "grafts", "name": "names"}
 IGNORED = ("dtype", "tokenizer_source", "tokenizer", "chat_template", "out_dtype")  # mergekit keys with no role here
 
 

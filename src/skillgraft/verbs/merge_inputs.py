@@ -4,6 +4,7 @@ from the command line's lists and refused, before any weights load, when they ca
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,8 @@ class ModelInput:
 
 
 def resolve_inputs(*, pretrained: str | None, finetuned: list[str], data: list[str], eval_data: list[str],
-                   dev_data: list[str], grafts: list[str], shared: UserDataSpec) -> tuple[str, list[ModelInput]]:
+                   dev_data: list[str], grafts: list[str], shared: UserDataSpec,
+                   names: list[str] | None = None) -> tuple[str, list[ModelInput]]:
     """The models to merge from the CLI lists (one per model, in the same order); one line on any mismatch.
 
     A ``--data`` entry ending in ``.yaml``/``.yml`` is a data spec (``UserDataSpec`` fields: data, eval_data,
@@ -72,7 +74,7 @@ def resolve_inputs(*, pretrained: str | None, finetuned: list[str], data: list[s
         for p in (s.data, s.eval_data, dev_data[i] if dev_data else None):
             if p is not None and Path(p).suffix.lower() in (".jsonl", ".json", ".csv", ".tsv") and not Path(p).exists():
                 raise SkillgraftError(f"model {i + 1} ({finetuned[i]}): data file not found: {p}")
-    names = task_names(finetuned)
+    names = _given_names(names, n) if names else task_names(finetuned)
     return pretrained, [ModelInput(str(f), s, Path(dev_data[i]) if dev_data else None,
                                    Path(grafts[i]) if grafts else None, names[i])
                         for i, (f, s) in enumerate(zip(finetuned, specs))]
@@ -91,6 +93,21 @@ def _graft_record(path: str) -> dict:
 
 def _missing(graft: str, what: str):
     raise SkillgraftError(f"--grafts {graft} records no {what} model; pass --{what}")
+
+
+def _given_names(names: list[str], n: int) -> list[str]:
+    """``--names``: one per model, distinct, usable as a folder name (grafts/<name>, routed/skills/<name>)."""
+    if len(names) != n:
+        raise SkillgraftError(f"{n} fine-tuned models but {len(names)} --names: give one name per model, in the "
+                              "--finetuned order, or none (each model's folder name)")
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", name):
+            raise SkillgraftError(f"--names {name!r}: a name is letters, digits, '.', '_', '+' or '-' (it names a "
+                                  "folder), starting with a letter or digit")
+    twice = sorted({x for x in names if names.count(x) > 1})
+    if twice:
+        raise SkillgraftError(f"--names {twice[0]!r} is given twice: each model needs its own name")
+    return list(names)
 
 
 def task_names(finetuned: list[str]) -> list[str]:
