@@ -121,7 +121,8 @@ def main() -> None:
             cli += ["--keep", args.keep, "--keep-confidence", args.keep_confidence]
         for task in tasks:
             data = prepare(task, args.k, args.seed, args.dev, args.test_limit, root)
-            cli += ["--finetuned", find_ft(store, task, args.k, args.seed), "--names", task, "--data", data / "spec.yaml",
+            cli += ["--finetuned", find_ft(store, task, args.k, args.seed), "--names", task,
+                    "--data", data / "spec.yaml",
                     "--dev-data", data / "dev.jsonl"]
         t0 = time.perf_counter()
         run_merge(cli)

@@ -1,7 +1,7 @@
 """Issue 35 on a causal LM (the Gemma routed comparison, bench/merge_gemma.py, in miniature): two "fine-tunes" of a
 tiny Gemma-3 given as user data with their own ``--template`` and label words, merged with ``--mode causal
---routed`` (named by ``--names``); each routed skill, read back with plain transformers + safetensors, is θ_pre with the graft's positions
-written in (no head: the label words are read off the tied LM head)."""
+--routed`` (named by ``--names``); each routed skill, read back with plain transformers + safetensors, is θ_pre
+with the graft's positions written in (no head: the label words are read off the tied LM head)."""
 
 from __future__ import annotations
 

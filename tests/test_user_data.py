@@ -51,7 +51,8 @@ def test_readable_templates_are_the_builtin_lm_bff_ones():
 
     assert from_readable("{text} It was {label}.") == SENTIMENT
     assert from_readable("{text} Topic: {label}") == TOPIC_CAUSAL
-    assert from_readable("{text} {text_pair} Answer: {label}.", pair=True) == "*cls**sent_0**+sent_1*_Answer:*mask*.*sep+*"
+    pair = from_readable("{text} {text_pair} Answer: {label}.", pair=True)
+    assert pair == "*cls**sent_0**+sent_1*_Answer:*mask*.*sep+*"
     assert from_readable("*cls**sent_0*_Topic:*mask**sep+*") == TOPIC_CAUSAL  # LM-BFF form passes as it is
 
 

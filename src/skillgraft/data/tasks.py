@@ -130,8 +130,8 @@ def from_readable(template: str, *, pair: bool = False) -> str:
     if slots.count("text") != 1:
         raise SkillgraftError("needs {text} exactly once")
     if slots.count("text_pair") != (1 if pair else 0):
-        raise SkillgraftError(("a pair task needs {text_pair} once" if pair
-                                                               else "{text_pair} needs a pair field (--text-pair-field)"))
+        raise SkillgraftError("a pair task needs {text_pair} once" if pair
+                              else "{text_pair} needs a pair field (--text-pair-field)")
     if slots.index("label") != len(slots) - 1:
         raise SkillgraftError("{label} must come after every text slot (a causal model scores the label word after "
                               "the whole input; a label-first template is not supported for your own data)")
