@@ -85,6 +85,7 @@ def gemma_setup(store, task: str, seed: int, k: int, test_limit: int, selection_
     """A Gemma-3-270M Table 2 fine-tune from the store (causal prompt mode, K = 16, SGD; bench/fidelity/
     gemma-table2-*.yaml; never fine-tuned here), with a selection split of ``selection_per_label`` rows per label
     from the rest of the task's training pool (seeded; the k-shot dev split is only 16 per label)."""
+    import dataclasses
     import random
 
     from merge_gemma import find_ft
@@ -96,8 +97,8 @@ def gemma_setup(store, task: str, seed: int, k: int, test_limit: int, selection_
     seen = {e.text_a for e in setup.data.train}
     pool = [e for e in load_split(setup.ft.task, "train") if e.text_a not in seen]
     random.Random(seed).shuffle(pool)
-    setup.data.dev = [e for lab in range(setup.ft.task.num_labels)
-                      for e in [x for x in pool if x.label == lab][:selection_per_label]]
+    dev = [e for lab in range(setup.ft.task.num_labels) for e in [x for x in pool if x.label == lab][:selection_per_label]]
+    setup.data = dataclasses.replace(setup.data, dev=dev)
     return setup, 0.0
 
 
