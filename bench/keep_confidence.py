@@ -97,7 +97,8 @@ def gemma_setup(store, task: str, seed: int, k: int, test_limit: int, selection_
     seen = {e.text_a for e in setup.data.train}
     pool = [e for e in load_split(setup.ft.task, "train") if e.text_a not in seen]
     random.Random(seed).shuffle(pool)
-    dev = [e for lab in range(setup.ft.task.num_labels) for e in [x for x in pool if x.label == lab][:selection_per_label]]
+    dev = [e for lab in range(setup.ft.task.num_labels)
+           for e in [x for x in pool if x.label == lab][:selection_per_label]]
     setup.data = dataclasses.replace(setup.data, dev=dev)
     return setup, 0.0
 
