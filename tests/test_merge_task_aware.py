@@ -260,3 +260,23 @@ def test_peers_end_to_end(refit_run):
     assert set(h["peers_at_equal_bytes"]) == {"tall", "tswitch", "emr"}
     assert isinstance(h["graft_at_least_every_peer"], bool)
     assert "task-aware peers" in (out / "report.md").read_text()
+
+
+def test_task_vectors_leave_out_tensors_no_fine_tuning_moved(tmp_path):
+    """A tensor every FT left at θ_pre (Gemma's frozen 168M-entry embedding) has τ = 0: no method can select it,
+    so the ``[N, P]`` task vectors (and the masks' bitmaps) cover only the tensors some FT moved."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import save_file
+
+    base = {"emb": torch.ones(6, 4), "w": torch.zeros(3, 2), "v": torch.zeros(5)}
+    (tmp_path / "taskaware").mkdir()
+    for i in range(2):
+        moved = {"emb": base["emb"].clone(), "w": torch.full((3, 2), float(i + 1)), "v": torch.zeros(5)}
+        if i == 1:
+            moved["v"][2] = 0.5
+        save_file(moved, str(tmp_path / "taskaware" / f"ft{i}.safetensors"))
+    bench = SimpleNamespace(names=["a", "b"], base=base)
+    shapes, pre, tau = Tall().vectors(bench, tmp_path)
+    assert list(shapes) == ["w", "v"] and pre.numel() == tau.shape[1] == 6 + 5
+    assert torch.equal(tau[1, 6:], torch.tensor([0, 0, 0.5, 0, 0])) and torch.equal(tau[0, :6], torch.ones(6))

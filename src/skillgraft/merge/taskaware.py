@@ -92,16 +92,22 @@ def top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
 def tall_masks(tau: torch.Tensor, lam: float | list[float]) -> torch.Tensor:
     """``[N, P]`` masks m_t = |τ_t| > λ_t |τ_MTL − τ_t|, τ_MTL = Σ_t τ_t (``tau``: ``[N, P]``)."""
     mtl = tau.sum(0)
-    lam = torch.as_tensor(lam, dtype=tau.dtype).reshape(-1, 1)
-    return tau.abs() > lam * (mtl - tau).abs()
+    lam = torch.as_tensor(lam, dtype=tau.dtype).expand(len(tau))
+    masks = torch.empty(tau.shape, dtype=torch.bool)
+    for i, t in enumerate(tau):  # a row at a time: transient memory O(P), not O(N·P)
+        masks[i] = t.abs() > lam[i] * (mtl - t).abs()
+    return masks
 
 
 def tall_topk(tau: torch.Tensor, k: int) -> torch.Tensor:
     """TALL's masks at size ``k``: λ_t is the k-th largest |τ_t| / |τ_MTL − τ_t| (the top-k of that ratio)."""
     mtl = tau.sum(0)
-    ratio = tau.abs() / (mtl - tau).abs().clamp_min(torch.finfo(tau.dtype).tiny)
-    ratio[tau == 0] = -1.0  # an untouched coordinate is never in a mask
-    return torch.stack([top_k(r, k) & (t != 0) for r, t in zip(ratio, tau)])
+    masks = torch.empty(tau.shape, dtype=torch.bool)
+    for i, t in enumerate(tau):  # a row at a time: transient memory O(P), not O(N·P)
+        ratio = t.abs() / (mtl - t).abs().clamp_min(torch.finfo(tau.dtype).tiny)
+        ratio[t == 0] = -1.0  # an untouched coordinate is never in a mask
+        masks[i] = top_k(ratio, k) & (t != 0)
+    return masks
 
 
 def tswitch(tau_t: torch.Tensor, k: int) -> tuple[torch.Tensor, float]:
@@ -178,7 +184,10 @@ class TaskAware(MergeMethod):
         files = [safe_open(str(work / "taskaware" / f"ft{i}.safetensors"), "pt") for i in range(len(bench.names))]
         keys = set(files[0].keys())
         base = bench.base
-        shapes = {n: tuple(p.shape) for n, p in base.items() if n in keys}
+        # a tensor every FT left as θ_pre (a frozen embedding: Gemma's 168M of 268M) has τ = 0 in every task, so no
+        # method can select it: left out, it costs neither the [N, P] task vectors' memory nor a bitmap over it
+        shapes = {n: tuple(p.shape) for n, p in base.items() if n in keys
+                  and any(not torch.equal(f.get_tensor(n).float(), p.detach().float()) for f in files)}
         pre = torch.cat([base[n].detach().reshape(-1).float() for n in shapes])
         tau = torch.empty(len(files), pre.numel())
         for i, f in enumerate(files):
