@@ -86,19 +86,13 @@ def gemma_setup(store, task: str, seed: int, k: int, test_limit: int, selection_
     gemma-table2-*.yaml; never fine-tuned here), with a selection split of ``selection_per_label`` rows per label
     from the rest of the task's training pool (seeded; the k-shot dev split is only 16 per label)."""
     import dataclasses
-    import random
 
-    from merge_gemma import find_ft
+    from merge_gemma import find_ft, held_out
 
-    from skillgraft.data.loading import load_split
     from skillgraft.pipeline.setup import from_run
 
     setup = from_run(find_ft(Path(store.root), task, k, seed).parent, test_limit=test_limit)
-    seen = {e.text_a for e in setup.data.train}
-    pool = [e for e in load_split(setup.ft.task, "train") if e.text_a not in seen]
-    random.Random(seed).shuffle(pool)
-    dev = [e for lab in range(setup.ft.task.num_labels)
-           for e in [x for x in pool if x.label == lab][:selection_per_label]]
+    dev = held_out(setup.ft.task, setup.data.train, selection_per_label, seed)
     setup.data = dataclasses.replace(setup.data, dev=dev)
     return setup, 0.0
 

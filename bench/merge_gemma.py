@@ -53,10 +53,20 @@ def find_ft(store: Path, task: str, k: int, seed: int) -> Path:
                      "bench/fidelity/gemma-table2-*.yaml first")
 
 
+def held_out(task, train, per_label: int, seed: int) -> list:
+    """``per_label`` rows per label from the task's training pool less the k-shot ``train`` rows (seeded): rows the
+    fine-tuning never saw, to choose on."""
+    from skillgraft.data.loading import load_split
+
+    seen = {e.text_a for e in train}
+    pool = [e for e in load_split(task, "train") if e.text_a not in seen]
+    random.Random(seed).shuffle(pool)
+    return [e for lab in range(task.num_labels) for e in [x for x in pool if x.label == lab][:per_label]]
+
+
 def prepare(task_name: str, k: int, seed: int, dev: int, test_limit: int, root: Path) -> Path:
     """train / dev / test JSONL (label words as labels) and spec.yaml with the task's causal template."""
     from skillgraft.data import load_kshot
-    from skillgraft.data.loading import load_split
     from skillgraft.data.tasks import get_task
 
     folder = root / "data" / task_name
@@ -66,10 +76,7 @@ def prepare(task_name: str, k: int, seed: int, dev: int, test_limit: int, root: 
     draw = load_kshot(task, k, seed, test_limit=test_limit)
     word = dict(enumerate(task.label_words))
     row = lambda e: {"text": e.text_a, "label": word[e.label]}  # noqa: E731
-    seen = {e.text_a for e in draw.train}
-    pool = [e for e in load_split(task, "train") if e.text_a not in seen]
-    random.Random(seed).shuffle(pool)
-    held = [e for lab in range(task.num_labels) for e in [x for x in pool if x.label == lab][:dev]]
+    held = held_out(task, draw.train, dev, seed)
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
