@@ -3,12 +3,15 @@
 For each MiniLM fine-tune (tasks × data seeds × two fine-tunings) the nested family of top-|Δ| over the whole body
 (the ``movement`` localizer, Localize-and-Stitch's dataless mask; a score-based family, no learned trajectory) is
 searched on the selection split — the dev split, the next K per label after the k-shot draw, never a test row —
-twice with the same probes (one memo of graft outcomes per size):
+with the same probes (one memo of graft outcomes per size):
 
 * ``point`` — the old search: gallop ×4 from ``--keep-from``, stop at the first size whose point share ≥ τ, bisect;
-* ``bound`` — the issue-38 search at confidence c (default 0.9): the paired-bootstrap lower bound of the share must
-  reach τ, for that size and every larger probed size (the whole coarse grid scored, then bisection);
-* both again on a seeded ``--subset`` of the selection rows (default 64: a split as small as the issue's 80 rows),
+* ``exact c`` — today's search at confidence c (default 0.9): the Clopper–Pearson bound of the graft's agreement on
+  FT's right rows (a lower bound of the share) must reach τ, in the two-stage fixed-sequence walk (the coarse grid
+  from the top, then down by ≤ 1 + tolerance; each stage at 1 − (1 − c)/2);
+* ``bootstrap (v2) c`` — in JSONs made before it (rows named ``bound c``): the first version, the paired-bootstrap
+  bound with bisection below the coarse grid. A JSON of v2 gets the ``exact`` rows added (the same test rows);
+* each again on a seeded ``--subset`` of the selection rows (default 64: a split as small as the issue's 80 rows),
   the rows named in the rule (``point (64 rows)``).
 
 Each chosen size is then scored on a seeded subset of the task's test set (``--test-limit``), and the report is, per
@@ -97,7 +100,8 @@ def gemma_setup(store, task: str, seed: int, k: int, test_limit: int, selection_
     return setup, 0.0
 
 
-def measure(setup, confidences: list[float], keep_from: float, tolerance: float, subset: int = 0) -> dict:
+def measure(setup, confidences: list[float], keep_from: float, tolerance: float, subset: int = 0,
+            point: bool = True) -> dict:
     import dataclasses
 
     import numpy as np
@@ -131,10 +135,11 @@ def measure(setup, confidences: list[float], keep_from: float, tolerance: float,
             return dataclasses.replace(sub, score=float((sub.pred == sub.labels).mean()))
 
         view, ref_view = (lambda k, part=part: part(at(k))), part(ref)
-        searches["point" + suffix] = search_keep(view, ref_view, TARGETS, len(ranking), start=start,
-                                                 tolerance=tolerance, universe=ranking.universe)
+        if point:
+            searches["point" + suffix] = search_keep(view, ref_view, TARGETS, len(ranking), start=start,
+                                                     tolerance=tolerance, universe=ranking.universe)
         for c in confidences:
-            searches[f"bound {c:g}{suffix}"] = search_keep(view, ref_view, TARGETS, len(ranking), start=start,
+            searches[f"exact {c:g}{suffix}"] = search_keep(view, ref_view, TARGETS, len(ranking), start=start,
                                                            tolerance=tolerance, universe=ranking.universe,
                                                            confidence=c)
     search_seconds = time.perf_counter() - t0
@@ -171,6 +176,9 @@ def summarize(out: Path) -> str:
               "size ÷ point size (geo. mean) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for mode in sorted({r["mode"] for r in results}):
         mine = [r for r in results if r["mode"] == mode]
+        for r in mine:  # v2's "bound" rows: the paired bootstrap with bisection (issue 38's first rule)
+            for row in r["rows"]:
+                row["rule"] = row["rule"].replace("bound ", "bootstrap (v2) ")
         rules = list(dict.fromkeys(row["rule"] for r in mine for row in r["rows"]))
         for tau in TARGETS:
             for rule in rules:
@@ -223,17 +231,27 @@ def main() -> None:
         for task in args.tasks.split(","):
             for mode in args.modes.split(","):
                 path = args.out / f"{mode}-{task}-{seed}.json"
-                if path.exists():
+                old = json.loads(path.read_text()) if path.exists() else None
+                if old and any(row["rule"].startswith("exact") for row in old["rows"]):
                     continue
                 t0 = time.perf_counter()
                 make = {"head": head_setup, "adamw": adamw_setup, "gemma": gemma_setup}[mode]
                 k = 16 if mode == "gemma" else args.k  # the Gemma fine-tunes' own draw
-                setup, ft_seconds = make(store, task, seed, k, args.test_limit)
-                result = {"mode": mode, "task": task, "seed": seed, "k": k, "fine_tune_seconds": ft_seconds,
-                          "confidences": confidences, "family": "movement (top-|Δ| global)",
-                          **measure(setup, confidences, args.keep_from, args.tolerance, args.subset)}
-                result["total_seconds"] = time.perf_counter() - t0
-                path.write_text(json.dumps(result, indent=1, default=float))
+                setup, ft_seconds = make(store, task, seed, k, args.test_limit if old is None else old["test_rows"])
+                got = measure(setup, confidences, args.keep_from, args.tolerance, args.subset, point=old is None)
+                if old is None:
+                    result = {"mode": mode, "task": task, "seed": seed, "k": k, "fine_tune_seconds": ft_seconds,
+                              "confidences": confidences, "family": "movement (top-|Δ| global)", **got}
+                    result["total_seconds"] = time.perf_counter() - t0
+                else:  # a JSON of the v2 rules (point, bootstrap): the exact rule's rows added beside them
+                    if abs(got["ft_test"] - old["ft_test"]) > 1e-9 or got["test_rows"] != old["test_rows"]:
+                        raise SystemExit(f"{path}: FT's test score {got['ft_test']} differs from the stored "
+                                         f"{old['ft_test']}: not the same test rows")
+                    result = {**old, "rows": old["rows"] + got["rows"],
+                              "exact_seconds": time.perf_counter() - t0, "exact_probes_scored": got["probes_scored"]}
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(result, indent=1, default=float))
+                tmp.replace(path)
                 short = {(row["rule"], row["target"]): f"{row['density']:.1e}/{row['test_share']:.3f}"
                          for row in result["rows"]}
                 print(f"{mode} {task} {seed}: {result['total_seconds']:.0f} s, {short}", flush=True)

@@ -274,8 +274,12 @@ def _exact_bootstrap_quantile(graft, ft, q):
     return float(np.quantile(bootstrap_shares(graft, ft, weights), q, method="inverted_cdf"))
 
 
-def test_share_bound_on_hand_made_cases():
-    from skillgraft.graft.keep import share_bound
+def test_bootstrap_bound_on_hand_made_cases():
+    from functools import partial
+
+    from skillgraft.graft.keep import share_bound as exact
+
+    share_bound = partial(exact, method="bootstrap")
 
     ft = _outcome([1, 1, 1])
     # graft agrees with FT on every row: every resample's share is 1
@@ -302,6 +306,31 @@ def test_share_bound_on_hand_made_cases():
     labels = [1, 0, 1, 1, 0]
     graft, ft = _outcome([1, 1, 0, 1, 0], labels, "f1"), _outcome([1, 1, 1, 1, 0], labels, "f1")
     assert share_bound(graft, ft, 0.65) == pytest.approx(_exact_bootstrap_quantile(graft, ft, 0.35), abs=1e-12)
+    assert exact(graft, ft, 0.65) == share_bound(graft, ft, 0.65)  # F1 has no exact bound: the bootstrap's
+
+
+def test_exact_bound_by_hand():
+    """The Clopper–Pearson bound of P(graft right | FT right), checked against the binomial tail it inverts."""
+    from scipy.stats import binom
+
+    from skillgraft.graft.keep import agreement_bound, share_bound
+
+    # no miss on the 3 rows FT gets right: P(3 of 3 | p) = p³ = 0.1 at the 90% bound → p = 0.1^(1/3), not 1
+    assert share_bound(_outcome([1, 1, 1]), _outcome([1, 1, 1]), 0.9) == pytest.approx(0.1 ** (1 / 3), abs=1e-12)
+    # 18 of FT's 20 right rows kept: the bound p solves P(X ≥ 18 | 20, p) = 0.1
+    ft = _outcome([1] * 20 + [0] * 5)
+    graft = _outcome([1] * 18 + [0] * 2 + [1] * 5)  # wins on FT's 5 wrong rows: ignored (share ≥ p)
+    b = agreement_bound(graft, ft, 0.9)
+    assert binom.sf(17, 20, b) == pytest.approx(0.1, abs=1e-9) and b < 18 / 20
+    assert share_bound(graft, ft, 0.9) == b and graft.score / ft.score > 1  # a share above 1, a bound below 0.9
+    assert agreement_bound(_outcome([0, 0, 1]), _outcome([1, 1, 0]), 0.9) == 0.0  # FT's right rows all missed
+    # the bound never exceeds the agreement and grows with the rows at a fixed agreement
+    assert [round(share_bound(_outcome([1] * n), _outcome([1] * n), 0.9), 4) for n in (10, 100, 1000)] == [
+        round(0.1 ** (1 / n), 4) for n in (10, 100, 1000)]
+    with pytest.raises(SkillgraftError, match="unknown bound method"):
+        share_bound(ft, ft, 0.9, method="normal")
+
+
 
 
 def test_rows_needed_by_hand():
@@ -312,6 +341,19 @@ def test_rows_needed_by_hand():
     assert rows_needed(0.98, 0.96, 100, 0.95) == 100            # the bound already reaches it
     assert rows_needed(0.93, 0.85, 100, 0.95) is None           # the point estimate is below: no rows confirm it
     assert rows_needed(0.98, None, None, 0.95) is None
+
+
+def test_rows_needed_exact_by_hand():
+    from skillgraft.graft.keep import agreement_bound, rows_needed_exact
+
+    # a graft that never misses FT's right rows: n right rows give the bound 0.1^(1/n); 0.95 needs n ≥ 45
+    # (0.1^(1/44) = 0.9490, 0.1^(1/45) = 0.9501); FT is right on half the rows, so 90 selection rows
+    ft, graft = _outcome([1, 0] * 10), _outcome([1, 0] * 10)
+    assert rows_needed_exact(graft, ft, 0.95, 0.9) == 90
+    big = _outcome([1, 0] * 45)
+    assert agreement_bound(big, big, 0.9) >= 0.95 > agreement_bound(_outcome([1, 0] * 44), _outcome([1, 0] * 44), 0.9)
+    # agreement 0.9 on FT's right rows: no number of rows lifts the bound to 0.95
+    assert rows_needed_exact(_outcome([1] * 9 + [0]), _outcome([1] * 10), 0.95, 0.9) is None
 
 
 def _noisy_family(n_rows=80, ft_right=64, crossing=(16, 59), truth_below=4096):
@@ -347,8 +389,16 @@ def test_bound_search_does_not_stop_at_a_noisy_crossing():
     probed = {p.size: p for p in r.probes}
     assert all(p.bound >= 0.9 for s, p in probed.items() if s >= r.size)  # every larger probed size passes
     assert any(p.bound < 0.9 for s, p in probed.items() if s < r.size)     # and the bracket below failed
-    assert 16 in probed and probed[16].share >= 0.9 and probed[16].bound < 0.9  # the crossing was seen, not taken
-    assert r.point_size == 16 and r.rows_needed and r.rows_needed > 80 and "point estimate reaches" in r.note
+    assert 16 not in probed or probed[16].bound < 0.9  # the lucky crossing is not taken
+    # the two-stage walk: the coarse grid from the top to its first failure, then down by ≤ 1 + tolerance
+    coarse = [16384 // 4 ** i for i in range(8)]
+    walked = [p.size for p in r.probes]
+    first_fail = next(s for s in coarse if probed[s].bound < 0.9)
+    assert walked[:coarse.index(first_fail) + 1] == coarse[:coarse.index(first_fail) + 1]
+    fine = walked[coarse.index(first_fail) + 1:]
+    assert fine == sorted(fine, reverse=True) and all(probed[s].bound >= 0.9 for s in fine[:-1])
+    assert all(a / b <= 1.01 + 1 / b for a, b in zip([first_fail * 4, *fine], fine))  # (sizes round to integers)
+    assert r.point_size < r.size and r.rows_needed and r.rows_needed > 80 and "point estimate reaches" in r.note
     assert "lower bound" in r.describe()
     # deterministic: the same bounds again
     (again,) = search_keep(at, ft, [0.9], 16384, start=1, tolerance=0.01, confidence=0.9)
@@ -373,7 +423,7 @@ def test_bound_search_reports_a_selection_split_too_small():
 
 def test_noisy_selection_split_no_longer_picks_a_size_below_target(pair):
     """Tiny model: on small noisy selection splits, the point search picked sizes keeping < 90% of FT on a large
-    fresh sample; the bound's choice keeps ≥ 90% there."""
+    fresh sample; the bound's choice keeps ≥ 90% there (64 rows), or says the split is too small (24 rows)."""
     import random
 
     from tiny import sentence
@@ -386,18 +436,31 @@ def test_noisy_selection_split_no_longer_picks_a_size_below_target(pair):
     rng = random.Random(7)
     truth = [Example(sentence(rng, i % 2), i % 2) for i in range(600)]
     truth_ft, truth_graft = selection_outcome(ft, truth).score, graft_outcome(pre, ft, truth)
-    for seed in (101, 104, 107):  # 24-row selection splits on which the point estimate crosses early
-        draw = random.Random(seed)
-        selection = [Example(sentence(draw, i % 2), i % 2) for i in range(24)]
-        (r,) = keep_search(pre, ft, ranking, selection, [0.9])  # the default: 90% confidence
-        assert r.confidence == 0.9 and r.reached
-        assert truth_graft(ranking.region(r.size)).score >= 0.9 * truth_ft, seed
-        # the old point search (today's rule) on the same split stops at a size that keeps < 90% on the fresh rows
+
+    def point_search(selection):  # the old rule: the first size whose point share crosses 0.9
         score = graft_outcome(pre, ft, selection)
         (point,) = search_keep(lambda k: score(ranking.region(k)), selection_outcome(ft, selection), [0.9],
                                len(ranking), start=1)
+        return point
+
+    for seed in (102, 104, 107):  # 64-row selection splits on which the point estimate crosses early
+        draw = random.Random(seed)
+        selection = [Example(sentence(draw, i % 2), i % 2) for i in range(64)]
+        (r,) = keep_search(pre, ft, ranking, selection, [0.9])  # the default: 90% confidence
+        assert r.confidence == 0.9 and r.reached and r.bound >= 0.9
+        assert truth_graft(ranking.region(r.size)).score >= 0.9 * truth_ft, seed
+        point = point_search(selection)
         assert point.reached and point.size < r.size
         assert truth_graft(ranking.region(point.size)).score < 0.9 * truth_ft, seed
+    # 24 rows (FT right on ~20): even a graft that never misses gets the bound 0.05^(1/20) < 0.9, so no size is
+    # promised; the report says how many rows would do, and the graft offered (the best bound) keeps 0.9
+    draw = random.Random(101)
+    selection = [Example(sentence(draw, i % 2), i % 2) for i in range(24)]
+    (r,) = keep_search(pre, ft, ranking, selection, [0.9])
+    assert not r.reached and "too few" in r.note and r.rows_needed and r.rows_needed > 24
+    assert truth_graft(r.region).score >= 0.9 * truth_ft
+    point = point_search(selection)
+    assert point.reached and truth_graft(ranking.region(point.size)).score < 0.9 * truth_ft
 
 
 def test_cli_keep_data_confidence_and_refusals(ft_run, toy_data, tmp_path):

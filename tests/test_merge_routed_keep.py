@@ -137,8 +137,9 @@ def test_report_says_when_the_bound_reaches_no_size_and_the_rows_needed():
 
 
 def test_noisy_dev_split_does_not_give_a_routed_graft_below_target(classifiers, tmp_path):  # noqa: F811
-    """Mirror of test_keep's noisy-split test on merge's own path (open_setup with a 24-row --dev-data, keep_graft):
-    the point search stops at sizes keeping < 90% of FT on 600 fresh rows; the bound's routed graft keeps ≥ 90%."""
+    """Mirror of test_keep's noisy-split test on merge's own path (open_setup with a --dev-data, keep_graft): the
+    point search stops at sizes keeping < 90% of FT on 600 fresh rows; the bound's routed graft keeps ≥ 90%, promised
+    on 64 dev rows, offered as the best bound (no promise) on 24."""
     from skillgraft.data.loading import read_file
     from skillgraft.data.spec import UserDataSpec
     from skillgraft.graft.keep import graft_outcome, search_keep, selection_outcome
@@ -154,22 +155,23 @@ def test_noisy_dev_split_does_not_give_a_routed_graft_below_target(classifiers, 
     opts = loc.options({"graftable": "body+embeddings"})
     truth_path = write_rows(tmp_path / "truth.jsonl", sentiment(600, 99))
     store = Store(tmp_path / "store")
-    for seed in (103, 104, 109):  # 24-row dev splits on which the point estimate crosses early
-        dev = write_rows(tmp_path / f"dev-{seed}.jsonl", sentiment(24, seed))
+    for rows, seed in ((64, 104), (24, 103), (24, 109)):  # dev splits on which the point estimate crosses early
+        dev = write_rows(tmp_path / f"dev-{rows}-{seed}.jsonl", sentiment(rows, seed))
         m = ModelInput(str(c["sentiment"][0]), UserDataSpec(data=c["sentiment"][1], eval_data=c["sentiment"][2]), dev,
                        None, "sentiment")
         setup = open_setup(str(c["base"]), m, spec)
         truth = read_file(setup.data.task, truth_path)
         truth_ft, truth_graft = selection_outcome(setup.ft, truth).score, graft_outcome(setup.pre, setup.ft, truth)
         graft, r = keep_graft(setup, store, "movement", opts, spec.keep_spec())
-        assert r["confidence"] == 0.9 and r["reached"] and r["selection_rows"] == 24 and graft.size == r["size"]
+        assert r["confidence"] == 0.9 and r["selection_rows"] == rows
+        assert r["reached"] == (rows == 64) and graft.size == (r["size"] if r["reached"] else r["best_size"])
         assert truth_graft(graft.region).score >= 0.9 * truth_ft, seed
         # the old point search on the same rows and the same ranking stops at a size keeping < 90% on fresh rows
         ranking = loc.ranking(setup.pre, setup.ft, setup.data, opts)
         score = graft_outcome(setup.pre, setup.ft, setup.data.dev)
         (point,) = search_keep(lambda k: score(ranking.region(k)), selection_outcome(setup.ft, setup.data.dev), [0.9],
                                len(ranking), start=1)
-        assert point.reached and point.size < r["size"]
+        assert point.reached and point.size < graft.size
         assert truth_graft(ranking.region(point.size)).score < 0.9 * truth_ft, seed
 
 

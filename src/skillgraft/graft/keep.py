@@ -14,14 +14,25 @@ answer is the smallest probed size that reaches τ. When no size up to the whole
 result says so and gives the best share reached. Several targets share one cache of probes.
 
 **With a stated confidence** (``confidence=c``, the default of :class:`KeepSpec`: 0.9) a size counts as reaching τ
-only when a *lower confidence bound* on its share reaches τ, not its point estimate: a paired bootstrap over the
-selection rows (graft and FT scored on the same resampled rows, :data:`BOOTSTRAP_RESAMPLES` resamples drawn from
-a fixed seed, so the bound is deterministic), the bound being the (1 − c) quantile of the resampled shares
-(:func:`share_bound`). The search then does not stop at the first crossing: it scores the whole coarse grid
-k₀, 4k₀, 16k₀, … , |U| and walks it down from the top (a fixed-sequence test: every larger grid size must pass
-too), then bisects below the smallest passing grid size; the answer is the smallest probed size from which every
-larger probed size passes. The result keeps the point estimate, the bound, the confidence, the rows, the size
-the point estimate alone would choose, and how many selection rows would let the bound confirm that size.
+only when a *lower confidence bound* on its share reaches τ, not its point estimate. For accuracy the bound is
+exact: with a the FT accuracy, p = P(graft right | FT right) and q = P(graft right | FT wrong),
+
+    share = acc(graft) / acc(FT) = p + q (1 − a) / a  ≥  p,
+
+so the one-sided Clopper–Pearson lower bound of p (graft right on x of the n selection rows FT gets right) is a lower
+bound of the share (:func:`agreement_bound`; it ignores what the graft gains on FT's wrong rows, so it is
+conservative, never optimistic: with no miss at all it is (1 − c)^(1/n), not 1). For F1 (no such identity) it is
+the (1 − c) quantile of a seeded paired bootstrap (:func:`share_bound` ``method="bootstrap"``; approximate).
+
+The search is a fixed-sequence test (as in Learn then Test, Angelopoulos et al. 2021), in two stages that share the
+risk 1 − c (each bound at 1 − (1 − c)/2): the coarse grid k₀, 4k₀, 16k₀, … , |U| walked down from the top, stopping
+at the first size that fails; then, below the smallest passing grid size, a walk down by the factor
+(1 + tolerance) (4^(1/m)), stopping at the first failure. The answer is the last size that passed. If the share
+grows with k (nested regions), each stage wrongly passes a size below the true threshold with probability at most
+(1 − c)/2, so the answer keeps τ with probability ≥ c. (Bisection would test several sizes near the threshold,
+each a fresh chance of a lucky pass: the winner's curse again.) The result keeps the point estimate, the bound, the
+confidence, the rows, the size the point estimate alone would choose, and how many selection rows would let the
+bound confirm that size.
 """
 
 from __future__ import annotations
@@ -45,10 +56,13 @@ Shapes = dict[str, tuple[int, ...]]
 # The learned localizer's order (part of store keys: a change of it re-computes stored keep searches).
 # 2: the rounded γ by drift, then the rest by |Δ|; 1 (never released): every coordinate by drift.
 LEARNED_ORDER = 2
-# The paired bootstrap of a share's lower bound (part of store keys through KEEP_BOUND: a change re-computes).
+# The share's lower bound and the search's test order (part of store keys through KEEP_BOUND: a change re-computes).
+# v3: the exact agreement bound (accuracy) and the two-stage fixed-sequence walk; v2 was the paired bootstrap for
+# every metric with bisection below the coarse grid.
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
-KEEP_BOUND = f"paired-bootstrap-{BOOTSTRAP_RESAMPLES}-seed{BOOTSTRAP_SEED}"
+KEEP_BOUND = f"v3-clopper-pearson-agreement-fixed-sequence;f1:paired-bootstrap-{BOOTSTRAP_RESAMPLES}-seed{BOOTSTRAP_SEED}"
+BOUND_METHODS = ("exact", "bootstrap")
 
 
 def check_share(value) -> float:
@@ -79,7 +93,7 @@ class KeepSpec(Spec):
         "split (the localizer learns on the rest)"))
     keep_confidence: float = Field(0.9, ge=0.5, lt=1, description=(
         "keep search: the confidence of the promise; a size reaches a target only when the lower confidence bound "
-        "of its share of FT (a seeded paired bootstrap over the selection rows) reaches it"))
+        "of its share of FT on the selection rows reaches it (exact for accuracy; docs/keep.md)"))
     keep_data: Path | None = Field(None, description=(
         "keep search: a file of labelled examples (.jsonl/.tsv/.csv, the task's layout) to choose the size on, "
         "instead of the dev split or a held-out slice; never the test rows"))
@@ -233,22 +247,47 @@ def bootstrap_shares(graft: Outcome, ft: Outcome, weights: np.ndarray) -> np.nda
         return np.where(f > 0, g / np.where(f > 0, f, 1), 0.0)
 
 
-def share_bound(graft: Outcome, ft: Outcome, confidence: float, weights: np.ndarray | None = None) -> float | None:
-    """The lower confidence bound of graft's share of FT's score: the (1 − confidence) quantile of the paired
-    bootstrap shares (the smallest resampled share s with at least a 1 − confidence fraction of resamples ≤ s).
-    None without per-row outcomes."""
+def agreement_bound(graft: Outcome, ft: Outcome, confidence: float) -> float:
+    """The exact lower bound of an accuracy share: the one-sided Clopper–Pearson bound of p = P(graft right | FT
+    right) from x graft-right rows among the n rows FT gets right (share = p + q(1 − a)/a ≥ p; module doc)."""
+    from scipy.stats import beta  # noqa: PLC0415
+
+    right = ft.pred == ft.labels
+    n = int(right.sum())
+    x = int((graft.pred[right] == graft.labels[right]).sum())
+    return 0.0 if x == 0 else float(beta.ppf(1 - confidence, x, n - x + 1))
+
+
+def share_bound(graft: Outcome, ft: Outcome, confidence: float, weights: np.ndarray | None = None,
+                method: str = "exact") -> float | None:
+    """The lower confidence bound of graft's share of FT's score on the same rows. ``exact`` (accuracy):
+    :func:`agreement_bound`; ``bootstrap`` (and any F1): the (1 − confidence) quantile of the paired bootstrap shares
+    (the smallest resampled share s with at least a 1 − confidence fraction of resamples ≤ s). None without
+    per-row outcomes."""
     if graft.pred is None or ft.pred is None:
         return None
     if len(graft.pred) != len(ft.pred):
         raise SkillgraftError(f"graft and FT were scored on different rows ({len(graft.pred)} vs {len(ft.pred)})")
+    if method not in BOUND_METHODS:
+        raise SkillgraftError(f"unknown bound method {method!r}: one of {', '.join(BOUND_METHODS)}")
+    if method == "exact" and ft.metric == "accuracy" and graft.metric == "accuracy":
+        return agreement_bound(graft, ft, confidence)
     weights = resample_weights(len(ft.pred)) if weights is None else weights
     return float(np.quantile(bootstrap_shares(graft, ft, weights), 1 - confidence, method="inverted_cdf"))
 
 
+def bound_prose(confidence: float) -> str:
+    """How a size is judged at ``confidence``, in words for reports (one source for every report that shows it)."""
+    return (f"with {confidence:.0%} confidence: a lower bound of its share (exact for accuracy: the Clopper–Pearson "
+            "bound of how often the graft is right where FT is right; a seeded paired bootstrap for F1), in a "
+            "fixed-sequence walk down the coarse grid ×4 and then by the tolerance, each stage at "
+            f"{1 - (1 - confidence) / 2:.0%}, stopping at the first size that fails (docs/keep.md)")
+
+
 def rows_needed(share: float, bound: float | None, rows: int | None, target: float) -> int | None:
-    """Selection rows that would let the bound reach ``target`` for a size whose point share is ``share`` and
-    whose bound on ``rows`` rows is ``bound`` (the bound's distance to the point estimate shrinks as 1/√rows).
-    None when the point estimate itself is below the target (no number of rows confirms it)."""
+    """Selection rows that would let an (approximately normal) bound reach ``target`` for a size whose point share
+    is ``share`` and whose bound on ``rows`` rows is ``bound`` (the gap shrinks as 1/√rows). None when the point
+    estimate itself is below the target (no number of rows confirms it)."""
     if bound is None or rows is None or not _reaches(share, target):
         return None
     if _reaches(bound, target):
@@ -256,6 +295,37 @@ def rows_needed(share: float, bound: float | None, rows: int | None, target: flo
     if share <= target:  # exactly at the target: no finite number of rows lifts the bound to it
         return None
     return int(math.ceil(rows * ((share - bound) / (share - target)) ** 2))
+
+
+def rows_needed_exact(graft: Outcome, ft: Outcome, target: float, confidence: float) -> int | None:
+    """Selection rows that would let :func:`agreement_bound` reach ``target`` if the graft kept missing FT's right
+    rows at the same rate (and FT were right as often): the smallest n_right with the Clopper–Pearson bound of
+    ⌊p̂·n_right⌋ of n_right ≥ target, scaled by rows / (FT's right rows). None when p̂ ≤ target (then no number of
+    rows confirms it: the graft must agree with FT on more of its right rows)."""
+    from scipy.stats import beta  # noqa: PLC0415
+
+    right = ft.pred == ft.labels
+    n = int(right.sum())
+    if not n:
+        return None
+    p = float((graft.pred[right] == graft.labels[right]).mean())
+    if p <= target:
+        return None
+
+    def ok(m: int) -> bool:
+        x = math.floor(p * m + 1e-9)
+        return x > 0 and beta.ppf(1 - confidence, x, m - x + 1) >= target - 1e-12
+
+    hi = max(n, 1)
+    while not ok(hi):
+        if hi > 10**9:
+            return None
+        hi *= 2
+    lo = hi // 2 if hi > n else 0
+    while hi - lo > 1:  # the smallest m that passes (ok is monotone up to the floor's steps)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return int(math.ceil(hi * len(ft.pred) / n))
 
 
 def _reaches(value: float | None, target: float) -> bool:
@@ -272,6 +342,7 @@ class Probe:
     share: float
     seconds: float
     bound: float | None = None    # the share's lower confidence bound (None: point search, or no per-row outcomes)
+    outcome: Outcome | None = field(default=None, repr=False, compare=False)  # per-row outcomes (rows_needed)
 
     def to_dict(self) -> dict:
         return {"size": self.size, "score": self.score, "share": self.share, "bound": self.bound,
@@ -335,7 +406,7 @@ class KeepResult:
 
 def search_keep(score_at: Callable[[int], float | Outcome], reference: float | Outcome, targets: Sequence[float],
                 largest: int, *, start: int = 1, tolerance: float = 0.1, factor: int = 4, universe: int | None = None,
-                confidence: float | None = None) -> list[KeepResult]:
+                confidence: float | None = None, method: str = "exact") -> list[KeepResult]:
     """The smallest size k in [start, largest] whose share of ``reference`` reaches τ, for each τ (module doc).
 
     ``score_at(k)`` scores the family's region of size k on the selection split (a number, or an
@@ -343,8 +414,8 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
     ``reference`` is FT's score (Outcome) on the same rows (> 0). ``largest`` is the family's largest region (the
     whole universe, or fewer when the ranking covers only some coordinates); ``universe`` (default ``largest``)
     is what densities are fractions of. ``confidence`` None: the point estimate decides (gallop, stop at the
-    first crossing, bisect); a number: the paired-bootstrap lower bound decides, and every larger probed size
-    must pass too.
+    first crossing, bisect); a number: the lower bound (``method``, :func:`share_bound`) decides, in the two-stage
+    fixed-sequence walk, each stage's bound at 1 − (1 − confidence)/2.
     """
     ref = as_outcome(reference)
     if not ref.score or ref.score <= 0 or not math.isfinite(ref.score):
@@ -357,43 +428,52 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
     universe = universe or largest
     start = max(1, min(int(start), largest))
     cache: dict[int, Probe] = {}
-    weights = resample_weights(ref.rows) if confidence is not None and ref.rows else None
+    bounded = confidence is not None and ref.rows is not None
+    stage = None if not bounded else 1 - (1 - confidence) / 2  # two stages share the risk 1 − confidence
+    weights = resample_weights(ref.rows) if bounded and (method == "bootstrap" or ref.metric != "accuracy") else None
 
     def probe(k: int, seen: list[Probe]) -> Probe:
         if k not in cache:
             t0 = time.perf_counter()
             got = as_outcome(score_at(k))
-            if weights is not None and got.pred is None:
+            if bounded and got.pred is None:
                 raise SkillgraftError("a keep search with a confidence needs per-row outcomes of every size scored "
                                       "(an Outcome), not a bare score")
-            bound = None if weights is None else share_bound(got, ref, confidence, weights)
-            cache[k] = Probe(k, got.score, got.score / ref.score, time.perf_counter() - t0, bound)
+            bound = share_bound(got, ref, stage, weights, method) if bounded else None
+            cache[k] = Probe(k, got.score, got.score / ref.score, time.perf_counter() - t0, bound,
+                             got if bounded else None)
         seen.append(cache[k])
         return cache[k]
 
-    bounded = weights is not None
-    if bounded:  # the whole coarse grid, every target's first probes: no stop at the first (noisy) crossing
+    if bounded:
         grid, k = [], start
         while k < largest:
             grid.append(k)
             k *= factor
         grid.append(largest)
+        steps = max(1, math.ceil(math.log(factor) / math.log1p(tolerance)))
+        ratio = factor ** (1 / steps)  # the fine walk's factor: (1 + tolerance) or a little less
     out = []
     for tau in targets:
         seen: list[Probe] = []
         if bounded:
             passes = lambda p: _reaches(p.bound, tau)  # noqa: E731
-            for k in reversed(grid):
-                probe(k, seen)
-            while True:  # the smallest probed size from which every larger probed size passes; bisect below it
-                sizes = sorted(cache)
-                failing = [s for s in sizes if not passes(cache[s])]
-                hi = min((s for s in sizes if s > max(failing, default=0)), default=None)
-                lo = max(failing, default=None)
-                if hi is None or lo is None or hi - lo <= 1 or hi <= lo * (1 + tolerance):
+            size = lo = None
+            for k in reversed(grid):  # stage 1: the coarse grid from the top, to the first failure
+                if not passes(probe(k, seen)):
+                    lo = k
                     break
-                probe(min(hi - 1, max(lo + 1, round(math.sqrt(lo * hi)))), seen)
-            size = hi
+                size = k
+            if size is not None and lo is not None:  # stage 2: down from it by `ratio`, to the first failure
+                anchor, j = size, 1
+                while True:
+                    k = round(anchor / ratio ** j)
+                    j += 1
+                    if k >= size:
+                        continue  # rounding repeated a size
+                    if k <= lo or not passes(probe(k, seen)):
+                        break
+                    size = k
         else:
             passes = lambda p: _reaches(p.share, tau)  # noqa: E731
             k = start
@@ -412,12 +492,14 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
                     else:
                         lo = mid
             size = min((p.size for p in cache.values() if passes(p)), default=None)
-        out.append(_result(tau, size, cache, seen, universe, confidence if bounded else None, ref.rows))
+        out.append(_result(tau, size, cache, seen, universe, confidence if bounded else None, ref, method, stage))
     return out
 
 
 def _result(tau: float, size: int | None, cache: dict[int, Probe], seen: list[Probe], universe: int,
-            confidence: float | None, rows: int | None) -> KeepResult:
+            confidence: float | None, ref: Outcome, method: str = "exact", stage: float | None = None
+            ) -> KeepResult:
+    rows = ref.rows
     key = (lambda p: (p.bound, p.share, -p.size)) if confidence is not None else (lambda p: (p.share, -p.size))
     best = max(cache.values(), key=key)
     point = min((p.size for p in cache.values() if _reaches(p.share, tau)), default=None)
@@ -432,10 +514,14 @@ def _result(tau: float, size: int | None, cache: dict[int, Probe], seen: list[Pr
     detail = ""
     if point is not None and (size is None or point < size):
         p = cache[point]
-        result.rows_needed = rows_needed(p.share, p.bound, rows, tau)
+        exact = method == "exact" and ref.metric == "accuracy" and p.outcome is not None
+        result.rows_needed = (rows_needed_exact(p.outcome, ref, tau, stage) if exact
+                              else rows_needed(p.share, p.bound, rows, tau))
         detail = (f"the point estimate reaches {tau:g} at {point:,} coordinates (share {p.share:.3f}, bound "
                   f"{p.bound:.3f})" + (f": about {result.rows_needed:,} selection rows would confirm it at "
-                                       f"{confidence:.0%}" if result.rows_needed else ""))
+                                       f"{confidence:.0%}" if result.rows_needed else
+                                       (": no number of rows confirms it (the graft misses more than "
+                                        f"{1 - tau:.0%} of the rows FT gets right)" if exact else "")))
     if size is None:
         result.note = (f"the {rows} selection rows are too few for the {confidence:.0%} bound to reach {tau:g} at "
                        f"any size; {detail or 'no size reaches it in the point estimate either'}")

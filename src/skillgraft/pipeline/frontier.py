@@ -13,8 +13,8 @@ the graftable body), each method's graft θ_pre + γ_d ⊙ Δ is scored on the t
 * ``random`` — a uniform region of the same size.
 
 For each method with a nested family, the density needed for each of ``frontier_keep`` (95% and 99% of FT)
-is searched on the selection split (:mod:`skillgraft.pipeline.keep`) with the keep search's confidence (the
-paired-bootstrap lower bound of the share must reach the target), and the region found is scored on the test
+is searched on the selection split (:mod:`skillgraft.pipeline.keep`) with the keep search's confidence (a lower
+bound of the share must reach the target: :mod:`skillgraft.graft.keep`), and the region found is scored on the test
 rows too. Writes ``frontier.csv``, ``frontier_keep.csv`` and ``frontier.png``; the whole result is a
 store entry, so a re-run only re-plots.
 """
@@ -29,7 +29,7 @@ from pydantic import Field, field_validator
 
 from skillgraft.evaluate.plots import save_figure
 from skillgraft.graft.dare import dare_graft, dare_values
-from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec, check_share, graft_outcome, keep_search
+from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec, bound_prose, check_share, graft_outcome, keep_search
 from skillgraft.graft.localizers import get_localizer, localize
 from skillgraft.graft.selection import Budget, as_list, region_universe
 from skillgraft.io import read_json, write_json
@@ -258,8 +258,8 @@ def frontier_markdown(result: dict) -> list[str]:
                          f"{_cell(a['best_peer'])} | {a['peer_share']:.3f} | {'yes' if a['ahead'] else '**no**'} |")
     if result["keep"]:
         conf = result.get("confidence")
-        how = (f"the smallest density whose {conf:.0%} lower bound of the share (a paired bootstrap over the selection "
-               "rows) reaches the target" if conf is not None else "the point estimate")
+        how = (f"the smallest density reaching the target {bound_prose(conf)}" if conf is not None
+               else "the point estimate")
         lines += ["", f"Density needed for each share of FT (searched on the selection split: {how}; the test share of "
                   "the region found beside it):", "", "| method | target | density needed | selection share | "
                   "lower bound | test share | point-estimate density | probes |",

@@ -18,7 +18,7 @@ from pathlib import Path
 from skillgraft.lazy import np
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.keep import KEEP_BOUND, LEARNED_ORDER, KeepSpec
+from skillgraft.graft.keep import KEEP_BOUND, LEARNED_ORDER, KeepSpec, bound_prose
 from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget
@@ -159,9 +159,7 @@ def keep_markdown(section: dict) -> list[str]:
     lines = ["", "## Keep targets", "",
              f"Selection split: {section['selection']}. Each target's region is the smallest probed size of the "
              "localizer's nested family whose share of FT's selection score reaches the target "
-             + (f"with {conf:.0%} confidence: the lower bound of a paired bootstrap over the selection rows (graft "
-                "and FT on the same resampled rows, seeded), for that size and every larger probed size (the coarse "
-                "grid ×4 is scored whole, then bisection on a log scale)." if conf is not None else
+             + (f"{bound_prose(conf)}." if conf is not None else
                 "(point estimate; galloping ×4, then bisection on a log scale)."), "",
              "| target | reached | size | density | selection share | lower bound | test share | point-estimate size "
              "| probes | search s |",

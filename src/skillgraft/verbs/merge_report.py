@@ -8,6 +8,7 @@ from pathlib import Path
 from skillgraft.lazy import np
 
 from skillgraft.graft.graft import Graft
+from skillgraft.graft.keep import bound_prose
 from skillgraft.graft.merge import swapped, task_view
 from skillgraft.merge.base import MergeRow, Scored, graft_file_bytes
 from skillgraft.merge.mergekit import body_module
@@ -249,9 +250,8 @@ def routed_keep_markdown(r: dict) -> list[str]:
     lines = ["", f"### Each routed graft sized by `--keep {r['keep_target']:g}` at {conf:.0%} confidence", "",
              f"Each task's graft is the smallest probed size of the localizer's nested family whose share of its "
              f"fine-tuned model's score on the task's dev rows (the selection split; never a test row) reaches "
-             f"{r['keep_target']:g} with {conf:.0%} confidence: the lower bound of a paired bootstrap over those rows "
-             "(graft and FT on the same resampled rows, seeded), for that size and every larger probed size, as "
-             "`skillgraft graft --keep` (docs/keep.md). *test share*: test score ÷ the task's fine-tuned test score.",
+             f"{r['keep_target']:g} {bound_prose(conf)}, as `skillgraft graft --keep`. *test share*: test score ÷ "
+             "the task's fine-tuned test score.",
              "", "| task | reached | size | density | selection share | lower bound | selection rows | test share | "
              "point-estimate size | bytes |", "|---|:---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     notes = []
