@@ -9,7 +9,7 @@ with the same probes (one memo of graft outcomes per size):
 * ``exact c`` — today's search at confidence c (default 0.9): the Clopper–Pearson bound of the graft's agreement on
   FT's right rows (a lower bound of the share) must reach τ, in the two-stage fixed-sequence walk (the coarse grid
   from the top, then down by ≤ 1 + tolerance; each stage at 1 − (1 − c)/2);
-* ``bootstrap (v2) c`` — in JSONs made before it (rows named ``bound c``): the first version, the paired-bootstrap
+* ``bootstrap-v2 c`` — in JSONs made before it (rows named ``bound c``): the first version, the paired-bootstrap
   bound with bisection below the coarse grid. A JSON of v2 gets the ``exact`` rows added (the same test rows);
 * each again on a seeded ``--subset`` of the selection rows (default 64: a split as small as the issue's 80 rows),
   the rows named in the rule (``point (64 rows)``).
@@ -178,7 +178,7 @@ def summarize(out: Path) -> str:
         mine = [r for r in results if r["mode"] == mode]
         for r in mine:  # v2's "bound" rows: the paired bootstrap with bisection (issue 38's first rule)
             for row in r["rows"]:
-                row["rule"] = row["rule"].replace("bound ", "bootstrap (v2) ")
+                row["rule"] = row["rule"].replace("bound ", "bootstrap-v2 ")
         rules = list(dict.fromkeys(row["rule"] for r in mine for row in r["rows"]))
         for tau in TARGETS:
             for rule in rules:
