@@ -214,6 +214,9 @@ def main() -> None:
     ap.add_argument("--tolerance", type=float, default=0.1)
     ap.add_argument("--out", type=Path, default=Path("bench") / "results" / "keep_confidence")
     ap.add_argument("--summary", action="store_true", help="only print the tables of the finished runs")
+    ap.add_argument("--selection-per-label", type=int, default=0,
+                    help="MiniLM modes: choose on this many rows per label from the rest of the training pool "
+                         "instead of the dev split (0: the dev split); e.g. 500 with --out …_large")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.summary:
@@ -238,6 +241,13 @@ def main() -> None:
                 make = {"head": head_setup, "adamw": adamw_setup, "gemma": gemma_setup}[mode]
                 k = 16 if mode == "gemma" else args.k  # the Gemma fine-tunes' own draw
                 setup, ft_seconds = make(store, task, seed, k, args.test_limit if old is None else old["test_rows"])
+                if args.selection_per_label and mode != "gemma":  # a larger selection split, same origin as gemma's
+                    import dataclasses
+
+                    from merge_gemma import held_out
+
+                    dev = held_out(setup.ft.task, setup.data.train, args.selection_per_label, seed)
+                    setup.data = dataclasses.replace(setup.data, dev=dev)
                 got = measure(setup, confidences, args.keep_from, args.tolerance, args.subset, point=old is None)
                 if old is None:
                     result = {"mode": mode, "task": task, "seed": seed, "k": k, "fine_tune_seconds": ft_seconds,

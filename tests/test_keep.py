@@ -247,7 +247,7 @@ def _outcome(correct, labels=None, metric="accuracy"):
     """An Outcome from per-row correctness (labels all 1; pred = label where correct, else 0)."""
     import numpy as np
 
-    from skillgraft.graft.keep import Outcome
+    from skillgraft.graft.bound import Outcome
 
     correct = np.asarray(correct, dtype=bool)
     labels = np.ones(len(correct), dtype=int) if labels is None else np.asarray(labels)
@@ -267,7 +267,7 @@ def _exact_bootstrap_quantile(graft, ft, q):
 
     import numpy as np
 
-    from skillgraft.graft.keep import bootstrap_shares
+    from skillgraft.graft.bound import bootstrap_shares
 
     n = len(ft.pred)
     weights = np.array([np.bincount(draw, minlength=n) for draw in itertools.product(range(n), repeat=n)], float)
@@ -277,7 +277,7 @@ def _exact_bootstrap_quantile(graft, ft, q):
 def test_bootstrap_bound_on_hand_made_cases():
     from functools import partial
 
-    from skillgraft.graft.keep import share_bound as exact
+    from skillgraft.graft.bound import share_bound as exact
 
     share_bound = partial(exact, method="bootstrap")
 
@@ -313,7 +313,7 @@ def test_exact_bound_by_hand():
     """The Clopper–Pearson bound of P(graft right | FT right), checked against the binomial tail it inverts."""
     from scipy.stats import binom
 
-    from skillgraft.graft.keep import agreement_bound, share_bound
+    from skillgraft.graft.bound import agreement_bound, share_bound
 
     # no miss on the 3 rows FT gets right: P(3 of 3 | p) = p³ = 0.1 at the 90% bound → p = 0.1^(1/3), not 1
     assert share_bound(_outcome([1, 1, 1]), _outcome([1, 1, 1]), 0.9) == pytest.approx(0.1 ** (1 / 3), abs=1e-12)
@@ -334,7 +334,7 @@ def test_exact_bound_by_hand():
 
 
 def test_rows_needed_by_hand():
-    from skillgraft.graft.keep import rows_needed
+    from skillgraft.graft.bound import rows_needed
 
     # point 0.98, bound 0.90 on 100 rows, target 0.95: the gap 0.08 must shrink to 0.03 → ×(8/3)² rows
     assert rows_needed(0.98, 0.90, 100, 0.95) == math.ceil(100 * (0.08 / 0.03) ** 2) == 712
@@ -344,7 +344,7 @@ def test_rows_needed_by_hand():
 
 
 def test_rows_needed_exact_by_hand():
-    from skillgraft.graft.keep import agreement_bound, rows_needed_exact
+    from skillgraft.graft.bound import agreement_bound, rows_needed_exact
 
     # a graft that never misses FT's right rows: n right rows give the bound 0.1^(1/n); 0.95 needs n ≥ 45
     # (0.1^(1/44) = 0.9490, 0.1^(1/45) = 0.9501); FT is right on half the rows, so 90 selection rows
