@@ -352,6 +352,8 @@ def test_rows_needed_exact_by_hand():
     assert rows_needed_exact(graft, ft, 0.95, 0.9) == 90
     big = _outcome([1, 0] * 45)
     assert agreement_bound(big, big, 0.9) >= 0.95 > agreement_bound(_outcome([1, 0] * 44), _outcome([1, 0] * 44), 0.9)
+    # the rows at hand already confirm it: their own count, never fewer
+    assert rows_needed_exact(big, big, 0.95, 0.9) == 90
     # agreement 0.9 on FT's right rows: no number of rows lifts the bound to 0.95
     assert rows_needed_exact(_outcome([1] * 9 + [0]), _outcome([1] * 10), 0.95, 0.9) is None
 

@@ -23,7 +23,8 @@ from skillgraft.lazy import np
 # every metric with bisection below the coarse grid.
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
-KEEP_BOUND = f"v3-clopper-pearson-agreement-fixed-sequence;f1:paired-bootstrap-{BOOTSTRAP_RESAMPLES}-seed{BOOTSTRAP_SEED}"
+KEEP_BOUND = ("v3-clopper-pearson-agreement-fixed-sequence;"
+              f"f1:paired-bootstrap-{BOOTSTRAP_RESAMPLES}-seed{BOOTSTRAP_SEED}")
 BOUND_METHODS = ("exact", "bootstrap")
 
 
@@ -81,6 +82,11 @@ def bootstrap_shares(graft: Outcome, ft: Outcome, weights: np.ndarray) -> np.nda
         return np.where(f > 0, g / np.where(f > 0, f, 1), 0.0)
 
 
+def is_exact(ft: Outcome) -> bool:
+    """Whether a share of ``ft``'s metric has the exact bound (accuracy with per-row outcomes; F1 has the bootstrap)."""
+    return ft.pred is not None and ft.metric == "accuracy"
+
+
 def agreement_bound(graft: Outcome, ft: Outcome, confidence: float) -> float:
     """The exact lower bound of an accuracy share: the one-sided Clopper–Pearson bound of p = P(graft right | FT
     right) from x graft-right rows among the n rows FT gets right (share = p + q(1 − a)/a ≥ p; module doc)."""
@@ -104,7 +110,7 @@ def share_bound(graft: Outcome, ft: Outcome, confidence: float, weights: np.ndar
         raise SkillgraftError(f"graft and FT were scored on different rows ({len(graft.pred)} vs {len(ft.pred)})")
     if method not in BOUND_METHODS:
         raise SkillgraftError(f"unknown bound method {method!r}: one of {', '.join(BOUND_METHODS)}")
-    if method == "exact" and ft.metric == "accuracy" and graft.metric == "accuracy":
+    if method == "exact" and is_exact(ft) and graft.metric == "accuracy":
         return agreement_bound(graft, ft, confidence)
     weights = resample_weights(len(ft.pred)) if weights is None else weights
     return float(np.quantile(bootstrap_shares(graft, ft, weights), 1 - confidence, method="inverted_cdf"))
@@ -142,6 +148,8 @@ def rows_needed_exact(graft: Outcome, ft: Outcome, target: float, confidence: fl
     n = int(right.sum())
     if not n:
         return None
+    if reaches(agreement_bound(graft, ft, confidence), target):
+        return len(ft.pred)  # the rows at hand already confirm it
     p = float((graft.pred[right] == graft.labels[right]).mean())
     if p <= target:
         return None
@@ -150,12 +158,12 @@ def rows_needed_exact(graft: Outcome, ft: Outcome, target: float, confidence: fl
         x = math.floor(p * m + 1e-9)
         return x > 0 and beta.ppf(1 - confidence, x, m - x + 1) >= target - 1e-12
 
-    hi = max(n, 1)
+    hi = n
     while not ok(hi):
         if hi > 10**9:
             return None
         hi *= 2
-    lo = hi // 2 if hi > n else 0
+    lo = max(n, hi // 2)  # ok(lo) is false: n failed above, and hi // 2 failed in the doubling
     while hi - lo > 1:  # the smallest m that passes (ok is monotone up to the floor's steps)
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if ok(mid) else (mid, hi)

@@ -41,8 +41,8 @@ from skillgraft.lazy import torch
 from pydantic import Field, field_validator
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.bound import (KEEP_BOUND, Outcome, as_outcome, bound_prose, reaches, resample_weights,  # noqa: F401
-                                    rows_needed, rows_needed_exact, share_bound)
+from skillgraft.graft.bound import (Outcome, as_outcome, is_exact, reaches, resample_weights, rows_needed,
+                                    rows_needed_exact, share_bound)
 from skillgraft.graft.region import Region, numel_of
 from skillgraft.graft.selection import Budget, as_list
 from skillgraft.spec import Spec
@@ -254,7 +254,7 @@ class KeepResult:
 
 def search_keep(score_at: Callable[[int], float | Outcome], reference: float | Outcome, targets: Sequence[float],
                 largest: int, *, start: int = 1, tolerance: float = 0.1, factor: int = 4, universe: int | None = None,
-                confidence: float | None = None, method: str = "exact") -> list[KeepResult]:
+                confidence: float | None = None) -> list[KeepResult]:
     """The smallest size k in [start, largest] whose share of ``reference`` reaches τ, for each τ (module doc).
 
     ``score_at(k)`` scores the family's region of size k on the selection split (a number, or an
@@ -262,8 +262,8 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
     ``reference`` is FT's score (Outcome) on the same rows (> 0). ``largest`` is the family's largest region (the
     whole universe, or fewer when the ranking covers only some coordinates); ``universe`` (default ``largest``)
     is what densities are fractions of. ``confidence`` None: the point estimate decides (gallop, stop at the
-    first crossing, bisect); a number: the lower bound (``method``, :func:`share_bound`) decides, in the two-stage
-    fixed-sequence walk, each stage's bound at 1 − (1 − confidence)/2.
+    first crossing, bisect); a number: the lower bound (:func:`~skillgraft.graft.bound.share_bound`) decides, in
+    the two-stage fixed-sequence walk, each stage's bound at 1 − (1 − confidence)/2.
     """
     ref = as_outcome(reference)
     if not ref.score or ref.score <= 0 or not math.isfinite(ref.score):
@@ -278,7 +278,7 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
     cache: dict[int, Probe] = {}
     bounded = confidence is not None and ref.rows is not None
     stage = None if not bounded else 1 - (1 - confidence) / 2  # two stages share the risk 1 − confidence
-    weights = resample_weights(ref.rows) if bounded and (method == "bootstrap" or ref.metric != "accuracy") else None
+    weights = resample_weights(ref.rows) if bounded and not is_exact(ref) else None  # F1: the bootstrap's draws
 
     def probe(k: int, seen: list[Probe]) -> Probe:
         if k not in cache:
@@ -287,7 +287,7 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
             if bounded and got.pred is None:
                 raise SkillgraftError("a keep search with a confidence needs per-row outcomes of every size scored "
                                       "(an Outcome), not a bare score")
-            bound = share_bound(got, ref, stage, weights, method) if bounded else None
+            bound = share_bound(got, ref, stage, weights) if bounded else None
             cache[k] = Probe(k, got.score, got.score / ref.score, time.perf_counter() - t0, bound,
                              got if bounded else None)
         seen.append(cache[k])
@@ -340,13 +340,12 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
                     else:
                         lo = mid
             size = min((p.size for p in cache.values() if passes(p)), default=None)
-        out.append(_result(tau, size, cache, seen, universe, confidence if bounded else None, ref, method, stage))
+        out.append(_result(tau, size, cache, seen, universe, confidence if bounded else None, ref, stage))
     return out
 
 
 def _result(tau: float, size: int | None, cache: dict[int, Probe], seen: list[Probe], universe: int,
-            confidence: float | None, ref: Outcome, method: str = "exact", stage: float | None = None
-            ) -> KeepResult:
+            confidence: float | None, ref: Outcome, stage: float | None = None) -> KeepResult:
     rows = ref.rows
     key = (lambda p: (p.bound, p.share, -p.size)) if confidence is not None else (lambda p: (p.share, -p.size))
     best = max(cache.values(), key=key)
@@ -362,7 +361,7 @@ def _result(tau: float, size: int | None, cache: dict[int, Probe], seen: list[Pr
     detail = ""
     if point is not None and (size is None or point < size):
         p = cache[point]
-        exact = method == "exact" and ref.metric == "accuracy" and p.outcome is not None
+        exact = is_exact(ref) and p.outcome is not None
         result.rows_needed = (rows_needed_exact(p.outcome, ref, tau, stage) if exact
                               else rows_needed(p.share, p.bound, rows, tau))
         detail = (f"the point estimate reaches {tau:g} at {point:,} coordinates (share {p.share:.3f}, bound "

@@ -29,7 +29,8 @@ from pydantic import Field, field_validator
 
 from skillgraft.evaluate.plots import save_figure
 from skillgraft.graft.dare import dare_graft, dare_values
-from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec, bound_prose, check_share, graft_outcome, keep_search
+from skillgraft.graft.bound import bound_prose
+from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec, check_share, graft_outcome, keep_search
 from skillgraft.graft.localizers import get_localizer, localize
 from skillgraft.graft.selection import Budget, as_list, region_universe
 from skillgraft.io import read_json, write_json

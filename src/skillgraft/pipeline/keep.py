@@ -18,7 +18,8 @@ from pathlib import Path
 from skillgraft.lazy import np
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.keep import KEEP_BOUND, LEARNED_ORDER, KeepSpec, bound_prose
+from skillgraft.graft.bound import KEEP_BOUND, bound_prose
+from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec
 from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget

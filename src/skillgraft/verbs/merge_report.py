@@ -8,7 +8,7 @@ from pathlib import Path
 from skillgraft.lazy import np
 
 from skillgraft.graft.graft import Graft
-from skillgraft.graft.keep import bound_prose
+from skillgraft.graft.bound import bound_prose
 from skillgraft.graft.merge import swapped, task_view
 from skillgraft.merge.base import MergeRow, Scored, graft_file_bytes
 from skillgraft.merge.mergekit import body_module
