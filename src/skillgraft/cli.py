@@ -18,6 +18,7 @@ from rich.table import Table
 from skillgraft.clierrors import interrupted_line, one_line_error
 from skillgraft.clihelp import App
 from skillgraft.cliout import (DATA, KEEP, MODEL, OUTPUT, REPORT, TRAIN, console, err, friendly, localizer_flags,
+                               placed,
                                plain as _plain, print_keep, print_routed_keep, print_version, region_table,
                                report as _report)
 from skillgraft.cliconfig import config_option
@@ -29,6 +30,7 @@ from skillgraft.graft.keep import KeepSpec
 from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, options_union
 
 LocalizerFlags = options_union()  # every registered localizer's options; the chosen one validates what is set
+from skillgraft.models.placement import Placement
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.frontier import FrontierSpec
 from skillgraft.verbs.graft import ReportSpec
@@ -70,6 +72,7 @@ def tasks(data_dir: Optional[Path] = DataDir,
 
 @app.command()
 @friendly
+@placed
 @from_specs(data=Options(DataSpec, panel=DATA), model=Options(ModelSpec, panel=MODEL),
             finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",), panel=TRAIN))
 def finetune(
@@ -103,6 +106,7 @@ def finetune(
 
 @app.command()
 @friendly
+@placed
 @from_specs(user=Options(UserDataSpec, skip=("k", "seed", "eval_fraction", "test_limit"), panel=DATA))
 def evaluate(
     model_dir: Path = typer.Argument(..., help="a model folder: a skillgraft run (or its model/), or any Hugging Face "
@@ -134,6 +138,7 @@ def evaluate(
 
 @app.command("run")
 @friendly
+@from_specs(placement=Options(Placement, panel=MODEL))
 def run_cmd(
     recipe_file: Path = typer.Argument(..., help="a recipe YAML (see recipes/ and docs/recipes.md)"),
     out: Optional[Path] = typer.Option(None, help="run directory (default: runs/<yaml name>)"),
@@ -142,12 +147,13 @@ def run_cmd(
     overwrite: bool = typer.Option(False, help="replace an existing run directory whole (checked before any work)"),
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress",
                                             help="progress bars for every stage (default: the recipe's `progress:`)"),
+    *, placement: Placement,
 ) -> None:
     """Run an experiment described by a recipe YAML; writes metrics, CSVs, plots and report.md."""
     from skillgraft.recipes import run_recipe  # noqa: PLC0415
 
-    path = run_recipe(recipe_file, out, cache=cache, overwrite=overwrite,
-                      overrides=None if progress is None else {"progress": progress})
+    overrides = {**placement.given(), **({} if progress is None else {"progress": progress})}  # over the recipe's
+    path = run_recipe(recipe_file, out, cache=cache, overwrite=overwrite, overrides=overrides or None)
     console.print(f"[bold green]done[/] {recipe_file} → {path}/report.md")
     _report({"recipe": recipe_file, "out": path, "report": Path(path) / "report.md"})
 
@@ -158,6 +164,7 @@ Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_
 
 @app.command()
 @friendly
+@placed
 @from_specs(localize=localizer_flags(LocalizerFlags), report=Options(ReportSpec, help={"localizer": (
                 f"localizer of the grafts: {', '.join(LOCALIZERS)}; its own options: `skillgraft localizers NAME`")},
                                                                    panel=REPORT),
@@ -219,6 +226,7 @@ def graft(
 
 @app.command()
 @friendly
+@placed
 def apply(
     graft_dir: Path = typer.Argument(..., help="a graft folder (graft_config.json + graft.safetensors)"),
     model: Optional[str] = typer.Option(None, help="base model (default: the one recorded in the graft)"),
@@ -277,6 +285,7 @@ def inspect(
 
 @app.command("export")
 @friendly
+@placed
 @from_specs(spec=Options(ExportSpec, panel="Export"))
 def export_cmd(
     graft_dir: Path = typer.Argument(..., help="a graft folder (graft_config.json + graft.safetensors)"),
@@ -343,6 +352,7 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
 
 @app.command()
 @friendly
+@placed
 @from_specs(sweep=Options(SweepSpec, panel="Sweep"), localize=Options(LocalizeConfig, skip=("budgets",),
                                                                      panel="Localizer (learned)"),
             data=Options(DataSpec, skip=("task", "k", "seed"), panel=DATA), frontier=Options(FrontierSpec, panel=KEEP))
@@ -382,6 +392,7 @@ def _merge_specs():
 
 @app.command()
 @friendly
+@placed
 @_merge_specs()
 def merge(
     config: Optional[Path] = config_option(mergekit=True),
@@ -447,6 +458,7 @@ def _injected(name: str):
 
 @app.command()
 @friendly
+@placed
 def demo(
     out: Path = typer.Option(Path("runs/demo"), help="demo folder (replaced whole when the run is complete)"),
     seed: int = typer.Option(42, min=0, max=SEED_MAX, help="data seed"),
@@ -463,6 +475,7 @@ def demo(
 
 @app.command()
 @friendly
+@placed
 @from_specs(data=Options(DataSpec, skip=("test_limit",), panel=DATA), model=Options(ModelSpec, panel=MODEL),
             fisher=Options(FisherConfig, rename={"n_examples": "n", "seed": "fisher_seed"}, panel="Fisher"))
 def fim(
@@ -500,6 +513,7 @@ _CONTINUAL_LOCALIZE = {n: f"localize_{n}" for n in ("steps", "lr", "batch_size",
 
 @continual_app.command("add")
 @friendly
+@placed
 @from_specs(finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",), panel=TRAIN),
             localize=Options(LocalizeConfig, rename=_CONTINUAL_LOCALIZE, skip=("budgets", "graftable"),
                              panel="Localizer (learned)"))

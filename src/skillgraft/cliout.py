@@ -5,6 +5,7 @@ region table of ``inspect`` at the terminal's width (issue 37)."""
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import warnings
 
@@ -88,7 +89,37 @@ def report(obj) -> None:
     if _JSON["on"]:
         import json  # noqa: PLC0415
 
-        typer.echo(json.dumps(plain(obj), indent=2))
+        doc = plain(obj)
+        if isinstance(doc, dict) and "placement" not in doc and _PLACED.get("runtime") is not None:
+            doc["placement"] = _PLACED["runtime"].as_dict()  # every report names its device and precision
+        typer.echo(json.dumps(doc, indent=2))
+
+
+_PLACED: dict = {"runtime": None}
+
+
+def placed(fn):
+    """Give the verb ``--device`` and ``--precision`` (the fields of
+    :class:`~skillgraft.models.placement.Placement`: one default, one help text; ``--config`` files set them too)
+    and run it under that placement: every model it loads is placed there, and its report names it."""
+    from skillgraft.clispec import from_specs  # noqa: PLC0415
+    from skillgraft.models.placement import Placement  # noqa: PLC0415
+
+    @functools.wraps(fn)
+    def run(*args, placement: Placement, **kwargs):
+        from skillgraft.models.placement import using  # noqa: PLC0415
+
+        with using(placement) as runtime:
+            _PLACED["runtime"] = runtime
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _PLACED["runtime"] = None
+
+    sig = inspect.signature(fn)
+    own = inspect.Parameter("placement", inspect.Parameter.KEYWORD_ONLY, annotation=Placement)
+    run.__signature__ = sig.replace(parameters=[*sig.parameters.values(), own])
+    return from_specs(placement=Options(Placement, panel=MODEL))(run)
 
 
 def warnings_to_console() -> None:

@@ -173,6 +173,34 @@ def fingerprint_from_files(scorer, pre_files) -> str:
     return value
 
 
+def rounded_fingerprint(scorer) -> str:
+    """The base's identity whatever precision it was loaded in: :func:`~skillgraft.models.anatomy.fingerprint`'s
+    samples rounded to bf16 (round to nearest even, as ``model.to(torch.bfloat16)`` rounds), dtypes left out. The same
+    checkpoint loaded in fp32 or bf16 gives the same value; the samples come from the fingerprint's cache."""
+    import hashlib  # noqa: PLC0415
+
+    body = _body(scorer)
+    known = _base(scorer, _state_key(body), compute=True)
+    h = hashlib.sha256()
+    carried = getattr(scorer, "carried", ())
+    for name, p in scorer.model.named_parameters():
+        if "model." + name in carried:
+            continue
+        got = known.samples.get(name)
+        raw = got[1] if got is not None else tensor_sample(p)
+        values = torch.frombuffer(bytearray(raw), dtype=torch.float32) if raw else torch.empty(0)
+        h.update(f"{name}|{tuple(p.shape)}|".encode())
+        h.update(values.to(torch.bfloat16).view(torch.int16).numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+def base_dtype(scorer) -> str:
+    """The dtype of the base's graftable weights (``torch.float32``, ``torch.bfloat16``; mixed: the first)."""
+    for p in _body(scorer).parameters():
+        return str(p.dtype)
+    return ""
+
+
 def known_fingerprint(scorer) -> str | None:
     """The fingerprint cached for ``scorer``'s current weights, without computing one (None: none cached)."""
     known = _base(scorer, _state_key(_body(scorer)), compute=False)
@@ -272,6 +300,8 @@ class Graft:
     base_fingerprint: str = ""
     metadata: GraftMetadata = field(default_factory=GraftMetadata)  # a dict given is validated into one
     source: Path | None = field(default=None, compare=False)  # the folder it was read from, for messages
+    base_dtype: str = ""                  # the base's dtype when learned (torch.float32, torch.bfloat16)
+    base_rounded: str = ""                # rounded_fingerprint of the base: the same base in another precision
 
     def __post_init__(self) -> None:
         if not isinstance(self.metadata, GraftMetadata):
@@ -315,7 +345,7 @@ class Graft:
                       for name, idx in region.indices.items()}
             carried = {name: ft_params[name].detach().cpu().clone() for name in carried_names(ft)}
         return cls(region, values, carried, getattr(pre, "base_model", ""), cached_fingerprint(pre),
-                   metadata or GraftMetadata())
+                   metadata or GraftMetadata(), base_dtype=base_dtype(pre), base_rounded=rounded_fingerprint(pre))
 
     @property
     def size(self) -> int:
@@ -374,6 +404,8 @@ class Graft:
             raise SkillgraftError(f"{self._where()} records no base_fingerprint, so it cannot be checked against "
                                   "the model it is applied to; apply it anyway with force=True (CLI: --force)")
         base = _base(scorer, key, compute=True)
+        if base.fingerprint != self.base_fingerprint and self._same_base_other_precision(scorer):
+            return params, key, base
         if base.fingerprint != self.base_fingerprint:
             raise SkillgraftError(
                 f"{self._where()} was learned on base model {self.base_model or '?'} with fingerprint "
@@ -381,6 +413,35 @@ class Graft:
                 "checkpoint, or changed weights). Apply it to its base model, or force it (--force)."
             )
         return params, key, base
+
+    def _same_base_other_precision(self, scorer) -> bool:
+        """The target is this graft's base loaded in another precision (fp32 ↔ bf16): same values rounded to bf16,
+        another dtype. Said once per graft in one warning line; the values are written in the target's dtype."""
+        here = base_dtype(scorer)
+        if not self.base_rounded or not self.base_dtype or here == self.base_dtype:
+            return False
+        if rounded_fingerprint(scorer) != self.base_rounded:
+            return False
+        if not self.__dict__.get("_crossing_said"):
+            import warnings  # noqa: PLC0415
+
+            short = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+            warnings.warn(f"{self._where()} was learned on {self.base_model or 'its base'} in "
+                          f"{short.get(self.base_dtype, self.base_dtype)}; applied to the same base in "
+                          f"{short.get(here, here)} (its values rounded to {short.get(here, here)})", stacklevel=4)
+            self.__dict__["_crossing_said"] = True
+        return True
+
+    def _on_device(self, name: str, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tensor ``name``'s indices and values on ``device`` (values in ``dtype``), copied once and kept while the
+        region's index tensor and the values are unchanged: a swap is then only the scattered writes."""
+        cache = self.__dict__.setdefault("_device_copies", {})
+        idx, v = self.region.indices[name], self.values[name]
+        hit = cache.get((name, device, dtype))
+        if hit is None or hit[0] is not idx or hit[1] != idx._version or hit[2] is not v or hit[3] != v._version:
+            hit = (idx, idx._version, v, v._version, idx.to(device, copy=True), v.to(device, dtype, copy=True))
+            cache[(name, device, dtype)] = hit
+        return hit[4], hit[5]
 
     @no_grad
     def apply(self, scorer, *, outside: Outside = "pre", force: bool = False, pre_files=None):
@@ -417,15 +478,16 @@ class Graft:
                     keep = on_disk if on_disk is not None and on_disk.same_as(p.detach()) else p.detach().clone()
                     saved.append((p, None, keep))
                     p.detach().zero_()
-            for name, idx in self.region.indices.items():
+            for name in self.region.indices:
                 p = params[name]
                 d = p.detach()
+                here, values = self._on_device(name, d.device, d.dtype)
                 if outside == "pre":
-                    i, old = reuse[2][name] if reuse is not None else (idx.to(d.device, copy=True), None)
+                    i, old = reuse[2][name] if reuse is not None else (here, None)
                     saved.append((p, i, old if old is not None else torch.take(d, i)))
                 else:
-                    i = idx.to(d.device)
-                d.put_(i, self.values[name].to(d.device, d.dtype))
+                    i = here
+                d.put_(i, values)
             for name, t in self.carried.items():
                 p = params[name]
                 saved.append((p, None, p.detach().clone()))
@@ -475,7 +537,8 @@ class Graft:
     def config(self) -> dict:
         """The ``graft_config.json`` fields (the weights' checksum is added when writing)."""
         return {"format": FORMAT, "format_version": FORMAT_VERSION, "base_model": self.base_model,
-                "base_fingerprint": self.base_fingerprint or None, "size": self.size,
+                "base_fingerprint": self.base_fingerprint or None, "base_dtype": self.base_dtype or None,
+                "base_rounded_fingerprint": self.base_rounded or None, "size": self.size,
                 "density": self.region.density, "graftable_parameters": self.region.universe_size,
                 "carried_parameters": self.carried_size, "carried": sorted(self.carried),
                 "carried_shapes": {k: list(self.carried[k].shape) for k in sorted(self.carried)},
@@ -526,7 +589,8 @@ class Graft:
         f = read_graft_file(directory)
         cfg = f.config
         return cls(Region(f.shapes, f.indices), f.values, f.carried, cfg.base_model, cfg.base_fingerprint or "",
-                   cfg.metadata, Path(directory))
+                   cfg.metadata, Path(directory), base_dtype=cfg.base_dtype or "",
+                   base_rounded=cfg.base_rounded_fingerprint or "")
 
     def export(self, base_scorer, directory: str | os.PathLike, *, force: bool = False,
                overwrite: bool = False) -> Path:

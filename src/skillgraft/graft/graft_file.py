@@ -82,6 +82,10 @@ class GraftFileConfig(Spec):
     base_model: str = Field(description="name or path of the model the graft was learned on ('' if unknown)")
     base_fingerprint: str | None = Field(None, min_length=1, description="content fingerprint of the base "
                                          "model; without it apply is refused unless forced")
+    base_dtype: str | None = Field(None, description="dtype of the base's weights it was learned on (torch.float32 …)")
+    base_rounded_fingerprint: str | None = Field(None, min_length=1, description="fingerprint of the base's values "
+                                                 "rounded to bf16, dtypes left out: the same base loaded in another "
+                                                 "precision is recognised")
     size: int = Field(ge=0, description="number of grafted coordinates (= indices = values)")
     density: float | None = Field(None, ge=0, le=1, description="size / graftable_parameters")
     graftable_parameters: int | None = Field(None, ge=0, description="coordinates in the universe")

@@ -81,7 +81,11 @@ class RoutedSkills:
         config = transformers.AutoConfig.from_pretrained(base)
         arch = (getattr(config, "architectures", None) or ["AutoModel"])[0]
         model_cls = getattr(transformers, arch, None) or transformers.AutoModel
-        model = model_cls.from_pretrained(base, **model_kwargs).eval()
+        from skillgraft.models.placement import load_dtype, place  # noqa: PLC0415
+
+        if load_dtype() is not None and "dtype" not in model_kwargs:
+            model_kwargs["dtype"] = load_dtype()
+        model = place(model_cls.from_pretrained(base, **model_kwargs).eval())  # the run's device and precision
         tokenizer = transformers.AutoTokenizer.from_pretrained(base)
         skills = {name: Graft.from_pretrained(folder / t["path"]) for name, t in record["tasks"].items()}
         return cls(model, tokenizer, skills, {name: t.get("labels") or [] for name, t in record["tasks"].items()},

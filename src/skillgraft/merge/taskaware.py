@@ -187,8 +187,9 @@ class TaskAware(MergeMethod):
         # a tensor every FT left as θ_pre (a frozen embedding: Gemma's 168M of 268M) has τ = 0 in every task, so no
         # method can select it: left out, it costs neither the [N, P] task vectors' memory nor a bitmap over it
         shapes = {n: tuple(p.shape) for n, p in base.items() if n in keys
-                  and any(not torch.equal(f.get_tensor(n).float(), p.detach().float()) for f in files)}
-        pre = torch.cat([base[n].detach().reshape(-1).float() for n in shapes])
+                  and any(not torch.equal(f.get_tensor(n).float(), p.detach().float().cpu()) for f in files)}
+        # the task vectors live on the CPU ([N, P]; the files are read there), whatever device θ_pre is on
+        pre = torch.cat([base[n].detach().reshape(-1).float().cpu() for n in shapes])
         tau = torch.empty(len(files), pre.numel())
         for i, f in enumerate(files):
             start = 0

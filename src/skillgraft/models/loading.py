@@ -88,8 +88,11 @@ def load_hf_model(path: str, kind: str, *, dtype: torch.dtype | None = None, wit
 
     from safetensors import SafetensorError  # noqa: PLC0415
 
+    from skillgraft.models.placement import load_dtype  # noqa: PLC0415
+
     classes = {"base": AutoModel, "mlm": AutoModelForMaskedLM, "causal": AutoModelForCausalLM}
     hf_logging, level = quiet_transformers()
+    dtype = load_dtype(dtype)  # the run's precision (fp32 upcasts a bf16 checkpoint exactly), else the file's
     kwargs = {"dtype": dtype} if dtype is not None else {}
     try:
         if kind == "mlm" and with_mlm_check:
@@ -154,6 +157,9 @@ def load_classifier(path: str, labels: tuple[str, ...], *, pad_token_id: int | N
             config.label2id = {label: i for i, label in enumerate(labels)}
         if getattr(config, "pad_token_id", None) is None and pad_token_id is not None:
             config.pad_token_id = pad_token_id  # decoder classifiers find the last token by the pad id
+        from skillgraft.models.placement import load_dtype  # noqa: PLC0415
+
+        dtype = load_dtype(dtype)
         kwargs = {"dtype": dtype} if dtype is not None else {}
         model, info = AutoModelForSequenceClassification.from_pretrained(
             path, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)

@@ -107,11 +107,14 @@ def complete_model(path: str, mode: str, role: str):
     from transformers import AutoModelForCausalLM  # noqa: PLC0415
 
     from skillgraft.models.loading import quiet_transformers  # noqa: PLC0415
+    from skillgraft.models.placement import load_dtype  # noqa: PLC0415
 
     hf_logging, level = quiet_transformers()
+    dtype = load_dtype()  # the run's precision (models/placement.py), else the checkpoint's own
     try:
         with torch_fork(0):
-            model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+            model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True,
+                                                               **({"dtype": dtype} if dtype is not None else {}))
     except (OSError, ValueError) as e:
         raise SkillgraftError(f"could not load {role} model {path!r} as a causal LM: {str(e).splitlines()[0]}") from None
     finally:

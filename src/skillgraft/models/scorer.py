@@ -87,11 +87,14 @@ class Scorer(nn.Module):
             hidden = model.get_input_embeddings().embedding_dim
             hidden = getattr(model.config, "hidden_size", hidden)
             gen = torch.Generator().manual_seed(head_seed)
-            self.head = nn.Linear(hidden, task.num_labels)
+            self.head = nn.Linear(hidden, task.num_labels)  # drawn in fp32 on the CPU: the same head everywhere
             with torch.no_grad():
                 bound = 1.0 / hidden ** 0.5
                 self.head.weight.uniform_(-bound, bound, generator=gen)
                 self.head.bias.zero_()
+            body = next(model.parameters(), None)
+            if body is not None:  # the body's device and dtype (a bf16 checkpoint: a bf16 head)
+                self.head.to(device=body.device, dtype=body.dtype)
         else:
             self.head = None
             self.label_ids = [word_ids(tokenizer, w) for w in task.label_words]
@@ -107,6 +110,9 @@ class Scorer(nn.Module):
             self.single_token = all(len(ids) == 1 for ids in self.label_ids)
             self.register_buffer("label_token_ids", torch.tensor([ids[0] for ids in self.label_ids]),
                                  persistent=False)
+        from skillgraft.models.placement import place  # noqa: PLC0415
+
+        place(self)  # the run's device and precision (models/placement.py); a no-op outside a placed run
 
     # ------------------------------------------------------------------ inputs
     @property
@@ -198,8 +204,15 @@ class Scorer(nn.Module):
         """Label logits ``[batch, num_labels]`` (``labels`` is accepted and ignored).
 
         Generative mode: each example's mean log-probability of its completion tokens ``[batch]`` (a
-        :meth:`candidate_batch` gives ``[batch, num_labels]`` summed log-probabilities instead).
+        :meth:`candidate_batch` gives ``[batch, num_labels]`` summed log-probabilities instead). Under
+        ``bf16-mixed`` the pass runs in bf16 autocast (models/placement.py).
         """
+        from skillgraft.models.placement import autocast  # noqa: PLC0415
+
+        with autocast(self):
+            return self._forward(input_ids, attention_mask, score_pos, target_ids, token_type_ids, candidates)
+
+    def _forward(self, input_ids, attention_mask, score_pos, target_ids, token_type_ids, candidates):
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
@@ -213,7 +226,8 @@ class Scorer(nn.Module):
             return logp.sum(-1) / valid.sum(-1).clamp(min=1)
         if self.mode == "head":
             hidden = self.model(**kwargs).last_hidden_state
-            return self.head(self._pool(hidden, attention_mask))
+            pooled = self._pool(hidden, attention_mask)
+            return self.head(pooled.to(self.head.weight.dtype))
         if self.mode == "prompt":
             if self.tied_decoder:
                 hidden = self.model(**kwargs).last_hidden_state[rows, score_pos]
@@ -258,8 +272,11 @@ class Scorer(nn.Module):
     def completion_eval(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Generative mode, one forward pass for both: each example's mean completion log-probability ``[batch]``
         (as :meth:`forward`) and the teacher-forced (correct, count) of :meth:`hits`."""
+        from skillgraft.models.placement import autocast  # noqa: PLC0415
+
         kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-        logits, rows, cols, words = self._completion_logits(kwargs, batch["target_ids"])
+        with autocast(self):
+            logits, rows, cols, words = self._completion_logits(kwargs, batch["target_ids"])
         logp, valid = self._logp_of(logits, rows, cols, words, batch["target_ids"])
         return logp.sum(-1) / valid.sum(-1).clamp(min=1), (logits.argmax(-1) == words).sum(), len(words)
 
@@ -285,8 +302,11 @@ class Scorer(nn.Module):
         tokens that are the model's most likely next token (teacher forcing)."""
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         if self.mode == "generative":
+            from skillgraft.models.placement import autocast  # noqa: PLC0415
+
             kwargs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
-            logits, _, _, words = self._completion_logits(kwargs, inputs["target_ids"])
+            with autocast(self):
+                logits, _, _, words = self._completion_logits(kwargs, inputs["target_ids"])
             return (logits.argmax(-1) == words).sum(), len(words)
         labels = batch["labels"]
         return (self(**inputs).argmax(-1) == labels).sum(), len(labels)

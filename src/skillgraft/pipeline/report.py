@@ -45,7 +45,12 @@ class RunDir:
         return agg, summary
 
     def report(self, markdown: str, name: str = "report.md") -> Path:
-        """Write the Markdown report into the run folder (atomic)."""
+        """Write the Markdown report into the run folder (atomic), ending with where it ran (device, precision)."""
+        from skillgraft.models.placement import active  # noqa: PLC0415
+
+        runtime = active()
+        if runtime is not None and "Ran on " not in markdown:
+            markdown = markdown.rstrip("\n") + f"\n\nRan on {runtime.describe()}.\n"
         with atomic_path(self.file(name)) as tmp:
             tmp.write_text(markdown)
         return self.path / name

@@ -28,6 +28,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers import LocalizeConfig
 from skillgraft.io import atomic_dir, check_target, write_json
 from skillgraft.models.gguf import in_store
+from skillgraft.models.placement import Placement, Precision, using
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.ood import TransferSpec, with_limits
 from skillgraft.pipeline.report import RunDir, mean_std  # noqa: F401 - re-exported for recipes
@@ -51,6 +52,8 @@ class ExperimentSpec(Spec):
     test_limit: int | None = DataSpec.model_fields["test_limit"]
     cache_dir: Path | None = Field(None, description="store of finished stages (null: $SKILLGRAFT_CACHE or runs/cache)")
     progress: bool = Field(False, description="progress bars for every stage")
+    device: str = Placement.model_fields["device"]
+    precision: Precision = Placement.model_fields["precision"]
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, description="the fine-tuning grafts come from")
 
     def model_spec(self) -> ModelSpec:
@@ -290,7 +293,9 @@ def run_spec(entry: Recipe, spec, out: str | os.PathLike, *, cache: str | os.Pat
     out = Path(out)
     store = Store(cache if cache is not None else spec.cache_dir)
     check_target(out, overwrite, {"--cache": store.root, "data_dir": getattr(spec, "data_dir", None)})
-    with atomic_dir(out, overwrite=overwrite) as tmp, in_store(store.root):  # GGUF conversions into this store too
+    placement = Placement.build({k: getattr(spec, k) for k in ("device", "precision") if hasattr(spec, k)},
+                                where="recipe")  # an unknown device is refused here, before any work
+    with atomic_dir(out, overwrite=overwrite) as tmp, in_store(store.root), using(placement):  # GGUF: this store
         run = RunDir(tmp, store)
         write_json(tmp / "config.json", spec.to_dict())
         metrics = entry.fn(spec, run) or {}

@@ -187,11 +187,14 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
         desc: str = "train") -> TrainResult:
     """Train ``model`` in place on ``sampler``'s batches; afterwards it is in eval mode with every
     ``requires_grad`` off. Callbacks (:mod:`skillgraft.train.callbacks`) run at the documented points."""
-    from accelerate import Accelerator, DistributedDataParallelKwargs  # noqa: PLC0415
+    from accelerate import DistributedDataParallelKwargs  # noqa: PLC0415
+
+    from skillgraft.models.placement import accelerator_for  # noqa: PLC0415
 
     multi = any(t is not None for t in sampler.data)
-    accelerator = accelerator or Accelerator(
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=multi)])
+    # the run stays where the model is (placed when it was loaded): masks, anchors and batches follow it
+    accelerator = accelerator or accelerator_for(
+        model, kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=multi)])
     world, rank = accelerator.num_processes, accelerator.process_index
     if config.batch_size % world:
         raise SkillgraftError(f"batch_size {config.batch_size} must be divisible by the {world} processes")

@@ -66,14 +66,14 @@ def run_finetune(data: DataSpec, out_dir: str | os.PathLike, *, model: ModelSpec
     ``metrics.json``, ``test_probs.csv``, ``confidence.png`` and ``reliability.png``; it appears only when
     complete. An existing ``out_dir`` is refused before any training unless ``overwrite``.
     """
-    from accelerate import Accelerator  # noqa: PLC0415
+    from skillgraft.models.placement import accelerator_for  # noqa: PLC0415
 
     model = model or ModelSpec()
     check_target(out_dir, overwrite, {"--model": model.model, "--data-dir": data.data_dir})
     config = finetune or FinetuneConfig()
-    accelerator = accelerator or Accelerator()
     few = data.load()
-    scorer = model.scorer(few.task, head_seed=config.seed)
+    scorer = model.scorer(few.task, head_seed=config.seed)  # placed as it loads (models/placement.py)
+    accelerator = accelerator or accelerator_for(scorer)
     from skillgraft.models.anatomy import fingerprint  # noqa: PLC0415
     from skillgraft.resume import discard, resume_point  # noqa: PLC0415
     from skillgraft.spec import stable_hash  # noqa: PLC0415

@@ -150,7 +150,8 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
     metrics = {"task": setup.task, "k": setup.k, "seed": setup.seed, "test_n": len(setup.test),
                "graftable_parameters": universe, "total_parameters": setup.total_parameters,
                "localizer": report.localizer, "localization": summary,
-               "carried_parameters": head_only.graft.carried_size if head_only else 0, "rows": rows}
+               "carried_parameters": head_only.graft.carried_size if head_only else 0, "rows": rows,
+               "placement": placement_record(setup.pre)}
     from skillgraft.pipeline.caveats import graft_caveats  # noqa: PLC0415
 
     metrics["caveats"] = graft_caveats(setup, rows, options.graftable)  # results that mean nothing: warned, noted
@@ -220,6 +221,13 @@ def best_steps(best) -> str:
             return str(key)
 
     return ", ".join(f"{step} (budget {label(key)})" for key, step in best.items()) or "-"
+
+
+def placement_record(model) -> dict:
+    """Where the run computed (models/placement.py): device, its name, precision — every report names them."""
+    from skillgraft.models.placement import describe_module, device_of, precision_of  # noqa: PLC0415
+
+    return {"device": str(device_of(model)), "precision": precision_of(model), "described": describe_module(model)}
 
 
 def report_markdown(metrics: dict) -> str:

@@ -127,9 +127,9 @@ def run(pre, ft, train: list[Example], select: list[Example], plan: Plan, *, acc
     an FSDP2 config, or with a ``fully_shard``-ed ``pre``, each process works on its own shards (``pre`` stays
     sharded afterwards; its values are restored). ``ranked``: also return the learned order (sigmoid only).
     """
-    from accelerate import Accelerator  # noqa: PLC0415
+    from skillgraft.models.placement import accelerator_for  # noqa: PLC0415
 
-    accelerator = accelerator or Accelerator()
+    accelerator = accelerator or accelerator_for(pre)  # θ_pre's own device: it is not moved
     names = graftable_names(pre, plan.graftable)
     carried = carried_names(pre)
     source = fine_tuned(ft, pre, names + [n for n in carried if n not in names])
@@ -359,9 +359,9 @@ def _accuracy(scorer, examples: list[Example], micro_batch: int, accelerator, lo
 
 def accuracy(scorer, examples: list[Example], micro_batch: int = 64) -> float:
     """Accuracy of ``scorer`` on ``examples`` in one process (what the engine scores a region by)."""
-    from accelerate import Accelerator  # noqa: PLC0415
+    from skillgraft.models.placement import accelerator_for  # noqa: PLC0415
 
-    return _accuracy(scorer, examples, micro_batch, Accelerator())
+    return _accuracy(scorer, examples, micro_batch, accelerator_for(scorer))
 
 
 __all__ = ["Optimizer", "Plan", "accuracy", "run"]

@@ -194,14 +194,14 @@ class HardConcrete(Relaxation):
         log_alpha = torch.where(top_k_flat(flat, k), torch.full((n,), on, device=device),
                                 torch.full((n,), off, device=device))
         self.log_alpha = (log_alpha + 1e-3 * (1 - _ranks(flat) / n)).requires_grad_(True)  # ties by the base score
-        self.gen = torch.Generator(device=device).manual_seed(seed)
+        self.gen = torch.Generator().manual_seed(seed)  # drawn on the CPU, then moved: one seed, one region anywhere
         self.delta = layout.flat({m: d.float() for m, d in layout.delta.items()})
         return [self.log_alpha]
 
     def mask(self, t):
         n = self.log_alpha.numel()
         self.drawn_from = self.gen.get_state()  # resuming redraws the same u (z's graph is rebuilt, not saved)
-        u = torch.rand(n, generator=self.gen, device=self.log_alpha.device).clamp(1e-6, 1 - 1e-6)
+        u = torch.rand(n, generator=self.gen).to(self.log_alpha.device).clamp(1e-6, 1 - 1e-6)
         s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + self.log_alpha) / HC_BETA)
         self.z = (s * (HC_HIGH - HC_LOW) + HC_LOW).clamp(0, 1)
         return self.layout.split(self.z.detach())

@@ -1,0 +1,208 @@
+"""Placement: the one owner of where models run (``device``) and in which number format (``precision``).
+
+    --device     auto (a GPU when one is visible, else the CPU) | cpu | cuda | cuda:N
+    --precision  fp32        weights and compute in float32 (a bf16 checkpoint is upcast: exact)
+                 bf16        weights, optimizer state and compute in bfloat16 (half the memory; an update
+                             smaller than |w|/256 is lost in the rounding)
+                 bf16-mixed  bf16 compute (autocast), fp32 weights and optimizer state: a small step accumulates
+
+A verb activates its placement once (:func:`using`; the command line's ``--device`` / ``--precision``, a
+``--config`` file or a recipe's ``device:`` / ``precision:``). Every model loaded while it is active is placed
+when it is built (:meth:`Runtime.place`: the loaders read :func:`active`), and from then on everything runs
+where the model is: batches, masks, anchors, candidate sets and indices follow the parameters
+(:func:`device_of`), and a library call on a model the caller placed runs where the caller put it. Random draws
+are taken on a CPU generator and then moved, so one seed gives the same region on either device.
+
+Accelerate keeps its state per process (one device, one mixed-precision setting); :func:`accelerator_for`
+gives an ``Accelerator`` on a model's own device, resetting that state between single-process runs on
+different devices. Mixed precision is the Scorer's own autocast (:meth:`Runtime.autocast`), not Accelerate's,
+so evaluation, fine-tuning and localization compute alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from skillgraft.errors import SkillgraftError
+from skillgraft.lazy import torch
+from skillgraft.spec import Spec
+
+Precision = Literal["fp32", "bf16", "bf16-mixed"]
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+class Placement(Spec):
+    """Where the models of one run live and in which precision they compute (resolved by :meth:`resolve`)."""
+
+    device: str = Field("auto", description="where models run: auto (a GPU when one is visible, else the CPU) | cpu | "
+                                            "cuda | cuda:N")
+    precision: Precision = Field("fp32", description="fp32 | bf16 (weights and compute) | bf16-mixed (bf16 compute, "
+                                                     "fp32 weights and optimizer state)")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, v: str) -> str:
+        v = str(v).strip().lower()
+        if not _DEVICE.match(v):
+            raise ValueError("expected auto, cpu, cuda or cuda:N")
+        return v
+
+    def resolve(self) -> Runtime:
+        """The torch device and dtype this placement means on this machine; a GPU asked for and not visible is one
+        line. Under ``accelerate launch`` (``LOCAL_RANK`` set) ``auto``/``cuda`` is the process's own GPU."""
+        want = self.device
+        cuda = torch.cuda.is_available()
+        if want == "auto":
+            want = "cuda" if cuda else "cpu"
+        if want.startswith("cuda"):
+            if not cuda:
+                raise SkillgraftError(f"--device {self.device}: no CUDA device is visible on this machine "
+                                      "(use --device cpu or auto)")
+            index = int(want.split(":")[1]) if ":" in want else int(os.environ.get("LOCAL_RANK", "0") or 0)
+            if index >= torch.cuda.device_count():
+                raise SkillgraftError(f"--device {self.device}: this machine has {torch.cuda.device_count()} "
+                                      "CUDA device(s)")
+            device = torch.device("cuda", index)
+        else:
+            device = torch.device("cpu")
+        return Runtime(device, self.precision)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A resolved placement: a torch device and a precision."""
+
+    device: torch.device
+    precision: str = "fp32"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The parameters' dtype: bf16 only in pure ``bf16``; ``bf16-mixed`` keeps fp32 weights."""
+        return torch.bfloat16 if self.precision == "bf16" else torch.float32
+
+    def place(self, module):
+        """Move ``module`` to this device and cast its floating-point parameters and buffers to :attr:`dtype`
+        (in place; a no-op when it is already there); a Scorer also learns its precision (its autocast)."""
+        module.to(device=self.device, dtype=self.dtype)
+        with contextlib.suppress(AttributeError):
+            module.precision = self.precision
+        return module
+
+    def describe(self) -> str:
+        """``cuda:0 (NVIDIA H200), bf16-mixed`` / ``cpu, fp32``: what every report names."""
+        return f"{describe_device(self.device)}, {self.precision}"
+
+    def as_dict(self) -> dict:
+        return {"device": str(self.device), "device_name": describe_device(self.device), "precision": self.precision}
+
+
+def describe_device(device) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return str(device)
+
+
+_ACTIVE: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar("skillgraft_placement", default=None)
+
+
+def active() -> Runtime | None:
+    """The placement of the run in progress (None outside one: models load as transformers loads them and stay
+    where the caller puts them)."""
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def using(placement: Placement | Runtime | None) -> Iterator[Runtime | None]:
+    """Activate ``placement`` for the block (a verb's whole run); None leaves the current one."""
+    if placement is None:
+        yield active()
+        return
+    runtime = placement.resolve() if isinstance(placement, Placement) else placement
+    if runtime.device.type == "cuda":
+        torch.cuda.set_device(runtime.device)
+    token = _ACTIVE.set(runtime)
+    try:
+        yield runtime
+    finally:
+        _ACTIVE.reset(token)
+
+
+def load_dtype(dtype=None):
+    """The dtype a loader passes to ``from_pretrained``: the one asked for, else the active placement's (None
+    outside a placement: the checkpoint's own)."""
+    if dtype is not None:
+        return dtype
+    runtime = active()
+    return runtime.dtype if runtime is not None else None
+
+
+def place(module):
+    """Place a freshly loaded model under the active placement (a no-op outside one)."""
+    runtime = active()
+    return runtime.place(module) if runtime is not None else module
+
+
+def device_of(module) -> torch.device:
+    """Where ``module``'s parameters are (the CPU for a module without any)."""
+    for p in module.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def precision_of(module) -> str:
+    """A model's precision: what its placement set, else read from its parameters (bf16 weights: ``bf16``)."""
+    set_ = getattr(module, "precision", None)
+    if isinstance(set_, str):
+        return set_
+    for p in module.parameters():
+        return "bf16" if p.dtype == torch.bfloat16 else "fp32"
+    return "fp32"
+
+
+def autocast(module):
+    """The forward-pass context of ``module``: bf16 autocast on its device under ``bf16-mixed``, else nothing."""
+    if precision_of(module) != "bf16-mixed":
+        return contextlib.nullcontext()
+    return torch.autocast(device_of(module).type, dtype=torch.bfloat16)
+
+
+def to_device(batch: dict, device) -> dict:
+    """A collated batch on ``device`` (non-blocking from pinned memory is not worth it for token ids)."""
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def describe_module(module) -> str:
+    """``cuda:0 (NVIDIA H200), bf16-mixed``: where a model runs, as reports name it."""
+    return f"{describe_device(device_of(module))}, {precision_of(module)}"
+
+
+def accelerator_for(module, **kwargs):
+    """An ``accelerate.Accelerator`` on ``module``'s device. Accelerate's state is per process; in a single process
+    (no launcher) a state left on another device by an earlier run is reset first, so a CPU run and a GPU run can
+    follow each other in one process (the test suite, a notebook)."""
+    from accelerate import Accelerator  # noqa: PLC0415
+    from accelerate.state import AcceleratorState, PartialState  # noqa: PLC0415
+
+    on_cpu = device_of(module).type == "cpu"
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+    if not launched and PartialState._shared_state:
+        state = PartialState()
+        if (state.device.type == "cpu") != on_cpu or (not on_cpu and state.device != device_of(module)):
+            AcceleratorState._reset_state(reset_partial_state=True)
+    if not on_cpu and not launched:
+        torch.cuda.set_device(device_of(module))
+    return Accelerator(cpu=on_cpu, **kwargs)
+
+
+__all__ = ["Placement", "Precision", "Runtime", "accelerator_for", "active", "autocast", "describe_device",
+           "describe_module", "device_of", "load_dtype", "place", "precision_of", "to_device", "using"]
