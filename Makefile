@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (CI has 2 cores); TEST_WORKERS=0 runs the suite in one process
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-all bench setup clean gemma test-gemma
+.PHONY: demo test test-all test-gpu bench setup clean gemma test-gemma
 
 setup: $(STAMP)
 
@@ -32,6 +32,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
+
+# The suite on a CUDA machine, with the GPU visible (verbs default to --device auto: they run there), on the
+# machine's own Python whose torch has CUDA and whose dependencies are installed (CI stays CPU-only; docs/gpu.md)
+test-gpu:
+	$(PYTHON) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu: no CUDA device visible to ' + sys.executable)"
+	$(PYTHON) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 
 test-all: $(STAMP)
 	SKILLGRAFT_SLOW=1 $(PY) -m pytest -q $(PYTEST_ARGS)

@@ -128,13 +128,28 @@ def using(placement: Placement | Runtime | None) -> Iterator[Runtime | None]:
         yield active()
         return
     runtime = placement.resolve() if isinstance(placement, Placement) else placement
+    determined = torch.are_deterministic_algorithms_enabled()
     if runtime.device.type == "cuda":
         torch.cuda.set_device(runtime.device)
+        deterministic()
     token = _ACTIVE.set(runtime)
     try:
         yield runtime
     finally:
         _ACTIVE.reset(token)
+        if runtime.device.type == "cuda" and not determined:
+            torch.use_deterministic_algorithms(False)
+
+
+def deterministic() -> None:
+    """Deterministic kernels on a GPU (an embedding's backward, index_add: sorted instead of atomic adds), so a run
+    repeats bit for bit and a resumed run equals an uninterrupted one there too (docs/gpu.md); an op with no
+    deterministic kernel runs as it is (no error, no warning line)."""
+    import warnings  # noqa: PLC0415
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts in this process
+    warnings.filterwarnings("ignore", message=".*does not have a deterministic implementation.*")
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def load_dtype(dtype=None):
@@ -186,6 +201,24 @@ def describe_module(module) -> str:
     return f"{describe_device(device_of(module))}, {precision_of(module)}"
 
 
+@contextlib.contextmanager
+def offloaded(module):
+    """``module`` on the CPU for the block, back on its accelerator after (in place: the same Parameter objects):
+    what a block reads only once (θ_ft while a graft is learned: its Δ is taken at the start) does not hold
+    accelerator memory meanwhile. A module already on the CPU (or None) is left as it is."""
+    if module is None or not isinstance(module, torch.nn.Module) or device_of(module).type == "cpu":
+        yield module
+        return
+    home = device_of(module)
+    module.to("cpu")
+    if home.type == "cuda":
+        torch.cuda.empty_cache()
+    try:
+        yield module
+    finally:
+        module.to(home)
+
+
 def accelerator_for(module, **kwargs):
     """An ``accelerate.Accelerator`` on ``module``'s device. Accelerate's state is per process; in a single process
     (no launcher) a state left on another device by an earlier run is reset first, so a CPU run and a GPU run can
@@ -205,4 +238,4 @@ def accelerator_for(module, **kwargs):
 
 
 __all__ = ["Placement", "Precision", "Runtime", "accelerator_for", "active", "autocast", "describe_device",
-           "describe_module", "device_of", "load_dtype", "place", "precision_of", "to_device", "using"]
+           "describe_module", "device_of", "load_dtype", "offloaded", "place", "precision_of", "to_device", "using"]

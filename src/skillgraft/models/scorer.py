@@ -139,10 +139,16 @@ class Scorer(nn.Module):
         causal = self.mode == "causal"
         template = (self.task.causal_template or self.task.template) if causal else self.task.template
         rows, positions = [], []
+        rendered = self.__dict__.setdefault("_rendered", {})  # each example tokenized once, not once per step
         for ex in examples:
-            ids, pos = render(template, ex, self.tokenizer, self.max_length, causal=causal)
-            rows.append(ids)
-            positions.append(pos)
+            key = (template, ex, causal, self.max_length)
+            hit = rendered.get(key)
+            if hit is None:
+                hit = render(template, ex, self.tokenizer, self.max_length, causal=causal)
+                if len(rendered) < 200_000:
+                    rendered[key] = hit
+            rows.append(hit[0])
+            positions.append(hit[1])
         if causal and not self.single_token:
             return self._collate_multi_token(rows, labels)
         ids, mask = _pad(rows, self.tokenizer.pad_token_id)

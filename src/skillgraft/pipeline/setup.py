@@ -94,6 +94,14 @@ class Setup:
         return self.data.test
 
     @property
+    def placement(self) -> str:
+        """Where this setup's models run and in which precision (``cuda:0 (NVIDIA H200), bf16-mixed``)."""
+        from skillgraft.models.placement import describe_module  # noqa: PLC0415
+
+        model = self.pre if self.pre is not None else self.ft
+        return describe_module(model) if hasattr(model, "parameters") else "released to files"
+
+    @property
     def total_parameters(self) -> int:
         """Parameters of the pre-trained model (``scorer.model``): the denominator of a sparsity in %."""
         return sum(p.numel() for p in self.pre.model.parameters())
@@ -214,8 +222,13 @@ def scorer_digest(scorer) -> str:
 
 
 def finetune_key(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig) -> dict:
-    """The store key of a fine-tuning run: its draw (:func:`~skillgraft.pipeline.store.draw_key`) and settings."""
-    return {**draw_key(model, data), "finetune": finetune.to_dict()}
+    """The store key of a fine-tuning run: its draw (:func:`~skillgraft.pipeline.store.draw_key`) and settings; a
+    run in bf16 or bf16-mixed is another run (the device is not part of it: the same run on a CPU or a GPU)."""
+    from skillgraft.models.placement import active  # noqa: PLC0415
+
+    runtime = active()
+    precision = {"precision": runtime.precision} if runtime is not None and runtime.precision != "fp32" else {}
+    return {**draw_key(model, data), "finetune": finetune.to_dict(), **precision}
 
 
 def stored_run(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig) -> Path | None:

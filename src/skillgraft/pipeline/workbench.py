@@ -73,6 +73,13 @@ class Workbench:
     def pre_scorer(self):
         return self.pre
 
+    @property
+    def placement(self) -> str:
+        """Where the bench's models run (one placement for every member: they share θ_pre's tensors)."""
+        from skillgraft.models.placement import describe_module  # noqa: PLC0415
+
+        return describe_module(self.pre) if self.pre is not None else "nothing loaded"
+
     def share(self, pre):
         """θ_pre of a new member: the first becomes the bench's θ_pre; a later one's parameters become the bench's
         (its own carried head aside), so θ_pre stays in memory once — when the bench's θ_pre is released, it takes

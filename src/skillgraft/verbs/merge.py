@@ -269,6 +269,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     summary = summarize(results, ft, bench.members, bench.grafts, spec, mode, pretrained)
     summary["seconds"] = {"localize_and_load": t_loc, "mergekit": seconds.get("mergekit", 0.0),
                           "total": time.perf_counter() - t0}
+    summary["placement"] = bench.placement  # where the merge computed (docs/gpu.md)
     with atomic_dir(out, overwrite=overwrite) as tmp:
         write_outputs(tmp, bench, written)
         from skillgraft.merge.mergekit import chosen_yamls  # noqa: PLC0415
@@ -278,7 +279,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             (tmp / "mergekit" / f"{method}.yaml").write_text(text)  # the dev-chosen config, for mergekit-yaml
         if spec.routed:
             summary["routed"] = write_routed_outputs(tmp / "routed", bench, summary, kept)
-        (tmp / "report.md").write_text(report_markdown(summary))  # from the typed rows
+        (tmp / "report.md").write_text(report_markdown(summary) + f"\nRan on {summary['placement']}.\n")
         summary = {**summary, "rows": [r.columns() for r in summary["rows"]]}  # merge.json holds their columns
         (tmp / "merge.json").write_text(json.dumps(summary, indent=2, default=float))
         write_csv(tmp / "results.csv", summary["rows"])

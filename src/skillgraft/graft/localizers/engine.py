@@ -140,7 +140,10 @@ def run(pre, ft, train: list[Example], select: list[Example], plan: Plan, *, acc
         if not is_sharded(pre):
             shard(pre, accelerator)
         sum_gradients(pre)
-    with preserved(pre, carried if lean else names + carried):
+    from skillgraft.models.placement import offloaded  # noqa: PLC0415
+
+    # θ_ft in memory on an accelerator is read once (the lent head, Δ): it waits on the CPU meanwhile (docs/gpu.md)
+    with offloaded(ft if not sharded else None), preserved(pre, carried if lean else names + carried):
         return _optimise(pre, source, names, carried, train, select, plan, accelerator, group, progress, lean,
                          ranked)
 
