@@ -59,7 +59,7 @@ if mode == "first":  # the uninterrupted run, then one whose rank 1 is killed wr
 else:
     other = cfg.model_copy(update={"steps": cfg.steps + 1})
     done(f"{work}/again.pt", {x: run(f"{work}/{x}", other if x == "e" else cfg) for x in "bcde"})
-acc.wait_for_everyone()
+torch.distributed.barrier()  # not acc.wait_for_everyone(): it passes device_ids=[rank] even to gloo (no cuda:1)
 acc.end_training()
 """
 FINETUNE = COUNTING + """
@@ -83,7 +83,7 @@ if mode == "first":  # the uninterrupted run (saving too), then one whose rank 1
     run(f"{work}/run")
 else:
     done(f"{work}/again.pt", run(f"{work}/run"))
-acc.wait_for_everyone()
+torch.distributed.barrier()  # not acc.wait_for_everyone(): it passes device_ids=[rank] even to gloo (no cuda:1)
 acc.end_training()
 """
 

@@ -339,7 +339,9 @@ if acc.is_main_process:
     torch.save({{"regions": {{b.key: r.indices for b, r in res.regions.items()}}, "history": res.history,
                 "intact": intact, "sharded": sharded, "held": held_by_rank, "candidates": res.candidate_size,
                 "relaxed": relaxed}}, out)
-acc.wait_for_everyone()  # neither rank leaves while the other still talks to gloo (else: SIGABRT at exit)
+torch.distributed.barrier()  # neither rank leaves while the other still talks to gloo (else: SIGABRT at exit);
+# not acc.wait_for_everyone(): Accelerate passes device_ids=[rank] even to gloo, and rank 1 has no cuda:1 on a
+# one-GPU machine
 acc.end_training()       # destroys the process group
 """
 

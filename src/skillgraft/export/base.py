@@ -137,7 +137,7 @@ def load_graft_base(graft: Graft, model: str | None = None):
     task = graft_task(graft)
     if task is not None:
         return build_scorer(name, task, mode)
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(devices=[]):  # CPU only: models load there first
         torch.manual_seed(0)  # as build_scorer: weights missing from the checkpoint initialise the same way
         return load_for_mode(model_reference(name), mode, None)[0]
 

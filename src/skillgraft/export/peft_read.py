@@ -36,7 +36,7 @@ def load_adapter_base(directory: str | os.PathLike, model: str | None = None) ->
         mode = "causal" if cfg.get("task_type") == "CAUSAL_LM" or cls.endswith("ForCausalLM") else \
             "prompt" if cls.endswith("ForMaskedLM") else \
             "classifier" if cfg.get("task_type") == "SEQ_CLS" or cls.endswith("ForSequenceClassification") else "head"
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(devices=[]):  # CPU only: models load there first
         torch.manual_seed(0)
         return adapter_base(Path(directory), meta, name, mode)
 

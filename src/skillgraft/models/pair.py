@@ -134,7 +134,7 @@ def torch_fork(seed: int):
 
     @contextlib.contextmanager
     def forked():
-        with torch.random.fork_rng():
+        with torch.random.fork_rng(devices=[]):  # CPU only: models load there first
             torch.manual_seed(seed)
             yield
 

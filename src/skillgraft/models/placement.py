@@ -60,12 +60,16 @@ class Placement(Spec):
         line. Under ``accelerate launch`` (``LOCAL_RANK`` set) ``auto``/``cuda`` is the process's own GPU."""
         want = self.device
         cuda = torch.cuda.is_available()
+        forked = cuda and torch.cuda._is_in_bad_fork()  # a child forked after its parent started CUDA: none here
         if want == "auto":
-            want = "cuda" if cuda else "cpu"
+            want = "cuda" if cuda and not forked else "cpu"
         if want.startswith("cuda"):
             if not cuda:
                 raise SkillgraftError(f"--device {self.device}: no CUDA device is visible on this machine "
                                       "(use --device cpu or auto)")
+            if forked:
+                raise SkillgraftError(f"--device {self.device}: this process was forked after its parent started "
+                                      "CUDA, which cannot start again in it (start it with spawn, or use --device cpu)")
             index = int(want.split(":")[1]) if ":" in want else int(os.environ.get("LOCAL_RANK", "0") or 0)
             if index >= torch.cuda.device_count():
                 raise SkillgraftError(f"--device {self.device}: this machine has {torch.cuda.device_count()} "

@@ -450,7 +450,7 @@ def build_scorer(model_name: str | None, task: Task | str, mode: Mode = "head", 
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     carried: list[str] = []
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(devices=[]):  # CPU only: models load there first
         torch.manual_seed(0)  # weights missing from the checkpoint (e.g. a pooler) initialise the same every time
         if mode == "classifier":
             model, head = load_classifier(ref.path, task.labels, pad_token_id=tokenizer.pad_token_id, dtype=dtype)

@@ -164,9 +164,14 @@ def _state(done: int, loss_ema, eval_seconds: float, seconds: float, params, opt
     return {"step": done, "loss_ema": loss_ema, "eval_seconds": eval_seconds, "seconds": seconds,
             "params": [p.detach().to("cpu", copy=True) for p in params], "optimizer": opt.state_dict(),
             "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "cuda_rng": torch.cuda.get_rng_state_all() if _on_cuda(params) else None,
             "history": list(state.history),
             "callbacks": [cb.state() if hasattr(cb, "state") else None for cb in callbacks]}
+
+
+def _on_cuda(params) -> bool:
+    """Whether the run is on a GPU (then its CUDA generators are part of its state; a CPU run never touches CUDA)."""
+    return any(p.device.type == "cuda" for p in params)
 
 
 @no_grad
@@ -175,7 +180,7 @@ def _resume(saved: dict, params, opt, state: TrainState, callbacks, accelerator)
         p.copy_(value.to(p.device, p.dtype))
     opt.load_state_dict(saved["optimizer"])
     torch.set_rng_state(saved["torch_rng"])
-    if saved["cuda_rng"] is not None and torch.cuda.is_available():
+    if saved["cuda_rng"] is not None and _on_cuda(params):
         torch.cuda.set_rng_state_all(saved["cuda_rng"])
     state.history[:] = saved["history"]
     for cb, cb_state in zip(callbacks, saved["callbacks"]):
