@@ -18,9 +18,8 @@ from rich.table import Table
 from skillgraft.clierrors import interrupted_line, one_line_error
 from skillgraft.clihelp import App
 from skillgraft.cliout import (DATA, KEEP, MODEL, OUTPUT, REPORT, TRAIN, console, err, friendly, localizer_flags,
-                               placed,
-                               plain as _plain, print_keep, print_routed_keep, print_version, region_table,
-                               report as _report)
+                               model_verb, plain as _plain, print_keep, print_routed_keep, print_version,
+                               region_table, report as _report)
 from skillgraft.cliconfig import config_option
 from skillgraft.clispec import Options, build, from_specs
 from skillgraft.data.spec import DataSpec, UserDataSpec
@@ -71,8 +70,7 @@ def tasks(data_dir: Optional[Path] = DataDir,
 
 
 @app.command()
-@friendly
-@placed
+@model_verb
 @from_specs(data=Options(DataSpec, panel=DATA), model=Options(ModelSpec, panel=MODEL),
             finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",), panel=TRAIN))
 def finetune(
@@ -105,8 +103,7 @@ def finetune(
 
 
 @app.command()
-@friendly
-@placed
+@model_verb
 @from_specs(user=Options(UserDataSpec, skip=("k", "seed", "eval_fraction", "test_limit"), panel=DATA))
 def evaluate(
     model_dir: Path = typer.Argument(..., help="a model folder: a skillgraft run (or its model/), or any Hugging Face "
@@ -163,8 +160,7 @@ Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_
 
 
 @app.command()
-@friendly
-@placed
+@model_verb
 @from_specs(localize=localizer_flags(LocalizerFlags), report=Options(ReportSpec, help={"localizer": (
                 f"localizer of the grafts: {', '.join(LOCALIZERS)}; its own options: `skillgraft localizers NAME`")},
                                                                    panel=REPORT),
@@ -225,8 +221,7 @@ def graft(
 
 
 @app.command()
-@friendly
-@placed
+@model_verb
 def apply(
     graft_dir: Path = typer.Argument(..., help="a graft folder (graft_config.json + graft.safetensors)"),
     model: Optional[str] = typer.Option(None, help="base model (default: the one recorded in the graft)"),
@@ -284,8 +279,7 @@ def inspect(
 
 
 @app.command("export")
-@friendly
-@placed
+@model_verb
 @from_specs(spec=Options(ExportSpec, panel="Export"))
 def export_cmd(
     graft_dir: Path = typer.Argument(..., help="a graft folder (graft_config.json + graft.safetensors)"),
@@ -351,8 +345,7 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
 
 
 @app.command()
-@friendly
-@placed
+@model_verb
 @from_specs(sweep=Options(SweepSpec, panel="Sweep"), localize=Options(LocalizeConfig, skip=("budgets",),
                                                                      panel="Localizer (learned)"),
             data=Options(DataSpec, skip=("task", "k", "seed"), panel=DATA), frontier=Options(FrontierSpec, panel=KEEP))
@@ -391,8 +384,7 @@ def _merge_specs():
 
 
 @app.command()
-@friendly
-@placed
+@model_verb
 @_merge_specs()
 def merge(
     config: Optional[Path] = config_option(mergekit=True),
@@ -416,8 +408,7 @@ def merge(
                              rich_help_panel=OUTPUT),
     overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)",
                                    rich_help_panel=OUTPUT),
-    cache: Optional[Path] = Cache,
-    *, spec, localize, user: UserDataSpec,
+    cache: Optional[Path] = Cache, *, spec, localize, user: UserDataSpec,
 ) -> None:
     """Merge several fine-tuned models of one base by stitching their grafts; compare with mergekit (report.md)."""
     from skillgraft.io import check_target  # noqa: PLC0415
@@ -457,8 +448,7 @@ def _injected(name: str):
 
 
 @app.command()
-@friendly
-@placed
+@model_verb
 def demo(
     out: Path = typer.Option(Path("runs/demo"), help="demo folder (replaced whole when the run is complete)"),
     seed: int = typer.Option(42, min=0, max=SEED_MAX, help="data seed"),
@@ -474,8 +464,7 @@ def demo(
 
 
 @app.command()
-@friendly
-@placed
+@model_verb
 @from_specs(data=Options(DataSpec, skip=("test_limit",), panel=DATA), model=Options(ModelSpec, panel=MODEL),
             fisher=Options(FisherConfig, rename={"n_examples": "n", "seed": "fisher_seed"}, panel="Fisher"))
 def fim(
@@ -512,8 +501,7 @@ _CONTINUAL_LOCALIZE = {n: f"localize_{n}" for n in ("steps", "lr", "batch_size",
 
 
 @continual_app.command("add")
-@friendly
-@placed
+@model_verb
 @from_specs(finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",), panel=TRAIN),
             localize=Options(LocalizeConfig, rename=_CONTINUAL_LOCALIZE, skip=("budgets", "graftable"),
                              panel="Localizer (learned)"))

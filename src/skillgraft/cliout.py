@@ -122,6 +122,12 @@ def placed(fn):
     return from_specs(placement=Options(Placement, panel=MODEL))(run)
 
 
+def model_verb(fn):
+    """A verb that loads models: :func:`friendly` (one-line errors, ``--json``) and :func:`placed` (``--device``,
+    ``--precision``)."""
+    return friendly(placed(fn))
+
+
 def warnings_to_console() -> None:
     def show(message, category, filename, lineno, file=None, line=None):
         err.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False)

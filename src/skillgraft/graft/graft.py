@@ -174,20 +174,16 @@ def fingerprint_from_files(scorer, pre_files) -> str:
 
 
 def rounded_fingerprint(scorer) -> str:
-    """The base's identity whatever precision it was loaded in: :func:`~skillgraft.models.anatomy.fingerprint`'s
-    samples rounded to bf16 (round to nearest even, as ``model.to(torch.bfloat16)`` rounds), dtypes left out. The same
-    checkpoint loaded in fp32 or bf16 gives the same value; the samples come from the fingerprint's cache."""
+    """The base's identity in any precision: the fingerprint's (cached) samples rounded to bf16 as ``.to(bfloat16)``
+    rounds, dtypes left out: the same checkpoint loaded in fp32 or bf16 gives the same value."""
     import hashlib  # noqa: PLC0415
 
-    body = _body(scorer)
-    known = _base(scorer, _state_key(body), compute=True)
-    h = hashlib.sha256()
+    known, h = _base(scorer, _state_key(_body(scorer)), compute=True), hashlib.sha256()
     carried = getattr(scorer, "carried", ())
     for name, p in scorer.model.named_parameters():
         if "model." + name in carried:
             continue
-        got = known.samples.get(name)
-        raw = got[1] if got is not None else tensor_sample(p)
+        raw = known.samples[name][1] if name in known.samples else tensor_sample(p)
         values = torch.frombuffer(bytearray(raw), dtype=torch.float32) if raw else torch.empty(0)
         h.update(f"{name}|{tuple(p.shape)}|".encode())
         h.update(values.to(torch.bfloat16).view(torch.int16).numpy().tobytes())
@@ -195,10 +191,8 @@ def rounded_fingerprint(scorer) -> str:
 
 
 def base_dtype(scorer) -> str:
-    """The dtype of the base's graftable weights (``torch.float32``, ``torch.bfloat16``; mixed: the first)."""
-    for p in _body(scorer).parameters():
-        return str(p.dtype)
-    return ""
+    """The dtype of the base's weights (``torch.float32``, ``torch.bfloat16``; mixed: the first tensor's)."""
+    return next((str(p.dtype) for p in _body(scorer).parameters()), "")
 
 
 def known_fingerprint(scorer) -> str | None:
@@ -425,20 +419,19 @@ class Graft:
         if not self.__dict__.get("_crossing_said"):
             import warnings  # noqa: PLC0415
 
-            short = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
-            warnings.warn(f"{self._where()} was learned on {self.base_model or 'its base'} in "
-                          f"{short.get(self.base_dtype, self.base_dtype)}; applied to the same base in "
-                          f"{short.get(here, here)} (its values rounded to {short.get(here, here)})", stacklevel=4)
+            was, now = (d.replace("torch.float32", "fp32").replace("torch.bfloat16", "bf16")
+                        for d in (self.base_dtype, here))
+            warnings.warn(f"{self._where()} was learned on {self.base_model or 'its base'} in {was}; applied to the "
+                          f"same base in {now} (its values rounded to {now})", stacklevel=4)
             self.__dict__["_crossing_said"] = True
         return True
 
     def _on_device(self, name: str, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tensor ``name``'s indices and values on ``device`` (values in ``dtype``), copied once and kept while the
-        region's index tensor and the values are unchanged: a swap is then only the scattered writes."""
+        """Tensor ``name``'s indices and values on ``device`` (values in ``dtype``), copied once while unchanged."""
         cache = self.__dict__.setdefault("_device_copies", {})
         idx, v = self.region.indices[name], self.values[name]
         hit = cache.get((name, device, dtype))
-        if hit is None or hit[0] is not idx or hit[1] != idx._version or hit[2] is not v or hit[3] != v._version:
+        if hit is None or hit[0] is not idx or hit[2] is not v or (hit[1], hit[3]) != (idx._version, v._version):
             hit = (idx, idx._version, v, v._version, idx.to(device, copy=True), v.to(device, dtype, copy=True))
             cache[(name, device, dtype)] = hit
         return hit[4], hit[5]
@@ -536,9 +529,10 @@ class Graft:
     # ------------------------------------------------------------------ files
     def config(self) -> dict:
         """The ``graft_config.json`` fields (the weights' checksum is added when writing)."""
+        crossing = {"base_dtype": self.base_dtype, "base_rounded_fingerprint": self.base_rounded}
         return {"format": FORMAT, "format_version": FORMAT_VERSION, "base_model": self.base_model,
-                "base_fingerprint": self.base_fingerprint or None, "base_dtype": self.base_dtype or None,
-                "base_rounded_fingerprint": self.base_rounded or None, "size": self.size,
+                "base_fingerprint": self.base_fingerprint or None, **{k: v for k, v in crossing.items() if v},
+                "size": self.size,
                 "density": self.region.density, "graftable_parameters": self.region.universe_size,
                 "carried_parameters": self.carried_size, "carried": sorted(self.carried),
                 "carried_shapes": {k: list(self.carried[k].shape) for k in sorted(self.carried)},

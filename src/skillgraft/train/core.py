@@ -169,6 +169,12 @@ def _state(done: int, loss_ema, eval_seconds: float, seconds: float, params, opt
             "callbacks": [cb.state() if hasattr(cb, "state") else None for cb in callbacks]}
 
 
+def _fused(params) -> dict:
+    """One fused kernel per optimizer step on a GPU (fewer launches: fine-tuning there is host-bound,
+    bench/RESULTS.md); the CPU keeps the default implementation."""
+    return {"fused": True} if params and all(p.device.type == "cuda" for p in params) else {}
+
+
 def _on_cuda(params) -> bool:
     """Whether the run is on a GPU (then its CUDA generators are part of its state; a CPU run never touches CUDA)."""
     return any(p.device.type == "cuda" for p in params)
@@ -208,9 +214,9 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
     params = trainable_parameters(model, sampler, config, state, callbacks)
     torch.manual_seed(config.seed)
     if config.optimizer == "sgd":
-        opt = torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay)
+        opt = torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay, **_fused(params))
     else:
-        opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, **_fused(params))
     anchors = [p.detach().clone() for p in params] if config.l1 > 0 else None
     wrapped, opt = accelerator.prepare(model, opt)
     raw = accelerator.unwrap_model(wrapped)
