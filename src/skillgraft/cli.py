@@ -106,7 +106,7 @@ def finetune(
 @model_verb
 @from_specs(user=Options(UserDataSpec, skip=("k", "seed", "eval_fraction", "test_limit"), panel=DATA))
 def evaluate(
-    model_dir: Path = typer.Argument(..., help="a model folder: a skillgraft run (or its model/), or any Hugging Face "
+    model_dir: str = typer.Argument(..., help="a model folder: a skillgraft run (or its model/), or any Hugging Face "
                                                 "checkpoint (sequence classifier, masked LM, causal LM) or hub name"),
     task: Optional[str] = typer.Option(None, help="task to evaluate on (default: the model's task)",
                                        rich_help_panel=DATA),
@@ -169,7 +169,7 @@ Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_
             frontier=Options(FrontierSpec, panel=KEEP))
 def graft(
     config: Optional[Path] = config_option(),
-    finetuned: Path = typer.Option(..., help="the fine-tuned model: a Hugging Face checkpoint (hub name or folder saved "
+    finetuned: str = typer.Option(..., help="the fine-tuned model: a Hugging Face checkpoint (hub name or folder saved "
                                              "by plain transformers) with --pretrained, or a skillgraft run directory",
                                    rich_help_panel=MODEL),
     pretrained: Optional[str] = typer.Option(None, help="the checkpoint --finetuned was fine-tuned from (hub name or "

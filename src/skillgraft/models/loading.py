@@ -47,6 +47,8 @@ def model_reference(name: str | os.PathLike | None) -> ModelRef:
         return ModelRef(gguf.GEMMA_NAME, str(gguf.bundled_gemma()))
     if gguf.is_gguf(name) and (Path(name).is_file() or not Path(name).exists()):
         return ModelRef(name, str(gguf.converted_folder(name)))
+    if name.startswith("~"):
+        name = str(Path(name).expanduser())
     if Path(name).exists():
         if Path(name).is_dir() and not (Path(name) / "config.json").is_file():
             found = gguf.gguf_in_folder(Path(name))
@@ -56,9 +58,61 @@ def model_reference(name: str | os.PathLike | None) -> ModelRef:
             raise SkillgraftError(f"{name}: folder has no config.json; not a Hugging Face model checkpoint "
                                   "(nor a folder holding one GGUF file)")
         return ModelRef(name, name)
-    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+    if looks_local(name):
         raise SkillgraftError(f"model checkpoint not found: {name} (no such folder)")
+    hub_reachable(name)
     return ModelRef(name, name)
+
+
+def looks_local(name: str) -> bool:
+    """Whether a name that is no existing file can only mean a local path, never a Hub id (``org/name``): it starts
+    with ``./``, ``../``, ``/``, ``~`` or a drive, has more than one ``/``, a backslash, or a first part that is an
+    existing folder here (``runs/ft`` with ``runs/`` present)."""
+    if name.startswith((".", "/", "~", "\\")) or "\\" in name or name.count("/") > 1 or name in ("", ".", ".."):
+        return True
+    if len(name) > 1 and name[1] == ":" and name[0].isalpha():  # C:\…, C:/…
+        return True
+    parent = Path(name).parent
+    return str(parent) not in ("", ".") and parent.is_dir()
+
+
+_REACHABLE: dict[str, bool] = {}
+
+
+def _endpoint_reachable(endpoint: str, timeout: float = 3.0) -> bool:
+    """One TCP connection to the Hub endpoint (once per process): can this machine reach it at all?"""
+    import socket  # noqa: PLC0415
+    from urllib.parse import urlsplit  # noqa: PLC0415
+
+    if endpoint not in _REACHABLE:
+        url = urlsplit(endpoint)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            socket.create_connection((url.hostname or "", port), timeout=timeout).close()
+            _REACHABLE[endpoint] = True
+        except OSError:
+            _REACHABLE[endpoint] = False
+    return _REACHABLE[endpoint]
+
+
+def hub_reachable(name: str) -> None:
+    """A Hub id is loadable from the local Hugging Face cache or from a Hub this machine reaches; else one line now
+    (instead of minutes of retries in transformers), with a hint about offline mode."""
+    from huggingface_hub import constants, try_to_load_from_cache  # noqa: PLC0415
+
+    try:
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return
+    except ValueError:  # not a valid repo id either
+        raise SkillgraftError(f"model {name!r}: no such local folder, and not a Hugging Face Hub id") from None
+    where = f"{name!r} is no local folder and not in the Hugging Face cache"
+    if constants.HF_HUB_OFFLINE:
+        raise SkillgraftError(f"model {where} (HF_HUB_OFFLINE is set, so the Hub is not asked): give a local "
+                              f"checkpoint folder (./{name} for one here), or download it once with the Hub reachable")
+    if not _endpoint_reachable(constants.ENDPOINT):
+        raise SkillgraftError(f"model {where}, and {constants.ENDPOINT} cannot be reached from this machine: give a "
+                              f"local checkpoint folder (./{name} for one here), or set HF_HUB_OFFLINE=1 to work "
+                              "from the cache only")
 
 
 def quiet_transformers():

@@ -49,7 +49,7 @@ def evaluate(model_dir: str | os.PathLike, *, user: UserDataSpec | None = None, 
     from skillgraft.models import Scorer  # noqa: PLC0415
     from skillgraft.models.scorer import SCORER_CONFIG  # noqa: PLC0415
 
-    model_dir = Path(model_dir)
+    name, model_dir = str(model_dir), Path(model_dir)  # the name as given: ./x is a folder, never a Hub id
     user = user or UserDataSpec()
     note = ""
     folder = model_dir / "model" if (model_dir / "model").is_dir() else model_dir
@@ -62,7 +62,7 @@ def evaluate(model_dir: str | os.PathLike, *, user: UserDataSpec | None = None, 
         if user.data is None and task is None:
             raise SkillgraftError(f"{model_dir}: a Hugging Face checkpoint needs data: --data FILE (with its field "
                                   "names) or --task NAME")
-        scorer, examples, note = open_checkpoint(str(model_dir), user if user.data is not None else task, mode=mode,
+        scorer, examples, note = open_checkpoint(name, user if user.data is not None else task, mode=mode,
                                                  split=split, data_dir=data_dir)
         examples = examples[:limit]
         split = "data" if user.data is not None else split

@@ -308,7 +308,7 @@ class GraftResult:
 class GraftInputs:
     """Where the models and data of ``skillgraft graft`` come from (the command line's own options)."""
 
-    finetuned: Path
+    finetuned: str | Path  # as given: ./x stays a folder (a Path would make it the Hub id x)
     pretrained: str | None = None
     mode: str | None = None
     task: str | None = None
