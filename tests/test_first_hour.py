@@ -66,3 +66,82 @@ def test_hub_ids_in_the_cache_and_folders_still_load(tiny_bert, monkeypatch, tmp
     (tmp_path / "hf-cache" / "models--org--cached" / "refs").mkdir()
     (tmp_path / "hf-cache" / "models--org--cached" / "refs" / "main").write_text("abc")
     assert model_reference("org/cached").path == "org/cached"
+
+
+# ---------------------------------------------------------------------------- 4. errors that point the way
+def rows_file(path, header=("text", "label"), sep="\t"):
+    comma = "," if sep != "," else ""  # a tab-separated file's text may hold commas
+    lines = [sep.join(header)] + [sep.join([f"film {i}{comma} {'good' if i % 2 else 'bad'}", ["bad", "good"][i % 2]])
+                                  for i in range(12)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_model_saved_without_its_tokenizer(tiny_classifier, tiny_bert, tmp_path):
+    import shutil
+
+    from skillgraft.models.loading import TOKENIZER_FILES
+
+    ft = tmp_path / "ft"
+    shutil.copytree(tiny_classifier, ft)
+    for f in TOKENIZER_FILES + ("special_tokens_map.json",):
+        (ft / f).unlink(missing_ok=True)
+    data = rows_file(tmp_path / "r.csv", sep=",")
+    # alone: say the tokenizer is missing (it was "different tokenizers … differ in 30525 entries")
+    line = one_line(invoke("evaluate", ft, "--data", data), str(ft), "no tokenizer files", "save_pretrained")
+    assert "differ" not in line
+    # in a pair with the same vocabulary size: the pre-trained model's tokenizer, said once
+    with pytest.warns(UserWarning, match=f"the fine-tuned model {ft} has no tokenizer files: using {tiny_bert}'s "
+                      "tokenizer"):
+        r = invoke("graft", "--pretrained", tiny_bert, "--finetuned", ft, "--data", data, "--budgets", "1e-2",
+                   "--steps", 2, "--baselines", "", "--no-lottery-zero", "--out", tmp_path / "g")
+    assert r.exit_code == 0, r.output
+    # with another vocabulary size: which tokenizer is missing, not "different tokenizers"
+    import json
+
+    cfg = json.loads((ft / "config.json").read_text())
+    cfg["vocab_size"] += 1
+    (ft / "config.json").write_text(json.dumps(cfg))
+    line = one_line(invoke("graft", "--pretrained", tiny_bert, "--finetuned", ft, "--data", data, "--out",
+                           tmp_path / "g2"))
+    assert "no tokenizer files" in line or "vocab_size" in line
+
+
+def test_data_errors_name_the_option_or_read_the_file(tiny_classifier, tmp_path):
+    other = rows_file(tmp_path / "other.csv", header=("review", "stars"), sep=",")
+    one_line(invoke("evaluate", tiny_classifier, "--data", other), "other.csv:2", "'text' is missing",
+             "['review', 'stars']", "--text-field", "--label-field")
+    # a tab-separated file named .csv (its rows hold commas) is read as what its header says it is
+    tabbed = rows_file(tmp_path / "tabbed.csv")
+    r = invoke("evaluate", tiny_classifier, "--data", tabbed)
+    assert r.exit_code == 0 and "quote" not in r.output, r.output
+
+
+@pytest.mark.parametrize("value, said", [("1.5", "whole number"), ("150%", "(0%, 100%]"), ("x", "0.1%")])
+def test_budget_messages(value, said):
+    from skillgraft.errors import SkillgraftError
+    from skillgraft.graft import Budget
+
+    with pytest.raises(SkillgraftError, match=r"budget .*") as e:
+        Budget.parse(value)
+    assert said in str(e.value) and "a count ≥ 1" not in str(e.value)
+
+
+def test_a_percent_budget_is_its_fraction():
+    from skillgraft.graft import Budget
+
+    assert Budget.parse("0.1%") == Budget.parse("1e-3") and Budget.parse("100%") == Budget.parse(1.0)
+    assert Budget.parse("0.01%").fraction == 1e-4
+
+
+def test_bare_skillgraft_says_what_to_do(monkeypatch, capsys):
+    from skillgraft import cli
+
+    monkeypatch.setattr("sys.argv", ["skillgraft"])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    err = capsys.readouterr()
+    assert e.value.code == 2 and "Commands" in err.out + err.err
+    line = [x for x in err.err.splitlines() if x.startswith("error:")]
+    assert len(line) == 1 and "no command given: run `" in line[0] and "COMMAND` with one of the commands above (a " \
+        "first run: README.md's quickstart)" in line[0]

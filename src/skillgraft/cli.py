@@ -576,7 +576,13 @@ def main() -> None:  # pragma: no cover - entry point
     except ClickException as e:  # a bad option or value, named by click; exit 2 as click would
         ctx = getattr(e, "ctx", None)
         hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
-        err.print(f"[bold red]error:[/] {escape(e.format_message())}{escape(hint)}", highlight=False)
+        message = e.format_message().strip()
+        if not message:  # a group called without a command: click printed its help and says nothing
+            where = ctx.command_path if ctx is not None else "skillgraft"
+            message, hint = f"no command given: run `{where} COMMAND` with one of the commands above", ""
+            if ctx is None or ctx.parent is None:
+                hint = " (a first run: README.md's quickstart)"
+        err.print(f"[bold red]error:[/] {escape(message)}{escape(hint)}", highlight=False)
         sys.exit(e.exit_code)
     except (Abort, KeyboardInterrupt):
         code = 130  # typer turns Ctrl-C into exit code 130 itself; older versions raise

@@ -146,7 +146,11 @@ def _read_file(path: Path) -> list[tuple[str, dict]]:
 def _table_rows(path: Path, delimiter: str) -> list[tuple[str, dict]]:
     """The rows of a CSV/TSV file with a header, as ``(path:line, {column: value})``; blank lines skipped, a
     repeated column name or a row with more fields than the header is one error naming the line."""
-    reader = csv_reader(read_text(path), delimiter)
+    text = read_text(path)
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    if delimiter == "," and "\t" in first and "," not in first:
+        delimiter = "\t"  # a tab-separated file named .csv: its header says so (no comma, a tab)
+    reader = csv_reader(text, delimiter)
     rows, header = [], None
     try:
         for row in reader:

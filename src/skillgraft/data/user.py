@@ -65,9 +65,11 @@ def _is_generic(labels) -> bool:
     return all(_GENERIC.match(str(x)) for x in labels)
 
 
-def _field(row: dict, name: str, where: str) -> str:
+def _field(row: dict, name: str, where: str, option: str = "") -> str:
     if name not in row or row[name] is None:
-        raise SkillgraftError(f"{where}: field {name!r} is missing (fields: {sorted(row)})")
+        hint = f"; name your columns with {option} and --label-field" if option == "--text-field" else (
+            f"; name yours with {option}" if option else "")
+        raise SkillgraftError(f"{where}: field {name!r} is missing (fields: {sorted(row)}){hint}")
     value = row[name]
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise SkillgraftError(f"{where}: field {name!r} must be text, got {type(value).__name__}")
@@ -168,9 +170,9 @@ def _classification(name, rows, eval_rows, spec, model_labels) -> UserData:
     def parse(items):
         out = []
         for where, row in items:
-            text = _field(row, spec.text_field, where)
-            pair = _field(row, spec.text_pair_field, where) if spec.text_pair_field else None
-            out.append((text, pair, _field(row, spec.label_field, where), where))
+            text = _field(row, spec.text_field, where, "--text-field")
+            pair = _field(row, spec.text_pair_field, where, "--text-pair-field") if spec.text_pair_field else None
+            out.append((text, pair, _field(row, spec.label_field, where, "--label-field"), where))
         return out
 
     train, test = parse(rows), parse(eval_rows)
@@ -207,7 +209,7 @@ def _blame_eval_rows(train, test, spec, model_labels) -> None:
 
 def _generative(name, rows, eval_rows, spec) -> UserData:
     def parse(items):
-        return [(_field(row, spec.prompt_field, where), _field(row, spec.completion_field, where))
+        return [(_field(row, spec.prompt_field, where, "--prompt-field"), _field(row, spec.completion_field, where, "--completion-field"))
                 for where, row in items]
 
     train, test = parse(rows), parse(eval_rows)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal
 
 from skillgraft.lazy import torch
@@ -56,7 +57,7 @@ class Budget(BaseModel):
         if self.kind == "fraction" and not (isinstance(self.value, numbers.Real) and 0 < self.value <= 1):
             raise ValueError(f"budget fraction {self.value} is impossible: give a fraction in (0, 1]")
         if self.kind == "count" and not (isinstance(self.value, numbers.Integral) and self.value >= 1):
-            raise ValueError(f"budget count {self.value} is impossible: give a count ≥ 1")
+            raise ValueError(f"budget count {self.value} is impossible: give a whole number ≥ 1")
         return self
 
     @model_serializer
@@ -116,31 +117,41 @@ class Budget(BaseModel):
         return f"Budget({self.key})"
 
 
+WHAT = "a fraction in (0, 1] (1e-3 or 0.1%) or a whole number of parameters ≥ 1"
+
+
 def _parse_fields(value: Any) -> dict:
     if isinstance(value, str):
         text = value.strip().lower()
         if text in ("round", "rounded"):
             return {"kind": "round"}
+        percent = text.endswith("%")
         try:
-            value = int(text)
-        except ValueError:
+            value = float(Decimal(text[:-1]) / 100) if percent else int(text)
+        except (ValueError, InvalidOperation):
             try:
                 value = float(text)
             except ValueError:
-                raise SkillgraftError(f"budget {value!r} is not a number: give a fraction in (0, 1], a count ≥ 1 "
-                                      "or 'round'") from None
+                raise SkillgraftError(f"budget {value!r} is not a number: give {WHAT}, or 'round'") from None
+        if percent and not (math.isfinite(value) and 0 < value <= 1):
+            raise SkillgraftError(f"budget {text!r} is impossible: a percentage is in (0%, 100%]")
+        if percent:
+            return {"kind": "fraction", "value": value}
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise SkillgraftError(f"budget must be a number (a fraction in (0, 1] or a count ≥ 1), got {value!r}")
+        raise SkillgraftError(f"budget must be a number ({WHAT}), got {value!r}")
     if isinstance(value, numbers.Integral):
         if value < 1:
-            raise SkillgraftError(f"budget {value} is impossible: give a fraction in (0, 1] or a count ≥ 1")
+            raise SkillgraftError(f"budget {value} is impossible: give {WHAT}")
         return {"kind": "count", "value": int(value)}
     value = float(value)
     if math.isfinite(value) and 0 < value <= 1:
         return {"kind": "fraction", "value": value}
     if math.isfinite(value) and value > 1 and value.is_integer():
         return {"kind": "count", "value": int(value)}
-    raise SkillgraftError(f"budget {value:g} is impossible: give a fraction in (0, 1] or a count ≥ 1")
+    if math.isfinite(value) and value > 1:
+        raise SkillgraftError(f"budget {value:g} is impossible: above 1 it is a count of parameters, a whole number "
+                              f"(a fraction is in (0, 1]: 1e-3 or 0.1%)")
+    raise SkillgraftError(f"budget {value:g} is impossible: give {WHAT}")
 
 
 ROUND = Budget(kind="round")

@@ -124,9 +124,33 @@ def quiet_transformers():
     return hf_logging, level
 
 
+# What a tokenizer is saved as (any one of them); a folder with none has no tokenizer of its own.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
+                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "spm.model")
+_BORROWED: dict[str, str] = {}  # a folder without tokenizer files → the folder whose tokenizer it uses
+
+
+def lacks_tokenizer(path: str) -> bool:
+    """Whether ``path`` is a local folder holding no tokenizer files (a model saved without its tokenizer)."""
+    folder = Path(path)
+    return folder.is_dir() and not any((folder / f).is_file() for f in TOKENIZER_FILES)
+
+
+def borrow_tokenizer(folder: str, source: str) -> None:
+    """``folder`` (no tokenizer files of its own) tokenizes with ``source``'s tokenizer from now on."""
+    _BORROWED[str(Path(folder).resolve())] = source
+
+
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer  # noqa: PLC0415
 
+    if lacks_tokenizer(path):
+        source = _BORROWED.get(str(Path(path).resolve()))
+        if source is None:
+            raise SkillgraftError(f"{path}: no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, …): save the "
+                                  "tokenizer beside the model (tokenizer.save_pretrained), or copy the pre-trained "
+                                  "model's")
+        path = source
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:

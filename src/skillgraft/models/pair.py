@@ -54,12 +54,38 @@ def check_pair(pretrained: str, finetuned: str) -> None:
         if a.get(key) != b.get(key):
             raise SkillgraftError(f"different shapes: {key} is {a.get(key)} in {refs[0].name} but {b.get(key)} in "
                                   f"{refs[1].name}; a graft needs θ_ft fine-tuned from θ_pre")
+    share_tokenizer(refs, a.get("vocab_size"), b.get("vocab_size"))
     ta, tb = load_tokenizer(refs[0].path), load_tokenizer(refs[1].path)
     va, vb = ta.get_vocab(), tb.get_vocab()
     if va != vb:
         diff = sorted(set(va.items()) ^ set(vb.items()))
         raise SkillgraftError(f"different tokenizers: the vocabularies of {refs[0].name} ({len(va)} tokens) and "
                               f"{refs[1].name} ({len(vb)} tokens) differ in {len(diff)} entries, e.g. {diff[:2]}")
+
+
+def share_tokenizer(refs, size_a, size_b) -> None:
+    """A model of the pair saved without tokenizer files uses the other's tokenizer when their vocabulary sizes
+    agree (said once on stderr); else one line saying which tokenizer is missing."""
+    import warnings  # noqa: PLC0415
+
+    from skillgraft.models.loading import borrow_tokenizer, lacks_tokenizer  # noqa: PLC0415
+
+    lacking = [lacks_tokenizer(r.path) for r in refs]
+    if all(lacking):
+        raise SkillgraftError(f"neither {refs[0].name} nor {refs[1].name} has tokenizer files (tokenizer.json, "
+                              "vocab.txt, …): save the tokenizer beside the model (tokenizer.save_pretrained)")
+    for i, role in ((0, "pre-trained"), (1, "fine-tuned")):
+        if not lacking[i]:
+            continue
+        other = refs[1 - i]
+        if size_a != size_b or size_a is None:
+            raise SkillgraftError(f"the {role} model {refs[i].name} has no tokenizer files (tokenizer.json, "
+                                  f"vocab.txt, …) and its vocabulary size ({(size_a, size_b)[i]}) differs from "
+                                  f"{other.name}'s ({(size_a, size_b)[1 - i]}): save its tokenizer beside it "
+                                  "(tokenizer.save_pretrained)")
+        borrow_tokenizer(refs[i].path, other.path)
+        warnings.warn(f"the {role} model {refs[i].name} has no tokenizer files: using {other.name}'s tokenizer "
+                      f"(the same vocabulary size, {size_a})", stacklevel=2)
 
 
 def model_labels(finetuned: str) -> tuple[str, ...] | None:
