@@ -145,3 +145,122 @@ def test_bare_skillgraft_says_what_to_do(monkeypatch, capsys):
     line = [x for x in err.err.splitlines() if x.startswith("error:")]
     assert len(line) == 1 and "no command given: run `" in line[0] and "COMMAND` with one of the commands above (a " \
         "first run: README.md's quickstart)" in line[0]
+
+
+# --------------------------------------------------------------------------- 5. results a user cannot use
+def test_rows_to_confirm_is_the_exact_bounds_own_threshold():
+    import numpy as np
+
+    from skillgraft.graft.bound import Outcome, agreement_bound
+    from skillgraft.pipeline.keep import rows_to_confirm
+
+    for target, conf in ((0.9, 0.9), (0.95, 0.9), (0.5, 0.5), (0.99, 0.95)):
+        need = rows_to_confirm(target, conf)
+        stage = 1 - (1 - conf) / 2  # the search's per-stage level
+
+        def perfect(n):
+            y = np.zeros(n, dtype=int)
+            return Outcome(1.0, y, y)
+
+        assert agreement_bound(perfect(need), perfect(need), stage) >= target - 1e-12
+        assert need == 1 or agreement_bound(perfect(need - 1), perfect(need - 1), stage) < target
+    assert rows_to_confirm(0.9, 0.9) == 29 and rows_to_confirm(1.0, 0.9) is None
+
+
+def test_a_keep_target_the_rows_cannot_confirm_is_refused_before_any_work(ft_run, toy_data, tmp_path):
+    from badinputs import refused
+
+    args = ["graft", "--finetuned", ft_run, "--data-dir", toy_data, "--localizer", "movement", "--baselines", "",
+            "--out", tmp_path / "g"]
+    t = time.perf_counter()
+    line = refused(tmp_path, [*args, "--keep", "0.9"], "--keep 0.9 cannot be confirmed",
+                   "the selection split (the dev split) has 16 rows", "needs 29 such rows", "--keep-data FILE")
+    assert line and time.perf_counter() - t < 20  # no localization ran (it was a dense "graft" of every parameter)
+    refused(tmp_path, [*args, "--keep", "0.5,1"], "--keep 1", "never be confirmed")
+    refused(tmp_path, [*args, "--keep", "0.95", "--keep-confidence", "0.99"], "needs 104 such rows")
+
+
+def test_fine_tuned_density_is_at_most_one():
+    from skillgraft.pipeline.variants import ResultRow, derive
+
+    rows = derive([ResultRow("fine-tuned", "ft", 998_016, {"score": 1.0}),
+                   ResultRow("graft", "graft", 171, {"score": 0.9})], universe_size=17_100)
+    assert rows[0].density == 1.0 and rows[1].density == pytest.approx(0.01)
+
+
+def test_apply_mode_is_the_recorded_one(tiny_graft, tiny_bert, tmp_path):
+    import re
+
+    from badinputs import refused
+
+    text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", invoke("apply", "-h").output).split())
+    assert "[default: head]" not in text and "default: the mode recorded in the graft, else head" in text
+    refused(tmp_path, ["apply", tiny_graft, "--model", tiny_bert, "--mode", "classifier", "--evaluate-on", ""],
+            "--mode classifier", "learned in head mode")
+
+
+@pytest.fixture(scope="module")
+def two_classifiers(tiny_classifier, tmp_path_factory):
+    """Two plain classifiers of the tiny BERT with different heads, and their data (a good file each)."""
+    import shutil
+
+    import torch
+    import transformers as tf
+
+    root = tmp_path_factory.mktemp("two")
+    second = root / "clf2"
+    shutil.copytree(tiny_classifier, second)
+    model = tf.AutoModelForSequenceClassification.from_pretrained(second)
+    with torch.no_grad():
+        model.classifier.weight.add_(0.5)
+    model.save_pretrained(second)
+    good = rows_file(root / "good.csv", sep=",")
+    return tiny_classifier, second, good
+
+
+def test_merge_reads_every_models_data_before_any_work(two_classifiers, tiny_bert, tmp_path):
+    from badinputs import refused
+
+    a, b, good = two_classifiers
+    bad = rows_file(tmp_path / "bad.csv", header=("review", "stars"), sep=",")
+    t = time.perf_counter()
+    refused(tmp_path, ["merge", "--pretrained", tiny_bert, "--finetuned", a, "--data", good, "--finetuned", b,
+                       "--data", bad, "--out", tmp_path / "m"], "bad.csv:2", "--text-field")
+    assert time.perf_counter() - t < 20  # before the first model was loaded and localized
+
+
+def test_merge_says_its_choices_on_few_dev_rows_are_noise(recwarn):
+    from types import SimpleNamespace
+
+    from skillgraft.pipeline.caveats import few_dev_rows, merge_caveats
+
+    setups = {"sentiment": SimpleNamespace(data=SimpleNamespace(dev=[0, 1, 2], task=SimpleNamespace(num_labels=0))),
+              "topic": SimpleNamespace(data=SimpleNamespace(dev=list(range(40)), task=SimpleNamespace(num_labels=0)))}
+    line = few_dev_rows(setups)
+    assert "chosen on few dev rows (sentiment: 3)" in line and "1/3" in line and "--dev-data" in line
+    assert merge_caveats(setups, {}) == [line] and len(recwarn) == 1
+    setups.pop("sentiment")
+    assert few_dev_rows(setups) is None
+
+
+def test_saved_mergekit_ties_config_states_its_density():
+    import yaml
+
+    from skillgraft.merge.base import Scored
+    from skillgraft.merge.mergekit import _best, chosen_yamls
+
+    ft = Scored("fine-tuned", "", dev={"t": 1.0})
+    defaults = Scored("mergekit ties", "defaults", dev={"t": 0.9}, test={"t": 0.9},
+                      info={"parameters": {"weight": 1.0}, "global": {}})
+    grid = Scored("mergekit ties", "density=0.2 λ=1", dev={"t": 0.8}, test={"t": 0.8},
+                  info={"parameters": {"weight": 1.0, "density": 0.2}, "global": {"lambda": 1.0},
+                        "chosen_on_dev": True})
+    # TIES chooses among the densities it was given (mergekit's default density, 1, is no trimming at all)
+    assert _best([defaults, grid], "ties", ft) == ("ties", "density=0.2 λ=1")
+    mk = yaml.safe_load(chosen_yamls([defaults, grid], "/base", ["/a", "/b"])["ties"])
+    assert all(m["parameters"]["density"] == 0.2 for m in mk["models"]) and mk["parameters"]["lambda"] == 1.0
+    # task arithmetic's defaults (λ = 1) written out, never left to whoever reads the file
+    ta = Scored("mergekit task_arithmetic", "defaults", dev={"t": 1}, test={"t": 1},
+                info={"parameters": {"weight": 1.0}, "global": {}, "chosen_on_dev": True})
+    text = chosen_yamls([ta], "/base", ["/a", "/b"])["task_arithmetic"]
+    assert yaml.safe_load(text)["parameters"] == {"lambda": 1.0} and "mergekit's defaults, written out" in text

@@ -24,7 +24,8 @@ ARGS = ("--localizer", "movement", "--graftable", "body+embeddings", "--budgets"
 @pytest.fixture(scope="module")
 def keep_run(classifiers, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("routed-keep") / "out"
-    text = cli(*merge_args(classifiers, out, *ARGS, "--keep", "0.9", "--refit-heads", "8"))
+    # 36 dev rows: keep 0.9 at 90% confidence needs at least 29 rows FT gets right (24 are refused, issue 50)
+    text = cli(*merge_args(classifiers, out, *ARGS, "--keep", "0.9", "--refit-heads", "8", "--dev-fraction", "0.3"))
     return out, text
 
 
@@ -92,7 +93,7 @@ def test_keep_results_in_report_json_and_routed_json(keep_run):
     loaded = skillgraft.RoutedSkills.from_pretrained(out / "routed")
     assert set(r["keep"]) == set(TASKS)
     for task, k in r["keep"].items():
-        assert k["confidence"] == 0.9 and k["selection_rows"] == 24 and k["selection"].startswith("the dev split (24")
+        assert k["confidence"] == 0.9 and k["selection_rows"] == 36 and k["selection"].startswith("the dev split (36")
         if k["reached"]:
             assert k["bound"] >= 0.9 and k["selection_share"] >= k["bound"]
             assert k["density"] == pytest.approx(k["size"] / k["universe"])
@@ -139,7 +140,8 @@ def test_report_says_when_the_bound_reaches_no_size_and_the_rows_needed():
 def test_noisy_dev_split_does_not_give_a_routed_graft_below_target(classifiers, tmp_path):  # noqa: F811
     """Mirror of test_keep's noisy-split test on merge's own path (open_setup with a --dev-data, keep_graft): the
     point search stops at sizes keeping < 90% of FT on 600 fresh rows; the bound's routed graft keeps ≥ 90%, promised
-    on 64 dev rows, offered as the best bound (no promise) on 24."""
+    on 64 dev rows; 24 rows cannot confirm 0.9 at all (29 rows FT gets right are needed): refused (issue 50)."""
+    from skillgraft.errors import SkillgraftError
     from skillgraft.data.loading import read_file
     from skillgraft.data.spec import UserDataSpec
     from skillgraft.graft.keep import graft_outcome, search_keep, selection_outcome
@@ -162,16 +164,20 @@ def test_noisy_dev_split_does_not_give_a_routed_graft_below_target(classifiers, 
         setup = open_setup(str(c["base"]), m, spec)
         truth = read_file(setup.data.task, truth_path)
         truth_ft, truth_graft = selection_outcome(setup.ft, truth).score, graft_outcome(setup.pre, setup.ft, truth)
-        graft, r = keep_graft(setup, store, "movement", opts, spec.keep_spec())
-        assert r["confidence"] == 0.9 and r["selection_rows"] == rows
-        assert r["reached"] == (rows == 64) and graft.size == (r["size"] if r["reached"] else r["best_size"])
-        assert truth_graft(graft.region).score >= 0.9 * truth_ft, seed
+        if rows < 29:
+            with pytest.raises(SkillgraftError, match="cannot be confirmed: the selection split .* has 24 rows"):
+                keep_graft(setup, store, "movement", opts, spec.keep_spec())
+        else:
+            graft, r = keep_graft(setup, store, "movement", opts, spec.keep_spec())
+            assert r["confidence"] == 0.9 and r["selection_rows"] == rows
+            assert r["reached"] and graft.size == r["size"]
+            assert truth_graft(graft.region).score >= 0.9 * truth_ft, seed
         # the old point search on the same rows and the same ranking stops at a size keeping < 90% on fresh rows
         ranking = loc.ranking(setup.pre, setup.ft, setup.data, opts)
         score = graft_outcome(setup.pre, setup.ft, setup.data.dev)
         (point,) = search_keep(lambda k: score(ranking.region(k)), selection_outcome(setup.ft, setup.data.dev), [0.9],
                                len(ranking), start=1)
-        assert point.reached and point.size < graft.size
+        assert point.reached and (rows < 29 or point.size < graft.size)
         assert truth_graft(ranking.region(point.size)).score < 0.9 * truth_ft, seed
 
 
@@ -198,9 +204,10 @@ def test_keep_refusals_are_one_line_before_any_weights_load(classifiers, tmp_pat
 
 
 def test_one_keep_share_per_merge(classifiers, tmp_path):  # noqa: F811
-    """Each routed task keeps one graft: graft's comma-separated targets are a usage error naming --keep."""
+    """Each routed task keeps one graft: graft's comma-separated targets are one line naming --keep and why."""
     out = tmp_path / "o"
-    usage_error(CliRunner().invoke(app, merge_args(classifiers, out, "--routed", "--keep", "0.9,0.95")), "--keep")
+    one_line(CliRunner().invoke(app, merge_args(classifiers, out, "--routed", "--keep", "0.9,0.95")), "--keep",
+             "one share per merge", "graft --keep takes several")
     assert not out.exists()
 
 

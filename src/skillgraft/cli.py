@@ -226,7 +226,8 @@ def apply(
     graft_dir: Path = typer.Argument(..., help="a graft folder (graft_config.json + graft.safetensors)"),
     model: Optional[str] = typer.Option(None, help="base model (default: the one recorded in the graft)"),
     task: Optional[str] = typer.Option(None, help="task (default: the graft's task)"),
-    mode: str = typer.Option("head", help="scorer mode the graft was learned with"),
+    mode: Optional[str] = typer.Option(None, help="scorer mode, for a graft that records none (default: the mode "
+                                                  "recorded in the graft, else head)"),
     export: Optional[Path] = typer.Option(None, help="write the grafted model as a Hugging Face checkpoint here"),
     overwrite: bool = typer.Option(False, help="replace an existing --export folder (it is never mixed into)"),
     evaluate_on: Optional[str] = typer.Option("test", help="split to evaluate on (empty: skip)"),

@@ -93,18 +93,35 @@ def chosen_yamls(results: list[Scored], pretrained: str, finetuned: list[str]) -
     for s in results:
         if s.method.startswith("mergekit ") and s.info.get("chosen_on_dev") and s.test:
             method = s.method.removeprefix("mergekit ")
+            params, global_params = explicit(method, s.info["parameters"], s.info["global"])
             local = [Path(p) if Path(p).exists() else None for p in [pretrained, *finetuned]]
             if any(p is None for p in local):  # hub names: mergekit takes them as they are
-                text = mergekit_yaml(method, Path(pretrained), [Path(p) for p in finetuned], s.info["parameters"],
-                                     s.info["global"]).replace(str(Path(pretrained).resolve()), pretrained)
+                text = mergekit_yaml(method, Path(pretrained), [Path(p) for p in finetuned], params,
+                                     global_params).replace(str(Path(pretrained).resolve()), pretrained)
                 for p in finetuned:
                     text = text.replace(str(Path(p).resolve()), p)
             else:
-                text = mergekit_yaml(method, local[0], local[1:], s.info["parameters"], s.info["global"])
+                text = mergekit_yaml(method, local[0], local[1:], params, global_params)
+            chosen = s.config if s.config != "defaults" else "mergekit's defaults, written out; they scored best on dev"
             out[method] = (f"# mergekit {method} at the configuration skillgraft merge chose on dev rows "
-                           f"({s.config});\n# skillgraft merged the bodies only (each task kept its own head): run "
+                           f"({chosen});\n# skillgraft merged the bodies only (each task kept its own head): run "
                            "as is on checkpoints\n# whose heads agree, e.g. `mergekit-yaml this.yaml merged/`\n" + text)
     return out
+
+
+# mergekit's own defaults of the parameters skillgraft varies (mergekit/merge_methods/generalized_task_arithmetic.py)
+MERGEKIT_DEFAULTS = {"density": 1.0, "lambda": 1.0}
+
+
+def explicit(method: str, params: dict, global_params: dict) -> tuple[dict, dict]:
+    """A configuration with every parameter skillgraft varies written out (mergekit's default where the grid left it
+    unset): a saved ``ties.yaml`` always states its density and λ, never leaves them to whoever reads it."""
+    params, global_params = dict(params), dict(global_params)
+    if method in ("ties", "dare_ties"):
+        params.setdefault("density", MERGEKIT_DEFAULTS["density"])
+    if method in ("task_arithmetic", "ties", "dare_ties"):
+        global_params.setdefault("lambda", MERGEKIT_DEFAULTS["lambda"])
+    return params, global_params
 
 
 def run_mergekit(config: str, work: Path, seed: int) -> dict:
@@ -249,7 +266,13 @@ class Mergekit(MergeMethod):
 
 
 def _best(scored: list[Scored], method: str, ft: Scored) -> tuple[str, str] | None:
+    """The dev-best configuration of ``method``. TIES and DARE choose from the density grid they were given
+    (mergekit's default density is 1: no trimming at all; that row stays as the documented reference), so the
+    saved ``mergekit/ties.yaml`` carries a density of the grid; task arithmetic's defaults are its λ = 1 point."""
     mine = [s for s in scored if s.method == f"mergekit {method}" and s.dev]
+    grid = [s for s in mine if s.config != "defaults"]
+    if method in ("ties", "dare_ties") and grid:
+        mine = grid
     if not mine:
         return None
     best = max(mine, key=lambda s: s.mean_normalized(ft, "dev"))

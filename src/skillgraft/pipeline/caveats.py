@@ -4,7 +4,9 @@
   *normalized* accuracy divide by noise (issue 36: "share of FT 1.050", "normalized 2.857");
 * the evaluation rows hold one label only: accuracy then measures agreement with that one class;
 * most of the fine-tuning change lies outside the graftable body (the embeddings, say): no graft of the body can
-  keep it, and FT's row counts parameters no region is drawn from (density 5.57e+01, unflagged before).
+  keep it, and FT's row counts parameters no region is drawn from (its density was 5.57e+01, unflagged; now
+  capped at 1: FT is dense);
+* a merge whose λ and grids are chosen on few dev rows per task (3, say): the choice is mostly noise.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterable, Mapping
 
 # a fine-tuned score this close above chance is chance (a few test rows move it by more)
 CHANCE_MARGIN = 1e-9
+FEW_DEV_ROWS = 30  # a merge's choices (λ, grids) on fewer dev rows per task are said to be noise
 OUTSIDE_SHARE = 0.5  # warn when more than this share of ‖θ_ft − θ_pre‖² lies outside the graftable body
 
 
@@ -94,7 +97,7 @@ def outside_body(setup, graftable: str = "body") -> str | None:
         return None
     top = max(outside, key=outside.get)
     return (f"{share:.0%} of the fine-tuning change (‖θ_ft − θ_pre‖²) lies outside the graftable body ({graftable}), "
-            f"most in {top}: no graft of the body can keep it, and the fine-tuned row's density (> 1) counts "
+            f"most in {top}: no graft of the body can keep it, and the fine-tuned row's parameter count includes "
             "parameters no region is drawn from")
 
 
@@ -127,10 +130,24 @@ def caveat_markdown(caveats: list[str] | None) -> list[str]:
     return ["## Caveats: results that may mean nothing", "", *[f"- **warning:** {c}" for c in caveats], ""]
 
 
+def few_dev_rows(setups: Mapping) -> str | None:
+    """The caveat when a merge chooses λ and its grids on fewer than :data:`FEW_DEV_ROWS` dev rows of a task (one
+    row then moves that task's dev accuracy by more than 3 points), or None."""
+    dev = {name: len(getattr(setup.data, "dev", None) or []) for name, setup in setups.items()
+           if getattr(setup.data, "dev", None) is not None}
+    few = {name: n for name, n in dev.items() if n < FEW_DEV_ROWS}
+    if not few:
+        return None
+    shown = ", ".join(f"{n}: {k}" for n, k in few.items())
+    return (f"the stitch's λ and mergekit's grids are chosen on few dev rows ({shown}): one row moves a task's dev "
+            f"accuracy by 1/{min(few.values())}, so these choices are mostly noise; give --dev-data with more rows "
+            f"(≥ {FEW_DEV_ROWS} per task) or a larger --dev-fraction")
+
+
 def merge_caveats(setups: Mapping, ft_test: Mapping[str, float]) -> list[str]:
     """The caveats of a merge (warned once each): per task, its own fine-tuned model at or below chance (each
-    method's *normalized* accuracy divides by it) and test rows of one label."""
-    out: list[str | None] = []
+    method's *normalized* accuracy divides by it) and test rows of one label; choices made on few dev rows."""
+    out: list[str | None] = [few_dev_rows(setups)]
     for name, setup in setups.items():
         task = setup.data.task
         num_labels = getattr(task, "num_labels", 0) or 0

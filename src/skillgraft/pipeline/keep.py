@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import time
 from pathlib import Path
 
@@ -77,6 +78,41 @@ def read_keep_data(path: Path, task, test: list) -> list:
     return rows
 
 
+def rows_to_confirm(target: float, confidence: float) -> int | None:
+    """The fewest selection rows FT must get right before accuracy's exact bound can confirm ``target`` for any
+    graft: one right on all n of them has the lower bound ((1 − confidence)/2)^(1/n) (the search's per-stage level,
+    :func:`~skillgraft.graft.bound.agreement_bound`). None: no number of rows confirms it (τ = 1)."""
+    if target >= 1:
+        return None
+    return max(1, math.ceil(math.log((1 - confidence) / 2) / math.log(target) - 1e-9))
+
+
+def check_keep_rows(keep: KeepSpec, task, rows: int, where: str, *, right: int | None = None,
+                    more: str = "--keep-data FILE") -> None:
+    """Refuse keep targets the selection rows cannot confirm, whatever the graft (accuracy's exact bound; F1's
+    bootstrap and open-ended scores are not checked): before any work with ``rows`` (FT right on all of them at
+    best), and again with ``right``, the rows FT gets right, once FT is scored. Else a keep target that nothing can
+    reach is written as a "graft" of the best size probed — up to every parameter (issue 50)."""
+    if not keep.keep or getattr(task, "kind", "") == "generative" or getattr(task, "metric", "accuracy") != "accuracy":
+        return
+    conf = keep.keep_confidence
+    for target in keep.keep:
+        need = rows_to_confirm(target, conf)
+        if need is None:
+            raise SkillgraftError(f"--keep {target:g}: a share of 1 can never be confirmed by a lower confidence "
+                                  "bound on finitely many rows (accuracy's exact bound); ask for less, e.g. 0.99")
+        have = rows if right is None else right
+        if have >= need:
+            continue
+        what = (f"the selection split ({where}) has {rows} rows" if right is None else
+                f"FT is right on only {right} of the {rows} rows of the selection split ({where})")
+        enough = need if right is None else math.ceil(need * rows / max(right, 1))
+        raise SkillgraftError(
+            f"--keep {target:g} cannot be confirmed: {what}, and at --keep-confidence {conf:g} even a graft agreeing "
+            f"with FT on every row FT gets right needs {need} such rows; give {more} with about {enough} labelled "
+            "rows (or more), a lower --keep-confidence, or a lower target")
+
+
 def keep_identity(keep: KeepSpec) -> dict:
     """The keep spec's part of a store key: its settings, the bound's method, and the --keep-data file's content."""
     out = {"keep": keep.to_dict(), "bound": KEEP_BOUND}
@@ -99,7 +135,14 @@ def keep_results(setup: Setup, store, localizer: str, options: Spec, keep: KeepS
     holder: dict = {}
 
     def make(folder: Path) -> None:
+        from skillgraft.graft.keep import selection_outcome  # noqa: PLC0415
+
         selection, data, note = selection_split(setup, keep)
+        check_keep_rows(keep, setup.data.task, len(selection), note.split(" (")[0])
+        ft = selection_outcome(setup.ft, selection)
+        if ft.pred is not None:  # FT's right rows are what the exact bound counts
+            check_keep_rows(keep, setup.data.task, len(selection), note.split(" (")[0],
+                            right=int((ft.pred == ft.labels).sum()))
         t0 = time.perf_counter()
         results = loc.keep(setup.pre, setup.ft, data, keep, options, selection=selection, progress=progress)
         summary = {"selection": note, "selection_n": len(selection), "confidence": keep.keep_confidence,

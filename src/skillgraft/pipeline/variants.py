@@ -201,7 +201,9 @@ def derive(rows: list[ResultRow], *, universe_size: int) -> list[ResultRow]:
     ft = score.get("ft")
     ref = score.get("head-only", score.get("pre"))
     for r in rows:
-        r.density = r.params / universe_size if universe_size else 0.0
+        # a share of the graftable universe: FT (and any row counting tensors outside it: embeddings, a head it
+        # trained) is dense, 1 — never 2.10e+00
+        r.density = min(1.0, r.params / universe_size) if universe_size else 0.0
         r.share_of_ft = share_of_ft(r.score, ft)
         if ft is not None and ref is not None and ft != ref:
             r.gap_closed = (r.score - ref) / (ft - ref)

@@ -31,7 +31,7 @@ class ApplyResult:
                 f"{self.size:,} params ({self.density:.2e})")
 
 
-def apply(graft_dir: str | os.PathLike, *, model: str | None = None, task: str | None = None, mode: str = "head",
+def apply(graft_dir: str | os.PathLike, *, model: str | None = None, task: str | None = None, mode: str | None = None,
           export: str | os.PathLike | None = None, overwrite: bool = False, evaluate_on: str | None = "test",
           limit: int | None = None, force: bool = False, data_dir: str | os.PathLike | None = None) -> ApplyResult:
     """Apply the graft in ``graft_dir`` to its base (``model``, default the recorded one); ``export``: write the
@@ -51,7 +51,10 @@ def apply(graft_dir: str | os.PathLike, *, model: str | None = None, task: str |
     task = task or graft_task(g)
     if not task:
         raise SkillgraftError(f"{graft_dir}: the graft records no task; pass --task")
-    ft_mode = g.metadata.mode or mode
+    if mode is not None and g.metadata.mode and mode != g.metadata.mode:
+        raise SkillgraftError(f"--mode {mode}: the graft in {graft_dir} was learned in {g.metadata.mode} mode (its "
+                              "recorded mode is used; drop --mode)")
+    ft_mode = g.metadata.mode or mode or "head"  # --mode only for a graft that records none
     pre = build_scorer(model or g.base_model or None, task, ft_mode)
     result = ApplyResult(graft_dir, pre.task.name, g.size, g.region.density)
     if export:

@@ -30,6 +30,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Annotated
 
 from skillgraft.lazy import np
 from pydantic import Field, create_model, field_validator
@@ -70,8 +71,10 @@ class MergeSettings(Spec):
                                                             "method with and without it")
     routed: bool = Field(False, description="also write routed/: one base model plus each task's graft and head, "
                                             "loaded by skillgraft.RoutedSkills (a task's graft applied per request)")
-    keep: float | None = Field(None, description=(
-        "with --routed: size each task's routed graft as the smallest region of the localizer keeping this share "
+    # Annotated: the command line hands the text to the validator (as graft's --keep), so "0.9,0.95" is told why
+    keep: Annotated[float, "share"] | None = Field(None, description=(
+        "with --routed: one share (graft --keep takes several; a merge keeps one graft per task): size each task's "
+        "routed graft as the smallest region of the localizer keeping this share "
         "of its fine-tuned model's score on its dev rows (--dev-data, else the --dev-fraction of --data) at "
         "--keep-confidence, instead of --budgets (the stitch keeps --budgets; docs/keep.md)"))
     keep_confidence: float = copy.copy(KeepSpec.model_fields["keep_confidence"])  # graft's --keep-confidence
@@ -82,7 +85,8 @@ class MergeSettings(Spec):
         if value is None:
             return None
         if isinstance(value, (list, tuple)) or (isinstance(value, str) and "," in value):
-            raise ValueError(f"one share per merge (each routed task keeps one graft), not {value!r}")
+            raise ValueError(f"one share per merge (each routed task keeps one graft; graft --keep takes several), "
+                             f"not {value!r}")
         try:
             return check_share(value)
         except SkillgraftError as e:
@@ -127,6 +131,36 @@ def open_setup(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None, 
     setup.data = dataclasses.replace(data, train=train, dev=eval_subset(dev, spec.dev_limit))
     setup.graft_metadata = setup.graft_metadata.updated(merge_task=m.name)
     return setup
+
+
+def check_data(inputs: list[ModelInput], spec: MergeSpec, mode: str) -> None:
+    """Read every model's data (its --data, --eval-data and --dev-data) before any model loads, as
+    :func:`open_setup` will: a bad file of the second model is refused before the first one is localized."""
+    from skillgraft.models.pair import model_labels  # noqa: PLC0415
+
+    for m in inputs:
+        if m.data is None or m.data.data is None:
+            continue
+        labels = model_labels(m.finetuned) if mode == "classifier" else None
+        loaded = m.data.load(labels)
+        if labels is not None and len(labels) != loaded.task.num_labels:
+            raise SkillgraftError(f"the fine-tuned classifier {m.finetuned} has {len(labels)} outputs but its data "
+                                  f"{m.data.data} has {loaded.task.num_labels} labels {list(loaded.task.labels)}")
+        if m.dev_data is not None:
+            task_labels = tuple(loaded.task.labels) or None
+            n_dev = len(m.data.replace(data=m.dev_data, eval_data=m.dev_data, k=None, test_limit=None,
+                                       labels=list(task_labels) if task_labels and mode == "generative" else
+                                       m.data.labels).load(task_labels if mode == "classifier" else None).test)
+        else:
+            n_dev = int(round(spec.dev_fraction * len(loaded.train)))
+            if n_dev < 1 or n_dev >= len(loaded.train):
+                raise SkillgraftError(f"{m.name}: {len(loaded.train)} row(s) of --data cannot give both localization "
+                                      "and dev rows; give --dev-data")
+        if spec.keep is not None:  # the routed graft's keep search chooses on these dev rows
+            from skillgraft.pipeline.keep import check_keep_rows  # noqa: PLC0415
+
+            check_keep_rows(spec.keep_spec(), loaded.task, min(n_dev, spec.dev_limit or n_dev),
+                            f"{m.name}'s dev rows", more="--dev-data FILE")
 
 
 def task_graft(setup: Setup, m: ModelInput, spec: MergeSpec, options: Spec, store, *, progress: bool = False) -> Graft:
@@ -213,6 +247,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     out = check_target(out, overwrite, merge_inputs(pretrained, inputs, store))
     localize = localizer_options(spec.localizer, localize)  # an unknown name or option fails before any work
     mode = check_inputs(pretrained, inputs, spec)
+    check_data(inputs, spec, mode)  # every model's rows, before the first model loads
     store = store or Store()
     chosen = [(m, m.options(spec)) for m in (methods or merge_methods()).values()]
     chosen = [(m, o) for m, o in chosen if m.active(o)]
