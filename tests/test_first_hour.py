@@ -264,3 +264,38 @@ def test_saved_mergekit_ties_config_states_its_density():
                 info={"parameters": {"weight": 1.0}, "global": {}, "chosen_on_dev": True})
     text = chosen_yamls([ta], "/base", ["/a", "/b"])["task_arithmetic"]
     assert yaml.safe_load(text)["parameters"] == {"lambda": 1.0} and "mergekit's defaults, written out" in text
+
+
+# ---------------------------------------------------------------- 7. one line per phase when stderr is a file
+def test_progress_on_a_file_is_one_line_per_phase():
+    import io
+
+    from tqdm.auto import tqdm
+
+    from skillgraft.cliout import progress_lines
+
+    progress_lines()
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    log, tty = io.StringIO(), Terminal()
+    for fp in (log, tty):
+        with tqdm(total=50, desc="localize", file=fp, mininterval=0, miniters=1) as bar:
+            for i in range(50):
+                bar.update()
+                bar.set_postfix(loss=i)  # a postfix forces a refresh: a file got every one of them
+                with tqdm(total=3, desc="inner", file=fp, leave=False) as inner:  # a nested bar that vanishes
+                    inner.update(3)
+    text = log.getvalue()
+    assert text.count("\n") == 1 and "\r" not in text and text.startswith("localize: 100%") and "50/50" in text
+    assert "inner" not in text
+    assert tty.getvalue().count("\r") > 100  # a terminal still gets the live bar
+
+
+def test_a_verb_logged_to_a_file_has_no_carriage_returns(ft_run, toy_data, tmp_path):
+    r = invoke("graft", "--finetuned", ft_run, "--data-dir", toy_data, "--budgets", "1e-2", "--steps", 3,
+               "--baselines", "", "--no-lottery-zero", "--out", tmp_path / "g")
+    assert r.exit_code == 0, r.output
+    assert "\r" not in r.output and sum("100%|" in line for line in r.output.splitlines()) <= 3

@@ -39,6 +39,7 @@ def friendly(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        progress_lines()
         _JSON["on"] = bool(kwargs.pop("json_output", False))
         console.quiet = _JSON["on"]
         try:
@@ -126,6 +127,41 @@ def model_verb(fn):
     """A verb that loads models: :func:`friendly` (one-line errors, ``--json``) and :func:`placed` (``--device``,
     ``--precision``)."""
     return friendly(placed(fn))
+
+
+def _terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
+        return False
+
+
+def progress_lines() -> None:
+    """Progress bars writing to a stream that is not a terminal (``make demo > log``, a CI log) print one line per
+    phase, when it ends, instead of a carriage-return refresh per update (hundreds per phase); nested bars that
+    vanish when done (``leave=False``) print nothing. On a terminal, tqdm as usual. Installed once on tqdm's own
+    class, so every bar (skillgraft's, transformers', accelerate's) follows its stream."""
+    from tqdm import std  # noqa: PLC0415
+
+    if getattr(std.tqdm, "_skillgraft_lines", False):
+        return
+    display, clear = std.tqdm.display, std.tqdm.clear
+
+    def line_display(self, msg=None, pos=None):
+        if _terminal(self.fp):
+            return display(self, msg, pos)
+        if not self.disable or msg is not None:  # running (close() disables first), or clearing a leave=False bar
+            return False
+        self.fp.write(self.__str__())  # the bar's final state; close() ends the line
+        return True
+
+    def line_clear(self, nolock=False):
+        if _terminal(self.fp):
+            return clear(self, nolock)
+        return None
+
+    std.tqdm.display, std.tqdm.clear = line_display, line_clear
+    std.tqdm._skillgraft_lines = True
 
 
 def warnings_to_console() -> None:
