@@ -294,8 +294,24 @@ def test_progress_on_a_file_is_one_line_per_phase():
     assert tty.getvalue().count("\r") > 100  # a terminal still gets the live bar
 
 
-def test_a_verb_logged_to_a_file_has_no_carriage_returns(ft_run, toy_data, tmp_path):
-    r = invoke("graft", "--finetuned", ft_run, "--data-dir", toy_data, "--budgets", "1e-2", "--steps", 3,
-               "--baselines", "", "--no-lottery-zero", "--out", tmp_path / "g")
+def test_graft_logged_to_a_file_and_the_figures_its_report_shows_first(ft_run, toy_data, tmp_path):
+    """7: no carriage return in a logged run; 8: report.md shows share of FT vs size (learned, top-|Δ|, random) and
+    the reliability diagram of FT vs the grafts first, linked and described."""
+    import re
+
+    out = tmp_path / "g"
+    r = invoke("graft", "--finetuned", ft_run, "--data-dir", toy_data, "--budgets", "1e-3,1e-2", "--steps", 3,
+               "--baselines", "movement,random", "--no-lottery-zero", "--out", out)
     assert r.exit_code == 0, r.output
     assert "\r" not in r.output and sum("100%|" in line for line in r.output.splitlines()) <= 3
+    report = (out / "report.md").read_text()
+    first = report.index("## Look first")
+    assert first < report.index("## Models and data") if "## Models and data" in report else True
+    links = re.findall(r"!\[[^]]*\]\(([^)]+)\)", report) + re.findall(r"(?<!!)\[[^]]*\]\(([^)#]+\.png)\)", report)
+    assert links[:2] == ["share_vs_size.png", "reliability.png"]
+    for link in links:
+        assert (out / link).stat().st_size > 1000, link
+    assert {"confidence.png", "accuracy_vs_size.png"} <= set(links)
+    for words in ("**Share of FT vs size**", "Blue: the learned grafts", "orange: the top-|Δ| region of the same size",
+                  "green: a random region", "**Reliability diagram of FT vs the grafts**", "over-confident"):
+        assert words in report

@@ -10,7 +10,8 @@ For one fine-tuned model (a :class:`~skillgraft.pipeline.setup.Setup`) a localiz
 scored on the test subset beside the pre-trained model, the head-only model (head mode), the fine-tuned
 model, matched-size baseline localizers (top-movement, random, bias-only) and lottery-ticket-zero (the
 graft applied with zeros outside γ). Writes ``grafts/<budget>/`` (graft files), ``metrics.json``,
-``results.csv``, ``confidence.png``, ``reliability.png``, ``accuracy_vs_size.png`` and ``report.md``.
+``results.csv``, ``share_vs_size.png``, ``reliability.png`` (the two report.md shows first, described),
+``confidence.png``, ``accuracy_vs_size.png`` and ``report.md``.
 Regions are kept in the store, keyed by the fine-tuned model, the data and the localizer's options, so a
 re-run only re-scores.
 """
@@ -177,6 +178,7 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
     reliability_diagram({n: (probs[n], labels) for n in shown}, run.file("reliability.png"),
                         title=f"{setup.task} test: reliability")
     size_plot(rows, run.file("accuracy_vs_size.png"), setup.data.task.metric)
+    share_plot(rows, run.file("share_vs_size.png"))
     notes = notes() if callable(notes) else notes
     run.report(report_markdown(metrics) + ("\n".join(notes) + "\n" if notes else ""))
     return metrics
@@ -211,6 +213,60 @@ def size_plot(rows: list[dict], path: Path, metric: str) -> None:
     ax.set_ylabel(metric)
     ax.legend(fontsize=7)
     save_figure(fig, path)
+
+
+# share_vs_size.png: the learned grafts against the two closed-form regions a reader compares them with first
+SHARE_CURVES = {"graft": ("learned", "tab:blue", "o-"), "keep": ("keep targets", "tab:purple", "D"),
+                "top-movement": ("top-|Δ| (same size)", "tab:orange", "s--"),
+                "random": ("random (same size)", "tab:green", "^:")}
+
+
+def share_plot(rows: list[dict], path: Path) -> None:
+    """Share of FT vs grafted parameters: learned grafts (and keep targets), top-|Δ| and random regions of the same
+    sizes; FT at 1 and head only / pre-trained as lines (what report.md shows first)."""
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        if not r["params"] or r.get("share_of_ft") is None or r["kind"] == "ft":
+            continue
+        kind = r["model"].split(" @ ")[0] if " @ " in r["model"] else r["kind"]
+        if kind in SHARE_CURVES:
+            curves.setdefault(kind, []).append((r["params"], r["share_of_ft"]))
+    for kind, pts in curves.items():
+        label, colour, style = SHARE_CURVES[kind]
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label, color=colour)
+    ax.axhline(1.0, ls="--", lw=1, color="k", label="fine-tuned (1)")
+    for r in rows:
+        if r["kind"] in ("head-only", "pre") and r.get("share_of_ft") is not None:
+            ax.axhline(r["share_of_ft"], ls=":", lw=1, color="gray" if r["kind"] == "head-only" else "tab:brown",
+                       label=r["model"])
+    ax.set_xscale("log")
+    ax.set_xlabel("grafted parameters (log)")
+    ax.set_ylabel("share of FT's score")
+    ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def figures_markdown(ref: str) -> list[str]:
+    """report.md's figures, the two to look at first described: what each shows and how to read it."""
+    return ["## Look first", "",
+            "![share of FT vs size](share_vs_size.png)", "",
+            "**Share of FT vs size** (`share_vs_size.png`): each graft's score as a share of the fine-tuned model's "
+            "(y; 1 = as good as FT) against its size in grafted parameters (x, log). Blue: the learned grafts; "
+            "orange: the top-|Δ| region of the same size (the coordinates that moved most in fine-tuning); green: a "
+            "random region of the same size; dotted: head only / pre-trained. The skill is localized where blue "
+            "stands above orange and green at small sizes: the learned region finds it where |Δ| and chance do "
+            f"not. Sizes where blue reaches 1 keep all of FT's skill (the table's *gap closed* is from {ref}).", "",
+            "![reliability](reliability.png)", "",
+            "**Reliability diagram of FT vs the grafts** (`reliability.png`): accuracy in each of 10 confidence bins "
+            "against the diagonal (perfect calibration), one curve per model. A graft whose curve lies on FT's keeps "
+            "FT's calibration as well as its accuracy; below the diagonal is over-confident, above under-confident "
+            "(the table's ECE sums the gaps).", "",
+            "More figures: [confidence histogram](confidence.png) (how sure each model is on the test rows), "
+            "[score vs size per localizer](accuracy_vs_size.png) (every baseline's raw score).", ""]
 
 
 def best_steps(best) -> str:
@@ -273,9 +329,7 @@ def report_markdown(metrics: dict) -> str:
                   "loss drop* = (L_pre − L) ÷ (L_pre − L_FT); *exact match*: the gold completion is the most likely of "
                   "the label completions (when completions are labels)."]
     lines += ["", f"*share of FT* = score ÷ fine-tuned score; *gap closed* = (score − {ref}) ÷ (FT − {ref}); "
-              "ECE: 10 equal-width bins over the max probability (Guo et al.).", "",
-              "![confidence](confidence.png)", "", "![reliability](reliability.png)", "",
-              "![accuracy vs size](accuracy_vs_size.png)", ""]
+              "ECE: 10 equal-width bins over the max probability (Guo et al.).", "", *figures_markdown(ref)]
     if metrics.get("keep"):
         from skillgraft.pipeline.keep import keep_markdown  # noqa: PLC0415
 
