@@ -8,6 +8,7 @@ import functools
 import inspect
 import os
 import warnings
+from collections.abc import Mapping
 
 import typer
 from rich.console import Console
@@ -70,6 +71,8 @@ def plain(obj):
     import dataclasses  # noqa: PLC0415
     import math  # noqa: PLC0415
 
+    if isinstance(obj, Mapping):  # a typed report row: its CSV / metrics.json columns (score at the top level)
+        return {str(k): plain(v) for k, v in obj.items()}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return plain({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
     if isinstance(obj, dict):
