@@ -141,8 +141,8 @@ def _terminal(stream) -> bool:
 
 def progress_lines() -> None:
     """Progress bars writing to a stream that is not a terminal (``make demo > log``, a CI log) print one line per
-    phase, when it ends, instead of a carriage-return refresh per update (hundreds per phase); a bar nested in
-    another one prints nothing (the outer one's line counts its work). On a terminal, tqdm as usual. Installed once on tqdm's own
+    phase, when it ends, instead of a carriage-return refresh per update (hundreds per phase); a bar that vanishes
+    when done on a terminal (``leave=False``, a nested one) leaves its one line too: no long phase without a word. On a terminal, tqdm as usual. Installed once on tqdm's own
     class, so every bar (skillgraft's, transformers', accelerate's) follows its stream."""
     from tqdm import std  # noqa: PLC0415
 
@@ -153,12 +153,12 @@ def progress_lines() -> None:
     def line_display(self, msg=None, pos=None):
         if _terminal(self.fp):
             return display(self, msg, pos)
-        if not self.disable or (pos or 0) > 0:  # running (close() disables first), or nested in another bar
+        if not self.disable:  # running (close() disables first)
             return False
         if msg is None:  # close() of a bar that stays: its final state, close() ends the line
             self.fp.write(self.__str__())
             return True
-        self.fp.write(self.__str__() + "\n")  # close() of a bar that would vanish (leave=False): one line too
+        self.fp.write(self.__str__() + "\n")  # close() of a bar that would vanish (leave=False, nested): its line
         return False
 
     def line_clear(self, nolock=False):
