@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from skillgraft.clierrors import interrupted_line, one_line_error
+from skillgraft.clierrors import interrupted_line, one_line_error, usage_line
 from skillgraft.clihelp import App
 from skillgraft.cliout import (DATA, KEEP, MODEL, OUTPUT, REPORT, TRAIN, console, err, friendly, localizer_flags,
                                model_verb, plain as _plain, print_keep, print_routed_keep, print_version,
@@ -575,15 +575,7 @@ def main() -> None:  # pragma: no cover - entry point
     try:
         code = app(standalone_mode=False)  # usage errors come back here: one line, not click's box
     except ClickException as e:  # a bad option or value, named by click; exit 2 as click would
-        ctx = getattr(e, "ctx", None)
-        hint = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
-        message = e.format_message().strip()
-        if not message:  # a group called without a command: click printed its help and says nothing
-            where = ctx.command_path if ctx is not None else "skillgraft"
-            message, hint = f"no command given: run `{where} COMMAND` with one of the commands above", ""
-            if ctx is None or ctx.parent is None:
-                hint = " (a first run: README.md's quickstart)"
-        err.print(f"[bold red]error:[/] {escape(message)}{escape(hint)}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(usage_line(e))}", highlight=False)
         sys.exit(e.exit_code)
     except (Abort, KeyboardInterrupt):
         code = 130  # typer turns Ctrl-C into exit code 130 itself; older versions raise

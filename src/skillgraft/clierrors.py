@@ -30,3 +30,15 @@ def interrupted_line(signum: int, argv: list[str]) -> str:
     what = "nothing was written" if not done else (f"nothing else was written (complete before it: "
                                                     f"{', '.join(str(p) for p in done[-3:])})")
     return f"interrupted ({name}) during skillgraft {verb}: {what}"
+
+
+def usage_line(e) -> str:
+    """The one line for click's usage error ``e`` (a bad option or value), with where to read more; a group called
+    without a command (click printed its help and says nothing) is told what to run."""
+    ctx = getattr(e, "ctx", None)
+    message = e.format_message().strip()
+    if message:
+        return message + (f" (see: {ctx.command_path} --help)" if ctx is not None else "")
+    where = ctx.command_path if ctx is not None else "skillgraft"
+    first = " (a first run: README.md's quickstart)" if ctx is None or ctx.parent is None else ""
+    return f"no command given: run `{where} COMMAND` with one of the commands above{first}"
