@@ -223,6 +223,19 @@ def gemma(tiny_models, toy_data, folder, **_):
     assert "from GGUF Q8_0" in next((folder / "runs").glob("graft-my-sft/report.md")).read_text()
 
 
+def gpu(tiny_models, toy_data, folder, **_):
+    b = block("gpu")
+    gemma3 = tiny_models["gemma3"]
+    run_bash(substituted(b, [("--model gemma-3-270m", f"--model {gemma3}"),
+                             ("--k 64 --precision bf16-mixed", f"--k 8 --steps 2 --test-limit 8 --data-dir {toy_data} "
+                                                               "--precision bf16-mixed"),
+                             ("--budgets 1e-4,1e-3 --device cuda", f"--budgets 1e-2 --steps 2 --baselines '' "
+                                                                   f"--test-limit 8 --data-dir {toy_data} --device auto")]),
+             b.where)
+    assert "Ran on " in (folder / "runs" / "g64" / "graft" / "report.md").read_text()
+    assert (folder / "runs" / "g64" / "model").is_dir()
+
+
 def python_api(tiny_models, toy_data, folder, **_):
     b = block("python-api")
     ns = run_python(substituted(b, [('load_kshot("SST-2", k=64, seed=42)',
@@ -287,7 +300,7 @@ def fsdp_config(**_):
     assert {k: v for k, v in tested.items() if k in shown} == shown
 
 
-RUNNERS = {"quickstart": quickstart, "own-model": own_model, "gemma": gemma, "python-api": python_api,
+RUNNERS = {"quickstart": quickstart, "own-model": own_model, "gemma": gemma, "gpu": gpu, "python-api": python_api,
            "python-pair": python_pair, "export-cli": export_cli, "custom-localizer": custom_localizer,
            "fsdp-config": fsdp_config}
 NEEDS = {"own-model": ("user_pair",), "python-pair": ("user_pair",), "export-cli": ("tiny_graft",)}

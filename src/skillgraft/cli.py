@@ -7,7 +7,6 @@ ranges and help are declared once, on the spec's fields.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -15,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from skillgraft.clierrors import interrupted_line, one_line_error, usage_line
+from skillgraft.clierrors import run_app
 from skillgraft.clihelp import App
 from skillgraft.cliout import (DATA, KEEP, MODEL, OUTPUT, REPORT, TRAIN, console, err, friendly, localizer_flags,
                                model_verb, plain as _plain, print_keep, print_routed_keep, print_version,
@@ -559,40 +558,8 @@ def continual_show_cmd(state: Path = typer.Argument(..., help="continual state f
 
 
 def main() -> None:  # pragma: no cover - entry point
-    """Entry point of ``skillgraft``: runs the app; Ctrl-C, SIGTERM and SIGHUP clean up, print one line and exit
-    128 + the signal's number (130, 143, 129)."""
-    from typer import Abort  # noqa: PLC0415
-
-    from skillgraft.io import handle_signals, stopped_by  # noqa: PLC0415
-
-    handle_signals()  # SIGTERM / SIGHUP unwind like Ctrl-C: no temporary sibling is left behind
-
-    try:  # typer ≥ 0.20 vendors click: its usage errors live under typer._click
-        from typer._click.exceptions import ClickException  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - a typer on the system's click
-        from click.exceptions import ClickException  # noqa: PLC0415
-
-    try:
-        code = app(standalone_mode=False)  # usage errors come back here: one line, not click's box
-    except ClickException as e:  # a bad option or value, named by click; exit 2 as click would
-        err.print(f"[bold red]error:[/] {escape(usage_line(e))}", highlight=False)
-        sys.exit(e.exit_code)
-    except (Abort, KeyboardInterrupt):
-        code = 130  # typer turns Ctrl-C into exit code 130 itself; older versions raise
-    except Exception as e:  # outside a verb (e.g. while importing or parsing): the same one-line contract
-        line = one_line_error(e)
-        if line is None or os.environ.get("SKILLGRAFT_DEBUG") == "1":
-            raise
-        err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
-        sys.exit(2)
-    signum = stopped_by()
-    if signum is not None:  # every atomic writer cleaned up on the way out
-        try:
-            err.print(f"[red]{escape(interrupted_line(signum, sys.argv[1:]))}[/]", highlight=False)
-        except OSError:  # the terminal that sent SIGHUP is gone
-            pass
-        sys.exit(128 + int(signum))
-    sys.exit(code if isinstance(code, int) else 0)
+    """Entry point of ``skillgraft``: the app under the one-line error contract (:func:`clierrors.run_app`)."""
+    run_app(app)
 
 
 if __name__ == "__main__":  # pragma: no cover
