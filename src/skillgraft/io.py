@@ -310,6 +310,21 @@ def check_apart(out: str | os.PathLike, inputs: Mapping[str, str | os.PathLike |
                                   f"would delete it; choose an output path outside it (or move {option})")
 
 
+def inside(folder: str | os.PathLike, value, source: str | os.PathLike, field: str) -> Path:
+    """``folder / value`` for a path ``value`` recorded in the file ``source`` (``field``: where in it), when it is
+    a relative path that stays inside ``folder`` once links and ``..`` are resolved; anything else — absolute,
+    ``..`` out of it, a link leading out, not text — is one error naming the file, the field and the value: a file
+    skillgraft wrote names only its own folder's parts, so a path leading elsewhere is a damaged or planted file
+    (before, a continual state's ``owned: "../x"`` made ``continual add`` write outside ``--state``)."""
+    if not isinstance(value, str) or not value.strip():
+        raise SkillgraftError(f"{source}: field {field!r} must be a relative path inside {folder}, got {value!r}")
+    if os.path.isabs(value) or _absolute(folder) not in _absolute(Path(folder) / value).parents:
+        raise SkillgraftError(f"{source}: field {field!r} = {value!r} leads outside its folder {folder}; a file "
+                              "skillgraft wrote names only paths inside it (damaged or planted?): refused, nothing "
+                              "read or written")
+    return Path(folder) / value
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary folder beside ``path``; it becomes ``path`` only if the block succeeds.

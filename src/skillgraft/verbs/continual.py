@@ -93,7 +93,11 @@ def read_state(state: str | os.PathLike) -> dict:
     """``skillgraft continual show``: the state's ``continual.json`` (one line if ``state`` is not a state folder)."""
     from skillgraft.io import read_json  # noqa: PLC0415
 
+    from skillgraft.pipeline.continual import checked_entries  # noqa: PLC0415
+
     state = Path(state)
     if not (state / STATE_FILE).is_file():
         raise SkillgraftError(f"{state}: no continual.json; not a continual state folder")
-    return read_json(state / STATE_FILE, required=("tasks",), what="continual state")
+    record = read_json(state / STATE_FILE, required=("tasks",), what="continual state")
+    checked_entries(state, state / STATE_FILE, record)
+    return record
