@@ -88,3 +88,72 @@ def test_former_option_names_warn(tmp_path):
     assert r.exit_code == 2 and "at least two fine-tuned models" in r.output
     r = invoke("merge", "--budgets", "0.05", "--out", tmp_path / "m")
     assert r.exit_code == 2 and "renamed" not in r.output
+
+
+# ------------------------------------------------------------------------- config files that mislead or exhaust
+def _alias_bomb() -> str:
+    """A few hundred bytes of YAML whose aliases expand to 9**9 (387 million) strings."""
+    text = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+    for p, q in zip("abcdefgh", "bcdefghi"):
+        text += f"{q}: &{q} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n"
+    return text
+
+
+def _written(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    return tmp_path / name
+
+
+def test_a_yaml_alias_bomb_is_refused_by_name_before_it_is_built(tmp_path):
+    from badinputs import one_line, usage_error
+
+    bomb = _alias_bomb()
+    assert len(bomb) < 400
+    usage_error(invoke("graft", "--config", _written(tmp_path, "c.yaml", bomb)), "c.yaml:", "alias bomb")
+    one_line(invoke("run", _written(tmp_path, "r.yaml", "recipe: graft\n" + bomb)), "r.yaml:", "alias bomb")
+    one_line(invoke("tasks", "--task-file", _written(tmp_path, "t.yaml", bomb)), "t.yaml:", "alias bomb")
+    one_line(invoke("run", _written(tmp_path, "loop.yaml", "recipe: graft\nx: &x [1, *x]\n")), "loop.yaml:2",
+             "refers to the value that holds it")
+
+
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
+    from badinputs import one_line, usage_error
+
+    usage_error(invoke("graft", "--config", _written(tmp_path, "c.yaml", "steps: 2\nout: x\nsteps: 5\n")),
+                "c.yaml:3", "'steps' is given twice", "first on line 1")
+    usage_error(invoke("graft", "--config", _written(tmp_path, "d.yaml", "eval-every: 2\neval_every: 5\n")),
+                "d.yaml", "'eval_every' is given twice")
+    one_line(invoke("run", _written(tmp_path, "r.yaml", "recipe: graft\nk: 4\nfinetune: {lr: 0.1, lr: 0.2}\n")),
+             "r.yaml:3", "'lr' is given twice")
+    one_line(invoke("tasks", "--task-file", _written(tmp_path, "t.yaml", "name: x\nlabels: [a, b]\nname: y\n")),
+             "t.yaml:3", "'name' is given twice")
+
+
+def test_a_yaml_merge_key_may_be_overridden(tmp_path):
+    from skillgraft.io import load_yaml
+
+    doc = load_yaml(_written(tmp_path, "m.yaml", "base: &b {x: 1, y: 2}\nm:\n  <<: *b\n  x: 5\n"))
+    assert doc["m"] == {"x": 5, "y": 2}
+
+
+def test_a_value_of_the_wrong_shape_for_its_option_is_refused_naming_it(tmp_path):
+    from badinputs import usage_error
+
+    for text, says in (("out: [a, b]\n", "option 'out' takes one value"),
+                       ("steps: [1, 2]\n", "option 'steps' takes one value"),
+                       ("budgets: {a: 1}\n", "option 'budgets' takes a value, not a mapping"),
+                       ("baselines: [[movement]]\n", "not a nested list")):
+        usage_error(invoke("graft", "--config", _written(tmp_path, "c.yaml", text)), "c.yaml", says)
+    assert not (tmp_path / "a,b").exists()
+
+
+def test_a_config_saved_by_other_tools_reads_as_any_other_and_bad_bytes_name_the_file(tmp_path):
+    from badinputs import as_other_tools_write, usage_error
+
+    for how in ("utf-16", "bom-crlf-blank"):
+        (tmp_path / "c.yaml").write_bytes(as_other_tools_write("finetuned: x\nbudgts: [0.1]\n", how))
+        usage_error(invoke("graft", "--config", tmp_path / "c.yaml"), "unknown option 'budgts'")  # read, then judged
+    (tmp_path / "l.yaml").write_bytes("finetuned: caf\xe9\n".encode("latin-1"))
+    usage_error(invoke("graft", "--config", tmp_path / "l.yaml"), "l.yaml:1", "not UTF-8 text")
+    (tmp_path / "folder.yaml").mkdir()
+    usage_error(invoke("graft", "--config", tmp_path / "folder.yaml"), "folder.yaml", "a folder, not a file")

@@ -85,19 +85,35 @@ def from_mergekit(cfg: dict) -> dict:
 
 
 def load(path: Path, ctx, *, mergekit: bool = False) -> dict:
-    """The option values of ``path`` for ``ctx``'s command, as its ``default_map`` takes them."""
+    """The option values of ``path`` for ``ctx``'s command, as its ``default_map`` takes them. The file is read
+    as every other (UTF-8 with or without a BOM, or UTF-16: ``io.read_text``) and parsed by ``io.load_yaml``: a
+    key given twice, or aliases that expand beyond bounds, are refused naming the file and the line; a value of
+    the wrong shape for its option (a list for a path or a number, a mapping anywhere) names the option."""
     import yaml  # noqa: PLC0415
 
+    from skillgraft.errors import SkillgraftError  # noqa: PLC0415
+    from skillgraft.io import load_yaml, no_such, path_problem  # noqa: PLC0415
+
+    path = Path(path)
+    if path_problem(path) is not None:
+        raise typer.BadParameter(str(no_such(path, "config file")))
     try:
-        cfg = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise typer.BadParameter(f"{path} not found") from None
-    except (OSError, yaml.YAMLError) as e:
+        cfg = load_yaml(path)
+    except SkillgraftError as e:
+        raise typer.BadParameter(str(e)) from None
+    except yaml.YAMLError as e:
         raise typer.BadParameter(f"{path} is not readable YAML ({' '.join(str(e).split())})") from None
     if cfg is None:
         return {}
     if not isinstance(cfg, dict):
         raise typer.BadParameter(f"{path} must hold a mapping of option names to values")
+    if not mergekit:
+        spelled: dict[str, str] = {}
+        for k in cfg:
+            if _key(k) in spelled:
+                raise typer.BadParameter(f"{path}: option {_key(k)!r} is given twice (as {spelled[_key(k)]!r} and "
+                                         f"{str(k)!r}); give it once")
+            spelled[_key(k)] = str(k)
     cfg = from_mergekit(cfg) if mergekit else {_key(k): v for k, v in cfg.items()}
     params = {p.name: p for p in ctx.command.params if p.name not in ("config", "json_output", "help")}
     values = {}
@@ -107,14 +123,33 @@ def load(path: Path, ctx, *, mergekit: bool = False) -> dict:
             hint = f"; did you mean {near[0]!r}?" if near else ""
             raise typer.BadParameter(f"{path}: unknown option {key!r}{hint}")
         p = params[key]
+        items = _listed(value) if getattr(p, "multiple", False) or isinstance(value, list) else [value]
+        if any(isinstance(v, (dict, list)) for v in items):
+            raise typer.BadParameter(f"{path}: option {key!r} takes {'values' if len(items) > 1 else 'a value'}, "
+                                     f"not a {'mapping' if any(isinstance(v, dict) for v in items) else 'nested list'}"
+                                     f" (got {value!r})"[:300])
         if getattr(p, "multiple", False):
-            value = [str(v) for v in _listed(value)]
+            value = [str(v) for v in value] if isinstance(value, list) else [str(value)]
         elif isinstance(value, list):
+            if not _takes_text(p):
+                raise typer.BadParameter(f"{path}: option {key!r} takes one value, got a list {value!r} (only "
+                                         "options of comma-separated items take a list)"[:300])
             value = ",".join(str(v) for v in value)
         elif value is not None and not isinstance(value, (bool, int, float)):
             value = str(value)
         values[key] = value
     return values
+
+
+def _takes_text(param) -> bool:
+    """Whether an option takes free text (so a YAML list may stand for its comma-separated items): not a path,
+    a number, a flag or a choice."""
+    desc = getattr(param, "type_descriptor", None)  # typer's description of the annotation
+    if desc is not None:
+        return desc.annotation is str and not desc.is_path
+    import click  # noqa: PLC0415
+
+    return isinstance(getattr(param, "type", None), click.types.StringParamType)
 
 
 def config_option(mergekit: bool = False, panel: str | None = None):

@@ -512,6 +512,77 @@ def read_text(path: Path) -> str:
                               "re-save the file as UTF-8") from None
 
 
+YAML_MAX_VALUES = 100_000  # values a YAML file may expand to, aliases followed (a config holds a few hundred)
+
+
+def load_yaml(path: str | os.PathLike, text: str | None = None):
+    """The YAML document of ``path`` (its text read as :func:`read_text` does: UTF-8 with or without a BOM, or
+    UTF-16), parsed with ``yaml.SafeLoader``'s types only, and refused — one error naming the file and the line —
+    when a mapping gives a key twice (YAML says keys are unique; PyYAML silently keeps the last) or when aliases
+    expand it beyond :data:`YAML_MAX_VALUES` values (a "billion laughs" file of a few hundred bytes, which
+    exhausted memory) or into themselves. Bad YAML: ``yaml.YAMLError``, for the caller to describe."""
+    import yaml  # noqa: PLC0415
+
+    path = Path(path)
+    text = read_text(path) if text is None else text
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base`, whose keys the mapping may override
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key in seen:
+                        raise SkillgraftError(f"{path}:{line}: key {key!r} is given twice (first on line "
+                                              f"{seen[key]}); give each key once")
+                    seen[key] = line
+                except TypeError:
+                    continue  # an unhashable key: the constructor's own error follows
+            return super().construct_mapping(node, deep=deep)
+
+    loader = Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _bounded(node, path)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _bounded(root, path: Path) -> None:
+    """Refuse a YAML node graph whose expansion (aliases followed) exceeds :data:`YAML_MAX_VALUES`, or loops."""
+    sizes: dict[int, int] = {}
+    busy: set[int] = set()
+
+    def size(node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in busy:
+            raise SkillgraftError(f"{path}:{node.start_mark.line + 1}: an alias refers to the value that holds it "
+                                  "(a value without end); refused")
+        busy.add(key)
+        children = node.value if isinstance(node.value, list) else []
+        total = 1
+        for child in children:
+            for part in (child if isinstance(child, tuple) else (child,)):
+                total += size(part)
+                if total > YAML_MAX_VALUES:
+                    raise SkillgraftError(f"{path}:{node.start_mark.line + 1}: its aliases expand to more than "
+                                          f"{YAML_MAX_VALUES:,} values (a YAML alias bomb?); refused before it is "
+                                          "built")
+        busy.discard(key)
+        sizes[key] = total
+        return total
+
+    size(root)
+
+
 def path_problem(path: str | os.PathLike, want: str = "file") -> str | None:
     """Why ``path`` is no ``want`` ("file" or "folder") we can open, in words; None when it is one. Only a path
     that does not exist is "not found": a folder where a file should be, a link loop, a broken link or a parent
