@@ -46,6 +46,10 @@ def check_pair(pretrained: str, finetuned: str) -> None:
     configs = []
     for ref, role in zip(refs, ("pre-trained (--pretrained)", "fine-tuned (--finetuned)")):
         configs.append(read_config(ref.path, f"{role} model {ref.name!r}").to_dict())
+    from skillgraft.models.loading import check_weight_files  # noqa: PLC0415
+
+    for ref, role in zip(refs, ("pre-trained model (--pretrained)", "fine-tuned model (--finetuned)")):
+        check_weight_files(ref.path, role)  # before any weights load: the damaged file and its role named
     a, b = configs
     if a.get("model_type") != b.get("model_type"):
         raise SkillgraftError(f"different architectures: {refs[0].name} is {a.get('model_type')!r}, {refs[1].name} is "
