@@ -264,9 +264,7 @@ def check_target(path: str | os.PathLike, overwrite: bool = False,
     back first: the old ``path`` returns, and is refused like any other unless ``overwrite``."""
     path = Path(path)
     check_apart(path, inputs or {})
-    if not os.path.lexists(path) and os.path.lexists(_old(path)):
-        with contextlib.suppress(OSError):
-            os.replace(_old(path), path)
+    roll_back(path)
     if os.path.lexists(path) and not overwrite:
         what = "folder" if path.is_dir() else "file"
         raise SkillgraftError(f"{path} already exists ({what}); refusing to replace it. Pass --overwrite to "
@@ -280,6 +278,57 @@ def check_target(path: str | os.PathLike, overwrite: bool = False,
         raise SkillgraftError(f"cannot create {path}: {parent} is not writable (permission denied or a "
                               "read-only file system)")
     return path
+
+
+def roll_back(path: str | os.PathLike) -> None:
+    """Undo a replacement of ``path`` that a kill interrupted (the old ``path`` moved aside to ``.<name>.old``,
+    the new one not yet in place): the old one returns. A verb that reads its output before writing it again
+    (``continual add``) calls this before reading, so a kill at the swap point loses nothing."""
+    path = Path(path)
+    if not os.path.lexists(path) and os.path.lexists(_old(path)):
+        with contextlib.suppress(OSError):
+            os.replace(_old(path), path)
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike, waiting: str | None = None) -> Iterator[None]:
+    """Hold an exclusive lock named ``path`` (a hidden lock file; ``flock``, released by the kernel if the process
+    dies) while the block runs; another process asking for it waits (saying ``waiting`` once, when given). The file
+    is deleted on the way out, while still held; a waiter that then finds its file gone or replaced takes the new
+    one, so two holders never overlap."""
+    import fcntl  # noqa: PLC0415
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    said = False
+    while True:
+        f = open(path, "a+")  # noqa: SIM115 - held for the block
+        try:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if waiting and not said:
+                    import sys  # noqa: PLC0415
+
+                    print(waiting, file=sys.stderr, flush=True)
+                    said = True
+                fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                same = os.path.samestat(os.fstat(f.fileno()), os.stat(path))
+            except FileNotFoundError:
+                same = False
+        except BaseException:
+            f.close()
+            raise
+        if same:
+            break
+        f.close()  # the holder before us deleted it: lock the current file
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        f.close()
 
 
 def _absolute(path: str | os.PathLike) -> Path:

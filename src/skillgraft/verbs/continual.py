@@ -13,7 +13,7 @@ from skillgraft.data.spec import DataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
-from skillgraft.io import check_apart
+from skillgraft.io import check_apart, roll_back
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.continual import STATE_FILE, ContinualLearner, task_region
 from skillgraft.pipeline.setup import prepare
@@ -45,6 +45,7 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
         raise SkillgraftError(f"init must be 'current' or 'graft', got {init!r}")
     state = Path(state)
     check_apart(state, {"--cache": Store(cache).root, "--data-dir": data_dir})  # the state is replaced whole on save
+    roll_back(state)  # a kill while the state was being replaced: the old state returns before it is read
     learner = ContinualLearner.load(state) if (state / STATE_FILE).is_file() else None
     if learner is None:
         if state.exists() and any(state.iterdir()):
@@ -96,6 +97,7 @@ def read_state(state: str | os.PathLike) -> dict:
     from skillgraft.pipeline.continual import checked_entries  # noqa: PLC0415
 
     state = Path(state)
+    roll_back(state)
     if not (state / STATE_FILE).is_file():
         raise SkillgraftError(f"{state}: no continual.json; not a continual state folder")
     record = read_json(state / STATE_FILE, required=("tasks",), what="continual state")
