@@ -188,7 +188,7 @@ def _moved(name, tmp: Path, path: Path):
         return name
     if text == prefix or text.startswith(prefix + os.sep):
         return os.fspath(path) + text[len(prefix):]
-    if os.path.basename(text).startswith(f".{path.name}.") and text.endswith(".tmp"):
+    if os.path.basename(text).startswith(f".{stem(path)}.") and text.endswith(".tmp"):
         return os.fspath(path)  # the temporary sibling could not even be made
     return name
 
@@ -219,17 +219,41 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.unlink(tmp)
 
 
+NAME_MAX = 255       # bytes in one file name (Linux, macOS)
+_STEM_MAX = 200      # the longest name kept whole in a hidden sibling's name (the rest: pid, random, suffix)
+
+
+def stem(path: str | os.PathLike) -> str:
+    """``path``'s name as its hidden siblings carry it (``.<stem>.<pid>-<random>.tmp``, ``.<stem>.old``,
+    ``.<stem>.resume``): the name itself, or — for a name too long to leave room for the rest within the
+    255-byte limit of a file name — its first bytes, ``~`` and a digest of the whole name (a valid 245-character
+    output folder was refused: its temporary sibling's name was longer than the system allows)."""
+    name = Path(path).name
+    raw = os.fsencode(name)
+    if len(raw) <= _STEM_MAX:
+        return name
+    import hashlib  # noqa: PLC0415
+
+    head = raw[: _STEM_MAX - 9].decode("utf-8", errors="ignore") if isinstance(name, str) else name
+    return f"{head}~{hashlib.sha256(raw).hexdigest()[:8]}"
+
+
+def sibling(path: str | os.PathLike, suffix: str) -> Path:
+    """The hidden sibling ``.<stem>.<suffix>`` of ``path`` (:func:`stem`)."""
+    return Path(path).with_name(f".{stem(path)}.{suffix}")
+
+
 def _tmp_prefix(path: Path) -> str:
-    return f".{path.name}.{os.getpid()}-"  # the writer's pid: a sibling whose writer is gone is a leftover
+    return f".{stem(path)}.{os.getpid()}-"  # the writer's pid: a sibling whose writer is gone is a leftover
 
 
 def _old(path: Path) -> Path:
-    return path.with_name(f".{path.name}.old")
+    return sibling(path, "old")
 
 
 def sweep_leftovers(path: Path) -> None:
     """Delete temporary siblings of ``path`` whose writing process no longer runs (a kill -9 leaves them)."""
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.(\d+)-[^/]*\.tmp")
+    pattern = re.compile(rf"\.{re.escape(stem(path))}\.(\d+)-[^/]*\.tmp")
     try:
         names = os.listdir(path.parent)
     except OSError:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from skillgraft.io import TargetExists, _remove, atomic_dir, locked
+from skillgraft.io import TargetExists, _remove, atomic_dir, locked, sibling
 from skillgraft.resume import discard, resume_point
 from skillgraft.spec import stable_hash
 
@@ -67,14 +67,14 @@ class Store:
         # One process computes an entry at a time: another run on the same store (same key) waits, then finds it
         # finished. Before, both computed it, the first to finish deleted the other's resume folder, and the other
         # died when it next saved its state there.
-        with locked(path.with_name(f".{path.name}.lock"),
+        with locked(sibling(path, "lock"),
                     f"waiting for another process computing {path.name} in the store {self.root} …"):
             found = self.get(kind, key, label)
             if found is not None:
                 return found
             if os.path.lexists(path):  # only an unfinished (keyless) entry can be here (an old version's)
                 _remove(path)
-            resume = path.with_name(f".{path.name}.resume")  # long loops' saved state: the same command resumes
+            resume = sibling(path, "resume")  # long loops' saved state: the same command resumes
             try:
                 with resume_point(resume), atomic_dir(path) as tmp:
                     make(tmp)
