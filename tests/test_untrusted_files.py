@@ -229,3 +229,16 @@ def test_a_sharded_index_naming_a_file_outside_its_folder_is_refused(shard, tmp_
     with pytest.raises(SkillgraftError, match="weight_map.b.weight") as e:
         _weight_files(tmp_path / "m")
     assert str(index) in str(e.value)
+
+
+@pytest.mark.parametrize("budget", ["../../elsewhere", "/etc", 0.05])
+def test_a_store_entry_summary_naming_folders_outside_the_entry_is_refused(budget, tmp_path):
+    """A regions entry's summary.json lists its budgets, each the folder of its region inside the entry."""
+    from skillgraft.pipeline.regions import _read_regions
+
+    entry = tmp_path / "store" / "regions-x"
+    entry.mkdir(parents=True)
+    (entry / "summary.json").write_text(json.dumps({"budgets": [budget]}))
+    with pytest.raises(SkillgraftError, match="budgets.0") as e:
+        _read_regions(entry)
+    assert str(entry / "summary.json") in str(e.value)
