@@ -157,3 +157,27 @@ def test_a_config_saved_by_other_tools_reads_as_any_other_and_bad_bytes_name_the
     usage_error(invoke("graft", "--config", tmp_path / "l.yaml"), "l.yaml:1", "not UTF-8 text")
     (tmp_path / "folder.yaml").mkdir()
     usage_error(invoke("graft", "--config", tmp_path / "folder.yaml"), "folder.yaml", "a folder, not a file")
+
+
+def test_a_json_key_given_twice_is_refused_naming_the_file(tiny_graft, tmp_path):
+    """JSON parsers keep the last of two equal keys silently; configs, states and data rows refuse them."""
+    import shutil
+
+    import pytest
+
+    from skillgraft.data.sources import jsonl_rows
+    from skillgraft.errors import SkillgraftError
+    from skillgraft.graft.graft import Graft
+    from skillgraft.io import read_json
+
+    (tmp_path / "c.json").write_text('{"tasks": [], "model": "a", "model": "b"}')
+    with pytest.raises(SkillgraftError, match=r"c\.json: key 'model' is given twice"):
+        read_json(tmp_path / "c.json", required=("tasks",))
+    (tmp_path / "d.jsonl").write_text('{"text": "good", "label": "1"}\n{"text": "a", "label": "0", "text": "b"}\n')
+    with pytest.raises(SkillgraftError, match=r"d\.jsonl:2: key 'text' is given twice"):
+        jsonl_rows(tmp_path / "d.jsonl")
+    shutil.copytree(tiny_graft, tmp_path / "g")
+    cfg = tmp_path / "g" / "graft_config.json"
+    cfg.write_text(cfg.read_text().replace('"size":', '"size": 1, "size":', 1))
+    with pytest.raises(SkillgraftError, match=r"graft_config\.json: key 'size' is given twice"):
+        Graft.from_pretrained(tmp_path / "g")

@@ -694,15 +694,28 @@ def no_such(path: str | os.PathLike, what: str, want: str = "file") -> Skillgraf
     return SkillgraftError(f"{path}: {why}; expected {'a ' if not what.startswith(('a ', 'an ')) else ''}{what}")
 
 
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """``json.loads``' ``object_pairs_hook``: the object, or a ``ValueError`` for a key given twice in it (JSON
+    parsers keep the last silently; the file almost certainly holds a mistake)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} is given twice in one object; give each key once")
+        out[key] = value
+    return out
+
+
 def read_json(path: str | os.PathLike, *, required: tuple[str, ...] = (), what: str = "file") -> dict:
     """A JSON object from ``path``; missing file, bad JSON or a missing ``required`` key → one clear error."""
     path = Path(path)
     if not path.is_file():
         raise no_such(path, what)
     try:
-        obj = json.loads(read_text(path))
+        obj = json.loads(read_text(path), object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:
         raise SkillgraftError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except ValueError as e:  # a key given twice (unique_keys)
+        raise SkillgraftError(f"{path}: {e}") from None
     if required and not isinstance(obj, dict):
         raise SkillgraftError(f"{path}: unreadable {what} (expected a JSON object, got {type(obj).__name__})")
     missing = [k for k in required if k not in obj]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.io import no_such, read_text
+from skillgraft.io import no_such, read_text, unique_keys
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number (non-finite values are refused)")
@@ -40,7 +40,7 @@ def jsonl_rows(path: Path, hint: str = "") -> list[tuple[str, dict]]:
             continue
         where = f"{path}:{lineno}"
         try:
-            row = json.loads(line, parse_constant=_no_constant, parse_float=_finite_float)
+            row = json.loads(line, parse_constant=_no_constant, parse_float=_finite_float, object_pairs_hook=unique_keys)
         except json.JSONDecodeError as e:
             raise SkillgraftError(f"{where}: malformed JSON ({e.msg} at column {e.colno}){hint}") from None
         except ValueError as e:

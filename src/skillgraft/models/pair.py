@@ -86,14 +86,16 @@ def read_config(path: str, who: str):
 
     from transformers import AutoConfig  # noqa: PLC0415
 
-    from skillgraft.io import read_text  # noqa: PLC0415
+    from skillgraft.io import read_text, unique_keys  # noqa: PLC0415
 
     file = Path(path) / "config.json"
     if file.is_file():  # a local folder: name the file and field at fault
         try:
-            raw = json.loads(read_text(file))
+            raw = json.loads(read_text(file), object_pairs_hook=unique_keys)
         except json.JSONDecodeError as e:
             raise SkillgraftError(f"{file}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        except ValueError as e:  # a key given twice
+            raise SkillgraftError(f"{file}: {e}") from None
         if not isinstance(raw, dict):
             raise SkillgraftError(f"{file}: expected a JSON object, got {type(raw).__name__}")
     try:
