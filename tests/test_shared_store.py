@@ -161,3 +161,23 @@ def test_continual_show_after_a_kill_at_the_swap_point_shows_the_old_state(one_t
     r = invoke("continual", "show", tmp_path / "state")
     assert r.exit_code == 0, r.output
     assert _tasks(tmp_path / "state") == ["SST-2"]
+
+
+def test_two_continual_adds_on_one_state_at_once_keep_both_tasks(one_task_state, tiny_bert, tmp_path):
+    """Both read the state and the last to finish replaced it: one task was lost. Now the second waits for the
+    first and adds its task to the state the first wrote."""
+    from tiny import write_sentiment_data
+
+    root = one_task_state
+    shutil.copytree(root / "state", tmp_path / "state")
+    shutil.copytree(root / "data", tmp_path / "data")
+    write_sentiment_data(tmp_path / "data", "mr", seed=2)
+    args = [[*_add(root, tmp_path / "state", t, tiny_bert)] for t in ("cr", "mr")]
+    for a in args:
+        a[a.index("--data-dir") + 1] = tmp_path / "data"
+    pids = [_forked_main(a, tmp_path / f"err-{i}.txt") for i, a in enumerate(args)]
+    for i, pid in enumerate(pids):
+        assert _exit_code(pid) == 0, (tmp_path / f"err-{i}.txt").read_text()[-2000:]
+    tasks = _tasks(tmp_path / "state")
+    assert tasks[0] == "SST-2" and sorted(tasks[1:]) == ["cr", "mr"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
