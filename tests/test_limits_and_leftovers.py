@@ -55,6 +55,15 @@ def test_keep_options_without_keep_are_refused_before_any_work(extra, named, ft_
             *named, "only --keep starts")
 
 
+@pytest.mark.parametrize("extra, named", [
+    (["--text-field", "review"], ["--text-field", "--data"]),
+    (["--labels", "bad,good", "--eval-fraction", 0.3], ["--eval-fraction", "--labels", "--data"]),
+])
+def test_data_file_options_without_data_are_refused_before_any_work(extra, named, ft_run, toy_data, tmp_path):
+    refused(tmp_path, ["graft", "--finetuned", ft_run, "--out", tmp_path / "g", "--data-dir", toy_data, *extra],
+            *named, "describe")
+
+
 def test_merge_keep_confidence_without_keep_is_refused():
     from skillgraft.verbs.merge import MergeSpec
 

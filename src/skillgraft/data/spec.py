@@ -74,6 +74,13 @@ class UserDataSpec(Spec):
             raise ValueError("generative data needs both --prompt-field and --completion-field")
         if self.eval_data is not None and self.data is None:
             raise ValueError("--eval-data needs --data")
+        alone = sorted(self.model_fields_set & {"data_config", "data_split", "eval_split", "eval_fraction",
+                                                "text_field", "text_pair_field", "label_field", "prompt_field",
+                                                "completion_field", "labels", "template"})
+        if alone and self.data is None:  # before: silently ignored (a registered task or a run's data was used)
+            names = ", ".join(f"--{n.replace('_', '-')}" for n in alone)
+            raise ValueError(f"{names} {'describes' if len(alone) == 1 else 'describe'} a --data file: give --data, "
+                             f"or leave {'it' if len(alone) == 1 else 'them'} out")
         if self.template is not None:
             if self.generative:
                 raise ValueError("--template is for classification rows; generative rows carry their own prompts")

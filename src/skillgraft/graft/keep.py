@@ -38,7 +38,7 @@ from pathlib import Path
 
 from skillgraft.lazy import np
 from skillgraft.lazy import torch
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.bound import (Outcome, as_outcome, is_exact, reaches, resample_weights, rows_needed,
@@ -97,16 +97,16 @@ class KeepSpec(Spec):
         except SkillgraftError as e:
             raise ValueError(str(e)) from None
 
-    @model_validator(mode="after")
-    def _search_needs_targets(self):
+    def refuse_options_without_targets(self) -> None:
+        """Refuse, before any work, keep options given without ``keep`` (the CLI's ``--keep-data`` or
+        ``--keep-confidence`` alone): they shape a search that never runs, and were silently ignored."""
         given = sorted(self.model_fields_set & {"keep_tolerance", "keep_from", "keep_holdout", "keep_confidence",
                                                 "keep_data"})
-        if self.keep is None and given:  # before: silently ignored, the user believing they shaped a search
+        if self.keep is None and given:
             names = ", ".join(f"--{n.replace('_', '-')}" for n in given)
             raise SkillgraftError(f"{names} {'shapes' if len(given) == 1 else 'shape'} a keep search, which only "
                                   "--keep starts: give --keep (a share of FT's score, e.g. --keep 0.95) or leave "
                                   f"{'it' if len(given) == 1 else 'them'} out")
-        return self
 
     @field_validator("keep_from", mode="before")
     @classmethod
