@@ -124,6 +124,7 @@ def evaluate(
     """
     from skillgraft.verbs.evaluate import evaluate as run_evaluate  # noqa: PLC0415
 
+    user.refuse_options_without_data()
     result = run_evaluate(model_dir, user=user, task=task, split=split, mode=mode, data_dir=data_dir, limit=limit,
                           out=out)
     if result.labels_note:
@@ -199,6 +200,7 @@ def graft(
 
     if not frontier.frontier:  # the frontier's own keep search (--frontier-keep) also takes the keep options
         keep.refuse_options_without_targets()
+    user.refuse_options_without_data()
     # the chosen localizer's own defaults + the options the user set; checked before any work
     options = localizer_options(report.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
     result = run_graft(GraftInputs(finetuned, pretrained, mode, task, max_length, data, user), report=report,

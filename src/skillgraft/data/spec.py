@@ -74,13 +74,6 @@ class UserDataSpec(Spec):
             raise ValueError("generative data needs both --prompt-field and --completion-field")
         if self.eval_data is not None and self.data is None:
             raise ValueError("--eval-data needs --data")
-        alone = sorted(self.model_fields_set & {"data_config", "data_split", "eval_split", "eval_fraction",
-                                                "text_field", "text_pair_field", "label_field", "prompt_field",
-                                                "completion_field", "labels", "template"})
-        if alone and self.data is None:  # before: silently ignored (a registered task or a run's data was used)
-            names = ", ".join(f"--{n.replace('_', '-')}" for n in alone)
-            raise ValueError(f"{names} {'describes' if len(alone) == 1 else 'describe'} a --data file: give --data, "
-                             f"or leave {'it' if len(alone) == 1 else 'them'} out")
         if self.template is not None:
             if self.generative:
                 raise ValueError("--template is for classification rows; generative rows carry their own prompts")
@@ -91,6 +84,18 @@ class UserDataSpec(Spec):
             except SkillgraftError as e:
                 raise ValueError(f"--template {self.template!r}: {e}") from None
         return self
+
+    def refuse_options_without_data(self) -> None:
+        """Refuse, before any work, options that describe a ``--data`` file given without one (a verb reading a
+        registered task or a run's data ignored them silently). Not a validator: ``merge`` shares these options
+        across its per-model files, so its shared spec has no ``data`` of its own."""
+        alone = sorted(self.model_fields_set & {"data_config", "data_split", "eval_split", "eval_fraction",
+                                                "text_field", "text_pair_field", "label_field", "prompt_field",
+                                                "completion_field", "labels", "template"})
+        if alone and self.data is None and self.eval_data is None:
+            names = ", ".join(f"--{n.replace('_', '-')}" for n in alone)
+            raise SkillgraftError(f"{names} {'describes' if len(alone) == 1 else 'describe'} a --data file: give "
+                                  f"--data, or leave {'it' if len(alone) == 1 else 'them'} out")
 
     @property
     def generative(self) -> bool:
