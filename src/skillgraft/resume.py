@@ -136,7 +136,7 @@ class Sharded(Checkpoint):
             path = self.file(self.rank, saved["serial"])
             state, problem = _read(path)
             if state is None:
-                why = (path, problem or "missing")
+                why = (path, problem or "missing or damaged")
             elif state.get("fingerprint") != self.fingerprint or state.get("serial") != saved["serial"]:
                 why = (path, "saved with other settings")
         if saved is not None:  # our saves are numbered after it: it never names one of them, used or not
