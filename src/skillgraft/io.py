@@ -234,7 +234,7 @@ def stem(path: str | os.PathLike) -> str:
         return name
     import hashlib  # noqa: PLC0415
 
-    head = raw[: _STEM_MAX - 9].decode("utf-8", errors="ignore") if isinstance(name, str) else name
+    head = os.fsdecode(raw[: _STEM_MAX - 9].decode("utf-8", errors="ignore").encode())  # whole characters only
     return f"{head}~{hashlib.sha256(raw).hexdigest()[:8]}"
 
 
