@@ -192,3 +192,16 @@ def test_a_json_key_given_twice_is_refused_naming_the_file(tiny_graft, tmp_path)
     cfg.write_text(cfg.read_text().replace('"size":', '"size": 1, "size":', 1))
     with pytest.raises(SkillgraftError, match=r"graft_config\.json: key 'size' is given twice"):
         Graft.from_pretrained(tmp_path / "g")
+
+
+def test_values_nested_without_end_are_refused_naming_the_file(tmp_path):
+    """Fifty thousand nested brackets exhausted the parsers' recursion: a RecursionError traceback."""
+    from badinputs import one_line
+
+    deep = "[" * 50000 + "]" * 50000
+    usage_error(invoke("graft", "--config", _written(tmp_path, "c.yaml", f"budgets: {deep}\n")), "c.yaml",
+                "nested deeper")
+    one_line(invoke("run", _written(tmp_path, "r.yaml", f"recipe: graft\nk: {deep}\n")), "r.yaml", "nested deeper")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "continual.json").write_text('{"tasks": ' + deep + "}")
+    one_line(invoke("continual", "show", tmp_path / "state"), "continual.json", "nested deeper")

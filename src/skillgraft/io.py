@@ -585,6 +585,7 @@ def read_text(path: Path) -> str:
                               "re-save the file as UTF-8") from None
 
 
+TOO_DEEP = "values nested deeper than a reader follows (thousands of levels); refused"
 YAML_MAX_VALUES = 100_000  # values a YAML file may expand to, aliases followed (a config holds a few hundred)
 
 
@@ -623,6 +624,8 @@ def load_yaml(path: str | os.PathLike, text: str | None = None):
             return None
         _bounded(node, path)
         return loader.construct_document(node)
+    except RecursionError:
+        raise SkillgraftError(f"{path}: {TOO_DEEP}") from None
     finally:
         loader.dispose()
 
@@ -716,6 +719,8 @@ def read_json(path: str | os.PathLike, *, required: tuple[str, ...] = (), what: 
         raise SkillgraftError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     except ValueError as e:  # a key given twice (unique_keys)
         raise SkillgraftError(f"{path}: {e}") from None
+    except RecursionError:
+        raise SkillgraftError(f"{path}: {TOO_DEEP}") from None
     if required and not isinstance(obj, dict):
         raise SkillgraftError(f"{path}: unreadable {what} (expected a JSON object, got {type(obj).__name__})")
     missing = [k for k in required if k not in obj]

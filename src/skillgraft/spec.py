@@ -152,3 +152,7 @@ def parse_file(path: Path, parse: Callable[[str], Any], error: type[Exception],
         return parse(text)
     except error as e:
         raise SkillgraftError(f"{path}: {describe(e)}") from None
+    except RecursionError:
+        from skillgraft.io import TOO_DEEP  # noqa: PLC0415
+
+        raise SkillgraftError(f"{path}: {TOO_DEEP}") from None

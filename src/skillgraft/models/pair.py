@@ -86,7 +86,7 @@ def read_config(path: str, who: str):
 
     from transformers import AutoConfig  # noqa: PLC0415
 
-    from skillgraft.io import read_text, unique_keys  # noqa: PLC0415
+    from skillgraft.io import TOO_DEEP, read_text, unique_keys  # noqa: PLC0415
 
     file = Path(path) / "config.json"
     if file.is_file():  # a local folder: name the file and field at fault
@@ -96,6 +96,8 @@ def read_config(path: str, who: str):
             raise SkillgraftError(f"{file}: not valid JSON ({e.msg} at line {e.lineno})") from None
         except ValueError as e:  # a key given twice
             raise SkillgraftError(f"{file}: {e}") from None
+        except RecursionError:
+            raise SkillgraftError(f"{file}: {TOO_DEEP}") from None
         if not isinstance(raw, dict):
             raise SkillgraftError(f"{file}: expected a JSON object, got {type(raw).__name__}")
     try:
