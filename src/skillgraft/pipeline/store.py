@@ -9,6 +9,7 @@ resumes from the last finished stage.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import functools
@@ -67,8 +68,13 @@ class Store:
         # One process computes an entry at a time: another run on the same store (same key) waits, then finds it
         # finished. Before, both computed it, the first to finish deleted the other's resume folder, and the other
         # died when it next saved its state there.
-        with locked(sibling(path, "lock"),
-                    f"waiting for another process computing {path.name} in the store {self.root} …"):
+        # (Not under a multi-process launch, whose ranks compute an entry together: a rank waiting for the lock
+        # would leave the holder waiting for it in a collective.)
+        world = os.environ.get("WORLD_SIZE", "1").strip()
+        launched = world.isdigit() and int(world) > 1
+        lock = contextlib.nullcontext() if launched else locked(
+            sibling(path, "lock"), f"waiting for another process computing {path.name} in the store {self.root} …")
+        with lock:
             found = self.get(kind, key, label)
             if found is not None:
                 return found
@@ -80,8 +86,8 @@ class Store:
                     make(tmp)
                     (tmp / KEY_FILE).write_text(json.dumps({"kind": kind, **key}, indent=1, default=str) + "\n")
             except TargetExists:
-                # an entry written by a skillgraft without this lock finished meanwhile: the same key, the same
-                # result; it stays (it may be being read) and ours is dropped
+                # another rank of a launch, or a skillgraft without this lock, finished the same entry meanwhile:
+                # the same key, the same result; it stays (it may be being read) and ours is dropped
                 if self.get(kind, key, label) is None:
                     raise
             discard(resume)
