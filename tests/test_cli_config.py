@@ -142,7 +142,7 @@ def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
 
 
 def test_a_yaml_merge_key_may_be_overridden(tmp_path):
-    from skillgraft.io import load_yaml
+    from skillgraft.untrusted import load_yaml
 
     doc = load_yaml(_written(tmp_path, "m.yaml", "base: &b {x: 1, y: 2}\nm:\n  <<: *b\n  x: 5\n"))
     assert doc["m"] == {"x": 5, "y": 2}

@@ -124,7 +124,6 @@ def evaluate(
     """
     from skillgraft.verbs.evaluate import evaluate as run_evaluate  # noqa: PLC0415
 
-    user.refuse_options_without_data()
     result = run_evaluate(model_dir, user=user, task=task, split=split, mode=mode, data_dir=data_dir, limit=limit,
                           out=out)
     if result.labels_note:
@@ -198,8 +197,7 @@ def graft(
 
     return_large_blocks()  # tensor-sized temporaries freed go back to the OS at once (the peak is the work's)
 
-    if not frontier.frontier:  # the frontier's own keep search (--frontier-keep) also takes the keep options
-        keep.refuse_options_without_targets()
+    keep.refuse_options_without_targets(frontier=frontier.frontier)
     user.refuse_options_without_data()
     # the chosen localizer's own defaults + the options the user set; checked before any work
     options = localizer_options(report.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))

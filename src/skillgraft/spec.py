@@ -134,7 +134,7 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise no_such(path, "YAML file")
-    from skillgraft.io import load_yaml  # noqa: PLC0415 - duplicate keys and alias bombs refused
+    from skillgraft.untrusted import load_yaml  # noqa: PLC0415 - duplicate keys and alias bombs refused
 
     data = parse_file(path, lambda text: load_yaml(path, text), yaml.YAMLError,
                       lambda e: f"not valid YAML ({str(e).splitlines()[0]})") or {}

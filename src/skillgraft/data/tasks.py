@@ -239,7 +239,7 @@ def load_task_yaml(path: str | Path, *, overwrite: bool = False) -> list[Task]:
         from skillgraft.io import no_such  # noqa: PLC0415
 
         raise no_such(path, "task file")
-    from skillgraft.io import load_yaml  # noqa: PLC0415 - duplicate keys and alias bombs refused
+    from skillgraft.untrusted import load_yaml  # noqa: PLC0415 - duplicate keys and alias bombs refused
 
     doc = parse_file(path, lambda text: load_yaml(path, text), yaml.YAMLError,
                      lambda e: f"not valid YAML: {e}")  # BOM, UTF-16 read

@@ -97,10 +97,11 @@ class KeepSpec(Spec):
         except SkillgraftError as e:
             raise ValueError(str(e)) from None
 
-    def refuse_options_without_targets(self) -> None:
+    def refuse_options_without_targets(self, *, frontier: bool = False) -> None:
         """Refuse, before any work, keep options given without ``keep`` (the CLI's ``--keep-data`` or
-        ``--keep-confidence`` alone): they shape a search that never runs, and were silently ignored."""
-        given = sorted(self.model_fields_set & {"keep_tolerance", "keep_from", "keep_holdout", "keep_confidence",
+        ``--keep-confidence`` alone): they shape a search that never runs, and were silently ignored. With
+        ``frontier`` (``--frontier``, whose own keep search takes them) they are used."""
+        given = [] if frontier else sorted(self.model_fields_set & {"keep_tolerance", "keep_from", "keep_holdout", "keep_confidence",
                                                 "keep_data"})
         if self.keep is None and given:
             names = ", ".join(f"--{n.replace('_', '-')}" for n in given)

@@ -219,9 +219,9 @@ class ContinualLearner:
 
 def checked_entries(directory: Path, path: Path, state: dict) -> list[dict]:
     """The task entries of a continual state, each an object naming its task, order and folders; the folders
-    (``region``, ``owned``) must lie inside ``directory`` (:func:`skillgraft.io.inside`): ``continual add`` writes
+    (``region``, ``owned``) must lie inside ``directory`` (:func:`skillgraft.untrusted.inside`): ``continual add`` writes
     them back there, so ``"../x"`` or an absolute path would make it write outside the state folder."""
-    from skillgraft.io import inside  # noqa: PLC0415
+    from skillgraft.untrusted import inside  # noqa: PLC0415
 
     entries = state["tasks"]
     if not isinstance(entries, list):

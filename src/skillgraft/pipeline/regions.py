@@ -14,11 +14,12 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget
-from skillgraft.io import inside, read_json, write_json
+from skillgraft.io import read_json, write_json
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.trained import bitfit_variant, retrain_variant
 from skillgraft.pipeline.variants import Variant, base_variants, graft_variant
 from skillgraft.spec import Spec
+from skillgraft.untrusted import inside
 
 
 def localizer_options(localizer: str, localize: Spec | dict | None, *, build=None) -> Spec:
@@ -86,7 +87,7 @@ def _read_regions(entry: Path, *, regions: bool = True) -> tuple[dict[Budget, Re
     summary = read_json(path, required=("budgets",), what="stored regions summary")
     if not isinstance(summary["budgets"], list):
         raise SkillgraftError(f"{path}: field 'budgets' must be a list of budgets, got {summary['budgets']!r}"[:300])
-    # each budget names its region's folder in the entry: a name leading out of it is refused (io.inside)
+    # each budget names its region's folder in the entry: a name leading out of it is refused (untrusted.inside)
     folders = [(b, inside(entry, b, path, f"budgets.{i}")) for i, b in enumerate(summary["budgets"])]
     return ({Budget.parse(b): Region.load(f) for b, f in folders} if regions else {}), summary
 

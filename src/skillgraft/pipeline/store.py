@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from skillgraft.io import TargetExists, _remove, atomic_dir, locked, sibling
+from skillgraft.io import TargetExists, _remove, atomic_dir, sibling
+from skillgraft.locking import locked
 from skillgraft.resume import discard, resume_point
 from skillgraft.spec import stable_hash
 

@@ -13,7 +13,8 @@ from skillgraft.data.spec import DataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
-from skillgraft.io import check_apart, locked, roll_back, sibling
+from skillgraft.io import check_apart, roll_back, sibling
+from skillgraft.locking import locked
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.continual import STATE_FILE, ContinualLearner, task_region
 from skillgraft.pipeline.setup import prepare

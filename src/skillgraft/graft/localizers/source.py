@@ -134,7 +134,7 @@ def _weight_files(folder: Path) -> list[Path]:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise SkillgraftError(f"{index}: unreadable index ({e})") from None
-        from skillgraft.io import inside  # noqa: PLC0415
+        from skillgraft.untrusted import inside  # noqa: PLC0415
 
         if not isinstance(weight_map, dict):
             raise SkillgraftError(f"{index}: field 'weight_map' must be an object of tensor name → file")
