@@ -205,3 +205,21 @@ def test_values_nested_without_end_are_refused_naming_the_file(tmp_path):
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "continual.json").write_text('{"tasks": ' + deep + "}")
     one_line(invoke("continual", "show", tmp_path / "state"), "continual.json", "nested deeper")
+
+
+def test_a_task_file_field_of_the_wrong_type_is_refused_naming_it(tmp_path):
+    from badinputs import one_line
+
+    base = "name: t1\nkind: single\ntemplate: '*cls**sent_0*_It_was*mask*.'\n"
+    for text, says in (("labels: positive\nlabel_words: [a, b]\n", "field 'labels' must be a list"),
+                       ("labels: [a, b]\nlabel_words: {a: good}\n", "names no word for label(s) ['b']"),
+                       ("labels: [a, b]\nlabel_words: [x, [y]]\n", "field 'label_words' must be a list of words"),
+                       ("labels: [a, b]\nlabel_words: [x, y]\nhas_train: 'no'\n", "'has_train' must be true or false")):
+        one_line(invoke("tasks", "--task-file", _written(tmp_path, "t.yaml", base + text)), "t.yaml", says)
+
+
+def test_a_mergekit_config_path_of_the_wrong_shape_is_refused_naming_it(tmp_path):
+    for text, says in (("base_model: [a, b]\n", "'base_model' must be one path"),
+                       ("models: [{model: [a, b]}, {model: c}]\n", "'models.model' must be one path"),
+                       ("models: [{model: a, data: {x: 1}}, {model: c}]\n", "'models.data' must be one path")):
+        usage_error(invoke("merge", "--config", _written(tmp_path, "m.yaml", text)), "m.yaml:", says)

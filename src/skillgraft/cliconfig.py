@@ -39,6 +39,14 @@ def _listed(v) -> list:
     return v if isinstance(v, list) else [v]
 
 
+def _one(value, key: str) -> str:
+    """A path or name given in a mergekit-shaped config: one value, not a list or a mapping (its printed form
+    was taken as the path)."""
+    if isinstance(value, (list, dict)) or value is None or isinstance(value, bool):
+        raise typer.BadParameter(f"{key!r} must be one path or name, got {value!r}"[:300])
+    return str(value)
+
+
 def from_mergekit(cfg: dict) -> dict:
     """A mergekit-shaped merge config → ``skillgraft merge`` option values (other keys pass through)."""
     import warnings  # noqa: PLC0415
@@ -46,7 +54,7 @@ def from_mergekit(cfg: dict) -> dict:
     cfg = {_key(k): v for k, v in cfg.items()}
     out: dict[str, Any] = {}
     if "base_model" in cfg:
-        out["pretrained"] = str(cfg.pop("base_model"))
+        out["pretrained"] = _one(cfg.pop("base_model"), "base_model")
     models = cfg.pop("models", None)
     if models is not None:
         if not isinstance(models, list) or not all(isinstance(m, (dict, str)) for m in models):
@@ -56,7 +64,7 @@ def from_mergekit(cfg: dict) -> dict:
             m = {"model": m} if isinstance(m, str) else {_key(k): v for k, v in m.items()}
             if "model" not in m:
                 raise typer.BadParameter(f"a 'models' entry without 'model': {m}")
-            out.setdefault("finetuned", []).append(str(m.pop("model")))
+            out.setdefault("finetuned", []).append(_one(m.pop("model"), "models.model"))
             params = m.pop("parameters", None) or {}
             densities += [d for d in _listed(params.get("density", [])) if d not in densities]
             if any(w != 1 for w in _listed(params.get("weight", 1))):
@@ -66,7 +74,7 @@ def from_mergekit(cfg: dict) -> dict:
                 if key not in PER_MODEL:
                     raise typer.BadParameter(f"unknown key {key!r} in a 'models' entry (known: model, parameters, "
                                              f"{', '.join(PER_MODEL)})")
-                out.setdefault(PER_MODEL[key], []).append(str(value))
+                out.setdefault(PER_MODEL[key], []).append(_one(value, f"models.{key}"))
         if densities and "densities" not in cfg:
             out["densities"] = densities
     if "merge_method" in cfg:
@@ -115,7 +123,10 @@ def load(path: Path, ctx, *, mergekit: bool = False) -> dict:
                 raise typer.BadParameter(f"{path}: option {_key(k)!r} is given twice (as {spelled[_key(k)]!r} and "
                                          f"{str(k)!r}); give it once")
             spelled[_key(k)] = str(k)
-    cfg = from_mergekit(cfg) if mergekit else {_key(k): v for k, v in cfg.items()}
+    try:
+        cfg = from_mergekit(cfg) if mergekit else {_key(k): v for k, v in cfg.items()}
+    except typer.BadParameter as e:
+        raise typer.BadParameter(f"{path}: {e.message}") from None  # the file named
     params = {p.name: p for p in ctx.command.params if p.name not in ("config", "json_output", "help")}
     values = {}
     for key, value in cfg.items():
