@@ -219,7 +219,6 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.unlink(tmp)
 
 
-NAME_MAX = 255       # bytes in one file name (Linux, macOS)
 _STEM_MAX = 200      # the longest name kept whole in a hidden sibling's name (the rest: pid, random, suffix)
 
 
@@ -305,9 +304,8 @@ def check_target(path: str | os.PathLike, overwrite: bool = False,
 
 
 def roll_back(path: str | os.PathLike) -> None:
-    """Undo a replacement of ``path`` that a kill interrupted (the old ``path`` moved aside to ``.<name>.old``,
-    the new one not yet in place): the old one returns. A verb that reads its output before writing it again
-    (``continual add``) calls this before reading, so a kill at the swap point loses nothing."""
+    """Undo a replacement of ``path`` a kill interrupted (the old one moved aside, the new not yet in place): a verb
+    that reads its output before replacing it (``continual add``) calls this first, so such a kill loses nothing."""
     path = Path(path)
     if not os.path.lexists(path) and os.path.lexists(_old(path)):
         with contextlib.suppress(OSError):
@@ -529,7 +527,6 @@ def read_text(path: Path) -> str:
                               "re-save the file as UTF-8") from None
 
 
-TOO_DEEP = "values nested deeper than a reader follows (thousands of levels); refused"
 def path_problem(path: str | os.PathLike, want: str = "file") -> str | None:
     """Why ``path`` is no ``want`` ("file" or "folder") we can open, in words; None when it is one. Only a path
     that does not exist is "not found": a folder where a file should be, a link loop, a broken link or a parent
@@ -566,6 +563,9 @@ def no_such(path: str | os.PathLike, what: str, want: str = "file") -> Skillgraf
     if why == "not found":
         return SkillgraftError(f"{what} not found: {path}")
     return SkillgraftError(f"{path}: {why}; expected {'a ' if not what.startswith(('a ', 'an ')) else ''}{what}")
+
+
+TOO_DEEP = "values nested deeper than a reader follows (thousands of levels); refused"  # RecursionError's line
 
 
 def unique_keys(pairs: list[tuple[str, object]]) -> dict:
