@@ -153,7 +153,8 @@ def test_a_value_of_the_wrong_shape_for_its_option_is_refused_naming_it(tmp_path
     for text, says in (("out: [a, b]\n", "option 'out' takes one value"),
                        ("steps: [1, 2]\n", "option 'steps' takes one value"),
                        ("budgets: {a: 1}\n", "option 'budgets' takes a value, not a mapping"),
-                       ("baselines: [[movement]]\n", "not a nested list")):
+                       ("baselines: [[movement]]\n", "not a nested list"),
+                       ("steps: true\n", "option 'steps' takes a number, not true/false")):
         usage_error(invoke("graft", "--config", _written(tmp_path, "c.yaml", text)), "c.yaml", says)
     assert not (tmp_path / "a,b").exists()
 

@@ -140,6 +140,9 @@ def load(path: Path, ctx, *, mergekit: bool = False) -> dict:
             raise typer.BadParameter(f"{path}: option {key!r} takes {'values' if len(items) > 1 else 'a value'}, "
                                      f"not a {'mapping' if any(isinstance(v, dict) for v in items) else 'nested list'}"
                                      f" (got {value!r})"[:300])
+        if any(isinstance(v, bool) for v in items) and not _takes_flag(p):
+            raise typer.BadParameter(f"{path}: option {key!r} takes {'a number' if _takes_number(p) else 'a value'}, "
+                                     f"not true/false (got {value!r})")
         if getattr(p, "multiple", False):
             value = [str(v) for v in value] if isinstance(value, list) else [str(value)]
         elif isinstance(value, list):
@@ -162,6 +165,16 @@ def _takes_text(param) -> bool:
     import click  # noqa: PLC0415
 
     return isinstance(getattr(param, "type", None), click.types.StringParamType)
+
+
+def _takes_flag(param) -> bool:
+    desc = getattr(param, "type_descriptor", None)
+    return desc.annotation is bool if desc is not None else bool(getattr(param, "is_flag", False))
+
+
+def _takes_number(param) -> bool:
+    desc = getattr(param, "type_descriptor", None)
+    return desc is not None and desc.annotation in (int, float)
 
 
 def config_option(mergekit: bool = False, panel: str | None = None):
