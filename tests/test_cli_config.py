@@ -224,3 +224,11 @@ def test_a_mergekit_config_path_of_the_wrong_shape_is_refused_naming_it(tmp_path
                        ("models: [{model: [a, b]}, {model: c}]\n", "'models.model' must be one path"),
                        ("models: [{model: a, data: {x: 1}}, {model: c}]\n", "'models.data' must be one path")):
         usage_error(invoke("merge", "--config", _written(tmp_path, "m.yaml", text)), "m.yaml:", says)
+
+
+def test_true_or_false_for_a_number_in_a_recipe_is_refused_naming_the_field(tmp_path):
+    """pydantic reads a bool as 0 or 1: `steps: true` was one step."""
+    from badinputs import one_line
+
+    one_line(invoke("run", _written(tmp_path, "r.yaml", "recipe: graft\nk: 4\nfinetune: {steps: true}\n")),
+             "r.yaml", "finetune.steps", "expected a number, got true/false")

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.io import read_json, read_text
@@ -40,6 +40,15 @@ class Spec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, arbitrary_types_allowed=True,
                               allow_inf_nan=False)  # `--lr nan`, `.inf` in a recipe: refused by name
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_true_for_a_number(cls, value, info):
+        """``steps: true`` in a recipe was 1 step (pydantic reads a bool as 0 or 1): refused by name."""
+        if isinstance(value, bool) and info.field_name in cls.model_fields and \
+                _numbers_only(cls.model_fields[info.field_name].annotation):
+            raise ValueError("expected a number, got true/false")
+        return value
 
     @classmethod
     def build(cls: type[S], values: dict[str, Any] | None = None, *, where: str = "") -> S:
@@ -96,6 +105,25 @@ def validation_message(error: ValidationError, where: str) -> str:
         msg = item["msg"].removeprefix("Value error, ")
         parts.append(f"{field}: {msg}{shown}")
     return readable_bounds("; ".join(parts))
+
+
+def _numbers_only(annotation) -> bool:
+    """Whether a field takes numbers and nothing a bool could stand for (no bool, text, list or other type)."""
+    import typing  # noqa: PLC0415
+
+    leaves, todo = set(), [annotation]
+    while todo:
+        a = todo.pop()
+        origin = typing.get_origin(a)
+        if origin is Annotated:
+            todo.append(typing.get_args(a)[0])
+        elif origin is not None and origin is not typing.Literal and typing.get_args(a) and \
+                str(origin) in ("typing.Union", "<class 'types.UnionType'>"):
+            todo.extend(typing.get_args(a))
+        else:
+            leaves.add(a)
+    leaves.discard(type(None))
+    return bool(leaves) and leaves <= {int, float}
 
 
 def file_message(error: ValidationError, path: Path, unknown: str = "unknown field") -> str:
