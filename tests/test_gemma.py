@@ -251,3 +251,25 @@ def test_missing_extra_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "gguf", None)
     with pytest.raises(SkillgraftError, match=r"needs the gguf package; install the extra: make gemma"):
         gguf.inspect_gguf(_bad(tmp_path, "x.gguf", b"GGUF" + bytes(60)))
+
+
+def test_a_gguf_whose_tensors_share_their_data_is_refused_naming_both(tiny_gguf, toy_data, tmp_path):
+    """Two tensors of one shape and type pointing at the same bytes read without error as wrong weights."""
+    import shutil
+
+    import gguf as gguf_package
+
+    path = tmp_path / "shared.gguf"
+    shutil.copy(tiny_gguf["f32"], path)
+    reader = gguf_package.GGUFReader(str(path), "r+")
+    norms = [t for t in reader.tensors if t.name.endswith("attn_norm.weight")]
+    a, b = norms[0], norms[1]
+    b.field.parts[-1][0] = a.field.parts[-1][0]  # b's data offset := a's
+    reader.data.flush()
+    del reader
+    out = tmp_path / "run"
+    text = cli("finetune", "--model", path, "--mode", "causal", "--task", "SST-2", "--k", 8, "--data-dir", toy_data,
+               "--out", out, code=2)
+    assert str(path) in text and f"'{a.name}'" in text and f"'{b.name}'" in text and "overlaps" in text, text
+    assert "Traceback" not in text and not out.exists()
+    assert not list(gguf.store_root().glob("gguf-shared-*"))

@@ -7,6 +7,7 @@ inputs and the output is byte for byte as it was (docs/reliability.md; helpers: 
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 
 import pytest
@@ -239,3 +240,52 @@ def test_bad_continual_state(content, says, tmp_path):
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "continual.json").write_text(content)
     refused(tmp_path, ["continual", "show", tmp_path / "state"], str(tmp_path / "state" / "continual.json"), says)
+
+
+def _header(change):
+    """Rewrite the adapter's ``skillgraft`` safetensors header with ``change`` applied (a dict, or raw text)."""
+    def edit(folder):
+        from safetensors import safe_open
+
+        path = folder / "adapter_model.safetensors"
+        with safe_open(str(path), "pt") as f:
+            header = dict(f.metadata())
+        tensors = load_file(str(path))
+        meta = json.loads(header["skillgraft"])
+        header["skillgraft"] = change(meta) if callable(change) else change
+        if not isinstance(header["skillgraft"], str):
+            header["skillgraft"] = json.dumps(header["skillgraft"])
+        save_file(tensors, str(path), metadata=header)
+    return edit
+
+
+def _first_layer(meta):
+    return next(iter(meta["shira_entries"]))
+
+
+HEADER_CASES = {
+    # id: (change to the header, culprits)
+    "not-json": (_header("{not json"), ["'skillgraft' header is not valid JSON"]),
+    "a-list": (_header(lambda m: [m]), ["must be a JSON object", "list"]),
+    "entries-a-list": (_header(lambda m: {**m, "shira_entries": [3]}), ["'shira_entries' must be an object"]),
+    "entry-count-negative": (_header(lambda m: {**m, "shira_entries": {_first_layer(m): -2}}),
+                             ["shira_entries.", "whole number ≥ 0", "-2"]),
+    "entry-count-a-string": (_header(lambda m: {**m, "shira_entries": {_first_layer(m): "4"}}),
+                             ["shira_entries.", "whole number"]),
+    "entry-count-too-large": (_header(lambda m: {**m, "shira_entries": {_first_layer(m): 10**6}}),
+                              ["shira_entries.", "1000000 is more than the"]),
+    "shapes-a-string": (_header(lambda m: {**m, "shapes": "32x32"}), ["'shapes' must be an object"]),
+    "metadata-a-list": (_header(lambda m: {**m, "metadata": []}), ["'metadata' must be an object"]),
+    "mode-a-number": (_header(lambda m: {**m, "mode": 3}), ["'mode' must be text"]),
+}
+
+
+@pytest.mark.parametrize("case", list(HEADER_CASES))
+def test_an_adapter_with_a_malformed_skillgraft_header_is_refused_naming_the_field(case, tiny_adapter, tiny_bert,
+                                                                                   tmp_path):
+    damage, culprits = HEADER_CASES[case]
+    folder = tmp_path / "a"
+    shutil.copytree(tiny_adapter, folder)
+    damage(folder)
+    refused(tmp_path, ["inspect", folder, "--model", tiny_bert, "--out", tmp_path / "i"],
+            str(folder / "adapter_model.safetensors"), *culprits)

@@ -199,6 +199,8 @@ def graft(
 
     return_large_blocks()  # tensor-sized temporaries freed go back to the OS at once (the peak is the work's)
 
+    keep.refuse_options_without_targets(frontier=frontier.frontier)
+    user.refuse_options_without_data()
     # the chosen localizer's own defaults + the options the user set; checked before any work
     options = localizer_options(report.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
     result = run_graft(GraftInputs(finetuned, pretrained, mode, task, max_length, data, user), report=report,

@@ -188,7 +188,7 @@ def _moved(name, tmp: Path, path: Path):
         return name
     if text == prefix or text.startswith(prefix + os.sep):
         return os.fspath(path) + text[len(prefix):]
-    if os.path.basename(text).startswith(f".{path.name}.") and text.endswith(".tmp"):
+    if os.path.basename(text).startswith(f".{stem(path)}.") and text.endswith(".tmp"):
         return os.fspath(path)  # the temporary sibling could not even be made
     return name
 
@@ -219,17 +219,40 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.unlink(tmp)
 
 
+_STEM_MAX = 200      # the longest name kept whole in a hidden sibling's name (the rest: pid, random, suffix)
+
+
+def stem(path: str | os.PathLike) -> str:
+    """``path``'s name as its hidden siblings carry it (``.<stem>.<pid>-<random>.tmp``, ``.<stem>.old``,
+    ``.<stem>.resume``): the name itself, or — for a name too long to leave room for the rest within the
+    255-byte limit of a file name — its first bytes, ``~`` and a digest of the whole name (a valid 245-character
+    output folder was refused: its temporary sibling's name was longer than the system allows)."""
+    name = Path(path).name
+    raw = os.fsencode(name)
+    if len(raw) <= _STEM_MAX:
+        return name
+    import hashlib  # noqa: PLC0415
+
+    head = os.fsdecode(raw[: _STEM_MAX - 9].decode("utf-8", errors="ignore").encode())  # whole characters only
+    return f"{head}~{hashlib.sha256(raw).hexdigest()[:8]}"
+
+
+def sibling(path: str | os.PathLike, suffix: str) -> Path:
+    """The hidden sibling ``.<stem>.<suffix>`` of ``path`` (:func:`stem`)."""
+    return Path(path).with_name(f".{stem(path)}.{suffix}")
+
+
 def _tmp_prefix(path: Path) -> str:
-    return f".{path.name}.{os.getpid()}-"  # the writer's pid: a sibling whose writer is gone is a leftover
+    return f".{stem(path)}.{os.getpid()}-"  # the writer's pid: a sibling whose writer is gone is a leftover
 
 
 def _old(path: Path) -> Path:
-    return path.with_name(f".{path.name}.old")
+    return sibling(path, "old")
 
 
 def sweep_leftovers(path: Path) -> None:
     """Delete temporary siblings of ``path`` whose writing process no longer runs (a kill -9 leaves them)."""
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.(\d+)-[^/]*\.tmp")
+    pattern = re.compile(rf"\.{re.escape(stem(path))}\.(\d+)-[^/]*\.tmp")
     try:
         names = os.listdir(path.parent)
     except OSError:
@@ -264,9 +287,7 @@ def check_target(path: str | os.PathLike, overwrite: bool = False,
     back first: the old ``path`` returns, and is refused like any other unless ``overwrite``."""
     path = Path(path)
     check_apart(path, inputs or {})
-    if not os.path.lexists(path) and os.path.lexists(_old(path)):
-        with contextlib.suppress(OSError):
-            os.replace(_old(path), path)
+    roll_back(path)
     if os.path.lexists(path) and not overwrite:
         what = "folder" if path.is_dir() else "file"
         raise SkillgraftError(f"{path} already exists ({what}); refusing to replace it. Pass --overwrite to "
@@ -280,6 +301,15 @@ def check_target(path: str | os.PathLike, overwrite: bool = False,
         raise SkillgraftError(f"cannot create {path}: {parent} is not writable (permission denied or a "
                               "read-only file system)")
     return path
+
+
+def roll_back(path: str | os.PathLike) -> None:
+    """Undo a replacement of ``path`` a kill interrupted (the old one moved aside, the new not yet in place): a verb
+    that reads its output before replacing it (``continual add``) calls this first, so such a kill loses nothing."""
+    path = Path(path)
+    if not os.path.lexists(path) and os.path.lexists(_old(path)):
+        with contextlib.suppress(OSError):
+            os.replace(_old(path), path)
 
 
 def _absolute(path: str | os.PathLike) -> Path:
@@ -535,15 +565,33 @@ def no_such(path: str | os.PathLike, what: str, want: str = "file") -> Skillgraf
     return SkillgraftError(f"{path}: {why}; expected {'a ' if not what.startswith(('a ', 'an ')) else ''}{what}")
 
 
+TOO_DEEP = "values nested deeper than a reader follows (thousands of levels); refused"  # RecursionError's line
+
+
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """``json.loads``' ``object_pairs_hook``: the object, or a ``ValueError`` for a key given twice in it (JSON
+    parsers keep the last silently; the file almost certainly holds a mistake)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} is given twice in one object; give each key once")
+        out[key] = value
+    return out
+
+
 def read_json(path: str | os.PathLike, *, required: tuple[str, ...] = (), what: str = "file") -> dict:
     """A JSON object from ``path``; missing file, bad JSON or a missing ``required`` key → one clear error."""
     path = Path(path)
     if not path.is_file():
         raise no_such(path, what)
     try:
-        obj = json.loads(read_text(path))
+        obj = json.loads(read_text(path), object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:
         raise SkillgraftError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except ValueError as e:  # a key given twice (unique_keys)
+        raise SkillgraftError(f"{path}: {e}") from None
+    except RecursionError:
+        raise SkillgraftError(f"{path}: {TOO_DEEP}") from None
     if required and not isinstance(obj, dict):
         raise SkillgraftError(f"{path}: unreadable {what} (expected a JSON object, got {type(obj).__name__})")
     missing = [k for k in required if k not in obj]

@@ -13,7 +13,9 @@ several processes (sharded by FSDP2, or replicated) saves one file per rank and 
 (:class:`Sharded`); a resume by another number of processes starts over. When the entry is complete the folder
 is deleted.
 
-The files are pickles (``torch.save``) in the user's own store, read back only from there.
+The files are written by ``torch.save`` and read back with ``torch.load(weights_only=True)``: tensors, numbers,
+strings and containers of them, nothing that runs code (a planted pickle is refused, the file named, and the loop
+starts over).
 """
 
 from __future__ import annotations
@@ -81,9 +83,9 @@ class Checkpoint:
                 saved = _read_manifest(self.manifest)
                 note(self.manifest, f"saved by {saved['world']} processes, this run has 1" if saved else "damaged")
             return None
-        state = _read(self.path)
+        state, why = _read(self.path)
         if state is None or state.get("fingerprint") != self.fingerprint:
-            note(self.path, "damaged" if state is None else "saved with other settings")
+            note(self.path, why or "saved with other settings")
             return None
         return state
 
@@ -132,9 +134,9 @@ class Sharded(Checkpoint):
             why = (self.manifest, "saved with other settings")
         else:
             path = self.file(self.rank, saved["serial"])
-            state = _read(path)
+            state, problem = _read(path)
             if state is None:
-                why = (path, "missing or damaged")
+                why = (path, problem or "missing or damaged")
             elif state.get("fingerprint") != self.fingerprint or state.get("serial") != saved["serial"]:
                 why = (path, "saved with other settings")
         if saved is not None:  # our saves are numbered after it: it never names one of them, used or not
@@ -180,16 +182,30 @@ def note(path: Path, reason: str) -> None:
     print(f"{path}: {reason}; not resuming from it, the loop starts over", file=sys.stderr, flush=True)
 
 
-def _read(path: Path) -> dict | None:
+def _read(path: Path) -> tuple[dict | None, str | None]:
+    """The state saved at ``path`` and None, or None and why it is not used (None: there is none). Read with
+    ``weights_only=True``: a file that would run code when unpickled (a planted pickle) is refused, never run."""
     if not path.is_file():
-        return None
+        return None, None
+    import pickle  # noqa: PLC0415 - only for its error type: nothing here is unpickled without weights_only
+
     import torch  # noqa: PLC0415
 
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "weights_only" in str(e) or "Unsupported global" in str(e):
+            return None, ("holds objects other than tensors, numbers and text (code would run if it were "
+                          "unpickled); refused, not read")
+        return None, "damaged"
     except Exception:  # noqa: BLE001 - a damaged state is ignored: the stage starts over
-        return None
-    return state if isinstance(state, dict) else None
+        return None, "damaged"
+    if not isinstance(state, dict):
+        return None, "damaged (not a saved state)"
+    try:
+        return _restored(state), None
+    except (TypeError, ValueError, KeyError, SkillgraftError):
+        return None, "damaged (a saved value does not read back)"
 
 
 def _read_manifest(path: Path) -> dict | None:
@@ -207,7 +223,76 @@ def _write(path: Path, state: dict) -> None:
     from skillgraft.io import atomic_path  # noqa: PLC0415
 
     with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+        torch.save(_plain(state), tmp)
+
+
+# A state holds, beside tensors and plain Python values, NumPy arrays (a RandomState's), budgets (dict keys) and
+# regions; they are written as tagged plain values, so that ``weights_only=True`` reads the file back.
+_TAGS = ("__ndarray__", "__budget__", "__region__", "__items__")
+
+
+def _plain(x):
+    import numpy as np  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    if x is None or isinstance(x, (bool, int, float, str, bytes, torch.Tensor)):
+        return x
+    if isinstance(x, (np.ndarray, np.generic)):
+        arr = np.asarray(x)
+        if arr.dtype.hasobject:
+            raise TypeError("a NumPy array of Python objects cannot be saved in a resumable state")
+        return {"__ndarray__": arr.tobytes(), "dtype": arr.dtype.str, "shape": list(arr.shape),
+                "scalar": isinstance(x, np.generic)}
+    if isinstance(x, dict):
+        if all(isinstance(k, str) and k not in _TAGS for k in x):
+            return {k: _plain(v) for k, v in x.items()}
+        return {"__items__": [[_plain(k), _plain(v)] for k, v in x.items()]}
+    if isinstance(x, tuple):
+        return tuple(_plain(v) for v in x)
+    if isinstance(x, list):
+        return [_plain(v) for v in x]
+    from skillgraft.graft.region import Region  # noqa: PLC0415
+    from skillgraft.graft.selection import Budget  # noqa: PLC0415
+
+    if isinstance(x, Budget):
+        return {"__budget__": x.model_dump()}
+    if isinstance(x, Region):
+        return {"__region__": {"shapes": {k: list(v) for k, v in x.shapes.items()}, "indices": dict(x.indices)}}
+    raise TypeError(f"a resumable state cannot hold a {type(x).__name__}")
+
+
+def _restored(x):
+    """The inverse of :func:`_plain` (the tagged values checked as they are rebuilt)."""
+    if isinstance(x, list):
+        return [_restored(v) for v in x]
+    if isinstance(x, tuple):
+        return tuple(_restored(v) for v in x)
+    if not isinstance(x, dict):
+        return x
+    if "__ndarray__" in x:
+        import numpy as np  # noqa: PLC0415
+
+        dtype = np.dtype(str(x["dtype"]))
+        if dtype.hasobject:
+            raise ValueError("object arrays are not read")
+        arr = np.frombuffer(x["__ndarray__"], dtype=dtype).reshape([int(d) for d in x["shape"]]).copy()
+        return arr[()] if x.get("scalar") else arr
+    if "__items__" in x:
+        return {_hashable(_restored(k)): _restored(v) for k, v in x["__items__"]}
+    if "__budget__" in x:
+        from skillgraft.graft.selection import Budget  # noqa: PLC0415
+
+        return Budget.model_validate(x["__budget__"])
+    if "__region__" in x:
+        from skillgraft.graft.region import Region  # noqa: PLC0415
+
+        r = x["__region__"]
+        return Region({k: tuple(v) for k, v in r["shapes"].items()}, dict(r["indices"]))
+    return {k: _restored(v) for k, v in x.items()}
+
+
+def _hashable(k):
+    return tuple(_hashable(v) for v in k) if isinstance(k, list) else k
 
 
 def checkpoint(kind: str, settings, *, world: int = 1, rank: int = 0, device="cpu") -> Checkpoint | None:

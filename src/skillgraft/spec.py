@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.io import read_json, read_text
@@ -40,6 +40,15 @@ class Spec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, arbitrary_types_allowed=True,
                               allow_inf_nan=False)  # `--lr nan`, `.inf` in a recipe: refused by name
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_true_for_a_number(cls, value, info):
+        """``steps: true`` in a recipe was 1 step (pydantic reads a bool as 0 or 1): refused by name."""
+        if isinstance(value, bool) and info.field_name in cls.model_fields and \
+                _numbers_only(cls.model_fields[info.field_name].annotation):
+            raise ValueError("expected a number, got true/false")
+        return value
 
     @classmethod
     def build(cls: type[S], values: dict[str, Any] | None = None, *, where: str = "") -> S:
@@ -98,6 +107,25 @@ def validation_message(error: ValidationError, where: str) -> str:
     return readable_bounds("; ".join(parts))
 
 
+def _numbers_only(annotation) -> bool:
+    """Whether a field takes numbers and nothing a bool could stand for (no bool, text, list or other type)."""
+    import typing  # noqa: PLC0415
+
+    leaves, todo = set(), [annotation]
+    while todo:
+        a = todo.pop()
+        origin = typing.get_origin(a)
+        if origin is Annotated:
+            todo.append(typing.get_args(a)[0])
+        elif origin is not None and origin is not typing.Literal and typing.get_args(a) and \
+                str(origin) in ("typing.Union", "<class 'types.UnionType'>"):
+            todo.extend(typing.get_args(a))
+        else:
+            leaves.add(a)
+    leaves.discard(type(None))
+    return bool(leaves) and leaves <= {int, float}
+
+
 def file_message(error: ValidationError, path: Path, unknown: str = "unknown field") -> str:
     """One line for a file that does not fit its spec: ``path: field 'a.b': message (got value); …``."""
     parts = []
@@ -134,7 +162,9 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise no_such(path, "YAML file")
-    data = parse_file(path, yaml.safe_load, yaml.YAMLError,
+    from skillgraft.untrusted import load_yaml  # noqa: PLC0415 - duplicate keys and alias bombs refused
+
+    data = parse_file(path, lambda text: load_yaml(path, text), yaml.YAMLError,
                       lambda e: f"not valid YAML ({str(e).splitlines()[0]})") or {}
     if not isinstance(data, dict):
         raise SkillgraftError(f"{path}: expected a mapping of settings at the top level")
@@ -150,3 +180,7 @@ def parse_file(path: Path, parse: Callable[[str], Any], error: type[Exception],
         return parse(text)
     except error as e:
         raise SkillgraftError(f"{path}: {describe(e)}") from None
+    except RecursionError:
+        from skillgraft.io import TOO_DEEP  # noqa: PLC0415
+
+        raise SkillgraftError(f"{path}: {TOO_DEEP}") from None

@@ -115,13 +115,23 @@ def read_file(task: Task, path: Path) -> list[Example]:
     return examples
 
 
+_WHOLE = __import__("re").compile(r"[+-]?\d+\.0+")
+
+
+def whole_number_label(label: str) -> str:
+    """``"1"`` for ``"1.0"`` (pandas writes an integer label column holding a missing value, or read as floats,
+    as ``0.0`` / ``1.0``): a label in a CSV or TSV reads as the same label as the number ``1.0`` in JSONL, which
+    JSON parses to a float. Any other text is left as it is."""
+    return str(int(float(label))) if _WHOLE.fullmatch(label) else label
+
+
 def _label(task: Task, raw: object, where: str) -> int:
     if isinstance(raw, (list, dict, bool)) or raw is None:
         got = "null" if raw is None else f"{type(raw).__name__} {raw!r}"
         raise SkillgraftError(f"{where}: field 'label' must be a string or a number, got {got}")
     if isinstance(raw, float) and raw.is_integer():
         raw = int(raw)  # 1.0 as pandas writes an integer label
-    label = str(raw).strip()
+    label = whole_number_label(str(raw).strip())  # "1.0" in a CSV/TSV is the same label as 1.0 in JSONL
     if label not in task.labels:
         shown = repr(label) if len(label) <= 40 else repr(label[:40]) + f"… ({len(label)} characters)"
         raise SkillgraftError(f"{where}: unknown label {shown}; task {task.name!r} has labels {list(task.labels)}")

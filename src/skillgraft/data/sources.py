@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.io import no_such, read_text
+from skillgraft.io import TOO_DEEP, no_such, read_text, unique_keys
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number (non-finite values are refused)")
@@ -40,11 +40,13 @@ def jsonl_rows(path: Path, hint: str = "") -> list[tuple[str, dict]]:
             continue
         where = f"{path}:{lineno}"
         try:
-            row = json.loads(line, parse_constant=_no_constant, parse_float=_finite_float)
+            row = json.loads(line, parse_constant=_no_constant, parse_float=_finite_float, object_pairs_hook=unique_keys)
         except json.JSONDecodeError as e:
             raise SkillgraftError(f"{where}: malformed JSON ({e.msg} at column {e.colno}){hint}") from None
         except ValueError as e:
             raise SkillgraftError(f"{where}: {e}") from None
+        except RecursionError:
+            raise SkillgraftError(f"{where}: {TOO_DEEP}") from None
         if not isinstance(row, dict):
             raise SkillgraftError(f"{where}: expected a JSON object, got {type(row).__name__}")
         if "\\u" in line:  # only an escape can make a lone surrogate: "\ud800" parses, then breaks the tokenizer

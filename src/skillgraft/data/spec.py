@@ -85,6 +85,18 @@ class UserDataSpec(Spec):
                 raise ValueError(f"--template {self.template!r}: {e}") from None
         return self
 
+    def refuse_options_without_data(self) -> None:
+        """Refuse, before any work, options that describe a ``--data`` file given without one (a verb reading a
+        registered task or a run's data ignored them silently). Not a validator: ``merge`` shares these options
+        across its per-model files, so its shared spec has no ``data`` of its own."""
+        alone = sorted(self.model_fields_set & {"data_config", "data_split", "eval_split", "eval_fraction",
+                                                "text_field", "text_pair_field", "label_field", "prompt_field",
+                                                "completion_field", "labels", "template"})
+        if alone and self.data is None and self.eval_data is None:
+            names = ", ".join(f"--{n.replace('_', '-')}" for n in alone)
+            raise SkillgraftError(f"{names} {'describes' if len(alone) == 1 else 'describe'} a --data file: give "
+                                  f"--data, or leave {'it' if len(alone) == 1 else 'them'} out")
+
     @property
     def generative(self) -> bool:
         return self.completion_field is not None

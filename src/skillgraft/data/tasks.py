@@ -223,13 +223,36 @@ def task_from_dict(spec: dict, source: str = "task spec") -> Task:
     words = spec.get("label_words")
     if isinstance(words, dict):
         spec.setdefault("labels", list(words))
+        missing = [k for k in (spec["labels"] if isinstance(spec["labels"], (list, tuple)) else []) if k not in words]
+        if missing or not isinstance(spec["labels"], (list, tuple)):
+            raise SkillgraftError(f"{source}: field 'label_words' names no word for label(s) {missing or spec['labels']}")
         spec["label_words"] = [words[k] for k in spec["labels"]]
     for required in ("name", "kind", "labels", "label_words", "template"):
         if required not in spec:
             raise SkillgraftError(f"{source}: missing required field {required!r}")
+    _check_types(spec, source)
     spec["labels"] = tuple(str(x) for x in spec["labels"])
     spec["label_words"] = tuple(str(x) for x in spec["label_words"])
     return Task(**spec)
+
+
+def _check_types(spec: dict, source: str) -> None:
+    """Each task field of its type, by name (before: ``labels: positive`` became the labels p, o, s, …, and a list
+    where text belongs was taken as its printed form)."""
+    def scalar(v) -> bool:
+        return isinstance(v, (str, int, float)) and not isinstance(v, bool)
+
+    for key in ("labels", "label_words"):
+        if not isinstance(spec[key], (list, tuple)) or not all(scalar(x) for x in spec[key]):
+            raise SkillgraftError(f"{source}: field {key!r} must be a list of words, got {spec[key]!r}"[:300])
+    for key in ("name", "kind", "template", "causal_template", "metric", "folder", "description"):
+        if spec.get(key) is not None and not isinstance(spec[key], str):
+            raise SkillgraftError(f"{source}: field {key!r} must be text, got {spec[key]!r}"[:300])
+    for key in ("has_train", "test_from_train"):
+        if key in spec and not isinstance(spec[key], bool):
+            raise SkillgraftError(f"{source}: field {key!r} must be true or false, got {spec[key]!r}")
+    if spec.get("positive_label") is not None and not scalar(spec["positive_label"]):
+        raise SkillgraftError(f"{source}: field 'positive_label' must be a label, got {spec['positive_label']!r}")
 
 
 def load_task_yaml(path: str | Path, *, overwrite: bool = False) -> list[Task]:
@@ -239,7 +262,10 @@ def load_task_yaml(path: str | Path, *, overwrite: bool = False) -> list[Task]:
         from skillgraft.io import no_such  # noqa: PLC0415
 
         raise no_such(path, "task file")
-    doc = parse_file(path, yaml.safe_load, yaml.YAMLError, lambda e: f"not valid YAML: {e}")  # BOM, UTF-16 read
+    from skillgraft.untrusted import load_yaml  # noqa: PLC0415 - duplicate keys and alias bombs refused
+
+    doc = parse_file(path, lambda text: load_yaml(path, text), yaml.YAMLError,
+                     lambda e: f"not valid YAML: {e}")  # BOM, UTF-16 read
     specs = doc.get("tasks", [doc]) if isinstance(doc, dict) else doc
     if not isinstance(specs, list):
         raise SkillgraftError(f"{path}: expected a task mapping or a list under 'tasks:'")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from skillgraft.lazy import np
 
-from skillgraft.data.loading import Example
+from skillgraft.data.loading import Example, whole_number_label
 from skillgraft.data.sampling import eval_subset, sample_kshot
 from skillgraft.data.sources import open_source
 from skillgraft.data.tasks import SENTIMENT, Task, from_readable
@@ -172,7 +172,8 @@ def _classification(name, rows, eval_rows, spec, model_labels) -> UserData:
         for where, row in items:
             text = _field(row, spec.text_field, where, "--text-field")
             pair = _field(row, spec.text_pair_field, where, "--text-pair-field") if spec.text_pair_field else None
-            out.append((text, pair, _field(row, spec.label_field, where, "--label-field"), where))
+            label = whole_number_label(_field(row, spec.label_field, where, "--label-field"))  # CSV "1.0" = JSONL 1.0
+            out.append((text, pair, label, where))
         return out
 
     train, test = parse(rows), parse(eval_rows)

@@ -66,9 +66,44 @@ def _read_adapter(directory: Path) -> tuple[dict, dict]:
         raise SkillgraftError(f"{w_path}: not a readable safetensors file ({reason}); truncated or corrupted") from None
     try:
         meta = json.loads(header["skillgraft"]) if "skillgraft" in header else {}
-    except json.JSONDecodeError:
-        meta = {}
-    return cfg, meta
+    except json.JSONDecodeError as e:
+        raise SkillgraftError(f"{w_path}: its 'skillgraft' header is not valid JSON ({e.msg}); the adapter is "
+                              "damaged (export it again)") from None
+    return cfg, _checked_header(w_path, meta)
+
+
+def _checked_header(w_path: Path, meta) -> dict:
+    """The ``skillgraft`` header of an adapter written by :func:`~skillgraft.export.peft.export_peft`, each field
+    it is read for of its type: per-layer entry counts whole numbers ≥ 0 (a negative count sliced the stored
+    entries from the end: another region), shapes lists of sizes, the rest objects or text. One line naming the
+    file and the field (before: an AttributeError, or a silently different region)."""
+    def bad(field: str, want: str, got) -> SkillgraftError:
+        return SkillgraftError(f"{w_path}: 'skillgraft' header field {field!r} must be {want}, got {got!r}"[:400])
+
+    if not isinstance(meta, dict):
+        raise bad("(whole)", "a JSON object", type(meta).__name__)
+    entries = meta.get("shira_entries", {})
+    if not isinstance(entries, dict):
+        raise bad("shira_entries", "an object of layer → count", entries)
+    for layer, n in entries.items():
+        if type(n) is not int or n < 0:
+            raise bad(f"shira_entries.{layer}", "a whole number ≥ 0", n)
+    shapes = meta.get("shapes", {})
+    if not isinstance(shapes, dict):
+        raise bad("shapes", "an object of tensor → shape", shapes)
+    for name, shape in shapes.items():
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise bad(f"shapes.{name}", "a list of sizes ≥ 0", shape)
+    for field in ("metadata",):
+        if meta.get(field) is not None and not isinstance(meta[field], dict):
+            raise bad(field, "an object", meta[field])
+    for field in ("base_model", "base_fingerprint", "mode"):
+        if meta.get(field) is not None and not isinstance(meta[field], str):
+            raise bad(field, "text", meta[field])
+    task_spec = (meta.get("metadata") or {}).get("task_spec")
+    if task_spec is not None and not isinstance(task_spec, dict):
+        raise bad("metadata.task_spec", "an object", task_spec)
+    return meta
 
 
 def _load_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -132,6 +167,10 @@ def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = Fa
             check_shira_indices(directory / ADAPTER_WEIGHTS, f"{PEFT_PREFIX}{path}.shira_indices", ij, t, w.shape)
             ij, t = ij.long(), t.reshape(-1)
             if path in entries:  # written by export_peft: grafted entries first, zero padding after
+                if entries[path] > t.numel():
+                    raise SkillgraftError(f"{directory / ADAPTER_WEIGHTS}: 'skillgraft' header field "
+                                          f"'shira_entries.{path}' = {entries[path]} is more than the "
+                                          f"{t.numel()} entries stored for that layer; the adapter is damaged")
                 ij, t = ij[:, : entries[path]], t[: entries[path]]
             flat = ij[0] * w.shape[1] + ij[1]
             indices[name] = torch.unique(flat)

@@ -97,6 +97,18 @@ class KeepSpec(Spec):
         except SkillgraftError as e:
             raise ValueError(str(e)) from None
 
+    def refuse_options_without_targets(self, *, frontier: bool = False) -> None:
+        """Refuse, before any work, keep options given without ``keep`` (the CLI's ``--keep-data`` or
+        ``--keep-confidence`` alone): they shape a search that never runs, and were silently ignored. With
+        ``frontier`` (``--frontier``, whose own keep search takes them) they are used."""
+        given = [] if frontier else sorted(self.model_fields_set & {"keep_tolerance", "keep_from", "keep_holdout", "keep_confidence",
+                                                "keep_data"})
+        if self.keep is None and given:
+            names = ", ".join(f"--{n.replace('_', '-')}" for n in given)
+            raise SkillgraftError(f"{names} {'shapes' if len(given) == 1 else 'shape'} a keep search, which only "
+                                  "--keep starts: give --keep (a share of FT's score, e.g. --keep 0.95) or leave "
+                                  f"{'it' if len(given) == 1 else 'them'} out")
+
     @field_validator("keep_from", mode="before")
     @classmethod
     def _budget(cls, value):

@@ -56,6 +56,37 @@ def write_routed(folder: Path, pre, grafts: dict[str, Graft], labels: dict[str, 
     return record
 
 
+def read_routed(folder: Path) -> dict:
+    """``routed.json`` of ``folder``, checked before anything is loaded: a JSON object of this format naming the
+    base and each task's skill folder (``path``) inside ``folder`` (:func:`skillgraft.untrusted.inside`: an absolute path
+    or ``..`` out of it is refused, not loaded), with its labels a list. One line naming the file and the field."""
+    from skillgraft.io import read_json  # noqa: PLC0415
+    from skillgraft.untrusted import inside  # noqa: PLC0415
+
+    meta = folder / "routed.json"
+    record = read_json(meta, required=("format", "base", "tasks"), what="routed skills file")
+    if record["format"] != FORMAT:
+        raise SkillgraftError(f"{meta}: field 'format': {record['format']!r} is not {FORMAT!r}")
+    version = record.get("format_version", FORMAT_VERSION)
+    if type(version) is not int or not 1 <= version <= FORMAT_VERSION:
+        raise SkillgraftError(f"{meta}: field 'format_version': {version!r} is not one this skillgraft reads "
+                              f"(1…{FORMAT_VERSION})")
+    inside(folder, record["base"], meta, "base")
+    tasks = record["tasks"]
+    if not isinstance(tasks, dict) or not tasks:
+        raise SkillgraftError(f"{meta}: field 'tasks' must be an object of task name → skill, got {tasks!r}"[:300])
+    for name, t in tasks.items():
+        if not isinstance(t, dict):
+            raise SkillgraftError(f"{meta}: field 'tasks.{name}' must be an object, got {type(t).__name__}")
+        inside(folder, t.get("path"), meta, f"tasks.{name}.path")
+        labels = t.get("labels", [])
+        if not isinstance(labels, list) or not all(isinstance(x, (str, int)) for x in labels):
+            raise SkillgraftError(f"{meta}: field 'tasks.{name}.labels' must be a list of labels, got {labels!r}")
+        if t.get("keep") is not None and not isinstance(t["keep"], dict):
+            raise SkillgraftError(f"{meta}: field 'tasks.{name}.keep' must be an object, got {t['keep']!r}")
+    return record
+
+
 class RoutedSkills:
     """A base model and named skills (grafts with their heads); :meth:`use` applies one for a block."""
 
@@ -74,9 +105,7 @@ class RoutedSkills:
         meta = folder / "routed.json"
         if not meta.is_file():
             raise SkillgraftError(f"{folder}: no routed.json (write one with `skillgraft merge … --routed`)")
-        record = json.loads(meta.read_text())
-        if record.get("format") != FORMAT:
-            raise SkillgraftError(f"{meta}: format {record.get('format')!r} is not {FORMAT!r}")
+        record = read_routed(folder)
         base = folder / record["base"]
         config = transformers.AutoConfig.from_pretrained(base)
         arch = (getattr(config, "architectures", None) or ["AutoModel"])[0]

@@ -90,6 +90,15 @@ def inspect_gguf(path: Path) -> dict:
         if t.data_offset + t.n_bytes > size:
             raise SkillgraftError(f"{path}: truncated GGUF file: tensor {t.name!r} ends at byte "
                                   f"{t.data_offset + t.n_bytes:,} of a {size:,}-byte file")
+    # tensors whose data overlap (two names, one offset): the reader would load one's bytes as the other's weights
+    # (and the conversion is cached by content), so the file is refused, both tensors named
+    ordered = sorted((t for t in tensors if t.n_bytes), key=lambda t: t.data_offset)
+    for before, after in zip(ordered, ordered[1:]):
+        if after.data_offset < before.data_offset + before.n_bytes:
+            raise SkillgraftError(f"{path}: damaged GGUF file: the data of tensor {after.name!r} (from byte "
+                                  f"{after.data_offset:,}) overlaps that of {before.name!r} (bytes "
+                                  f"{before.data_offset:,}–{before.data_offset + before.n_bytes:,}); each tensor "
+                                  "needs its own bytes")
 
     def field(name, default=None):
         f = reader.fields.get(name)

@@ -157,6 +157,29 @@ def load_tokenizer(path: str):
         raise SkillgraftError(f"could not load a tokenizer from {path!r}: {str(e).splitlines()[0]}") from None
 
 
+def check_weight_files(folder: str | os.PathLike, who: str | None = None) -> None:
+    """Refuse a local checkpoint folder whose safetensors files do not open (a header that claims more bytes than
+    the file holds, 1 TiB say; tensors whose data offsets overlap or leave the file; a truncated file): one line
+    naming the file and, with ``who`` (``"fine-tuned model (--finetuned)"``), its role — safetensors' own message
+    names neither. Only the headers are read (the data is mapped, not loaded); a hub name is left alone."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    from safetensors import safe_open  # noqa: PLC0415
+
+    for f in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), "pt") as opened:
+                opened.keys()
+        except OSError:
+            raise
+        except Exception as e:  # noqa: BLE001 - safetensors' own error types: the file is damaged
+            reason = (str(e).splitlines() or [type(e).__name__])[0]
+            role = f"{who} " if who else ""
+            raise SkillgraftError(f"{role}{f}: not a readable safetensors file ({reason}); truncated or "
+                                  "corrupted") from None
+
+
 def load_hf_model(path: str, kind: str, *, dtype: torch.dtype | None = None, with_mlm_check: bool = False):
     """Load ``kind`` ∈ {base, mlm, causal}; with ``with_mlm_check`` also return whether MLM-head weights exist.
 
@@ -169,6 +192,7 @@ def load_hf_model(path: str, kind: str, *, dtype: torch.dtype | None = None, wit
     from skillgraft.models.placement import load_dtype  # noqa: PLC0415
 
     classes = {"base": AutoModel, "mlm": AutoModelForMaskedLM, "causal": AutoModelForCausalLM}
+    check_weight_files(path)  # a damaged file named, not only the folder
     hf_logging, level = quiet_transformers()
     dtype = load_dtype(dtype)  # the run's precision (fp32 upcasts a bf16 checkpoint exactly), else the file's
     kwargs = {"dtype": dtype} if dtype is not None else {}
@@ -226,6 +250,7 @@ def load_classifier(path: str, labels: tuple[str, ...], *, pad_token_id: int | N
     """
     from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: PLC0415
 
+    check_weight_files(path)  # a damaged file named, not safetensors' bare message
     hf_logging, level = quiet_transformers()
     try:
         config = AutoConfig.from_pretrained(path)

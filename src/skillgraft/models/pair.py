@@ -46,6 +46,10 @@ def check_pair(pretrained: str, finetuned: str) -> None:
     configs = []
     for ref, role in zip(refs, ("pre-trained (--pretrained)", "fine-tuned (--finetuned)")):
         configs.append(read_config(ref.path, f"{role} model {ref.name!r}").to_dict())
+    from skillgraft.models.loading import check_weight_files  # noqa: PLC0415
+
+    for ref, role in zip(refs, ("pre-trained model (--pretrained)", "fine-tuned model (--finetuned)")):
+        check_weight_files(ref.path, role)  # before any weights load: the damaged file and its role named
     a, b = configs
     if a.get("model_type") != b.get("model_type"):
         raise SkillgraftError(f"different architectures: {refs[0].name} is {a.get('model_type')!r}, {refs[1].name} is "
@@ -108,14 +112,18 @@ def read_config(path: str, who: str):
 
     from transformers import AutoConfig  # noqa: PLC0415
 
-    from skillgraft.io import read_text  # noqa: PLC0415
+    from skillgraft.io import TOO_DEEP, read_text, unique_keys  # noqa: PLC0415
 
     file = Path(path) / "config.json"
     if file.is_file():  # a local folder: name the file and field at fault
         try:
-            raw = json.loads(read_text(file))
+            raw = json.loads(read_text(file), object_pairs_hook=unique_keys)
         except json.JSONDecodeError as e:
             raise SkillgraftError(f"{file}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        except ValueError as e:  # a key given twice
+            raise SkillgraftError(f"{file}: {e}") from None
+        except RecursionError:
+            raise SkillgraftError(f"{file}: {TOO_DEEP}") from None
         if not isinstance(raw, dict):
             raise SkillgraftError(f"{file}: expected a JSON object, got {type(raw).__name__}")
     try:

@@ -108,6 +108,8 @@ class Scorer(nn.Module):
                         "Register the task with single-token label words, or use causal mode."
                     )
             self.single_token = all(len(ids) == 1 for ids in self.label_ids)
+            if mode == "causal" and not self.single_token:
+                self._room_for_words()  # refused before any work: words that leave the prompt no position
             self.register_buffer("label_token_ids", torch.tensor([ids[0] for ids in self.label_ids]),
                                  persistent=False)
         from skillgraft.models.placement import place  # noqa: PLC0415
@@ -139,20 +141,39 @@ class Scorer(nn.Module):
         causal = self.mode == "causal"
         template = (self.task.causal_template or self.task.template) if causal else self.task.template
         rows, positions = [], []
+        room = self._room_for_words() if causal and not self.single_token else self.max_length
         rendered = self.__dict__.setdefault("_rendered", {})  # each example tokenized once, not once per step
         for ex in examples:
-            key = (template, ex, causal, self.max_length)
-            hit = rendered.get(key)
+            hit = rendered.get((template, ex, causal, room))
             if hit is None:
-                hit = render(template, ex, self.tokenizer, self.max_length, causal=causal)
+                try:
+                    hit = render(template, ex, self.tokenizer, room, causal=causal)
+                except SkillgraftError as e:
+                    if room == self.max_length:
+                        raise
+                    raise SkillgraftError(f"{e}, once the longest label word's tokens are set aside "
+                                          f"({self.max_length - room} of max_length={self.max_length})") from None
                 if len(rendered) < 200_000:
-                    rendered[key] = hit
+                    rendered[(template, ex, causal, room)] = hit
             rows.append(hit[0])
             positions.append(hit[1])
         if causal and not self.single_token:
             return self._collate_multi_token(rows, labels)
         ids, mask = _pad(rows, self.tokenizer.pad_token_id)
         return {"input_ids": ids, "attention_mask": mask, "score_pos": torch.tensor(positions), "labels": labels}
+
+    def _room_for_words(self) -> int:
+        """Positions a causal prompt may take when the label word follows it (multi-token words): ``max_length``
+        less the longest word. Before, the prompt took all of ``max_length`` and the word went past it (past the
+        model's positions: an IndexError)."""
+        longest = max(range(len(self.label_ids)), key=lambda i: len(self.label_ids[i]))
+        room = self.max_length - len(self.label_ids[longest])
+        if room < 1:
+            raise SkillgraftError(
+                f"task {self.task.name!r}: label word {self.task.label_words[longest][:60]!r} is "
+                f"{len(self.label_ids[longest])} tokens for this tokenizer, which leaves no position for the prompt "
+                f"within max_length={self.max_length}; use shorter label words or a larger --max-length")
+        return room
 
     def completion_ids(self, completion: str) -> list[int]:
         """Token ids of a completion as the loss sees them: its tokens, then EOS (the model learns to stop)."""
@@ -188,6 +209,11 @@ class Scorer(nn.Module):
             raise SkillgraftError("these completions are open-ended (no label set): no candidates to rank")
         rows = [self.prompt_ids(ex.text_a) for ex in examples]
         width = self.max_length - max(len(c) for c in self.label_ids)
+        if width < 1:
+            longest = max(self.task.labels, key=lambda c: len(self.completion_ids(c)))
+            raise SkillgraftError(f"completion {longest[:60]!r} is {self.max_length - width} tokens, which leaves no "
+                                  f"position for the prompt within max_length={self.max_length}; use shorter "
+                                  "completions or a larger --max-length")
         rows = [r[max(0, len(r) - width):] for r in rows]
         batch = self._collate_multi_token(rows, torch.tensor([ex.label for ex in examples]))
         batch["candidates"] = torch.tensor(len(self.label_ids))

@@ -200,9 +200,9 @@ class ContinualLearner:
         if not path.is_file():
             raise SkillgraftError(f"{directory}: no {STATE_FILE}; not a continual-learning state folder")
         state = read_json(path, required=("tasks",), what="continual state")
-        entries = state["tasks"]
         if state.get("format") != "skillgraft.continual":
             raise SkillgraftError(f"{path}: not a skillgraft continual state")
+        entries = checked_entries(directory, path, state)
         regions = {}
         for e in entries:
             try:
@@ -215,6 +215,33 @@ class ContinualLearner:
         if current.tasks != [e["task"] for e in entries]:
             raise SkillgraftError(f"{path}: tasks {[e['task'] for e in entries]} but the saved model has {current.tasks}")
         return cls(current, None, entries, regions, settings)
+
+
+def checked_entries(directory: Path, path: Path, state: dict) -> list[dict]:
+    """The task entries of a continual state, each an object naming its task, order and folders; the folders
+    (``region``, ``owned``) must lie inside ``directory`` (:func:`skillgraft.untrusted.inside`): ``continual add`` writes
+    them back there, so ``"../x"`` or an absolute path would make it write outside the state folder."""
+    from skillgraft.untrusted import inside  # noqa: PLC0415
+
+    entries = state["tasks"]
+    if not isinstance(entries, list):
+        raise SkillgraftError(f"{path}: field 'tasks' must be a list of task entries, got {type(entries).__name__}")
+    seen = set()
+    for i, e in enumerate(entries):
+        where = f"tasks.{i}"
+        if not isinstance(e, dict):
+            raise SkillgraftError(f"{path}: field {where!r} must be a task entry (an object), got {type(e).__name__}")
+        if not isinstance(e.get("task"), str) or not e["task"]:
+            raise SkillgraftError(f"{path}: field '{where}.task' must be a task name, got {e.get('task')!r}")
+        if e["task"] in seen:
+            raise SkillgraftError(f"{path}: field '{where}.task': task {e['task']!r} is listed twice")
+        seen.add(e["task"])
+        if type(e.get("order")) is not int or e["order"] != i + 1:
+            raise SkillgraftError(f"{path}: field '{where}.order' must be {i + 1} (the arrival order), got "
+                                  f"{e.get('order')!r}")
+        for key in ("region", "owned"):
+            inside(directory, e.get(key), path, f"{where}.{key}")
+    return entries
 
 
 @torch.no_grad()

@@ -28,6 +28,7 @@ from skillgraft.io import read_json, write_json
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.variants import Variant, graft_variant
 from skillgraft.spec import Spec
+from skillgraft.untrusted import inside
 
 
 def selection_split(setup: Setup, keep: KeepSpec | float = 0.2) -> tuple[list, object, str]:
@@ -153,9 +154,14 @@ def keep_results(setup: Setup, store, localizer: str, options: Spec, keep: KeepS
         holder["regions"] = {r.target: r.region for r in results}
 
     entry = store.fetch("keep", key, make, label=f"{setup.task}-{setup.k}-{setup.seed}-{localizer}-keep")
-    summary = read_json(entry / "summary.json", required=("targets",), what="stored keep summary")
-    regions = holder.get("regions") or {t["target"]: Region.load(entry / f"keep-{t['target']!r}")
-                                        for t in summary["targets"]}
+    path = entry / "summary.json"
+    summary = read_json(path, required=("targets",), what="stored keep summary")
+    if not isinstance(summary["targets"], list) or not all(isinstance(t, dict) and type(t.get("target")) in (int, float)
+                                                           for t in summary["targets"]):
+        raise SkillgraftError(f"{path}: field 'targets' must be a list of keep results, each with its 'target' share")
+    regions = holder.get("regions") or {t["target"]: Region.load(inside(entry, f"keep-{t['target']!r}", path,
+                                                                        f"targets.{i}.target"))
+                                        for i, t in enumerate(summary["targets"])}
     return regions, summary
 
 

@@ -19,6 +19,7 @@ from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.trained import bitfit_variant, retrain_variant
 from skillgraft.pipeline.variants import Variant, base_variants, graft_variant
 from skillgraft.spec import Spec
+from skillgraft.untrusted import inside
 
 
 def localizer_options(localizer: str, localize: Spec | dict | None, *, build=None) -> Spec:
@@ -82,8 +83,13 @@ def _regions_key(setup: Setup, localizer: str, options: Spec) -> tuple[dict, str
 
 
 def _read_regions(entry: Path, *, regions: bool = True) -> tuple[dict[Budget, Region], dict]:
-    summary = read_json(entry / "summary.json", required=("budgets",), what="stored regions summary")
-    return ({Budget.parse(b): Region.load(entry / b) for b in summary["budgets"]} if regions else {}), summary
+    path = entry / "summary.json"
+    summary = read_json(path, required=("budgets",), what="stored regions summary")
+    if not isinstance(summary["budgets"], list):
+        raise SkillgraftError(f"{path}: field 'budgets' must be a list of budgets, got {summary['budgets']!r}"[:300])
+    # each budget names its region's folder in the entry: a name leading out of it is refused (untrusted.inside)
+    folders = [(b, inside(entry, b, path, f"budgets.{i}")) for i, b in enumerate(summary["budgets"])]
+    return ({Budget.parse(b): Region.load(f) for b, f in folders} if regions else {}), summary
 
 
 def learned_grafts(setup: Setup, store, localize: Spec, *, progress: bool = False

@@ -9,6 +9,7 @@ resumes from the last finished stage.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import functools
@@ -17,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from skillgraft.io import TargetExists, _remove, atomic_dir
+from skillgraft.io import TargetExists, _remove, atomic_dir, sibling
+from skillgraft.locking import locked
 from skillgraft.resume import discard, resume_point
 from skillgraft.spec import stable_hash
 
@@ -64,19 +66,32 @@ class Store:
         if found is not None:
             return found
         path = self.path(kind, key, label)
-        if os.path.lexists(path):  # only an unfinished (keyless) entry can be here (an old version's)
-            _remove(path)
-        resume = path.with_name(f".{path.name}.resume")  # long loops' saved state: the same command resumes
-        try:
-            with resume_point(resume), atomic_dir(path) as tmp:
-                make(tmp)
-                (tmp / KEY_FILE).write_text(json.dumps({"kind": kind, **key}, indent=1, default=str) + "\n")
-        except TargetExists:
-            # another process finished the same entry meanwhile: the same key, the same result; it stays (it may
-            # be being read) and ours is dropped
-            if self.get(kind, key, label) is None:
-                raise
-        discard(resume)
+        # One process computes an entry at a time: another run on the same store (same key) waits, then finds it
+        # finished. Before, both computed it, the first to finish deleted the other's resume folder, and the other
+        # died when it next saved its state there.
+        # (Not under a multi-process launch, whose ranks compute an entry together: a rank waiting for the lock
+        # would leave the holder waiting for it in a collective.)
+        world = os.environ.get("WORLD_SIZE", "1").strip()
+        launched = world.isdigit() and int(world) > 1
+        lock = contextlib.nullcontext() if launched else locked(
+            sibling(path, "lock"), f"waiting for another process computing {path.name} in the store {self.root} …")
+        with lock:
+            found = self.get(kind, key, label)
+            if found is not None:
+                return found
+            if os.path.lexists(path):  # only an unfinished (keyless) entry can be here (an old version's)
+                _remove(path)
+            resume = sibling(path, "resume")  # long loops' saved state: the same command resumes
+            try:
+                with resume_point(resume), atomic_dir(path) as tmp:
+                    make(tmp)
+                    (tmp / KEY_FILE).write_text(json.dumps({"kind": kind, **key}, indent=1, default=str) + "\n")
+            except TargetExists:
+                # another rank of a launch, or a skillgraft without this lock, finished the same entry meanwhile:
+                # the same key, the same result; it stays (it may be being read) and ours is dropped
+                if self.get(kind, key, label) is None:
+                    raise
+            discard(resume)
         return path
 
 

@@ -78,7 +78,9 @@ def run_finetune(data: DataSpec, out_dir: str | os.PathLike, *, model: ModelSpec
     from skillgraft.resume import discard, resume_point  # noqa: PLC0415
     from skillgraft.spec import stable_hash  # noqa: PLC0415
 
-    resume = Path(out_dir).with_name(f".{Path(out_dir).name}.resume")  # the same command resumes a stopped run
+    from skillgraft.io import sibling  # noqa: PLC0415
+
+    resume = sibling(out_dir, "resume")  # the same command resumes a stopped run
     key = {"model": model.to_dict(), "weights": fingerprint(scorer), "config": config.to_dict(),
            "examples": stable_hash([[e.text_a, e.text_b, e.label] for e in [*few.train, *(few.dev or [])]])}
     with resume_point(resume, key=key):

@@ -13,7 +13,8 @@ from skillgraft.data.spec import DataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
-from skillgraft.io import check_apart
+from skillgraft.io import check_apart, roll_back, sibling
+from skillgraft.locking import locked
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.continual import STATE_FILE, ContinualLearner, task_region
 from skillgraft.pipeline.setup import prepare
@@ -45,55 +46,68 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
         raise SkillgraftError(f"init must be 'current' or 'graft', got {init!r}")
     state = Path(state)
     check_apart(state, {"--cache": Store(cache).root, "--data-dir": data_dir})  # the state is replaced whole on save
-    learner = ContinualLearner.load(state) if (state / STATE_FILE).is_file() else None
-    if learner is None:
-        if state.exists() and any(state.iterdir()):
-            raise SkillgraftError(f"{state} exists and is not a continual state folder (no {STATE_FILE})")
-        learner = ContinualLearner.create(model, mode)
-    spec = draw(task, k, seed)
-    data = spec.load()
-    task = data.task.name
-    info = {"k": k, "seed": seed}
-    init_graft = None
-    if region is not None:
-        region_path = Path(region)
-        if (region_path / "region.json").is_file():
-            gamma = Region.load(region_path)
-        elif (region_path / "graft_config.json").is_file():
-            init_graft = Graft.from_pretrained(region_path)
-            gamma = init_graft.region
+    # One `continual add` on a state at a time: a second one waits, then reads the state with the first's task
+    # (before, both read the same state and the last to finish replaced it: the other's task was lost).
+    import contextlib  # noqa: PLC0415
+
+    lock = locked(sibling(state, "lock"), f"waiting for another `continual add` on {state} …") \
+        if state.parent.is_dir() else contextlib.nullcontext()  # no folder made for the lock alone
+    with lock:
+        roll_back(state)  # a kill while the state was being replaced: the old state returns before it is read
+        learner = ContinualLearner.load(state) if (state / STATE_FILE).is_file() else None
+        if learner is None:
+            if state.exists() and any(state.iterdir()):
+                raise SkillgraftError(f"{state} exists and is not a continual state folder (no {STATE_FILE})")
+            learner = ContinualLearner.create(model, mode)
+        spec = draw(task, k, seed)
+        data = spec.load()
+        task = data.task.name
+        info = {"k": k, "seed": seed}
+        init_graft = None
+        if region is not None:
+            region_path = Path(region)
+            if (region_path / "region.json").is_file():
+                gamma = Region.load(region_path)
+            elif (region_path / "graft_config.json").is_file():
+                init_graft = Graft.from_pretrained(region_path)
+                gamma = init_graft.region
+            else:
+                raise SkillgraftError(f"--region {region_path}: neither a region folder (region.json) nor a graft folder")
+            info["region_source"] = str(region_path)
         else:
-            raise SkillgraftError(f"--region {region_path}: neither a region folder (region.json) nor a graft folder")
-        info["region_source"] = str(region_path)
-    else:
-        settings, store = learner.settings, Store(cache)
-        model_spec = ModelSpec(model=settings["model"], mode=settings["mode"], pooling=settings["pooling"],
-                               max_length=settings["max_length"] or 128)
-        setup = prepare(store, model_spec, spec, region_finetune_config or finetune_config or FinetuneConfig(),
-                        progress=progress)
-        gamma, init_graft, single = task_region(setup, store, localize_config, progress=progress)
-        del setup
-        info["region_source"] = "single-task fine-tune + localize"
-        info["single_task"] = single
-    if init == "graft" and init_graft is None:
-        raise SkillgraftError("init='graft' needs a graft (give --region a graft folder, or let it learn one)")
-    entry = learner.add_task(task, gamma, data.train, data.dev, finetune_config or FinetuneConfig(),
-                             init=init_graft if init == "graft" else None, progress=progress, info=info)
-    for e in learner.entries:
-        test = data.test if e["task"] == task else draw(e["task"], e.get("k", k), e.get("seed", seed)).load().test
-        metrics, _ = learner.evaluate(e["task"], test)
-        e.setdefault("test_history", []).append({"after": task, "score": metrics["score"], "n": metrics["n"]})
-        if e["task"] == task:
-            e["test"] = metrics
-    learner.save(state)
-    return entry
+            settings, store = learner.settings, Store(cache)
+            model_spec = ModelSpec(model=settings["model"], mode=settings["mode"], pooling=settings["pooling"],
+                                   max_length=settings["max_length"] or 128)
+            setup = prepare(store, model_spec, spec, region_finetune_config or finetune_config or FinetuneConfig(),
+                            progress=progress)
+            gamma, init_graft, single = task_region(setup, store, localize_config, progress=progress)
+            del setup
+            info["region_source"] = "single-task fine-tune + localize"
+            info["single_task"] = single
+        if init == "graft" and init_graft is None:
+            raise SkillgraftError("init='graft' needs a graft (give --region a graft folder, or let it learn one)")
+        entry = learner.add_task(task, gamma, data.train, data.dev, finetune_config or FinetuneConfig(),
+                                 init=init_graft if init == "graft" else None, progress=progress, info=info)
+        for e in learner.entries:
+            test = data.test if e["task"] == task else draw(e["task"], e.get("k", k), e.get("seed", seed)).load().test
+            metrics, _ = learner.evaluate(e["task"], test)
+            e.setdefault("test_history", []).append({"after": task, "score": metrics["score"], "n": metrics["n"]})
+            if e["task"] == task:
+                e["test"] = metrics
+        learner.save(state)
+        return entry
 
 
 def read_state(state: str | os.PathLike) -> dict:
     """``skillgraft continual show``: the state's ``continual.json`` (one line if ``state`` is not a state folder)."""
     from skillgraft.io import read_json  # noqa: PLC0415
 
+    from skillgraft.pipeline.continual import checked_entries  # noqa: PLC0415
+
     state = Path(state)
+    roll_back(state)
     if not (state / STATE_FILE).is_file():
         raise SkillgraftError(f"{state}: no continual.json; not a continual state folder")
-    return read_json(state / STATE_FILE, required=("tasks",), what="continual state")
+    record = read_json(state / STATE_FILE, required=("tasks",), what="continual state")
+    checked_entries(state, state / STATE_FILE, record)
+    return record

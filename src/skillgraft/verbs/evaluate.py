@@ -51,6 +51,7 @@ def evaluate(model_dir: str | os.PathLike, *, user: UserDataSpec | None = None, 
 
     name, model_dir = str(model_dir), Path(model_dir)  # the name as given: ./x is a folder, never a Hub id
     user = user or UserDataSpec()
+    user.refuse_options_without_data()  # --text-field, --labels … without --data: refused, not ignored
     note = ""
     folder = model_dir / "model" if (model_dir / "model").is_dir() else model_dir
     if (folder / SCORER_CONFIG).is_file() and user.data is None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Annotated
 
 from skillgraft.lazy import np
-from pydantic import Field, create_model, field_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
@@ -91,6 +91,13 @@ class MergeSettings(Spec):
             return check_share(value)
         except SkillgraftError as e:
             raise ValueError(str(e)) from None
+
+    @model_validator(mode="after")
+    def _confidence_needs_keep(self):
+        if self.keep is None and "keep_confidence" in self.model_fields_set:  # before: silently ignored
+            raise SkillgraftError("--keep-confidence is the confidence of a keep search, which only --keep starts "
+                                  "(with --routed): give --keep or leave it out")
+        return self
 
     def keep_spec(self) -> KeepSpec:
         """The keep search of each routed task's graft: graft's :class:`KeepSpec` with this merge's one target."""

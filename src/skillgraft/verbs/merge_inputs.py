@@ -111,13 +111,25 @@ def _given_names(names: list[str], n: int) -> list[str]:
 
 
 def task_names(finetuned: list[str]) -> list[str]:
-    """One name per model: its folder name, made unique (``-2``, ``-3``) where two share one."""
-    base = [Path(str(f).rstrip("/")).name or "model" for f in finetuned]
+    """One name per model: its folder name, made unique (``-2``, ``-3``) where two share one. The name is the
+    folder's own once ``..`` and ``.`` are folded (``x/..`` names the folder it leads to: its name was ``..``, and
+    ``grafts/..`` put a model's graft beside the output's temporary folder, failing after all the work), kept to
+    the characters ``--names`` allows (letters, digits, ``.``, ``_``, ``+``, ``-``; a leading dot dropped)."""
+    base = [_folder_name(f) for f in finetuned]
     out, seen = [], {}
     for b in base:
         seen[b] = seen.get(b, 0) + 1
         out.append(b if base.count(b) == 1 else f"{b}-{seen[b]}")
     return out
+
+
+def _folder_name(path) -> str:
+    import os  # noqa: PLC0415
+
+    text = str(path)
+    name = Path(os.path.abspath(text)).name if os.path.exists(text) or text.startswith((".", "/")) else Path(text).name
+    name = re.sub(r"[^A-Za-z0-9._+-]", "_", name).lstrip(".")
+    return name or "model"
 
 
 def weight_files(path: str) -> list[Path]:

@@ -134,7 +134,12 @@ def _weight_files(folder: Path) -> list[Path]:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise SkillgraftError(f"{index}: unreadable index ({e})") from None
-        return [folder / f for f in dict.fromkeys(weight_map.values())]
+        from skillgraft.untrusted import inside  # noqa: PLC0415
+
+        if not isinstance(weight_map, dict):
+            raise SkillgraftError(f"{index}: field 'weight_map' must be an object of tensor name → file")
+        # every shard inside the folder: an index naming "../x.safetensors" or an absolute path is refused
+        return list(dict.fromkeys(inside(folder, f, index, f"weight_map.{name}") for name, f in weight_map.items()))
     if (folder / "model.safetensors").is_file():
         return [folder / "model.safetensors"]
     raise SkillgraftError(f"{folder}: no model.safetensors (or model.safetensors.index.json); localization reads θ_ft "
