@@ -171,11 +171,12 @@ def body_state(scorer, merged: dict) -> dict:
     its carried head tensors (a pooler only the fine-tuned checkpoints have stays each task's own, as in the
     stitch). Every other parameter of the body must be merged."""
     from skillgraft.models.anatomy import carried_names  # noqa: PLC0415
+    from skillgraft.models.families import body_prefix  # noqa: PLC0415
 
     module = body_module(scorer)
     carried_list = carried_names(scorer)
     if carried_list:
-        prefix = scorer.model.base_model_prefix + "."
+        prefix = body_prefix(scorer.model) + "."  # the family table
         merged = {n[len(prefix):]: t for n, t in merged.items() if n.startswith(prefix)}
     own = module.state_dict()
     params = dict(scorer.named_parameters())
