@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_merge import fake_mergekit, sentiment, topics
+from test_merge import fake_mergekit, sentiment, topics, train_classifier
 from test_open_world import write_rows
 from typer.testing import CliRunner
 
@@ -137,30 +137,6 @@ def test_gemma_norms_are_hooked_with_their_offset(tiny_models, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------- Qwen3 and Llama 3
-def _classifier(base: Path, out: Path, rows: list[dict], steps: int = 3) -> Path:
-    """A plain transformers sequence classifier of ``base`` (a decoder: the pad token is the EOS), a few steps."""
-    import transformers as tf
-
-    labels = sorted({r["label"] for r in rows})
-    tok = tf.AutoTokenizer.from_pretrained(base)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    torch.manual_seed(1)
-    model = tf.AutoModelForSequenceClassification.from_pretrained(
-        base, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)},
-        pad_token_id=tok.pad_token_id)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for step in range(steps):
-        batch = [rows[(step * 8 + i) % len(rows)] for i in range(8)]
-        enc = tok([r["text"] for r in batch], return_tensors="pt", padding=True)
-        model(**enc, labels=torch.tensor([labels.index(r["label"]) for r in batch])).loss.backward()
-        opt.step()
-        opt.zero_grad()
-    model.eval().save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
 @pytest.mark.parametrize("kind", ["qwen3", "llama3"])
 def test_new_family_runs_finetune_graft_export_merge(tiny_models, toy_data, tmp_path, kind):
     """A tiny random model of the family through each verb: finetune (causal scoring), graft (learned + a baseline,
@@ -179,8 +155,8 @@ def test_new_family_runs_finetune_graft_export_merge(tiny_models, toy_data, tmp_
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
 
     data = {"sentiment": sentiment(48, 0), "topic": topics(48, 0)}
-    paths = {name: (_classifier(base, tmp_path / name, rows), write_rows(tmp_path / f"{name}.jsonl", rows))
-             for name, rows in data.items()}
+    paths = {name: (train_classifier(base, tmp_path / name, rows, steps=3),
+                    write_rows(tmp_path / f"{name}.jsonl", rows)) for name, rows in data.items()}
     out = tmp_path / "merged"
     cli("merge", "--pretrained", base, "--finetuned", paths["sentiment"][0], "--finetuned", paths["topic"][0],
         "--data", paths["sentiment"][1], "--data", paths["topic"][1], "--localizer", "movement", "--budget", 0.05,

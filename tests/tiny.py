@@ -1,5 +1,5 @@
-"""Tiny randomly initialised models (BERT, RoBERTa, GPT-2, Llama, Llama 3, Qwen3, Gemma 3) and a tiny task dataset, built in-test;
-a tiny Gemma 3 written as a GGUF file with the ``gguf`` package."""
+"""Tiny randomly initialised models (BERT, RoBERTa, GPT-2, Llama, Llama 3, Qwen3, Gemma 3) and a tiny task dataset,
+built in-test; a tiny Gemma 3 written as a GGUF file with the ``gguf`` package."""
 
 from __future__ import annotations
 
