@@ -355,12 +355,12 @@ def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict,
 
     labels = {n: list(setup.data.task.labels) for n, setup in bench.members.items()}
     method = "routed" if kept else "graft"
-    rows = [r for r in summary["rows"] if r["method"] == method and r.get("on_test")]
+    rows = [r for r in summary["rows"] if r.method == method and r.on_test]  # typed MergeRows
     keep = None
     if kept:
-        plain = next(r for r in rows if not r.get("refit_heads"))
-        keep = {n: {**{k: v for k, v in k_.items() if k != "probes"}, "test_score": plain[f"{n}:test"],
-                    "test_share": plain[f"{n}:normalized"]} for n, (_, k_) in kept.items()}
+        plain = next(r for r in rows if not r.refit)
+        keep = {n: {**{k: v for k, v in k_.items() if k != "probes"}, "test_score": plain.tasks[n].test,
+                    "test_share": plain.tasks[n].normalized()} for n, (_, k_) in kept.items()}
     grafts = {n: g for n, (g, _) in kept.items()} if kept else bench.grafts
     record = write_routed(folder, bench.pre, grafts, labels, keep)
     seconds = switch_seconds(RoutedSkills.from_pretrained(folder))
@@ -370,8 +370,7 @@ def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict,
            "tasks": {n: t["bytes"] for n, t in record["tasks"].items()}}
     out["share_of_checkpoint"] = out["bytes_per_task"] / ckpt if ckpt else None
     for r in rows:
-        key = "mean_normalized_refit" if r.get("refit_heads") else "mean_normalized"
-        out[key] = r["mean_normalized"]
+        out["mean_normalized_refit" if r.refit else "mean_normalized"] = r.mean_normalized()
     if kept:
         out.update(keep_target=summary["settings"]["keep"], keep_confidence=summary["settings"]["keep_confidence"],
                    keep={n: {**kept[n][1], **k, "bytes": record["tasks"][n]["bytes"]} for n, k in keep.items()})

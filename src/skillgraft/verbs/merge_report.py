@@ -53,16 +53,15 @@ def summarize(results: list[Scored], ft: Scored, setups: dict, grafts: dict[str,
             "methods": {m.name: m.summary for m, _ in methods}}
 
 
-def peers_headline(rows: list[dict]) -> dict:
+def peers_headline(rows: list[MergeRow]) -> dict:
     """The task-aware peers (--peers) at the grafts' bytes per task beside each task's graft alone (routed)."""
-    peers = {r["method"]: r for r in rows if r.get("equal_bytes") and r.get("on_test")}
-    graft = next((r for r in rows if r["method"] == "graft" and r.get("on_test")), None)
+    peers = {r.method: r for r in rows if r.info.get("equal_bytes") and r.on_test}
+    graft = next((r for r in rows if r.method == "graft" and r.on_test), None)
     if not peers or graft is None:
         return {}
-    return {"peers_at_equal_bytes": {m: r["mean_normalized"] for m, r in peers.items()},
-            "peers_bytes_per_task": {m: r["bytes_per_task"] for m, r in peers.items()},
-            "graft_at_least_every_peer": all(graft["mean_normalized"] >= r["mean_normalized"]
-                                             for r in peers.values())}
+    return {"peers_at_equal_bytes": {m: r.mean_normalized() for m, r in peers.items()},
+            "peers_bytes_per_task": {m: r.bytes_per_task for m, r in peers.items()},
+            "graft_at_least_every_peer": all(graft.mean_normalized() >= r.mean_normalized() for r in peers.values())}
 
 
 def write_grafts(folder: Path, bench) -> None:
@@ -149,7 +148,7 @@ def report_markdown(s: dict, methods: list[MergeMethod]) -> str:
     for m in methods:
         lines += m.headline_lines(h)
     if h.get("peers_at_equal_bytes"):
-        graft = next(r["mean_normalized"] for r in s["rows"] if r["method"] == "graft")
+        graft = next(r.mean_normalized() for r in s["rows"] if r.method == "graft" and not r.refit)
         lines.append("- task-aware peers at the grafts' bytes per task: " + ", ".join(
             f"{m} {_fmt(v)} ({h['peers_bytes_per_task'][m]:,.0f} bytes)" for m, v in h["peers_at_equal_bytes"].items())
             + f"; each task's graft alone ({'at --budgets' if (s.get('routed') or {}).get('keep') else 'routed'}): "
@@ -170,22 +169,21 @@ def report_markdown(s: dict, methods: list[MergeMethod]) -> str:
 
 def refit_markdown(s: dict) -> list[str]:
     """Every test-scored method with and without refitted heads (--refit-heads)."""
-    refit = {(r["method"], r["config"].removesuffix(" + refit heads")): r for r in s["rows"]
-             if r.get("refit_heads") and r.get("on_test")}
+    refit = {(r.method, r.config.removesuffix(" + refit heads")): r for r in s["rows"] if r.refit and r.on_test}
     if not refit:
         return []
-    n = next(iter(refit.values()))["refit_heads"]
+    n = next(iter(refit.values())).info["refit_heads"]
     lines = ["", f"## With each task's head refitted ({n} training rows per task, on the merged body)", "",
              "Only the last linear layer of each task's head is refitted (L-BFGS, cross-entropy, pulled toward the "
              "fine-tuned head); the rows are training rows, never test or dev rows.", "",
              "| method | settings | mean norm | mean norm, refitted heads | change |", "|---|---|---:|---:|---:|"]
     for r in s["rows"]:
-        k = (r["method"], r["config"])
-        if r.get("refit_heads") or not r.get("on_test") or k not in refit:
+        k = (r.method, r.config)
+        if r.refit or not r.on_test or k not in refit:
             continue
-        a, b = r["mean_normalized"], refit[k]["mean_normalized"]
-        mark = " (chosen on dev)" if r.get("chosen_on_dev") else ""
-        lines.append(f"| {r['method']} | {r['config']}{mark} | {_fmt(a)} | {_fmt(b)} | {b - a:+.4f} |")
+        a, b = r.mean_normalized(), refit[k].mean_normalized()
+        mark = " (chosen on dev)" if r.chosen_on_dev else ""
+        lines.append(f"| {r.method} | {r.config}{mark} | {_fmt(a)} | {_fmt(b)} | {b - a:+.4f} |")
     return lines
 
 
