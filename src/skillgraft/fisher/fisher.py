@@ -168,8 +168,8 @@ def fisher_diagonal(scorer: Scorer, examples: list[Example], config: FisherConfi
             return _fisher_hooks(scorer, examples, config, owners, progress=progress)
         if config.method == "hooks":
             raise SkillgraftError("fisher method 'hooks' needs every tensor inside a Linear, Conv1D, LayerNorm, "
-                                  "an RMSNorm of the family table or Embedding, and no tensor shared by two modules (tied "
-                                  "embeddings); use method 'vmap' for the others")
+                                  "an RMSNorm of the family table or Embedding, and no tensor shared by two modules "
+                                  "(tied embeddings); use method 'vmap' for the others")
     return _fisher_vmap(scorer, examples, config, names=names, progress=progress)
 
 
