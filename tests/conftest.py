@@ -66,7 +66,8 @@ def isolated_store(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny-models")
-    return {kind: build_tiny(kind, root / kind) for kind in ("bert", "roberta", "gpt2", "llama", "gemma3")}
+    return {kind: build_tiny(kind, root / kind) for kind in ("bert", "roberta", "gpt2", "llama", "llama3", "qwen3",
+                                                                    "gemma3")}
 
 
 @pytest.fixture(scope="session")

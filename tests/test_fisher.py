@@ -44,7 +44,7 @@ def test_vectorised_fisher_equals_loop(tiny_models, kind, mode, fisher_kind):
     _close(hooked, {n: ref[n] for n in layered})
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta", "gpt2", "llama"])
+@pytest.mark.parametrize("kind", ["bert", "roberta", "gpt2", "llama", "llama3", "qwen3"])
 def test_hooks_fisher_covers_the_whole_body(tiny_models, kind, monkeypatch):
     """Closed-form per-example gradients for every body tensor: Linear/Conv1D, LayerNorm/RMSNorm and the
     embedding tables (word, position — shared [1, T] position ids included — and token type)."""

@@ -59,9 +59,12 @@ def train_classifier(base: Path, out: Path, rows: list[dict], *, steps: int = 30
 
     labels = sorted({r["label"] for r in rows})
     tok = tf.AutoTokenizer.from_pretrained(base)
+    if tok.pad_token is None:  # a decoder without one (Llama 3): pad with the EOS
+        tok.pad_token = tok.eos_token
     torch.manual_seed(1)
     model = tf.AutoModelForSequenceClassification.from_pretrained(
-        base, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)})
+        base, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)},
+        pad_token_id=tok.pad_token_id)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     for step in range(steps):

@@ -62,7 +62,7 @@ def _crlf(text: str) -> bytes:
 
 def test_result_rows_write_the_same_csv_bytes(tmp_path):
     rows = derive(_rows(CLASSIFICATION), universe_size=2000)
-    rows[3]["file_bytes"] = 123  # a column a recipe adds after the comparison
+    rows[3].file_bytes = 123  # a saved graft's bytes, set after the comparison (a typed field)
     assert write_csv(tmp_path / "a.csv", rows).read_bytes() == _crlf(CLASSIFICATION_CSV)
     generative = derive(_rows(GENERATIVE), universe_size=2000)
     assert write_csv(tmp_path / "g.csv", generative).read_bytes() == _crlf(GENERATIVE_CSV)

@@ -1,5 +1,5 @@
-"""Tiny randomly initialised models (BERT, RoBERTa, GPT-2, Llama, Gemma 3) and a tiny task dataset, built in-test;
-a tiny Gemma 3 written as a GGUF file with the ``gguf`` package."""
+"""Tiny randomly initialised models (BERT, RoBERTa, GPT-2, Llama, Llama 3, Qwen3, Gemma 3) and a tiny task dataset,
+built in-test; a tiny Gemma 3 written as a GGUF file with the ``gguf`` package."""
 
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ def _bpe_tokenizer(special: dict[str, str]):
 
 
 def build_tiny(kind: str, directory: Path, *, layers: int = 2, mlm_head: bool = True) -> Path:
-    """Save a tiny random ``kind`` ∈ {bert, roberta, gpt2, llama, gemma3} model + tokenizer in ``directory``."""
+    """Save a tiny random ``kind`` ∈ {bert, roberta, gpt2, llama, llama3, qwen3, gemma3} model + tokenizer in
+    ``directory``."""
     import torch
     import transformers as tf
 
@@ -96,6 +97,21 @@ def build_tiny(kind: str, directory: Path, *, layers: int = 2, mlm_head: bool = 
                              num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
                              bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
         model = tf.LlamaForCausalLM(cfg)
+    elif kind == "llama3":  # Llama 3's shape: grouped-query attention, llama3 rope scaling, tied embeddings (3.2)
+        tok = _bpe_tokenizer({"bos": "<|begin_of_text|>", "eos": "<|end_of_text|>", "unk": "<unk>"})
+        cfg = tf.LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                             rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                              "original_max_position_embeddings": 64},
+                             tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+        model = tf.LlamaForCausalLM(cfg)
+    elif kind == "qwen3":  # Qwen3: per-head RMS norms on queries and keys
+        tok = _bpe_tokenizer({"eos": "<|endoftext|>", "pad": "<|endoftext|>", "unk": "<unk>"})
+        cfg = tf.Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                             num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
+                             tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        model = tf.Qwen3ForCausalLM(cfg)
     elif kind == "gemma3":
         model, tok = tiny_gemma3(layers=max(layers, 3))
     else:

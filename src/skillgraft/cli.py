@@ -29,7 +29,7 @@ from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, options_unio
 
 LocalizerFlags = options_union()  # every registered localizer's options; the chosen one validates what is set
 from skillgraft.models.placement import Placement
-from skillgraft.models.spec import ModelSpec
+from skillgraft.models.spec import MAX_LENGTH, ModelSpec
 from skillgraft.pipeline.frontier import FrontierSpec
 from skillgraft.verbs.graft import ReportSpec
 from skillgraft.verbs.sweep import SweepSpec
@@ -82,23 +82,11 @@ def finetune(
     *, data: DataSpec, model: ModelSpec, finetune: FinetuneConfig,
 ) -> None:
     """Fine-tune a model on a k-shot task and write a run directory (model, config, metrics, plots)."""
-    from skillgraft.io import check_target  # noqa: PLC0415
-    from skillgraft.train import run_finetune  # noqa: PLC0415
+    from skillgraft.verbs.finetune import finetune as run  # noqa: PLC0415
 
-    out = check_target(out or Path("runs") / f"ft-{data.task}-{data.k}-{data.seed}", overwrite)  # before any work
-    if layers is not None:
-        from skillgraft.fisher.surgical import parse_layers  # noqa: PLC0415
-
-        finetune = finetune.replace(layers=parse_layers(layers, task=data.task, model=model.model, mode=model.mode,
-                                                        k=data.k, seed=data.seed, data_dir=data.data_dir))
-    m = run_finetune(data, out, model=model, finetune=finetune, overwrite=overwrite)
-    _report({"out": out, **m})
-    if "test" in m:
-        t = m["test"]
-        extra = f" F1 {t['f1']:.4f}" if "f1" in t else ""
-        console.print(f"[bold green]done[/] {m['task']} k={data.k} seed={data.seed}: test acc {t['accuracy']:.4f}"
-                      f"{extra} ECE {t['ece']:.4f} | {m['steps']} steps in {m['train_seconds']:.0f}s "
-                      f"({m['train_examples_per_second']:.1f} ex/s) → {out}")
+    result = run(data, model, finetune, out=out, layers=layers, overwrite=overwrite)
+    _report({"out": result.out, **result.metrics})
+    console.print(f"[bold green]done[/] {escape(result.line())}")
 
 
 @app.command()
@@ -179,7 +167,7 @@ def graft(
                                        rich_help_panel=MODEL),
     task: Optional[str] = typer.Option(None, help="a registered task to graft a checkpoint pair on, instead of --data",
                                        rich_help_panel=DATA),
-    max_length: int = typer.Option(128, min=8, max=COUNT_MAX, help="max tokens per example (checkpoint pairs)",
+    max_length: int = typer.Option(MAX_LENGTH, min=8, max=COUNT_MAX, help="max tokens per example (checkpoint pairs)",
                                    rich_help_panel=MODEL),
     out: Optional[Path] = typer.Option(None, help="output folder (default: <run>/graft, or runs/graft-<checkpoint name>)",
                                        rich_help_panel=OUTPUT),
@@ -433,8 +421,8 @@ def merge(
             console.print(f"{r['method']:>26} {r['config']:<24} mean acc {r['mean_accuracy']:.4f} normalized "
                           f"{r['mean_normalized']:.4f} | {r['bytes_per_task']:,.0f} bytes/task")
     print_routed_keep(s)
-    console.print(f"[bold green]done[/] → {out}/report.md (merged model: {out}/"
-                  f"{'tasks/<task>' if s['mode'] == 'classifier' else 'model'})")
+    where = ('tasks/<task>' if s['mode'] == 'classifier' else 'model') if s["headline"].get("written") else None
+    console.print(f"[bold green]done[/] → {out}/report.md (merged model: {f'{out}/{where}' if where else 'none'})")
     _report({"out": out, "report": out / "report.md", **s})
 
 

@@ -42,6 +42,7 @@ from skillgraft.export.card import peft_readme
 from skillgraft.export.shira import Layer, apply_entries, count_in, grafted, placeholder_layer, plan_routes
 from skillgraft.graft.graft import Graft
 from skillgraft.io import atomic_dir, check_target
+from skillgraft.models.families import body_prefix
 
 
 def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str = "tensors",
@@ -157,7 +158,7 @@ def _own_head(graft: Graft, hf: nn.Module) -> list[str]:
             return []
         path = _hf_name(name).rpartition(".")[0]
         top = path.split(".")[0]
-        if top != getattr(hf, "base_model_prefix", None):  # the head proper: its whole top-level module
+        if top != body_prefix(hf):  # the head proper: its whole top-level module (prefix: the family table)
             path = top
         try:
             hf.get_submodule(path)

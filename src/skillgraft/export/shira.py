@@ -17,6 +17,7 @@ from skillgraft.lazy import nn, torch
 from skillgraft.errors import SkillgraftError
 from skillgraft.export.base import _hf_name, exact_delta
 from skillgraft.graft.graft import Graft
+from skillgraft.models.families import layer_kind
 
 
 def shira_entries(base: torch.Tensor, idx: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,7 +93,8 @@ def _why_not_shira(module: nn.Module, touched: set[str], tied: bool) -> str:
         return TIED
     if not isinstance(module, nn.Linear):
         kind = type(module).__name__
-        return f"{kind} (peft's SHiRA wraps nn.Linear only)" if kind == "Conv1D" else kind
+        transposed = (layer_kind(module) or ("",))[0] == "conv1d"  # GPT-2's Conv1D (the family table)
+        return f"{kind} (peft's SHiRA wraps nn.Linear only)" if transposed else kind
     if touched != {"weight"}:
         return "Linear bias"
     return ""

@@ -10,7 +10,8 @@ Per-example gradients are computed vectorised, chunked over examples to bound me
 
 * ``hooks`` — one batched forward/backward per chunk; layer hooks keep each layer's input x and output
   gradient δ, and the per-example gradients follow in closed form (Linear: δ_iᵀx_i). Covers Linear,
-  Conv1D, LayerNorm, Llama-style RMSNorm and Embedding tensors (the whole body of BERT/RoBERTa/GPT-2/Llama
+  Conv1D, LayerNorm, the RMS norms of the family table (models/families.py: Llama, Qwen, Gemma's (1 + w) …) and
+  Embedding tensors (the whole body of BERT/RoBERTa/GPT-2/Llama/Qwen/Gemma
   models); the default (``auto``) whenever it applies;
 * ``vmap`` — ``torch.func`` ``functional_call`` + ``vmap(grad(...))``, for any other model.
 
@@ -32,6 +33,7 @@ from tqdm.auto import tqdm
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
+from skillgraft.models.families import layer_kind
 from skillgraft.spec import COUNT_MAX, Seed, Spec
 
 if TYPE_CHECKING:
@@ -166,8 +168,8 @@ def fisher_diagonal(scorer: Scorer, examples: list[Example], config: FisherConfi
             return _fisher_hooks(scorer, examples, config, owners, progress=progress)
         if config.method == "hooks":
             raise SkillgraftError("fisher method 'hooks' needs every tensor inside a Linear, Conv1D, LayerNorm, "
-                                  "Llama-style RMSNorm or Embedding, and no tensor shared by two modules (tied "
-                                  "embeddings); use method 'vmap' for the others")
+                                  "an RMSNorm of the family table or Embedding, and no tensor shared by two modules "
+                                  "(tied embeddings); use method 'vmap' for the others")
     return _fisher_vmap(scorer, examples, config, names=names, progress=progress)
 
 
@@ -197,12 +199,15 @@ def _hook_kind(module) -> str | None:
         return "layernorm"
     if isinstance(module, torch.nn.Embedding):
         return "embedding"
-    name = type(module).__name__
-    if name == "Conv1D":  # GPT-2's transposed Linear
-        return "conv1d"
-    if name in ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "T5LayerNorm") and hasattr(module, "variance_epsilon"):
-        return "rmsnorm"  # y = w ⊙ x / rms(x): the Llama family (Gemma's (1 + w) form is not listed)
+    kind = layer_kind(module)  # the family table: GPT-2's Conv1D, the RMS norms (y = (offset + w) ⊙ x̂)
+    if kind is not None and (kind[0] == "conv1d" or _norm_eps(module) is not None):
+        return kind[0]
     return None
+
+
+def _norm_eps(module) -> float | None:
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    return float(eps) if isinstance(eps, (int, float)) else None
 
 
 def _hook_owners(scorer, names: list[str]) -> dict | None:
@@ -230,7 +235,7 @@ def _hook_owners(scorer, names: list[str]) -> dict | None:
 
 
 def _accumulate_squares(module, x: torch.Tensor, delta: torch.Tensor, totals: dict[str, torch.Tensor], *,
-                        trace: bool = False) -> None:
+                        trace: bool = False, output: torch.Tensor | None = None) -> None:
     """``totals[p] += Σ_i g_i(p)²`` for the per-example gradients g_i of one layer, from its input x and δ
     (``trace=True``: ``totals[p] += Σ_i ‖g_i(p)‖²``, a scalar per tensor).
 
@@ -255,6 +260,8 @@ def _accumulate_squares(module, x: torch.Tensor, delta: torch.Tensor, totals: di
     total = totals["weight"]
     if kind == "embedding":
         ids = x.reshape(b, -1)
+        if output is not None and not _close_to(output, module.weight.detach()[ids].reshape(output.shape)):
+            raise _NotPerExample  # a table whose output is not W[ids] (Gemma scales it by √d): vmap
         keep = ids != module.padding_idx if module.padding_idx is not None else torch.ones_like(ids, dtype=torch.bool)
         rows = torch.arange(b, device=ids.device).unsqueeze(1).expand_as(ids)[keep]
         keys, where = torch.unique(rows * module.num_embeddings + ids[keep], return_inverse=True)
@@ -269,7 +276,9 @@ def _accumulate_squares(module, x: torch.Tensor, delta: torch.Tensor, totals: di
         if kind == "layernorm":
             xhat = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + module.eps)
         else:
-            xhat = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.variance_epsilon)
+            xhat = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + _norm_eps(module))
+            if output is not None and not _is_rmsnorm(module, xhat, output):
+                raise _NotPerExample  # the table's form is not this module's: vmap, exact for any module
         add("weight", (delta * xhat).sum(1).pow(2))
         return
     t, d_in, d_out = x.shape[1], x.shape[-1], delta.shape[-1]
@@ -307,6 +316,7 @@ def _fisher_hooks(scorer, examples, config: FisherConfig, owners: dict, *, progr
     chunk = config.chunk_size or 16
     seen: dict = {}
     rows = [0]  # examples in the current chunk
+    checked: set = set()  # norms / tables whose output was checked against their closed form ((offset + w) ⊙ x̂)
 
     def keep(module, inputs, output):
         x = inputs[0].detach()
@@ -347,7 +357,9 @@ def _fisher_hooks(scorer, examples, config: FisherConfig, owners: dict, *, progr
                                                      retain_graph=r + 1 < weights.shape[1])
                         for m, d in zip(mods, deltas):
                             if d is not None:
-                                _accumulate_squares(m, seen[m][0], d, per_module[m], trace=trace)
+                                _accumulate_squares(m, seen[m][0], d, per_module[m], trace=trace,
+                                                    output=seen[m][1] if m not in checked else None)  # once
+                                checked.add(m)
     except _NotPerExample:
         for h in handles:
             h.remove()
@@ -358,6 +370,21 @@ def _fisher_hooks(scorer, examples, config: FisherConfig, owners: dict, *, progr
         for h in handles:
             h.remove()
     return {n: (t / len(examples)).cpu() for n, t in total.items()}
+
+
+def _is_rmsnorm(module, xhat: torch.Tensor, output: torch.Tensor) -> bool:
+    """Whether ``output`` is (offset + w) ⊙ x̂ with the family table's offset for this norm class (a wrong row, or a
+    class computing something else, would give a wrong Fisher through the closed form)."""
+    offset = layer_kind(module)[1]
+    want = xhat * (offset + module.weight.detach().float())
+    return _close_to(output, want.reshape(output.shape))
+
+
+def _close_to(output: torch.Tensor, want: torch.Tensor) -> bool:
+    """A hooked module's output equals the closed form's (within its precision)."""
+    got, want = output.detach().float(), want.float()
+    tol = 1e-4 if output.dtype == torch.float32 else 3e-2
+    return bool(torch.allclose(got, want, rtol=tol, atol=tol * float(want.abs().max().clamp(min=1.0))))
 
 
 class _NotPerExample(Exception):

@@ -30,6 +30,8 @@ class Scored:
     info: dict = field(default_factory=dict)   # written to merge.json's row
     body: object = field(default=None, repr=False, compare=False)  # what the row merged (the stitch's Graft)
     reuse: Callable[[], Use] | None = field(default=None, repr=False, compare=False)  # its models again (refit)
+    source: str = ""           # the registered merge method that made it ("": the verb's own reference rows)
+    stores: str = "checkpoint"  # what a task keeps to rebuild its model: "graft" (its graft file) or "checkpoint"
 
     def scores(self, ft: Scored, stored: Mapping[str, int] | None = None) -> dict[str, TaskScores]:
         """Each task's :class:`~skillgraft.evaluate.rows.TaskScores` beside its own fine-tuned model ``ft``."""
@@ -59,17 +61,22 @@ class MergeRow(Row):
     tasks: dict[str, TaskScores] = field(default_factory=dict)
     info: dict = field(default_factory=dict)
     error: str | None = None
+    source: str = ""  # the registered merge method that made it (not a column)
 
     @classmethod
     def of(cls, s: Scored, ft: Scored, stored: Mapping[str, int]) -> MergeRow:
         """The row of ``s``; ``stored``: the bytes each task stores with this method (every task, in order), unless
         the method says its own per-task bytes in ``s.info["bytes"]`` (the task-aware peers do)."""
         if not s.test and not s.dev:
-            return cls(s.method, s.config, error=s.info.get("error", ""))
+            return cls(s.method, s.config, error=s.info.get("error", ""), source=s.source)
         own = s.info.get("bytes") or {}
         stored = {n: own.get(n, b) for n, b in stored.items()}
         info = {k: v for k, v in s.info.items() if k != "bytes"}
-        return cls(s.method, s.config, s.scores(ft, stored), info)
+        return cls(s.method, s.config, s.scores(ft, stored), info, source=s.source)
+
+    @property
+    def refit(self) -> bool:
+        return bool(self.info.get("refit_heads"))
 
     @property
     def on_test(self) -> bool:
@@ -142,11 +149,17 @@ def graft_file_bytes(graft) -> int:
 class MergeMethod:
     """Base of every merge method: ``Options`` (a typed spec whose fields are ``skillgraft merge`` options),
     ``on_model`` (called once per fine-tuned model while it is in memory) and ``rows`` (its merged models scored
-    on dev, the reported ones on test)."""
+    on dev, the reported ones on test). The report reads what it says of a method from here (``summary``,
+    ``stores``, ``grid_note``, ``legend``, :meth:`headline`, :meth:`headline_lines`), so a new method appears in it with
+    no edit to the report; a row it marks ``info["written"]`` (with its ``body``, a Graft) is the merged model the
+    output folder holds."""
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     Options: ClassVar[type[Spec]] = Spec
+    stores: ClassVar[str] = "checkpoint"  # what a task keeps to rebuild a merged model: "graft" or "checkpoint"
+    grid_note: ClassVar[str] = ""  # its grid of settings chosen on dev, as the report's grid section names it
+    legend: ClassVar[str] = ""  # what its settings mean (the report's closing notes)
 
     def options(self, spec: Spec) -> Spec:
         """This method's options read from ``spec`` (a spec holding its fields, e.g. ``MergeSpec``)."""
@@ -166,3 +179,35 @@ class MergeMethod:
 
     def rows(self, bench: Bench, options: Spec, ft: Scored, work: Path) -> list[Scored]:
         raise NotImplementedError
+
+    def headline(self, rows: list[MergeRow], options: Spec) -> dict:
+        """merge.json's headline entries of this method from its ``rows`` (refitted ones too): by default its best
+        row on test among those chosen on dev (all its test rows when none is). ``rows``: every row of the run (a
+        method may compare itself with another's), each with the ``source`` that made it."""
+        best = best_row([r for r in rows if r.source == self.name])
+        if best is None:
+            return {}
+        return {f"best_{self.name}": f"{best.method} ({best.config})",
+                f"best_{self.name}_mean_normalized": best.mean_normalized()}
+
+    def headline_lines(self, headline: dict) -> list[str]:
+        """The report's headline bullets of this method (from :meth:`headline`'s entries)."""
+        best = headline.get(f"best_{self.name}")
+        if best is None:
+            return []
+        return [f"- {self.name} ({self.summary}): best {best}: mean normalized accuracy "
+                f"{fmt(headline[f'best_{self.name}_mean_normalized'])}"]
+
+
+def fmt(x, pct: bool = False) -> str:
+    """A score as the merge report prints it (``-`` for none)."""
+    if x is None or (isinstance(x, float) and np.isnan(x)):
+        return "-"
+    return f"{100 * x:.1f}" if pct else f"{x:.4f}"
+
+
+def best_row(rows: list[MergeRow], refit: bool = False) -> MergeRow | None:
+    """The best test-scored row (by mean normalized accuracy) among the dev-chosen ones, else among all."""
+    scored = [r for r in rows if r.on_test and r.refit == refit and r.mean_normalized() is not None]
+    chosen = [r for r in scored if r.chosen_on_dev] or scored
+    return max(chosen, key=lambda r: r.mean_normalized()) if chosen else None

@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.merge.base import Bench, MergeMethod, Scored
+from skillgraft.merge.base import Bench, MergeMethod, MergeRow, Scored, best_row, fmt
 from skillgraft.spec import Spec
 
 METHODS = ("linear", "task_arithmetic", "ties", "dare_ties")
@@ -188,11 +188,12 @@ def body_state(scorer, merged: dict) -> dict:
     its carried head tensors (a pooler only the fine-tuned checkpoints have stays each task's own, as in the
     stitch). Every other parameter of the body must be merged."""
     from skillgraft.models.anatomy import carried_names  # noqa: PLC0415
+    from skillgraft.models.families import body_prefix  # noqa: PLC0415
 
     module = body_module(scorer)
     carried_list = carried_names(scorer)
     if carried_list:
-        prefix = scorer.model.base_model_prefix + "."
+        prefix = body_prefix(scorer.model) + "."  # the family table
         merged = {n[len(prefix):]: t for n, t in merged.items() if n.startswith(prefix)}
     own = module.state_dict()
     params = dict(scorer.named_parameters())
@@ -210,6 +211,33 @@ class Mergekit(MergeMethod):
 
     summary = "mergekit's linear / task_arithmetic / ties / dare_ties on the same checkpoints (grid chosen on dev)"
     Options = MergekitOptions
+    grid_note = "mergekit: λ = `lambda`, weight 1 per model"
+    legend = ("mergekit: `linear` = mean of the fine-tuned bodies; `task_arithmetic` = θ_pre + λ Σ_t τ_t; `ties` = "
+              "trim to the top-density |τ|, elect signs, mean of the agreeing values, × λ; `dare_ties` = random drop "
+              "to density with rescaling, sign election, sum × λ. *defaults*: weight 1 per model and mergekit's own "
+              "defaults (λ 1, density 1).")
+
+    def headline(self, rows: list[MergeRow], options: MergekitOptions) -> dict:
+        """Its best method on test (each method's settings chosen on dev); with refitted heads, the same refitted."""
+        mine = [r for r in rows if r.source == self.name]
+        best = best_row([r for r in mine if r.chosen_on_dev])
+        out = {"best_mergekit": f"{best.method} ({best.config})" if best else None,
+               "best_mergekit_mean_normalized": best.mean_normalized() if best else None}
+        if any(r.refit for r in rows):
+            refit = best_row([r for r in mine if r.chosen_on_dev], refit=True)
+            out.update(best_mergekit_refit=f"{refit.method} ({refit.config})" if refit else None,
+                       best_mergekit_refit_mean_normalized=refit.mean_normalized() if refit else None)
+        return out
+
+    def headline_lines(self, h: dict) -> list[str]:
+        lines = []
+        if h.get("best_mergekit"):
+            lines.append(f"- best mergekit method (its settings chosen on dev, best of the methods on test): "
+                         f"{h['best_mergekit']}: {fmt(h['best_mergekit_mean_normalized'])}")
+        if h.get("refit_heads") and h.get("best_mergekit_refit"):
+            lines.append(f"- with heads refitted on {h['refit_heads']} rows per task: best mergekit method "
+                         f"{h['best_mergekit_refit']}: {fmt(h['best_mergekit_refit_mean_normalized'])}")
+        return lines
 
     def __init__(self, runner: Runner | None = None):
         self.runner = runner or run_mergekit

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from skillgraft.graft.merge import RULES, scaled, stitch, task_view
-from skillgraft.merge.base import Bench, MergeMethod, Scored
+from skillgraft.merge.base import Bench, MergeMethod, MergeRow, Scored, best_row, fmt
 from skillgraft.spec import Spec
 
 Rule = Literal[RULES]
@@ -19,6 +19,8 @@ Rule = Literal[RULES]
 class StitchOptions(Spec):
     """The stitch's options (fields of ``skillgraft merge``)."""
 
+    stitch: bool = Field(True, description="stitch the grafts and write the stitched model (off: the other methods "
+                                           "only, each task's graft and the report; no merged model is written)")
     rule: Rule = Field("average", description="overlap rule of the written model: average (Localize-and-Stitch), "
                                               "max-delta (largest |θ_ft − θ_pre| wins), disjoint (contested "
                                               "coordinates stay θ_pre), consensus, first")
@@ -44,6 +46,48 @@ class Stitch(MergeMethod):
 
     summary = "the grafts' regions stitched under an overlap rule, at a strength λ chosen on dev"
     Options = StitchOptions
+    stores = "graft"
+    grid_note = "stitch: λ of θ_pre + λ Σ_t (γ_t ⊘ Σ_s γ_s) ⊙ τ_t"
+    legend = ("Overlap rules: *average* — θ_pre + Σ_t (γ_t ⊘ Σ_s γ_s) ⊙ τ_t (Localize-and-Stitch, Eq. 4: the mean "
+              "of the claiming tasks' values; `λ=…` rows scale that sum, as task arithmetic's λ does); "
+              "*max-delta* — the task with the largest |τ_t| at the coordinate wins; "
+              "*disjoint* — contested coordinates stay θ_pre.")
+
+    def active(self, options: StitchOptions) -> bool:
+        return options.stitch
+
+    def headline(self, rows: list[MergeRow], options: StitchOptions) -> dict:
+        """The written stitch (--rule at its dev-best λ), the same rule at λ = 1, the rule best on dev; with refitted
+        heads, the written stitch refitted; beside mergekit's best, when it ran."""
+        mine = [r for r in rows if r.source == self.name and r.on_test]
+        written = next(r for r in mine if r.info.get("written") and not r.refit)
+        plain = next(r for r in mine if r.config == options.rule and not r.refit)  # λ = 1: as published
+        dev_rule = max((r for r in mine if not r.refit), key=lambda r: r.mean_normalized("dev"))
+        out = {"stitch_rule": options.rule, "stitch_scale": written.info["scale"],
+               "stitch_mean_normalized": written.mean_normalized(),
+               "stitch_scale_1_mean_normalized": plain.mean_normalized(),
+               "stitch_rule_chosen_on_dev": dev_rule.config,
+               "stitch_dev_rule_mean_normalized": dev_rule.mean_normalized()}
+        mergekit = best_row([r for r in rows if r.source == "mergekit"])
+        if mergekit is not None:
+            out["stitch_at_least_best_mergekit"] = written.mean_normalized() >= mergekit.mean_normalized()
+        if any(r.refit for r in rows):
+            refit = next((r for r in mine if r.refit and r.config == f"{written.config} + refit heads"), None)
+            out["stitch_refit_mean_normalized"] = refit.mean_normalized() if refit else None
+            best = best_row([r for r in rows if r.source == "mergekit"], refit=True)
+            if refit is not None and best is not None:
+                out["stitch_refit_at_least_best_mergekit_refit"] = refit.mean_normalized() >= best.mean_normalized()
+        return out
+
+    def headline_lines(self, h: dict) -> list[str]:
+        lines = [f"- stitch (`{h['stitch_rule']}`, λ = {h['stitch_scale']:g} chosen on dev; written to this folder): "
+                 f"mean normalized accuracy {fmt(h['stitch_mean_normalized'])} (at λ = 1, Localize-and-Stitch as "
+                 f"published: {fmt(h['stitch_scale_1_mean_normalized'])}); the rule and λ best on dev are "
+                 f"`{h['stitch_rule_chosen_on_dev']}` ({fmt(h['stitch_dev_rule_mean_normalized'])})"]
+        if h.get("refit_heads"):
+            lines.append(f"- with heads refitted on {h['refit_heads']} rows per task: stitch "
+                         f"{fmt(h.get('stitch_refit_mean_normalized'))}")
+        return lines
 
     def rows(self, bench: Bench, options: StitchOptions, ft: Scored, work: Path) -> list[Scored]:
         grafts = [bench.grafts[n] for n in bench.names]

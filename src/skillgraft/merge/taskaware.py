@@ -151,6 +151,9 @@ class TaskAware(MergeMethod):
     def active(self, options: PeerOptions) -> bool:
         return self.name in options.peers
 
+    def headline(self, rows: list[MergeRow], options: PeerOptions) -> dict:
+        return {}  # the peers are headlined together, at the grafts' bytes (merge.json: peers_at_equal_bytes)
+
     def on_model(self, bench: Bench, name: str, ft, options: Spec, work: Path) -> None:
         from safetensors.torch import save_file  # noqa: PLC0415
 

@@ -246,6 +246,7 @@ def _convert(path: Path, out: Path) -> None:
     import torch  # noqa: PLC0415
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
 
+    from skillgraft.models.families import tied_embeddings  # noqa: PLC0415
     from skillgraft.models.loading import quiet_transformers  # noqa: PLC0415
 
     hf_logging, level = quiet_transformers()
@@ -263,7 +264,7 @@ def _convert(path: Path, out: Path) -> None:
     with torch.device("meta"):
         fresh = type(loaded)(config)
     fresh.load_state_dict(loaded.state_dict(), assign=True)
-    if getattr(config, "tie_word_embeddings", False):
+    if tied_embeddings(config):  # the config's flag, else the family table's
         fresh.tie_weights()
     del loaded
     fresh.eval().save_pretrained(out)

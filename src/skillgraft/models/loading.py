@@ -213,10 +213,6 @@ def load_hf_model(path: str, kind: str, *, dtype: torch.dtype | None = None, wit
         hf_logging.set_verbosity(level)
 
 
-# Where a sequence-classification checkpoint keeps its task head (HF module names; carried, never grafted).
-HEAD_MODULES = ("classifier", "score", "pre_classifier", "logits_proj")
-
-
 def checkpoint_kind(path: str) -> str | None:
     """What a local checkpoint was saved as, from ``config.json``'s ``architectures``: ``classifier``
     (…ForSequenceClassification), ``mlm`` (…ForMaskedLM), ``causal`` (…ForCausalLM / LMHeadModel), ``base``,
@@ -271,13 +267,13 @@ def load_classifier(path: str, labels: tuple[str, ...], *, pad_token_id: int | N
         raise SkillgraftError(f"could not load {path!r} as a sequence classifier: {first}") from None
     finally:
         hf_logging.set_verbosity(level)
+    from skillgraft.models.families import head_names, is_pooler  # noqa: PLC0415
+
     names = {n for n, _ in model.named_parameters()}
-    base = getattr(model, "base_model", model)
-    base_ids = {id(p) for p in base.parameters()} if base is not model else set()
-    head = {n for n, p in model.named_parameters() if base is not model and id(p) not in base_ids}
+    head = head_names(model)  # the family's head modules (models/families.py)
     missing = {k[0] if isinstance(k, tuple) else k for k in [*info.get("missing_keys", []),
                                                               *info.get("mismatched_keys", [])]} & names
-    bad = sorted(n for n in missing - head if "pooler" not in n)
+    bad = sorted(n for n in missing - head if not is_pooler(model, n))
     if bad:
         raise SkillgraftError(f"{path}: the checkpoint lacks {len(bad)} tensor(s) of the model body, e.g. {bad[:3]} "
                               "(only a classification head or a pooler may be missing)")

@@ -12,9 +12,6 @@ from __future__ import annotations
 from skillgraft.errors import SkillgraftError
 
 PAIR_MODES = ("classifier", "prompt", "causal", "generative", "head")
-SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                 "intermediate_size", "vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "max_position_embeddings",
-                 "n_positions", "type_vocab_size", "embedding_size", "head_dim")
 
 
 def pair_mode(finetuned: str, generative_data: bool, mode: str | None = None) -> str:
@@ -40,12 +37,13 @@ def pair_mode(finetuned: str, generative_data: bool, mode: str | None = None) ->
 
 def check_pair(pretrained: str, finetuned: str) -> None:
     """Refuse, before loading any weights, a pair whose architectures, shapes or tokenizers differ."""
+    from skillgraft.models.families import shape_fields  # noqa: PLC0415
     from skillgraft.models.loading import load_tokenizer, model_reference  # noqa: PLC0415
 
     refs = [model_reference(pretrained), model_reference(finetuned)]
-    configs = []
-    for ref, role in zip(refs, ("pre-trained (--pretrained)", "fine-tuned (--finetuned)")):
-        configs.append(read_config(ref.path, f"{role} model {ref.name!r}").to_dict())
+    configs_read = [read_config(ref.path, f"{role} model {ref.name!r}")
+                    for ref, role in zip(refs, ("pre-trained (--pretrained)", "fine-tuned (--finetuned)"))]
+    configs = [c.to_dict() for c in configs_read]
     from skillgraft.models.loading import check_weight_files  # noqa: PLC0415
 
     for ref, role in zip(refs, ("pre-trained model (--pretrained)", "fine-tuned model (--finetuned)")):
@@ -54,7 +52,8 @@ def check_pair(pretrained: str, finetuned: str) -> None:
     if a.get("model_type") != b.get("model_type"):
         raise SkillgraftError(f"different architectures: {refs[0].name} is {a.get('model_type')!r}, {refs[1].name} is "
                               f"{b.get('model_type')!r}; a graft needs θ_ft fine-tuned from θ_pre")
-    for key in SHAPE_FIELDS:
+    fields = shape_fields(configs_read[0])  # the family table: shapes and a sliding attention window
+    for key in fields:
         if a.get(key) != b.get(key):
             raise SkillgraftError(f"different shapes: {key} is {a.get(key)} in {refs[0].name} but {b.get(key)} in "
                                   f"{refs[1].name}; a graft needs θ_ft fine-tuned from θ_pre")

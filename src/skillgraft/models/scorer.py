@@ -35,6 +35,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.models.loading import load_classifier, load_hf_model, load_tokenizer, model_reference
 from skillgraft.models.logits import head_logits
 from skillgraft.models.templates import render, word_ids
+from skillgraft.models.spec import MAX_LENGTH
 
 Mode = Literal["head", "prompt", "causal", "classifier", "generative"]
 MODES = ("head", "prompt", "causal", "classifier", "generative")
@@ -52,7 +53,7 @@ class Scorer(nn.Module):
     """
 
     def __init__(self, model: nn.Module, tokenizer, task: Task, mode: Mode, *, pooling: Pooling = "mean",
-                 max_length: int = 128, base_model: str = "", tied_decoder: bool = False, head_seed: int = 0,
+                 max_length: int = MAX_LENGTH, base_model: str = "", tied_decoder: bool = False, head_seed: int = 0,
                  carried=()):
         super().__init__()
         if mode not in MODES:
@@ -464,7 +465,7 @@ def position_limit(model: nn.Module) -> int | None:
 
 
 def build_scorer(model_name: str | None, task: Task | str, mode: Mode = "head", *, pooling: Pooling | None = None,
-                 max_length: int = 128, head_seed: int = 0, dtype: torch.dtype | None = None) -> Scorer:
+                 max_length: int = MAX_LENGTH, head_seed: int = 0, dtype: torch.dtype | None = None) -> Scorer:
     """A Scorer for ``task`` from a hub name or local path (None: the bundled MiniLM).
 
     ``classifier`` mode loads ``AutoModelForSequenceClassification`` with one output per task label (a

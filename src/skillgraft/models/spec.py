@@ -11,6 +11,7 @@ from skillgraft.spec import COUNT_MAX, Spec
 Mode = Literal["head", "prompt", "causal"]
 Pooling = Literal["cls", "mean", "last"]
 MaxLength = Annotated[int, Field(ge=8, le=COUNT_MAX)]
+MAX_LENGTH = 128  # max tokens per example: the one default of every verb, recipe and scorer
 
 
 class ModelSpec(Spec):
@@ -20,7 +21,7 @@ class ModelSpec(Spec):
     mode: Mode = Field("head", description="scorer: head | prompt | causal")
     pooling: Pooling | None = Field(None, description="head pooling: cls | mean | last (default: mean; last for decoder "
                                                       "LMs)")
-    max_length: MaxLength = Field(128, description="max tokens per example")
+    max_length: MaxLength = Field(MAX_LENGTH, description="max tokens per example")
 
     def scorer(self, task, *, head_seed: int = 0, dtype=None):
         """A pre-trained Scorer of this spec for ``task`` (a new head initialised from ``head_seed``)."""

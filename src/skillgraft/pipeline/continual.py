@@ -45,7 +45,7 @@ from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
 from skillgraft.io import atomic_dir, check_apart, read_json
 from skillgraft.models.anatomy import fingerprint, graftable_names
-from skillgraft.models.spec import ModelSpec
+from skillgraft.models.spec import MAX_LENGTH, ModelSpec
 from skillgraft.pipeline.regions import learned_regions
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.store import Store, draw_key
@@ -73,7 +73,7 @@ class ContinualLearner:
     # ------------------------------------------------------------------ construction
     @classmethod
     def create(cls, model: str | None = None, mode: str = "head", *, pooling: str | None = None,
-               max_length: int = 128) -> ContinualLearner:
+               max_length: int = MAX_LENGTH) -> ContinualLearner:
         """A new, empty continual state for ``model`` in ``mode`` (no task learned yet)."""
         return cls(None, None, [], {}, {"model": model, "mode": mode, "pooling": pooling, "max_length": max_length})
 

@@ -31,7 +31,7 @@ from skillgraft.evaluate.plots import save_figure
 from skillgraft.graft.dare import dare_graft, dare_values
 from skillgraft.graft.bound import bound_prose
 from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec, check_share, graft_outcome, keep_search
-from skillgraft.graft.localizers import get_localizer, localize
+from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.selection import Budget, as_list, region_universe
 from skillgraft.io import read_json, write_json
 from skillgraft.pipeline.report import RunDir, write_csv
@@ -117,8 +117,9 @@ def _families(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, d
     """{method: (ranking or None, {density: region} or None, dare?)} and the localizer's seconds."""
     out: dict[str, tuple] = {}
     t0 = time.perf_counter()
-    if get_localizer(localizer).sparsity_trajectories:  # learned: one trajectory per γ_base sparsity
-        base = get_localizer(localizer).options(options.to_dict())
+    loc = get_localizer(localizer)
+    if loc.sparsity_trajectories:  # its capability (learned): one trajectory per γ_base sparsity
+        base = loc.options(options.to_dict())
         sparsities = spec.frontier_sparsities or [base.sparsity]
         regions, order = {}, None
         for i, s in enumerate(sparsities):  # each density: the trajectory of the largest sparsity ≤ it
@@ -127,11 +128,11 @@ def _families(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, d
             if not mine and i:
                 continue
             cfg = base.replace(sparsity=s, budgets=[b.key for b in mine] or [spec.frontier_levels[0].key])
-            result = localize(setup.pre, setup.ft, data.train, data.dev, cfg, ranked=i == 0, progress=progress)
+            result = loc.trajectory(setup.pre, setup.ft, data, cfg, ranked=i == 0, progress=progress)
             regions |= {b.fraction: r for b, r in result.regions.items() if b in mine}
             order = order or result.ranking
-        out["learned"] = (None, regions, False)
-        out["learned order"] = (order, None, False)
+        out[localizer] = (None, regions, False)
+        out[f"{localizer} order"] = (order, None, False)
     elif get_localizer(localizer).ranked:
         out[localizer] = (get_localizer(localizer).ranking(setup.pre, setup.ft, data, options, progress=progress),
                           None, False)

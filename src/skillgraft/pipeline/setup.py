@@ -27,7 +27,7 @@ from skillgraft.finite import refuse_non_finite_model
 from skillgraft.graft.graft_file import GraftMetadata
 from skillgraft.heap import release_freed_memory
 from skillgraft.models.pair import check_pair, complete_model, model_labels, pair_mode, torch_fork
-from skillgraft.models.spec import ModelSpec
+from skillgraft.models.spec import MAX_LENGTH, ModelSpec
 from skillgraft.pipeline.store import Store, data_digest, draw_key
 from skillgraft.train import FinetuneConfig
 from skillgraft.train.run import RunConfig, load_finetuned, run_finetune
@@ -319,7 +319,7 @@ def is_run_dir(path: str | os.PathLike) -> bool:
     return isinstance(cfg, dict) and "skillgraft_version" in cfg
 
 
-def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None, max_length: int = 128,
+def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None, max_length: int = MAX_LENGTH,
               data_dir: str | os.PathLike | None = None, lean: bool = False,
               share_pre: Callable[[Scorer], Scorer] | None = None) -> Setup:
     """A Setup from two Hugging Face checkpoints and the data to localize and evaluate on.
@@ -465,7 +465,7 @@ def task_from_record(record: dict):
     return task_from_config(dict(record), "graft metadata task_spec")
 
 
-def open_checkpoint(path: str, data, *, mode: str | None = None, split: str = "test", max_length: int = 128,
+def open_checkpoint(path: str, data, *, mode: str | None = None, split: str = "test", max_length: int = MAX_LENGTH,
                     data_dir: str | os.PathLike | None = None):
     """A plain Hugging Face checkpoint as a Scorer with the examples to evaluate it on: ``(scorer, examples, note)``.
 

@@ -58,11 +58,11 @@ class Variant:
 @dataclass(eq=False)
 class ResultRow(Row):
     """One model's row of a report: what it is, its metrics on one evaluation set (in :func:`evaluate`'s order),
-    the derived columns (:func:`derive`) and any column a recipe adds (``extra``, e.g. ``file_bytes``).
+    the derived columns (:func:`derive`) and, for a saved graft, its file's bytes (``file_bytes``).
 
     Read-only as a mapping of its CSV/JSON columns (:meth:`columns`: ``model, kind, params``, the metrics, the
-    derived columns that apply, the extra ones), so reports index it by column name; ``row[col] = v`` sets a
-    field, a metric or an extra column.
+    derived columns that apply, ``file_bytes`` when set), so reports index it by column name; it is written
+    through its typed fields only.
     """
 
     model: str
@@ -73,7 +73,7 @@ class ResultRow(Row):
     share_of_ft: float | None = None
     gap_closed: float | None = None
     loss_recovered: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    file_bytes: int | None = None  # a saved graft's graft.safetensors
 
     @property
     def score(self) -> float:
@@ -82,23 +82,17 @@ class ResultRow(Row):
     def columns(self) -> dict[str, Any]:
         """The row as CSV/JSON columns, in report order (derived columns only where they apply)."""
         derived = {k: getattr(self, k) for k in _DERIVED if getattr(self, k) is not None}
-        return {"model": self.model, "kind": self.kind, "params": self.params, **self.metrics, **derived,
-                **self.extra}
+        saved = {"file_bytes": self.file_bytes} if self.file_bytes is not None else {}
+        return {"model": self.model, "kind": self.kind, "params": self.params, **self.metrics, **derived, **saved}
 
     def __getitem__(self, key: str):
         if key in _NAMED or (key in _DERIVED and getattr(self, key) is not None):
             return getattr(self, key)
         if key in self.metrics:
             return self.metrics[key]
-        return self.extra[key]
-
-    def __setitem__(self, key: str, value) -> None:
-        if key in _NAMED or key in _DERIVED:
-            setattr(self, key, value)
-        elif key in self.metrics:
-            self.metrics[key] = value
-        else:
-            self.extra[key] = value
+        if key == "file_bytes" and self.file_bytes is not None:
+            return self.file_bytes
+        raise KeyError(key)
 
     def __iter__(self):
         return iter(self.columns())

@@ -30,6 +30,7 @@ from skillgraft.data.tasks import Task, get_task, task_from_dict
 from skillgraft.errors import SkillgraftError
 from skillgraft.io import atomic_dir, read_json
 from skillgraft.models.scorer import Scorer, build_scorer
+from skillgraft.models.spec import MAX_LENGTH
 from skillgraft.train.callbacks import BestDev, RegionMask
 from skillgraft.train.config import FinetuneConfig
 from skillgraft.train.core import TrainResult, fit
@@ -70,7 +71,7 @@ class MultiTaskScorer(nn.Module):
     # ------------------------------------------------------------------ construction
     @classmethod
     def build(cls, model_name: str | None, tasks: list[str | Task], mode: str = "head", *, pooling: str | None = None,
-              max_length: int = 128, head_seed: int = 0) -> MultiTaskScorer:
+              max_length: int = MAX_LENGTH, head_seed: int = 0) -> MultiTaskScorer:
         """Pre-trained body + a fresh scorer per task (heads initialised as ``build_scorer`` does)."""
         if not tasks:
             raise SkillgraftError("a multi-task model needs at least one task")

@@ -1,6 +1,7 @@
 """The verbs: each ``skillgraft <verb>`` is one function here, typed specs in, a typed result out; cli.py only parses
 the options and prints the result, and recipes may call them.
 
+    finetune  :func:`skillgraft.verbs.finetune.finetune`    → FinetuneResult (run directory, metrics)
     graft     :func:`skillgraft.verbs.graft.graft`          → GraftResult (report folder, metrics, rows)
     sweep     :func:`skillgraft.verbs.sweep.sweep`          → SweepResult
     merge     :func:`skillgraft.verbs.merge.merge_models`   → merge.json's summary

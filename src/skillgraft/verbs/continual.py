@@ -15,7 +15,7 @@ from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
 from skillgraft.io import check_apart, roll_back, sibling
 from skillgraft.locking import locked
-from skillgraft.models.spec import ModelSpec
+from skillgraft.models.spec import MAX_LENGTH, ModelSpec
 from skillgraft.pipeline.continual import STATE_FILE, ContinualLearner, task_region
 from skillgraft.pipeline.setup import prepare
 from skillgraft.pipeline.store import Store, converts_into_store
@@ -77,7 +77,7 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
         else:
             settings, store = learner.settings, Store(cache)
             model_spec = ModelSpec(model=settings["model"], mode=settings["mode"], pooling=settings["pooling"],
-                                   max_length=settings["max_length"] or 128)
+                                   max_length=settings["max_length"] or MAX_LENGTH)
             setup = prepare(store, model_spec, spec, region_finetune_config or finetune_config or FinetuneConfig(),
                             progress=progress)
             gamma, init_graft, single = task_region(setup, store, localize_config, progress=progress)

@@ -38,6 +38,7 @@ from skillgraft.pipeline.store import converts_into_store
 from skillgraft.pipeline.workbench import Workbench
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant, score_ft_first
 from skillgraft.spec import Spec
+from skillgraft.models.spec import MAX_LENGTH
 
 # Report names of the baseline localizers (kept from the reports in bench/RESULTS.md).
 BASELINE_LABELS = {"movement": "top-movement", "random": "random", "bias": "bias-only"}
@@ -144,11 +145,10 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
     rows, probs = compare(setup, variants, progress=progress)
     for name, (budget, v) in grafts.items():
         path = v.graft.save_pretrained(run.path / "grafts" / graft_folder(budget))
-        row = next(r for r in rows if r["model"] == name)
-        row["file_bytes"] = (path / "graft.safetensors").stat().st_size
+        next(r for r in rows if r.model == name).file_bytes = (path / "graft.safetensors").stat().st_size
     for v in kept:
         path = v.graft.save_pretrained(run.path / "grafts" / v.name.replace(" ", "-"))
-        next(r for r in rows if r["model"] == v.name)["file_bytes"] = (path / "graft.safetensors").stat().st_size
+        next(r for r in rows if r.model == v.name).file_bytes = (path / "graft.safetensors").stat().st_size
     universe = (next(iter(regions.values())).universe_size if regions else
                 sum(int(np.prod(s)) for s in region_universe(setup.pre, options.graftable).values()))
     head_only = next((v for v in variants if v.kind == "head-only"), None)
@@ -370,7 +370,7 @@ class GraftInputs:
     pretrained: str | None = None
     mode: str | None = None
     task: str | None = None
-    max_length: int = 128
+    max_length: int = MAX_LENGTH
     data: DataSpec = field(default_factory=DataSpec)          # only data_dir is read (a run: its own task data)
     user: UserDataSpec = field(default_factory=UserDataSpec)  # a pair's own data files
 

@@ -47,8 +47,9 @@ from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.store import converts_into_store
 from skillgraft.pipeline.workbench import Workbench
 from skillgraft.spec import Spec
+from skillgraft.models.spec import MAX_LENGTH
 from skillgraft.verbs.merge_inputs import ModelInput, check_inputs, merge_inputs, resolve_inputs
-from skillgraft.verbs.merge_report import readme, report_markdown, summarize, write_outputs
+from skillgraft.verbs.merge_report import readme, report_markdown, summarize, write_grafts, write_outputs
 
 __all__ = ["MergeSpec", "ModelInput", "check_inputs", "merge_models", "resolve_inputs"]
 
@@ -64,7 +65,7 @@ class MergeSettings(Spec):
     dev_limit: int | None = Field(200, ge=1, description="dev rows per task scored for the grid (seeded sample)")
     mode: str | None = Field(None, description="how to score the models: classifier | prompt | causal | generative "
                                                "(default: from the fine-tuned checkpoints' class)")
-    max_length: int = Field(128, ge=8, description="max tokens per example")
+    max_length: int = Field(MAX_LENGTH, ge=8, description="max tokens per example")
     refit_heads: int | None = Field(None, ge=1, description="refit each task's head (its last linear layer) on N "
                                                             "labelled training rows per task on every merged body "
                                                             "(never test or dev rows); the report shows every "
@@ -293,7 +294,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
                                           setup.graft_metadata.to_dict(), progress=progress)
             bench.release(m.name)
         t_loc = time.perf_counter() - t0
-        results: list[Scored] = [ft, Scored("graft", f"each task's own graft ({spec.budget.label})")]
+        results: list[Scored] = [ft, Scored("graft", f"each task's own graft ({spec.budget.label})", stores="graft")]
         own = bench.grafted(lambda n: bench.grafts[n])
         results[1].dev, results[1].test = (bench.score(own, s) for s in ("dev", "test"))
         results[1].reuse = lambda: own
@@ -301,19 +302,24 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             results.append(routed_keep_row(bench, kept, spec))
         for method, opts in tqdm(chosen, desc="merge methods", unit="method", disable=not progress):
             t1 = time.perf_counter()
-            results += method.rows(bench, opts, ft, work)
+            for s in method.rows(bench, opts, ft, work):
+                s.source, s.stores = method.name, method.stores  # the report reads the method's metadata
+                results.append(s)
             seconds[method.name] = time.perf_counter() - t1
         if spec.refit_heads:
             t1 = time.perf_counter()
             results += refit_rows(bench, results, spec.refit_heads, progress)
             seconds["refit_heads"] = time.perf_counter() - t1
-    written = next(s.body for s in results if s.method == "stitch" and s.info.get("written"))
-    summary = summarize(results, ft, bench.members, bench.grafts, spec, mode, pretrained)
+    written = next((s.body for s in results if s.info.get("written") and s.body is not None), None)
+    summary = summarize(results, ft, bench.members, bench.grafts, spec, mode, pretrained, chosen)
     summary["seconds"] = {"localize_and_load": t_loc, "mergekit": seconds.get("mergekit", 0.0),
                           "total": time.perf_counter() - t0}
     summary["placement"] = bench.placement  # where the merge computed (docs/gpu.md)
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        write_outputs(tmp, bench, written)
+        if written is not None:  # a method wrote a merged model (the stitch; none when it is switched off)
+            write_outputs(tmp, bench, written)
+        else:
+            write_grafts(tmp, bench)
         from skillgraft.merge.mergekit import chosen_yamls  # noqa: PLC0415
 
         for method, text in chosen_yamls(results, pretrained, [m.finetuned for m in inputs]).items():
@@ -321,7 +327,8 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             (tmp / "mergekit" / f"{method}.yaml").write_text(text)  # the dev-chosen config, for mergekit-yaml
         if spec.routed:
             summary["routed"] = write_routed_outputs(tmp / "routed", bench, summary, kept)
-        (tmp / "report.md").write_text(report_markdown(summary) + f"\nRan on {summary['placement']}.\n")
+        (tmp / "report.md").write_text(report_markdown(summary, [m for m, _ in chosen])
+                                       + f"\nRan on {summary['placement']}.\n")
         summary = {**summary, "rows": [r.columns() for r in summary["rows"]]}  # merge.json holds their columns
         (tmp / "merge.json").write_text(json.dumps(summary, indent=2, default=float))
         write_csv(tmp / "results.csv", summary["rows"])
@@ -345,7 +352,8 @@ def refit_rows(bench: MergeBench, results: list[Scored], n: int, progress: bool 
         use = refitted(s.reuse(), rows.__getitem__)
         info = {k: v for k, v in s.info.items() if k != "written"}
         r = Scored(s.method, f"{s.config} + refit heads", info={**info, "refit_heads": n,
-                                                              "refit_rows": {t: len(x) for t, x in rows.items()}})
+                                                              "refit_rows": {t: len(x) for t, x in rows.items()}},
+                   source=s.source, stores=s.stores)
         r.dev, r.test = bench.score(use, "dev"), bench.score(use, "test")
         out.append(r)
     return out
@@ -389,12 +397,12 @@ def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict,
 
     labels = {n: list(setup.data.task.labels) for n, setup in bench.members.items()}
     method = "routed" if kept else "graft"
-    rows = [r for r in summary["rows"] if r["method"] == method and r.get("on_test")]
+    rows = [r for r in summary["rows"] if r.method == method and r.on_test]  # typed MergeRows
     keep = None
     if kept:
-        plain = next(r for r in rows if not r.get("refit_heads"))
-        keep = {n: {**{k: v for k, v in k_.items() if k != "probes"}, "test_score": plain[f"{n}:test"],
-                    "test_share": plain[f"{n}:normalized"]} for n, (_, k_) in kept.items()}
+        plain = next(r for r in rows if not r.refit)
+        keep = {n: {**{k: v for k, v in k_.items() if k != "probes"}, "test_score": plain.tasks[n].test,
+                    "test_share": plain.tasks[n].normalized()} for n, (_, k_) in kept.items()}
     grafts = {n: g for n, (g, _) in kept.items()} if kept else bench.grafts
     record = write_routed(folder, bench.pre, grafts, labels, keep)
     seconds = switch_seconds(RoutedSkills.from_pretrained(folder))
@@ -404,8 +412,7 @@ def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict,
            "tasks": {n: t["bytes"] for n, t in record["tasks"].items()}}
     out["share_of_checkpoint"] = out["bytes_per_task"] / ckpt if ckpt else None
     for r in rows:
-        key = "mean_normalized_refit" if r.get("refit_heads") else "mean_normalized"
-        out[key] = r["mean_normalized"]
+        out["mean_normalized_refit" if r.refit else "mean_normalized"] = r.mean_normalized()
     if kept:
         out.update(keep_target=summary["settings"]["keep"], keep_confidence=summary["settings"]["keep_confidence"],
                    keep={n: {**kept[n][1], **k, "bytes": record["tasks"][n]["bytes"]} for n, k in keep.items()})

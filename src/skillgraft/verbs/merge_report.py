@@ -10,42 +10,34 @@ from skillgraft.lazy import np
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.bound import bound_prose
 from skillgraft.graft.merge import swapped, task_view
-from skillgraft.merge.base import MergeRow, Scored, graft_file_bytes
+from skillgraft.merge.base import MergeMethod, MergeRow, Scored, fmt as _fmt, graft_file_bytes
 from skillgraft.merge.mergekit import body_module
 from skillgraft.pipeline.report import md_table
+from skillgraft.spec import Spec
 from skillgraft.verbs.merge_inputs import weight_files
 
 
 def summarize(results: list[Scored], ft: Scored, setups: dict, grafts: dict[str, Graft],
-              spec, mode: str, pretrained: str) -> dict:
+              spec, mode: str, pretrained: str, methods: list[tuple[MergeMethod, Spec]]) -> dict:
     """merge.json: settings, per-task rows (typed :class:`~skillgraft.merge.base.MergeRow`; ``merge.json`` holds
-    their columns), the chosen configurations and the headline comparison."""
+    their columns), the chosen configurations and the headline comparison: each method that ran (``methods``, with
+    its options) gives its own entries (:meth:`MergeMethod.headline`)."""
     names = list(setups)
     ckpt = {n: sum(f.stat().st_size for f in weight_files(str(setups[n].ft_dir))) for n in names}
     graft_bytes = {n: graft_file_bytes(grafts[n]) for n in names}
-    rows = [MergeRow.of(s, ft, graft_bytes if s.method in ("stitch", "graft") else ckpt) for s in results]
-    plain_rows = [r for r in rows if not r.info.get("refit_heads")]
-    stitch_rows = [r for r in plain_rows if r.method == "stitch" and r.on_test]
-    written = next(r for r in stitch_rows if r.info.get("written"))
-    plain = next(r for r in stitch_rows if r.config == spec.rule)  # λ = 1: Localize-and-Stitch as published
-    dev_rule = max(stitch_rows, key=lambda r: r.mean_normalized("dev"))
-    mk = [r for r in plain_rows if r.method.startswith("mergekit") and r.on_test and r.chosen_on_dev]
-    best_mk = max(mk, key=lambda r: r.mean_normalized()) if mk else None
-    checkpoint_bytes = float(np.mean(list(ckpt.values())))
-    headline = {"stitch_rule": spec.rule, "stitch_scale": written.info["scale"],
-                "stitch_mean_normalized": written.mean_normalized(),
-                "stitch_scale_1_mean_normalized": plain.mean_normalized(),
-                "stitch_rule_chosen_on_dev": dev_rule.config,
-                "stitch_dev_rule_mean_normalized": dev_rule.mean_normalized(),
-                "best_mergekit": f"{best_mk.method} ({best_mk.config})" if best_mk else None,
-                "best_mergekit_mean_normalized": best_mk.mean_normalized() if best_mk else None,
-                "checkpoint_bytes": checkpoint_bytes,
+    rows = [MergeRow.of(s, ft, graft_bytes if s.stores == "graft" else ckpt) for s in results]
+    plain_rows = [r for r in rows if not r.refit]
+    written = next((r for r in plain_rows if r.info.get("written")), None)
+    headline = {"written": f"{written.method} ({written.config})" if written else None,
+                "checkpoint_bytes": float(np.mean(list(ckpt.values()))),
                 "max_graft_bytes": max(graft_bytes.values()),
                 "max_graft_share_of_checkpoint": max(graft_bytes[n] / ckpt[n] for n in names if ckpt[n]) if
                 any(ckpt.values()) else None}
-    if best_mk:
-        headline["stitch_at_least_best_mergekit"] = written.mean_normalized() >= best_mk.mean_normalized()
-    headline.update(refit_headline(rows, written))
+    refit = [r for r in rows if r.refit and r.on_test]
+    if refit:
+        headline["refit_heads"] = refit[0].info["refit_heads"]
+    for method, options in methods:
+        headline.update(method.headline(rows, options))
     headline.update(peers_headline(plain_rows))
     tasks = {}
     for n in names:
@@ -57,37 +49,25 @@ def summarize(results: list[Scored], ft: Scored, setups: dict, grafts: dict[str,
     from skillgraft.pipeline.caveats import merge_caveats  # noqa: PLC0415
 
     return {"pretrained": pretrained, "mode": mode, "settings": spec.to_dict(), "tasks": tasks, "rows": rows,
-            "headline": headline, "caveats": merge_caveats(setups, ft.test)}
+            "headline": headline, "caveats": merge_caveats(setups, ft.test),
+            "methods": {m.name: m.summary for m, _ in methods}}
 
 
-def peers_headline(rows: list[dict]) -> dict:
+def peers_headline(rows: list[MergeRow]) -> dict:
     """The task-aware peers (--peers) at the grafts' bytes per task beside each task's graft alone (routed)."""
-    peers = {r["method"]: r for r in rows if r.get("equal_bytes") and r.get("on_test")}
-    graft = next((r for r in rows if r["method"] == "graft" and r.get("on_test")), None)
+    peers = {r.method: r for r in rows if r.info.get("equal_bytes") and r.on_test}
+    graft = next((r for r in rows if r.method == "graft" and r.on_test), None)
     if not peers or graft is None:
         return {}
-    return {"peers_at_equal_bytes": {m: r["mean_normalized"] for m, r in peers.items()},
-            "peers_bytes_per_task": {m: r["bytes_per_task"] for m, r in peers.items()},
-            "graft_at_least_every_peer": all(graft["mean_normalized"] >= r["mean_normalized"]
-                                             for r in peers.values())}
+    return {"peers_at_equal_bytes": {m: r.mean_normalized() for m, r in peers.items()},
+            "peers_bytes_per_task": {m: r.bytes_per_task for m, r in peers.items()},
+            "graft_at_least_every_peer": all(graft.mean_normalized() >= r.mean_normalized() for r in peers.values())}
 
 
-def refit_headline(rows: list[dict], written: dict) -> dict:
-    """With --refit-heads: the written stitch and the best dev-chosen mergekit method, each with refitted heads."""
-    refit = [r for r in rows if r.get("refit_heads") and r.get("on_test")]
-    if not refit:
-        return {}
-    stitch = next((r for r in refit if r["method"] == "stitch" and r["config"] == f"{written['config']} + refit heads"),
-                  None)
-    mk = [r for r in refit if r["method"].startswith("mergekit") and r.get("chosen_on_dev")]
-    best = max(mk, key=lambda r: r["mean_normalized"]) if mk else None
-    out = {"refit_heads": refit[0]["refit_heads"],
-           "stitch_refit_mean_normalized": stitch["mean_normalized"] if stitch else None,
-           "best_mergekit_refit": f"{best['method']} ({best['config']})" if best else None,
-           "best_mergekit_refit_mean_normalized": best["mean_normalized"] if best else None}
-    if stitch and best:
-        out["stitch_refit_at_least_best_mergekit_refit"] = stitch["mean_normalized"] >= best["mean_normalized"]
-    return out
+def write_grafts(folder: Path, bench) -> None:
+    """Each task's graft (``grafts/<task>/``)."""
+    for name, g in bench.grafts.items():
+        g.save_pretrained(folder / "grafts" / name)
 
 
 def write_outputs(folder: Path, bench, body: Graft) -> None:
@@ -95,8 +75,7 @@ def write_outputs(folder: Path, bench, body: Graft) -> None:
     fine-tuned classifier is read back from its files, one at a time (:meth:`Workbench.finetuned`)."""
     from skillgraft.models.anatomy import carried_names  # noqa: PLC0415
 
-    for name, g in bench.grafts.items():
-        g.save_pretrained(folder / "grafts" / name)
+    write_grafts(folder, bench)
     pre = bench.pre
     if not carried_names(pre):  # one merged model serves every task
         with body.applied(pre):
@@ -113,25 +92,22 @@ def write_outputs(folder: Path, bench, body: Graft) -> None:
         del state
 
 
-def _fmt(x, pct: bool = False) -> str:
-    if x is None or (isinstance(x, float) and np.isnan(x)):
-        return "-"
-    return f"{100 * x:.1f}" if pct else f"{x:.4f}"
-
-
-def report_markdown(s: dict) -> str:
+def report_markdown(s: dict, methods: list[MergeMethod]) -> str:
     """report.md: per-task accuracy and normalized accuracy of every method, means, bytes per task (``s``: the
-    summary with its typed rows, :func:`summarize`)."""
+    summary with its typed rows, :func:`summarize`; ``methods``: the merge methods that ran, which say what the
+    report tells of them: their summary, grid, headline and legend)."""
     names = list(s["tasks"])
     h = s["headline"]
     cfg = s["settings"]
+    written = (f"the merged model written to this folder is {h['written']} (chosen on dev)" if h.get("written") else
+               "no merged model is written (no method that writes one ran)")
     lines = [f"# Merging {len(names)} fine-tuned models of `{s['pretrained']}`", "",
              f"Scored as `{s['mode']}`. Each task's region: localizer `{cfg['localizer']}` at budget {cfg['budget']} "
-             "of the graftable parameters; the stitched model resolves overlaps by "
-             f"`{cfg['rule']}` at strength λ = {h['stitch_scale']:g} (chosen on dev; written to this folder).", "",
+             f"of the graftable parameters; {written}.", "",
+             "Methods: " + "; ".join(f"**{m.name}** — {m.summary}" for m in methods) + ".", "",
              "**Every method merges the body only** (all but the task heads): heads of tasks with different label "
              "sets cannot be merged, so each task runs on the merged body with its own fine-tuned head — for "
-             "skillgraft's stitch and for every mergekit method alike.", "",
+             "every method alike.", "",
              "| task | fine-tuned checkpoint | labels | localize rows | dev rows | test rows | graft | graft bytes | "
              "checkpoint bytes | share |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n, t in s["tasks"].items():
@@ -154,10 +130,11 @@ def report_markdown(s: dict) -> str:
                       *[_fmt(r.tasks[n].normalized()) for n in names], _fmt(r.mean_accuracy),
                       _fmt(r.mean_normalized()), _fmt(r.mean_normalized("dev")), f"{r.bytes_per_task:,.0f}"])
     lines += md_table(header, table).splitlines()
-    grid = [r for r in rows if r.method.startswith("mergekit") or r.method == "stitch"]
+    grids = {m.name: m.grid_note for m in methods if m.grid_note}
+    grid = [r for r in rows if r.source in grids]
     if grid:
-        lines += ["", "## Grids (chosen on dev rows only; mergekit: λ = `lambda`, weight 1 per model; stitch: λ of "
-                  "θ_pre + λ Σ_t (γ_t ⊘ Σ_s γ_s) ⊙ τ_t)", "",
+        ran = dict.fromkeys(r.source for r in grid)
+        lines += ["", f"## Grids (chosen on dev rows only; {'; '.join(grids[n] for n in ran)})", "",
                   "| method | settings | dev mean norm | on test |", "|---|---|---:|---|"]
         for r in grid:
             if r.error:
@@ -167,20 +144,11 @@ def report_markdown(s: dict) -> str:
                              f"{'yes' if r.on_test else 'no'} |")
     lines += refit_markdown(s)
     lines += routed_markdown(s)
-    lines += ["", "## Headline", "",
-              f"- stitch (`{h['stitch_rule']}`, λ = {h['stitch_scale']:g} chosen on dev; written to this folder): "
-              f"mean normalized accuracy {_fmt(h['stitch_mean_normalized'])} (at λ = 1, Localize-and-Stitch as "
-              f"published: {_fmt(h['stitch_scale_1_mean_normalized'])}); the rule and λ best on dev are "
-              f"`{h['stitch_rule_chosen_on_dev']}` ({_fmt(h['stitch_dev_rule_mean_normalized'])})"]
-    if h.get("best_mergekit"):
-        lines.append(f"- best mergekit method (its settings chosen on dev, best of the methods on test): "
-                     f"{h['best_mergekit']}: {_fmt(h['best_mergekit_mean_normalized'])}")
-    if h.get("refit_heads"):
-        lines.append(f"- with heads refitted on {h['refit_heads']} rows per task: stitch "
-                     f"{_fmt(h['stitch_refit_mean_normalized'])}, best mergekit method {h['best_mergekit_refit']}: "
-                     f"{_fmt(h['best_mergekit_refit_mean_normalized'])}")
+    lines += ["", "## Headline", ""]
+    for m in methods:
+        lines += m.headline_lines(h)
     if h.get("peers_at_equal_bytes"):
-        graft = next(r["mean_normalized"] for r in s["rows"] if r["method"] == "graft")
+        graft = next(r.mean_normalized() for r in s["rows"] if r.method == "graft" and not r.refit)
         lines.append("- task-aware peers at the grafts' bytes per task: " + ", ".join(
             f"{m} {_fmt(v)} ({h['peers_bytes_per_task'][m]:,.0f} bytes)" for m, v in h["peers_at_equal_bytes"].items())
             + f"; each task's graft alone ({'at --budgets' if (s.get('routed') or {}).get('keep') else 'routed'}): "
@@ -188,37 +156,34 @@ def report_markdown(s: dict) -> str:
     if h.get("max_graft_share_of_checkpoint") is not None:
         lines.append(f"- largest stored skill: {h['max_graft_bytes']:,} bytes = "
                      f"{100 * h['max_graft_share_of_checkpoint']:.2f}% of its checkpoint's weight bytes")
-    lines += ["", "Overlap rules: *average* — θ_pre + Σ_t (γ_t ⊘ Σ_s γ_s) ⊙ τ_t (Localize-and-Stitch, Eq. 4: the mean "
-              "of the claiming tasks' values; `λ=…` rows scale that sum, as task arithmetic's λ does); "
-              "*max-delta* — the task with the largest |τ_t| at the coordinate wins; "
-              "*disjoint* — contested coordinates stay θ_pre. mergekit: `linear` = mean of the fine-tuned bodies; "
-              "`task_arithmetic` = θ_pre + λ Σ_t τ_t; `ties` = trim to the top-density |τ|, elect signs, mean of the "
-              "agreeing values, × λ; `dare_ties` = random drop to density with rescaling, sign election, sum × λ. "
-              "*defaults*: weight 1 per model and mergekit's own defaults (λ 1, density 1).",
-              "", "*bytes / task*: what must be kept per task to rebuild the merged model — a graft file (positions, "
-              "values, the task's head) for the stitch; the whole fine-tuned checkpoint (its dense task vector) for "
-              "mergekit's methods and single-task models.", ""]
+    legends = [m.legend for m in methods if m.legend]
+    stores = {"graft": [m.name for m in methods if m.stores == "graft"],
+              "checkpoint": [m.name for m in methods if m.stores != "graft"]}
+    grafts, checkpoints = ", ".join(["each task's graft", *stores["graft"]]), ", ".join(stores["checkpoint"])
+    lines += ["", " ".join(legends), "", "*bytes / task*: what must be kept per task to rebuild the merged model — a "
+              f"graft file (positions, values, the task's head) for {grafts}; the whole fine-tuned checkpoint (its "
+              f"dense task vector) for {checkpoints + ', ' if checkpoints else ''}single-task models (unless a row says "
+              "its own bytes).", ""]
     return "\n".join(lines)
 
 
 def refit_markdown(s: dict) -> list[str]:
     """Every test-scored method with and without refitted heads (--refit-heads)."""
-    refit = {(r["method"], r["config"].removesuffix(" + refit heads")): r for r in s["rows"]
-             if r.get("refit_heads") and r.get("on_test")}
+    refit = {(r.method, r.config.removesuffix(" + refit heads")): r for r in s["rows"] if r.refit and r.on_test}
     if not refit:
         return []
-    n = next(iter(refit.values()))["refit_heads"]
+    n = next(iter(refit.values())).info["refit_heads"]
     lines = ["", f"## With each task's head refitted ({n} training rows per task, on the merged body)", "",
              "Only the last linear layer of each task's head is refitted (L-BFGS, cross-entropy, pulled toward the "
              "fine-tuned head); the rows are training rows, never test or dev rows.", "",
              "| method | settings | mean norm | mean norm, refitted heads | change |", "|---|---|---:|---:|---:|"]
     for r in s["rows"]:
-        k = (r["method"], r["config"])
-        if r.get("refit_heads") or not r.get("on_test") or k not in refit:
+        k = (r.method, r.config)
+        if r.refit or not r.on_test or k not in refit:
             continue
-        a, b = r["mean_normalized"], refit[k]["mean_normalized"]
-        mark = " (chosen on dev)" if r.get("chosen_on_dev") else ""
-        lines.append(f"| {r['method']} | {r['config']}{mark} | {_fmt(a)} | {_fmt(b)} | {b - a:+.4f} |")
+        a, b = r.mean_normalized(), refit[k].mean_normalized()
+        mark = " (chosen on dev)" if r.chosen_on_dev else ""
+        lines.append(f"| {r.method} | {r.config}{mark} | {_fmt(a)} | {_fmt(b)} | {b - a:+.4f} |")
     return lines
 
 
@@ -271,6 +236,15 @@ def routed_keep_markdown(r: dict) -> list[str]:
 def readme(s: dict, mode: str) -> str:
     """README.md of the output folder: the layout and how to load it with plain transformers."""
     names = list(s["tasks"])
+    if not s["headline"].get("written"):
+        listed = ", ".join(f"`{n}`" for n in names)
+        return f"""# Grafts of {len(names)} fine-tuned models, compared by merge method
+
+`skillgraft merge` localized each of {len(names)} models fine-tuned from `{s['pretrained']}` ({listed}) and
+compared the merge methods that ran ({', '.join(s['methods']) or 'none'}); none of them writes a merged model
+(the stitch was switched off). `grafts/<task>/` holds each task's skill as skillgraft stores it (load it with
+`skillgraft apply`); `report.md`, `merge.json` and `results.csv` hold the comparison.
+"""
     if mode == "classifier":
         return f"""# A merged model: one body, one head per task
 

@@ -108,7 +108,8 @@ class Localizer:
     summary: ClassVar[str] = ""
     # capabilities, declared by each localizer (read by the verbs, never listed outside it)
     reads_files: ClassVar[bool] = False  # reads θ_ft lazily from its checkpoint files (a lean pair may release it)
-    sparsity_trajectories: ClassVar[bool] = False  # one trajectory per γ_base sparsity (the frontier learns each)
+    sparsity_trajectories: ClassVar[bool] = False  # one trajectory per γ_base sparsity (the frontier learns each:
+    #                                                :meth:`trajectory`)
 
     def options(self, options: Spec | dict | None = None) -> Spec:
         """``options`` validated as this localizer's Options (a dict, an instance, or None for defaults)."""
@@ -205,6 +206,12 @@ class Localizer:
         """A Region of exactly each budget's size, keyed by Budget (``budgets`` replace ``options.budgets``)."""
         opts = self.options(options).replace(budgets=parse_budgets(budgets) or None)
         return self.run(pre, ft, data, opts, progress=progress).regions
+
+    def trajectory(self, pre, ft, data, options: Spec | dict | None = None, *, ranked: bool = False,
+                   progress: bool = False):
+        """One learned trajectory at ``options``' γ_base sparsity (its budgets' regions; with ``ranked`` its order
+        too): a localizer declaring ``sparsity_trajectories`` implements it; the frontier runs it per sparsity."""
+        raise SkillgraftError(f"localizer {self.name!r} learns no trajectory per sparsity (sparsity_trajectories)")
 
     def region(self, pre, ft, data, budget: Budget | float | int | str, options: Spec | dict | None = None,
                *, progress: bool = False) -> Region:

@@ -172,6 +172,13 @@ class Learned(Localizer):
         config = self.options(options).replace(budgets=parse_budgets(budgets) or None)
         return self.run(pre, ft, data, config, progress=progress).regions
 
+    def trajectory(self, pre, ft, data, options=None, *, ranked: bool = False,
+                   progress: bool = False) -> LocalizeResult:
+        """One trajectory at ``options``' γ_base sparsity, its budgets' regions (with ``ranked``, also the learned
+        order at its end): what the frontier runs once per sparsity (``sparsity_trajectories``)."""
+        train, dev = examples_of(data)
+        return localize(pre, ft, train, dev, self.options(options), ranked=ranked, progress=progress)
+
     def ranking(self, pre, ft, data, options=None, *, progress: bool = False) -> Ranking:
         """The learned order at the end of one trajectory (the rounded γ by the learned drift, then |Δ|)."""
         train, dev = examples_of(data)
