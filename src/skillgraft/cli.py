@@ -224,7 +224,8 @@ def apply(
     model: Optional[str] = typer.Option(None, help="base model (default: the one recorded in the graft)"),
     task: Optional[str] = typer.Option(None, help="task (default: the graft's task)"),
     mode: str = typer.Option("head", help="scorer mode the graft was learned with"),
-    export: Optional[Path] = typer.Option(None, help="write the grafted model as a Hugging Face checkpoint here"),
+    export: Optional[Path] = typer.Option(None, help="write the grafted model as a Hugging Face checkpoint here (a "
+                                                     "FILE.gguf: one GGUF file llama.cpp runs, as --to gguf)"),
     overwrite: bool = typer.Option(False, help="replace an existing --export folder (it is never mixed into)"),
     evaluate_on: Optional[str] = typer.Option("test", help="split to evaluate on (empty: skip)"),
     limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX, help="first N examples only"),
@@ -236,7 +237,10 @@ def apply(
 
     result = run_apply(graft_dir, model=model, task=task, mode=mode, export=export, overwrite=overwrite,
                        evaluate_on=evaluate_on, limit=limit, force=force, data_dir=data_dir)
-    if result.export is not None and result.export["complete"]:
+    if result.export is not None and result.export.get("to") == "gguf":
+        _print_lines("gguf", result.export)
+        console.print(f"exported grafted model → {export} (GGUF: llama.cpp, or transformers' gguf_file=)")
+    elif result.export is not None and result.export["complete"]:
         console.print(f"exported grafted model → {export} (loads with transformers.{result.export['loads_with']})")
     elif result.export is not None:
         err.print(f"[yellow]warning:[/] exported → {export}, but head mode has no Hugging Face class: the task "
@@ -280,15 +284,26 @@ def inspect(
 @from_specs(spec=Options(ExportSpec, panel="Export"))
 def export_cmd(
     graft_dir: Path = typer.Argument(..., help="a graft folder (graft_config.json + graft.safetensors)"),
-    out: Path = typer.Option(..., help="output folder (refused if it exists, unless --overwrite)"),
+    out: Path = typer.Option(..., help="output folder; --to gguf: one FILE.gguf (refused if it exists, unless "
+                                       "--overwrite)"),
     *, spec: ExportSpec,
 ) -> None:
-    """Write a graft as a PEFT SHiRA adapter, a plain safetensors delta or an HF checkpoint (docs/export.md)."""
-    from skillgraft.export import get_exporter  # noqa: PLC0415
+    """Write a graft as a PEFT SHiRA adapter, a plain safetensors delta, an HF checkpoint or a GGUF file
+    (docs/export.md)."""
     from skillgraft.verbs.export import export as run_export  # noqa: PLC0415
 
     s = run_export(graft_dir, out, spec)
-    for kind, text in get_exporter(spec.to).lines(s):  # each exporter says what to print of its own summary
+    _print_lines(spec.to, s)
+    size = f" ({s['bytes'] / 1024:.1f} KiB)" if "bytes" in s else ""
+    console.print(f"[bold green]exported[/] {s['coordinates']:,} grafted coordinates as {s['to']} → {out}{size}")
+    _report({"out": out, **s})
+
+
+def _print_lines(to: str, s: dict) -> None:
+    """What the exporter ``to`` says to print of its summary ``s``."""
+    from skillgraft.export import get_exporter  # noqa: PLC0415
+
+    for kind, text in get_exporter(to).lines(s):  # each exporter says what to print of its own summary
         if kind == "warning":
             err.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
         elif kind == "hint":
@@ -297,9 +312,6 @@ def export_cmd(
             console.print(f"[yellow]{escape(text)}[/]")
         else:
             console.print(escape(text))
-    size = f" ({s['bytes'] / 1024:.1f} KiB)" if "bytes" in s else ""
-    console.print(f"[bold green]exported[/] {s['coordinates']:,} grafted coordinates as {s['to']} → {out}{size}")
-    _report({"out": out, **s})
 
 
 @app.command()

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -113,7 +114,8 @@ def _read(path: Path):
         reader = gguf.GGUFReader(str(path))
     except ValueError as e:
         if "GGMLQuantizationType" in str(e):
-            raise SkillgraftError(f"{path}: a tensor of unknown quantization type ({str(e).split()[0]}): gguf "
+            found = re.search(r"(\d+)\)? is not a valid", str(e))
+            raise SkillgraftError(f"{path}: a tensor of unknown quantization type (id {found[1] if found else '?'}): gguf "
                                   f"{_version(gguf)} does not know it, so it can be neither read nor copied") from None
         reader = None
     info = inspect_gguf(path)  # magic, truncation, architecture, tokenizer: one line each
@@ -306,10 +308,10 @@ def check_gguf_export(graft: Graft, out, model: str | None, gguf_type: str = "ex
     name = model or graft.base_model
     from skillgraft.models import gguf as g  # noqa: PLC0415
 
-    if str(name or "").lower() in g.GEMMA_ALIASES or g.is_gguf(str(name or "")):
-        return
-    with base_gguf_file(name):  # a folder: resolves it, or refuses an HF model in one line
-        pass
+    if str(name or "").lower() in g.GEMMA_ALIASES:
+        return  # the bundled file: checked by its sha256 when it is reassembled
+    with base_gguf_file(name) as path:  # an HF model refused in one line
+        _read(path)  # an unknown tensor type, a damaged file: one line
 
 
 def _summary(graft, path, out, info, reader, written, gguf_type, force) -> dict:
