@@ -17,9 +17,9 @@ from rich.table import Table
 
 from skillgraft.clierrors import interrupted_line, one_line_error
 from skillgraft.clihelp import App
-from skillgraft.cliout import (DATA, KEEP, MODEL, OUTPUT, REPORT, TRAIN, console, err, friendly, localizer_flags,
-                               plain as _plain, print_keep, print_routed_keep, print_version, region_table,
-                               report as _report)
+from skillgraft.cliout import (DATA, KEEP, MODEL, OUTPUT, REPORT, TRAIN, console, err, exporter_lines, friendly,
+                               localizer_flags, plain as _plain, print_keep, print_routed_keep, print_version,
+                               region_table, report as _report)
 from skillgraft.cliconfig import config_option
 from skillgraft.clispec import Options, build, from_specs
 from skillgraft.data.spec import DataSpec, UserDataSpec
@@ -238,7 +238,7 @@ def apply(
     result = run_apply(graft_dir, model=model, task=task, mode=mode, export=export, overwrite=overwrite,
                        evaluate_on=evaluate_on, limit=limit, force=force, data_dir=data_dir)
     if result.export is not None and result.export.get("to") == "gguf":
-        _print_lines("gguf", result.export)
+        exporter_lines("gguf", result.export)
         console.print(f"exported grafted model → {export} (GGUF: llama.cpp, or transformers' gguf_file=)")
     elif result.export is not None and result.export["complete"]:
         console.print(f"exported grafted model → {export} (loads with transformers.{result.export['loads_with']})")
@@ -293,25 +293,10 @@ def export_cmd(
     from skillgraft.verbs.export import export as run_export  # noqa: PLC0415
 
     s = run_export(graft_dir, out, spec)
-    _print_lines(spec.to, s)
+    exporter_lines(spec.to, s)
     size = f" ({s['bytes'] / 1024:.1f} KiB)" if "bytes" in s else ""
     console.print(f"[bold green]exported[/] {s['coordinates']:,} grafted coordinates as {s['to']} → {out}{size}")
     _report({"out": out, **s})
-
-
-def _print_lines(to: str, s: dict) -> None:
-    """What the exporter ``to`` says to print of its summary ``s``."""
-    from skillgraft.export import get_exporter  # noqa: PLC0415
-
-    for kind, text in get_exporter(to).lines(s):  # each exporter says what to print of its own summary
-        if kind == "warning":
-            err.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
-        elif kind == "hint":
-            console.print(f"[yellow]hint:[/] {escape(text)}")
-        elif kind == "note":
-            console.print(f"[yellow]{escape(text)}[/]")
-        else:
-            console.print(escape(text))
 
 
 @app.command()
