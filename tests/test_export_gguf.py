@@ -125,6 +125,25 @@ def test_requantized_touched_tensors_lose_the_graft(grafted, tmp_path):
     _hf(out)  # transformers reads it
 
 
+@pytest.mark.parametrize("base, values, written", [
+    (None, None, "F32"),  # an F32 base keeps F32: no type changes
+    ("F16", torch.float16, "F16"),  # grafted values F16 holds: F16 kept
+    ("F16", None, "F32"),  # float32 values F16 cannot hold: F32
+    ("BF16", torch.bfloat16, "BF16"),  # a bf16 fine-tune of a bf16 base: BF16 kept
+])
+def test_the_precision_rule(base, values, written, tmp_path):
+    """The narrowest type that holds the grafted tensor bit for bit: its own float type, BF16, else F32; the
+    norms (F32 in the file) stay F32."""
+    from tiny import tiny_gguf_graft
+
+    path, graft, pre = tiny_gguf_graft(tmp_path / "base", quantize=base, values_dtype=values)
+    s = export_graft(graft, tmp_path / "out.gguf", ExportSpec(to="gguf"), base=pre)
+    assert s["exact"] and s["kept"] == graft.size
+    assert {w["to"] for g, w in s["written"].items() if "norm" not in g} == {written}
+    assert {w["to"] for g, w in s["written"].items() if "norm" in g} == {"F32"}
+    assert (not s["changed_type"]) == (written == (base or "F32"))
+
+
 # ---------------------------------------------------------------------------------------------- refusals
 def _one_line(text: str, message: str) -> None:
     lines = [ln for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("skillgraft: converting")

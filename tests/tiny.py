@@ -204,10 +204,11 @@ def write_imdb_test(root: Path, scratch: Path, *, seed: int, **kw) -> None:
             out.write(json.dumps({**row, "label": "pos" if row["label"] == "1" else "neg"}) + "\n")
 
 
-def tiny_gguf_graft(root: Path, *, quantize: str | None = "Q8_0", count: int = 6):
+def tiny_gguf_graft(root: Path, *, quantize: str | None = "Q8_0", count: int = 6, values_dtype=None):
     """A tiny Q8_0 GGUF (:func:`write_tiny_gguf`) and a causal-mode graft on it (task SST-2): ``count`` random
-    coordinates of the first two blocks' matrices and norms, θ_ft = θ_pre + small noise. The other blocks' tensors
-    stay untouched. Returns (the GGUF path, the graft, the base Scorer)."""
+    coordinates of the first two blocks' matrices and norms, θ_ft = θ_pre + small noise (rounded to
+    ``values_dtype``, e.g. torch.bfloat16, when given). The other blocks' tensors stay untouched. Returns (the GGUF
+    path, the graft, the base Scorer)."""
     import torch
 
     from skillgraft.graft import Graft, Region, graftable_names
@@ -221,6 +222,8 @@ def tiny_gguf_graft(root: Path, *, quantize: str | None = "Q8_0", count: int = 6
     with torch.no_grad():
         for p in ft.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 1e-3)
+            if values_dtype is not None:
+                p.copy_(p.to(values_dtype))
     params = dict(pre.named_parameters())
     names = graftable_names(pre, "body")
     shapes = {n: tuple(params[n].shape) for n in names}

@@ -232,13 +232,14 @@ def _write_tensor(entry: dict, graft: Graft, name: str, theta_pre, layout: _Layo
     exactly as the grafted model computes with them (``kept``)."""
     import gguf  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
+    import torch  # noqa: PLC0415
 
     t, g = entry["tensor"], entry["gguf"]
     a = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
     pre = layout.read(a, g)
-    want = theta_pre.detach().float().cpu().numpy()
-    if pre.shape != want.shape or not np.array_equal(pre.astype(np.float32), want):
-        what = f"shape {pre.shape} vs {want.shape}" if pre.shape != want.shape else "values"
+    want = theta_pre.detach().cpu()
+    if tuple(pre.shape) != tuple(want.shape) or not torch.equal(torch.from_numpy(pre).to(want.dtype), want):
+        what = f"shape {pre.shape} vs {tuple(want.shape)}" if tuple(pre.shape) != tuple(want.shape) else "values"
         raise SkillgraftError(f"{g} of the base GGUF file does not read back as the model's {name} ({what} differ): "
                               "not the file this model was loaded from")
     idx = graft.region.indices[name].cpu().numpy()
