@@ -35,6 +35,7 @@ no place for it), an output that exists.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -106,20 +107,52 @@ def base_gguf_file(name: str) -> Iterator[Path]:
 
 
 def _read(path: Path):
-    """gguf-py's reader on ``path``, after skillgraft's checks of the file; an unknown tensor type is one line."""
+    """gguf-py's reader on ``path`` and what the file is (architecture, quantization), read once per file content
+    in a process (a 262k-token vocabulary takes gguf-py many seconds to parse). A file gguf-py cannot read gets
+    skillgraft's one-line diagnosis (models/gguf.py); an unknown tensor type is said as such."""
+    st = path.stat()
+    return _read_cached(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _read_cached(path: str, size: int, mtime_ns: int):
     from skillgraft.models.gguf import _require_gguf_package, inspect_gguf  # noqa: PLC0415
 
     gguf = _require_gguf_package(f"--to gguf ({path})")
     try:
-        reader = gguf.GGUFReader(str(path))
+        reader = gguf.GGUFReader(path)
     except ValueError as e:
         if "GGMLQuantizationType" in str(e):
             found = re.search(r"(\d+)\)? is not a valid", str(e))
-            raise SkillgraftError(f"{path}: a tensor of unknown quantization type (id {found[1] if found else '?'}): gguf "
-                                  f"{_version(gguf)} does not know it, so it can be neither read nor copied") from None
-        reader = None
-    info = inspect_gguf(path)  # magic, truncation, architecture, tokenizer: one line each
-    return reader or gguf.GGUFReader(str(path)), info
+            raise SkillgraftError(f"{path}: a tensor of unknown quantization type (id {found[1] if found else '?'}): "
+                                  f"gguf {_version(gguf)} does not know it, so it can be neither read nor copied"
+                                  ) from None
+        inspect_gguf(Path(path))  # its one line: truncated, damaged, not GGUF …
+        raise
+    except Exception:  # noqa: BLE001 - struct errors, IndexError … on damage: skillgraft's own diagnosis
+        inspect_gguf(Path(path))
+        raise
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > size:
+            raise SkillgraftError(f"{path}: truncated GGUF file: tensor {t.name!r} ends at byte "
+                                  f"{t.data_offset + t.n_bytes:,} of a {size:,}-byte file")
+
+    def field(name, default=None):
+        f = reader.fields.get(name)
+        return f.contents() if f is not None else default
+
+    arch = field("general.architecture")
+    if not arch:
+        raise SkillgraftError(f"{path}: GGUF file without general.architecture; not a model file")
+    try:
+        ftype = field("general.file_type")
+        quant = gguf.LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_") if ftype is not None else None
+    except ValueError:
+        quant = None
+    kinds = [t.tensor_type.name for t in reader.tensors]
+    info = {"architecture": arch, "quantization": quant or max(set(kinds), key=kinds.count, default="?"),
+            "heads": field(f"{arch}.attention.head_count"), "kv_heads": field(f"{arch}.attention.head_count_kv")}
+    return reader, info
 
 
 def _version(gguf) -> str:
@@ -135,10 +168,10 @@ def _version(gguf) -> str:
 class _Layout:
     """transformers' reading of one architecture's tensors (``TENSOR_PROCESSORS``), and its inverse."""
 
-    def __init__(self, path: Path, arch: str):
+    def __init__(self, arch: str, info: dict):
         from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, Gemma2TensorProcessor,  # noqa
                                                               LlamaTensorProcessor, NemotronTensorProcessor,
-                                                              TensorProcessor, load_gguf_checkpoint)
+                                                              TensorProcessor)
 
         cls = TENSOR_PROCESSORS.get(arch, TensorProcessor)
         kinds = {TensorProcessor: "plain", LlamaTensorProcessor: "llama", Gemma2TensorProcessor: "offset-norm",
@@ -147,13 +180,11 @@ class _Layout:
             raise SkillgraftError(f"--to gguf does not write {arch!r} GGUF files yet (transformers reads their tensors "
                                   f"with {cls.__name__}, not inverted here); {HF_ROUTE}")
         self.kind = kinds[cls]
-        from skillgraft.models.loading import quiet_transformers  # noqa: PLC0415
-
-        hf_logging, level = quiet_transformers()
-        try:
-            self.config = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
-        finally:
-            hf_logging.set_verbosity(level)
+        # what transformers' config of the file gives the processors (only llama's reads it: the head counts)
+        self.config = {"num_attention_heads": info.get("heads"), "num_key_value_heads": info.get("kv_heads")}
+        if self.kind == "llama" and any(isinstance(v, (list, tuple)) for v in self.config.values()):
+            raise SkillgraftError(f"--to gguf: this {arch!r} file gives per-layer head counts "
+                                  f"({self.config}); not inverted here. {HF_ROUTE}")
         self.processor = cls(config=self.config)
 
     def offset(self, gguf_name: str) -> bool:
@@ -284,10 +315,11 @@ def export_gguf(graft: Graft, base, out: str | os.PathLike, *, model: str | None
         if reader.endianess.name != sys.byteorder.upper():
             raise SkillgraftError(f"{path}: a {reader.endianess.name.lower()}-endian GGUF file; convert it to this "
                                   "machine's byte order first (gguf-py's gguf_convert_endian)")
-        layout = _Layout(path, info["architecture"])
+        layout = _Layout(info["architecture"], info)
         plan = _plan(graft, reader, layout, hf_model, gguf_type)
         written = {e["gguf"]: _write_tensor(e, graft, name, params[name], layout, gguf_type) for name, e in plan.items()}
         summary = _summary(graft, path, out, info, reader, written, gguf_type, force)
+        summary["base"] = str(model or graft.base_model)
         _write(reader, info["architecture"], out, written, summary)
         summary["bytes"] = Path(out).stat().st_size
         summary["size_ratio"] = summary["bytes"] / summary["base_bytes"]
@@ -397,7 +429,7 @@ class GGUF(Exporter):
         if same:
             out.append(("info", f"{same} grafted tensor(s) kept their type"))
         out.append(("info", f"{summary['copied']} of {summary['tensors']} tensors and every metadata key copied from "
-                            f"{summary['base_file']} unchanged"))
+                            f"{summary['base']} unchanged"))
         out.append(("info", f"{summary['bytes'] / 2**20:.1f} MiB = {summary['size_ratio']:.3f} × the base file "
                             f"({summary['base_bytes'] / 2**20:.1f} MiB, {summary['base_quantization']})"))
         if not summary["exact"]:
