@@ -72,7 +72,8 @@ def main() -> None:
     ap.add_argument("--types", default="exact,BF16,F16,Q8_0,Q4_0")
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--out", default=str(HERE / "results" / "gguf_export"))
-    ap.add_argument("--keep", default=None, help="move the exported files here instead of deleting them")
+    ap.add_argument("--keep", default=None, help="move the exported files (and their summaries) here instead of "
+                                                 "deleting them; a later run given the same --keep reuses them")
     ap.add_argument("--no-llama", action="store_true", help="skip llama.cpp even when llama_cpp imports")
     args = ap.parse_args()
 
@@ -121,9 +122,14 @@ def main() -> None:
     try:
         for kind in args.types.split(","):
             file = work / f"grafted-{kind}.gguf"
-            t = time.perf_counter()
-            s = export_graft(graft, file, ExportSpec(to="gguf", gguf_type=kind), base=pre)
-            seconds = time.perf_counter() - t
+            kept = Path(args.keep) / file.name if args.keep else None
+            if kept is not None and kept.is_file() and kept.with_suffix(".json").is_file():
+                file, s = kept, json.loads(kept.with_suffix(".json").read_text())
+                seconds = s["export_seconds"]
+            else:
+                t = time.perf_counter()
+                s = export_graft(graft, file, ExportSpec(to="gguf", gguf_type=kind), base=pre)
+                seconds = s["export_seconds"] = time.perf_counter() - t
             kinds: dict[str, int] = {}
             for w in s["written"].values():
                 key = f"{w['from']}→{w['to']}"
@@ -142,10 +148,11 @@ def main() -> None:
                                     graft_lp=graft_lp), "where": "llama.cpp", **meta,
                              "seconds": time.perf_counter() - t})
             print(json.dumps(rows[-1]), file=sys.stderr)
-            if args.keep:
-                Path(args.keep).mkdir(parents=True, exist_ok=True)
-                shutil.move(str(file), Path(args.keep) / file.name)
-            else:
+            if kept is not None and file != kept:
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(file), kept)
+                kept.with_suffix(".json").write_text(json.dumps(s, indent=2))
+            elif kept is None:
                 file.unlink()
     finally:
         shutil.rmtree(work, ignore_errors=True)
