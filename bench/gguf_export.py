@@ -102,9 +102,16 @@ def main() -> None:
     examples = load_kshot(task, args.k, args.seed, args.data_dir, test_limit=args.test_limit).test
     labels = np.array([ex.label for ex in examples])
     t0 = time.perf_counter()
-    pre_lp = scorer_logprobs(pre, examples)
-    with graft.applied(pre):
-        graft_lp = scorer_logprobs(pre, examples)
+    saved = Path(args.keep) / "skillgraft-logp.npz" if args.keep else None
+    if saved is not None and saved.is_file():  # a later run (llama.cpp rows): the same rows, scored before
+        pre_lp, graft_lp = np.load(saved)["pre"], np.load(saved)["graft"]
+    else:
+        pre_lp = scorer_logprobs(pre, examples)
+        with graft.applied(pre):
+            graft_lp = scorer_logprobs(pre, examples)
+        if saved is not None:
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(saved, pre=pre_lp, graft=graft_lp)
     print(f"skillgraft: pre {np.mean(pre_lp.argmax(1) == labels):.4f} graft {np.mean(graft_lp.argmax(1) == labels):.4f}"
           f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     rows = [{**_row("pre-trained (skillgraft)", pre_lp, labels), "where": "skillgraft"},
@@ -137,8 +144,15 @@ def main() -> None:
             meta = {"gguf_type": kind, "bytes": s["bytes"], "size_ratio": s["size_ratio"], "kept": s["kept"],
                     "coordinates": s["coordinates"], "touched": s["touched"], "tensors": s["tensors"],
                     "types": kinds, "export_seconds": seconds}
-            _read_into(reader, file)
-            tf_lp = scorer_logprobs(reader, examples)
+            logp = kept.with_suffix(".npy") if kept is not None else None
+            if logp is not None and logp.is_file():
+                tf_lp = np.load(logp)
+            else:
+                _read_into(reader, file)
+                tf_lp = scorer_logprobs(reader, examples)
+                if logp is not None:
+                    logp.parent.mkdir(parents=True, exist_ok=True)
+                    np.save(logp, tf_lp)
             rows.append({**_row(f"grafted file {kind} (transformers)", tf_lp, labels, graft_lp=graft_lp),
                          "where": "transformers", **meta})
             if llama:
