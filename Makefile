@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (CI has 2 cores); TEST_WORKERS=0 runs the suite in one process
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-all test-gpu bench setup clean gemma test-gemma
+.PHONY: demo test test-all test-gpu bench setup clean gemma test-gemma test-gguf
 
 setup: $(STAMP)
 
@@ -26,6 +26,14 @@ gemma: $(STAMP)
 # The opt-in real-model test (needs `make gemma`; minutes on 2 cores)
 test-gemma: gemma
 	SKILLGRAFT_GEMMA=1 $(PY) -m pytest -q tests/test_real_gemma.py $(PYTEST_ARGS)
+
+# The opt-in llama.cpp round trip of a GGUF export (issue 51; needs `make gemma`). llama-cpp-python, pinned, is built
+# from source by pip (cmake + a C++ compiler; ~30 min on 2 cores, once). SKILLGRAFT_GGUF_GRAFT=DIR: a graft of yours.
+LLAMA_CPP_PYTHON ?= llama-cpp-python==0.3.36
+LLAMA_CMAKE_ARGS ?= -DLLAMA_CURL=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAVA_BUILD=OFF -DMTMD_BUILD=OFF
+test-gguf: gemma
+	$(PY) -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PY) -m pip install -q --disable-pip-version-check $(LLAMA_CPP_PYTHON)
+	SKILLGRAFT_GGUF=1 $(PY) -m pytest -q tests/test_real_gguf.py $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(VENV)/bin/skillgraft demo

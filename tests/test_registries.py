@@ -44,19 +44,32 @@ class ExporterConformance:
         assert isinstance(exporter, Exporter) and exporter.name == self.name and exporter.summary
         assert ExportSpec(to=self.name).to == self.name
 
+    def _graft(self, tiny_bert, tmp_path):
+        """A graft this exporter writes, and its output path: any base (tiny BERT, a folder), or a GGUF base (a
+        tiny GGUF, one file) for an exporter that writes GGUF files."""
+        if get_exporter(self.name).base_kind == "gguf":
+            from tiny import tiny_gguf_graft  # noqa: PLC0415
+
+            _, graft, pre = tiny_gguf_graft(tmp_path / "base")
+            return pre, graft, tmp_path / "out.gguf"
+        return *tiny_graft(tiny_bert), tmp_path / "out"
+
     def test_exports_a_summary_it_can_print(self, tiny_bert, tmp_path):
-        pre, graft = tiny_graft(tiny_bert)
-        s = export_graft(graft, tmp_path / "out", ExportSpec(to=self.name), base=pre)
+        pre, graft, out = self._graft(tiny_bert, tmp_path)
+        s = export_graft(graft, out, ExportSpec(to=self.name), base=pre)
         assert s["to"] == self.name and s["coordinates"] == graft.size
-        assert json.loads((tmp_path / "out" / SUMMARY_FILE).read_text())["to"] == self.name
+        if get_exporter(self.name).writes == "folder":
+            assert json.loads((out / SUMMARY_FILE).read_text())["to"] == self.name
+        else:
+            assert out.is_file()
         lines = get_exporter(self.name).lines(s)
         assert all(kind in KINDS and isinstance(text, str) and text for kind, text in lines)
 
     def test_refuses_an_existing_folder_before_any_work(self, tiny_bert, tmp_path):
-        pre, graft = tiny_graft(tiny_bert)
-        (tmp_path / "out").mkdir()
+        pre, graft, out = self._graft(tiny_bert, tmp_path)
+        out.mkdir()
         with pytest.raises(SkillgraftError, match="exists"):
-            export_graft(graft, tmp_path / "out", ExportSpec(to=self.name), base=pre)
+            export_graft(graft, out, ExportSpec(to=self.name), base=pre)
 
 
 @pytest.mark.parametrize("name", sorted(EXPORTERS))

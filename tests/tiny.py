@@ -218,3 +218,31 @@ def write_imdb_test(root: Path, scratch: Path, *, seed: int, **kw) -> None:
         for line in f:
             row = json.loads(line)
             out.write(json.dumps({**row, "label": "pos" if row["label"] == "1" else "neg"}) + "\n")
+
+
+def tiny_gguf_graft(root: Path, *, quantize: str | None = "Q8_0", count: int = 6, values_dtype=None):
+    """A tiny Q8_0 GGUF (:func:`write_tiny_gguf`) and a causal-mode graft on it (task SST-2): ``count`` random
+    coordinates of the first two blocks' matrices and norms, θ_ft = θ_pre + small noise (rounded to
+    ``values_dtype``, e.g. torch.bfloat16, when given). The other blocks' tensors stay untouched. Returns (the GGUF
+    path, the graft, the base Scorer)."""
+    import torch
+
+    from skillgraft.graft import Graft, Region, graftable_names
+    from skillgraft.models import build_scorer
+
+    root.mkdir(parents=True, exist_ok=True)
+    path, _ = write_tiny_gguf(root / f"tiny-{(quantize or 'f32').lower()}.gguf", quantize=quantize)
+    pre = build_scorer(str(path), "SST-2", "causal")
+    ft = build_scorer(str(path), "SST-2", "causal")
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in ft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 1e-3)
+            if values_dtype is not None:
+                p.copy_(p.to(values_dtype))
+    params = dict(pre.named_parameters())
+    names = graftable_names(pre, "body")
+    shapes = {n: tuple(params[n].shape) for n in names}
+    touched = [n for n in names if ".layers.0." in n or ".layers.1." in n]
+    idx = {n: torch.randperm(params[n].numel(), generator=gen)[:count] for n in touched}
+    return path, Graft.from_models(pre, ft, Region(shapes, idx), {"task": "SST-2", "mode": "causal"}), pre

@@ -16,9 +16,9 @@ from rich.table import Table
 
 from skillgraft.clierrors import run_app
 from skillgraft.clihelp import App
-from skillgraft.cliout import (DATA, KEEP, MODEL, OUTPUT, REPORT, TRAIN, console, err, friendly, localizer_flags,
-                               model_verb, plain as _plain, print_keep, print_routed_keep, print_version,
-                               region_table, report as _report)
+from skillgraft.cliout import (DATA, KEEP, MODEL, OUTPUT, REPORT, TRAIN, console, err, exporter_lines, friendly,
+                               localizer_flags, model_verb, plain as _plain, print_keep, print_routed_keep,
+                               print_version, region_table, report as _report)
 from skillgraft.cliconfig import config_option
 from skillgraft.clispec import Options, build, from_specs
 from skillgraft.data.spec import DataSpec, UserDataSpec
@@ -217,7 +217,8 @@ def apply(
     task: Optional[str] = typer.Option(None, help="task (default: the graft's task)"),
     mode: Optional[str] = typer.Option(None, help="scorer mode, for a graft that records none (default: the mode "
                                                   "recorded in the graft, else head)"),
-    export: Optional[Path] = typer.Option(None, help="write the grafted model as a Hugging Face checkpoint here"),
+    export: Optional[Path] = typer.Option(None, help="write the grafted model as a Hugging Face checkpoint here (a "
+                                                     "FILE.gguf: one GGUF file llama.cpp runs, as --to gguf)"),
     overwrite: bool = typer.Option(False, help="replace an existing --export folder (it is never mixed into)"),
     evaluate_on: Optional[str] = typer.Option("test", help="split to evaluate on (empty: skip)"),
     limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX, help="first N examples only"),
@@ -229,7 +230,10 @@ def apply(
 
     result = run_apply(graft_dir, model=model, task=task, mode=mode, export=export, overwrite=overwrite,
                        evaluate_on=evaluate_on, limit=limit, force=force, data_dir=data_dir)
-    if result.export is not None and result.export["complete"]:
+    if result.export is not None and result.export.get("to") == "gguf":
+        exporter_lines("gguf", result.export)
+        console.print(f"exported grafted model → {export} (GGUF: llama.cpp, or transformers' gguf_file=)")
+    elif result.export is not None and result.export["complete"]:
         console.print(f"exported grafted model → {export} (loads with transformers.{result.export['loads_with']})")
     elif result.export is not None:
         err.print(f"[yellow]warning:[/] exported → {export}, but head mode has no Hugging Face class: the task "
@@ -273,23 +277,16 @@ def inspect(
 @from_specs(spec=Options(ExportSpec, panel="Export"))
 def export_cmd(
     graft_dir: Path = typer.Argument(..., help="a graft folder (graft_config.json + graft.safetensors)"),
-    out: Path = typer.Option(..., help="output folder (refused if it exists, unless --overwrite)"),
+    out: Path = typer.Option(..., help="output folder; --to gguf: one FILE.gguf (refused if it exists, unless "
+                                       "--overwrite)"),
     *, spec: ExportSpec,
 ) -> None:
-    """Write a graft as a PEFT SHiRA adapter, a plain safetensors delta or an HF checkpoint (docs/export.md)."""
-    from skillgraft.export import get_exporter  # noqa: PLC0415
+    """Write a graft as a PEFT SHiRA adapter, a plain safetensors delta, an HF checkpoint or a GGUF file
+    (docs/export.md)."""
     from skillgraft.verbs.export import export as run_export  # noqa: PLC0415
 
     s = run_export(graft_dir, out, spec)
-    for kind, text in get_exporter(spec.to).lines(s):  # each exporter says what to print of its own summary
-        if kind == "warning":
-            err.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
-        elif kind == "hint":
-            console.print(f"[yellow]hint:[/] {escape(text)}")
-        elif kind == "note":
-            console.print(f"[yellow]{escape(text)}[/]")
-        else:
-            console.print(escape(text))
+    exporter_lines(spec.to, s)
     size = f" ({s['bytes'] / 1024:.1f} KiB)" if "bytes" in s else ""
     console.print(f"[bold green]exported[/] {s['coordinates']:,} grafted coordinates as {s['to']} → {out}{size}")
     _report({"out": out, **s})

@@ -281,3 +281,18 @@ def print_keep(result: dict) -> None:
         bound = "" if k.get("bound") is None else f", {k['confidence']:.0%} lower bound {k['bound']:.3f}"
         console.print(f"frontier {escape(k['method'])} keep {k['target']:g}: {need}{bound}, test share "
                       f"{k['test_share']:.3f}")
+
+
+def exporter_lines(to: str, s: dict) -> None:
+    """Print what the exporter ``to`` says to print of its summary ``s`` (``skillgraft export``, ``apply --export``)."""
+    from skillgraft.export import get_exporter  # noqa: PLC0415
+
+    for kind, text in get_exporter(to).lines(s):  # each exporter says what to print of its own summary
+        if kind == "warning":
+            err.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
+        elif kind == "hint":
+            console.print(f"[yellow]hint:[/] {escape(text)}")
+        elif kind == "note":
+            console.print(f"[yellow]{escape(text)}[/]")
+        else:
+            console.print(escape(text))

@@ -16,6 +16,7 @@ from skillgraft.registry import Registry
 from skillgraft.export.base import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, DELTA_FILE, HEAD_FILE, SUMMARY_FILE, ExportSpec,
                                     Exporter, _head_file, exact_delta, graft_task, load_graft_base)
 from skillgraft.export.delta import Delta, export_delta
+from skillgraft.export.gguf import GGUF, export_gguf
 from skillgraft.export.hf import HF, USER_CLASS, export_hf
 from skillgraft.export.peft import Peft, export_peft
 from skillgraft.export.peft_read import graft_from_peft, load_adapter_base, read_graft_or_adapter
@@ -35,6 +36,7 @@ def export_graft(graft: Graft, out: str | os.PathLike, spec: ExportSpec | None =
     spec = spec or ExportSpec()
     exporter = get_exporter(spec.to)
     check_target(out, spec.overwrite)
+    exporter.refuse(graft, out, spec)
     if graft.carried and spec.head == "refuse" and exporter.container:
         _head_file(graft, None, Path(out), "refuse", exporter.container)
     base = base if base is not None else load_graft_base(graft, spec.model)
@@ -44,8 +46,9 @@ def export_graft(graft: Graft, out: str | os.PathLike, spec: ExportSpec | None =
 register_exporter("peft")(Peft)
 register_exporter("hf")(HF)
 register_exporter("delta")(Delta)
+register_exporter("gguf")(GGUF)
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "DELTA_FILE", "EXPORTERS", "HEAD_FILE", "SUMMARY_FILE", "USER_CLASS",
-           "ExportSpec", "Exporter", "apply_entries", "exact_delta", "export_delta", "export_graft", "export_hf",
+           "ExportSpec", "Exporter", "apply_entries", "exact_delta", "export_delta", "export_gguf", "export_graft", "export_hf",
            "export_peft", "get_exporter", "graft_from_peft", "graft_task", "load_adapter_base", "load_graft_base",
            "read_graft_or_adapter", "register_exporter", "shira_entries"]

@@ -46,6 +46,11 @@ class ExportSpec(Spec):
                                 "beside the adapter/delta (the adapter alone outputs hidden states); refuse")
     overwrite: bool = Field(False, description="replace an existing output folder whole (never mixed into)")
     force: bool = Field(False, description="export even if the base model's fingerprint differs from the graft's")
+    gguf_type: str = Field("exact", description="--to gguf: the type of the tensors the graft touches. exact: the "
+                                                "narrowest float type that holds their grafted values bit for bit "
+                                                "(their own float type, BF16, else F32); F32, BF16, F16, Q8_0 or "
+                                                "Q4_0: re-quantized to it (matrices; norms stay F32), losing what "
+                                                "that type cannot hold — for measuring that loss (docs/export.md)")
 
 
     @field_validator("to")
@@ -65,6 +70,11 @@ class Exporter:
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     container: ClassVar[str | None] = None  # what cannot hold a carried head ("PEFT adapter"); None: it carries it
+    base_kind: ClassVar[str] = "any"  # "gguf": only a graft whose base is a GGUF file
+    writes: ClassVar[str] = "folder"  # "file": ``out`` is one file (FILE.gguf), no skillgraft_export.json beside it
+
+    def refuse(self, graft: Graft, out, spec: ExportSpec) -> None:
+        """Refusals that need no model (called before the base loads); raise a SkillgraftError."""
 
     def export(self, graft: Graft, base, out: str | os.PathLike, spec: ExportSpec) -> dict:
         raise NotImplementedError

@@ -35,7 +35,8 @@ def apply(graft_dir: str | os.PathLike, *, model: str | None = None, task: str |
           export: str | os.PathLike | None = None, overwrite: bool = False, evaluate_on: str | None = "test",
           limit: int | None = None, force: bool = False, data_dir: str | os.PathLike | None = None) -> ApplyResult:
     """Apply the graft in ``graft_dir`` to its base (``model``, default the recorded one); ``export``: write the
-    grafted model there (refused before any work if it exists, unless ``overwrite``); ``evaluate_on``: a split
+    grafted model there (a ``FILE.gguf``: one GGUF file llama.cpp runs, for a graft on a GGUF base, as
+    ``export --to gguf``) (refused before any work if it exists, unless ``overwrite``); ``evaluate_on``: a split
     (a checkpoint pair's graft: the held-out rows of the data it was learned on), or None to skip."""
     from skillgraft.data import load_split  # noqa: PLC0415
     from skillgraft.export.hf import export_hf, graft_task  # noqa: PLC0415
@@ -48,6 +49,11 @@ def apply(graft_dir: str | os.PathLike, *, model: str | None = None, task: str |
     if export:
         check_target(export, overwrite, {"graft": graft_dir, "--model": model, "--data-dir": data_dir})  # before work
     g = Graft.from_pretrained(graft_dir)
+    to_gguf = export is not None and str(export).lower().endswith(".gguf")
+    if to_gguf:
+        from skillgraft.export.gguf import check_gguf_export  # noqa: PLC0415
+
+        check_gguf_export(g, export, model, overwrite=overwrite)  # before the model loads
     task = task or graft_task(g)
     if not task:
         raise SkillgraftError(f"{graft_dir}: the graft records no task; pass --task")
@@ -57,7 +63,11 @@ def apply(graft_dir: str | os.PathLike, *, model: str | None = None, task: str |
     ft_mode = g.metadata.mode or mode or "head"  # --mode only for a graft that records none
     pre = build_scorer(model or g.base_model or None, task, ft_mode)
     result = ApplyResult(graft_dir, pre.task.name, g.size, g.region.density)
-    if export:
+    if to_gguf:
+        from skillgraft.export.gguf import export_gguf  # noqa: PLC0415
+
+        result.export = export_gguf(g, pre, export, model=model, overwrite=overwrite, force=force)
+    elif export:
         result.export = export_hf(g, pre, export, force=force, overwrite=overwrite)
     if evaluate_on:
         recorded = g.metadata.user_data

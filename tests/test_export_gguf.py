@@ -1,0 +1,185 @@
+"""``skillgraft export --to gguf`` / ``apply --export FILE.gguf`` (issue 51): a graft on a tiny Q8_0 GGUF written
+back as one GGUF file and read with readers that are not skillgraft's — gguf-py's ``GGUFReader`` (every metadata
+key and every untouched tensor's bytes equal the base file's) and transformers' own GGUF loader (every grafted value
+equal to the grafted model's, logits equal to the grafted model's). Refusals before any work, one line each.
+The real gemma-3-270m round trip through llama.cpp is the opt-in ``make test-gguf`` (tests/test_real_gguf.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from skillgraft.cli import app
+from skillgraft.export import ExportSpec, export_graft
+from skillgraft.export.gguf import GRAFT_KEY
+
+runner = CliRunner()
+IDS = torch.tensor([[2, 5, 8, 9, 31, 32, 7, 8, 9, 10, 11, 40, 41, 33]])
+
+
+def cli(*args, code: int = 0) -> str:
+    r = runner.invoke(app, [str(a) for a in args])
+    assert r.exit_code == code, f"exit {r.exit_code} (wanted {code}): {r.output}\n{r.exception!r}"
+    return r.output
+
+
+@pytest.fixture(scope="module")
+def grafted(tmp_path_factory):
+    """A tiny Q8_0 GGUF, a graft on it saved to a folder, exported once by the CLI."""
+    from tiny import tiny_gguf_graft
+
+    root = tmp_path_factory.mktemp("gguf-export")
+    path, graft, pre = tiny_gguf_graft(root / "base")
+    graft.save_pretrained(root / "graft")
+    out = cli("export", root / "graft", "--to", "gguf", "--out", root / "grafted.gguf", "--json")
+    return {"base": path, "graft": graft, "pre": pre, "dir": root / "graft", "out": root / "grafted.gguf",
+            "summary": json.loads(out[out.index("{"):]), "root": root}
+
+
+def _reader(path):
+    import gguf
+
+    return gguf.GGUFReader(str(path))
+
+
+def _hf(path):
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+
+
+def test_every_key_and_untouched_tensor_is_the_base_files_byte_for_byte(grafted):
+    base, ours = _reader(grafted["base"]), _reader(grafted["out"])
+    for name, field in base.fields.items():
+        if name in ("GGUF.kv_count",):
+            continue
+        assert name in ours.fields, name
+        assert ours.fields[name].contents() == field.contents(), name  # tokenizer, config: unchanged
+    assert ours.fields["GGUF.kv_count"].contents() == base.fields["GGUF.kv_count"].contents() + 1
+    record = json.loads(ours.fields[GRAFT_KEY].contents())
+    assert record["coordinates"] == grafted["graft"].size and record["kept"] == grafted["graft"].size
+    assert [t.name for t in ours.tensors] == [t.name for t in base.tensors]
+    touched = set(record["tensors"])
+    assert touched and len(touched) < len(base.tensors)
+    for a, b in zip(base.tensors, ours.tensors):
+        if a.name in touched:
+            assert b.tensor_type.name == "F32", a.name  # Q8_0 matrices and F32 norms: F32 keeps the graft
+            continue
+        assert b.tensor_type == a.tensor_type and bytes(np.asarray(b.data).data) == bytes(np.asarray(a.data).data)
+    s = grafted["summary"]
+    assert s["to"] == "gguf" and s["exact"] and s["touched"] == len(touched)
+    assert set(s["changed_type"].values()) == {"Q8_0 → F32"}
+    assert s["bytes"] == grafted["out"].stat().st_size and s["size_ratio"] == pytest.approx(
+        s["bytes"] / grafted["base"].stat().st_size)
+
+
+def test_transformers_reads_the_grafted_model(grafted):
+    """Every grafted value as the grafted model holds it (Gemma's norms: the 1 + w it computes with, bit for bit),
+    every other parameter θ_pre's, and the logits the grafted model's."""
+    pre, graft = grafted["pre"], grafted["graft"]
+    theirs = _hf(grafted["out"])
+    state = theirs.state_dict()
+    with graft.applied(pre), torch.no_grad():
+        want = {n.removeprefix("model."): p.detach().clone() for n, p in pre.named_parameters()}
+        logits = pre.model(IDS).logits
+    touched = {n.removeprefix("model.") for n in graft.region.indices}
+    for name, w in want.items():
+        got = state[name]
+        if "norm" in name:  # stored as 1 + w: the model computes with exactly that
+            assert torch.equal(1 + got.float(), 1 + w.float()), name
+        else:
+            assert torch.equal(got, w), name
+        if name in touched:
+            idx = graft.region.indices["model." + name]
+            assert torch.equal(1 + got.reshape(-1)[idx], 1 + graft.values["model." + name]) if "norm" in name else \
+                torch.equal(got.reshape(-1)[idx], graft.values["model." + name]), name
+    with torch.no_grad():
+        got = theirs(IDS).logits
+        base = _hf(grafted["base"])(IDS).logits
+    diff = (got - logits).abs().max().item()
+    assert diff <= 1e-6, diff
+    assert (base - logits).abs().max().item() > 100 * max(diff, 1e-9)  # the graft shows, far above that
+
+
+def test_apply_export_writes_the_same_file(grafted, tmp_path):
+    out = tmp_path / "applied.gguf"
+    text = cli("apply", grafted["dir"], "--export", out, "--evaluate-on", "")
+    assert "GGUF" in text and "changed type" in text
+    assert out.read_bytes() == grafted["out"].read_bytes()
+
+
+def test_requantized_touched_tensors_lose_the_graft(grafted, tmp_path):
+    """--gguf-type Q8_0 re-quantizes the touched matrices (what a converter would do): the file is smaller and
+    llama.cpp-readable, and the summary counts the grafted coordinates it lost."""
+    out = tmp_path / "q8.gguf"
+    s = export_graft(grafted["graft"], out, ExportSpec(to="gguf", gguf_type="Q8_0"), base=grafted["pre"])
+    assert not s["exact"] and s["kept"] < s["coordinates"]
+    types = {t.name: t.tensor_type.name for t in _reader(out).tensors}
+    assert {types[g] for g, w in s["written"].items() if "norm" not in g} == {"Q8_0"}
+    assert {types[g] for g, w in s["written"].items() if "norm" in g} == {"F32"}
+    assert s["bytes"] < grafted["summary"]["bytes"]
+    _hf(out)  # transformers reads it
+
+
+@pytest.mark.parametrize("base, values, written", [
+    (None, None, "F32"),  # an F32 base keeps F32: no type changes
+    ("F16", torch.float16, "F16"),  # grafted values F16 holds: F16 kept
+    ("F16", None, "F32"),  # float32 values F16 cannot hold: F32
+    ("BF16", torch.bfloat16, "BF16"),  # a bf16 fine-tune of a bf16 base: BF16 kept
+])
+def test_the_precision_rule(base, values, written, tmp_path):
+    """The narrowest type that holds the grafted tensor bit for bit: its own float type, BF16, else F32; the
+    norms (F32 in the file) stay F32."""
+    from tiny import tiny_gguf_graft
+
+    path, graft, pre = tiny_gguf_graft(tmp_path / "base", quantize=base, values_dtype=values)
+    s = export_graft(graft, tmp_path / "out.gguf", ExportSpec(to="gguf"), base=pre)
+    assert s["exact"] and s["kept"] == graft.size
+    assert {w["to"] for g, w in s["written"].items() if "norm" not in g} == {written}
+    assert {w["to"] for g, w in s["written"].items() if "norm" in g} == {"F32"}
+    assert (not s["changed_type"]) == (written == (base or "F32"))
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+def _one_line(text: str, message: str) -> None:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("skillgraft: converting")
+             and "de-quantizing" not in ln]  # a base model converted on first use says so on stderr
+    assert message in text, text
+    assert "Traceback" not in text and len(lines) <= 2, lines
+
+
+def test_refusals_are_one_line_before_any_work(grafted, tiny_models, tmp_path):
+    from tiny import write_tiny_gguf
+
+    g = grafted["dir"]
+    out = tmp_path / "x.gguf"
+    out.write_bytes(b"keep me")
+    _one_line(cli("export", g, "--to", "gguf", "--out", out, code=2), "already exists")
+    assert out.read_bytes() == b"keep me"
+    out = tmp_path / "new.gguf"
+    _one_line(cli("export", g, "--to", "gguf", "--out", tmp_path / "folder", code=2), "FILE.gguf")
+    _one_line(cli("export", g, "--to", "gguf", "--gguf-type", "Q9_9", "--out", out, code=2),
+              "unknown quantization type 'Q9_9'")
+    # a base that is not the graft's: the same architecture, other values
+    (tmp_path / "other").mkdir()
+    other, _ = write_tiny_gguf(tmp_path / "other" / "other.gguf", quantize=None)
+    _one_line(cli("export", g, "--to", "gguf", "--model", other, "--out", out, code=2), "fingerprint")
+    # a tensor of a type gguf-py does not know
+    data = bytearray(grafted["base"].read_bytes())
+    at = data.find(b"blk.5.ffn_up.weight") + len(b"blk.5.ffn_up.weight")
+    at += 4 + 8 * int.from_bytes(data[at:at + 4], "little")  # past n_dims and the dims: the type id
+    data[at:at + 4] = (99).to_bytes(4, "little")
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "odd.gguf").write_bytes(bytes(data))
+    _one_line(cli("export", g, "--to", "gguf", "--model", tmp_path / "odd" / "odd.gguf", "--out", out, code=2),
+              "unknown quantization type")
+    # a graft on a Hugging Face model: the route there, in one line
+    hf_graft = type(grafted["graft"])(grafted["graft"].region, grafted["graft"].values, {}, str(tiny_models["gemma3"]),
+                                      "0" * 16, grafted["graft"].metadata)
+    hf_graft.save_pretrained(tmp_path / "hf-graft")
+    _one_line(cli("export", tmp_path / "hf-graft", "--to", "gguf", "--out", out, code=2), "--to hf")
+    assert not out.exists() and not list(tmp_path.glob("*.tmp"))
