@@ -1,0 +1,71 @@
+"""Issue 46: the grafting paper at its own fine-tuning schedule on Gemma-3-270M, one (task, seed) cell at a time.
+
+Usage (needs `make gemma`; one process at a time on a shared machine):
+    SKILLGRAFT_CACHE=STORE OMP_NUM_THREADS=2 nice -n 10 .venv/bin/python bench/gemma_paper_schedule.py \
+        bench/paper/gemma-schedule-64.yaml --tasks SST-2,mr,mpqa --seeds 13 [--finetune-only]
+
+For each (task, seed), in order: the recipe's dev grid (each point a store stage), the chosen point's fine-tuning
+on the full 16·n·k schedule, then (unless --finetune-only) `skillgraft run` of the recipe narrowed to that cell
+(grafts by learned / top-|Δ| / random, scored rows) into runs/<recipe>-<task>-<seed>. Every stage is a store entry
+(the fine-tunings resume step by step), so the same command, run again, resumes where it stopped. Prints the wall
+time of every stage; the recipe's report.md has the per-stage table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def stamp(msg: str) -> None:
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC] {msg}", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("recipe", help="a paper-recipe YAML with a `grid` (bench/paper/gemma-schedule-64.yaml)")
+    ap.add_argument("--tasks", default=None, help="comma-separated tasks (default: the recipe's)")
+    ap.add_argument("--seeds", default=None, help="comma-separated data seeds (default: the recipe's)")
+    ap.add_argument("--finetune-only", action="store_true", help="stop after each cell's fine-tuning")
+    ap.add_argument("--out", default="runs", help="folder of the per-cell run folders")
+    ap.add_argument("--progress", action="store_true", help="progress bars for every stage (on stderr)")
+    args = ap.parse_args()
+
+    from skillgraft.pipeline.grid import choose
+    from skillgraft.pipeline.setup import finetuned_run
+    from skillgraft.pipeline.store import Store
+    from skillgraft.recipes.base import load_recipe, run_spec
+
+    entry, spec = load_recipe(args.recipe, {"progress": True} if args.progress else None)
+    if getattr(spec, "grid", None) is None:
+        print(f"{args.recipe}: no `grid` in the recipe", file=sys.stderr)
+        return 2
+    tasks = args.tasks.split(",") if args.tasks else list(spec.tasks)
+    store = Store(spec.cache_dir)
+    for task in tasks:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else spec.seeds_of(task)
+        for seed in seeds:
+            t0 = time.perf_counter()
+            data = spec.data_spec(task, seed)
+            chosen, rows = choose(store, spec.model_spec(), data, spec.finetune, spec.grid, progress=spec.progress,
+                                  log=stamp)
+            t1 = time.perf_counter()
+            stamp(f"{task} seed {seed}: grid {t1 - t0:.0f} s; chosen batch {chosen.batch_size}, lr {chosen.lr:g}")
+            run_dir, _ = finetuned_run(store, spec.model_spec(), data, chosen, progress=spec.progress)
+            t2 = time.perf_counter()
+            stamp(f"{task} seed {seed}: full fine-tuning {t2 - t1:.0f} s → {run_dir}")
+            if args.finetune_only:
+                continue
+            cell = spec.replace(tasks=[task], seeds=[seed], task_seeds={})
+            out = Path(args.out) / f"{Path(args.recipe).stem}-{task}-{seed}"
+            run_spec(entry, cell, out, overwrite=True)
+            stamp(f"{task} seed {seed}: grafts and rows {time.perf_counter() - t2:.0f} s → {out}/report.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
