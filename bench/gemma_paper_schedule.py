@@ -33,6 +33,9 @@ def main() -> int:
     ap.add_argument("--finetune-only", action="store_true", help="stop after each cell's fine-tuning")
     ap.add_argument("--out", default="runs", help="folder of the per-cell run folders")
     ap.add_argument("--progress", action="store_true", help="progress bars for every stage (on stderr)")
+    ap.add_argument("--status", default=None, metavar="JSON", help=(
+        "train nothing: read each cell's stages from the store (grid points, the chosen run, a stopped stage's saved "
+        "state), print them and write them to JSON"))
     args = ap.parse_args()
 
     from skillgraft.pipeline.grid import choose
@@ -46,6 +49,8 @@ def main() -> int:
         return 2
     tasks = args.tasks.split(",") if args.tasks else list(spec.tasks)
     store = Store(spec.cache_dir)
+    if args.status:
+        return status(spec, store, tasks, args)
     for task in tasks:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else spec.seeds_of(task)
         for seed in seeds:
@@ -64,6 +69,54 @@ def main() -> int:
             out = Path(args.out) / f"{Path(args.recipe).stem}-{task}-{seed}"
             run_spec(entry, cell, out, overwrite=True)
             stamp(f"{task} seed {seed}: grafts and rows {time.perf_counter() - t2:.0f} s → {out}/report.md")
+    return 0
+
+
+def status(spec, store, tasks: list[str], args) -> int:
+    """Each cell's stages as the store holds them: done (dev, test, seconds), stopped (the saved state's step) or not
+    started; the rows stage of the recipe (grafts) when it is done."""
+    import json
+
+    import torch
+
+    from skillgraft.pipeline.grid import _pick, _row
+    from skillgraft.pipeline.setup import finetune_key, stored_run
+
+    def saved_step(data, config) -> dict | None:
+        path = store.path("ft", finetune_key(spec.model_spec(), data, config), f"{data.task}-{data.k}-{data.seed}-causal")
+        state = path.with_name(f".{path.name}.resume") / "run" / "finetune-0.pt"
+        if not state.is_file():
+            return None
+        saved = torch.load(state, weights_only=False, mmap=True, map_location="cpu")  # the weights are not read
+        return {"step": saved["step"], "train_seconds": round(saved["seconds"], 1),
+                "dev": [(h["step"], round(h["dev"], 4)) for h in saved.get("history", [])]}
+
+    out = []
+    for task in tasks:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else spec.seeds_of(task)
+        for seed in seeds:
+            data, cell = spec.data_spec(task, seed), {"task": task, "seed": seed, "points": []}
+            for b, lr in spec.grid.points():
+                config = spec.grid.point_config(spec.finetune, b, lr)
+                run = stored_run(store, spec.model_spec(), spec.grid.point_data(data), config)
+                row = _row(run, spec.grid, data, b, lr) if run else {"batch_size": b, "lr": lr, "done": False,
+                          "saved": saved_step(spec.grid.point_data(data), config)}
+                cell["points"].append(row)
+            done = [r for r in cell["points"] if "best_dev" in r]
+            if len(done) == len(cell["points"]):
+                chosen = _pick(spec.finetune, done)
+                run = stored_run(store, spec.model_spec(), data, chosen)
+                cell["chosen"] = {"batch_size": chosen.batch_size, "lr": chosen.lr, "done": run is not None}
+                if run is not None:
+                    m = json.loads((run / "metrics.json").read_text())
+                    cell["chosen"].update(best_dev=m["best_dev"], best_step=m["best_step"], steps=m["steps"],
+                                          test=m["test"], train_seconds=m["train_seconds"],
+                                          dev_history=m.get("history"))
+                else:
+                    cell["chosen"]["saved"] = saved_step(data, chosen)
+            out.append(cell)
+            print(json.dumps(cell, default=str))
+    Path(args.status).write_text(json.dumps({"recipe": args.recipe, "cells": out}, indent=1, default=str) + "\n")
     return 0
 
 
