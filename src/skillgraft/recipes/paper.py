@@ -16,8 +16,14 @@ Besides Table 2 (whose ECE columns are Table 1's calibration question in the 64-
   ``finetune_tasks`` again, grafted by the reference localizer at every budget; its rows carry a ``finetune``
   column. Table 2 uses only ``finetune``.
 
-Neither changes the store keys of the fine-tunings, regions or rows of Table 2. Writes ``metrics.csv``,
-``summary.csv``, ``localizers.csv`` (mean share of FT per localizer × budget), ``ood.csv``, ``finetunes.csv`` and
+- **The paper's fine-tuning choice (App. A)**: with ``grid``, each (task, seed)'s batch size and lr are chosen on dev
+  (:mod:`skillgraft.pipeline.grid`: every point a store stage, the best dev score, ties to the first point; a
+  screened grid then runs the chosen point on ``finetune``'s full schedule, e.g. 16·n·k steps); the grid's rows go
+  to ``grid.csv`` and the report, and Table 2 grafts from the chosen fine-tuning.
+
+Neither OOD nor Fig. 5 changes the store keys of the fine-tunings, regions or rows of Table 2. Writes ``metrics.csv``,
+``summary.csv``, ``localizers.csv`` (mean share of FT per localizer × budget), ``ood.csv``, ``finetunes.csv``,
+``grid.csv`` and
 ``report.md`` (Table 2 side by side with the paper's numbers, the localizer comparison, Table 7, Fig. 5 and the
 wall time of every stage).
 """
