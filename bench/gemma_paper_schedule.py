@@ -14,6 +14,7 @@ time of every stage; the recipe's report.md has the per-stage table.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -21,36 +22,54 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
+def read_json(path, what=""):
+    from skillgraft.io import read_json as read  # noqa: PLC0415
+
+    return read(path, what=what)
+
+
 def stamp(msg: str) -> None:
     print(f"[{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC] {msg}", flush=True)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("recipe", help="a paper-recipe YAML with a `grid` (bench/paper/gemma-schedule-64.yaml)")
     ap.add_argument("--tasks", default=None, help="comma-separated tasks (default: the recipe's)")
     ap.add_argument("--seeds", default=None, help="comma-separated data seeds (default: the recipe's)")
-    ap.add_argument("--finetune-only", action="store_true", help="stop after each cell's fine-tuning")
+    ap.add_argument("--finetune-only", action="store_true", help=(
+        "stop after each cell's fine-tuning and the pre-trained model's zero-shot score on the same test and dev rows "
+        "(a store entry; FT − zero-shot is issue 46's first check)"))
     ap.add_argument("--out", default="runs", help="folder of the per-cell run folders")
+    ap.add_argument("--override", default=None, help="JSON of recipe fields laid over the file's (tests)")
     ap.add_argument("--progress", action="store_true", help="progress bars for every stage (on stderr)")
     ap.add_argument("--status", default=None, metavar="JSON", help=(
         "train nothing: read each cell's stages from the store (grid points, the chosen run, a stopped stage's saved "
         "state), print them and write them to JSON"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
-    from skillgraft.pipeline.grid import choose
-    from skillgraft.pipeline.setup import finetuned_run
+    from skillgraft.models.gguf import in_store
     from skillgraft.pipeline.store import Store
-    from skillgraft.recipes.base import load_recipe, run_spec
+    from skillgraft.recipes.base import load_recipe
 
-    entry, spec = load_recipe(args.recipe, {"progress": True} if args.progress else None)
+    over = {**(json.loads(args.override) if args.override else {}), **({"progress": True} if args.progress else {})}
+    entry, spec = load_recipe(args.recipe, over)
     if getattr(spec, "grid", None) is None:
         print(f"{args.recipe}: no `grid` in the recipe", file=sys.stderr)
         return 2
     tasks = args.tasks.split(",") if args.tasks else list(spec.tasks)
     store = Store(spec.cache_dir)
-    if args.status:
-        return status(spec, store, tasks, args)
+    with in_store(store.root):  # a GGUF model converts into this store, as under `skillgraft run`
+        if args.status:
+            return status(spec, store, tasks, args)
+        return cells(entry, spec, store, tasks, args)
+
+
+def cells(entry, spec, store, tasks: list[str], args) -> int:
+    from skillgraft.pipeline.grid import choose
+    from skillgraft.pipeline.setup import finetuned_run
+    from skillgraft.recipes.base import run_spec
+
     for task in tasks:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else spec.seeds_of(task)
         for seed in seeds:
@@ -64,6 +83,11 @@ def main() -> int:
             t2 = time.perf_counter()
             stamp(f"{task} seed {seed}: full fine-tuning {t2 - t1:.0f} s → {run_dir}")
             if args.finetune_only:
+                zs = zero_shot(spec, store, data)
+                ft = read_json(run_dir / "metrics.json", what="fine-tuning metrics")
+                stamp(f"{task} seed {seed}: zero-shot test {zs['test']['score']:.4f} (dev {zs['dev']['score']:.4f}); "
+                      f"FT test {ft['test']['score']:.4f} (best dev {ft['best_dev']:.4f} at step {ft['best_step']}); "
+                      f"{time.perf_counter() - t2:.0f} s")
                 continue
             cell = spec.replace(tasks=[task], seeds=[seed], task_seeds={})
             out = Path(args.out) / f"{Path(args.recipe).stem}-{task}-{seed}"
@@ -72,15 +96,34 @@ def main() -> int:
     return 0
 
 
+def zero_shot(spec, store, data) -> dict:
+    """The pre-trained model's metrics on the draw's test and dev rows (causal prompt mode: the label words after
+    the template, no training), stored as a "zero-shot" entry keyed by the model and the draw."""
+    from skillgraft.evaluate.predict import evaluate
+    from skillgraft.io import write_json
+    from skillgraft.pipeline.store import draw_key
+
+    def make(folder: Path) -> None:
+        few = data.load()
+        scorer = spec.model_spec().scorer(few.task, head_seed=spec.finetune.seed)
+        t0 = time.perf_counter()
+        out = {split: evaluate(scorer, rows, progress=spec.progress)[0] for split, rows in
+               (("test", few.test), ("dev", few.dev))}
+        write_json(folder / "metrics.json", {**out, "seconds": round(time.perf_counter() - t0, 1)})
+
+    entry = store.fetch("zero-shot", draw_key(spec.model_spec(), data), make,
+                        label=f"{data.task}-{data.k}-{data.seed}-{spec.mode}")
+    return read_json(entry / "metrics.json", what="zero-shot metrics")
+
+
 def status(spec, store, tasks: list[str], args) -> int:
     """Each cell's stages as the store holds them: done (dev, test, seconds), stopped (the saved state's step) or not
-    started; the rows stage of the recipe (grafts) when it is done."""
-    import json
-
+    started, and the zero-shot scores."""
     import torch
 
     from skillgraft.pipeline.grid import _pick, _row
     from skillgraft.pipeline.setup import finetune_key, stored_run
+    from skillgraft.pipeline.store import draw_key
 
     def saved_step(data, config) -> dict | None:
         path = store.path("ft", finetune_key(spec.model_spec(), data, config), f"{data.task}-{data.k}-{data.seed}-causal")
@@ -114,6 +157,9 @@ def status(spec, store, tasks: list[str], args) -> int:
                                           dev_history=m.get("history"))
                 else:
                     cell["chosen"]["saved"] = saved_step(data, chosen)
+            zs = store.get("zero-shot", draw_key(spec.model_spec(), data), f"{task}-{spec.k}-{seed}-{spec.mode}")
+            if zs is not None:
+                cell["zero_shot"] = json.loads((zs / "metrics.json").read_text())
             out.append(cell)
             print(json.dumps(cell, default=str))
     Path(args.status).write_text(json.dumps({"recipe": args.recipe, "cells": out}, indent=1, default=str) + "\n")
