@@ -153,3 +153,10 @@ def test_the_bench_runner_cell_by_cell(gemma, data, tmp_path):
     report = (tmp_path / "runs" / "gemma-schedule-64-SST-2-13" / "report.md").read_text()
     zero = cell["zero_shot"]["test"]["score"]
     assert f"{100 * zero:.1f}" in report  # the pre-trained row of Table 2 is the stored zero-shot score
+
+
+def test_docs_name_the_grid_and_its_fields():
+    doc = (RECIPE.parents[2] / "docs" / "recipes.md").read_text()
+    assert "`grid`" in doc
+    for field in GridSpec.model_fields:
+        assert field in doc, field
