@@ -65,15 +65,20 @@ class GridSpec(Spec):
         return data.model_copy(update={"test_limit": self.test_limit})
 
 
-def _row(run_dir, grid: GridSpec, data: DataSpec, batch_size: int, lr: float) -> dict:
+def run_row(run_dir, batch_size: int, lr: float, *, screen: bool, test_rows: int | None) -> dict:
+    """One fine-tuning run of the grid as a report row, from its ``metrics.json``."""
     m = read_json(run_dir / "metrics.json", what="fine-tuning metrics")
     test = m.get("test") or {}
     return {"task": m["task"], "seed": m["seed"], "k": m["k"], "batch_size": batch_size, "lr": lr,
-            "steps": m["steps"], "screen": grid.steps is not None, "best_dev": m["best_dev"],
-            "best_step": m["best_step"], "dev_history": [h.get("dev") for h in m.get("history", [])],
-            "test_score": test.get("score", test.get("accuracy")), "test_rows": grid.point_data(data).test_limit,
+            "steps": m["steps"], "screen": screen, "best_dev": m["best_dev"], "best_step": m["best_step"],
+            "dev_history": [h.get("dev") for h in m.get("history", [])],
+            "test_score": test.get("score", test.get("accuracy")), "test_rows": test_rows,
             "train_seconds": m.get("train_seconds"), "examples_per_second": m.get("train_examples_per_second"),
             "chosen": False}
+
+
+def _row(run_dir, grid: GridSpec, data: DataSpec, batch_size: int, lr: float) -> dict:
+    return run_row(run_dir, batch_size, lr, screen=grid.steps is not None, test_rows=grid.point_data(data).test_limit)
 
 
 def _pick(finetune: FinetuneConfig, rows: list[dict]) -> FinetuneConfig:

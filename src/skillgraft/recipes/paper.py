@@ -44,7 +44,7 @@ from skillgraft.io import read_json, write_json
 from skillgraft.pipeline.ood import TargetSpec, TransferSpec, ood_examples, with_limits
 from skillgraft.pipeline.paper_numbers import (PAPER_NOTE, TABLE2_64, TABLE3_4096, TABLE7_4096, TABLE7_COLUMNS,
                                               TABLE9_GPT2_64)
-from skillgraft.pipeline.grid import GridSpec, choose
+from skillgraft.pipeline.grid import GridSpec, choose, run_row
 from skillgraft.pipeline.regions import learned_regions
 from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct
 from skillgraft.pipeline.setup import Setup, prepare
@@ -323,14 +323,9 @@ def paper(spec: PaperSpec, run: RunDir) -> dict:
 
 def _chosen_row(setup: Setup) -> dict:
     """The fine-tuning Table 2 uses after a screened grid (the chosen point on the full schedule), as a grid row."""
-    m = read_json(setup.ft_dir / "metrics.json")
     config = setup.finetune_config
-    return {"task": setup.task, "seed": setup.seed, "k": setup.k, "batch_size": config.batch_size, "lr": config.lr,
-            "steps": m["steps"], "screen": False, "best_dev": m["best_dev"], "best_step": m["best_step"],
-            "dev_history": [h.get("dev") for h in m.get("history", [])],
-            "test_score": (m.get("test") or {}).get("score", (m.get("test") or {}).get("accuracy")),
-            "test_rows": len(setup.test), "train_seconds": m.get("train_seconds"),
-            "examples_per_second": m.get("train_examples_per_second"), "chosen": "used"}
+    return {**run_row(setup.ft_dir, config.batch_size, config.lr, screen=False, test_rows=len(setup.test)),
+            "chosen": "used"}
 
 
 def _per_task_means(rows: list[dict], model: str, column: str) -> dict[str, float]:
