@@ -72,7 +72,13 @@ def open_setup(name: str, spec, store, task: str, seed: int):
         setup, _ = generative_setup(spec, RunDir(Path("."), store), task, seed, {}, stored_only=True)
         return setup
     data = spec.data_spec(task, seed)
-    run = stored_run(store, spec.model_spec(), data, spec.finetune)
+    config = spec.finetune
+    if getattr(spec, "grid", None) is not None:  # the (batch, lr) chosen on dev (issue 46), read from the store
+        from skillgraft.pipeline.grid import stored_choice
+
+        choice = stored_choice(store, spec.model_spec(), data, spec.finetune, spec.grid)
+        config = choice[0] if choice is not None else None
+    run = stored_run(store, spec.model_spec(), data, config) if config is not None else None
     if run is None:
         raise SkillgraftError(f"the store {store.root} holds no fine-tuning of {task} (k {spec.k}, seed {seed}) with "
                               "these settings: run the recipe first")

@@ -53,6 +53,8 @@ def tiny_overrides(values: dict, model: Path, data: Path) -> dict:
         short = {"steps": 2, "eval_every": 1}
         over["localizers"] = [{**loc, "options": {**loc.get("options", {}), **(short if loc["name"] == "learned" else {})}}
                               for loc in values["localizers"]]
+    if values.get("grid"):
+        over["grid"] = {**values["grid"], "steps": 2, "eval_every": 1, "test_limit": 4}
     if values["recipe"] == "surgical":
         over["fisher"] = {**values.get("fisher", {}), "n_examples": 4}
         over["stability_steps"] = [0, 2, 4]
@@ -88,6 +90,8 @@ def test_every_gemma_recipe_runs_tiny(path, tiny_gemma, gemma_data, tmp_path):
         assert {(r["source"], r["eval"]) for r in metrics["ood_rows"]} == targets
         if targets:
             assert "Table 7" in report and (out / "ood.csv").is_file()
+        if spec.grid is not None:
+            check_grid(spec, metrics["grid_rows"], report)
         tuned = {r["finetune"] for r in metrics["finetune_rows"]}
         assert tuned == set(spec.finetunes)
         if tuned:
@@ -111,6 +115,26 @@ def test_every_gemma_recipe_runs_tiny(path, tiny_gemma, gemma_data, tmp_path):
     assert (out / "summary.csv").is_file()
     if values["recipe"] in ("paper", "generative"):
         check_diagnostics(path, over, spec, tmp_path)
+
+
+def check_grid(spec, grid_rows: list[dict], report: str) -> None:
+    """Every (task, seed): one row per grid point (one chosen, the best dev score, ties to the first), then the
+    chosen (batch, lr) on the full schedule (a screened grid), in the report's grid section."""
+    for task in spec.tasks:
+        for seed in spec.seeds_of(task):
+            mine = [r for r in grid_rows if (r["task"], r["seed"]) == (task, seed)]
+            points = [r for r in mine if r["chosen"] != "used"]
+            assert [(r["batch_size"], r["lr"]) for r in points] == spec.grid.points()
+            best = max(r["best_dev"] for r in points)
+            chosen = [r for r in points if r["chosen"] is True]
+            assert len(chosen) == 1 and chosen[0] is next(r for r in points if r["best_dev"] == best)
+            assert all(r["steps"] == spec.grid.steps for r in points)
+            if spec.grid.steps is not None:
+                used = [r for r in mine if r["chosen"] == "used"]
+                assert len(used) == 1
+                assert (used[0]["batch_size"], used[0]["lr"]) == (chosen[0]["batch_size"], chosen[0]["lr"])
+                assert used[0]["steps"] == spec.finetune.resolved_steps(2, spec.k)
+    assert "Fine-tuning grid (chosen on dev)" in report and "Table 9" in report
 
 
 def check_diagnostics(path: Path, over: dict, spec, tmp_path: Path) -> None:

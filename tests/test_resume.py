@@ -4,6 +4,7 @@ result as an uninterrupted run, bit for bit (issue 36: a localization stopped at
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from badinputs import graft_args, invoke
@@ -136,3 +137,42 @@ def test_finetuning_resumes_to_the_same_run(tiny_bert, toy_data, tmp_path, monke
     args = list(_finetune_args(tiny_bert, toy_data, tmp_path / "other"))
     args[args.index("--lr") + 1] = 2e-3
     assert invoke(*args).exit_code == 0 and calls[0] == 1
+
+
+def test_a_store_finetuning_resumes_in_another_process(tiny_bert, toy_data, tmp_path, monkeypatch):
+    """A fine-tuning run as a store stage (recipes, the dev grid) saves its state beside the entry, not inside the
+    stage's temporary folder (which the next process never sees): stopped at step 5 of 8, the same call goes on."""
+    import skillgraft.train.core as core
+    from skillgraft.data.spec import DataSpec
+    from skillgraft.models.spec import ModelSpec
+    from skillgraft.pipeline.setup import finetuned_run
+    from skillgraft.pipeline.store import Store
+    from skillgraft.train.config import FinetuneConfig
+
+    monkeypatch.setenv("SKILLGRAFT_CHECKPOINT_SECONDS", "0")
+    model = ModelSpec(model=str(tiny_bert), mode="prompt")
+    data = DataSpec(task="SST-2", k=8, seed=13, data_dir=toy_data, test_limit=8)
+    config = FinetuneConfig(optimizer="adamw", lr=1e-3, steps=8, eval_every=3, freeze_embeddings=False)
+    ref, _ = finetuned_run(Store(tmp_path / "ref"), model, data, config, progress=False)
+    calls: list[int] = []
+    real = core.check_loss
+
+    def check(value, what, step):
+        calls.append(step)
+        if len(calls) == 5 and stop:
+            raise KeyboardInterrupt  # the process ends here
+        return real(value, what, step)
+
+    monkeypatch.setattr(core, "check_loss", check)
+    stop, store = True, Store(tmp_path / "store")
+    with pytest.raises(KeyboardInterrupt):
+        finetuned_run(store, model, data, config, progress=False)
+    saved = list((tmp_path / "store").glob(".ft-*.resume/run/finetune-0.pt"))
+    assert len(saved) == 1
+    for tmp in (tmp_path / "store").glob(".ft-*.tmp"):  # a later process never sees this one's temporary folder
+        shutil.rmtree(tmp)
+    stop, calls[:] = False, []
+    run, _ = finetuned_run(store, model, data, config, progress=False)
+    assert calls == [5, 6, 7, 8]  # steps 1–4 came from the saved state
+    assert _run_files(run) == _run_files(ref)
+    assert not list((tmp_path / "store").glob(".ft-*.resume"))

@@ -61,6 +61,12 @@ def resume_point(folder: str | os.PathLike, key=None) -> Iterator[Path]:
         _point.reset(token)
 
 
+def current() -> Path | None:
+    """The folder of the innermost open :func:`resume_point` (None outside one)."""
+    point = _point.get()
+    return None if point is None else point[0]
+
+
 def discard(folder: str | os.PathLike) -> None:
     """Delete a resume folder (its stage is complete)."""
     shutil.rmtree(folder, ignore_errors=True)

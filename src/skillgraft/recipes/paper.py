@@ -16,8 +16,14 @@ Besides Table 2 (whose ECE columns are Table 1's calibration question in the 64-
   ``finetune_tasks`` again, grafted by the reference localizer at every budget; its rows carry a ``finetune``
   column. Table 2 uses only ``finetune``.
 
-Neither changes the store keys of the fine-tunings, regions or rows of Table 2. Writes ``metrics.csv``,
-``summary.csv``, ``localizers.csv`` (mean share of FT per localizer × budget), ``ood.csv``, ``finetunes.csv`` and
+- **The paper's fine-tuning choice (App. A)**: with ``grid``, each (task, seed)'s batch size and lr are chosen on dev
+  (:mod:`skillgraft.pipeline.grid`: every point a store stage, the best dev score, ties to the first point; a
+  screened grid then runs the chosen point on ``finetune``'s full schedule, e.g. 16·n·k steps); the grid's rows go
+  to ``grid.csv`` and the report, and Table 2 grafts from the chosen fine-tuning.
+
+Neither OOD nor Fig. 5 changes the store keys of the fine-tunings, regions or rows of Table 2. Writes ``metrics.csv``,
+``summary.csv``, ``localizers.csv`` (mean share of FT per localizer × budget), ``ood.csv``, ``finetunes.csv``,
+``grid.csv`` and
 ``report.md`` (Table 2 side by side with the paper's numbers, the localizer comparison, Table 7, Fig. 5 and the
 wall time of every stage).
 """
@@ -36,10 +42,12 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft.selection import Budget
 from skillgraft.io import read_json, write_json
 from skillgraft.pipeline.ood import TargetSpec, TransferSpec, ood_examples, with_limits
-from skillgraft.pipeline.paper_numbers import PAPER_NOTE, TABLE2_64, TABLE3_4096, TABLE7_4096, TABLE7_COLUMNS
+from skillgraft.pipeline.paper_numbers import (PAPER_NOTE, TABLE2_64, TABLE3_4096, TABLE7_4096, TABLE7_COLUMNS,
+                                              TABLE9_GPT2_64)
+from skillgraft.pipeline.grid import GridSpec, choose, run_row
 from skillgraft.pipeline.regions import learned_regions
 from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct
-from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.setup import Setup, prepare
 from skillgraft.pipeline.store import data_digest
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
 from skillgraft.recipes.base import (ExperimentSpec, LocalizerRun, SeedsMixin, check_localizer_runs, recipe,
@@ -101,6 +109,10 @@ class PaperSpec(ExperimentSpec, SeedsMixin):
         "every budget; one equal to `finetune` is Table 2's fine-tuning ({}: none)"))
     finetune_tasks: list[str] = Field(default_factory=lambda: ["SST-2"], min_length=1, description=(
         "tasks the `finetunes` run on (seeds as for Table 2)"))
+    grid: GridSpec | None = Field(None, description=(
+        "choose each (task, seed)'s batch size and lr on dev from this grid (the paper's: {batch_sizes: [2, 4, 8], "
+        "lrs: [1e-2, 5e-3, 1e-3]}), each point a store stage; `finetune` gives the other settings (null: "
+        "`finetune` as it is)"))
 
     @model_validator(mode="before")
     @classmethod
@@ -235,11 +247,23 @@ def ood_rows(spec: PaperSpec, setup: Setup, run: RunDir, source: str, target: Ta
     return holder.get("rows") or read_json(entry / "rows.json", required=("rows",), what="stored OOD rows")["rows"]
 
 
-def _timed_setup(spec: PaperSpec, run: RunDir, task: str, seed: int, title: str) -> tuple[Setup, dict, float]:
-    """The setup (fine-tuned or from the store), its timing row and the start time."""
+def _timed_setup(spec: PaperSpec, run: RunDir, task: str, seed: int, title: str, grids: list | None = None
+                 ) -> tuple[Setup, dict, float]:
+    """The setup (fine-tuned or from the store), its timing row and the start time. With a ``grid``, the
+    (batch, lr) chosen on dev first (each point a store stage; its rows appended to ``grids``)."""
     t0 = time.perf_counter()
-    setup = spec.setup(run, task, seed)
-    timing = {"task": title, "seed": seed, "fine-tuning": round(time.perf_counter() - t0, 1)}
+    timing = {"task": title, "seed": seed}
+    if spec.grid is None:
+        setup = spec.setup(run, task, seed)
+    else:
+        data = spec.data_spec(task, seed)
+        config, points = choose(run.store, spec.model_spec(), data, spec.finetune, spec.grid, progress=spec.progress)
+        timing["grid"] = round(time.perf_counter() - t0, 1)
+        timing["grid (computed)"] = round(sum(p["train_seconds"] or 0.0 for p in points), 1)
+        if grids is not None:
+            grids += points
+        setup = prepare(run.store, spec.model_spec(), data, config, progress=spec.progress)
+    timing["fine-tuning"] = round(time.perf_counter() - t0 - timing.get("grid", 0.0), 1)
     ft_metrics = setup.ft_dir / "metrics.json"
     if ft_metrics.is_file():
         timing["fine-tuning (computed)"] = read_json(ft_metrics).get("train_seconds")
@@ -251,10 +275,12 @@ def paper(spec: PaperSpec, run: RunDir) -> dict:
     # OOD sets first: a missing or unmappable one stops the run before any work
     ood_sets = {(i, j): ood_examples(t.source, tg, spec.data_dir, f"ood[{i}].targets[{j}]")
                 for task in spec.tasks for i, t in spec.ood_of(task) for j, tg in enumerate(t.targets)}
-    rows, oods, tuned, timings = [], [], [], []
+    rows, oods, tuned, timings, grids = [], [], [], [], []
     for task in spec.tasks:
         for seed in spec.seeds_of(task):
-            setup, timing, t0 = _timed_setup(spec, run, task, seed, get_task(task).name)
+            setup, timing, t0 = _timed_setup(spec, run, task, seed, get_task(task).name, grids)
+            if spec.grid is not None and spec.grid.steps is not None:  # screened: the full-schedule run too
+                grids.append(_chosen_row(setup))
             rows += draw_rows(spec, setup, run, timing)
             for i, t in spec.ood_of(task):
                 for j, tg in enumerate(t.targets):
@@ -272,7 +298,7 @@ def paper(spec: PaperSpec, run: RunDir) -> dict:
                 name = get_task(task).name
                 found = [r for r in rows if r["task"] == name and r["seed"] == seed] if main else []
                 if not found:
-                    other = spec if main else spec.replace(finetune=config.to_dict())
+                    other = spec if main else spec.replace(finetune=config.to_dict(), grid=None)
                     setup, timing, t0 = _timed_setup(other, run, task, seed, f"{name} ({label})")
                     found = draw_rows(spec, setup, run, timing, None if main else [ref])
                     timing["total"] = round(time.perf_counter() - t0, 1)
@@ -287,8 +313,19 @@ def paper(spec: PaperSpec, run: RunDir) -> dict:
         run.csv("ood.csv", oods)
     if tuned:
         run.csv("finetunes.csv", tuned)
-    run.report(report_markdown(spec, agg, table, timings, rows=rows, ood=oods, tuned=tuned))
-    return {"rows": rows, "localizers": table, "timings": timings, "ood_rows": oods, "finetune_rows": tuned}
+    if grids:
+        run.csv("grid.csv", [{**g, "dev_history": " ".join(f"{x:.4f}" for x in g["dev_history"] if x is not None)}
+                             for g in grids])
+    run.report(report_markdown(spec, agg, table, timings, rows=rows, ood=oods, tuned=tuned, grids=grids))
+    return {"rows": rows, "localizers": table, "timings": timings, "ood_rows": oods, "finetune_rows": tuned,
+            "grid_rows": grids}
+
+
+def _chosen_row(setup: Setup) -> dict:
+    """The fine-tuning Table 2 uses after a screened grid (the chosen point on the full schedule), as a grid row."""
+    config = setup.finetune_config
+    return {**run_row(setup.ft_dir, config.batch_size, config.lr, screen=False, test_rows=len(setup.test)),
+            "chosen": "used"}
 
 
 def _per_task_means(rows: list[dict], model: str, column: str) -> dict[str, float]:
@@ -326,7 +363,8 @@ def localizer_table(spec: PaperSpec, rows: list[dict]) -> list[dict]:
 
 
 def report_markdown(spec: PaperSpec, agg: list[dict], table: list[dict], timings: list[dict], *,
-                    rows: list[dict] = (), ood: list[dict] = (), tuned: list[dict] = ()) -> str:
+                    rows: list[dict] = (), ood: list[dict] = (), tuned: list[dict] = (), grids: list[dict] = ()
+                    ) -> str:
     ref = _gap_reference(spec)
     small = [b for b in spec.budgets if b.fraction is not None and b.fraction <= 1e-4]  # the paper's ≤ 0.01%
     main = max(small, key=lambda b: b.fraction) if small else spec.budgets[0]
@@ -334,8 +372,7 @@ def report_markdown(spec: PaperSpec, agg: list[dict], table: list[dict], timings
     model = spec.model or "bundled all-MiniLM-L6-v2"
     lines = ["# The paper's Table 2 setting, measured", "",
              f"Model {model}, {spec.mode} mode, {spec.finetune.optimizer.upper()} fine-tuning "
-             f"(lr {spec.finetune.lr:g}, "
-             f"{spec.finetune.steps or f'16·n·k ≤ {spec.finetune.max_steps}'} steps), k={spec.k} per label, "
+             f"({_schedule(spec)}), k={spec.k} per label, "
              "test subset "
              f"{spec.test_limit or 'full'} (seeded sample), grafts at {', '.join(b.label for b in spec.budgets)} of "
              f"the body. Score = accuracy (F1 for MRPC/QQP), ECE with 10 equal-width bins, in %; mean (std) over "
@@ -359,6 +396,7 @@ def report_markdown(spec: PaperSpec, agg: list[dict], table: list[dict], timings
                      pct(graft["share_of_ft"]) if graft else "-", pct(graft["gap_closed"]) if graft else "-",
                      pct(graft["agreement"]) if graft else "-", *(paper or ("-",) * 4), pshare])
     lines += [md_table(head, body), ""]
+    lines += gpt2_section(spec, agg) + grid_section(spec, grids)
     notes = [f"- {t}: {STAND_INS[t]}" for t in (get_task(x).name for x in spec.tasks) if t in STAND_INS]
     if notes:
         lines += ["Test sets (where not LM-BFF's; † = a stand-in):", "", *notes, ""]
@@ -387,6 +425,68 @@ def report_markdown(spec: PaperSpec, agg: list[dict], table: list[dict], timings
               md_table(["task", "seed", *stages], [[t["task"], t["seed"], *(t.get(s, "-") for s in stages)]
                                                    for t in timings]), ""]
     return "\n".join(lines)
+
+
+def _schedule(spec: PaperSpec) -> str:
+    """The fine-tuning line of the report's header."""
+    f = spec.finetune
+    steps = f.steps or ("16·n·k" + (f" ≤ {f.max_steps}" if f.max_steps else ""))
+    if spec.grid is None:
+        return f"lr {f.lr:g}, batch {f.batch_size}, {steps} steps"
+    g = spec.grid
+    screen = f", each screened on {g.steps} steps" if g.steps else ""
+    return (f"batch × lr chosen on dev from {g.batch_sizes} × {[float(x) for x in g.lrs]}{screen}; {steps} steps, "
+            f"best dev checkpoint (dev every {f.eval_every} steps)")
+
+
+def gpt2_section(spec: PaperSpec, agg: list[dict]) -> list[str]:
+    """In causal mode: FT and the reference graft beside the paper's GPT-2 small (Table 9, 64-shot)."""
+    if spec.mode != "causal":
+        return []
+    first = spec.localizers[0].title
+    budgets = [b for b in spec.budgets if b.fraction is not None and b.fraction <= 5e-4]
+    body = []
+    for task in spec.tasks:
+        name = get_task(task).name
+        cell = {g["model"]: g for g in agg if g["task"] == name}
+        if "fine-tuned" not in cell:
+            continue
+        ft, pre = cell["fine-tuned"], cell.get("pre-trained")
+        paper = TABLE9_GPT2_64.get(name)
+        gain = 100 * (np.mean(ft["score"]) - np.mean(pre["score"])) if pre else None
+        gap = 100 * np.mean(ft["score"]) - float(paper[0].split()[0]) if paper else None
+        body.append([name, ft["n_seeds"], pct(pre["score"]) if pre else "-", pct(ft["score"]), pct(ft["ece"]),
+                     "-" if gain is None else f"{gain:+.1f}", *(paper[:2] if paper else ("-", "-")),
+                     "-" if gap is None else f"{gap:+.1f}",
+                     *(pct(cell[f"{first} {b.label}"]["share_of_ft"]) if f"{first} {b.label}" in cell else "-"
+                       for b in budgets), paper[2] if paper else "-"])
+    if not body:
+        return []
+    return ["## Beside the paper's decoder (Table 9: GPT-2 small, 64-shot)", "",
+            "FT − pre-trained and FT − paper FT in points (of the means over seeds); share of FT of the reference "
+            "graft at each size ≤ 5e-4 (Table 9's grafts: ≤ 0.05 %).", "",
+            md_table(["task", "seeds", "pre-trained", "FT", "FT ECE", "FT − pre-trained", "paper FT", "paper FT ECE",
+                      "FT − paper FT", *(f"share of FT {b.label}" for b in budgets), "paper graft"], body), ""]
+
+
+def grid_section(spec: PaperSpec, grids: list[dict]) -> list[str]:
+    """The dev grid of every (task, seed): each point's best dev score, the chosen one and the run Table 2 uses."""
+    if not grids:
+        return []
+    g = spec.grid
+    lines = ["## Fine-tuning grid (chosen on dev)", "",
+             f"Each point: SGD at (batch, lr) for {f'{g.steps} steps (a screen)' if g.steps else 'the full schedule'}"
+             f", dev evaluated every {g.eval_every if g.steps and g.eval_every is not None else spec.finetune.eval_every}"
+             " steps; best dev score (accuracy, F1 for MRPC/QQP) and its step, the dev curve. Chosen: the best dev "
+             "score, ties to the first point. "
+             + ("'used' = the chosen (batch, lr) on the full schedule, the fine-tuning Table 2 grafts from. "
+                if g.steps else "") + f"Test scores are shown only (on the test rows given), never used.", ""]
+    body = [[r["task"], r["seed"], r["batch_size"], f"{r['lr']:g}", r["steps"], pct(r["best_dev"]), r["best_step"],
+             " ".join(f"{100 * x:.1f}" for x in r["dev_history"] if x is not None), pct(r["test_score"]),
+             r["test_rows"], r["train_seconds"], {True: "chosen", False: "", "used": "used"}[r["chosen"]]]
+            for r in grids]
+    return lines + [md_table(["task", "seed", "batch", "lr", "steps", "best dev", "at step", "dev curve", "test",
+                              "test rows", "train s", ""], body), ""]
 
 
 def _gap_reference(spec: PaperSpec) -> str:

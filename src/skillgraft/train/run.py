@@ -75,12 +75,15 @@ def run_finetune(data: DataSpec, out_dir: str | os.PathLike, *, model: ModelSpec
     scorer = model.scorer(few.task, head_seed=config.seed)  # placed as it loads (models/placement.py)
     accelerator = accelerator or accelerator_for(scorer)
     from skillgraft.models.anatomy import fingerprint  # noqa: PLC0415
-    from skillgraft.resume import discard, resume_point  # noqa: PLC0415
+    from skillgraft.resume import current, discard, resume_point  # noqa: PLC0415
     from skillgraft.spec import stable_hash  # noqa: PLC0415
 
     from skillgraft.io import sibling  # noqa: PLC0415
 
-    resume = sibling(out_dir, "resume")  # the same command resumes a stopped run
+    # the same command resumes a stopped run: beside out_dir, or inside the open resume point of a store stage
+    # (out_dir is then in the stage's temporary folder, which a later process never sees)
+    outer = current()
+    resume = outer / "run" if outer is not None else sibling(out_dir, "resume")
     key = {"model": model.to_dict(), "weights": fingerprint(scorer), "config": config.to_dict(),
            "examples": stable_hash([[e.text_a, e.text_b, e.label] for e in [*few.train, *(few.dev or [])]])}
     with resume_point(resume, key=key):

@@ -1,0 +1,170 @@
+"""Issue 46: the grafting paper at its own fine-tuning schedule on Gemma-3-270M, one (task, seed) cell at a time.
+
+Usage (needs `make gemma`; one process at a time on a shared machine):
+    SKILLGRAFT_CACHE=STORE OMP_NUM_THREADS=2 nice -n 10 .venv/bin/python bench/gemma_paper_schedule.py \
+        bench/paper/gemma-schedule-64.yaml --tasks SST-2,mr,mpqa --seeds 13 [--finetune-only]
+
+For each (task, seed), in order: the recipe's dev grid (each point a store stage), the chosen point's fine-tuning
+on the full 16·n·k schedule, then (unless --finetune-only) `skillgraft run` of the recipe narrowed to that cell
+(grafts by learned / top-|Δ| / random, scored rows) into runs/<recipe>-<task>-<seed>. Every stage is a store entry
+(the fine-tunings resume step by step), so the same command, run again, resumes where it stopped. Prints the wall
+time of every stage; the recipe's report.md has the per-stage table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def read_json(path, what=""):
+    from skillgraft.io import read_json as read  # noqa: PLC0415
+
+    return read(path, what=what)
+
+
+def stamp(msg: str) -> None:
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC] {msg}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("recipe", help="a paper-recipe YAML with a `grid` (bench/paper/gemma-schedule-64.yaml)")
+    ap.add_argument("--tasks", default=None, help="comma-separated tasks (default: the recipe's)")
+    ap.add_argument("--seeds", default=None, help="comma-separated data seeds (default: the recipe's)")
+    ap.add_argument("--finetune-only", action="store_true", help=(
+        "stop after each cell's fine-tuning and the pre-trained model's zero-shot score on the same test and dev rows "
+        "(a store entry; FT − zero-shot is issue 46's first check)"))
+    ap.add_argument("--out", default="runs", help="folder of the per-cell run folders")
+    ap.add_argument("--override", default=None, help="JSON of recipe fields laid over the file's (tests)")
+    ap.add_argument("--progress", action="store_true", help="progress bars for every stage (on stderr)")
+    ap.add_argument("--status", default=None, metavar="JSON", help=(
+        "train nothing: read each cell's stages from the store (grid points, the chosen run, a stopped stage's saved "
+        "state), print them and write them to JSON"))
+    args = ap.parse_args(argv)
+
+    from skillgraft.models.gguf import in_store
+    from skillgraft.pipeline.store import Store
+    from skillgraft.recipes.base import load_recipe
+
+    over = {**(json.loads(args.override) if args.override else {}), **({"progress": True} if args.progress else {})}
+    entry, spec = load_recipe(args.recipe, over)
+    if getattr(spec, "grid", None) is None:
+        print(f"{args.recipe}: no `grid` in the recipe", file=sys.stderr)
+        return 2
+    tasks = args.tasks.split(",") if args.tasks else list(spec.tasks)
+    store = Store(spec.cache_dir)
+    with in_store(store.root):  # a GGUF model converts into this store, as under `skillgraft run`
+        if args.status:
+            return status(spec, store, tasks, args)
+        return cells(entry, spec, store, tasks, args)
+
+
+def cells(entry, spec, store, tasks: list[str], args) -> int:
+    from skillgraft.pipeline.grid import choose
+    from skillgraft.pipeline.setup import finetuned_run
+    from skillgraft.recipes.base import run_spec
+
+    for task in tasks:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else spec.seeds_of(task)
+        for seed in seeds:
+            t0 = time.perf_counter()
+            data = spec.data_spec(task, seed)
+            chosen, rows = choose(store, spec.model_spec(), data, spec.finetune, spec.grid, progress=spec.progress,
+                                  log=stamp)
+            t1 = time.perf_counter()
+            stamp(f"{task} seed {seed}: grid {t1 - t0:.0f} s; chosen batch {chosen.batch_size}, lr {chosen.lr:g}")
+            run_dir, _ = finetuned_run(store, spec.model_spec(), data, chosen, progress=spec.progress)
+            t2 = time.perf_counter()
+            stamp(f"{task} seed {seed}: full fine-tuning {t2 - t1:.0f} s → {run_dir}")
+            if args.finetune_only:
+                zs = zero_shot(spec, store, data)
+                ft = read_json(run_dir / "metrics.json", what="fine-tuning metrics")
+                stamp(f"{task} seed {seed}: zero-shot test {zs['test']['score']:.4f} (dev {zs['dev']['score']:.4f}); "
+                      f"FT test {ft['test']['score']:.4f} (best dev {ft['best_dev']:.4f} at step {ft['best_step']}); "
+                      f"{time.perf_counter() - t2:.0f} s")
+                continue
+            cell = spec.replace(tasks=[task], seeds=[seed], task_seeds={})
+            out = Path(args.out) / f"{Path(args.recipe).stem}-{task}-{seed}"
+            run_spec(entry, cell, out, overwrite=True)
+            stamp(f"{task} seed {seed}: grafts and rows {time.perf_counter() - t2:.0f} s → {out}/report.md")
+    return 0
+
+
+def zero_shot(spec, store, data) -> dict:
+    """The pre-trained model's metrics on the draw's test and dev rows (causal prompt mode: the label words after
+    the template, no training), stored as a "zero-shot" entry keyed by the model and the draw."""
+    from skillgraft.evaluate.predict import evaluate
+    from skillgraft.io import write_json
+    from skillgraft.pipeline.store import draw_key
+
+    def make(folder: Path) -> None:
+        few = data.load()
+        scorer = spec.model_spec().scorer(few.task, head_seed=spec.finetune.seed)
+        t0 = time.perf_counter()
+        out = {split: evaluate(scorer, rows, progress=spec.progress)[0] for split, rows in
+               (("test", few.test), ("dev", few.dev))}
+        write_json(folder / "metrics.json", {**out, "seconds": round(time.perf_counter() - t0, 1)})
+
+    entry = store.fetch("zero-shot", draw_key(spec.model_spec(), data), make,
+                        label=f"{data.task}-{data.k}-{data.seed}-{spec.mode}")
+    return read_json(entry / "metrics.json", what="zero-shot metrics")
+
+
+def status(spec, store, tasks: list[str], args) -> int:
+    """Each cell's stages as the store holds them: done (dev, test, seconds), stopped (the saved state's step) or not
+    started, and the zero-shot scores."""
+    import torch
+
+    from skillgraft.pipeline.grid import _pick, _row
+    from skillgraft.pipeline.setup import finetune_key, stored_run
+    from skillgraft.pipeline.store import draw_key
+
+    def saved_step(data, config) -> dict | None:
+        path = store.path("ft", finetune_key(spec.model_spec(), data, config), f"{data.task}-{data.k}-{data.seed}-causal")
+        state = path.with_name(f".{path.name}.resume") / "run" / "finetune-0.pt"
+        if not state.is_file():
+            return None
+        saved = torch.load(state, weights_only=False, mmap=True, map_location="cpu")  # the weights are not read
+        return {"step": saved["step"], "train_seconds": round(saved["seconds"], 1),
+                "dev": [(h["step"], round(h["dev"], 4)) for h in saved.get("history", [])]}
+
+    out = []
+    for task in tasks:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else spec.seeds_of(task)
+        for seed in seeds:
+            data, cell = spec.data_spec(task, seed), {"task": task, "seed": seed, "points": []}
+            for b, lr in spec.grid.points():
+                config = spec.grid.point_config(spec.finetune, b, lr)
+                run = stored_run(store, spec.model_spec(), spec.grid.point_data(data), config)
+                row = _row(run, spec.grid, data, b, lr) if run else {"batch_size": b, "lr": lr, "done": False,
+                          "saved": saved_step(spec.grid.point_data(data), config)}
+                cell["points"].append(row)
+            done = [r for r in cell["points"] if "best_dev" in r]
+            if len(done) == len(cell["points"]):
+                chosen = _pick(spec.finetune, done)
+                run = stored_run(store, spec.model_spec(), data, chosen)
+                cell["chosen"] = {"batch_size": chosen.batch_size, "lr": chosen.lr, "done": run is not None}
+                if run is not None:
+                    m = json.loads((run / "metrics.json").read_text())
+                    cell["chosen"].update(best_dev=m["best_dev"], best_step=m["best_step"], steps=m["steps"],
+                                          test=m["test"], train_seconds=m["train_seconds"],
+                                          dev_history=m.get("history"))
+                else:
+                    cell["chosen"]["saved"] = saved_step(data, chosen)
+            zs = store.get("zero-shot", draw_key(spec.model_spec(), data), f"{task}-{spec.k}-{seed}-{spec.mode}")
+            if zs is not None:
+                cell["zero_shot"] = json.loads((zs / "metrics.json").read_text())
+            out.append(cell)
+            print(json.dumps(cell, default=str))
+    Path(args.status).write_text(json.dumps({"recipe": args.recipe, "cells": out}, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Issue 46: the paper recipe with its fine-tuning grid (batch × lr chosen on dev, best dev checkpoint, 16·n·k steps)
+on a tiny random Gemma 3 (the GGUF path `gemma-3-270m` takes) in causal mode: grid → chosen point → graft rows, the
+full-schedule grid reusing its chosen point, a screened grid, resumption from the store, bad grid settings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from skillgraft.errors import SkillgraftError
+from skillgraft.pipeline.grid import GridSpec, _pick
+from skillgraft.recipes import run_recipe
+from skillgraft.recipes.base import load_recipe
+from skillgraft.train.config import FinetuneConfig
+from tiny import write_sentiment_data, write_tiny_gguf
+
+RECIPE = Path(__file__).resolve().parents[1] / "bench" / "fidelity" / "gemma-schedule-64.yaml"
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory) -> Path:
+    path, _ = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-gemma.gguf", quantize=None, layers=2)
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return write_sentiment_data(tmp_path_factory.mktemp("sched-data"), n_train=80, n_test=16)
+
+
+def overrides(gemma: Path, data: Path, grid: dict, **extra) -> dict:
+    """The recipe file's settings with a tiny model and draw: k 4 → the 16·n·k schedule is 128 steps (capped here)."""
+    return {"model": str(gemma), "data_dir": str(data), "k": 4, "tasks": ["SST-2"], "seeds": [13], "test_limit": 8,
+            "finetune": {"optimizer": "sgd", "weight_decay": 1e-4, "freeze_embeddings": True, "steps": None,
+                         "max_steps": 6, "eval_every": 3, "batch_size": 2, "lr": 1e-3},
+            "grid": grid, "budgets": [1e-3, 1e-2],
+            "localizers": [{"name": "learned", "label": "paper (learned)", "options": {"steps": 2, "eval_every": 1}},
+                           {"name": "movement", "label": "top-|Δ|"}, {"name": "random", "label": "random"}],
+            **extra}
+
+
+def _ft_entries(cache: Path) -> list[str]:
+    return sorted(p.name for p in cache.iterdir() if p.name.startswith("ft-"))
+
+
+def test_full_grid_chooses_on_dev_and_grafts_the_chosen_run(gemma, data, tmp_path):
+    """The paper's shape (every point on the full schedule): the chosen point is Table 2's fine-tuning itself."""
+    grid = {"batch_sizes": [2, 4], "lrs": [1e-2, 1e-3]}
+    over = overrides(gemma, data, grid)
+    out = run_recipe(RECIPE, tmp_path / "run", overrides=over, cache=tmp_path / "cache")
+    metrics = json.loads((out / "metrics.json").read_text())
+    points = metrics["grid_rows"]
+    assert [(r["batch_size"], r["lr"]) for r in points] == [(2, 1e-2), (2, 1e-3), (4, 1e-2), (4, 1e-3)]
+    assert all(r["steps"] == 6 and not r["screen"] for r in points)
+    chosen = [r for r in points if r["chosen"] is True]
+    best = max(r["best_dev"] for r in points)
+    assert len(chosen) == 1 and chosen[0] is next(r for r in points if r["best_dev"] == best)
+    assert len(_ft_entries(tmp_path / "cache")) == 4  # no fifth fine-tuning: Table 2 grafts from the chosen point
+    rows = metrics["rows"]
+    ft = next(r for r in rows if r["model"] == "fine-tuned")
+    assert ft["score"] == pytest.approx(chosen[0]["test_score"])  # the same run, the same 8 test rows
+    assert [r["model"] for r in rows] == ["pre-trained", "fine-tuned"] + [
+        f"{loc} {b}" for loc in ("paper (learned)", "top-|Δ|", "random") for b in ("0.001", "0.01")]
+    for r in rows:
+        assert {"score", "ece", "agreement", "share_of_ft", "params"} <= set(r)
+    for r in rows[2:]:  # gap closed from the pre-trained model (causal mode: no head only), where FT moved
+        assert ("gap_closed" in r) == (ft["score"] != rows[0]["score"])
+    config = json.loads(next((tmp_path / "cache").glob("ft-*/run/config.json")).read_text())
+    assert config["finetune"]["optimizer"] == "sgd" and config["finetune"]["freeze_embeddings"]
+    report = (out / "report.md").read_text()
+    assert "Fine-tuning grid (chosen on dev)" in report and "the full schedule" in report
+    assert "Table 9" in report and "85.0 (0.9)" in report  # the paper's GPT-2 SST-2 FT beside ours
+    assert (out / "grid.csv").read_text().count("\n") == 5
+
+
+def test_screened_grid_resumes_from_the_store(gemma, data, tmp_path, monkeypatch):
+    """A run stopped after its fine-tunings resumes there: the second run trains nothing and reports the same grid."""
+    import skillgraft.pipeline.setup as setup_mod
+    import skillgraft.recipes.paper as paper_mod
+
+    grid = {"batch_sizes": [2], "lrs": [1e-2, 1e-3], "steps": 3, "eval_every": 1, "test_limit": 4}
+    over = overrides(gemma, data, grid)
+    real = paper_mod.learned_regions
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt  # the session ends during the localization
+
+    monkeypatch.setattr(paper_mod, "learned_regions", stop)
+    with pytest.raises(KeyboardInterrupt):
+        run_recipe(RECIPE, tmp_path / "run", overrides=over, cache=tmp_path / "cache")
+    assert not (tmp_path / "run").exists()
+    done = _ft_entries(tmp_path / "cache")
+    assert len(done) == 3  # two screened points and the chosen one on the full schedule
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a stored fine-tuning was trained again")
+
+    monkeypatch.setattr(paper_mod, "learned_regions", real)
+    monkeypatch.setattr(setup_mod, "run_finetune", no_training)
+    out = run_recipe(RECIPE, tmp_path / "run", overrides=over, cache=tmp_path / "cache")
+    assert _ft_entries(tmp_path / "cache") == done
+    metrics = json.loads((out / "metrics.json").read_text())
+    points = [r for r in metrics["grid_rows"] if r["chosen"] != "used"]
+    used = [r for r in metrics["grid_rows"] if r["chosen"] == "used"]
+    assert [r["steps"] for r in points] == [3, 3] and [r["test_rows"] for r in points] == [4, 4]
+    chosen = next(r for r in points if r["chosen"] is True)
+    assert len(used) == 1 and (used[0]["batch_size"], used[0]["lr"], used[0]["steps"]) == (2, chosen["lr"], 6)
+    assert next(r for r in metrics["rows"] if r["model"] == "fine-tuned")["score"] == pytest.approx(
+        used[0]["test_score"])
+    assert "screened on 3 steps" in (out / "report.md").read_text()
+
+
+def test_ties_go_to_the_first_point():
+    rows = [{"batch_size": b, "lr": lr, "best_dev": d, "chosen": False}
+            for b, lr, d in [(2, 1e-2, 0.5), (2, 1e-3, 0.75), (4, 1e-2, 0.75), (4, 1e-3, None)]]
+    chosen = _pick(FinetuneConfig(lr=0.1, batch_size=8, steps=10), rows)
+    assert (chosen.batch_size, chosen.lr, chosen.steps) == (2, 1e-3, 10)
+    assert [r["chosen"] for r in rows] == [False, True, False, False]
+    assert GridSpec().points()[:3] == [(2, 1e-2), (2, 5e-3), (2, 1e-3)] and len(GridSpec().points()) == 9
+
+
+@pytest.mark.parametrize("grid, field", [({"lrs": [0]}, "grid.lrs"), ({"batch_sizes": []}, "grid.batch_sizes"),
+                                          ({"steps": 0}, "grid.steps"), ({"lr": [1e-2]}, "grid.lr")])
+def test_bad_grid_is_one_line_naming_the_field(grid, field):
+    with pytest.raises(SkillgraftError) as e:
+        load_recipe(RECIPE, {"grid": grid})
+    assert field in str(e.value) and str(RECIPE) in str(e.value) and "\n" not in str(e.value).strip()
+
+
+def test_the_bench_runner_cell_by_cell(gemma, data, tmp_path):
+    """bench/gemma_paper_schedule.py on the recipe file: --finetune-only (grid, full fine-tuning, zero-shot), --status
+    from the store without training, then the cell's grafts and report."""
+    import sys
+
+    sys.path.insert(0, str(RECIPE.parents[1]))
+    import gemma_paper_schedule as runner
+
+    over = {**overrides(gemma, data, {"batch_sizes": [2], "lrs": [1e-2, 1e-3], "steps": 2, "eval_every": 1,
+                                      "test_limit": 4}), "cache_dir": str(tmp_path / "cache")}
+    args = [str(RECIPE), "--override", json.dumps(over), "--out", str(tmp_path / "runs")]
+    assert runner.main([*args, "--finetune-only"]) == 0
+    assert runner.main([*args, "--status", str(tmp_path / "status.json")]) == 0
+    cell = json.loads((tmp_path / "status.json").read_text())["cells"][0]
+    assert [p["lr"] for p in cell["points"]] == [1e-2, 1e-3] and all("best_dev" in p for p in cell["points"])
+    assert cell["chosen"]["done"] and cell["chosen"]["steps"] == 6
+    assert cell["zero_shot"]["test"]["n"] == 8 and cell["zero_shot"]["dev"]["n"] == 8
+    entries = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    assert runner.main(args) == 0  # the grafts: every fine-tuning from the store
+    assert [n for n in sorted(p.name for p in (tmp_path / "cache").iterdir()) if n.startswith("ft-")] == \
+        [n for n in entries if n.startswith("ft-")]
+    report = (tmp_path / "runs" / "gemma-schedule-64-SST-2-13" / "report.md").read_text()
+    zero = cell["zero_shot"]["test"]["score"]
+    assert f"{100 * zero:.1f}" in report  # the pre-trained row of Table 2 is the stored zero-shot score
+
+
+def test_docs_name_the_grid_and_its_fields():
+    doc = (RECIPE.parents[2] / "docs" / "recipes.md").read_text()
+    assert "`grid`" in doc
+    for field in GridSpec.model_fields:
+        assert field in doc, field
