@@ -33,19 +33,22 @@ def llama_logprobs(path: str | os.PathLike, scorer, examples, *, threads: int | 
 
     batch = scorer.collate(examples)
     ids, mask = batch["input_ids"], batch["attention_mask"]
-    llm = Llama(model_path=str(Path(path)), n_ctx=int(ids.shape[1]) + 8, n_batch=512, logits_all=True,
+    single = "score_pos" in batch  # one token per label word: only the logits before it are needed
+    llm = Llama(model_path=str(Path(path)), n_ctx=int(ids.shape[1]) + 8, n_batch=512, logits_all=not single,
                 verbose=False, n_threads=threads or int(os.environ.get("OMP_NUM_THREADS", "1")), seed=0)
     rows = []
     for r in range(ids.shape[0]):
         tokens = ids[r, : int(mask[r].sum())].tolist()
         llm.reset()
+        if single:  # the prompt up to the scored position; llama.cpp computes the last position's logits only
+            llm.eval(tokens[: int(batch["score_pos"][r]) + 1])
+            last = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+            rows.append(_log_softmax(last)[scorer.label_token_ids.tolist()])
+            continue
         llm.eval(tokens)
         scores = np.asarray(llm.scores[: len(tokens)])
-        if "score_pos" in batch:  # one token per label word: the position before it
-            rows.append(_log_softmax(scores[int(batch["score_pos"][r])])[scorer.label_token_ids.tolist()])
-        else:  # multi-token label words: Σ log p of the word's tokens (rows are example × label)
-            target = batch["target_ids"][r, 1: len(tokens)].tolist()
-            rows.append(sum(_log_softmax(scores[j])[t] for j, t in enumerate(target) if t != -100))
+        target = batch["target_ids"][r, 1: len(tokens)].tolist()  # multi-token label words: Σ log p of the
+        rows.append(sum(_log_softmax(scores[j])[t] for j, t in enumerate(target) if t != -100))  # word's tokens
     out = np.asarray(rows, dtype=np.float64)
     del llm
-    return out if "score_pos" in batch else out.reshape(len(examples), -1)
+    return out if single else out.reshape(len(examples), -1)
