@@ -101,12 +101,19 @@ def gemma_setup(store, task: str, seed: int, k: int, test_limit: int, selection_
 
 
 def measure(setup, confidences: list[float], keep_from: float, tolerance: float, subset: int = 0,
-            point: bool = True) -> dict:
+            point: bool = True, bounds: tuple[str, ...] = ("exact", "paired"), agreement: bool = True,
+            npz: Path | None = None) -> dict:
+    """Every rule on the same memo of graft outcomes (one scoring per size): ``point``; ``<bound> c`` for each bound
+    (exact: Clopper–Pearson on FT's right rows; paired: issue 48's exact paired test) and confidence; ``agreement
+    c`` (label-free, ``--keep-agreement``: agreement with FT's predictions, judged on test by the test agreement);
+    each also on a seeded ``subset`` of the selection rows. ``npz``: the per-row predictions of every size scored
+    (selection; test where a rule chose it), for later reading."""
     import dataclasses
 
     import numpy as np
 
-    from skillgraft.graft.keep import graft_outcome, search_keep, selection_outcome
+    from skillgraft.graft.bound import Outcome
+    from skillgraft.graft.keep import agreement_outcome, graft_outcome, search_keep, selection_outcome
     from skillgraft.graft.localizers import get_localizer
 
     data = setup.data
@@ -127,6 +134,7 @@ def measure(setup, confidences: list[float], keep_from: float, tolerance: float,
     # the full selection split, and (``subset``) a seeded part of it: a smaller split, as the issue's 80 rows
     views = [("", None)] + ([(f" ({subset} rows)", np.sort(np.random.RandomState(0).permutation(len(selection))
                                                           [:subset]))] if 0 < subset < len(selection) else [])
+    common = {"start": start, "tolerance": tolerance, "universe": ranking.universe}
     for suffix, rows in views:
         def part(o, rows=rows):
             if rows is None:
@@ -136,30 +144,120 @@ def measure(setup, confidences: list[float], keep_from: float, tolerance: float,
 
         view, ref_view = (lambda k, part=part: part(at(k))), part(ref)
         if point:
-            searches["point" + suffix] = search_keep(view, ref_view, TARGETS, len(ranking), start=start,
-                                                     tolerance=tolerance, universe=ranking.universe)
+            searches["point" + suffix] = search_keep(view, ref_view, TARGETS, len(ranking), **common)
         for c in confidences:
-            searches[f"exact {c:g}{suffix}"] = search_keep(view, ref_view, TARGETS, len(ranking), start=start,
-                                                           tolerance=tolerance, universe=ranking.universe,
-                                                           confidence=c)
+            for bound in bounds:
+                t1 = time.perf_counter()
+                searches[f"{bound} {c:g}{suffix}"] = search_keep(view, ref_view, TARGETS, len(ranking), confidence=c,
+                                                                  method=bound, **common)
+                print(f"  {bound} {c:g}{suffix}: {time.perf_counter() - t1:.0f} s", flush=True)
+            if agreement:
+                mine = Outcome(1.0, ref_view.pred, ref_view.pred, "accuracy")
+                searches[f"agreement {c:g}{suffix}"] = search_keep(
+                    lambda k, view=view, ref_view=ref_view: agreement_outcome(view(k), ref_view), mine, TARGETS,
+                    len(ranking), confidence=c, method="exact", kind="agreement", **common)
     search_seconds = time.perf_counter() - t0
-    ft_test = selection_outcome(setup.ft, test).score
+    ft_out = selection_outcome(setup.ft, test)
+    ft_test = ft_out.score
     test_graft = graft_outcome(setup.pre, setup.ft, test)
-    tested: dict[int, float] = {}
+    tested: dict[int, object] = {}
     rows = []
     for rule, results in searches.items():
         for r in results:
             size = r.size if r.reached else r.best_size
             if size not in tested:
-                tested[size] = test_graft(ranking.region(size)).score
+                tested[size] = test_graft(ranking.region(size))
+            got = tested[size]
+            agree = float((got.pred == ft_out.pred).mean())
             rows.append({"rule": rule, "target": r.target, "reached": r.reached, "size": size,
                          "density": size / ranking.universe, "selection_share": r.share if r.reached else r.best_share,
                          "bound": r.bound, "point_size": r.point_size, "rows_needed": r.rows_needed,
-                         "test_score": tested[size], "test_share": tested[size] / ft_test,
+                         "next_size": r.next_size, "next_rows": r.next_rows, "method": r.method, "kind": r.kind,
+                         "test_score": got.score, "test_share": got.score / ft_test, "test_agreement": agree,
                          "probes": len(r.probes)})
+    if npz is not None:
+        sizes = sorted(memo)
+        tsizes = sorted(tested)
+        np.savez_compressed(npz, sizes=np.array(sizes), sel_pred=np.stack([memo[k].pred for k in sizes]),
+                            sel_labels=ref.labels, ft_sel_pred=ref.pred, test_sizes=np.array(tsizes),
+                            test_pred=np.stack([tested[k].pred for k in tsizes]), test_labels=ft_out.labels,
+                            ft_test_pred=ft_out.pred, universe=ranking.universe)
     return {"ft_selection": ref.score, "ft_test": ft_test, "selection_rows": len(selection), "test_rows": len(test),
             "universe": ranking.universe, "probes_scored": len(memo), "search_seconds": search_seconds,
             "seconds": time.perf_counter() - t0, "rows": rows}
+
+
+def walk_sizes(start: int, largest: int, tolerance: float, factor: int = 4) -> list[int]:
+    """Every size the bounded walk (:func:`~skillgraft.graft.keep.search_keep`) can probe, whatever the data: the
+    coarse grid and, below each grid size, the fine walk down to the next grid size."""
+    import math
+
+    grid, k = [], max(1, min(start, largest))
+    while k < largest:
+        grid.append(k)
+        k *= factor
+    grid.append(largest)
+    steps = max(1, math.ceil(math.log(factor) / math.log1p(tolerance)))
+    ratio = factor ** (1 / steps)
+    sizes = set(grid)
+    for i, g in enumerate(grid):
+        lo = grid[i - 1] if i else 0
+        for j in range(1, 4 * steps):
+            k = round(g / ratio ** j)
+            if k <= lo:
+                break
+            sizes.add(k)
+    return sorted(sizes)
+
+
+def dump(setup, keep_from: float, tolerance: float, path: Path, subset: int = 64) -> dict:
+    """Per-row predictions of the top-|Δ| family at every size any rule can probe, on the selection and the test
+    rows (``path``: an .npz), so that rules are compared offline (``--offline``) without the models: the bounded
+    walk's sizes (:func:`walk_sizes`) and the point search's own (its bisection, on the full selection split and
+    on the seeded ``subset``)."""
+    import numpy as np
+
+    from skillgraft.graft.keep import graft_outcome, search_keep, selection_outcome
+    from skillgraft.graft.localizers import get_localizer
+
+    data = setup.data
+    selection, test = list(data.dev), list(setup.test)
+    t0 = time.perf_counter()
+    ranking = get_localizer("movement").ranking(setup.pre, setup.ft, data, None)
+    sel_graft, test_graft = graft_outcome(setup.pre, setup.ft, selection), graft_outcome(setup.pre, setup.ft, test)
+    memo: dict[int, object] = {}
+
+    def at(k: int):
+        if k not in memo:
+            memo[k] = sel_graft(ranking.region(k))
+        return memo[k]
+
+    ref = selection_outcome(setup.ft, selection)
+    start = max(1, round(keep_from * ranking.universe))
+    views = [None] + ([np.sort(np.random.RandomState(0).permutation(len(selection))[:subset])]
+                      if 0 < subset < len(selection) else [])
+    for rows in views:  # the point search's bisection sizes (data-dependent)
+        def part(o, rows=rows):
+            if rows is None:
+                return o
+            import dataclasses
+            sub = dataclasses.replace(o, pred=o.pred[rows], labels=o.labels[rows])
+            return dataclasses.replace(sub, score=float((sub.pred == sub.labels).mean()))
+        search_keep(lambda k, part=part: part(at(k)), part(ref), TARGETS, len(ranking), start=start,
+                    tolerance=tolerance, universe=ranking.universe)
+    for k in walk_sizes(start, len(ranking), tolerance):
+        at(k)
+    sizes = sorted(memo)
+    test_pred = []
+    for k in sizes:
+        test_pred.append(test_graft(ranking.region(k)).pred)
+    ft_test = selection_outcome(setup.ft, test)
+    np.savez_compressed(path, sizes=np.array(sizes), sel_pred=np.stack([memo[k].pred for k in sizes]).astype(np.int16),
+                        test_pred=np.stack(test_pred).astype(np.int16), sel_labels=ref.labels.astype(np.int16),
+                        test_labels=ft_test.labels.astype(np.int16), ft_sel_pred=ref.pred.astype(np.int16),
+                        ft_test_pred=ft_test.pred.astype(np.int16), universe=ranking.universe,
+                        largest=len(ranking), start=start, subset=np.array(views[-1] if len(views) > 1 else []))
+    return {"sizes": len(sizes), "seconds": time.perf_counter() - t0}
 
 
 def summarize(out: Path) -> str:
@@ -173,7 +271,8 @@ def summarize(out: Path) -> str:
     lines = [f"{len(results)} fine-tuned models: " + ", ".join(sorted(f"{r['mode']} {r['task']}/{r['seed']}"
                                                                     for r in results)), ""]
     lines += ["| fine-tuning | rule | τ | n | reached | test share ≥ τ | mean test share | min test share | median density | "
-              "size ÷ point size (geo. mean) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "size ÷ point size (geo. mean) | median density ÷ point's |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for mode in sorted({r["mode"] for r in results}):
         mine = [r for r in results if r["mode"] == mode]
         for r in mine:  # v2's "bound" rows: the paired bootstrap with bisection (issue 38's first rule)
@@ -185,7 +284,8 @@ def summarize(out: Path) -> str:
                 got = [(row, r) for r in mine for row in r["rows"] if row["rule"] == rule and row["target"] == tau]
                 if not got:
                     continue
-                shares = [row["test_share"] for row, _ in got]
+                shares = [row["test_agreement"] if row.get("kind") == "agreement" else row["test_share"]
+                          for row, _ in got]
                 ok = sum(s >= tau - 1e-12 for s in shares)
                 dens = sorted(row["density"] for row, _ in got)
                 ratios = []
@@ -194,9 +294,12 @@ def summarize(out: Path) -> str:
                     point = next(x for x in r["rows"] if x["rule"] == "point" + suffix and x["target"] == tau)
                     ratios.append(math.log(row["size"] / point["size"]))
                 reached = sum(row["reached"] for row, _ in got)
+                pdens = sorted(x["density"] for _, r in got for x in r["rows"]
+                               if x["rule"] == "point" + suffix and x["target"] == tau)
+                med, pmed = dens[len(dens) // 2], pdens[len(pdens) // 2]
                 lines.append(f"| {mode} | {rule} | {tau:g} | {len(got)} | {reached} | {ok}/{len(got)} ({ok / len(got):.0%}) | "
-                             f"{sum(shares) / len(shares):.3f} | {min(shares):.3f} | {dens[len(dens) // 2]:.2e} | "
-                             f"{math.exp(sum(ratios) / len(ratios)):.2f} |")
+                             f"{sum(shares) / len(shares):.3f} | {min(shares):.3f} | {med:.2e} | "
+                             f"{math.exp(sum(ratios) / len(ratios)):.2f} | {med / pmed:.1f} |")
     return "\n".join(lines)
 
 
@@ -214,6 +317,9 @@ def main() -> None:
     ap.add_argument("--tolerance", type=float, default=0.1)
     ap.add_argument("--out", type=Path, default=Path("bench") / "results" / "keep_confidence")
     ap.add_argument("--summary", action="store_true", help="only print the tables of the finished runs")
+    ap.add_argument("--dump", action="store_true", help="write per-row predictions at every probe-able size "
+                    "(an .npz per model under --out) instead of running the rules; then --offline")
+    ap.add_argument("--offline", action="store_true", help="compare the rules on the dumped .npz files under --out")
     ap.add_argument("--selection-per-label", type=int, default=0,
                     help="MiniLM modes: choose on this many rows per label from the rest of the training pool "
                          "instead of the dev split (0: the dev split); e.g. 500 with --out …_large")
@@ -233,9 +339,30 @@ def main() -> None:
     for seed in [int(s) for s in args.seeds.split(",")]:  # seeds outermost: every task at one seed first
         for task in args.tasks.split(","):
             for mode in args.modes.split(","):
+                if args.dump:
+                    npz = args.out / f"{mode}-{task}-{seed}.npz"
+                    if npz.exists():
+                        continue
+                    t0 = time.perf_counter()
+                    make = {"head": head_setup, "adamw": adamw_setup, "gemma": gemma_setup}[mode]
+                    setup, ft_seconds = make(store, task, seed, 16 if mode == "gemma" else args.k, args.test_limit)
+                    if args.selection_per_label and mode != "gemma":
+                        import dataclasses
+
+                        from merge_gemma import held_out
+
+                        dev = held_out(setup.ft.task, setup.data.train, args.selection_per_label, seed)
+                        setup.data = dataclasses.replace(setup.data, dev=dev)
+                    tmp = npz.with_name(npz.stem + ".tmp.npz")
+                    got = dump(setup, args.keep_from, args.tolerance, tmp, args.subset)
+                    tmp.replace(npz)
+                    print(f"{mode} {task} {seed}: fine-tune {ft_seconds:.0f} s, {got['sizes']} sizes, "
+                          f"{time.perf_counter() - t0:.0f} s", flush=True)
+                    del setup
+                    continue
                 path = args.out / f"{mode}-{task}-{seed}.json"
                 old = json.loads(path.read_text()) if path.exists() else None
-                if old and any(row["rule"].startswith("exact") for row in old["rows"]):
+                if old and any(row["rule"].startswith("paired") for row in old["rows"]):
                     continue
                 t0 = time.perf_counter()
                 make = {"head": head_setup, "adamw": adamw_setup, "gemma": gemma_setup}[mode]
@@ -248,7 +375,9 @@ def main() -> None:
 
                     dev = held_out(setup.ft.task, setup.data.train, args.selection_per_label, seed)
                     setup.data = dataclasses.replace(setup.data, dev=dev)
-                got = measure(setup, confidences, args.keep_from, args.tolerance, args.subset, point=old is None)
+                got = measure(setup, confidences, args.keep_from, args.tolerance, args.subset, point=old is None,
+                              bounds=("exact", "paired") if old is None else ("paired",), agreement=True,
+                              npz=path.with_suffix(".npz"))
                 if old is None:
                     result = {"mode": mode, "task": task, "seed": seed, "k": k, "fine_tune_seconds": ft_seconds,
                               "confidences": confidences, "family": "movement (top-|Δ| global)", **got}
