@@ -1,4 +1,4 @@
-"""Issue 38 figures: does a `--keep τ` size chosen on the selection split keep τ of FT on the test rows?
+"""Issue 38 and 48 figures: does a `--keep τ` size chosen on the selection split keep τ of FT on the test rows?
 
 For each MiniLM fine-tune (tasks × data seeds × two fine-tunings) the nested family of top-|Δ| over the whole body
 (the ``movement`` localizer, Localize-and-Stitch's dataless mask; a score-based family, no learned trajectory) is
@@ -9,8 +9,13 @@ with the same probes (one memo of graft outcomes per size):
 * ``exact c`` — today's search at confidence c (default 0.9): the Clopper–Pearson bound of the graft's agreement on
   FT's right rows (a lower bound of the share) must reach τ, in the two-stage fixed-sequence walk (the coarse grid
   from the top, then down by ≤ 1 + tolerance; each stage at 1 − (1 − c)/2);
+* ``paired c`` — issue 48's default: the exact paired test of acc(graft) − τ·acc(FT) ≥ 0 (the graft's wins on FT's
+  wrong rows count; graft/bound.py), decided at each target in the same walk;
+* ``agreement c`` — ``--keep-agreement`` (label-free): the Clopper–Pearson bound of the graft's agreement with FT's
+  predictions, judged on test by the test agreement with FT (``test_agreement``);
 * ``bootstrap-v2 c`` — in JSONs made before it (rows named ``bound c``): the first version, the paired-bootstrap
-  bound with bisection below the coarse grid. A JSON of v2 gets the ``exact`` rows added (the same test rows);
+  bound with bisection below the coarse grid. A JSON without ``paired`` rows gets the ``paired`` and ``agreement``
+  rows added (the same test rows), and each model's probed predictions go to an .npz beside its JSON;
 * each again on a seeded ``--subset`` of the selection rows (default 64: a split as small as the issue's 80 rows),
   the rows named in the rule (``point (64 rows)``).
 
@@ -187,79 +192,6 @@ def measure(setup, confidences: list[float], keep_from: float, tolerance: float,
             "seconds": time.perf_counter() - t0, "rows": rows}
 
 
-def walk_sizes(start: int, largest: int, tolerance: float, factor: int = 4) -> list[int]:
-    """Every size the bounded walk (:func:`~skillgraft.graft.keep.search_keep`) can probe, whatever the data: the
-    coarse grid and, below each grid size, the fine walk down to the next grid size."""
-    import math
-
-    grid, k = [], max(1, min(start, largest))
-    while k < largest:
-        grid.append(k)
-        k *= factor
-    grid.append(largest)
-    steps = max(1, math.ceil(math.log(factor) / math.log1p(tolerance)))
-    ratio = factor ** (1 / steps)
-    sizes = set(grid)
-    for i, g in enumerate(grid):
-        lo = grid[i - 1] if i else 0
-        for j in range(1, 4 * steps):
-            k = round(g / ratio ** j)
-            if k <= lo:
-                break
-            sizes.add(k)
-    return sorted(sizes)
-
-
-def dump(setup, keep_from: float, tolerance: float, path: Path, subset: int = 64) -> dict:
-    """Per-row predictions of the top-|Δ| family at every size any rule can probe, on the selection and the test
-    rows (``path``: an .npz), so that rules are compared offline (``--offline``) without the models: the bounded
-    walk's sizes (:func:`walk_sizes`) and the point search's own (its bisection, on the full selection split and
-    on the seeded ``subset``)."""
-    import numpy as np
-
-    from skillgraft.graft.keep import graft_outcome, search_keep, selection_outcome
-    from skillgraft.graft.localizers import get_localizer
-
-    data = setup.data
-    selection, test = list(data.dev), list(setup.test)
-    t0 = time.perf_counter()
-    ranking = get_localizer("movement").ranking(setup.pre, setup.ft, data, None)
-    sel_graft, test_graft = graft_outcome(setup.pre, setup.ft, selection), graft_outcome(setup.pre, setup.ft, test)
-    memo: dict[int, object] = {}
-
-    def at(k: int):
-        if k not in memo:
-            memo[k] = sel_graft(ranking.region(k))
-        return memo[k]
-
-    ref = selection_outcome(setup.ft, selection)
-    start = max(1, round(keep_from * ranking.universe))
-    views = [None] + ([np.sort(np.random.RandomState(0).permutation(len(selection))[:subset])]
-                      if 0 < subset < len(selection) else [])
-    for rows in views:  # the point search's bisection sizes (data-dependent)
-        def part(o, rows=rows):
-            if rows is None:
-                return o
-            import dataclasses
-            sub = dataclasses.replace(o, pred=o.pred[rows], labels=o.labels[rows])
-            return dataclasses.replace(sub, score=float((sub.pred == sub.labels).mean()))
-        search_keep(lambda k, part=part: part(at(k)), part(ref), TARGETS, len(ranking), start=start,
-                    tolerance=tolerance, universe=ranking.universe)
-    for k in walk_sizes(start, len(ranking), tolerance):
-        at(k)
-    sizes = sorted(memo)
-    test_pred = []
-    for k in sizes:
-        test_pred.append(test_graft(ranking.region(k)).pred)
-    ft_test = selection_outcome(setup.ft, test)
-    np.savez_compressed(path, sizes=np.array(sizes), sel_pred=np.stack([memo[k].pred for k in sizes]).astype(np.int16),
-                        test_pred=np.stack(test_pred).astype(np.int16), sel_labels=ref.labels.astype(np.int16),
-                        test_labels=ft_test.labels.astype(np.int16), ft_sel_pred=ref.pred.astype(np.int16),
-                        ft_test_pred=ft_test.pred.astype(np.int16), universe=ranking.universe,
-                        largest=len(ranking), start=start, subset=np.array(views[-1] if len(views) > 1 else []))
-    return {"sizes": len(sizes), "seconds": time.perf_counter() - t0}
-
-
 def summarize(out: Path) -> str:
     """Markdown tables over every finished JSON: coverage and size cost per fine-tuning, rule and target.
 
@@ -317,9 +249,6 @@ def main() -> None:
     ap.add_argument("--tolerance", type=float, default=0.1)
     ap.add_argument("--out", type=Path, default=Path("bench") / "results" / "keep_confidence")
     ap.add_argument("--summary", action="store_true", help="only print the tables of the finished runs")
-    ap.add_argument("--dump", action="store_true", help="write per-row predictions at every probe-able size "
-                    "(an .npz per model under --out) instead of running the rules; then --offline")
-    ap.add_argument("--offline", action="store_true", help="compare the rules on the dumped .npz files under --out")
     ap.add_argument("--selection-per-label", type=int, default=0,
                     help="MiniLM modes: choose on this many rows per label from the rest of the training pool "
                          "instead of the dev split (0: the dev split); e.g. 500 with --out …_large")
@@ -339,27 +268,6 @@ def main() -> None:
     for seed in [int(s) for s in args.seeds.split(",")]:  # seeds outermost: every task at one seed first
         for task in args.tasks.split(","):
             for mode in args.modes.split(","):
-                if args.dump:
-                    npz = args.out / f"{mode}-{task}-{seed}.npz"
-                    if npz.exists():
-                        continue
-                    t0 = time.perf_counter()
-                    make = {"head": head_setup, "adamw": adamw_setup, "gemma": gemma_setup}[mode]
-                    setup, ft_seconds = make(store, task, seed, 16 if mode == "gemma" else args.k, args.test_limit)
-                    if args.selection_per_label and mode != "gemma":
-                        import dataclasses
-
-                        from merge_gemma import held_out
-
-                        dev = held_out(setup.ft.task, setup.data.train, args.selection_per_label, seed)
-                        setup.data = dataclasses.replace(setup.data, dev=dev)
-                    tmp = npz.with_name(npz.stem + ".tmp.npz")
-                    got = dump(setup, args.keep_from, args.tolerance, tmp, args.subset)
-                    tmp.replace(npz)
-                    print(f"{mode} {task} {seed}: fine-tune {ft_seconds:.0f} s, {got['sizes']} sizes, "
-                          f"{time.perf_counter() - t0:.0f} s", flush=True)
-                    del setup
-                    continue
                 path = args.out / f"{mode}-{task}-{seed}.json"
                 old = json.loads(path.read_text()) if path.exists() else None
                 if old and any(row["rule"].startswith("paired") for row in old["rows"]):

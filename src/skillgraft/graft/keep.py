@@ -267,7 +267,7 @@ class KeepResult:
                 "note": self.note, "best_size": self.best_size, "best_share": self.best_share,
                 "universe": self.universe, "probes": [p.to_dict() for p in self.probes],
                 "probe_count": len(self.probes), "search_seconds": self.seconds, "kind": self.kind,
-                "method": self.method, "next_size": self.next_size, "next_rows": self.next_rows}
+                "bound_method": self.method, "next_size": self.next_size, "next_rows": self.next_rows}
 
     def describe(self) -> str:
         """One line for a console or a report."""

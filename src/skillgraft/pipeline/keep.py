@@ -170,7 +170,7 @@ def keep_line(t: dict) -> str:
     label = keep_label(t["target"], t.get("kind", "share"))
     head = (f"{label}: {size:,} params ({size / t['universe']:.2e})" if t["reached"] else
             f"{label}: [yellow]not reached[/] by any size; best {t['best_share']:.3f} at {size:,}")
-    method = f", {t['method']} bound" if t.get("method") else ""
+    method = f", {t['bound_method']} bound" if t.get("bound_method") else ""
     bound = ("" if t.get("bound") is None else
              f", {t['confidence']:.0%} lower bound {t['bound']:.3f} on {t['selection_rows']} rows{method}")
     agree = t.get("kind", "share") == "agreement"
@@ -205,7 +205,7 @@ def keep_markdown(section: dict) -> list[str]:
                      f"{test} | {point} | {t['probe_count']} | {t['search_seconds']:.0f} |")
         if t.get("note"):
             notes.append(f"- {keep_label(t['target'], t.get('kind', 'share'))}: {t['note']}.")
-    methods = sorted({t["method"] for t in section["targets"] if t.get("method")})
+    methods = sorted({t["bound_method"] for t in section["targets"] if t.get("bound_method")})
     if methods:
         from skillgraft.graft.bound import BOUND_NAMES  # noqa: PLC0415
 
