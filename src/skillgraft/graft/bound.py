@@ -187,7 +187,7 @@ PAIRED_NUISANCE_RISK = 0.02  # the share of the risk spent on the Berger–Boos 
 def _lattice(n: int) -> tuple[np.ndarray, np.ndarray]:
     """(counts [L, 4] of every outcome of n rows over the cells 10, 11, 00, 01; its flat index in the cube
     (u1, u2, u3) = cumulative counts from the top cell, 0 ≤ u1 ≤ u2 ≤ u3 ≤ n, cube side n + 1)."""
-    u1, u2, u3 = np.meshgrid(*(np.arange(n + 1),) * 3, indexing="ij", sparse=False)
+    u1, u2, u3 = np.meshgrid(*(np.arange(n + 1, dtype=np.int32),) * 3, indexing="ij", sparse=False)
     ok = (u1 <= u2) & (u2 <= u3)
     u1, u2, u3 = u1[ok], u2[ok], u3[ok]
     counts = np.stack([u1, u2 - u1, u3 - u2, n - u3], 1).astype(np.int64)
