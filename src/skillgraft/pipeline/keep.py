@@ -223,7 +223,7 @@ def keep_graft(setup: Setup, store, localizer: str, options: Spec, keep: KeepSpe
 
     regions, summary = keep_results(setup, store, localizer, options, keep, progress=progress)
     (target,) = summary["targets"]
-    region = regions[target["target"]]
+    region = regions[target_key(target)]
     meta = {"task": setup.task, "mode": setup.pre.mode, "localizer": localizer, "keep": target["target"],
             "keep_confidence": summary.get("confidence"), **(meta or {})}
     return Graft.from_models(setup.pre, setup.ft, region, meta), {**target, "selection": summary["selection"]}
