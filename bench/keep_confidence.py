@@ -235,6 +235,40 @@ def summarize(out: Path) -> str:
     return "\n".join(lines)
 
 
+def feasibility(out: Path, confidence: float = 0.9) -> str:
+    """Could any test have promised τ at 3× the point search's size? Per model (with an .npz) and τ: at the largest
+    size probed at most 3× the point size, the normal-approximation z of the paired statistic, Z̄/(s/√n) with
+    Z = 1[graft right] − τ·1[FT right] — the CLT z-test, the most a test of this mean can hope for (it is not exact:
+    no rule of the tool uses it) — against its critical value at each stage's risk (1 − c)/2."""
+    import math
+
+    import numpy as np
+    from scipy.stats import norm
+
+    crit = norm.ppf(1 - (1 - confidence) / 2)
+    lines = ["| model | τ | point size | probed size ≤ 3× point | its selection share | CLT z | passes z ≥ "
+             f"{crit:.3f} | rows for z to pass |", "|---|---:|---:|---:|---:|---:|:---:|---:|"]
+    for path in sorted(out.glob("*.json")):
+        npz = path.with_suffix(".npz")
+        if path.name == "summary.json" or not npz.exists():
+            continue
+        r, d = json.loads(path.read_text()), np.load(npz)
+        sizes, sel, labels, ft = d["sizes"], d["sel_pred"], d["sel_labels"], d["ft_sel_pred"]
+        f = (ft == labels).astype(float)
+        for tau in TARGETS:
+            point = next(x for x in r["rows"] if x["rule"] == "point" and x["target"] == tau)
+            ok = [i for i, k in enumerate(sizes) if k <= 3 * point["size"]]
+            i = max(ok, key=lambda i: sizes[i])
+            g = (sel[i] == labels).astype(float)
+            z = g - tau * f
+            sd = z.std(ddof=1)
+            stat = z.mean() / (sd / math.sqrt(len(z))) if sd > 0 else math.inf * np.sign(z.mean())
+            lines.append(f"| {r['mode']} {r['task']}/{r['seed']} | {tau:g} | {point['size']:,} | {int(sizes[i]):,} | "
+                         f"{g.sum() / f.sum():.3f} | {stat:.2f} | {'yes' if stat >= crit else 'no'} | "
+                         + (f"{math.ceil(len(z) * (crit / stat) ** 2):,} |" if 0 < stat < math.inf else "- |"))
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", default="SST-2,mr,cr,subj,mpqa")
@@ -256,6 +290,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.summary:
         print(summarize(args.out))
+        print()
+        print(feasibility(args.out))
         return
 
     import torch
