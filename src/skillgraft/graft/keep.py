@@ -15,7 +15,10 @@ result says so and gives the best share reached. Several targets share one cache
 
 **With a stated confidence** (``confidence=c``, the default of :class:`KeepSpec`: 0.9) a size counts as reaching τ
 only when a *lower confidence bound* on its share reaches τ, not its point estimate (:mod:`skillgraft.graft.bound`:
-exact for accuracy, share ≥ P(graft right | FT right) bounded by Clopper–Pearson; a paired bootstrap for F1).
+exact for accuracy — by default the paired test of acc(graft) − τ·acc(FT) ≥ 0, which counts the graft's wins on FT's
+wrong rows, or (``keep_bound="exact"``) Clopper–Pearson on share ≥ P(graft right | FT right); a paired bootstrap for
+F1). **Agreement targets** (``keep_agreement``) ask instead for the smallest region whose predictions agree with FT's
+on a share τ of the rows (Clopper–Pearson; no label read).
 
 The search is a fixed-sequence test (as in Learn then Test, Angelopoulos et al. 2021), in two stages that share the
 risk 1 − c (each bound at 1 − (1 − c)/2): the coarse grid k₀, 4k₀, 16k₀, … , |U| walked down from the top, stopping
