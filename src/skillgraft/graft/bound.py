@@ -354,10 +354,23 @@ def paired_bound(graft: Outcome, ft: Outcome, confidence: float, resolution: flo
     return float(math.floor(lo / resolution + 1e-9) * resolution)
 
 
+PAIRED_ROWS_EXACT = 1000  # rows_needed_paired runs the test itself on scaled counts up to this many rows
+
+
+def _from_cells(counts) -> tuple[Outcome, Outcome]:
+    """A graft's and FT's outcomes with the given cell counts (Z's order: 10, 11, 00, 01; labels all 1)."""
+    n10, n11, n00, n01 = (int(c) for c in counts)
+    g = np.array([1] * (n10 + n11) + [0] * (n00 + n01))
+    f = np.array([0] * n10 + [1] * n11 + [0] * n00 + [1] * n01)
+    labels = np.ones(len(g), dtype=int)
+    return Outcome(float(g.mean()), g, labels), Outcome(float(f.mean()), f, labels)
+
+
 def rows_needed_paired(graft: Outcome, ft: Outcome, target: float, confidence: float) -> int | None:
-    """Selection rows that would let :func:`paired_test` confirm ``target`` if the rows kept their proportions
-    (a normal approximation of the paired statistic, at the test's risk): None when the point estimate
-    p̂ + ŵ q̂ is not above the target."""
+    """Selection rows that would let :func:`paired_test` confirm ``target`` if the rows kept their proportions: the
+    test itself run on the cell counts scaled to m rows (doubling, then bisection), up to PAIRED_ROWS_EXACT rows;
+    above, a normal approximation of the paired statistic at the test's risk. None when the point share
+    (x_r + x_w)/n_r is not above the target; the rows at hand when they already confirm it."""
     from scipy.stats import norm  # noqa: PLC0415
 
     x_r, n_r, x_w, n_w = _paired_counts(graft, ft)
@@ -366,16 +379,30 @@ def rows_needed_paired(graft: Outcome, ft: Outcome, target: float, confidence: f
         return None
     if paired_test(graft, ft, target, confidence):
         return n
+    if (x_r + x_w) / n_r <= target + 1e-12:
+        return None
+    counts = z_counts(graft, ft).astype(np.float64)
+
+    def passes(m: int) -> bool:
+        scaled = np.floor(counts * m / n + 0.5).astype(int)
+        scaled[int(np.argmax(scaled))] += m - int(scaled.sum())
+        return paired_test(*_from_cells(scaled), target, confidence)
+
+    lo, hi = n, 2 * n
+    while hi <= PAIRED_ROWS_EXACT and not passes(hi):
+        lo, hi = hi, 2 * hi
+    if hi <= PAIRED_ROWS_EXACT:
+        while hi - lo > max(1, lo // 50):  # to 2 %
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if passes(mid) else (mid, hi)
+        return int(hi)
     w = n_w / n_r
     p, q = x_r / n_r, (x_w / n_w if n_w else 0.0)
-    share = p + w * q
-    if share <= target + 1e-12:
-        return None
-    a = n_r / n
+    share, a = p + w * q, n_r / n
     var_row = p * (1 - p) / a + (w * w * q * (1 - q) / (1 - a) if n_w else 0.0)  # per-row variance of the share
     var_row = max(var_row, target * (1 - target) / (4 * n))  # no miss yet: at least a ½-row's worth
     z = norm.ppf(1 - (1 - PAIRED_ACCURACY_RISK) * (1 - confidence))
-    return int(math.ceil(max(n + 1, z * z * var_row / (share - target) ** 2)))  # n fails: the test said so
+    return int(math.ceil(max(PAIRED_ROWS_EXACT + 1, z * z * var_row / (share - target) ** 2)))
 
 
 def share_bound(graft: Outcome, ft: Outcome, confidence: float, weights: np.ndarray | None = None,
