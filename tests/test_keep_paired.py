@@ -129,7 +129,7 @@ def test_keep_agreement_search_is_label_free():
     mine = Outcome(1.0, ft.pred, ft.pred, "accuracy")
     (r,) = search_keep(lambda k: relabel(at(k)), mine, [0.9], 2 ** 16, confidence=0.9, method="exact",
                        kind="agreement")
-    assert r.reached and r.kind == "agreement" and r.key == "agreement-0.9"
+    assert r.reached and r.kind == "agreement" and r.key == "agreement-0.9" and r.method == "agreement"
     # the bound is Clopper–Pearson of the agreement at the stage's 95 %
     chosen = relabel(at(r.size))
     assert r.bound == pytest.approx(agreement_bound(chosen, mine, 0.95))
@@ -161,7 +161,7 @@ def test_cli_graft_keep_agreement(ft_run, toy_data, tmp_path):
     assert "keep-agreement 0.9" in names and "keep 0.9" in names
     kinds = {t["kind"]: t for t in metrics["keep"]["targets"]}
     assert set(kinds) == {"share", "agreement"}
-    assert kinds["share"]["bound_method"] == "exact" and kinds["agreement"]["bound_method"] == "exact"
+    assert kinds["share"]["bound_method"] == "exact" and kinds["agreement"]["bound_method"] == "agreement"
     assert "keep-agreement 0.9:" in r.output and "agreement with FT" in r.output
     text = (out / "report.md").read_text()
     assert "| agreement 0.9 |" in text and "Bound:" in text

@@ -429,6 +429,7 @@ BOUND_NAMES = {
               "wrong rows count; a studentized mean with its null sup over FT accuracies in a Berger–Boos band)",
     "exact": "the Clopper–Pearson bound of how often the graft is right where FT is right (ignores the graft's wins)",
     "bootstrap": "a seeded paired bootstrap of the F1 share (approximate)",
+    "agreement": "the Clopper–Pearson bound of how often the graft predicts what FT predicts (no label read)",
 }
 
 

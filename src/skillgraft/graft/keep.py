@@ -322,6 +322,8 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
     stage = None if not bounded else 1 - (1 - confidence) / 2  # two stages share the risk 1 − confidence
     paired = bounded and method == "paired" and is_exact(ref)
     used = None if not bounded else ("paired" if paired else "exact" if is_exact(ref) else "bootstrap")
+    if used == "exact" and kind == "agreement":
+        used = "agreement"  # Clopper–Pearson of the agreement with FT's predictions
     weights = resample_weights(ref.rows) if bounded and not is_exact(ref) else None  # F1: the bootstrap's draws
 
     def probe(k: int, seen: list[Probe]) -> Probe:
@@ -416,7 +418,7 @@ def _needed(p: Probe, ref: Outcome, tau: float, stage: float, method: str) -> in
     """Selection rows that would let ``method``'s bound confirm τ at probe ``p`` (None: no number of rows would)."""
     if method == "paired":
         return rows_needed_paired(p.outcome, ref, tau, stage)
-    if method == "exact":
+    if method in ("exact", "agreement"):
         return rows_needed_exact(p.outcome, ref, tau, stage)
     return rows_needed(p.share, p.bound, ref.rows, tau)
 
@@ -452,7 +454,7 @@ def _result(tau: float, size: int | None, cache: dict[int, Probe], seen: list[Pr
                   + (f": about {result.rows_needed:,} selection rows would confirm it at {confidence:.0%}"
                      if result.rows_needed else
                      (": no number of rows confirms it (the graft misses more than "
-                      f"{1 - tau:.0%} of the rows FT gets right)" if method == "exact" else "")))
+                      f"{1 - tau:.0%} of the rows FT gets right)" if method in ("exact", "agreement") else "")))
     if below is not None and size is not None:
         p = cache[below]
         result.next_size, result.next_rows = below, _needed(p, ref, tau, stage, method)
