@@ -1,4 +1,4 @@
-"""Issue 38 figures: does a `--keep τ` size chosen on the selection split keep τ of FT on the test rows?
+"""Issue 38 and 48 figures: does a `--keep τ` size chosen on the selection split keep τ of FT on the test rows?
 
 For each MiniLM fine-tune (tasks × data seeds × two fine-tunings) the nested family of top-|Δ| over the whole body
 (the ``movement`` localizer, Localize-and-Stitch's dataless mask; a score-based family, no learned trajectory) is
@@ -9,8 +9,13 @@ with the same probes (one memo of graft outcomes per size):
 * ``exact c`` — today's search at confidence c (default 0.9): the Clopper–Pearson bound of the graft's agreement on
   FT's right rows (a lower bound of the share) must reach τ, in the two-stage fixed-sequence walk (the coarse grid
   from the top, then down by ≤ 1 + tolerance; each stage at 1 − (1 − c)/2);
+* ``paired c`` — issue 48's default: the exact paired test of acc(graft) − τ·acc(FT) ≥ 0 (the graft's wins on FT's
+  wrong rows count; graft/bound.py), decided at each target in the same walk;
+* ``agreement c`` — ``--keep-agreement`` (label-free): the Clopper–Pearson bound of the graft's agreement with FT's
+  predictions, judged on test by the test agreement with FT (``test_agreement``);
 * ``bootstrap-v2 c`` — in JSONs made before it (rows named ``bound c``): the first version, the paired-bootstrap
-  bound with bisection below the coarse grid. A JSON of v2 gets the ``exact`` rows added (the same test rows);
+  bound with bisection below the coarse grid. A JSON without ``paired`` rows gets the ``paired`` and ``agreement``
+  rows added (the same test rows), and each model's probed predictions go to an .npz beside its JSON;
 * each again on a seeded ``--subset`` of the selection rows (default 64: a split as small as the issue's 80 rows),
   the rows named in the rule (``point (64 rows)``).
 
@@ -101,12 +106,19 @@ def gemma_setup(store, task: str, seed: int, k: int, test_limit: int, selection_
 
 
 def measure(setup, confidences: list[float], keep_from: float, tolerance: float, subset: int = 0,
-            point: bool = True) -> dict:
+            point: bool = True, bounds: tuple[str, ...] = ("exact", "paired"), agreement: bool = True,
+            npz: Path | None = None) -> dict:
+    """Every rule on the same memo of graft outcomes (one scoring per size): ``point``; ``<bound> c`` for each bound
+    (exact: Clopper–Pearson on FT's right rows; paired: issue 48's exact paired test) and confidence; ``agreement
+    c`` (label-free, ``--keep-agreement``: agreement with FT's predictions, judged on test by the test agreement);
+    each also on a seeded ``subset`` of the selection rows. ``npz``: the per-row predictions of every size scored
+    (selection; test where a rule chose it), for later reading."""
     import dataclasses
 
     import numpy as np
 
-    from skillgraft.graft.keep import graft_outcome, search_keep, selection_outcome
+    from skillgraft.graft.bound import Outcome
+    from skillgraft.graft.keep import agreement_outcome, graft_outcome, search_keep, selection_outcome
     from skillgraft.graft.localizers import get_localizer
 
     data = setup.data
@@ -127,6 +139,7 @@ def measure(setup, confidences: list[float], keep_from: float, tolerance: float,
     # the full selection split, and (``subset``) a seeded part of it: a smaller split, as the issue's 80 rows
     views = [("", None)] + ([(f" ({subset} rows)", np.sort(np.random.RandomState(0).permutation(len(selection))
                                                           [:subset]))] if 0 < subset < len(selection) else [])
+    common = {"start": start, "tolerance": tolerance, "universe": ranking.universe}
     for suffix, rows in views:
         def part(o, rows=rows):
             if rows is None:
@@ -136,27 +149,44 @@ def measure(setup, confidences: list[float], keep_from: float, tolerance: float,
 
         view, ref_view = (lambda k, part=part: part(at(k))), part(ref)
         if point:
-            searches["point" + suffix] = search_keep(view, ref_view, TARGETS, len(ranking), start=start,
-                                                     tolerance=tolerance, universe=ranking.universe)
+            searches["point" + suffix] = search_keep(view, ref_view, TARGETS, len(ranking), **common)
         for c in confidences:
-            searches[f"exact {c:g}{suffix}"] = search_keep(view, ref_view, TARGETS, len(ranking), start=start,
-                                                           tolerance=tolerance, universe=ranking.universe,
-                                                           confidence=c)
+            for bound in bounds:
+                t1 = time.perf_counter()
+                searches[f"{bound} {c:g}{suffix}"] = search_keep(view, ref_view, TARGETS, len(ranking), confidence=c,
+                                                                  method=bound, **common)
+                print(f"  {bound} {c:g}{suffix}: {time.perf_counter() - t1:.0f} s", flush=True)
+            if agreement:
+                mine = Outcome(1.0, ref_view.pred, ref_view.pred, "accuracy")
+                searches[f"agreement {c:g}{suffix}"] = search_keep(
+                    lambda k, view=view, ref_view=ref_view: agreement_outcome(view(k), ref_view), mine, TARGETS,
+                    len(ranking), confidence=c, method="exact", kind="agreement", **common)
     search_seconds = time.perf_counter() - t0
-    ft_test = selection_outcome(setup.ft, test).score
+    ft_out = selection_outcome(setup.ft, test)
+    ft_test = ft_out.score
     test_graft = graft_outcome(setup.pre, setup.ft, test)
-    tested: dict[int, float] = {}
+    tested: dict[int, object] = {}
     rows = []
     for rule, results in searches.items():
         for r in results:
             size = r.size if r.reached else r.best_size
             if size not in tested:
-                tested[size] = test_graft(ranking.region(size)).score
+                tested[size] = test_graft(ranking.region(size))
+            got = tested[size]
+            agree = float((got.pred == ft_out.pred).mean())
             rows.append({"rule": rule, "target": r.target, "reached": r.reached, "size": size,
                          "density": size / ranking.universe, "selection_share": r.share if r.reached else r.best_share,
                          "bound": r.bound, "point_size": r.point_size, "rows_needed": r.rows_needed,
-                         "test_score": tested[size], "test_share": tested[size] / ft_test,
+                         "next_size": r.next_size, "next_rows": r.next_rows, "method": r.method, "kind": r.kind,
+                         "test_score": got.score, "test_share": got.score / ft_test, "test_agreement": agree,
                          "probes": len(r.probes)})
+    if npz is not None:
+        sizes = sorted(memo)
+        tsizes = sorted(tested)
+        np.savez_compressed(npz, sizes=np.array(sizes), sel_pred=np.stack([memo[k].pred for k in sizes]),
+                            sel_labels=ref.labels, ft_sel_pred=ref.pred, test_sizes=np.array(tsizes),
+                            test_pred=np.stack([tested[k].pred for k in tsizes]), test_labels=ft_out.labels,
+                            ft_test_pred=ft_out.pred, universe=ranking.universe)
     return {"ft_selection": ref.score, "ft_test": ft_test, "selection_rows": len(selection), "test_rows": len(test),
             "universe": ranking.universe, "probes_scored": len(memo), "search_seconds": search_seconds,
             "seconds": time.perf_counter() - t0, "rows": rows}
@@ -173,7 +203,8 @@ def summarize(out: Path) -> str:
     lines = [f"{len(results)} fine-tuned models: " + ", ".join(sorted(f"{r['mode']} {r['task']}/{r['seed']}"
                                                                     for r in results)), ""]
     lines += ["| fine-tuning | rule | τ | n | reached | test share ≥ τ | mean test share | min test share | median density | "
-              "size ÷ point size (geo. mean) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "size ÷ point size (geo. mean) | median density ÷ point's |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for mode in sorted({r["mode"] for r in results}):
         mine = [r for r in results if r["mode"] == mode]
         for r in mine:  # v2's "bound" rows: the paired bootstrap with bisection (issue 38's first rule)
@@ -185,7 +216,8 @@ def summarize(out: Path) -> str:
                 got = [(row, r) for r in mine for row in r["rows"] if row["rule"] == rule and row["target"] == tau]
                 if not got:
                     continue
-                shares = [row["test_share"] for row, _ in got]
+                shares = [row["test_agreement"] if row.get("kind") == "agreement" else row["test_share"]
+                          for row, _ in got]
                 ok = sum(s >= tau - 1e-12 for s in shares)
                 dens = sorted(row["density"] for row, _ in got)
                 ratios = []
@@ -194,9 +226,46 @@ def summarize(out: Path) -> str:
                     point = next(x for x in r["rows"] if x["rule"] == "point" + suffix and x["target"] == tau)
                     ratios.append(math.log(row["size"] / point["size"]))
                 reached = sum(row["reached"] for row, _ in got)
+                pdens = sorted(x["density"] for _, r in got for x in r["rows"]
+                               if x["rule"] == "point" + suffix and x["target"] == tau)
+                med, pmed = dens[len(dens) // 2], pdens[len(pdens) // 2]
                 lines.append(f"| {mode} | {rule} | {tau:g} | {len(got)} | {reached} | {ok}/{len(got)} ({ok / len(got):.0%}) | "
-                             f"{sum(shares) / len(shares):.3f} | {min(shares):.3f} | {dens[len(dens) // 2]:.2e} | "
-                             f"{math.exp(sum(ratios) / len(ratios)):.2f} |")
+                             f"{sum(shares) / len(shares):.3f} | {min(shares):.3f} | {med:.2e} | "
+                             f"{math.exp(sum(ratios) / len(ratios)):.2f} | {med / pmed:.1f} |")
+    return "\n".join(lines)
+
+
+def feasibility(out: Path, confidence: float = 0.9) -> str:
+    """Could any test have promised τ at 3× the point search's size? Per model (with an .npz) and τ: at the largest
+    size probed at most 3× the point size, the normal-approximation z of the paired statistic, Z̄/(s/√n) with
+    Z = 1[graft right] − τ·1[FT right] — the CLT z-test, the most a test of this mean can hope for (it is not exact:
+    no rule of the tool uses it) — against its critical value at each stage's risk (1 − c)/2."""
+    import math
+
+    import numpy as np
+    from scipy.stats import norm
+
+    crit = norm.ppf(1 - (1 - confidence) / 2)
+    lines = ["| model | τ | point size | probed size ≤ 3× point | its selection share | CLT z | passes z ≥ "
+             f"{crit:.3f} | rows for z to pass |", "|---|---:|---:|---:|---:|---:|:---:|---:|"]
+    for path in sorted(out.glob("*.json")):
+        npz = path.with_suffix(".npz")
+        if path.name == "summary.json" or not npz.exists():
+            continue
+        r, d = json.loads(path.read_text()), np.load(npz)
+        sizes, sel, labels, ft = d["sizes"], d["sel_pred"], d["sel_labels"], d["ft_sel_pred"]
+        f = (ft == labels).astype(float)
+        for tau in TARGETS:
+            point = next(x for x in r["rows"] if x["rule"] == "point" and x["target"] == tau)
+            ok = [i for i, k in enumerate(sizes) if k <= 3 * point["size"]]
+            i = max(ok, key=lambda i: sizes[i])
+            g = (sel[i] == labels).astype(float)
+            z = g - tau * f
+            sd = z.std(ddof=1)
+            stat = z.mean() / (sd / math.sqrt(len(z))) if sd > 0 else math.inf * np.sign(z.mean())
+            lines.append(f"| {r['mode']} {r['task']}/{r['seed']} | {tau:g} | {point['size']:,} | {int(sizes[i]):,} | "
+                         f"{g.sum() / f.sum():.3f} | {stat:.2f} | {'yes' if stat >= crit else 'no'} | "
+                         + (f"{math.ceil(len(z) * (crit / stat) ** 2):,} |" if 0 < stat < math.inf else "- |"))
     return "\n".join(lines)
 
 
@@ -221,6 +290,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.summary:
         print(summarize(args.out))
+        print()
+        print(feasibility(args.out))
         return
 
     import torch
@@ -235,7 +306,7 @@ def main() -> None:
             for mode in args.modes.split(","):
                 path = args.out / f"{mode}-{task}-{seed}.json"
                 old = json.loads(path.read_text()) if path.exists() else None
-                if old and any(row["rule"].startswith("exact") for row in old["rows"]):
+                if old and any(row["rule"].startswith("paired") for row in old["rows"]):
                     continue
                 t0 = time.perf_counter()
                 make = {"head": head_setup, "adamw": adamw_setup, "gemma": gemma_setup}[mode]
@@ -248,7 +319,9 @@ def main() -> None:
 
                     dev = held_out(setup.ft.task, setup.data.train, args.selection_per_label, seed)
                     setup.data = dataclasses.replace(setup.data, dev=dev)
-                got = measure(setup, confidences, args.keep_from, args.tolerance, args.subset, point=old is None)
+                got = measure(setup, confidences, args.keep_from, args.tolerance, args.subset, point=old is None,
+                              bounds=("exact", "paired") if old is None else ("paired",), agreement=True,
+                              npz=path.with_suffix(".npz"))
                 if old is None:
                     result = {"mode": mode, "task": task, "seed": seed, "k": k, "fine_tune_seconds": ft_seconds,
                               "confidences": confidences, "family": "movement (top-|Δ| global)", **got}

@@ -382,29 +382,32 @@ def _noisy_family(n_rows=80, ft_right=64, crossing=(16, 59), truth_below=4096):
     return at, _outcome(ft)
 
 
-def test_bound_search_does_not_stop_at_a_noisy_crossing():
+@pytest.mark.parametrize("method", ["exact", "paired"])
+def test_bound_search_does_not_stop_at_a_noisy_crossing(method):
     at, ft = _noisy_family()
     (point,) = search_keep(at, ft, [0.9], 16384, start=1, tolerance=0.01)
     assert point.size == 16 and point.confidence is None  # the old rule: the first size whose point share crosses
-    (r,) = search_keep(at, ft, [0.9], 16384, start=1, tolerance=0.01, confidence=0.9)
-    assert r.reached and r.size > 16 and r.confidence == 0.9 and r.rows == 80
+    (r,) = search_keep(at, ft, [0.9], 16384, start=1, tolerance=0.01, confidence=0.9, method=method)
+    assert r.reached and r.size > 16 and r.confidence == 0.9 and r.rows == 80 and r.method == method
     assert r.bound >= 0.9 and r.share >= r.bound
     probed = {p.size: p for p in r.probes}
-    assert all(p.bound >= 0.9 for s, p in probed.items() if s >= r.size)  # every larger probed size passes
-    assert any(p.bound < 0.9 for s, p in probed.items() if s < r.size)     # and the bracket below failed
-    assert 16 not in probed or probed[16].bound < 0.9  # the lucky crossing is not taken
+    ok = (lambda p: p.passed[0.9]) if method == "paired" else (lambda p: p.bound >= 0.9)  # noqa: E731
+    assert all(ok(p) for s, p in probed.items() if s >= r.size)  # every larger probed size passes
+    assert any(not ok(p) for s, p in probed.items() if s < r.size)     # and the bracket below failed
+    assert 16 not in probed or not ok(probed[16])  # the lucky crossing is not taken
     # the two-stage walk: the coarse grid from the top to its first failure, then down by ≤ 1 + tolerance
     coarse = [16384 // 4 ** i for i in range(8)]
     walked = [p.size for p in r.probes]
-    first_fail = next(s for s in coarse if probed[s].bound < 0.9)
+    first_fail = next(s for s in coarse if not ok(probed[s]))
     assert walked[:coarse.index(first_fail) + 1] == coarse[:coarse.index(first_fail) + 1]
     fine = walked[coarse.index(first_fail) + 1:]
-    assert fine == sorted(fine, reverse=True) and all(probed[s].bound >= 0.9 for s in fine[:-1])
+    assert fine == sorted(fine, reverse=True) and all(ok(probed[s]) for s in fine[:-1])
     assert all(a / b <= 1.01 + 1 / b for a, b in zip([first_fail * 4, *fine], fine))  # (sizes round to integers)
     assert r.point_size < r.size and r.rows_needed and r.rows_needed > 80 and "point estimate reaches" in r.note
-    assert "lower bound" in r.describe()
+    assert r.next_size == fine[-1] < r.size and r.next_rows and r.next_rows > 80 and "next smaller size" in r.note
+    assert "lower bound" in r.describe() and f"({method})" in r.describe()
     # deterministic: the same bounds again
-    (again,) = search_keep(at, ft, [0.9], 16384, start=1, tolerance=0.01, confidence=0.9)
+    (again,) = search_keep(at, ft, [0.9], 16384, start=1, tolerance=0.01, confidence=0.9, method=method)
     assert [p.to_dict() | {"seconds": 0} for p in again.probes] == [p.to_dict() | {"seconds": 0} for p in r.probes]
 
 

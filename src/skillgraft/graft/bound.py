@@ -8,11 +8,25 @@ so the one-sided Clopper–Pearson lower bound of p — the graft right on x of 
 — bounds the share from below (:func:`agreement_bound`). Conservative, never optimistic: it ignores the graft's wins
 on FT's wrong rows, and no miss at all gives (1 − c)^(1/n), not 1. For F1 (no such identity) the bound is the
 (1 − c) quantile of a seeded paired bootstrap (approximate). :mod:`skillgraft.graft.keep` searches with it.
+
+**The paired bound** (``paired``, the default for accuracy since issue 48) also counts the graft's wins on FT's wrong
+rows. Per row Z = 1[graft right] − τ·1[FT right] ∈ {−τ, 0, 1 − τ, 1}, and share ≥ τ ⇔ E[Z] ≥ 0. Up to
+PAIRED_MAX_ROWS rows :func:`z_pvalue` tests E[Z] ≤ 0 exactly: the four cells' counts are multinomial; the statistic
+is the studentized mean of Z made monotone (never falling when a row's Z rises), so the null's largest tail sits on
+E[Z] = 0; that sup is taken over the null distributions whose FT accuracy lies in a Clopper–Pearson band (Berger &
+Boos 1994: the band's risk is added to the p-value), on a grid of the null face refined by a local search — an exact
+unconditional test in the sense of Barnard, as for matched-pair ratios (Nam & Blackwelder 2002; Tang, Tang & Chan
+2003). Above PAIRED_MAX_ROWS (the lattice grows as n³) a conditional test: given FT's right/wrong pattern the graft's
+hits are two binomials, x_r ~ Bin(n_r, p) and x_w ~ Bin(n_w, q), share = p + q·(1 − a)/a ≥ p + q·w_lo with w_lo from
+the Clopper–Pearson upper bound of a at PAIRED_ACCURACY_RISK of the risk (Bonferroni), and p + w_lo·q ≤ τ is tested
+exactly (:func:`paired_pvalue`). :func:`paired_bound` inverts either for the report. docs/keep.md argues both.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from skillgraft.errors import SkillgraftError
@@ -21,11 +35,15 @@ from skillgraft.lazy import np
 # The share's lower bound and the search's test order (part of store keys through KEEP_BOUND: a change re-computes).
 # v3: the exact agreement bound (accuracy) and the two-stage fixed-sequence walk; v2 was the paired bootstrap for
 # every metric with bisection below the coarse grid.
+# The paired bound: the share of the risk spent on FT's accuracy (a Bonferroni split), and the nuisance grid.
+PAIRED_ACCURACY_RISK = 0.1
+PAIRED_GRID = 256
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 KEEP_BOUND = ("v3-clopper-pearson-agreement-fixed-sequence;"
-              f"f1:paired-bootstrap-{BOOTSTRAP_RESAMPLES}-seed{BOOTSTRAP_SEED}")
-BOUND_METHODS = ("exact", "bootstrap")
+              f"f1:paired-bootstrap-{BOOTSTRAP_RESAMPLES}-seed{BOOTSTRAP_SEED};"
+              f"v4-paired:accuracy-risk-{PAIRED_ACCURACY_RISK}-grid{PAIRED_GRID}")
+BOUND_METHODS = ("paired", "exact", "bootstrap")
 
 
 @dataclass
@@ -98,10 +116,299 @@ def agreement_bound(graft: Outcome, ft: Outcome, confidence: float) -> float:
     return 0.0 if x == 0 else float(beta.ppf(1 - confidence, x, n - x + 1))
 
 
+def _paired_counts(graft: Outcome, ft: Outcome) -> tuple[int, int, int, int]:
+    """(x_r, n_r, x_w, n_w): the graft's right rows among FT's n_r right rows and among its n_w wrong rows."""
+    right = ft.pred == ft.labels
+    hit = graft.pred == graft.labels
+    return int(hit[right].sum()), int(right.sum()), int(hit[~right].sum()), int((~right).sum())
+
+
+def accuracy_upper(n_r: int, n: int, risk: float) -> float:
+    """The one-sided Clopper–Pearson upper bound of an accuracy from n_r right of n rows, at ``risk``."""
+    from scipy.stats import beta  # noqa: PLC0415
+
+    return 1.0 if n_r >= n else float(beta.ppf(1 - risk, n_r + 1, n - n_r))
+
+
+def _monotone_statistic(n_r: int, n_w: int, w: float, target: float) -> np.ndarray:
+    """[n_r + 1, n_w + 1]: (p̂ + w q̂ − τ)/sd per outcome (sd from the add-½ estimates, never 0), replaced by the least
+    value at any outcome with at least as many hits on both sides, so that it is nondecreasing in both counts."""
+    xr = np.arange(n_r + 1)[:, None]
+    num = xr / max(n_r, 1) - target
+    pt = (xr + 0.5) / (n_r + 1)
+    var = pt * (1 - pt) / max(n_r, 1)
+    if n_w and w > 0:
+        xw = np.arange(n_w + 1)[None, :]
+        qt = (xw + 0.5) / (n_w + 1)
+        num = num + w * xw / n_w
+        var = var + w * w * qt * (1 - qt) / n_w
+    stat = np.broadcast_to(num / np.sqrt(var), (n_r + 1, n_w + 1)).copy()
+    stat = np.minimum.accumulate(stat[::-1], axis=0)[::-1]
+    return np.minimum.accumulate(stat[:, ::-1], axis=1)[:, ::-1]
+
+
+def paired_pvalue(x_r: int, n_r: int, x_w: int, n_w: int, w: float, target: float) -> float:
+    """The exact p-value of H0: p + w·q ≤ τ against the observed hits (x_r of n_r, x_w of n_w; independent
+    binomials): sup over the boundary p = τ − w q, q ∈ [0, min(1, τ/w)], of P(T ≥ T_obs), T the monotone statistic.
+    T nondecreasing in both counts makes the tail nondecreasing in p and q, so the boundary holds the supremum. It is
+    taken on a grid of PAIRED_GRID + 1 values of q, refined around the best one (a bounded scalar search)."""
+    from scipy.optimize import minimize_scalar  # noqa: PLC0415
+    from scipy.stats import binom  # noqa: PLC0415
+
+    stat = _monotone_statistic(n_r, n_w, w, target)
+    mask = (stat >= stat[x_r, x_w] - 1e-12).astype(np.float64)
+    kr, kw = np.arange(n_r + 1), np.arange(n_w + 1)
+    q_max = 0.0 if not n_w or w <= 0 else min(1.0, target / w)
+
+    def tail(q: np.ndarray) -> np.ndarray:
+        q = np.atleast_1d(np.clip(q, 0.0, q_max))
+        p = np.clip(target - w * q, 0.0, 1.0)
+        pr = binom.pmf(kr[None, :], n_r, p[:, None])
+        pw = binom.pmf(kw[None, :], n_w, q[:, None])
+        return ((pr @ mask) * pw).sum(1)
+
+    if q_max == 0:
+        return float(min(1.0, tail(np.zeros(1))[0]))
+    grid = np.linspace(0.0, q_max, PAIRED_GRID + 1)
+    values = tail(grid)
+    i = int(values.argmax())
+    lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+    best = minimize_scalar(lambda q: -tail(np.array([q]))[0], bounds=(lo, hi), method="bounded",
+                           options={"xatol": 1e-7})
+    return float(min(1.0, max(values[i], -best.fun)))
+
+
+# ------------------------------------------------------------------ the exact paired test on Z = 1[graft right] − τ·1[FT right]
+# Cells, in the order of Z: 10 (graft right, FT wrong: Z = 1), 11 (1 − τ), 00 (0), 01 (−τ).
+PAIRED_MAX_ROWS = 200   # the exact multinomial test up to this many rows; above, the conditional (Bonferroni) test
+PAIRED_SIMPLEX = 40     # the null face's grid: a triangle cut into PAIRED_SIMPLEX² pieces (861 points at 40)
+PAIRED_NUISANCE_RISK = 0.02  # the share of the risk spent on the Berger–Boos band of FT's accuracy
+
+
+@functools.lru_cache(maxsize=4)
+def _lattice(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(counts [L, 4] of every outcome of n rows over the cells 10, 11, 00, 01; its flat index in the cube
+    (u1, u2, u3) = cumulative counts from the top cell, 0 ≤ u1 ≤ u2 ≤ u3 ≤ n, cube side n + 1)."""
+    u1, u2, u3 = np.meshgrid(*(np.arange(n + 1, dtype=np.int32),) * 3, indexing="ij", sparse=False)
+    ok = (u1 <= u2) & (u2 <= u3)
+    u1, u2, u3 = u1[ok], u2[ok], u3[ok]
+    counts = np.stack([u1, u2 - u1, u3 - u2, n - u3], 1).astype(np.int64)
+    return counts, np.flatnonzero(ok)
+
+
+@functools.lru_cache(maxsize=16)
+def _z_statistic(n: int, target: float) -> np.ndarray:
+    """Per outcome of :func:`_lattice`: the studentized mean of Z, mean / √((var + n⁻²)/n), then replaced by its
+    least value over every outcome that dominates it (more rows moved to higher cells: each cumulative count from
+    the top at least as large), so that it never falls when a row's Z rises. A monotone statistic has its largest
+    null tail on the boundary E[Z] = 0."""
+    counts, flat = _lattice(n)
+    z = np.array([1.0, 1.0 - target, 0.0, -target])
+    mean = counts @ z / n
+    var = np.maximum(counts @ (z * z) / n - mean * mean, 0.0)
+    stat = mean / np.sqrt((var + 1.0 / (n * n)) / n)
+    cube = np.full((n + 1) ** 3, np.inf)
+    cube[flat] = stat
+    cube = cube.reshape((n + 1,) * 3)
+    for axis in range(3):
+        cube = np.flip(np.minimum.accumulate(np.flip(cube, axis), axis=axis), axis)
+    return cube.reshape(-1)[flat]
+
+
+def _face(target: float, weights: np.ndarray) -> np.ndarray:
+    """Null distributions with E[Z] = 0 (cells 10, 11, 00, 01) from barycentric ``weights`` [G, 3] of the face's
+    vertices: all rows 00; FT right on τ of rows with the graft right on all of them (11: τ, 01: 1 − τ); the graft
+    right only where FT is wrong (10: τ/(1 + τ), 01: 1/(1 + τ))."""
+    vertices = np.array([[0.0, 0.0, 1.0, 0.0], [0.0, target, 0.0, 1 - target],
+                         [target / (1 + target), 0.0, 0.0, 1 / (1 + target)]])
+    return np.clip(weights, 0, None) @ vertices
+
+
+def _face_grid(m: int) -> np.ndarray:
+    i, j = np.meshgrid(np.arange(m + 1), np.arange(m + 1), indexing="ij")
+    keep = i + j <= m
+    i, j = i[keep], j[keep]
+    return np.stack([m - i - j, i, j], 1) / m
+
+
+def _z_tail(n: int, target: float, observed: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray]:
+    """tail(weights [G, 3]) = P(statistic ≥ the observed one) under each face distribution (barycentric weights)."""
+    from scipy.special import gammaln  # noqa: PLC0415
+
+    counts, _ = _lattice(n)
+    stat = _z_statistic(n, target)
+    sub = counts[stat >= stat[_lattice_index(n, observed)] - 1e-12]
+    base = gammaln(n + 1) - gammaln(sub + 1).sum(1)
+    sub = sub.astype(np.float64)
+
+    def tail(weights: np.ndarray) -> np.ndarray:
+        pi = _face(target, np.atleast_2d(weights))
+        logpi = np.where(pi > 0, np.log(np.where(pi > 0, pi, 1.0)), -1e300)
+        out = np.empty(len(pi))
+        for i in range(0, len(pi), 32):
+            out[i:i + 32] = np.exp(base[:, None] + sub @ logpi[i:i + 32].T).sum(0)
+        return out
+
+    return tail
+
+
+def _lattice_index(n: int, observed) -> int:
+    n10, n11, n00, _ = (int(c) for c in observed)
+    counts, _ = _lattice(n)
+    hit = np.flatnonzero((counts[:, 0] == n10) & (counts[:, 1] == n11) & (counts[:, 2] == n00))
+    return int(hit[0])
+
+
+def z_counts(graft: Outcome, ft: Outcome) -> np.ndarray:
+    """Rows per cell, in Z's order: graft right & FT wrong, both right, both wrong, graft wrong & FT right."""
+    g, f = graft.pred == graft.labels, ft.pred == ft.labels
+    return np.array([int((g & ~f).sum()), int((g & f).sum()), int((~g & ~f).sum()), int((~g & f).sum())])
+
+
+def z_pvalue(counts, target: float, nuisance_risk: float) -> float:
+    """:func:`_z_pvalue`, cached by its arguments (sizes of a search often share their cells)."""
+    return _z_pvalue(tuple(int(c) for c in counts), float(round(target, 12)), float(nuisance_risk))
+
+
+@functools.lru_cache(maxsize=4096)
+def _z_pvalue(counts: tuple[int, ...], target: float, nuisance_risk: float) -> float:
+    """The exact p-value of H0: E[Z] ≤ 0 (share ≤ τ) from the cell counts, in the manner of Berger & Boos (1994):
+    the sup, over the null distributions of the four cells whose FT accuracy a lies in the two-sided
+    Clopper–Pearson interval of a at ``nuisance_risk``, of the chance of a studentized mean at least the observed
+    one, plus ``nuisance_risk``. (Without the restriction the sup sits at nulls unlike the data, e.g. FT right on
+    20 % of rows, where a studentized mean is unstable.) The sup is taken on the face's grid within the band and
+    refined by a local search from the three best grid points."""
+    from scipy.optimize import minimize  # noqa: PLC0415
+    from scipy.stats import beta  # noqa: PLC0415
+
+    n = int(sum(counts))
+    right = int(counts[1] + counts[3])
+    a_lo = 0.0 if right == 0 else float(beta.ppf(nuisance_risk / 2, right, n - right + 1))
+    a_hi = 1.0 if right == n else float(beta.ppf(1 - nuisance_risk / 2, right + 1, n - right))
+    tail = _z_tail(n, target, counts)
+    grid = _face_grid(PAIRED_SIMPLEX)
+
+    def accuracy(w: np.ndarray) -> np.ndarray:  # FT's accuracy a = P(11) + P(01) of the face distribution
+        return w[..., 1] + w[..., 2] / (1 + target)
+
+    inside = (accuracy(grid) >= a_lo - 1e-12) & (accuracy(grid) <= a_hi + 1e-12)
+    if not inside.any():  # a band narrower than the grid: its two ends on the A–C edge and the B–C edge
+        inside[:] = False
+    points = grid[inside]
+    # the band's ends on the face's edges (exact points, so that a narrow band is never missed)
+    ends = []
+    for a in (a_lo, a_hi):
+        ends.append([1 - a, a, 0.0])                      # on the C–A edge
+        if a <= 1 / (1 + target):
+            b = a * (1 + target)
+            ends.append([1 - b, 0.0, b])                  # on the C–B edge
+        else:
+            t = (a - 1 / (1 + target)) / (1 - 1 / (1 + target))
+            ends.append([0.0, t, 1 - t])                  # on the A–B edge
+    points = np.concatenate([points, np.clip(np.array(ends), 0, 1)])
+    values = tail(points)
+    best = float(values.max())
+
+    def objective(x: np.ndarray) -> float:
+        w = np.array([1 - x[0] - x[1], x[0], x[1]])
+        if w.min() < 0 or not a_lo - 1e-12 <= accuracy(w) <= a_hi + 1e-12:
+            return 1.0
+        return -float(tail(w)[0])
+
+    if best + nuisance_risk < 0.2:  # refine where a decision at a usual risk could turn on it
+        for k in np.argsort(-values)[:2]:
+            got = minimize(objective, points[k, 1:], method="Nelder-Mead",
+                           options={"xatol": 1e-6, "fatol": 1e-9, "maxiter": 80})
+            best = max(best, -float(got.fun))
+    return min(1.0, best + nuisance_risk)
+
+
+def paired_test(graft: Outcome, ft: Outcome, target: float, confidence: float) -> bool:
+    """Whether the paired bound confirms share ≥ ``target`` at ``confidence`` (module doc): up to PAIRED_MAX_ROWS
+    rows the exact test of E[Z] ≤ 0 (:func:`z_pvalue`); above, FT's accuracy bounded above at PAIRED_ACCURACY_RISK of
+    the risk and the exact test of p + w_lo q ≤ τ at the rest (:func:`paired_pvalue`)."""
+    x_r, n_r, x_w, n_w = _paired_counts(graft, ft)
+    if not n_r:
+        return False
+    risk = 1 - confidence
+    if n_r + n_w <= PAIRED_MAX_ROWS:
+        return z_pvalue(z_counts(graft, ft), target, PAIRED_NUISANCE_RISK * risk) <= risk + 1e-15
+    a_up = accuracy_upper(n_r, n_r + n_w, PAIRED_ACCURACY_RISK * risk)
+    w = (1 - a_up) / a_up
+    return paired_pvalue(x_r, n_r, x_w, n_w, w, target) <= (1 - PAIRED_ACCURACY_RISK) * risk + 1e-15
+
+
+def paired_bound(graft: Outcome, ft: Outcome, confidence: float, resolution: float = 2e-3) -> float:
+    """The paired lower bound of the share for a report: the largest τ ≤ 1 (to ``resolution``, by bisection below
+    the point share) that :func:`paired_test` confirms (0 when none). A keep search decides with the test at its
+    target itself; a report shows this bound, raised to the target where the test confirmed it there."""
+    x_r, n_r, x_w, n_w = _paired_counts(graft, ft)
+    if not n_r:
+        return 0.0
+    lo, hi = 0.0, min(1.0, (x_r + x_w) / n_r)  # no τ above the point share is confirmed
+    if hi > 0 and paired_test(graft, ft, hi, confidence):
+        return float(math.floor(hi / resolution + 1e-9) * resolution)
+    while hi - lo > resolution / 2:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if paired_test(graft, ft, mid, confidence) else (lo, mid)
+    return float(math.floor(lo / resolution + 1e-9) * resolution)
+
+
+PAIRED_ROWS_EXACT = 1000  # rows_needed_paired runs the test itself on scaled counts up to this many rows
+
+
+def _from_cells(counts) -> tuple[Outcome, Outcome]:
+    """A graft's and FT's outcomes with the given cell counts (Z's order: 10, 11, 00, 01; labels all 1)."""
+    n10, n11, n00, n01 = (int(c) for c in counts)
+    g = np.array([1] * (n10 + n11) + [0] * (n00 + n01))
+    f = np.array([0] * n10 + [1] * n11 + [0] * n00 + [1] * n01)
+    labels = np.ones(len(g), dtype=int)
+    return Outcome(float(g.mean()), g, labels), Outcome(float(f.mean()), f, labels)
+
+
+def rows_needed_paired(graft: Outcome, ft: Outcome, target: float, confidence: float) -> int | None:
+    """Selection rows that would let :func:`paired_test` confirm ``target`` if the rows kept their proportions: the
+    test itself run on the cell counts scaled to m rows (doubling, then bisection), up to PAIRED_ROWS_EXACT rows;
+    above, a normal approximation of the paired statistic at the test's risk. None when the point share
+    (x_r + x_w)/n_r is not above the target; the rows at hand when they already confirm it."""
+    from scipy.stats import norm  # noqa: PLC0415
+
+    x_r, n_r, x_w, n_w = _paired_counts(graft, ft)
+    n = n_r + n_w
+    if not n_r:
+        return None
+    if paired_test(graft, ft, target, confidence):
+        return n
+    if (x_r + x_w) / n_r <= target + 1e-12:
+        return None
+    counts = z_counts(graft, ft).astype(np.float64)
+
+    def passes(m: int) -> bool:
+        scaled = np.floor(counts * m / n + 0.5).astype(int)
+        scaled[int(np.argmax(scaled))] += m - int(scaled.sum())
+        return paired_test(*_from_cells(scaled), target, confidence)
+
+    lo, hi = n, 2 * n
+    while hi <= PAIRED_ROWS_EXACT and not passes(hi):
+        lo, hi = hi, 2 * hi
+    if hi <= PAIRED_ROWS_EXACT:
+        while hi - lo > max(1, lo // 50):  # to 2 %
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if passes(mid) else (mid, hi)
+        return int(hi)
+    w = n_w / n_r
+    p, q = x_r / n_r, (x_w / n_w if n_w else 0.0)
+    share, a = p + w * q, n_r / n
+    var_row = p * (1 - p) / a + (w * w * q * (1 - q) / (1 - a) if n_w else 0.0)  # per-row variance of the share
+    var_row = max(var_row, target * (1 - target) / (4 * n))  # no miss yet: at least a ½-row's worth
+    z = norm.ppf(1 - (1 - PAIRED_ACCURACY_RISK) * (1 - confidence))
+    return int(math.ceil(max(PAIRED_ROWS_EXACT + 1, z * z * var_row / (share - target) ** 2)))
+
+
 def share_bound(graft: Outcome, ft: Outcome, confidence: float, weights: np.ndarray | None = None,
                 method: str = "exact") -> float | None:
-    """The lower confidence bound of graft's share of FT's score on the same rows. ``exact`` (accuracy):
-    :func:`agreement_bound`; ``bootstrap`` (and any F1): the (1 − confidence) quantile of the paired bootstrap shares
+    """The lower confidence bound of graft's share of FT's score on the same rows. ``paired`` (accuracy):
+    :func:`paired_bound`; ``exact`` (accuracy): :func:`agreement_bound`; ``bootstrap`` (and any F1): the (1 − confidence) quantile of the paired bootstrap shares
     (the smallest resampled share s with at least a 1 − confidence fraction of resamples ≤ s). None without
     per-row outcomes."""
     if graft.pred is None or ft.pred is None:
@@ -110,16 +417,28 @@ def share_bound(graft: Outcome, ft: Outcome, confidence: float, weights: np.ndar
         raise SkillgraftError(f"graft and FT were scored on different rows ({len(graft.pred)} vs {len(ft.pred)})")
     if method not in BOUND_METHODS:
         raise SkillgraftError(f"unknown bound method {method!r}: one of {', '.join(BOUND_METHODS)}")
-    if method == "exact" and is_exact(ft) and graft.metric == "accuracy":
-        return agreement_bound(graft, ft, confidence)
+    if method in ("exact", "paired") and is_exact(ft) and graft.metric == "accuracy":
+        return (paired_bound if method == "paired" else agreement_bound)(graft, ft, confidence)
     weights = resample_weights(len(ft.pred)) if weights is None else weights
     return float(np.quantile(bootstrap_shares(graft, ft, weights), 1 - confidence, method="inverted_cdf"))
 
 
+# What each bound is, in words for reports (KeepResult.method).
+BOUND_NAMES = {
+    "paired": "the exact paired test of acc(graft) − τ·acc(FT) ≥ 0 on the selection rows (the graft's wins on FT's "
+              "wrong rows count; a studentized mean with its null sup over FT accuracies in a Berger–Boos band)",
+    "exact": "the Clopper–Pearson bound of how often the graft is right where FT is right (ignores the graft's wins)",
+    "bootstrap": "a seeded paired bootstrap of the F1 share (approximate)",
+    "agreement": "the Clopper–Pearson bound of how often the graft predicts what FT predicts (no label read)",
+}
+
+
 def bound_prose(confidence: float) -> str:
     """How a size is judged at ``confidence``, in words for reports (one source for every report that shows it)."""
-    return (f"with {confidence:.0%} confidence: a lower bound of its share (exact for accuracy: the Clopper–Pearson "
-            "bound of how often the graft is right where FT is right; a seeded paired bootstrap for F1), in a "
+    return (f"with {confidence:.0%} confidence: a lower bound of its share (exact for accuracy — the paired test of "
+            "acc(graft) ≥ τ·acc(FT) by default, or the Clopper–Pearson bound of how often the graft is right where "
+            "FT is right; a seeded paired bootstrap for F1; for agreement targets the Clopper–Pearson bound of the "
+            "graft's agreement with FT's predictions), in a "
             "fixed-sequence walk down the coarse grid ×4 and then by the tolerance, each stage at "
             f"{1 - (1 - confidence) / 2:.0%}, stopping at the first size that fails (docs/keep.md)")
 

@@ -15,7 +15,10 @@ result says so and gives the best share reached. Several targets share one cache
 
 **With a stated confidence** (``confidence=c``, the default of :class:`KeepSpec`: 0.9) a size counts as reaching τ
 only when a *lower confidence bound* on its share reaches τ, not its point estimate (:mod:`skillgraft.graft.bound`:
-exact for accuracy, share ≥ P(graft right | FT right) bounded by Clopper–Pearson; a paired bootstrap for F1).
+exact for accuracy — by default the paired test of acc(graft) − τ·acc(FT) ≥ 0, which counts the graft's wins on FT's
+wrong rows, or (``keep_bound="exact"``) Clopper–Pearson on share ≥ P(graft right | FT right); a paired bootstrap for
+F1). **Agreement targets** (``keep_agreement``) ask instead for the smallest region whose predictions agree with FT's
+on a share τ of the rows (Clopper–Pearson; no label read).
 
 The search is a fixed-sequence test (as in Learn then Test, Angelopoulos et al. 2021), in two stages that share the
 risk 1 − c (each bound at 1 − (1 − c)/2): the coarse grid k₀, 4k₀, 16k₀, … , |U| walked down from the top, stopping
@@ -35,14 +38,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from skillgraft.lazy import np
 from skillgraft.lazy import torch
+
 from pydantic import Field, field_validator
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.bound import (Outcome, as_outcome, is_exact, reaches, resample_weights, rows_needed,
-                                    rows_needed_exact, share_bound)
+from skillgraft.graft.bound import (BOUND_NAMES, Outcome, as_outcome, is_exact, paired_bound, paired_test, reaches,
+                                    resample_weights, rows_needed, rows_needed_exact, rows_needed_paired, share_bound)
 from skillgraft.graft.region import Region, numel_of
 from skillgraft.graft.selection import Budget, as_list
 from skillgraft.spec import Spec
@@ -84,9 +89,18 @@ class KeepSpec(Spec):
         "of its share of FT on the selection rows reaches it (exact for accuracy; docs/keep.md)"))
     keep_data: Path | None = Field(None, description=(
         "keep search: a file of labelled examples (.jsonl/.tsv/.csv, the task's layout) to choose the size on, "
-        "instead of the dev split or a held-out slice; never the test rows"))
+        "instead of the dev split or a held-out slice; never the test rows (labels may be left out with only "
+        "--keep-agreement targets)"))
+    keep_bound: Literal["paired", "exact"] = Field("paired", description=(
+        "keep search, accuracy: the lower bound a size must pass: 'paired' (an exact test of "
+        "acc(graft) − τ·acc(FT) ≥ 0 on the paired rows, counting the graft's wins on FT's wrong rows) or 'exact' "
+        "(Clopper–Pearson on how often the graft is right where FT is right; issue 38's); docs/keep.md"))
+    keep_agreement: list[float] | None = Field(None, description=(
+        "label-free keep targets, in (0, 1]: the smallest region whose predictions agree with FT's on at least this "
+        "share of rows (the Clopper–Pearson bound at --keep-confidence), on the selection rows, whose labels are "
+        "not read"))
 
-    @field_validator("keep", mode="before")
+    @field_validator("keep", "keep_agreement", mode="before")
     @classmethod
     def _shares(cls, value):
         values = as_list(value)
@@ -119,6 +133,11 @@ class KeepSpec(Spec):
         if budget.rounding:
             raise ValueError("keep_from must be a fraction or a count, not 'round'")
         return budget
+
+    @property
+    def any(self) -> bool:
+        """Whether any keep target (of FT's score, or of agreement with FT) is asked for."""
+        return bool(self.keep) or bool(self.keep_agreement)
 
 
 # ---------------------------------------------------------------------------------------------- the nested family
@@ -201,12 +220,17 @@ class Probe:
     score: float
     share: float
     seconds: float
-    bound: float | None = None    # the share's lower confidence bound (None: point search, or no per-row outcomes)
+    bound: float | None = None    # the share's lower confidence bound (None: point search, no per-row outcomes, or
+    #                               the paired test, which decides per target: `passed`)
     outcome: Outcome | None = field(default=None, repr=False, compare=False)  # per-row outcomes (rows_needed)
+    passed: dict[float, bool] = field(default_factory=dict)  # the paired test's verdict per target tested
 
     def to_dict(self) -> dict:
-        return {"size": self.size, "score": self.score, "share": self.share, "bound": self.bound,
-                "seconds": self.seconds}
+        out = {"size": self.size, "score": self.score, "share": self.share, "bound": self.bound,
+               "seconds": self.seconds}
+        if self.passed:
+            out["passed"] = {f"{t:g}": v for t, v in self.passed.items()}
+        return out
 
 
 @dataclass
@@ -233,6 +257,15 @@ class KeepResult:
     point_size: int | None = None    # the smallest probed size whose point share reaches the target
     rows_needed: int | None = None   # rows that would let the bound confirm point_size
     note: str = ""
+    kind: str = "share"              # "share" (of FT's score) or "agreement" (with FT's predictions; label-free)
+    method: str | None = None        # the bound that decided (bound.BOUND_NAMES); None: the point estimate
+    next_size: int | None = None     # the next smaller size probed, which failed (None: none below `size`)
+    next_rows: int | None = None     # selection rows that would let the bound confirm next_size (None: none would)
+
+    @property
+    def key(self) -> str:
+        """The target's name in stores and reports: ``0.95`` for a share, ``agreement-0.95`` for agreement."""
+        return repr(self.target) if self.kind == "share" else f"agreement-{self.target!r}"
 
     @property
     def density(self) -> float | None:
@@ -248,25 +281,28 @@ class KeepResult:
                 "selection_rows": self.rows, "point_size": self.point_size, "rows_needed": self.rows_needed,
                 "note": self.note, "best_size": self.best_size, "best_share": self.best_share,
                 "universe": self.universe, "probes": [p.to_dict() for p in self.probes],
-                "probe_count": len(self.probes), "search_seconds": self.seconds}
+                "probe_count": len(self.probes), "search_seconds": self.seconds, "kind": self.kind,
+                "bound_method": self.method, "next_size": self.next_size, "next_rows": self.next_rows}
 
     def describe(self) -> str:
         """One line for a console or a report."""
         cost = f"{len(self.probes)} probes, {self.seconds:.0f} s"
         bound = ("" if self.confidence is None or self.bound is None else
-                 f", {self.confidence:.0%} lower bound {self.bound:.3f} on {self.rows} rows")
+                 f", {self.confidence:.0%} lower bound {self.bound:.3f} on {self.rows} rows ({self.method})")
         note = f"; {self.note}" if self.note else ""
+        what = "keep" if self.kind == "share" else "keep-agreement"
+        quantity = "selection share" if self.kind == "share" else "agreement with FT"
         if self.reached:
-            return (f"keep {self.target:g}: {self.size:,} coordinates (density {self.density:.2e}), selection share "
+            return (f"{what} {self.target:g}: {self.size:,} coordinates (density {self.density:.2e}), {quantity} "
                     f"{self.share:.3f}{bound} ({cost}){note}")
         largest = max((p.size for p in self.probes), default=0)
-        return (f"keep {self.target:g}: not reached by any size up to {largest:,} coordinates; best selection "
-                f"share {self.best_share:.3f} at {self.best_size:,}{bound} ({cost}){note}")
+        return (f"{what} {self.target:g}: not reached by any size up to {largest:,} coordinates; best {quantity} "
+                f"{self.best_share:.3f} at {self.best_size:,}{bound} ({cost}){note}")
 
 
 def search_keep(score_at: Callable[[int], float | Outcome], reference: float | Outcome, targets: Sequence[float],
                 largest: int, *, start: int = 1, tolerance: float = 0.1, factor: int = 4, universe: int | None = None,
-                confidence: float | None = None) -> list[KeepResult]:
+                confidence: float | None = None, method: str = "paired", kind: str = "share") -> list[KeepResult]:
     """The smallest size k in [start, largest] whose share of ``reference`` reaches τ, for each τ (module doc).
 
     ``score_at(k)`` scores the family's region of size k on the selection split (a number, or an
@@ -274,8 +310,12 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
     ``reference`` is FT's score (Outcome) on the same rows (> 0). ``largest`` is the family's largest region (the
     whole universe, or fewer when the ranking covers only some coordinates); ``universe`` (default ``largest``)
     is what densities are fractions of. ``confidence`` None: the point estimate decides (gallop, stop at the
-    first crossing, bisect); a number: the lower bound (:func:`~skillgraft.graft.bound.share_bound`) decides, in
-    the two-stage fixed-sequence walk, each stage's bound at 1 − (1 − confidence)/2.
+    first crossing, bisect); a number: the bound decides, in the two-stage fixed-sequence walk, each stage at
+    1 − (1 − confidence)/2. ``method`` (accuracy with per-row outcomes): ``paired`` — the exact paired test of
+    acc(graft) − τ·acc(FT) ≥ 0 (:func:`~skillgraft.graft.bound.paired_test`), run at each target itself;
+    ``exact`` — the Clopper–Pearson bound of the graft's hits on FT's right rows. F1 always uses the paired
+    bootstrap. ``kind`` names the quantity in the results (``agreement``: the reference's labels are FT's own
+    predictions).
     """
     ref = as_outcome(reference)
     if not ref.score or ref.score <= 0 or not math.isfinite(ref.score):
@@ -284,12 +324,18 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
         raise SkillgraftError("the ranking orders no coordinates: nothing to search")
     if confidence is not None and not 0 < confidence < 1:
         raise SkillgraftError(f"keep confidence {confidence} is not in (0, 1)")
+    if method not in ("paired", "exact"):
+        raise SkillgraftError(f"unknown keep bound {method!r}: paired or exact")
     targets = [check_share(t) for t in targets]
     universe = universe or largest
     start = max(1, min(int(start), largest))
     cache: dict[int, Probe] = {}
     bounded = confidence is not None and ref.rows is not None
     stage = None if not bounded else 1 - (1 - confidence) / 2  # two stages share the risk 1 − confidence
+    paired = bounded and method == "paired" and is_exact(ref)
+    used = None if not bounded else ("paired" if paired else "exact" if is_exact(ref) else "bootstrap")
+    if used == "exact" and kind == "agreement":
+        used = "agreement"  # Clopper–Pearson of the agreement with FT's predictions
     weights = resample_weights(ref.rows) if bounded and not is_exact(ref) else None  # F1: the bootstrap's draws
 
     def probe(k: int, seen: list[Probe]) -> Probe:
@@ -299,11 +345,20 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
             if bounded and got.pred is None:
                 raise SkillgraftError("a keep search with a confidence needs per-row outcomes of every size scored "
                                       "(an Outcome), not a bare score")
-            bound = share_bound(got, ref, stage, weights) if bounded else None
+            bound = share_bound(got, ref, stage, weights) if bounded and not paired else None
             cache[k] = Probe(k, got.score, got.score / ref.score, time.perf_counter() - t0, bound,
                              got if bounded else None)
         seen.append(cache[k])
         return cache[k]
+
+    def confirmed(p: Probe, tau: float) -> bool:
+        if not paired:
+            return reaches(p.bound, tau)
+        if tau not in p.passed:
+            t0 = time.perf_counter()
+            p.passed[tau] = paired_test(p.outcome, ref, tau, stage)
+            p.seconds += time.perf_counter() - t0
+        return p.passed[tau]
 
     if bounded:
         grid, k = [], start
@@ -316,14 +371,16 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
     out = []
     for tau in targets:
         seen: list[Probe] = []
+        below = None  # the size probed just below the answer, which failed
         if bounded:
-            passes = lambda p: reaches(p.bound, tau)  # noqa: E731
+            passes = lambda p: confirmed(p, tau)  # noqa: E731
             size = lo = None
             for k in reversed(grid):  # stage 1: the coarse grid from the top, to the first failure
                 if not passes(probe(k, seen)):
                     lo = k
                     break
                 size = k
+            below = lo if size is not None else None
             if size is not None and lo is not None:  # stage 2: down from it by `ratio`, to the first failure
                 anchor, j = size, 1
                 while True:
@@ -331,7 +388,10 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
                     j += 1
                     if k >= size:
                         continue  # rounding repeated a size
-                    if k <= lo or not passes(probe(k, seen)):
+                    if k <= lo:
+                        break
+                    if not passes(probe(k, seen)):
+                        below = k
                         break
                     size = k
         else:
@@ -352,20 +412,47 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
                     else:
                         lo = mid
             size = min((p.size for p in cache.values() if passes(p)), default=None)
-        out.append(_result(tau, size, cache, seen, universe, confidence if bounded else None, ref, stage))
+        result = _result(tau, size, cache, seen, universe, confidence if bounded else None, ref, stage, used,
+                         below)
+        result.kind = kind
+        out.append(result)
     return out
 
 
+def _paired_shown(p: Probe, ref: Outcome, stage: float, tau: float) -> float:
+    """The paired bound of a probe for a report (computed once), never below τ where the test confirmed τ."""
+    if p.bound is None:
+        p.bound = paired_bound(p.outcome, ref, stage)
+    return max(p.bound, tau) if p.passed.get(tau) else p.bound
+
+
+def _needed(p: Probe, ref: Outcome, tau: float, stage: float, method: str) -> int | None:
+    """Selection rows that would let ``method``'s bound confirm τ at probe ``p`` (None: no number of rows would)."""
+    if method == "paired":
+        return rows_needed_paired(p.outcome, ref, tau, stage)
+    if method in ("exact", "agreement"):
+        return rows_needed_exact(p.outcome, ref, tau, stage)
+    return rows_needed(p.share, p.bound, ref.rows, tau)
+
+
 def _result(tau: float, size: int | None, cache: dict[int, Probe], seen: list[Probe], universe: int,
-            confidence: float | None, ref: Outcome, stage: float | None = None) -> KeepResult:
+            confidence: float | None, ref: Outcome, stage: float | None = None, method: str | None = None,
+            below: int | None = None) -> KeepResult:
     rows = ref.rows
-    key = (lambda p: (p.bound, p.share, -p.size)) if confidence is not None else (lambda p: (p.share, -p.size))
-    best = max(cache.values(), key=key)
+    paired = method == "paired"
+    if confidence is None or (paired and size is not None):
+        best = max(cache.values(), key=lambda p: (p.share, -p.size))
+    elif paired:  # unreached: the best paired bound among the three best point shares
+        top = sorted(cache.values(), key=lambda p: (p.share, -p.size))[-3:]
+        best = max(top, key=lambda p: (_paired_shown(p, ref, stage, tau), p.share, -p.size))
+    else:
+        best = max(cache.values(), key=lambda p: (p.bound, p.share, -p.size))
     point = min((p.size for p in cache.values() if reaches(p.share, tau)), default=None)
     shown = cache[size] if size is not None else best
+    bound = _paired_shown(shown, ref, stage, tau) if paired else shown.bound
     result = KeepResult(tau, size is not None, size, shown.share if size is not None else None, best.size,
                         best.share, universe, list({p.size: p for p in seen}.values()), confidence=confidence,
-                        bound=shown.bound, rows=rows, point_size=point)
+                        bound=bound, rows=rows, point_size=point, method=method)
     if confidence is None:
         if rows is None and point is not None:
             result.note = "point estimate (no per-row outcomes for a bound)"
@@ -373,14 +460,20 @@ def _result(tau: float, size: int | None, cache: dict[int, Probe], seen: list[Pr
     detail = ""
     if point is not None and (size is None or point < size):
         p = cache[point]
-        exact = is_exact(ref) and p.outcome is not None
-        result.rows_needed = (rows_needed_exact(p.outcome, ref, tau, stage) if exact
-                              else rows_needed(p.share, p.bound, rows, tau))
-        detail = (f"the point estimate reaches {tau:g} at {point:,} coordinates (share {p.share:.3f}, bound "
-                  f"{p.bound:.3f})" + (f": about {result.rows_needed:,} selection rows would confirm it at "
-                                       f"{confidence:.0%}" if result.rows_needed else
-                                       (": no number of rows confirms it (the graft misses more than "
-                                        f"{1 - tau:.0%} of the rows FT gets right)" if exact else "")))
+        result.rows_needed = _needed(p, ref, tau, stage, method)
+        shown_bound = ("" if paired else f", bound {p.bound:.3f}")
+        detail = (f"the point estimate reaches {tau:g} at {point:,} coordinates (share {p.share:.3f}{shown_bound})"
+                  + (f": about {result.rows_needed:,} selection rows would confirm it at {confidence:.0%}"
+                     if result.rows_needed else
+                     (": no number of rows confirms it (the graft misses more than "
+                      f"{1 - tau:.0%} of the rows FT gets right)" if method in ("exact", "agreement") else "")))
+    if below is not None and size is not None:
+        p = cache[below]
+        result.next_size, result.next_rows = below, _needed(p, ref, tau, stage, method)
+        nxt = (f"the next smaller size probed, {below:,} coordinates (share {p.share:.3f}), would need "
+               + (f"about {result.next_rows:,} selection rows" if result.next_rows else
+                  "more than any number of rows (its share is not above the target)"))
+        detail = f"{detail}; {nxt}" if detail else nxt
     if size is None:
         result.note = (f"the {rows} selection rows are too few for the {confidence:.0%} bound to reach {tau:g} at "
                        f"any size; {detail or 'no size reaches it in the point estimate either'}")
@@ -439,12 +532,19 @@ def graft_scorer(pre, ft, examples, *, values: Callable | None = None, batch_siz
     return lambda region: outcome(region).score
 
 
+def agreement_outcome(graft: Outcome, ft: Outcome) -> Outcome:
+    """The graft's agreement with FT's predictions as an accuracy (FT's predictions as the labels; no label read)."""
+    agree = float((graft.pred == ft.pred).mean())
+    return Outcome(agree, graft.pred, ft.pred, "accuracy")
+
+
 def keep_search(pre, ft, ranking: Ranking, selection, keep: KeepSpec | Sequence[float], *,
                 score: Callable[[Region], float | Outcome] | None = None) -> list[KeepResult]:
     """Search ``ranking``'s nested family for each keep target, scored on the ``selection`` examples, at the
-    spec's confidence (``score`` defaults to :func:`graft_outcome`)."""
+    spec's confidence (``score`` defaults to :func:`graft_outcome`): the share targets (``keep``) with the spec's
+    bound, then the agreement targets (``keep_agreement``, label-free) on the same probes."""
     spec = keep if isinstance(keep, KeepSpec) else KeepSpec.build({"keep": list(keep)}, where="keep")
-    if not spec.keep:
+    if not spec.any:
         return []
     if not selection:
         raise SkillgraftError("a keep target needs a selection split (dev examples, distinct from the test rows)")
@@ -454,9 +554,25 @@ def keep_search(pre, ft, ranking: Ranking, selection, keep: KeepSpec | Sequence[
     reference = selection_outcome(ft, selection)
     start = spec.keep_from.size(ranking.universe) if spec.keep_from.count is None else min(spec.keep_from.count,
                                                                                            len(ranking))
-    results = search_keep(lambda k: score(ranking.region(k)), reference, spec.keep, len(ranking),
-                          start=start, tolerance=spec.keep_tolerance, universe=ranking.universe,
-                          confidence=spec.keep_confidence)
+    memo: dict[int, Outcome] = {}
+
+    def at(k: int):
+        if k not in memo:
+            memo[k] = score(ranking.region(k))
+        return memo[k]
+
+    common = {"start": start, "tolerance": spec.keep_tolerance, "universe": ranking.universe,
+              "confidence": spec.keep_confidence}
+    results = []
+    if spec.keep:
+        results += search_keep(at, reference, spec.keep, len(ranking), method=spec.keep_bound, **common)
+    if spec.keep_agreement:
+        if reference.pred is None:
+            raise SkillgraftError("--keep-agreement compares the graft's predictions with FT's row by row: this data "
+                                  "has no per-row prediction (open-ended generative data); use --keep")
+        mine = Outcome(1.0, reference.pred, reference.pred, "accuracy")
+        results += search_keep(lambda k: agreement_outcome(as_outcome(at(k)), reference), mine, spec.keep_agreement,
+                               len(ranking), method="exact", kind="agreement", **common)
     for r in results:
         r.region = ranking.region(r.size if r.reached else r.best_size)
     return results

@@ -38,7 +38,7 @@ def selection_split(setup: Setup, keep: KeepSpec | float = 0.2) -> tuple[list, o
     spec = keep if isinstance(keep, KeepSpec) else KeepSpec(keep_holdout=keep)
     data = setup.data
     if spec.keep_data is not None:
-        selection = read_keep_data(spec.keep_data, data.task, setup.test)
+        selection = read_keep_data(spec.keep_data, data.task, setup.test, labels=bool(spec.keep))
         note = (f"{spec.keep_data} ({len(selection)} rows, --keep-data; none of them a test row); the localizer "
                 "learned on all its rows")
         return selection, data, note
@@ -58,9 +58,11 @@ def selection_split(setup: Setup, keep: KeepSpec | float = 0.2) -> tuple[list, o
     return selection, dataclasses.replace(data, train=rest, dev=[]), note
 
 
-def read_keep_data(path: Path, task, test: list) -> list:
-    """The labelled rows of a ``--keep-data`` file (the task's layout); refused if empty or sharing a test row."""
-    from skillgraft.data.loading import read_file  # noqa: PLC0415
+def read_keep_data(path: Path, task, test: list, labels: bool = True) -> list:
+    """The rows of a ``--keep-data`` file (the task's layout); refused if empty or sharing a test row. ``labels``
+    False (only ``--keep-agreement`` targets): a ``.jsonl`` file's rows may leave ``label`` out (their labels are
+    never read: agreement compares the graft with FT's predictions)."""
+    from skillgraft.data.loading import Example, read_file  # noqa: PLC0415
 
     if task.kind == "generative":
         raise SkillgraftError("--keep-data reads classification rows (text, label); for generative data the keep "
@@ -68,7 +70,21 @@ def read_keep_data(path: Path, task, test: list) -> list:
     path = Path(path)
     if not path.is_file():
         raise SkillgraftError(f"--keep-data {path}: no such file")
-    rows = read_file(task, path)
+    if not labels and path.suffix == ".jsonl":
+        import json  # noqa: PLC0415
+
+        raw = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if raw and all(isinstance(r, dict) and "label" not in r for r in raw):
+            pair = "text_a" in raw[0]
+            try:
+                rows = [Example(str(r["text_a"]), 0, str(r["text_b"])) if pair else Example(str(r["text"]), 0)
+                        for r in raw]
+            except KeyError as e:
+                raise SkillgraftError(f"--keep-data {path}: a row has no {e.args[0]!r} field") from None
+        else:
+            rows = read_file(task, path)
+    else:
+        rows = read_file(task, path)
     if not rows:
         raise SkillgraftError(f"--keep-data {path}: no rows")
     tested = {(ex.text_a, ex.text_b) for ex in test}
@@ -96,6 +112,8 @@ def check_keep_rows(keep: KeepSpec, task, rows: int, where: str, *, right: int |
     reach is written as a "graft" of the best size probed — up to every parameter (issue 50)."""
     if not keep.keep or getattr(task, "kind", "") == "generative" or getattr(task, "metric", "accuracy") != "accuracy":
         return
+    if getattr(keep, "keep_bound", "exact") != "exact":
+        return  # the paired bound counts the graft's wins on FT's wrong rows too: no fixed row count to ask for
     conf = keep.keep_confidence
     for target in keep.keep:
         need = rows_to_confirm(target, conf)
@@ -122,8 +140,13 @@ def keep_identity(keep: KeepSpec) -> dict:
     return out
 
 
-def keep_label(target: float) -> str:
-    return f"keep {target:g}"
+def keep_label(target: float, kind: str = "share") -> str:
+    return f"keep {target:g}" if kind == "share" else f"keep-agreement {target:g}"
+
+
+def target_key(t: dict) -> str:
+    """A stored target's file name part: ``0.95``, or ``agreement-0.95`` for an agreement target."""
+    return repr(t["target"]) if t.get("kind", "share") == "share" else f"agreement-{t['target']!r}"
 
 
 def keep_results(setup: Setup, store, localizer: str, options: Spec, keep: KeepSpec, *,
@@ -149,9 +172,9 @@ def keep_results(setup: Setup, store, localizer: str, options: Spec, keep: KeepS
         summary = {"selection": note, "selection_n": len(selection), "confidence": keep.keep_confidence,
                    "seconds": time.perf_counter() - t0, "targets": [r.to_dict() for r in results]}
         for r in results:
-            r.region.save(folder / f"keep-{r.target!r}")
+            r.region.save(folder / f"keep-{r.key}")
         write_json(folder / "summary.json", summary)
-        holder["regions"] = {r.target: r.region for r in results}
+        holder["regions"] = {r.key: r.region for r in results}
 
     entry = store.fetch("keep", key, make, label=f"{setup.task}-{setup.k}-{setup.seed}-{localizer}-keep")
     path = entry / "summary.json"
@@ -159,8 +182,8 @@ def keep_results(setup: Setup, store, localizer: str, options: Spec, keep: KeepS
     if not isinstance(summary["targets"], list) or not all(isinstance(t, dict) and type(t.get("target")) in (int, float)
                                                            for t in summary["targets"]):
         raise SkillgraftError(f"{path}: field 'targets' must be a list of keep results, each with its 'target' share")
-    regions = holder.get("regions") or {t["target"]: Region.load(inside(entry, f"keep-{t['target']!r}", path,
-                                                                        f"targets.{i}.target"))
+    regions = holder.get("regions") or {target_key(t): Region.load(inside(entry, f"keep-{target_key(t)}", path,
+                                                                          f"targets.{i}.target"))
                                         for i, t in enumerate(summary["targets"])}
     return regions, summary
 
@@ -170,10 +193,12 @@ def keep_variants(setup: Setup, store, localizer: str, options: Spec, keep: Keep
     """One graft variant per keep target (named ``keep 0.95``), and the search's summary."""
     regions, summary = keep_results(setup, store, localizer, options, keep, progress=progress)
     variants = []
-    for target, region in regions.items():
-        meta = {"localizer": localizer, "keep": target, "selection": summary["selection"]}
+    for t in summary["targets"]:
+        region = regions[target_key(t)]
+        kind = t.get("kind", "share")
+        meta = {"localizer": localizer, "keep": t["target"], "keep_kind": kind, "selection": summary["selection"]}
         variants.append(graft_variant(setup, region, Budget.parse(max(1, len(region))), meta,
-                                      name=keep_label(target), kind="keep"))
+                                      name=keep_label(t["target"], kind), kind="keep"))
     return variants, summary
 
 
@@ -183,7 +208,7 @@ def keep_section(summary: dict, rows: list[dict]) -> dict:
     out = dict(summary)
     out["targets"] = []
     for t in summary["targets"]:
-        row = by_name.get(keep_label(t["target"]), {})
+        row = by_name.get(keep_label(t["target"], t.get("kind", "share")), {})
         out["targets"].append({**t, "test_score": row.get("score"), "test_share": row.get("share_of_ft")})
     return out
 
@@ -193,13 +218,17 @@ def keep_line(t: dict) -> str:
     from rich.markup import escape  # noqa: PLC0415
 
     size = t["size"] if t["reached"] else t["best_size"]
-    head = (f"keep {t['target']:g}: {size:,} params ({size / t['universe']:.2e})" if t["reached"] else
-            f"keep {t['target']:g}: [yellow]not reached[/] by any size; best {t['best_share']:.3f} at {size:,}")
+    label = keep_label(t["target"], t.get("kind", "share"))
+    head = (f"{label}: {size:,} params ({size / t['universe']:.2e})" if t["reached"] else
+            f"{label}: [yellow]not reached[/] by any size; best {t['best_share']:.3f} at {size:,}")
+    method = f", {t['bound_method']} bound" if t.get("bound_method") else ""
     bound = ("" if t.get("bound") is None else
-             f", {t['confidence']:.0%} lower bound {t['bound']:.3f} on {t['selection_rows']} rows")
-    test = "" if t.get("test_share") is None else f", test share {t['test_share']:.3f}"
+             f", {t['confidence']:.0%} lower bound {t['bound']:.3f} on {t['selection_rows']} rows{method}")
+    agree = t.get("kind", "share") == "agreement"
+    test = ("" if t.get("test_share") is None or agree else f", test share {t['test_share']:.3f}")
     note = f"\n  {escape(t['note'])}" if t.get("note") else ""
-    return (f"{head}, selection share {t['selection_share'] or t['best_share']:.3f}{bound}{test} "
+    what = "agreement with FT" if agree else "selection share"
+    return (f"{head}, {what} {t['selection_share'] or t['best_share']:.3f}{bound}{test} "
             f"| {t['probe_count']} probes, {t['search_seconds']:.0f} s{note}")
 
 
@@ -222,10 +251,16 @@ def keep_markdown(section: dict) -> list[str]:
         bound = "-" if t.get("bound") is None else f"{t['bound']:.3f}"
         point = "-" if t.get("point_size") is None else f"{t['point_size']:,}"
         reached = "yes" if t["reached"] else "**no** (best reached shown)"
-        lines.append(f"| {t['target']:g} | {reached} | {size:,} | {size / t['universe']:.2e} | {sel:.3f} | {bound} | "
+        name = f"{t['target']:g}" if t.get("kind", "share") == "share" else f"agreement {t['target']:g}"
+        lines.append(f"| {name} | {reached} | {size:,} | {size / t['universe']:.2e} | {sel:.3f} | {bound} | "
                      f"{test} | {point} | {t['probe_count']} | {t['search_seconds']:.0f} |")
         if t.get("note"):
-            notes.append(f"- keep {t['target']:g}: {t['note']}.")
+            notes.append(f"- {keep_label(t['target'], t.get('kind', 'share'))}: {t['note']}.")
+    methods = sorted({t["bound_method"] for t in section["targets"] if t.get("bound_method")})
+    if methods:
+        from skillgraft.graft.bound import BOUND_NAMES  # noqa: PLC0415
+
+        notes.insert(0, "- Bound: " + "; ".join(f"`{m}` — {BOUND_NAMES[m]}" for m in methods) + ".")
     return lines + ([""] + notes if notes else [])
 
 
@@ -239,7 +274,7 @@ def keep_graft(setup: Setup, store, localizer: str, options: Spec, keep: KeepSpe
 
     regions, summary = keep_results(setup, store, localizer, options, keep, progress=progress)
     (target,) = summary["targets"]
-    region = regions[target["target"]]
+    region = regions[target_key(target)]
     meta = {"task": setup.task, "mode": setup.pre.mode, "localizer": localizer, "keep": target["target"],
             "keep_confidence": summary.get("confidence"), **(meta or {})}
     return Graft.from_models(setup.pre, setup.ft, region, meta), {**target, "selection": summary["selection"]}

@@ -59,7 +59,7 @@ def releases_ft(report: ReportSpec, keep=None, frontier=None) -> bool:
     need it loaded."""
     reads = [get_localizer(n).reads_files if n in LOCALIZERS else False for n in [report.localizer, *report.baselines]]
     return (all(reads)
-            and not (keep is not None and keep.keep) and not (frontier is not None and frontier.frontier))
+            and not (keep is not None and keep.any) and not (frontier is not None and frontier.frontier))
 
 
 def baseline_options(name: str, graftable: str, seed: int) -> dict:
@@ -102,20 +102,21 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
     report = report or ReportSpec()
     options = localizer_options(report.localizer, options)
     report = runnable_baselines(report, setup, options)  # before any work
-    if keep is not None and keep.keep:
+    if keep is not None and keep.any:
         from skillgraft.pipeline.keep import check_keep_rows, selection_split  # noqa: PLC0415
 
         get_localizer(report.localizer).check_ranked()  # before any work
-        selection, _, note = selection_split(setup, keep)
-        check_keep_rows(keep, setup.data.task, len(selection), note.split(" (")[0])
-    keep_only = bool(keep is not None and keep.keep and not getattr(options, "budgets", None))
+        if keep.keep:
+            selection, _, note = selection_split(setup, keep)
+            check_keep_rows(keep, setup.data.task, len(selection), note.split(" (")[0])
+    keep_only = bool(keep is not None and keep.any and not getattr(options, "budgets", None))
     bench = Workbench.of(setup)  # θ_pre and one fine-tuned model: merge's path with N = 1
     score_ft_first(bench, bench.names[0], release=releases_ft(report, keep, frontier), progress=progress)  # lean
     regions, summary = ({}, {}) if keep_only else learned_regions(setup, run.store, report.localizer, options,
                                                                  progress=progress)
     variants: list[Variant] = base_variants(setup)
     kept: list[Variant] = []
-    if keep is not None and keep.keep:
+    if keep is not None and keep.any:
         from skillgraft.pipeline.keep import keep_variants  # noqa: PLC0415
 
         kept, keep_summary = keep_variants(setup, run.store, report.localizer, options, keep, progress=progress)

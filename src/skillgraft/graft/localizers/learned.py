@@ -121,7 +121,7 @@ def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, co
         raise SkillgraftError("localization needs training examples")
     if keep is not None and not isinstance(keep, KeepSpec):
         keep = KeepSpec.build({"keep": keep}, where="keep")
-    keep = keep if keep is not None and keep.keep else None
+    keep = keep if keep is not None and keep.any else None
     selection = dev if selection is None else selection
     if keep is not None:
         if not selection:
