@@ -27,7 +27,9 @@ pytestmark = pytest.mark.skipif(os.environ.get("SKILLGRAFT_GGUF") != "1",
                                 reason="llama.cpp on the real Gemma-3-270M: make test-gguf (SKILLGRAFT_GGUF=1)")
 
 K, SEED, ROWS = 16, 13, 200
-LOGP_TOLERANCE = 0.1  # nats: llama.cpp's kernels vs transformers' float32 on the same file (measured, see below)
+# nats: llama.cpp's kernels (activations quantized to 8 bits for the Q4_K/Q5_0/Q6_K matmuls) vs transformers' float32
+# on the same file; measured 0.20 on the exported SST-2 graft (bench/RESULTS.md, issue 51)
+LOGP_TOLERANCE = 0.5
 
 
 def _cli(*args) -> str:
@@ -89,4 +91,4 @@ def test_the_exported_gemma_graft_runs_in_llama_cpp(shared_data, tmp_path):
 
     acc_skillgraft = float((grafted.argmax(1) == labels).mean())
     acc_llama = float((llama.argmax(1) == labels).mean())
-    assert abs(acc_llama - acc_skillgraft) <= 0.01, (acc_llama, acc_skillgraft)
+    assert abs(acc_llama - acc_skillgraft) <= 0.01 + 1e-9, (acc_llama, acc_skillgraft)  # 1 point: 2 of 200 rows
