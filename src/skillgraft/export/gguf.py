@@ -174,7 +174,7 @@ class _Layout:
                                                               TensorProcessor)
 
         cls = TENSOR_PROCESSORS.get(arch, TensorProcessor)
-        kinds = {TensorProcessor: "plain", LlamaTensorProcessor: "llama", Gemma2TensorProcessor: "offset-norm",
+        kinds = {TensorProcessor: "plain", LlamaTensorProcessor: "qk-permuted", Gemma2TensorProcessor: "offset-norm",
                  NemotronTensorProcessor: "offset-norm"}
         if cls not in kinds:
             raise SkillgraftError(f"--to gguf does not write {arch!r} GGUF files yet (transformers reads their tensors "
@@ -182,7 +182,7 @@ class _Layout:
         self.kind = kinds[cls]
         # what transformers' config of the file gives the processors (only llama's reads it: the head counts)
         self.config = {"num_attention_heads": info.get("heads"), "num_key_value_heads": info.get("kv_heads")}
-        if self.kind == "llama" and any(isinstance(v, (list, tuple)) for v in self.config.values()):
+        if self.kind == "qk-permuted" and any(isinstance(v, (list, tuple)) for v in self.config.values()):
             raise SkillgraftError(f"--to gguf: this {arch!r} file gives per-layer head counts "
                                   f"({self.config}); not inverted here. {HF_ROUTE}")
         self.processor = cls(config=self.config)
@@ -198,7 +198,7 @@ class _Layout:
     def arrange(self, w, gguf_name: str):
         """The positions of parameter ``w`` (any dtype) in the GGUF tensor's layout: llama's q/k rows permuted as
         llama.cpp's converter does (transformers undoes it on reading), the identity otherwise."""
-        if self.kind == "llama" and (".attn_q." in gguf_name or ".attn_k." in gguf_name):
+        if self.kind == "qk-permuted" and (".attn_q." in gguf_name or ".attn_k." in gguf_name):
             heads = self.config.get("num_attention_heads")
             kv = self.config.get("num_key_value_heads")
             if None in (heads, kv):

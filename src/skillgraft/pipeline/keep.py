@@ -112,8 +112,10 @@ def check_keep_rows(keep: KeepSpec, task, rows: int, where: str, *, right: int |
     reach is written as a "graft" of the best size probed — up to every parameter (issue 50)."""
     if not keep.keep or getattr(task, "kind", "") == "generative" or getattr(task, "metric", "accuracy") != "accuracy":
         return
-    if getattr(keep, "keep_bound", "exact") != "exact":
-        return  # the paired bound counts the graft's wins on FT's wrong rows too: no fixed row count to ask for
+    if right is not None and getattr(keep, "keep_bound", "exact") != "exact":
+        return  # once FT is scored, the paired bound also counts the graft's wins on FT's wrong rows: no fixed count
+    # before FT is scored (FT right on every row at best) a graft can at best agree with FT: both bounds are then
+    # Clopper-Pearson's, so the same count is needed whichever bound runs
     conf = keep.keep_confidence
     for target in keep.keep:
         need = rows_to_confirm(target, conf)
