@@ -382,11 +382,7 @@ def report_markdown(spec: PaperSpec, agg: list[dict], table: list[dict], timings
     head = ["task", "seeds", "FT", "FT ECE", "pre-trained", "graft", "graft ECE", "share of FT", "gap closed",
             "agreement", "paper FT", "paper FT ECE", "paper graft", "paper graft ECE", "paper share"]
     body = []
-    for task in spec.tasks:
-        name = get_task(task).name
-        cell = {g["model"]: g for g in agg if g["task"] == name}
-        if "fine-tuned" not in cell:
-            continue
+    for name, cell in task_cells(spec, agg):
         ft, pre, graft = cell["fine-tuned"], cell.get("pre-trained"), cell.get(f"{first} {main.label}")
         paper = TABLE2_64.get(name)
         pshare = (f"{100 * float(paper[2].split()[0]) / float(paper[0].split()[0]):.1f}" if paper else "-")
@@ -439,6 +435,15 @@ def _schedule(spec: PaperSpec) -> str:
             f"best dev checkpoint (dev every {f.eval_every} steps)")
 
 
+def task_cells(spec: PaperSpec, agg: list[dict]):
+    """``(task name, {model: aggregated row})`` of each task of the spec that has a fine-tuned row."""
+    for task in spec.tasks:
+        name = get_task(task).name
+        cell = {g["model"]: g for g in agg if g["task"] == name}
+        if "fine-tuned" in cell:
+            yield name, cell
+
+
 def gpt2_section(spec: PaperSpec, agg: list[dict]) -> list[str]:
     """In causal mode: FT and the reference graft beside the paper's GPT-2 small (Table 9, 64-shot)."""
     if spec.mode != "causal":
@@ -446,11 +451,7 @@ def gpt2_section(spec: PaperSpec, agg: list[dict]) -> list[str]:
     first = spec.localizers[0].title
     budgets = [b for b in spec.budgets if b.fraction is not None and b.fraction <= 5e-4]
     body = []
-    for task in spec.tasks:
-        name = get_task(task).name
-        cell = {g["model"]: g for g in agg if g["task"] == name}
-        if "fine-tuned" not in cell:
-            continue
+    for name, cell in task_cells(spec, agg):
         ft, pre = cell["fine-tuned"], cell.get("pre-trained")
         paper = TABLE9_GPT2_64.get(name)
         gain = 100 * (np.mean(ft["score"]) - np.mean(pre["score"])) if pre else None
