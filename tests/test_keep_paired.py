@@ -40,16 +40,23 @@ def _draw(rng, n: int, a: float, p: float, q: float) -> tuple[Outcome, Outcome]:
 NULLS = [(0.85, 0.0, 0.9), (0.85, 0.5, 0.9), (0.6, 0.5, 0.9), (0.6, 0.0, 0.95), (0.55, 0.9, 0.9), (0.3, 0.2, 0.9)]
 
 
-@pytest.mark.parametrize("n", [40, PAIRED_MAX_ROWS + 40])  # the exact test, and the conditional test above it
-def test_paired_test_keeps_its_risk_on_the_null_boundary(n):
-    rng = np.random.default_rng(48)
+# In `make test`: the exact test on the three hardest nulls (many graft wins near chance, the near-degenerate one)
+# and the conditional test on one; every pair runs under SKILLGRAFT_SLOW=1.
+_CI_NULLS = {(40, 1), (40, 4), (40, 5), (PAIRED_MAX_ROWS + 40, 4)}
+
+
+@pytest.mark.parametrize("n,null", [
+    pytest.param(n, i, marks=() if (n, i) in _CI_NULLS else pytest.mark.slow, id=f"{n}-{i}")
+    for n in (40, PAIRED_MAX_ROWS + 40) for i in range(len(NULLS))])  # the exact test, and the conditional above
+def test_paired_test_keeps_its_risk_on_the_null_boundary(n, null):
+    a, q, tau = NULLS[null]
+    rng = np.random.default_rng(48 + null)
     confidence, draws = 0.9, 150
     slack = 3 * math.sqrt(0.1 * 0.9 / draws)  # three Monte-Carlo standard errors
-    for a, q, tau in NULLS:
-        p = tau - q * (1 - a) / a
-        assert 0 <= p <= 1
-        rate = np.mean([paired_test(*_draw(rng, n, a, p, q), tau, confidence) for _ in range(draws)])
-        assert rate <= 1 - confidence + slack, (a, q, tau, rate)
+    p = tau - q * (1 - a) / a
+    assert 0 <= p <= 1
+    rate = np.mean([paired_test(*_draw(rng, n, a, p, q), tau, confidence) for _ in range(draws)])
+    assert rate <= 1 - confidence + slack, (a, q, tau, rate)
 
 
 def test_paired_bound_covers_the_share():
@@ -181,3 +188,20 @@ def test_keep_data_without_labels_for_agreement(tmp_path):
     assert len(rows) == 5 and rows[0].text_a == "a user's own sentence 0"
     with pytest.raises(SkillgraftError, match="label"):
         read_keep_data(path, task, [], labels=True)  # a share of FT's score needs labels
+
+
+def test_a_decision_stops_its_search_early_but_never_changes():
+    """z_pvalue(..., stop_above=risk) ends the sup search once the p-value is known to exceed the risk: the same
+    decision as the full search on every outcome, and the same p-value wherever the test passes."""
+    from skillgraft.graft.bound import z_pvalue
+
+    rng = np.random.default_rng(3)
+    decided = set()
+    for _ in range(40):
+        counts = rng.multinomial(40, rng.dirichlet(np.ones(4)))
+        for tau in (0.8, 0.9):
+            full, early = z_pvalue(counts, tau, 0.002), z_pvalue(counts, tau, 0.002, 0.1)
+            assert (full <= 0.1) == (early <= 0.1), (counts, tau, full, early)
+            assert early == full if full <= 0.1 else 0.1 < early <= full
+            decided.add(full <= 0.1)
+    assert decided == {True, False}
