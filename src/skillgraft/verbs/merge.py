@@ -42,6 +42,7 @@ from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.selection import Budget
 from skillgraft.io import atomic_dir, check_target
 from skillgraft.merge import MERGE_METHODS, MergeMethod, Scored, merge_methods
+from skillgraft.merge.base import MergeRow
 from skillgraft.pipeline.report import write_csv
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.store import converts_into_store
@@ -51,7 +52,29 @@ from skillgraft.models.spec import MAX_LENGTH
 from skillgraft.verbs.merge_inputs import ModelInput, check_inputs, merge_inputs, resolve_inputs
 from skillgraft.verbs.merge_report import readme, report_markdown, summarize, write_grafts, write_outputs
 
-__all__ = ["MergeSpec", "ModelInput", "check_inputs", "merge_models", "resolve_inputs"]
+__all__ = ["MergeResult", "MergeSpec", "ModelInput", "check_inputs", "merge_models", "resolve_inputs"]
+
+
+@dataclasses.dataclass
+class MergeResult:
+    """What ``skillgraft merge`` wrote: the folder, its typed rows, and merge.json (``record``: the rows as their
+    columns, what ``--json`` prints)."""
+
+    out: Path
+    rows: list[MergeRow]
+    record: dict
+
+    @property
+    def mode(self) -> str:
+        return self.record["mode"]
+
+    @property
+    def headline(self) -> dict:
+        return self.record["headline"]
+
+    def to_dict(self) -> dict:
+        """merge.json's content."""
+        return self.record
 
 
 class MergeSettings(Spec):
@@ -241,8 +264,9 @@ class MergeBench(Workbench):
 @converts_into_store
 def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, localize: Spec | dict | None,
                  out: str | os.PathLike, *, store=None, overwrite: bool = False, progress: bool = False,
-                 methods: dict[str, MergeMethod] | None = None) -> dict:
-    """Merge ``inputs`` (fine-tuned from ``pretrained``) into ``out``; see the module doc. Returns merge.json.
+                 methods: dict[str, MergeMethod] | None = None) -> MergeResult:
+    """Merge ``inputs`` (fine-tuned from ``pretrained``) into ``out``; see the module doc. Returns its typed rows
+    and merge.json.
 
     ``localize``: the options of ``spec.localizer`` set by the caller (its own spec or a dict; the rest are
     the localizer's own defaults). ``methods``: the merge methods (default: the registry,
@@ -330,11 +354,12 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             summary["routed"] = write_routed_outputs(tmp / "routed", bench, summary, kept)
         (tmp / "report.md").write_text(report_markdown(summary, [m for m, _ in chosen])
                                        + f"\nRan on {summary['placement']}.\n")
-        summary = {**summary, "rows": [r.columns() for r in summary["rows"]]}  # merge.json holds their columns
+        rows = summary["rows"]
+        summary = {**summary, "rows": [r.columns() for r in rows]}  # merge.json holds their columns
         (tmp / "merge.json").write_text(json.dumps(summary, indent=2, default=float))
         write_csv(tmp / "results.csv", summary["rows"])
         (tmp / "README.md").write_text(readme(summary, mode))
-    return summary
+    return MergeResult(Path(out), rows, summary)
 
 
 def refit_rows(bench: MergeBench, results: list[Scored], n: int, progress: bool = False) -> list[Scored]:
