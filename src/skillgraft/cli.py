@@ -193,12 +193,12 @@ def graft(
     options = localizer_options(report.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
     result = run_graft(GraftInputs(finetuned, pretrained, mode, task, max_length, data, user), report=report,
                        localize=options, keep=keep, frontier=frontier, out=out, overwrite=overwrite, cache=cache)
-    for r in result.rows:
-        if r["kind"] in ("graft", "ft", "keep"):
-            size = f", {r['file_bytes'] / 1024:.1f} KiB" if r.get("file_bytes") else ""
-            extra = f" loss {r['loss']:.4f}" if "loss" in r else ""
-            console.print(f"{r['model']:>22}: {result.metrics['task']} {r['score']:.4f} ECE {r['ece']:.4f}{extra} "
-                          f"| {r['params']:,} params ({r['density']:.2e}){size}")
+    for r in result.rows:  # typed ResultRows
+        if r.kind in ("graft", "ft", "keep"):
+            size = f", {r.file_bytes / 1024:.1f} KiB" if r.file_bytes else ""
+            extra = f" loss {r.metrics['loss']:.4f}" if "loss" in r.metrics else ""
+            console.print(f"{r.model:>22}: {result.metrics['task']} {r.score:.4f} ECE {r.metrics['ece']:.4f}{extra} "
+                          f"| {r.params:,} params ({r.density:.2e}){size}")
     print_keep(result.metrics)
     if result.data_note:
         console.print(f"data: {escape(result.data_note)}")
