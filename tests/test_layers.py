@@ -131,3 +131,19 @@ def test_no_module_above_600_lines():
     long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600}
     assert not long, long
+
+
+def test_the_walk_of_a_run_counts_calls_that_climb_back():
+    """bench/graft_walk.py's counter (docs/architecture.md records a graft run's walk): a call from a lower layer's
+    file into a higher one's is a climb; calls down or within a file are not."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("graft_walk", Path(__file__).parents[1] / "bench" / "graft_walk.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    calls = [(None, "verbs/graft.py", "graft"), ("verbs/graft.py", "pipeline/setup.py", "from_run"),
+             ("models/anatomy.py", "graft/graft.py", "sample"), ("io.py", "pipeline/variants.py", "__getitem__"),
+             ("io.py", "pipeline/variants.py", "__iter__"), ("pipeline/setup.py", "pipeline/setup.py", "task")]
+    w = module.walk(calls)
+    assert (w["files"], w["folders"], w["climbs"], w["climbing_edges"]) == (4, 3, 3, 2)
+    assert w["edges"][("io.py", "pipeline/variants.py")] == 2

@@ -178,13 +178,13 @@ def test_continual_add_learns_region_and_extends_state(tiny_bert, multi_data, tm
     kw = dict(k=8, seed=13, data_dir=multi_data, model=str(tiny_bert), finetune_config=FAST, localize_config=loc,
               test_limit=40, cache=tmp_path / "store", progress=False)
     e1 = continual_add(state, "ag_news", **kw)
-    assert e1["order"] == 1 and e1["region_size"] > 0 and e1["test"]["n"] == 40
+    assert e1.order == 1 and e1.region_size > 0 and e1.test["n"] == 40 and e1.to_dict()["task"] == "ag_news"
     # γ comes from the store's stages (shared with `skillgraft graft` and the recipes): fine-tuning, then regions
     assert sorted(p.name.split("-")[0] for p in (tmp_path / "store").iterdir()) == ["ft", "regions"]
-    assert e1["single_task"]["finetuned"].startswith("ft-ag_news-8-13-")
+    assert e1.entry["single_task"]["finetuned"].startswith("ft-ag_news-8-13-")
     Region.load(state / "regions" / "1-ag_news").save(tmp_path / "r")
     e2 = continual_add(state, "SST-2", region=tmp_path / "r", **kw)  # γ given: all of it owned by ag_news
-    assert e2["owned_size"] == 0 and e2["shared_with_earlier"] == e1["region_size"]
+    assert e2.owned_size == 0 and e2.shared_with_earlier == e1.region_size
     st = json.loads((state / "continual.json").read_text())
     hist = st["tasks"][0]["test_history"]
     assert [h["after"] for h in hist] == ["ag_news", "SST-2"] and hist[0]["score"] == hist[1]["score"]
@@ -193,7 +193,7 @@ def test_continual_add_learns_region_and_extends_state(tiny_bert, multi_data, tm
         (tmp_path / "junk" / "x").write_text("x")
         continual_add(tmp_path / "junk", "SST-2", **kw)
     g = ContinualLearner.load(state).graft("SST-2")
-    assert isinstance(g, Graft) and len(g.region) == e1["region_size"]
+    assert isinstance(g, Graft) and len(g.region) == e1.region_size
 
 
 def test_multitask_recipe_runs_end_to_end(tiny_bert, multi_data, tmp_path):
@@ -360,8 +360,8 @@ def test_cli_continual_add_takes_its_settings_from_the_specs(monkeypatch, tmp_pa
 
     def fake_add(state, task, **kw):
         seen.update(kw)
-        return {"task": task, "order": 1, "region_size": 3, "owned_size": 3, "shared_with_earlier": 0,
-                "test": {"score": 0.5}}
+        return continual_module.ContinualResult.of({"task": task, "order": 1, "region_size": 3, "owned_size": 3,
+                                                    "shared_with_earlier": 0, "test": {"score": 0.5}})
 
     monkeypatch.setattr(continual_module, "continual_add", fake_add)
     runner = CliRunner()

@@ -193,12 +193,12 @@ def graft(
     options = localizer_options(report.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
     result = run_graft(GraftInputs(finetuned, pretrained, mode, task, max_length, data, user), report=report,
                        localize=options, keep=keep, frontier=frontier, out=out, overwrite=overwrite, cache=cache)
-    for r in result.rows:
-        if r["kind"] in ("graft", "ft", "keep"):
-            size = f", {r['file_bytes'] / 1024:.1f} KiB" if r.get("file_bytes") else ""
-            extra = f" loss {r['loss']:.4f}" if "loss" in r else ""
-            console.print(f"{r['model']:>22}: {result.metrics['task']} {r['score']:.4f} ECE {r['ece']:.4f}{extra} "
-                          f"| {r['params']:,} params ({r['density']:.2e}){size}")
+    for r in result.rows:  # typed ResultRows
+        if r.kind in ("graft", "ft", "keep"):
+            size = f", {r.file_bytes / 1024:.1f} KiB" if r.file_bytes else ""
+            extra = f" loss {r.metrics['loss']:.4f}" if "loss" in r.metrics else ""
+            console.print(f"{r.model:>22}: {result.metrics['task']} {r.score:.4f} ECE {r.metrics['ece']:.4f}{extra} "
+                          f"| {r.params:,} params ({r.density:.2e}){size}")
     print_keep(result.metrics)
     if result.data_note:
         console.print(f"data: {escape(result.data_note)}")
@@ -285,11 +285,11 @@ def export_cmd(
     (docs/export.md)."""
     from skillgraft.verbs.export import export as run_export  # noqa: PLC0415
 
-    s = run_export(graft_dir, out, spec)
-    exporter_lines(spec.to, s)
-    size = f" ({s['bytes'] / 1024:.1f} KiB)" if "bytes" in s else ""
-    console.print(f"[bold green]exported[/] {s['coordinates']:,} grafted coordinates as {s['to']} → {out}{size}")
-    _report({"out": out, **s})
+    r = run_export(graft_dir, out, spec)
+    exporter_lines(spec.to, r.summary)
+    size = f" ({r.bytes / 1024:.1f} KiB)" if r.bytes is not None else ""
+    console.print(f"[bold green]exported[/] {r.coordinates:,} grafted coordinates as {r.to} → {out}{size}")
+    _report({"out": out, **r.to_dict()})
 
 
 @app.command()
@@ -413,14 +413,14 @@ def merge(
                                         dev_data=dev_data, grafts=grafts, shared=user, names=names)
     s = merge_models(pretrained, inputs, spec, localize, out, store=Store(cache), overwrite=overwrite, progress=True,
                      methods=merge_methods(mergekit_runner=_injected("mergekit_runner")))
-    for r in s["rows"]:
-        if r.get("on_test"):
-            console.print(f"{r['method']:>26} {r['config']:<24} mean acc {r['mean_accuracy']:.4f} normalized "
-                          f"{r['mean_normalized']:.4f} | {r['bytes_per_task']:,.0f} bytes/task")
-    print_routed_keep(s)
-    where = ('tasks/<task>' if s['mode'] == 'classifier' else 'model') if s["headline"].get("written") else None
+    for r in s.rows:
+        if r.error is None and r.on_test:
+            console.print(f"{r.method:>26} {r.config:<24} mean acc {r.mean_accuracy:.4f} normalized "
+                          f"{r.mean_normalized():.4f} | {r.bytes_per_task:,.0f} bytes/task")
+    print_routed_keep(s.to_dict())
+    where = ('tasks/<task>' if s.mode == 'classifier' else 'model') if s.headline.get("written") else None
     console.print(f"[bold green]done[/] → {out}/report.md (merged model: {f'{out}/{where}' if where else 'none'})")
-    _report({"out": out, "report": out / "report.md", **s})
+    _report({"out": out, "report": out / "report.md", **s.to_dict()})
 
 
 def _injected(name: str):
@@ -517,13 +517,13 @@ def continual_add_cmd(
     """
     from skillgraft.verbs.continual import continual_add  # noqa: PLC0415
 
-    entry = continual_add(state, task, k=k, seed=seed, data_dir=data_dir, model=model, mode=mode, region=region,
+    added = continual_add(state, task, k=k, seed=seed, data_dir=data_dir, model=model, mode=mode, region=region,
                           finetune_config=finetune, localize_config=localize, init=init, test_limit=test_limit,
                           cache=cache)
-    console.print(f"[bold green]added[/] {entry['task']} as task #{entry['order']}: |γ|={entry['region_size']}, "
-                  f"owned {entry['owned_size']} (shared with earlier {entry['shared_with_earlier']}); "
-                  f"test {entry['test']['score']:.4f} → {state}/continual.json")
-    _report({"state": state, **entry})
+    console.print(f"[bold green]added[/] {added.task} as task #{added.order}: |γ|={added.region_size}, "
+                  f"owned {added.owned_size} (shared with earlier {added.shared_with_earlier}); "
+                  f"test {added.test['score']:.4f} → {state}/continual.json")
+    _report({"state": state, **added.to_dict()})
 
 
 @continual_app.command("show")

@@ -149,10 +149,11 @@ def score_ft_first(bench: Workbench, name: str, *, release: bool, progress: bool
     test set, release θ_ft to its files when ``release`` (what follows reads it from them:
     :meth:`Workbench.release_to_files`, as ``skillgraft merge`` does), then load θ_pre; the two are never resident
     together."""
-    setup = bench.members[name]
+    setup = bench.setup(name)
     if getattr(setup, "load_pre", None) is None:  # θ_pre loaded already: nothing deferred
         return
     evaluate_variant(setup, Variant("fine-tuned", "ft", 0), setup.test, progress="fine-tuned" if progress else False)
+    bench.scored(name)
     if release:
         bench.release_to_files(name)
     bench.load_pre(name)

@@ -1,16 +1,25 @@
-"""A Workbench: one θ_pre and N fine-tuned models, each with an explicit state.
+"""A Workbench: one θ_pre and N fine-tuned members, each a :class:`Member` with one explicit, typed state.
 
-    loaded    θ_ft in memory (its Setup's ``ft`` is a Scorer): scored, localized, seen by the merge methods
-    released  only its checkpoint files (``ft`` is a :class:`~skillgraft.pipeline.setup.FineTunedFiles`); its
-              head (the carried tensors, a few KiB) stays, and :meth:`Workbench.finetuned` reads it back whole
+    loaded    θ_ft in memory, placed on the bench's device (:attr:`Workbench.runtime`); FT not scored yet
+    scored    θ_ft in memory and FT's scores recorded (``Setup.probs`` / ``ft_metrics``): the merge methods see it
+    released  θ_ft dropped; only its checkpoint files (``ft`` is a :class:`~skillgraft.pipeline.setup.FineTunedFiles`)
+              and its head (the carried tensors, a few KiB) stay; :meth:`Workbench.finetuned` reads it back whole
+    lazy      released to files that hold exactly the loaded θ_ft (checked, :meth:`Workbench.release_to_files`):
+              a ``reads_files`` localizer and ``Graft.from_models`` read it tensor by tensor, as they did the model
+
+The member's state is the one record of where its θ_ft is (``Setup.released`` reads ``ft``'s type, which follows
+it). θ_pre has a state too (:class:`PreState`): ``deferred`` for a lean pair until :meth:`Workbench.load_pre`,
+then ``loaded``, or ``released`` when :meth:`Workbench.release_pre` dropped its tensors.
 
 Every member's ``pre`` is a scorer of θ_pre whose parameters *are* the bench's θ_pre (shared, not copied; only a
 task's own new head is its own), and a member is released before the next one loads, so whatever N is the bench
-holds at most two models' weights: θ_pre once and one θ_ft. θ_pre has a state too: :meth:`Workbench.release_pre`
-drops its tensors (every member's θ_pre with them) and the next member's θ_pre gives them back (:meth:`share`),
-so a lean member — θ_ft loaded, scored, released to its files, then θ_pre — holds one model's weights at a time
-(``skillgraft merge``; bench/merge_memory.py). ``skillgraft graft`` is the same path with N = 1
-(:meth:`Workbench.of`; :func:`skillgraft.pipeline.variants.score_ft_first`).
+holds at most two models' weights: θ_pre once and one θ_ft. :meth:`Workbench.release_pre` drops θ_pre's tensors
+(every member's θ_pre with them) and the next member's θ_pre gives them back (:meth:`share`), so a lean member —
+θ_ft loaded, scored, released to its files, then θ_pre — holds one model's weights at a time (``skillgraft merge``;
+bench/merge_memory.py). ``skillgraft graft`` is the same path with N = 1 (:meth:`Workbench.of`;
+:func:`skillgraft.pipeline.variants.score_ft_first`). The bench carries its placement (:attr:`Workbench.runtime`,
+by default the one active when it was made: :func:`skillgraft.models.placement.using` keeps working) and places
+what it loads there (:meth:`Workbench.placed`).
 """
 
 from __future__ import annotations
@@ -18,9 +27,11 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Callable, Iterator
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Literal
+from types import MappingProxyType
 
 from skillgraft.lazy import torch
 
@@ -29,7 +40,50 @@ from skillgraft.heap import release_freed_memory
 from skillgraft.models.anatomy import carried_names
 from skillgraft.pipeline.setup import FineTunedFiles, Setup, readable_as, scorer_digest
 
-State = Literal["loaded", "released"]
+class MemberState(str, Enum):
+    """Where a member's θ_ft is (a ``str``: ``MemberState.RELEASED == "released"``)."""
+
+    LOADED = "loaded"      # in memory on the bench's device, FT not scored yet
+    SCORED = "scored"      # in memory, FT's scores recorded
+    RELEASED = "released"  # dropped: its checkpoint files, read back whole by the member's loader
+    LAZY = "lazy"          # dropped: files holding exactly θ_ft, read tensor by tensor
+
+    @property
+    def in_memory(self) -> bool:
+        return self in (MemberState.LOADED, MemberState.SCORED)
+
+
+class PreState(str, Enum):
+    """Where θ_pre is: a member's (``deferred``: a lean pair's, not loaded yet) or the bench's."""
+
+    DEFERRED = "deferred"
+    LOADED = "loaded"
+    RELEASED = "released"
+
+
+State = MemberState  # the former name
+
+
+@dataclass
+class Member:
+    """One fine-tuned model on a bench: its Setup (θ_ft, θ_pre's scorer, the data), its state, its head (θ_ft's
+    carried tensors, kept when θ_ft is released), how to read θ_ft back, and its graft once made."""
+
+    name: str
+    setup: Setup
+    state: MemberState = MemberState.LOADED
+    head: dict[str, torch.Tensor] = field(default_factory=dict)
+    loader: Callable | None = field(default=None, repr=False)
+    graft: object | None = None
+
+    @property
+    def pre_state(self) -> PreState:
+        """This member's θ_pre: deferred (a lean pair) until loaded."""
+        return PreState.DEFERRED if self.setup.pre is None else PreState.LOADED
+
+    @property
+    def released(self) -> bool:
+        return not self.state.in_memory
 
 
 def share_parameters(scorer, shared, keep: set[str]) -> int:
@@ -51,19 +105,40 @@ def share_parameters(scorer, shared, keep: set[str]) -> int:
 
 @dataclass
 class Workbench:
-    """θ_pre once (``pre``) and the members, by name, in the order added."""
+    """θ_pre once (``pre``), the members by name in the order added, and where they run (``runtime``)."""
 
-    pre: object | None = None                                   # θ_pre's scorer (the first member's)
-    pre_state: State = "released"                               # θ_pre's tensors in memory, or dropped
-    members: dict[str, Setup] = field(default_factory=dict)
-    states: dict[str, State] = field(default_factory=dict)
-    heads: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # each θ_ft's carried tensors
-    loaders: dict[str, Callable] = field(default_factory=dict, repr=False)   # read a released θ_ft back
-    grafts: dict[str, object] = field(default_factory=dict)     # each member's graft, once made
+    pre: object | None = None                                    # θ_pre's scorer (the first member's)
+    pre_state: PreState = PreState.RELEASED                      # θ_pre's tensors in memory, or dropped
+    members: dict[str, Member] = field(default_factory=dict)
+    runtime: object | None = field(default_factory=lambda: _active())  # a placement's Runtime (None: as loaded)
 
     @property
     def names(self) -> list[str]:
         return list(self.members)
+
+    def setup(self, name: str) -> Setup:
+        """Member ``name``'s Setup."""
+        return self.members[name].setup
+
+    @property
+    def setups(self) -> dict[str, Setup]:
+        """Each member's Setup, by name."""
+        return {n: m.setup for n, m in self.members.items()}
+
+    @property
+    def states(self) -> Mapping[str, MemberState]:
+        """Each member's state (read-only: the states change through :meth:`scored`, :meth:`release`, …)."""
+        return MappingProxyType({n: m.state for n, m in self.members.items()})
+
+    @property
+    def heads(self) -> Mapping[str, dict[str, torch.Tensor]]:
+        """Each θ_ft's carried tensors."""
+        return MappingProxyType({n: m.head for n, m in self.members.items()})
+
+    @property
+    def grafts(self) -> Mapping[str, object]:
+        """Each member's graft, once made (``bench.members[name].graft = …``)."""
+        return MappingProxyType({n: m.graft for n, m in self.members.items() if m.graft is not None})
 
     @property
     def base(self) -> dict[str, torch.Tensor]:
@@ -75,10 +150,25 @@ class Workbench:
 
     @property
     def placement(self) -> str:
-        """Where the bench's models run (one placement for every member: they share θ_pre's tensors)."""
+        """Where the bench's models run, as every report names it (one placement for every member: they share
+        θ_pre's tensors): the loaded θ_pre's device and precision, else the bench's runtime."""
         from skillgraft.models.placement import describe_module  # noqa: PLC0415
 
-        return describe_module(self.pre) if self.pre is not None else "nothing loaded"
+        if self.pre is not None:
+            return describe_module(self.pre)
+        return self.runtime.describe() if self.runtime is not None else "nothing loaded"
+
+    @contextlib.contextmanager
+    def placed(self) -> Iterator[object | None]:
+        """The bench's placement active for the block: what loads in it is placed there (the loaders read
+        :func:`~skillgraft.models.placement.active`)."""
+        from skillgraft.models.placement import active, using  # noqa: PLC0415
+
+        if self.runtime is None or self.runtime == active():  # already active (a verb's ``using``): as it is
+            yield active()
+            return
+        with using(self.runtime) as runtime:
+            yield runtime
 
     def share(self, pre):
         """θ_pre of a new member: the first becomes the bench's θ_pre; a later one's parameters become the bench's
@@ -86,10 +176,10 @@ class Workbench:
         this one's tensors back first. Pass as ``from_pair(share_pre=…)``."""
         if self.pre is None:
             self.pre = pre
-            self.pre_state = "loaded"
+            self.pre_state = PreState.LOADED
             return pre
         known = known_fingerprint(pre)  # e.g. read from its files (a lean load): its pages untouched
-        if self.pre_state == "released":
+        if self.pre_state == PreState.RELEASED:
             mine = dict(pre.named_parameters(remove_duplicate=False))
             carried = set(carried_names(self.pre))
             for name, p in self.pre.named_parameters(remove_duplicate=False):
@@ -98,7 +188,7 @@ class Workbench:
             forget_fingerprint(self.pre)
             if known is not None:
                 adopt_fingerprint(self.pre, known)  # the same weights (carried heads are not fingerprinted)
-            self.pre_state = "loaded"
+            self.pre_state = PreState.LOADED
         share_parameters(pre, self.pre, set(carried_names(pre)))
         if known is not None:
             adopt_fingerprint(pre, known)
@@ -110,13 +200,13 @@ class Workbench:
         """Drop θ_pre's tensors (shared by every member's θ_pre; each task's own head aside) until the next member's
         θ_pre gives them back (:meth:`share`): a lean member then loads, scores and releases its θ_ft with no θ_pre
         beside it (the weights of one model resident, whichever)."""
-        if self.pre is None or self.pre_state == "released":
+        if self.pre is None or self.pre_state == PreState.RELEASED:
             return
         carried = set(carried_names(self.pre))
         for name, p in self.pre.named_parameters(remove_duplicate=False):
             if name not in carried:
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-        self.pre_state = "released"
+        self.pre_state = PreState.RELEASED
         gc.collect()
         release_freed_memory()
 
@@ -127,40 +217,46 @@ class Workbench:
         bench.add(name or setup.task, setup)
         return bench
 
-    def add(self, name: str, setup: Setup, loader: Callable | None = None) -> Setup:
+    def add(self, name: str, setup: Setup, loader: Callable | None = None) -> Member:
         """A loaded member; ``loader()`` reads its θ_ft back after it is released (:meth:`finetuned`). The first
         member's θ_pre, when loaded, is the bench's (a later one's is shared through :meth:`share`)."""
         if self.pre is None and setup.pre is not None:
-            self.pre, self.pre_state = setup.pre, "loaded"
-        self.members[name] = setup
-        self.states[name] = "loaded"
+            self.pre, self.pre_state = setup.pre, PreState.LOADED
         params = dict(setup.ft.named_parameters())
-        self.heads[name] = {n: params[n].detach().clone() for n in carried_names(setup.ft)}
-        if loader is not None:
-            self.loaders[name] = loader
-        return setup
+        member = Member(name, setup, MemberState.SCORED if setup.probs else MemberState.LOADED,
+                        {n: params[n].detach().clone() for n in carried_names(setup.ft)}, loader)
+        self.members[name] = member
+        return member
+
+    def scored(self, name: str) -> None:
+        """Member ``name``'s FT was scored (its θ_ft still in memory)."""
+        member = self.members[name]
+        if member.state == MemberState.LOADED:
+            member.state = MemberState.SCORED
 
     def load_pre(self, name: str) -> None:
         """Load member ``name``'s θ_pre when it was deferred (a lean pair: after its θ_ft was scored and released,
         so the two are never resident together; docs/scale.md); the first one is the bench's θ_pre."""
-        setup = self.members[name]
-        setup.load_deferred_pre()
+        setup = self.members[name].setup
+        with self.placed():
+            setup.load_deferred_pre()
         if self.pre is None:
-            self.pre, self.pre_state = setup.pre, "loaded"
+            self.pre, self.pre_state = setup.pre, PreState.LOADED
 
-    def release(self, name: str, folder: Path | None = None) -> None:
+    def release(self, name: str, folder: Path | None = None, *, state: MemberState = MemberState.RELEASED) -> None:
         """Drop member ``name``'s θ_ft from memory (what identifies it, its head and its scores are kept); ``folder``:
         where it is read back from (default its ``ft_dir``)."""
-        setup = self.members[name]
-        if self.states[name] == "released":
+        member = self.members[name]
+        if member.released:
             return
+        setup = member.setup
         ft = setup.ft
         # its digest, part of every cache key, computed while θ_ft is in memory (a lean member's θ_pre loads later)
         digest = setup.identity()["finetuned"] if setup.pre is not None else scorer_digest(ft)
         setup.ft = FineTunedFiles(folder or setup.ft_dir, ft.base_model, digest,
                                   {n: tuple(p.shape) for n, p in ft.named_parameters()})
         del ft
-        self.states[name] = "released"
+        member.state = state
         gc.collect()
         release_freed_memory()
 
@@ -168,27 +264,36 @@ class Workbench:
         """Release member ``name``'s θ_ft when its checkpoint folder holds exactly it (safetensors with the loaded
         dtype and values, read back in slices: :func:`~skillgraft.pipeline.setup.readable_as`), so that what reads
         θ_ft from the files (a ``reads_files`` localizer, ``Graft.from_models``) computes what it computed on the
-        model; returns whether it is released. Otherwise θ_ft stays loaded."""
-        if self.states[name] == "released":
+        model (state ``lazy``); returns whether it is released. Otherwise θ_ft stays loaded."""
+        member = self.members[name]
+        if member.released:
             return True
-        setup = self.members[name]
+        setup = member.setup
         folder = Path(setup.ft_files or setup.ft_dir)  # a lean pair's local folder (a hub id's snapshot)
         if not folder.is_dir() or not readable_as(setup.ft, folder):
             return False
-        self.release(name, folder)
+        self.release(name, folder, state=MemberState.LAZY)
         return True
 
     @contextlib.contextmanager
     def finetuned(self, name: str) -> Iterator[object]:
         """Member ``name``'s θ_ft: the loaded one, or read back from its files for the block (then dropped)."""
-        setup = self.members[name]
-        if self.states[name] == "loaded":
-            yield setup.ft
+        member = self.members[name]
+        if not member.released:
+            yield member.setup.ft
             return
-        ft = self.loaders[name]()
+        with self.placed():
+            ft = member.loader()
         try:
             yield ft
         finally:
             del ft
             gc.collect()
             release_freed_memory()
+
+
+def _active():
+    """The placement active when a bench is made (:func:`skillgraft.models.placement.using`)."""
+    from skillgraft.models.placement import active  # noqa: PLC0415
+
+    return active()

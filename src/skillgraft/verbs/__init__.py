@@ -4,12 +4,12 @@ the options and prints the result, and recipes may call them.
     finetune  :func:`skillgraft.verbs.finetune.finetune`    → FinetuneResult (run directory, metrics)
     graft     :func:`skillgraft.verbs.graft.graft`          → GraftResult (report folder, metrics, rows)
     sweep     :func:`skillgraft.verbs.sweep.sweep`          → SweepResult
-    merge     :func:`skillgraft.verbs.merge.merge_models`   → merge.json's summary
+    merge     :func:`skillgraft.verbs.merge.merge_models`   → MergeResult (folder, typed MergeRows, merge.json)
     apply     :func:`skillgraft.verbs.apply.apply`          → ApplyResult
-    export    :func:`skillgraft.verbs.export.export`        → the exporter's summary
+    export    :func:`skillgraft.verbs.export.export`        → ExportResult (exporter, coordinates, its summary)
     fim       :func:`skillgraft.verbs.fim.fim`              → FimResult
     evaluate  :func:`skillgraft.verbs.evaluate.evaluate`    → EvaluateResult
-    continual :func:`skillgraft.verbs.continual.continual_add` → the task's state entry
+    continual :func:`skillgraft.verbs.continual.continual_add` → ContinualResult (the task's typed state entry)
 
 Modules are imported on use (a verb loads only what it needs).
 """

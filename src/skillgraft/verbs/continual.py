@@ -7,6 +7,7 @@ learned task and saves the state atomically."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from skillgraft.data.spec import DataSpec
@@ -22,13 +23,35 @@ from skillgraft.pipeline.store import Store, converts_into_store
 from skillgraft.train.finetune import FinetuneConfig
 
 
+@dataclass
+class ContinualResult:
+    """One ``continual add``: the task, its arrival order, |γ_task|, the coordinates it owns and those earlier tasks
+    own, its test metrics, and its whole state entry (continual.json's, what ``--json`` prints)."""
+
+    task: str
+    order: int
+    region_size: int
+    owned_size: int
+    shared_with_earlier: int
+    test: dict
+    entry: dict
+
+    @classmethod
+    def of(cls, entry: dict) -> ContinualResult:
+        return cls(entry["task"], entry["order"], entry["region_size"], entry["owned_size"],
+                   entry["shared_with_earlier"], entry.get("test", {}), entry)
+
+    def to_dict(self) -> dict:
+        return self.entry
+
+
 @converts_into_store
 def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int = 13, data_dir=None,
                   model: str | None = None, mode: str = "head", region: str | os.PathLike | None = None,
                   finetune_config: FinetuneConfig | None = None, region_finetune_config: FinetuneConfig | None = None,
                   localize_config=None, init: str = "current", test_limit: int | None = None,
-                  cache: str | os.PathLike | None = None, progress: bool = True) -> dict:
-    """Add ``task`` to the continual state folder ``state`` (created on first use); returns its entry.
+                  cache: str | os.PathLike | None = None, progress: bool = True) -> ContinualResult:
+    """Add ``task`` to the continual state folder ``state`` (created on first use); returns its typed entry.
 
     γ_task is read from ``region`` (a Region or Graft folder) or learned from an independent single-task
     run (fine-tune with ``region_finetune_config`` or else ``finetune_config``, then localize with
@@ -95,7 +118,7 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
             if e["task"] == task:
                 e["test"] = metrics
         learner.save(state)
-        return entry
+        return ContinualResult.of(entry)
 
 
 def read_state(state: str | os.PathLike) -> dict:

@@ -3,17 +3,38 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from skillgraft.export import ExportSpec, export_graft
 
 
-def export(graft_dir: str | os.PathLike, out: str | os.PathLike, spec: ExportSpec | None = None) -> dict:
+@dataclass
+class ExportResult:
+    """What ``skillgraft export`` wrote: where, by which exporter, how many grafted coordinates, and the exporter's
+    own summary (``skillgraft_export.json``, what ``--json`` prints)."""
+
+    out: Path
+    to: str
+    coordinates: int
+    summary: dict
+
+    @property
+    def bytes(self) -> int | None:
+        """The size written, when the exporter reports it."""
+        return self.summary.get("bytes")
+
+    def to_dict(self) -> dict:
+        return self.summary
+
+
+def export(graft_dir: str | os.PathLike, out: str | os.PathLike, spec: ExportSpec | None = None) -> ExportResult:
     """Export the graft in ``graft_dir`` to ``out`` (refused before any work if it exists, unless
-    ``spec.overwrite``); returns the exporter's summary (also ``skillgraft_export.json``)."""
+    ``spec.overwrite``); returns the typed result holding the exporter's summary."""
     from skillgraft.graft import Graft  # noqa: PLC0415
     from skillgraft.io import check_target  # noqa: PLC0415
 
     spec = spec or ExportSpec()
     check_target(out, spec.overwrite, {"graft": graft_dir, "--model": spec.model})  # before any work
-    return export_graft(Graft.from_pretrained(Path(graft_dir)), out, spec)
+    summary = export_graft(Graft.from_pretrained(Path(graft_dir)), out, spec)
+    return ExportResult(Path(out), summary["to"], summary["coordinates"], summary)

@@ -36,7 +36,8 @@ from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.store import converts_into_store
 from skillgraft.pipeline.workbench import Workbench
-from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant, score_ft_first
+from skillgraft.pipeline.variants import (ResultRow, Variant, base_variants, compare, graft_variant,
+                                          score_ft_first)
 from skillgraft.spec import Spec
 from skillgraft.models.spec import MAX_LENGTH
 
@@ -170,8 +171,9 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
 
         metrics["frontier"] = frontier_report(setup, run, frontier, report.localizer, options, keep,
                                               progress=progress)
-    run.json("metrics.json", metrics)
-    write_csv(run.file("results.csv"), rows)
+    columns = [r.columns() for r in rows]  # the typed rows as their CSV/JSON columns, written here
+    run.json("metrics.json", {**metrics, "rows": columns})
+    write_csv(run.file("results.csv"), columns)
     shown = [r["model"] for r in rows if r["kind"] in ("ft", "graft", "keep")]
     labels = labels_of(setup.test)
     confidence_histogram({n: probs[n] for n in shown}, run.file("confidence.png"),
@@ -359,7 +361,8 @@ class GraftResult:
     labels_note: str = ""
 
     @property
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[ResultRow]:
+        """The report's typed rows (FT, the grafts, the baselines…; ``columns()``: results.csv's)."""
         return self.metrics["rows"]
 
 

@@ -42,6 +42,7 @@ from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.selection import Budget
 from skillgraft.io import atomic_dir, check_target
 from skillgraft.merge import MERGE_METHODS, MergeMethod, Scored, merge_methods
+from skillgraft.merge.base import MergeRow
 from skillgraft.pipeline.report import write_csv
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.store import converts_into_store
@@ -51,7 +52,29 @@ from skillgraft.models.spec import MAX_LENGTH
 from skillgraft.verbs.merge_inputs import ModelInput, check_inputs, merge_inputs, resolve_inputs
 from skillgraft.verbs.merge_report import readme, report_markdown, summarize, write_grafts, write_outputs
 
-__all__ = ["MergeSpec", "ModelInput", "check_inputs", "merge_models", "resolve_inputs"]
+__all__ = ["MergeResult", "MergeSpec", "ModelInput", "check_inputs", "merge_models", "resolve_inputs"]
+
+
+@dataclasses.dataclass
+class MergeResult:
+    """What ``skillgraft merge`` wrote: the folder, its typed rows, and merge.json (``record``: the rows as their
+    columns, what ``--json`` prints)."""
+
+    out: Path
+    rows: list[MergeRow]
+    record: dict
+
+    @property
+    def mode(self) -> str:
+        return self.record["mode"]
+
+    @property
+    def headline(self) -> dict:
+        return self.record["headline"]
+
+    def to_dict(self) -> dict:
+        """merge.json's content."""
+        return self.record
 
 
 class MergeSettings(Spec):
@@ -204,7 +227,7 @@ class MergeBench(Workbench):
 
     def score(self, use, split: str, names: list[str] | None = None) -> dict[str, float]:
         out = {}
-        for name, setup in self.members.items():
+        for name, setup in self.setups.items():
             if names is not None and name not in names:
                 continue
             rows = setup.data.dev if split == "dev" else setup.test
@@ -217,7 +240,7 @@ class MergeBench(Workbench):
 
         @contextlib.contextmanager
         def use(name):
-            setup = self.members[name]
+            setup = self.setup(name)
             with graft_of(name).applied(setup.pre):
                 yield setup.pre
         return use
@@ -231,7 +254,7 @@ class MergeBench(Workbench):
 
         @contextlib.contextmanager
         def use(name):
-            pre = self.members[name].pre
+            pre = self.setup(name).pre
             with swapped(pre, self.heads[name]), swapped(body_module(pre), body_state(pre, merged)):
                 yield pre
         return use
@@ -241,8 +264,9 @@ class MergeBench(Workbench):
 @converts_into_store
 def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, localize: Spec | dict | None,
                  out: str | os.PathLike, *, store=None, overwrite: bool = False, progress: bool = False,
-                 methods: dict[str, MergeMethod] | None = None) -> dict:
-    """Merge ``inputs`` (fine-tuned from ``pretrained``) into ``out``; see the module doc. Returns merge.json.
+                 methods: dict[str, MergeMethod] | None = None) -> MergeResult:
+    """Merge ``inputs`` (fine-tuned from ``pretrained``) into ``out``; see the module doc. Returns its typed rows
+    and merge.json.
 
     ``localize``: the options of ``spec.localizer`` set by the caller (its own spec or a dict; the rest are
     the localizer's own defaults). ``methods``: the merge methods (default: the registry,
@@ -278,6 +302,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             bench.add(m.name, setup, loader=_loader(setup, m.finetuned, spec.max_length))
             ft.dev[m.name] = score(setup.ft, setup.data.dev)
             ft.test[m.name] = score(setup.ft, setup.test)
+            bench.scored(m.name)
             for method, opts in chosen:
                 method.on_model(bench, m.name, setup.ft, opts, work)
             if (m.graft is None and reads_files and spec.keep is None) or setup.pre is None:
@@ -286,7 +311,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             if len(bench.members) == 1:
                 for method, opts in chosen:
                     method.start(bench, opts, work)
-            bench.grafts[m.name] = task_graft(setup, m, spec, localize, store, progress=progress)
+            bench.members[m.name].graft = task_graft(setup, m, spec, localize, store, progress=progress)
             if spec.keep is not None:
                 from skillgraft.pipeline.keep import keep_graft  # noqa: PLC0415
 
@@ -311,7 +336,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             results += refit_rows(bench, results, spec.refit_heads, progress)
             seconds["refit_heads"] = time.perf_counter() - t1
     written = next((s.body for s in results if s.info.get("written") and s.body is not None), None)
-    summary = summarize(results, ft, bench.members, bench.grafts, spec, mode, pretrained, chosen)
+    summary = summarize(results, ft, bench.setups, bench.grafts, spec, mode, pretrained, chosen)
     summary["seconds"] = {"localize_and_load": t_loc, "mergekit": seconds.get("mergekit", 0.0),
                           "total": time.perf_counter() - t0}
     summary["placement"] = bench.placement  # where the merge computed (docs/gpu.md)
@@ -329,11 +354,12 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             summary["routed"] = write_routed_outputs(tmp / "routed", bench, summary, kept)
         (tmp / "report.md").write_text(report_markdown(summary, [m for m, _ in chosen])
                                        + f"\nRan on {summary['placement']}.\n")
-        summary = {**summary, "rows": [r.columns() for r in summary["rows"]]}  # merge.json holds their columns
+        rows = summary["rows"]
+        summary = {**summary, "rows": [r.columns() for r in rows]}  # merge.json holds their columns
         (tmp / "merge.json").write_text(json.dumps(summary, indent=2, default=float))
         write_csv(tmp / "results.csv", summary["rows"])
         (tmp / "README.md").write_text(readme(summary, mode))
-    return summary
+    return MergeResult(Path(out), rows, summary)
 
 
 def refit_rows(bench: MergeBench, results: list[Scored], n: int, progress: bool = False) -> list[Scored]:
@@ -343,7 +369,7 @@ def refit_rows(bench: MergeBench, results: list[Scored], n: int, progress: bool 
 
     from skillgraft.merge.refit import refit_rows as sample, refitted  # noqa: PLC0415
 
-    rows = {name: sample(setup.data.train, n, setup.data.seed) for name, setup in bench.members.items()}
+    rows = {name: sample(setup.data.train, n, setup.data.seed) for name, setup in bench.setups.items()}
     out = []
     todo = [s for s in results
             if s.test and s.reuse is not None and (s.info.get("chosen_on_dev") or s.method in ("graft", "routed"))]
@@ -395,7 +421,7 @@ def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict,
     ``routed`` rows, each with its keep search and test share), its bytes, and the switch time of the loader."""
     from skillgraft.graft.routed import RoutedSkills, switch_seconds, write_routed  # noqa: PLC0415
 
-    labels = {n: list(setup.data.task.labels) for n, setup in bench.members.items()}
+    labels = {n: list(setup.data.task.labels) for n, setup in bench.setups.items()}
     method = "routed" if kept else "graft"
     rows = [r for r in summary["rows"] if r.method == method and r.on_test]  # typed MergeRows
     keep = None

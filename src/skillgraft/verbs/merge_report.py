@@ -82,7 +82,7 @@ def write_outputs(folder: Path, bench, body: Graft) -> None:
             pre.model.save_pretrained(folder / "model")
         pre.tokenizer.save_pretrained(folder / "model")
         return
-    for name, setup in bench.members.items():
+    for name, setup in bench.setups.items():
         # the stitched body (θ_pre outside the union) written into the task's own fine-tuned classifier
         with task_view(body, bench.grafts[name]).applied(setup.pre):
             state = {n: t.detach().clone() for n, t in body_module(setup.pre).state_dict().items()}
