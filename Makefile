@@ -39,13 +39,13 @@ demo: $(STAMP)
 	$(VENV)/bin/skillgraft demo
 
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 # The suite on a CUDA machine, with the GPU visible (verbs default to --device auto: they run there), on the
 # machine's own Python whose torch has CUDA and whose dependencies are installed (CI stays CPU-only; docs/gpu.md)
 test-gpu:
 	$(PYTHON) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu: no CUDA device visible to ' + sys.executable)"
-	$(PYTHON) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 test-all: $(STAMP)
 	SKILLGRAFT_SLOW=1 $(PY) -m pytest -q $(PYTEST_ARGS)
