@@ -183,3 +183,133 @@ def test_a_fisher_saliency_is_refused_on_generative_data(generative):
         with pytest.raises(SkillgraftError, match=f"localizer '{name}' needs class labels"):
             get_localizer(name).run(pre, ft, data, options)
 
+
+
+class HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts what makes a GPU wait for the host: scalar reads (item, float, bool), nonzero, boolean-mask indexing,
+    masked_select, unique; ``tolist``/``cpu``/``numpy`` are counted by :func:`count_host_reads`."""
+
+    SYNCING = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten._unique", "aten.unique")
+
+    def __init__(self, reads):
+        super().__init__()
+        self.reads = reads
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        boolean_index = name.startswith(("aten.index.", "aten.index_put")) and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else ()) or ())
+        if (name.startswith(self.SYNCING) or boolean_index) and not self.exempt():
+            self.reads.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+    @staticmethod
+    def exempt() -> bool:
+        """Reads that are no GPU sync or not skillgraft's: Adam's step count (a CPU tensor by design, when not
+        capturable) and transformers' SDPA mask check (``padding_mask.all()``; open, docs/gpu.md)."""
+        import traceback
+
+        outside = [f.filename for f in traceback.extract_stack()[:-2] if "/torch/" not in f.filename or
+                   f.filename.endswith("/torch/optim/adam.py")]
+        return outside[-1].endswith(("/torch/optim/adam.py", "/transformers/masking_utils.py"))
+
+
+def count_host_reads(monkeypatch, reads):
+    for method in ("tolist", "cpu", "numpy"):
+        real = getattr(torch.Tensor, method)
+        monkeypatch.setattr(torch.Tensor, method, lambda self, *a, _real=real, _m=method, **k:
+                            reads.append(_m) or _real(self, *a, **k))
+
+
+@pytest.mark.parametrize("name, options", [
+    ("learned", {"sparsity": 0.01, "budgets": [0.005, "round"]}),
+    ("learned", {"sparsity": 0.01, "budgets": [0.005], "candidates": 0.2, "l1": 1e-3}),
+    ("learned-adam", {"sparsity": 0.005, "budgets": [30]}),
+    ("straight-through", {"budgets": [30], "optimizer": "nsgd", "lr": 2.0}),
+    ("prune", {"anneal_steps": 3, "anneal_from": 0.5, "budgets": [30]}),
+    ("hard-concrete", {"budgets": [30]})])
+def test_no_host_read_inside_a_localization_step(pair, monkeypatch, name, options):
+    """Issue 45: a step reads nothing back from the device (loss, metrics and the non-finite check wait for the
+    scored steps), so on a GPU the host never waits inside the loop."""
+    import skillgraft.graft.localizers.engine as engine
+
+    pre, ft, data = pair
+    reads, steps, real = [], [], engine._step
+
+    def watched(*args):
+        mine = []
+        with pytest.MonkeyPatch.context() as mp, HostReads(mine):
+            count_host_reads(mp, mine)
+            real(*args)
+        reads.extend(mine)
+        steps.append(args[-1])
+
+    monkeypatch.setattr(engine, "_step", watched)
+    get_localizer(name).run(pre, ft, data, {"steps": 4, "eval_every": 4, "micro_batch": 16, **options})
+    assert steps and reads == []
+
+
+def test_a_non_finite_loss_still_stops_at_its_step_and_moves_nothing(pair, monkeypatch):
+    import skillgraft.graft.localizers.engine as engine
+
+    pre, ft, data = pair
+    before = snapshot(pre)
+    moved = []
+    real = engine.Optimizer.step
+
+    def step(self, grads, finite=None):
+        params = [p.detach().clone() for p in self.params]
+        real(self, grads, finite)
+        moved.append(any(not torch.equal(a, b) for a, b in zip(params, self.params)))
+
+    calls = iter(range(100))
+    real_loss = engine.batch_loss
+    monkeypatch.setattr(engine.Optimizer, "step", step)
+    monkeypatch.setattr(engine, "batch_loss", lambda *a, **k: real_loss(*a, **k) * (
+        float("nan") if next(calls) == 1 else 1.0))
+    with pytest.raises(SkillgraftError, match="localization stopped at step 2: the loss is nan"):
+        get_localizer("learned").run(pre, ft, data, {"steps": 4, "eval_every": 4, "micro_batch": 64,
+                                                     "sparsity": 0.01, "budgets": [0.005]})
+    assert moved == [True, False, True, True]  # step 2 moved nothing; the run stops at its next read
+    assert_intact(pre, before)
+
+
+def test_the_on_device_top_k_takes_what_top_k_flat_takes():
+    from skillgraft.graft.selection import top_k_flat, top_k_flat_on_device
+
+    flat = torch.tensor([1.0, 3.0, 3.0, float("nan"), 2.0, 3.0, float("inf"), 3.0, -1.0])
+    for k in range(0, 11):
+        assert torch.equal(top_k_flat_on_device(flat, k), top_k_flat(flat, k)), k
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_localization_step_on_cuda_never_synchronises(pair, monkeypatch):
+    """torch's sync debug mode warns at every host synchronisation; none may come from a step (transformers' own
+    SDPA mask check is the one known exception, docs/gpu.md)."""
+    import warnings
+
+    import skillgraft.graft.localizers.engine as engine
+
+    pre, ft, data = pair
+    pre, ft = pre.to("cuda"), ft.to("cuda")
+    real, caught = engine._step, []
+
+    def watched(*args):
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                real(*args)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        caught.extend(w for w in seen if "synchroniz" in str(w.message) and "masking_utils" not in w.filename)
+
+    monkeypatch.setattr(engine, "_step", watched)
+    try:
+        get_localizer("learned").run(pre, ft, data, {"steps": 3, "eval_every": 3, "micro_batch": 16,
+                                                     "sparsity": 0.01, "budgets": [0.005]})
+    finally:
+        pre.to("cpu"), ft.to("cpu")
+    assert caught == []

@@ -26,7 +26,14 @@ from accelerate import Accelerator
 torch.set_num_threads(1)
 acc = Accelerator(cpu=True)
 calls = []
-def counting(module):  # the steps a loop runs: its loss checks
+def counting(module):  # the steps a loop runs: its loss checks (the localization engine: its steps)
+    if hasattr(module, "_step"):
+        real_step = module._step
+        def step(*args):
+            calls.append(args[-1])
+            return real_step(*args)
+        module._step = step
+        return
     real = module.check_loss
     def check(total, what, step):
         calls.append(step)

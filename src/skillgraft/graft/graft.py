@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import os
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +81,49 @@ def _named_parameters(module: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return out
 
 
+_REGISTRATIONS = [0]  # parameters or submodules registered on any module since import (nn.Module's global hooks)
+
+
+def _registered(*_) -> None:
+    _REGISTRATIONS[0] += 1
+
+
+def _watch_registrations() -> None:
+    """Count every parameter or submodule registration (``setattr``/``register_*``), once per process."""
+    if not _REGISTRATIONS[1:]:
+        from torch.nn.modules import module  # noqa: PLC0415
+
+        module.register_module_parameter_registration_hook(_registered)
+        module.register_module_module_registration_hook(_registered)
+        _REGISTRATIONS.append(True)
+
+
+_DATA_PTR, _VERSION = operator.methodcaller("data_ptr"), operator.attrgetter("_version")
+
+
+def _same_objects(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def _quick_key(plist: tuple) -> tuple:
+    """A cheap stand-in for :func:`_state_key` over a known parameter list: registrations, storages and the
+    sum of the in-place version counters (they only grow, so any in-place write raises the sum)."""
+    return _REGISTRATIONS[0], tuple(map(_DATA_PTR, plist)), sum(map(_VERSION, plist))
+
+
+def _params_of(body) -> tuple:
+    """Every parameter of ``body`` (the walk of :func:`_state_key`)."""
+    out: list = []
+    stack = [body]
+    while stack:
+        mod = stack.pop()
+        if mod._parameters:
+            out.extend([p for p in mod._parameters.values() if p is not None])
+        if mod._modules:
+            stack.extend([m for m in mod._modules.values() if m is not None])
+    return tuple(out)
+
+
 def _bumped(key: tuple, changed) -> tuple:
     """``key`` with the entries of the ``changed`` parameters re-read (after writing only to those)."""
     now = {id(p): (id(p), p.data_ptr(), p._version) for p in changed}
@@ -100,6 +145,7 @@ class _Base:
     fingerprint: str
     epoch: object = field(default_factory=object)
     samples: dict[str, tuple[tuple, bytes]] = field(default_factory=dict, repr=False)
+    quick: tuple | None = field(default=None, repr=False)  # (parameters, _quick_key) valid with ``key``'s content
 
 
 def _fingerprint(scorer, known: dict[str, tuple[tuple, bytes]], read) -> tuple[str, dict]:
@@ -120,6 +166,10 @@ def _base(scorer, key: tuple, compute: bool) -> _Base | None:
     body = _body(scorer)
     known = body.__dict__.get(_BASE)
     if known is not None and known.key == key:
+        return known
+    if known is not None and known.quick is not None and _quick_key(known.quick[0]) == known.quick[1] \
+            and _same_objects(_params_of(body), known.quick[0]):
+        known.key = key  # only this graft's fast swaps wrote since the key was taken, each reverted bit-exactly
         return known
     if not compute:
         return None
@@ -222,6 +272,27 @@ class _Applied:
     outside: str
     key: tuple | None = None     # state key right after applying (to re-validate the base on revert)
     base: _Base | None = None    # what was known about the base before applying
+    fast: tuple | None = None    # a fast swap's (base, quick key expected right after applying)
+    checked: bool = False        # the base fingerprint was checked (not forced)
+
+
+@dataclass
+class _Swap:
+    """A graft's prepared swap on one body: every write's target, indices, values and θ_pre backup, on the device.
+
+    Made by a revert that restored the base bit-exactly; used while the body keeps that base content (same
+    epoch, same quick key): an apply is then one ``put_`` per region tensor and one ``copy_`` per carried
+    tensor, a revert the same, with no walk of the model and no checks beyond one pass over its storages and
+    version counters."""
+
+    body: weakref.ref
+    epoch: object
+    writes: list        # (detached parameter, indices, values, θ_pre values) per region tensor
+    carried: list       # (detached parameter, the graft's tensor, θ_pre's) per carried tensor
+    anchor: tuple       # the graft's own tensors at their versions
+    bump: int           # how much one write to each target raises the quick key's version sum
+    checked: bool       # the base fingerprint was checked (not forced) when it was made
+    graph: object = None  # CUDA graphs of the writes (apply, revert), when captured
 
 
 def active_graft(scorer) -> Graft | None:
@@ -269,6 +340,64 @@ def _restore(saved: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor |
             d.copy_(old)
         else:
             d.put_(idx, old)
+
+
+def _fast_restore(sw: _Swap) -> None:
+    """Write θ_pre back on every coordinate a prepared swap writes (all of them: harmless where not yet written)."""
+    if _replay(sw, 1):
+        return
+    for d, i, _, old in reversed(sw.writes):
+        d.put_(i, old)
+    for d, _, old in reversed(sw.carried):
+        d.copy_(old)
+
+
+def _replay(sw: _Swap, which: int) -> bool:
+    """Replay the captured CUDA graph of a swap's writes (0: apply, 1: revert); False when none is captured.
+    A replay writes behind autograd's back, so the targets' version counters are raised as the eager writes do."""
+    if sw.graph is None:
+        return False
+    sw.graph[which].replay()
+    torch.autograd.graph.increment_version([d for d, *_ in sw.writes] + [d for d, *_ in sw.carried])
+    return True
+
+
+def _eager(sw: _Swap, which: int) -> None:
+    for d, i, v, old in sw.writes:
+        d.put_(i, old if which else v)
+    for d, t, old in sw.carried:
+        d.copy_(old if which else t)
+
+
+def _capture(sw: _Swap) -> None:
+    """Capture a swap's writes as two CUDA graphs (``SKILLGRAFT_SWAP_GRAPHS=1``, one CUDA device), checked once
+    against the values they must write; any failure leaves the eager writes in place (not measured on a GPU)."""
+    targets = [d for d, *_ in sw.writes] + [d for d, *_ in sw.carried]
+    devices = {d.device for d in targets}
+    if os.environ.get("SKILLGRAFT_SWAP_GRAPHS") != "1" or len(devices) != 1 or next(iter(devices)).type != "cuda":
+        return
+    device = next(iter(devices))
+    versions = [d._version for d in targets]
+    try:
+        graphs, stream = (torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()), torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for which, graph in enumerate(graphs):
+                with torch.cuda.graph(graph, stream=stream):
+                    _eager(sw, which)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graphs[0].replay()
+        ok = all(torch.equal(torch.take(d, i), v.to(d.dtype)) for d, i, v, _ in sw.writes) and \
+            all(torch.equal(d, t) for d, t, _ in sw.carried)
+        graphs[1].replay()
+        ok = ok and all(torch.equal(torch.take(d, i), old) for d, i, _, old in sw.writes) and \
+            all(torch.equal(d, old) for d, _, old in sw.carried)
+        sw.graph = graphs if ok else None
+    except Exception:  # noqa: BLE001 - a capture that fails falls back to the eager writes
+        sw.graph = None
+    if sw.graph is None:
+        _eager(sw, 1)  # θ_pre back wherever a partial capture or replay wrote
+    torch.autograd.graph.increment_version([d for d, v in zip(targets, versions) if d._version == v])
 
 
 def _pre_source(pre_files):
@@ -365,7 +494,12 @@ class Graft:
                                       "(Scorer.from_pretrained), or export it (skillgraft export / apply --export)")
             return model
         own = dict(model.named_parameters())
-        return PlainModel(model, self.carried) if names[0][len("model."):] in own else model
+        if names[0][len("model."):] not in own:
+            return model
+        plain = model.__dict__.get("_skillgraft_plain")  # reused: a new wrapper registers a module each time
+        if plain is None or plain.carried != set(self.carried):
+            plain = model.__dict__["_skillgraft_plain"] = PlainModel(model, self.carried)
+        return plain
 
     def _check_target(self, scorer, force: bool) -> dict[str, torch.nn.Parameter]:
         """Everything ``apply`` needs, checked before anything is written; returns the named parameters."""
@@ -454,6 +588,8 @@ class Graft:
         if outside not in ("pre", "zero"):
             raise SkillgraftError(f"outside must be 'pre' or 'zero', got {outside!r}")
         target, scorer = scorer, self._target(scorer)  # a plain transformers model: seen as a Scorer names it
+        if outside == "pre" and pre_files is None and self._fast_apply(scorer, force):
+            return target
         params, key, base = self._prepare(scorer, force)
         files = _pre_source(pre_files) if outside == "zero" else None
         body = _body(scorer)
@@ -488,7 +624,7 @@ class Graft:
         except BaseException:
             _restore(saved)
             raise
-        rec = _Applied(self, saved, outside)
+        rec = _Applied(self, saved, outside, checked=not force)
         if base is not None:
             rec.key, rec.base = _bumped(key, [p for p, _, _ in saved]), base
             if outside == "pre" and reuse is None:  # θ_pre on the region, valid while the base keeps this epoch
@@ -507,14 +643,86 @@ class Graft:
             raise SkillgraftError("no graft is applied to this model (nothing to revert)")
         if rec.graft is not self:
             raise SkillgraftError("another graft is applied to this model; revert it with that graft")
+        if rec.fast is not None:
+            self._fast_revert(body, rec)
+            return target
         key = _state_key(body) if rec.key is not None else None
         _restore(rec.saved)
         del body.__dict__[_APPLIED]
         if key is not None and key == rec.key:
             # nothing else changed while applied: the body is bit-exactly the base it was (same epoch)
-            body.__dict__[_BASE] = _Base(_bumped(key, [p for p, _, _ in rec.saved]), rec.base.fingerprint,
-                                         rec.base.epoch, rec.base.samples)
+            known = _Base(_bumped(key, [p for p, _, _ in rec.saved]), rec.base.fingerprint, rec.base.epoch,
+                          rec.base.samples)
+            body.__dict__[_BASE] = known
+            if rec.outside == "pre":
+                self._plan_swap(body, rec, known)
         return target
+
+    # ------------------------------------------------------------------ fast swaps
+    def _anchor(self) -> tuple:
+        tensors = [*self.region.indices.values(), *self.values.values(), *self.carried.values()]
+        return (self.region, self.values, self.carried, tuple(tensors), tuple(t._version for t in tensors))
+
+    def _anchored(self, anchor: tuple) -> bool:
+        """The graft's region, values and carried tensors are those the swap was prepared from, unchanged."""
+        region, values, carried, tensors, versions = anchor
+        if region is not self.region or values is not self.values or carried is not self.carried:
+            return False
+        now = [*self.region.indices.values(), *self.values.values(), *self.carried.values()]
+        return _same_objects(tuple(now), tensors) and tuple(t._version for t in now) == versions
+
+    def _plan_swap(self, body, rec: _Applied, known: _Base) -> None:
+        """Prepare the fast swap from what this (slow) apply wrote, now that its revert restored ``known``."""
+        _watch_registrations()
+        n = len(self.region.indices)
+        writes = []
+        for (p, i, old), name in zip(rec.saved[:n], self.region.indices):
+            d = p.detach()
+            writes.append((d, i, self._on_device(name, d.device, d.dtype)[1], old))
+        carried = [(p.detach(), self.carried[name].to(p.device, p.dtype), old)
+                   for (p, _, old), name in zip(rec.saved[n:], self.carried)]
+        plist = _params_of(body)
+        counts: dict[int, int] = {}
+        for p in plist:
+            counts[id(p)] = counts.get(id(p), 0) + 1
+        bump = sum(counts.get(id(p), 0) for p, _, _ in rec.saved)
+        sw = _Swap(weakref.ref(body), known.epoch, writes, carried, self._anchor(), bump, rec.checked)
+        _capture(sw)
+        known.quick = (plist, _quick_key(plist))  # after the capture, which raised the targets' versions
+        self.__dict__["_swap"] = sw
+
+    def _fast_apply(self, scorer, force: bool) -> bool:
+        """Apply through the prepared swap when the body still holds the base it was prepared on; else False."""
+        sw = self.__dict__.get("_swap")
+        if sw is None or not (force or sw.checked):
+            return False
+        body = _body(scorer)
+        known = body.__dict__.get(_BASE)
+        if (sw.body() is not body or _APPLIED in body.__dict__ or known is None or known.epoch is not sw.epoch
+                or known.quick is None or not self._anchored(sw.anchor)):
+            return False
+        plist, (registrations, ptrs, version) = known.quick
+        if _quick_key(plist) != known.quick[1]:
+            return False
+        try:
+            if not _replay(sw, 0):
+                for d, i, v, _ in sw.writes:
+                    d.put_(i, v)
+                for d, t, _ in sw.carried:
+                    d.copy_(t)
+        except BaseException:
+            _fast_restore(sw)
+            raise
+        body.__dict__[_APPLIED] = _Applied(self, [], "pre", fast=(known, (registrations, ptrs, version + sw.bump)))
+        return True
+
+    def _fast_revert(self, body, rec: _Applied) -> None:
+        known, expected = rec.fast
+        sw = self.__dict__["_swap"]
+        unchanged = _quick_key(known.quick[0]) == expected  # nothing but this swap wrote while applied
+        _fast_restore(sw)
+        del body.__dict__[_APPLIED]
+        known.quick = (known.quick[0], (*expected[:2], expected[2] + sw.bump)) if unchanged else None
 
     @contextlib.contextmanager
     def applied(self, scorer, *, outside: Outside = "pre", force: bool = False, pre_files=None) -> Iterator:

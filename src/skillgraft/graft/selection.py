@@ -196,6 +196,20 @@ def top_k_flat(flat: torch.Tensor, k: int) -> torch.Tensor:
     return chosen
 
 
+def top_k_flat_on_device(flat: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`top_k_flat` (the same entries) without reading anything back to the host: the ties taken are the
+    first ones by a running count (an int32 temporary of ``flat``'s length; for a step's small candidate set)."""
+    k = max(0, min(k, flat.numel()))
+    if k == 0:
+        return torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
+    if flat.is_floating_point():
+        flat = torch.nan_to_num(flat, nan=float("inf"), posinf=float("inf"), neginf=float("-inf"))
+    threshold = torch.topk(flat, k, sorted=False).values.min()
+    chosen = flat > threshold
+    tied = flat == threshold
+    return chosen | (tied & (torch.cumsum(tied, 0, dtype=torch.int32) <= k - chosen.sum()))
+
+
 def top_k_masks(scores: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
     """Boolean masks of exactly the k largest entries over all tensors (ties broken by position).
 

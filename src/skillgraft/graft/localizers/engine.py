@@ -57,7 +57,10 @@ class Optimizer:
         self.adam = torch.optim.Adam(params, lr=lr) if kind == "adam" else None
 
     @no_grad
-    def step(self, grads: list[torch.Tensor]) -> None:
+    def step(self, grads: list[torch.Tensor], finite: torch.Tensor | None = None) -> None:
+        """One update; ``finite`` (a 0-d bool on the device): where false, the gradients count as 0 (no read)."""
+        if finite is not None:
+            grads = [torch.where(finite, g, 0.0) for g in grads]
         if self.kind == "nsgd":
             scale = self._rms(grads).clamp_min(1e-30)
             grads = [g / scale for g in grads]
@@ -301,32 +304,63 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
     label = f"localize ({relax.name} {budgets[0].label})" if relax.per_budget else "localize"
     bar = tqdm(range(done + 1, plan.steps + 1), desc=label, disable=not (progress and accelerator.is_main_process),
                initial=done, total=plan.steps)
+    guard = _FirstNonFinite(accelerator.device)
     try:
         for step in bar:
             t0 = time.perf_counter()
             order = rng.permutation(len(train))[:batch_n] if batch_n < len(train) else np.arange(len(train))
-            total = 0.0
-            for chunk, weight in _micro_batches(order[rank::world], plan.micro_batch,
-                                                math.ceil(len(order) / world) if lockstep else None):
-                batch = pre.collate([train[i] for i in chunk])
-                batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-                # cross-entropy (generative: completion tokens)
-                loss = batch_loss(pre, batch, reduction="sum") / batch_n
-                (loss if weight == 1 else loss * weight).backward()
-                total = total + loss.detach() * weight
-            check_loss(group.sum_(total), "localization", step)  # before z moves: a NaN is never stored
-            optimizer.step(relax.grad(layout.grads()))
-            layout.write(relax.mask(step), relax.absolute)
+            _step(pre, layout, relax, optimizer, train, order[rank::world], plan.micro_batch, batch_n,
+                  math.ceil(len(order) / world) if lockstep else None, accelerator.device, group, guard, step)
             step_times.append(time.perf_counter() - t0)
+            if scored(step) or step == plan.steps:
+                guard.check()  # the loss is read here, where the loop reads anyway, never inside a step
             if scored(step):
                 score(step)
                 bar.set_postfix({b.label: f"{history[-1][b.label + ':acc']:.3f}/{history[-1][b.label + ':size']}"
                                  for b in budgets})
             if saved is not None and step < plan.steps and saved.due():
+                guard.check()
                 save(step)
     finally:
         bar.close()
     return best
+
+
+def _step(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, train, mine: np.ndarray, micro_batch: int,
+          batch_n: int, lockstep: int | None, device, group: Group, guard: _FirstNonFinite, step: int) -> None:
+    """One update of z and the mask it writes, with no host synchronisation (batches go to the device
+    ``non_blocking``; the loss stays there, its finiteness gating the update: :class:`_FirstNonFinite`)."""
+    total = 0.0
+    for chunk, weight in _micro_batches(mine, micro_batch, lockstep):
+        batch = pre.collate([train[i] for i in chunk])
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        loss = batch_loss(pre, batch, reduction="sum") / batch_n  # cross-entropy (generative: completion tokens)
+        (loss if weight == 1 else loss * weight).backward()
+        total = total + loss.detach() * weight
+    finite = guard.see(group.sum_(total), step)
+    optimizer.step(relax.grad(layout.grads()), finite)  # a non-finite loss moves nothing: a NaN is never stored
+    layout.write(relax.mask(step), relax.absolute)
+
+
+class _FirstNonFinite:
+    """The first step whose loss is not finite, and that loss, kept on the device; :meth:`check` reads them once
+    (at a scored or saved step and at the end) and stops the run naming that step, as a per-step check would."""
+
+    def __init__(self, device):
+        self.record = torch.zeros(2, device=device)  # (step, loss); step 0: none yet
+
+    def see(self, loss: torch.Tensor, step: int) -> torch.Tensor:
+        """Whether ``loss`` is finite (a 0-d bool on the device); the first that is not is recorded."""
+        loss = torch.as_tensor(loss, device=self.record.device).float()
+        finite = torch.isfinite(loss)
+        first = (self.record[0] == 0) & ~finite
+        self.record.copy_(torch.where(first, torch.stack([torch.full_like(loss, float(step)), loss]), self.record))
+        return finite
+
+    def check(self) -> None:
+        step, value = self.record.tolist()
+        if step:
+            check_loss(value, "localization", int(step))
 
 
 def _micro_batches(mine: np.ndarray, micro_batch: int, lockstep: int | None):

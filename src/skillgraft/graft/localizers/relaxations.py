@@ -25,7 +25,7 @@ from skillgraft.lazy import no_grad, torch
 
 from skillgraft.graft.keep import Ranking
 from skillgraft.graft.localizers.layouts import Layout
-from skillgraft.graft.selection import top_k_flat
+from skillgraft.graft.selection import top_k_flat, top_k_flat_on_device
 
 # Hard-concrete constants (Louizos et al., 2018): temperature β and the stretch interval (γ, ζ).
 HC_BETA, HC_LOW, HC_HIGH = 2 / 3, -0.1, 1.1
@@ -166,7 +166,7 @@ class StraightThrough(Relaxation):
         return round(math.exp(math.log(self.start_k) * (1 - t / self.first) + math.log(self.k) * t / self.first))
 
     def mask(self, t):
-        return self.layout.split(top_k_flat(self.z.detach(), self.size(t)).float())
+        return self.layout.split(top_k_flat_on_device(self.z.detach(), self.size(t)).float())  # per step: no read
 
     def scores(self):
         return self.layout.split(self.z.detach())

@@ -1,0 +1,151 @@
+"""A repeated graft swap on one model: the prepared writes only (issue 45), bit-exact, and never on a changed base."""
+
+import collections
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import skillgraft.graft.graft as graft_module
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft.graft import Graft, cached_fingerprint, forget_fingerprint
+from skillgraft.graft.region import Region
+from skillgraft.models.anatomy import fingerprint
+
+
+class Ops(TorchDispatchMode):
+    """Counts the aten ops dispatched inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self, device="cpu"):
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4), torch.nn.LayerNorm(4))
+        self.head = torch.nn.Linear(4, 2)
+        self.carried = {"head.weight"}
+        self.to(device)
+
+
+def graft_on(m, carried=True):
+    shapes = {n: tuple(p.shape) for n, p in m.named_parameters() if n.startswith("model.")}
+    idx = {"model.0.weight": [1, 5, 9, 33], "model.1.bias": [0, 2], "model.2.weight": [3]}
+    g = torch.Generator().manual_seed(1)
+    values = {n: torch.randn(len(i), generator=g) for n, i in idx.items()}
+    extra = {"head.weight": torch.randn(2, 4, generator=g)} if carried else {}
+    return Graft(Region(shapes, idx), values, extra, base_fingerprint=cached_fingerprint(m))
+
+
+def state(m):
+    return {n: p.detach().clone() for n, p in m.named_parameters()}
+
+
+def same(m, s):
+    return all(torch.equal(p, s[n]) for n, p in m.named_parameters())
+
+
+def test_a_repeated_swap_is_one_write_per_tensor_and_bit_exact():
+    m = Tiny()
+    a = graft_on(m)
+    before = state(m)
+    with a.applied(m):  # the first swap checks, backs up and prepares
+        first = state(m)
+    for _ in range(2):
+        with Ops() as c:
+            a.apply(m)
+            a.revert(m)
+        assert dict(c.ops) == {"aten.put_.default": 2 * 3, "aten.copy_.default": 2 * 1}  # 3 tensors, 1 carried
+        assert same(m, before)
+    a.apply(m)
+    assert same(m, first)
+    params = dict(m.named_parameters())
+    for name, idx in a.region.indices.items():
+        assert torch.equal(params[name].detach().view(-1)[idx], a.values[name])
+    a.revert(m)
+    assert same(m, before)
+    assert graft_module.known_fingerprint(m) == fingerprint(m)  # the cache still names the base, without a recount
+
+
+def test_fast_swaps_keep_the_fingerprint_cache_valid_without_recomputing(monkeypatch):
+    m = Tiny()
+    a = graft_on(m)
+    calls = []
+    real = graft_module.fingerprint
+    monkeypatch.setattr(graft_module, "fingerprint", lambda s, *x: calls.append(1) or real(s, *x))
+    for _ in range(4):
+        with a.applied(m):
+            pass
+    assert cached_fingerprint(m) == real(m) and calls == []
+    with a.applied(m):
+        assert cached_fingerprint(m) != a.base_fingerprint and len(calls) == 1  # the grafted weights, counted
+    assert cached_fingerprint(m) == a.base_fingerprint
+
+
+@pytest.mark.parametrize("change", ["in_place", "replaced", "data", "graft_values"])
+def test_a_prepared_swap_is_not_used_on_a_changed_base_or_graft(change):
+    m = Tiny()
+    a = graft_on(m)
+    with a.applied(m):
+        pass
+    with a.applied(m):
+        pass
+    lin = m.model[1]
+    if change == "in_place":
+        with torch.no_grad():
+            lin.weight.add_(1.0)  # an untouched tensor
+    elif change == "replaced":
+        lin.weight = torch.nn.Parameter(lin.weight.detach() + 1.0)
+    elif change == "data":
+        lin.weight.data = lin.weight.detach() + 1.0
+    else:
+        with torch.no_grad():
+            a.values["model.1.bias"].add_(1.0)
+    if change != "graft_values":
+        with pytest.raises(SkillgraftError, match="fingerprint"):
+            a.apply(m)
+        return
+    before = state(m)
+    with a.applied(m):
+        assert torch.equal(m.model[1].bias.detach()[[0, 2]], a.values["model.1.bias"])  # the new values
+    assert same(m, before)
+
+
+def test_a_write_while_applied_is_not_blessed_as_the_base():
+    m = Tiny()
+    a = graft_on(m)
+    for _ in range(2):
+        with a.applied(m):
+            pass
+    a.apply(m)
+    with torch.no_grad():
+        m.model[1].weight.add_(1.0)  # someone else writes while the graft is applied
+    a.revert(m)
+    with pytest.raises(SkillgraftError, match="fingerprint"):
+        a.apply(m)
+    forget_fingerprint(m)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_graph_swap_writes_what_the_eager_swap_writes(monkeypatch):
+    monkeypatch.setenv("SKILLGRAFT_SWAP_GRAPHS", "1")
+    m = Tiny("cuda")
+    a = graft_on(m)
+    before = state(m)
+    with a.applied(m):
+        first = state(m)
+    assert a.__dict__["_swap"].graph is not None
+    with Ops() as c:
+        a.apply(m)
+    assert not c.ops  # one graph replay, no aten op
+    assert same(m, first)
+    version = m.model[0].weight._version
+    a.revert(m)
+    assert same(m, before) and m.model[0].weight._version > version
