@@ -8,7 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from skillgraft.clispec import Options, from_specs
+from skillgraft.cli.options import Options, from_specs
 from skillgraft.data import DataSpec, eval_subset, load_kshot
 from skillgraft.errors import SkillgraftError
 from skillgraft.models import ModelSpec

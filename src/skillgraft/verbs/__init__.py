@@ -1,4 +1,4 @@
-"""The verbs: each ``skillgraft <verb>`` is one function here, typed specs in, a typed result out; cli.py only parses
+"""The verbs: each ``skillgraft <verb>`` is one function here, typed specs in, a typed result out; cli/ only parses
 the options and prints the result, and recipes may call them.
 
     finetune  :func:`skillgraft.verbs.finetune.finetune`    → FinetuneResult (run directory, metrics)

@@ -1,4 +1,4 @@
-"""What the command line prints, beside the parsing in cli.py: the consoles, the one-line error contract and
+"""What the command line prints, beside the parsing in commands.py: the consoles, the one-line error contract and
 ``--json`` of every verb (:func:`friendly`), ``--version``, the --help panels, the localizer options' help and the
 region table of ``inspect`` at the terminal's width (issue 37)."""
 
@@ -15,11 +15,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from skillgraft.clierrors import one_line_error
-from skillgraft.clihelp import shown_default
-from skillgraft.clispec import Options
+from skillgraft.cli.errors import one_line_error
+from skillgraft.cli.help import shown_default
+from skillgraft.cli.options import Options
 
-# --help panels (clihelp.render): each option sits in one; options with none go to "Options", shown last
+# --help panels (help.render): each option sits in one; options with none go to "Options", shown last
 MODEL, DATA, LOCALIZER, REPORT, KEEP, OUTPUT, TRAIN = ("Model", "Data", "Localizer", "Report",
                                                        "Keep / frontier", "Output", "Training")
 
@@ -106,7 +106,7 @@ def placed(fn):
     """Give the verb ``--device`` and ``--precision`` (the fields of
     :class:`~skillgraft.models.placement.Placement`: one default, one help text; ``--config`` files set them too)
     and run it under that placement: every model it loads is placed there, and its report names it."""
-    from skillgraft.clispec import from_specs  # noqa: PLC0415
+    from skillgraft.cli.options import from_specs  # noqa: PLC0415
     from skillgraft.models.placement import Placement  # noqa: PLC0415
 
     @functools.wraps(fn)

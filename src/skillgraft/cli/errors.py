@@ -53,7 +53,7 @@ def run_app(app) -> None:  # pragma: no cover - the console script (tests call t
     from rich.markup import escape  # noqa: PLC0415
     from typer import Abort  # noqa: PLC0415
 
-    from skillgraft.cliout import err  # noqa: PLC0415
+    from skillgraft.cli.output import err  # noqa: PLC0415
     from skillgraft.io import handle_signals, stopped_by  # noqa: PLC0415
 
     handle_signals()  # SIGTERM / SIGHUP unwind like Ctrl-C: no temporary sibling is left behind

@@ -72,7 +72,7 @@ def _cli_type(tp):
 def _shown_default(info, is_list: bool) -> str | bool:
     """The spec's default as --help shows it (False: nothing to show): numbers as written (``1e+07``), lists
     comma-separated (``""``: empty), switches on / off."""
-    from skillgraft.clihelp import number  # noqa: PLC0415
+    from skillgraft.cli.help import number  # noqa: PLC0415
 
     default = info.get_default(call_default_factory=True)
     if default is None:

@@ -1,6 +1,6 @@
 """The command line: ``skillgraft <verb>``. Each verb is a thin wrapper over a typed library function.
 
-Options that configure the work come from the typed specs (``clispec.from_specs``): their names, defaults,
+Options that configure the work come from the typed specs (``options.from_specs``): their names, defaults,
 ranges and help are declared once, on the spec's fields.
 """
 
@@ -14,13 +14,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from skillgraft.clierrors import run_app
-from skillgraft.clihelp import App
-from skillgraft.cliout import (DATA, KEEP, MODEL, OUTPUT, REPORT, TRAIN, console, err, exporter_lines, friendly,
+from skillgraft.cli.errors import run_app
+from skillgraft.cli.help import App
+from skillgraft.cli.output import (DATA, KEEP, MODEL, OUTPUT, REPORT, TRAIN, console, err, exporter_lines, friendly,
                                localizer_flags, model_verb, plain as _plain, print_keep, print_routed_keep,
                                print_version, region_table, report as _report)
-from skillgraft.cliconfig import config_option
-from skillgraft.clispec import Options, build, from_specs
+from skillgraft.cli.config import config_option
+from skillgraft.cli.options import Options, build, from_specs
 from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.fisher.fisher import FisherConfig
 from skillgraft.export.base import ExportSpec
@@ -545,7 +545,7 @@ def continual_show_cmd(state: Path = typer.Argument(..., help="continual state f
 
 
 def main() -> None:  # pragma: no cover - entry point
-    """Entry point of ``skillgraft``: the app under the one-line error contract (:func:`clierrors.run_app`)."""
+    """Entry point of ``skillgraft``: the app under the one-line error contract (:func:`errors.run_app`)."""
     run_app(app)
 
 
