@@ -14,7 +14,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.models import ModelSpec
 from skillgraft.pipeline import Store
 from skillgraft.pipeline.store import data_digest
-from skillgraft.recipes.base import load_recipe, run_recipe
+from skillgraft.recipes import load_recipe, run_recipe
 
 
 def test_unknown_recipe_field_is_refused_by_name_before_any_work(tmp_path):

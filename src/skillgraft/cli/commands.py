@@ -14,11 +14,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from skillgraft.cli.errors import run_app
 from skillgraft.cli.help import App
 from skillgraft.cli.output import (DATA, KEEP, MODEL, OUTPUT, REPORT, TRAIN, console, err, exporter_lines, friendly,
-                               localizer_flags, model_verb, plain as _plain, print_keep, print_routed_keep,
-                               print_version, region_table, report as _report)
+                                   localizer_flags, model_verb, plain as _plain, print_keep, print_routed_keep,
+                                   print_version, region_table, report as _report, run_app)
 from skillgraft.cli.config import config_option
 from skillgraft.cli.options import Options, build, from_specs
 from skillgraft.data.spec import DataSpec, UserDataSpec
@@ -545,7 +544,7 @@ def continual_show_cmd(state: Path = typer.Argument(..., help="continual state f
 
 
 def main() -> None:  # pragma: no cover - entry point
-    """Entry point of ``skillgraft``: the app under the one-line error contract (:func:`errors.run_app`)."""
+    """Entry point of ``skillgraft``: the app under the one-line error contract (:func:`output.run_app`)."""
     run_app(app)
 
 
