@@ -183,3 +183,11 @@ def build(opts: Options, values: dict[str, Any]) -> Spec:
             got = item.get("input")
             parts.append(f"{opt}: {msg}" + ("" if isinstance(got, dict) else f" (got {got!r})"))
         raise SkillgraftError("; ".join(parts)) from None
+
+
+def default_of(fn, name: str):
+    """The default of ``fn``'s parameter ``name``: an option whose verb holds the default reads it from there
+    (written once, in the verb's signature)."""
+    import inspect  # noqa: PLC0415
+
+    return inspect.signature(fn).parameters[name].default
