@@ -4,7 +4,8 @@ the options and prints the result, and recipes may call them.
     finetune  :func:`skillgraft.verbs.finetune.finetune`    → FinetuneResult (run directory, metrics)
     graft     :func:`skillgraft.verbs.graft.graft`          → GraftResult (report folder, metrics, rows)
     sweep     :func:`skillgraft.verbs.sweep.sweep`          → SweepResult
-X
+    merge     :func:`skillgraft.verbs.merge.run_merge`      → merge.json's summary
+    inspect   :func:`skillgraft.verbs.inspect.inspect`      → InspectResult
     apply     :func:`skillgraft.verbs.apply.apply`          → ApplyResult
     export    :func:`skillgraft.verbs.export.export`        → the exporter's summary
     fim       :func:`skillgraft.verbs.fim.fim`              → FimResult
