@@ -42,7 +42,7 @@ def open_spec(path: str, override: dict):
     """(recipe name, validated spec) of a recipe file or a finished run folder."""
     from skillgraft.errors import SkillgraftError
     from skillgraft.io import read_json
-    from skillgraft.recipes.base import RECIPES, load_recipe
+    from skillgraft.recipes import RECIPES, load_recipe
 
     p = Path(path)
     if p.is_dir():

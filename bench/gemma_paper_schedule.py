@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from skillgraft.models.gguf import in_store
     from skillgraft.pipeline.store import Store
-    from skillgraft.recipes.base import load_recipe
+    from skillgraft.recipes import load_recipe
 
     over = {**(json.loads(args.override) if args.override else {}), **({"progress": True} if args.progress else {})}
     entry, spec = load_recipe(args.recipe, over)

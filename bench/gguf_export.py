@@ -36,7 +36,7 @@ def _read_into(reader, path: Path) -> None:
     import torch
     import transformers
 
-    from skillgraft.models.loading import quiet_transformers
+    from skillgraft.lazy import quiet_transformers
 
     hf_logging, level = quiet_transformers()
     try:

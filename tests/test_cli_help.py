@@ -80,7 +80,7 @@ def test_short_help_and_version():
 
 HELP = """
 import sys
-from skillgraft.entry import main
+from skillgraft.cli.entry import main
 sys.argv = ["skillgraft", *{args!r}]
 try:
     main()

@@ -147,7 +147,7 @@ def test_user_files_written_by_other_tools_read_as_any_other(suffix, how, tmp_pa
 @pytest.mark.parametrize("how", ["bom-crlf-blank", "utf-16"])
 def test_configs_written_by_other_tools_read_as_any_other(how, ft_run, tiny_graft, tmp_path):
     """A recipe, a run's config.json and a graft_config.json re-saved by a Windows editor read as before."""
-    from skillgraft.recipes.base import load_recipe
+    from skillgraft.recipes import load_recipe
     from skillgraft.train.run import read_run_config
 
     recipes = pathlib.Path(__file__).resolve().parents[1] / "recipes"

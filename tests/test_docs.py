@@ -121,7 +121,7 @@ def test_every_block_runs_or_says_why():
 
 
 def test_the_readme_names_recipes_that_exist_and_each_validates():
-    from skillgraft.recipes.base import load_recipe
+    from skillgraft.recipes import load_recipe
 
     readme = (ROOT / "README.md").read_text()
     row = next(line for line in readme.splitlines() if "skillgraft run recipes/<name>.yaml" in line)

@@ -272,7 +272,7 @@ def test_progress_on_a_file_is_one_line_per_phase():
 
     from tqdm.auto import tqdm
 
-    from skillgraft.cliout import progress_lines
+    from skillgraft.cli.output import progress_lines
 
     progress_lines()
 

@@ -16,7 +16,7 @@ import yaml
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft import Budget
 from skillgraft.recipes import run_recipe
-from skillgraft.recipes.base import load_recipe
+from skillgraft.recipes import load_recipe
 from tiny import write_imdb_test, write_sentiment_data, write_tiny_gguf, write_topic_data
 
 ROOT = Path(__file__).resolve().parents[1]

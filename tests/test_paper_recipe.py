@@ -16,7 +16,7 @@ from skillgraft.graft import Budget
 from skillgraft.graft.selection import region_universe
 from skillgraft.models import build_scorer
 from skillgraft.recipes import run_recipe
-from skillgraft.recipes.base import load_recipe
+from skillgraft.recipes import load_recipe
 from skillgraft.recipes.paper import PaperSpec, ood_section
 from skillgraft.train.config import DEFAULT_LR
 from tiny import write_imdb_test, write_sentiment_data

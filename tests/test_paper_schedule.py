@@ -12,7 +12,7 @@ import pytest
 from skillgraft.errors import SkillgraftError
 from skillgraft.pipeline.grid import GridSpec, _pick
 from skillgraft.recipes import run_recipe
-from skillgraft.recipes.base import load_recipe
+from skillgraft.recipes import load_recipe
 from skillgraft.train.config import FinetuneConfig
 from tiny import write_sentiment_data, write_tiny_gguf
 

@@ -8,13 +8,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from skillgraft.clispec import Options, from_specs
+from skillgraft.cli.options import Options, from_specs
 from skillgraft.data import DataSpec, eval_subset, load_kshot
 from skillgraft.errors import SkillgraftError
 from skillgraft.models import ModelSpec
 from skillgraft.pipeline import Store
 from skillgraft.pipeline.store import data_digest
-from skillgraft.recipes.base import load_recipe, run_recipe
+from skillgraft.recipes import load_recipe, run_recipe
 
 
 def test_unknown_recipe_field_is_refused_by_name_before_any_work(tmp_path):

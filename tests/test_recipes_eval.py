@@ -239,7 +239,7 @@ def test_peft_adapter_keeps_scorer_interface(tiny_bert):
 
 
 def test_every_recipe_yaml_validates_against_its_spec():
-    from skillgraft.recipes.base import ExperimentSpec, load_recipe
+    from skillgraft.recipes import ExperimentSpec, load_recipe
 
     files = sorted(RECIPES.glob("*.yaml"))
     assert len(files) >= 8
@@ -262,7 +262,7 @@ def test_every_recipe_yaml_validates_against_its_spec():
 def test_unknown_nested_field_is_refused_by_name(name, nested, where, tmp_path):
     import yaml
 
-    from skillgraft.recipes.base import load_recipe
+    from skillgraft.recipes import load_recipe
 
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump({**yaml.safe_load((RECIPES / f"{name}.yaml").read_text()), **nested}))

@@ -45,8 +45,8 @@ def test_the_frontier_reads_sparsity_trajectories_from_the_class():
 
 
 def test_max_length_has_one_default():
-    """``max_length``'s default is written once (models/spec.py's MAX_LENGTH): no parameter, field or option of
-    src/ spells a number for it."""
+    """``max_length``'s default is written once (skillgraft/spec.py's MAX_LENGTH, read through models/spec.py): no
+    parameter, field or option of src/ spells a number for it."""
     import ast
     from pathlib import Path
 

@@ -70,7 +70,7 @@ else:
     F = LazyModule("torch.nn.functional")
     plt = LazyModule("matplotlib.pyplot", before=_agg)
 
-__all__ = ["F", "LazyModule", "lazy_exports", "nn", "no_grad", "np", "plt", "torch"]
+__all__ = ["F", "LazyModule", "lazy_exports", "nn", "no_grad", "np", "plt", "quiet_transformers", "torch"]
 
 
 def lazy_exports(package: str, exports: dict[str, str]):
@@ -84,6 +84,17 @@ def lazy_exports(package: str, exports: dict[str, str]):
         return getattr(importlib.import_module(exports[name]), name)
 
     return __getattr__
+
+
+def quiet_transformers():
+    """transformers imported with its logging set to errors only and its progress bars off; (its logging, the
+    level before) so a caller can restore it."""
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    return hf_logging, level
 
 
 def no_grad(fn):

@@ -31,6 +31,7 @@ S = TypeVar("S", bound="Spec")
 # before any work, never an overflow deep inside NumPy, the tokenizer or an optimizer.
 SEED_MAX = 2**32 - 1   # NumPy's RandomState and torch.manual_seed take seeds in [0, 2**32 - 1]
 COUNT_MAX = 2**31 - 1  # sizes, limits, steps, batch sizes, max lengths: an int32
+MAX_LENGTH = 128  # max tokens per example: the one default of every verb, recipe and scorer (models/spec.py's)
 FLOAT_MAX = 3.4e38     # learning rates, penalties, weight decay: what float32 optimizer state can hold
 Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from skillgraft.registry import Registry
-from skillgraft.export.base import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, DELTA_FILE, HEAD_FILE, SUMMARY_FILE, ExportSpec,
-                                    Exporter, _head_file, exact_delta, graft_task, load_graft_base)
+from skillgraft.export.base import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, DELTA_FILE, EXPORTERS, HEAD_FILE, SUMMARY_FILE,
+                                    ExportSpec, Exporter, _head_file, exact_delta, get_exporter, graft_task,
+                                    load_graft_base, register_exporter)
 from skillgraft.export.delta import Delta, export_delta
 from skillgraft.export.gguf import GGUF, export_gguf
 from skillgraft.export.hf import HF, USER_CLASS, export_hf
@@ -22,12 +22,6 @@ from skillgraft.export.peft import Peft, export_peft
 from skillgraft.export.peft_read import graft_from_peft, load_adapter_base, read_graft_or_adapter
 from skillgraft.export.shira import apply_entries, shira_entries
 from skillgraft.graft.graft import Graft
-
-_REGISTRY: Registry[Exporter] = Registry(Exporter, "exporter", article="an", lookup="export target")
-EXPORTERS: dict[str, Exporter] = _REGISTRY.members
-register_exporter = _REGISTRY.register  # class decorator: register a Exporter subclass under a name
-get_exporter = _REGISTRY.get  # the registered member of that name (an error listing the known names)
-
 
 def export_graft(graft: Graft, out: str | os.PathLike, spec: ExportSpec | None = None, base=None) -> dict:
     """``skillgraft export``: check the target, load the base when not given, write ``spec.to``."""

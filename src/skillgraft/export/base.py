@@ -16,6 +16,7 @@ from skillgraft.lazy import nn
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft, cached_fingerprint
 from skillgraft.models.families import HUB_IDS
+from skillgraft.registry import Registry
 from skillgraft.spec import Spec
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -56,8 +57,6 @@ class ExportSpec(Spec):
     @field_validator("to")
     @classmethod
     def _registered(cls, v: str) -> str:
-        from skillgraft.export import EXPORTERS  # noqa: PLC0415
-
         if v not in EXPORTERS:
             raise ValueError(f"unknown export target {v!r}; known: {', '.join(EXPORTERS)}")
         return v
@@ -91,6 +90,12 @@ class Exporter:
             out.append(("warning", f"{summary['inexact']} coordinate(s) are not reproduced bit for bit by the "
                                    "additive form (within an ulp)"))
         return out
+
+
+_REGISTRY: Registry[Exporter] = Registry(Exporter, "exporter", article="an", lookup="export target")
+EXPORTERS: dict[str, Exporter] = _REGISTRY.members  # filled by export/__init__.py's lines (and users' own)
+register_exporter = _REGISTRY.register  # class decorator: register an Exporter subclass under a name
+get_exporter = _REGISTRY.get  # the registered member of that name (an error listing the known names)
 
 
 # ---------------------------------------------------------------------------------------------- base model

@@ -171,7 +171,7 @@ def _own_head(graft: Graft, hf: nn.Module) -> list[str]:
 def _base_name(graft: Graft, scorer) -> str:
     """The base as plain transformers / peft load it: a hub id, or the folder a GGUF file was converted into (its
     dequantized weights are the base; a hub copy of the unquantized model is another base)."""
-    from skillgraft.models.gguf import converted_base  # noqa: PLC0415
+    from skillgraft.models.loading import converted_base  # noqa: PLC0415
 
     name = graft.base_model or getattr(scorer, "base_model", "") or ""
     return converted_base(name) or _HUB_IDS.get(name, name)

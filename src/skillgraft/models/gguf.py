@@ -148,29 +148,6 @@ def describe(folder: str | os.PathLike) -> str:
     return f"from GGUF {info.get('quantization')} ({Path(info.get('file', '?')).name}), converted to float32"
 
 
-def base_model_note(name: str) -> str:
-    """:func:`describe` of a model as a user named it ('' when it is no converted GGUF or cannot be resolved)."""
-    from skillgraft.models.loading import model_reference  # noqa: PLC0415
-
-    try:
-        return describe(model_reference(name).path)
-    except SkillgraftError:
-        return ""
-
-
-def converted_base(name: str) -> str:
-    """The absolute path of the folder ``name`` was converted into from a GGUF file ('' for any other model)."""
-    from skillgraft.models.loading import model_reference  # noqa: PLC0415
-
-    if not name:
-        return ""
-    try:
-        folder = Path(model_reference(name).path)
-    except SkillgraftError:
-        return ""
-    return str(folder.resolve()) if (folder / SOURCE_FILE).is_file() else ""
-
-
 def _sha256(path: Path) -> str:
     """The file's sha256, hashed once per (path, size, modification time) in a process (model_reference runs
     for every store key and every load; a 250 MB file takes about a second)."""
@@ -247,7 +224,7 @@ def _convert(path: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
 
     from skillgraft.models.families import tied_embeddings  # noqa: PLC0415
-    from skillgraft.models.loading import quiet_transformers  # noqa: PLC0415
+    from skillgraft.lazy import quiet_transformers  # noqa: PLC0415
 
     hf_logging, level = quiet_transformers()
     try:

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from skillgraft.lazy import torch
+from skillgraft.lazy import quiet_transformers, torch
 
 from skillgraft.errors import SkillgraftError
 
@@ -64,6 +64,29 @@ def model_reference(name: str | os.PathLike | None) -> ModelRef:
     return ModelRef(name, name)
 
 
+def base_model_note(name: str) -> str:
+    """:func:`gguf.describe` of a model as a user named it ('' when it is no converted GGUF or cannot be resolved)."""
+    from skillgraft.models import gguf  # noqa: PLC0415
+
+    try:
+        return gguf.describe(model_reference(name).path)
+    except SkillgraftError:
+        return ""
+
+
+def converted_base(name: str) -> str:
+    """The absolute path of the folder ``name`` was converted into from a GGUF file ('' for any other model)."""
+    from skillgraft.models.gguf import SOURCE_FILE  # noqa: PLC0415
+
+    if not name:
+        return ""
+    try:
+        folder = Path(model_reference(name).path)
+    except SkillgraftError:
+        return ""
+    return str(folder.resolve()) if (folder / SOURCE_FILE).is_file() else ""
+
+
 def looks_local(name: str) -> bool:
     """Whether a name that is no existing file can only mean a local path, never a Hub id (``org/name``): it starts
     with ``./``, ``../``, ``/``, ``~`` or a drive, has more than one ``/``, a backslash, or a first part that is an
@@ -113,15 +136,6 @@ def hub_reachable(name: str) -> None:
         raise SkillgraftError(f"model {where}, and {constants.ENDPOINT} cannot be reached from this machine: give a "
                               f"local checkpoint folder (./{name} for one here), or set HF_HUB_OFFLINE=1 to work "
                               "from the cache only")
-
-
-def quiet_transformers():
-    from transformers.utils import logging as hf_logging  # noqa: PLC0415
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    return hf_logging, level
 
 
 # What a tokenizer is saved as (any one of them); a folder with none has no tokenizer of its own.

@@ -139,7 +139,7 @@ def complete_model(path: str, mode: str, role: str):
     """θ_pre or θ_ft of a causal pair, refusing a checkpoint that lacks tensors the model has."""
     from transformers import AutoModelForCausalLM  # noqa: PLC0415
 
-    from skillgraft.models.loading import quiet_transformers  # noqa: PLC0415
+    from skillgraft.lazy import quiet_transformers  # noqa: PLC0415
     from skillgraft.models.placement import load_dtype  # noqa: PLC0415
 
     hf_logging, level = quiet_transformers()

@@ -35,7 +35,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.models.loading import load_classifier, load_hf_model, load_tokenizer, model_reference
 from skillgraft.models.logits import head_logits
 from skillgraft.models.templates import render, word_ids
-from skillgraft.models.spec import MAX_LENGTH
+from skillgraft.spec import MAX_LENGTH
 
 Mode = Literal["head", "prompt", "causal", "classifier", "generative"]
 MODES = ("head", "prompt", "causal", "classifier", "generative")

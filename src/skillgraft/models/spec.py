@@ -6,12 +6,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from skillgraft.spec import COUNT_MAX, Spec
+from skillgraft.spec import COUNT_MAX, MAX_LENGTH, Spec
 
 Mode = Literal["head", "prompt", "causal"]
 Pooling = Literal["cls", "mean", "last"]
 MaxLength = Annotated[int, Field(ge=8, le=COUNT_MAX)]
-MAX_LENGTH = 128  # max tokens per example: the one default of every verb, recipe and scorer
 
 
 class ModelSpec(Spec):

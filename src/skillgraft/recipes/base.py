@@ -260,32 +260,6 @@ def recipe(name: str, spec: type[ExperimentSpec]):
     return wrap
 
 
-def load_recipe(path: str | os.PathLike, overrides: dict | None = None) -> tuple[Recipe, ExperimentSpec]:
-    """The recipe a YAML file names and its validated spec (errors name the file and the field)."""
-    import skillgraft.recipes  # noqa: F401, PLC0415 - registers the built-in recipes
-
-    values = {**read_yaml(path), **(overrides or {})}
-    name = values.get("recipe")
-    if name is None:
-        raise SkillgraftError(f"{path}: needs a top-level 'recipe:' naming one of {sorted(RECIPES)}")
-    if name not in RECIPES:
-        raise SkillgraftError(f"{path}: unknown recipe {name!r}; known: {sorted(RECIPES)}")
-    entry = RECIPES[name]
-    return entry, entry.spec.build(values, where=str(path))
-
-
-def run_recipe(path: str | os.PathLike, out: str | os.PathLike | None = None, *, overrides: dict | None = None,
-               cache: str | os.PathLike | None = None, overwrite: bool = False) -> Path:
-    """Run the recipe a YAML file describes; returns the run directory.
-
-    Everything is checked before any work: the spec, and the output folder (an existing one is refused
-    unless ``overwrite``; then it is replaced whole when the new run is complete).
-    """
-    entry, spec = load_recipe(path, overrides)
-    return run_spec(entry, spec, Path(out) if out else Path("runs") / Path(path).stem, cache=cache,
-                    overwrite=overwrite)
-
-
 def run_spec(entry: Recipe, spec, out: str | os.PathLike, *, cache: str | os.PathLike | None = None,
              overwrite: bool = False) -> Path:
     """Run a registered recipe with a validated spec into ``out`` (atomic; refused if it exists unless

@@ -428,7 +428,7 @@ def open_setup(inputs: GraftInputs, *, lean: bool = False) -> Setup:
 def models_and_data(setup: Setup) -> list[str]:
     """The report's "Models and data" section of a checkpoint pair, or of any run whose base was converted from a
     GGUF file (which it names, quantization included; empty otherwise)."""
-    from skillgraft.models.gguf import base_model_note  # noqa: PLC0415
+    from skillgraft.models.loading import base_model_note  # noqa: PLC0415
 
     converted = base_model_note(setup.pre.base_model)  # e.g. dequantized from a GGUF file
     if not (setup.labels_note or setup.graft_metadata.to_dict() or converted):

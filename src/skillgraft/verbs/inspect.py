@@ -25,10 +25,27 @@ class InspectResult:
                f"{g.region.universe_size:,} graftable; carried {g.carried_size:,}; file {size / 1024:.1f} KiB "
                f"({size / max(1, g.size):.1f} bytes/parameter); base {g.base_model} [{g.base_fingerprint[:12]}]"]
         if self.other is not None:
-            o = self.other
-            out.append(f"vs {compare}: shared {len(g.region & o):,}; overlap |A∩B|/|B| {g.region.overlap(o):.4f}; "
-                       f"|A∩B|/|A| {o.overlap(g.region):.4f}; IoU {g.region.iou(o):.4f}")
+            c = self.comparison()
+            out.append(f"vs {compare}: shared {c['shared']:,}; overlap |A∩B|/|B| {c['overlap']:.4f}; "
+                       f"|A∩B|/|A| {c['overlap_of_self']:.4f}; IoU {c['iou']:.4f}")
         return out
+
+    def comparison(self) -> dict | None:
+        """The graft (A) against the ``--compare`` one (B): shared coordinates, |A∩B|/|B|, |A∩B|/|A|, IoU."""
+        if self.other is None:
+            return None
+        a, b = self.graft.region, self.other
+        return {"shared": len(a & b), "overlap": a.overlap(b), "overlap_of_self": b.overlap(a), "iou": a.iou(b)}
+
+    def document(self, graft_dir, compare=None) -> dict:
+        """What ``--json`` prints: size, density, base, distribution, output folder (and the comparison)."""
+        g = self.graft
+        doc = {"graft": graft_dir, "size": g.size, "density": g.region.density, "universe": g.region.universe_size,
+               "carried": g.carried_size, "file_bytes": self.file_bytes, "base_model": g.base_model,
+               "base_fingerprint": g.base_fingerprint, "distribution": self.distribution, "out": self.out}
+        if self.other is not None:
+            doc["compare"] = {"graft": compare, **self.comparison()}
+        return doc
 
 
 def inspect(graft_dir: str | os.PathLike, *, out: str | os.PathLike | None = None, model: str | None = None,

@@ -452,3 +452,21 @@ def _loader(setup: Setup, finetuned: str, max_length: int):
 
         return build_scorer(finetuned, setup.data.task, setup.pre.mode, max_length=max_length).eval()
     return load
+
+
+def run_merge(*, pretrained: str | None, finetuned: list[str], data: list[str], eval_data: list[str],
+              dev_data: list[str], grafts: list[str], names: list[str], shared, spec: MergeSpec, localize,
+              out: str | os.PathLike, cache: str | os.PathLike | None = None, overwrite: bool = False,
+              mergekit_runner=None, progress: bool = False) -> MergeResult:
+    """``skillgraft merge`` from its option lists (one entry per model, :func:`resolve_inputs`; ``shared``: the
+    ``UserDataSpec`` every model's data shares): the output folder checked, the store at ``cache`` opened, then
+    :func:`merge_models`. ``mergekit_runner``: a stand-in for mergekit (tests)."""
+    from skillgraft.heap import return_large_blocks  # noqa: PLC0415
+    from skillgraft.pipeline.store import Store  # noqa: PLC0415
+
+    return_large_blocks()  # freed θ_pre copies and released θ_ft go back to the OS at once (bench/merge_memory.py)
+    check_target(out, overwrite)
+    pretrained, inputs = resolve_inputs(pretrained=pretrained, finetuned=finetuned, data=data, eval_data=eval_data,
+                                        dev_data=dev_data, grafts=grafts, shared=shared, names=names)
+    return merge_models(pretrained, inputs, spec, localize, out, store=Store(cache), overwrite=overwrite,
+                        progress=progress, methods=merge_methods(mergekit_runner=mergekit_runner))

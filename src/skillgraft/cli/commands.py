@@ -1,6 +1,6 @@
 """The command line: ``skillgraft <verb>``. Each verb is a thin wrapper over a typed library function.
 
-Options that configure the work come from the typed specs (``clispec.from_specs``): their names, defaults,
+Options that configure the work come from the typed specs (``options.from_specs``): their names, defaults,
 ranges and help are declared once, on the spec's fields.
 """
 
@@ -14,18 +14,20 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from skillgraft.clierrors import run_app
-from skillgraft.clihelp import App
-from skillgraft.cliout import (DATA, KEEP, MODEL, OUTPUT, REPORT, TRAIN, console, err, exporter_lines, friendly,
-                               localizer_flags, model_verb, plain as _plain, print_keep, print_routed_keep,
-                               print_version, region_table, report as _report)
-from skillgraft.cliconfig import config_option
-from skillgraft.clispec import Options, build, from_specs
+from skillgraft.cli.help import App
+from skillgraft.cli.output import (DATA, KEEP, MODEL, OUTPUT, REPORT, TRAIN, console, err, exporter_lines, friendly,
+                                   localizer_flags, model_verb, plain as _plain, print_keep, print_routed_keep,
+                                   print_version, region_table, report as _report, run_app)
+from skillgraft.cli.config import config_option
+from skillgraft.cli.options import Options, build, default_of, from_specs
 from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.fisher.fisher import FisherConfig
 from skillgraft.export.base import ExportSpec
 from skillgraft.graft.keep import KeepSpec
 from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, options_union
+from skillgraft.verbs.apply import apply as verbs_apply  # light modules: the options' defaults live there
+from skillgraft.verbs.evaluate import evaluate as verbs_evaluate
+from skillgraft.verbs.fim import fim as verbs_fim
 
 LocalizerFlags = options_union()  # every registered localizer's options; the chosen one validates what is set
 from skillgraft.models.placement import Placement
@@ -97,7 +99,7 @@ def evaluate(
                                                 "checkpoint (sequence classifier, masked LM, causal LM) or hub name"),
     task: Optional[str] = typer.Option(None, help="task to evaluate on (default: the model's task)",
                                        rich_help_panel=DATA),
-    split: str = typer.Option("test", help="train | dev | test", rich_help_panel=DATA),
+    split: str = typer.Option(default_of(verbs_evaluate, "split"), help="train | dev | test", rich_help_panel=DATA),
     mode: Optional[str] = typer.Option(None, help="a Hugging Face checkpoint: classifier | prompt | causal | generative "
                                                   "(default: from its class and the data)"),
     data_dir: Optional[Path] = DataDir,
@@ -220,7 +222,8 @@ def apply(
     export: Optional[Path] = typer.Option(None, help="write the grafted model as a Hugging Face checkpoint here (a "
                                                      "FILE.gguf: one GGUF file llama.cpp runs, as --to gguf)"),
     overwrite: bool = typer.Option(False, help="replace an existing --export folder (it is never mixed into)"),
-    evaluate_on: Optional[str] = typer.Option("test", help="split to evaluate on (empty: skip)"),
+    evaluate_on: Optional[str] = typer.Option(default_of(verbs_apply, "evaluate_on"),
+                                              help="split to evaluate on (empty: skip)"),
     limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX, help="first N examples only"),
     force: bool = typer.Option(False, help="apply even if the base fingerprint differs or the graft records none"),
     data_dir: Optional[Path] = DataDir,
@@ -262,14 +265,7 @@ def inspect(
     for item in region_table(dist, console.width):
         console.print(item)
     console.print(f"→ {r.out / 'distribution.png'}")
-    g = r.graft
-    doc = {"graft": graft_dir, "size": g.size, "density": g.region.density, "universe": g.region.universe_size,
-           "carried": g.carried_size, "file_bytes": r.file_bytes, "base_model": g.base_model,
-           "base_fingerprint": g.base_fingerprint, "distribution": dist, "out": r.out}
-    if r.other is not None:
-        doc["compare"] = {"graft": compare, "shared": len(g.region & r.other), "overlap": g.region.overlap(r.other),
-                          "overlap_of_self": r.other.overlap(g.region), "iou": g.region.iou(r.other)}
-    _report(doc)
+    _report(r.document(graft_dir, compare))
 
 
 @app.command("export")
@@ -398,21 +394,13 @@ def merge(
     cache: Optional[Path] = Cache, *, spec, localize, user: UserDataSpec,
 ) -> None:
     """Merge several fine-tuned models of one base by stitching their grafts; compare with mergekit (report.md)."""
-    from skillgraft.io import check_target  # noqa: PLC0415
-    from skillgraft.pipeline import Store  # noqa: PLC0415
     from skillgraft.pipeline.regions import localizer_options  # noqa: PLC0415
-    from skillgraft.verbs.merge import merge_models, resolve_inputs  # noqa: PLC0415
+    from skillgraft.verbs.merge import run_merge  # noqa: PLC0415
 
-    from skillgraft.heap import return_large_blocks  # noqa: PLC0415
-    from skillgraft.merge import merge_methods  # noqa: PLC0415
-
-    return_large_blocks()  # freed θ_pre copies and released θ_ft go back to the OS at once (bench/merge_memory.py)
-    check_target(out, overwrite)
     localize = localizer_options(spec.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
-    pretrained, inputs = resolve_inputs(pretrained=pretrained, finetuned=finetuned, data=data, eval_data=eval_data,
-                                        dev_data=dev_data, grafts=grafts, shared=user, names=names)
-    s = merge_models(pretrained, inputs, spec, localize, out, store=Store(cache), overwrite=overwrite, progress=True,
-                     methods=merge_methods(mergekit_runner=_injected("mergekit_runner")))
+    s = run_merge(pretrained=pretrained, finetuned=finetuned, data=data, eval_data=eval_data, dev_data=dev_data,
+                  grafts=grafts, names=names, shared=user, spec=spec, localize=localize, out=out, cache=cache,
+                  overwrite=overwrite, mergekit_runner=_injected("mergekit_runner"), progress=True)
     for r in s.rows:
         if r.error is None and r.on_test:
             console.print(f"{r.method:>26} {r.config:<24} mean acc {r.mean_accuracy:.4f} normalized "
@@ -455,8 +443,9 @@ def demo(
 @from_specs(data=Options(DataSpec, skip=("test_limit",), panel=DATA), model=Options(ModelSpec, panel=MODEL),
             fisher=Options(FisherConfig, rename={"n_examples": "n", "seed": "fisher_seed"}, panel="Fisher"))
 def fim(
-    aggregate: Literal["sum", "frobenius"] = typer.Option("sum", help="block score: sum (of Fisher entries) | "
-                                                                      "frobenius (reference code)"),
+    aggregate: Literal["sum", "frobenius"] = typer.Option(default_of(verbs_fim, "aggregate"),
+                                                          help="block score: sum (of Fisher entries) | frobenius "
+                                                               "(reference code)"),
     normalize: bool = typer.Option(False, help="divide each block's score by its parameter count"),
     out: Optional[Path] = typer.Option(None, help="output folder (default: runs/fim-<task>-<k>-<seed>)"),
     *, data: DataSpec, model: ModelSpec, fisher: FisherConfig,
@@ -545,7 +534,7 @@ def continual_show_cmd(state: Path = typer.Argument(..., help="continual state f
 
 
 def main() -> None:  # pragma: no cover - entry point
-    """Entry point of ``skillgraft``: the app under the one-line error contract (:func:`clierrors.run_app`)."""
+    """Entry point of ``skillgraft``: the app under the one-line error contract (:func:`output.run_app`)."""
     run_app(app)
 
 

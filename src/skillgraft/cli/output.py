@@ -1,4 +1,4 @@
-"""What the command line prints, beside the parsing in cli.py: the consoles, the one-line error contract and
+"""What the command line prints, beside the parsing in commands.py: the consoles, the one-line error contract and
 ``--json`` of every verb (:func:`friendly`), ``--version``, the --help panels, the localizer options' help and the
 region table of ``inspect`` at the terminal's width (issue 37)."""
 
@@ -15,11 +15,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from skillgraft.clierrors import one_line_error
-from skillgraft.clihelp import shown_default
-from skillgraft.clispec import Options
+from skillgraft.cli.errors import interrupted_line, one_line_error, usage_line
+from skillgraft.cli.help import shown_default
+from skillgraft.cli.options import Options
 
-# --help panels (clihelp.render): each option sits in one; options with none go to "Options", shown last
+# --help panels (help.render): each option sits in one; options with none go to "Options", shown last
 MODEL, DATA, LOCALIZER, REPORT, KEEP, OUTPUT, TRAIN = ("Model", "Data", "Localizer", "Report",
                                                        "Keep / frontier", "Output", "Training")
 
@@ -106,7 +106,7 @@ def placed(fn):
     """Give the verb ``--device`` and ``--precision`` (the fields of
     :class:`~skillgraft.models.placement.Placement`: one default, one help text; ``--config`` files set them too)
     and run it under that placement: every model it loads is placed there, and its report names it."""
-    from skillgraft.clispec import from_specs  # noqa: PLC0415
+    from skillgraft.cli.options import from_specs  # noqa: PLC0415
     from skillgraft.models.placement import Placement  # noqa: PLC0415
 
     @functools.wraps(fn)
@@ -296,3 +296,42 @@ def exporter_lines(to: str, s: dict) -> None:
             console.print(f"[yellow]{escape(text)}[/]")
         else:
             console.print(escape(text))
+
+
+def run_app(app) -> None:  # pragma: no cover - the console script (tests call the app through CliRunner)
+    """Run ``app`` as the ``skillgraft`` program: a usage error or a failure outside a verb is one line; Ctrl-C,
+    SIGTERM and SIGHUP clean up, print one line and exit 128 + the signal's number (130, 143, 129)."""
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from typer import Abort  # noqa: PLC0415
+
+    from skillgraft.io import handle_signals, stopped_by  # noqa: PLC0415
+
+    handle_signals()  # SIGTERM / SIGHUP unwind like Ctrl-C: no temporary sibling is left behind
+    try:  # typer ≥ 0.20 vendors click: its usage errors live under typer._click
+        from typer._click.exceptions import ClickException  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - a typer on the system's click
+        from click.exceptions import ClickException  # noqa: PLC0415
+
+    try:
+        code = app(standalone_mode=False)  # usage errors come back here: one line, not click's box
+    except ClickException as e:  # a bad option or value, named by click; exit 2 as click would
+        err.print(f"[bold red]error:[/] {escape(usage_line(e))}", highlight=False)
+        sys.exit(e.exit_code)
+    except (Abort, KeyboardInterrupt):
+        code = 130  # typer turns Ctrl-C into exit code 130 itself; older versions raise
+    except Exception as e:  # outside a verb (e.g. while importing or parsing): the same one-line contract
+        line = one_line_error(e)
+        if line is None or os.environ.get("SKILLGRAFT_DEBUG") == "1":
+            raise
+        err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
+        sys.exit(2)
+    signum = stopped_by()
+    if signum is not None:  # every atomic writer cleaned up on the way out
+        try:
+            err.print(f"[red]{escape(interrupted_line(signum, sys.argv[1:]))}[/]", highlight=False)
+        except OSError:  # the terminal that sent SIGHUP is gone
+            pass
+        sys.exit(128 + int(signum))
+    sys.exit(code if isinstance(code, int) else 0)

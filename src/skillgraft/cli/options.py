@@ -72,7 +72,7 @@ def _cli_type(tp):
 def _shown_default(info, is_list: bool) -> str | bool:
     """The spec's default as --help shows it (False: nothing to show): numbers as written (``1e+07``), lists
     comma-separated (``""``: empty), switches on / off."""
-    from skillgraft.clihelp import number  # noqa: PLC0415
+    from skillgraft.cli.help import number  # noqa: PLC0415
 
     default = info.get_default(call_default_factory=True)
     if default is None:
@@ -183,3 +183,11 @@ def build(opts: Options, values: dict[str, Any]) -> Spec:
             got = item.get("input")
             parts.append(f"{opt}: {msg}" + ("" if isinstance(got, dict) else f" (got {got!r})"))
         raise SkillgraftError("; ".join(parts)) from None
+
+
+def default_of(fn, name: str):
+    """The default of ``fn``'s parameter ``name``: an option whose verb holds the default reads it from there
+    (written once, in the verb's signature)."""
+    import inspect  # noqa: PLC0415
+
+    return inspect.signature(fn).parameters[name].default

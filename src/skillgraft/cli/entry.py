@@ -1,7 +1,7 @@
 """The ``skillgraft`` program: ``--version`` without importing the command line, everything else through
-:func:`skillgraft.cli.main`.
+:func:`skillgraft.cli.commands.main`.
 
-``--help`` needs no cache: importing :mod:`skillgraft.cli` reads the typed specs without importing torch,
+``--help`` needs no cache: importing :mod:`skillgraft.cli.commands` reads the typed specs without importing torch,
 transformers or matplotlib (:mod:`skillgraft.lazy`; ``tests/test_cli_help.py`` checks the modules a help request
 imports), so every command's help is built from the code itself in well under a second (bench/RESULTS.md).
 """
@@ -26,6 +26,6 @@ def main() -> None:  # pragma: no cover - the console script (tests call cli.mai
     if sys.argv[1:] == ["--version"]:
         print(f"skillgraft {version()}")
         sys.exit(0)
-    from skillgraft.cli import main as cli_main  # noqa: PLC0415
+    from skillgraft.cli.commands import main as cli_main  # noqa: PLC0415
 
     cli_main()

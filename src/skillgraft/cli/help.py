@@ -4,7 +4,7 @@ ranges and defaults (issue 37).
 Typer's own layout puts names, negative names, types and help in five table columns; at 80 columns rich squeezes
 them until names are cut (``--gradient-che…``). Here each option is one name cell (``--[no-]overwrite``,
 ``--lr FLOAT``) and a help cell wrapped beside it, or under it when the name is longer than the name column:
-a name is never cut. The panel is the option's ``rich_help_panel`` (``clispec.Options(panel=…)`` for generated
+a name is never cut. The panel is the option's ``rich_help_panel`` (``options.Options(panel=…)`` for generated
 options). Nothing here imports more than typer and rich: ``--help`` stays fast.
 """
 
