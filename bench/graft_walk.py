@@ -23,14 +23,13 @@ RANK = {"cli": 0, "recipes": 1, "verbs": 2, "pipeline": 3, "graft": 4, "merge": 
 # decorates) and spec.py's Spec base (``Spec.build`` runs a subclass's own validators, through pydantic)
 TRANSPARENT = (None, "lazy.py", "spec.py")
 RESUMABLE = 0x20 | 0x80 | 0x100 | 0x200  # generator, coroutine, iterable coroutine, async generator
-CLI = ("cli.py", "clispec.py", "clihelp.py", "cliconfig.py", "cliout.py", "clierrors.py", "entry.py")
 
 
 def layer(rel: str) -> int:
     """The layer rank of a source file (``verbs/graft.py`` → 2); top-level helpers (io.py, lazy.py, …) are last."""
     parts = rel.split("/")
     if len(parts) == 1:
-        return 0 if parts[0] in CLI or parts[0] == "cli" else 7
+        return 0 if parts[0] == "cli" else 7
     return RANK.get(parts[0], 7)
 
 
