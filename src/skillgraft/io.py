@@ -288,6 +288,11 @@ def check_target(path: str | os.PathLike, overwrite: bool = False,
     path = Path(path)
     check_apart(path, inputs or {})
     roll_back(path)
+    if os.path.lexists(path) and overwrite:  # `--out . --overwrite`, `--out ..`: renaming it fails after all the work
+        cwd, target = _absolute(os.getcwd()), _absolute(path)
+        if target == cwd or target in cwd.parents:
+            raise SkillgraftError(f"{path} is the current folder or holds it ({cwd}): it cannot be replaced whole from "
+                                  "inside; run from outside it, or choose another output path")
     if os.path.lexists(path) and not overwrite:
         what = "folder" if path.is_dir() else "file"
         raise SkillgraftError(f"{path} already exists ({what}); refusing to replace it. Pass --overwrite to "
