@@ -200,3 +200,10 @@ def test_bad_user_data_file(case, tiny_classifier, tmp_path):
     (tmp_path / name).write_bytes(content)
     refused(tmp_path, ["evaluate", tiny_classifier, "--data", tmp_path / name, "--text-field", "review",
                        "--label-field", "stars", "--out", tmp_path / "eval"], str(tmp_path / name), *culprits)
+
+
+def test_evaluate_a_skillgraft_run_on_data_rows_says_what_it_takes(ft_run, tmp_path):
+    """`evaluate RUN --data FILE` (a careless user's first try) was `cannot tell how to score this checkpoint`."""
+    (tmp_path / "r.jsonl").write_text('{"text": "good", "label": "1"}\n')
+    refused(tmp_path, ["evaluate", ft_run, "--data", tmp_path / "r.jsonl", "--out", tmp_path / "ev"], str(ft_run),
+            "a skillgraft model", "not on --data rows")

@@ -289,3 +289,13 @@ def test_an_adapter_with_a_malformed_skillgraft_header_is_refused_naming_the_fie
     damage(folder)
     refused(tmp_path, ["inspect", folder, "--model", tiny_bert, "--out", tmp_path / "i"],
             str(folder / "adapter_model.safetensors"), *culprits)
+
+
+def test_a_graft_whose_recorded_base_cannot_be_found_names_its_file(tiny_graft, toy_data, tmp_path):
+    """`apply G` without --model loads the base graft_config.json names; `../../x` was `model checkpoint not found:
+    ../../x`, naming neither the file nor the field, nor --model."""
+    folder = tmp_path / "g"
+    shutil.copytree(tiny_graft, folder)
+    _graft_config(lambda c: c.update(base_model="../../x"))(folder)
+    refused(tmp_path, ["apply", folder, "--data-dir", toy_data, "--limit", 4], str(folder / "graft_config.json"),
+            "'../../x'", "--model")

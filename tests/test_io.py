@@ -212,3 +212,13 @@ def test_folders_and_link_loops_are_not_called_not_found(args, culprits, tiny_be
     names = {"d": work / "d", "loop": links / "loop1", "tiny_bert": tiny_bert, "tmp": work}
     line = refused(work, [a.format(**names) for a in args], *[c.format(**names) for c in culprits])
     assert "not found" not in line
+
+
+@pytest.mark.parametrize("out", [".", ".."])
+def test_overwrite_of_the_current_folder_or_one_holding_it_is_refused_before_any_work(out, tmp_path, monkeypatch):
+    """`graft --out .. --overwrite` ran to the end and then failed `.. → ....old: device or resource busy`."""
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    with pytest.raises(SkillgraftError, match="is the current folder or holds it"):
+        sio.check_target(out, overwrite=True)
+    sio.check_target(tmp_path / "other", overwrite=True)

@@ -20,6 +20,8 @@ RECIPE_CASES = {
     "bad-yaml": (b"recipe: [calibration\n", ["not valid YAML"]),
     "no-recipe": (b"tasks: [SST-2]\n", ["'recipe:'"]),
     "unknown-recipe": (b"recipe: alchemy\n", ["unknown recipe 'alchemy'"]),
+    "recipe-a-list": (b"recipe: [graft]\n", ["unknown recipe ['graft']"]),  # was an unhashable-type traceback
+    "recipe-a-mapping": (b"recipe: {graft: 1}\n", ["unknown recipe {'graft': 1}"]),
     "misspelt-field": (b"recipe: calibration\nseedz: [13]\n", ["seedz", "unknown field"]),
     "seed-negative": (b"recipe: calibration\nseeds: [13, -1]\n", ["r.yaml.seeds.1", "greater than or equal to 0"]),
     "seed-too-large": (b"recipe: graft\nseed: 4294967296\n", ["r.yaml.seed", "less than or equal to 4294967295"]),

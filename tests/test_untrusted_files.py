@@ -242,3 +242,36 @@ def test_a_store_entry_summary_naming_folders_outside_the_entry_is_refused(budge
     with pytest.raises(SkillgraftError, match="budgets.0") as e:
         _read_regions(entry)
     assert str(entry / "summary.json") in str(e.value)
+
+
+def test_a_resume_folder_planted_as_a_link_to_a_folder_outside_is_not_followed(tmp_path, capsys):
+    """A `.<out>.resume` (or store entry's) that is a symbolic link: removed, nothing saved or read through it."""
+    from skillgraft.resume import checkpoint, resume_point
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    folder = tmp_path / "store" / ".regions-x.resume"
+    folder.parent.mkdir()
+    folder.symlink_to(outside)
+    with resume_point(folder):
+        checkpoint("localize", {"steps": 6}).save({"step": 1})
+    assert os.listdir(outside) == [] and (folder / "localize-0.pt").is_file() and not folder.is_symlink()
+    assert "a symbolic link where a resume folder should be" in capsys.readouterr().err
+
+
+def test_a_lock_file_planted_as_a_link_is_not_followed(tmp_path):
+    """A store's `.<entry>.lock` (also a continual state's, a GGUF conversion's) that is a link to a file outside:
+    neither made nor opened there."""
+    from skillgraft.locking import locked
+    from skillgraft.models.gguf import _locked
+
+    victim = tmp_path / "outside" / "victim"
+    victim.parent.mkdir()
+    for lock in (locked, _locked):
+        link = tmp_path / "store" / ".entry.lock"
+        link.parent.mkdir(exist_ok=True)
+        link.symlink_to(victim)
+        with lock(link):
+            assert not link.is_symlink()
+        assert not victim.exists(), lock.__name__
+        link.unlink(missing_ok=True)

@@ -288,6 +288,11 @@ def check_target(path: str | os.PathLike, overwrite: bool = False,
     path = Path(path)
     check_apart(path, inputs or {})
     roll_back(path)
+    if os.path.lexists(path) and overwrite:  # `--out . --overwrite`, `--out ..`: renaming it fails after all the work
+        cwd, target = _absolute(os.getcwd()), _absolute(path)
+        if target == cwd or target in cwd.parents:
+            raise SkillgraftError(f"{path} is the current folder or holds it ({cwd}): it cannot be replaced whole from "
+                                  "inside; run from outside it, or choose another output path")
     if os.path.lexists(path) and not overwrite:
         what = "folder" if path.is_dir() else "file"
         raise SkillgraftError(f"{path} already exists ({what}); refusing to replace it. Pass --overwrite to "
@@ -430,20 +435,134 @@ _renameat2_fn = _UNSET
 
 @contextlib.contextmanager
 def atomic_files(folder: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary folder; when the block succeeds its files move into ``folder`` (made if needed),
+    """Yield a temporary folder; when the block succeeds its files join ``folder`` (made if needed) in one step,
     replacing files of the same names and leaving other files alone: for outputs added to a folder the user
-    keeps (``evaluate --out``, ``inspect``). On failure ``folder`` is not touched (nor created)."""
+    keeps (``evaluate --out``, ``inspect``, ``fim``). On failure ``folder`` is not touched (nor created).
+
+    One step: a new ``folder`` is the temporary folder renamed; an existing one is mirrored beside itself
+    (hard links: nothing is copied or moved out of it), the new files put in the mirror, and the two exchanged by
+    one ``renameat2(RENAME_EXCHANGE)``, so a kill at any point leaves the old set of files or the new one, never
+    a mix (before, the files were moved in one by one). Where that cannot be done (a file system without hard
+    links or the exchange, the current folder inside ``folder``) the files move one by one and an error between
+    two moves puts the old ones back (:func:`_move_in`)."""
     folder = Path(folder)
     if os.path.lexists(folder) and not folder.is_dir():
         raise SkillgraftError(f"{folder} is a file, not a folder")
+    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(folder))
     with _tmp_dir(folder) as tmp:
         yield tmp
+        for f in tmp.iterdir():
+            os.chmod(f, 0o666 & ~_umask())
         crash_point("dir-written", folder)
         with _committing(folder):
-            folder.mkdir(exist_ok=True)
-            for f in sorted(tmp.iterdir()):
-                os.chmod(f, 0o666 & ~_umask())
-                os.replace(f, folder / f.name)
+            if not os.path.lexists(folder):
+                os.chmod(tmp, 0o777 & ~_umask())
+                try:
+                    rename_noreplace(tmp, folder)
+                    return
+                except FileExistsError:
+                    pass  # made meanwhile (by the user?): add the files to it as to any existing folder
+            if not _swap_in(tmp, folder):
+                _move_in(tmp, folder)
+        crash_point("dir-renamed", folder)
+
+
+def _swap_in(tmp: Path, folder: Path) -> bool:
+    """Put ``tmp``'s files into ``folder`` by exchanging ``folder`` with a hard-linked mirror of it that holds them
+    (one rename); False, ``folder`` untouched, where that cannot be done here."""
+    cwd = _absolute(os.getcwd())
+    target = _absolute(folder)
+    if target == cwd or target in cwd.parents:
+        return False  # the shell's current folder would become the deleted old one
+    mirror = tmp / ".mirror"
+    try:
+        _link_tree(folder, mirror)
+        for f in tmp.iterdir():
+            if f != mirror:
+                _remove(mirror / f.name)
+                os.link(f, mirror / f.name)  # linked, not moved: tmp keeps them should this not be done
+        os.chmod(mirror, os.stat(folder).st_mode & 0o7777)
+    except OSError as e:
+        if e.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
+            _restore(tmp, mirror)
+            return False
+        raise
+    crash_point("dir-mirrored", folder)
+    try:
+        exchange(mirror, folder)
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EBUSY):
+            _restore(tmp, mirror)
+            return False
+        raise
+    crash_point("dir-exchanged", folder)
+    _remove(mirror)  # the old folder, now beside; its files live on in the new one
+    return True
+
+
+def _restore(tmp: Path, mirror: Path) -> None:
+    """Undo :func:`_swap_in`'s preparation: the mirror deleted (``tmp`` still holds the new files)."""
+    shutil.rmtree(mirror, ignore_errors=True)
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """``dst`` made a copy of ``src`` in which every file is a hard link to ``src``'s (folders made, links copied as
+    links): nothing is copied or moved, ``src`` is not changed."""
+    os.mkdir(dst)
+    for entry in os.scandir(src):
+        target = dst / entry.name
+        if entry.is_symlink():
+            os.symlink(os.readlink(entry.path), target)
+        elif entry.is_dir(follow_symlinks=False):
+            _link_tree(Path(entry.path), target)
+            os.chmod(target, entry.stat(follow_symlinks=False).st_mode & 0o7777)
+        else:
+            os.link(entry.path, target, follow_symlinks=False)
+
+
+def _move_in(tmp: Path, folder: Path) -> None:
+    """Move ``tmp``'s files into ``folder`` one by one; an error between two moves puts back the files moved so far
+    (the old ones, kept as hard links, or none), so ``folder`` keeps its old set of files."""
+    done: list[tuple[Path, Path | None]] = []
+    keep = tmp / ".old"
+    keep.mkdir(exist_ok=True)
+    try:
+        for f in sorted(p for p in tmp.iterdir() if p.name not in (keep.name, ".mirror")):
+            dest = folder / f.name
+            old = None
+            if os.path.lexists(dest) and not dest.is_dir():
+                old = keep / f.name
+                os.link(dest, old, follow_symlinks=False)
+            os.replace(f, dest)
+            done.append((dest, old))
+            crash_point("file-moved", dest)
+    except BaseException:
+        for dest, old in reversed(done):
+            with contextlib.suppress(OSError):
+                if old is None:
+                    os.unlink(dest)
+                else:
+                    os.replace(old, dest)
+        raise
+
+
+_RENAME_EXCHANGE = 2
+
+
+def exchange(a: str | os.PathLike, b: str | os.PathLike) -> None:
+    """Swap the paths ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``); ``OSError(ENOSYS)``
+    where the system has no such call."""
+    global _renameat2_fn
+    if _renameat2_fn is _UNSET:
+        _renameat2_fn = _renameat2()
+    if _renameat2_fn is None:
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS), os.fspath(b))
+    import ctypes  # noqa: PLC0415
+
+    if _renameat2_fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), os.fspath(a), None, os.fspath(b))
 
 
 @contextlib.contextmanager

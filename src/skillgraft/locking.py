@@ -4,9 +4,26 @@ a state at a time (docs/reliability.md §17)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
+
+
+def open_lock_file(path: Path):
+    """The lock file ``path`` opened for ``flock``, made if needed, never through a link: a link planted where the
+    lock file should be (to a file outside the store, say) is removed, not followed (before, ``open(path, "a+")``
+    made or opened its target)."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            continue
+        return os.fdopen(fd, "a+")
 
 
 @contextlib.contextmanager
@@ -21,7 +38,7 @@ def locked(path: str | os.PathLike, waiting: str | None = None) -> Iterator[None
     path.parent.mkdir(parents=True, exist_ok=True)
     said = False
     while True:
-        f = open(path, "a+")  # noqa: SIM115 - held for the block
+        f = open_lock_file(path)
         try:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

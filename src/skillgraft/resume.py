@@ -54,6 +54,11 @@ def interval() -> float:
 def resume_point(folder: str | os.PathLike, key=None) -> Iterator[Path]:
     """Long loops run in the block save and resume their state in ``folder`` (see the module doc). ``key``:
     what determines the stage's result when ``folder`` alone does not (a run directory's models and data)."""
+    if os.path.islink(folder):  # ours is always a real folder: a link (to a folder outside, say) is not followed
+        print(f"{folder}: a symbolic link where a resume folder should be (planted?); removed, not followed: "
+              "nothing is read or saved through it", file=sys.stderr, flush=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(folder)
     token = _point.set((Path(folder), {"": key}))
     try:
         yield Path(folder)

@@ -171,8 +171,10 @@ def _locked(path: Path):
     """An exclusive lock on ``path`` (two processes converting the same file wait for each other)."""
     import fcntl  # noqa: PLC0415
 
+    from skillgraft.locking import open_lock_file  # noqa: PLC0415
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
+    with open_lock_file(path) as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield

@@ -25,7 +25,7 @@ def load_recipe(path: str | os.PathLike, overrides: dict | None = None) -> tuple
     name = values.get("recipe")
     if name is None:
         raise SkillgraftError(f"{path}: needs a top-level 'recipe:' naming one of {sorted(RECIPES)}")
-    if name not in RECIPES:
+    if not isinstance(name, str) or name not in RECIPES:  # a list or a mapping was an unhashable-type traceback
         raise SkillgraftError(f"{path}: unknown recipe {name!r}; known: {sorted(RECIPES)}")
     entry = RECIPES[name]
     return entry, entry.spec.build(values, where=str(path))

@@ -61,7 +61,13 @@ def apply(graft_dir: str | os.PathLike, *, model: str | None = None, task: str |
         raise SkillgraftError(f"--mode {mode}: the graft in {graft_dir} was learned in {g.metadata.mode} mode (its "
                               "recorded mode is used; drop --mode)")
     ft_mode = g.metadata.mode or mode or "head"  # --mode only for a graft that records none
-    pre = build_scorer(model or g.base_model or None, task, ft_mode)
+    try:
+        pre = build_scorer(model or g.base_model or None, task, ft_mode)
+    except SkillgraftError as e:  # the base named in the graft's file, not by the user: say where it came from
+        if model or not g.base_model or str(g.base_model) not in str(e):
+            raise
+        raise SkillgraftError(f"{graft_dir}/graft_config.json: its base model {g.base_model!r} cannot be loaded "
+                              f"({e}); give the base with --model") from None
     result = ApplyResult(graft_dir, pre.task.name, g.size, g.region.density)
     if to_gguf:
         from skillgraft.export.gguf import export_gguf  # noqa: PLC0415

@@ -54,6 +54,10 @@ def evaluate(model_dir: str | os.PathLike, *, user: UserDataSpec | None = None, 
     user.refuse_options_without_data()  # --text-field, --labels … without --data: refused, not ignored
     note = ""
     folder = model_dir / "model" if (model_dir / "model").is_dir() else model_dir
+    if (folder / SCORER_CONFIG).is_file() and user.data is not None:  # was "cannot tell how to score" (no class)
+        raise SkillgraftError(f"{model_dir}: a skillgraft model (its {SCORER_CONFIG}) is scored on its task's splits "
+                              "(--split, --task, --data-dir), not on --data rows: --data FILE evaluates a Hugging Face "
+                              "checkpoint; leave --data out")
     if (folder / SCORER_CONFIG).is_file() and user.data is None:
         scorer = Scorer.from_pretrained(folder, task=task)
         examples = load_split(get_task(task or scorer.task.name) if task else scorer.task, split, data_dir)[:limit]
