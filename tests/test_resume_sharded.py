@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from test_scale import _free_port, trained_pair
 
@@ -151,6 +152,8 @@ def test_two_process_sharded_localization_resumes_bit_for_bit(tiny_models, toy_d
     assert one.history == ref["history"] and _same({k.key: v.indices for k, v in one.regions.items()}, ref["regions"])
 
 
+@pytest.mark.slow  # 4 launches of 2 processes; one-process fine-tuning resume (test_resume.py) and two-process
+# fine-tuning equal to one (test_finetune.py) run in `make test`
 def test_two_process_finetuning_resumes_bit_for_bit(tiny_bert, toy_data, tmp_path):
     script = tmp_path / "finetune.py"
     script.write_text(FINETUNE)
