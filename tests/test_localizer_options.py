@@ -34,7 +34,8 @@ class Captured(SkillgraftError):
 def fake_setup():
     """What the stubbed pair loading gives: a Setup with one tiny θ_pre and θ_ft, nothing deferred (the graft's
     Workbench of one member takes it as it is)."""
-    return types.SimpleNamespace(pre=torch.nn.Linear(1, 1), ft=torch.nn.Linear(1, 1), task="SST-2", load_pre=None)
+    return types.SimpleNamespace(pre=torch.nn.Linear(1, 1), ft=torch.nn.Linear(1, 1), task="SST-2", load_pre=None,
+                                 probs={}, ft_metrics={}, released=False)
 
 
 @pytest.fixture
