@@ -166,3 +166,24 @@ def test_bad_graft_metadata_names_the_file_and_field(tmp_path):
         assert str(e).startswith(f"{tmp_path / 'g' / 'graft_config.json'}: field 'metadata.k'") and "'all'" in str(e)
     else:
         raise AssertionError("a graft whose metadata.k is not a number was read")
+
+
+def test_seed_summary_rows_are_typed_and_write_the_same_summary(tmp_path):
+    """seed_tables' summary rows are typed (keys, n_seeds, a MeanStd per metric); summary.csv and their JSON keep
+    the columns the dicts had (``<metric>_mean`` / ``_std`` spelt only by ``columns()``)."""
+    from skillgraft.io import write_json
+    from skillgraft.pipeline.report import MeanStd, RunDir, SeedSummary
+
+    rows = [{"task": "SST-2", "model": "graft", "seed": 13, "score": 0.8, "ece": 0.1},
+            {"task": "SST-2", "model": "graft", "seed": 21, "score": 0.9, "ece": None},
+            {"task": "cr", "model": "ft", "seed": 13, "score": 0.7}]
+    _, summary = RunDir(tmp_path).seed_tables("r.csv", rows, ["task", "model"], ["score", "ece"])
+    assert (tmp_path / "summary.csv").read_text() == ("task,model,n_seeds,score_mean,score_std,ece_mean,ece_std\n"
+                                                      "SST-2,graft,2,0.85,0.05,0.1,0\ncr,ft,1,0.7,0,,\n")
+    first = summary[0]
+    assert isinstance(first, SeedSummary) and first.group == {"task": "SST-2", "model": "graft"}
+    assert first.n_seeds == 2 and first.stats["ece"] == MeanStd(0.1, 0.0)
+    assert summary[1].stats["ece"] == MeanStd(None, None) and summary[1]["ece_mean"] is None
+    back = json.loads(write_json(tmp_path / "s.json", summary).read_text())
+    assert list(back[0]) == ["task", "model", "n_seeds", "score_mean", "score_std", "ece_mean", "ece_std"]
+    assert back[0]["score_mean"] == 0.8500000000000001 and back[1]["score_std"] == 0.0
