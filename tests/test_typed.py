@@ -187,3 +187,21 @@ def test_seed_summary_rows_are_typed_and_write_the_same_summary(tmp_path):
     back = json.loads(write_json(tmp_path / "s.json", summary).read_text())
     assert list(back[0]) == ["task", "model", "n_seeds", "score_mean", "score_std", "ece_mean", "ece_std"]
     assert back[0]["score_mean"] == 0.8500000000000001 and back[1]["score_std"] == 0.0
+
+
+def test_scored_steps_are_typed_and_keep_their_columns():
+    """The engine's log: a ScoredStep per scored step, its JSON columns those of the dicts it replaced (step, budget,
+    the relaxation's fields, then ``<label>:acc`` / ``:size`` / ``:iou_prev``), read back as the same step."""
+    from skillgraft.graft.localizers.base import BudgetScore, Localization, ScoredStep
+
+    first = ScoredStep(0, None, {"temperature": 0.5}, {"0.01": BudgetScore(0.5, 10), "round": BudgetScore(0.25, 3)})
+    later = ScoredStep(2, "0.01", {}, {"0.01": BudgetScore(0.75, 12, 0.8)})
+    assert list(first.columns().items()) == [("step", 0), ("temperature", 0.5), ("0.01:acc", 0.5),
+                                             ("0.01:size", 10), ("round:acc", 0.25), ("round:size", 3)]
+    assert list(later.columns()) == ["step", "budget", "0.01:acc", "0.01:size", "0.01:iou_prev"]
+    assert later["0.01:iou_prev"] == 0.8 and first.scores["round"].size == 3
+    for step in (first, later):
+        assert ScoredStep.from_columns(step.columns(), ["0.01", "round"]) == step
+    summary = Localization({}, history=[first, later], step_seconds=0.1).summary
+    assert summary["history"] == [first.columns(), later.columns()]
+    assert json.loads(json.dumps(summary["history"]))[1]["0.01:iou_prev"] == 0.8
