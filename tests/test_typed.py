@@ -205,3 +205,20 @@ def test_scored_steps_are_typed_and_keep_their_columns():
     summary = Localization({}, history=[first, later], step_seconds=0.1).summary
     assert summary["history"] == [first.columns(), later.columns()]
     assert json.loads(json.dumps(summary["history"]))[1]["0.01:iou_prev"] == 0.8
+
+
+def test_wise_points_are_typed_and_keep_their_columns():
+    """WiSE's points and curves: a SetScore per evaluation set, written as the former ``<set>:score`` / ``:ece``
+    columns; a curve keeps only the sets its source was evaluated on, in the order first seen."""
+    from skillgraft.recipes.wise import SetScore, WisePoint, _mean_curves
+
+    a = WisePoint("SST-2", "WiSE-FT", 0.5, 13, sets={"SST-2 (ID)": SetScore(0.8, 0.1), "imdb": SetScore(0.6, 0.2)})
+    b = WisePoint("SST-2", "WiSE-FT", 0.5, 21, sets={"SST-2 (ID)": SetScore(0.9, 0.3), "imdb": SetScore(0.7, 0.4)})
+    c = WisePoint("mpqa", "WiSE-FT", 0.5, 13, sets={"mpqa (ID)": SetScore(0.5, 0.5)})
+    assert list(a.columns()) == ["source", "seed", "curve", "alpha", "SST-2 (ID):score", "SST-2 (ID):ece",
+                                 "imdb:score", "imdb:ece"]
+    mean, other = _mean_curves([a, b, c])
+    assert list(mean.columns()) == ["source", "curve", "alpha", "n_seeds", "SST-2 (ID):score", "SST-2 (ID):ece",
+                                    "imdb:score", "imdb:ece"]
+    assert mean.n_seeds == 2 and mean["imdb:ece"] == 0.30000000000000004 and mean.sets["SST-2 (ID)"].score == 0.8500000000000001
+    assert list(other.sets) == ["mpqa (ID)"] and other.seed is None
