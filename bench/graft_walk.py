@@ -41,7 +41,7 @@ def walk(calls: list[tuple]) -> dict:
     folders = {f.split("/")[0] if "/" in f else "." for f in files}
     return {"files": len(files), "folders": len(folders), "climbs": sum(climbs.values()),
             "climbing_edges": len(climbs), "edges": climbs,
-            "functions": where}
+            "functions": where, "walked": Counter(c[1] for c in calls)}
 
 
 def trace(fn, *args, **kw) -> list[tuple[str | None, str, str]]:
@@ -106,6 +106,8 @@ def main() -> None:
     if "-v" in sys.argv:
         for key, n in w["functions"].most_common():
             print(f"  {n:6d}  {key}")
+        for f, n in sorted(w["walked"].items()):
+            print(f"  {n:6d}  calls into {f}")
 
 
 if __name__ == "__main__":

@@ -166,3 +166,59 @@ def test_bad_graft_metadata_names_the_file_and_field(tmp_path):
         assert str(e).startswith(f"{tmp_path / 'g' / 'graft_config.json'}: field 'metadata.k'") and "'all'" in str(e)
     else:
         raise AssertionError("a graft whose metadata.k is not a number was read")
+
+
+def test_seed_summary_rows_are_typed_and_write_the_same_summary(tmp_path):
+    """seed_tables' summary rows are typed (keys, n_seeds, a MeanStd per metric); summary.csv and their JSON keep
+    the columns the dicts had (``<metric>_mean`` / ``_std`` spelt only by ``columns()``)."""
+    from skillgraft.io import write_json
+    from skillgraft.pipeline.report import MeanStd, RunDir, SeedSummary
+
+    rows = [{"task": "SST-2", "model": "graft", "seed": 13, "score": 0.8, "ece": 0.1},
+            {"task": "SST-2", "model": "graft", "seed": 21, "score": 0.9, "ece": None},
+            {"task": "cr", "model": "ft", "seed": 13, "score": 0.7}]
+    _, summary = RunDir(tmp_path).seed_tables("r.csv", rows, ["task", "model"], ["score", "ece"])
+    assert (tmp_path / "summary.csv").read_text() == ("task,model,n_seeds,score_mean,score_std,ece_mean,ece_std\n"
+                                                      "SST-2,graft,2,0.85,0.05,0.1,0\ncr,ft,1,0.7,0,,\n")
+    first = summary[0]
+    assert isinstance(first, SeedSummary) and first.group == {"task": "SST-2", "model": "graft"}
+    assert first.n_seeds == 2 and first.stats["ece"] == MeanStd(0.1, 0.0)
+    assert summary[1].stats["ece"] == MeanStd(None, None) and summary[1]["ece_mean"] is None
+    back = json.loads(write_json(tmp_path / "s.json", summary).read_text())
+    assert list(back[0]) == ["task", "model", "n_seeds", "score_mean", "score_std", "ece_mean", "ece_std"]
+    assert back[0]["score_mean"] == 0.8500000000000001 and back[1]["score_std"] == 0.0
+
+
+def test_scored_steps_are_typed_and_keep_their_columns():
+    """The engine's log: a ScoredStep per scored step, its JSON columns those of the dicts it replaced (step, budget,
+    the relaxation's fields, then ``<label>:acc`` / ``:size`` / ``:iou_prev``), read back as the same step."""
+    from skillgraft.graft.localizers.base import BudgetScore, Localization, ScoredStep
+
+    first = ScoredStep(0, None, {"temperature": 0.5}, {"0.01": BudgetScore(0.5, 10), "round": BudgetScore(0.25, 3)})
+    later = ScoredStep(2, "0.01", {}, {"0.01": BudgetScore(0.75, 12, 0.8)})
+    assert list(first.columns().items()) == [("step", 0), ("temperature", 0.5), ("0.01:acc", 0.5),
+                                             ("0.01:size", 10), ("round:acc", 0.25), ("round:size", 3)]
+    assert list(later.columns()) == ["step", "budget", "0.01:acc", "0.01:size", "0.01:iou_prev"]
+    assert later["0.01:iou_prev"] == 0.8 and first.scores["round"].size == 3
+    for step in (first, later):
+        assert ScoredStep.from_columns(step.columns(), ["0.01", "round"]) == step
+    summary = Localization({}, history=[first, later], step_seconds=0.1).summary
+    assert summary["history"] == [first.columns(), later.columns()]
+    assert json.loads(json.dumps(summary["history"]))[1]["0.01:iou_prev"] == 0.8
+
+
+def test_wise_points_are_typed_and_keep_their_columns():
+    """WiSE's points and curves: a SetScore per evaluation set, written as the former ``<set>:score`` / ``:ece``
+    columns; a curve keeps only the sets its source was evaluated on, in the order first seen."""
+    from skillgraft.recipes.wise import SetScore, WisePoint, _mean_curves
+
+    a = WisePoint("SST-2", "WiSE-FT", 0.5, 13, sets={"SST-2 (ID)": SetScore(0.8, 0.1), "imdb": SetScore(0.6, 0.2)})
+    b = WisePoint("SST-2", "WiSE-FT", 0.5, 21, sets={"SST-2 (ID)": SetScore(0.9, 0.3), "imdb": SetScore(0.7, 0.4)})
+    c = WisePoint("mpqa", "WiSE-FT", 0.5, 13, sets={"mpqa (ID)": SetScore(0.5, 0.5)})
+    assert list(a.columns()) == ["source", "seed", "curve", "alpha", "SST-2 (ID):score", "SST-2 (ID):ece",
+                                 "imdb:score", "imdb:ece"]
+    mean, other = _mean_curves([a, b, c])
+    assert list(mean.columns()) == ["source", "curve", "alpha", "n_seeds", "SST-2 (ID):score", "SST-2 (ID):ece",
+                                    "imdb:score", "imdb:ece"]
+    assert mean.n_seeds == 2 and mean["imdb:ece"] == 0.30000000000000004 and mean.sets["SST-2 (ID)"].score == 0.8500000000000001
+    assert list(other.sets) == ["mpqa (ID)"] and other.seed is None

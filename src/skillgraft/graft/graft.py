@@ -32,7 +32,9 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft_file import FORMAT, FORMAT_VERSION, GraftMetadata, read_graft_file, write_graft_file
 from skillgraft.graft.region import Region, compact_positions
 from skillgraft.io import atomic_dir, check_target
-from skillgraft.models.anatomy import carried_names, check_compatible, fingerprint, sample_positions, tensor_sample
+from skillgraft.models.anatomy import (
+    carried_names, check_compatible, fingerprint, fingerprinted, sample_positions, tensor_sample,
+)
 
 __all__ = ["FORMAT_VERSION", "Graft", "active_graft", "cached_fingerprint", "fingerprint_from_files",
            "forget_fingerprint"]
@@ -148,18 +150,16 @@ class _Base:
     quick: tuple | None = field(default=None, repr=False)  # (parameters, _quick_key) valid with ``key``'s content
 
 
-def _fingerprint(scorer, known: dict[str, tuple[tuple, bytes]], read) -> tuple[str, dict]:
+def _fingerprint(scorer, known: dict[str, tuple[tuple, bytes]], read=None) -> tuple[str, dict]:
     """``fingerprint(scorer)`` and the samples it hashed: a tensor unchanged since ``known`` is not read again,
-    the others are read by ``read(name, p)``."""
+    the others are read by ``read(name, p)`` (None: :func:`tensor_sample`)."""
     samples: dict[str, tuple[tuple, bytes]] = {}
-
-    def sample(name: str, p: torch.Tensor) -> bytes:
+    for name, p in fingerprinted(scorer):
         state = (id(p), p.data_ptr(), p._version)
         old = known.get(name)
-        samples[name] = (state, old[1] if old is not None and old[0] == state else read(name, p))
-        return samples[name][1]
-
-    return fingerprint(scorer, sample), samples
+        fresh = old is None or old[0] != state
+        samples[name] = (state, (tensor_sample(p) if read is None else read(name, p)) if fresh else old[1])
+    return fingerprint(scorer, {name: sample for name, (_, sample) in samples.items()}), samples
 
 
 def _base(scorer, key: tuple, compute: bool) -> _Base | None:
@@ -173,7 +173,7 @@ def _base(scorer, key: tuple, compute: bool) -> _Base | None:
         return known
     if not compute:
         return None
-    value, samples = _fingerprint(scorer, known.samples if known is not None else {}, lambda _, p: tensor_sample(p))
+    value, samples = _fingerprint(scorer, known.samples if known is not None else {})
     known = _Base(key, value, samples=samples)
     body.__dict__[_BASE] = known
     return known

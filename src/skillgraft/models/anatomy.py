@@ -11,12 +11,15 @@ Fisher, training, continual learning) asks this module.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.models.freezing import param_groups
 
 if TYPE_CHECKING:
+    import torch
+
     from skillgraft.models.scorer import Scorer
 
 HEAD_PREFIX = "head."
@@ -61,21 +64,25 @@ def carried_names(scorer: Scorer) -> list[str]:
 FINGERPRINT_SAMPLES = 8192  # values of each tensor the fingerprint hashes (evenly strided)
 
 
-def fingerprint(scorer: Scorer, sample=None) -> str:
+def fingerprinted(scorer: Scorer) -> list[tuple[str, torch.Tensor]]:
+    """The base tensors :func:`fingerprint` hashes, in its order: ``scorer.model``'s parameters, carried ones left
+    out."""
+    carried = getattr(scorer, "carried", ())
+    return [(name, p) for name, p in scorer.model.named_parameters() if "model." + name not in carried]
+
+
+def fingerprint(scorer: Scorer, samples: Mapping[str, bytes] | None = None) -> str:
     """Content fingerprint of the base model's weights (``scorer.model``; carried head tensors excluded).
 
     sha256 over every tensor's name, shape, dtype and up to 8192 evenly strided values: cheap on big
     models, and any real change of base weights (another checkpoint, a different seed) changes it.
-    ``sample(name, p)`` gives a tensor's sampled bytes (default :func:`tensor_sample`; a cache, or the
-    checkpoint files the model was loaded from, give the same bytes without reading the tensor's memory).
+    ``samples``: each tensor's sampled bytes, already read (a cache, or the checkpoint files the model was loaded
+    from, give the bytes :func:`tensor_sample` would without reading the tensor's memory); the rest are read.
     """
     h = hashlib.sha256()
-    carried = getattr(scorer, "carried", ())
-    for name, p in scorer.model.named_parameters():
-        if "model." + name in carried:
-            continue
+    for name, p in fingerprinted(scorer):
         h.update(f"{name}|{tuple(p.shape)}|{p.dtype}|".encode())
-        h.update(sample(name, p) if sample is not None else tensor_sample(p))
+        h.update(samples[name] if samples is not None and name in samples else tensor_sample(p))
     return h.hexdigest()[:32]
 
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import csv
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from skillgraft.lazy import np
 
+from skillgraft.evaluate.rows import Row
 from skillgraft.io import atomic_path, write_json
 
 
@@ -59,7 +62,7 @@ class RunDir:
 def write_csv(path: str | os.PathLike, rows: list[Mapping]) -> Path:
     """Rows (dicts, or :class:`~skillgraft.pipeline.variants.ResultRow`) as CSV (columns: union of keys in first-seen
     order; floats to 6 significant digits)."""
-    rows = [dict(r) for r in rows]
+    rows = [r.columns() if isinstance(r, Row) else dict(r) for r in rows]
     cols: list[str] = []
     for r in rows:
         cols.extend(k for k in r if k not in cols)
@@ -124,14 +127,38 @@ def aggregate(rows: list[dict], keys: list[str], metrics: list[str]) -> list[dic
     return list(groups.values())
 
 
-def summary_rows(agg: list[dict], metrics: list[str]) -> list[dict]:
-    """Aggregated rows with ``<metric>_mean`` / ``<metric>_std`` (for CSV / JSON)."""
+@dataclass(frozen=True)
+class MeanStd:
+    """One metric over the seeds of a group (None: no seed has it)."""
+
+    mean: float | None
+    std: float | None
+
+
+@dataclass
+class SeedSummary(Row):
+    """One group of :func:`aggregate` over seeds: its group's keys, how many seeds, each metric's :class:`MeanStd`; its
+    columns (``summary.csv``) name them ``<metric>_mean`` / ``<metric>_std`` (only :meth:`columns` spells them)."""
+
+    group: dict[str, Any]  # the grouping keys' values
+    n_seeds: int
+    stats: dict[str, MeanStd] = field(default_factory=dict)
+
+    def columns(self) -> dict[str, Any]:
+        out = {**self.group, "n_seeds": self.n_seeds}
+        for m, v in self.stats.items():
+            out[m + "_mean"], out[m + "_std"] = v.mean, v.std
+        return out
+
+
+def summary_rows(agg: list[dict], metrics: list[str]) -> list[SeedSummary]:
+    """Aggregated rows as typed :class:`SeedSummary` rows (read as their CSV / JSON columns)."""
     out = []
     for g in agg:
-        row = {k: v for k, v in g.items() if k not in metrics}
+        stats = {}
         for m in metrics:
             vals = np.asarray(g[m], dtype=float)
-            row[f"{m}_mean"] = float(vals.mean()) if vals.size else None
-            row[f"{m}_std"] = float(vals.std()) if vals.size else None
-        out.append(row)
+            stats[m] = MeanStd(float(vals.mean()) if vals.size else None, float(vals.std()) if vals.size else None)
+        group = {k: v for k, v in g.items() if k not in metrics and k != "n_seeds"}
+        out.append(SeedSummary(group, g["n_seeds"], stats))
     return out

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -26,21 +25,6 @@ from skillgraft.spec import stable_hash
 FORMAT_VERSION = 1
 KEY_FILE = "key.json"
 DEFAULT_ROOT = Path("runs") / "cache"
-
-
-def converts_into_store(fn):
-    """Decorator of a verb taking ``cache=`` (a store folder) or ``store=`` (a :class:`Store`): GGUF files it
-    converts go into that store too (:func:`skillgraft.models.gguf.in_store`), not into ``$SKILLGRAFT_CACHE``."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        from skillgraft.models.gguf import in_store  # noqa: PLC0415
-
-        store = kwargs.get("store")
-        with in_store(store.root if store is not None else kwargs.get("cache")):
-            return fn(*args, **kwargs)
-
-    return wrapper
 
 
 class Store:

@@ -10,12 +10,14 @@ with the ID-vs-OOD curves of WiSE-FT and WiSE-graft (FT and the graft are their 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from skillgraft.evaluate.predict import evaluate
+from skillgraft.evaluate.rows import Row
 from skillgraft.graft.interpolate import interpolate
 from skillgraft.graft.localizers import LocalizeConfig
 from skillgraft.graft.selection import Budget
@@ -55,6 +57,36 @@ class WiseSpec(ExperimentSpec, TransfersMixin):
         return self
 
 
+@dataclass(frozen=True)
+class SetScore:
+    """A model's score and ECE on one evaluation set (the source's own, ``<source> (ID)``, or an OOD target)."""
+
+    score: float
+    ece: float
+
+
+@dataclass
+class WisePoint(Row):
+    """One α of one curve (WiSE-FT or a WiSE-graft) on one source and seed, or their mean over seeds (``n_seeds``
+    set; ``seed`` None); columns ``<set>:score`` / ``<set>:ece`` per evaluation set (spelt only by :meth:`columns`)."""
+
+    source: str
+    curve: str
+    alpha: float
+    seed: int | None = None
+    n_seeds: int | None = None
+    sets: dict[str, SetScore] = field(default_factory=dict)
+
+    def columns(self) -> dict[str, Any]:
+        head = {"source": self.source}
+        head |= {"seed": self.seed} if self.seed is not None else {}
+        head |= {"curve": self.curve, "alpha": self.alpha}
+        head |= {"n_seeds": self.n_seeds} if self.n_seeds is not None else {}
+        for name, m in self.sets.items():
+            head[name + ":score"], head[name + ":ece"] = m.score, m.ece
+        return head
+
+
 @recipe("wise", WiseSpec)
 def wise(spec: WiseSpec, run: RunDir) -> dict:
     points, timings = [], []
@@ -67,10 +99,10 @@ def wise(spec: WiseSpec, run: RunDir) -> dict:
         for curve, target in curves.items():
             for alpha in spec.alphas:
                 with interpolate(setup.pre, target, alpha, head=spec.head) as scorer:
-                    row = {"source": setup.task, "seed": seed, "curve": curve, "alpha": alpha}
+                    row = WisePoint(setup.task, curve, alpha, seed)
                     for name, examples in sets.items():
                         m, _ = evaluate(scorer, examples)
-                        row[f"{name}:score"], row[f"{name}:ece"] = m["score"], m["ece"]
+                        row.sets[name] = SetScore(m["score"], m["ece"])
                 points.append(row)
         timings.append({"source": setup.task, "seed": seed, "seconds": round(time.perf_counter() - t0, 1)})
     curves_rows = _mean_curves(points)
@@ -83,34 +115,36 @@ def wise(spec: WiseSpec, run: RunDir) -> dict:
     return {"points": points, "curves": curves_rows, "timings": timings}
 
 
-def _mean_curves(points: list[dict]) -> list[dict]:
-    keys = list(dict.fromkeys(k for p in points for k in p if k.endswith(":score") or k.endswith(":ece")))
-    out: dict[tuple, dict] = {}
+def _mean_curves(points: list[WisePoint]) -> list[WisePoint]:
+    """Each (source, curve, α) over seeds: the mean score and ECE on each set it was evaluated on (sources evaluate
+    on different sets), the sets in the order first seen."""
+    order = list(dict.fromkeys(name for p in points for name in p.sets))
+    groups: dict[tuple, list[WisePoint]] = {}
     for p in points:
-        g = (p["source"], p["curve"], p["alpha"])
-        row = out.setdefault(g, {"source": p["source"], "curve": p["curve"], "alpha": p["alpha"], "n_seeds": 0,
-                                 **{k: [] for k in keys}})
-        row["n_seeds"] += 1
-        for k in keys:
-            if k in p:
-                row[k].append(p[k])
-    # sources evaluate on different sets: keep only the keys a curve has values for
-    return [{k: (float(np.mean(v)) if k in keys else v) for k, v in r.items() if k not in keys or v}
-            for r in out.values()]
+        groups.setdefault((p.source, p.curve, p.alpha), []).append(p)
+    out = []
+    for (source, curve, alpha), group in groups.items():
+        sets = {}
+        for name in order:
+            have = [p.sets[name] for p in group if name in p.sets]
+            if have:
+                sets[name] = SetScore(float(np.mean([m.score for m in have])), float(np.mean([m.ece for m in have])))
+        out.append(WisePoint(source, curve, alpha, n_seeds=len(group), sets=sets))
+    return out
 
 
-def _plot(run: RunDir, rows: list[dict], source: str, target: str) -> None:
+def _plot(run: RunDir, rows: list[WisePoint], source: str, target: str) -> None:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     from skillgraft.evaluate import plots  # noqa: F401, PLC0415 - selects the Agg backend
 
-    id_key, ood_key = f"{source} (ID):score", f"{target}:score"
+    id_set = f"{source} (ID)"
     fig, ax = plt.subplots(figsize=(5.2, 4.2))
-    curves = [c for c in dict.fromkeys(r["curve"] for r in rows if r["source"] == source)]
+    curves = [c for c in dict.fromkeys(r.curve for r in rows if r.source == source)]
     for i, curve in enumerate(curves):
-        pts = sorted((r for r in rows if r["source"] == source and r["curve"] == curve), key=lambda r: r["alpha"])
-        xs = [100 * r[id_key] for r in pts]
-        ys = [100 * r[ood_key] for r in pts]
+        pts = sorted((r for r in rows if r.source == source and r.curve == curve), key=lambda r: r.alpha)
+        xs = [100 * r.sets[id_set].score for r in pts]
+        ys = [100 * r.sets[target].score for r in pts]
         style = "-o" if curve == "WiSE-FT" else "--s"
         ax.plot(xs, ys, style, ms=4, label=curve, color=f"C{i}")
         ax.plot(xs[-1:], ys[-1:], "*", ms=13, color=f"C{i}")  # α = 1: FT itself / the graft itself
@@ -135,13 +169,14 @@ def _report(spec: WiseSpec, rows, timings) -> str:
         src = t.source
         targets = [tg.task for tg in t.targets]
         header = ["curve", "α", f"{src} (ID)"] + targets
-        body = [[r["curve"], r["alpha"], f"{100 * r[f'{src} (ID):score']:.1f}"]
-                + [f"{100 * r[f'{tg}:score']:.1f}" for tg in targets] for r in rows if r["source"] == src]
+        mine = [r for r in rows if r.source == src]
+        body = [[r.curve, r.alpha, f"{100 * r.sets[src + ' (ID)'].score:.1f}"]
+                + [f"{100 * r.sets[tg].score:.1f}" for tg in targets] for r in mine]
         lines += [f"## {src}", "", md_table(header, body), ""]
         for tg in targets:
-            best = max((r for r in rows if r["source"] == src), key=lambda r: r[f"{src} (ID):score"] + r[f"{tg}:score"])
-            lines.append(f"- best ID+OOD point → {tg}: {best['curve']} α={best['alpha']} "
-                         f"({100 * best[f'{src} (ID):score']:.1f}, {100 * best[f'{tg}:score']:.1f})")
+            best = max(mine, key=lambda r: r.sets[src + " (ID)"].score + r.sets[tg].score)
+            lines.append(f"- best ID+OOD point → {tg}: {best.curve} α={best.alpha} "
+                         f"({100 * best.sets[src + ' (ID)'].score:.1f}, {100 * best.sets[tg].score:.1f})")
             lines += ["", f"![{src} → {tg}](wise_{src}_to_{tg}.png)", ""]
     lines += ["Paper (Fig. 7e caption, QNLI → NLI, RoBERTa-base 4096-shot): optimal (ID, OOD) point of WiSE-FT "
               f"{FIG7_NLI_OPTIMA['WiSE-FT']}, of grafting {FIG7_NLI_OPTIMA['grafting']}; Fig. 7f: WiSE-graft gets a "

@@ -14,3 +14,20 @@ the options and prints the result, and recipes may call them.
 
 Modules are imported on use (a verb loads only what it needs).
 """
+
+import functools
+
+
+def converts_into_store(fn):
+    """Decorator of a verb taking ``cache=`` (a store folder) or ``store=`` (a :class:`Store`): GGUF files it
+    converts go into that store too (:func:`skillgraft.models.gguf.in_store`), not into ``$SKILLGRAFT_CACHE``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from skillgraft.models.gguf import in_store  # noqa: PLC0415
+
+        store = kwargs.get("store")
+        with in_store(store.root if store is not None else kwargs.get("cache")):
+            return fn(*args, **kwargs)
+
+    return wrapper

@@ -19,8 +19,9 @@ from skillgraft.locking import locked
 from skillgraft.models.spec import MAX_LENGTH, ModelSpec
 from skillgraft.pipeline.continual import STATE_FILE, ContinualLearner, task_region
 from skillgraft.pipeline.setup import prepare
-from skillgraft.pipeline.store import Store, converts_into_store
+from skillgraft.pipeline.store import Store
 from skillgraft.train.finetune import FinetuneConfig
+from skillgraft.verbs import converts_into_store
 
 
 @dataclass

@@ -34,11 +34,11 @@ from skillgraft.graft.selection import Budget, region_universe
 from skillgraft.pipeline.regions import learned_regions, localizer_options
 from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.setup import Setup
-from skillgraft.pipeline.store import converts_into_store
 from skillgraft.pipeline.workbench import Workbench
 from skillgraft.pipeline.variants import (ResultRow, Variant, base_variants, compare, graft_variant,
                                           score_ft_first)
 from skillgraft.spec import Spec
+from skillgraft.verbs import converts_into_store
 from skillgraft.models.spec import MAX_LENGTH
 
 # Report names of the baseline localizers (kept from the reports in bench/RESULTS.md).

@@ -45,10 +45,10 @@ from skillgraft.merge import MERGE_METHODS, MergeMethod, Scored, merge_methods
 from skillgraft.merge.base import MergeRow
 from skillgraft.pipeline.report import write_csv
 from skillgraft.pipeline.setup import Setup
-from skillgraft.pipeline.store import converts_into_store
 from skillgraft.pipeline.workbench import Workbench
 from skillgraft.spec import Spec
 from skillgraft.models.spec import MAX_LENGTH
+from skillgraft.verbs import converts_into_store
 from skillgraft.verbs.merge_inputs import ModelInput, check_inputs, merge_inputs, resolve_inputs
 from skillgraft.verbs.merge_report import readme, report_markdown, summarize, write_grafts, write_outputs
 

@@ -17,9 +17,9 @@ from skillgraft.graft.selection import Budget
 from skillgraft.pipeline.regions import learned_regions
 from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.setup import Setup
-from skillgraft.pipeline.store import converts_into_store
 from skillgraft.pipeline.variants import base_variants, compare, graft_variant
 from skillgraft.spec import Spec
+from skillgraft.verbs import converts_into_store
 from skillgraft.verbs.graft import BASELINE_LABELS, baseline_options
 
 LEARNED_MAX = 1e-2  # learned regions beyond this size are top-movement in all but name

@@ -23,6 +23,7 @@ from pydantic import Field
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
+from skillgraft.evaluate.rows import Row
 from skillgraft.graft.keep import KeepResult, KeepSpec, Ranking, keep_search
 from skillgraft.graft.localizers.sharded import fsdp_launched, is_sharded
 from skillgraft.graft.region import Region
@@ -44,6 +45,52 @@ class LocalizerOptions(Spec):
         "region sizes: fractions of the graftable parameters in (0, 1] or counts ≥ 1 (exact top-k)"))
 
 
+@dataclass(frozen=True)
+class BudgetScore:
+    """One budget's region at a scored step: its score on the selection split, its size, its IoU with the region
+    of the last scored step (None at the first)."""
+
+    acc: float
+    size: int
+    iou_prev: float | None = None
+
+
+_SCORE_FIELDS = ("acc", "size", "iou_prev")
+
+
+@dataclass
+class ScoredStep(Row):
+    """One scored step of a learned trajectory (the engine's log), read as its JSON columns: ``step``, ``budget``
+    (a per-budget trajectory's), the relaxation's own fields, then ``<label>:acc`` / ``:size`` / ``:iou_prev`` per
+    budget (spelt only by :meth:`columns` and read back by :meth:`from_columns`)."""
+
+    step: int
+    budget: str | None = None
+    relaxation: dict[str, Any] = field(default_factory=dict)
+    scores: dict[str, BudgetScore] = field(default_factory=dict)  # by budget label
+
+    def columns(self) -> dict[str, Any]:
+        out = {"step": self.step, **({"budget": self.budget} if self.budget is not None else {}), **self.relaxation}
+        for label, s in self.scores.items():
+            out[label + ":acc"], out[label + ":size"] = s.acc, s.size
+            if s.iou_prev is not None:
+                out[label + ":iou_prev"] = s.iou_prev
+        return out
+
+    @classmethod
+    def from_columns(cls, row: dict[str, Any], labels: Sequence[str]) -> ScoredStep:
+        """The step :meth:`columns` wrote (a resumed trajectory's saved log); ``labels``: the plan's budgets'."""
+        scored: dict[str, dict] = {}
+        relaxation = {}
+        for key, value in row.items():
+            label, _, what = key.rpartition(":")
+            if label in labels and what in _SCORE_FIELDS:
+                scored.setdefault(label, {})[what] = value
+            elif key not in ("step", "budget"):
+                relaxation[key] = value
+        return cls(row["step"], row.get("budget"), relaxation, {k: BudgetScore(**v) for k, v in scored.items()})
+
+
 @dataclass
 class Localization:
     """What every localizer's ``run`` returns: a Region per budget and what produced it (JSON-able ``summary``).
@@ -56,7 +103,7 @@ class Localization:
     regions: dict[Budget, Region]
     best_step: dict[Budget, int] = field(default_factory=dict)
     best_score: dict[Budget, float] = field(default_factory=dict)
-    history: list[dict] = field(default_factory=list)   # per scored step: "<budget label>:acc" / ":size" / …
+    history: list[ScoredStep] = field(default_factory=list)  # the learned trajectory's scored steps
     base_size: int | None = None
     step_seconds: float | None = None  # median time of one step (forward/backward + update)
     config: dict = field(default_factory=dict)
@@ -80,7 +127,7 @@ class Localization:
         if self.base_size is not None:
             out["base_size"] = self.base_size
         if self.step_seconds is not None:
-            out |= {"step_seconds": self.step_seconds, "history": self.history}
+            out |= {"step_seconds": self.step_seconds, "history": [h.columns() for h in self.history]}
         out["config"] = self.config
         if self.candidate_size is not None:
             out["candidate_size"] = self.candidate_size

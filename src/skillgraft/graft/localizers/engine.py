@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from skillgraft.data.loading import Example
 from skillgraft.finite import check_loss
-from skillgraft.graft.localizers.base import Localization
+from skillgraft.graft.localizers.base import BudgetScore, Localization, ScoredStep
 from skillgraft.graft.localizers.candidates import Candidates
 from skillgraft.graft.localizers.checkpointing import activation_checkpointing
 from skillgraft.graft.localizers.layouts import Dense, Layout
@@ -196,7 +196,7 @@ def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, g
     if not per_budget:
         score = None
     layout.watch()
-    history: list[dict] = []
+    history: list[ScoredStep] = []
     step_times: list[float] = []
     best: dict[Budget, tuple[float, int, Region | None]] = {}
     relax = None
@@ -204,7 +204,9 @@ def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, g
     saved = _checkpoint(plan, layout, group, accelerator, len(train), len(select))
     state = saved.load() if saved is not None else None
     if state is not None:  # the same command, stopped: resume from the last saved step (skillgraft.resume)
-        history[:], step_times[:] = state["history"], state["step_times"]
+        labels = [b.label for b in plan.budgets]
+        history[:] = [ScoredStep.from_columns(h, labels) for h in state["history"]]
+        step_times[:] = state["step_times"]
         best |= state["best_before"]
     for i, budgets in enumerate(groups):
         if state is not None and i < state["group"]:
@@ -239,7 +241,7 @@ def _checkpoint(plan: Plan, layout: Layout, group: Group, accelerator, n_train: 
 
 
 def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, budgets: list[Budget], train, select,
-                plan: Plan, accelerator, group: Group, progress, history: list[dict], step_times: list[float], *,
+                plan: Plan, accelerator, group: Group, progress, history: list[ScoredStep], step_times: list[float], *,
                 saved=None, resumed: dict | None = None, where: dict | None = None) -> dict:
     """One optimisation of the relaxation's parameters; every ``eval_every`` steps each budget's region is scored.
 
@@ -255,7 +257,8 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
         from skillgraft.resume import cpu  # noqa: PLC0415
 
         saved.save({**(where or {}), "step": step, "rng": rng.get_state(), "best": best, "previous": previous,
-                    "history": history, "step_times": step_times, "params": cpu(optimizer.params),
+                    "history": [h.columns() for h in history], "step_times": step_times,
+                    "params": cpu(optimizer.params),
                     "adam": optimizer.adam.state_dict() if optimizer.adam is not None else None,
                     "relaxation": relax.state(), "layout": layout.state()})
 
@@ -274,7 +277,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
     lockstep = group.sharded and world > 1  # every process runs every forward (FSDP gathers in each)
 
     def score(step: int) -> None:
-        row = {"step": step, **({"budget": budgets[0].label} if relax.per_budget else {}), **relax.row()}
+        row = ScoredStep(step, budgets[0].label if relax.per_budget else None, relax.row())
         for b in budgets:
             masks = layout.select(relax.scores(), b)
             acc = 0.0
@@ -283,9 +286,9 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
                 acc = _accuracy(pre, select, plan.micro_batch, accelerator, lockstep)
                 layout.release(held, relax.absolute)
             region = layout.region(masks)
-            row[f"{b.label}:acc"], row[f"{b.label}:size"] = acc, layout.count(masks)
-            if b in previous:  # how much the region still moves: IoU with the last scored step's region
-                row[f"{b.label}:iou_prev"] = round(region.iou(previous[b]), 6)
+            # how much the region still moves: IoU with the last scored step's region
+            iou = round(region.iou(previous[b]), 6) if b in previous else None
+            row.scores[b.label] = BudgetScore(acc, layout.count(masks), iou)
             previous[b] = region
             if plan.last or acc > best[b][0]:
                 best[b] = (acc, step, region)
@@ -316,8 +319,8 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
                 guard.check()  # the loss is read here, where the loop reads anyway, never inside a step
             if scored(step):
                 score(step)
-                bar.set_postfix({b.label: f"{history[-1][b.label + ':acc']:.3f}/{history[-1][b.label + ':size']}"
-                                 for b in budgets})
+                shown = history[-1].scores
+                bar.set_postfix({b.label: f"{shown[b.label].acc:.3f}/{shown[b.label].size}" for b in budgets})
             if saved is not None and step < plan.steps and saved.due():
                 guard.check()
                 save(step)
