@@ -73,6 +73,7 @@ class Live(TorchDispatchMode):
         self.at_peak: dict = {}
         self.stage = stage
         self.stage_peak: dict[str, int] = defaultdict(int)
+        self.by_stage: dict[str, dict] | None = None  # who holds each stage's peak (the verb's stages only)
 
     def _free(self, key):
         size = self.live.pop(key, (0,))[0]
@@ -113,6 +114,12 @@ class Live(TorchDispatchMode):
 
     def _mark(self, site: str = ""):
         stage = self.stage() or site.split(" [")[0].split(" ")[-1]
+        if self.now > self.stage_peak[stage] and self.by_stage is not None:
+            by = defaultdict(int)
+            for k, (size, site_, _) in self.live.items():
+                if k not in self.host:
+                    by[site_] += size
+            self.by_stage[stage] = dict(sorted(by.items(), key=lambda kv: -kv[1]))
         self.stage_peak[stage] = max(self.stage_peak[stage], self.now)
         if self.now > self.peak:
             self.peak = self.now
@@ -222,6 +229,9 @@ def verb(root: Path) -> dict:
     import skillgraft.verbs.graft as graft_verb
     from skillgraft.cli import app
 
+    import os
+
+    os.environ["SKILLGRAFT_CACHE"] = str(root / "store")  # a store of its own, removed with the folder
     data_root = write_sentiment_data(root / "data")
     runner = CliRunner()
     model = root / "model"
@@ -235,6 +245,7 @@ def verb(root: Path) -> dict:
         "--device", "cpu")
     stage = {"name": "open (load θ_pre, θ_ft)"}
     live = Live(lambda: stage["name"])
+    live.by_stage = {}
     _offload_hook(live)
     names = {"score_ft_first": "FT scoring", "learned_regions": "localization", "base_variants": "base variants",
              "graft_variant": "graft + baselines", "compare": "evaluation (compare)"}
@@ -276,7 +287,9 @@ def verb(root: Path) -> dict:
     weights = _weights(build_scorer(str(model), "SST-2", "causal"))
     return {"weights_bytes": weights, "peak_bytes": live.peak, "peak_x_weights": round(live.peak / weights, 3),
             "peak_stage": live.at_peak["stage"],
-            "stage_peaks": {s: {"bytes": b, "x_weights": round(b / weights, 3)} for s, b in live.stage_peak.items()},
+            "stage_peaks": {s: {"bytes": b, "x_weights": round(b / weights, 3),
+                                "at_peak": _sites_table(live.by_stage.get(s, {}), weights, 6)}
+                            for s, b in live.stage_peak.items()},
             "at_peak": _sites_table(live.at_peak["by_site"], weights)}
 
 
