@@ -313,3 +313,36 @@ def test_a_localization_step_on_cuda_never_synchronises(pair, monkeypatch):
     finally:
         pre.to("cpu"), ft.to("cpu")
     assert caught == []
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (a view counts once)."""
+    seen = {}
+    for t in tensors:
+        if t is not None:
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def test_the_dense_localizer_keeps_delta_s_and_the_base_between_steps(pair, monkeypatch):
+    """Issue 45: between steps the dense (paper's) localizer holds Δ and S (fp32) and γ_base (bool) per coordinate
+    and no gradient; γ is dropped (recomputed before S moves): 9 bytes per coordinate (13 before), 2.25 × the
+    body's fp32 bytes. The digests of test_the_engine_reproduces_the_previous_localizers pin the results."""
+    import skillgraft.graft.localizers.engine as engine
+
+    pre, ft, data = pair
+    held, real = [], engine._step
+
+    def counted(pre_, layout, relax, opt, *rest):
+        real(pre_, layout, relax, opt, *rest)
+        assert layout._current is None
+        kept = [*layout.delta.values(), *relax.S.values(), *relax.base.values(), *[p.grad for p in pre_.parameters()]]
+        held.append((_storage_bytes(kept), layout.universe))
+
+    monkeypatch.setattr(engine, "_step", counted)
+    get_localizer("learned").run(pre, ft, data, {"sparsity": 0.01, "steps": 2, "eval_every": 2, "micro_batch": 16,
+                                                 "budgets": [0.005]})
+    body = sum(p.numel() * p.element_size() for n, p in pre.named_parameters() if n in graftable_names(pre))
+    assert len(held) == 2 and all(b == 9 * u for b, u in held)  # Δ, S: 4 bytes each; γ_base: 1
+    assert all(b == 2.25 * body for b, _ in held)

@@ -59,11 +59,13 @@ class Optimizer:
     @no_grad
     def step(self, grads: list[torch.Tensor], finite: torch.Tensor | None = None) -> None:
         """One update; ``finite`` (a 0-d bool on the device): where false, the gradients count as 0 (no read)."""
-        if finite is not None:
-            grads = [torch.where(finite, g, 0.0) for g in grads]
+        if finite is not None:  # in place in the caller's list: each gradient freed once replaced
+            for i, g in enumerate(grads):
+                grads[i] = torch.where(finite, g, 0.0)
         if self.kind == "nsgd":
             scale = self._rms(grads).clamp_min(1e-30)
-            grads = [g / scale for g in grads]
+            for i, g in enumerate(grads):
+                grads[i] = g / scale
         if self.adam is not None:
             for p, g in zip(self.params, grads):
                 p.grad = g
@@ -214,6 +216,8 @@ def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, g
         relax = plan.relaxation()
         k = budgets[0].size(layout.universe) if relax.per_budget else None
         params = relax.start(layout, score, base, k, plan.seed)
+        if relax.recomputable and isinstance(layout, Dense):  # γ is dropped between steps (docs/gpu.md)
+            layout.recompute = lambda r=relax: r.mask(0)
         here = state if state is not None and i == state["group"] else None
         best |= _trajectory(pre, layout, relax, Optimizer(plan.optimizer, plan.lr, params, group), budgets, train,
                             select, plan, accelerator, group, progress, history, step_times,
@@ -285,6 +289,8 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
                 held = layout.hold_choice(masks, relax.absolute)
                 acc = _accuracy(pre, select, plan.micro_batch, accelerator, lockstep)
                 layout.release(held, relax.absolute)
+                del held
+                layout.forget()
             region = layout.region(masks)
             # how much the region still moves: IoU with the last scored step's region
             iou = round(region.iou(previous[b]), 6) if b in previous else None
@@ -302,6 +308,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
     else:
         done = 0
         layout.write(relax.mask(0), relax.absolute)
+        layout.forget()
         if scored(0):
             score(0)
     label = f"localize ({relax.name} {budgets[0].label})" if relax.per_budget else "localize"
@@ -324,6 +331,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
             if saved is not None and step < plan.steps and saved.due():
                 guard.check()
                 save(step)
+                layout.forget()
     finally:
         bar.close()
     return best
@@ -341,8 +349,10 @@ def _step(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, train, m
         (loss if weight == 1 else loss * weight).backward()
         total = total + loss.detach() * weight
     finite = guard.see(group.sum_(total), step)
+    layout.current  # noqa: B018 - the held mask, recomputed (if dropped) before its parameters move
     optimizer.step(relax.grad(layout.grads()), finite)  # a non-finite loss moves nothing: a NaN is never stored
     layout.write(relax.mask(step), relax.absolute)
+    layout.forget()  # between steps (the backward's peak) only what cannot be recomputed stays
 
 
 class _FirstNonFinite:

@@ -47,8 +47,11 @@ class Layout:
         raise SkillgraftError(f"{type(self).__name__} layout keeps no θ_pre to write binary masks from")
 
     def write(self, masks: dict[str, torch.Tensor], absolute: bool = False) -> None:
-        for n in self.names:
+        for n in self.names:  # a lazy ``masks`` (the sigmoid's) makes one tensor's mask at a time
             (self.put if absolute else self.hold)(n, masks[n])
+
+    def forget(self) -> None:
+        """Drop what can be recomputed between steps (see :meth:`Dense.forget`); by default nothing."""
 
     def hold_choice(self, masks: dict[str, torch.Tensor], absolute: bool = False) -> dict[str, torch.Tensor]:
         """Move the working weights to the binary ``masks``; returns the mask to :meth:`release` to."""
@@ -162,7 +165,26 @@ class Dense(Layout):
         self.params = {n: p_pre[n] for n in names}
         self.delta = {n: (source.rows(n).to(p_pre[n].device) - p_pre[n].detach()) for n in names}
         self.universe = sum(d.numel() for d in self.delta.values())
-        self.current = {n: torch.zeros(d.shape, device=d.device) for n, d in self.delta.items()}
+        self._current: dict[str, torch.Tensor] | None = {n: torch.zeros(d.shape, device=d.device)
+                                                         for n, d in self.delta.items()}
+        self.recompute = None  # set by the engine: the held mask, recomputed from the relaxation's parameters
+
+    @property
+    def current(self) -> dict[str, torch.Tensor]:
+        """The mask the weights hold (recomputed, bit for bit, after :meth:`forget`)."""
+        if self._current is None:
+            self._current = dict(self.recompute())
+        return self._current
+
+    @current.setter
+    def current(self, value: dict[str, torch.Tensor]) -> None:
+        self._current = value
+
+    def forget(self) -> None:
+        """Drop the held mask (one float per coordinate) between steps when it can be recomputed: the caller
+        reads :attr:`current` (which recomputes it) before the parameters it comes from move."""
+        if self.recompute is not None:
+            self._current = None
 
     @no_grad
     def hold(self, n: str, target: torch.Tensor) -> None:

@@ -20,6 +20,7 @@ Straight-through and hard-concrete run one trajectory per budget and write masks
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from skillgraft.lazy import no_grad, torch
 
@@ -40,6 +41,7 @@ class Relaxation:
     rounds = False       # selects γ > 0.5 ('round' budgets)
     sharded = True       # runs on the sharded layout
     first = 0            # the first step whose regions are scored
+    recomputable = False  # mask(t) is a pure function of the parameters (a layout may drop it between steps)
 
     def start(self, layout: Layout, score: dict[str, torch.Tensor], base: dict[str, torch.Tensor] | None,
               k: int | None, seed: int) -> list[torch.Tensor]:
@@ -67,6 +69,24 @@ class Relaxation:
         """:meth:`state` put back after step ``t`` (the parameters already restored)."""
 
 
+class Lazy(Mapping):
+    """A mapping of ``names`` to ``make(name)``, each value made when read (not kept)."""
+
+    def __init__(self, names: list[str], make):
+        self.names, self.make = names, make
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.names:
+            raise KeyError(name)
+        return self.make(name)
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
 def _ranks(score: torch.Tensor) -> torch.Tensor:
     """Each coordinate's rank by ``score`` (0 = the highest; ties by position), as floats."""
     out = torch.empty(score.numel(), device=score.device)
@@ -78,7 +98,7 @@ def _ranks(score: torch.Tensor) -> torch.Tensor:
 class Sigmoid(Relaxation):
     """Paper Eq. 3: γ from S through a sigmoid, flipped on γ_base (per tensor, the reference arithmetic)."""
 
-    name, rounds = "sigmoid", True
+    name, rounds, recomputable = "sigmoid", True, True
 
     def __init__(self, bias: float = 10.0, l1: float = 0.0, draw: str = "universe", select: str = "gamma"):
         self.bias, self.l1, self.draw, self.select = bias, l1, draw, select
@@ -100,7 +120,7 @@ class Sigmoid(Relaxation):
         return torch.where(self.base[n], 1 - s, s)
 
     def mask(self, t):
-        return {n: self.gamma(n) for n in self.layout.names}
+        return Lazy(self.layout.names, self.gamma)  # each γ made when read: a write holds one tensor's at a time
 
     def scores(self):
         """γ itself (``learned``: its pinned regions), or its logit ±(S − b) (``select="logit"``, the relaxed
@@ -112,10 +132,10 @@ class Sigmoid(Relaxation):
     @no_grad
     def grad(self, g):
         out = []
-        for n in self.layout.names:
+        for n in self.layout.names:  # each ∂L/∂θ freed once used (``g`` is the layout's, made for this call)
             s = torch.sigmoid(self.S[n] - self.bias)
             sign = 1 - 2 * self.base[n].to(s.dtype)
-            out.append((g[n].to(s.dtype) * self.layout.delta[n].to(s.dtype) + self.l1) * sign * s * (1 - s))
+            out.append((g.pop(n).to(s.dtype) * self.layout.delta[n].to(s.dtype) + self.l1) * sign * s * (1 - s))
         return out
 
     def ranking(self, seed: int) -> Ranking:
