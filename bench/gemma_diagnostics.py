@@ -41,7 +41,7 @@ from paper_diagnostics import label_logits, margins  # noqa: E402
 def open_spec(path: str, override: dict):
     """(recipe name, validated spec) of a recipe file or a finished run folder."""
     from skillgraft.errors import SkillgraftError
-    from skillgraft.io import read_json
+    from skillgraft.untrusted import read_json
     from skillgraft.recipes import RECIPES, load_recipe
 
     p = Path(path)

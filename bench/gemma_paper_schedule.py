@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def read_json(path, what=""):
-    from skillgraft.io import read_json as read  # noqa: PLC0415
+    from skillgraft.untrusted import read_json as read  # noqa: PLC0415
 
     return read(path, what=what)
 

@@ -180,7 +180,7 @@ def test_a_json_key_given_twice_is_refused_naming_the_file(tiny_graft, tmp_path)
     from skillgraft.data.sources import jsonl_rows
     from skillgraft.errors import SkillgraftError
     from skillgraft.graft.graft import Graft
-    from skillgraft.io import read_json
+    from skillgraft.untrusted import read_json
 
     (tmp_path / "c.json").write_text('{"tasks": [], "model": "a", "model": "b"}')
     with pytest.raises(SkillgraftError, match=r"c\.json: key 'model' is given twice"):

@@ -4,15 +4,12 @@ An I/O fault inside :func:`atomic_path` / :func:`atomic_dir` (no space, permissi
 system, …) removes the temporary sibling and is re-raised as an ``OSError`` naming the path the caller asked
 for, never the temporary one; :func:`describe_io_error` turns it into ``<path>: <reason>`` (the CLI's one line).
 
-Signals: :func:`handle_signals` (the CLI installs it) makes SIGTERM and SIGHUP — what schedulers, ``timeout``
-and container stops send — unwind like Ctrl-C (an :class:`Interrupted`, a ``KeyboardInterrupt``), so every
-temporary sibling is deleted on the way out; a signal that lands while an output is being renamed into place
-waits until the rename is done, and :func:`written` says which complete artifacts this process put in place.
+Signals (skillgraft.signals, re-exported here): a stopping signal unwinds like Ctrl-C, so every temporary sibling
+is deleted on the way out; one that lands while an output is renamed into place waits until the rename is done.
 """
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import errno
 import json
@@ -25,45 +22,15 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from skillgraft.errors import SkillgraftError
+from skillgraft.signals import (STOP_SIGNALS, Interrupted, _deferred, _written,  # noqa: F401
+                                handle_signals, stopped_by, written)
+from skillgraft.errors import WRITE_ERRNOS, SkillgraftError, _lower_first, _OS_ERROR, describe_io_error  # noqa: F401 - re-exported
 
 
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-# errno values that mean "this artifact could not be written here": an OSError carrying one of them but no
-# file name is attributed to the artifact being written (a network error, say, is left alone).
-WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO,
-                          errno.EFBIG, errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.ENOENT})
-_OS_ERROR = re.compile(r"os error (\d+)")
-
-
-def describe_io_error(e: BaseException) -> str | None:
-    """``<path>: <reason>`` for an I/O error (``OSError``, a safetensors I/O error, undecodable text);
-    None for anything else. Reasons are the errno names in lower case: "no space left on device"."""
-    if isinstance(e, UnicodeDecodeError):
-        return f"not {e.encoding.upper()} text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
-    if isinstance(e, OSError):
-        if e.errno:
-            reason = os.strerror(e.errno)
-        else:
-            reason = e.strerror or (str(e).splitlines() or [""])[0] or type(e).__name__
-        reason = _lower_first(reason)
-        where = e.filename if e.filename2 is None else f"{e.filename} → {e.filename2}"
-        return f"{where}: {reason}" if where is not None else reason
-    if type(e).__name__ == "SafetensorError":
-        code = _OS_ERROR.search(str(e))
-        if code:
-            return _lower_first(os.strerror(int(code.group(1))))
-        return (str(e).splitlines() or [type(e).__name__])[0]
-    return None
-
-
-def _lower_first(text: str) -> str:
-    return text[:1].lower() + text[1:]
 
 
 def _located(e: BaseException, tmp: Path, path: Path) -> BaseException | None:
@@ -105,56 +72,6 @@ def crash_point(point: str, path: Path) -> None:
                 time.sleep(0.02)
 
 
-# ---------------------------------------------------------------------------------------------- signals
-class Interrupted(KeyboardInterrupt):
-    """A stopping signal (SIGTERM, SIGHUP, Ctrl-C's SIGINT) raised in the main thread, so that every ``finally``
-    and atomic writer's cleanup runs on the way out, as for Ctrl-C."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
-_critical = 0                 # > 0 while an output is renamed into place
-_pending: list[int] = []      # a signal that arrived meanwhile
-_written: list[Path] = []     # complete artifacts this process put in place (not inside a temporary sibling)
-_stopped_by: list[int] = []   # the signal that stopped this process
-
-
-def _on_signal(signum: int, frame) -> None:
-    for s in STOP_SIGNALS:  # once is enough: a second signal must not interrupt the cleanup
-        signal.signal(s, signal.SIG_IGN)
-    _stopped_by.append(signum)
-    if _critical:
-        _pending.append(signum)
-        return
-    raise Interrupted(signum)
-
-
-def handle_signals() -> None:
-    """SIGTERM, SIGHUP and SIGINT raise :class:`Interrupted` in the main thread (call it from the main thread,
-    once per command: the record of what :func:`written` reports starts afresh)."""
-    _written.clear()
-    _stopped_by.clear()
-    for s in STOP_SIGNALS:
-        signal.signal(s, _on_signal)
-
-
-@contextlib.contextmanager
-def _deferred() -> Iterator[None]:
-    """A stopping signal that lands in the block is raised only when the block is done (making a temporary
-    sibling and remembering its name; renaming an output into place)."""
-    global _critical
-    _critical += 1
-    try:
-        yield
-    finally:
-        _critical -= 1
-        if not _critical and _pending:
-            raise Interrupted(_pending.pop())
-
-
 @contextlib.contextmanager
 def _committing(path: Path) -> Iterator[None]:
     """Put ``path`` in place (the block) without a signal in between, and record it as written."""
@@ -162,19 +79,6 @@ def _committing(path: Path) -> Iterator[None]:
         yield
         if not any(_TMP_NAME.fullmatch(part) for part in Path(path).parts[:-1]):
             _written.append(Path(path))
-
-
-def stopped_by() -> int | None:
-    """The number of the stopping signal :func:`handle_signals` caught, or None."""
-    return _stopped_by[0] if _stopped_by else None
-
-
-def written() -> list[Path]:
-    """The complete artifacts (outside any temporary sibling) this process has put in place and that are still
-    there, in order: one written into a scratch folder (``tempfile.TemporaryDirectory``: merge measures a graft's
-    file size that way) is gone once that folder is, and was never a result (issue 36: the "interrupted" line
-    of a merge listed such folders as complete)."""
-    return [p for p in dict.fromkeys(_written) if os.path.lexists(p)]
 
 
 _TMP_NAME = re.compile(r"\..+\.\d+-[^/]*\.tmp")
@@ -614,38 +518,6 @@ def _jsonable(x):
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
-BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
-
-
-def read_text(path: Path) -> str:
-    """The text of a file as other tools write it (data files, recipes, configs): UTF-8 with or without a
-    byte-order mark, or UTF-16 with one (Windows "Unicode", PowerShell 5's ``>``); CRLF line ends are left to
-    the parsers, which all accept them. A NUL byte (a binary file), bytes that are not UTF-8 or an unreadable
-    file are one error naming the file and the line."""
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise SkillgraftError(f"{path}: cannot read ({describe_io_error(e).removeprefix(f'{path}: ')})") from None
-    encoding = next((enc for bom, enc in BOMS if raw.startswith(bom)), "utf-8")
-    if encoding == "utf-16":
-        try:
-            return raw.decode("utf-16")
-        except UnicodeDecodeError as e:
-            raise SkillgraftError(f"{path}: starts with a UTF-16 byte-order mark but is not UTF-16 text "
-                                  f"({e.reason} at offset {e.start}); re-save the file as UTF-8") from None
-    nul = raw.find(b"\x00")
-    if nul >= 0:
-        line = raw.count(b"\n", 0, nul) + 1
-        raise SkillgraftError(f"{path}:{line}: contains a NUL byte (a binary file?); expected UTF-8 text")
-    try:
-        return raw.decode(encoding)
-    except UnicodeDecodeError as e:
-        start = e.start + (3 if encoding == "utf-8-sig" else 0)
-        line = raw.count(b"\n", 0, start) + 1
-        raise SkillgraftError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[start]:02x} at offset {start}); "
-                              "re-save the file as UTF-8") from None
-
-
 def path_problem(path: str | os.PathLike, want: str = "file") -> str | None:
     """Why ``path`` is no ``want`` ("file" or "folder") we can open, in words; None when it is one. Only a path
     that does not exist is "not found": a folder where a file should be, a link loop, a broken link or a parent
@@ -673,47 +545,3 @@ def path_problem(path: str | os.PathLike, want: str = "file") -> str | None:
     if want == "file" and not stat.S_ISREG(st.st_mode):
         return "not a regular file (a device, socket or pipe)"
     return None
-
-
-def no_such(path: str | os.PathLike, what: str, want: str = "file") -> SkillgraftError:
-    """The error for a ``path`` that :func:`path_problem` finds wanting: ``<what> not found: <path>`` when it
-    does not exist, else ``<path>: <why>; expected <what>``."""
-    why = path_problem(path, want) or "not readable"
-    if why == "not found":
-        return SkillgraftError(f"{what} not found: {path}")
-    return SkillgraftError(f"{path}: {why}; expected {'a ' if not what.startswith(('a ', 'an ')) else ''}{what}")
-
-
-TOO_DEEP = "values nested deeper than a reader follows (thousands of levels); refused"  # RecursionError's line
-
-
-def unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    """``json.loads``' ``object_pairs_hook``: the object, or a ``ValueError`` for a key given twice in it (JSON
-    parsers keep the last silently; the file almost certainly holds a mistake)."""
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"key {key!r} is given twice in one object; give each key once")
-        out[key] = value
-    return out
-
-
-def read_json(path: str | os.PathLike, *, required: tuple[str, ...] = (), what: str = "file") -> dict:
-    """A JSON object from ``path``; missing file, bad JSON or a missing ``required`` key → one clear error."""
-    path = Path(path)
-    if not path.is_file():
-        raise no_such(path, what)
-    try:
-        obj = json.loads(read_text(path), object_pairs_hook=unique_keys)
-    except json.JSONDecodeError as e:
-        raise SkillgraftError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except ValueError as e:  # a key given twice (unique_keys)
-        raise SkillgraftError(f"{path}: {e}") from None
-    except RecursionError:
-        raise SkillgraftError(f"{path}: {TOO_DEEP}") from None
-    if required and not isinstance(obj, dict):
-        raise SkillgraftError(f"{path}: unreadable {what} (expected a JSON object, got {type(obj).__name__})")
-    missing = [k for k in required if k not in obj]
-    if missing:
-        raise SkillgraftError(f"{path}: unreadable {what} (missing field(s) {missing})")
-    return obj

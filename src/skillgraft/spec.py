@@ -24,7 +24,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.io import read_json, read_text
+from skillgraft.untrusted import read_json, read_text
 
 S = TypeVar("S", bound="Spec")
 # Bounds every numeric field carries besides its own: a value out of range is one line naming the option,
@@ -158,7 +158,7 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     """A YAML mapping from ``path``; a missing file or bad YAML is one clear error naming the file."""
     import yaml  # noqa: PLC0415
 
-    from skillgraft.io import no_such  # noqa: PLC0415
+    from skillgraft.untrusted import no_such  # noqa: PLC0415
 
     path = Path(path)
     if not path.is_file():
@@ -182,6 +182,6 @@ def parse_file(path: Path, parse: Callable[[str], Any], error: type[Exception],
     except error as e:
         raise SkillgraftError(f"{path}: {describe(e)}") from None
     except RecursionError:
-        from skillgraft.io import TOO_DEEP  # noqa: PLC0415
+        from skillgraft.untrusted import TOO_DEEP  # noqa: PLC0415
 
         raise SkillgraftError(f"{path}: {TOO_DEEP}") from None

@@ -1,15 +1,94 @@
 """Reading files that may be damaged or hostile: paths recorded in a file stay inside its folder (:func:`inside`),
-YAML is parsed with a bound on what its aliases expand to and no key given twice (:func:`load_yaml`); JSON's
-counterparts (:func:`skillgraft.io.unique_keys`, :data:`skillgraft.io.TOO_DEEP`) live beside ``read_json``.
+YAML is parsed with a bound on what its aliases expand to and no key given twice (:func:`load_yaml`), JSON the same
+(:func:`read_json`, :func:`unique_keys`, :data:`TOO_DEEP`); text in the encodings other tools write (:func:`read_text`).
 docs/reliability.md §14–§15."""
 
 from __future__ import annotations
 
+import codecs
+import json
 import os
 from pathlib import Path
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.io import TOO_DEEP, _absolute, read_text
+from skillgraft.errors import describe_io_error
+from skillgraft.io import _absolute, path_problem
+
+
+BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def read_text(path: Path) -> str:
+    """The text of a file as other tools write it (data files, recipes, configs): UTF-8 with or without a
+    byte-order mark, or UTF-16 with one (Windows "Unicode", PowerShell 5's ``>``); CRLF line ends are left to
+    the parsers, which all accept them. A NUL byte (a binary file), bytes that are not UTF-8 or an unreadable
+    file are one error naming the file and the line."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise SkillgraftError(f"{path}: cannot read ({describe_io_error(e).removeprefix(f'{path}: ')})") from None
+    encoding = next((enc for bom, enc in BOMS if raw.startswith(bom)), "utf-8")
+    if encoding == "utf-16":
+        try:
+            return raw.decode("utf-16")
+        except UnicodeDecodeError as e:
+            raise SkillgraftError(f"{path}: starts with a UTF-16 byte-order mark but is not UTF-16 text "
+                                  f"({e.reason} at offset {e.start}); re-save the file as UTF-8") from None
+    nul = raw.find(b"\x00")
+    if nul >= 0:
+        line = raw.count(b"\n", 0, nul) + 1
+        raise SkillgraftError(f"{path}:{line}: contains a NUL byte (a binary file?); expected UTF-8 text")
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError as e:
+        start = e.start + (3 if encoding == "utf-8-sig" else 0)
+        line = raw.count(b"\n", 0, start) + 1
+        raise SkillgraftError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[start]:02x} at offset {start}); "
+                              "re-save the file as UTF-8") from None
+
+
+def no_such(path: str | os.PathLike, what: str, want: str = "file") -> SkillgraftError:
+    """The error for a ``path`` that :func:`path_problem` finds wanting: ``<what> not found: <path>`` when it
+    does not exist, else ``<path>: <why>; expected <what>``."""
+    why = path_problem(path, want) or "not readable"
+    if why == "not found":
+        return SkillgraftError(f"{what} not found: {path}")
+    return SkillgraftError(f"{path}: {why}; expected {'a ' if not what.startswith(('a ', 'an ')) else ''}{what}")
+
+
+TOO_DEEP = "values nested deeper than a reader follows (thousands of levels); refused"  # RecursionError's line
+
+
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """``json.loads``' ``object_pairs_hook``: the object, or a ``ValueError`` for a key given twice in it (JSON
+    parsers keep the last silently; the file almost certainly holds a mistake)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} is given twice in one object; give each key once")
+        out[key] = value
+    return out
+
+
+def read_json(path: str | os.PathLike, *, required: tuple[str, ...] = (), what: str = "file") -> dict:
+    """A JSON object from ``path``; missing file, bad JSON or a missing ``required`` key → one clear error."""
+    path = Path(path)
+    if not path.is_file():
+        raise no_such(path, what)
+    try:
+        obj = json.loads(read_text(path), object_pairs_hook=unique_keys)
+    except json.JSONDecodeError as e:
+        raise SkillgraftError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except ValueError as e:  # a key given twice (unique_keys)
+        raise SkillgraftError(f"{path}: {e}") from None
+    except RecursionError:
+        raise SkillgraftError(f"{path}: {TOO_DEEP}") from None
+    if required and not isinstance(obj, dict):
+        raise SkillgraftError(f"{path}: unreadable {what} (expected a JSON object, got {type(obj).__name__})")
+    missing = [k for k in required if k not in obj]
+    if missing:
+        raise SkillgraftError(f"{path}: unreadable {what} (missing field(s) {missing})")
+    return obj
 
 
 def inside(folder: str | os.PathLike, value, source: str | os.PathLike, field: str) -> Path:

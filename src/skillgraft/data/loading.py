@@ -21,7 +21,7 @@ from pathlib import Path
 from skillgraft.data.sources import csv_reader, jsonl_rows, open_source
 from skillgraft.data.tasks import Task, get_task
 from skillgraft.errors import SkillgraftError
-from skillgraft.io import read_text
+from skillgraft.untrusted import read_text
 
 SPLITS = ("train", "dev", "test")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.io import TOO_DEEP, no_such, read_text, unique_keys
+from skillgraft.untrusted import TOO_DEEP, no_such, read_text, unique_keys
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number (non-finite values are refused)")

@@ -259,7 +259,7 @@ def load_task_yaml(path: str | Path, *, overwrite: bool = False) -> list[Task]:
     """Register every task defined in a YAML file (one mapping, or a list under ``tasks:``)."""
     path = Path(path)
     if not path.is_file():
-        from skillgraft.io import no_such  # noqa: PLC0415
+        from skillgraft.untrusted import no_such  # noqa: PLC0415
 
         raise no_such(path, "task file")
     from skillgraft.untrusted import load_yaml  # noqa: PLC0415 - duplicate keys and alias bombs refused

@@ -18,7 +18,7 @@ from skillgraft.finite import refuse_non_finite
 from skillgraft.graft.graft import Graft, cached_fingerprint
 from skillgraft.graft.graft_file import WEIGHTS_FILE
 from skillgraft.graft.region import Region
-from skillgraft.io import read_json
+from skillgraft.untrusted import read_json
 from skillgraft.models.anatomy import graftable_names
 
 

@@ -158,7 +158,7 @@ def read_graft_file(directory: str | os.PathLike) -> GraftFile:
 
 def read_config(path: Path) -> GraftFileConfig:
     """``graft_config.json`` validated against :class:`GraftFileConfig`, plus the cross-field checks."""
-    from skillgraft.io import unique_keys  # noqa: PLC0415
+    from skillgraft.untrusted import unique_keys  # noqa: PLC0415
 
     raw = parse_file(path, lambda text: json.loads(text, object_pairs_hook=unique_keys), ValueError,
                      lambda e: f"not valid JSON ({e.msg} at line {e.lineno})" if isinstance(e, json.JSONDecodeError)

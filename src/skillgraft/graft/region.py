@@ -187,7 +187,7 @@ class Region:
         names to shapes, ``region.safetensors`` holds ``<name>::indices`` of those tensors (integers, sorted,
         unique, in range); any problem is one error naming the file."""
         from skillgraft.graft.graft_file import check_positions, read_tensors  # noqa: PLC0415
-        from skillgraft.io import read_json  # noqa: PLC0415
+        from skillgraft.untrusted import read_json  # noqa: PLC0415
 
         directory = Path(directory)
         meta_path, weights = directory / "region.json", directory / "region.safetensors"

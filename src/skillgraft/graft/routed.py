@@ -60,7 +60,7 @@ def read_routed(folder: Path) -> dict:
     """``routed.json`` of ``folder``, checked before anything is loaded: a JSON object of this format naming the
     base and each task's skill folder (``path``) inside ``folder`` (:func:`skillgraft.untrusted.inside`: an absolute path
     or ``..`` out of it is refused, not loaded), with its labels a list. One line naming the file and the field."""
-    from skillgraft.io import read_json  # noqa: PLC0415
+    from skillgraft.untrusted import read_json  # noqa: PLC0415
     from skillgraft.untrusted import inside  # noqa: PLC0415
 
     meta = folder / "routed.json"

@@ -111,7 +111,7 @@ def read_config(path: str, who: str):
 
     from transformers import AutoConfig  # noqa: PLC0415
 
-    from skillgraft.io import TOO_DEEP, read_text, unique_keys  # noqa: PLC0415
+    from skillgraft.untrusted import TOO_DEEP, read_text, unique_keys  # noqa: PLC0415
 
     file = Path(path) / "config.json"
     if file.is_file():  # a local folder: name the file and field at fault

@@ -440,7 +440,7 @@ def _pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _read_scorer_config(path: Path) -> dict:
     """``scorer_config.json``: a JSON object with a known mode and pooling and an integer max_length."""
-    from skillgraft.io import read_json  # noqa: PLC0415
+    from skillgraft.untrusted import read_json  # noqa: PLC0415
 
     cfg = read_json(path, required=("task", "mode", "pooling", "max_length"), what="scorer config")
     if cfg["mode"] not in MODES or cfg["pooling"] not in ("cls", "mean", "last"):

@@ -43,7 +43,8 @@ from skillgraft.data.spec import DataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
-from skillgraft.io import atomic_dir, check_apart, read_json
+from skillgraft.io import atomic_dir, check_apart
+from skillgraft.untrusted import read_json
 from skillgraft.models.anatomy import fingerprint, graftable_names
 from skillgraft.models.spec import MAX_LENGTH, ModelSpec
 from skillgraft.pipeline.regions import learned_regions

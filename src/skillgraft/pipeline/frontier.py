@@ -33,7 +33,8 @@ from skillgraft.graft.bound import bound_prose
 from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec, check_share, graft_outcome, keep_search
 from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.selection import Budget, as_list, region_universe
-from skillgraft.io import read_json, write_json
+from skillgraft.io import write_json
+from skillgraft.untrusted import read_json
 from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant

@@ -15,7 +15,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 
 from skillgraft.data.spec import DataSpec
-from skillgraft.io import read_json
+from skillgraft.untrusted import read_json
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.store import Store
 from skillgraft.pipeline.setup import finetuned_run, stored_run

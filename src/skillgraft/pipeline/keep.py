@@ -24,7 +24,8 @@ from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec
 from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget
-from skillgraft.io import read_json, write_json
+from skillgraft.io import write_json
+from skillgraft.untrusted import read_json
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.variants import Variant, graft_variant
 from skillgraft.spec import Spec

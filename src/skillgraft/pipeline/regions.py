@@ -14,7 +14,8 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget
-from skillgraft.io import read_json, write_json
+from skillgraft.io import write_json
+from skillgraft.untrusted import read_json
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.trained import bitfit_variant, retrain_variant
 from skillgraft.pipeline.variants import Variant, base_variants, graft_variant

@@ -272,7 +272,7 @@ def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = 
     """
     ft_dir = Path(ft_dir)
     if not ft_dir.exists():
-        from skillgraft.io import no_such  # noqa: PLC0415
+        from skillgraft.untrusted import no_such  # noqa: PLC0415
 
         raise no_such(ft_dir, "fine-tuning run", "folder")
     if pretrained is not None:

@@ -22,7 +22,8 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget
-from skillgraft.io import read_json, write_json
+from skillgraft.io import write_json
+from skillgraft.untrusted import read_json
 from skillgraft.models.anatomy import fingerprint, is_carried
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.store import Store

@@ -32,7 +32,8 @@ from skillgraft.fisher import FisherConfig
 from skillgraft.graft import Budget, Graft, LocalizeConfig, Region, get_localizer, localize
 from skillgraft.graft.inspect import kind_of
 from skillgraft.graft.scoring import evaluate_graft
-from skillgraft.io import read_json, write_json
+from skillgraft.io import write_json
+from skillgraft.untrusted import read_json
 from skillgraft.models import param_groups
 from skillgraft.pipeline.regions import learned_regions
 from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, setting_line

@@ -35,7 +35,8 @@ from skillgraft.data.sampling import FewShotData
 from skillgraft.data.user import GenerativeTask
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.selection import Budget
-from skillgraft.io import read_json, write_json
+from skillgraft.io import write_json
+from skillgraft.untrusted import read_json
 from skillgraft.models.scorer import Scorer, build_scorer
 from skillgraft.models.templates import template_text
 from skillgraft.pipeline.regions import learned_regions

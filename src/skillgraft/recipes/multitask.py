@@ -28,7 +28,8 @@ from skillgraft.evaluate.predict import evaluate
 from skillgraft.graft import Graft, LocalizeConfig, Region, localize
 from skillgraft.graft.scoring import evaluate_graft
 from skillgraft.graft.selection import region_universe
-from skillgraft.io import read_json, write_json
+from skillgraft.io import write_json
+from skillgraft.untrusted import read_json
 from skillgraft.pipeline.report import RunDir, md_table
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.regions import learned_regions

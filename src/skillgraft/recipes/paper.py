@@ -40,7 +40,8 @@ from pydantic import Field, field_validator, model_validator
 from skillgraft.data import get_task
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.selection import Budget
-from skillgraft.io import read_json, write_json
+from skillgraft.io import write_json
+from skillgraft.untrusted import read_json
 from skillgraft.pipeline.ood import TargetSpec, TransferSpec, ood_examples, with_limits
 from skillgraft.pipeline.paper_numbers import (PAPER_NOTE, TABLE2_64, TABLE3_4096, TABLE7_4096, TABLE7_COLUMNS,
                                               TABLE9_GPT2_64)

@@ -29,7 +29,8 @@ from skillgraft.evaluate.plots import save_figure
 from skillgraft.evaluate.predict import evaluate
 from skillgraft.fisher import FisherConfig, block_names, fim_layer_scores, ranking_stability
 from skillgraft.fisher.plots import layer_scores_bar
-from skillgraft.io import read_json, write_json
+from skillgraft.io import write_json
+from skillgraft.untrusted import read_json
 from skillgraft.models.anatomy import is_carried
 from skillgraft.pipeline.report import RunDir, md_table, pct, setting_line
 from skillgraft.pipeline.store import Store, draw_key

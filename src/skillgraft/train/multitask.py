@@ -28,7 +28,8 @@ from torch import nn
 from skillgraft.data.loading import Example
 from skillgraft.data.tasks import Task, get_task, task_from_dict
 from skillgraft.errors import SkillgraftError
-from skillgraft.io import atomic_dir, read_json
+from skillgraft.io import atomic_dir
+from skillgraft.untrusted import read_json
 from skillgraft.models.scorer import Scorer, build_scorer
 from skillgraft.models.spec import MAX_LENGTH
 from skillgraft.train.callbacks import BestDev, RegionMask

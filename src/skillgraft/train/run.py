@@ -16,7 +16,8 @@ from skillgraft.data.spec import DataSpec
 from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram
 from skillgraft.evaluate.predict import evaluate, labels_of
 from skillgraft.errors import SkillgraftError
-from skillgraft.io import atomic_dir, atomic_path, check_target, read_json, write_json
+from skillgraft.io import atomic_dir, atomic_path, check_target, write_json
+from skillgraft.untrusted import read_json
 from skillgraft.models.spec import MaxLength, Mode, ModelSpec, Pooling
 from skillgraft.spec import COUNT_MAX, Seed, Spec
 from skillgraft.train.config import FinetuneConfig

@@ -124,7 +124,7 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
 
 def read_state(state: str | os.PathLike) -> dict:
     """``skillgraft continual show``: the state's ``continual.json`` (one line if ``state`` is not a state folder)."""
-    from skillgraft.io import read_json  # noqa: PLC0415
+    from skillgraft.untrusted import read_json  # noqa: PLC0415
 
     from skillgraft.pipeline.continual import checked_entries  # noqa: PLC0415
 

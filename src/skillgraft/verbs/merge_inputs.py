@@ -82,7 +82,7 @@ def resolve_inputs(*, pretrained: str | None, finetuned: list[str], data: list[s
 
 def _graft_record(path: str) -> dict:
     from skillgraft.graft.graft_file import CONFIG_FILE  # noqa: PLC0415
-    from skillgraft.io import read_json  # noqa: PLC0415
+    from skillgraft.untrusted import read_json  # noqa: PLC0415
 
     cfg = Path(path) / CONFIG_FILE
     if not cfg.is_file():
