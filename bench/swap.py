@@ -41,7 +41,8 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 import torch  # noqa: E402
 
-from skillgraft.graft.graft import Graft, cached_fingerprint  # noqa: E402
+from skillgraft.graft.graft import Graft  # noqa: E402
+from skillgraft.graft.identity import cached_fingerprint  # noqa: E402
 from skillgraft.graft.region import Region  # noqa: E402
 
 LLAMA = {"hidden_size": 768, "num_hidden_layers": 12, "intermediate_size": 3072, "vocab_size": 32000,

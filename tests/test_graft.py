@@ -359,14 +359,14 @@ def test_swap_skills_on_one_model(pair):
 
 
 def test_swaps_reuse_the_fingerprint_until_a_weight_changes(pair, monkeypatch):
-    import skillgraft.graft.graft as graft_module
+    import skillgraft.graft.identity as identity_module
 
     pre, ft, _ = pair
     a, b = _two_grafts(pre, ft)
     calls = []
-    real = graft_module.fingerprint
-    monkeypatch.setattr(graft_module, "fingerprint", lambda s, *a: calls.append(1) or real(s, *a))
-    graft_module.forget_fingerprint(pre)
+    real = identity_module.fingerprint
+    monkeypatch.setattr(identity_module, "fingerprint", lambda s, *a: calls.append(1) or real(s, *a))
+    identity_module.forget_fingerprint(pre)
     for g in (a, b, a, b):
         with g.applied(pre):
             pass

@@ -345,7 +345,7 @@ def test_lean_pair_leaves_the_unused_rows_of_theta_pres_embedding_unread(wide_vo
     (rows of tokens the data never use) is still unread: its fingerprint came from A's files, it was not checked
     for non-finite values a second time, and a fingerprint recomputed after localization re-read only the tensors
     localization wrote. Each of these used to map the whole matrix (a 165M Llama: +94 MiB, 0.15× a forward pass)."""
-    from skillgraft.graft.graft import cached_fingerprint
+    from skillgraft.graft.identity import cached_fingerprint
     from skillgraft.models.anatomy import fingerprint
     from skillgraft.models.pair import complete_model
 
@@ -365,22 +365,22 @@ def test_lean_pair_leaves_the_unused_rows_of_theta_pres_embedding_unread(wide_vo
 def test_fingerprint_from_files_is_the_models_and_reads_memory_only_where_the_files_differ(llama_pair, monkeypatch):
     import transformers as tf
 
-    import skillgraft.graft.graft as graft_module
+    import skillgraft.graft.identity as identity_module
     from skillgraft.models.anatomy import fingerprint
 
     a, _ = llama_pair
     pre = torch.nn.Module()  # a scorer's naming: model.<the checkpoint's names>
     pre.model = tf.AutoModelForCausalLM.from_pretrained(a)
     read = []
-    real = graft_module.tensor_sample
-    monkeypatch.setattr(graft_module, "tensor_sample", lambda p: read.append(p) or real(p))
-    assert graft_module.fingerprint_from_files(pre, a) == fingerprint(pre) and read == []
+    real = identity_module.tensor_sample
+    monkeypatch.setattr(identity_module, "tensor_sample", lambda p: read.append(p) or real(p))
+    assert identity_module.fingerprint_from_files(pre, a) == fingerprint(pre) and read == []
     weight = pre.model.model.layers[0].mlp.up_proj.weight
     with torch.no_grad():
         weight.add_(1.0)  # written in place: only this tensor is sampled again, from memory
-    assert graft_module.cached_fingerprint(pre) == fingerprint(pre) and [id(p) for p in read] == [id(weight)]
+    assert identity_module.cached_fingerprint(pre) == fingerprint(pre) and [id(p) for p in read] == [id(weight)]
     read.clear()  # the files' first value of that tensor differs from the model's: it is sampled from memory
-    assert graft_module.fingerprint_from_files(pre, a) == fingerprint(pre) and [id(p) for p in read] == [id(weight)]
+    assert identity_module.fingerprint_from_files(pre, a) == fingerprint(pre) and [id(p) for p in read] == [id(weight)]
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc")

@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import skillgraft.graft.graft as graft_module
+import skillgraft.graft.identity as identity_module
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.graft import Graft, cached_fingerprint, forget_fingerprint
+from skillgraft.graft.graft import Graft
+from skillgraft.graft.identity import cached_fingerprint, forget_fingerprint
 from skillgraft.graft.region import Region
 from skillgraft.models.anatomy import fingerprint
 
@@ -71,15 +72,15 @@ def test_a_repeated_swap_is_one_write_per_tensor_and_bit_exact():
         assert torch.equal(params[name].detach().view(-1)[idx], a.values[name])
     a.revert(m)
     assert same(m, before)
-    assert graft_module.known_fingerprint(m) == fingerprint(m)  # the cache still names the base, without a recount
+    assert identity_module.known_fingerprint(m) == fingerprint(m)  # the cache still names the base, without a recount
 
 
 def test_fast_swaps_keep_the_fingerprint_cache_valid_without_recomputing(monkeypatch):
     m = Tiny()
     a = graft_on(m)
     calls = []
-    real = graft_module.fingerprint
-    monkeypatch.setattr(graft_module, "fingerprint", lambda s, *x: calls.append(1) or real(s, *x))
+    real = identity_module.fingerprint
+    monkeypatch.setattr(identity_module, "fingerprint", lambda s, *x: calls.append(1) or real(s, *x))
     for _ in range(4):
         with a.applied(m):
             pass

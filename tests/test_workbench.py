@@ -94,7 +94,7 @@ def test_lean_members_hold_one_model_and_give_theta_pre_back(llama_pair, toy_dat
     θ_pre's tensors are dropped while θ_ft is in memory, every member's θ_pre is the bench's again afterwards, with
     θ_pre's values and fingerprint, and the store keys are those of a member loaded with both models."""
     from skillgraft.data.spec import DataSpec
-    from skillgraft.graft.graft import cached_fingerprint
+    from skillgraft.graft.identity import cached_fingerprint
     from skillgraft.models.anatomy import fingerprint
 
     a, b = llama_pair

@@ -14,7 +14,8 @@ from pydantic import Field, field_validator
 from skillgraft.lazy import nn
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.graft import Graft, cached_fingerprint
+from skillgraft.graft.graft import Graft
+from skillgraft.graft.identity import cached_fingerprint
 from skillgraft.models.families import HUB_IDS
 from skillgraft.registry import Registry
 from skillgraft.spec import Spec

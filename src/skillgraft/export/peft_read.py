@@ -15,7 +15,8 @@ from skillgraft.export.adapter_checks import adapter_base, check_shira_indices
 from skillgraft.export.base import ADAPTER_CONFIG, ADAPTER_WEIGHTS, HEAD_FILE, PEFT_PREFIX, _as_scorer
 from skillgraft.export.shira import apply_entries
 from skillgraft.finite import refuse_non_finite
-from skillgraft.graft.graft import Graft, cached_fingerprint
+from skillgraft.graft.graft import Graft
+from skillgraft.graft.identity import cached_fingerprint
 from skillgraft.graft.graft_file import WEIGHTS_FILE
 from skillgraft.graft.region import Region
 from skillgraft.untrusted import read_json

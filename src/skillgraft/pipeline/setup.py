@@ -210,7 +210,7 @@ def scorer_digest(scorer) -> str:
     """Content digest of a scorer: the base model's fingerprint plus its task head's exact values."""
     import hashlib  # noqa: PLC0415
 
-    from skillgraft.graft.graft import cached_fingerprint  # noqa: PLC0415
+    from skillgraft.graft.identity import cached_fingerprint  # noqa: PLC0415
     from skillgraft.models.anatomy import carried_names  # noqa: PLC0415
 
     h = hashlib.sha256(cached_fingerprint(scorer).encode())
@@ -393,7 +393,7 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
                           max_length=max_length, base_model=ref.name)
 
         def load_pre() -> Scorer:  # deferred: A's files were checked for non-finite values before any work
-            from skillgraft.graft.graft import fingerprint_from_files  # noqa: PLC0415
+            from skillgraft.graft.identity import fingerprint_from_files  # noqa: PLC0415
 
             pre = causal(pretrained, "pre-trained")
             # what the store keys and grafts need of θ_pre's identity, read from A's files: a memory-mapped model's

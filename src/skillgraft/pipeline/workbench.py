@@ -35,7 +35,7 @@ from types import MappingProxyType
 
 from skillgraft.lazy import torch
 
-from skillgraft.graft.graft import adopt_fingerprint, forget_fingerprint, known_fingerprint
+from skillgraft.graft.identity import adopt_fingerprint, forget_fingerprint, known_fingerprint
 from skillgraft.heap import release_freed_memory
 from skillgraft.models.anatomy import carried_names
 from skillgraft.pipeline.setup import FineTunedFiles, Setup, readable_as, scorer_digest
