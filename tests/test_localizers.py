@@ -315,3 +315,21 @@ def test_learned_regions_match_the_reference(pair):
     assert res.summary["best_step"] == {Budget.parse(b).key: ref[2] for b, ref in REFERENCE_BUDGETS.items()}
     for b, ref in REFERENCE_MOVEMENT.items():
         assert digest(get_localizer("movement").region(pre, ft, None, b)) == ref
+
+
+def test_random_ranks_are_written_in_chunks_to_the_same_permutation(pair, monkeypatch):
+    """The random baseline writes its ranks a chunk at a time (no third full-size tensor): the same ranks, so the
+    same seeded regions, as the one-shot scatter rank[perm] = universe … 1."""
+    import skillgraft.graft.localizers.random as random_module
+
+    pre, ft, data = pair
+    loc = get_localizer("random")
+    opts = loc.options({"budgets": [30], "seed": 5})
+    shapes = region_universe(pre, opts.graftable)
+    universe = sum(torch.Size(s).numel() for s in shapes.values())
+    order = torch.randperm(universe, generator=torch.Generator().manual_seed(5))
+    want = torch.empty(universe, dtype=torch.float64)
+    want[order] = torch.arange(universe, 0, -1, dtype=torch.float64)
+    monkeypatch.setattr(random_module, "_CHUNK", 97)  # many chunks, the last one short
+    got = loc.scores(pre, ft, data, opts)
+    assert torch.equal(torch.cat([got[n].reshape(-1) for n in shapes]), want)

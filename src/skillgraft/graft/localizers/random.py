@@ -19,6 +19,9 @@ class RandomOptions(LocalizerOptions):
     seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of the permutation the coordinates are drawn from")
 
 
+_CHUNK = 1 << 22  # ranks written 4M at a time (the permutation and the ranks are the only full-size tensors)
+
+
 class Random(Localizer):
     """k uniformly random graftable coordinates (a seeded permutation's first k)."""
 
@@ -34,5 +37,8 @@ class Random(Localizer):
         universe = sum(sizes)
         order = torch.randperm(universe, generator=torch.Generator().manual_seed(options.seed))
         rank = torch.empty(universe, dtype=torch.float64)  # exact for universes below 2**53
-        rank[order] = torch.arange(universe, 0, -1, dtype=torch.float64)
+        for start in range(0, universe, _CHUNK):  # rank[order] = universe … 1, without a third full-size tensor
+            stop = min(start + _CHUNK, universe)
+            rank[order[start:stop]] = torch.arange(universe - start, universe - stop, -1, dtype=torch.float64)
+        del order
         return {n: r.view(s) for (n, s), r in zip(shapes.items(), rank.split(sizes))}
