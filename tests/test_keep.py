@@ -449,7 +449,7 @@ def test_noisy_selection_split_no_longer_picks_a_size_below_target(pair):
                                len(ranking), start=1)
         return point
 
-    for seed in (102, 104, 107):  # 64-row selection splits on which the point estimate crosses early
+    for seed in (102, 107):  # 64-row selection splits on which the point estimate crosses early
         draw = random.Random(seed)
         selection = [Example(sentence(draw, i % 2), i % 2) for i in range(64)]
         (r,) = keep_search(pre, ft, ranking, selection, [0.9])  # the default: 90% confidence
