@@ -108,3 +108,47 @@ def test_usage_errors_from_the_installed_command_are_one_line(args, says):
     lines = [x for x in (r.stdout + r.stderr).splitlines() if x.strip()]
     assert r.returncode == 2 and len(lines) == 1, lines
     assert lines[0].startswith("error: ") and says in lines[0] and "Traceback" not in lines[0]
+
+
+@pytest.mark.parametrize("args", [
+    ["evaluate", "RUN", "--out", ""], ["inspect", "G", "--out", ""], ["fim", "--out", ""],
+    ["export", "G", "--to", "peft", "--out", ""], ["graft", "--finetuned", "RUN", "--cache", ""],
+    ["continual", "show", ""]], ids=lambda a: "-".join(x for x in a[:2] if x.isalpha()))
+def test_an_empty_path_is_refused_not_read_as_this_folder(args, tmp_path, monkeypatch):
+    """`--out "$OUT"` with OUT unset: typer would read '' as '.', and evaluate/inspect/fim wrote into the current
+    folder; every path option and argument refuses it by name, before any work, writing nothing."""
+    from typer.testing import CliRunner
+
+    from skillgraft.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "an empty path" in result.output, result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_path_option_has_the_empty_path_guard():
+    """No command's path option or argument escapes the guard (a new command gets it when registered)."""
+    import inspect
+    import typing
+
+    import typer
+
+    from skillgraft.cli import app
+    from skillgraft.cli.options import _unwrap_optional, nonempty_path
+    from pathlib import Path
+
+    def commands(a):
+        yield from a.registered_commands
+        for g in a.registered_groups:
+            yield from commands(g.typer_instance)
+
+    seen = 0
+    for command in commands(app):
+        hints = typing.get_type_hints(command.callback)
+        for name, p in inspect.signature(command.callback).parameters.items():
+            if _unwrap_optional(hints.get(name))[0] is Path and isinstance(p.default, (typer.models.OptionInfo,
+                                                                                      typer.models.ArgumentInfo)):
+                assert p.default.parser is nonempty_path, (command.callback.__name__, name)
+                seen += 1
+    assert seen >= 25

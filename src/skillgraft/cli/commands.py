@@ -19,7 +19,7 @@ from skillgraft.cli.output import (DATA, KEEP, MODEL, OUTPUT, REPORT, TRAIN, con
                                    localizer_flags, model_verb, plain as _plain, print_keep, print_routed_keep,
                                    print_version, region_table, report as _report, run_app)
 from skillgraft.cli.config import config_option
-from skillgraft.cli.options import Options, build, default_of, from_specs
+from skillgraft.cli.options import Options, build, default_of, from_specs, guard_empty_paths
 from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.fisher.fisher import FisherConfig
 from skillgraft.export.base import ExportSpec
@@ -531,6 +531,9 @@ def continual_show_cmd(state: Path = typer.Argument(..., help="continual state f
                       str(e.get("shared_with_earlier")), f"{hist[-1]['score']:.4f}" if hist else "-")
     console.print(table)
     _report(st)
+
+
+guard_empty_paths(app)  # every path option refuses '' (an unset variable) by name
 
 
 def main() -> None:  # pragma: no cover - entry point

@@ -191,3 +191,30 @@ def default_of(fn, name: str):
     import inspect  # noqa: PLC0415
 
     return inspect.signature(fn).parameters[name].default
+
+
+def nonempty_path(text: str) -> Path:
+    """A path option's value: an empty one (``--out "$OUT"`` with OUT unset) is refused by name, not read as the
+    current folder (typer would turn ``''`` into ``Path('.')``, the same value as a deliberate ``--out .``)."""
+    if not str(text).strip():
+        raise typer.BadParameter("an empty path (an unset shell variable?); give a path, or . for this folder")
+    return Path(text)
+
+
+def guard_empty_paths(app: typer.Typer) -> None:
+    """Give every path-typed option and argument of ``app``'s commands (and its sub-apps') :func:`nonempty_path` as
+    its parser, once the commands are registered."""
+    infos = (typer.models.OptionInfo, typer.models.ArgumentInfo)
+    for command in app.registered_commands:
+        try:
+            hints = typing.get_type_hints(command.callback)
+        except Exception:  # noqa: BLE001 - an annotation that cannot be resolved: leave that command as it is
+            continue
+        for name, p in inspect.signature(command.callback).parameters.items():
+            inner, _ = _unwrap_optional(hints.get(name))
+            if inner is Path and isinstance(p.default, infos) and p.default.parser is None:
+                p.default.parser = nonempty_path
+                p.default.metavar = p.default.metavar or ("PATH" if isinstance(p.default, typer.models.OptionInfo)
+                                                          else name.upper())
+    for group in app.registered_groups:
+        guard_empty_paths(group.typer_instance)
