@@ -152,3 +152,29 @@ def test_every_path_option_has_the_empty_path_guard():
                 assert p.default.parser is nonempty_path, (command.callback.__name__, name)
                 seen += 1
     assert seen >= 25
+
+
+def test_a_run_whose_relative_base_is_not_found_from_here_names_its_config(tiny_bert, toy_data, tmp_path,
+                                                                            monkeypatch):
+    """finetune --model <relative folder> records the name as typed; opened from another folder the base is not
+    found: the line names the run's config.json, its field and the folder it was read from."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from skillgraft.cli import app
+
+    monkeypatch.chdir(Path(tiny_bert).parent)
+    run = tmp_path / "ft"
+    r = CliRunner().invoke(app, ["finetune", "--task", "SST-2", "--k", "4", "--seed", "13", "--model",
+                                 Path(tiny_bert).name, "--steps", "1", "--eval-every", "0", "--data-dir",
+                                 str(toy_data), "--out", str(run)])
+    assert r.exit_code == 0, r.output
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    r = CliRunner().invoke(app, ["graft", "--finetuned", str(run), "--budgets", "1e-2", "--out", "g"])
+    assert r.exit_code == 2, r.output
+    line = " ".join(r.output.split())
+    assert f"{run / 'config.json'}: its field 'model' ('{Path(tiny_bert).name}'" in line and str(elsewhere) in line
+    assert list(elsewhere.iterdir()) == []

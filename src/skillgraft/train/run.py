@@ -125,7 +125,13 @@ def load_finetuned(run_dir: str | os.PathLike) -> tuple[Scorer, Scorer, RunConfi
     from skillgraft.models.scorer import Scorer  # noqa: PLC0415
 
     ft = Scorer.from_pretrained(model_dir)
-    pre = cfg.model_spec.scorer(ft.task, head_seed=cfg.finetune.seed)
+    try:
+        pre = cfg.model_spec.scorer(ft.task, head_seed=cfg.finetune.seed)
+    except SkillgraftError as e:  # the recorded base, as typed to finetune (a relative name is read from here)
+        raise SkillgraftError(
+            f"{run_dir / 'config.json'}: its field 'model' ({cfg.model!r}, the base this run was fine-tuned from, as "
+            f"given to finetune) cannot be loaded from {Path.cwd()}: {e}. A relative name is read from the current "
+            "folder: run from the folder the fine-tuning ran in") from None
     return ft, pre, cfg
 
 
