@@ -100,8 +100,9 @@ class KeepSpec(Spec):
         "(Clopper–Pearson on how often the graft is right where FT is right; issue 38's); docs/keep.md"))
     keep_agreement: list[float] | None = Field(None, description=(
         "label-free keep targets, in (0, 1]: the smallest region whose predictions agree with FT's on at least this "
-        "share of rows (the Clopper–Pearson bound at --keep-confidence), on the selection rows, whose labels are "
-        "not read"))
+        "share of rows (the Clopper–Pearson bound at --keep-confidence; open-ended generative data: the mean per-row "
+        "share of completion tokens whose top prediction is FT's, a betting bound), on the selection rows, whose "
+        "labels are not read"))
 
     @field_validator("keep", "keep_agreement", mode="before")
     @classmethod
