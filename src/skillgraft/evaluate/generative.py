@@ -55,3 +55,24 @@ def evaluate_generative(scorer, examples: list[Example], *, batch_size: int = 64
     metrics.update({"loss": loss, "token_accuracy": token_accuracy})
     scorer.train(was_training)
     return metrics, probs
+
+
+@torch.no_grad()
+def top_tokens(scorer, examples: list[Example], *, batch_size: int = 64) -> list[np.ndarray]:
+    """Per example, the scorer's top (greedy) next-token id at each of its completion positions, given the prompt
+    and the gold completion's tokens before it (teacher forcing: one pass, no sampling). Labels are not read."""
+    import dataclasses  # noqa: PLC0415
+
+    was_training = scorer.training
+    scorer.eval()
+    device = scorer.device
+    rows_in = [dataclasses.replace(ex, label=0) for ex in examples]  # the completion is the target, not the label
+    out: list[np.ndarray] = []
+    for start in range(0, len(rows_in), batch_size):
+        chunk = rows_in[start:start + batch_size]
+        batch = {k: v.to(device) for k, v in scorer.collate(chunk).items()}
+        rows, top = scorer.completion_top(batch)
+        rows, top = rows.cpu().numpy(), top.cpu().numpy()
+        out.extend(top[rows == i] for i in range(len(chunk)))
+    scorer.train(was_training)
+    return out

@@ -51,13 +51,16 @@ class Outcome:
     """A model's score on the selection split and, where the metric has them, its per-row predictions.
 
     ``pred`` / ``labels``: the predicted and gold label index of every row (None: no per-row outcomes, e.g.
-    open-ended token accuracy; then only the point estimate exists). ``metric``: ``accuracy`` or ``f1``."""
+    open-ended token accuracy; then only the point estimate exists). ``metric``: ``accuracy``, ``f1``, or ``mean``
+    (``pred`` holds a value in [0, 1] per row, e.g. a generative row's share of tokens agreeing with FT; no labels).
+    ``tokens``: open-ended generative data, each row's top next-token ids at its completion positions."""
 
     score: float
     pred: np.ndarray | None = None
     labels: np.ndarray | None = None
     metric: str = "accuracy"
     positive: int = 1
+    tokens: list | None = None
 
     @property
     def rows(self) -> int | None:
@@ -446,6 +449,74 @@ def share_bound(graft: Outcome, ft: Outcome, confidence: float, weights: np.ndar
     return float(np.quantile(bootstrap_shares(graft, ft, weights), 1 - confidence, method="inverted_cdf"))
 
 
+# ------------------------------------------------------------------ a bounded mean per row: generative agreement
+BETTING_HEDGE = 0.75   # the largest bet against mean ≤ m, as a share of 1/m (the capital never falls below 1 − this)
+BETTING_MAX_ROWS = 1 << 22  # rows_needed_betting looks no further
+
+
+def _log_wealth(values: np.ndarray, target: float, risk: float) -> float:
+    """The largest log-capital, over the rows in their order, of betting against E[X] ≤ ``target`` (X ∈ [0, 1]):
+    K_t = Π_{i≤t} (1 + λ_i (X_i − target)) with the predictable plug-in bet of Waudby-Smith & Ramdas (2023),
+    λ_i = min(√(2 log(1/risk) / (n σ̂²_{i−1})), BETTING_HEDGE/target), σ̂² from the rows before i only."""
+    x = np.clip(np.asarray(values, dtype=np.float64), 0.0, 1.0)
+    n = len(x)
+    if not n:
+        return 0.0
+    t = np.arange(1, n + 1)
+    mean = (0.5 + np.cumsum(x)) / (t + 1)
+    var = (0.25 + np.cumsum((x - mean) ** 2)) / (t + 1)
+    before = np.concatenate([[0.25], var[:-1]])  # σ̂²_{i−1}: the bet on row i never sees row i
+    bet = np.sqrt(2 * math.log(1 / risk) / (n * before))
+    if target > 0:
+        bet = np.minimum(bet, BETTING_HEDGE / target)
+    return float(np.cumsum(np.log1p(bet * (x - target))).max())
+
+
+def betting_test(values, target: float, confidence: float) -> bool:
+    """Whether the rows' values (each in [0, 1]; i.i.d. rows) reject E[X] ≤ ``target`` at risk 1 − confidence: the
+    betting capital of :func:`_log_wealth` reaches 1/risk at some row. Under any mean ≤ target the capital is a
+    nonnegative supermartingale (each factor's expectation is 1 + λ(E[X] − target) ≤ 1, λ ≥ 0 chosen before the row
+    is seen), so by Ville's inequality it ever reaches 1/risk with probability ≤ risk. Exact in that sense (no
+    normal approximation); conservative."""
+    risk = 1 - confidence
+    return target <= 0 or _log_wealth(values, target, risk) >= math.log(1 / risk) - 1e-12
+
+
+def betting_bound(values, confidence: float, resolution: float = 1e-4) -> float:
+    """The lower confidence bound of E[X] from :func:`betting_test`: the largest m it rejects (to ``resolution``,
+    floored). The capital is nonincreasing in m (each factor is, for the clipped bet), so the rejected m form an
+    interval [0, L) and bisection finds L; P(L > E[X]) ≤ 1 − confidence."""
+    if not len(values) or not betting_test(values, resolution, confidence):
+        return 0.0
+    lo, hi = resolution, 1.0
+    if betting_test(values, hi, confidence):  # never: the capital at m = 1 cannot grow
+        return 1.0
+    while hi - lo > resolution / 2:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if betting_test(values, mid, confidence) else (lo, mid)
+    return float(math.floor(lo / resolution + 1e-9) * resolution)
+
+
+def rows_needed_betting(values, target: float, confidence: float) -> int | None:
+    """Rows that would let :func:`betting_test` confirm ``target`` if the rows kept coming as these did (the values
+    repeated in order to m rows; doubling, then bisection to the row). None when their mean is not above the target
+    (no number of rows confirms it); the rows at hand when they already do; BETTING_MAX_ROWS at most."""
+    x = np.asarray(values, dtype=np.float64)
+    n = len(x)
+    if not n or float(x.mean()) <= target + 1e-12:
+        return None
+    if betting_test(x, target, confidence):
+        return n
+    lo, hi = n, 2 * n
+    while hi < BETTING_MAX_ROWS and not betting_test(np.resize(x, hi), target, confidence):
+        lo, hi = hi, 2 * hi
+    hi = min(hi, BETTING_MAX_ROWS)
+    while hi - lo > 1:  # the test is O(m): bisect to the row
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if betting_test(np.resize(x, mid), target, confidence) else (mid, hi)
+    return int(hi)
+
+
 # What each bound is, in words for reports (KeepResult.method).
 BOUND_NAMES = {
     "paired": "the exact paired test of acc(graft) − τ·acc(FT) ≥ 0 on the selection rows (the graft's wins on FT's "
@@ -453,6 +524,9 @@ BOUND_NAMES = {
     "exact": "the Clopper–Pearson bound of how often the graft is right where FT is right (ignores the graft's wins)",
     "bootstrap": "a seeded paired bootstrap of the F1 share (approximate)",
     "agreement": "the Clopper–Pearson bound of how often the graft predicts what FT predicts (no label read)",
+    "betting": "a betting lower bound (Waudby-Smith & Ramdas) of the mean over rows of each row's share of completion "
+               "tokens whose top next-token prediction is FT's (teacher forcing; rows independent, a row's tokens "
+               "not; no label read)",
 }
 
 
@@ -461,7 +535,8 @@ def bound_prose(confidence: float) -> str:
     return (f"with {confidence:.0%} confidence: a lower bound of its share (exact for accuracy — the paired test of "
             "acc(graft) ≥ τ·acc(FT) by default, or the Clopper–Pearson bound of how often the graft is right where "
             "FT is right; a seeded paired bootstrap for F1; for agreement targets the Clopper–Pearson bound of the "
-            "graft's agreement with FT's predictions), in a "
+            "graft's agreement with FT's predictions; on open-ended generative data a betting bound of the mean "
+            "per-row share of completion tokens whose top prediction is FT's), in a "
             "fixed-sequence walk down the coarse grid ×4 and then by the tolerance, each stage at "
             f"{1 - (1 - confidence) / 2:.0%}, stopping at the first size that fails (docs/keep.md)")
 

@@ -18,7 +18,7 @@ only when a *lower confidence bound* on its share reaches τ, not its point esti
 exact for accuracy — by default the paired test of acc(graft) − τ·acc(FT) ≥ 0, which counts the graft's wins on FT's
 wrong rows, or (``keep_bound="exact"``) Clopper–Pearson on share ≥ P(graft right | FT right); a paired bootstrap for
 F1). **Agreement targets** (``keep_agreement``) ask instead for the smallest region whose predictions agree with FT's
-on a share τ of the rows (Clopper–Pearson; no label read).
+on a share τ of the rows (Clopper–Pearson; no label read; open-ended generative data: :mod:`.agreement`).
 
 The search is a fixed-sequence test (as in Learn then Test, Angelopoulos et al. 2021), in two stages that share the
 risk 1 − c (each bound at 1 − (1 − c)/2): the coarse grid k₀, 4k₀, 16k₀, … , |U| walked down from the top, stopping
@@ -33,6 +33,7 @@ bound confirm that size.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -46,8 +47,10 @@ from skillgraft.lazy import torch
 from pydantic import Field, field_validator
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.bound import (BOUND_NAMES, Outcome, as_outcome, is_exact, paired_bound, paired_test, reaches,
-                                    resample_weights, rows_needed, rows_needed_exact, rows_needed_paired, share_bound)
+from skillgraft.graft.bound import (BOUND_NAMES, Outcome, as_outcome, betting_bound, betting_test, is_exact,
+                                    paired_bound, paired_test, reaches, resample_weights, rows_needed,
+                                    rows_needed_betting, rows_needed_exact, rows_needed_paired, share_bound)
+from skillgraft.graft.agreement import open_ended, token_agreement_outcome, with_tokens
 from skillgraft.graft.region import Region, numel_of
 from skillgraft.graft.selection import Budget, as_list
 from skillgraft.spec import Spec
@@ -97,8 +100,9 @@ class KeepSpec(Spec):
         "(Clopper–Pearson on how often the graft is right where FT is right; issue 38's); docs/keep.md"))
     keep_agreement: list[float] | None = Field(None, description=(
         "label-free keep targets, in (0, 1]: the smallest region whose predictions agree with FT's on at least this "
-        "share of rows (the Clopper–Pearson bound at --keep-confidence), on the selection rows, whose labels are "
-        "not read"))
+        "share of rows (the Clopper–Pearson bound at --keep-confidence; open-ended generative data: the mean per-row "
+        "share of completion tokens whose top prediction is FT's, a betting bound), on the selection rows, whose "
+        "labels are not read"))
 
     @field_validator("keep", "keep_agreement", mode="before")
     @classmethod
@@ -112,15 +116,16 @@ class KeepSpec(Spec):
             raise ValueError(str(e)) from None
 
     def refuse_options_without_targets(self, *, frontier: bool = False) -> None:
-        """Refuse, before any work, keep options given without ``keep`` (the CLI's ``--keep-data`` or
+        """Refuse, before any work, keep options given without a target (the CLI's ``--keep-data`` or
         ``--keep-confidence`` alone): they shape a search that never runs, and were silently ignored. With
         ``frontier`` (``--frontier``, whose own keep search takes them) they are used."""
         given = [] if frontier else sorted(self.model_fields_set & {"keep_tolerance", "keep_from", "keep_holdout", "keep_confidence",
                                                 "keep_data"})
-        if self.keep is None and given:
+        if not self.any and given:  # --keep-agreement alone starts a search too
             names = ", ".join(f"--{n.replace('_', '-')}" for n in given)
             raise SkillgraftError(f"{names} {'shapes' if len(given) == 1 else 'shape'} a keep search, which only "
-                                  "--keep starts: give --keep (a share of FT's score, e.g. --keep 0.95) or leave "
+                                  "--keep or --keep-agreement starts: give --keep (a share of FT's score, e.g. "
+                                  "--keep 0.95) or leave "
                                   f"{'it' if len(given) == 1 else 'them'} out")
 
     @field_validator("keep_from", mode="before")
@@ -314,8 +319,8 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
     1 − (1 − confidence)/2. ``method`` (accuracy with per-row outcomes): ``paired`` — the exact paired test of
     acc(graft) − τ·acc(FT) ≥ 0 (:func:`~skillgraft.graft.bound.paired_test`), run at each target itself;
     ``exact`` — the Clopper–Pearson bound of the graft's hits on FT's right rows. F1 always uses the paired
-    bootstrap. ``kind`` names the quantity in the results (``agreement``: the reference's labels are FT's own
-    predictions).
+    bootstrap; a reference of metric ``mean`` (per-row values in [0, 1]) the betting test. ``kind`` names the
+    quantity in the results (``agreement``: the reference's labels are FT's own predictions).
     """
     ref = as_outcome(reference)
     if not ref.score or ref.score <= 0 or not math.isfinite(ref.score):
@@ -332,11 +337,14 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
     cache: dict[int, Probe] = {}
     bounded = confidence is not None and ref.rows is not None
     stage = None if not bounded else 1 - (1 - confidence) / 2  # two stages share the risk 1 − confidence
+    mean = bounded and ref.metric == "mean"  # per-row values in [0, 1]: the betting test of their mean
     paired = bounded and method == "paired" and is_exact(ref)
-    used = None if not bounded else ("paired" if paired else "exact" if is_exact(ref) else "bootstrap")
+    used = None if not bounded else ("betting" if mean else "paired" if paired else "exact" if is_exact(ref)
+                                     else "bootstrap")
     if used == "exact" and kind == "agreement":
         used = "agreement"  # Clopper–Pearson of the agreement with FT's predictions
-    weights = resample_weights(ref.rows) if bounded and not is_exact(ref) else None  # F1: the bootstrap's draws
+    tested = used in ("paired", "betting")  # decided by a test at each target itself (the bound only reported)
+    weights = resample_weights(ref.rows) if bounded and not (is_exact(ref) or mean) else None  # F1's bootstrap
 
     def probe(k: int, seen: list[Probe]) -> Probe:
         if k not in cache:
@@ -345,18 +353,19 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
             if bounded and got.pred is None:
                 raise SkillgraftError("a keep search with a confidence needs per-row outcomes of every size scored "
                                       "(an Outcome), not a bare score")
-            bound = share_bound(got, ref, stage, weights) if bounded and not paired else None
+            bound = share_bound(got, ref, stage, weights) if bounded and not tested else None
             cache[k] = Probe(k, got.score, got.score / ref.score, time.perf_counter() - t0, bound,
                              got if bounded else None)
         seen.append(cache[k])
         return cache[k]
 
     def confirmed(p: Probe, tau: float) -> bool:
-        if not paired:
+        if not tested:
             return reaches(p.bound, tau)
         if tau not in p.passed:
             t0 = time.perf_counter()
-            p.passed[tau] = paired_test(p.outcome, ref, tau, stage)
+            p.passed[tau] = (betting_test(p.outcome.pred, tau, stage) if mean else
+                             paired_test(p.outcome, ref, tau, stage))
             p.seconds += time.perf_counter() - t0
         return p.passed[tau]
 
@@ -420,9 +429,10 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
 
 
 def _paired_shown(p: Probe, ref: Outcome, stage: float, tau: float) -> float:
-    """The paired bound of a probe for a report (computed once), never below τ where the test confirmed τ."""
+    """A tested probe's bound (paired, betting) for a report (computed once), never below τ where τ was confirmed."""
     if p.bound is None:
-        p.bound = paired_bound(p.outcome, ref, stage)
+        p.bound = (betting_bound(p.outcome.pred, stage) if ref.metric == "mean" else
+                   paired_bound(p.outcome, ref, stage))
     return max(p.bound, tau) if p.passed.get(tau) else p.bound
 
 
@@ -430,6 +440,8 @@ def _needed(p: Probe, ref: Outcome, tau: float, stage: float, method: str) -> in
     """Selection rows that would let ``method``'s bound confirm τ at probe ``p`` (None: no number of rows would)."""
     if method == "paired":
         return rows_needed_paired(p.outcome, ref, tau, stage)
+    if method == "betting":
+        return rows_needed_betting(p.outcome.pred, tau, stage)
     if method in ("exact", "agreement"):
         return rows_needed_exact(p.outcome, ref, tau, stage)
     return rows_needed(p.share, p.bound, ref.rows, tau)
@@ -439,7 +451,7 @@ def _result(tau: float, size: int | None, cache: dict[int, Probe], seen: list[Pr
             confidence: float | None, ref: Outcome, stage: float | None = None, method: str | None = None,
             below: int | None = None) -> KeepResult:
     rows = ref.rows
-    paired = method == "paired"
+    paired = method in ("paired", "betting")  # decided by a test at τ; the bound is only shown
     if confidence is None or (paired and size is not None):
         best = max(cache.values(), key=lambda p: (p.share, -p.size))
     elif paired:  # unreached: the best paired bound among the three best point shares
@@ -485,12 +497,14 @@ def _result(tau: float, size: int | None, cache: dict[int, Probe], seen: list[Pr
 
 
 # ---------------------------------------------------------------------------------------------- with models
-def selection_outcome(scorer, examples, batch_size: int = 64) -> Outcome:
-    """``scorer``'s task metric on ``examples`` with its per-row predictions (the bound's input)."""
+def selection_outcome(scorer, examples, batch_size: int = 64, *, tokens: bool = False) -> Outcome:
+    """``scorer``'s task metric on ``examples`` with its per-row predictions (the bound's input); ``tokens``: also
+    each open-ended generative row's top next-token ids on its completion (teacher forcing)."""
     from skillgraft.evaluate.predict import evaluate  # noqa: PLC0415
 
     metrics, probs = evaluate(scorer, examples, batch_size=batch_size)
-    return _outcome(scorer, examples, metrics, probs)
+    out = _outcome(scorer, examples, metrics, probs)
+    return with_tokens(out, scorer, examples, batch_size) if tokens else out
 
 
 def _outcome(scorer, examples, metrics: dict, probs: np.ndarray) -> Outcome:
@@ -508,19 +522,19 @@ def selection_score(scorer, examples, batch_size: int = 64) -> float:
     return selection_outcome(scorer, examples, batch_size).score
 
 
-def graft_outcome(pre, ft, examples, *, values: Callable | None = None, batch_size: int = 64
-                  ) -> Callable[[Region], Outcome]:
+def graft_outcome(pre, ft, examples, *, values: Callable | None = None, batch_size: int = 64,
+                  tokens: bool = False) -> Callable[[Region], Outcome]:
     """outcome(region) = the metric and per-row predictions of θ_pre + γ⊙Δ on ``examples`` (θ_pre restored after
-    each call). ``values(region)`` may replace θ_ft's values on the region (e.g. DARE's rescaled Δ)."""
+    each call). ``values(region)`` may replace θ_ft's values on the region (e.g. DARE's rescaled Δ); ``tokens``: as
+    :func:`selection_outcome`."""
     from skillgraft.graft.graft import Graft  # noqa: PLC0415
-    from skillgraft.graft.scoring import evaluate_graft  # noqa: PLC0415
 
     def outcome(region: Region) -> Outcome:
         graft = Graft.from_models(pre, ft, region)
         if values is not None:
             graft = Graft(region, values(region), graft.carried, graft.base_model, graft.base_fingerprint)
-        metrics, probs = evaluate_graft(pre, graft, examples, batch_size=batch_size)
-        return _outcome(pre, examples, metrics, probs)
+        with graft.applied(pre):
+            return selection_outcome(pre, examples, batch_size, tokens=tokens)
 
     return outcome
 
@@ -542,7 +556,8 @@ def keep_search(pre, ft, ranking: Ranking, selection, keep: KeepSpec | Sequence[
                 score: Callable[[Region], float | Outcome] | None = None) -> list[KeepResult]:
     """Search ``ranking``'s nested family for each keep target, scored on the ``selection`` examples, at the
     spec's confidence (``score`` defaults to :func:`graft_outcome`): the share targets (``keep``) with the spec's
-    bound, then the agreement targets (``keep_agreement``, label-free) on the same probes."""
+    bound, then the agreement targets (``keep_agreement``, label-free; open-ended generative data: graft.agreement)
+    on the same probes."""
     spec = keep if isinstance(keep, KeepSpec) else KeepSpec.build({"keep": list(keep)}, where="keep")
     if not spec.any:
         return []
@@ -550,8 +565,11 @@ def keep_search(pre, ft, ranking: Ranking, selection, keep: KeepSpec | Sequence[
         raise SkillgraftError("a keep target needs a selection split (dev examples, distinct from the test rows)")
     if not len(ranking):
         raise SkillgraftError("the localizer ranked no coordinates: no region can keep anything")
-    score = score or graft_outcome(pre, ft, selection)
-    reference = selection_outcome(ft, selection)
+    tokens = bool(spec.keep_agreement) and open_ended(ft)  # the token agreement of each row (graft.agreement)
+    if open_ended(ft):  # a generative row's target is its completion: the label field is never read
+        selection = [dataclasses.replace(ex, label=0) for ex in selection]
+    score = score or graft_outcome(pre, ft, selection, tokens=tokens)
+    reference = selection_outcome(ft, selection, tokens=tokens)
     start = spec.keep_from.size(ranking.universe) if spec.keep_from.count is None else min(spec.keep_from.count,
                                                                                            len(ranking))
     memo: dict[int, Outcome] = {}
@@ -566,10 +584,14 @@ def keep_search(pre, ft, ranking: Ranking, selection, keep: KeepSpec | Sequence[
     results = []
     if spec.keep:
         results += search_keep(at, reference, spec.keep, len(ranking), method=spec.keep_bound, **common)
-    if spec.keep_agreement:
+    if spec.keep_agreement and reference.tokens is not None:  # open-ended generative: token agreement per row
+        mine = Outcome(1.0, np.ones(len(selection)), None, "mean")
+        results += search_keep(lambda k: token_agreement_outcome(as_outcome(at(k)), reference), mine,
+                               spec.keep_agreement, len(ranking), kind="agreement", **common)
+    elif spec.keep_agreement:
         if reference.pred is None:
             raise SkillgraftError("--keep-agreement compares the graft's predictions with FT's row by row: this data "
-                                  "has no per-row prediction (open-ended generative data); use --keep")
+                                  "has no per-row prediction; use --keep")
         mine = Outcome(1.0, reference.pred, reference.pred, "accuracy")
         results += search_keep(lambda k: agreement_outcome(as_outcome(at(k)), reference), mine, spec.keep_agreement,
                                len(ranking), method="exact", kind="agreement", **common)

@@ -344,6 +344,18 @@ class Scorer(nn.Module):
         labels = batch["labels"]
         return (self(**inputs).argmax(-1) == labels).sum(), len(labels)
 
+    @no_grad
+    def completion_top(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Generative mode: (row, top token id) at every completion position of a :meth:`collate` batch, in order —
+        the model's most likely next token given the prompt and the completion's tokens before it (teacher
+        forcing, one pass, no sampling)."""
+        from skillgraft.models.placement import autocast  # noqa: PLC0415
+
+        kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        with autocast(self):
+            logits, rows, _, _ = self._completion_logits(kwargs, batch["target_ids"])
+        return rows, logits.argmax(-1)
+
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.pooling == "cls":
             return hidden[:, 0]

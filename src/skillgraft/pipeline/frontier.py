@@ -169,7 +169,7 @@ def _measure(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, ke
         if ranking is None or not keep.keep:
             continue
         score = graft_outcome(setup.pre, setup.ft, selection, values=dare_values(setup.pre, setup.ft, size) if dare
-                              else None)
+                              else None, tokens=bool(keep.keep_agreement))
         for r in keep_search(setup.pre, setup.ft, ranking, selection, keep, score=score):
             name = f"{method} keep {r.target:g}"
             variants.append(_variant(setup, r.region, Budget.parse(max(1, len(r.region))), name, dare))

@@ -107,10 +107,12 @@ def rows_to_confirm(target: float, confidence: float) -> int | None:
 
 def check_keep_rows(keep: KeepSpec, task, rows: int, where: str, *, right: int | None = None,
                     more: str = "--keep-data FILE") -> None:
-    """Refuse keep targets the selection rows cannot confirm, whatever the graft (accuracy's exact bound; F1's
-    bootstrap and open-ended scores are not checked): before any work with ``rows`` (FT right on all of them at
+    """Refuse keep targets the selection rows cannot confirm, whatever the graft (accuracy's exact bound, and the
+    betting bound of open-ended generative agreement targets; F1's bootstrap and open-ended scores are not checked): before any work with ``rows`` (FT right on all of them at
     best), and again with ``right``, the rows FT gets right, once FT is scored. Else a keep target that nothing can
     reach is written as a "graft" of the best size probed — up to every parameter (issue 50)."""
+    if keep.keep_agreement and right is None and getattr(task, "kind", "") == "generative" and not task.labels:
+        _check_token_agreement_rows(keep, rows, where)
     if not keep.keep or getattr(task, "kind", "") == "generative" or getattr(task, "metric", "accuracy") != "accuracy":
         return
     if right is not None and getattr(keep, "keep_bound", "exact") != "exact":
@@ -133,6 +135,30 @@ def check_keep_rows(keep: KeepSpec, task, rows: int, where: str, *, right: int |
             f"--keep {target:g} cannot be confirmed: {what}, and at --keep-confidence {conf:g} even a graft agreeing "
             f"with FT on every row FT gets right needs {need} such rows; give {more} with about {enough} labelled "
             "rows (or more), a lower --keep-confidence, or a lower target")
+
+
+def rows_to_confirm_mean(target: float, confidence: float) -> int | None:
+    """The fewest selection rows on which the betting bound (open-ended generative agreement) can confirm
+    ``target`` at the search's per-stage level, even for a graft agreeing with FT on every completion token. None:
+    no number of rows confirms it (τ = 1)."""
+    from skillgraft.graft.bound import rows_needed_betting  # noqa: PLC0415
+
+    return None if target >= 1 else rows_needed_betting(np.ones(1), target, 1 - (1 - confidence) / 2)
+
+
+def _check_token_agreement_rows(keep: KeepSpec, rows: int, where: str) -> None:
+    conf = keep.keep_confidence
+    for target in keep.keep_agreement:
+        need = rows_to_confirm_mean(target, conf)
+        if need is None:
+            raise SkillgraftError(f"--keep-agreement {target:g}: an agreement of 1 can never be confirmed by a lower "
+                                  "confidence bound on finitely many rows; ask for less, e.g. 0.99")
+        if rows < need:
+            raise SkillgraftError(
+                f"--keep-agreement {target:g} cannot be confirmed: the selection split ({where}) has {rows} rows, and "
+                f"at --keep-confidence {conf:g} even a graft agreeing with FT on every completion token needs {need} "
+                "rows (the betting bound); give more rows (a dev split or a larger --keep-holdout), a lower "
+                "--keep-confidence, or a lower target")
 
 
 def keep_identity(keep: KeepSpec) -> dict:

@@ -1,0 +1,206 @@
+"""Issue 48: ``--keep-agreement`` on open-ended generative data — per row, the share of completion positions whose top
+(greedy, teacher-forced) next token is FT's; the betting bound of the mean of those per-row shares (docs/keep.md)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from skillgraft.data.loading import Example
+from skillgraft.graft.bound import Outcome, betting_bound, betting_test, rows_needed_betting
+from skillgraft.graft.agreement import token_agreement
+from skillgraft.graft.keep import KeepSpec, Ranking, keep_search, search_keep
+
+
+@pytest.fixture(scope="module")
+def gen_pair(tmp_path_factory):
+    """(pre, ft, rows, folders): a tiny random Llama as an open-ended prompt→completion scorer and a copy whose
+    weights are perturbed (the "fine-tuned" model), both saved."""
+    from tiny import build_tiny
+
+    from skillgraft.data.user import GenerativeTask
+    from skillgraft.models import build_scorer
+    from skillgraft.models.anatomy import graftable_names
+
+    root = tmp_path_factory.mktemp("gen-keep")
+    a = build_tiny("llama", root / "pre", layers=1)
+    task = GenerativeTask.make("g")  # no closed set of completions: open-ended
+    pre = build_scorer(str(a), task, "generative")
+    ft = build_scorer(str(a), task, "generative")
+    gen = torch.Generator().manual_seed(0)
+    params = dict(ft.named_parameters())
+    with torch.no_grad():
+        for name in graftable_names(ft):  # the universe a graft covers
+            p = params[name]
+            p.add_(torch.randn(p.shape, generator=gen) * 0.5 * p.std().clamp(min=1e-3))
+    b = root / "ft"
+    ft.model.save_pretrained(b)
+    ft.tokenizer.save_pretrained(b)
+    rows = [Example(f"item {i}: the film was", 0, f" fine number {i}") for i in range(40)]
+    return pre, ft.eval(), rows, (a, b)
+
+
+def _ranking(pre, ft) -> Ranking:
+    from skillgraft.models.anatomy import graftable_names
+
+    names = graftable_names(pre)
+    pre_p, ft_p = dict(pre.named_parameters()), dict(ft.named_parameters())
+    return Ranking.from_scores({n: (ft_p[n] - pre_p[n]).abs().detach() for n in names})
+
+
+def test_a_graft_equal_to_ft_agrees_on_every_token_and_is_promised(gen_pair):
+    pre, ft, rows, _ = gen_pair
+    ranking = _ranking(pre, ft)
+    spec = KeepSpec(keep_agreement=[0.8], keep_from=len(ranking))  # probe only the whole region
+    (r,) = keep_search(pre, ft, ranking, rows, spec)
+    assert r.kind == "agreement" and r.method == "betting"
+    assert r.reached and r.size == len(ranking) and r.share == 1.0 and r.bound >= 0.8
+    (probe,) = r.probes
+    assert np.array_equal(probe.outcome.pred, np.ones(len(rows)))  # every row: every completion token agrees
+
+
+def test_token_agreement_reads_no_label_and_only_the_completion_text(gen_pair):
+    from skillgraft.evaluate.generative import top_tokens
+
+    pre, ft, rows, _ = gen_pair
+    ranking = _ranking(pre, ft)
+    garbage = [Example(ex.text_a, "not a label!", ex.text_b) for ex in rows[:24]]  # would break anything reading it
+    spec = KeepSpec(keep_agreement=[0.5], keep_from=len(ranking) // 64, keep_confidence=0.8)
+    got = [keep_search(pre, ft, ranking, sel, spec)[0] for sel in (rows[:24], garbage)]
+    assert [p.to_dict() | {"seconds": 0} for p in got[0].probes] == [p.to_dict() | {"seconds": 0}
+                                                                     for p in got[1].probes]
+    assert (got[0].size, got[0].bound, got[0].next_size) == (got[1].size, got[1].bound, got[1].next_size)
+    assert len(got[0].probes) > 1 and 0 < min(p.share for p in got[0].probes) < 1  # sizes do disagree with FT
+    tokens = top_tokens(ft, rows[:2])
+    assert [len(t) for t in tokens] == [len(ft.completion_ids(ex.text_b)) for ex in rows[:2]]  # + EOS
+
+
+def test_token_agreement_per_row():
+    shares = token_agreement([np.array([1, 2, 3, 4]), np.array([5]), np.array([], int)],
+                             [np.array([1, 2, 0, 4]), np.array([6]), np.array([], int)])
+    assert list(shares) == [0.75, 0.0, 1.0]
+    with pytest.raises(Exception, match="row 0"):
+        token_agreement([np.array([1, 2])], [np.array([1])])
+
+
+# ------------------------------------------------------------------ the bound's validity (pure numpy)
+def _clustered(rng, n: int, mean: float, kind: int, tokens: int = 12) -> tuple[np.ndarray, np.ndarray]:
+    """(per-row shares, every token's agree flag) of n rows whose expected share is exactly ``mean``: the tokens of
+    a row share its agreement rate p_i (clusters); 0: all-or-nothing rows (p_i ∈ {0, 1}); 1: p_i ~ Beta, mean
+    ``mean``; 2: every row at p_i = mean (tokens independent)."""
+    if kind == 0:
+        p = (rng.random(n) < mean).astype(float)
+    elif kind == 1:
+        p = rng.beta(2 * mean / (1 - mean), 2.0, n)
+    else:
+        p = np.full(n, mean)
+    flags = rng.random((n, tokens)) < p[:, None]
+    return flags.mean(1), flags
+
+
+NULL_KINDS = [0, 1, 2]
+
+
+@pytest.mark.parametrize("kind", NULL_KINDS)
+@pytest.mark.parametrize("tau", [0.8, 0.95])
+def test_the_betting_test_keeps_its_risk_on_the_null_boundary(kind, tau):
+    """Rows whose mean share is exactly τ: the test promises ≥ τ at most 1 − c of the time (+ 3 standard errors)."""
+    rng = np.random.default_rng(100 * kind + int(tau * 100))
+    confidence, draws = 0.9, 400
+    slack = 3 * math.sqrt((1 - confidence) * confidence / draws)
+    rate = np.mean([betting_test(_clustered(rng, 80, tau, kind)[0], tau, confidence) for _ in range(draws)])
+    assert rate <= 1 - confidence + slack, (kind, tau, rate)
+
+
+def test_a_token_level_clopper_pearson_bound_would_break_that_check():
+    """The check above can fail: Clopper–Pearson on the pooled tokens (as if independent) promises too often on
+    all-or-nothing rows at the same boundary, while the betting test on the rows does not."""
+    from scipy.stats import beta
+
+    rng = np.random.default_rng(5)
+    tau, confidence, draws = 0.9, 0.9, 400
+    naive = betting = 0
+    for _ in range(draws):
+        shares, flags = _clustered(rng, 80, tau, 0)
+        x, m = int(flags.sum()), flags.size
+        naive += x > 0 and beta.ppf(1 - confidence, x, m - x + 1) >= tau
+        betting += betting_test(shares, tau, confidence)
+    assert naive / draws > 1 - confidence + 3 * math.sqrt(0.09 / draws) >= betting / draws
+
+
+def test_the_betting_bound_covers_the_mean_and_matches_the_test():
+    rng = np.random.default_rng(11)
+    mean, draws = 0.9, 300
+    bounds = [betting_bound(_clustered(rng, 60, mean, 1)[0], 0.9) for _ in range(draws)]
+    assert np.mean(np.array(bounds) > mean) <= 0.1 + 3 * math.sqrt(0.09 / draws)
+    shares = _clustered(rng, 60, mean, 1)[0]
+    lower = betting_bound(shares, 0.9)
+    assert 0 < lower < shares.mean()
+    assert betting_test(shares, lower - 1e-3, 0.9) and not betting_test(shares, lower + 1e-3, 0.9)
+
+
+def test_rows_needed_betting():
+    shares = np.array([1.0] * 18 + [0.5, 0.75])  # mean 0.9625: not confirmed at 0.9 on 20 rows
+    assert not betting_test(shares, 0.9, 0.95)
+    need = rows_needed_betting(shares, 0.9, 0.95)
+    assert need is not None and need > 20 and betting_test(np.resize(shares, need), 0.9, 0.95)
+    assert rows_needed_betting(np.ones(60), 0.9, 0.95) == 60  # already confirmed: the rows at hand
+    assert rows_needed_betting(np.full(60, 0.85), 0.9, 0.95) is None  # mean below the target: no rows would
+
+
+def test_search_with_per_row_means_reports_the_betting_bound_and_the_next_smaller_size():
+    n = 120
+
+    def at(k: int) -> Outcome:  # agreement grows with the size: all-or-nothing rows at rate a(k)
+        a = min(1.0, 0.5 + 0.5 * math.log2(max(k, 1)) / 14)
+        shares = (np.random.default_rng(k).random(n) < a).astype(float)
+        return Outcome(float(shares.mean()), shares, None, "mean")
+
+    mine = Outcome(1.0, np.ones(n), None, "mean")
+    (r,) = search_keep(at, mine, [0.9], 2 ** 16, confidence=0.9, kind="agreement")
+    assert r.reached and r.method == "betting" and r.bound >= 0.9
+    assert betting_test(at(r.size).pred, 0.9, 0.95)  # each stage at 1 − (1 − 0.9)/2
+    assert r.next_size is not None and r.next_size < r.size and "next smaller size probed" in r.note
+    assert not betting_test(at(r.next_size).pred, 0.9, 0.95)
+    assert "keep-agreement 0.9" in r.describe() and "(betting)" in r.describe()
+
+
+def test_cli_graft_keep_agreement_on_a_generative_pair(gen_pair, tmp_path):
+    from typer.testing import CliRunner
+
+    from skillgraft.cli import app
+
+    _, _, _, (a, b) = gen_pair
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"item {i}: the film was", "completion": f" fine number {i}"}) + "\n"
+                            for i in range(100)))
+    out = tmp_path / "report"
+    args = ["graft", "--pretrained", a, "--finetuned", b, "--data", data, "--prompt-field", "prompt",
+            "--completion-field", "completion", "--localizer", "movement", "--keep-agreement", "0.9",
+            "--keep-confidence", "0.8", "--keep-holdout", "0.5", "--baselines", "", "--no-lottery-zero", "--out", out]
+    r = CliRunner().invoke(app, [str(x) for x in args])
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert "keep-agreement 0.9:" in r.output and "agreement with FT" in r.output and "betting bound" in r.output
+    (t,) = json.loads((out / "metrics.json").read_text())["keep"]["targets"]
+    assert t["kind"] == "agreement" and t["bound_method"] == "betting" and t["selection_rows"] == 40
+    assert t["reached"] and t["bound"] >= 0.9 and t["next_size"] < t["size"] and t["next_rows"] > 40
+    assert "next smaller size probed" in r.output
+    assert "betting" in (out / "report.md").read_text()
+
+
+def test_too_few_selection_rows_for_token_agreement_are_refused_before_any_work():
+    from skillgraft.data.user import GenerativeTask
+    from skillgraft.errors import SkillgraftError
+    from skillgraft.pipeline.keep import check_keep_rows, rows_to_confirm_mean
+
+    task, spec = GenerativeTask.make("g"), KeepSpec(keep_agreement=[0.9], keep_confidence=0.8)
+    need = rows_to_confirm_mean(0.9, 0.8)
+    assert betting_test(np.ones(need), 0.9, 0.9) and not betting_test(np.ones(need - 1), 0.9, 0.9)
+    check_keep_rows(spec, task, need, "the dev split")
+    with pytest.raises(SkillgraftError, match=f"--keep-agreement 0.9 cannot be confirmed.*{need - 1} rows.*needs {need}"):
+        check_keep_rows(spec, task, need - 1, "the dev split")
+    with pytest.raises(SkillgraftError, match="agreement of 1 can never be confirmed"):
+        check_keep_rows(KeepSpec(keep_agreement=[1.0]), task, 10_000, "the dev split")
+    check_keep_rows(spec, GenerativeTask.make("g", (" yes", " no")), 3, "the dev split")  # closed set: per row
