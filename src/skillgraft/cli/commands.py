@@ -201,7 +201,7 @@ def graft(
             extra = f" loss {r.metrics['loss']:.4f}" if "loss" in r.metrics else ""
             console.print(f"{r.model:>22}: {result.metrics['task']} {r.score:.4f} ECE {r.metrics['ece']:.4f}{extra} "
                           f"| {r.params:,} params ({r.density:.2e}){size}")
-    print_keep(result.metrics)
+    print_keep(result.metrics.get("keep"), result.metrics.get("frontier"))
     if result.data_note:
         console.print(f"data: {escape(result.data_note)}")
     if result.labels_note:
@@ -347,11 +347,11 @@ def sweep(
 
     result = run_sweep(finetuned, sweep, localize, data=data, frontier=frontier, out=out, overwrite=overwrite,
                        cache=cache)
-    for r in result.rows:
-        console.print(f"{r['localizer']:>13} {float(r['level']):.0e}: {r['score']:.4f} (ECE {r['ece']:.4f})")
-    print_keep(result.found)
+    for r in result.rows:  # typed SweepRows
+        console.print(f"{r.localizer:>13} {float(r.level):.0e}: {r.score:.4f} (ECE {r.ece:.4f})")
+    print_keep(frontier=result.frontier)
     console.print(f"[bold green]done[/] → {result.out}/sweep.csv, {result.out}/sweep.png")
-    _report({"out": result.out, "rows": result.rows, **result.found})
+    _report({"out": result.out, "rows": result.rows, **({"frontier": result.frontier} if result.frontier else {})})
 
 
 def _merge_specs():
