@@ -261,3 +261,17 @@ def test_keep_frontier_sweep_and_inspect_rows_write_their_columns(tmp_path):
                                                   "table": {"layer 0": {"query": 3}},
                                                   "universe": {"layer 0": {"query": 64}}}
     assert list(Comparison(1, 0.5, 0.25, 0.2)) == ["shared", "overlap", "overlap_of_self", "iou"]
+
+
+def test_fish_rows_write_the_columns_of_the_dicts_they_replaced(tmp_path):
+    from skillgraft.pipeline.report import aggregate
+    from skillgraft.recipes.fish import METRICS, FishRow, GraftScore
+
+    row = FishRow("SST-2", 13, 1e-4, 10, 10, 10, 0.5, 0.01, GraftScore(0.8, 0.1), GraftScore(0.7, 0.2),
+                  GraftScore(0.5, 0.3))
+    assert write_csv(tmp_path / "f.csv", [row]).read_bytes() == _crlf(
+        "task,seed,sparsity,learned_size,fish_size,random_size,iou_fish_learned,iou_random_learned,learned_score,"
+        "learned_ece,fish_score,fish_ece,random_score,random_ece\nSST-2,13,0.0001,10,10,10,0.5,0.01,0.8,0.1,0.7,0.2,"
+        "0.5,0.3\n")
+    (group,) = aggregate([row, row], ["task", "sparsity"], METRICS)
+    assert group["fish_score"] == [0.7, 0.7] and group["random_ece"] == [0.3, 0.3] and group["n_seeds"] == 2
