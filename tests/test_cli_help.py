@@ -116,3 +116,15 @@ def test_help_imports_no_torch(args):
         assert "Usage: skillgraft" in out
     if args == ["graft", "--help"]:
         assert out.rstrip() == help_of("graft", "--help").replace("Usage: root", "Usage: skillgraft", 1).rstrip()
+
+
+def test_continual_add_reads_its_defaults_from_the_verb():
+    import inspect
+
+    from skillgraft.cli.commands import continual_add_cmd
+    from skillgraft.verbs.continual import continual_add
+
+    verb = inspect.signature(continual_add).parameters
+    cli = inspect.signature(continual_add_cmd).parameters
+    for name in ("k", "seed", "mode", "init"):
+        assert cli[name].default.default == verb[name].default, name

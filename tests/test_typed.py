@@ -222,3 +222,56 @@ def test_wise_points_are_typed_and_keep_their_columns():
                                     "imdb:score", "imdb:ece"]
     assert mean.n_seeds == 2 and mean["imdb:ece"] == 0.30000000000000004 and mean.sets["SST-2 (ID)"].score == 0.8500000000000001
     assert list(other.sets) == ["mpqa (ID)"] and other.seed is None
+
+
+def test_keep_frontier_sweep_and_inspect_rows_write_their_columns(tmp_path):
+    """The typed keep / frontier / sweep / inspect rows write the columns of the dicts they replaced."""
+    from skillgraft.graft.inspect import Comparison, Distribution
+    from skillgraft.graft.keep import KeepResult, Probe
+    from skillgraft.io import write_json
+    from skillgraft.pipeline.frontier import FrontierResult
+    from skillgraft.pipeline.keep import KeepSummary, KeepTarget
+    from skillgraft.verbs.sweep import SweepRow
+
+    found = KeepResult(0.9, True, 10, 0.95, 12, 0.97, 1000, [Probe(10, 0.8, 0.95, 0.5)], note="n", method="exact")
+    target = KeepTarget.of(found)
+    assert dict(target) == found.to_dict() and target.shown_size == 10 and target.label == "keep 0.9"
+    summary = {"selection": "dev", "selection_n": 16, "confidence": 0.9, "seconds": 1.5,
+               "targets": [{**found.to_dict(), "test_score": 0.7, "test_share": 0.8}]}
+    assert json.loads(write_json(tmp_path / "k.json", KeepSummary.from_columns(summary)).read_text()) == summary
+    keep = {"method": "m", **{k: v for k, v in found.to_dict().items() if k != "probes"}, "probes": [[10, 0.95]],
+            "test_score": 0.7, "test_share": 0.8}
+    stored = {"task": "SST-2", "ft_score": 0.9, "reference_scores": {"pre": 0.5}, "test_n": 8, "selection": "dev",
+              "selection_n": 16, "confidence": 0.9, "universe": 1000, "localizer": "learned",
+              "localizer_seconds": 1.0, "keep_seconds": 2.0,
+              "rows": [{"method": "learned", "density": 0.01, "params": 10, "score": 0.8, "share_of_ft": 0.9,
+                        "gap_closed": None}], "keep": [keep],
+              "ahead": [{"density": 0.01, "learned": "learned", "learned_share": 0.9, "best_peer": "random",
+                         "peer_share": 0.5, "ahead": True}]}
+    result = FrontierResult.from_columns(stored)
+    assert result.keep[0].method == "m" and result.keep[0].test_share == 0.8 and result.ahead[0].ahead
+    text = write_json(tmp_path / "f.json", result).read_text()
+    assert text == json.dumps(stored, indent=2) + "\n"
+    row = SweepRow("random", 0.01, 10, 0.8, 0.1, 0.9, 0.88)
+    assert list(row) == ["localizer", "level", "params", "score", "ece", "agreement", "ft_score"]
+    assert write_csv(tmp_path / "s.csv", [row]).read_bytes() == _crlf(
+        "localizer,level,params,score,ece,agreement,ft_score\nrandom,0.01,10,0.8,0.1,0.9,0.88\n")
+    dist = Distribution(3, ["query"], {"layer 0": {"query": 3}}, {"layer 0": {"query": 64}})
+    assert json.loads(json.dumps(dict(dist))) == {"size": 3, "module_types": ["query"],
+                                                  "table": {"layer 0": {"query": 3}},
+                                                  "universe": {"layer 0": {"query": 64}}}
+    assert list(Comparison(1, 0.5, 0.25, 0.2)) == ["shared", "overlap", "overlap_of_self", "iou"]
+
+
+def test_fish_rows_write_the_columns_of_the_dicts_they_replaced(tmp_path):
+    from skillgraft.pipeline.report import aggregate
+    from skillgraft.recipes.fish import METRICS, FishRow, GraftScore
+
+    row = FishRow("SST-2", 13, 1e-4, 10, 10, 10, 0.5, 0.01, GraftScore(0.8, 0.1), GraftScore(0.7, 0.2),
+                  GraftScore(0.5, 0.3))
+    assert write_csv(tmp_path / "f.csv", [row]).read_bytes() == _crlf(
+        "task,seed,sparsity,learned_size,fish_size,random_size,iou_fish_learned,iou_random_learned,learned_score,"
+        "learned_ece,fish_score,fish_ece,random_score,random_ece\nSST-2,13,0.0001,10,10,10,0.5,0.01,0.8,0.1,0.7,0.2,"
+        "0.5,0.3\n")
+    (group,) = aggregate([row, row], ["task", "sparsity"], METRICS)
+    assert group["fish_score"] == [0.7, 0.7] and group["random_ece"] == [0.3, 0.3] and group["n_seeds"] == 2

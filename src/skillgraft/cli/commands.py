@@ -26,6 +26,7 @@ from skillgraft.export.base import ExportSpec
 from skillgraft.graft.keep import KeepSpec
 from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, options_union
 from skillgraft.verbs.apply import apply as verbs_apply  # light modules: the options' defaults live there
+from skillgraft.verbs.continual import continual_add as verbs_continual_add
 from skillgraft.verbs.evaluate import evaluate as verbs_evaluate
 from skillgraft.verbs.fim import fim as verbs_fim
 
@@ -201,7 +202,7 @@ def graft(
             extra = f" loss {r.metrics['loss']:.4f}" if "loss" in r.metrics else ""
             console.print(f"{r.model:>22}: {result.metrics['task']} {r.score:.4f} ECE {r.metrics['ece']:.4f}{extra} "
                           f"| {r.params:,} params ({r.density:.2e}){size}")
-    print_keep(result.metrics)
+    print_keep(result.metrics.get("keep"), result.metrics.get("frontier"))
     if result.data_note:
         console.print(f"data: {escape(result.data_note)}")
     if result.labels_note:
@@ -347,11 +348,11 @@ def sweep(
 
     result = run_sweep(finetuned, sweep, localize, data=data, frontier=frontier, out=out, overwrite=overwrite,
                        cache=cache)
-    for r in result.rows:
-        console.print(f"{r['localizer']:>13} {float(r['level']):.0e}: {r['score']:.4f} (ECE {r['ece']:.4f})")
-    print_keep(result.found)
+    for r in result.rows:  # typed SweepRows
+        console.print(f"{r.localizer:>13} {float(r.level):.0e}: {r.score:.4f} (ECE {r.ece:.4f})")
+    print_keep(frontier=result.frontier)
     console.print(f"[bold green]done[/] → {result.out}/sweep.csv, {result.out}/sweep.png")
-    _report({"out": result.out, "rows": result.rows, **result.found})
+    _report({"out": result.out, "rows": result.rows, **({"frontier": result.frontier} if result.frontier else {})})
 
 
 def _merge_specs():
@@ -484,15 +485,17 @@ _CONTINUAL_LOCALIZE = {n: f"localize_{n}" for n in ("steps", "lr", "batch_size",
 def continual_add_cmd(
     state: Path = typer.Option(..., help="continual state folder (created on first use)"),
     task: str = typer.Option(..., help="the task that arrives now"),
-    k: int = typer.Option(16, min=1, max=COUNT_MAX, help="examples per label"),
-    seed: int = typer.Option(13, min=0, max=SEED_MAX, help="data seed"),
+    k: int = typer.Option(default_of(verbs_continual_add, "k"), min=1, max=COUNT_MAX, help="examples per label"),
+    seed: int = typer.Option(default_of(verbs_continual_add, "seed"), min=0, max=SEED_MAX, help="data seed"),
     data_dir: Optional[Path] = DataDir,
     model: Optional[str] = typer.Option(None, help="base model (only when creating the state; default MiniLM)"),
-    mode: str = typer.Option("head", help="head | prompt (only when creating the state)"),
+    mode: str = typer.Option(default_of(verbs_continual_add, "mode"),
+                             help="head | prompt (only when creating the state)"),
     region: Optional[Path] = typer.Option(None, help="γ_task: a region or graft folder (default: learn it from a "
                                                      "single-task fine-tune + localize)"),
-    init: str = typer.Option("current", help="current (paper: train owned coordinates from the current model) | "
-                                             "graft (start them from the single-task graft)"),
+    init: str = typer.Option(default_of(verbs_continual_add, "init"),
+                             help="current (paper: train owned coordinates from the current model) | "
+                             "graft (start them from the single-task graft)"),
     test_limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX,
                                              help="evaluate on a fixed seeded sample of N test examples"),
     cache: Optional[Path] = Cache,
@@ -504,7 +507,7 @@ def continual_add_cmd(
 
     Fine-tuning options: the single-task run γ_task is learned from and the owned-region training.
     """
-    from skillgraft.verbs.continual import continual_add  # noqa: PLC0415
+    from skillgraft.verbs.continual import continual_add  # noqa: PLC0415 - looked up when run (tests replace it)
 
     added = continual_add(state, task, k=k, seed=seed, data_dir=data_dir, model=model, mode=mode, region=region,
                           finetune_config=finetune, localize_config=localize, init=init, test_limit=test_limit,

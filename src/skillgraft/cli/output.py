@@ -267,20 +267,21 @@ def print_routed_keep(summary: dict) -> None:
         console.print(f"routed {escape(name)}: {keep_line(t)}")
 
 
-def print_keep(result: dict) -> None:
-    """One line per keep target (size found, selection and test shares, cost) and per frontier keep density."""
-    keep = result.get("keep")
+def print_keep(keep=None, frontier=None) -> None:
+    """One line per keep target of ``keep`` (a :class:`~skillgraft.pipeline.keep.KeepSummary`: size found,
+    selection and test shares, cost) and per keep density of ``frontier`` (a
+    :class:`~skillgraft.pipeline.frontier.FrontierResult`)."""
     from skillgraft.pipeline.keep import keep_line  # noqa: PLC0415
 
-    for t in (keep or {}).get("targets", []):
+    for t in keep.targets if keep else []:
         console.print(keep_line(t))
     if keep:
-        console.print(f"keep selection split: {escape(keep['selection'])}")
-    for k in (result.get("frontier") or {}).get("keep", []):
-        need = f"density {k['density']:.2e}" if k["reached"] else f"not reached (best {k['best_share']:.3f})"
-        bound = "" if k.get("bound") is None else f", {k['confidence']:.0%} lower bound {k['bound']:.3f}"
-        console.print(f"frontier {escape(k['method'])} keep {k['target']:g}: {need}{bound}, test share "
-                      f"{k['test_share']:.3f}")
+        console.print(f"keep selection split: {escape(keep.selection)}")
+    for k in frontier.keep if frontier else []:
+        need = f"density {k.density:.2e}" if k.reached else f"not reached (best {k.best_share:.3f})"
+        bound = "" if k.bound is None else f", {k.confidence:.0%} lower bound {k.bound:.3f}"
+        console.print(f"frontier {escape(k.method)} keep {k.target:g}: {need}{bound}, test share "
+                      f"{k.test_share:.3f}")
 
 
 def exporter_lines(to: str, s: dict) -> None:

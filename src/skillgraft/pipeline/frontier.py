@@ -21,13 +21,16 @@ store entry, so a re-run only re-plots.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import Field, field_validator
 
 from skillgraft.evaluate.plots import save_figure
+from skillgraft.evaluate.rows import Row
 from skillgraft.graft.dare import dare_graft, dare_values
 from skillgraft.graft.bound import bound_prose
 from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec, check_share, graft_outcome, keep_search
@@ -38,7 +41,7 @@ from skillgraft.untrusted import read_json
 from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
-from skillgraft.pipeline.keep import keep_identity, selection_split
+from skillgraft.pipeline.keep import KeepTarget, keep_identity, selection_split
 from skillgraft.spec import Spec
 
 PEER_LABELS = {"ties-trim": "top-|Δ| per tensor (TIES trim)", "movement": "top-|Δ| global (L&S dataless)",
@@ -89,9 +92,87 @@ class FrontierSpec(Spec):
         return sorted(dict.fromkeys(levels), key=lambda b: b.fraction)
 
 
+@dataclass
+class FrontierRow(Row):
+    """One method at one density, scored on the test rows (a frontier.csv row)."""
+
+    method: str
+    density: float
+    params: int
+    score: float
+    share_of_ft: float
+    gap_closed: float | None = None
+
+    def columns(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass
+class FrontierKeep(KeepTarget):
+    """One method's keep search (a frontier_keep.csv row): the method, the search's columns, its probes as
+    (size, share) pairs, and the test score and share of the region found."""
+
+    method: str = ""
+
+    def columns(self) -> dict:
+        c = super().columns()
+        probes = c.pop("probes")
+        tested = {k: c.pop(k) for k in ("test_score", "test_share") if k in c}
+        return {"method": self.method, **c, "probes": probes, **tested}
+
+
+@dataclass
+class Ahead(Row):
+    """At one density: the best learned share, the best closed-form peer's, and whether learned leads."""
+
+    density: float
+    learned: str
+    learned_share: float
+    best_peer: str
+    peer_share: float
+    ahead: bool
+
+    def columns(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass
+class FrontierResult(Row):
+    """The frontier of one fine-tuned model (the store's frontier.json; metrics.json's and ``--json``'s
+    ``frontier``): its setting, the rows per method and density, the keep searches, and learned vs the peers."""
+
+    task: str
+    ft_score: float
+    reference_scores: dict[str, float]  # {variant kind ("pre", "head-only"): test score}
+    test_n: int
+    selection: str
+    selection_n: int
+    confidence: float | None
+    universe: int
+    localizer: str
+    localizer_seconds: float
+    keep_seconds: float
+    rows: list[FrontierRow] = field(default_factory=list)
+    keep: list[FrontierKeep] = field(default_factory=list)
+    ahead: list[Ahead] = field(default_factory=list)
+
+    @classmethod
+    def from_columns(cls, c: dict) -> FrontierResult:
+        """The result of stored (written) columns."""
+        plain = {f.name: c[f.name] for f in dataclasses.fields(cls) if f.name not in ("rows", "keep", "ahead")}
+        return cls(**plain, rows=[FrontierRow(**r) for r in c["rows"]],
+                   keep=[FrontierKeep.from_columns(k) for k in c["keep"]], ahead=[Ahead(**a) for a in c["ahead"]])
+
+    def columns(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+_STORED = tuple(f.name for f in dataclasses.fields(FrontierResult))
+
+
 def frontier_report(setup: Setup, run: RunDir, spec: FrontierSpec | None = None, localizer: str = "learned",
                     options: Spec | dict | None = None, keep: KeepSpec | None = None, *,
-                    progress: bool = False) -> dict:
+                    progress: bool = False) -> FrontierResult:
     """Score every method at every density and search each one's density for the keep shares (module doc)."""
     spec = spec or FrontierSpec()
     keep = (keep or KeepSpec()).replace(keep=spec.frontier_keep or None)
@@ -107,9 +188,9 @@ def frontier_report(setup: Setup, run: RunDir, spec: FrontierSpec | None = None,
         write_json(folder / "frontier.json", _measure(setup, spec, localizer, options, keep, progress))
 
     entry = run.store.fetch("frontier", key, make, label=f"{setup.task}-{setup.k}-{setup.seed}-{localizer}")
-    result = read_json(entry / "frontier.json", required=("rows", "keep"), what="stored frontier")
-    write_csv(run.file("frontier.csv"), result["rows"])
-    write_csv(run.file("frontier_keep.csv"), result["keep"])
+    result = FrontierResult.from_columns(read_json(entry / "frontier.json", required=_STORED, what="stored frontier"))
+    write_csv(run.file("frontier.csv"), result.rows)
+    write_csv(run.file("frontier_keep.csv"), result.keep)
     frontier_plot(result, run.file("frontier.png"), setup.task)
     return result
 
@@ -151,7 +232,8 @@ def _families(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, d
     return out, seconds
 
 
-def _measure(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, keep: KeepSpec, progress: bool) -> dict:
+def _measure(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, keep: KeepSpec,
+             progress: bool) -> FrontierResult:
     selection, data, note = selection_split(setup, keep)
     families, loc_seconds = _families(setup, spec, localizer, options, data, progress)
     universe = region_universe(setup.pre, options.graftable)
@@ -163,7 +245,7 @@ def _measure(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, ke
             region = regions[level.fraction] if regions is not None else ranking.region(level.size(size))
             name = f"{method} @ {level.label}"
             variants.append(_variant(setup, region, level, name, dare))
-            points.append({"method": method, "density": level.fraction, "name": name})
+            points.append((method, level.fraction, name))
     keeps, t0 = [], time.perf_counter()
     for method, (ranking, _, dare) in families.items():
         if ranking is None or not keep.keep:
@@ -173,23 +255,19 @@ def _measure(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, ke
         for r in keep_search(setup.pre, setup.ft, ranking, selection, keep, score=score):
             name = f"{method} keep {r.target:g}"
             variants.append(_variant(setup, r.region, Budget.parse(max(1, len(r.region))), name, dare))
-            keeps.append({"method": method, "name": name, **{k: v for k, v in r.to_dict().items() if k != "probes"},
-                          "probes": [[p.size, round(p.share, 4)] for p in r.probes]})
+            found = FrontierKeep.from_columns({**r.to_dict(), "method": method})
+            keeps.append((name, dataclasses.replace(found, probes=[[p.size, round(p.share, 4)] for p in r.probes])))
     keep_seconds = time.perf_counter() - t0
     rows, _ = compare(setup, variants, progress=progress)
-    by_name = {r["model"]: r for r in rows}
-    ft = next(r for r in rows if r["kind"] == "ft")
-    ref = {r["kind"]: r["score"] for r in rows if r["kind"] in ("pre", "head-only")}
-    out_rows = [{"method": p["method"], "density": p["density"], "params": by_name[p["name"]]["params"],
-                 "score": by_name[p["name"]]["score"], "share_of_ft": by_name[p["name"]]["share_of_ft"],
-                 "gap_closed": by_name[p["name"]].get("gap_closed")} for p in points]
-    for k in keeps:
-        row = by_name[k.pop("name")]
-        k["test_score"], k["test_share"] = row["score"], row["share_of_ft"]
-    return {"task": setup.task, "ft_score": ft["score"], "reference_scores": ref, "test_n": len(setup.test),
-            "selection": note, "selection_n": len(selection), "confidence": keep.keep_confidence, "universe": size, "localizer": localizer,
-            "localizer_seconds": loc_seconds, "keep_seconds": keep_seconds, "rows": out_rows, "keep": keeps,
-            "ahead": ahead(out_rows)}
+    by_name = {r.model: r for r in rows}
+    ft = next(r for r in rows if r.kind == "ft")
+    ref = {r.kind: r.score for r in rows if r.kind in ("pre", "head-only")}
+    out_rows = [FrontierRow(method, density, by_name[name].params, by_name[name].score, by_name[name].share_of_ft,
+                            by_name[name].gap_closed) for method, density, name in points]
+    tested = [dataclasses.replace(k, tested=True, test_score=by_name[name].score,
+                                  test_share=by_name[name].share_of_ft) for name, k in keeps]
+    return FrontierResult(setup.task, ft.score, ref, len(setup.test), note, len(selection), keep.keep_confidence, size,
+                          localizer, loc_seconds, keep_seconds, out_rows, tested, ahead(out_rows))
 
 
 def _variant(setup: Setup, region, level: Budget, name: str, dare: bool) -> Variant:
@@ -198,19 +276,18 @@ def _variant(setup: Setup, region, level: Budget, name: str, dare: bool) -> Vari
     return graft_variant(setup, region, level, name=name, kind="graft")
 
 
-def ahead(rows: list[dict], upto: float = 1e-2) -> list[dict]:
+def ahead(rows: list[FrontierRow], upto: float = 1e-2) -> list[Ahead]:
     """Per density ≤ ``upto``: the best learned share, the best closed-form peer's, and whether learned leads."""
     out = []
-    for d in sorted({r["density"] for r in rows if r["density"] <= upto * (1 + 1e-9)}):
-        at = [r for r in rows if r["density"] == d]
-        mine = [r for r in at if not _closed_form(r["method"])]
-        peers = [r for r in at if _closed_form(r["method"])]
+    for d in sorted({r.density for r in rows if r.density <= upto * (1 + 1e-9)}):
+        at = [r for r in rows if r.density == d]
+        mine = [r for r in at if not _closed_form(r.method)]
+        peers = [r for r in at if _closed_form(r.method)]
         if not mine or not peers:
             continue
-        best, peer = max(mine, key=lambda r: r["share_of_ft"]), max(peers, key=lambda r: r["share_of_ft"])
-        out.append({"density": d, "learned": best["method"], "learned_share": best["share_of_ft"],
-                    "best_peer": peer["method"], "peer_share": peer["share_of_ft"],
-                    "ahead": best["share_of_ft"] > peer["share_of_ft"]})
+        best, peer = max(mine, key=lambda r: r.share_of_ft), max(peers, key=lambda r: r.share_of_ft)
+        out.append(Ahead(d, best.method, best.share_of_ft, peer.method, peer.share_of_ft,
+                         best.share_of_ft > peer.share_of_ft))
     return out
 
 
@@ -218,16 +295,16 @@ def _closed_form(method: str) -> bool:
     return method in PEER_LABELS.values()
 
 
-def frontier_plot(result: dict, path: Path, task: str) -> None:
+def frontier_plot(result: FrontierResult, path: Path, task: str) -> None:
     """Share of FT vs density, one line per method, the keep shares as dotted lines."""
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    for method in dict.fromkeys(r["method"] for r in result["rows"]):
-        pts = sorted((r["density"], r["share_of_ft"]) for r in result["rows"] if r["method"] == method)
+    for method in dict.fromkeys(r.method for r in result.rows):
+        pts = sorted((r.density, r.share_of_ft) for r in result.rows if r.method == method)
         style = "--" if _closed_form(method) else "-"
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=method)
-    for share in sorted({k["target"] for k in result["keep"]}):
+    for share in sorted({k.target for k in result.keep}):
         ax.axhline(share, color="gray", ls=":", lw=1)
     ax.axhline(1.0, color="k", lw=1, label="fine-tuned")
     ax.set_xscale("log")
@@ -242,37 +319,37 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def frontier_markdown(result: dict) -> list[str]:
+def frontier_markdown(result: FrontierResult) -> list[str]:
     """Report lines: the frontier table, learned vs the best peer at each density ≤ 1e-2, and the keep densities."""
-    levels = sorted({r["density"] for r in result["rows"]})
+    levels = sorted({r.density for r in result.rows})
     lines = ["", "## Share of FT vs density", "",
-             f"Test rows: {result['test_n']} (FT {result['ft_score']:.4f}). Selection split for the keep densities: "
-             f"{result['selection']}.", "",
+             f"Test rows: {result.test_n} (FT {result.ft_score:.4f}). Selection split for the keep densities: "
+             f"{result.selection}.", "",
              "| method | " + " | ".join(f"{d:g}" for d in levels) + " |", "|---|" + "---:|" * len(levels)]
-    for method in dict.fromkeys(r["method"] for r in result["rows"]):
-        share = {r["density"]: r["share_of_ft"] for r in result["rows"] if r["method"] == method}
+    for method in dict.fromkeys(r.method for r in result.rows):
+        share = {r.density: r.share_of_ft for r in result.rows if r.method == method}
         cells = " | ".join(f"{share[d]:.3f}" if d in share else "-" for d in levels)
         lines.append(f"| {_cell(method)} | {cells} |")
-    if result["ahead"]:
+    if result.ahead:
         lines += ["", "| density | best learned | share | best closed-form peer | share | learned ahead |",
                   "|---:|---|---:|---|---:|:---:|"]
-        for a in result["ahead"]:
-            lines.append(f"| {a['density']:g} | {_cell(a['learned'])} | {a['learned_share']:.3f} | "
-                         f"{_cell(a['best_peer'])} | {a['peer_share']:.3f} | {'yes' if a['ahead'] else '**no**'} |")
-    if result["keep"]:
-        conf = result.get("confidence")
+        for a in result.ahead:
+            lines.append(f"| {a.density:g} | {_cell(a.learned)} | {a.learned_share:.3f} | "
+                         f"{_cell(a.best_peer)} | {a.peer_share:.3f} | {'yes' if a.ahead else '**no**'} |")
+    if result.keep:
+        conf = result.confidence
         how = (f"the smallest density reaching the target {bound_prose(conf)}" if conf is not None
                else "the point estimate")
         lines += ["", f"Density needed for each share of FT (searched on the selection split: {how}; the test share of "
                   "the region found beside it):", "", "| method | target | density needed | selection share | "
                   "lower bound | test share | point-estimate density | probes |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        for k in result["keep"]:
-            need = f"{k['density']:.2e}" if k["reached"] else f"not reached (best {k['best_share']:.3f})"
-            sel = f"{k['selection_share']:.3f}" if k["reached"] else "-"
-            bound = "-" if k.get("bound") is None else f"{k['bound']:.3f}"
-            point = "-" if k.get("point_size") is None else f"{k['point_size'] / k['universe']:.2e}"
-            lines.append(f"| {_cell(k['method'])} | {k['target']:g} | {need} | {sel} | {bound} | {k['test_share']:.3f} | "
-                         f"{point} | {k['probe_count']} |")
+        for k in result.keep:
+            need = f"{k.density:.2e}" if k.reached else f"not reached (best {k.best_share:.3f})"
+            sel = f"{k.selection_share:.3f}" if k.reached else "-"
+            bound = "-" if k.bound is None else f"{k.bound:.3f}"
+            point = "-" if k.point_size is None else f"{k.point_size / k.universe:.2e}"
+            lines.append(f"| {_cell(k.method)} | {k.target:g} | {need} | {sel} | {bound} | {k.test_share:.3f} | "
+                         f"{point} | {k.probe_count} |")
     lines += ["", "![frontier](frontier.png)", ""]
     return lines

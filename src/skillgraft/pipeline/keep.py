@@ -14,13 +14,15 @@ import dataclasses
 import hashlib
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from skillgraft.lazy import np
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.evaluate.rows import Row
 from skillgraft.graft.bound import KEEP_BOUND, bound_prose
-from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec
+from skillgraft.graft.keep import LEARNED_ORDER, KeepResult, KeepSpec
 from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget
@@ -30,6 +32,90 @@ from skillgraft.pipeline.setup import Setup
 from skillgraft.pipeline.variants import Variant, graft_variant
 from skillgraft.spec import Spec
 from skillgraft.untrusted import inside
+
+
+@dataclass
+class KeepTarget(Row):
+    """One keep target's search as a report writes it (:meth:`KeepResult.to_dict`'s columns); ``test_score`` and
+    ``test_share`` are columns once the report's rows scored it (``tested``), ``selection`` once a routed merge
+    names its split."""
+
+    target: float
+    reached: bool
+    size: int | None
+    density: float | None
+    selection_share: float | None
+    confidence: float | None
+    bound: float | None
+    selection_rows: int | None
+    point_size: int | None
+    rows_needed: int | None
+    note: str
+    best_size: int
+    best_share: float
+    universe: int
+    probes: list
+    probe_count: int
+    search_seconds: float
+    kind: str = "share"
+    bound_method: str | None = None
+    next_size: int | None = None
+    next_rows: int | None = None
+    test_score: float | None = None
+    test_share: float | None = None
+    tested: bool = False            # not a column: whether test_score / test_share are
+    selection: str | None = None    # a routed merge's selection split (a column when set)
+
+    @classmethod
+    def of(cls, r: KeepResult) -> KeepTarget:
+        return cls.from_columns(r.to_dict())
+
+    @classmethod
+    def from_columns(cls, c) -> KeepTarget:
+        """The row of written (or stored) columns."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "tested"]
+        return cls(**{n: c[n] for n in names if n in c}, tested="test_score" in c)
+
+    def columns(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)[:_SEARCHED]}
+        if self.tested:
+            out |= {"test_score": self.test_score, "test_share": self.test_share}
+        if self.selection is not None:
+            out["selection"] = self.selection
+        return out
+
+    @property
+    def label(self) -> str:
+        return keep_label(self.target, self.kind)
+
+    @property
+    def shown_size(self) -> int:
+        """The size found, or the best probed one when the target is not reached."""
+        return self.size if self.reached else self.best_size
+
+
+_SEARCHED = 21  # KeepTarget's fields that are KeepResult.to_dict's columns (target … next_rows)
+
+
+@dataclass
+class KeepSummary(Row):
+    """A keep search's summary (the store's summary.json, metrics.json's ``keep``): the selection split, its rows,
+    the confidence, the seconds it took and one :class:`KeepTarget` per target."""
+
+    selection: str
+    selection_n: int
+    confidence: float | None
+    seconds: float
+    targets: list[KeepTarget] = field(default_factory=list)
+
+    @classmethod
+    def from_columns(cls, c) -> KeepSummary:
+        return cls(c["selection"], c["selection_n"], c["confidence"], c["seconds"],
+                   [KeepTarget.from_columns(t) for t in c["targets"]])
+
+    def columns(self) -> dict:
+        return {"selection": self.selection, "selection_n": self.selection_n, "confidence": self.confidence,
+                "seconds": self.seconds, "targets": self.targets}
 
 
 def selection_split(setup: Setup, keep: KeepSpec | float = 0.2) -> tuple[list, object, str]:
@@ -173,13 +259,13 @@ def keep_label(target: float, kind: str = "share") -> str:
     return f"keep {target:g}" if kind == "share" else f"keep-agreement {target:g}"
 
 
-def target_key(t: dict) -> str:
+def target_key(t: KeepTarget) -> str:
     """A stored target's file name part: ``0.95``, or ``agreement-0.95`` for an agreement target."""
-    return repr(t["target"]) if t.get("kind", "share") == "share" else f"agreement-{t['target']!r}"
+    return repr(t.target) if t.kind == "share" else f"agreement-{t.target!r}"
 
 
 def keep_results(setup: Setup, store, localizer: str, options: Spec, keep: KeepSpec, *,
-                 progress: bool = False) -> tuple[dict[float, Region], dict]:
+                 progress: bool = False) -> tuple[dict[str, Region], KeepSummary]:
     """Regions found for each keep target and the search's summary (stored: a re-run only re-scores)."""
     loc = get_localizer(localizer)
     options = loc.options(options)
@@ -198,8 +284,8 @@ def keep_results(setup: Setup, store, localizer: str, options: Spec, keep: KeepS
                             right=int((ft.pred == ft.labels).sum()))
         t0 = time.perf_counter()
         results = loc.keep(setup.pre, setup.ft, data, keep, options, selection=selection, progress=progress)
-        summary = {"selection": note, "selection_n": len(selection), "confidence": keep.keep_confidence,
-                   "seconds": time.perf_counter() - t0, "targets": [r.to_dict() for r in results]}
+        summary = KeepSummary(note, len(selection), keep.keep_confidence, time.perf_counter() - t0,
+                              [KeepTarget.of(r) for r in results])
         for r in results:
             r.region.save(folder / f"keep-{r.key}")
         write_json(folder / "summary.json", summary)
@@ -211,61 +297,62 @@ def keep_results(setup: Setup, store, localizer: str, options: Spec, keep: KeepS
     if not isinstance(summary["targets"], list) or not all(isinstance(t, dict) and type(t.get("target")) in (int, float)
                                                            for t in summary["targets"]):
         raise SkillgraftError(f"{path}: field 'targets' must be a list of keep results, each with its 'target' share")
+    summary = KeepSummary.from_columns(summary)
     regions = holder.get("regions") or {target_key(t): Region.load(inside(entry, f"keep-{target_key(t)}", path,
                                                                           f"targets.{i}.target"))
-                                        for i, t in enumerate(summary["targets"])}
+                                        for i, t in enumerate(summary.targets)}
     return regions, summary
 
 
 def keep_variants(setup: Setup, store, localizer: str, options: Spec, keep: KeepSpec, *,
-                  progress: bool = False) -> tuple[list[Variant], dict]:
+                  progress: bool = False) -> tuple[list[Variant], KeepSummary]:
     """One graft variant per keep target (named ``keep 0.95``), and the search's summary."""
     regions, summary = keep_results(setup, store, localizer, options, keep, progress=progress)
     variants = []
-    for t in summary["targets"]:
+    for t in summary.targets:
         region = regions[target_key(t)]
-        kind = t.get("kind", "share")
-        meta = {"localizer": localizer, "keep": t["target"], "keep_kind": kind, "selection": summary["selection"]}
-        variants.append(graft_variant(setup, region, Budget.parse(max(1, len(region))), meta,
-                                      name=keep_label(t["target"], kind), kind="keep"))
+        meta = {"localizer": localizer, "keep": t.target, "keep_kind": t.kind, "selection": summary.selection}
+        variants.append(graft_variant(setup, region, Budget.parse(max(1, len(region))), meta, name=t.label,
+                                      kind="keep"))
     return variants, summary
 
 
-def keep_section(summary: dict, rows: list[dict]) -> dict:
+def keep_section(summary: KeepSummary, rows: list) -> KeepSummary:
     """The keep summary with each target's test score and share of FT (from the report's rows)."""
-    by_name = {r["model"]: r for r in rows}
-    out = dict(summary)
-    out["targets"] = []
-    for t in summary["targets"]:
-        row = by_name.get(keep_label(t["target"], t.get("kind", "share")), {})
-        out["targets"].append({**t, "test_score": row.get("score"), "test_share": row.get("share_of_ft")})
-    return out
+    by_name = {r.model: r for r in rows}
+    targets = []
+    for t in summary.targets:
+        row = by_name.get(t.label)
+        targets.append(dataclasses.replace(t, tested=True, test_score=row.score if row else None,
+                                           test_share=row.share_of_ft if row else None))
+    return dataclasses.replace(summary, targets=targets)
 
 
-def keep_line(t: dict) -> str:
-    """One console line (rich markup) for a keep target of :func:`keep_section`: size, shares, bound, cost, note."""
+def keep_line(t: KeepTarget | dict) -> str:
+    """One console line (rich markup) for a keep target of :func:`keep_section` (or its written columns, as a
+    routed merge's summary holds them): size, shares, bound, cost, note."""
     from rich.markup import escape  # noqa: PLC0415
 
-    size = t["size"] if t["reached"] else t["best_size"]
-    label = keep_label(t["target"], t.get("kind", "share"))
-    head = (f"{label}: {size:,} params ({size / t['universe']:.2e})" if t["reached"] else
-            f"{label}: [yellow]not reached[/] by any size; best {t['best_share']:.3f} at {size:,}")
-    method = f", {t['bound_method']} bound" if t.get("bound_method") else ""
-    bound = ("" if t.get("bound") is None else
-             f", {t['confidence']:.0%} lower bound {t['bound']:.3f} on {t['selection_rows']} rows{method}")
-    agree = t.get("kind", "share") == "agreement"
-    test = ("" if t.get("test_share") is None or agree else f", test share {t['test_share']:.3f}")
-    note = f"\n  {escape(t['note'])}" if t.get("note") else ""
+    t = t if isinstance(t, KeepTarget) else KeepTarget.from_columns(t)
+    size = t.shown_size
+    head = (f"{t.label}: {size:,} params ({size / t.universe:.2e})" if t.reached else
+            f"{t.label}: [yellow]not reached[/] by any size; best {t.best_share:.3f} at {size:,}")
+    method = f", {t.bound_method} bound" if t.bound_method else ""
+    bound = ("" if t.bound is None else
+             f", {t.confidence:.0%} lower bound {t.bound:.3f} on {t.selection_rows} rows{method}")
+    agree = t.kind == "agreement"
+    test = ("" if t.test_share is None or agree else f", test share {t.test_share:.3f}")
+    note = f"\n  {escape(t.note)}" if t.note else ""
     what = "agreement with FT" if agree else "selection share"
-    return (f"{head}, {what} {t['selection_share'] or t['best_share']:.3f}{bound}{test} "
-            f"| {t['probe_count']} probes, {t['search_seconds']:.0f} s{note}")
+    return (f"{head}, {what} {t.selection_share or t.best_share:.3f}{bound}{test} "
+            f"| {t.probe_count} probes, {t.search_seconds:.0f} s{note}")
 
 
-def keep_markdown(section: dict) -> list[str]:
+def keep_markdown(section: KeepSummary) -> list[str]:
     """Report lines: per target the size found, its selection share, bound and test share, and what the search cost."""
-    conf = section.get("confidence")
+    conf = section.confidence
     lines = ["", "## Keep targets", "",
-             f"Selection split: {section['selection']}. Each target's region is the smallest probed size of the "
+             f"Selection split: {section.selection}. Each target's region is the smallest probed size of the "
              "localizer's nested family whose share of FT's selection score reaches the target "
              + (f"{bound_prose(conf)}." if conf is not None else
                 "(point estimate; galloping ×4, then bisection on a log scale)."), "",
@@ -273,19 +360,19 @@ def keep_markdown(section: dict) -> list[str]:
              "| probes | search s |",
              "|---:|:---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     notes = []
-    for t in section["targets"]:
-        size = t["size"] if t["reached"] else t["best_size"]
-        sel = t["selection_share"] if t["reached"] else t["best_share"]
-        test = "-" if t.get("test_share") is None else f"{t['test_share']:.3f}"
-        bound = "-" if t.get("bound") is None else f"{t['bound']:.3f}"
-        point = "-" if t.get("point_size") is None else f"{t['point_size']:,}"
-        reached = "yes" if t["reached"] else "**no** (best reached shown)"
-        name = f"{t['target']:g}" if t.get("kind", "share") == "share" else f"agreement {t['target']:g}"
-        lines.append(f"| {name} | {reached} | {size:,} | {size / t['universe']:.2e} | {sel:.3f} | {bound} | "
-                     f"{test} | {point} | {t['probe_count']} | {t['search_seconds']:.0f} |")
-        if t.get("note"):
-            notes.append(f"- {keep_label(t['target'], t.get('kind', 'share'))}: {t['note']}.")
-    methods = sorted({t["bound_method"] for t in section["targets"] if t.get("bound_method")})
+    for t in section.targets:
+        size = t.shown_size
+        sel = t.selection_share if t.reached else t.best_share
+        test = "-" if t.test_share is None else f"{t.test_share:.3f}"
+        bound = "-" if t.bound is None else f"{t.bound:.3f}"
+        point = "-" if t.point_size is None else f"{t.point_size:,}"
+        reached = "yes" if t.reached else "**no** (best reached shown)"
+        name = f"{t.target:g}" if t.kind == "share" else f"agreement {t.target:g}"
+        lines.append(f"| {name} | {reached} | {size:,} | {size / t.universe:.2e} | {sel:.3f} | {bound} | "
+                     f"{test} | {point} | {t.probe_count} | {t.search_seconds:.0f} |")
+        if t.note:
+            notes.append(f"- {t.label}: {t.note}.")
+    methods = sorted({t.bound_method for t in section.targets if t.bound_method})
     if methods:
         from skillgraft.graft.bound import BOUND_NAMES  # noqa: PLC0415
 
@@ -294,7 +381,7 @@ def keep_markdown(section: dict) -> list[str]:
 
 
 def keep_graft(setup: Setup, store, localizer: str, options: Spec, keep: KeepSpec, meta: dict | None = None, *,
-               progress: bool = False) -> tuple[object, dict]:
+               progress: bool = False) -> tuple[object, KeepTarget]:
     """The graft of ``keep``'s one target (``skillgraft merge --routed --keep τ``): the region :func:`keep_results`
     finds on the same selection split as ``skillgraft graft --keep`` (the setup's dev rows, never its test rows),
     θ_pre + γ ⊙ (θ_ft − θ_pre) on it, and that target's search result (with the selection note). Needs θ_ft
@@ -302,8 +389,9 @@ def keep_graft(setup: Setup, store, localizer: str, options: Spec, keep: KeepSpe
     from skillgraft.graft.graft import Graft  # noqa: PLC0415
 
     regions, summary = keep_results(setup, store, localizer, options, keep, progress=progress)
-    (target,) = summary["targets"]
+    (target,) = summary.targets
     region = regions[target_key(target)]
-    meta = {"task": setup.task, "mode": setup.pre.mode, "localizer": localizer, "keep": target["target"],
-            "keep_confidence": summary.get("confidence"), **(meta or {})}
-    return Graft.from_models(setup.pre, setup.ft, region, meta), {**target, "selection": summary["selection"]}
+    meta = {"task": setup.task, "mode": setup.pre.mode, "localizer": localizer, "keep": target.target,
+            "keep_confidence": summary.confidence, **(meta or {})}
+    return Graft.from_models(setup.pre, setup.ft, region, meta), dataclasses.replace(target,
+                                                                                     selection=summary.selection)

@@ -17,6 +17,7 @@ seed × sparsity), ``summary.csv``, ``heatmap.png``, ``tracking.csv``, ``trackin
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -28,6 +29,7 @@ from skillgraft.data.tasks import get_task
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.plots import save_figure
 from skillgraft.evaluate.predict import evaluate
+from skillgraft.evaluate.rows import Row
 from skillgraft.fisher import FisherConfig
 from skillgraft.graft import Budget, Graft, LocalizeConfig, Region, get_localizer, localize
 from skillgraft.graft.inspect import kind_of
@@ -96,6 +98,44 @@ class FishSpec(ExperimentSpec, SeedsMixin):
         return self
 
 
+@dataclass
+class GraftScore:
+    """A region's graft on the test rows: its score and ECE."""
+
+    score: float
+    ece: float
+
+
+@dataclass
+class FishRow(Row):
+    """One task × seed × sparsity of fish.csv: the learned region, FISH's and a random one of the same size, their
+    sizes, overlaps with the learned region and scores."""
+
+    task: str
+    seed: int
+    sparsity: float
+    learned_size: int
+    fish_size: int
+    random_size: int
+    iou_fish_learned: float
+    iou_random_learned: float
+    learned: GraftScore
+    fish: GraftScore
+    random: GraftScore
+
+    def columns(self) -> dict:
+        out = {"task": self.task, "seed": self.seed, "sparsity": self.sparsity, "learned_size": self.learned_size,
+               "fish_size": self.fish_size, "random_size": self.random_size,
+               "iou_fish_learned": self.iou_fish_learned, "iou_random_learned": self.iou_random_learned}
+        for name in TRIO:
+            scored = getattr(self, name)
+            out |= {f"{name}_score": scored.score, f"{name}_ece": scored.ece}
+        return out
+
+
+TRIO = ("learned", "fish", "random")  # the regions a FishRow compares, in its columns' order
+
+
 @recipe("fish", FishSpec)
 def fish(spec: FishSpec, run: RunDir) -> dict:
     sparsities = spec.sparsities
@@ -119,27 +159,25 @@ def fish(spec: FishSpec, run: RunDir) -> dict:
                                               progress=spec.progress)
             t_fish = time.perf_counter() - t0
             variants, trios = base_variants(setup), []
+            n_base = len(variants)
             for sp in sparsities:
                 region = learned[Budget.parse(sp)]
                 n = len(region)
-                trio = {"learned": region, "fish": fish_regions[Budget.parse(n)],
-                        "random": get_localizer("random").region(setup.pre, setup.ft, None, n, {"seed": seed})}
+                trio = dict(zip(TRIO, (region, fish_regions[Budget.parse(n)],
+                                       get_localizer("random").region(setup.pre, setup.ft, None, n, {"seed": seed}))))
                 variants += [graft_variant(setup, r, sp, name=f"{name} @ {sp:g}") for name, r in trio.items()]
                 trios.append((sp, trio))
-            scored, _ = compare(setup, variants)
-            by = {r["model"]: r for r in scored}
-            head_only = by.get("head only", by["pre-trained"])
-            base_rows.append({"task": setup.task, "seed": seed, "ft_score": by["fine-tuned"]["score"],
-                              "ft_ece": by["fine-tuned"]["ece"], "head_only_score": head_only["score"]})
+            scored, _ = compare(setup, variants)  # one row per variant, in their order
+            kinds = {r.kind: r for r in scored if r.kind in ("ft", "head-only", "pre")}
+            ft, head_only = kinds["ft"], kinds.get("head-only", kinds["pre"])
+            base_rows.append({"task": setup.task, "seed": seed, "ft_score": ft.score, "ft_ece": ft.metrics["ece"],
+                              "head_only_score": head_only.score})
+            grafts = iter(scored[n_base:])  # the trios' rows, in order
             for sp, trio in trios:
                 region, fish_r, rand_r = trio["learned"], trio["fish"], trio["random"]
-                row = {"task": setup.task, "seed": seed, "sparsity": sp, "learned_size": len(region),
-                       "fish_size": len(fish_r), "random_size": len(rand_r), "iou_fish_learned": fish_r.iou(region),
-                       "iou_random_learned": rand_r.iou(region)}
-                for name in trio:
-                    m = by[f"{name} @ {sp:g}"]
-                    row[f"{name}_score"], row[f"{name}_ece"] = m["score"], m["ece"]
-                rows.append(row)
+                got = {name: GraftScore(r.score, r.metrics["ece"]) for name, r in zip(TRIO, grafts)}
+                rows.append(FishRow(setup.task, seed, sp, len(region), len(fish_r), len(rand_r), fish_r.iou(region),
+                                    rand_r.iou(region), **got))
                 if task in map_tasks and seed == spec.seeds[0] and sp == map_sparsity:
                     regions_for_maps[f"{setup.task} learned"] = (setup.pre, region)
                     regions_for_maps[f"{setup.task} FISH"] = (setup.pre, fish_r)

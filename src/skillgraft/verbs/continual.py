@@ -17,7 +17,6 @@ from skillgraft.graft.region import Region
 from skillgraft.io import check_apart, roll_back, sibling
 from skillgraft.locking import locked
 from skillgraft.models.spec import MAX_LENGTH, ModelSpec
-from skillgraft.pipeline.continual import STATE_FILE, ContinualLearner, task_region
 from skillgraft.pipeline.setup import prepare
 from skillgraft.pipeline.store import Store
 from skillgraft.train.finetune import FinetuneConfig
@@ -62,6 +61,8 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
     ``LocalizeConfig()``). After training, every learned task is evaluated on its test split (the DataSpec's
     seeded subset) with its own union graft, and the state is saved atomically.
     """
+    from skillgraft.pipeline.continual import STATE_FILE, ContinualLearner, task_region  # noqa: PLC0415 - torch
+
     def draw(name: str, k: int, seed: int) -> DataSpec:
         return DataSpec.build({"task": name, "k": k, "seed": seed, "data_dir": data_dir, "test_limit": test_limit},
                               where="continual add")
@@ -126,7 +127,7 @@ def read_state(state: str | os.PathLike) -> dict:
     """``skillgraft continual show``: the state's ``continual.json`` (one line if ``state`` is not a state folder)."""
     from skillgraft.untrusted import read_json  # noqa: PLC0415
 
-    from skillgraft.pipeline.continual import checked_entries  # noqa: PLC0415
+    from skillgraft.pipeline.continual import STATE_FILE, checked_entries  # noqa: PLC0415
 
     state = Path(state)
     roll_back(state)

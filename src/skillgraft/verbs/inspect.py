@@ -6,6 +6,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from skillgraft.graft.inspect import Comparison, Distribution
 
 
 @dataclass
@@ -14,7 +18,7 @@ class InspectResult:
 
     graft: object  # skillgraft.graft.Graft
     file_bytes: int
-    distribution: dict
+    distribution: Distribution
     out: Path
     other: object | None = None  # the --compare graft's Region
 
@@ -26,16 +30,15 @@ class InspectResult:
                f"({size / max(1, g.size):.1f} bytes/parameter); base {g.base_model} [{g.base_fingerprint[:12]}]"]
         if self.other is not None:
             c = self.comparison()
-            out.append(f"vs {compare}: shared {c['shared']:,}; overlap |A∩B|/|B| {c['overlap']:.4f}; "
-                       f"|A∩B|/|A| {c['overlap_of_self']:.4f}; IoU {c['iou']:.4f}")
+            out.append(f"vs {compare}: shared {c.shared:,}; overlap |A∩B|/|B| {c.overlap:.4f}; "
+                       f"|A∩B|/|A| {c.overlap_of_self:.4f}; IoU {c.iou:.4f}")
         return out
 
-    def comparison(self) -> dict | None:
+    def comparison(self) -> Comparison | None:
         """The graft (A) against the ``--compare`` one (B): shared coordinates, |A∩B|/|B|, |A∩B|/|A|, IoU."""
-        if self.other is None:
-            return None
-        a, b = self.graft.region, self.other
-        return {"shared": len(a & b), "overlap": a.overlap(b), "overlap_of_self": b.overlap(a), "iou": a.iou(b)}
+        from skillgraft.graft.inspect import Comparison  # noqa: PLC0415
+
+        return None if self.other is None else Comparison.of(self.graft.region, self.other)
 
     def document(self, graft_dir, compare=None) -> dict:
         """What ``--json`` prints: size, density, base, distribution, output folder (and the comparison)."""

@@ -5,13 +5,15 @@ Writes ``sweep.csv`` and ``sweep.png`` (and, with ``--frontier``, the share-vs-d
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from skillgraft.data.spec import DataSpec
 from skillgraft.evaluate.plots import save_figure
+from skillgraft.evaluate.rows import Row
 from skillgraft.graft.localizers import LocalizeConfig, get_localizer
 from skillgraft.graft.selection import Budget
 from skillgraft.pipeline.regions import learned_regions
@@ -21,6 +23,9 @@ from skillgraft.pipeline.variants import base_variants, compare, graft_variant
 from skillgraft.spec import Spec
 from skillgraft.verbs import converts_into_store
 from skillgraft.verbs.graft import BASELINE_LABELS, baseline_options
+
+if TYPE_CHECKING:
+    from skillgraft.pipeline.frontier import FrontierResult
 
 LEARNED_MAX = 1e-2  # learned regions beyond this size are top-movement in all but name
 
@@ -35,8 +40,25 @@ class SweepSpec(Spec):
                                   description="score-based localizers drawn at every level")
 
 
+@dataclass
+class SweepRow(Row):
+    """One (localizer, level) point of a sweep, read as its sweep.csv / ``--json`` columns."""
+
+    localizer: str
+    level: float | str  # the level's fraction, or its label (a count)
+    params: int
+    score: float
+    ece: float
+    agreement: float
+    ft_score: float
+
+    def columns(self) -> dict:
+        return {"localizer": self.localizer, "level": self.level, "params": self.params, "score": self.score,
+                "ece": self.ece, "agreement": self.agreement, "ft_score": self.ft_score}
+
+
 def sweep_report(setup: Setup, run: RunDir, sweep: SweepSpec | None = None, localize: LocalizeConfig | None = None,
-                 *, progress: bool = True) -> list[dict]:
+                 *, progress: bool = True) -> list[SweepRow]:
     """Test score of every localizer's region at each level; writes ``sweep.csv`` and ``sweep.png``."""
     sweep = sweep or SweepSpec()
     localize = localize or LocalizeConfig()
@@ -57,21 +79,20 @@ def sweep_report(setup: Setup, run: RunDir, sweep: SweepSpec | None = None, loca
             variants.append(graft_variant(setup, region, level, name=f"{name} {level.label}", kind="graft"))
             points.append((name, level))
     rows, _ = compare(setup, variants, progress=progress)
-    ft_score = rows[0]["score"]
-    out = [{"localizer": name, "level": level.fraction if level.fraction is not None else level.label,
-            "params": r["params"], "score": r["score"], "ece": r["ece"], "agreement": r["agreement"],
-            "ft_score": ft_score} for (name, level), r in zip(points, rows[1:])]
+    ft_score = rows[0].score
+    out = [SweepRow(name, level.fraction if level.fraction is not None else level.label, r.params, r.score,
+                    r.metrics["ece"], r.metrics["agreement"], ft_score) for (name, level), r in zip(points, rows[1:])]
     write_csv(run.file("sweep.csv"), out)
     _sweep_plot(out, ft_score, run.file("sweep.png"), setup.task)
     return out
 
 
-def _sweep_plot(rows: list[dict], ft_score: float, path: Path, task: str) -> None:
+def _sweep_plot(rows: list[SweepRow], ft_score: float, path: Path, task: str) -> None:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(6, 3.8))
-    for name in dict.fromkeys(r["localizer"] for r in rows):
-        pts = sorted((float(r["level"]), r["score"]) for r in rows if r["localizer"] == name)
+    for name in dict.fromkeys(r.localizer for r in rows):
+        pts = sorted((float(r.level), r.score) for r in rows if r.localizer == name)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=name)
     ax.axhline(ft_score, color="k", ls="--", lw=1, label="fine-tuned")
     ax.set_xscale("log")
@@ -87,8 +108,8 @@ class SweepResult:
     """What ``skillgraft sweep`` wrote: its folder, one row per (localizer, level), the frontier if asked."""
 
     out: Path
-    rows: list[dict]
-    found: dict = field(default_factory=dict)  # {"frontier": …} with --frontier
+    rows: list[SweepRow]
+    frontier: FrontierResult | None = None  # with --frontier
 
 
 @converts_into_store
@@ -104,12 +125,12 @@ def sweep(finetuned: str | os.PathLike, spec: SweepSpec | None = None, localize:
     out = check_target(Path(out) if out is not None else Path(finetuned) / "sweep", overwrite,
                        {"--cache": Store(cache).root, "--finetuned": finetuned, "--data-dir": data.data_dir})
     setup = from_run(finetuned, data_dir=data.data_dir, test_limit=data.test_limit)
-    found: dict = {}
+    found = None
     with atomic_dir(out, overwrite=overwrite) as tmp:
         run = RunDir(tmp, Store(cache))
         rows = sweep_report(setup, run, spec, localize)
         if frontier is not None and frontier.frontier:
             from skillgraft.pipeline.frontier import frontier_report  # noqa: PLC0415
 
-            found["frontier"] = frontier_report(setup, run, frontier, "learned", localize)
+            found = frontier_report(setup, run, frontier, "learned", localize)
     return SweepResult(out, rows, found)
