@@ -52,7 +52,7 @@ def test_keep_options_without_keep_are_refused_before_any_work(extra, named, ft_
     (tmp_path / "sel.jsonl").write_text('{"text": "fine", "label": "1"}\n')
     extra = [str(x).replace("{tmp}", str(tmp_path)) for x in extra]
     refused(tmp_path, ["graft", "--finetuned", ft_run, "--out", tmp_path / "g", "--data-dir", toy_data, *extra],
-            *named, "only --keep starts")
+            *named, "only --keep or --keep-agreement starts")
 
 
 @pytest.mark.parametrize("extra, named", [
