@@ -132,6 +132,8 @@ acc.end_training()
 """
 
 
+@pytest.mark.slow  # two launched processes (~14 s); multi-process launching stays in make test through the sharded
+# localization tests (tests/test_scale.py, tests/test_resume_sharded.py)
 def test_two_process_accelerate_matches_one(tiny_bert, toy_data, tmp_path):
     """`accelerate launch --num_processes 2 --cpu` gives the same weights as one process (atol 1e-5)."""
     script = tmp_path / "ddp.py"
