@@ -421,6 +421,7 @@ def test_head_mode_export_is_marked_incomplete(tiny_bert, tmp_path):
 
 
 @pytest.mark.real
+@pytest.mark.slow  # the same path on tiny classifiers trained by plain transformers runs in make test (`pairs`)
 def test_real_minilm_sst2_classifier_fine_tuned_by_plain_transformers(shared_data, tmp_path):
     """MiniLM fine-tuned on 32 SST-2 examples by plain transformers code, grafted from the CLI, exported and
     reloaded with AutoModelForSequenceClassification."""

@@ -390,7 +390,7 @@ def _from_cells(counts) -> tuple[Outcome, Outcome]:
 def rows_needed_paired(graft: Outcome, ft: Outcome, target: float, confidence: float) -> int | None:
     """Selection rows that would let :func:`paired_test` confirm ``target`` if the rows kept their proportions: the
     test itself run on the cell counts scaled to m rows (doubling, then bisection), up to PAIRED_ROWS_EXACT rows;
-    above, a normal approximation of the paired statistic at the test's risk. To about 10 % (the bisection's last
+    above, a normal approximation of the paired statistic at the test's risk. To about 25 % (the bisection's last
     bracket; the upper end is returned). None when the point share
     (x_r + x_w)/n_r is not above the target; the rows at hand when they already confirm it."""
     from scipy.stats import norm  # noqa: PLC0415
@@ -414,9 +414,9 @@ def rows_needed_paired(graft: Outcome, ft: Outcome, target: float, confidence: f
     while hi <= PAIRED_ROWS_EXACT and not passes(hi):
         lo, hi = hi, 2 * hi
     if hi <= PAIRED_ROWS_EXACT:
-        # to 10 % (an estimate for a report line; each new row count under PAIRED_MAX_ROWS builds its own n³/6
-        # outcome lattice, so the probes are multiples of 8, shared by the searches of one run)
-        while hi - lo > max(8, lo // 10):
+        # to 25 % (an estimate for a report line; each new row count under PAIRED_MAX_ROWS builds its own n³/6
+        # outcome lattice, so the probes are few and multiples of 8, shared by the searches of one run)
+        while hi - lo > max(8, lo // 4):
             mid = (lo + hi) // 16 * 8
             if not lo < mid < hi:
                 break
