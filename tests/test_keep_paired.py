@@ -99,7 +99,7 @@ def test_rows_needed_paired():
     assert rows_needed_paired(*_cells(5, 95, 14, 14), 0.99, 0.95) is None  # share 0.91 < 0.99: no rows would
 
 
-def _family(n: int = 120, seed: int = 0):
+def _family(n: int = 96, seed: int = 0):
     """Sizes 1 … 2^16 on n rows: FT right on 85 %; the graft agrees with FT more as it grows, and is right on
     half of FT's wrong rows where it disagrees."""
     rng = np.random.default_rng(seed)
