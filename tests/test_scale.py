@@ -357,6 +357,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # two launched processes (~12 s); make test keeps the two-process sharded localization through
+# tests/test_resume_sharded.py (its regions equal one process's, bit for bit)
 def test_two_process_fsdp2_localization_matches_one(tiny_models, data, toy_data, tmp_path):
     """`accelerate launch` with configs/fsdp2-cpu.yaml (2 CPU processes, gloo): each rank keeps its shards'
     candidates only, budgets by the distributed top-k; the regions equal the single-process ones. 9 training
