@@ -128,3 +128,17 @@ def test_continual_add_reads_its_defaults_from_the_verb():
     cli = inspect.signature(continual_add_cmd).parameters
     for name in ("k", "seed", "mode", "init"):
         assert cli[name].default.default == verb[name].default, name
+
+
+def test_demo_defaults_are_the_recipe_s():
+    """`skillgraft demo`'s --out and --seed defaults are run_demo's (one source: skillgraft.spec's DEMO_OUT/SEED)."""
+    import inspect
+    from pathlib import Path
+
+    from skillgraft.cli.commands import demo
+    from skillgraft.recipes.graft import DEMO, run_demo
+
+    cli = inspect.signature(demo).parameters
+    verb = inspect.signature(run_demo).parameters
+    assert cli["out"].default.default == Path(verb["out"].default)
+    assert cli["seed"].default.default == verb["seed"].default == DEMO.seed

@@ -32,6 +32,7 @@ S = TypeVar("S", bound="Spec")
 SEED_MAX = 2**32 - 1   # NumPy's RandomState and torch.manual_seed take seeds in [0, 2**32 - 1]
 COUNT_MAX = 2**31 - 1  # sizes, limits, steps, batch sizes, max lengths: an int32
 MAX_LENGTH = 128  # max tokens per example: the one default of every verb, recipe and scorer (models/spec.py's)
+DEMO_OUT, DEMO_SEED = "runs/demo", 42  # `skillgraft demo` / `make demo`: its folder and data seed (recipes/graft.py)
 FLOAT_MAX = 3.4e38     # learning rates, penalties, weight decay: what float32 optimizer state can hold
 Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
 

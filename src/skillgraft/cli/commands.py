@@ -36,7 +36,7 @@ from skillgraft.models.spec import MAX_LENGTH, ModelSpec
 from skillgraft.pipeline.frontier import FrontierSpec
 from skillgraft.verbs.graft import ReportSpec
 from skillgraft.verbs.sweep import SweepSpec
-from skillgraft.spec import COUNT_MAX, SEED_MAX
+from skillgraft.spec import COUNT_MAX, DEMO_OUT, DEMO_SEED, SEED_MAX
 from skillgraft.train.config import FinetuneConfig
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -426,8 +426,8 @@ def _injected(name: str):
 @app.command()
 @model_verb
 def demo(
-    out: Path = typer.Option(Path("runs/demo"), help="demo folder (replaced whole when the run is complete)"),
-    seed: int = typer.Option(42, min=0, max=SEED_MAX, help="data seed"),
+    out: Path = typer.Option(Path(DEMO_OUT), help="demo folder (replaced whole when the run is complete)"),
+    seed: int = typer.Option(DEMO_SEED, min=0, max=SEED_MAX, help="data seed"),
     data_dir: Optional[Path] = DataDir,
     cache: Optional[Path] = Cache,
 ) -> None:

@@ -13,7 +13,7 @@ from skillgraft.graft.localizers import LocalizeConfig
 from skillgraft.pipeline.regions import localizer_options
 from skillgraft.pipeline.report import RunDir
 from skillgraft.recipes.base import RECIPES, ExperimentSpec, recipe, run_spec
-from skillgraft.spec import SEED_MAX
+from skillgraft.spec import DEMO_OUT, DEMO_SEED, SEED_MAX
 from skillgraft.train import FinetuneConfig
 from skillgraft.verbs.graft import ReportSpec, graft_report
 
@@ -50,13 +50,14 @@ def graft_recipe(spec: GraftRecipeSpec, run: RunDir) -> dict:
 # the store (``runs/cache`` by default): a second run finds the fine-tuned model and the regions there and only
 # re-scores and re-writes the report, which replaces ``runs/demo`` whole when complete.
 DEMO = GraftRecipeSpec(
-    recipe="graft", task="SST-2", k=64, seed=42, progress=True,
+    recipe="graft", task="SST-2", k=64, seed=DEMO_SEED, progress=True,
     finetune=FinetuneConfig(optimizer="sgd", lr=0.1, batch_size=8, steps=400, eval_every=100),
     localize=LocalizeConfig(sparsity=1e-4, steps=50, budgets=[1e-4, 3e-4, 1e-3], eval_every=10),
 )
 
 
-def run_demo(out: str | os.PathLike = "runs/demo", *, seed: int = 42, data_dir: str | os.PathLike | None = None,
+def run_demo(out: str | os.PathLike = DEMO_OUT, *, seed: int = DEMO_SEED,
+             data_dir: str | os.PathLike | None = None,
              cache: str | os.PathLike | None = None) -> Path:
     """Run (or resume) the demo; returns the path of ``report.md``."""
     spec = DEMO.replace(seed=seed, data_dir=data_dir)
