@@ -372,6 +372,11 @@ def atomic_files(folder: str | os.PathLike) -> Iterator[Path]:
         crash_point("dir-renamed", folder)
 
 
+# errnos meaning "this file system cannot": hard links / a mirror of the folder, an atomic exchange of two folders
+_NO_LINKS = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS)
+_NO_EXCHANGE = (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EBUSY)
+
+
 def _swap_in(tmp: Path, folder: Path) -> bool:
     """Put ``tmp``'s files into ``folder`` by exchanging ``folder`` with a hard-linked mirror of it that holds them
     (one rename); False, ``folder`` untouched, where that cannot be done here."""
@@ -380,27 +385,25 @@ def _swap_in(tmp: Path, folder: Path) -> bool:
     if target == cwd or target in cwd.parents:
         return False  # the shell's current folder would become the deleted old one
     mirror = tmp / ".mirror"
-    try:
+
+    def mirrored() -> None:
         _link_tree(folder, mirror)
         for f in tmp.iterdir():
             if f != mirror:
                 _remove(mirror / f.name)
                 os.link(f, mirror / f.name)  # linked, not moved: tmp keeps them should this not be done
         os.chmod(mirror, os.stat(folder).st_mode & 0o7777)
-    except OSError as e:
-        if e.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
-            _restore(tmp, mirror)
-            return False
-        raise
-    crash_point("dir-mirrored", folder)
-    try:
-        exchange(mirror, folder)
-    except OSError as e:
-        if e.errno in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EBUSY):
-            _restore(tmp, mirror)
-            return False
-        raise
-    crash_point("dir-exchanged", folder)
+
+    for step, point, unsupported in ((mirrored, "dir-mirrored", _NO_LINKS), (lambda: exchange(mirror, folder),
+                                                                             "dir-exchanged", _NO_EXCHANGE)):
+        try:
+            step()
+        except OSError as e:
+            if e.errno in unsupported:  # not possible here: the caller moves the files one by one instead
+                _restore(tmp, mirror)
+                return False
+            raise
+        crash_point(point, folder)
     _remove(mirror)  # the old folder, now beside; its files live on in the new one
     return True
 
