@@ -144,3 +144,12 @@ def tiny_adapter(tiny_graft, tiny_bert, tmp_path_factory):
     out = tmp_path_factory.mktemp("adapter") / "a"
     assert _invoke("export", tiny_graft, "--model", tiny_bert, "--to", "peft", "--out", out).exit_code == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma(tmp_path_factory) -> Path:
+    """A tiny random Gemma 3 written as an unquantized GGUF file (the path `gemma-3-270m` takes)."""
+    from tiny import write_tiny_gguf  # noqa: PLC0415
+
+    path, _ = write_tiny_gguf(tmp_path_factory.mktemp("gemma-gguf") / "tiny-gemma.gguf", quantize=None, layers=4)
+    return path

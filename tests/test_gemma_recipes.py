@@ -17,17 +17,11 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft import Budget
 from skillgraft.recipes import run_recipe
 from skillgraft.recipes import load_recipe
-from tiny import write_imdb_test, write_sentiment_data, write_tiny_gguf, write_topic_data
+from tiny import write_imdb_test, write_sentiment_data, write_topic_data
 
 ROOT = Path(__file__).resolve().parents[1]
 GEMMA = sorted((ROOT / "bench" / "fidelity").glob("gemma-*.yaml"))
 SCALE = 100  # budgets × SCALE: a tiny body of ~50k parameters holds a region of every size
-
-
-@pytest.fixture(scope="module")
-def tiny_gemma(tmp_path_factory) -> Path:
-    path, _ = write_tiny_gguf(tmp_path_factory.mktemp("gemma-gguf") / "tiny-gemma.gguf", quantize=None, layers=4)
-    return path
 
 
 @pytest.fixture(scope="module")

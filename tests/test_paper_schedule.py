@@ -14,15 +14,9 @@ from skillgraft.pipeline.grid import GridSpec, _pick
 from skillgraft.recipes import run_recipe
 from skillgraft.recipes import load_recipe
 from skillgraft.train.config import FinetuneConfig
-from tiny import write_sentiment_data, write_tiny_gguf
+from tiny import write_sentiment_data
 
 RECIPE = Path(__file__).resolve().parents[1] / "bench" / "fidelity" / "gemma-schedule-64.yaml"
-
-
-@pytest.fixture(scope="module")
-def gemma(tmp_path_factory) -> Path:
-    path, _ = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-gemma.gguf", quantize=None, layers=2)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +39,10 @@ def _ft_entries(cache: Path) -> list[str]:
     return sorted(p.name for p in cache.iterdir() if p.name.startswith("ft-"))
 
 
-def test_full_grid_chooses_on_dev_and_grafts_the_chosen_run(gemma, data, tmp_path):
+def test_full_grid_chooses_on_dev_and_grafts_the_chosen_run(tiny_gemma, data, tmp_path):
     """The paper's shape (every point on the full schedule): the chosen point is Table 2's fine-tuning itself."""
     grid = {"batch_sizes": [2, 4], "lrs": [1e-2, 1e-3]}
-    over = overrides(gemma, data, grid)
+    over = overrides(tiny_gemma, data, grid)
     out = run_recipe(RECIPE, tmp_path / "run", overrides=over, cache=tmp_path / "cache")
     metrics = json.loads((out / "metrics.json").read_text())
     points = metrics["grid_rows"]
@@ -75,13 +69,13 @@ def test_full_grid_chooses_on_dev_and_grafts_the_chosen_run(gemma, data, tmp_pat
     assert (out / "grid.csv").read_text().count("\n") == 5
 
 
-def test_screened_grid_resumes_from_the_store(gemma, data, tmp_path, monkeypatch):
+def test_screened_grid_resumes_from_the_store(tiny_gemma, data, tmp_path, monkeypatch):
     """A run stopped after its fine-tunings resumes there: the second run trains nothing and reports the same grid."""
     import skillgraft.pipeline.setup as setup_mod
     import skillgraft.recipes.paper as paper_mod
 
     grid = {"batch_sizes": [2], "lrs": [1e-2, 1e-3], "steps": 3, "eval_every": 1, "test_limit": 4}
-    over = overrides(gemma, data, grid)
+    over = overrides(tiny_gemma, data, grid)
     real = paper_mod.learned_regions
 
     def stop(*args, **kwargs):
@@ -129,7 +123,7 @@ def test_bad_grid_is_one_line_naming_the_field(grid, field):
     assert field in str(e.value) and str(RECIPE) in str(e.value) and "\n" not in str(e.value).strip()
 
 
-def test_the_bench_runner_cell_by_cell(gemma, data, tmp_path):
+def test_the_bench_runner_cell_by_cell(tiny_gemma, data, tmp_path):
     """bench/gemma_paper_schedule.py on the recipe file: --finetune-only (grid, full fine-tuning, zero-shot), --status
     from the store without training, then the cell's grafts and report."""
     import sys
@@ -137,7 +131,7 @@ def test_the_bench_runner_cell_by_cell(gemma, data, tmp_path):
     sys.path.insert(0, str(RECIPE.parents[1]))
     import gemma_paper_schedule as runner
 
-    over = {**overrides(gemma, data, {"batch_sizes": [2], "lrs": [1e-2, 1e-3], "steps": 2, "eval_every": 1,
+    over = {**overrides(tiny_gemma, data, {"batch_sizes": [2], "lrs": [1e-2, 1e-3], "steps": 2, "eval_every": 1,
                                       "test_limit": 4}), "cache_dir": str(tmp_path / "cache")}
     args = [str(RECIPE), "--override", json.dumps(over), "--out", str(tmp_path / "runs")]
     assert runner.main([*args, "--finetune-only"]) == 0
