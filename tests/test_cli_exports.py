@@ -9,7 +9,6 @@ import torch
 from typer.testing import CliRunner
 
 from skillgraft.cli import app
-from test_merge import classifiers  # noqa: F401 - the two tiny classifiers of one base (a fixture)
 
 runner = CliRunner()
 

@@ -6,7 +6,6 @@ import pytest
 from typer.testing import CliRunner
 
 from skillgraft.cli import app
-from test_merge import classifiers  # noqa: F401 - the two tiny classifiers of one base (a fixture)
 
 runner = CliRunner()
 

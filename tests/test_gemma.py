@@ -208,11 +208,12 @@ def test_a_graft_report_of_a_gguf_pair_names_the_quantization(tiny_gguf, toy_dat
     cli("export", tmp_path / "g" / "grafts" / "budget-0.01", "--to", "peft", "--out", tmp_path / "adapter")
     base = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
     assert base == str(Path(model_reference(str(tiny_gguf["q8"])).path).resolve())
-    reader = ("import sys, peft; m = peft.AutoPeftModelForCausalLM.from_pretrained(sys.argv[1]); "
-              "assert not any(k.startswith('skillgraft') for k in sys.modules); print(type(m.base_model.model).__name__)")
-    out = subprocess.run([sys.executable, "-c", reader, str(tmp_path / "adapter")], capture_output=True, text=True,
-                         check=True).stdout
-    assert out.strip() == "Gemma3ForCausalLM"
+    # (in this process: test_peft_adapter_reads_with_plain_peft_in_a_fresh_interpreter reads a Gemma adapter in a
+    # fresh interpreter without skillgraft and compares its logits)
+    import peft
+
+    m = peft.AutoPeftModelForCausalLM.from_pretrained(str(tmp_path / "adapter"))
+    assert type(m.base_model.model).__name__ == "Gemma3ForCausalLM"
 
 
 def _bad(tmp_path, name: str, data: bytes):

@@ -59,9 +59,10 @@ def _models(spec) -> list[str]:
     return ["pre-trained", "fine-tuned"] + [f"{loc.title} {b.label}" for loc in spec.localizers for b in spec.budgets]
 
 
-# table2-b and -c are table2-a's recipe on other tasks: they run under SKILLGRAFT_SLOW=1 (every file still validates
-# in make test, below)
-_SAME_AS_TABLE2_A = {"gemma-table2-b", "gemma-table2-c"}
+# Run under SKILLGRAFT_SLOW=1 only (every file still validates in make test, below): table2-b and -c are table2-a's
+# recipe on other tasks; gemma-schedule-64 runs end to end in make test through its own runner
+# (tests/test_paper_schedule.py::test_the_bench_runner_cell_by_cell).
+_RUN_ELSEWHERE = {"gemma-table2-b", "gemma-table2-c", "gemma-schedule-64"}
 
 
 def test_every_gemma_recipe_validates():
@@ -70,7 +71,7 @@ def test_every_gemma_recipe_validates():
         load_recipe(path)
 
 
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow if p.stem in _SAME_AS_TABLE2_A else ())
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow if p.stem in _RUN_ELSEWHERE else ())
                                   for p in GEMMA], ids=lambda p: p.stem)
 def test_every_gemma_recipe_runs_tiny(path, tiny_gemma, gemma_data, tmp_path):
     values = yaml.safe_load(path.read_text())

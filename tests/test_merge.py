@@ -78,19 +78,6 @@ def train_classifier(base: Path, out: Path, rows: list[dict], *, steps: int = 30
     return out
 
 
-@pytest.fixture(scope="module")
-def classifiers(tiny_models, tmp_path_factory) -> dict:
-    """Two tiny BERT classifiers of one base: sentiment (2 labels) and topic (3 labels), with their data."""
-    root = tmp_path_factory.mktemp("merge")
-    base = tiny_models["bert"]
-    out = {"base": base}
-    for name, make in (("sentiment", sentiment), ("topic", topics)):
-        data = write_rows(root / f"{name}.jsonl", make(120, 0))
-        test = write_rows(root / f"{name}-test.jsonl", make(48, 1))
-        out[name] = (train_classifier(base, root / name, make(120, 0)), data, test)
-    return out
-
-
 def merge_args(c: dict, out: Path, *extra) -> list[str]:
     args = ["merge", "--pretrained", c["base"], "--finetuned", c["sentiment"][0], "--finetuned", c["topic"][0],
             "--data", c["sentiment"][1], "--data", c["topic"][1], "--eval-data", c["sentiment"][2], "--eval-data",

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 from badinputs import one_line, usage_error
-from test_merge import classifiers, cli, merge_args, sentiment, write_rows  # noqa: F401  (fixture)
+from test_merge import cli, merge_args, sentiment, write_rows
 from test_merge_task_aware import plain_graft_logits
 from typer.testing import CliRunner
 
