@@ -11,7 +11,7 @@ import torch
 from skillgraft.data.loading import Example
 from skillgraft.graft.bound import Outcome, betting_bound, betting_test, rows_needed_betting
 from skillgraft.graft.agreement import token_agreement
-from skillgraft.graft.keep import KeepSpec, Ranking, keep_search, search_keep
+from skillgraft.graft.keep import KeepSpec, Ranking, graft_outcome, keep_search, search_keep, selection_outcome
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +62,6 @@ def test_a_graft_equal_to_ft_agrees_on_every_token_and_is_promised(gen_pair):
 
 
 def test_token_agreement_reads_no_label_and_only_the_completion_text(gen_pair):
-    from skillgraft.evaluate.generative import top_tokens
-
     pre, ft, rows, _ = gen_pair
     ranking = _ranking(pre, ft)
     garbage = [Example(ex.text_a, "not a label!", ex.text_b) for ex in rows[:24]]  # would break anything reading it
@@ -73,8 +71,67 @@ def test_token_agreement_reads_no_label_and_only_the_completion_text(gen_pair):
                                                                      for p in got[1].probes]
     assert (got[0].size, got[0].bound, got[0].next_size) == (got[1].size, got[1].bound, got[1].next_size)
     assert len(got[0].probes) > 1 and 0 < min(p.share for p in got[0].probes) < 1  # sizes do disagree with FT
-    tokens = top_tokens(ft, rows[:2])
+    tokens = selection_outcome(ft, rows[:2], tokens=True).tokens
     assert [len(t) for t in tokens] == [len(ft.completion_ids(ex.text_b)) for ex in rows[:2]]  # + EOS
+
+
+def _two_passes(scorer, rows, batch_size):
+    """The search's old per-probe scoring: one pass for the score, a second for the top completion tokens."""
+    out = selection_outcome(scorer, rows, batch_size)
+    out.tokens = []
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            batch = scorer.collate(rows[start:start + batch_size])
+            kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+            logits, at, _, _ = scorer._completion_logits(kwargs, batch["target_ids"])
+            out.tokens += [logits.argmax(-1)[at == i].numpy() for i in range(len(batch["input_ids"]))]
+    return out
+
+
+def _counting(scorer) -> list:
+    """Count the forward passes of ``scorer``'s model (a list, one entry per call)."""
+    calls, forward = [], scorer.model.forward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    scorer.model.forward = counted
+    return calls
+
+
+def test_one_forward_pass_per_batch_per_probe_with_the_two_pass_values(gen_pair):
+    """Each probe scores a batch once for both its completion score and its top tokens, and gives exactly what the
+    old two passes (score, then top tokens) gave."""
+    from skillgraft.graft.graft import Graft
+
+    pre, ft, rows, _ = gen_pair
+    ranking, sel, batch = _ranking(pre, ft), rows[:24], 8  # 3 batches per probe
+    spec = KeepSpec(keep_agreement=[0.5], keep_from=len(ranking) // 64, keep_confidence=0.8)
+
+    def old(region):
+        with Graft.from_models(pre, ft, region).applied(pre):
+            return _two_passes(pre, sel, batch)
+
+    pre_calls, ft_calls = _counting(pre), _counting(ft)
+    try:
+        (one,) = keep_search(pre, ft, ranking, sel, spec, score=graft_outcome(pre, ft, sel, tokens=True,
+                                                                              batch_size=batch))
+        assert len(pre_calls) == 3 * len(one.probes) and len(ft_calls) == 1  # FT's reference: one batch of 24
+        del pre_calls[:]
+        (two,) = keep_search(pre, ft, ranking, sel, spec, score=old)
+        assert len(pre_calls) == 2 * 3 * len(two.probes)
+    finally:
+        del pre.model.forward, ft.model.forward
+    assert len(one.probes) > 1 and [p.to_dict() | {"seconds": 0} for p in one.probes] == [
+        p.to_dict() | {"seconds": 0} for p in two.probes]
+    assert (one.size, one.bound, one.next_size) == (two.size, two.bound, two.next_size)
+    for p in one.probes:
+        with Graft.from_models(pre, ft, ranking.region(p.size)).applied(pre):
+            new, ref = selection_outcome(pre, sel, batch, tokens=True), _two_passes(pre, sel, batch)
+        assert new.score == ref.score and all(np.array_equal(a, b) for a, b in zip(new.tokens, ref.tokens, strict=True))
+    ref, new = _two_passes(ft, sel, batch), selection_outcome(ft, sel, batch, tokens=True)
+    assert all(np.array_equal(a, b) for a, b in zip(new.tokens, ref.tokens, strict=True))
 
 
 def test_token_agreement_per_row():
