@@ -91,9 +91,12 @@ class KeepSpec(Spec):
         "keep search: the confidence of the promise; a size reaches a target only when the lower confidence bound "
         "of its share of FT on the selection rows reaches it (exact for accuracy; docs/keep.md)"))
     keep_data: Path | None = Field(None, description=(
-        "keep search: a file of labelled examples (.jsonl/.tsv/.csv, the task's layout) to choose the size on, "
-        "instead of the dev split or a held-out slice; never the test rows (labels may be left out with only "
-        "--keep-agreement targets)"))
+        "keep search: a file of labelled examples (.jsonl/.tsv/.csv, the task's layout; generative: prompt and "
+        "completion) to choose the size on, instead of the dev split or a held-out slice; never the test rows "
+        "(with only --keep-agreement targets labels, and completions, may be left out)"))
+    keep_new_tokens: int = Field(32, ge=1, le=4096, description=(
+        "keep search on generative --keep-data prompts without a completion: FT's greedy completion of at most "
+        "this many new tokens is the reference the graft's top tokens are compared on (teacher forcing)"))
     keep_bound: Literal["paired", "exact"] = Field("paired", description=(
         "keep search, accuracy: the lower bound a size must pass: 'paired' (an exact test of "
         "acc(graft) − τ·acc(FT) ≥ 0 on the paired rows, counting the graft's wins on FT's wrong rows) or 'exact' "
@@ -120,7 +123,7 @@ class KeepSpec(Spec):
         ``--keep-confidence`` alone): they shape a search that never runs, and were silently ignored. With
         ``frontier`` (``--frontier``, whose own keep search takes them) they are used."""
         given = [] if frontier else sorted(self.model_fields_set & {"keep_tolerance", "keep_from", "keep_holdout",
-                                                                    "keep_confidence", "keep_data"})
+                                                                    "keep_confidence", "keep_data", "keep_new_tokens"})
         if not self.any and given:  # --keep-agreement alone starts a search too
             names = ", ".join(f"--{n.replace('_', '-')}" for n in given)
             raise SkillgraftError(f"{names} {'shapes' if len(given) == 1 else 'shape'} a keep search, which only "
