@@ -11,7 +11,7 @@ import torch
 from skillgraft.data.loading import Example
 from skillgraft.graft.bound import Outcome, betting_bound, betting_test, rows_needed_betting
 from skillgraft.graft.agreement import token_agreement
-from skillgraft.graft.keep import KeepSpec, Ranking, keep_search, search_keep
+from skillgraft.graft.keep import KeepSpec, Ranking, graft_outcome, keep_search, search_keep, selection_outcome
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +62,6 @@ def test_a_graft_equal_to_ft_agrees_on_every_token_and_is_promised(gen_pair):
 
 
 def test_token_agreement_reads_no_label_and_only_the_completion_text(gen_pair):
-    from skillgraft.evaluate.generative import top_tokens
-
     pre, ft, rows, _ = gen_pair
     ranking = _ranking(pre, ft)
     garbage = [Example(ex.text_a, "not a label!", ex.text_b) for ex in rows[:24]]  # would break anything reading it
@@ -73,8 +71,67 @@ def test_token_agreement_reads_no_label_and_only_the_completion_text(gen_pair):
                                                                      for p in got[1].probes]
     assert (got[0].size, got[0].bound, got[0].next_size) == (got[1].size, got[1].bound, got[1].next_size)
     assert len(got[0].probes) > 1 and 0 < min(p.share for p in got[0].probes) < 1  # sizes do disagree with FT
-    tokens = top_tokens(ft, rows[:2])
+    tokens = selection_outcome(ft, rows[:2], tokens=True).tokens
     assert [len(t) for t in tokens] == [len(ft.completion_ids(ex.text_b)) for ex in rows[:2]]  # + EOS
+
+
+def _two_passes(scorer, rows, batch_size):
+    """The search's old per-probe scoring: one pass for the score, a second for the top completion tokens."""
+    out = selection_outcome(scorer, rows, batch_size)
+    out.tokens = []
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            batch = scorer.collate(rows[start:start + batch_size])
+            kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+            logits, at, _, _ = scorer._completion_logits(kwargs, batch["target_ids"])
+            out.tokens += [logits.argmax(-1)[at == i].numpy() for i in range(len(batch["input_ids"]))]
+    return out
+
+
+def _counting(scorer) -> list:
+    """Count the forward passes of ``scorer``'s model (a list, one entry per call)."""
+    calls, forward = [], scorer.model.forward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return forward(*args, **kwargs)
+
+    scorer.model.forward = counted
+    return calls
+
+
+def test_one_forward_pass_per_batch_per_probe_with_the_two_pass_values(gen_pair):
+    """Each probe scores a batch once for both its completion score and its top tokens, and gives exactly what the
+    old two passes (score, then top tokens) gave."""
+    from skillgraft.graft.graft import Graft
+
+    pre, ft, rows, _ = gen_pair
+    ranking, sel, batch = _ranking(pre, ft), rows[:24], 8  # 3 batches per probe
+    spec = KeepSpec(keep_agreement=[0.5], keep_from=len(ranking) // 64, keep_confidence=0.8)
+
+    def old(region):
+        with Graft.from_models(pre, ft, region).applied(pre):
+            return _two_passes(pre, sel, batch)
+
+    pre_calls, ft_calls = _counting(pre), _counting(ft)
+    try:
+        (one,) = keep_search(pre, ft, ranking, sel, spec, score=graft_outcome(pre, ft, sel, tokens=True,
+                                                                              batch_size=batch))
+        assert len(pre_calls) == 3 * len(one.probes) and len(ft_calls) == 1  # FT's reference: one batch of 24
+        del pre_calls[:]
+        (two,) = keep_search(pre, ft, ranking, sel, spec, score=old)
+        assert len(pre_calls) == 2 * 3 * len(two.probes)
+    finally:
+        del pre.model.forward, ft.model.forward
+    assert len(one.probes) > 1 and [p.to_dict() | {"seconds": 0} for p in one.probes] == [
+        p.to_dict() | {"seconds": 0} for p in two.probes]
+    assert (one.size, one.bound, one.next_size) == (two.size, two.bound, two.next_size)
+    for p in one.probes:
+        with Graft.from_models(pre, ft, ranking.region(p.size)).applied(pre):
+            new, ref = selection_outcome(pre, sel, batch, tokens=True), _two_passes(pre, sel, batch)
+        assert new.score == ref.score and all(np.array_equal(a, b) for a, b in zip(new.tokens, ref.tokens, strict=True))
+    ref, new = _two_passes(ft, sel, batch), selection_outcome(ft, sel, batch, tokens=True)
+    assert all(np.array_equal(a, b) for a, b in zip(new.tokens, ref.tokens, strict=True))
 
 
 def test_token_agreement_per_row():
@@ -188,6 +245,104 @@ def test_cli_graft_keep_agreement_on_a_generative_pair(gen_pair, tmp_path):
     assert t["reached"] and t["bound"] >= 0.9 and t["next_size"] < t["size"] and t["next_rows"] > 40
     assert "next smaller size probed" in r.output
     assert "betting" in (out / "report.md").read_text()
+
+
+def _sft(path, fields=("prompt", "completion"), n: int = 100):
+    path.write_text("".join(json.dumps(dict(zip(fields, (f"item {i}: the film was", f" fine number {i}")))) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def _graft_args(folders, data, out, *extra, fields=("prompt", "completion")):
+    a, b = folders
+    return ["graft", "--pretrained", a, "--finetuned", b, "--data", data, "--prompt-field", fields[0],
+            "--completion-field", fields[1], "--localizer", "movement", "--baselines", "", "--no-lottery-zero",
+            "--out", out, *extra]
+
+
+def _plain_agreement(a, b, region, prompts, new_tokens: int = 32) -> np.ndarray:
+    """Per prompt, recomputed with plain torch: FT's greedy completion (at most ``new_tokens``, cut at EOS, as
+    text), then the share of its positions (tokens + EOS) where θ_pre + γ⊙(θ_ft − θ_pre)'s top next token is
+    FT's."""
+    import transformers as tf
+
+    tok = tf.AutoTokenizer.from_pretrained(b)
+    ft, graft = (tf.AutoModelForCausalLM.from_pretrained(p).eval() for p in (b, a))
+    theta, delta_from = graft.state_dict(), ft.state_dict()
+    with torch.no_grad():
+        for name, idx in region.indices.items():  # the graft's names are the scorer's: "model." + the HF name
+            hf = name.removeprefix("model.")
+            theta[hf].view(-1)[idx] = delta_from[hf].view(-1)[idx]
+    eos, shares = tok.eos_token_id, []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids, new = tok(prompt)["input_ids"], []
+            for _ in range(new_tokens):
+                nxt = int(ft(torch.tensor([ids + new])).logits[0, -1].argmax())
+                if nxt == eos:
+                    break
+                new.append(nxt)
+            completion = tok.encode(tok.decode(new, skip_special_tokens=True), add_special_tokens=False) + [eos]
+            seq = torch.tensor([ids + completion])
+            at = slice(len(ids) - 1, seq.shape[1] - 1)  # the positions predicting each completion token
+            shares.append(float((graft(seq).logits[0, at].argmax(-1) == ft(seq).logits[0, at].argmax(-1))
+                                .float().mean()))
+    return np.array(shares)
+
+
+def test_cli_keep_agreement_on_the_users_own_prompts(gen_pair, tmp_path):
+    """--keep-data with prompts alone (in --prompt-field's field): FT's greedy completion is each one's reference; the
+    chosen graft's agreement on them, recomputed with plain torch, is at least the bound the report promises."""
+    from skillgraft.graft.graft import Graft
+
+    from badinputs import invoke
+
+    prompts = [f"note {i}: the story is" for i in range(60)]
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("".join(json.dumps({"question": p}) + "\n" for p in prompts))
+    out, fields = tmp_path / "report", ("question", "answer")
+    r = invoke(*_graft_args(gen_pair[3], _sft(tmp_path / "sft.jsonl", fields), out, "--keep-agreement", "0.9",
+                            "--keep-data", mine, fields=fields))
+    assert r.exit_code == 0, (r.output, r.exception)
+    keep = json.loads((out / "metrics.json").read_text())["keep"]
+    assert keep["selection"].startswith(f"{mine} (60 rows, --keep-data") and keep["selection_n"] == 60
+    assert "60 prompts without a completion take FT's greedy one (at most 32 new tokens)" in keep["selection"]
+    (t,) = keep["targets"]
+    assert t["kind"] == "agreement" and t["bound_method"] == "betting" and t["reached"] and t["bound"] >= 0.9
+    assert "betting bound" in r.output and "greedy" in (out / "report.md").read_text()
+    region = Graft.from_pretrained(out / "grafts" / "keep-agreement-0.9").region
+    assert len(region) == t["size"] < t["universe"]
+    shares = _plain_agreement(*gen_pair[3], region, prompts)
+    assert shares.mean() == pytest.approx(t["selection_share"], abs=1e-9) and shares.mean() >= t["bound"] >= 0.9
+
+
+BAD_PROMPTS = {  # id: (the file's bytes, what the one line names)
+    "prompt-missing": (b'{"prompt": "a story"}\n{"question": "a story"}\n', ["mine.jsonl:2", "'prompt'",
+                                                                             "--prompt-field"]),
+    "empty": (b"\n\n", ["mine.jsonl", "no rows"]),
+    "not-utf8": ('{"prompt": "café"}\n'.encode("latin-1"), ["mine.jsonl:1", "not UTF-8", "0xe9"]),
+    "prompt-not-text": (b'{"prompt": ["a", "story"]}\n', ["mine.jsonl:1", "'prompt'", "list"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PROMPTS))
+def test_bad_prompt_files_are_one_line_before_any_work(gen_pair, tmp_path, case):
+    from badinputs import refused
+
+    content, culprits = BAD_PROMPTS[case]
+    (tmp_path / "mine.jsonl").write_bytes(content)
+    refused(tmp_path, _graft_args(gen_pair[3], _sft(tmp_path / "sft.jsonl"), tmp_path / "out", "--keep-agreement",
+                                  "0.9", "--keep-data", tmp_path / "mine.jsonl"), *culprits)
+
+
+def test_keep_needs_completions_and_refuses_prompts_alone(gen_pair, tmp_path):
+    from badinputs import refused
+
+    (tmp_path / "mine.jsonl").write_text("".join(json.dumps({"prompt": f"note {i}"}) + "\n" for i in range(60)))
+    line = refused(tmp_path, _graft_args(gen_pair[3], _sft(tmp_path / "sft.jsonl"), tmp_path / "out", "--keep", "0.9",
+                                         "--keep-agreement", "0.9", "--keep-data", tmp_path / "mine.jsonl"),
+                   "mine.jsonl:1", "'completion'", "--keep", "--keep-agreement")
+    assert "greedy" in line
 
 
 def test_too_few_selection_rows_for_token_agreement_are_refused_before_any_work():

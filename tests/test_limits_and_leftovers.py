@@ -47,6 +47,7 @@ def test_hidden_siblings_of_a_long_name_fit_the_name_limit_and_stay_apart(tmp_pa
     (["--keep-confidence", 0.95], ["--keep-confidence", "--keep"]),
     (["--keep-data", "{tmp}/sel.jsonl"], ["--keep-data", "--keep"]),
     (["--keep-holdout", 0.3, "--keep-tolerance", 0.2], ["--keep-holdout", "--keep-tolerance"]),
+    (["--keep-new-tokens", 8], ["--keep-new-tokens", "--keep"]),
 ])
 def test_keep_options_without_keep_are_refused_before_any_work(extra, named, ft_run, toy_data, tmp_path):
     (tmp_path / "sel.jsonl").write_text('{"text": "fine", "label": "1"}\n')

@@ -112,9 +112,11 @@ def test_generative_loss_hits_and_candidates_read_only_completion_positions(tiny
                           reduction="none")
     assert torch.allclose(loss, (nll.sum(-1) / (target != -100).sum(-1)).mean(), atol=1e-5)
     with torch.no_grad():  # evaluation's single pass gives the forward's mean log-probabilities and the hits
-        mean_logp, one_pass_hits, one_pass_count = scorer.completion_eval(batch)
+        mean_logp, one_pass_hits, one_pass_count, rows, top = scorer.completion_eval(batch)
         assert torch.equal(mean_logp, scorer(**{k: v for k, v in batch.items() if k != "labels"}))
     assert (int(one_pass_hits), one_pass_count) == (int(expect), completion)
+    valid = target != -100  # the same pass's top tokens: the full forward's argmax at each completion position
+    assert torch.equal(rows, valid.nonzero()[:, 0]) and torch.equal(top, logits.argmax(-1)[valid])
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta"])

@@ -78,6 +78,16 @@ def _field(row: dict, name: str, where: str, option: str = "") -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
+def read_prompts(path: Path, prompt_field: str = "prompt", completion_field: str = "completion"
+                 ) -> list[tuple[str, str, str | None]]:
+    """``(where, prompt, completion)`` per row of a .jsonl/.csv/.tsv file of prompts whose completion may be left
+    out (None); a row without a prompt, a field that is not text, or an empty or unreadable file: one clear line."""
+    _, rows = open_source(path).split(None, "--keep-data")
+    return [(where, _field(row, prompt_field, where, "--prompt-field"),
+             None if row.get(completion_field) is None else _field(row, completion_field, where, "--completion-field"))
+            for where, row in rows]
+
+
 def resolve_labels(values: set[str], declared: list[str] | None = None, model_labels: tuple[str, ...] | None = None,
                    source: str = "the data") -> tuple[tuple[str, ...], dict[str, int], str]:
     """(labels in logit order, raw value → index, a sentence saying how they were decided)."""

@@ -22,8 +22,9 @@ from skillgraft.evaluate.metrics import summarize
 
 @torch.no_grad()
 def evaluate_generative(scorer, examples: list[Example], *, batch_size: int = 64, reference: np.ndarray | None = None,
-                        progress: bool | str = False) -> tuple[dict[str, float], np.ndarray]:
-    """Metrics (see the module doc) and per-example candidate probabilities of a generative scorer."""
+                        progress: bool | str = False, top: list | None = None) -> tuple[dict[str, float], np.ndarray]:
+    """Metrics (see the module doc) and per-example candidate probabilities of a generative scorer; ``top`` (a
+    list) is extended with each example's top next-token ids at its completion positions, from the same pass."""
     was_training = scorer.training
     scorer.eval()
     device = scorer.device
@@ -31,8 +32,11 @@ def evaluate_generative(scorer, examples: list[Example], *, batch_size: int = 64
     losses, correct, tokens = [], 0, 0
     for start in tqdm(range(0, len(examples), batch_size), desc=desc, disable=not progress, leave=False):
         batch = {k: v.to(device) for k, v in scorer.collate(examples[start:start + batch_size]).items()}
-        mean_logp, c, t = scorer.completion_eval(batch)  # one pass: the loss and the teacher-forced hits
+        mean_logp, c, t, rows, ids = scorer.completion_eval(batch)  # one pass: loss, hits and top tokens
         losses.append(-mean_logp.double().cpu())
+        if top is not None:
+            rows, ids = rows.cpu().numpy(), ids.cpu().numpy()
+            top.extend(ids[rows == i] for i in range(len(mean_logp)))
         correct, tokens = correct + int(c), tokens + t
     loss = float(torch.cat(losses).mean())
     token_accuracy = correct / max(1, tokens)
@@ -58,21 +62,25 @@ def evaluate_generative(scorer, examples: list[Example], *, batch_size: int = 64
 
 
 @torch.no_grad()
-def top_tokens(scorer, examples: list[Example], *, batch_size: int = 64) -> list[np.ndarray]:
-    """Per example, the scorer's top (greedy) next-token id at each of its completion positions, given the prompt
-    and the gold completion's tokens before it (teacher forcing: one pass, no sampling). Labels are not read."""
-    import dataclasses  # noqa: PLC0415
+def greedy_completions(scorer, prompts: list[str], *, max_new_tokens: int = 32, batch_size: int = 16) -> list[str]:
+    """Each prompt's greedy (argmax, no sampling) continuation by the scorer's model: at most ``max_new_tokens``
+    tokens, up to its first EOS (left out), as text — the reference of a prompt given without a completion."""
+    from skillgraft.models.placement import autocast  # noqa: PLC0415
 
     was_training = scorer.training
     scorer.eval()
-    device = scorer.device
-    rows_in = [dataclasses.replace(ex, label=0) for ex in examples]  # the completion is the target, not the label
-    out: list[np.ndarray] = []
-    for start in range(0, len(rows_in), batch_size):
-        chunk = rows_in[start:start + batch_size]
-        batch = {k: v.to(device) for k, v in scorer.collate(chunk).items()}
-        rows, top = scorer.completion_top(batch)
-        rows, top = rows.cpu().numpy(), top.cpu().numpy()
-        out.extend(top[rows == i] for i in range(len(chunk)))
+    tok, pad, eos = scorer.tokenizer, scorer.tokenizer.pad_token_id, scorer.tokenizer.eos_token_id
+    room = max(1, scorer.max_length - max_new_tokens)  # the prompt's end, as the completion loss cuts it
+    out = []
+    for start in range(0, len(prompts), batch_size):
+        ids = [scorer.prompt_ids(p)[-room:] for p in prompts[start:start + batch_size]]
+        width = max(len(r) for r in ids)  # left padding: every prompt ends where generation starts
+        inputs = torch.tensor([[pad] * (width - len(r)) + r for r in ids], device=scorer.device)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids], device=scorer.device)
+        with autocast(scorer):
+            new = scorer.model.generate(input_ids=inputs, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                        do_sample=False, num_beams=1, pad_token_id=pad, eos_token_id=eos)
+        for row in new[:, width:].tolist():
+            out.append(tok.decode(row[:row.index(eos)] if eos in row else row, skip_special_tokens=True))
     scorer.train(was_training)
     return out

@@ -41,12 +41,14 @@ def labels_of(examples: list[Example]) -> np.ndarray:
 
 
 def evaluate(scorer: Scorer, examples: list[Example], *, batch_size: int = 64, reference: np.ndarray | None = None,
-             progress: bool | str = False) -> tuple[dict[str, float], np.ndarray]:
-    """Metrics (accuracy/F1, ECE, agreement with ``reference``) and the probabilities."""
+             progress: bool | str = False, top: list | None = None) -> tuple[dict[str, float], np.ndarray]:
+    """Metrics (accuracy/F1, ECE, agreement with ``reference``) and the probabilities; ``top``: a generative
+    scorer's top completion tokens per example, from the same pass (:func:`evaluate_generative`)."""
     if getattr(scorer, "mode", None) == "generative":  # completion loss, token accuracy, exact match
         from skillgraft.evaluate.generative import evaluate_generative  # noqa: PLC0415
 
-        return evaluate_generative(scorer, examples, batch_size=batch_size, reference=reference, progress=progress)
+        return evaluate_generative(scorer, examples, batch_size=batch_size, reference=reference, progress=progress,
+                                   top=top)
     probs = predict_probs(scorer, examples, batch_size=batch_size, progress=progress)
     task = scorer.task
     positive = task.labels.index(task.positive_label) if task.positive_label else 1

@@ -20,14 +20,10 @@ def open_ended(scorer) -> bool:
     return getattr(scorer, "mode", None) == "generative" and scorer.task.num_labels < 2
 
 
-def with_tokens(out: Outcome, scorer, examples, batch_size: int = 64) -> Outcome:
-    """``out`` with each open-ended generative row's top next-token ids on its completion (teacher forcing; labels
-    not read); other data: ``out`` unchanged."""
-    if open_ended(scorer):
-        from skillgraft.evaluate.generative import top_tokens  # noqa: PLC0415
-
-        out.tokens = top_tokens(scorer, examples, batch_size=batch_size)
-    return out
+def agreement_outcome(graft: Outcome, ft: Outcome) -> Outcome:
+    """The graft's agreement with FT's predictions as an accuracy (FT's predictions as the labels; no label read)."""
+    agree = float((graft.pred == ft.pred).mean())
+    return Outcome(agree, graft.pred, ft.pred, "accuracy")
 
 
 def token_agreement(graft: Sequence, ft: Sequence) -> np.ndarray:

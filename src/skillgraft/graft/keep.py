@@ -50,7 +50,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft.bound import (BOUND_NAMES, Outcome, as_outcome, betting_bound, betting_test, is_exact,
                                     paired_bound, paired_test, reaches, resample_weights, rows_needed,
                                     rows_needed_betting, rows_needed_exact, rows_needed_paired, share_bound)
-from skillgraft.graft.agreement import open_ended, token_agreement_outcome, with_tokens
+from skillgraft.graft.agreement import agreement_outcome, open_ended, token_agreement_outcome
 from skillgraft.graft.region import Region, numel_of
 from skillgraft.graft.selection import Budget, as_list
 from skillgraft.spec import Spec
@@ -91,9 +91,12 @@ class KeepSpec(Spec):
         "keep search: the confidence of the promise; a size reaches a target only when the lower confidence bound "
         "of its share of FT on the selection rows reaches it (exact for accuracy; docs/keep.md)"))
     keep_data: Path | None = Field(None, description=(
-        "keep search: a file of labelled examples (.jsonl/.tsv/.csv, the task's layout) to choose the size on, "
-        "instead of the dev split or a held-out slice; never the test rows (labels may be left out with only "
-        "--keep-agreement targets)"))
+        "keep search: a file of labelled examples (.jsonl/.tsv/.csv, the task's layout; generative: prompt and "
+        "completion) to choose the size on, instead of the dev split or a held-out slice; never the test rows "
+        "(with only --keep-agreement targets labels, and completions, may be left out)"))
+    keep_new_tokens: int = Field(32, ge=1, le=4096, description=(
+        "keep search on generative --keep-data prompts without a completion: FT's greedy completion of at most "
+        "this many new tokens is the reference the graft's top tokens are compared on (teacher forcing)"))
     keep_bound: Literal["paired", "exact"] = Field("paired", description=(
         "keep search, accuracy: the lower bound a size must pass: 'paired' (an exact test of "
         "acc(graft) − τ·acc(FT) ≥ 0 on the paired rows, counting the graft's wins on FT's wrong rows) or 'exact' "
@@ -119,8 +122,8 @@ class KeepSpec(Spec):
         """Refuse, before any work, keep options given without a target (the CLI's ``--keep-data`` or
         ``--keep-confidence`` alone): they shape a search that never runs, and were silently ignored. With
         ``frontier`` (``--frontier``, whose own keep search takes them) they are used."""
-        given = [] if frontier else sorted(self.model_fields_set & {"keep_tolerance", "keep_from", "keep_holdout", "keep_confidence",
-                                                "keep_data"})
+        given = [] if frontier else sorted(self.model_fields_set & {"keep_tolerance", "keep_from", "keep_holdout",
+                                                                    "keep_confidence", "keep_data", "keep_new_tokens"})
         if not self.any and given:  # --keep-agreement alone starts a search too
             names = ", ".join(f"--{n.replace('_', '-')}" for n in given)
             raise SkillgraftError(f"{names} {'shapes' if len(given) == 1 else 'shape'} a keep search, which only "
@@ -499,12 +502,12 @@ def _result(tau: float, size: int | None, cache: dict[int, Probe], seen: list[Pr
 # ---------------------------------------------------------------------------------------------- with models
 def selection_outcome(scorer, examples, batch_size: int = 64, *, tokens: bool = False) -> Outcome:
     """``scorer``'s task metric on ``examples`` with its per-row predictions (the bound's input); ``tokens``: also
-    each open-ended generative row's top next-token ids on its completion (teacher forcing)."""
+    each open-ended generative row's top next-token ids on its completion (teacher forcing, the same pass)."""
     from skillgraft.evaluate.predict import evaluate  # noqa: PLC0415
 
-    metrics, probs = evaluate(scorer, examples, batch_size=batch_size)
-    out = _outcome(scorer, examples, metrics, probs)
-    return with_tokens(out, scorer, examples, batch_size) if tokens else out
+    top = [] if tokens and open_ended(scorer) else None
+    metrics, probs = evaluate(scorer, examples, batch_size=batch_size, top=top)
+    return dataclasses.replace(_outcome(scorer, examples, metrics, probs), tokens=top)
 
 
 def _outcome(scorer, examples, metrics: dict, probs: np.ndarray) -> Outcome:
@@ -544,12 +547,6 @@ def graft_scorer(pre, ft, examples, *, values: Callable | None = None, batch_siz
     """score(region) = the metric of θ_pre + γ⊙Δ on ``examples`` (θ_pre restored after each call)."""
     outcome = graft_outcome(pre, ft, examples, values=values, batch_size=batch_size)
     return lambda region: outcome(region).score
-
-
-def agreement_outcome(graft: Outcome, ft: Outcome) -> Outcome:
-    """The graft's agreement with FT's predictions as an accuracy (FT's predictions as the labels; no label read)."""
-    agree = float((graft.pred == ft.pred).mean())
-    return Outcome(agree, graft.pred, ft.pred, "accuracy")
 
 
 def keep_search(pre, ft, ranking: Ranking, selection, keep: KeepSpec | Sequence[float], *,

@@ -302,16 +302,20 @@ class Scorer(nn.Module):
         the head runs only at completion positions."""
         return self._logp_of(*self._completion_logits(kwargs, target_ids), target_ids)
 
-    def completion_eval(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Generative mode, one forward pass for both: each example's mean completion log-probability ``[batch]``
-        (as :meth:`forward`) and the teacher-forced (correct, count) of :meth:`hits`."""
+    def completion_eval(self, batch: dict[str, torch.Tensor]
+                        ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]:
+        """Generative mode, one forward pass for all: each example's mean completion log-probability ``[batch]``
+        (as :meth:`forward`), the teacher-forced (correct, count) of :meth:`hits`, and the (row, top token id) at
+        every completion position, in order (the model's most likely next token given the prompt and the
+        completion's tokens before it; no sampling)."""
         from skillgraft.models.placement import autocast  # noqa: PLC0415
 
         kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
         with autocast(self):
             logits, rows, cols, words = self._completion_logits(kwargs, batch["target_ids"])
         logp, valid = self._logp_of(logits, rows, cols, words, batch["target_ids"])
-        return logp.sum(-1) / valid.sum(-1).clamp(min=1), (logits.argmax(-1) == words).sum(), len(words)
+        top = logits.argmax(-1)
+        return logp.sum(-1) / valid.sum(-1).clamp(min=1), (top == words).sum(), len(words), rows, top
 
     @staticmethod
     def _logp_of(logits, rows, cols, words, target_ids) -> tuple[torch.Tensor, torch.Tensor]:
@@ -343,18 +347,6 @@ class Scorer(nn.Module):
             return (logits.argmax(-1) == words).sum(), len(words)
         labels = batch["labels"]
         return (self(**inputs).argmax(-1) == labels).sum(), len(labels)
-
-    @no_grad
-    def completion_top(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Generative mode: (row, top token id) at every completion position of a :meth:`collate` batch, in order —
-        the model's most likely next token given the prompt and the completion's tokens before it (teacher
-        forcing, one pass, no sampling)."""
-        from skillgraft.models.placement import autocast  # noqa: PLC0415
-
-        kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-        with autocast(self):
-            logits, rows, _, _ = self._completion_logits(kwargs, batch["target_ids"])
-        return rows, logits.argmax(-1)
 
     def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.pooling == "cls":

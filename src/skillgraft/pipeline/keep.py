@@ -125,9 +125,14 @@ def selection_split(setup: Setup, keep: KeepSpec | float = 0.2) -> tuple[list, o
     spec = keep if isinstance(keep, KeepSpec) else KeepSpec(keep_holdout=keep)
     data = setup.data
     if spec.keep_data is not None:
-        selection = read_keep_data(spec.keep_data, data.task, setup.test, labels=bool(spec.keep))
-        note = (f"{spec.keep_data} ({len(selection)} rows, --keep-data; none of them a test row); the localizer "
-                "learned on all its rows")
+        user = setup.graft_metadata.user_data or {}  # a pair's generative data: its prompt and completion fields
+        fields = (user.get("prompt_field") or "prompt", user.get("completion_field") or "completion")
+        selection = read_keep_data(spec.keep_data, data.task, setup.test, labels=bool(spec.keep), fields=fields)
+        bare = sum(ex.text_b is None for ex in selection if data.task.kind == "generative")
+        greedy = (f"; {bare} prompts without a completion take FT's greedy one (at most {spec.keep_new_tokens} new "
+                  "tokens) as the reference" if bare else "")
+        note = (f"{spec.keep_data} ({len(selection)} rows, --keep-data; none of them a test row{greedy}); the "
+                "localizer learned on all its rows")
         return selection, data, note
     if data.dev:
         note = f"the dev split ({len(data.dev)} rows, distinct from the {len(setup.test)} test rows)"
@@ -145,27 +150,28 @@ def selection_split(setup: Setup, keep: KeepSpec | float = 0.2) -> tuple[list, o
     return selection, dataclasses.replace(data, train=rest, dev=[]), note
 
 
-def read_keep_data(path: Path, task, test: list, labels: bool = True) -> list:
+def read_keep_data(path: Path, task, test: list, labels: bool = True,
+                   fields: tuple[str, str] = ("prompt", "completion")) -> list:
     """The rows of a ``--keep-data`` file (the task's layout); refused if empty or sharing a test row. ``labels``
     False (only ``--keep-agreement`` targets): a ``.jsonl`` file's rows may leave ``label`` out (their labels are
-    never read: agreement compares the graft with FT's predictions)."""
+    never read: agreement compares the graft with FT's predictions). Generative data: rows of a prompt and
+    optionally a completion (``fields``); a prompt alone (``text_b`` None, FT's greedy completion to come:
+    :func:`with_completions`) only without ``labels``."""
     from skillgraft.data.loading import Example, read_file  # noqa: PLC0415
+    from skillgraft.data.sources import jsonl_rows  # noqa: PLC0415
 
-    if task.kind == "generative":
-        raise SkillgraftError("--keep-data reads classification rows (text, label); for generative data the keep "
-                              "search uses the dev split or a held-out slice")
     path = Path(path)
     if not path.is_file():
         raise SkillgraftError(f"--keep-data {path}: no such file")
-    if not labels and path.suffix == ".jsonl":
-        import json  # noqa: PLC0415
-
-        raw = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        if raw and all(isinstance(r, dict) and "label" not in r for r in raw):
-            pair = "text_a" in raw[0]
+    if task.kind == "generative":
+        rows = _prompt_rows(path, task, labels, fields)
+    elif not labels and path.suffix == ".jsonl":
+        raw = jsonl_rows(path)
+        if raw and all("label" not in r for _, r in raw):
+            pair = "text_a" in raw[0][1]
             try:
                 rows = [Example(str(r["text_a"]), 0, str(r["text_b"])) if pair else Example(str(r["text"]), 0)
-                        for r in raw]
+                        for _, r in raw]
             except KeyError as e:
                 raise SkillgraftError(f"--keep-data {path}: a row has no {e.args[0]!r} field") from None
         else:
@@ -174,11 +180,44 @@ def read_keep_data(path: Path, task, test: list, labels: bool = True) -> list:
         rows = read_file(task, path)
     if not rows:
         raise SkillgraftError(f"--keep-data {path}: no rows")
-    tested = {(ex.text_a, ex.text_b) for ex in test}
-    shared = sum((ex.text_a, ex.text_b) in tested for ex in rows)
+    key = (lambda ex: ex.text_a) if task.kind == "generative" else (lambda ex: (ex.text_a, ex.text_b))  # a prompt
+    tested = {key(ex) for ex in test}
+    shared = sum(key(ex) in tested for ex in rows)
     if shared:
         raise SkillgraftError(f"--keep-data {path}: {shared} of its {len(rows)} rows are test rows; a keep target "
                               "is chosen on rows the report does not score")
+    return rows
+
+
+def _prompt_rows(path: Path, task, labels: bool, fields: tuple[str, str]) -> list:
+    """A generative ``--keep-data`` file's rows: each prompt, and its completion or None (:func:`read_keep_data`)."""
+    from skillgraft.data.loading import Example  # noqa: PLC0415
+    from skillgraft.data.user import read_prompts  # noqa: PLC0415
+
+    rows = []
+    for where, prompt, completion in read_prompts(path, *fields):
+        if labels and completion is None:
+            raise SkillgraftError(f"{where}: field {fields[1]!r} is missing: --keep (a share of FT's score) needs each "
+                                  "row's completion; give it, or ask only --keep-agreement (then FT's greedy "
+                                  "completion of a prompt is its reference)")
+        if labels and task.labels and completion not in task.labels:
+            raise SkillgraftError(f"{where}: completion {completion[:60]!r} is not one of the task's completions "
+                                  f"{list(task.labels)[:6]}")
+        rows.append(Example(prompt, task.labels.index(completion) if completion in task.labels else 0, completion))
+    return rows
+
+
+def with_completions(ft, rows: list, new_tokens: int) -> list:
+    """``rows`` with each missing completion (a generative ``--keep-data`` prompt alone) replaced by FT's greedy
+    completion of at most ``new_tokens`` tokens: the reference its agreement is teacher-forced on."""
+    bare = [i for i, ex in enumerate(rows) if ex.text_b is None]
+    if not bare or getattr(ft, "mode", None) != "generative":
+        return rows
+    from skillgraft.evaluate.generative import greedy_completions  # noqa: PLC0415
+
+    rows = list(rows)
+    for i, text in zip(bare, greedy_completions(ft, [rows[i].text_a for i in bare], max_new_tokens=new_tokens)):
+        rows[i] = dataclasses.replace(rows[i], text_b=text)
     return rows
 
 
@@ -278,6 +317,7 @@ def keep_results(setup: Setup, store, localizer: str, options: Spec, keep: KeepS
 
         selection, data, note = selection_split(setup, keep)
         check_keep_rows(keep, setup.data.task, len(selection), note.split(" (")[0])
+        selection = with_completions(setup.ft, selection, keep.keep_new_tokens)
         ft = selection_outcome(setup.ft, selection)
         if ft.pred is not None:  # FT's right rows are what the exact bound counts
             check_keep_rows(keep, setup.data.task, len(selection), note.split(" (")[0],

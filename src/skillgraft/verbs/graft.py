@@ -106,10 +106,9 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
     if keep is not None and keep.any:
         from skillgraft.pipeline.keep import check_keep_rows, selection_split  # noqa: PLC0415
 
-        get_localizer(report.localizer).check_ranked()  # before any work
-        if keep.keep:
-            selection, _, note = selection_split(setup, keep)
-            check_keep_rows(keep, setup.data.task, len(selection), note.split(" (")[0])
+        get_localizer(report.localizer).check_ranked()  # before any work (a --keep-data file's fault too)
+        selection, _, note = selection_split(setup, keep)
+        check_keep_rows(keep, setup.data.task, len(selection), note.split(" (")[0])
     keep_only = bool(keep is not None and keep.any and not getattr(options, "budgets", None))
     bench = Workbench.of(setup)  # θ_pre and one fine-tuned model: merge's path with N = 1
     score_ft_first(bench, bench.names[0], release=releases_ft(report, keep, frontier), progress=progress)  # lean
