@@ -47,7 +47,7 @@ from skillgraft.pipeline.paper_numbers import (PAPER_NOTE, TABLE2_64, TABLE3_409
                                               TABLE9_GPT2_64)
 from skillgraft.pipeline.grid import GridSpec, choose, run_row
 from skillgraft.pipeline.regions import learned_regions
-from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct
+from skillgraft.pipeline.report import RunDir, TaskRows, aggregate, md_table, pct
 from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.setup import prepare
 from skillgraft.pipeline.store import data_digest
@@ -385,7 +385,7 @@ def report_markdown(spec: PaperSpec, agg: list[dict], table: list[dict], timings
             "agreement", "paper FT", "paper FT ECE", "paper graft", "paper graft ECE", "paper share"]
     body = []
     for name, cell in task_cells(spec, agg):
-        ft, pre, graft = cell["fine-tuned"], cell.get("pre-trained"), cell.get(f"{first} {main.label}")
+        ft, pre, graft = cell.models["fine-tuned"], cell.models.get("pre-trained"), cell.graft(first, main.label)
         paper = TABLE2_64.get(name)
         pshare = (f"{100 * float(paper[2].split()[0]) / float(paper[0].split()[0]):.1f}" if paper else "-")
         body.append([name + (" †" if name in STAND_IN_TESTS else ""), ft["n_seeds"],
@@ -438,11 +438,11 @@ def _schedule(spec: PaperSpec) -> str:
 
 
 def task_cells(spec: PaperSpec, agg: list[dict]):
-    """``(task name, {model: aggregated row})`` of each task of the spec that has a fine-tuned row."""
+    """``(task name, its aggregated rows)`` (a :class:`TaskRows`) of each task of the spec that has a fine-tuned row."""
     for task in spec.tasks:
         name = get_task(task).name
-        cell = {g["model"]: g for g in agg if g["task"] == name}
-        if "fine-tuned" in cell:
+        cell = TaskRows.of(g for g in agg if g["task"] == name)
+        if "fine-tuned" in cell.models:
             yield name, cell
 
 
@@ -454,15 +454,15 @@ def gpt2_section(spec: PaperSpec, agg: list[dict]) -> list[str]:
     budgets = [b for b in spec.budgets if b.fraction is not None and b.fraction <= 5e-4]
     body = []
     for name, cell in task_cells(spec, agg):
-        ft, pre = cell["fine-tuned"], cell.get("pre-trained")
+        ft, pre = cell.models["fine-tuned"], cell.models.get("pre-trained")
+        grafts = [cell.graft(first, b.label) for b in budgets]
         paper = TABLE9_GPT2_64.get(name)
         gain = 100 * (np.mean(ft["score"]) - np.mean(pre["score"])) if pre else None
         gap = 100 * np.mean(ft["score"]) - float(paper[0].split()[0]) if paper else None
         body.append([name, ft["n_seeds"], pct(pre["score"]) if pre else "-", pct(ft["score"]), pct(ft["ece"]),
                      "-" if gain is None else f"{gain:+.1f}", *(paper[:2] if paper else ("-", "-")),
                      "-" if gap is None else f"{gap:+.1f}",
-                     *(pct(cell[f"{first} {b.label}"]["share_of_ft"]) if f"{first} {b.label}" in cell else "-"
-                       for b in budgets), paper[2] if paper else "-"])
+                     *(pct(g["share_of_ft"]) if g else "-" for g in grafts), paper[2] if paper else "-"])
     if not body:
         return []
     return ["## Beside the paper's decoder (Table 9: GPT-2 small, 64-shot)", "",
@@ -553,7 +553,8 @@ def optimizer_section(spec: PaperSpec, tuned: list[dict]) -> list[str]:
     if not tuned:
         return []
     ref, budgets = spec.localizers[0].title, [b.label for b in spec.budgets]
-    agg = aggregate(tuned, ["task", "finetune", "model", "kind"], ["score", "ece", "share_of_ft", "gap_closed"])
+    agg = aggregate(tuned, ["task", "finetune", "model", "kind", "localizer", "budget"],
+                    ["score", "ece", "share_of_ft", "gap_closed"])
     lines = ["## Fig. 5: the fine-tuning optimizer", "",
              f"Each fine-tuning of `finetunes`, on {', '.join(dict.fromkeys(r['task'] for r in tuned))} with Table "
              f"2's data seeds, grafted by {ref} at every budget. FT = that fine-tuning's test score; share of FT = "
@@ -564,11 +565,11 @@ def optimizer_section(spec: PaperSpec, tuned: list[dict]) -> list[str]:
     body = []
     for task in dict.fromkeys(g["task"] for g in agg):
         for label in spec.finetunes:
-            cell = {g["model"]: g for g in agg if g["task"] == task and g["finetune"] == label}
-            if "fine-tuned" not in cell:
+            cell = TaskRows.of(g for g in agg if g["task"] == task and g["finetune"] == label)
+            if "fine-tuned" not in cell.models:
                 continue
-            ft, conf = cell["fine-tuned"], spec.finetune_of(label)
-            grafts = [cell.get(f"{ref} {b}") for b in budgets]
+            ft, conf = cell.models["fine-tuned"], spec.finetune_of(label)
+            grafts = [cell.graft(ref, b) for b in budgets]
             settings = (f"{conf.optimizer} lr {conf.lr:g}" + (f", L1 λ {conf.l1:g}" if conf.l1 else "")
                         + (" (Table 2's)" if conf == spec.finetune else ""))
             body.append([task, label, settings, ft["n_seeds"], pct(ft["score"]), pct(ft["ece"]),
