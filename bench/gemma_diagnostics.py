@@ -60,16 +60,16 @@ def open_spec(path: str, override: dict):
     return entry.name, spec
 
 
-def open_setup(name: str, spec, store, task: str, seed: int):
+def open_member(name: str, spec, store, task: str, seed: int):
     """θ_pre, θ_ft and the draw from the store (refused when the fine-tuning is not there)."""
     from skillgraft.errors import SkillgraftError
     from skillgraft.pipeline.report import RunDir
     from skillgraft.pipeline.setup import from_run, stored_run
 
     if name == "generative":
-        from skillgraft.recipes.generative import generative_setup
+        from skillgraft.recipes.generative import generative_member
 
-        setup, _ = generative_setup(spec, RunDir(Path("."), store), task, seed, {}, stored_only=True)
+        setup, _ = generative_member(spec, RunDir(Path("."), store), task, seed, {}, stored_only=True)
         return setup
     data = spec.data_spec(task, seed)
     config = spec.finetune
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                 if seed not in draw_seeds:
                     raise SkillgraftError(f"--seeds: {seed} is not a data seed of {task} in the recipe {draw_seeds}")
                 t0 = time.perf_counter()
-                setup = open_setup(name, spec, store, task, seed)
+                setup = open_member(name, spec, store, task, seed)
                 r = diagnose(spec, store, setup, fractions, splits)
                 r["seconds"] = round(time.perf_counter() - t0, 1)
                 results.append(r)

@@ -101,7 +101,7 @@ def gemma_setup(store, task: str, seed: int, k: int, test_limit: int, selection_
 
     setup = from_run(find_ft(Path(store.root), task, k, seed).parent, test_limit=test_limit)
     dev = held_out(setup.ft.task, setup.data.train, selection_per_label, seed)
-    setup.data = dataclasses.replace(setup.data, dev=dev)
+    setup.inputs = dataclasses.replace(setup.inputs, data=dataclasses.replace(setup.data, dev=dev))
     return setup, 0.0
 
 
@@ -318,7 +318,7 @@ def main() -> None:
                     from merge_gemma import held_out
 
                     dev = held_out(setup.ft.task, setup.data.train, args.selection_per_label, seed)
-                    setup.data = dataclasses.replace(setup.data, dev=dev)
+                    setup.inputs = dataclasses.replace(setup.inputs, data=dataclasses.replace(setup.data, dev=dev))
                 got = measure(setup, confidences, args.keep_from, args.tolerance, args.subset, point=old is None,
                               bounds=("exact", "paired") if old is None else ("paired",), agreement=True,
                               npz=path.with_suffix(".npz"))

@@ -68,7 +68,7 @@ def diagnose(task: str, seed: int) -> dict:
 
     spec = PaperSpec.build({"recipe": "paper", "tasks": [task], "seeds": [seed], "test_limit": 500},
                            where="bench/paper_diagnostics.py")
-    setup = spec.setup(RunDir(Path("runs/paper_diagnostics"), Store(None)), task, seed)
+    setup = spec.member(RunDir(Path("runs/paper_diagnostics"), Store(None)), task, seed)
     pre, ft, data = setup.pre, setup.ft, setup.data
     splits = {"train": data.train, "dev": data.dev}
 

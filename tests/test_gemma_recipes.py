@@ -167,11 +167,11 @@ def check_diagnostics(path: Path, over: dict, spec, tmp_path: Path) -> None:
     from skillgraft.pipeline.store import Store
     from skillgraft.pipeline.variants import universe
 
-    setup = gd.open_setup(name, spec2, Store(tmp_path / "cache"), task, seed)
+    member = gd.open_member(name, spec2, Store(tmp_path / "cache"), task, seed)
 
-    pre, ft = dict(setup.pre.named_parameters()), dict(setup.ft.named_parameters())
-    delta = torch.cat([(ft[n] - pre[n]).detach().double().reshape(-1) for n in universe(setup.pre)])
-    base = torch.cat([pre[n].detach().double().reshape(-1) for n in universe(setup.pre)])
+    pre, ft = dict(member.pre.named_parameters()), dict(member.ft.named_parameters())
+    delta = torch.cat([(ft[n] - pre[n]).detach().double().reshape(-1) for n in universe(member.pre)])
+    base = torch.cat([pre[n].detach().double().reshape(-1) for n in universe(member.pre)])
     assert draw["relative"]["all:body"]["rel_norm"] == pytest.approx(float(delta.norm() / base.norm()), rel=1e-6)
     for label, fraction in (("0.001", 1e-3), ("0.01", 1e-2)):
         top = draw["top_mass"][label]
@@ -185,7 +185,7 @@ def check_diagnostics(path: Path, over: dict, spec, tmp_path: Path) -> None:
                for v in learned.values())
     know = draw["knowledge"]
     assert set(know) == {"pre-trained:dev", "pre-trained:test", "fine-tuned:dev", "fine-tuned:test"}
-    assert know["pre-trained:test"]["n"] == len(setup.test)
+    assert know["pre-trained:test"]["n"] == len(member.test)
     assert all(0.0 < v["label_mass"] <= 1.0 and 0.0 <= v["accuracy"] <= 1.0 for v in know.values())
 
 

@@ -191,11 +191,11 @@ def test_selection_split_holds_out_localization_rows_without_a_dev_split(pair):
     from skillgraft.pipeline.keep import selection_split
 
     _, _, data = pair
-    setup = SimpleNamespace(data=dataclasses.replace(data, dev=[]), test=data.test)
-    selection, rest, note = selection_split(setup, 0.25)
+    member = SimpleNamespace(data=dataclasses.replace(data, dev=[]), test=data.test)
+    selection, rest, note = selection_split(member, 0.25)
     assert len(selection) == round(0.25 * len(data.train)) and len(selection) + len(rest.train) == len(data.train)
     assert not {id(e) for e in selection} & {id(e) for e in rest.train} and rest.dev == []
-    assert "held-out" in note and selection_split(setup, 0.25)[0] == selection  # seeded
+    assert "held-out" in note and selection_split(member, 0.25)[0] == selection  # seeded
     with_dev = selection_split(SimpleNamespace(data=data, test=data.test))
     assert with_dev[0] == list(data.dev) and with_dev[1] is data and "dev split" in with_dev[2]
 

@@ -5,6 +5,7 @@ report is the same as with both models in memory."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gc
 import weakref
 from pathlib import Path
@@ -18,7 +19,8 @@ from skillgraft.data.spec import DataSpec
 from skillgraft.graft import Graft
 from skillgraft.graft.graft_file import GraftMetadata
 from skillgraft.pipeline import RunDir, Store
-from skillgraft.pipeline.setup import FineTunedFiles, from_pair
+from skillgraft.pipeline.member import FineTunedFiles
+from skillgraft.pipeline.setup import from_pair
 from skillgraft.pipeline.regions import localizer_options
 from skillgraft.verbs.graft import ReportSpec, graft_report
 
@@ -45,10 +47,10 @@ def llama_pair(tiny_models, tmp_path_factory) -> tuple[Path, Path]:
 
 def report(a: Path, b: Path, data_dir: Path, out: Path, *, lean: bool, options: dict = OPTIONS):
     spec = DataSpec.build({"task": "SST-2", "k": 16, "seed": 42, "data_dir": str(data_dir)}, where="test")
-    setup = from_pair(str(a), str(b), spec, data_dir=data_dir, lean=lean)
-    metrics = graft_report(setup, RunDir(out, Store(out / "store")), ReportSpec(),
+    member = from_pair(str(a), str(b), spec, data_dir=data_dir, lean=lean)
+    metrics = graft_report(member, RunDir(out, Store(out / "store")), ReportSpec(),
                            localizer_options("learned", options), progress=False)
-    return setup, metrics
+    return member, metrics
 
 
 @pytest.mark.parametrize("options", [OPTIONS, {**OPTIONS, "candidates": None}], ids=["candidates", "dense"])
@@ -69,10 +71,10 @@ def test_lean_pair_report_equals_the_report_with_both_models_loaded(llama_pair, 
         assert g0.region == g1.region and g0.values.keys() == g1.values.keys()
         assert all(torch.equal(g0.values[n], g1.values[n]) and g0.values[n].dtype == g1.values[n].dtype
                    for n in g0.values)
-        # the pair's typed metadata (Setup.graft_metadata, a GraftMetadata) is what each graft records
-        assert isinstance(lean.graft_metadata, GraftMetadata)
-        assert g1.metadata.pretrained == str(a) and g1.metadata.finetuned == lean.graft_metadata.finetuned
-        assert g1.metadata.task_spec == lean.graft_metadata.task_spec and g1.metadata.task_spec["name"] == "SST-2"
+        # the pair's typed metadata (Member.inputs.graft_metadata, a GraftMetadata) is what each graft records
+        assert isinstance(lean.inputs.graft_metadata, GraftMetadata)
+        assert g1.metadata.pretrained == str(a) and g1.metadata.finetuned == lean.inputs.graft_metadata.finetuned
+        assert g1.metadata.task_spec == lean.inputs.graft_metadata.task_spec and g1.metadata.task_spec["name"] == "SST-2"
 
 
 def test_cli_pair_never_holds_both_models_and_localizes_without_theta_ft(llama_pair, toy_data, tmp_path, monkeypatch):
@@ -130,8 +132,8 @@ def test_lean_pair_needs_safetensors_that_read_back(llama_pair, toy_data, tmp_pa
     model.config.save_pretrained(bin_ft)
     torch.save(model.state_dict(), bin_ft / "pytorch_model.bin")
     tf.AutoTokenizer.from_pretrained(b).save_pretrained(bin_ft)
-    setup, metrics = report(a, bin_ft, toy_data, tmp_path / "r", lean=True)
-    assert not setup.released and setup.pre is not None
+    member, metrics = report(a, bin_ft, toy_data, tmp_path / "r", lean=True)
+    assert not member.released and member.pre is not None
     _, loaded = report(a, b, toy_data, tmp_path / "both", lean=False)
     import skillgraft.pipeline.workbench as workbench_module  # the Workbench decides a release (graft: N = 1)
 
@@ -268,12 +270,12 @@ def test_lottery_zero_row_of_a_pair_is_the_row_computed_with_the_backup_in_memor
     spec = DataSpec.build({"task": "SST-2", "k": 16, "seed": 42, "data_dir": str(toy_data)}, where="test")
     rows = []
     for files in (True, False):
-        setup = from_pair(str(a), str(b), spec, data_dir=toy_data, lean=True)
-        assert setup.pre_files == a
+        member = from_pair(str(a), str(b), spec, data_dir=toy_data, lean=True)
+        assert member.inputs.pre_files == a
         if not files:
-            setup.pre_files = None
+            member.inputs = dataclasses.replace(member.inputs, pre_files=None)
         out = tmp_path / str(files)
-        m = graft_report(setup, RunDir(out, Store(tmp_path / "store")), ReportSpec(baselines=[]),
+        m = graft_report(member, RunDir(out, Store(tmp_path / "store")), ReportSpec(baselines=[]),
                          localizer_options("learned", OPTIONS), progress=False)
         assert any(r["kind"] == "lottery-zero" for r in m["rows"])
         rows.append([{k: v for k, v in r.items() if k != "file_bytes"} for r in m["rows"]])
@@ -354,11 +356,11 @@ def test_lean_pair_leaves_the_unused_rows_of_theta_pres_embedding_unread(wide_vo
     if _present(fresh.model.embed_tokens.weight) > 0.5:
         pytest.skip("this transformers version does not memory-map the weights it loads")
     del fresh
-    setup, metrics = report(a, b, toy_data, tmp_path / "r", lean=True, options={**OPTIONS, "budgets": [1e-2]})
-    assert setup.released and any(r["kind"] == "graft" for r in metrics["rows"])
-    embedding = setup.pre.model.model.embed_tokens.weight
+    member, metrics = report(a, b, toy_data, tmp_path / "r", lean=True, options={**OPTIONS, "budgets": [1e-2]})
+    assert member.released and any(r["kind"] == "graft" for r in metrics["rows"])
+    embedding = member.pre.model.model.embed_tokens.weight
     assert _present(embedding) < 0.25, "θ_pre's embedding matrix was read whole"
-    assert cached_fingerprint(setup.pre) == fingerprint(setup.pre)  # the files' samples are the model's
+    assert cached_fingerprint(member.pre) == fingerprint(member.pre)  # the files' samples are the model's
     assert _present(embedding) > 0.9  # (the measurement sees a whole read)
 
 

@@ -31,11 +31,12 @@ class Captured(SkillgraftError):
     """Raised by the stubbed regions stage once it has the resolved options (no work is done)."""
 
 
-def fake_setup():
-    """What the stubbed pair loading gives: a Setup with one tiny θ_pre and θ_ft, nothing deferred (the graft's
-    Workbench of one member takes it as it is)."""
-    return types.SimpleNamespace(pre=torch.nn.Linear(1, 1), ft=torch.nn.Linear(1, 1), task="SST-2", load_pre=None,
-                                 probs={}, ft_metrics={}, released=False)
+def fake_member():
+    """What the stubbed pair loading gives: a Member with one tiny θ_pre and θ_ft, nothing deferred (the graft's
+    Workbench of one member takes it as it is) and no inputs (the run stops before any data is read)."""
+    from skillgraft.pipeline.member import Member
+
+    return Member("SST-2", None, torch.nn.Linear(1, 1), torch.nn.Linear(1, 1))
 
 
 @pytest.fixture
@@ -43,12 +44,12 @@ def capture(monkeypatch):
     """Stub the regions stage (and the pair loading) so a run stops with the options it would localize with."""
     seen: dict = {}
 
-    def fake_regions(setup, store, localizer, options, **_):
+    def fake_regions(member, store, localizer, options, **_):
         seen["localizer"], seen["options"] = localizer, options
         raise Captured("captured")
 
     monkeypatch.setattr(graft_recipes, "learned_regions", fake_regions)
-    monkeypatch.setattr(pair_loading, "from_pair", lambda *a, **k: fake_setup())
+    monkeypatch.setattr(pair_loading, "from_pair", lambda *a, **k: fake_member())
     return seen
 
 
@@ -81,7 +82,7 @@ def test_cli_resolves_each_localizers_own_defaults(name, capture, tmp_path):
 @pytest.mark.parametrize("name", sorted(LOCALIZERS))
 def test_recipe_resolves_each_localizers_own_defaults(name, capture, monkeypatch, tmp_path):
     spec = GraftRecipeSpec.build({"recipe": "graft", "report": {"localizer": name, "baselines": []}, "localize": user_fields(name)})
-    monkeypatch.setattr(GraftRecipeSpec, "setup", lambda self, *a, **k: fake_setup())
+    monkeypatch.setattr(GraftRecipeSpec, "member", lambda self, *a, **k: fake_member())
     with pytest.raises(Captured):
         graft_recipe(spec, types.SimpleNamespace(store=None, path=tmp_path))
     assert capture["options"].to_dict() == expected(name)
@@ -143,15 +144,15 @@ def test_baselines_that_cannot_run_sharded_are_left_out_before_any_work(monkeypa
     each, before the learned localizer runs (they used to be skipped silently after it)."""
     from skillgraft.verbs.graft import ReportSpec, runnable_baselines
 
-    setup = types.SimpleNamespace(pre=torch.nn.Linear(2, 2))
+    member = types.SimpleNamespace(pre=torch.nn.Linear(2, 2))
     report, options = ReportSpec(), LocalizeConfig()
-    assert runnable_baselines(report, setup, options).baselines == ["movement", "random", "bias"]
+    assert runnable_baselines(report, member, options).baselines == ["movement", "random", "bias"]
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     with pytest.warns(UserWarning, match=r"movement \(localizer 'movement' does not run sharded.*random.*bias"):
-        assert runnable_baselines(report, setup, options).baselines == []
+        assert runnable_baselines(report, member, options).baselines == []
     with pytest.raises(SkillgraftError, match="nope"):
-        runnable_baselines(ReportSpec(baselines=["nope"]), setup, options)
+        runnable_baselines(ReportSpec(baselines=["nope"]), member, options)
 
 
 # --- where each localizer runs: derived from the code, shown by `skillgraft localizers`, documented ---------------

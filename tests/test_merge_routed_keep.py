@@ -138,7 +138,7 @@ def test_report_says_when_the_bound_reaches_no_size_and_the_rows_needed():
 
 
 def test_noisy_dev_split_does_not_give_a_routed_graft_below_target(classifiers, tmp_path):  # noqa: F811
-    """Mirror of test_keep's noisy-split test on merge's own path (open_setup with a --dev-data, keep_graft): the
+    """Mirror of test_keep's noisy-split test on merge's own path (open_member with a --dev-data, keep_graft): the
     point search stops at sizes keeping < 90% of FT on 600 fresh rows; the bound's routed graft keeps ≥ 90%, promised
     on 64 dev rows; 24 rows cannot confirm 0.9 at all (29 rows FT gets right are needed): refused (issue 50)."""
     from skillgraft.errors import SkillgraftError
@@ -148,7 +148,7 @@ def test_noisy_dev_split_does_not_give_a_routed_graft_below_target(classifiers, 
     from skillgraft.graft.localizers import get_localizer
     from skillgraft.pipeline.keep import keep_graft
     from skillgraft.pipeline.store import Store
-    from skillgraft.verbs.merge import MergeSpec, open_setup
+    from skillgraft.verbs.merge import MergeSpec, open_member
     from skillgraft.verbs.merge_inputs import ModelInput
 
     c = classifiers
@@ -161,21 +161,21 @@ def test_noisy_dev_split_does_not_give_a_routed_graft_below_target(classifiers, 
         dev = write_rows(tmp_path / f"dev-{rows}-{seed}.jsonl", sentiment(rows, seed))
         m = ModelInput(str(c["sentiment"][0]), UserDataSpec(data=c["sentiment"][1], eval_data=c["sentiment"][2]), dev,
                        None, "sentiment")
-        setup = open_setup(str(c["base"]), m, spec)
-        truth = read_file(setup.data.task, truth_path)
-        truth_ft, truth_graft = selection_outcome(setup.ft, truth).score, graft_outcome(setup.pre, setup.ft, truth)
+        member = open_member(str(c["base"]), m, spec)
+        truth = read_file(member.data.task, truth_path)
+        truth_ft, truth_graft = selection_outcome(member.ft, truth).score, graft_outcome(member.pre, member.ft, truth)
         if rows < 29:
             with pytest.raises(SkillgraftError, match="cannot be confirmed: the selection split .* has 24 rows"):
-                keep_graft(setup, store, "movement", opts, spec.keep_spec().replace(keep_bound="exact"))
+                keep_graft(member, store, "movement", opts, spec.keep_spec().replace(keep_bound="exact"))
         else:
-            graft, r = keep_graft(setup, store, "movement", opts, spec.keep_spec())
+            graft, r = keep_graft(member, store, "movement", opts, spec.keep_spec())
             assert r["confidence"] == 0.9 and r["selection_rows"] == rows
             assert r["reached"] and graft.size == r["size"]
             assert truth_graft(graft.region).score >= 0.9 * truth_ft, seed
         # the old point search on the same rows and the same ranking stops at a size keeping < 90% on fresh rows
-        ranking = loc.ranking(setup.pre, setup.ft, setup.data, opts)
-        score = graft_outcome(setup.pre, setup.ft, setup.data.dev)
-        (point,) = search_keep(lambda k: score(ranking.region(k)), selection_outcome(setup.ft, setup.data.dev), [0.9],
+        ranking = loc.ranking(member.pre, member.ft, member.data, opts)
+        score = graft_outcome(member.pre, member.ft, member.data.dev)
+        (point,) = search_keep(lambda k: score(ranking.region(k)), selection_outcome(member.ft, member.data.dev), [0.9],
                                len(ranking), start=1)
         assert point.reached and (rows < 29 or point.size < graft.size)
         assert truth_graft(ranking.region(point.size)).score < 0.9 * truth_ft, seed

@@ -49,7 +49,7 @@ def test_refit_changes_only_the_head_layer_on_training_rows(classifiers, tmp_pat
     rows used are training rows (not one test or dev row)."""
     from skillgraft.merge import Scored  # noqa: F401
     from skillgraft.merge.refit import refit_rows
-    from skillgraft.verbs.merge import MergeSpec, open_setup
+    from skillgraft.verbs.merge import MergeSpec, open_member
     from skillgraft.verbs.merge_inputs import resolve_inputs
 
     from skillgraft.data.spec import UserDataSpec
@@ -60,14 +60,14 @@ def test_refit_changes_only_the_head_layer_on_training_rows(classifiers, tmp_pat
                                data=[str(c[t][1]) for t in ("sentiment", "topic")],
                                eval_data=[str(c[t][2]) for t in ("sentiment", "topic")],
                                dev_data=[], grafts=[], shared=UserDataSpec())
-    setup = open_setup(str(c["base"]), inputs[1], spec)
-    rows = refit_rows(setup.data.train, 24, setup.data.seed)
+    member = open_member(str(c["base"]), inputs[1], spec)
+    rows = refit_rows(member.data.train, 24, member.data.seed)
     key = lambda ex: (ex.text_a, ex.text_b, ex.label)  # noqa: E731
-    train = [key(x) for x in setup.data.train]
+    train = [key(x) for x in member.data.train]
     assert len(rows) == 24 and all(key(r) in train for r in rows)
-    held = {key(x) for x in setup.test} | {key(x) for x in setup.data.dev}
+    held = {key(x) for x in member.test} | {key(x) for x in member.data.dev}
     assert not [r for r in rows if key(r) in held and key(r) not in train]  # only training rows are drawn
-    scorer = setup.ft
+    scorer = member.ft
     before = {n: p.detach().clone() for n, p in scorer.named_parameters()}
     import contextlib
 

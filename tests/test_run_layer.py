@@ -32,8 +32,8 @@ def test_the_frontier_reads_sparsity_trajectories_from_the_class():
     register_localizer("trajectories-test")(Trajectories)
     try:
         spec = FrontierSpec(frontier_levels=["1e-3", "1e-2"], frontier_sparsities=[1e-3, 1e-2], frontier_peers=[])
-        setup = SimpleNamespace(pre="θ_pre", ft="θ_ft")
-        out, _ = _families(setup, spec, "trajectories-test", LocalizeConfig(), SimpleNamespace(train=[], dev=[]),
+        member = SimpleNamespace(pre="θ_pre", ft="θ_ft")
+        out, _ = _families(member, spec, "trajectories-test", LocalizeConfig(), SimpleNamespace(train=[], dev=[]),
                            False)
     finally:
         LOCALIZERS.pop("trajectories-test")

@@ -10,7 +10,8 @@ import torch
 
 from skillgraft.models import build_scorer
 from skillgraft.models.anatomy import carried_names
-from skillgraft.pipeline.setup import FineTunedFiles, from_pair
+from skillgraft.pipeline.member import FineTunedFiles
+from skillgraft.pipeline.setup import from_pair
 from skillgraft.pipeline.workbench import MemberState, PreState, Workbench, share_parameters
 
 
@@ -52,19 +53,19 @@ def test_a_bench_holds_theta_pre_once_and_releases_each_member(classifier_pair, 
 
     base, ft, data = classifier_pair
     bench = Workbench()
-    setups = []
+    members = []
     for name in ("a", "b"):
-        setup = from_pair(str(base), str(ft), UserDataSpec(data=str(data)), share_pre=bench.share)
-        bench.add(name, setup, loader=lambda s=setup: build_scorer(str(ft), s.data.task, "classifier"))
-        setups.append(setup)
+        member = from_pair(str(base), str(ft), UserDataSpec(data=str(data)), share_pre=bench.share)
+        bench.add(name, member, loader=lambda s=member: build_scorer(str(ft), s.data.task, "classifier"))
+        members.append(member)
         assert bench.states[name] == "loaded" and bench.members[name].pre_state == PreState.LOADED
         bench.scored(name)
         assert bench.states[name] is MemberState.SCORED and not bench.members[name].released
         bench.release(name)
-        assert bench.states[name] == "released" and isinstance(setup.ft, FineTunedFiles)
-        assert bench.members[name].released and bench.setup(name) is setup
+        assert bench.states[name] == "released" and isinstance(member.ft, FineTunedFiles)
+        assert bench.members[name].released and bench.members[name] is member
     body = [n for n in dict(bench.pre.named_parameters()) if n not in set(carried_names(bench.pre))]
-    second = dict(setups[1].pre.named_parameters())
+    second = dict(members[1].pre.named_parameters())
     assert all(second[n] is dict(bench.pre.named_parameters())[n] for n in body)  # θ_pre in memory once
     assert bench.heads["a"] and all(torch.is_tensor(t) for t in bench.heads["a"].values())
     with bench.finetuned("b") as model:  # read back from its files for the block
@@ -106,18 +107,18 @@ def test_lean_members_hold_one_model_and_give_theta_pre_back(llama_pair, toy_dat
         if bench.pre is not None:
             assert bench.pre_state == "released"
             assert all(p.numel() == 0 for p in bench.pre.parameters())  # no θ_pre beside the coming θ_ft
-        setup = from_pair(str(a), str(b), spec, data_dir=toy_data, lean=True, share_pre=bench.share)
-        member = bench.add(name, setup)
+        member = from_pair(str(a), str(b), spec, data_dir=toy_data, lean=True, share_pre=bench.share)
+        member = bench.add(name, member)
         assert member.pre_state == PreState.DEFERRED
-        assert setup.pre is None and bench.release_to_files(name) and isinstance(setup.ft, FineTunedFiles)
+        assert member.pre is None and bench.release_to_files(name) and isinstance(member.ft, FineTunedFiles)
         assert member.state is MemberState.LAZY  # files holding exactly θ_ft, read tensor by tensor
-        setup.load_deferred_pre()
-        assert bench.pre_state == "loaded" and setup.identity() == both.identity()  # the same store keys
+        member.load_deferred_pre()
+        assert bench.pre_state == "loaded" and member.identity() == both.identity()  # the same store keys
     mine, ref = dict(bench.pre.named_parameters()), dict(both.pre.named_parameters())
     assert all(torch.equal(mine[n], ref[n]) for n in ref)
-    first = dict(bench.setup("a").pre.named_parameters())
-    assert all(first[n] is p for n, p in dict(bench.setup("b").pre.named_parameters()).items())
-    assert cached_fingerprint(bench.pre) == fingerprint(both.pre) == cached_fingerprint(bench.setup("b").pre)
+    first = dict(bench.members["a"].pre.named_parameters())
+    assert all(first[n] is p for n, p in dict(bench.members["b"].pre.named_parameters()).items())
+    assert cached_fingerprint(bench.pre) == fingerprint(both.pre) == cached_fingerprint(bench.members["b"].pre)
 
 
 def test_a_bench_carries_its_placement_explicitly():

@@ -55,7 +55,7 @@ def one_label(labels: list[int], names: tuple[str, ...] | list[str], where: str)
             "agreement with that class, and ECE and agreement say little; evaluate on rows of every label")
 
 
-def outside_body(setup, graftable: str = "body") -> str | None:
+def outside_body(member, graftable: str = "body") -> str | None:
     """The caveat when most of θ_ft − θ_pre (squared L2 mass, the body's tensors; carried heads left out) lies
     in tensors outside the graftable universe, or None. One pass over the tensors, rows at a time."""
     import math  # noqa: PLC0415
@@ -65,15 +65,15 @@ def outside_body(setup, graftable: str = "body") -> str | None:
     from skillgraft.graft.localizers.source import fine_tuned  # noqa: PLC0415
     from skillgraft.models.anatomy import graftable_names, is_carried  # noqa: PLC0415
 
-    pre = setup.pre
+    pre = member.pre
     if pre is None:
         return None
     params = {n: p for n, p in pre.named_parameters() if not is_carried(n, pre)}
     inside = set(graftable_names(pre, graftable))
-    source = fine_tuned(setup.ft, pre, list(params))
+    source = fine_tuned(member.ft, pre, list(params))
     # a lean pair's θ_pre is memory-mapped and must stay unread where the work never reads it (its embedding's
     # unused rows): its values come from its files here, as its fingerprint does
-    files = getattr(setup, "pre_files", None) if getattr(setup, "released", False) else None
+    files = member.inputs.pre_files if member.released else None
     pre_source = fine_tuned(files, pre, list(params)) if files is not None else None
     mass: dict[str, float] = {}
     with torch.no_grad():
@@ -109,17 +109,17 @@ def warned(caveats: Iterable[str | None]) -> list[str]:
     return out
 
 
-def graft_caveats(setup, rows: list[Mapping], graftable: str = "body") -> list[str]:
+def graft_caveats(member, rows: list[Mapping], graftable: str = "body") -> list[str]:
     """The caveats of a grafting report (warned once each)."""
     ft = next((r for r in rows if r["kind"] == "ft"), None)
-    labels = [e.label for e in setup.test]
-    task = setup.data.task
+    labels = [e.label for e in member.test]
+    task = member.data.task
     num_labels = getattr(task, "num_labels", 0) or 0
     accuracy = (ft.get("accuracy") if ft is not None else None) if num_labels else None
     return warned([
         below_chance(accuracy, labels, num_labels, "the fine-tuned model", "share of FT and gap closed"),
         one_label(labels, tuple(task.labels), f"{task.name} test") if num_labels else None,
-        outside_body(setup, graftable),
+        outside_body(member, graftable),
     ])
 
 
@@ -130,11 +130,11 @@ def caveat_markdown(caveats: list[str] | None) -> list[str]:
     return ["## Caveats: results that may mean nothing", "", *[f"- **warning:** {c}" for c in caveats], ""]
 
 
-def few_dev_rows(setups: Mapping) -> str | None:
+def few_dev_rows(members: Mapping) -> str | None:
     """The caveat when a merge chooses λ and its grids on fewer than :data:`FEW_DEV_ROWS` dev rows of a task (one
     row then moves that task's dev accuracy by more than 3 points), or None."""
-    dev = {name: len(getattr(setup.data, "dev", None) or []) for name, setup in setups.items()
-           if getattr(setup.data, "dev", None) is not None}
+    dev = {name: len(getattr(member.data, "dev", None) or []) for name, member in members.items()
+           if getattr(member.data, "dev", None) is not None}
     few = {name: n for name, n in dev.items() if n < FEW_DEV_ROWS}
     if not few:
         return None
@@ -144,16 +144,16 @@ def few_dev_rows(setups: Mapping) -> str | None:
             f"(≥ {FEW_DEV_ROWS} per task) or a larger --dev-fraction")
 
 
-def merge_caveats(setups: Mapping, ft_test: Mapping[str, float]) -> list[str]:
+def merge_caveats(members: Mapping, ft_test: Mapping[str, float]) -> list[str]:
     """The caveats of a merge (warned once each): per task, its own fine-tuned model at or below chance (each
     method's *normalized* accuracy divides by it) and test rows of one label; choices made on few dev rows."""
-    out: list[str | None] = [few_dev_rows(setups)]
-    for name, setup in setups.items():
-        task = setup.data.task
+    out: list[str | None] = [few_dev_rows(members)]
+    for name, member in members.items():
+        task = member.data.task
         num_labels = getattr(task, "num_labels", 0) or 0
         if not num_labels:
             continue
-        labels = [e.label for e in setup.test]
+        labels = [e.label for e in member.test]
         accuracy = ft_test.get(name) if getattr(task, "metric", "accuracy") == "accuracy" else None
         out += [below_chance(accuracy, labels, num_labels, f"task {name}: its fine-tuned model",
                              "every method's normalized accuracy on it and the means"),

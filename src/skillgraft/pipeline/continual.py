@@ -48,7 +48,7 @@ from skillgraft.untrusted import read_json
 from skillgraft.models.anatomy import fingerprint, graftable_names
 from skillgraft.models.spec import MAX_LENGTH, ModelSpec
 from skillgraft.pipeline.regions import learned_regions
-from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.store import Store, draw_key
 from skillgraft.train.finetune import FinetuneConfig
 from skillgraft.train.multitask import MultiTaskScorer, finetune_region, multitask_finetune
@@ -261,14 +261,14 @@ def _copy_graft_values(view, graft: Graft, region: Region) -> None:
             params[name].detach().copy_(t)
 
 
-def task_region(setup: Setup, store: Store, localize=None, *, progress: bool = False) -> tuple[Region, Graft, dict]:
-    """γ_t from the independent single-task run ``setup`` (the store's fine-tuning): the learned localizer's first
+def task_region(member: Member, store: Store, localize=None, *, progress: bool = False) -> tuple[Region, Graft, dict]:
+    """γ_t from the independent single-task run ``member`` (the store's fine-tuning): the learned localizer's first
     region (the store's regions stage), the single-task graft on it, and a summary."""
-    found, summary = learned_regions(setup, store, "learned", localize, progress=progress)
+    found, summary = learned_regions(member, store, "learned", localize, progress=progress)
     region = next(iter(found.values()))
-    graft = Graft.from_models(setup.pre, setup.ft, region, {"task": setup.task})
+    graft = Graft.from_models(member.pre, member.ft, region, {"task": member.task})
     return region, graft, {"size": len(region), "localize_seconds": summary.get("seconds"),
-                           "finetuned": setup.ft_dir.parent.name}
+                           "finetuned": member.inputs.ft_dir.parent.name}
 
 
 # ---------------------------------------------------------------------------------------------- store stages

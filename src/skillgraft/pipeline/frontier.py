@@ -1,6 +1,6 @@
 """The share-vs-size frontier: share of FT against density for a localizer and closed-form peers at equal density.
 
-For one fine-tuned model (a :class:`~skillgraft.pipeline.setup.Setup`) and densities d (default 1e-5 … 1e-1 of
+For one fine-tuned model (a :class:`~skillgraft.pipeline.member.Member`) and densities d (default 1e-5 … 1e-1 of
 the graftable body), each method's graft θ_pre + γ_d ⊙ Δ is scored on the test rows:
 
 * the report's localizer — for ``learned`` (paper Eq. 3–4) one trajectory gives two curves: ``learned`` (the
@@ -39,7 +39,7 @@ from skillgraft.graft.selection import Budget, as_list, region_universe
 from skillgraft.io import write_json
 from skillgraft.untrusted import read_json
 from skillgraft.pipeline.report import RunDir, write_csv
-from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
 from skillgraft.pipeline.keep import KeepTarget, keep_identity, selection_split
 from skillgraft.spec import Spec
@@ -170,7 +170,7 @@ class FrontierResult(Row):
 _STORED = tuple(f.name for f in dataclasses.fields(FrontierResult))
 
 
-def frontier_report(setup: Setup, run: RunDir, spec: FrontierSpec | None = None, localizer: str = "learned",
+def frontier_report(member: Member, run: RunDir, spec: FrontierSpec | None = None, localizer: str = "learned",
                     options: Spec | dict | None = None, keep: KeepSpec | None = None, *,
                     progress: bool = False) -> FrontierResult:
     """Score every method at every density and search each one's density for the keep shares (module doc)."""
@@ -181,21 +181,21 @@ def frontier_report(setup: Setup, run: RunDir, spec: FrontierSpec | None = None,
     for name in spec.frontier_peers:
         if name != "dare":
             get_localizer(name)  # unknown names fail before any work
-    key = {"setup": setup.identity(), "localizer": localizer, "options": options.to_dict(), "frontier": spec.to_dict(),
+    key = {"setup": member.identity(), "localizer": localizer, "options": options.to_dict(), "frontier": spec.to_dict(),
            **keep_identity(keep), "learned_order": LEARNED_ORDER}
 
     def make(folder: Path) -> None:
-        write_json(folder / "frontier.json", _measure(setup, spec, localizer, options, keep, progress))
+        write_json(folder / "frontier.json", _measure(member, spec, localizer, options, keep, progress))
 
-    entry = run.store.fetch("frontier", key, make, label=f"{setup.task}-{setup.k}-{setup.seed}-{localizer}")
+    entry = run.store.fetch("frontier", key, make, label=f"{member.task}-{member.k}-{member.seed}-{localizer}")
     result = FrontierResult.from_columns(read_json(entry / "frontier.json", required=_STORED, what="stored frontier"))
     write_csv(run.file("frontier.csv"), result.rows)
     write_csv(run.file("frontier_keep.csv"), result.keep)
-    frontier_plot(result, run.file("frontier.png"), setup.task)
+    frontier_plot(result, run.file("frontier.png"), member.task)
     return result
 
 
-def _families(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, data, progress: bool):
+def _families(member: Member, spec: FrontierSpec, localizer: str, options: Spec, data, progress: bool):
     """{method: (ranking or None, {density: region} or None, dare?)} and the localizer's seconds."""
     out: dict[str, tuple] = {}
     t0 = time.perf_counter()
@@ -210,16 +210,16 @@ def _families(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, d
             if not mine and i:
                 continue
             cfg = base.replace(sparsity=s, budgets=[b.key for b in mine] or [spec.frontier_levels[0].key])
-            result = loc.trajectory(setup.pre, setup.ft, data, cfg, ranked=i == 0, progress=progress)
+            result = loc.trajectory(member.pre, member.ft, data, cfg, ranked=i == 0, progress=progress)
             regions |= {b.fraction: r for b, r in result.regions.items() if b in mine}
             order = order or result.ranking
         out[localizer] = (None, regions, False)
         out[f"{localizer} order"] = (order, None, False)
     elif get_localizer(localizer).ranked:
-        out[localizer] = (get_localizer(localizer).ranking(setup.pre, setup.ft, data, options, progress=progress),
+        out[localizer] = (get_localizer(localizer).ranking(member.pre, member.ft, data, options, progress=progress),
                           None, False)
     else:  # one trajectory per budget: its regions at each density, no keep search
-        found = get_localizer(localizer).regions(setup.pre, setup.ft, data, spec.frontier_levels, options,
+        found = get_localizer(localizer).regions(member.pre, member.ft, data, spec.frontier_levels, options,
                                                  progress=progress)
         out[localizer] = (None, {b.fraction: r for b, r in found.items()}, False)
     seconds = time.perf_counter() - t0
@@ -227,38 +227,38 @@ def _families(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, d
     for name in spec.frontier_peers:
         peer = "random" if name == "dare" else name
         opts = {"graftable": options.graftable} | ({"seed": seed} if peer == "random" else {})
-        ranking = get_localizer(peer).ranking(setup.pre, setup.ft, data, opts)
+        ranking = get_localizer(peer).ranking(member.pre, member.ft, data, opts)
         out[PEER_LABELS.get(name, name)] = (ranking, None, name == "dare")
     return out, seconds
 
 
-def _measure(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, keep: KeepSpec,
+def _measure(member: Member, spec: FrontierSpec, localizer: str, options: Spec, keep: KeepSpec,
              progress: bool) -> FrontierResult:
-    selection, data, note = selection_split(setup, keep)
-    families, loc_seconds = _families(setup, spec, localizer, options, data, progress)
-    universe = region_universe(setup.pre, options.graftable)
+    selection, data, note = selection_split(member, keep)
+    families, loc_seconds = _families(member, spec, localizer, options, data, progress)
+    universe = region_universe(member.pre, options.graftable)
     size = sum(math.prod(s) for s in universe.values())
-    variants: list[Variant] = [v for v in base_variants(setup) if v.kind in ("ft", "pre", "head-only")]
+    variants: list[Variant] = [v for v in base_variants(member) if v.kind in ("ft", "pre", "head-only")]
     points = []
     for method, (ranking, regions, dare) in families.items():
         for level in spec.frontier_levels:
             region = regions[level.fraction] if regions is not None else ranking.region(level.size(size))
             name = f"{method} @ {level.label}"
-            variants.append(_variant(setup, region, level, name, dare))
+            variants.append(_variant(member, region, level, name, dare))
             points.append((method, level.fraction, name))
     keeps, t0 = [], time.perf_counter()
     for method, (ranking, _, dare) in families.items():
         if ranking is None or not keep.keep:
             continue
-        score = graft_outcome(setup.pre, setup.ft, selection, values=dare_values(setup.pre, setup.ft, size) if dare
+        score = graft_outcome(member.pre, member.ft, selection, values=dare_values(member.pre, member.ft, size) if dare
                               else None, tokens=bool(keep.keep_agreement))
-        for r in keep_search(setup.pre, setup.ft, ranking, selection, keep, score=score):
+        for r in keep_search(member.pre, member.ft, ranking, selection, keep, score=score):
             name = f"{method} keep {r.target:g}"
-            variants.append(_variant(setup, r.region, Budget.parse(max(1, len(r.region))), name, dare))
+            variants.append(_variant(member, r.region, Budget.parse(max(1, len(r.region))), name, dare))
             found = FrontierKeep.from_columns({**r.to_dict(), "method": method})
             keeps.append((name, dataclasses.replace(found, probes=[[p.size, round(p.share, 4)] for p in r.probes])))
     keep_seconds = time.perf_counter() - t0
-    rows, _ = compare(setup, variants, progress=progress)
+    rows, _ = compare(member, variants, progress=progress)
     by_name = {r.model: r for r in rows}
     ft = next(r for r in rows if r.kind == "ft")
     ref = {r.kind: r.score for r in rows if r.kind in ("pre", "head-only")}
@@ -266,14 +266,14 @@ def _measure(setup: Setup, spec: FrontierSpec, localizer: str, options: Spec, ke
                             by_name[name].gap_closed) for method, density, name in points]
     tested = [dataclasses.replace(k, tested=True, test_score=by_name[name].score,
                                   test_share=by_name[name].share_of_ft) for name, k in keeps]
-    return FrontierResult(setup.task, ft.score, ref, len(setup.test), note, len(selection), keep.keep_confidence, size,
-                          localizer, loc_seconds, keep_seconds, out_rows, tested, ahead(out_rows))
+    return FrontierResult(member.task, ft.score, ref, len(member.test), note, len(selection), keep.keep_confidence,
+                          size, localizer, loc_seconds, keep_seconds, out_rows, tested, ahead(out_rows))
 
 
-def _variant(setup: Setup, region, level: Budget, name: str, dare: bool) -> Variant:
+def _variant(member: Member, region, level: Budget, name: str, dare: bool) -> Variant:
     if dare:
-        return Variant(name, "dare", len(region), dare_graft(setup.pre, setup.ft, region), level.fraction)
-    return graft_variant(setup, region, level, name=name, kind="graft")
+        return Variant(name, "dare", len(region), dare_graft(member.pre, member.ft, region), level.fraction)
+    return graft_variant(member, region, level, name=name, kind="graft")
 
 
 def ahead(rows: list[FrontierRow], upto: float = 1e-2) -> list[Ahead]:

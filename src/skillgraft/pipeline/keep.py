@@ -4,7 +4,7 @@ The selection split is a user's ``--keep-data`` file, else the data's dev split 
 label), else a seeded held-out slice of the localization rows (the localizer then learns on the rest); the
 report's test rows are never used to choose (a ``--keep-data`` row that is also a test row is refused). A size
 counts as reaching a target when the lower confidence bound of its share (``--keep-confidence``) does. The search (:mod:`skillgraft.graft.keep`) runs on the chosen localizer's nested family; the
-found regions are stored (keyed by the setup, the localizer and its options, the targets and the split) and
+found regions are stored (keyed by the member, the localizer and its options, the targets and the split) and
 scored on the test rows beside every other variant.
 """
 
@@ -28,7 +28,7 @@ from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget
 from skillgraft.io import write_json
 from skillgraft.untrusted import read_json
-from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.variants import Variant, graft_variant
 from skillgraft.spec import Spec
 from skillgraft.untrusted import inside
@@ -118,16 +118,16 @@ class KeepSummary(Row):
                 "seconds": self.seconds, "targets": self.targets}
 
 
-def selection_split(setup: Setup, keep: KeepSpec | float = 0.2) -> tuple[list, object, str]:
+def selection_split(member: Member, keep: KeepSpec | float = 0.2) -> tuple[list, object, str]:
     """(selection examples, the data the localizer learns on, a note saying which) for keep searches.
 
     ``keep``: the keep spec (its ``keep_data`` file, else its ``keep_holdout``), or a hold-out fraction."""
     spec = keep if isinstance(keep, KeepSpec) else KeepSpec(keep_holdout=keep)
-    data = setup.data
+    data = member.data
     if spec.keep_data is not None:
-        user = setup.graft_metadata.user_data or {}  # a pair's generative data: its prompt and completion fields
+        user = member.graft_metadata.user_data or {}  # a pair's generative data: its prompt and completion fields
         fields = (user.get("prompt_field") or "prompt", user.get("completion_field") or "completion")
-        selection = read_keep_data(spec.keep_data, data.task, setup.test, labels=bool(spec.keep), fields=fields)
+        selection = read_keep_data(spec.keep_data, data.task, member.test, labels=bool(spec.keep), fields=fields)
         bare = sum(ex.text_b is None for ex in selection if data.task.kind == "generative")
         greedy = (f"; {bare} prompts without a completion take FT's greedy one (at most {spec.keep_new_tokens} new "
                   "tokens) as the reference" if bare else "")
@@ -135,7 +135,7 @@ def selection_split(setup: Setup, keep: KeepSpec | float = 0.2) -> tuple[list, o
                 "localizer learned on all its rows")
         return selection, data, note
     if data.dev:
-        note = f"the dev split ({len(data.dev)} rows, distinct from the {len(setup.test)} test rows)"
+        note = f"the dev split ({len(data.dev)} rows, distinct from the {len(member.test)} test rows)"
         return list(data.dev), data, note
     rows = list(data.train)
     n = max(1, round(spec.keep_holdout * len(rows)))
@@ -303,27 +303,27 @@ def target_key(t: KeepTarget) -> str:
     return repr(t.target) if t.kind == "share" else f"agreement-{t.target!r}"
 
 
-def keep_results(setup: Setup, store, localizer: str, options: Spec, keep: KeepSpec, *,
+def keep_results(member: Member, store, localizer: str, options: Spec, keep: KeepSpec, *,
                  progress: bool = False) -> tuple[dict[str, Region], KeepSummary]:
     """Regions found for each keep target and the search's summary (stored: a re-run only re-scores)."""
     loc = get_localizer(localizer)
     options = loc.options(options)
-    key = {"setup": setup.identity(), "localizer": localizer, "options": options.to_dict(), **keep_identity(keep),
+    key = {"setup": member.identity(), "localizer": localizer, "options": options.to_dict(), **keep_identity(keep),
            "learned_order": LEARNED_ORDER}
     holder: dict = {}
 
     def make(folder: Path) -> None:
         from skillgraft.graft.keep import selection_outcome  # noqa: PLC0415
 
-        selection, data, note = selection_split(setup, keep)
-        check_keep_rows(keep, setup.data.task, len(selection), note.split(" (")[0])
-        selection = with_completions(setup.ft, selection, keep.keep_new_tokens)
-        ft = selection_outcome(setup.ft, selection)
+        selection, data, note = selection_split(member, keep)
+        check_keep_rows(keep, member.data.task, len(selection), note.split(" (")[0])
+        selection = with_completions(member.ft, selection, keep.keep_new_tokens)
+        ft = selection_outcome(member.ft, selection)
         if ft.pred is not None:  # FT's right rows are what the exact bound counts
-            check_keep_rows(keep, setup.data.task, len(selection), note.split(" (")[0],
+            check_keep_rows(keep, member.data.task, len(selection), note.split(" (")[0],
                             right=int((ft.pred == ft.labels).sum()))
         t0 = time.perf_counter()
-        results = loc.keep(setup.pre, setup.ft, data, keep, options, selection=selection, progress=progress)
+        results = loc.keep(member.pre, member.ft, data, keep, options, selection=selection, progress=progress)
         summary = KeepSummary(note, len(selection), keep.keep_confidence, time.perf_counter() - t0,
                               [KeepTarget.of(r) for r in results])
         for r in results:
@@ -331,7 +331,7 @@ def keep_results(setup: Setup, store, localizer: str, options: Spec, keep: KeepS
         write_json(folder / "summary.json", summary)
         holder["regions"] = {r.key: r.region for r in results}
 
-    entry = store.fetch("keep", key, make, label=f"{setup.task}-{setup.k}-{setup.seed}-{localizer}-keep")
+    entry = store.fetch("keep", key, make, label=f"{member.task}-{member.k}-{member.seed}-{localizer}-keep")
     path = entry / "summary.json"
     summary = read_json(path, required=("targets",), what="stored keep summary")
     if not isinstance(summary["targets"], list) or not all(isinstance(t, dict) and type(t.get("target")) in (int, float)
@@ -344,15 +344,15 @@ def keep_results(setup: Setup, store, localizer: str, options: Spec, keep: KeepS
     return regions, summary
 
 
-def keep_variants(setup: Setup, store, localizer: str, options: Spec, keep: KeepSpec, *,
+def keep_variants(member: Member, store, localizer: str, options: Spec, keep: KeepSpec, *,
                   progress: bool = False) -> tuple[list[Variant], KeepSummary]:
     """One graft variant per keep target (named ``keep 0.95``), and the search's summary."""
-    regions, summary = keep_results(setup, store, localizer, options, keep, progress=progress)
+    regions, summary = keep_results(member, store, localizer, options, keep, progress=progress)
     variants = []
     for t in summary.targets:
         region = regions[target_key(t)]
         meta = {"localizer": localizer, "keep": t.target, "keep_kind": t.kind, "selection": summary.selection}
-        variants.append(graft_variant(setup, region, Budget.parse(max(1, len(region))), meta, name=t.label,
+        variants.append(graft_variant(member, region, Budget.parse(max(1, len(region))), meta, name=t.label,
                                       kind="keep"))
     return variants, summary
 
@@ -420,18 +420,18 @@ def keep_markdown(section: KeepSummary) -> list[str]:
     return lines + ([""] + notes if notes else [])
 
 
-def keep_graft(setup: Setup, store, localizer: str, options: Spec, keep: KeepSpec, meta: dict | None = None, *,
+def keep_graft(member: Member, store, localizer: str, options: Spec, keep: KeepSpec, meta: dict | None = None, *,
                progress: bool = False) -> tuple[object, KeepTarget]:
     """The graft of ``keep``'s one target (``skillgraft merge --routed --keep τ``): the region :func:`keep_results`
-    finds on the same selection split as ``skillgraft graft --keep`` (the setup's dev rows, never its test rows),
+    finds on the same selection split as ``skillgraft graft --keep`` (the member's dev rows, never its test rows),
     θ_pre + γ ⊙ (θ_ft − θ_pre) on it, and that target's search result (with the selection note). Needs θ_ft
     loaded."""
     from skillgraft.graft.graft import Graft  # noqa: PLC0415
 
-    regions, summary = keep_results(setup, store, localizer, options, keep, progress=progress)
+    regions, summary = keep_results(member, store, localizer, options, keep, progress=progress)
     (target,) = summary.targets
     region = regions[target_key(target)]
-    meta = {"task": setup.task, "mode": setup.pre.mode, "localizer": localizer, "keep": target.target,
+    meta = {"task": member.task, "mode": member.pre.mode, "localizer": localizer, "keep": target.target,
             "keep_confidence": summary.confidence, **(meta or {})}
-    return Graft.from_models(setup.pre, setup.ft, region, meta), dataclasses.replace(target,
+    return Graft.from_models(member.pre, member.ft, region, meta), dataclasses.replace(target,
                                                                                      selection=summary.selection)

@@ -1,4 +1,4 @@
-"""The regions stage: a localizer's regions for one setup, learned once and then read from the store.
+"""The regions stage: a localizer's regions for one member, learned once and then read from the store.
 
 Every runner that needs regions (``skillgraft graft``, the recipes, ``skillgraft merge``, continual learning)
 asks :func:`learned_regions`; its store key covers the fine-tuned model, the data (content digest), the
@@ -16,7 +16,7 @@ from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget
 from skillgraft.io import write_json
 from skillgraft.untrusted import read_json
-from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.trained import bitfit_variant, retrain_variant
 from skillgraft.pipeline.variants import Variant, base_variants, graft_variant
 from skillgraft.spec import Spec
@@ -43,21 +43,21 @@ def localizer_options(localizer: str, localize: Spec | dict | None, *, build=Non
     return build(loc.Options, given) if build is not None else loc.options(given)
 
 
-def learned_regions(setup: Setup, store, localizer: str, options: Spec, *,
+def learned_regions(member: Member, store, localizer: str, options: Spec, *,
                     progress: bool = False) -> tuple[dict[Budget, Region], dict]:
-    """Regions of ``localizer`` for ``setup`` (one per budget) and its summary: THE regions cache.
+    """Regions of ``localizer`` for ``member`` (one per budget) and its summary: THE regions cache.
 
     The store key covers the fine-tuned model, the data (content digest), the localizer and its resolved
     options; a finished entry is reused, an interrupted one never is.
     """
     loc = get_localizer(localizer)
     options = loc.options(options)
-    key, label = _regions_key(setup, localizer, options)
+    key, label = _regions_key(member, localizer, options)
     holder: dict = {}
 
     def make(folder: Path) -> None:
         t0 = time.perf_counter()
-        result = loc.run(setup.pre, setup.ft, setup.data, options, progress=progress)
+        result = loc.run(member.pre, member.ft, member.data, options, progress=progress)
         for budget, region in result.regions.items():
             region.save(folder / budget.key)
         summary = {**result.summary, "budgets": [b.key for b in result.regions],
@@ -70,17 +70,17 @@ def learned_regions(setup: Setup, store, localizer: str, options: Spec, *,
     return holder.get("regions") or regions, summary
 
 
-def stored_regions(setup: Setup, store, localizer: str, options: Spec) -> tuple[dict[Budget, Region], dict] | None:
+def stored_regions(member: Member, store, localizer: str, options: Spec) -> tuple[dict[Budget, Region], dict] | None:
     """The regions cache's entry for these settings (as :func:`learned_regions` returns it), or None when it is not
     in the store: nothing is computed."""
-    key, label = _regions_key(setup, localizer, get_localizer(localizer).options(options))
+    key, label = _regions_key(member, localizer, get_localizer(localizer).options(options))
     entry = store.get("regions", key, label)
     return None if entry is None else _read_regions(entry)
 
 
-def _regions_key(setup: Setup, localizer: str, options: Spec) -> tuple[dict, str]:
-    return ({"setup": setup.identity(), "localizer": localizer, "options": options.to_dict()},
-            f"{setup.task}-{setup.k}-{setup.seed}-{localizer}")
+def _regions_key(member: Member, localizer: str, options: Spec) -> tuple[dict, str]:
+    return ({"setup": member.identity(), "localizer": localizer, "options": options.to_dict()},
+            f"{member.task}-{member.k}-{member.seed}-{localizer}")
 
 
 def _read_regions(entry: Path, *, regions: bool = True) -> tuple[dict[Budget, Region], dict]:
@@ -93,25 +93,25 @@ def _read_regions(entry: Path, *, regions: bool = True) -> tuple[dict[Budget, Re
     return ({Budget.parse(b): Region.load(f) for b, f in folders} if regions else {}), summary
 
 
-def learned_grafts(setup: Setup, store, localize: Spec, *, progress: bool = False
+def learned_grafts(member: Member, store, localize: Spec, *, progress: bool = False
                    ) -> tuple[list[Variant], dict[Budget, Region], dict]:
     """pre, head only, FT and one learned graft per budget of ``localize`` (the learned localizer's options), the
     regions and the localization summary: the models every comparison recipe starts from."""
-    regions, summary = learned_regions(setup, store, "learned", localize, progress=progress)
-    variants = base_variants(setup) + [graft_variant(setup, region, budget, {"budget": budget.key})
+    regions, summary = learned_regions(member, store, "learned", localize, progress=progress)
+    variants = base_variants(member) + [graft_variant(member, region, budget, {"budget": budget.key})
                                        for budget, region in regions.items()]
     return variants, regions, summary
 
 
-def model_variants(setup: Setup, spec, run) -> tuple[list[Variant], dict]:
+def model_variants(member: Member, spec, run) -> tuple[list[Variant], dict]:
     """:func:`learned_grafts` and, if ``spec`` (a recipe's ``GraftVariantsMixin``) asks, a re-trained graft and
     BitFit; + the localization summary."""
-    variants, regions, summary = learned_grafts(setup, run.store, spec.localize, progress=spec.progress)
+    variants, regions, summary = learned_grafts(member, run.store, spec.localize, progress=spec.progress)
     if spec.retrain:
         key = spec.retrain.budget or next(iter(regions))
         label = "graft re-training" if key.rounding else f"graft re-training {key.label}"
-        variants.append(retrain_variant(setup, run.store, regions[key], spec.retrain.finetune, label=label,
+        variants.append(retrain_variant(member, run.store, regions[key], spec.retrain.finetune, label=label,
                                         budget=key.fraction))
     if spec.bitfit:
-        variants.append(bitfit_variant(setup, run.store, spec.bitfit.finetune))
+        variants.append(bitfit_variant(member, run.store, spec.bitfit.finetune))
     return variants, summary

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +125,25 @@ def aggregate(rows: list[dict], keys: list[str], metrics: list[str]) -> list[dic
             if r.get(m) is not None:
                 groups[g][m].append(r[m])
     return list(groups.values())
+
+
+@dataclass(frozen=True)
+class TaskRows:
+    """One task's groups of :func:`aggregate` addressed by what they are: a baseline (FT, pre-trained, head only) by its
+    model name, a graft by its (localizer, budget label) columns (grouped by them)."""
+
+    models: dict[str, dict]
+    grafts: dict[tuple[str, str], dict]
+
+    @classmethod
+    def of(cls, groups: Iterable[dict]) -> TaskRows:
+        groups = list(groups)
+        return cls({g["model"]: g for g in groups if not g.get("localizer")},
+                   {(g["localizer"], g["budget"]): g for g in groups if g.get("localizer")})
+
+    def graft(self, localizer: str, budget: str) -> dict | None:
+        """The graft of ``localizer`` (its title) at ``budget`` (its label), or None when it was not run."""
+        return self.grafts.get((localizer, budget))
 
 
 @dataclass(frozen=True)

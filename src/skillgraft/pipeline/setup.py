@@ -1,4 +1,5 @@
-"""A Setup: one fine-tuned model beside its pre-trained base, on one k-shot draw and its test subset.
+"""Opening a :class:`~skillgraft.pipeline.member.Member`: one fine-tuned model beside its pre-trained base, on one
+k-shot draw and its test subset.
 
 Every runner starts here. :func:`prepare` fine-tunes (or finds in the store) a model from typed specs;
 :func:`from_run` opens a fine-tuning run directory a user already has; :func:`from_pair` takes any two
@@ -12,15 +13,13 @@ from __future__ import annotations
 
 import os
 import time
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from skillgraft.lazy import np
 from skillgraft.lazy import torch
 
-from skillgraft.data.sampling import FewShotData
 from skillgraft.data.spec import DataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.finite import refuse_non_finite_model
@@ -28,128 +27,13 @@ from skillgraft.graft.graft_file import GraftMetadata
 from skillgraft.heap import release_freed_memory
 from skillgraft.models.pair import check_pair, complete_model, model_labels, pair_mode, torch_fork
 from skillgraft.models.spec import MAX_LENGTH, ModelSpec
-from skillgraft.pipeline.store import Store, data_digest, draw_key
+from skillgraft.pipeline.member import Member, MemberInputs
+from skillgraft.pipeline.store import Store, draw_key
 from skillgraft.train import FinetuneConfig
-from skillgraft.train.run import RunConfig, load_finetuned, run_finetune
+from skillgraft.train.run import load_finetuned, run_finetune
 
 if TYPE_CHECKING:
     from skillgraft.models.scorer import Scorer
-
-
-@dataclass(frozen=True)
-class FineTunedFiles:
-    """θ_ft released from memory: the checkpoint folder it was loaded from, read lazily (tensor by tensor, by
-    the localizers that take a folder and by ``Graft.from_models``), and what a report shows of it."""
-
-    path: Path
-    base_model: str
-    digest: str                          # scorer_digest of the model it was (part of every cache key)
-    shapes: dict[str, tuple[int, ...]]   # its parameters' shapes (θ_pre loaded later is checked against them)
-
-    def __fspath__(self) -> str:
-        return str(self.path)
-
-
-@dataclass
-class Setup:
-    """θ_ft and θ_pre scorers of one fine-tuning run, the k-shot data and FT's probabilities per set.
-
-    A lean checkpoint pair (``from_pair(..., lean=True)``) starts with θ_pre not loaded (``pre`` None,
-    ``load_pre`` set): FT is scored first, then the Workbench releases θ_ft to its files
-    (:meth:`~skillgraft.pipeline.workbench.Workbench.release_to_files`) and :meth:`load_deferred_pre` loads θ_pre, so the two models are never resident together (docs/scale.md)."""
-
-    ft: Scorer | FineTunedFiles
-    pre: Scorer | None
-    data: FewShotData
-    ft_dir: Path
-    run_config: RunConfig | None  # a skillgraft run's config.json; None for a checkpoint pair
-    data_root: str | None = None  # the data root the examples were read from
-    ft_seconds: float = 0.0
-    probs: dict[str, np.ndarray] = field(default_factory=dict)  # FT's probabilities per evaluation set
-    data_files: list[Path] | None = None  # a user's data files (instead of a registered task's)
-    labels_note: str = ""                 # how the labels were decided (user data)
-    data_note: str = ""                   # which files / dataset splits were learned on and evaluated on
-    graft_metadata: GraftMetadata = field(default_factory=GraftMetadata)  # recorded in every graft (a pair: its
-    # task, data and models)
-    load_pre: Callable[[], Scorer] | None = field(default=None, repr=False)  # θ_pre, deferred (a lean pair)
-    ft_files: Path | None = None          # a lean pair: the folder θ_ft was loaded from (read back lazily)
-    pre_files: Path | None = None         # a pair: A's folder (lottery-ticket-zero restores θ_pre from it, checked)
-    ft_metrics: dict[str, dict] = field(default_factory=dict)  # FT's metrics per evaluation set, once released
-    _identity: dict | None = field(default=None, repr=False)
-
-    @property
-    def task(self) -> str:
-        return self.data.task.name
-
-    @property
-    def k(self) -> int:
-        return self.data.k
-
-    @property
-    def seed(self) -> int:
-        return self.data.seed
-
-    @property
-    def test(self):
-        return self.data.test
-
-    @property
-    def placement(self) -> str:
-        """Where this setup's models run and in which precision (``cuda:0 (NVIDIA H200), bf16-mixed``)."""
-        from skillgraft.models.placement import describe_module  # noqa: PLC0415
-
-        model = self.pre if self.pre is not None else self.ft
-        return describe_module(model) if hasattr(model, "parameters") else "released to files"
-
-    @property
-    def total_parameters(self) -> int:
-        """Parameters of the pre-trained model (``scorer.model``): the denominator of a sparsity in %."""
-        return sum(p.numel() for p in self.pre.model.parameters())
-
-    @property
-    def finetune_config(self) -> FinetuneConfig:
-        """The fine-tuning settings of a skillgraft run; for a checkpoint pair (trained elsewhere) the defaults
-        with trained embeddings (what it changed is unknown: every body tensor counts)."""
-        if self.run_config is None:
-            return FinetuneConfig.build({"freeze_embeddings": False}, where="checkpoint pair")
-        return self.run_config.finetune
-
-    def identity(self) -> dict:
-        """What determines everything learned from this setup (part of every downstream cache key): the
-        contents of θ_ft (with its head) and θ_pre, and the data (the draw and the files' content digest)."""
-        if self._identity is None:
-            ft = self.ft.digest if isinstance(self.ft, FineTunedFiles) else scorer_digest(self.ft)
-            self._identity = {"finetuned": ft, "pretrained": scorer_digest(self.pre), "mode": self.pre.mode,
-                              "data": self.data_key}
-        return self._identity
-
-    @property
-    def released(self) -> bool:
-        """θ_ft is not in memory (only its files): FT was scored before (``ft_metrics``, ``probs``)."""
-        return isinstance(self.ft, FineTunedFiles)
-
-    def load_deferred_pre(self) -> None:
-        """Load θ_pre when it was deferred (a lean pair), checked against θ_ft's tensors and shapes."""
-        if self.pre is not None:
-            return
-        self.pre = self.load_pre()
-        self.load_pre = None
-        shapes = self.ft.shapes if self.released else {n: tuple(p.shape) for n, p in self.ft.named_parameters()}
-        if shapes != {n: tuple(p.shape) for n, p in self.pre.named_parameters()}:
-            raise SkillgraftError(f"pre-trained and fine-tuned models differ in their tensors or shapes "
-                                  f"({self.pre.base_model} vs {self.ft.base_model})")
-        release_freed_memory()  # what scoring FT and reading the checkpoints left in the heap, before the work
-
-    @property
-    def data_key(self) -> dict:
-        """The k-shot draw and the content hash of the data files it was drawn from."""
-        if self.data_files is not None:
-            from skillgraft.pipeline.store import file_digest  # noqa: PLC0415
-
-            return {"task": self.task, "labels": list(self.data.task.labels), "k": self.k, "seed": self.seed,
-                    "train_n": len(self.data.train), "test_n": len(self.test), "digest": file_digest(self.data_files)}
-        return {"task": self.task, "k": self.k, "seed": self.seed, "test_n": len(self.test),
-                "digest": data_digest(self.data.task, self.data_root)}
 
 
 def readable_as(model, folder: str | os.PathLike, chunk: int = 1 << 22) -> bool:
@@ -206,21 +90,6 @@ def same_tensors(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return False
 
 
-def scorer_digest(scorer) -> str:
-    """Content digest of a scorer: the base model's fingerprint plus its task head's exact values."""
-    import hashlib  # noqa: PLC0415
-
-    from skillgraft.graft.identity import cached_fingerprint  # noqa: PLC0415
-    from skillgraft.models.anatomy import carried_names  # noqa: PLC0415
-
-    h = hashlib.sha256(cached_fingerprint(scorer).encode())
-    params = dict(scorer.named_parameters())
-    for name in carried_names(scorer):
-        h.update(name.encode())
-        h.update(params[name].detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
 def finetune_key(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig) -> dict:
     """The store key of a fine-tuning run: its draw (:func:`~skillgraft.pipeline.store.draw_key`) and settings; a
     run in bf16 or bf16-mixed is another run (the device is not part of it: the same run on a CPU or a GPU)."""
@@ -255,16 +124,16 @@ def finetuned_run(store: Store, model: ModelSpec, data: DataSpec, finetune: Fine
 
 
 def prepare(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, *,
-            progress: bool = False) -> Setup:
+            progress: bool = False) -> Member:
     """Fine-tune (or find in the store) ``model`` on ``data``; load θ_ft, θ_pre and the data."""
     ft_dir, seconds = finetuned_run(store, model, data, finetune, progress=progress)
-    setup = from_run(ft_dir, data_dir=data.data_dir, test_limit=data.test_limit)
-    setup.ft_seconds = seconds
-    return setup
+    member = from_run(ft_dir, data_dir=data.data_dir, test_limit=data.test_limit)
+    member.inputs = dataclasses.replace(member.inputs, ft_seconds=seconds)
+    return member
 
 
 def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = None,
-             test_limit: int | None = None, pretrained: str | None = None) -> Setup:
+             test_limit: int | None = None, pretrained: str | None = None) -> Member:
     """Open a fine-tuning run directory: θ_ft, θ_pre (same head initialisation), its k-shot data.
 
     ``data_dir`` / ``test_limit`` override the run's own (None: the run's data root, full test set);
@@ -299,8 +168,9 @@ def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = 
         pre_files = _local_folder(model_reference(pre.base_model).path)
     except SkillgraftError:
         pre_files = None
-    return Setup(ft, pre, data, ft_dir, cfg, data_root=str(spec.data_dir) if spec.data_dir else None,
-                 pre_files=pre_files)
+    inputs = MemberInputs(data, ft_dir, cfg, data_root=str(spec.data_dir) if spec.data_dir else None,
+                          pre_files=pre_files)
+    return Member(data.task.name, inputs, ft, pre)
 
 
 # ---------------------------------------------------------------------------------------------- checkpoint pairs
@@ -321,8 +191,8 @@ def is_run_dir(path: str | os.PathLike) -> bool:
 
 def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None, max_length: int = MAX_LENGTH,
               data_dir: str | os.PathLike | None = None, lean: bool = False,
-              share_pre: Callable[[Scorer], Scorer] | None = None) -> Setup:
-    """A Setup from two Hugging Face checkpoints and the data to localize and evaluate on.
+              share_pre: Callable[[Scorer], Scorer] | None = None) -> Member:
+    """A Member from two Hugging Face checkpoints and the data to localize and evaluate on.
 
     ``pretrained`` (A) and ``finetuned`` (B) are hub names or folders saved by plain transformers (B may
     also be a skillgraft run directory, then opened by :func:`from_run`). ``data`` is a
@@ -332,7 +202,7 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     any weights load: a missing folder, different architectures, shapes or vocabularies; then A lacking a
     tensor of B's body (a classification head and a pooler only B has are carried).
 
-    ``lean`` (causal and generative pairs): θ_pre is not loaded yet (``Setup.load_pre``), so that FT can be
+    ``lean`` (causal and generative pairs): θ_pre is not loaded yet (``Member.load_pre``), so that FT can be
     scored and released (:meth:`Workbench.release_to_files`) before θ_pre loads; its checks run when it loads.
 
     ``share_pre`` (a :class:`~skillgraft.pipeline.workbench.Workbench`'s ``share``): θ_pre goes through it (its
@@ -427,7 +297,7 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         check_compatible(pre, ft)
     refuse_non_finite_model(ft, f"--finetuned {finetuned}")
     ft.eval()
-    if pre is not None:  # a deferred θ_pre is checked when it loads (Setup.load_deferred_pre)
+    if pre is not None:  # a deferred θ_pre is checked when it loads (Member.load_deferred_pre)
         refuse_non_finite_model(pre, f"--pretrained {pretrained}")
         pre.eval()
     few = FewShotData(task, k, seed, train, dev, test)
@@ -436,11 +306,12 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     meta = {"pretrained": pre_name, "finetuned": ft.base_model, "task_spec": task_record(task)}
     if user:
         meta["user_data"] = data.to_dict()
-    return Setup(ft, pre, few, Path(finetuned), None, data_root=str(root) if root else None,
-                 data_files=files, labels_note=note, data_note=data_note,
-                 graft_metadata=GraftMetadata.build(meta, where="graft metadata"),
-                 load_pre=deferred, ft_files=Path(model_reference(finetuned).path) if deferred else None,
-                 pre_files=_local_folder(model_reference(pretrained).path))
+    inputs = MemberInputs(few, Path(finetuned), None, data_root=str(root) if root else None, data_files=files,
+                          labels_note=note, data_note=data_note,
+                          graft_metadata=GraftMetadata.build(meta, where="graft metadata"),
+                          pre_files=_local_folder(model_reference(pretrained).path))
+    return Member(task.name, inputs, ft, pre, load_pre=deferred,
+                  ft_files=Path(model_reference(finetuned).path) if deferred else None)
 
 
 def _local_folder(path: str) -> Path | None:

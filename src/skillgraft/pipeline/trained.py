@@ -3,7 +3,7 @@
 Any model trained from θ_pre that keeps θ_pre's tensor names (a re-trained region, BitFit, a merged
 adapter) is a weight delta: :func:`delta_graft` stores exactly the coordinates it changed (+ its new
 head) as a :class:`Graft`, so it is cached, applied and reverted like any graft. Entries live in the
-one :class:`~skillgraft.pipeline.store.Store` (kind ``trained``), keyed by the setup's identity, the
+one :class:`~skillgraft.pipeline.store.Store` (kind ``trained``), keyed by the member's identity, the
 method and its resolved settings.
 """
 
@@ -25,7 +25,7 @@ from skillgraft.graft.selection import Budget
 from skillgraft.io import write_json
 from skillgraft.untrusted import read_json
 from skillgraft.models.anatomy import fingerprint, is_carried
-from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.store import Store
 from skillgraft.pipeline.variants import Variant
 from skillgraft.spec import Spec
@@ -86,25 +86,25 @@ def delta_graft(pre, state: dict[str, torch.Tensor], metadata: dict | None = Non
                  dict(metadata or {}))
 
 
-def trained_graft(setup: Setup, store: Store, method: str, settings: dict,
+def trained_graft(member: Member, store: Store, method: str, settings: dict,
                   train: Callable[[], tuple[dict, dict]]) -> tuple[Graft, dict]:
     """A baseline trained from θ_pre (``train() -> (state, info)``) as a delta graft, from the store or
     trained once."""
-    key = {"setup": setup.identity(), "method": method, "settings": settings}
+    key = {"setup": member.identity(), "method": method, "settings": settings}
 
     def make(folder: Path) -> None:
         t0 = time.perf_counter()
         state, info = train()
-        delta_graft(setup.pre, state, {"method": method, **settings}).save_pretrained(folder / "graft")
+        delta_graft(member.pre, state, {"method": method, **settings}).save_pretrained(folder / "graft")
         write_json(folder / "info.json", {**info, "seconds": round(time.perf_counter() - t0, 2)})
 
-    entry = store.fetch("trained", key, make, label=f"{method}-{setup.task}-{setup.k}-{setup.seed}")
+    entry = store.fetch("trained", key, make, label=f"{method}-{member.task}-{member.k}-{member.seed}")
     return Graft.from_pretrained(entry / "graft"), read_json(entry / "info.json")
 
 
-def fresh_pre(setup: Setup):
+def fresh_pre(member: Member):
     """A trainable copy of the pre-trained scorer (same head initialisation) to train a baseline in."""
-    scorer = copy.deepcopy(setup.pre)
+    scorer = copy.deepcopy(member.pre)
     for p in scorer.parameters():
         p.requires_grad_(True)
     return scorer
@@ -120,53 +120,53 @@ def region_digest(region: Region) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- variants
-def retrain_variant(setup: Setup, store: Store, region: Region, config: FinetuneConfig, *, label: str,
+def retrain_variant(member: Member, store: Store, region: Region, config: FinetuneConfig, *, label: str,
                     budget: float | None = None) -> Variant:
     """Graft re-training (Table 1): from θ_pre, θ = θ_pre + γ⊙u with only u (+ a new head) trained."""
     from skillgraft.train.masked import finetune_masked  # noqa: PLC0415
 
     def train():
-        scorer = fresh_pre(setup)
-        res = finetune_masked(scorer, setup.data.train, setup.data.dev, config, region=region, k=setup.k,
+        scorer = fresh_pre(member)
+        res = finetune_masked(scorer, member.data.train, member.data.dev, config, region=region, k=member.k,
                               progress=False)
         return ({n: p.detach() for n, p in scorer.named_parameters()},
                 {"trainable": res.trainable_parameters, "best_dev": res.best_dev, "steps": res.steps})
 
     settings = {"region_size": len(region), "region": region_digest(region), "finetune": config.to_dict()}
-    graft, info = trained_graft(setup, store, "retrain", settings, train)
+    graft, info = trained_graft(member, store, "retrain", settings, train)
     return Variant(label, "retrain", len(region), graft, budget, info=info)
 
 
-def bitfit_variant(setup: Setup, store: Store, config: FinetuneConfig) -> Variant:
+def bitfit_variant(member: Member, store: Store, config: FinetuneConfig) -> Variant:
     """BitFit: from θ_pre, train only the biases (+ the new head)."""
     from skillgraft.train import finetune  # noqa: PLC0415
 
     config = config.replace(bias_only=True)
 
     def train():
-        scorer = fresh_pre(setup)
-        res = finetune(scorer, setup.data.train, setup.data.dev, config, k=setup.k, progress=False)
+        scorer = fresh_pre(member)
+        res = finetune(scorer, member.data.train, member.data.dev, config, k=member.k, progress=False)
         body = res.trainable_parameters - sum(p.numel() for n, p in scorer.named_parameters() if is_carried(n))
         return ({n: p.detach() for n, p in scorer.named_parameters()},
                 {"trainable": body, "best_dev": res.best_dev, "steps": res.steps})
 
-    graft, info = trained_graft(setup, store, "bitfit", {"finetune": config.to_dict()}, train)
+    graft, info = trained_graft(member, store, "bitfit", {"finetune": config.to_dict()}, train)
     return Variant("BitFit", "bitfit", int(info["trainable"]), graft, info=info)
 
 
-def adapter_variant(setup: Setup, store: Store, adapter: AdapterConfig, config: FinetuneConfig) -> Variant:
+def adapter_variant(member: Member, store: Store, adapter: AdapterConfig, config: FinetuneConfig) -> Variant:
     """A peft adapter (LoRA / IA³) trained from θ_pre with the new head, merged and stored as a delta."""
     from skillgraft.train.adapters import adapter_parameter_count, add_adapter, merged_state  # noqa: PLC0415
     from skillgraft.train.masked import finetune_masked  # noqa: PLC0415
 
     def train():
-        scorer = fresh_pre(setup)
+        scorer = fresh_pre(member)
         names = set(add_adapter(scorer, adapter))
         count = adapter_parameter_count(scorer, list(names))
-        res = finetune_masked(scorer, setup.data.train, setup.data.dev, config, trainable=names.__contains__,
-                              k=setup.k, progress=False)
+        res = finetune_masked(scorer, member.data.train, member.data.dev, config, trainable=names.__contains__,
+                              k=member.k, progress=False)
         return merged_state(scorer), {"trainable": count, "best_dev": res.best_dev, "steps": res.steps}
 
     settings = {"adapter": adapter.to_dict(), "finetune": config.to_dict()}
-    graft, info = trained_graft(setup, store, adapter.method, settings, train)
+    graft, info = trained_graft(member, store, adapter.method, settings, train)
     return Variant(adapter.label, adapter.method, int(info["trainable"]), graft, info=info)

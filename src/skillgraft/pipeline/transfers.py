@@ -1,7 +1,7 @@
 """The transfer loop of the OOD, PEFT and WiSE recipes: per source task × data seed, models on ID test + OOD sets.
 
 A recipe's spec names the transfers (``TransfersMixin`` in :mod:`skillgraft.recipes.base`); the OOD sets come
-from :mod:`skillgraft.pipeline.ood` (labels mapped by name), the setups from the store. Writes ``metrics.csv``
+from :mod:`skillgraft.pipeline.ood` (labels mapped by name), the members from the store. Writes ``metrics.csv``
 (one row per source × seed × model × evaluation set), ``summary.csv`` (mean/std over seeds) and ``report.md``.
 """
 
@@ -18,30 +18,30 @@ from skillgraft.pipeline.variants import compare, rows_of
 METRICS = ["score", "accuracy", "ece", "agreement"]
 
 
-def transfer_setups(spec, run: RunDir) -> Iterator[tuple]:
-    """Per source × seed of ``spec.transfers``: ``(seed, setup, sets, t0)``, ``sets`` the ID test set and
-    the OOD sets by name, ``t0`` the time before the setup."""
+def transfer_members(spec, run: RunDir) -> Iterator[tuple]:
+    """Per source × seed of ``spec.transfers``: ``(seed, member, sets, t0)``, ``sets`` the ID test set and
+    the OOD sets by name, ``t0`` the time before the member."""
     for i, t in enumerate(spec.transfers):
         ood_sets = {tg.task: ood_examples(t.source, tg, spec.data_dir, f"transfers[{i}].targets[{j}]")
                     for j, tg in enumerate(t.targets)}
         for seed in spec.seeds:
             t0 = time.perf_counter()
-            setup = spec.setup(run, t.source, seed)
-            yield seed, setup, {f"{setup.task} (ID)": setup.test, **ood_sets}, t0
+            member = spec.member(run, t.source, seed)
+            yield seed, member, {f"{member.task} (ID)": member.test, **ood_sets}, t0
 
 
 def run_transfers(spec, run: RunDir, variants_fn: Callable, *, title: str, paper_lines: Callable) -> dict:
     """Shared loop of the OOD and PEFT recipes: per source × seed, every variant on ID test + OOD sets."""
     rows, timings = [], []
-    for seed, setup, sets, t0 in transfer_setups(spec, run):
-        variants = variants_fn(setup, spec, run)
+    for seed, member, sets, t0 in transfer_members(spec, run):
+        variants = variants_fn(member, spec, run)
         found = []
         for set_name, examples in sets.items():
-            block, _ = compare(setup, variants, examples, set_name)
-            found += rows_of(setup, block, source=setup.task, eval=set_name)
+            block, _ = compare(member, variants, examples, set_name)
+            found += rows_of(member, block, source=member.task, eval=set_name)
         order = {v.name: n for n, v in enumerate(variants)}
         rows += sorted(found, key=lambda r: order[r["model"]])  # stable: sets in order within a model
-        timings.append({"source": setup.task, "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
+        timings.append({"source": member.task, "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
                         "n_eval": {k: len(v) for k, v in sets.items()}})
     columns = METRICS + ["params", "params_pct"]
     agg, summary = run.seed_tables("metrics.csv", rows, ["source", "model", "kind", "eval"], columns)

@@ -25,7 +25,7 @@ from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
 from skillgraft.models.anatomy import carried_names, graftable_names, is_carried
 from skillgraft.models.freezing import param_groups
-from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.workbench import Workbench
 
 
@@ -42,17 +42,17 @@ class Variant:
     info: dict = field(default_factory=dict)
 
     @contextlib.contextmanager
-    def use(self, setup: Setup) -> Iterator:
+    def use(self, member: Member) -> Iterator:
         """The scorer computing this variant (θ_pre is restored bit-exactly on exit; lottery-ticket-zero restores
         it from θ_pre's files where they hold the same values, instead of a backup of the body in memory)."""
         if self.kind == "ft":
-            yield setup.ft
+            yield member.ft
         elif self.graft is None:
-            yield setup.pre
+            yield member.pre
         else:
-            files = getattr(setup, "pre_files", None) if self.outside == "zero" else None
-            with self.graft.applied(setup.pre, outside=self.outside, pre_files=files):
-                yield setup.pre
+            files = member.inputs.pre_files if self.outside == "zero" else None
+            with self.graft.applied(member.pre, outside=self.outside, pre_files=files):
+                yield member.pre
 
 
 @dataclass(eq=False)
@@ -111,14 +111,14 @@ def universe(pre) -> dict[str, tuple[int, ...]]:
     return {n: tuple(p.shape) for n, p in pre.named_parameters() if n in names}
 
 
-def base_variants(setup: Setup) -> list[Variant]:
+def base_variants(member: Member) -> list[Variant]:
     """The baselines every graft report shows: pre-trained, head only (head mode), fine-tuned."""
     out = [Variant("pre-trained", "pre", 0)]
-    if carried_names(setup.pre):  # a new head (head mode) or a classifier's own head θ_pre lacks
-        empty = Region.empty(universe(setup.pre))
-        out.append(Variant("head only", "head-only", 0, Graft.from_models(setup.pre, setup.ft, empty)))
-    frozen_embeddings = setup.finetune_config.freeze_embeddings
-    ft = setup.pre if setup.released else setup.ft  # released θ_ft: the same tensors as θ_pre (checked)
+    if carried_names(member.pre):  # a new head (head mode) or a classifier's own head θ_pre lacks
+        empty = Region.empty(universe(member.pre))
+        out.append(Variant("head only", "head-only", 0, Graft.from_models(member.pre, member.ft, empty)))
+    frozen_embeddings = member.inputs.finetune_config.freeze_embeddings
+    ft = member.pre if member.released else member.ft  # released θ_ft: the same tensors as θ_pre (checked)
     groups = param_groups(ft)  # embeddings by structure (BERT's `embeddings.*`, Llama/Gemma's `embed_tokens`)
     body = sum(p.numel() for n, p in ft.named_parameters()
                if not is_carried(n, ft) and not (frozen_embeddings and groups.get(n) == "embeddings"))
@@ -134,12 +134,12 @@ def graft_label(budget) -> str:
     return "graft (rounded γ)" if budget is None else f"graft {float(budget):g}"
 
 
-def graft_variant(setup: Setup, region: Region, budget, metadata: dict | None = None, *, name: str | None = None,
+def graft_variant(member: Member, region: Region, budget, metadata: dict | None = None, *, name: str | None = None,
                   kind: str = "graft", outside: str = "pre") -> Variant:
     """θ_pre + γ⊙(θ_ft − θ_pre) on ``region`` (plus the new head), as a Variant."""
-    meta = {"task": setup.task, "mode": setup.pre.mode, "k": setup.k, "seed": setup.seed,
-            **(setup.graft_metadata.to_dict() if hasattr(setup, "graft_metadata") else {}), **(metadata or {})}
-    graft = Graft.from_models(setup.pre, setup.ft, region, meta)
+    meta = {"task": member.task, "mode": member.pre.mode, "k": member.k, "seed": member.seed,
+            **member.inputs.graft_metadata.to_dict(), **(metadata or {})}
+    graft = Graft.from_models(member.pre, member.ft, region, meta)
     fraction = getattr(budget, "fraction", budget if isinstance(budget, float) else None)
     return Variant(name or graft_label(budget), kind, len(region), graft, fraction, outside)
 
@@ -149,45 +149,45 @@ def score_ft_first(bench: Workbench, name: str, *, release: bool, progress: bool
     test set, release θ_ft to its files when ``release`` (what follows reads it from them:
     :meth:`Workbench.release_to_files`, as ``skillgraft merge`` does), then load θ_pre; the two are never resident
     together."""
-    setup = bench.setup(name)
-    if getattr(setup, "load_pre", None) is None:  # θ_pre loaded already: nothing deferred
+    member = bench.members[name]
+    if member.load_pre is None:  # θ_pre loaded already: nothing deferred
         return
-    evaluate_variant(setup, Variant("fine-tuned", "ft", 0), setup.test, progress="fine-tuned" if progress else False)
+    evaluate_variant(member, Variant("fine-tuned", "ft", 0), member.test, progress="fine-tuned" if progress else False)
     bench.scored(name)
     if release:
         bench.release_to_files(name)
     bench.load_pre(name)
 
 
-def evaluate_variant(setup: Setup, variant: Variant, examples: list[Example], set_name: str = "test",
+def evaluate_variant(member: Member, variant: Variant, examples: list[Example], set_name: str = "test",
                      batch_size: int = 64, progress: bool | str = False) -> tuple[dict, np.ndarray]:
     """Metrics of a variant on ``examples`` (agreement with FT on the same set when FT was run first).
 
-    FT's metrics are kept per set (``setup.ft_metrics``): once θ_ft is released they are its row."""
-    if variant.kind == "ft" and setup.released:
-        return dict(setup.ft_metrics[set_name]), setup.probs[set_name]
-    with variant.use(setup) as scorer:
-        metrics, probs = evaluate(scorer, examples, batch_size=batch_size, reference=setup.probs.get(set_name),
+    FT's metrics are kept per set (``member.ft_metrics``): once θ_ft is released they are its row."""
+    if variant.kind == "ft" and member.released:
+        return dict(member.ft_metrics[set_name]), member.probs[set_name]
+    with variant.use(member) as scorer:
+        metrics, probs = evaluate(scorer, examples, batch_size=batch_size, reference=member.probs.get(set_name),
                                   progress=progress)
     if variant.kind == "ft":
-        setup.probs[set_name] = probs
+        member.probs[set_name] = probs
         metrics["agreement"] = 1.0
-        setup.ft_metrics[set_name] = dict(metrics)
+        member.ft_metrics[set_name] = dict(metrics)
     return metrics, probs
 
 
-def compare(setup: Setup, variants: list[Variant], examples: list[Example] | None = None, set_name: str = "test",
+def compare(member: Member, variants: list[Variant], examples: list[Example] | None = None, set_name: str = "test",
             progress: bool = False) -> tuple[list[ResultRow], dict[str, np.ndarray]]:
     """Every variant on one evaluation set (FT first: the agreement reference); rows with derived columns."""
-    examples = setup.test if examples is None else examples
+    examples = member.test if examples is None else examples
     rows, probs = [], {}
     for v in sorted(variants, key=lambda v: v.kind != "ft"):
-        m, p = evaluate_variant(setup, v, examples, set_name, progress=v.name if progress else False)
+        m, p = evaluate_variant(member, v, examples, set_name, progress=v.name if progress else False)
         probs[v.name] = p
         rows.append(ResultRow(v.name, v.kind, v.params, m))
     order = {v.name: i for i, v in enumerate(variants)}
     rows.sort(key=lambda r: order[r.model])
-    return derive(rows, universe_size=sum(int(np.prod(s)) for s in universe(setup.pre).values())), probs
+    return derive(rows, universe_size=sum(int(np.prod(s)) for s in universe(member.pre).values())), probs
 
 
 def derive(rows: list[ResultRow], *, universe_size: int) -> list[ResultRow]:
@@ -210,7 +210,7 @@ def derive(rows: list[ResultRow], *, universe_size: int) -> list[ResultRow]:
     return rows
 
 
-def rows_of(setup: Setup, rows: list[dict], **extra) -> list[dict]:
+def rows_of(member: Member, rows: list[dict], **extra) -> list[dict]:
     """``compare`` rows with the draw they belong to and params as % of all model parameters."""
-    return [{**extra, "task": setup.task, "k": setup.k, "seed": setup.seed, **r,
-             "params_pct": 100.0 * r["params"] / setup.total_parameters} for r in rows]
+    return [{**extra, "task": member.task, "k": member.k, "seed": member.seed, **r,
+             "params_pct": 100.0 * r["params"] / member.total_parameters} for r in rows]

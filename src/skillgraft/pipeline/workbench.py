@@ -1,15 +1,9 @@
-"""A Workbench: one θ_pre and N fine-tuned members, each a :class:`Member` with one explicit, typed state.
-
-    loaded    θ_ft in memory, placed on the bench's device (:attr:`Workbench.runtime`); FT not scored yet
-    scored    θ_ft in memory and FT's scores recorded (``Setup.probs`` / ``ft_metrics``): the merge methods see it
-    released  θ_ft dropped; only its checkpoint files (``ft`` is a :class:`~skillgraft.pipeline.setup.FineTunedFiles`)
-              and its head (the carried tensors, a few KiB) stay; :meth:`Workbench.finetuned` reads it back whole
-    lazy      released to files that hold exactly the loaded θ_ft (checked, :meth:`Workbench.release_to_files`):
-              a ``reads_files`` localizer and ``Graft.from_models`` read it tensor by tensor, as they did the model
-
-The member's state is the one record of where its θ_ft is (``Setup.released`` reads ``ft``'s type, which follows
-it). θ_pre has a state too (:class:`PreState`): ``deferred`` for a lean pair until :meth:`Workbench.load_pre`,
-then ``loaded``, or ``released`` when :meth:`Workbench.release_pre` dropped its tensors.
+"""A Workbench: one θ_pre and N fine-tuned members, each a :class:`~skillgraft.pipeline.member.Member` with one
+explicit, typed state (:class:`~skillgraft.pipeline.member.MemberState`), changed here only: :meth:`Workbench.scored`,
+:meth:`Workbench.release` (θ_ft dropped to its checkpoint files, its head kept; :meth:`Workbench.finetuned` reads
+it back whole) and :meth:`Workbench.release_to_files` (``lazy``: files holding exactly θ_ft, read tensor by tensor).
+θ_pre has a state too (:class:`~skillgraft.pipeline.member.PreState`): ``deferred`` for a lean pair until
+:meth:`Workbench.load_pre`, then ``loaded``, or ``released`` when :meth:`Workbench.release_pre` dropped its tensors.
 
 Every member's ``pre`` is a scorer of θ_pre whose parameters *are* the bench's θ_pre (shared, not copied; only a
 task's own new head is its own), and a member is released before the next one loads, so whatever N is the bench
@@ -29,7 +23,6 @@ import gc
 from collections.abc import Callable, Iterator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
 
@@ -38,53 +31,8 @@ from skillgraft.lazy import torch
 from skillgraft.graft.identity import adopt_fingerprint, forget_fingerprint, known_fingerprint
 from skillgraft.heap import release_freed_memory
 from skillgraft.models.anatomy import carried_names
-from skillgraft.pipeline.setup import FineTunedFiles, Setup, readable_as, scorer_digest
-
-class MemberState(str, Enum):
-    """Where a member's θ_ft is (a ``str``: ``MemberState.RELEASED == "released"``)."""
-
-    LOADED = "loaded"      # in memory on the bench's device, FT not scored yet
-    SCORED = "scored"      # in memory, FT's scores recorded
-    RELEASED = "released"  # dropped: its checkpoint files, read back whole by the member's loader
-    LAZY = "lazy"          # dropped: files holding exactly θ_ft, read tensor by tensor
-
-    @property
-    def in_memory(self) -> bool:
-        return self in (MemberState.LOADED, MemberState.SCORED)
-
-
-class PreState(str, Enum):
-    """Where θ_pre is: a member's (``deferred``: a lean pair's, not loaded yet) or the bench's."""
-
-    DEFERRED = "deferred"
-    LOADED = "loaded"
-    RELEASED = "released"
-
-
-State = MemberState  # the former name
-
-
-@dataclass
-class Member:
-    """One fine-tuned model on a bench: its Setup (θ_ft, θ_pre's scorer, the data), its state, its head (θ_ft's
-    carried tensors, kept when θ_ft is released), how to read θ_ft back, and its graft once made."""
-
-    name: str
-    setup: Setup
-    state: MemberState = MemberState.LOADED
-    head: dict[str, torch.Tensor] = field(default_factory=dict)
-    loader: Callable | None = field(default=None, repr=False)
-    graft: object | None = None
-
-    @property
-    def pre_state(self) -> PreState:
-        """This member's θ_pre: deferred (a lean pair) until loaded."""
-        return PreState.DEFERRED if self.setup.pre is None else PreState.LOADED
-
-    @property
-    def released(self) -> bool:
-        return not self.state.in_memory
-
+from skillgraft.pipeline.member import FineTunedFiles, Member, MemberState, PreState, scorer_digest
+from skillgraft.pipeline.setup import readable_as
 
 def share_parameters(scorer, shared, keep: set[str]) -> int:
     """Point every parameter of ``scorer`` at ``shared``'s parameter of the same name and shape (except ``keep``,
@@ -115,15 +63,6 @@ class Workbench:
     @property
     def names(self) -> list[str]:
         return list(self.members)
-
-    def setup(self, name: str) -> Setup:
-        """Member ``name``'s Setup."""
-        return self.members[name].setup
-
-    @property
-    def setups(self) -> dict[str, Setup]:
-        """Each member's Setup, by name."""
-        return {n: m.setup for n, m in self.members.items()}
 
     @property
     def states(self) -> Mapping[str, MemberState]:
@@ -211,20 +150,22 @@ class Workbench:
         release_freed_memory()
 
     @classmethod
-    def of(cls, setup: Setup, name: str | None = None) -> Workbench:
-        """A bench of one member (``skillgraft graft``: N = 1), named after its task."""
+    def of(cls, member: Member) -> Workbench:
+        """A bench of one member (``skillgraft graft``: N = 1), under its own name."""
         bench = cls()
-        bench.add(name or setup.task, setup)
+        bench.add(member.name, member)
         return bench
 
-    def add(self, name: str, setup: Setup, loader: Callable | None = None) -> Member:
-        """A loaded member; ``loader()`` reads its θ_ft back after it is released (:meth:`finetuned`). The first
-        member's θ_pre, when loaded, is the bench's (a later one's is shared through :meth:`share`)."""
-        if self.pre is None and setup.pre is not None:
-            self.pre, self.pre_state = setup.pre, PreState.LOADED
-        params = dict(setup.ft.named_parameters())
-        member = Member(name, setup, MemberState.SCORED if setup.probs else MemberState.LOADED,
-                        {n: params[n].detach().clone() for n in carried_names(setup.ft)}, loader)
+    def add(self, name: str, member: Member, loader: Callable | None = None) -> Member:
+        """``member`` on the bench as ``name``, loaded (or scored, when FT's scores are recorded); ``loader()`` reads
+        its θ_ft back after it is released (:meth:`finetuned`). The first member's θ_pre, when loaded, is the
+        bench's (a later one's is shared through :meth:`share`)."""
+        if self.pre is None and member.pre is not None:
+            self.pre, self.pre_state = member.pre, PreState.LOADED
+        params = dict(member.ft.named_parameters())
+        member.name, member.loader = name, loader
+        member.state = MemberState.SCORED if member.probs else MemberState.LOADED
+        member.head = {n: params[n].detach().clone() for n in carried_names(member.ft)}
         self.members[name] = member
         return member
 
@@ -237,24 +178,23 @@ class Workbench:
     def load_pre(self, name: str) -> None:
         """Load member ``name``'s θ_pre when it was deferred (a lean pair: after its θ_ft was scored and released,
         so the two are never resident together; docs/scale.md); the first one is the bench's θ_pre."""
-        setup = self.members[name].setup
+        member = self.members[name]
         with self.placed():
-            setup.load_deferred_pre()
+            member.load_deferred_pre()
         if self.pre is None:
-            self.pre, self.pre_state = setup.pre, PreState.LOADED
+            self.pre, self.pre_state = member.pre, PreState.LOADED
 
     def release(self, name: str, folder: Path | None = None, *, state: MemberState = MemberState.RELEASED) -> None:
         """Drop member ``name``'s θ_ft from memory (what identifies it, its head and its scores are kept); ``folder``:
-        where it is read back from (default its ``ft_dir``)."""
+        where it is read back from (default its ``inputs.ft_dir``)."""
         member = self.members[name]
         if member.released:
             return
-        setup = member.setup
-        ft = setup.ft
+        ft = member.ft
         # its digest, part of every cache key, computed while θ_ft is in memory (a lean member's θ_pre loads later)
-        digest = setup.identity()["finetuned"] if setup.pre is not None else scorer_digest(ft)
-        setup.ft = FineTunedFiles(folder or setup.ft_dir, ft.base_model, digest,
-                                  {n: tuple(p.shape) for n, p in ft.named_parameters()})
+        digest = member.identity()["finetuned"] if member.pre is not None else scorer_digest(ft)
+        member.ft = FineTunedFiles(folder or member.inputs.ft_dir, ft.base_model, digest,
+                                   {n: tuple(p.shape) for n, p in ft.named_parameters()})
         del ft
         member.state = state
         gc.collect()
@@ -268,9 +208,8 @@ class Workbench:
         member = self.members[name]
         if member.released:
             return True
-        setup = member.setup
-        folder = Path(setup.ft_files or setup.ft_dir)  # a lean pair's local folder (a hub id's snapshot)
-        if not folder.is_dir() or not readable_as(setup.ft, folder):
+        folder = Path(member.ft_files or member.inputs.ft_dir)  # a lean pair's local folder (a hub id's snapshot)
+        if not folder.is_dir() or not readable_as(member.ft, folder):
             return False
         self.release(name, folder, state=MemberState.LAZY)
         return True
@@ -280,7 +219,7 @@ class Workbench:
         """Member ``name``'s θ_ft: the loaded one, or read back from its files for the block (then dropped)."""
         member = self.members[name]
         if not member.released:
-            yield member.setup.ft
+            yield member.ft
             return
         with self.placed():
             ft = member.loader()

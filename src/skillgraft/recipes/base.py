@@ -32,7 +32,8 @@ from skillgraft.models.placement import Placement, Precision, using
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.ood import TransferSpec, with_limits
 from skillgraft.pipeline.report import RunDir, mean_std  # noqa: F401 - re-exported for recipes
-from skillgraft.pipeline.setup import Setup, prepare
+from skillgraft.pipeline.member import Member
+from skillgraft.pipeline.setup import prepare
 from skillgraft.pipeline.store import Store
 from skillgraft.pipeline.trained import BitFitSpec, RetrainSpec
 from skillgraft.spec import COUNT_MAX, Seed, Spec, read_yaml
@@ -62,7 +63,7 @@ class ExperimentSpec(Spec):
     def data_spec(self, task: str, seed: int, *, k: int | None = None) -> DataSpec:
         return DataSpec(task=task, k=k or self.k, seed=seed, data_dir=self.data_dir, test_limit=self.test_limit)
 
-    def setup(self, run: RunDir, task: str, seed: int, *, k: int | None = None) -> Setup:
+    def member(self, run: RunDir, task: str, seed: int, *, k: int | None = None) -> Member:
         """Fine-tune (or find in the store) ``task`` at data ``seed``; θ_ft, θ_pre and the data."""
         return prepare(run.store, self.model_spec(), self.data_spec(task, seed, k=k), self.finetune,
                        progress=self.progress)

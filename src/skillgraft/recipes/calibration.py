@@ -19,7 +19,7 @@ from skillgraft.evaluate.predict import labels_of
 from skillgraft.pipeline.paper_numbers import PAPER_NOTE, TABLE1_4096, TABLE2_64
 from skillgraft.pipeline.regions import model_variants
 from skillgraft.pipeline.report import RunDir, md_table, pct, setting_line
-from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.variants import Variant, compare, rows_of
 from skillgraft.recipes.base import ExperimentSpec, GraftVariantsMixin, SeedsMixin, recipe
 
@@ -36,13 +36,13 @@ def calibration(spec: CalibrationSpec, run: RunDir) -> dict:
     for task in spec.tasks:
         for seed in spec.seeds:
             t0 = time.perf_counter()
-            setup = spec.setup(run, task, seed)
-            variants, summary = model_variants(setup, spec, run)
-            found, probs = compare(setup, variants)
-            rows += rows_of(setup, found)
+            member = spec.member(run, task, seed)
+            variants, summary = model_variants(member, spec, run)
+            found, probs = compare(member, variants)
+            rows += rows_of(member, found)
             if seed == spec.seeds[0]:
-                _plots(run, setup, probs, variants)
-            timings.append({"task": setup.task, "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
+                _plots(run, member, probs, variants)
+            timings.append({"task": member.task, "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
                             "localize_seconds": summary.get("seconds")})
     ft_ece = {(r["task"], r["seed"]): r["ece"] for r in rows if r["kind"] == "ft"}
     for r in rows:
@@ -54,14 +54,14 @@ def calibration(spec: CalibrationSpec, run: RunDir) -> dict:
     return {"rows": rows, "summary": summary, "timings": timings}
 
 
-def _plots(run: RunDir, setup: Setup, probs: dict, variants: list[Variant]) -> None:
+def _plots(run: RunDir, member: Member, probs: dict, variants: list[Variant]) -> None:
     shown = [v.name for v in variants if v.kind in ("ft", "graft", "retrain", "bitfit", "head-only")]
-    labels = labels_of(setup.test)
-    tag = setup.task.replace("/", "_")
+    labels = labels_of(member.test)
+    tag = member.task.replace("/", "_")
     confidence_histogram({n: probs[n] for n in shown}, run.file(f"confidence_{tag}.png"),
-                         title=f"{setup.task} test, k={setup.k}, seed {setup.seed}: top-label confidence")
+                         title=f"{member.task} test, k={member.k}, seed {member.seed}: top-label confidence")
     reliability_diagram({n: (probs[n], labels) for n in shown}, run.file(f"reliability_{tag}.png"),
-                        title=f"{setup.task} test, k={setup.k}, seed {setup.seed}")
+                        title=f"{member.task} test, k={member.k}, seed {member.seed}")
 
 
 def _report(spec: CalibrationSpec, agg: list[dict], timings: list[dict]) -> str:

@@ -69,11 +69,11 @@ def continual(spec: ContinualSpec, run: RunDir) -> dict:
     t0 = time.perf_counter()
     data, single, regions, grafts, region_info = {}, {}, {}, {}, {}
     for t in tasks:
-        setup = spec.setup(run, t, seed)
-        data[t] = setup.data
-        single[t] = evaluate(setup.ft, setup.test, batch_size=batch)[0]["score"]
-        regions[t], grafts[t], region_info[t] = task_region(setup, run.store, spec.localize, progress=progress)
-        del setup
+        member = spec.member(run, t, seed)
+        data[t] = member.data
+        single[t] = evaluate(member.ft, member.test, batch_size=batch)[0]["score"]
+        regions[t], grafts[t], region_info[t] = task_region(member, run.store, spec.localize, progress=progress)
+        del member
     test = {t: d.test for t, d in data.items()}
     timings["single_task_ft_and_regions"] = time.perf_counter() - t0
 

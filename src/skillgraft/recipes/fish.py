@@ -148,41 +148,41 @@ def fish(spec: FishSpec, run: RunDir) -> dict:
     rows, base_rows, regions_for_maps, timings = [], [], {}, []
     for task in spec.tasks:
         for seed in spec.seeds:
-            setup = spec.setup(run, task, seed)
+            member = spec.member(run, task, seed)
             t0 = time.perf_counter()
-            learned, _ = learned_regions(setup, run.store, "learned", loc, progress=spec.progress)
+            learned, _ = learned_regions(member, run.store, "learned", loc, progress=spec.progress)
             t_loc = time.perf_counter() - t0
             t0 = time.perf_counter()
             sizes = [len(learned[Budget.parse(sp)]) for sp in sparsities]  # FISH regions of the learned sizes
-            fish_regions, _ = learned_regions(setup, run.store, "fish", {"budgets": sizes, "fisher": spec.fisher,
+            fish_regions, _ = learned_regions(member, run.store, "fish", {"budgets": sizes, "fisher": spec.fisher,
                                                                           "head": spec.fish_head},
                                               progress=spec.progress)
             t_fish = time.perf_counter() - t0
-            variants, trios = base_variants(setup), []
+            variants, trios = base_variants(member), []
             n_base = len(variants)
             for sp in sparsities:
                 region = learned[Budget.parse(sp)]
                 n = len(region)
                 trio = dict(zip(TRIO, (region, fish_regions[Budget.parse(n)],
-                                       get_localizer("random").region(setup.pre, setup.ft, None, n, {"seed": seed}))))
-                variants += [graft_variant(setup, r, sp, name=f"{name} @ {sp:g}") for name, r in trio.items()]
+                                       get_localizer("random").region(member.pre, member.ft, None, n, {"seed": seed}))))
+                variants += [graft_variant(member, r, sp, name=f"{name} @ {sp:g}") for name, r in trio.items()]
                 trios.append((sp, trio))
-            scored, _ = compare(setup, variants)  # one row per variant, in their order
+            scored, _ = compare(member, variants)  # one row per variant, in their order
             kinds = {r.kind: r for r in scored if r.kind in ("ft", "head-only", "pre")}
             ft, head_only = kinds["ft"], kinds.get("head-only", kinds["pre"])
-            base_rows.append({"task": setup.task, "seed": seed, "ft_score": ft.score, "ft_ece": ft.metrics["ece"],
+            base_rows.append({"task": member.task, "seed": seed, "ft_score": ft.score, "ft_ece": ft.metrics["ece"],
                               "head_only_score": head_only.score})
             grafts = iter(scored[n_base:])  # the trios' rows, in order
             for sp, trio in trios:
                 region, fish_r, rand_r = trio["learned"], trio["fish"], trio["random"]
                 got = {name: GraftScore(r.score, r.metrics["ece"]) for name, r in zip(TRIO, grafts)}
-                rows.append(FishRow(setup.task, seed, sp, len(region), len(fish_r), len(rand_r), fish_r.iou(region),
+                rows.append(FishRow(member.task, seed, sp, len(region), len(fish_r), len(rand_r), fish_r.iou(region),
                                     rand_r.iou(region), **got))
                 if task in map_tasks and seed == spec.seeds[0] and sp == map_sparsity:
-                    regions_for_maps[f"{setup.task} learned"] = (setup.pre, region)
-                    regions_for_maps[f"{setup.task} FISH"] = (setup.pre, fish_r)
-            timings.append({"task": setup.task, "seed": seed, "localize_seconds": round(t_loc, 1),
-                            "fisher_seconds": round(t_fish, 1), "finetune_seconds": round(setup.ft_seconds, 1)})
+                    regions_for_maps[f"{member.task} learned"] = (member.pre, region)
+                    regions_for_maps[f"{member.task} FISH"] = (member.pre, fish_r)
+            timings.append({"task": member.task, "seed": seed, "localize_seconds": round(t_loc, 1),
+                            "fisher_seconds": round(t_fish, 1), "finetune_seconds": round(member.inputs.ft_seconds, 1)})
     agg, summary = run.seed_tables("fish.csv", rows, ["task", "sparsity"], METRICS)
     maps = {}
     if regions_for_maps:

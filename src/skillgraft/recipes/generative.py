@@ -41,7 +41,7 @@ from skillgraft.models.scorer import Scorer, build_scorer
 from skillgraft.models.templates import template_text
 from skillgraft.pipeline.regions import learned_regions
 from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct
-from skillgraft.pipeline.setup import Setup, scorer_digest
+from skillgraft.pipeline.member import Member, MemberInputs, scorer_digest
 from skillgraft.pipeline.store import draw_key
 from skillgraft.pipeline.variants import base_variants, compare, graft_variant
 from skillgraft.recipes.base import (ExperimentSpec, LocalizerRun, SeedsMixin, check_localizer_runs, recipe,
@@ -138,8 +138,8 @@ def pair_data(spec: GenerativeSpec, task: str, seed: int) -> tuple[FewShotData, 
     return data, pairs
 
 
-def generative_setup(spec: GenerativeSpec, run: RunDir, task: str, seed: int, timing: dict, *,
-                     stored_only: bool = False) -> tuple[Setup, dict]:
+def generative_member(spec: GenerativeSpec, run: RunDir, task: str, seed: int, timing: dict, *,
+                     stored_only: bool = False) -> tuple[Member, dict]:
     """θ_pre and θ_ft (SFT on the pairs; the store's "generative-ft" entry) on one draw, and FT's training record.
     ``stored_only``: refuse (one line) when the store does not hold the fine-tuning, instead of training it."""
     data, pairs = pair_data(spec, task, seed)
@@ -175,43 +175,43 @@ def generative_setup(spec: GenerativeSpec, run: RunDir, task: str, seed: int, ti
     identity = {"finetuned": scorer_digest(ft), "pretrained": scorer_digest(pre), "mode": "generative",
                 "data": {"draw": key["data"], "data_digest": key["data_digest"], "pairs": pairs,
                          "test_n": len(data.test)}}
-    setup = Setup(ft, pre, data, entry, None, data_root=str(spec.data_dir) if spec.data_dir else None,
-                  _identity=identity)
-    return setup, record
+    inputs = MemberInputs(data, entry, None, data_root=str(spec.data_dir) if spec.data_dir else None)
+    member = Member(data.task.name, inputs, ft, pre, _identity=identity)
+    return member, record
 
 
-def draw_rows(spec: GenerativeSpec, setup: Setup, record: dict, run: RunDir, timing: dict) -> list[dict]:
+def draw_rows(spec: GenerativeSpec, member: Member, record: dict, run: RunDir, timing: dict) -> list[dict]:
     """Rows of one (task, seed): pre-trained, FT and every localizer's graft at every budget (stored)."""
-    key = {"setup": setup.identity(), "budgets": [b.key for b in spec.budgets],
+    key = {"setup": member.identity(), "budgets": [b.key for b in spec.budgets],
            "localizers": [{"name": loc.name, "label": loc.title, "options": loc.resolved(spec.budgets).to_dict()}
                           for loc in spec.localizers]}
     holder: dict = {}
 
     def make(folder: Path) -> None:
-        variants = base_variants(setup)
+        variants = base_variants(member)
         for v in variants:
             if v.kind == "ft":  # what SFT trained (the frozen embeddings and the tied head not counted)
                 v.params = int(record["trainable_parameters"])
         for loc in spec.localizers:
             t0 = time.perf_counter()
-            regions, summary = learned_regions(setup, run.store, loc.name, loc.resolved(spec.budgets),
+            regions, summary = learned_regions(member, run.store, loc.name, loc.resolved(spec.budgets),
                                                progress=spec.progress)
             timing[f"regions {loc.title}"] = round(time.perf_counter() - t0, 1)
             for budget in (b for b in spec.budgets if b in regions):
-                v = graft_variant(setup, regions[budget], budget, {"localizer": loc.name},
+                v = graft_variant(member, regions[budget], budget, {"localizer": loc.name},
                                   name=f"{loc.title} {budget.label}")
                 v.info = {"localizer": loc.title, "budget": budget.label,
                           "best_step": (summary.get("best_step") or {}).get(budget.key)}
                 variants.append(v)
         t0 = time.perf_counter()
-        rows, _ = compare(setup, variants, progress=spec.progress)
+        rows, _ = compare(member, variants, progress=spec.progress)
         timing["evaluation"] = round(time.perf_counter() - t0, 1)
         info = {v.name: v.info for v in variants}
-        out = [{"task": setup.task, "seed": setup.seed, **r, **info.get(r["model"], {})} for r in rows]
+        out = [{"task": member.task, "seed": member.seed, **r, **info.get(r["model"], {})} for r in rows]
         write_json(folder / "rows.json", {"rows": out, "timing": timing})
         holder["rows"] = out
 
-    entry = run.store.fetch("generative-rows", key, make, label=f"{setup.task}-{setup.k}-{setup.seed}-generative")
+    entry = run.store.fetch("generative-rows", key, make, label=f"{member.task}-{member.k}-{member.seed}-generative")
     if "rows" in holder:
         return holder["rows"]
     stored = read_json(entry / "rows.json", required=("rows",), what="stored generative rows")
@@ -229,11 +229,11 @@ def generative(spec: GenerativeSpec, run: RunDir) -> dict:
         for seed in spec.seeds:
             t0 = time.perf_counter()
             timing = {"task": get_task(task).name, "seed": seed}
-            setup, record = generative_setup(spec, run, task, seed, timing)
-            rows += draw_rows(spec, setup, record, run, timing)
+            member, record = generative_member(spec, run, task, seed, timing)
+            rows += draw_rows(spec, member, record, run, timing)
             timing["total"] = round(time.perf_counter() - t0, 1)
             timings.append(timing)
-            del setup
+            del member
     agg, _ = run.seed_tables("results.csv", rows, ["task", "model", "kind", "localizer", "budget"],
                              METRICS + ["params", "density"])
     table = localizer_table(spec, rows)

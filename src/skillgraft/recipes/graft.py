@@ -31,15 +31,15 @@ class GraftRecipeSpec(ExperimentSpec):
 def graft_recipe(spec: GraftRecipeSpec, run: RunDir) -> dict:
     options = localizer_options(spec.report.localizer, spec.localize)  # refused before any fine-tuning
     t0 = time.perf_counter()
-    setup = spec.setup(run, spec.task, spec.seed)
+    member = spec.member(run, spec.task, spec.seed)
     t1 = time.perf_counter()
-    metrics = graft_report(setup, run, spec.report, options, progress=spec.progress)
+    metrics = graft_report(member, run, spec.report, options, progress=spec.progress)
     t2 = time.perf_counter()
     ft = spec.finetune
     text = (run.path / "report.md").read_text()
     text += (f"\nFine-tuning: {ft.steps} {ft.optimizer.upper()} steps, lr {ft.lr:g}, batch {ft.batch_size}, "
-             f"{setup.pre.pooling} pooling, {'frozen' if ft.freeze_embeddings else 'trained'} embeddings "
-             f"(stored in `{setup.ft_dir.parent.name}`).\n\n"
+             f"{member.pre.pooling} pooling, {'frozen' if ft.freeze_embeddings else 'trained'} embeddings "
+             f"(stored in `{member.inputs.ft_dir.parent.name}`).\n\n"
              f"Wall time of this run: fine-tuning stage {t1 - t0:.0f} s (≈0 when stored), grafting and "
              f"evaluation {t2 - t1:.0f} s.\n")
     run.report(text)

@@ -31,7 +31,7 @@ from skillgraft.graft.selection import region_universe
 from skillgraft.io import write_json
 from skillgraft.untrusted import read_json
 from skillgraft.pipeline.report import RunDir, md_table
-from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.member import Member, MemberInputs
 from skillgraft.pipeline.regions import learned_regions
 from skillgraft.pipeline.store import data_digest, model_digest
 from skillgraft.recipes.base import ExperimentSpec, OneSeedMixin, TaskNames, inherit_finetune, recipe
@@ -124,10 +124,11 @@ class _Context:
         graft = Graft.from_models(self.pre[task], self.mt[task], region)
         return evaluate_graft(self.pre[task], graft, self.test(task), batch_size=self.batch)[0]["score"]
 
-    def setup(self, task: str) -> Setup:
-        """Task ``task``'s view of the MT model beside the pre-trained body, as a Setup (regions cache key)."""
-        return Setup(self.mt[task], self.pre[task], self.data[task], self.mt_entry, None,
-                     data_root=str(self.spec.data_dir) if self.spec.data_dir else None)
+    def member(self, task: str) -> Member:
+        """Task ``task``'s view of the MT model beside the pre-trained body, as a Member (regions cache key)."""
+        inputs = MemberInputs(self.data[task], self.mt_entry, None,
+                              data_root=str(self.spec.data_dir) if self.spec.data_dir else None)
+        return Member(task, inputs, self.mt[task], self.pre[task])
 
 
 def train_multitask(spec: MultitaskSpec, run: RunDir, data: dict) -> tuple[MultiTaskScorer, dict, Path]:
@@ -159,7 +160,7 @@ def task_regions(ctx: _Context, run: RunDir, base: float) -> tuple[dict[str, Reg
     loc = ctx.spec.localize.replace(sparsity=float(base))
     out, info = {}, {}
     for t in ctx.tasks:
-        found, summary = learned_regions(ctx.setup(t), run.store, "learned", loc, progress=ctx.spec.progress)
+        found, summary = learned_regions(ctx.member(t), run.store, "learned", loc, progress=ctx.spec.progress)
         out[t] = next(iter(found.values()))
         moved = [r for r in summary.get("history", []) if any(k.endswith(":iou_prev") for k in r)]
         last = moved[-1] if moved else {}
@@ -180,10 +181,10 @@ def multitask(spec: MultitaskSpec, run: RunDir) -> dict:
     t0 = time.perf_counter()
     single, data = {}, {}
     for t in tasks:
-        setup = spec.setup(run, t, spec.seed)
-        data[t] = setup.data
-        single[t] = evaluate(setup.ft, setup.test, batch_size=spec.eval_batch_size)[0]["score"]
-        del setup
+        member = spec.member(run, t, spec.seed)
+        data[t] = member.data
+        single[t] = evaluate(member.ft, member.test, batch_size=spec.eval_batch_size)[0]["score"]
+        del member
     ctx = _Context(spec, data)
     timings["single_task_ft_and_eval"] = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -22,6 +22,6 @@ class OodSpec(ExperimentSpec, GraftVariantsMixin, TransfersMixin):  # last base 
 
 @recipe("ood", OodSpec)
 def ood(spec: OodSpec, run: RunDir) -> dict:
-    return run_transfers(spec, run, lambda setup, spec, run: model_variants(setup, spec, run)[0],
+    return run_transfers(spec, run, lambda member, spec, run: model_variants(member, spec, run)[0],
                          title="Out-of-distribution: fine-tuning vs grafting (paper Fig. 7, Tables 3, 7)",
                          paper_lines=paper_ood_lines)

@@ -47,8 +47,9 @@ from skillgraft.pipeline.paper_numbers import (PAPER_NOTE, TABLE2_64, TABLE3_409
                                               TABLE9_GPT2_64)
 from skillgraft.pipeline.grid import GridSpec, choose, run_row
 from skillgraft.pipeline.regions import learned_regions
-from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct
-from skillgraft.pipeline.setup import Setup, prepare
+from skillgraft.pipeline.report import RunDir, TaskRows, aggregate, md_table, pct
+from skillgraft.pipeline.member import Member
+from skillgraft.pipeline.setup import prepare
 from skillgraft.pipeline.store import data_digest
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
 from skillgraft.recipes.base import (ExperimentSpec, LocalizerRun, SeedsMixin, check_localizer_runs, recipe,
@@ -170,39 +171,39 @@ class PaperSpec(ExperimentSpec, SeedsMixin):
         return self.task_seeds.get(task) or self.task_seeds.get(get_task(task).name) or self.seeds
 
 
-def rows_key(spec: PaperSpec, setup: Setup, localizers: list[LocalizerRun]) -> dict:
-    """Store key of one (task, seed)'s rows: the setup, the budgets, the localizers' resolved options."""
-    return {"setup": setup.identity(), "budgets": [b.key for b in spec.budgets],
+def rows_key(spec: PaperSpec, member: Member, localizers: list[LocalizerRun]) -> dict:
+    """Store key of one (task, seed)'s rows: the member, the budgets, the localizers' resolved options."""
+    return {"setup": member.identity(), "budgets": [b.key for b in spec.budgets],
             "localizers": [{"name": loc.name, "label": loc.title, "options": spec.options_of(loc).to_dict()}
                            for loc in localizers]}
 
 
-def _variants(spec: PaperSpec, setup: Setup, run: RunDir, localizers: list[LocalizerRun], timing: dict
+def _variants(spec: PaperSpec, member: Member, run: RunDir, localizers: list[LocalizerRun], timing: dict
               ) -> list[Variant]:
     """Pre-trained (+ head only), FT and every localizer's graft at every budget (regions from the store)."""
-    variants = base_variants(setup)
+    variants = base_variants(member)
     for loc in localizers:
         t0 = time.perf_counter()
-        regions, summary = learned_regions(setup, run.store, loc.name, spec.options_of(loc), progress=spec.progress)
+        regions, summary = learned_regions(member, run.store, loc.name, spec.options_of(loc), progress=spec.progress)
         timing[f"regions {loc.title}"] = round(time.perf_counter() - t0, 1)
         timing[f"regions {loc.title} (computed)"] = round(summary.get("seconds", 0.0), 1)
         for budget in (b for b in spec.budgets if b in regions):
-            variants.append(graft_variant(setup, regions[budget], budget, {"localizer": loc.name},
+            variants.append(graft_variant(member, regions[budget], budget, {"localizer": loc.name},
                                           name=f"{loc.title} {budget.label}"))
             variants[-1].info = {"localizer": loc.title, "budget": budget.label,
                                  "best_step": (summary.get("best_step") or {}).get(budget.key)}
     return variants
 
 
-def _label(setup: Setup) -> str:
-    return f"{setup.task}-{setup.k}-{setup.seed}-{setup.pre.mode}"
+def _label(member: Member) -> str:
+    return f"{member.task}-{member.k}-{member.seed}-{member.pre.mode}"
 
 
-def draw_rows(spec: PaperSpec, setup: Setup, run: RunDir, timing: dict,
+def draw_rows(spec: PaperSpec, member: Member, run: RunDir, timing: dict,
               localizers: list[LocalizerRun] | None = None) -> list[dict]:
     """Rows of one (task, seed): pre-trained (+ head only), FT and every localizer's graft at every budget.
 
-    Regions come from the regions cache; the rows themselves are stored too (keyed by the setup, the
+    Regions come from the regions cache; the rows themselves are stored too (keyed by the member, the
     localizers' resolved options and the budgets), so a re-run reads them back. ``localizers``: a subset of
     the spec's (default: all of them).
     """
@@ -210,16 +211,16 @@ def draw_rows(spec: PaperSpec, setup: Setup, run: RunDir, timing: dict,
     holder: dict = {}
 
     def make(folder: Path) -> None:
-        variants = _variants(spec, setup, run, localizers, timing)
+        variants = _variants(spec, member, run, localizers, timing)
         t0 = time.perf_counter()
-        rows, _ = compare(setup, variants, progress=spec.progress)
+        rows, _ = compare(member, variants, progress=spec.progress)
         timing["evaluation"] = round(time.perf_counter() - t0, 1)
         info = {v.name: v.info for v in variants}
-        rows = [{"task": setup.task, "seed": setup.seed, **r, **info.get(r["model"], {})} for r in rows]
+        rows = [{"task": member.task, "seed": member.seed, **r, **info.get(r["model"], {})} for r in rows]
         write_json(folder / "rows.json", {"rows": rows, "timing": timing})
         holder["rows"] = rows
 
-    entry = run.store.fetch("paper-rows", rows_key(spec, setup, localizers), make, label=_label(setup))
+    entry = run.store.fetch("paper-rows", rows_key(spec, member, localizers), make, label=_label(member))
     if "rows" in holder:
         return holder["rows"]
     stored = read_json(entry / "rows.json", required=("rows",), what="stored paper rows")
@@ -228,34 +229,34 @@ def draw_rows(spec: PaperSpec, setup: Setup, run: RunDir, timing: dict,
     return stored["rows"]
 
 
-def ood_rows(spec: PaperSpec, setup: Setup, run: RunDir, source: str, target: TargetSpec, examples: list
+def ood_rows(spec: PaperSpec, member: Member, run: RunDir, source: str, target: TargetSpec, examples: list
              ) -> list[dict]:
     """Table 2's models of one (task, seed) on one OOD set; stored as "paper-ood-rows" (key: the rows' key +
     the transfer, its limit and the target's data digest), beside and independent of "paper-rows"."""
-    key = {**rows_key(spec, setup, spec.localizers),
+    key = {**rows_key(spec, member, spec.localizers),
            "ood": {"source": source, "target": target.to_dict(), "data": data_digest(target.task, spec.data_dir)}}
     holder: dict = {}
 
     def make(folder: Path) -> None:
-        variants = _variants(spec, setup, run, spec.localizers, {})
-        block, _ = compare(setup, variants, examples, target.task, progress=spec.progress)
+        variants = _variants(spec, member, run, spec.localizers, {})
+        block, _ = compare(member, variants, examples, target.task, progress=spec.progress)
         info = {v.name: v.info for v in variants}
-        holder["rows"] = [{"task": setup.task, "seed": setup.seed, "source": source, "eval": target.task, **r,
+        holder["rows"] = [{"task": member.task, "seed": member.seed, "source": source, "eval": target.task, **r,
                            **info.get(r["model"], {})} for r in block]
         write_json(folder / "rows.json", {"rows": holder["rows"]})
 
-    entry = run.store.fetch("paper-ood-rows", key, make, label=f"{_label(setup)}-{target.task}")
+    entry = run.store.fetch("paper-ood-rows", key, make, label=f"{_label(member)}-{target.task}")
     return holder.get("rows") or read_json(entry / "rows.json", required=("rows",), what="stored OOD rows")["rows"]
 
 
-def _timed_setup(spec: PaperSpec, run: RunDir, task: str, seed: int, title: str, grids: list | None = None
-                 ) -> tuple[Setup, dict, float]:
-    """The setup (fine-tuned or from the store), its timing row and the start time. With a ``grid``, the
+def _timed_member(spec: PaperSpec, run: RunDir, task: str, seed: int, title: str, grids: list | None = None
+                 ) -> tuple[Member, dict, float]:
+    """The member (fine-tuned or from the store), its timing row and the start time. With a ``grid``, the
     (batch, lr) chosen on dev first (each point a store stage; its rows appended to ``grids``)."""
     t0 = time.perf_counter()
     timing = {"task": title, "seed": seed}
     if spec.grid is None:
-        setup = spec.setup(run, task, seed)
+        member = spec.member(run, task, seed)
     else:
         data = spec.data_spec(task, seed)
         config, points = choose(run.store, spec.model_spec(), data, spec.finetune, spec.grid, progress=spec.progress)
@@ -263,12 +264,12 @@ def _timed_setup(spec: PaperSpec, run: RunDir, task: str, seed: int, title: str,
         timing["grid (computed)"] = round(sum(p["train_seconds"] or 0.0 for p in points), 1)
         if grids is not None:
             grids += points
-        setup = prepare(run.store, spec.model_spec(), data, config, progress=spec.progress)
+        member = prepare(run.store, spec.model_spec(), data, config, progress=spec.progress)
     timing["fine-tuning"] = round(time.perf_counter() - t0 - timing.get("grid", 0.0), 1)
-    ft_metrics = setup.ft_dir / "metrics.json"
+    ft_metrics = member.inputs.ft_dir / "metrics.json"
     if ft_metrics.is_file():
         timing["fine-tuning (computed)"] = read_json(ft_metrics).get("train_seconds")
-    return setup, timing, t0
+    return member, timing, t0
 
 
 @recipe("paper", PaperSpec)
@@ -279,14 +280,14 @@ def paper(spec: PaperSpec, run: RunDir) -> dict:
     rows, oods, tuned, timings, grids = [], [], [], [], []
     for task in spec.tasks:
         for seed in spec.seeds_of(task):
-            setup, timing, t0 = _timed_setup(spec, run, task, seed, get_task(task).name, grids)
+            member, timing, t0 = _timed_member(spec, run, task, seed, get_task(task).name, grids)
             if spec.grid is not None and spec.grid.steps is not None:  # screened: the full-schedule run too
-                grids.append(_chosen_row(setup))
-            rows += draw_rows(spec, setup, run, timing)
+                grids.append(_chosen_row(member))
+            rows += draw_rows(spec, member, run, timing)
             for i, t in spec.ood_of(task):
                 for j, tg in enumerate(t.targets):
                     t1 = time.perf_counter()
-                    oods += ood_rows(spec, setup, run, t.source, tg, ood_sets[(i, j)])
+                    oods += ood_rows(spec, member, run, t.source, tg, ood_sets[(i, j)])
                     timing[f"OOD {tg.task}"] = round(time.perf_counter() - t1, 1)
             timing["total"] = round(time.perf_counter() - t0, 1)
             timings.append(timing)
@@ -300,8 +301,8 @@ def paper(spec: PaperSpec, run: RunDir) -> dict:
                 found = [r for r in rows if r["task"] == name and r["seed"] == seed] if main else []
                 if not found:
                     other = spec if main else spec.replace(finetune=config.to_dict(), grid=None)
-                    setup, timing, t0 = _timed_setup(other, run, task, seed, f"{name} ({label})")
-                    found = draw_rows(spec, setup, run, timing, None if main else [ref])
+                    member, timing, t0 = _timed_member(other, run, task, seed, f"{name} ({label})")
+                    found = draw_rows(spec, member, run, timing, None if main else [ref])
                     timing["total"] = round(time.perf_counter() - t0, 1)
                     timings.append(timing)
                 tuned += [{"finetune": label, "optimizer": config.optimizer, "lr": config.lr, "l1": config.l1, **r}
@@ -322,10 +323,10 @@ def paper(spec: PaperSpec, run: RunDir) -> dict:
             "grid_rows": grids}
 
 
-def _chosen_row(setup: Setup) -> dict:
+def _chosen_row(member: Member) -> dict:
     """The fine-tuning Table 2 uses after a screened grid (the chosen point on the full schedule), as a grid row."""
-    config = setup.finetune_config
-    return {**run_row(setup.ft_dir, config.batch_size, config.lr, screen=False, test_rows=len(setup.test)),
+    config = member.inputs.finetune_config
+    return {**run_row(member.inputs.ft_dir, config.batch_size, config.lr, screen=False, test_rows=len(member.test)),
             "chosen": "used"}
 
 
@@ -384,7 +385,7 @@ def report_markdown(spec: PaperSpec, agg: list[dict], table: list[dict], timings
             "agreement", "paper FT", "paper FT ECE", "paper graft", "paper graft ECE", "paper share"]
     body = []
     for name, cell in task_cells(spec, agg):
-        ft, pre, graft = cell["fine-tuned"], cell.get("pre-trained"), cell.get(f"{first} {main.label}")
+        ft, pre, graft = cell.models["fine-tuned"], cell.models.get("pre-trained"), cell.graft(first, main.label)
         paper = TABLE2_64.get(name)
         pshare = (f"{100 * float(paper[2].split()[0]) / float(paper[0].split()[0]):.1f}" if paper else "-")
         body.append([name + (" †" if name in STAND_IN_TESTS else ""), ft["n_seeds"],
@@ -437,11 +438,11 @@ def _schedule(spec: PaperSpec) -> str:
 
 
 def task_cells(spec: PaperSpec, agg: list[dict]):
-    """``(task name, {model: aggregated row})`` of each task of the spec that has a fine-tuned row."""
+    """``(task name, its aggregated rows)`` (a :class:`TaskRows`) of each task of the spec that has a fine-tuned row."""
     for task in spec.tasks:
         name = get_task(task).name
-        cell = {g["model"]: g for g in agg if g["task"] == name}
-        if "fine-tuned" in cell:
+        cell = TaskRows.of(g for g in agg if g["task"] == name)
+        if "fine-tuned" in cell.models:
             yield name, cell
 
 
@@ -453,15 +454,15 @@ def gpt2_section(spec: PaperSpec, agg: list[dict]) -> list[str]:
     budgets = [b for b in spec.budgets if b.fraction is not None and b.fraction <= 5e-4]
     body = []
     for name, cell in task_cells(spec, agg):
-        ft, pre = cell["fine-tuned"], cell.get("pre-trained")
+        ft, pre = cell.models["fine-tuned"], cell.models.get("pre-trained")
+        grafts = [cell.graft(first, b.label) for b in budgets]
         paper = TABLE9_GPT2_64.get(name)
         gain = 100 * (np.mean(ft["score"]) - np.mean(pre["score"])) if pre else None
         gap = 100 * np.mean(ft["score"]) - float(paper[0].split()[0]) if paper else None
         body.append([name, ft["n_seeds"], pct(pre["score"]) if pre else "-", pct(ft["score"]), pct(ft["ece"]),
                      "-" if gain is None else f"{gain:+.1f}", *(paper[:2] if paper else ("-", "-")),
                      "-" if gap is None else f"{gap:+.1f}",
-                     *(pct(cell[f"{first} {b.label}"]["share_of_ft"]) if f"{first} {b.label}" in cell else "-"
-                       for b in budgets), paper[2] if paper else "-"])
+                     *(pct(g["share_of_ft"]) if g else "-" for g in grafts), paper[2] if paper else "-"])
     if not body:
         return []
     return ["## Beside the paper's decoder (Table 9: GPT-2 small, 64-shot)", "",
@@ -552,7 +553,8 @@ def optimizer_section(spec: PaperSpec, tuned: list[dict]) -> list[str]:
     if not tuned:
         return []
     ref, budgets = spec.localizers[0].title, [b.label for b in spec.budgets]
-    agg = aggregate(tuned, ["task", "finetune", "model", "kind"], ["score", "ece", "share_of_ft", "gap_closed"])
+    agg = aggregate(tuned, ["task", "finetune", "model", "kind", "localizer", "budget"],
+                    ["score", "ece", "share_of_ft", "gap_closed"])
     lines = ["## Fig. 5: the fine-tuning optimizer", "",
              f"Each fine-tuning of `finetunes`, on {', '.join(dict.fromkeys(r['task'] for r in tuned))} with Table "
              f"2's data seeds, grafted by {ref} at every budget. FT = that fine-tuning's test score; share of FT = "
@@ -563,11 +565,11 @@ def optimizer_section(spec: PaperSpec, tuned: list[dict]) -> list[str]:
     body = []
     for task in dict.fromkeys(g["task"] for g in agg):
         for label in spec.finetunes:
-            cell = {g["model"]: g for g in agg if g["task"] == task and g["finetune"] == label}
-            if "fine-tuned" not in cell:
+            cell = TaskRows.of(g for g in agg if g["task"] == task and g["finetune"] == label)
+            if "fine-tuned" not in cell.models:
                 continue
-            ft, conf = cell["fine-tuned"], spec.finetune_of(label)
-            grafts = [cell.get(f"{ref} {b}") for b in budgets]
+            ft, conf = cell.models["fine-tuned"], spec.finetune_of(label)
+            grafts = [cell.graft(ref, b) for b in budgets]
             settings = (f"{conf.optimizer} lr {conf.lr:g}" + (f", L1 λ {conf.l1:g}" if conf.l1 else "")
                         + (" (Table 2's)" if conf == spec.finetune else ""))
             body.append([task, label, settings, ft["n_seeds"], pct(ft["score"]), pct(ft["ece"]),

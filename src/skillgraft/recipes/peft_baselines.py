@@ -18,7 +18,7 @@ from skillgraft.graft.localizers import LocalizeConfig
 from skillgraft.pipeline.paper_numbers import TABLE6_4096
 from skillgraft.pipeline.regions import learned_grafts
 from skillgraft.pipeline.report import RunDir
-from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.trained import (IA3_FINETUNE, LORA_FINETUNE, BitFitSpec, adapter_variant, bitfit_variant,
                                          with_defaults)
 from skillgraft.pipeline.transfers import paper_ood_lines, run_transfers
@@ -71,14 +71,14 @@ class PeftSpec(ExperimentSpec, TransfersMixin):
         return self
 
 
-def peft_variants(setup: Setup, spec: PeftSpec, run: RunDir) -> list[Variant]:
-    variants, _, _ = learned_grafts(setup, run.store, spec.localize, progress=spec.progress)
+def peft_variants(member: Member, spec: PeftSpec, run: RunDir) -> list[Variant]:
+    variants, _, _ = learned_grafts(member, run.store, spec.localize, progress=spec.progress)
     if spec.bitfit:
-        variants.append(bitfit_variant(setup, run.store, spec.bitfit.finetune))
+        variants.append(bitfit_variant(member, run.store, spec.bitfit.finetune))
     for r in spec.lora_ranks:
-        variants.append(adapter_variant(setup, run.store, spec.lora.replace(r=r), spec.lora_finetune))
+        variants.append(adapter_variant(member, run.store, spec.lora.replace(r=r), spec.lora_finetune))
     if spec.ia3:
-        variants.append(adapter_variant(setup, run.store, AdapterConfig(method="ia3"), spec.ia3_finetune))
+        variants.append(adapter_variant(member, run.store, AdapterConfig(method="ia3"), spec.ia3_finetune))
     return variants
 
 

@@ -25,7 +25,7 @@ from skillgraft.io import atomic_path
 from skillgraft.pipeline.paper_numbers import FIG7_NLI_OPTIMA, PAPER_NOTE
 from skillgraft.pipeline.regions import learned_regions
 from skillgraft.pipeline.report import RunDir, md_table, setting_line
-from skillgraft.pipeline.transfers import transfer_setups
+from skillgraft.pipeline.transfers import transfer_members
 from skillgraft.pipeline.variants import graft_label, graft_variant
 from skillgraft.recipes.base import ExperimentSpec, TransfersMixin, recipe
 
@@ -90,21 +90,21 @@ class WisePoint(Row):
 @recipe("wise", WiseSpec)
 def wise(spec: WiseSpec, run: RunDir) -> dict:
     points, timings = [], []
-    for seed, setup, sets, t0 in transfer_setups(spec, run):
-        regions, _ = learned_regions(setup, run.store, "learned", spec.localize, progress=spec.progress)
-        curves = {"WiSE-FT": setup.ft}
+    for seed, member, sets, t0 in transfer_members(spec, run):
+        regions, _ = learned_regions(member, run.store, "learned", spec.localize, progress=spec.progress)
+        curves = {"WiSE-FT": member.ft}
         for budget, region in regions.items():
             if spec.graft_budgets is None or budget in spec.graft_budgets:
-                curves[f"WiSE-{graft_label(budget)}"] = graft_variant(setup, region, budget).graft
+                curves[f"WiSE-{graft_label(budget)}"] = graft_variant(member, region, budget).graft
         for curve, target in curves.items():
             for alpha in spec.alphas:
-                with interpolate(setup.pre, target, alpha, head=spec.head) as scorer:
-                    row = WisePoint(setup.task, curve, alpha, seed)
+                with interpolate(member.pre, target, alpha, head=spec.head) as scorer:
+                    row = WisePoint(member.task, curve, alpha, seed)
                     for name, examples in sets.items():
                         m, _ = evaluate(scorer, examples)
                         row.sets[name] = SetScore(m["score"], m["ece"])
                 points.append(row)
-        timings.append({"source": setup.task, "seed": seed, "seconds": round(time.perf_counter() - t0, 1)})
+        timings.append({"source": member.task, "seed": seed, "seconds": round(time.perf_counter() - t0, 1)})
     curves_rows = _mean_curves(points)
     run.csv("points.csv", points)
     run.csv("curves.csv", curves_rows)

@@ -103,10 +103,10 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
             settings, store = learner.settings, Store(cache)
             model_spec = ModelSpec(model=settings["model"], mode=settings["mode"], pooling=settings["pooling"],
                                    max_length=settings["max_length"] or MAX_LENGTH)
-            setup = prepare(store, model_spec, spec, region_finetune_config or finetune_config or FinetuneConfig(),
+            member = prepare(store, model_spec, spec, region_finetune_config or finetune_config or FinetuneConfig(),
                             progress=progress)
-            gamma, init_graft, single = task_region(setup, store, localize_config, progress=progress)
-            del setup
+            gamma, init_graft, single = task_region(member, store, localize_config, progress=progress)
+            del member
             info["region_source"] = "single-task fine-tune + localize"
             info["single_task"] = single
         if init == "graft" and init_graft is None:

@@ -2,10 +2,11 @@
 recipe and ``make demo``).
 
 :func:`graft` is the verb (typed inputs in, a :class:`GraftResult` out): it decides once whether ``--finetuned`` is
-a skillgraft run or a checkpoint pair, opens the :class:`~skillgraft.pipeline.setup.Setup` and writes the report
-folder atomically; :func:`graft_report` is the report itself.
+a skillgraft run or a checkpoint pair, opens the :class:`~skillgraft.pipeline.member.Member` and writes the report
+folder atomically; :func:`graft_report` is the report itself, on a :class:`~skillgraft.pipeline.workbench.Workbench`
+of that one member.
 
-For one fine-tuned model (a :class:`~skillgraft.pipeline.setup.Setup`) a localizer from the registry
+For one fine-tuned model (a :class:`~skillgraft.pipeline.member.Member`) a localizer from the registry
 (default ``learned``, paper Eq. 3–4: one trajectory, a region per budget) gives regions; every graft is
 scored on the test subset beside the pre-trained model, the head-only model (head mode), the fine-tuned
 model, matched-size baseline localizers (top-movement, random, bias-only) and lottery-ticket-zero (the
@@ -33,7 +34,7 @@ from skillgraft.graft.localizers import LOCALIZERS, get_localizer
 from skillgraft.graft.selection import Budget, region_universe
 from skillgraft.pipeline.regions import learned_regions, localizer_options
 from skillgraft.pipeline.report import RunDir, write_csv
-from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.workbench import Workbench
 from skillgraft.pipeline.variants import (ResultRow, Variant, base_variants, compare, graft_variant,
                                           score_ft_first)
@@ -71,15 +72,15 @@ def baseline_options(name: str, graftable: str, seed: int) -> dict:
     return {"graftable": graftable, **({"seed": seed} if name == "random" else {})}
 
 
-def runnable_baselines(report: ReportSpec, setup: Setup, options: Spec) -> ReportSpec:
-    """``report`` without the baselines that cannot run on ``setup`` (a sharded model, generative data), each
+def runnable_baselines(report: ReportSpec, member: Member, options: Spec) -> ReportSpec:
+    """``report`` without the baselines that cannot run on ``member`` (a sharded model, generative data), each
     named in one warning; an unknown baseline name is refused. Checked before any work."""
     import warnings  # noqa: PLC0415
 
     keep, left = [], []
     for name in report.baselines:
         loc = get_localizer(name)  # unknown names fail here
-        model = setup.pre if setup.pre is not None else setup.ft  # a lean pair: θ_pre not loaded yet (same mode)
+        model = member.pre if member.pre is not None else member.ft  # a lean pair: θ_pre not loaded yet (same mode)
         try:
             loc.check(model, loc.options(baseline_options(name, options.graftable, getattr(options, "seed", 0))))
             keep.append(name)
@@ -91,9 +92,9 @@ def runnable_baselines(report: ReportSpec, setup: Setup, options: Spec) -> Repor
     return report
 
 
-def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, options: Spec | dict | None = None,
+def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, options: Spec | dict | None = None,
                  *, progress: bool = True, keep=None, frontier=None, notes=None) -> dict:
-    """Learn regions for ``setup`` and compare them (see the module doc); returns the metrics.
+    """Learn regions for ``member`` and compare them (see the module doc); returns the metrics.
 
     ``keep`` (a :class:`~skillgraft.graft.keep.KeepSpec` with targets) adds the smallest graft reaching each share
     of FT (:mod:`skillgraft.pipeline.keep`; without budgets, only those); ``frontier`` (a
@@ -102,31 +103,31 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
     of a pair: θ_pre of a lean pair loads during the work)."""
     report = report or ReportSpec()
     options = localizer_options(report.localizer, options)
-    report = runnable_baselines(report, setup, options)  # before any work
+    report = runnable_baselines(report, member, options)  # before any work
     if keep is not None and keep.any:
         from skillgraft.pipeline.keep import check_keep_rows, selection_split  # noqa: PLC0415
 
         get_localizer(report.localizer).check_ranked()  # before any work (a --keep-data file's fault too)
-        selection, _, note = selection_split(setup, keep)
-        check_keep_rows(keep, setup.data.task, len(selection), note.split(" (")[0])
+        selection, _, note = selection_split(member, keep)
+        check_keep_rows(keep, member.data.task, len(selection), note.split(" (")[0])
     keep_only = bool(keep is not None and keep.any and not getattr(options, "budgets", None))
-    bench = Workbench.of(setup)  # θ_pre and one fine-tuned model: merge's path with N = 1
+    bench = Workbench.of(member)  # θ_pre and one fine-tuned model: merge's path with N = 1
     score_ft_first(bench, bench.names[0], release=releases_ft(report, keep, frontier), progress=progress)  # lean
-    regions, summary = ({}, {}) if keep_only else learned_regions(setup, run.store, report.localizer, options,
+    regions, summary = ({}, {}) if keep_only else learned_regions(member, run.store, report.localizer, options,
                                                                  progress=progress)
-    variants: list[Variant] = base_variants(setup)
+    variants: list[Variant] = base_variants(member)
     kept: list[Variant] = []
     if keep is not None and keep.any:
         from skillgraft.pipeline.keep import keep_variants  # noqa: PLC0415
 
-        kept, keep_summary = keep_variants(setup, run.store, report.localizer, options, keep, progress=progress)
+        kept, keep_summary = keep_variants(member, run.store, report.localizer, options, keep, progress=progress)
         variants += kept
     grafts: dict[str, tuple[Budget, Variant]] = {}
     seed, graftable = getattr(options, "seed", 0), options.graftable
     for budget, region in regions.items():
         meta = {"localizer": report.localizer, "budget": budget.key, "localize": options.to_dict(),
-                "finetuned_run": str(setup.ft_dir)}
-        graft = graft_variant(setup, region, budget, meta)
+                "finetuned_run": str(member.inputs.ft_dir)}
+        graft = graft_variant(member, region, budget, meta)
         variants.append(graft)
         grafts[graft.name] = (budget, graft)
         size = Budget.parse(len(region)) if len(region) else None
@@ -135,15 +136,15 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
                 continue
             base_opts = baseline_options(name, graftable, seed)
             try:
-                base_region = get_localizer(name).region(setup.pre, setup.ft, setup.data, size, base_opts)
+                base_region = get_localizer(name).region(member.pre, member.ft, member.data, size, base_opts)
             except SkillgraftError:
                 continue  # e.g. more coordinates than the model has biases
-            variants.append(graft_variant(setup, base_region, size, name=f"{BASELINE_LABELS.get(name, name)} @ "
+            variants.append(graft_variant(member, base_region, size, name=f"{BASELINE_LABELS.get(name, name)} @ "
                                           f"{graft.name}", kind="baseline"))
         if report.lottery_zero:
             variants.append(Variant(f"lottery-ticket-zero @ {graft.name}", "lottery-zero", len(region), graft.graft,
                                     graft.budget, outside="zero"))
-    rows, probs = compare(setup, variants, progress=progress)
+    rows, probs = compare(member, variants, progress=progress)
     for name, (budget, v) in grafts.items():
         path = v.graft.save_pretrained(run.path / "grafts" / graft_folder(budget))
         next(r for r in rows if r.model == name).file_bytes = (path / "graft.safetensors").stat().st_size
@@ -151,16 +152,16 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
         path = v.graft.save_pretrained(run.path / "grafts" / v.name.replace(" ", "-"))
         next(r for r in rows if r.model == v.name).file_bytes = (path / "graft.safetensors").stat().st_size
     universe = (next(iter(regions.values())).universe_size if regions else
-                sum(int(np.prod(s)) for s in region_universe(setup.pre, options.graftable).values()))
+                sum(int(np.prod(s)) for s in region_universe(member.pre, options.graftable).values()))
     head_only = next((v for v in variants if v.kind == "head-only"), None)
-    metrics = {"task": setup.task, "k": setup.k, "seed": setup.seed, "test_n": len(setup.test),
-               "graftable_parameters": universe, "total_parameters": setup.total_parameters,
+    metrics = {"task": member.task, "k": member.k, "seed": member.seed, "test_n": len(member.test),
+               "graftable_parameters": universe, "total_parameters": member.total_parameters,
                "localizer": report.localizer, "localization": summary,
                "carried_parameters": head_only.graft.carried_size if head_only else 0, "rows": rows,
-               "placement": placement_record(setup.pre)}
+               "placement": placement_record(member.pre)}
     from skillgraft.pipeline.caveats import graft_caveats  # noqa: PLC0415
 
-    metrics["caveats"] = graft_caveats(setup, rows, options.graftable)  # results that mean nothing: warned, noted
+    metrics["caveats"] = graft_caveats(member, rows, options.graftable)  # results that mean nothing: warned, noted
     if kept:
         from skillgraft.pipeline.keep import keep_section  # noqa: PLC0415
 
@@ -168,18 +169,18 @@ def graft_report(setup: Setup, run: RunDir, report: ReportSpec | None = None, op
     if frontier is not None and frontier.frontier:
         from skillgraft.pipeline.frontier import frontier_report  # noqa: PLC0415
 
-        metrics["frontier"] = frontier_report(setup, run, frontier, report.localizer, options, keep,
+        metrics["frontier"] = frontier_report(member, run, frontier, report.localizer, options, keep,
                                               progress=progress)
     columns = [r.columns() for r in rows]  # the typed rows as their CSV/JSON columns, written here
     run.json("metrics.json", {**metrics, "rows": columns})
     write_csv(run.file("results.csv"), columns)
     shown = [r["model"] for r in rows if r["kind"] in ("ft", "graft", "keep")]
-    labels = labels_of(setup.test)
+    labels = labels_of(member.test)
     confidence_histogram({n: probs[n] for n in shown}, run.file("confidence.png"),
-                         title=f"{setup.task} test: confidence")
+                         title=f"{member.task} test: confidence")
     reliability_diagram({n: (probs[n], labels) for n in shown}, run.file("reliability.png"),
-                        title=f"{setup.task} test: reliability")
-    size_plot(rows, run.file("accuracy_vs_size.png"), setup.data.task.metric)
+                        title=f"{member.task} test: reliability")
+    size_plot(rows, run.file("accuracy_vs_size.png"), member.data.task.metric)
     share_plot(rows, run.file("share_vs_size.png"))
     notes = notes() if callable(notes) else notes
     run.report(report_markdown(metrics) + ("\n".join(notes) + "\n" if notes else ""))
@@ -409,8 +410,8 @@ def check_inputs(inputs: GraftInputs) -> None:
         raise SkillgraftError("give --data FILE or --task NAME, not both")
 
 
-def open_setup(inputs: GraftInputs, *, lean: bool = False) -> Setup:
-    """The Setup of a run directory or of a checkpoint pair (``lean``: θ_ft scored, released, then read from files)."""
+def open_member(inputs: GraftInputs, *, lean: bool = False) -> Member:
+    """The Member of a run directory or of a checkpoint pair (``lean``: θ_ft scored, released, then read from files)."""
     from skillgraft.pipeline.setup import from_pair, from_run  # noqa: PLC0415
 
     user, data = inputs.user, inputs.data
@@ -424,26 +425,27 @@ def open_setup(inputs: GraftInputs, *, lean: bool = False) -> Setup:
                      data_dir=data.data_dir, lean=lean)
 
 
-def models_and_data(setup: Setup) -> list[str]:
+def models_and_data(member: Member) -> list[str]:
     """The report's "Models and data" section of a checkpoint pair, or of any run whose base was converted from a
     GGUF file (which it names, quantization included; empty otherwise)."""
     from skillgraft.models.loading import base_model_note  # noqa: PLC0415
 
-    converted = base_model_note(setup.pre.base_model)  # e.g. dequantized from a GGUF file
-    if not (setup.labels_note or setup.graft_metadata.to_dict() or converted):
+    inputs = member.inputs
+    converted = base_model_note(member.pre.base_model)  # e.g. dequantized from a GGUF file
+    if not (inputs.labels_note or inputs.graft_metadata.to_dict() or converted):
         return []
     lines = ["", "## Models and data", "",
-             f"- pre-trained: `{setup.pre.base_model}`; fine-tuned: `{setup.ft.base_model}`; scored as "
-             f"`{setup.pre.mode}`"]
+             f"- pre-trained: `{member.pre.base_model}`; fine-tuned: `{member.ft.base_model}`; scored as "
+             f"`{member.pre.mode}`"]
     if converted:
-        lines.append(f"- `{setup.pre.base_model}`: {converted}")
-    if setup.data_files:
-        more = ", …" if len(setup.data_files) > 6 else ""
-        shown = ", ".join(f"`{f}`" for f in setup.data_files[:6]) + more
-        lines.append(f"- data: {setup.data_note or shown}; {len(setup.data.train)} examples to localize on, "
-                     f"{len(setup.test)} held out" + (f" (files: {shown})" if setup.data_note else ""))
-    if setup.labels_note:
-        lines.append(f"- labels: {setup.labels_note}")
+        lines.append(f"- `{member.pre.base_model}`: {converted}")
+    if inputs.data_files:
+        more = ", …" if len(inputs.data_files) > 6 else ""
+        shown = ", ".join(f"`{f}`" for f in inputs.data_files[:6]) + more
+        lines.append(f"- data: {inputs.data_note or shown}; {len(member.data.train)} examples to localize on, "
+                     f"{len(member.test)} held out" + (f" (files: {shown})" if inputs.data_note else ""))
+    if inputs.labels_note:
+        lines.append(f"- labels: {inputs.labels_note}")
     return lines
 
 
@@ -465,9 +467,9 @@ def graft(inputs: GraftInputs, *, report: ReportSpec | None = None, localize: Sp
              "--data": inputs.user.data, "--eval-data": inputs.user.eval_data,
              "--data-dir": inputs.data.data_dir}  # what the command reads or fills: never inside --out
     out = check_target(Path(out) if out is not None else default_out(inputs), overwrite, apart)  # before any work
-    setup = open_setup(inputs, lean=not is_run(inputs) and releases_ft(report, keep, frontier))
+    member = open_member(inputs, lean=not is_run(inputs) and releases_ft(report, keep, frontier))
     with atomic_dir(out, overwrite=overwrite) as tmp:
         run = RunDir(tmp, Store(cache))
-        metrics = graft_report(setup, run, report, options, keep=keep, frontier=frontier,
-                               notes=lambda: models_and_data(setup))
-    return GraftResult(out, metrics, setup.data_note, setup.labels_note)
+        metrics = graft_report(member, run, report, options, keep=keep, frontier=frontier,
+                               notes=lambda: models_and_data(member))
+    return GraftResult(out, metrics, member.inputs.data_note, member.inputs.labels_note)

@@ -44,7 +44,7 @@ from skillgraft.io import atomic_dir, check_target
 from skillgraft.merge import MERGE_METHODS, MergeMethod, Scored, merge_methods
 from skillgraft.merge.base import MergeRow
 from skillgraft.pipeline.report import write_csv
-from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.workbench import Workbench
 from skillgraft.spec import Spec
 from skillgraft.models.spec import MAX_LENGTH
@@ -134,23 +134,24 @@ MergeSpec = create_model("MergeSpec", __base__=(MergeSettings, *[type(m).Options
 
 
 # ---------------------------------------------------------------------------------------------- one model
-def open_setup(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None, lean: bool = False) -> Setup:
+def open_member(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None, lean: bool = False) -> Member:
     """θ_pre, θ_ft and the rows of one model: train (localize), dev (grid choice), test (report). ``lean``: θ_pre
-    loads later (:meth:`Setup.load_deferred_pre`), when a causal pair allows it (``from_pair``)."""
+    loads later (:meth:`Member.load_deferred_pre`), when a causal pair allows it (``from_pair``)."""
     from skillgraft.data.sampling import eval_subset  # noqa: PLC0415
     from skillgraft.pipeline.setup import from_pair  # noqa: PLC0415
 
-    setup = from_pair(pretrained, m.finetuned, m.data, mode=spec.mode, max_length=spec.max_length, share_pre=share_pre,
-                      lean=lean)
-    data = setup.data
+    member = from_pair(pretrained, m.finetuned, m.data, mode=spec.mode, max_length=spec.max_length,
+                       share_pre=share_pre, lean=lean)
+    data = member.data
     train = data.train
     if m.dev_data is not None:
         labels = tuple(data.task.labels) or None
         dev_spec = m.data.replace(data=m.dev_data, eval_data=m.dev_data, k=None, test_limit=None,
-                                  labels=list(labels) if labels and setup.ft.mode == "generative" else m.data.labels)
-        dev = dev_spec.load(labels if setup.ft.mode == "classifier" else None).test
-        setup.data_files = [*(setup.data_files or []), m.dev_data]
+                                  labels=list(labels) if labels and member.ft.mode == "generative" else m.data.labels)
+        dev = dev_spec.load(labels if member.ft.mode == "classifier" else None).test
+        files = [*(member.inputs.data_files or []), m.dev_data]
     else:
+        files = member.inputs.data_files
         order = np.random.RandomState(data.seed).permutation(len(train))
         n_dev = int(round(spec.dev_fraction * len(train)))
         if n_dev < 1 or n_dev >= len(train):
@@ -159,14 +160,15 @@ def open_setup(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None, 
         held = set(order[:n_dev].tolist())
         dev = [ex for i, ex in enumerate(train) if i in held]
         train = [ex for i, ex in enumerate(train) if i not in held]
-    setup.data = dataclasses.replace(data, train=train, dev=eval_subset(dev, spec.dev_limit))
-    setup.graft_metadata = setup.graft_metadata.updated(merge_task=m.name)
-    return setup
+    data = dataclasses.replace(data, train=train, dev=eval_subset(dev, spec.dev_limit))
+    member.inputs = dataclasses.replace(member.inputs, data=data, data_files=files,
+                                        graft_metadata=member.inputs.graft_metadata.updated(merge_task=m.name))
+    return member
 
 
 def check_data(inputs: list[ModelInput], spec: MergeSpec, mode: str) -> None:
     """Read every model's data (its --data, --eval-data and --dev-data) before any model loads, as
-    :func:`open_setup` will: a bad file of the second model is refused before the first one is localized."""
+    :func:`open_member` will: a bad file of the second model is refused before the first one is localized."""
     from skillgraft.models.pair import model_labels  # noqa: PLC0415
 
     for m in inputs:
@@ -194,7 +196,8 @@ def check_data(inputs: list[ModelInput], spec: MergeSpec, mode: str) -> None:
                             f"{m.name}'s dev rows", more="--dev-data FILE")
 
 
-def task_graft(setup: Setup, m: ModelInput, spec: MergeSpec, options: Spec, store, *, progress: bool = False) -> Graft:
+def task_graft(member: Member, m: ModelInput, spec: MergeSpec, options: Spec, store, *,
+               progress: bool = False) -> Graft:
     """The task's graft: the given one, or its region localized at ``spec.budget`` by ``spec.localizer`` with
     ``options`` (its own options spec; from the store when done)."""
     from skillgraft.pipeline.regions import learned_regions  # noqa: PLC0415
@@ -207,11 +210,11 @@ def task_graft(setup: Setup, m: ModelInput, spec: MergeSpec, options: Spec, stor
             spec.budget.fraction:
         options = options.replace(sparsity=spec.budget.fraction)  # γ_base of the budget's size (L&S's init)
     options = options.replace(budgets=[spec.budget])
-    regions, _ = learned_regions(setup, store, spec.localizer, options, progress=progress)
+    regions, _ = learned_regions(member, store, spec.localizer, options, progress=progress)
     region = regions.get(spec.budget) or next(iter(regions.values()))
-    meta = {"task": setup.task, "mode": setup.pre.mode, "localizer": spec.localizer, "budget": spec.budget.key,
-            **setup.graft_metadata.to_dict()}
-    return Graft.from_models(setup.pre, setup.ft, region, meta)
+    meta = {"task": member.task, "mode": member.pre.mode, "localizer": spec.localizer, "budget": spec.budget.key,
+            **member.inputs.graft_metadata.to_dict()}
+    return Graft.from_models(member.pre, member.ft, region, meta)
 
 
 def score(scorer, examples) -> float:
@@ -227,10 +230,10 @@ class MergeBench(Workbench):
 
     def score(self, use, split: str, names: list[str] | None = None) -> dict[str, float]:
         out = {}
-        for name, setup in self.setups.items():
+        for name, member in self.members.items():
             if names is not None and name not in names:
                 continue
-            rows = setup.data.dev if split == "dev" else setup.test
+            rows = member.data.dev if split == "dev" else member.test
             with use(name) as scorer:
                 out[name] = score(scorer, rows)
         return out
@@ -240,9 +243,9 @@ class MergeBench(Workbench):
 
         @contextlib.contextmanager
         def use(name):
-            setup = self.setup(name)
-            with graft_of(name).applied(setup.pre):
-                yield setup.pre
+            member = self.members[name]
+            with graft_of(name).applied(member.pre):
+                yield member.pre
         return use
 
     def on_body(self, merged: dict):
@@ -254,7 +257,7 @@ class MergeBench(Workbench):
 
         @contextlib.contextmanager
         def use(name):
-            pre = self.setup(name).pre
+            pre = self.members[name].pre
             with swapped(pre, self.heads[name]), swapped(body_module(pre), body_state(pre, merged)):
                 yield pre
         return use
@@ -298,25 +301,25 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             bench.release_pre()  # the member's θ_pre gives the tensors back (share): loaded later when lean
             # a keep search scores θ_ft and θ_pre + γ⊙Δ on the same rows: both in memory (as graft --keep)
             lean = (m.graft is not None or reads_files) and spec.keep is None
-            setup = open_setup(pretrained, m, spec, share_pre=bench.share, lean=lean)
-            bench.add(m.name, setup, loader=_loader(setup, m.finetuned, spec.max_length))
-            ft.dev[m.name] = score(setup.ft, setup.data.dev)
-            ft.test[m.name] = score(setup.ft, setup.test)
+            member = open_member(pretrained, m, spec, share_pre=bench.share, lean=lean)
+            bench.add(m.name, member, loader=_loader(member, m.finetuned, spec.max_length))
+            ft.dev[m.name] = score(member.ft, member.data.dev)
+            ft.test[m.name] = score(member.ft, member.test)
             bench.scored(m.name)
             for method, opts in chosen:
-                method.on_model(bench, m.name, setup.ft, opts, work)
-            if (m.graft is None and reads_files and spec.keep is None) or setup.pre is None:
+                method.on_model(bench, m.name, member.ft, opts, work)
+            if (m.graft is None and reads_files and spec.keep is None) or member.pre is None:
                 bench.release_to_files(m.name)  # localized from θ_ft's files: θ_pre and one tensor of θ_ft resident
             bench.load_pre(m.name)  # a lean member: θ_pre after θ_ft's release (docs/scale.md)
             if len(bench.members) == 1:
                 for method, opts in chosen:
                     method.start(bench, opts, work)
-            bench.members[m.name].graft = task_graft(setup, m, spec, localize, store, progress=progress)
+            bench.members[m.name].graft = task_graft(member, m, spec, localize, store, progress=progress)
             if spec.keep is not None:
                 from skillgraft.pipeline.keep import keep_graft  # noqa: PLC0415
 
-                kept[m.name] = keep_graft(setup, store, spec.localizer, localize, spec.keep_spec(),
-                                          setup.graft_metadata.to_dict(), progress=progress)
+                kept[m.name] = keep_graft(member, store, spec.localizer, localize, spec.keep_spec(),
+                                          member.inputs.graft_metadata.to_dict(), progress=progress)
             bench.release(m.name)
         t_loc = time.perf_counter() - t0
         results: list[Scored] = [ft, Scored("graft", f"each task's own graft ({spec.budget.label})", stores="graft")]
@@ -336,7 +339,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             results += refit_rows(bench, results, spec.refit_heads, progress)
             seconds["refit_heads"] = time.perf_counter() - t1
     written = next((s.body for s in results if s.info.get("written") and s.body is not None), None)
-    summary = summarize(results, ft, bench.setups, bench.grafts, spec, mode, pretrained, chosen)
+    summary = summarize(results, ft, bench.members, bench.grafts, spec, mode, pretrained, chosen)
     summary["seconds"] = {"localize_and_load": t_loc, "mergekit": seconds.get("mergekit", 0.0),
                           "total": time.perf_counter() - t0}
     summary["placement"] = bench.placement  # where the merge computed (docs/gpu.md)
@@ -369,7 +372,7 @@ def refit_rows(bench: MergeBench, results: list[Scored], n: int, progress: bool 
 
     from skillgraft.merge.refit import refit_rows as sample, refitted  # noqa: PLC0415
 
-    rows = {name: sample(setup.data.train, n, setup.data.seed) for name, setup in bench.setups.items()}
+    rows = {name: sample(member.data.train, n, member.data.seed) for name, member in bench.members.items()}
     out = []
     todo = [s for s in results
             if s.test and s.reuse is not None and (s.info.get("chosen_on_dev") or s.method in ("graft", "routed"))]
@@ -421,7 +424,7 @@ def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict,
     ``routed`` rows, each with its keep search and test share), its bytes, and the switch time of the loader."""
     from skillgraft.graft.routed import RoutedSkills, switch_seconds, write_routed  # noqa: PLC0415
 
-    labels = {n: list(setup.data.task.labels) for n, setup in bench.setups.items()}
+    labels = {n: list(member.data.task.labels) for n, member in bench.members.items()}
     method = "routed" if kept else "graft"
     rows = [r for r in summary["rows"] if r.method == method and r.on_test]  # typed MergeRows
     keep = None
@@ -445,12 +448,12 @@ def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict,
     return out
 
 
-def _loader(setup: Setup, finetuned: str, max_length: int):
+def _loader(member: Member, finetuned: str, max_length: int):
     """Reads a released fine-tuned model back, as ``from_pair`` loaded it (writing the merged classifiers)."""
     def load():
         from skillgraft.models.scorer import build_scorer  # noqa: PLC0415
 
-        return build_scorer(finetuned, setup.data.task, setup.pre.mode, max_length=max_length).eval()
+        return build_scorer(finetuned, member.data.task, member.pre.mode, max_length=max_length).eval()
     return load
 
 

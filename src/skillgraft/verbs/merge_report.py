@@ -3,6 +3,7 @@ task's graft (:func:`write_outputs`), report.md and README.md."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from skillgraft.lazy import np
@@ -12,18 +13,19 @@ from skillgraft.graft.bound import bound_prose
 from skillgraft.graft.merge import swapped, task_view
 from skillgraft.merge.base import MergeMethod, MergeRow, Scored, fmt as _fmt, graft_file_bytes
 from skillgraft.merge.mergekit import body_module
+from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.report import md_table
 from skillgraft.spec import Spec
 from skillgraft.verbs.merge_inputs import weight_files
 
 
-def summarize(results: list[Scored], ft: Scored, setups: dict, grafts: dict[str, Graft],
+def summarize(results: list[Scored], ft: Scored, members: Mapping[str, Member], grafts: dict[str, Graft],
               spec, mode: str, pretrained: str, methods: list[tuple[MergeMethod, Spec]]) -> dict:
     """merge.json: settings, per-task rows (typed :class:`~skillgraft.merge.base.MergeRow`; ``merge.json`` holds
     their columns), the chosen configurations and the headline comparison: each method that ran (``methods``, with
     its options) gives its own entries (:meth:`MergeMethod.headline`)."""
-    names = list(setups)
-    ckpt = {n: sum(f.stat().st_size for f in weight_files(str(setups[n].ft_dir))) for n in names}
+    names = list(members)
+    ckpt = {n: sum(f.stat().st_size for f in weight_files(str(members[n].inputs.ft_dir))) for n in names}
     graft_bytes = {n: graft_file_bytes(grafts[n]) for n in names}
     rows = [MergeRow.of(s, ft, graft_bytes if s.stores == "graft" else ckpt) for s in results]
     plain_rows = [r for r in rows if not r.refit]
@@ -41,15 +43,15 @@ def summarize(results: list[Scored], ft: Scored, setups: dict, grafts: dict[str,
     headline.update(peers_headline(plain_rows))
     tasks = {}
     for n in names:
-        st = setups[n]
-        tasks[n] = {"finetuned": st.ft.base_model, "task": st.task, "labels": list(st.data.task.labels),
-                    "train": len(st.data.train), "dev": len(st.data.dev), "test": len(st.test),
-                    "data": st.data_note, "graft_size": grafts[n].size, "graft_bytes": graft_bytes[n],
+        member = members[n]
+        tasks[n] = {"finetuned": member.ft.base_model, "task": member.task, "labels": list(member.data.task.labels),
+                    "train": len(member.data.train), "dev": len(member.data.dev), "test": len(member.test),
+                    "data": member.inputs.data_note, "graft_size": grafts[n].size, "graft_bytes": graft_bytes[n],
                     "checkpoint_bytes": ckpt[n]}
     from skillgraft.pipeline.caveats import merge_caveats  # noqa: PLC0415
 
     return {"pretrained": pretrained, "mode": mode, "settings": spec.to_dict(), "tasks": tasks, "rows": rows,
-            "headline": headline, "caveats": merge_caveats(setups, ft.test),
+            "headline": headline, "caveats": merge_caveats(members, ft.test),
             "methods": {m.name: m.summary for m, _ in methods}}
 
 
@@ -82,10 +84,10 @@ def write_outputs(folder: Path, bench, body: Graft) -> None:
             pre.model.save_pretrained(folder / "model")
         pre.tokenizer.save_pretrained(folder / "model")
         return
-    for name, setup in bench.setups.items():
+    for name, member in bench.members.items():
         # the stitched body (θ_pre outside the union) written into the task's own fine-tuned classifier
-        with task_view(body, bench.grafts[name]).applied(setup.pre):
-            state = {n: t.detach().clone() for n, t in body_module(setup.pre).state_dict().items()}
+        with task_view(body, bench.grafts[name]).applied(member.pre):
+            state = {n: t.detach().clone() for n, t in body_module(member.pre).state_dict().items()}
         with bench.finetuned(name) as ft, swapped(body_module(ft), state):
             ft.model.save_pretrained(folder / "tasks" / name)
             ft.tokenizer.save_pretrained(folder / "tasks" / name)

@@ -18,7 +18,7 @@ from skillgraft.graft.localizers import LocalizeConfig, get_localizer
 from skillgraft.graft.selection import Budget
 from skillgraft.pipeline.regions import learned_regions
 from skillgraft.pipeline.report import RunDir, write_csv
-from skillgraft.pipeline.setup import Setup
+from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.variants import base_variants, compare, graft_variant
 from skillgraft.spec import Spec
 from skillgraft.verbs import converts_into_store
@@ -57,33 +57,34 @@ class SweepRow(Row):
                 "ece": self.ece, "agreement": self.agreement, "ft_score": self.ft_score}
 
 
-def sweep_report(setup: Setup, run: RunDir, sweep: SweepSpec | None = None, localize: LocalizeConfig | None = None,
+def sweep_report(member: Member, run: RunDir, sweep: SweepSpec | None = None, localize: LocalizeConfig | None = None,
                  *, progress: bool = True) -> list[SweepRow]:
     """Test score of every localizer's region at each level; writes ``sweep.csv`` and ``sweep.png``."""
     sweep = sweep or SweepSpec()
     localize = localize or LocalizeConfig()
     levels = sorted(set(sweep.levels), key=lambda b: b.size(10**12))
-    variants = [v for v in base_variants(setup) if v.kind == "ft"]
+    variants = [v for v in base_variants(member) if v.kind == "ft"]
     learned = {}
     small = [lv for lv in levels if lv.fraction is not None and lv.fraction <= LEARNED_MAX]
     if sweep.learned and small:
-        learned, _ = learned_regions(setup, run.store, "learned", localize.replace(budgets=small), progress=progress)
+        learned, _ = learned_regions(member, run.store, "learned", localize.replace(budgets=small), progress=progress)
     points = []
     for level in levels:
         regions = {BASELINE_LABELS.get(n, n): get_localizer(n).region(
-                       setup.pre, setup.ft, setup.data, level, baseline_options(n, localize.graftable, localize.seed))
+                       member.pre, member.ft, member.data, level,
+                       baseline_options(n, localize.graftable, localize.seed))
                    for n in sweep.localizers}
         if level in learned:
             regions["learned"] = learned[level]
         for name, region in regions.items():
-            variants.append(graft_variant(setup, region, level, name=f"{name} {level.label}", kind="graft"))
+            variants.append(graft_variant(member, region, level, name=f"{name} {level.label}", kind="graft"))
             points.append((name, level))
-    rows, _ = compare(setup, variants, progress=progress)
+    rows, _ = compare(member, variants, progress=progress)
     ft_score = rows[0].score
     out = [SweepRow(name, level.fraction if level.fraction is not None else level.label, r.params, r.score,
                     r.metrics["ece"], r.metrics["agreement"], ft_score) for (name, level), r in zip(points, rows[1:])]
     write_csv(run.file("sweep.csv"), out)
-    _sweep_plot(out, ft_score, run.file("sweep.png"), setup.task)
+    _sweep_plot(out, ft_score, run.file("sweep.png"), member.task)
     return out
 
 
@@ -124,13 +125,13 @@ def sweep(finetuned: str | os.PathLike, spec: SweepSpec | None = None, localize:
     data = data or DataSpec()
     out = check_target(Path(out) if out is not None else Path(finetuned) / "sweep", overwrite,
                        {"--cache": Store(cache).root, "--finetuned": finetuned, "--data-dir": data.data_dir})
-    setup = from_run(finetuned, data_dir=data.data_dir, test_limit=data.test_limit)
+    member = from_run(finetuned, data_dir=data.data_dir, test_limit=data.test_limit)
     found = None
     with atomic_dir(out, overwrite=overwrite) as tmp:
         run = RunDir(tmp, Store(cache))
-        rows = sweep_report(setup, run, spec, localize)
+        rows = sweep_report(member, run, spec, localize)
         if frontier is not None and frontier.frontier:
             from skillgraft.pipeline.frontier import frontier_report  # noqa: PLC0415
 
-            found = frontier_report(setup, run, frontier, "learned", localize)
+            found = frontier_report(member, run, frontier, "learned", localize)
     return SweepResult(out, rows, found)

@@ -1,0 +1,203 @@
+"""A Member: one fine-tuned model beside its pre-trained base, on one k-shot draw, with one explicit, typed state.
+
+What it was opened from is fixed (:class:`MemberInputs`: the draw, the run's config, what reports and grafts record);
+where its models are changes, and the member's :class:`MemberState` is the one record of it:
+
+    loaded    θ_ft in memory; FT not scored yet
+    scored    θ_ft in memory and FT's scores recorded (``probs`` / ``ft_metrics``)
+    released  θ_ft dropped: ``ft`` is a :class:`FineTunedFiles` and its head (the carried tensors) stays;
+              :meth:`~skillgraft.pipeline.workbench.Workbench.finetuned` reads it back whole
+    lazy      released to files that hold exactly the loaded θ_ft (checked): a ``reads_files`` localizer and
+              ``Graft.from_models`` read it tensor by tensor, as they did the model
+
+θ_pre has a state too (:class:`PreState`): ``deferred`` for a lean pair (``load_pre`` set) until it loads. Every verb
+of the graft path passes a member (``skillgraft graft`` is a :class:`~skillgraft.pipeline.workbench.Workbench` of
+one); the loaders that open one are in :mod:`skillgraft.pipeline.setup`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from skillgraft.lazy import np
+from skillgraft.lazy import torch
+
+from skillgraft.data.sampling import FewShotData
+from skillgraft.errors import SkillgraftError
+from skillgraft.graft.graft_file import GraftMetadata
+from skillgraft.heap import release_freed_memory
+from skillgraft.pipeline.store import data_digest
+from skillgraft.train import FinetuneConfig
+from skillgraft.train.run import RunConfig
+
+if TYPE_CHECKING:
+    from skillgraft.models.scorer import Scorer
+
+
+@dataclass(frozen=True)
+class FineTunedFiles:
+    """θ_ft released from memory: the checkpoint folder it was loaded from, read lazily (tensor by tensor, by
+    the localizers that take a folder and by ``Graft.from_models``), and what a report shows of it."""
+
+    path: Path
+    base_model: str
+    digest: str                          # scorer_digest of the model it was (part of every cache key)
+    shapes: dict[str, tuple[int, ...]]   # its parameters' shapes (θ_pre loaded later is checked against them)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+
+@dataclass(frozen=True)
+class MemberInputs:
+    """What a member was opened from: the k-shot draw, the run's config, where its checkpoints are, and what reports
+    and grafts record of them (fixed once opened; a verb narrowing the data makes new inputs with ``replace``)."""
+
+    data: FewShotData
+    ft_dir: Path
+    run_config: RunConfig | None  # a skillgraft run's config.json; None for a checkpoint pair
+    data_root: str | None = None  # the data root the examples were read from
+    ft_seconds: float = 0.0
+    data_files: list[Path] | None = None  # a user's data files (instead of a registered task's)
+    labels_note: str = ""                 # how the labels were decided (user data)
+    data_note: str = ""                   # which files / dataset splits were learned on and evaluated on
+    graft_metadata: GraftMetadata = field(default_factory=GraftMetadata)  # recorded in every graft (a pair: its
+    # task, data and models)
+    pre_files: Path | None = None         # a pair: A's folder (lottery-ticket-zero restores θ_pre from it, checked)
+
+    @property
+    def finetune_config(self) -> FinetuneConfig:
+        """The fine-tuning settings of a skillgraft run; for a checkpoint pair (trained elsewhere) the defaults
+        with trained embeddings (what it changed is unknown: every body tensor counts)."""
+        if self.run_config is None:
+            return FinetuneConfig.build({"freeze_embeddings": False}, where="checkpoint pair")
+        return self.run_config.finetune
+
+    @property
+    def data_key(self) -> dict:
+        """The k-shot draw and the content hash of the data files it was drawn from."""
+        data = self.data
+        if self.data_files is not None:
+            from skillgraft.pipeline.store import file_digest  # noqa: PLC0415
+
+            return {"task": data.task.name, "labels": list(data.task.labels), "k": data.k, "seed": data.seed,
+                    "train_n": len(data.train), "test_n": len(data.test), "digest": file_digest(self.data_files)}
+        return {"task": data.task.name, "k": data.k, "seed": data.seed, "test_n": len(data.test),
+                "digest": data_digest(data.task, self.data_root)}
+
+
+class MemberState(str, Enum):
+    """Where a member's θ_ft is (a ``str``: ``MemberState.RELEASED == "released"``)."""
+
+    LOADED = "loaded"      # in memory, FT not scored yet
+    SCORED = "scored"      # in memory, FT's scores recorded
+    RELEASED = "released"  # dropped: its checkpoint files, read back whole by the member's loader
+    LAZY = "lazy"          # dropped: files holding exactly θ_ft, read tensor by tensor
+
+    @property
+    def in_memory(self) -> bool:
+        return self in (MemberState.LOADED, MemberState.SCORED)
+
+
+class PreState(str, Enum):
+    """Where θ_pre is: a member's (``deferred``: a lean pair's, not loaded yet) or the bench's."""
+
+    DEFERRED = "deferred"
+    LOADED = "loaded"
+    RELEASED = "released"
+
+
+@dataclass
+class Member:
+    """One fine-tuned model: its name, inputs, θ_ft (a scorer, or its files once released) and θ_pre's scorer (None
+    while deferred: ``load_pre`` loads it), its state, FT's scores per evaluation set, its head (θ_ft's carried
+    tensors, kept when θ_ft is released; set by the bench), how to read θ_ft back, and its graft once made."""
+
+    name: str
+    inputs: MemberInputs
+    ft: Scorer | FineTunedFiles
+    pre: Scorer | None
+    state: MemberState = MemberState.LOADED
+    load_pre: Callable[[], Scorer] | None = field(default=None, repr=False)  # θ_pre, deferred (a lean pair)
+    ft_files: Path | None = None  # a lean pair: the folder θ_ft was loaded from (read back lazily)
+    probs: dict[str, np.ndarray] = field(default_factory=dict)  # FT's probabilities per evaluation set
+    ft_metrics: dict[str, dict] = field(default_factory=dict)   # FT's metrics per evaluation set
+    head: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    loader: Callable | None = field(default=None, repr=False)
+    graft: object | None = None
+    _identity: dict | None = field(default=None, repr=False)
+
+    @property
+    def data(self) -> FewShotData:
+        return self.inputs.data
+
+    @property
+    def task(self) -> str:
+        return self.data.task.name
+
+    @property
+    def k(self) -> int:
+        return self.data.k
+
+    @property
+    def seed(self) -> int:
+        return self.data.seed
+
+    @property
+    def test(self):
+        return self.data.test
+
+    @property
+    def released(self) -> bool:
+        """θ_ft is not in memory (only its files): FT was scored before (``ft_metrics``, ``probs``)."""
+        return not self.state.in_memory
+
+    @property
+    def pre_state(self) -> PreState:
+        """This member's θ_pre: deferred (a lean pair) until loaded."""
+        return PreState.DEFERRED if self.pre is None else PreState.LOADED
+
+    @property
+    def total_parameters(self) -> int:
+        """Parameters of the pre-trained model (``scorer.model``): the denominator of a sparsity in %."""
+        return sum(p.numel() for p in self.pre.model.parameters())
+
+    def identity(self) -> dict:
+        """What determines everything learned from this member (part of every downstream cache key): the contents of
+        θ_ft (with its head) and θ_pre, and the data (the draw and the files' content digest)."""
+        if self._identity is None:
+            ft = self.ft.digest if isinstance(self.ft, FineTunedFiles) else scorer_digest(self.ft)
+            self._identity = {"finetuned": ft, "pretrained": scorer_digest(self.pre), "mode": self.pre.mode,
+                              "data": self.inputs.data_key}
+        return self._identity
+
+    def load_deferred_pre(self) -> None:
+        """Load θ_pre when it was deferred (a lean pair), checked against θ_ft's tensors and shapes."""
+        if self.pre is not None:
+            return
+        self.pre = self.load_pre()
+        self.load_pre = None
+        shapes = self.ft.shapes if self.released else {n: tuple(p.shape) for n, p in self.ft.named_parameters()}
+        if shapes != {n: tuple(p.shape) for n, p in self.pre.named_parameters()}:
+            raise SkillgraftError(f"pre-trained and fine-tuned models differ in their tensors or shapes "
+                                  f"({self.pre.base_model} vs {self.ft.base_model})")
+        release_freed_memory()  # what scoring FT and reading the checkpoints left in the heap, before the work
+
+
+def scorer_digest(scorer) -> str:
+    """Content digest of a scorer: the base model's fingerprint plus its task head's exact values."""
+    import hashlib  # noqa: PLC0415
+
+    from skillgraft.graft.identity import cached_fingerprint  # noqa: PLC0415
+    from skillgraft.models.anatomy import carried_names  # noqa: PLC0415
+
+    h = hashlib.sha256(cached_fingerprint(scorer).encode())
+    params = dict(scorer.named_parameters())
+    for name in carried_names(scorer):
+        h.update(name.encode())
+        h.update(params[name].detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
