@@ -125,7 +125,7 @@ def selection_split(member: Member, keep: KeepSpec | float = 0.2) -> tuple[list,
     spec = keep if isinstance(keep, KeepSpec) else KeepSpec(keep_holdout=keep)
     data = member.data
     if spec.keep_data is not None:
-        user = member.graft_metadata.user_data or {}  # a pair's generative data: its prompt and completion fields
+        user = member.inputs.graft_metadata.user_data or {}  # a pair's generative data: its prompt and completion fields
         fields = (user.get("prompt_field") or "prompt", user.get("completion_field") or "completion")
         selection = read_keep_data(spec.keep_data, data.task, member.test, labels=bool(spec.keep), fields=fields)
         bare = sum(ex.text_b is None for ex in selection if data.task.kind == "generative")
