@@ -31,15 +31,20 @@ def locked(path: str | os.PathLike, waiting: str | None = None) -> Iterator[None
     """Hold an exclusive lock named ``path`` (a hidden lock file; ``flock``, released by the kernel if the process
     dies) while the block runs; another process asking for it waits (saying ``waiting`` once, when given). The file
     is deleted on the way out, while still held; a waiter that then finds its file gone or replaced takes the new
-    one, so two holders never overlap."""
+    one, so two holders never overlap. A stopping signal that lands while the lock is being taken (the file made,
+    not yet held, or held and not yet checked) leaves no lock file behind either (:func:`_let_go`)."""
     import fcntl  # noqa: PLC0415
+
+    from skillgraft.signals import _deferred  # noqa: PLC0415
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     said = False
     while True:
-        f = open_lock_file(path)
+        f = None
         try:
+            with _deferred():  # made and opened in one piece: a signal meanwhile is raised with ``f`` set
+                f = open_lock_file(path)
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -54,7 +59,8 @@ def locked(path: str | os.PathLike, waiting: str | None = None) -> Iterator[None
             except FileNotFoundError:
                 same = False
         except BaseException:
-            f.close()
+            if f is not None:
+                _let_go(f, path)
             raise
         if same:
             break
@@ -62,6 +68,19 @@ def locked(path: str | os.PathLike, waiting: str | None = None) -> Iterator[None
     try:
         yield
     finally:
-        with contextlib.suppress(OSError):
+        _let_go(f, path)
+
+
+def _let_go(f, path: Path) -> None:
+    """Delete the lock file ``path`` if this process holds its lock — or can take it now: no one holds it — and it
+    is still the file ``f`` opened, then close ``f``. A file another process holds is left to that process."""
+    import fcntl  # noqa: PLC0415
+
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a no-op when held already
+        if os.path.samestat(os.fstat(f.fileno()), os.stat(path)):
             os.unlink(path)
+    except OSError:  # held by another process (BlockingIOError), or already gone
+        pass
+    finally:
         f.close()

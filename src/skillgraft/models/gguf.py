@@ -27,6 +27,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.locking import locked
 
 GEMMA_NAME = "gemma-3-270m"
 GEMMA_ALIASES = {"gemma-3-270m", "google/gemma-3-270m", "gemma3-270m", "gemma-3-270m-pt"}
@@ -166,22 +167,6 @@ def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    """An exclusive lock on ``path`` (two processes converting the same file wait for each other)."""
-    import fcntl  # noqa: PLC0415
-
-    from skillgraft.locking import open_lock_file  # noqa: PLC0415
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open_lock_file(path) as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -197,7 +182,7 @@ def converted_folder(gguf_path: str | os.PathLike, *, label: str | None = None) 
     if (folder / SOURCE_FILE).is_file():  # converted before: the same content was checked then
         return folder
     info = inspect_gguf(path)  # checked before any work
-    with _locked(store_root() / f".gguf-{sha256[:16]}.lock"):
+    with locked(store_root() / f".gguf-{sha256[:16]}.lock"):
         if not (folder / SOURCE_FILE).is_file():  # (or converted by another process meanwhile)
             _materialize(path, folder, info, sha256, str(path))
     return folder
@@ -261,7 +246,7 @@ def bundled_gemma() -> Path:
     if (folder / SOURCE_FILE).is_file():
         return folder
     _require_gguf_package(f"--model {GEMMA_NAME}")
-    with _locked(store_root() / f".gguf-{sha[:16]}.lock"):
+    with locked(store_root() / f".gguf-{sha[:16]}.lock"):
         if (folder / SOURCE_FILE).is_file():
             return folder
         work = store_root() / f".assemble-{os.getpid()}"
