@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 
 def demo_setup(store, test_limit: int):
-    from skillgraft.pipeline.setup import finetuned_run, from_run
+    from skillgraft.pipeline.opening import finetuned_run, from_run
     from skillgraft.recipes.graft import DEMO
 
     ft_dir, seconds = finetuned_run(store, DEMO.model_spec(), DEMO.data_spec(DEMO.task, DEMO.seed), DEMO.finetune,
@@ -48,7 +48,7 @@ def adamw_setup(store, test_limit: int, l1: float, lr: float = 1e-4, steps: int 
     from skillgraft.data import load_kshot
     from skillgraft.data.spec import DataSpec
     from skillgraft.models.loading import bundled_minilm_path
-    from skillgraft.pipeline.setup import from_pair
+    from skillgraft.pipeline.opening import from_pair
     from skillgraft.pipeline.store import data_digest
 
     data = DataSpec(task="SST-2", k=64, seed=42)

@@ -64,7 +64,7 @@ def open_member(name: str, spec, store, task: str, seed: int):
     """θ_pre, θ_ft and the draw from the store (refused when the fine-tuning is not there)."""
     from skillgraft.errors import SkillgraftError
     from skillgraft.pipeline.report import RunDir
-    from skillgraft.pipeline.setup import from_run, stored_run
+    from skillgraft.pipeline.opening import from_run, stored_run
 
     if name == "generative":
         from skillgraft.recipes.generative import generative_member

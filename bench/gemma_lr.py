@@ -36,7 +36,7 @@ def main() -> int:
     from skillgraft.data.spec import DataSpec
     from skillgraft.models.spec import ModelSpec
     from skillgraft.pipeline import Store
-    from skillgraft.pipeline.setup import finetuned_run
+    from skillgraft.pipeline.opening import finetuned_run
     from skillgraft.train.config import FinetuneConfig
 
     store = Store()

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cells(entry, spec, store, tasks: list[str], args) -> int:
     from skillgraft.pipeline.grid import choose
-    from skillgraft.pipeline.setup import finetuned_run
+    from skillgraft.pipeline.opening import finetuned_run
     from skillgraft.recipes.base import run_spec
 
     for task in tasks:
@@ -122,7 +122,7 @@ def status(spec, store, tasks: list[str], args) -> int:
     import torch
 
     from skillgraft.pipeline.grid import _pick, _row
-    from skillgraft.pipeline.setup import finetune_key, stored_run
+    from skillgraft.pipeline.opening import finetune_key, stored_run
     from skillgraft.pipeline.store import draw_key
 
     def saved_step(data, config) -> dict | None:

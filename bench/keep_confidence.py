@@ -56,7 +56,7 @@ TARGETS = (0.9, 0.95, 0.99)
 
 
 def head_setup(store, task: str, seed: int, k: int, test_limit: int):
-    from skillgraft.pipeline.setup import finetuned_run, from_run
+    from skillgraft.pipeline.opening import finetuned_run, from_run
     from skillgraft.recipes.graft import DEMO
 
     finetune = DEMO.finetune.replace(eval_every=400)
@@ -71,7 +71,7 @@ def adamw_setup(store, task: str, seed: int, k: int, test_limit: int, lr: float 
     from skillgraft.data import load_kshot
     from skillgraft.data.spec import DataSpec
     from skillgraft.models.loading import bundled_minilm_path
-    from skillgraft.pipeline.setup import from_pair
+    from skillgraft.pipeline.opening import from_pair
     from skillgraft.pipeline.store import data_digest
 
     data = DataSpec(task=task, k=k, seed=seed)
@@ -97,7 +97,7 @@ def gemma_setup(store, task: str, seed: int, k: int, test_limit: int, selection_
 
     from merge_gemma import find_ft, held_out
 
-    from skillgraft.pipeline.setup import from_run
+    from skillgraft.pipeline.opening import from_run
 
     setup = from_run(find_ft(Path(store.root), task, k, seed).parent, test_limit=test_limit)
     dev = held_out(setup.ft.task, setup.data.train, selection_per_label, seed)

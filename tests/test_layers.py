@@ -174,9 +174,9 @@ def test_the_walk_of_a_run_counts_calls_that_climb_back():
     spec = importlib.util.spec_from_file_location("graft_walk", Path(__file__).parents[1] / "bench" / "graft_walk.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    calls = [(None, "verbs/graft.py", "graft"), ("verbs/graft.py", "pipeline/setup.py", "from_run"),
+    calls = [(None, "verbs/graft.py", "graft"), ("verbs/graft.py", "pipeline/opening.py", "from_run"),
              ("models/anatomy.py", "graft/graft.py", "sample"), ("io.py", "pipeline/variants.py", "__getitem__"),
-             ("io.py", "pipeline/variants.py", "__iter__"), ("pipeline/setup.py", "pipeline/setup.py", "task")]
+             ("io.py", "pipeline/variants.py", "__iter__"), ("pipeline/opening.py", "pipeline/opening.py", "task")]
     w = module.walk(calls)
     assert (w["files"], w["folders"], w["climbs"], w["climbing_edges"]) == (4, 3, 3, 2)
     assert w["edges"][("io.py", "pipeline/variants.py")] == 2

@@ -20,7 +20,7 @@ from skillgraft.graft import Graft
 from skillgraft.graft.graft_file import GraftMetadata
 from skillgraft.pipeline import RunDir, Store
 from skillgraft.pipeline.member import FineTunedFiles
-from skillgraft.pipeline.setup import from_pair
+from skillgraft.pipeline.opening import from_pair
 from skillgraft.pipeline.regions import localizer_options
 from skillgraft.verbs.graft import ReportSpec, graft_report
 
@@ -81,7 +81,7 @@ def test_cli_pair_never_holds_both_models_and_localizes_without_theta_ft(llama_p
     """Weak references to every model the pair loads: θ_ft is gone before θ_pre loads, and when localization
     starts (it reads θ_ft from B's files); the report still has FT's row."""
     import skillgraft.graft.localizers.learned as learned
-    import skillgraft.pipeline.setup as setup_module
+    import skillgraft.pipeline.opening as setup_module
 
     a, b = llama_pair
     loaded: list[tuple[str, weakref.ref]] = []
@@ -148,7 +148,7 @@ def test_lean_pair_needs_safetensors_that_read_back(llama_pair, toy_data, tmp_pa
 def test_readable_as_compares_every_value_slice_by_slice(llama_pair):
     import transformers as tf
 
-    from skillgraft.pipeline.setup import readable_as
+    from skillgraft.pipeline.opening import readable_as
 
     _, b = llama_pair
     model = torch.nn.Module()  # a scorer's naming: model.<the checkpoint's names>
@@ -173,7 +173,7 @@ def test_lean_pair_refuses_a_non_finite_theta_pre_before_any_work(llama_pair, to
     from safetensors.torch import load_file, save_file
 
     from skillgraft.errors import SkillgraftError
-    from skillgraft.pipeline import setup as setup_module
+    from skillgraft.pipeline import opening as setup_module
 
     a, b = llama_pair
     bad = tmp_path / "pre"

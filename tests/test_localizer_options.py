@@ -16,7 +16,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import skillgraft.pipeline.setup as pair_loading
+import skillgraft.pipeline.opening as pair_loading
 import skillgraft.verbs.graft as graft_recipes
 from skillgraft.cli import app
 from skillgraft.errors import SkillgraftError

@@ -128,7 +128,7 @@ def merged(classifiers, tmp_path_factory) -> tuple[Path, str]:
 def stitched_topic(classifiers, out: Path, texts: list[str]):
     """(logits of the stitched model for the topic task, computed in memory by skillgraft, and its body)."""
     from skillgraft.models import build_scorer
-    from skillgraft.pipeline.setup import task_from_record
+    from skillgraft.pipeline.opening import task_from_record
 
     g = {n: Graft.from_pretrained(out / "grafts" / n) for n in ("sentiment", "topic")}
     pre = build_scorer(str(classifiers["base"]), task_from_record(g["topic"].metadata.task_spec), "classifier")
@@ -252,7 +252,7 @@ def test_swapped_restores_bit_exactly():
 
 
 def test_bad_inputs_are_one_line_before_any_weights_load(classifiers, tiny_models, tmp_path, monkeypatch):
-    import skillgraft.pipeline.setup as setup_mod
+    import skillgraft.pipeline.opening as setup_mod
 
     def no_loading(*a, **k):
         raise AssertionError("weights were loaded")

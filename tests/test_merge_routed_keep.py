@@ -191,7 +191,7 @@ def test_noisy_dev_split_does_not_give_a_routed_graft_below_target(classifiers, 
 ])
 def test_keep_refusals_are_one_line_before_any_weights_load(classifiers, tmp_path, monkeypatch, extra,  # noqa: F811
                                                             culprit):
-    import skillgraft.pipeline.setup as setup_mod
+    import skillgraft.pipeline.opening as setup_mod
 
     def no_loading(*a, **k):
         raise AssertionError("weights were loaded")

@@ -184,7 +184,7 @@ def test_classifier_pair_grafted_from_the_cli_exports_to_the_users_class(kind, p
 def test_generative_pair_graft_reports_completion_loss_and_exports_a_causal_lm(tiny_models, tmp_path):
     from skillgraft.graft import Graft
     from skillgraft.models import build_scorer
-    from skillgraft.pipeline.setup import task_from_record
+    from skillgraft.pipeline.opening import task_from_record
 
     rows = sft_rows()
     data = write_rows(tmp_path / "sft.jsonl", rows)
@@ -259,7 +259,7 @@ def test_causal_pair_lacking_tensors_is_refused(tiny_models, tmp_path):
     from safetensors.torch import load_file, save_file
 
     from skillgraft.data.spec import UserDataSpec
-    from skillgraft.pipeline.setup import from_pair
+    from skillgraft.pipeline.opening import from_pair
 
     a = tiny_models["llama"]
     lacking = tmp_path / "lacking"

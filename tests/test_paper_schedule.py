@@ -71,7 +71,7 @@ def test_full_grid_chooses_on_dev_and_grafts_the_chosen_run(tiny_gemma, data, tm
 
 def test_screened_grid_resumes_from_the_store(tiny_gemma, data, tmp_path, monkeypatch):
     """A run stopped after its fine-tunings resumes there: the second run trains nothing and reports the same grid."""
-    import skillgraft.pipeline.setup as setup_mod
+    import skillgraft.pipeline.opening as setup_mod
     import skillgraft.recipes.paper as paper_mod
 
     grid = {"batch_sizes": [2], "lrs": [1e-2, 1e-3], "steps": 3, "eval_every": 1, "test_limit": 4}

@@ -145,7 +145,7 @@ def test_a_store_finetuning_resumes_in_another_process(tiny_bert, toy_data, tmp_
     import skillgraft.train.core as core
     from skillgraft.data.spec import DataSpec
     from skillgraft.models.spec import ModelSpec
-    from skillgraft.pipeline.setup import finetuned_run
+    from skillgraft.pipeline.opening import finetuned_run
     from skillgraft.pipeline.store import Store
     from skillgraft.train.config import FinetuneConfig
 

@@ -1,4 +1,4 @@
-"""Bad run directories (pipeline/setup.py: from_run) and non-finite checkpoints.
+"""Bad run directories (pipeline/opening.py: from_run) and non-finite checkpoints.
 
 Every case runs the CLI in-process and asserts: exit code 2, no traceback, one ``error:`` line naming the file /
 field / option / value at fault (or click's usage error naming the option), and that the folder holding the

@@ -7,7 +7,7 @@ import json
 
 from skillgraft.data.spec import DataSpec
 from skillgraft.models.spec import ModelSpec
-from skillgraft.pipeline import setup as pipeline_setup
+from skillgraft.pipeline import opening as pipeline_setup
 from skillgraft.pipeline import store as pipeline_store
 from skillgraft.pipeline.report import write_csv
 from skillgraft.pipeline.store import Store

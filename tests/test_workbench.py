@@ -11,7 +11,7 @@ import torch
 from skillgraft.models import build_scorer
 from skillgraft.models.anatomy import carried_names
 from skillgraft.pipeline.member import FineTunedFiles
-from skillgraft.pipeline.setup import from_pair
+from skillgraft.pipeline.opening import from_pair
 from skillgraft.pipeline.workbench import MemberState, PreState, Workbench, share_parameters
 
 

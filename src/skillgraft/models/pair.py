@@ -3,7 +3,7 @@
 ``pair_mode`` reads the fine-tuned checkpoint's class (…ForSequenceClassification → classifier, …ForCausalLM →
 causal or generative, …ForMaskedLM → prompt); ``check_pair`` refuses, before any weights load, two checkpoints
 of different architectures, shapes or tokenizer vocabularies; ``complete_model`` refuses a causal LM lacking
-tensors the other has. Used by ``skillgraft graft`` / ``evaluate`` on a pair (pipeline.setup.from_pair) and by
+tensors the other has. Used by ``skillgraft graft`` / ``evaluate`` on a pair (pipeline.opening.from_pair) and by
 anything else that takes checkpoint pairs.
 """
 

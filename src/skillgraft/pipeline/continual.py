@@ -21,7 +21,7 @@ The state is a folder a user can read and extend (``skillgraft continual add --s
 
 Every stage goes through the :class:`~skillgraft.pipeline.store.Store`: γ_t is the store's regions stage
 (:func:`~skillgraft.pipeline.regions.learned_regions`) of the store's single-task fine-tuning
-(:func:`~skillgraft.pipeline.setup.prepare`), and in a recipe each continual step — the state after tasks
+(:func:`~skillgraft.pipeline.opening.prepare`), and in a recipe each continual step — the state after tasks
 t_1 … t_n, grafting (:func:`grafting_steps`) or naive sequential FT (:func:`naive_steps`) — is a store entry keyed
 by the resolved specs of every step up to n, so an interrupted run resumes after its last finished step.
 """

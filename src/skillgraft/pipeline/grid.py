@@ -2,7 +2,7 @@
 
 The paper fine-tunes with SGD for 16·n·k steps at every (batch, lr) of {2, 4, 8} × {1e-2, 5e-3, 1e-3} and keeps
 the run with the best dev score (its best dev checkpoint). :func:`choose` runs each grid point as a fine-tuning
-stage of the store (:func:`~skillgraft.pipeline.setup.finetuned_run`, resumable step by step), reads each point's
+stage of the store (:func:`~skillgraft.pipeline.opening.finetuned_run`, resumable step by step), reads each point's
 best dev score and returns the chosen settings with every point's row. A **screened** grid (``steps`` set) runs
 the points on a shorter schedule and returns the chosen (batch, lr) with the full schedule of ``finetune``, a
 further stage of its own; an unscreened grid (the paper's) returns the chosen point itself, already in the store.
@@ -18,7 +18,7 @@ from skillgraft.data.spec import DataSpec
 from skillgraft.untrusted import read_json
 from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.store import Store
-from skillgraft.pipeline.setup import finetuned_run, stored_run
+from skillgraft.pipeline.opening import finetuned_run, stored_run
 from skillgraft.spec import COUNT_MAX, FLOAT_MAX, Spec
 from skillgraft.train import FinetuneConfig
 

@@ -12,7 +12,7 @@ where its models are changes, and the member's :class:`MemberState` is the one r
 
 θ_pre has a state too (:class:`PreState`): ``deferred`` for a lean pair (``load_pre`` set) until it loads. Every verb
 of the graft path passes a member (``skillgraft graft`` is a :class:`~skillgraft.pipeline.workbench.Workbench` of
-one); the loaders that open one are in :mod:`skillgraft.pipeline.setup`.
+one); the loaders that open one are in :mod:`skillgraft.pipeline.opening`.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from skillgraft.graft.identity import adopt_fingerprint, forget_fingerprint, kno
 from skillgraft.heap import release_freed_memory
 from skillgraft.models.anatomy import carried_names
 from skillgraft.pipeline.member import FineTunedFiles, Member, MemberState, PreState, scorer_digest
-from skillgraft.pipeline.setup import readable_as
+from skillgraft.pipeline.opening import readable_as
 
 def share_parameters(scorer, shared, keep: set[str]) -> int:
     """Point every parameter of ``scorer`` at ``shared``'s parameter of the same name and shape (except ``keep``,
@@ -202,7 +202,7 @@ class Workbench:
 
     def release_to_files(self, name: str) -> bool:
         """Release member ``name``'s θ_ft when its checkpoint folder holds exactly it (safetensors with the loaded
-        dtype and values, read back in slices: :func:`~skillgraft.pipeline.setup.readable_as`), so that what reads
+        dtype and values, read back in slices: :func:`~skillgraft.pipeline.opening.readable_as`), so that what reads
         θ_ft from the files (a ``reads_files`` localizer, ``Graft.from_models``) computes what it computed on the
         model (state ``lazy``); returns whether it is released. Otherwise θ_ft stays loaded."""
         member = self.members[name]

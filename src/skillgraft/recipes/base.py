@@ -33,7 +33,7 @@ from skillgraft.models.spec import ModelSpec
 from skillgraft.pipeline.ood import TransferSpec, with_limits
 from skillgraft.pipeline.report import RunDir, mean_std  # noqa: F401 - re-exported for recipes
 from skillgraft.pipeline.member import Member
-from skillgraft.pipeline.setup import prepare
+from skillgraft.pipeline.opening import prepare
 from skillgraft.pipeline.store import Store
 from skillgraft.pipeline.trained import BitFitSpec, RetrainSpec
 from skillgraft.spec import COUNT_MAX, Seed, Spec, read_yaml

@@ -49,7 +49,7 @@ from skillgraft.pipeline.grid import GridSpec, choose, run_row
 from skillgraft.pipeline.regions import learned_regions
 from skillgraft.pipeline.report import RunDir, TaskRows, aggregate, md_table, pct
 from skillgraft.pipeline.member import Member
-from skillgraft.pipeline.setup import prepare
+from skillgraft.pipeline.opening import prepare
 from skillgraft.pipeline.store import data_digest
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
 from skillgraft.recipes.base import (ExperimentSpec, LocalizerRun, SeedsMixin, check_localizer_runs, recipe,

@@ -17,7 +17,7 @@ from skillgraft.graft.region import Region
 from skillgraft.io import check_apart, roll_back, sibling
 from skillgraft.locking import locked
 from skillgraft.models.spec import MAX_LENGTH, ModelSpec
-from skillgraft.pipeline.setup import prepare
+from skillgraft.pipeline.opening import prepare
 from skillgraft.pipeline.store import Store
 from skillgraft.train.finetune import FinetuneConfig
 from skillgraft.verbs import converts_into_store

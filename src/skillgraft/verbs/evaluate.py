@@ -62,7 +62,7 @@ def evaluate(model_dir: str | os.PathLike, *, user: UserDataSpec | None = None, 
         scorer = Scorer.from_pretrained(folder, task=task)
         examples = load_split(get_task(task or scorer.task.name) if task else scorer.task, split, data_dir)[:limit]
     else:
-        from skillgraft.pipeline.setup import open_checkpoint  # noqa: PLC0415
+        from skillgraft.pipeline.opening import open_checkpoint  # noqa: PLC0415
 
         if user.data is None and task is None:
             raise SkillgraftError(f"{model_dir}: a Hugging Face checkpoint needs data: --data FILE (with its field "

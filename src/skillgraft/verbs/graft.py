@@ -381,7 +381,7 @@ class GraftInputs:
 
 def is_run(inputs: GraftInputs) -> bool:
     """Whether ``--finetuned`` is a skillgraft run directory (else a Hugging Face checkpoint pair)."""
-    from skillgraft.pipeline.setup import is_run_dir  # noqa: PLC0415
+    from skillgraft.pipeline.opening import is_run_dir  # noqa: PLC0415
 
     f = inputs.finetuned
     return is_run_dir(f) or (inputs.pretrained is None and not (Path(f) / "config.json").is_file())
@@ -412,7 +412,7 @@ def check_inputs(inputs: GraftInputs) -> None:
 
 def open_member(inputs: GraftInputs, *, lean: bool = False) -> Member:
     """The Member of a run directory or of a checkpoint pair (``lean``: θ_ft scored, released, then read from files)."""
-    from skillgraft.pipeline.setup import from_pair, from_run  # noqa: PLC0415
+    from skillgraft.pipeline.opening import from_pair, from_run  # noqa: PLC0415
 
     user, data = inputs.user, inputs.data
     if is_run(inputs):

@@ -138,7 +138,7 @@ def open_member(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None,
     """θ_pre, θ_ft and the rows of one model: train (localize), dev (grid choice), test (report). ``lean``: θ_pre
     loads later (:meth:`Member.load_deferred_pre`), when a causal pair allows it (``from_pair``)."""
     from skillgraft.data.sampling import eval_subset  # noqa: PLC0415
-    from skillgraft.pipeline.setup import from_pair  # noqa: PLC0415
+    from skillgraft.pipeline.opening import from_pair  # noqa: PLC0415
 
     member = from_pair(pretrained, m.finetuned, m.data, mode=spec.mode, max_length=spec.max_length,
                        share_pre=share_pre, lean=lean)

@@ -120,7 +120,7 @@ def sweep(finetuned: str | os.PathLike, spec: SweepSpec | None = None, localize:
     """``skillgraft sweep``: the sweep of the run ``finetuned`` into ``out`` (default ``<finetuned>/sweep``)."""
     from skillgraft.io import atomic_dir, check_target  # noqa: PLC0415
     from skillgraft.pipeline import Store  # noqa: PLC0415
-    from skillgraft.pipeline.setup import from_run  # noqa: PLC0415
+    from skillgraft.pipeline.opening import from_run  # noqa: PLC0415
 
     data = data or DataSpec()
     out = check_target(Path(out) if out is not None else Path(finetuned) / "sweep", overwrite,
