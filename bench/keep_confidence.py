@@ -30,6 +30,10 @@ Fine-tunings (both found in, or added to, the store: ``SKILLGRAFT_CACHE`` or ./r
 * ``gemma`` — the Gemma-3-270M Table 2 fine-tunes already in the store (causal prompt mode, K = 16 per label, SGD;
   tasks SST-2, mr, mpqa, ag_news, seeds 13 and 42), with 64 selection rows per label from the rest of the training
   pool: ``--modes gemma --tasks SST-2,mr,mpqa,ag_news --seeds 13,42 --test-limit 200``;
+* ``gemma-schedule`` — issue 46's paper-schedule Gemma-3-270M fine-tune of (task, seed) in the store (K = 64 per label,
+  2,048 steps, chosen on dev: bench/fidelity/gemma-schedule-64.yaml), with 64 selection rows per label from the rest
+  of the training pool: ``SKILLGRAFT_CACHE=<its store> … --modes gemma-schedule --tasks SST-2 --seeds 13
+  --test-limit 200``;
 * ``adamw`` — bench/open_world.py's ``finetune_minilm``: plain transformers ``AutoModelForSequenceClassification``,
   AdamW lr 1e-4, 80 steps of 16, grafted as a checkpoint pair in ``classifier`` mode (its head carried).
 
@@ -100,6 +104,31 @@ def gemma_setup(store, task: str, seed: int, k: int, test_limit: int, selection_
     from skillgraft.pipeline.opening import from_run
 
     setup = from_run(find_ft(Path(store.root), task, k, seed).parent, test_limit=test_limit)
+    dev = held_out(setup.ft.task, setup.data.train, selection_per_label, seed)
+    setup.inputs = dataclasses.replace(setup.inputs, data=dataclasses.replace(setup.data, dev=dev))
+    return setup, 0.0
+
+
+def gemma_schedule_setup(store, task: str, seed: int, k: int, test_limit: int, selection_per_label: int = 64):
+    """Issue 46's paper-schedule Gemma-3-270M fine-tune of (task, seed) from the store: the K = 64 entry fine-tuned
+    for the full schedule (2,048 steps, ``steps`` None in its key; the grid's screening points are shorter), never fine-tuned here; a selection
+    split of ``selection_per_label`` rows per label from the rest of the task's training pool (seeded)."""
+    import dataclasses
+
+    from merge_gemma import held_out
+
+    from skillgraft.pipeline.opening import from_run
+
+    found = []
+    for key_file in sorted(Path(store.root).glob(f"ft-{task}-64-{seed}-causal-*/key.json")):
+        key = json.loads(key_file.read_text())
+        # the schedule's own length (16·n·k steps) is steps None; the grid's screening points name theirs
+        if key.get("model", {}).get("model") == "gemma-3-270m" and key.get("finetune", {}).get("steps") is None:
+            found.append(key_file.parent / "run")
+    if len(found) != 1:
+        raise SystemExit(f"{store.root}: {len(found)} paper-schedule Gemma fine-tunes of {task}/{seed} (want one): "
+                         "run bench/gemma_paper_schedule.py --finetune-only first")
+    setup = from_run(found[0], test_limit=test_limit)
     dev = held_out(setup.ft.task, setup.data.train, selection_per_label, seed)
     setup.inputs = dataclasses.replace(setup.inputs, data=dataclasses.replace(setup.data, dev=dev))
     return setup, 0.0
@@ -309,10 +338,11 @@ def main() -> None:
                 if old and any(row["rule"].startswith("paired") for row in old["rows"]):
                     continue
                 t0 = time.perf_counter()
-                make = {"head": head_setup, "adamw": adamw_setup, "gemma": gemma_setup}[mode]
-                k = 16 if mode == "gemma" else args.k  # the Gemma fine-tunes' own draw
+                make = {"head": head_setup, "adamw": adamw_setup, "gemma": gemma_setup,
+                        "gemma-schedule": gemma_schedule_setup}[mode]
+                k = {"gemma": 16, "gemma-schedule": 64}.get(mode, args.k)  # the Gemma fine-tunes' own draws
                 setup, ft_seconds = make(store, task, seed, k, args.test_limit if old is None else old["test_rows"])
-                if args.selection_per_label and mode != "gemma":  # a larger selection split, same origin as gemma's
+                if args.selection_per_label and not mode.startswith("gemma"):  # a larger selection split, same origin as gemma's
                     import dataclasses
 
                     from merge_gemma import held_out
