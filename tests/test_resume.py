@@ -176,3 +176,47 @@ def test_a_store_finetuning_resumes_in_another_process(tiny_bert, toy_data, tmp_
     assert calls == [5, 6, 7, 8]  # steps 1–4 came from the saved state
     assert _run_files(run) == _run_files(ref)
     assert not list((tmp_path / "store").glob(".ft-*.resume"))
+
+
+def test_a_stopped_comparison_scores_only_the_variants_it_had_not(ft_run, toy_data, tmp_path, monkeypatch):
+    """The rows of a store stage (e.g. the paper recipe's 14 Gemma models on 872 test rows, an hour on a CPU): stopped
+    after two variants, the same stage scores only the rest, and its rows and probabilities are the uninterrupted
+    run's, bit for bit (FT's restored record is the agreement reference of the rest)."""
+    import numpy as np
+
+    import skillgraft.pipeline.variants as variants
+    from skillgraft.graft import get_localizer
+    from skillgraft.pipeline.opening import from_run
+    from skillgraft.resume import resume_point
+
+    member = from_run(ft_run, data_dir=toy_data)
+    movement = get_localizer("movement")
+    grafts = [variants.graft_variant(member, movement.region(member.pre, member.ft, member.data, d), d)
+              for d in (0.01, 0.05)]
+    models = variants.base_variants(member) + grafts
+    rows_ref, probs_ref = variants.compare(member, models)
+
+    monkeypatch.setenv("SKILLGRAFT_CHECKPOINT_SECONDS", "0")
+    scored: list[str] = []
+    real = variants.evaluate_variant
+
+    def counting(m, v, *args, **kw):
+        if stop and len(scored) == 2:
+            raise SkillgraftError("stopped from the test")
+        scored.append(v.name)
+        return real(m, v, *args, **kw)
+
+    monkeypatch.setattr(variants, "evaluate_variant", counting)
+    fresh = from_run(ft_run, data_dir=toy_data)  # a new process's member: FT's record empty
+    stop = True
+    with resume_point(tmp_path / "r"), pytest.raises(SkillgraftError, match="stopped"):
+        variants.compare(fresh, models)
+    first = list(scored)
+    assert first[0] == "fine-tuned" and len(first) == 2
+    fresh = from_run(ft_run, data_dir=toy_data)
+    stop, scored[:] = False, []
+    with resume_point(tmp_path / "r"):
+        rows, probs = variants.compare(fresh, models)
+    assert scored == [v.name for v in models if v.name not in first]  # only the rest
+    assert [r.columns() for r in rows] == [r.columns() for r in rows_ref]
+    assert probs.keys() == probs_ref.keys() and all(np.array_equal(probs[k], probs_ref[k]) for k in probs)

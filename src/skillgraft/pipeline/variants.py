@@ -178,11 +178,27 @@ def evaluate_variant(member: Member, variant: Variant, examples: list[Example], 
 
 def compare(member: Member, variants: list[Variant], examples: list[Example] | None = None, set_name: str = "test",
             progress: bool = False) -> tuple[list[ResultRow], dict[str, np.ndarray]]:
-    """Every variant on one evaluation set (FT first: the agreement reference); rows with derived columns."""
+    """Every variant on one evaluation set (FT first: the agreement reference); rows with derived columns.
+
+    Inside a store stage (a :func:`~skillgraft.resume.resume_point`) the variants scored so far are saved every few
+    minutes, and a re-run scores only the rest (an hour of Gemma rows on a CPU survives a stopped session)."""
+    from skillgraft.resume import checkpoint  # noqa: PLC0415
+
     examples = member.test if examples is None else examples
+    saved = checkpoint("compare", {"set": set_name, "rows": len(examples),
+                                   "variants": [[v.name, v.kind, v.params] for v in variants]})
+    done: dict = (saved.load() or {}).get("done", {}) if saved is not None else {}
     rows, probs = [], {}
     for v in sorted(variants, key=lambda v: v.kind != "ft"):
-        m, p = evaluate_variant(member, v, examples, set_name, progress=v.name if progress else False)
+        if v.name in done:  # scored before the stop: FT's record (the agreement reference) restored with it
+            m, p = dict(done[v.name]["metrics"]), done[v.name]["probs"]
+            if v.kind == "ft":
+                member.probs[set_name], member.ft_metrics[set_name] = p, dict(m)
+        else:
+            m, p = evaluate_variant(member, v, examples, set_name, progress=v.name if progress else False)
+            done[v.name] = {"metrics": dict(m), "probs": p}
+            if saved is not None and saved.due():
+                saved.save({"done": done})
         probs[v.name] = p
         rows.append(ResultRow(v.name, v.kind, v.params, m))
     order = {v.name: i for i, v in enumerate(variants)}
