@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from skillgraft.models.gguf import in_store
+    from skillgraft.signals import handle_signals
     from skillgraft.pipeline.store import Store
     from skillgraft.recipes import load_recipe
 
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tasks = args.tasks.split(",") if args.tasks else list(spec.tasks)
     store = Store(spec.cache_dir)
+    if argv is None:  # a process of its own: SIGTERM / SIGHUP unwind like Ctrl-C (no temporary folder or lock left)
+        handle_signals()
     with in_store(store.root):  # a GGUF model converts into this store, as under `skillgraft run`
         if args.status:
             return status(spec, store, tasks, args)
