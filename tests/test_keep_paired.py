@@ -189,6 +189,14 @@ def test_keep_data_without_labels_for_agreement(tmp_path):
     assert len(rows) == 5 and rows[0].text_a == "a user's own sentence 0"
     with pytest.raises(SkillgraftError, match="label"):
         read_keep_data(path, task, [], labels=True)  # a share of FT's score needs labels
+    # an unlabelled row's text is checked as a labelled one's: a non-string or a missing field, its line named
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"text": 7}) + "\n")
+    with pytest.raises(SkillgraftError, match=r"bad.jsonl:2: field 'text' must be a string, got int"):
+        read_keep_data(bad, task, [], labels=False)
+    bad.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"sentence": "no text field"}) + "\n")
+    with pytest.raises(SkillgraftError, match=r"bad.jsonl:2: field 'text' is missing"):
+        read_keep_data(bad, task, [], labels=False)
 
 
 def test_a_decision_stops_its_search_early_but_never_changes():

@@ -72,15 +72,17 @@ def greedy_completions(scorer, prompts: list[str], *, max_new_tokens: int = 32, 
     tok, pad, eos = scorer.tokenizer, scorer.tokenizer.pad_token_id, scorer.tokenizer.eos_token_id
     room = max(1, scorer.max_length - max_new_tokens)  # the prompt's end, as the completion loss cuts it
     out = []
-    for start in range(0, len(prompts), batch_size):
-        ids = [scorer.prompt_ids(p)[-room:] for p in prompts[start:start + batch_size]]
-        width = max(len(r) for r in ids)  # left padding: every prompt ends where generation starts
-        inputs = torch.tensor([[pad] * (width - len(r)) + r for r in ids], device=scorer.device)
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids], device=scorer.device)
-        with autocast(scorer):
-            new = scorer.model.generate(input_ids=inputs, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                        do_sample=False, num_beams=1, pad_token_id=pad, eos_token_id=eos)
-        for row in new[:, width:].tolist():
-            out.append(tok.decode(row[:row.index(eos)] if eos in row else row, skip_special_tokens=True))
-    scorer.train(was_training)
+    try:
+        for start in range(0, len(prompts), batch_size):
+            ids = [scorer.prompt_ids(p)[-room:] for p in prompts[start:start + batch_size]]
+            width = max(len(r) for r in ids)  # left padding: every prompt ends where generation starts
+            inputs = torch.tensor([[pad] * (width - len(r)) + r for r in ids], device=scorer.device)
+            mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids], device=scorer.device)
+            with autocast(scorer):
+                new = scorer.model.generate(input_ids=inputs, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                            do_sample=False, num_beams=1, pad_token_id=pad, eos_token_id=eos)
+            for row in new[:, width:].tolist():
+                out.append(tok.decode(row[:row.index(eos)] if eos in row else row, skip_special_tokens=True))
+    finally:  # the scorer's mode as it was, also after an interruption
+        scorer.train(was_training)
     return out

@@ -158,6 +158,7 @@ def read_keep_data(path: Path, task, test: list, labels: bool = True,
     optionally a completion (``fields``); a prompt alone (``text_b`` None, FT's greedy completion to come:
     :func:`with_completions`) only without ``labels``."""
     from skillgraft.data.loading import Example, read_file  # noqa: PLC0415
+    from skillgraft.data.loading import _text as text  # noqa: PLC0415
     from skillgraft.data.sources import jsonl_rows  # noqa: PLC0415
 
     path = Path(path)
@@ -169,11 +170,9 @@ def read_keep_data(path: Path, task, test: list, labels: bool = True,
         raw = jsonl_rows(path)
         if raw and all("label" not in r for _, r in raw):
             pair = "text_a" in raw[0][1]
-            try:
-                rows = [Example(str(r["text_a"]), 0, str(r["text_b"])) if pair else Example(str(r["text"]), 0)
-                        for _, r in raw]
-            except KeyError as e:
-                raise SkillgraftError(f"--keep-data {path}: a row has no {e.args[0]!r} field") from None
+            # each text checked as the labelled reader checks it (a missing field or a non-string, the line named)
+            rows = [Example(text(r.get("text_a"), where, "text_a"), 0, text(r.get("text_b"), where, "text_b")) if pair
+                    else Example(text(r.get("text"), where, "text"), 0) for where, r in raw]
         else:
             rows = read_file(task, path)
     else:
