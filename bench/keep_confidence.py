@@ -268,7 +268,11 @@ def feasibility(out: Path, confidence: float = 0.9) -> str:
     """Could any test have promised τ at 3× the point search's size? Per model (with an .npz) and τ: at the largest
     size probed at most 3× the point size, the normal-approximation z of the paired statistic, Z̄/(s/√n) with
     Z = 1[graft right] − τ·1[FT right] — the CLT z-test, the most a test of this mean can hope for (it is not exact:
-    no rule of the tool uses it) — against its critical value at each stage's risk (1 − c)/2."""
+    no rule of the tool uses it) — against its critical value at each stage's risk (1 − c)/2.
+
+    Last column: the same z for prediction-powered inference (Angelopoulos et al., Science 2023) with unlimited
+    unlabelled rows, E[Z] = (agreement − τ) + E[R], R = Z − (1[graft = FT] − τ): agreement known exactly, only the
+    rectifier R estimated on the n labelled rows. If it is not above the CLT z, no amount of unlabelled data helps."""
     import math
 
     import numpy as np
@@ -276,7 +280,7 @@ def feasibility(out: Path, confidence: float = 0.9) -> str:
 
     crit = norm.ppf(1 - (1 - confidence) / 2)
     lines = ["| model | τ | point size | probed size ≤ 3× point | its selection share | CLT z | passes z ≥ "
-             f"{crit:.3f} | rows for z to pass |", "|---|---:|---:|---:|---:|---:|:---:|---:|"]
+             f"{crit:.3f} | rows for z to pass | PPI z, unlabelled rows ∞ |", "|---|---:|---:|---:|---:|---:|:---:|---:|---:|"]
     for path in sorted(out.glob("*.json")):
         npz = path.with_suffix(".npz")
         if path.name == "summary.json" or not npz.exists():
@@ -292,9 +296,14 @@ def feasibility(out: Path, confidence: float = 0.9) -> str:
             z = g - tau * f
             sd = z.std(ddof=1)
             stat = z.mean() / (sd / math.sqrt(len(z))) if sd > 0 else math.inf * np.sign(z.mean())
+            agree = (sel[i] == ft).astype(float)
+            rect = z - (agree - tau)  # the rectifier: only it needs labels
+            rsd = rect.std(ddof=1)
+            ppi = (agree.mean() - tau + rect.mean()) / (rsd / math.sqrt(len(z))) if rsd > 0 else math.nan
             lines.append(f"| {r['mode']} {r['task']}/{r['seed']} | {tau:g} | {point['size']:,} | {int(sizes[i]):,} | "
                          f"{g.sum() / f.sum():.3f} | {stat:.2f} | {'yes' if stat >= crit else 'no'} | "
-                         + (f"{math.ceil(len(z) * (crit / stat) ** 2):,} |" if 0 < stat < math.inf else "- |"))
+                         + (f"{math.ceil(len(z) * (crit / stat) ** 2):,} |" if 0 < stat < math.inf else "- |")
+                         + f" {ppi:.2f} |")
     return "\n".join(lines)
 
 
