@@ -167,3 +167,21 @@ def test_task_without_test_split_is_tested_on_the_rest_of_train(tmp_path):
     (tmp_path / "MRPC" / "train.jsonl").write_text((tmp_path / "QQP" / "train.jsonl").read_text())
     with pytest.raises(SkillgraftError, match="'MRPC' has no test split"):
         load_kshot("MRPC", 8, 13, tmp_path)
+
+
+def test_dev_limit_scores_a_seeded_part_of_dev_and_leaves_old_keys_alone(toy_data):
+    from skillgraft.data.spec import DataSpec
+    from skillgraft.spec import stable_hash
+
+    full = load_kshot("SST-2", 8, 13, toy_data)
+    part = DataSpec(task="SST-2", k=8, seed=13, data_dir=toy_data, dev_limit=5).load()
+    assert len(part.dev) == 5 and all(ex in full.dev for ex in part.dev)
+    assert part.train == full.train and part.test == full.test
+    assert part.dev == DataSpec(task="SST-2", k=8, seed=13, data_dir=toy_data, dev_limit=5).load().dev  # seeded
+    assert len(DataSpec(task="SST-2", k=8, seed=13, data_dir=toy_data, dev_limit=500).load().dev) == 16
+    # a draw without it keeps the key it had before the field existed: stored runs are still found
+    plain = DataSpec(task="SST-2", k=8, seed=13)
+    assert plain.key() == stable_hash({"task": "SST-2", "k": 8, "seed": 13, "data_dir": None, "test_limit": None})
+    assert DataSpec(task="SST-2", k=8, seed=13, dev_limit=5).key() != plain.key()
+    with pytest.raises(SkillgraftError, match="dev_limit"):
+        DataSpec.build({"dev_limit": 0})

@@ -94,6 +94,19 @@ def test_run_directory_complete_and_atomic(tiny_bert, toy_data, tmp_path):
     assert not (tmp_path / "bad").exists() and not list(tmp_path.glob(".bad*"))
 
 
+def test_a_run_on_a_part_of_dev_records_it_and_reopens_on_the_same_rows(tiny_bert, toy_data, tmp_path):
+    from skillgraft.pipeline.opening import from_run
+
+    data = DataSpec(task="SST-2", k=8, seed=13, data_dir=toy_data, dev_limit=6)
+    m = run_finetune(data, tmp_path / "run", model=ModelSpec(model=str(tiny_bert)),
+                     finetune=FinetuneConfig(steps=2, eval_every=1), progress=False)
+    raw = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert raw["dev_limit"] == 6 and read_run_config(tmp_path / "run").dev_limit == 6
+    member = from_run(tmp_path / "run")
+    assert member.data.dev == data.load().dev and len(member.data.dev) == 6
+    assert m["best_dev"] is not None
+
+
 @pytest.mark.parametrize("change, culprits", [
     (lambda c: c.pop("seed"), ["'seed'", "Field required"]),
     (lambda c: c.update(pooling="max"), ["'pooling'", "'max'"]),

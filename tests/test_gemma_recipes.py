@@ -47,6 +47,8 @@ def tiny_overrides(values: dict, model: Path, data: Path) -> dict:
         short = {"steps": 2, "eval_every": 1}
         over["localizers"] = [{**loc, "options": {**loc.get("options", {}), **(short if loc["name"] == "learned" else {})}}
                               for loc in values["localizers"]]
+    if values.get("dev_limit"):  # a seeded part of the (tiny) dev split, as the real run scores
+        over["dev_limit"] = 3
     if values.get("grid"):
         over["grid"] = {**values["grid"], "steps": 2, "eval_every": 1, "test_limit": 4}
     if values["recipe"] == "surgical":
@@ -62,7 +64,17 @@ def _models(spec) -> list[str]:
 # Run under SKILLGRAFT_SLOW=1 only (every file still validates in make test, below): table2-b and -c are table2-a's
 # recipe on other tasks; gemma-schedule-64 runs end to end in make test through its own runner
 # (tests/test_paper_schedule.py::test_the_bench_runner_cell_by_cell).
-_RUN_ELSEWHERE = {"gemma-table2-b", "gemma-table2-c", "gemma-schedule-64"}
+_RUN_ELSEWHERE = {"gemma-table2-b", "gemma-table2-c", "gemma-schedule-64", "gemma-schedule-1024"}
+
+
+def test_the_large_data_schedule_is_the_papers_capped_one():
+    """gemma-schedule-1024 (issue 46's 4096-shot row at the K the shared SST-2 allows): 16·n·512 = 16,384 SGD steps,
+    dev scored on a seeded 512 rows, the localizer's fixed trajectory on 128 sampled rows (its tiny run: slow)."""
+    _, spec = load_recipe(ROOT / "bench" / "fidelity" / "gemma-schedule-1024.yaml")
+    assert spec.finetune.resolved_steps(2, spec.k) == 16 * 2 * 512 and spec.k == 1024
+    assert spec.data_spec("SST-2", 13).dev_limit == 512
+    learned = spec.options_of(next(loc for loc in spec.localizers if loc.name == "learned"))
+    assert (learned.batch_size, learned.select_on, learned.steps) == (128, "last", 100)
 
 
 def test_every_gemma_recipe_validates():

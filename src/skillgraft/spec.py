@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.untrusted import read_json, read_text
@@ -35,6 +35,9 @@ MAX_LENGTH = 128  # max tokens per example: the one default of every verb, recip
 DEMO_OUT, DEMO_SEED = "runs/demo", 42  # `skillgraft demo` / `make demo`: its folder and data seed (recipes/graft.py)
 FLOAT_MAX = 3.4e38     # learning rates, penalties, weight decay: what float32 optimizer state can hold
 Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
+# A field added after runs were stored: `Field(default, json_schema_extra=OMITTED_AT_DEFAULT)` leaves it out of
+# to_dict() (configs, store keys) while it holds its default, so stored runs keep their keys and are found.
+OMITTED_AT_DEFAULT = {"omitted_at_default": True}
 
 
 class Spec(BaseModel):
@@ -51,6 +54,16 @@ class Spec(BaseModel):
                 _numbers_only(cls.model_fields[info.field_name].annotation):
             raise ValueError("expected a number, got true/false")
         return value
+
+    @model_serializer(mode="wrap")
+    def _omit_later_fields_at_default(self, handler):
+        """Fields marked :data:`OMITTED_AT_DEFAULT` are dumped only when they differ from their default."""
+        data = handler(self)
+        for name, field in type(self).model_fields.items():
+            extra = field.json_schema_extra
+            if isinstance(extra, dict) and extra.get("omitted_at_default") and getattr(self, name) == field.default:
+                data.pop(name, None)
+        return data
 
     @classmethod
     def build(cls: type[S], values: dict[str, Any] | None = None, *, where: str = "") -> S:

@@ -154,7 +154,7 @@ Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_
 @from_specs(localize=localizer_flags(LocalizerFlags), report=Options(ReportSpec, help={"localizer": (
                 f"localizer of the grafts: {', '.join(LOCALIZERS)}; its own options: `skillgraft localizers NAME`")},
                                                                    panel=REPORT),
-            data=Options(DataSpec, skip=("task", "k", "seed", "test_limit"), panel=DATA),
+            data=Options(DataSpec, skip=("task", "k", "seed", "test_limit", "dev_limit"), panel=DATA),
             user=Options(UserDataSpec, rename={"seed": "data_seed"}, panel=DATA), keep=Options(KeepSpec, panel=KEEP),
             frontier=Options(FrontierSpec, panel=KEEP))
 def graft(
@@ -332,7 +332,7 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
 @model_verb
 @from_specs(sweep=Options(SweepSpec, panel="Sweep"), localize=Options(LocalizeConfig, skip=("budgets",),
                                                                      panel="Localizer (learned)"),
-            data=Options(DataSpec, skip=("task", "k", "seed"), panel=DATA), frontier=Options(FrontierSpec, panel=KEEP))
+            data=Options(DataSpec, skip=("task", "k", "seed", "dev_limit"), panel=DATA), frontier=Options(FrontierSpec, panel=KEEP))
 def sweep(
     finetuned: Path = typer.Option(..., help="a fine-tuning run directory", rich_help_panel=MODEL),
     out: Optional[Path] = typer.Option(None, help="output folder (default: <finetuned>/sweep)", rich_help_panel=OUTPUT),

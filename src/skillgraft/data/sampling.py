@@ -62,10 +62,11 @@ def sample_kshot(examples: list[Example], num_labels: int, k: int, seed: int, *,
 
 
 def load_kshot(task: Task | str, k: int, seed: int, data_dir: str | os.PathLike | None = None,
-               *, test_limit: int | None = None) -> FewShotData:
+               *, test_limit: int | None = None, dev_limit: int | None = None) -> FewShotData:
     """The (train, dev, test) splits of a k-shot draw of ``task``.
 
-    ``test_limit`` keeps a fixed, seeded sample of N test examples (:func:`eval_subset`); None keeps all.
+    ``test_limit`` / ``dev_limit`` keep a fixed, seeded sample of N test / dev examples (:func:`eval_subset`);
+    None keeps all.
     """
     task = get_task(task)
     if not task.has_train:
@@ -87,7 +88,7 @@ def load_kshot(task: Task | str, k: int, seed: int, data_dir: str | os.PathLike 
             test = [ex for ex in full if id(ex) not in drawn]
         else:
             test = load_split(task, "test", root)
-    return FewShotData(task, k, seed, train, dev, eval_subset(test, test_limit))
+    return FewShotData(task, k, seed, train, eval_subset(dev, dev_limit), eval_subset(test, test_limit))
 
 
 def eval_subset(examples: list[Example], limit: int | None) -> list[Example]:

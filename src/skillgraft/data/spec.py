@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 from skillgraft.data.sampling import FewShotData, load_kshot
 from skillgraft.data.user import UserData, load_user_data
 from skillgraft.errors import SkillgraftError
-from skillgraft.spec import COUNT_MAX, Seed, Spec
+from skillgraft.spec import COUNT_MAX, OMITTED_AT_DEFAULT, Seed, Spec
 
 
 class DataSpec(Spec):
@@ -23,14 +23,18 @@ class DataSpec(Spec):
     data_dir: Path | None = Field(None, description="data root (default: $SKILLGRAFT_DATA, ./data, ../shared/data)")
     test_limit: int | None = Field(None, ge=1, le=COUNT_MAX, description=(
         "evaluate on a fixed seeded sample of N test examples"))
+    dev_limit: int | None = Field(None, ge=1, le=COUNT_MAX, description=(
+        "score the dev split (best checkpoint, grid, localizer selection) on a fixed seeded sample of N of its "
+        "rows (default: all k per label; for large k on a CPU)"), json_schema_extra=OMITTED_AT_DEFAULT)
 
     def load(self, task=None) -> FewShotData:
-        """The :class:`~skillgraft.data.sampling.FewShotData` of this draw (test subset applied).
+        """The :class:`~skillgraft.data.sampling.FewShotData` of this draw (test and dev subsets applied).
 
         ``task``: a Task object to use instead of looking ``self.task`` up in the registry (e.g. the task
         a saved model records).
         """
-        return load_kshot(task or self.task, self.k, self.seed, self.data_dir, test_limit=self.test_limit)
+        return load_kshot(task or self.task, self.k, self.seed, self.data_dir, test_limit=self.test_limit,
+                          dev_limit=self.dev_limit)
 
 
 class UserDataSpec(Spec):

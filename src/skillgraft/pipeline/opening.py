@@ -159,7 +159,8 @@ def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = 
     ft.eval()
     pre.eval()
     spec = DataSpec.build({"task": ft.task.name, "k": cfg.k, "seed": cfg.seed,
-                           "data_dir": data_dir or cfg.data_dir, "test_limit": test_limit},
+                           "data_dir": data_dir or cfg.data_dir, "test_limit": test_limit,
+                           "dev_limit": cfg.dev_limit},  # the dev rows the run's best checkpoint was chosen on
                           where=f"{ft_dir}/config.json")
     data = spec.load(ft.task)
     from skillgraft.models.loading import model_reference  # noqa: PLC0415

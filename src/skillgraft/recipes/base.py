@@ -51,6 +51,7 @@ class ExperimentSpec(Spec):
     k: int = DataSpec.model_fields["k"]
     data_dir: Path | None = DataSpec.model_fields["data_dir"]
     test_limit: int | None = DataSpec.model_fields["test_limit"]
+    dev_limit: int | None = DataSpec.model_fields["dev_limit"]
     cache_dir: Path | None = Field(None, description="store of finished stages (null: $SKILLGRAFT_CACHE or runs/cache)")
     progress: bool = Field(False, description="progress bars for every stage")
     device: str = Placement.model_fields["device"]
@@ -61,7 +62,8 @@ class ExperimentSpec(Spec):
         return ModelSpec(model=self.model, mode=self.mode, pooling=self.pooling, max_length=self.max_length)
 
     def data_spec(self, task: str, seed: int, *, k: int | None = None) -> DataSpec:
-        return DataSpec(task=task, k=k or self.k, seed=seed, data_dir=self.data_dir, test_limit=self.test_limit)
+        return DataSpec(task=task, k=k or self.k, seed=seed, data_dir=self.data_dir, test_limit=self.test_limit,
+                        dev_limit=self.dev_limit)
 
     def member(self, run: RunDir, task: str, seed: int, *, k: int | None = None) -> Member:
         """Fine-tune (or find in the store) ``task`` at data ``seed``; θ_ft, θ_pre and the data."""

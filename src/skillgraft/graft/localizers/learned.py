@@ -23,7 +23,7 @@ from functools import partial
 from typing import Literal
 
 from skillgraft.lazy import torch
-from pydantic import Field, model_serializer, model_validator
+from pydantic import Field, model_validator
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
@@ -34,7 +34,7 @@ from skillgraft.graft.localizers.relaxations import Sigmoid
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import ROUND, Budget, Budgets, parse_budgets
 from skillgraft.models.anatomy import Graftable
-from skillgraft.spec import COUNT_MAX, FLOAT_MAX, SEED_MAX, Spec
+from skillgraft.spec import COUNT_MAX, FLOAT_MAX, OMITTED_AT_DEFAULT, SEED_MAX, Spec
 
 
 class LocalizeConfig(Spec):
@@ -58,21 +58,10 @@ class LocalizeConfig(Spec):
     candidates: float | None = Field(None, gt=0, le=1, description=(
         "keep S, Δ and the saved θ_pre only on the top-c fraction of graftable parameters by |θ_ft − θ_pre| "
         "(memory O(c·N); c ≥ sparsity and ≥ every fractional budget; 1 = every parameter, same result as "
-        "dense); default: dense"))
+        "dense); default: dense"), json_schema_extra=OMITTED_AT_DEFAULT)  # dense runs keep their store keys
     gradient_checkpointing: bool = Field(False, description=(
         "recompute each transformer block's activations in the backward pass (less memory; each block's "
-        "forward runs twice)"))
-
-    @model_serializer(mode="wrap")
-    def _scale_fields_only_when_set(self, handler):
-        """The memory settings appear only when set, so configs, summaries and store keys of dense runs stay
-        what they were before these fields existed (stored regions are reused, not recomputed)."""
-        data = handler(self)
-        if self.candidates is None:
-            data.pop("candidates", None)
-        if not self.gradient_checkpointing:
-            data.pop("gradient_checkpointing", None)
-        return data
+        "forward runs twice)"), json_schema_extra=OMITTED_AT_DEFAULT)
 
     @model_validator(mode="after")
     def _candidates_hold_the_budgets(self) -> LocalizeConfig:
