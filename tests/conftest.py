@@ -129,15 +129,15 @@ def ft_run(tiny_bert, toy_data, tmp_path_factory):
 def classifiers(tiny_models, tmp_path_factory) -> dict:
     """Two tiny BERT classifiers of one base: sentiment (2 labels) and topic (3 labels), with their data (the merge
     tests' inputs, read-only; made once per worker)."""
-    from test_merge import sentiment, topics, train_classifier, write_rows  # noqa: PLC0415
+    from userland import sentiment_rows, topic_rows, train_classifier, write_rows  # noqa: PLC0415
 
     root = tmp_path_factory.mktemp("merge")
     base = tiny_models["bert"]
     out = {"base": base}
-    for name, make in (("sentiment", sentiment), ("topic", topics)):
+    for name, make in (("sentiment", sentiment_rows), ("topic", topic_rows)):
         data = write_rows(root / f"{name}.jsonl", make(120, 0))
         test = write_rows(root / f"{name}-test.jsonl", make(48, 1))
-        out[name] = (train_classifier(base, root / name, make(120, 0)), data, test)
+        out[name] = (train_classifier(base, root / name, make(120, 0), steps=30), data, test)
     return out
 
 

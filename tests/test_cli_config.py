@@ -50,7 +50,7 @@ def test_bad_config_files_are_one_line(tmp_path):
 
 def test_merge_from_a_mergekit_shaped_config(classifiers, tmp_path):  # noqa: F811
     from safetensors.torch import load_file
-    from test_merge import fake_mergekit
+    from userland import fake_mergekit
 
     c = classifiers
     cfg = {"base_model": str(c["base"]), "merge_method": "ties", "parameters": {"lambda": [0.5, 1.0]},

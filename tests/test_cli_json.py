@@ -58,7 +58,7 @@ def test_json_is_off_after_a_json_run(toy_data):
 
 
 def test_merge(classifiers, tmp_path):
-    from test_merge import fake_mergekit, merge_args
+    from userland import fake_mergekit, merge_args
 
     m = doc(*merge_args(classifiers, tmp_path / "m", "--localizer", "movement", "--budget", "0.05", "--mergekit",
                         "task_arithmetic", "--scales", "1", "--rules", "average", "--json"),

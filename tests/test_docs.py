@@ -144,7 +144,7 @@ def user_pair(tiny_models, tmp_path_factory):
     """The reader's own files of README's "Graft your own model": a classifier fine-tuned from the tiny BERT with
     plain transformers, its data, a Hub-style dataset folder, a tiny Llama and its SFT."""
     import datasets
-    from test_open_world import sentiment_rows, sft_rows, train_classifier, train_sft, write_rows
+    from userland import sentiment_rows, sft_rows, train_classifier, train_sft, write_rows
 
     root = tmp_path_factory.mktemp("own")
     rows = sentiment_rows()
@@ -202,7 +202,7 @@ def own_model(tiny_models, folder, user_pair, **_):
 
 
 def gemma(tiny_models, toy_data, folder, **_):
-    from test_open_world import sft_rows, train_sft, write_rows
+    from userland import sft_rows, train_sft, write_rows
     from tiny import write_tiny_gguf
 
     from skillgraft.models.loading import model_reference

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_merge import fake_mergekit, sentiment, topics, train_classifier
-from test_open_world import write_rows
+from userland import fake_mergekit, sentiment_rows, topic_rows, train_classifier, write_rows
 from typer.testing import CliRunner
 
 from skillgraft.cli import app
@@ -154,7 +153,7 @@ def test_new_family_runs_finetune_graft_export_merge(tiny_models, toy_data, tmp_
     cli("export", report / "grafts" / "budget-0.01", "--to", "peft", "--out", tmp_path / "adapter")
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
 
-    data = {"sentiment": sentiment(48, 0), "topic": topics(48, 0)}
+    data = {"sentiment": sentiment_rows(48, 0), "topic": topic_rows(48, 0)}
     paths = {name: (train_classifier(base, tmp_path / name, rows, steps=3),
                     write_rows(tmp_path / f"{name}.jsonl", rows)) for name, rows in data.items()}
     out = tmp_path / "merged"

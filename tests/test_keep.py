@@ -205,7 +205,7 @@ def test_keep_on_a_checkpoint_pair_holds_out_a_selection_slice(tmp_path):
     import json
 
     from test_cli import invoke
-    from test_open_world import sentiment_rows, train_classifier, write_rows
+    from userland import sentiment_rows, train_classifier, write_rows
     from tiny import build_tiny
 
     from skillgraft.graft import Graft

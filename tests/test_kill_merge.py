@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from test_kill import run_main_forked
-from test_merge import merge_args
+from userland import merge_args
 
 from skillgraft import io as sio
 from skillgraft.io import atomic_dir, written

@@ -7,7 +7,6 @@ label sets, tiny Llama SFT pairs); the merged checkpoint is read back with plain
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 import textwrap
@@ -15,88 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_open_world import sft_rows, train_sft, write_rows
-from tiny import sentence
-from typer.testing import CliRunner
+from userland import cli, fake_mergekit, merge_args, sft_rows, train_sft, write_rows
 
-from skillgraft.cli import app
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft import Graft, Region
 from skillgraft.graft.merge import scaled, stitch, swapped, task_view
-
-runner = CliRunner()
-TOPICS = {"sport": ["football", "tennis", "goal"], "money": ["market", "stocks", "bank"],
-          "vote": ["election", "president", "senate"]}
-
-
-def cli(*args, code: int = 0, obj: dict | None = None) -> str:
-    r = runner.invoke(app, [str(a) for a in args], obj=obj)
-    if r.exit_code != code:
-        raise AssertionError(f"exit {r.exit_code} (wanted {code}): {r.output}\n{r.exception!r}")
-    return r.output
-
-
-def sentiment(n: int, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    return [{"text": sentence(rng, i % 2), "label": ["neg", "pos"][i % 2]} for i in range(n)]
-
-
-def topics(n: int, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    names = list(TOPICS)
-    rows = []
-    for i in range(n):
-        label = names[i % 3]
-        words = ["the", "news", "said", "today", rng.choice(TOPICS[label])]
-        rng.shuffle(words)
-        rows.append({"text": " ".join(words), "label": label})
-    return rows
-
-
-def train_classifier(base: Path, out: Path, rows: list[dict], *, steps: int = 30) -> Path:
-    """Plain transformers: AutoModelForSequenceClassification with the data's labels, AdamW, save_pretrained."""
-    import transformers as tf
-
-    labels = sorted({r["label"] for r in rows})
-    tok = tf.AutoTokenizer.from_pretrained(base)
-    if tok.pad_token is None:  # a decoder without one (Llama 3): pad with the EOS
-        tok.pad_token = tok.eos_token
-    torch.manual_seed(1)
-    model = tf.AutoModelForSequenceClassification.from_pretrained(
-        base, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)},
-        pad_token_id=tok.pad_token_id)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for step in range(steps):
-        batch = [rows[(step * 16 + i) % len(rows)] for i in range(16)]
-        enc = tok([r["text"] for r in batch], return_tensors="pt", padding=True)
-        model(**enc, labels=torch.tensor([labels.index(r["label"]) for r in batch])).loss.backward()
-        opt.step()
-        opt.zero_grad()
-    model.eval().save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
-def merge_args(c: dict, out: Path, *extra) -> list[str]:
-    args = ["merge", "--pretrained", c["base"], "--finetuned", c["sentiment"][0], "--finetuned", c["topic"][0],
-            "--data", c["sentiment"][1], "--data", c["topic"][1], "--eval-data", c["sentiment"][2], "--eval-data",
-            c["topic"][2], "--out", out, *extra]
-    return [str(a) for a in args]
-
-
-def fake_mergekit(config: str, work: Path, seed: int) -> dict:
-    """Stands in for ``mergekit-yaml`` in fast tests (the real one runs in the slow test below): task arithmetic,
-    θ_pre + λ Σ_t (θ_t − θ_pre), read from the folders the YAML names."""
-    import yaml
-    from safetensors.torch import load_file
-
-    cfg = yaml.safe_load(config)
-    models = [load_file(str(Path(m["model"]) / "model.safetensors")) for m in cfg["models"]]
-    base = load_file(str(Path(cfg.get("base_model", cfg["models"][0]["model"])) / "model.safetensors"))
-    lam = (cfg.get("parameters") or {}).get("lambda", 1.0)
-    return {k: base[k] + lam * sum(m[k] - base[k] for m in models) for k in base}
-
 
 # The reading side: plain transformers + safetensors only, in a fresh interpreter (no skillgraft import).
 READER = textwrap.dedent("""

@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from test_merge import cli
+from userland import cli
 
 
 def _finetune_like(base, out, seed: int):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from test_merge import cli, fake_mergekit, merge_args
+from userland import cli, fake_mergekit, merge_args
 
 from skillgraft.merge import MERGE_METHODS, register_merge_method
 from skillgraft.merge.base import MergeMethod, Scored

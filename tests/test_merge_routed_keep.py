@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 from badinputs import one_line, usage_error
-from test_merge import cli, merge_args, sentiment, write_rows
+from userland import cli, merge_args, sentiment_rows, write_rows
 from test_merge_task_aware import plain_graft_logits
 from typer.testing import CliRunner
 
@@ -155,10 +155,10 @@ def test_noisy_dev_split_does_not_give_a_routed_graft_below_target(classifiers, 
     spec = MergeSpec(routed=True, keep=0.9, localizer="movement")
     loc = get_localizer("movement")
     opts = loc.options({"graftable": "body+embeddings"})
-    truth_path = write_rows(tmp_path / "truth.jsonl", sentiment(600, 99))
+    truth_path = write_rows(tmp_path / "truth.jsonl", sentiment_rows(600, 99))
     store = Store(tmp_path / "store")
     for rows, seed in ((64, 104), (24, 103), (24, 109)):  # dev splits on which the point estimate crosses early
-        dev = write_rows(tmp_path / f"dev-{rows}-{seed}.jsonl", sentiment(rows, seed))
+        dev = write_rows(tmp_path / f"dev-{rows}-{seed}.jsonl", sentiment_rows(rows, seed))
         m = ModelInput(str(c["sentiment"][0]), UserDataSpec(data=c["sentiment"][1], eval_data=c["sentiment"][2]), dev,
                        None, "sentiment")
         member = open_member(str(c["base"]), m, spec)

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from test_merge import cli, fake_mergekit, merge_args
+from userland import cli, fake_mergekit, merge_args
 
 from skillgraft.merge.refit import fit_head, head_layer, refitted
 from skillgraft.merge.taskaware import Emr, Tall, TSwitch, emr, mask_bytes, tall_masks, tall_topk, trimmed, tswitch

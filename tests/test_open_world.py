@@ -7,7 +7,6 @@ training code), saved with ``save_pretrained``, and grafted from the CLI.
 
 from __future__ import annotations
 
-import csv
 import json
 import random
 import shutil
@@ -16,98 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 from tiny import build_tiny, sentence
-from typer.testing import CliRunner
+from userland import LABELS, cli, sentiment_rows, sft_rows, train_classifier, train_sft, write_rows
 
-from skillgraft.cli import app
 from skillgraft.errors import SkillgraftError
-
-runner = CliRunner()
-LABELS = ("neg", "pos")
-
-
-def cli(*args, code: int = 0):
-    result = runner.invoke(app, [str(a) for a in args])
-    if result.exit_code != code:
-        raise AssertionError(f"exit {result.exit_code} (wanted {code}): {result.output}\n{result.exception!r}")
-    return result.output
-
-
-def write_rows(path: Path, rows: list[dict]) -> Path:
-    if path.suffix == ".jsonl":
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    else:
-        with path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]), delimiter="\t" if path.suffix == ".tsv" else ",")
-            w.writeheader()
-            w.writerows(rows)
-    return path
-
-
-def sentiment_rows(n: int = 120, seed: int = 0) -> list[dict]:
-    rng = random.Random(seed)
-    return [{"text": sentence(rng, i % 2), "label": LABELS[i % 2]} for i in range(n)]
-
-
-def train_classifier(base: Path, out: Path, rows: list[dict], *, steps: int = 25, lr: float = 3e-3) -> Path:
-    """Plain transformers fine-tuning: AutoModelForSequenceClassification, AdamW, save_pretrained."""
-    import transformers as tf
-
-    tok = tf.AutoTokenizer.from_pretrained(base)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    torch.manual_seed(1)
-    model = tf.AutoModelForSequenceClassification.from_pretrained(
-        base, num_labels=2, id2label=dict(enumerate(LABELS)), label2id={l: i for i, l in enumerate(LABELS)},
-        pad_token_id=tok.pad_token_id)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
-    for step in range(steps):
-        batch = [rows[(step * 16 + i) % len(rows)] for i in range(16)]
-        enc = tok([r["text"] for r in batch], return_tensors="pt", padding=True)
-        loss = model(**enc, labels=torch.tensor([LABELS.index(r["label"]) for r in batch])).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    model.eval()
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
-def sft_rows(n: int = 120, seed: int = 0) -> list[dict]:
-    rng = random.Random(seed)
-    return [{"prompt": sentence(rng, i % 2) + " It was", "completion": [" terrible", " great"][i % 2]}
-            for i in range(n)]
-
-
-def train_sft(base: Path, out: Path, rows: list[dict], *, steps: int = 40, lr: float = 3e-3) -> Path:
-    """Plain-torch SFT: token cross-entropy on the completion tokens (+ EOS) only."""
-    import transformers as tf
-
-    tok = tf.AutoTokenizer.from_pretrained(base)
-    torch.manual_seed(1)
-    model = tf.AutoModelForCausalLM.from_pretrained(base)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
-    for step in range(steps):
-        seqs, targets = [], []
-        for r in (rows[(step * 16 + i) % len(rows)] for i in range(16)):
-            p = tok(r["prompt"])["input_ids"]
-            c = tok.encode(r["completion"], add_special_tokens=False) + [tok.eos_token_id]
-            seqs.append(p + c)
-            targets.append([-100] * len(p) + c)
-        width = max(map(len, seqs))
-        ids = torch.tensor([s + [tok.eos_token_id] * (width - len(s)) for s in seqs])
-        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
-        labels = torch.tensor([t + [-100] * (width - len(t)) for t in targets])
-        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
-        opt.step()
-        opt.zero_grad()
-    model.eval()
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
 
 @pytest.fixture(scope="module")
 def user_data(tmp_path_factory) -> Path:
