@@ -14,6 +14,7 @@ run folder, which is written only when its whole recipe ends — and prints, per
   not, and with one localizer they are left out of Table 2, which compares learned, top-|Δ| and random).
 
     python bench/gemma_summary.py [--store /work/store] [--runs runs] [--pretrained-digest 33a105a337b0def8] [--json OUT]
+    python bench/gemma_summary.py --store <issue 46's store> --k 64      # the paper-schedule cells (K = 1024 apart)
 
 Only entries of the converted Gemma (its model digest, printed by ``--list``) at causal mode are read.
 """
@@ -50,8 +51,9 @@ def fig5_rows(runs: Path) -> list[dict]:
     return over_confidence(out)
 
 
-def entries(store: Path, kind: str, digest: str | None) -> list[tuple[dict, list[dict]]]:
-    """(key, rows) of every finished ``kind`` entry in causal mode (of the model ``digest`` if given)."""
+def entries(store: Path, kind: str, digest: str | None, k: int | None = None) -> list[tuple[dict, list[dict]]]:
+    """(key, rows) of every finished ``kind`` entry in causal mode (of the model ``digest`` and of k-shot draws of ``k``
+    per label, if given)."""
     out = []
     for folder in sorted(store.glob(f"{kind}-*")):
         key_file, rows_file = folder / "key.json", folder / "rows.json"
@@ -60,6 +62,8 @@ def entries(store: Path, kind: str, digest: str | None) -> list[tuple[dict, list
         key = json.loads(key_file.read_text())
         setup = key.get("setup", {})
         if setup.get("mode") != "causal" or (digest and setup.get("pretrained") != digest):
+            continue
+        if k is not None and (setup.get("data") or {}).get("k") != k:
             continue
         out.append((key, over_confidence(json.loads(rows_file.read_text())["rows"])))
     return out
@@ -118,13 +122,14 @@ def main() -> None:
     ap.add_argument("--runs", type=Path, default=Path("runs"), help="folder of the finished Fig. 5 runs")
     ap.add_argument("--pretrained-digest", default=None, help="only entries of this base (default: any causal)")
     ap.add_argument("--json", type=Path, default=None, help="also write every table as JSON here")
+    ap.add_argument("--k", type=int, default=None, help="only k-shot draws of K per label (default: any)")
     a = ap.parse_args()
 
     # Table 2 entries compare several localizers; a Fig. 5 entry (one learned localizer per fine-tuning) is not one
-    main_rows = [r for key, rows in entries(a.store, "paper-rows", a.pretrained_digest)
+    main_rows = [r for key, rows in entries(a.store, "paper-rows", a.pretrained_digest, a.k)
                  if len(key.get("localizers", [])) > 1 for r in rows]
     fig5 = fig5_rows(a.runs)
-    ood = [r for _, rows in entries(a.store, "paper-ood-rows", a.pretrained_digest) for r in rows]
+    ood = [r for _, rows in entries(a.store, "paper-ood-rows", a.pretrained_digest, a.k) for r in rows]
     found = sorted({(r["task"], r["seed"]) for r in main_rows})
     print(f"Table 2 cells found (task, seed): {found}\n")
     per_task = table(main_rows, ("task",))
