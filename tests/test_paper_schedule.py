@@ -123,28 +123,39 @@ def test_bad_grid_is_one_line_naming_the_field(grid, field):
     assert field in str(e.value) and str(RECIPE) in str(e.value) and "\n" not in str(e.value).strip()
 
 
-def test_the_bench_runner_cell_by_cell(tiny_gemma, data, tmp_path):
+LARGE = RECIPE.with_name("gemma-schedule-1024.yaml")  # the 4096-shot schedule: dev_limit, OOD, a fixed trajectory
+
+
+@pytest.mark.parametrize("recipe", [RECIPE, pytest.param(LARGE, marks=pytest.mark.slow)], ids=lambda p: p.stem)
+def test_the_bench_runner_cell_by_cell(recipe, tiny_gemma, data, tmp_path):
     """bench/gemma_paper_schedule.py on the recipe file: --finetune-only (grid, full fine-tuning, zero-shot), --status
     from the store without training, then the cell's grafts and report."""
     import sys
 
+    import yaml
+
     sys.path.insert(0, str(RECIPE.parents[1]))
     import gemma_paper_schedule as runner
 
+    values = yaml.safe_load(recipe.read_text())
     over = {**overrides(tiny_gemma, data, {"batch_sizes": [2], "lrs": [1e-2, 1e-3], "steps": 2, "eval_every": 1,
                                       "test_limit": 4}), "cache_dir": str(tmp_path / "cache")}
-    args = [str(RECIPE), "--override", json.dumps(over), "--out", str(tmp_path / "runs")]
+    if values.get("dev_limit"):
+        over["dev_limit"] = 3
+    if values.get("ood"):
+        over["ood"] = []  # the tiny data has no imdb / yelp (tests/test_gemma_recipes.py runs the file's OOD)
+    args = [str(recipe), "--override", json.dumps(over), "--out", str(tmp_path / "runs")]
     assert runner.main([*args, "--finetune-only"]) == 0
     assert runner.main([*args, "--status", str(tmp_path / "status.json")]) == 0
     cell = json.loads((tmp_path / "status.json").read_text())["cells"][0]
     assert [p["lr"] for p in cell["points"]] == [1e-2, 1e-3] and all("best_dev" in p for p in cell["points"])
     assert cell["chosen"]["done"] and cell["chosen"]["steps"] == 6
-    assert cell["zero_shot"]["test"]["n"] == 8 and cell["zero_shot"]["dev"]["n"] == 8
+    assert cell["zero_shot"]["test"]["n"] == 8 and cell["zero_shot"]["dev"]["n"] == over.get("dev_limit", 8)
     entries = sorted(p.name for p in (tmp_path / "cache").iterdir())
     assert runner.main(args) == 0  # the grafts: every fine-tuning from the store
     assert [n for n in sorted(p.name for p in (tmp_path / "cache").iterdir()) if n.startswith("ft-")] == \
         [n for n in entries if n.startswith("ft-")]
-    report = (tmp_path / "runs" / "gemma-schedule-64-SST-2-13" / "report.md").read_text()
+    report = (tmp_path / "runs" / f"{recipe.stem}-SST-2-13" / "report.md").read_text()
     zero = cell["zero_shot"]["test"]["score"]
     assert f"{100 * zero:.1f}" in report  # the pre-trained row of Table 2 is the stored zero-shot score
 
