@@ -307,6 +307,81 @@ def feasibility(out: Path, confidence: float = 0.9) -> str:
     return "\n".join(lines)
 
 
+def walks(out: Path, navigation: float = 0.2) -> str:
+    """Other fixed-sequence walks, replayed on each search's stored selection outcomes (the .npz: every size it
+    probed, per row), at the paired test, τ = 0.9 / 0.95, confidence 0.9 — median over models of size ÷ point size:
+
+    * ``current`` — two stages at (1 − c)/2 each, the fine walk bounded below by the first coarse failure;
+    * ``split`` — the coarse walk only navigates, at ``navigation``·(1 − c), and the fine walk, at the rest of the
+      risk, goes on below the coarse failure until its own first failure (valid: on a fine grid aligned with the
+      coarse one, the fine walk's first size below the threshold is the same whatever the coarse walk did);
+    * ``single`` — one walk down every size from the top at 1 − c (valid, most probes).
+
+    An estimate, not a search: only sizes some search probed are walked (the fine sizes below a coarse failure
+    were probed by other targets or not at all)."""
+    import math
+    import statistics
+
+    import numpy as np
+
+    from skillgraft.graft.bound import Outcome, paired_test
+
+    risk, rows = 0.1, {}
+    for path in sorted(out.glob("*.npz")):
+        r, d = json.loads(path.with_suffix(".json").read_text()), np.load(path)
+        y, sizes, universe = d["sel_labels"], d["sizes"], int(d["universe"])
+        ft = Outcome(float((d["ft_sel_pred"] == y).mean()), d["ft_sel_pred"], y)
+        outcome = [Outcome(float((p == y).mean()), p, y) for p in d["sel_pred"]]
+        coarse, k = set(), max(1, round(1e-6 * universe))
+        while k < universe:
+            coarse.add(k)
+            k *= 4
+        coarse.add(universe)
+        down = sorted(range(len(sizes)), key=lambda i: -sizes[i])
+        for tau in (0.9, 0.95):
+            passes = lambda i, level: paired_test(outcome[i], ft, tau, 1 - level)  # noqa: E731
+
+            def walk(levels, bounded):
+                first, size, lo = levels[0], None, None
+                for i in (i for i in down if int(sizes[i]) in coarse):
+                    if not passes(i, first):
+                        lo = int(sizes[i])
+                        break
+                    size = int(sizes[i])
+                if size is None or len(levels) == 1:
+                    return size or universe
+                for i in down:
+                    if sizes[i] >= size:
+                        continue
+                    if (bounded and lo is not None and sizes[i] <= lo) or not passes(i, levels[1]):
+                        break
+                    size = int(sizes[i])
+                return size
+
+            def single():
+                size = None
+                for i in down:
+                    if not passes(i, risk):
+                        break
+                    size = int(sizes[i])
+                return size or universe
+
+            point = next(x for x in r["rows"] if x["rule"] == "point" and x["target"] == tau)["size"]
+            rows[(r["mode"], tau, path.stem)] = {
+                "point": point, "current": walk((risk / 2, risk / 2), True),
+                "split": walk((navigation * risk, (1 - navigation) * risk), False), "single": single()}
+    lines = ["| fine-tuning | τ | models | current | split | single | split ÷ current (geo. mean) |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for mode in sorted({m for m, _, _ in rows}):
+        for tau in (0.9, 0.95):
+            got = [v for (m, t, _), v in rows.items() if m == mode and t == tau]
+            med = {w: statistics.median(v[w] / v["point"] for v in got) for w in ("current", "split", "single")}
+            geo = math.exp(sum(math.log(v["split"] / v["current"]) for v in got) / len(got))
+            lines.append(f"| {mode} | {tau:g} | {len(got)} | {med['current']:.1f}× | {med['split']:.1f}× | "
+                         f"{med['single']:.1f}× | {geo:.2f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", default="SST-2,mr,cr,subj,mpqa")
@@ -321,11 +396,16 @@ def main() -> None:
     ap.add_argument("--tolerance", type=float, default=0.1)
     ap.add_argument("--out", type=Path, default=Path("bench") / "results" / "keep_confidence")
     ap.add_argument("--summary", action="store_true", help="only print the tables of the finished runs")
+    ap.add_argument("--walks", action="store_true", help="only replay other fixed-sequence walks on the finished "
+                    "runs' stored outcomes (minutes: one exact test per size, target and level)")
     ap.add_argument("--selection-per-label", type=int, default=0,
                     help="MiniLM modes: choose on this many rows per label from the rest of the training pool "
                          "instead of the dev split (0: the dev split); e.g. 500 with --out …_large")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.walks:
+        print(walks(args.out))
+        return
     if args.summary:
         print(summarize(args.out))
         print()
