@@ -275,3 +275,24 @@ def test_fish_rows_write_the_columns_of_the_dicts_they_replaced(tmp_path):
         "0.5,0.3\n")
     (group,) = aggregate([row, row], ["task", "sparsity"], METRICS)
     assert group["fish_score"] == [0.7, 0.7] and group["random_ece"] == [0.3, 0.3] and group["n_seeds"] == 2
+
+
+def test_fields_added_later_stay_out_of_dumps_at_their_default_also_where_a_spec_leaves_out_more():
+    """OMITTED_AT_DEFAULT (stored runs keep their keys) and a subclass's own `_left_out` work together: one
+    serializer, so a spec that leaves out moot fields cannot silently drop the marker's rule."""
+    from pydantic import Field
+
+    from skillgraft.spec import OMITTED_AT_DEFAULT, Spec
+
+    class Old(Spec):
+        steps: int = 3
+        newer: int | None = Field(None, json_schema_extra=OMITTED_AT_DEFAULT)
+        moot: int = 0
+
+    class Conditional(Old):
+        def _left_out(self) -> set[str]:
+            return super()._left_out() | ({"moot"} if self.steps == 3 else set())
+
+    assert Old().to_dict() == {"steps": 3, "moot": 0} and Old(newer=5).to_dict()["newer"] == 5
+    assert Conditional().to_dict() == {"steps": 3} and Old().key() != Conditional().key()
+    assert Conditional(newer=5, steps=4).to_dict() == {"steps": 4, "newer": 5, "moot": 0}

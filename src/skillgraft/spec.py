@@ -56,14 +56,22 @@ class Spec(BaseModel):
         return value
 
     @model_serializer(mode="wrap")
-    def _omit_later_fields_at_default(self, handler):
-        """Fields marked :data:`OMITTED_AT_DEFAULT` are dumped only when they differ from their default."""
+    def _dump_without_left_out(self, handler):
+        """Every dump (configs, store keys) leaves out :meth:`_left_out`'s fields."""
         data = handler(self)
+        for name in self._left_out():
+            data.pop(name, None)
+        return data
+
+    def _left_out(self) -> set[str]:
+        """Fields not dumped: those marked :data:`OMITTED_AT_DEFAULT` while at their default. A spec whose other
+        settings make a field moot extends this (never a serializer of its own, which would replace this one)."""
+        out = set()
         for name, field in type(self).model_fields.items():
             extra = field.json_schema_extra
             if isinstance(extra, dict) and extra.get("omitted_at_default") and getattr(self, name) == field.default:
-                data.pop(name, None)
-        return data
+                out.add(name)
+        return out
 
     @classmethod
     def build(cls: type[S], values: dict[str, Any] | None = None, *, where: str = "") -> S:

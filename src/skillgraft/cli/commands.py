@@ -332,7 +332,8 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
 @model_verb
 @from_specs(sweep=Options(SweepSpec, panel="Sweep"), localize=Options(LocalizeConfig, skip=("budgets",),
                                                                      panel="Localizer (learned)"),
-            data=Options(DataSpec, skip=("task", "k", "seed", "dev_limit"), panel=DATA), frontier=Options(FrontierSpec, panel=KEEP))
+            data=Options(DataSpec, skip=("task", "k", "seed", "dev_limit"), panel=DATA),
+            frontier=Options(FrontierSpec, panel=KEEP))
 def sweep(
     finetuned: Path = typer.Option(..., help="a fine-tuning run directory", rich_help_panel=MODEL),
     out: Optional[Path] = typer.Option(None, help="output folder (default: <finetuned>/sweep)", rich_help_panel=OUTPUT),

@@ -138,7 +138,7 @@ def _label(task: Task, raw: object, where: str) -> int:
     return task.labels.index(label)
 
 
-def _text(value: object, where: str, field: str) -> str:
+def checked_text(value: object, where: str, field: str) -> str:
     if value is None:
         raise SkillgraftError(f"{where}: field {field!r} is missing")
     if not isinstance(value, str):
@@ -153,10 +153,10 @@ def _read_jsonl(task: Task, path: Path) -> list[Example]:
             raise SkillgraftError(f"{where}: field 'label' is missing")
         label = _label(task, row["label"], where)
         if task.kind == "single":
-            out.append(Example(_text(row.get("text"), where, "text"), label))
+            out.append(Example(checked_text(row.get("text"), where, "text"), label))
         else:
-            out.append(Example(_text(row.get("text_a"), where, "text_a"), label,
-                               _text(row.get("text_b"), where, "text_b")))
+            out.append(Example(checked_text(row.get("text_a"), where, "text_a"), label,
+                               checked_text(row.get("text_b"), where, "text_b")))
     return out
 
 

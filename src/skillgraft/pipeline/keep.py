@@ -157,8 +157,7 @@ def read_keep_data(path: Path, task, test: list, labels: bool = True,
     never read: agreement compares the graft with FT's predictions). Generative data: rows of a prompt and
     optionally a completion (``fields``); a prompt alone (``text_b`` None, FT's greedy completion to come:
     :func:`with_completions`) only without ``labels``."""
-    from skillgraft.data.loading import Example, read_file  # noqa: PLC0415
-    from skillgraft.data.loading import _text as text  # noqa: PLC0415
+    from skillgraft.data.loading import Example, checked_text, read_file  # noqa: PLC0415
     from skillgraft.data.sources import jsonl_rows  # noqa: PLC0415
 
     path = Path(path)
@@ -171,8 +170,9 @@ def read_keep_data(path: Path, task, test: list, labels: bool = True,
         if raw and all("label" not in r for _, r in raw):
             pair = "text_a" in raw[0][1]
             # each text checked as the labelled reader checks it (a missing field or a non-string, the line named)
-            rows = [Example(text(r.get("text_a"), where, "text_a"), 0, text(r.get("text_b"), where, "text_b")) if pair
-                    else Example(text(r.get("text"), where, "text"), 0) for where, r in raw]
+            rows = [Example(checked_text(r.get("text_a"), where, "text_a"), 0,
+                            checked_text(r.get("text_b"), where, "text_b")) if pair
+                    else Example(checked_text(r.get("text"), where, "text"), 0) for where, r in raw]
         else:
             rows = read_file(task, path)
     else:

@@ -19,7 +19,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.io import atomic_dir, atomic_path, check_target, write_json
 from skillgraft.untrusted import read_json
 from skillgraft.models.spec import MaxLength, Mode, ModelSpec, Pooling
-from skillgraft.spec import COUNT_MAX, OMITTED_AT_DEFAULT, Seed, Spec
+from skillgraft.spec import COUNT_MAX, Seed, Spec
 from skillgraft.train.config import FinetuneConfig
 from skillgraft.train.finetune import finetune as train
 
@@ -50,8 +50,7 @@ class RunConfig(Spec):
     max_length: MaxLength = Field(description="max tokens per example")
     data_dir: str | None = Field(None, description="data root given to the run")
     test_limit: int | None = Field(None, ge=1, le=COUNT_MAX, description="test subset size")
-    dev_limit: int | None = Field(None, ge=1, le=COUNT_MAX, description="dev subset size (None: the whole dev split)",
-                                  json_schema_extra=OMITTED_AT_DEFAULT)
+    dev_limit: int | None = DataSpec.model_fields["dev_limit"]  # the dev rows its best checkpoint was chosen on
     finetune: FinetuneConfig = Field(description="the fine-tuning settings (finetune.seed: the head's initialisation)")
     num_processes: int = Field(1, ge=1, description="processes the run trained on")
 
@@ -104,7 +103,8 @@ def run_finetune(data: DataSpec, out_dir: str | os.PathLike, *, model: ModelSpec
     resolved = RunConfig(skillgraft_version=__version__, task=few.task.name, k=data.k, seed=data.seed,
                          model=scorer.base_model, mode=model.mode, pooling=scorer.pooling,
                          max_length=model.max_length, data_dir=str(data.data_dir) if data.data_dir else None,
-                         test_limit=data.test_limit, dev_limit=data.dev_limit, finetune=config, num_processes=accelerator.num_processes)
+                         test_limit=data.test_limit, dev_limit=data.dev_limit, finetune=config,
+                         num_processes=accelerator.num_processes)
     labels = labels_of(few.test)
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         result.scorer.save_pretrained(tmp / "model")

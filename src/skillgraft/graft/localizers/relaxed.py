@@ -41,7 +41,7 @@ from functools import partial
 from typing import Literal
 
 from skillgraft.lazy import torch
-from pydantic import Field, model_serializer, model_validator
+from pydantic import Field, model_validator
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers import engine
@@ -97,17 +97,15 @@ class RelaxedOptions(LocalizerOptions):
         "which accuracy picks the best step (last: no selection)"))
     seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of z's initialisation and of the step batches")
 
-    @model_serializer(mode="wrap")
-    def _only_fields_in_use(self, handler):
+    def _left_out(self) -> set[str]:
         """Settings a relaxation does not read are left out, so configs and store keys of the earlier
         relaxations stay what they were before those settings existed (stored regions are reused)."""
-        data = handler(self)
+        out = super()._left_out()
         if self.anneal_from is None and self.anneal_steps == 0:
-            data.pop("anneal_from", None)
-            data.pop("anneal_steps", None)
+            out |= {"anneal_from", "anneal_steps"}
         if self.relaxation != "hard-concrete":
-            data.pop("l0_penalty", None)
-        return data
+            out.add("l0_penalty")
+        return out
 
     @model_validator(mode="after")
     def _default_lr(self):
