@@ -49,7 +49,7 @@ class RunConfig(Spec):
     pooling: Pooling | None = Field(description="head pooling")
     max_length: MaxLength = Field(description="max tokens per example")
     data_dir: str | None = Field(None, description="data root given to the run")
-    test_limit: int | None = Field(None, ge=1, le=COUNT_MAX, description="test subset size")
+    test_limit: int | None = DataSpec.model_fields["test_limit"]
     dev_limit: int | None = DataSpec.model_fields["dev_limit"]  # the dev rows its best checkpoint was chosen on
     finetune: FinetuneConfig = Field(description="the fine-tuning settings (finetune.seed: the head's initialisation)")
     num_processes: int = Field(1, ge=1, description="processes the run trained on")
