@@ -11,20 +11,12 @@ import pathlib
 import re
 
 from safetensors.torch import load_file, save_file
-from typer.testing import CliRunner
-
-from skillgraft.cli import app
-
-runner = CliRunner()
+from userland import invoke  # noqa: F401 - the bad-input tests' runner (Click's result, whatever the exit code)
 
 
 def enospc() -> OSError:
     """What a write on a full disk raises (no file name: os.write knows only a descriptor)."""
     return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def snapshot(root: pathlib.Path) -> dict[str, bytes | None]:

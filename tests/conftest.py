@@ -19,7 +19,7 @@ from skillgraft.models import build_scorer  # noqa: E402
 
 
 def _invoke(*args):
-    from badinputs import invoke  # noqa: PLC0415
+    from userland import invoke  # noqa: PLC0415
 
     return invoke(*args)
 
@@ -94,6 +94,27 @@ def toy_data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     return SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_bert, toy_data):
+    """(pre, ft, data): the tiny BERT and its plain-AdamW copy (localizing.adamw_pair); one per module, since a
+    test that breaks its promise to give ``pre`` back intact must not spoil another module's."""
+    from localizing import adamw_pair  # noqa: PLC0415
+
+    return adamw_pair(tiny_bert, toy_data)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tiny_bert, toy_data, tmp_path_factory):
+    """A `skillgraft finetune` run of the tiny BERT that has learned the toy task (40 AdamW steps; the CLI and keep
+    tests graft from it); one per module."""
+    out = tmp_path_factory.mktemp("cli") / "ft"
+    r = _invoke("finetune", "--task", "SST-2", "--k", 16, "--seed", 13, "--model", tiny_bert, "--optimizer", "adamw",
+                "--lr", 1e-3, "--steps", 40, "--eval-every", 20, "--data-dir", toy_data, "--out", out)
+    assert r.exit_code == 0, r.output
+    assert "test acc" in r.output
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- bad-input inputs

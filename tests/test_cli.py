@@ -2,27 +2,7 @@
 
 import json
 
-import pytest
-from typer.testing import CliRunner
-
-from skillgraft.cli import app
-
-runner = CliRunner()
-
-
-def invoke(*args):
-    result = runner.invoke(app, [str(a) for a in args])
-    return result
-
-
-@pytest.fixture(scope="module")
-def ft_run(tiny_bert, toy_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("cli") / "ft"
-    r = invoke("finetune", "--task", "SST-2", "--k", 16, "--seed", 13, "--model", tiny_bert, "--optimizer", "adamw",
-               "--lr", 1e-3, "--steps", 40, "--eval-every", 20, "--data-dir", toy_data, "--out", out)
-    assert r.exit_code == 0, r.output
-    assert "test acc" in r.output
-    return out
+from userland import invoke
 
 
 def test_tasks_lists_data(toy_data):
@@ -30,9 +10,9 @@ def test_tasks_lists_data(toy_data):
     assert r.exit_code == 0 and "SST-2" in r.output and "80" in r.output
 
 
-def test_graft_inspect_apply(ft_run, toy_data, tmp_path):
+def test_graft_inspect_apply(trained_run, toy_data, tmp_path):
     out = tmp_path / "g"
-    r = invoke("graft", "--finetuned", ft_run, "--out", out, "--budgets", "0.001,0.01", "--steps", 4,
+    r = invoke("graft", "--finetuned", trained_run, "--out", out, "--budgets", "0.001,0.01", "--steps", 4,
                "--eval-every", 2, "--data-dir", toy_data)
     assert r.exit_code == 0, r.output
     metrics = json.loads((out / "metrics.json").read_text())
@@ -49,14 +29,14 @@ def test_graft_inspect_apply(ft_run, toy_data, tmp_path):
     dist = json.loads((graft_dir / "distribution.json").read_text())
     assert {"layer 0", "layer 1"} <= set(dist["table"])
     assert sum(sum(row.values()) for row in dist["table"].values()) == dist["size"]
-    r = invoke("apply", graft_dir, "--model", ft_run / ".." / "nope", "--data-dir", toy_data)
+    r = invoke("apply", graft_dir, "--model", trained_run / ".." / "nope", "--data-dir", toy_data)
     assert r.exit_code == 2 and "not found" in r.output
     exported = tmp_path / "exported"
     r = invoke("apply", graft_dir, "--data-dir", toy_data, "--export", exported)
     assert r.exit_code == 0, r.output
     assert (exported / "config.json").is_file() and "acc" in r.output
     # an existing report folder is refused before any work; --overwrite re-runs from the stored regions
-    args = ["graft", "--finetuned", ft_run, "--out", out, "--budgets", "0.001,0.01", "--steps", 4, "--eval-every", 2,
+    args = ["graft", "--finetuned", trained_run, "--out", out, "--budgets", "0.001,0.01", "--steps", 4, "--eval-every", 2,
             "--data-dir", toy_data]
     r2 = invoke(*args)
     assert r2.exit_code == 2 and "already exists" in r2.output
@@ -65,8 +45,8 @@ def test_graft_inspect_apply(ft_run, toy_data, tmp_path):
     assert json.loads((out / "metrics.json").read_text())["rows"] == metrics["rows"]
 
 
-def test_sweep(ft_run, toy_data, tmp_path):
-    r = invoke("sweep", "--finetuned", ft_run, "--out", tmp_path / "s", "--levels", "0.001,0.1,1", "--steps", 2,
+def test_sweep(trained_run, toy_data, tmp_path):
+    r = invoke("sweep", "--finetuned", trained_run, "--out", tmp_path / "s", "--levels", "0.001,0.1,1", "--steps", 2,
                "--eval-every", 1, "--data-dir", toy_data)
     assert r.exit_code == 0, r.output
     lines = (tmp_path / "s" / "sweep.csv").read_text().splitlines()

@@ -4,15 +4,7 @@ mergekit configuration saved for re-use."""
 import json
 
 import yaml
-from typer.testing import CliRunner
-
-from skillgraft.cli import app
-
-runner = CliRunner()
-
-
-def invoke(*args, obj=None):
-    return runner.invoke(app, [str(a) for a in args], obj=obj)
+from userland import invoke
 
 
 def test_graft_from_a_config_file(tiny_bert, toy_data, tmp_path):

@@ -9,8 +9,7 @@ import types
 
 import pytest
 import torch
-
-from test_localizers import assert_intact, digest, pair, snapshot  # noqa: F401 - the shared tiny pair
+from localizing import assert_intact, digest, snapshot
 
 from skillgraft.data.loading import Example
 from skillgraft.data.user import GenerativeTask

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from grafts import assert_same_weights, exported_weights, make_graft
+from plain import mergekit_style_merge
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft import Graft, Region, graftable_names
 from skillgraft.export import (ExportSpec, apply_entries, exact_delta, export_delta, export_graft, export_peft,
                                graft_from_peft, shira_entries)
 from skillgraft.models import build_scorer
@@ -25,22 +26,6 @@ HF_CLASS = {"head": "AutoModel", "prompt": "AutoModelForMaskedLM", "causal": "Au
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def make_graft(path, mode, *, keep=lambda name: True, count=40, graftable="body", seed=0):
-    """(pre, graft): a base scorer and a graft of ``count`` random coordinates per kept tensor of a "fine-tuned"
-    copy (three noisy steps: as after real training, some θ_ft are no single fp32 addition away from θ_pre)."""
-    pre = build_scorer(str(path), "SST-2", mode)
-    ft = build_scorer(str(path), "SST-2", mode)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in ft.parameters():
-            for _ in range(3):
-                p.add_(torch.randn(p.shape, generator=gen) * 0.02)
-    params = dict(pre.named_parameters())
-    shapes = {n: tuple(params[n].shape) for n in graftable_names(pre, graftable)}
-    idx = {n: torch.randperm(params[n].numel(), generator=gen)[:count] for n in shapes if keep(n)}
-    return pre, Graft.from_models(pre, ft, Region(shapes, idx), {"task": "SST-2", "mode": mode})
-
-
 def linear_weights_only(name: str) -> bool:
     return name.endswith("weight") and "LayerNorm" not in name
 
@@ -62,14 +47,6 @@ def grafted_outputs(pre, graft, ids, mask):
 
 def _main_output(out):
     return out.logits if "logits" in out else out.last_hidden_state
-
-
-def exported_weights(pre, graft, folder):
-    """What ``skillgraft apply --export`` writes: the HF weights of the grafted model."""
-    from safetensors.torch import load_file
-
-    graft.export(pre, folder)
-    return load_file(str(folder / "model.safetensors"))
 
 
 def plain_peft(base_dir, adapter_dir, cls_name, ids, mask):
@@ -102,17 +79,6 @@ def plain_delta(base_dir, delta_dir, cls_name, semantics="values"):
             else:
                 w[idx] += f.get_tensor(f"{name}::delta")
     return state
-
-
-def assert_same_weights(merged: dict, reference: dict, inexact: int = 0):
-    """Bit-equal, except exactly ``inexact`` coordinates that no fp32 addition reaches (each within an ulp)."""
-    assert set(reference) <= set(merged)
-    differ = 0
-    for k, ref in reference.items():
-        diff = (merged[k].float() - ref.float()).abs()
-        differ += int((diff > 0).sum())
-        assert diff.max() <= torch.finfo(torch.float32).eps * max(1.0, float(ref.abs().max())), k
-    assert differ == inexact, f"{differ} coordinates differ from the exported checkpoint, expected {inexact}"
 
 
 # ---------------------------------------------------------------------------------------------- PEFT export
@@ -393,18 +359,6 @@ models:
   - model: {base}+{adapter}
 dtype: float32
 """
-
-
-def mergekit_style_merge(base_dir, adapter_dir, out_dir):
-    """What mergekit does with ``model: BASE+ADAPTER`` (mergekit.common.ModelReference.merged, 0.1.5): the base
-    loaded by its config's architecture, ``PeftModel.from_pretrained``, ``merge_and_unload``, safetensors save."""
-    import peft
-    import transformers
-
-    arch = transformers.AutoConfig.from_pretrained(str(base_dir)).architectures[0]
-    model = getattr(transformers, arch).from_pretrained(str(base_dir), low_cpu_mem_usage=True)
-    model = peft.PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
-    model.merge_and_unload().save_pretrained(str(out_dir), safe_serialization=True)
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])

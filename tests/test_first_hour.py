@@ -345,7 +345,7 @@ def test_mergekit_reads_a_classifier_adapter_as_its_readme_says(tiny_bert, tmp_p
 
     import transformers as tf
     from safetensors.torch import load_file
-    from test_export import assert_same_weights, exported_weights, make_graft
+    from grafts import assert_same_weights, exported_weights, make_graft
 
     from skillgraft.export.peft import export_peft
 
@@ -362,11 +362,11 @@ def test_mergekit_reads_a_classifier_adapter_as_its_readme_says(tiny_bert, tmp_p
 
 def test_a_classifier_of_other_than_two_labels_goes_to_mergekit_as_a_checkpoint(tiny_bert, tmp_path):
     """mergekit builds the base with a 2-label head: a 3-label adapter cannot load there (mergekit's own steps, in
-    process: test_export.mergekit_style_merge), its README says so and names the route that works — the graft
+    process: plain.mergekit_style_merge), its README says so and names the route that works — the graft
     exported as a checkpoint, a folder mergekit reads like any other (the merge tests run mergekit-yaml on such)."""
     import torch
     import transformers as tf
-    from test_export import mergekit_style_merge
+    from plain import mergekit_style_merge
 
     from skillgraft.data.tasks import Task
     from skillgraft.export.peft import export_peft

@@ -4,14 +4,14 @@ import math
 
 import pytest
 import torch
+from outcomes import outcome
+from userland import invoke
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft import Budget, LocalizeConfig, get_localizer, localize, select
 from skillgraft.graft.dare import dare_graft
 from skillgraft.graft.keep import KeepSpec, Ranking, graft_scorer, search_keep, selection_score
 from skillgraft.graft.selection import region_universe
-from test_cli import ft_run  # noqa: F401 - the tiny fine-tuning run the CLI tests use
-from test_localizers import pair  # noqa: F401 - a tiny BERT and a plain-AdamW copy of it
 
 
 def test_search_finds_the_smallest_size_on_a_constructed_case():
@@ -123,24 +123,22 @@ def test_dare_rescales_delta_on_its_draw(pair):
 
 # ---------------------------------------------------------------------------------------------- CLI and report
 @pytest.mark.parametrize("bad", ["0", "1.5", "-1", "lots"])
-def test_cli_bad_keep_is_one_line_before_any_work(ft_run, tmp_path, bad):
-    from test_cli import invoke
+def test_cli_bad_keep_is_one_line_before_any_work(trained_run, tmp_path, bad):
 
-    r = invoke("graft", "--finetuned", ft_run, "--out", tmp_path / "g", "--keep", f"0.9,{bad}")
+    r = invoke("graft", "--finetuned", trained_run, "--out", tmp_path / "g", "--keep", f"0.9,{bad}")
     assert r.exit_code == 2 and "--keep" in r.output and "(0, 1]" in r.output or "not a number" in r.output
     assert len([x for x in r.output.splitlines() if x.strip()]) == 1 and "Traceback" not in r.output
     assert not (tmp_path / "g").exists()
 
 
-def test_cli_graft_keep_and_frontier(ft_run, toy_data, tmp_path):
+def test_cli_graft_keep_and_frontier(trained_run, toy_data, tmp_path):
     import csv
     import json
 
-    from test_cli import invoke
 
     out = tmp_path / "g"
     # targets the 16 dev rows can confirm (0.9 needs 29 rows FT gets right, and 1 none: refused, test_first_hour.py)
-    r = invoke("graft", "--finetuned", ft_run, "--out", out, "--keep", "0.5,0.6", "--steps", 2, "--sparsity", 0.01,
+    r = invoke("graft", "--finetuned", trained_run, "--out", out, "--keep", "0.5,0.6", "--steps", 2, "--sparsity", 0.01,
                "--frontier", "--frontier-levels", "0.001,0.01,0.1", "--data-dir", toy_data)
     assert r.exit_code == 0, r.output
     metrics = json.loads((out / "metrics.json").read_text())
@@ -167,10 +165,9 @@ def test_cli_graft_keep_and_frontier(ft_run, toy_data, tmp_path):
     assert all(x["test_share"] for x in keeps)
 
 
-def test_keep_on_a_localizer_without_an_order_is_one_line(ft_run, tmp_path):
-    from test_cli import invoke
+def test_keep_on_a_localizer_without_an_order_is_one_line(trained_run, tmp_path):
 
-    r = invoke("graft", "--finetuned", ft_run, "--out", tmp_path / "g", "--localizer", "prune", "--keep", "0.9")
+    r = invoke("graft", "--finetuned", trained_run, "--out", tmp_path / "g", "--localizer", "prune", "--keep", "0.9")
     assert r.exit_code == 2 and "no order" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "g").exists()
 
@@ -204,7 +201,6 @@ def test_keep_on_a_checkpoint_pair_holds_out_a_selection_slice(tmp_path):
     """A user's classifier pair and data file (no dev split): the selection split is a held-out slice."""
     import json
 
-    from test_cli import invoke
     from userland import sentiment_rows, train_classifier, write_rows
     from tiny import build_tiny
 
@@ -225,13 +221,12 @@ def test_keep_on_a_checkpoint_pair_holds_out_a_selection_slice(tmp_path):
     assert graft.metadata.keep == 0.9
 
 
-def test_frontier_learned_from_one_trajectory_per_sparsity(ft_run, toy_data, tmp_path):
+def test_frontier_learned_from_one_trajectory_per_sparsity(trained_run, toy_data, tmp_path):
     import csv
 
-    from test_cli import invoke
 
     out = tmp_path / "s"
-    r = invoke("sweep", "--finetuned", ft_run, "--out", out, "--levels", "0.01", "--steps", 2, "--data-dir", toy_data,
+    r = invoke("sweep", "--finetuned", trained_run, "--out", out, "--levels", "0.01", "--steps", 2, "--data-dir", toy_data,
                "--frontier", "--frontier-levels", "0.001,0.01,0.1", "--frontier-sparsities", "0.001,0.05",
                "--frontier-peers", "movement", "--frontier-keep", "0.9")
     assert r.exit_code == 0, r.output
@@ -239,29 +234,11 @@ def test_frontier_learned_from_one_trajectory_per_sparsity(ft_run, toy_data, tmp
     learned = {float(x["density"]): int(x["params"]) for x in rows if x["method"] == "learned"}
     assert learned == {0.001: 18, 0.01: 181, 0.1: 1814}  # 0.001 and 0.01 from the 1e-3 trajectory, 0.1 from 0.05
     assert "frontier top-|Δ| global (L&S dataless) keep 0.9" in r.output
-    r = invoke("sweep", "--finetuned", ft_run, "--out", tmp_path / "t", "--frontier", "--frontier-sparsities", "0")
+    r = invoke("sweep", "--finetuned", trained_run, "--out", tmp_path / "t", "--frontier", "--frontier-sparsities", "0")
     assert r.exit_code == 2 and "--frontier-sparsities" in r.output
 
 
 # ---------------------------------------------------------------------------------------------- the stated confidence
-def _outcome(correct, labels=None, metric="accuracy"):
-    """An Outcome from per-row correctness (labels all 1; pred = label where correct, else 0)."""
-    import numpy as np
-
-    from skillgraft.graft.bound import Outcome
-
-    correct = np.asarray(correct, dtype=bool)
-    labels = np.ones(len(correct), dtype=int) if labels is None else np.asarray(labels)
-    pred = np.where(correct, labels, 1 - labels)
-    if metric == "f1":
-        tp = int(((pred == 1) & (labels == 1)).sum())
-        wrong = int(((pred == 1) != (labels == 1)).sum())
-        score = 2 * tp / (2 * tp + wrong) if 2 * tp + wrong else 1.0
-    else:
-        score = float(correct.mean())
-    return Outcome(score, pred, labels, metric)
-
-
 def _exact_bootstrap_quantile(graft, ft, q):
     """The q-quantile (inverted CDF) of the share over *every* one of the n^n equally likely resamples."""
     import itertools
@@ -282,30 +259,30 @@ def test_bootstrap_bound_on_hand_made_cases():
 
     share_bound = partial(exact, method="bootstrap")
 
-    ft = _outcome([1, 1, 1])
+    ft = outcome([1, 1, 1])
     # graft agrees with FT on every row: every resample's share is 1
-    assert share_bound(_outcome([1, 1, 1]), ft, 0.9) == 1.0
+    assert share_bound(outcome([1, 1, 1]), ft, 0.9) == 1.0
     # graft wrong on one of 3 rows FT gets right: a resample's share is (draws of the 2 good rows)/3, so
     # P(0) = 1/27, P(1/3) = 6/27, P(2/3) = 12/27, P(1) = 8/27: the 10% quantile is 1/3, the 50% one 2/3
-    graft = _outcome([1, 1, 0])
+    graft = outcome([1, 1, 0])
     assert share_bound(graft, ft, 0.9) == pytest.approx(1 / 3, abs=1e-12)
     assert share_bound(graft, ft, 0.5) == pytest.approx(2 / 3, abs=1e-12)
     assert share_bound(graft, ft, 0.7) == pytest.approx(_exact_bootstrap_quantile(graft, ft, 0.3), abs=1e-12)
     # FT right on 1 of 2 rows, graft the same: a quarter of resamples draw FT's wrong row twice (FT scores 0:
     # share counted as 0, conservative), the rest have share 1 → the 10% quantile is 0, the 30% one is 1
-    same = _outcome([1, 0])
-    assert share_bound(same, _outcome([1, 0]), 0.9) == 0.0 and share_bound(same, _outcome([1, 0]), 0.7) == 1.0
+    same = outcome([1, 0])
+    assert share_bound(same, outcome([1, 0]), 0.9) == 0.0 and share_bound(same, outcome([1, 0]), 0.7) == 1.0
     # paired: graft right where FT is wrong and wrong where FT is right, on 4 rows (exact enumeration, 256 draws;
     # the exact CDF: 0.5 → 0.148, 0.667 → 0.242, 0.75 → 0.367, 1 → 0.641, so these quantiles are 0.5, 0.75 and 1,
     # each well inside a step of the CDF, where 2,000 seeded resamples cannot land on the neighbouring value)
-    graft, ft = _outcome([1, 1, 1, 0]), _outcome([1, 1, 0, 1])
+    graft, ft = outcome([1, 1, 1, 0]), outcome([1, 1, 0, 1])
     assert [share_bound(graft, ft, c) for c in (0.9, 0.7, 0.5)] == [0.5, 0.75, 1.0]
     for confidence in (0.9, 0.7, 0.5):
         assert share_bound(graft, ft, confidence) == pytest.approx(
             _exact_bootstrap_quantile(graft, ft, 1 - confidence), abs=1e-12)
     # F1 (a pair task's metric): the share of F1 per resample, against the exact enumeration
     labels = [1, 0, 1, 1, 0]
-    graft, ft = _outcome([1, 1, 0, 1, 0], labels, "f1"), _outcome([1, 1, 1, 1, 0], labels, "f1")
+    graft, ft = outcome([1, 1, 0, 1, 0], labels, "f1"), outcome([1, 1, 1, 1, 0], labels, "f1")
     assert share_bound(graft, ft, 0.65) == pytest.approx(_exact_bootstrap_quantile(graft, ft, 0.35), abs=1e-12)
     assert exact(graft, ft, 0.65) == share_bound(graft, ft, 0.65)  # F1 has no exact bound: the bootstrap's
 
@@ -317,16 +294,16 @@ def test_exact_bound_by_hand():
     from skillgraft.graft.bound import agreement_bound, share_bound
 
     # no miss on the 3 rows FT gets right: P(3 of 3 | p) = p³ = 0.1 at the 90% bound → p = 0.1^(1/3), not 1
-    assert share_bound(_outcome([1, 1, 1]), _outcome([1, 1, 1]), 0.9) == pytest.approx(0.1 ** (1 / 3), abs=1e-12)
+    assert share_bound(outcome([1, 1, 1]), outcome([1, 1, 1]), 0.9) == pytest.approx(0.1 ** (1 / 3), abs=1e-12)
     # 18 of FT's 20 right rows kept: the bound p solves P(X ≥ 18 | 20, p) = 0.1
-    ft = _outcome([1] * 20 + [0] * 5)
-    graft = _outcome([1] * 18 + [0] * 2 + [1] * 5)  # wins on FT's 5 wrong rows: ignored (share ≥ p)
+    ft = outcome([1] * 20 + [0] * 5)
+    graft = outcome([1] * 18 + [0] * 2 + [1] * 5)  # wins on FT's 5 wrong rows: ignored (share ≥ p)
     b = agreement_bound(graft, ft, 0.9)
     assert binom.sf(17, 20, b) == pytest.approx(0.1, abs=1e-9) and b < 18 / 20
     assert share_bound(graft, ft, 0.9) == b and graft.score / ft.score > 1  # a share above 1, a bound below 0.9
-    assert agreement_bound(_outcome([0, 0, 1]), _outcome([1, 1, 0]), 0.9) == 0.0  # FT's right rows all missed
+    assert agreement_bound(outcome([0, 0, 1]), outcome([1, 1, 0]), 0.9) == 0.0  # FT's right rows all missed
     # the bound never exceeds the agreement and grows with the rows at a fixed agreement
-    assert [round(share_bound(_outcome([1] * n), _outcome([1] * n), 0.9), 4) for n in (10, 100, 1000)] == [
+    assert [round(share_bound(outcome([1] * n), outcome([1] * n), 0.9), 4) for n in (10, 100, 1000)] == [
         round(0.1 ** (1 / n), 4) for n in (10, 100, 1000)]
     with pytest.raises(SkillgraftError, match="unknown bound method"):
         share_bound(ft, ft, 0.9, method="normal")
@@ -349,14 +326,14 @@ def test_rows_needed_exact_by_hand():
 
     # a graft that never misses FT's right rows: n right rows give the bound 0.1^(1/n); 0.95 needs n ≥ 45
     # (0.1^(1/44) = 0.9490, 0.1^(1/45) = 0.9501); FT is right on half the rows, so 90 selection rows
-    ft, graft = _outcome([1, 0] * 10), _outcome([1, 0] * 10)
+    ft, graft = outcome([1, 0] * 10), outcome([1, 0] * 10)
     assert rows_needed_exact(graft, ft, 0.95, 0.9) == 90
-    big = _outcome([1, 0] * 45)
-    assert agreement_bound(big, big, 0.9) >= 0.95 > agreement_bound(_outcome([1, 0] * 44), _outcome([1, 0] * 44), 0.9)
+    big = outcome([1, 0] * 45)
+    assert agreement_bound(big, big, 0.9) >= 0.95 > agreement_bound(outcome([1, 0] * 44), outcome([1, 0] * 44), 0.9)
     # the rows at hand already confirm it: their own count, never fewer
     assert rows_needed_exact(big, big, 0.95, 0.9) == 90
     # agreement 0.9 on FT's right rows: no number of rows lifts the bound to 0.95
-    assert rows_needed_exact(_outcome([1] * 9 + [0]), _outcome([1] * 10), 0.95, 0.9) is None
+    assert rows_needed_exact(outcome([1] * 9 + [0]), outcome([1] * 10), 0.95, 0.9) is None
 
 
 def _noisy_family(n_rows=80, ft_right=64, crossing=(16, 59), truth_below=4096):
@@ -373,13 +350,13 @@ def _noisy_family(n_rows=80, ft_right=64, crossing=(16, 59), truth_below=4096):
             right = np.zeros(n_rows, bool)
             right[:crossing[1] - 1] = True
             right[-1] = True  # one row FT gets wrong
-            return _outcome(right)
+            return outcome(right)
         good = ft_right if k >= truth_below else min(ft_right - 1, int(ft_right * 0.5 + 4 * math.log2(k)))
         right = np.zeros(n_rows, bool)
         right[:good] = True
-        return _outcome(right)
+        return outcome(right)
 
-    return at, _outcome(ft)
+    return at, outcome(ft)
 
 
 @pytest.mark.parametrize("method", ["exact", "paired"])
@@ -414,12 +391,12 @@ def test_bound_search_does_not_stop_at_a_noisy_crossing(method):
 def test_bound_search_reports_a_selection_split_too_small():
     import numpy as np
 
-    ft = _outcome(np.arange(20) < 16)
+    ft = outcome(np.arange(20) < 16)
 
     def at(k):  # the best region keeps 15 of FT's 16 rows: point share 0.9375 at best, the bound below 0.9
         right = np.zeros(20, bool)
         right[:min(15, 8 + k.bit_length())] = True
-        return _outcome(right)
+        return outcome(right)
 
     (r,) = search_keep(at, ft, [0.9], 1024, confidence=0.9)
     assert not r.reached and r.size is None and r.bound < 0.9
@@ -469,11 +446,10 @@ def test_noisy_selection_split_no_longer_picks_a_size_below_target(pair):
     assert point.reached and truth_graft(ranking.region(point.size)).score < 0.9 * truth_ft
 
 
-def test_cli_keep_data_confidence_and_refusals(ft_run, toy_data, tmp_path):
+def test_cli_keep_data_confidence_and_refusals(trained_run, toy_data, tmp_path):
     import json
     import random
 
-    from test_cli import invoke
     from tiny import sentence
 
     rng = random.Random(5)
@@ -481,7 +457,7 @@ def test_cli_keep_data_confidence_and_refusals(ft_run, toy_data, tmp_path):
     keep_data = tmp_path / "selection.jsonl"
     keep_data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "g"
-    r = invoke("graft", "--finetuned", ft_run, "--out", out, "--keep", "0.9", "--keep-data", keep_data,
+    r = invoke("graft", "--finetuned", trained_run, "--out", out, "--keep", "0.9", "--keep-data", keep_data,
                "--keep-confidence", "0.8", "--localizer", "movement", "--baselines", "", "--data-dir", toy_data)
     assert r.exit_code == 0, r.output
     keep = json.loads((out / "metrics.json").read_text())["keep"]
@@ -494,8 +470,8 @@ def test_cli_keep_data_confidence_and_refusals(ft_run, toy_data, tmp_path):
     # a test row in the selection file is refused, in one line
     test_row = (toy_data / "SST-2" / "test.jsonl").read_text().splitlines()[0]
     keep_data.write_text(keep_data.read_text() + test_row + "\n")
-    r = invoke("graft", "--finetuned", ft_run, "--out", tmp_path / "h", "--keep", "0.9", "--keep-data", keep_data,
+    r = invoke("graft", "--finetuned", trained_run, "--out", tmp_path / "h", "--keep", "0.9", "--keep-data", keep_data,
                "--localizer", "movement", "--baselines", "", "--data-dir", toy_data)
     assert r.exit_code != 0 and "1 of its 61 rows are test rows" in r.output
-    r = invoke("graft", "--finetuned", ft_run, "--out", tmp_path / "i", "--keep", "0.9", "--keep-confidence", "1")
+    r = invoke("graft", "--finetuned", trained_run, "--out", tmp_path / "i", "--keep", "0.9", "--keep-confidence", "1")
     assert r.exit_code == 2 and "--keep-confidence" in r.output

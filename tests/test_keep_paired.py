@@ -8,11 +8,11 @@ import math
 
 import numpy as np
 import pytest
+from userland import invoke
 
 from skillgraft.graft.bound import (PAIRED_MAX_ROWS, Outcome, agreement_bound, paired_bound, paired_test,
                                     rows_needed_paired, z_counts)
 from skillgraft.graft.keep import KeepSpec, agreement_outcome, search_keep
-from test_cli import ft_run  # noqa: F401 - the tiny fine-tuning run the CLI tests use
 
 
 def _pair(g: np.ndarray, f: np.ndarray) -> tuple[Outcome, Outcome]:
@@ -155,13 +155,12 @@ def test_keep_spec_agreement_and_bound():
         KeepSpec.build({"keep_bound": "hoeffding"}, where="keep")
 
 
-def test_cli_graft_keep_agreement(ft_run, toy_data, tmp_path):
+def test_cli_graft_keep_agreement(trained_run, toy_data, tmp_path):
     import json
 
-    from test_cli import invoke
 
     out = tmp_path / "g"
-    r = invoke("graft", "--finetuned", ft_run, "--out", out, "--keep-agreement", "0.9", "--keep", "0.9",
+    r = invoke("graft", "--finetuned", trained_run, "--out", out, "--keep-agreement", "0.9", "--keep", "0.9",
                "--steps", 2, "--sparsity", 0.01, "--data-dir", toy_data)  # the paired bound (32 rows: exact refuses)
     assert r.exit_code == 0, r.output
     metrics = json.loads((out / "metrics.json").read_text())

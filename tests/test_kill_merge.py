@@ -8,7 +8,7 @@ import signal
 import tempfile
 from pathlib import Path
 
-from test_kill import run_main_forked
+from processes import run_main_forked
 from userland import merge_args
 
 from skillgraft import io as sio

@@ -159,6 +159,20 @@ def test_no_import_circle_between_graft_and_export():
             f"graft/graft.py and export/ import each other: {sorted(comp)}"
 
 
+def test_no_test_module_imports_another():
+    """What several test modules share lives in helper modules (docs/architecture.md, Tests): importing a test module
+    runs its module-level code and re-registers its fixtures in the importer, where they silently shadow conftest's."""
+    tests = Path(__file__).parent
+    offenders = []
+    for path in sorted(tests.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.name}:{node.lineno} imports {n}" for n in names
+                          if (tests / f"{n.split('.')[0]}.py").is_file() and n.startswith("test_")]
+    assert not offenders, offenders
+
+
 def test_no_module_above_600_lines():
     """One concept per module: a module past 600 lines holds two (issue 34)."""
     long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")

@@ -1,62 +1,17 @@
 """The localizer core: registry, typed budgets, the shared selection, exact sizes, safe localization."""
 
-import hashlib
-
 import pytest
 import torch
+from localizing import Interrupt, assert_intact, digest, snapshot
 
-from skillgraft.data import load_kshot
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft import (LOCALIZERS, ROUND, Budget, LocalizeConfig, Region, get_localizer, graftable_names,
                               localize, parse_budgets, register_localizer, select)
 from skillgraft.graft.localizers import Localizer, LocalizerOptions
 from skillgraft.graft.selection import region_universe, select_streamed
-from skillgraft.models import build_scorer
 
 # Options that keep every registered localizer fast on the tiny model.
 FAST = {"learned": {"sparsity": 0.01, "steps": 2}, "fish": {"fisher": {"n_examples": 8}}}
-
-
-@pytest.fixture(scope="module")
-def pair(tiny_bert, toy_data):
-    """(pre, ft, data): a tiny BERT and a copy trained by a plain AdamW loop written here (so that the
-    reference regions below depend only on the localizer code, not on skillgraft.train)."""
-    data = load_kshot("SST-2", 16, 13, toy_data)
-    pre = build_scorer(str(tiny_bert), "SST-2", "head")
-    ft = build_scorer(str(tiny_bert), "SST-2", "head", head_seed=1)
-    torch.manual_seed(0)
-    opt = torch.optim.AdamW([p for n, p in ft.named_parameters() if "embeddings" not in n], lr=1e-3)
-    ft.train()
-    for step in range(40):
-        batch = ft.collate([data.train[(step * 8 + i) % len(data.train)] for i in range(8)])
-        labels = batch.pop("labels")
-        torch.nn.functional.cross_entropy(ft(**batch), labels).backward()
-        opt.step()
-        opt.zero_grad()
-    ft.eval()
-    return pre, ft, data
-
-
-def digest(region: Region) -> str:
-    h = hashlib.sha256()
-    for n in sorted(region.indices):
-        h.update(n.encode())
-        h.update(region.indices[n].to(torch.int64).numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def snapshot(model):
-    return ({n: p.detach().clone() for n, p in model.named_parameters()},
-            {n: p.requires_grad for n, p in model.named_parameters()}, [m.training for m in model.modules()])
-
-
-def assert_intact(model, snap):
-    values, flags, modes = snap
-    for n, p in model.named_parameters():
-        assert torch.equal(p.detach(), values[n]), n
-        assert p.requires_grad == flags[n], n
-        assert p.grad is None, n
-    assert [m.training for m in model.modules()] == modes
 
 
 # ---------------------------------------------------------------------------------------------- budgets
@@ -235,20 +190,6 @@ def test_register_a_localizer(pair):
 
 
 # ---------------------------------------------------------------------------------------------- safety
-class Interrupt:
-    """A forward hook that presses Ctrl-C on the n-th forward pass with gradients on (a training step)."""
-
-    def __init__(self, n: int, grad_only: bool = True):
-        self.n, self.seen, self.grad_only = n, 0, grad_only
-
-    def __call__(self, module, inputs, output):
-        if self.grad_only and not torch.is_grad_enabled():
-            return
-        self.seen += 1
-        if self.seen == self.n:
-            raise KeyboardInterrupt
-
-
 def test_interrupted_localization_leaves_pre_intact(pair):
     pre, ft, data = pair
     pre.train()  # a mode and flags that localize changes for its own use, and must give back

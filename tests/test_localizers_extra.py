@@ -3,8 +3,7 @@ straight-through binary grafts). Exact sizes for every registered localizer are 
 
 import pytest
 import torch
-
-from test_localizers import Interrupt, assert_intact, pair, snapshot  # noqa: F401 - the shared tiny pair
+from localizing import Interrupt, assert_intact, snapshot
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft import Budget, Graft, LocalizeConfig, get_localizer, graftable_names, localize

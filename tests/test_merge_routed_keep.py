@@ -8,9 +8,9 @@ import json
 
 import pytest
 import torch
-from badinputs import one_line, usage_error
+from badinputs import one_line
+from plain import plain_graft_logits
 from userland import cli, merge_args, sentiment_rows, write_rows
-from test_merge_task_aware import plain_graft_logits
 from typer.testing import CliRunner
 
 from skillgraft.cli import app
@@ -118,17 +118,17 @@ def test_keep_results_in_report_json_and_routed_json(keep_run):
 def test_report_says_when_the_bound_reaches_no_size_and_the_rows_needed():
     """A selection split too small for the bound: the routed table says not reached and how many rows would do."""
     import numpy as np
-    from test_keep import _outcome
+    from outcomes import outcome
 
     from skillgraft.graft.keep import search_keep
     from skillgraft.verbs.merge_report import routed_keep_markdown
 
-    ft = _outcome(np.arange(20) < 16)
+    ft = outcome(np.arange(20) < 16)
 
     def at(k):  # the best region keeps 15 of FT's 16 rows: point share 0.9375, the bound below 0.9
         right = np.zeros(20, bool)
         right[:min(15, 8 + k.bit_length())] = True
-        return _outcome(right)
+        return outcome(right)
 
     (res,) = search_keep(at, ft, [0.9], 1024, confidence=0.9)
     t = {**res.to_dict(), "test_share": 0.8, "bytes": 1234}

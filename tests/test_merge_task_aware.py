@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from plain import plain_graft_logits
 from userland import cli, fake_mergekit, merge_args
 
 from skillgraft.merge.refit import fit_head, head_layer, refitted
@@ -90,29 +91,6 @@ def test_fit_head_solves_logistic_regression():
     assert ((x @ fit["weight"].T + fit["bias"]).argmax(-1) == y).all()
     stiff = fit_head(x, y, w0, b0, l2=1e8)
     assert stiff["weight"].abs().max() < 1e-4
-
-
-def plain_graft_logits(folder, task: str, texts: list[str]) -> torch.Tensor:
-    """The task's graft applied with plain transformers + safetensors: θ_pre's checkpoint with the graft's packed
-    positions and values written in and its head loaded."""
-    import transformers as tf
-    from plain import write_graft_in
-
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(folder / "skills" / task / "graft.safetensors"))
-    heads = {k.removeprefix("carried::model."): v for k, v in tensors.items() if k.startswith("carried::")}
-    labels = heads["classifier.weight"].shape[0]
-    model = tf.AutoModelForSequenceClassification.from_pretrained(folder / "base", num_labels=labels,
-                                                                  ignore_mismatched_sizes=True).eval()
-    params = dict(model.named_parameters())
-    write_graft_in(params, folder / "skills" / task)
-    with torch.no_grad():
-        for name, t in heads.items():
-            params[name].copy_(t)
-    tok = tf.AutoTokenizer.from_pretrained(folder / "base")
-    with torch.no_grad():
-        return model(**tok(texts, return_tensors="pt", padding=True)).logits
 
 
 def test_routed_loader_applies_each_graft_exactly_and_restores_the_base(refit_run):

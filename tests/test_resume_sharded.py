@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_scale import _free_port, trained_pair
+from localizing import free_port, trained_pair
 
 from skillgraft.data import load_kshot
 from skillgraft.graft import LocalizeConfig, localize
@@ -103,7 +103,7 @@ def _launch(script: Path, *args, crash: str | None = None) -> subprocess.Complet
     if crash:
         env["SKILLGRAFT_CRASH_AT"] = f"file-written:{crash}"  # rank 1 SIGKILLs itself, its file not yet in place
     return subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIG),
-                           "--main_process_port", str(_free_port()), str(script), *map(str, args)],
+                           "--main_process_port", str(free_port()), str(script), *map(str, args)],
                           capture_output=True, text=True, env=env, timeout=600)
 
 

@@ -1,6 +1,5 @@
 """Localization at scale: candidate-restricted state, exact streamed/distributed top-k, FSDP2 sharding."""
 
-import hashlib
 import random
 import subprocess
 import sys
@@ -9,6 +8,7 @@ import types
 
 import pytest
 import torch
+from localizing import Interrupt, assert_intact, digest, free_port, snapshot, trained_pair
 
 from skillgraft.data import load_kshot
 from skillgraft.errors import SkillgraftError
@@ -19,30 +19,6 @@ from skillgraft.graft.localizers.sharded import Group, pieces
 from skillgraft.graft.localizers.source import InMemory, fine_tuned
 from skillgraft.graft.localizers.topk import Collective, StreamingTopK, top_k
 from skillgraft.graft.selection import top_k_flat
-from skillgraft.models import build_scorer
-
-
-def digest(region) -> str:
-    h = hashlib.sha256()
-    for n in sorted(region.indices):
-        h.update(n.encode())
-        h.update(region.indices[n].to(torch.int64).numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def trained_pair(path, mode, data, dtype=None, steps=20):
-    """(pre, ft): ``ft`` moved by a few AdamW steps written here (embeddings frozen)."""
-    pre = build_scorer(str(path), "SST-2", mode, dtype=dtype)
-    ft = build_scorer(str(path), "SST-2", mode, dtype=dtype, head_seed=1)
-    torch.manual_seed(0)
-    opt = torch.optim.AdamW([p for n, p in ft.named_parameters() if "embed" not in n], lr=1e-3)
-    for step in range(steps):
-        batch = ft.collate([data.train[(step * 8 + i) % len(data.train)] for i in range(8)])
-        labels = batch.pop("labels")
-        torch.nn.functional.cross_entropy(ft(**batch).float(), labels).backward()
-        opt.step()
-        opt.zero_grad()
-    return pre, ft.eval()
 
 
 @pytest.fixture(scope="module")
@@ -62,24 +38,6 @@ def llama_bf16(tiny_models, data, tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama-ft") / "model"
     ft.save_pretrained(folder)
     return pre, ft, folder
-
-
-def snapshot(model):
-    return ({n: p.detach().clone() for n, p in model.named_parameters()},
-            {n: p.requires_grad for n, p in model.named_parameters()}, [m.training for m in model.modules()],
-            [(m.__dict__.get("gradient_checkpointing"), "_gradient_checkpointing_func" in m.__dict__)
-             for m in model.modules()])
-
-
-def assert_intact(model, snap):
-    values, flags, modes, checkpointing = snap
-    for n, p in model.named_parameters():
-        assert torch.equal(p.detach(), values[n]), n
-        assert p.requires_grad == flags[n], n
-        assert p.grad is None, n
-    assert [m.training for m in model.modules()] == modes
-    assert [(m.__dict__.get("gradient_checkpointing"), "_gradient_checkpointing_func" in m.__dict__)
-            for m in model.modules()] == checkpointing
 
 
 def same_result(a, b):
@@ -236,17 +194,6 @@ def test_gradients_are_gathered_as_each_tensor_is_ready(bert, data):
     assert seen and max(seen) == 1  # only the tensor whose hook runs
 
 
-class Interrupt:
-    def __init__(self, n):
-        self.n, self.seen = n, 0
-
-    def __call__(self, module, inputs, output):
-        if torch.is_grad_enabled():
-            self.seen += 1
-            if self.seen == self.n:
-                raise KeyboardInterrupt
-
-
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_interrupted_candidate_localization_restores_pre(llama_bf16, data, checkpointing):
     pre, ft, folder = llama_bf16
@@ -348,15 +295,6 @@ acc.end_training()       # destroys the process group
 """
 
 
-def _free_port() -> int:
-    """A port nobody listens on now (a fixed one can still be in TIME_WAIT from an earlier run)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow  # two launched processes (~12 s); make test keeps the two-process sharded localization through
 # tests/test_resume_sharded.py (its regions equal one process's, bit for bit)
 def test_two_process_fsdp2_localization_matches_one(tiny_models, data, toy_data, tmp_path):
@@ -375,7 +313,7 @@ def test_two_process_fsdp2_localization_matches_one(tiny_models, data, toy_data,
     script.write_text(SCRIPT)
     config = Path(__file__).resolve().parents[1] / "configs" / "fsdp2-cpu.yaml"
     r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-                        "--main_process_port", str(_free_port()), str(script), str(tiny_models["llama"]),
+                        "--main_process_port", str(free_port()), str(script), str(tiny_models["llama"]),
                         str(tmp_path / "ft"),
                         str(toy_data), str(tmp_path / "two.pt"), cfg.model_dump_json()],
                        capture_output=True, text=True, timeout=900)  # a loaded machine

@@ -1,6 +1,6 @@
 """What a user's own code makes, for the tests to graft, merge and read back: row files, and fine-tuned checkpoints
 trained by plain transformers / torch (classifiers with the data's labels, SFT pairs) — no skillgraft on that side.
-Plus the CLI runner, and the merge tests' stand-in for `mergekit-yaml`."""
+Plus the CLI runners, and the merge tests' stand-in for `mergekit-yaml`."""
 
 from __future__ import annotations
 
@@ -27,6 +27,11 @@ def cli(*args, code: int = 0, obj: dict | None = None) -> str:
     if r.exit_code != code:
         raise AssertionError(f"exit {r.exit_code} (wanted {code}): {r.output}\n{r.exception!r}")
     return r.output
+
+
+def invoke(*args, obj: dict | None = None):
+    """``skillgraft ARGS`` in process: Click's result (exit code, output, exception), whatever the exit code."""
+    return runner.invoke(app, [str(a) for a in args], obj=obj)
 
 
 def write_rows(path: Path, rows: list[dict]) -> Path:
