@@ -343,7 +343,7 @@ def test_fresh_interpreter_reads_the_adapter_without_skillgraft(tiny_models, tmp
     from safetensors.torch import load_file
 
     pre, graft = make_graft(tiny_models["llama"], "causal")
-    s = export_peft(graft, pre, tmp_path / "adapter")
+    export_peft(graft, pre, tmp_path / "adapter")
     subprocess.run([sys.executable, "-c", READER, str(tiny_models["llama"]), str(tmp_path / "adapter"),
                     str(tmp_path / "read.safetensors")], check=True, capture_output=True, cwd=tmp_path)
     read = load_file(str(tmp_path / "read.safetensors"))

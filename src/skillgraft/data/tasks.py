@@ -126,7 +126,7 @@ def from_readable(template: str, *, pair: bool = False) -> str:
         raise SkillgraftError(f"unknown slot(s) {', '.join('{' + s + '}' for s in unknown)}; "
                               "the slots are {text}, {text_pair} and {label}")
     if slots.count("label") != 1:
-        raise SkillgraftError(f"needs {{label}} exactly once (where the label word is scored)")
+        raise SkillgraftError("needs {label} exactly once (where the label word is scored)")
     if slots.count("text") != 1:
         raise SkillgraftError("needs {text} exactly once")
     if slots.count("text_pair") != (1 if pair else 0):

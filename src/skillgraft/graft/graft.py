@@ -30,8 +30,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft_file import FORMAT, FORMAT_VERSION, GraftMetadata, read_graft_file, write_graft_file
 from skillgraft.graft.identity import (_BASE, _Base, _base, _body, _bumped, _named_parameters, _params_of, _quick_key,
                                         _same_objects, _state_key, _watch_registrations, base_dtype, cached_fingerprint,
-                                        _pre_source, fingerprint_from_files, forget_fingerprint,
-                                        rounded_fingerprint)
+                                        _pre_source, rounded_fingerprint)
 from skillgraft.graft.region import Region, compact_positions
 from skillgraft.io import atomic_dir, check_target
 from skillgraft.models.anatomy import carried_names, check_compatible

@@ -9,7 +9,7 @@ import math
 import operator
 from dataclasses import dataclass, field
 
-from skillgraft.lazy import no_grad, torch
+from skillgraft.lazy import torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.models.anatomy import fingerprint, fingerprinted, sample_positions, tensor_sample

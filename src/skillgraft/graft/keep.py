@@ -47,7 +47,7 @@ from skillgraft.lazy import torch
 from pydantic import Field, field_validator
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.bound import (BOUND_NAMES, Outcome, as_outcome, betting_bound, betting_test, is_exact,
+from skillgraft.graft.bound import (Outcome, as_outcome, betting_bound, betting_test, is_exact,
                                     paired_bound, paired_test, reaches, resample_weights, rows_needed,
                                     rows_needed_betting, rows_needed_exact, rows_needed_paired, share_bound)
 from skillgraft.graft.agreement import agreement_outcome, open_ended, token_agreement_outcome

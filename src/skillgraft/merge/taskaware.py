@@ -34,7 +34,7 @@ from pydantic import Field, field_validator
 
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
-from skillgraft.merge.base import Bench, MergeMethod, Scored, graft_file_bytes
+from skillgraft.merge.base import Bench, MergeMethod, MergeRow, Scored, graft_file_bytes
 from skillgraft.spec import Spec
 
 PEERS = ("tall", "tswitch", "emr")

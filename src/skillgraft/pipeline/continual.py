@@ -43,7 +43,7 @@ from skillgraft.data.spec import DataSpec
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
-from skillgraft.io import atomic_dir, check_apart
+from skillgraft.io import atomic_dir
 from skillgraft.untrusted import read_json
 from skillgraft.models.anatomy import fingerprint, graftable_names
 from skillgraft.models.spec import MAX_LENGTH, ModelSpec

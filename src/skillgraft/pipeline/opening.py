@@ -25,7 +25,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.finite import refuse_non_finite_model
 from skillgraft.graft.graft_file import GraftMetadata
 from skillgraft.heap import release_freed_memory
-from skillgraft.models.pair import check_pair, complete_model, model_labels, pair_mode, torch_fork
+from skillgraft.models.pair import check_pair, complete_model, model_labels, pair_mode
 from skillgraft.models.spec import MAX_LENGTH, ModelSpec
 from skillgraft.pipeline.member import Member, MemberInputs
 from skillgraft.pipeline.store import Store, draw_key

@@ -36,7 +36,7 @@ from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.opening import prepare
 from skillgraft.pipeline.store import Store
 from skillgraft.pipeline.trained import BitFitSpec, RetrainSpec
-from skillgraft.spec import COUNT_MAX, Seed, Spec, read_yaml
+from skillgraft.spec import COUNT_MAX, Seed, Spec
 from skillgraft.train import FinetuneConfig
 
 

@@ -40,7 +40,7 @@ from skillgraft.untrusted import read_json
 from skillgraft.models.scorer import Scorer, build_scorer
 from skillgraft.models.templates import template_text
 from skillgraft.pipeline.regions import learned_regions
-from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct
+from skillgraft.pipeline.report import RunDir, md_table, pct
 from skillgraft.pipeline.member import Member, MemberInputs, scorer_digest
 from skillgraft.pipeline.store import draw_key
 from skillgraft.pipeline.variants import base_variants, compare, graft_variant

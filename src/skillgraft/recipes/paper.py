@@ -483,7 +483,7 @@ def grid_section(spec: PaperSpec, grids: list[dict]) -> list[str]:
              " steps; best dev score (accuracy, F1 for MRPC/QQP) and its step, the dev curve. Chosen: the best dev "
              "score, ties to the first point. "
              + ("'used' = the chosen (batch, lr) on the full schedule, the fine-tuning Table 2 grafts from. "
-                if g.steps else "") + f"Test scores are shown only (on the test rows given), never used.", ""]
+                if g.steps else "") + "Test scores are shown only (on the test rows given), never used.", ""]
     body = [[r["task"], r["seed"], r["batch_size"], f"{r['lr']:g}", r["steps"], pct(r["best_dev"]), r["best_step"],
              " ".join(f"{100 * x:.1f}" for x in r["dev_history"] if x is not None), pct(r["test_score"]),
              r["test_rows"], r["train_seconds"], {True: "chosen", False: "", "used": "used"}[r["chosen"]]]
