@@ -231,9 +231,9 @@ def _absolute(path: str | os.PathLike) -> Path:
 
 def check_apart(out: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None]) -> None:
     """Refuse an output target ``out`` that is, or holds, one of ``inputs`` (option name → path; None and paths
-    that do not exist — hub names — are skipped, except a store, ``--cache``, filled during the run): an output is written beside itself and renamed into place, and with
-    ``--overwrite`` the old one is deleted, so an input or a store inside it would be lost (before, `graft --cache
-    X/store --out X` deleted the store it had just filled)."""
+    that do not exist — hub names — are skipped, except a store, ``--cache``, filled during the run): an output is
+    written beside itself and renamed into place, and with ``--overwrite`` the old one is deleted, so an input or a
+    store inside it would be lost (before, `graft --cache X/store --out X` deleted the store it had just filled)."""
     target = _absolute(out)
     for option, value in inputs.items():
         if value is None or str(value) == "":

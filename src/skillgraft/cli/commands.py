@@ -101,8 +101,8 @@ def evaluate(
     task: Optional[str] = typer.Option(None, help="task to evaluate on (default: the model's task)",
                                        rich_help_panel=DATA),
     split: str = typer.Option(default_of(verbs_evaluate, "split"), help="train | dev | test", rich_help_panel=DATA),
-    mode: Optional[str] = typer.Option(None, help="a Hugging Face checkpoint: classifier | prompt | causal | generative "
-                                                  "(default: from its class and the data)"),
+    mode: Optional[str] = typer.Option(None, help=(
+        "a Hugging Face checkpoint: classifier | prompt | causal | generative (default: from its class and the data)")),
     data_dir: Optional[Path] = DataDir,
     limit: Optional[int] = typer.Option(None, min=1, max=COUNT_MAX, help="first N examples only", rich_help_panel=DATA),
     out: Optional[Path] = typer.Option(None, help="write metrics JSON + plots into this folder",
@@ -172,8 +172,8 @@ def graft(
                                        rich_help_panel=DATA),
     max_length: int = typer.Option(MAX_LENGTH, min=8, max=COUNT_MAX, help="max tokens per example (checkpoint pairs)",
                                    rich_help_panel=MODEL),
-    out: Optional[Path] = typer.Option(None, help="output folder (default: <run>/graft, or runs/graft-<checkpoint name>)",
-                                       rich_help_panel=OUTPUT),
+    out: Optional[Path] = typer.Option(
+        None, help="output folder (default: <run>/graft, or runs/graft-<checkpoint name>)", rich_help_panel=OUTPUT),
     overwrite: bool = typer.Option(False, help="replace an existing output folder whole (checked before any work)",
                                    rich_help_panel=OUTPUT),
     cache: Optional[Path] = Cache,
@@ -310,7 +310,8 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
         console.print(table)
         _report([{"name": r.name, "summary": LOCALIZERS[r.name].summary or "", "candidates": r.candidates,
                   "sharded": r.sharded, "generative": r.generative} for r in rows])
-        console.print("options and reasons of one: skillgraft localizers NAME; use: skillgraft graft --localizer NAME …")
+        console.print("options and reasons of one: skillgraft localizers NAME; "
+                      "use: skillgraft graft --localizer NAME …")
         return
     get_localizer(name)  # an unknown name is one line listing the known ones
     table = Table("option", "default", "help", title=f"localizer {name!r}: {get_localizer(name).summary}")

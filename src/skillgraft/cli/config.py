@@ -94,9 +94,10 @@ def from_mergekit(cfg: dict) -> dict:
 
 def load(path: Path, ctx, *, mergekit: bool = False) -> dict:
     """The option values of ``path`` for ``ctx``'s command, as its ``default_map`` takes them. The file is read
-    as every other (UTF-8 with or without a BOM, or UTF-16: ``untrusted.read_text``) and parsed by ``untrusted.load_yaml``: a
-    key given twice, or aliases that expand beyond bounds, are refused naming the file and the line; a value of
-    the wrong shape for its option (a list for a path or a number, a mapping anywhere) names the option."""
+    as every other (UTF-8 with or without a BOM, or UTF-16: ``untrusted.read_text``) and parsed by
+    ``untrusted.load_yaml``: a key given twice, or aliases that expand beyond bounds, are refused naming the file and
+    the line; a value of the wrong shape for its option (a list for a path or a number, a mapping anywhere) names the
+    option."""
     import yaml  # noqa: PLC0415
 
     from skillgraft.errors import SkillgraftError  # noqa: PLC0415

@@ -141,9 +141,10 @@ def _terminal(stream) -> bool:
 
 def progress_lines() -> None:
     """Progress bars writing to a stream that is not a terminal (``make demo > log``, a CI log) print one line per
-    phase, when it ends, instead of a carriage-return refresh per update (hundreds per phase); a bar that vanishes
-    when done on a terminal (``leave=False``, a nested one) leaves its one line too: no long phase without a word. On a terminal, tqdm as usual. Installed once on tqdm's own
-    class, so every bar (skillgraft's, transformers', accelerate's) follows its stream."""
+    phase, when it ends, instead of a carriage-return refresh per update (hundreds per phase); a bar that vanishes when
+    done on a terminal (``leave=False``, a nested one) leaves its one line too: no long phase without a word. On a
+    terminal, tqdm as usual. Installed once on tqdm's own class, so every bar (skillgraft's, transformers',
+    accelerate's) follows its stream."""
     from tqdm import std  # noqa: PLC0415
 
     if getattr(std.tqdm, "_skillgraft_lines", False):

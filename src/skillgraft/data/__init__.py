@@ -24,5 +24,6 @@ _EXPORTS = {
 }
 __getattr__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = ["TASKS", "DataSpec", "UserDataSpec", "Example", "FewShotData", "eval_subset", "Task", "get_task", "load_hf_split", "load_kshot", "load_split",
-           "load_task_yaml", "read_file", "register_task", "resolve_data_dir", "sample_kshot", "task_from_dict"]
+__all__ = ["TASKS", "DataSpec", "UserDataSpec", "Example", "FewShotData", "eval_subset", "Task", "get_task",
+           "load_hf_split", "load_kshot", "load_split", "load_task_yaml", "read_file", "register_task",
+           "resolve_data_dir", "sample_kshot", "task_from_dict"]

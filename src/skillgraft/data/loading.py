@@ -56,7 +56,7 @@ def resolve_data_dir(explicit: str | os.PathLike | None = None, task: Task | str
         tried.append(f"{rule} = {root}")
         if not root.is_dir():
             continue
-        if task is None or find_split_file(get_task(task), "test", root) or find_split_file(get_task(task), "train", root):
+        if task is None or any(find_split_file(get_task(task), split, root) for split in ("test", "train")):
             return root
     what = f" holding task {get_task(task).name!r}" if task is not None else ""
     raise SkillgraftError(
@@ -182,7 +182,8 @@ def _read_tsv(task: Task, path: Path) -> list[Example]:
     else:
         raise SkillgraftError(f"{path}: unrecognised TSV header {header}; expected GLUE column names")
     idx = [header.index(c) for c in text_cols]
-    lab = len(header) - 1 if label_col in ("gold_label", "label") and header[-1] == label_col else header.index(label_col)
+    last = label_col in ("gold_label", "label") and header[-1] == label_col
+    lab = len(header) - 1 if last else header.index(label_col)
     out = []
     for lineno, line in enumerate(lines[1:], 2):
         if not line.strip():

@@ -40,7 +40,8 @@ def jsonl_rows(path: Path, hint: str = "") -> list[tuple[str, dict]]:
             continue
         where = f"{path}:{lineno}"
         try:
-            row = json.loads(line, parse_constant=_no_constant, parse_float=_finite_float, object_pairs_hook=unique_keys)
+            row = json.loads(line, parse_constant=_no_constant, parse_float=_finite_float,
+                             object_pairs_hook=unique_keys)
         except json.JSONDecodeError as e:
             raise SkillgraftError(f"{where}: malformed JSON ({e.msg} at column {e.colno}){hint}") from None
         except ValueError as e:

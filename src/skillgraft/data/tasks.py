@@ -225,7 +225,8 @@ def task_from_dict(spec: dict, source: str = "task spec") -> Task:
         spec.setdefault("labels", list(words))
         missing = [k for k in (spec["labels"] if isinstance(spec["labels"], (list, tuple)) else []) if k not in words]
         if missing or not isinstance(spec["labels"], (list, tuple)):
-            raise SkillgraftError(f"{source}: field 'label_words' names no word for label(s) {missing or spec['labels']}")
+            raise SkillgraftError(f"{source}: field 'label_words' names no word for label(s) "
+                                  f"{missing or spec['labels']}")
         spec["label_words"] = [words[k] for k in spec["labels"]]
     for required in ("name", "kind", "labels", "label_words", "template"):
         if required not in spec:

@@ -106,7 +106,8 @@ def resolve_labels(values: set[str], declared: list[str] | None = None, model_la
     if model_labels is not None and not _is_generic(model_labels):
         labels = tuple(model_labels)
         if values <= set(labels):
-            return labels, {v: labels.index(v) for v in labels}, f"from the fine-tuned model's config.id2label: {list(labels)}"
+            source_note = f"from the fine-tuned model's config.id2label: {list(labels)}"
+            return labels, {v: labels.index(v) for v in labels}, source_note
         if ints and all(0 <= int(v) < len(labels) for v in values):
             return labels, {v: int(v) for v in values}, (f"integers in the data are indices into the fine-tuned "
                                                          f"model's config.id2label: {list(labels)}")
@@ -115,13 +116,14 @@ def resolve_labels(values: set[str], declared: list[str] | None = None, model_la
     if ints:
         n = len(model_labels) if model_labels is not None else max(int(v) for v in values) + 1
         if any(not 0 <= int(v) < n for v in values):
-            raise SkillgraftError(f"{source}: integer labels {sorted(values, key=int)} do not index the model's {n} outputs")
+            raise SkillgraftError(f"{source}: integer labels {sorted(values, key=int)} do not index the model's "
+                                  f"{n} outputs")
         labels = tuple(str(i) for i in range(n))
         return labels, {v: int(v) for v in values}, f"integers 0..{n - 1} of the data are logit indices"
     labels = tuple(sorted(values))
     if model_labels is not None and len(labels) != len(model_labels):
-        raise SkillgraftError(f"{source}: {len(labels)} distinct labels {list(labels)[:6]} but the fine-tuned classifier "
-                              f"has {len(model_labels)} outputs; declare them with --labels (logit order)")
+        raise SkillgraftError(f"{source}: {len(labels)} distinct labels {list(labels)[:6]} but the fine-tuned "
+                              f"classifier has {len(model_labels)} outputs; declare them with --labels (logit order)")
     if len(labels) < 2:
         raise SkillgraftError(f"{source}: only one label value {list(labels)}; classification needs at least two")
     return labels, {v: i for i, v in enumerate(labels)}, f"inferred from the data, sorted: {list(labels)} (logit order)"
@@ -220,8 +222,8 @@ def _blame_eval_rows(train, test, spec, model_labels) -> None:
 
 def _generative(name, rows, eval_rows, spec) -> UserData:
     def parse(items):
-        return [(_field(row, spec.prompt_field, where, "--prompt-field"), _field(row, spec.completion_field, where, "--completion-field"))
-                for where, row in items]
+        return [(_field(row, spec.prompt_field, where, "--prompt-field"),
+                 _field(row, spec.completion_field, where, "--completion-field")) for where, row in items]
 
     train, test = parse(rows), parse(eval_rows)
     completions = sorted({c for _, c in train})

@@ -43,6 +43,6 @@ register_exporter("delta")(Delta)
 register_exporter("gguf")(GGUF)
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "DELTA_FILE", "EXPORTERS", "HEAD_FILE", "SUMMARY_FILE", "USER_CLASS",
-           "ExportSpec", "Exporter", "apply_entries", "exact_delta", "export_delta", "export_gguf", "export_graft", "export_hf",
-           "export_peft", "get_exporter", "graft_from_peft", "graft_task", "load_adapter_base", "load_graft_base",
-           "read_graft_or_adapter", "register_exporter", "shira_entries"]
+           "ExportSpec", "Exporter", "apply_entries", "exact_delta", "export_delta", "export_gguf", "export_graft",
+           "export_hf", "export_peft", "get_exporter", "graft_from_peft", "graft_task", "load_adapter_base",
+           "load_graft_base", "read_graft_or_adapter", "register_exporter", "shira_entries"]

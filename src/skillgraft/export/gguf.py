@@ -317,7 +317,8 @@ def export_gguf(graft: Graft, base, out: str | os.PathLike, *, model: str | None
                                   "machine's byte order first (gguf-py's gguf_convert_endian)")
         layout = _Layout(info["architecture"], info)
         plan = _plan(graft, reader, layout, hf_model, gguf_type)
-        written = {e["gguf"]: _write_tensor(e, graft, name, params[name], layout, gguf_type) for name, e in plan.items()}
+        written = {e["gguf"]: _write_tensor(e, graft, name, params[name], layout, gguf_type)
+                   for name, e in plan.items()}
         summary = _summary(graft, path, out, info, reader, written, gguf_type, force)
         summary["base"] = str(model or graft.base_model)
         _write(reader, info["architecture"], out, written, summary)
@@ -333,8 +334,9 @@ def check_gguf_export(graft: Graft, out, model: str | None, gguf_type: str = "ex
         raise SkillgraftError(f"--to gguf writes one file: name it FILE.gguf (got {out})")
     check_target(out, overwrite)
     if graft.carried:
-        raise SkillgraftError(f"this graft carries a task head the base model lacks ({', '.join(sorted(graft.carried))})"
-                              "; a GGUF file for llama.cpp has no place for it: use --to hf or --to delta")
+        raise SkillgraftError(f"this graft carries a task head the base model lacks "
+                              f"({', '.join(sorted(graft.carried))}); a GGUF file for llama.cpp has no place for it: "
+                              "use --to hf or --to delta")
     if gguf_type not in GGUF_TYPES:
         raise SkillgraftError(f"unknown quantization type {gguf_type!r} for the grafted tensors; known: "
                               f"{', '.join(GGUF_TYPES)}")

@@ -52,7 +52,8 @@ def export_hf(graft: Graft, base_scorer, out: str | os.PathLike, *, overwrite: b
             (tmp / "README.md").write_text(
                 "# Incomplete: a grafted body without its task head\n\nThis folder holds the grafted model body "
                 f"({summary['model_class']}). The task head is skillgraft's own (a Linear layer on "
-                f"{base_scorer.pooling}-pooled hidden states) in `head.safetensors`; no Hugging Face class holds it, so "
+                f"{base_scorer.pooling}-pooled hidden states) in `head.safetensors`; no Hugging Face class holds it, "
+                "so "
                 "`AutoModelForSequenceClassification` would load a *random* head here. Load it with "
                 "`skillgraft.models.Scorer.from_pretrained(folder)`.\n")
         (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))

@@ -142,7 +142,8 @@ def plan_routes(graft: Graft, hf: nn.Module, non_linear: str) -> Plan:
             listed = ", ".join(f"{l.path} ({l.reason}: {count_in(graft, l)} coordinates)" for l in dense[:8])
             more = f" and {len(dense) - 8} more" if len(dense) > 8 else ""
             raise SkillgraftError(
-                f"{sum(count_in(graft, l) for l in dense)} graft coordinate(s) in {len(dense)} module(s) cannot be held "
+                f"{sum(count_in(graft, l) for l in dense)} graft coordinate(s) in {len(dense)} module(s) cannot be "
+                "held "
                 f"by a SHiRA adapter: {listed}{more}. Use --non-linear modules_to_save (stores those modules whole) or "
                 "tensors (stores those tensors whole), or --to delta / --to hf")
         return Plan(candidates, [], {}, r)
@@ -172,7 +173,8 @@ def plan_routes(graft: Graft, hf: nn.Module, non_linear: str) -> Plan:
     shira, whole = _absorb(shira, [l for l in layers.values() if l.reason])
     unmergeable = [l for l in whole if not isinstance(getattr(l.module, "weight", None), torch.Tensor)]
     if unmergeable:
-        listed = ", ".join(f"{l.path} ({type(l.module).__name__}: {count_in(graft, l)} coordinates)" for l in unmergeable)
+        listed = ", ".join(f"{l.path} ({type(l.module).__name__}: {count_in(graft, l)} coordinates)"
+                           for l in unmergeable)
         raise SkillgraftError(f"graft coordinates in {listed} would need that module stored whole, and peft's "
                               "merge_and_unload cannot unload a module without a weight; use --non-linear tensors, "
                               "--to delta or --to hf")

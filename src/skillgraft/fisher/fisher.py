@@ -148,7 +148,8 @@ def vmap_attention(model):
 
 
 def fisher_diagonal(scorer: Scorer, examples: list[Example], config: FisherConfig | None = None, *,
-                    names: list[str] | None = None, progress: bool | str = False, **overrides) -> dict[str, torch.Tensor]:
+                    names: list[str] | None = None, progress: bool | str = False,
+                    **overrides) -> dict[str, torch.Tensor]:
     """Diagonal Fisher ``{name: tensor}`` (float32, CPU, mean over the N examples) of the named parameters.
 
     ``names`` defaults to every tensor of ``scorer.model``; keyword ``overrides`` set fields of

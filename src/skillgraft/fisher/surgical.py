@@ -81,7 +81,8 @@ def _n_blocks(scorer, model, task, mode, pooling) -> int:
 
 
 def ranking_stability(scorers: dict[int, object], examples: list[Example], *, aggregate: str = "sum",
-                      normalize: bool = False, config: FisherConfig | None = None) -> tuple[list[dict], dict[int, LayerScores]]:
+                      normalize: bool = False, config: FisherConfig | None = None
+                      ) -> tuple[list[dict], dict[int, LayerScores]]:
     """FIM ranking on each checkpoint (``{step: scorer}``) and its Spearman/Kendall correlation with the
     first (lowest-step) checkpoint's and with the previous checkpoint's ranking."""
     if not scorers:

@@ -181,7 +181,7 @@ def paired_pvalue(x_r: int, n_r: int, x_w: int, n_w: int, w: float, target: floa
     return float(min(1.0, max(values[i], -best.fun)))
 
 
-# ------------------------------------------------------------------ the exact paired test on Z = 1[graft right] − τ·1[FT right]
+# ------------------------------------------------------ the exact paired test on Z = 1[graft right] − τ·1[FT right]
 # Cells, in the order of Z: 10 (graft right, FT wrong: Z = 1), 11 (1 − τ), 00 (0), 01 (−τ).
 PAIRED_MAX_ROWS = 200   # the exact multinomial test up to this many rows; above, the conditional (Bonferroni) test
 PAIRED_SIMPLEX = 40     # the null face's grid: a triangle cut into PAIRED_SIMPLEX² pieces (861 points at 40)
@@ -443,9 +443,9 @@ def rows_needed_paired(graft: Outcome, ft: Outcome, target: float, confidence: f
 def share_bound(graft: Outcome, ft: Outcome, confidence: float, weights: np.ndarray | None = None,
                 method: str = "exact") -> float | None:
     """The lower confidence bound of graft's share of FT's score on the same rows. ``paired`` (accuracy):
-    :func:`paired_bound`; ``exact`` (accuracy): :func:`agreement_bound`; ``bootstrap`` (and any F1): the (1 − confidence) quantile of the paired bootstrap shares
-    (the smallest resampled share s with at least a 1 − confidence fraction of resamples ≤ s). None without
-    per-row outcomes."""
+    :func:`paired_bound`; ``exact`` (accuracy): :func:`agreement_bound`; ``bootstrap`` (and any F1): the (1 −
+    confidence) quantile of the paired bootstrap shares (the smallest resampled share s with at least a 1 − confidence
+    fraction of resamples ≤ s). None without per-row outcomes."""
     if graft.pred is None or ft.pred is None:
         return None
     if len(graft.pred) != len(ft.pred):

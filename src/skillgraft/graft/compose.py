@@ -53,7 +53,8 @@ def compose(grafts: Sequence[Graft], policy: Policy = "error", *, min_agree: int
         raise SkillgraftError("the max-delta overlap policy needs the base model's tensors (base=...)")
     prints = {g.base_fingerprint for g in grafts if g.base_fingerprint}
     if len(prints) > 1:
-        raise SkillgraftError(f"grafts learned on different base models cannot be composed (fingerprints {sorted(prints)})")
+        raise SkillgraftError(f"grafts learned on different base models cannot be composed "
+                              f"(fingerprints {sorted(prints)})")
 
     shapes: dict[str, tuple[int, ...]] = {}
     for g in grafts:

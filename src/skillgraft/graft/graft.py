@@ -247,7 +247,8 @@ class Graft:
     # ------------------------------------------------------------------ apply / revert
     def _target(self, model):
         """``model`` as the graft names tensors: a skillgraft Scorer as it is; a plain transformers model (no
-        ``mode``, a ``config``) seen through :class:`~skillgraft.models.named.PlainModel` when the graft's ``model.``-prefixed names are its own."""
+        ``mode``, a ``config``) seen through :class:`~skillgraft.models.named.PlainModel` when the graft's
+        ``model.``-prefixed names are its own."""
         from skillgraft.models.named import PlainModel  # noqa: PLC0415
 
         if hasattr(model, "mode") or not hasattr(model, "config") or isinstance(model, PlainModel):

@@ -290,7 +290,8 @@ def _packed(path: Path, tensors: dict[str, torch.Tensor], shapes: dict[str, tupl
     flat = check_positions(path, "tensor 'indices'", tensors["indices"], vals, universe,
                             "the coordinates of 'shapes'")
     if flat.numel() != size:
-        raise SkillgraftError(f"{path}: holds {flat.numel()} positions and values; {CONFIG_FILE} 'size' declares {size}")
+        raise SkillgraftError(f"{path}: holds {flat.numel()} positions and values; "
+                              f"{CONFIG_FILE} 'size' declares {size}")
     sizes = [numel(s) for s in shapes.values()]
     ends = torch.tensor(sizes, dtype=torch.long).cumsum(0)
     bad = first_non_finite(vals)

@@ -58,8 +58,8 @@ def write_routed(folder: Path, pre, grafts: dict[str, Graft], labels: dict[str, 
 
 def read_routed(folder: Path) -> dict:
     """``routed.json`` of ``folder``, checked before anything is loaded: a JSON object of this format naming the
-    base and each task's skill folder (``path``) inside ``folder`` (:func:`skillgraft.untrusted.inside`: an absolute path
-    or ``..`` out of it is refused, not loaded), with its labels a list. One line naming the file and the field."""
+    base and each task's skill folder (``path``) inside ``folder`` (:func:`skillgraft.untrusted.inside`: an absolute
+    path or ``..`` out of it is refused, not loaded), with its labels a list. One line naming the file and the field."""
     from skillgraft.untrusted import read_json  # noqa: PLC0415
     from skillgraft.untrusted import inside  # noqa: PLC0415
 

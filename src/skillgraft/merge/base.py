@@ -109,7 +109,8 @@ class MergeRow(Row):
                "bytes_per_task": self.bytes_per_task, **self.info}
         for n, t in self.tasks.items():
             out.update({f"{n}:dev": t.dev, f"{n}:test": t.test,
-                        f"{n}:normalized": t.normalized() if t.test is not None else None, f"{n}:bytes": t.stored_bytes})
+                        f"{n}:normalized": t.normalized() if t.test is not None else None,
+                        f"{n}:bytes": t.stored_bytes})
         return out
 
 

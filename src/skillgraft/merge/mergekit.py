@@ -132,8 +132,8 @@ def run_mergekit(config: str, work: Path, seed: int) -> dict:
     if not exe.is_file():
         found = shutil.which("mergekit-yaml")
         if not found:
-            raise SkillgraftError("mergekit-yaml not found (mergekit is pinned in requirements.lock: run `make setup`), "
-                                  "or pass --mergekit ''")
+            raise SkillgraftError("mergekit-yaml not found (mergekit is pinned in requirements.lock: "
+                                  "run `make setup`), or pass --mergekit ''")
         exe = Path(found)
     (work / "merge.yml").write_text(config)
     out = work / "merged"

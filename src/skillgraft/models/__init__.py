@@ -17,5 +17,5 @@ _EXPORTS = {
 }
 __getattr__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = ["DEFAULT_MODEL", "ModelRef", "ModelSpec", "Scorer", "build_scorer", "bundled_minilm_path", "freeze", "model_reference",
-           "param_groups", "transformer_blocks"]
+__all__ = ["DEFAULT_MODEL", "ModelRef", "ModelSpec", "Scorer", "build_scorer", "bundled_minilm_path", "freeze",
+           "model_reference", "param_groups", "transformer_blocks"]

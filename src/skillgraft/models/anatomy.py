@@ -1,11 +1,11 @@
 """Parameter anatomy: which tensors a graft may cover, which travel whole, and a base model's identity.
 
-A Scorer's parameters are ``model.*`` (the Hugging Face model) and, in head mode, ``head.*`` (a new task
-head that θ_pre does not have). Graftable tensors are those a region γ may cover; *carried* tensors are
-a task head θ_pre does not have, which travels whole with every graft: ``head.*`` in head mode, and in
-classifier mode the tensors the scorer declares (``scorer.carried``: the checkpoint's classification head,
-``model.classifier.*`` / ``model.score.*``, and a pooler the pre-trained checkpoint lacks). Everything that needs to know this (grafting,
-Fisher, training, continual learning) asks this module.
+A Scorer's parameters are ``model.*`` (the Hugging Face model) and, in head mode, ``head.*`` (a new task head that θ_pre
+does not have). Graftable tensors are those a region γ may cover; *carried* tensors are a task head θ_pre does not have,
+which travels whole with every graft: ``head.*`` in head mode, and in classifier mode the tensors the scorer declares
+(``scorer.carried``: the checkpoint's classification head, ``model.classifier.*`` / ``model.score.*``, and a pooler the
+pre-trained checkpoint lacks). Everything that needs to know this (grafting, Fisher, training, continual learning) asks
+this module.
 """
 
 from __future__ import annotations

@@ -149,7 +149,8 @@ def complete_model(path: str, mode: str, role: str):
             model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True,
                                                                **({"dtype": dtype} if dtype is not None else {}))
     except (OSError, ValueError) as e:
-        raise SkillgraftError(f"could not load {role} model {path!r} as a causal LM: {str(e).splitlines()[0]}") from None
+        first = str(e).splitlines()[0]
+        raise SkillgraftError(f"could not load {role} model {path!r} as a causal LM: {first}") from None
     finally:
         hf_logging.set_verbosity(level)
     missing = sorted(info.get("missing_keys") or [])

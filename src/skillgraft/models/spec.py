@@ -18,8 +18,8 @@ class ModelSpec(Spec):
 
     model: str | None = Field(None, description="hub name or local path (default: bundled all-MiniLM-L6-v2)")
     mode: Mode = Field("head", description="scorer: head | prompt | causal")
-    pooling: Pooling | None = Field(None, description="head pooling: cls | mean | last (default: mean; last for decoder "
-                                                      "LMs)")
+    pooling: Pooling | None = Field(None, description=(
+        "head pooling: cls | mean | last (default: mean; last for decoder LMs)"))
     max_length: MaxLength = Field(MAX_LENGTH, description="max tokens per example")
 
     def scorer(self, task, *, head_seed: int = 0, dtype=None):

@@ -126,7 +126,8 @@ class ContinualLearner:
         owned coordinates (and its head) before training, instead of starting from the current values.
         """
         if task in self.tasks:
-            raise SkillgraftError(f"task {task!r} was already learned (order {self._order(task)}); tasks are learned once")
+            raise SkillgraftError(f"task {task!r} was already learned (order {self._order(task)}); "
+                                  "tasks are learned once")
         pre_view = self._pre_view(task)
         universe = set(graftable_names(pre_view, "body"))
         bad = [n for n in region.shapes if n not in universe]
@@ -214,14 +215,15 @@ class ContinualLearner:
                                                "base_fingerprint")}
         current = MultiTaskScorer.from_pretrained(directory / "model")
         if current.tasks != [e["task"] for e in entries]:
-            raise SkillgraftError(f"{path}: tasks {[e['task'] for e in entries]} but the saved model has {current.tasks}")
+            raise SkillgraftError(f"{path}: tasks {[e['task'] for e in entries]} but the saved model has "
+                                  f"{current.tasks}")
         return cls(current, None, entries, regions, settings)
 
 
 def checked_entries(directory: Path, path: Path, state: dict) -> list[dict]:
     """The task entries of a continual state, each an object naming its task, order and folders; the folders
-    (``region``, ``owned``) must lie inside ``directory`` (:func:`skillgraft.untrusted.inside`): ``continual add`` writes
-    them back there, so ``"../x"`` or an absolute path would make it write outside the state folder."""
+    (``region``, ``owned``) must lie inside ``directory`` (:func:`skillgraft.untrusted.inside`): ``continual add``
+    writes them back there, so ``"../x"`` or an absolute path would make it write outside the state folder."""
     from skillgraft.untrusted import inside  # noqa: PLC0415
 
     entries = state["tasks"]

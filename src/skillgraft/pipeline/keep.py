@@ -1,11 +1,11 @@
 """Keep targets in a grafting report (``skillgraft graft --keep 0.95,0.99``): the smallest graft keeping each share.
 
-The selection split is a user's ``--keep-data`` file, else the data's dev split (a k-shot draw: the next K per
-label), else a seeded held-out slice of the localization rows (the localizer then learns on the rest); the
-report's test rows are never used to choose (a ``--keep-data`` row that is also a test row is refused). A size
-counts as reaching a target when the lower confidence bound of its share (``--keep-confidence``) does. The search (:mod:`skillgraft.graft.keep`) runs on the chosen localizer's nested family; the
-found regions are stored (keyed by the member, the localizer and its options, the targets and the split) and
-scored on the test rows beside every other variant.
+The selection split is a user's ``--keep-data`` file, else the data's dev split (a k-shot draw: the next K per label),
+else a seeded held-out slice of the localization rows (the localizer then learns on the rest); the report's test rows
+are never used to choose (a ``--keep-data`` row that is also a test row is refused). A size counts as reaching a target
+when the lower confidence bound of its share (``--keep-confidence``) does. The search (:mod:`skillgraft.graft.keep`)
+runs on the chosen localizer's nested family; the found regions are stored (keyed by the member, the localizer and its
+options, the targets and the split) and scored on the test rows beside every other variant.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def selection_split(member: Member, keep: KeepSpec | float = 0.2) -> tuple[list,
     spec = keep if isinstance(keep, KeepSpec) else KeepSpec(keep_holdout=keep)
     data = member.data
     if spec.keep_data is not None:
-        user = member.inputs.graft_metadata.user_data or {}  # a pair's generative data: its prompt and completion fields
+        user = member.inputs.graft_metadata.user_data or {}  # a pair's generative data: its prompt, completion fields
         fields = (user.get("prompt_field") or "prompt", user.get("completion_field") or "completion")
         selection = read_keep_data(spec.keep_data, data.task, member.test, labels=bool(spec.keep), fields=fields)
         bare = sum(ex.text_b is None for ex in selection if data.task.kind == "generative")
@@ -232,9 +232,10 @@ def rows_to_confirm(target: float, confidence: float) -> int | None:
 def check_keep_rows(keep: KeepSpec, task, rows: int, where: str, *, right: int | None = None,
                     more: str = "--keep-data FILE") -> None:
     """Refuse keep targets the selection rows cannot confirm, whatever the graft (accuracy's exact bound, and the
-    betting bound of open-ended generative agreement targets; F1's bootstrap and open-ended scores are not checked): before any work with ``rows`` (FT right on all of them at
-    best), and again with ``right``, the rows FT gets right, once FT is scored. Else a keep target that nothing can
-    reach is written as a "graft" of the best size probed — up to every parameter (issue 50)."""
+    betting bound of open-ended generative agreement targets; F1's bootstrap and open-ended scores are not checked):
+    before any work with ``rows`` (FT right on all of them at best), and again with ``right``, the rows FT gets right,
+    once FT is scored. Else a keep target that nothing can reach is written as a "graft" of the best size probed — up to
+    every parameter (issue 50)."""
     if keep.keep_agreement and right is None and getattr(task, "kind", "") == "generative" and not task.labels:
         _check_token_agreement_rows(keep, rows, where)
     if not keep.keep or getattr(task, "kind", "") == "generative" or getattr(task, "metric", "accuracy") != "accuracy":

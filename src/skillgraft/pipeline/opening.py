@@ -353,7 +353,8 @@ def open_checkpoint(path: str, data, *, mode: str | None = None, split: str = "t
     mode = pair_mode(path, user and data.generative, mode)
     if user:
         if data.generative != (mode == "generative"):
-            raise SkillgraftError(f"--mode {mode} needs {'prompt→completion' if mode == 'generative' else 'labelled'} data")
+            wanted = "prompt→completion" if mode == "generative" else "labelled"
+            raise SkillgraftError(f"--mode {mode} needs {wanted} data")
         labels = model_labels(path) if mode == "classifier" else None
         loaded = data.replace(eval_data=data.eval_data or data.data).load(labels)
         task, examples, note = loaded.task, loaded.test, loaded.labels_note

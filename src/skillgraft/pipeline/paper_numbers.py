@@ -1,7 +1,7 @@
 """Numbers quoted verbatim from the grafting paper (Panigrahi et al., 2023), for the reports' side-by-side.
 
-All are RoBERTa-base (Table 9: GPT-2 small), prompt-based FT with SGD, mean (std) over 5 data seeds, in %. Only numbers printed in
-the paper are here; figures without printed numbers are not quoted.
+All are RoBERTa-base (Table 9: GPT-2 small), prompt-based FT with SGD, mean (std) over 5 data seeds, in %. Only numbers
+printed in the paper are here; figures without printed numbers are not quoted.
 """
 
 # Table 2, 64-shot: (FT acc, FT ECE, graft acc, graft ECE); † = F1. Graft sparsity ≤ 0.01%.
@@ -89,7 +89,8 @@ PAPER_NOTE = ("Paper: RoBERTa-base (125M), prompt-based FT with SGD, 5 data seed
               "contradiction and entailment (\"MNLI (0/1)\", footnote 2). Ours: see the sizes line; the "
               "numbers are not expected to match, the comparison is of direction and size of effects.")
 
-# Table 9, GPT-2 small, prompts of Holtzman et al. (2021), grafts ≤ 0.05%: (FT acc, FT ECE, graft acc, graft ECE); † = F1
+# Table 9, GPT-2 small, prompts of Holtzman et al. (2021), grafts ≤ 0.05%: (FT acc, FT ECE, graft acc, graft ECE);
+# † = F1
 TABLE9_GPT2_64 = {
     "SST-2": ("85.0 (0.9)", "11.8 (2.0)", "84.8 (0.8)", "7.3 (2.1)"),
     "cr": ("87.4 (1.0)", "11.1 (1.1)", "87.5 (0.8)", "7.4 (0.9)"),

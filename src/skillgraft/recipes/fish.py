@@ -293,7 +293,8 @@ def plot_tracking(rows: list[dict], path) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.4))
     steps = [r["step"] for r in rows]
     ax.plot(steps, [100 * r["checkpoint_score"] for r in rows], "o-", label="checkpoint (fine-tuned)")
-    ax.plot(steps, [100 * r["graft_score"] for r in rows], "s--", label=f"graft: region from step {rows[0]['learned_at']}")
+    ax.plot(steps, [100 * r["graft_score"] for r in rows], "s--",
+            label=f"graft: region from step {rows[0]['learned_at']}")
     ax.axvline(rows[0]["learned_at"], color="gray", lw=0.8, ls=":")
     ax.set_xlabel("fine-tuning step of the checkpoint")
     ax.set_ylabel("test score (%)")

@@ -298,8 +298,8 @@ def _report(spec: MultitaskSpec, acc_rows, per_base, union_rows, mt_info, purify
         lines += [f"## Task regions with γ_base = {'0' if base == 0 else f'top-{tag_} movement'}", "",
                   "Region sizes: " + ", ".join(f"{t} {rows[t]['size']}" for t in tasks) + f" (after "
                   f"{rows[tasks[0]]['steps']} localizer steps).", "",
-                  *([f"Does the region still move? IoU of the final region with the one scored {spec.localize.eval_every} "
-                     f"steps before: {still} (1 = stopped changing).", ""] if still else []),
+                  *([f"Does the region still move? IoU of the final region with the one scored "
+                     f"{spec.localize.eval_every} steps before: {still} (1 = stopped changing).", ""] if still else []),
                   "Overlap |γ_i ∩ γ_j| / |γ_j| (row i, column j):", "",
                   md_table(["γ_i \\ γ_j", *tasks], [[i, *[f"{v:.3f}" for v in pb["overlap"][a]]]
                                                     for a, i in enumerate(tasks)]), "",

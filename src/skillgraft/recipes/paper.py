@@ -479,7 +479,8 @@ def grid_section(spec: PaperSpec, grids: list[dict]) -> list[str]:
     g = spec.grid
     lines = ["## Fine-tuning grid (chosen on dev)", "",
              f"Each point: SGD at (batch, lr) for {f'{g.steps} steps (a screen)' if g.steps else 'the full schedule'}"
-             f", dev evaluated every {g.eval_every if g.steps and g.eval_every is not None else spec.finetune.eval_every}"
+             f", dev evaluated every "
+             f"{g.eval_every if g.steps and g.eval_every is not None else spec.finetune.eval_every}"
              " steps; best dev score (accuracy, F1 for MRPC/QQP) and its step, the dev curve. Chosen: the best dev "
              "score, ties to the first point. "
              + ("'used' = the chosen (batch, lr) on the full schedule, the fine-tuning Table 2 grafts from. "

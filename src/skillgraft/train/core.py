@@ -151,7 +151,8 @@ def _checkpoint(config: FinetuneConfig, sampler, callbacks, params, model, accel
     if any(type(p).__name__ == "DTensor" for p in model.parameters()):
         return None
     return checkpoint("finetune", {"config": config.to_dict(), "steps": sampler.steps,
-                                   "tasks": {str(t): [len(tr), len(dev or [])] for t, (tr, dev) in sampler.data.items()},
+                                   "tasks": {str(t): [len(tr), len(dev or [])]
+                                             for t, (tr, dev) in sampler.data.items()},
                                    "params": [list(p.shape) for p in params],
                                    "callbacks": [type(cb).__name__ for cb in callbacks]},
                       world=accelerator.num_processes, rank=accelerator.process_index, device=accelerator.device)

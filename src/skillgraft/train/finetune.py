@@ -23,8 +23,8 @@ FinetuneResult = TrainResult
 __all__ = ["FinetuneConfig", "FinetuneResult", "batch_schedule", "finetune"]
 
 
-def finetune(scorer: Scorer, train: list[Example], dev: list[Example] | None, config: FinetuneConfig, *, k: int | None = None,
-             accelerator=None, progress: bool = True, callbacks=()) -> FinetuneResult:
+def finetune(scorer: Scorer, train: list[Example], dev: list[Example] | None, config: FinetuneConfig, *,
+             k: int | None = None, accelerator=None, progress: bool = True, callbacks=()) -> FinetuneResult:
     """Train ``scorer`` in place on ``train`` (best dev checkpoint restored at the end).
 
     Steps: ``config.steps`` or 16·n·k capped (``k`` defaults to ``len(train) / n``). ``callbacks`` run

@@ -97,7 +97,8 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
                 init_graft = Graft.from_pretrained(region_path)
                 gamma = init_graft.region
             else:
-                raise SkillgraftError(f"--region {region_path}: neither a region folder (region.json) nor a graft folder")
+                raise SkillgraftError(f"--region {region_path}: neither a region folder (region.json) "
+                                      "nor a graft folder")
             info["region_source"] = str(region_path)
         else:
             settings, store = learner.settings, Store(cache)

@@ -1,8 +1,8 @@
 """``skillgraft merge``: several fine-tuned models of one base → one model, stitched from their localized regions,
 beside mergekit's dense merges of the same checkpoints (report.md).
 
-1. Inputs are checked before any weights load (:func:`~skillgraft.verbs.merge_inputs.check_inputs`): one data source per model, no model twice,
-   one architecture, shapes and vocabulary (the pre-trained model's), one scoring mode.
+1. Inputs are checked before any weights load (:func:`~skillgraft.verbs.merge_inputs.check_inputs`): one data source
+   per model, no model twice, one architecture, shapes and vocabulary (the pre-trained model's), one scoring mode.
 2. A :class:`~skillgraft.pipeline.workbench.Workbench` holds θ_pre once and loads one θ_ft at a time: each is
    scored, localized and shown to every merge method (mergekit writes its input), then released. Each pair
    (θ_pre, θ_ft,t) is localized by a registered localizer at ``budget`` (regions kept in the store),

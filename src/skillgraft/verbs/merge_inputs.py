@@ -180,7 +180,8 @@ def check_inputs(pretrained: str, inputs: list[ModelInput], spec) -> str:
         raise SkillgraftError(f"the models are scored differently ({shown}); merge models of one kind, or set --mode")
     prints = {_graft_record(str(m.graft)).get("base_fingerprint") for m in inputs if m.graft is not None}
     if len(prints - {None}) > 1:
-        raise SkillgraftError(f"the --grafts were learned on different base models (fingerprints {sorted(prints - {None})})")
+        raise SkillgraftError(f"the --grafts were learned on different base models "
+                              f"(fingerprints {sorted(prints - {None})})")
     return next(iter(modes.values()))
 
 

@@ -164,8 +164,8 @@ def report_markdown(s: dict, methods: list[MergeMethod]) -> str:
     grafts, checkpoints = ", ".join(["each task's graft", *stores["graft"]]), ", ".join(stores["checkpoint"])
     lines += ["", " ".join(legends), "", "*bytes / task*: what must be kept per task to rebuild the merged model — a "
               f"graft file (positions, values, the task's head) for {grafts}; the whole fine-tuned checkpoint (its "
-              f"dense task vector) for {checkpoints + ', ' if checkpoints else ''}single-task models (unless a row says "
-              "its own bytes).", ""]
+              f"dense task vector) for {checkpoints + ', ' if checkpoints else ''}single-task models (unless a row "
+              "says its own bytes).", ""]
     return "\n".join(lines)
 
 

@@ -129,5 +129,5 @@ register_localizer("prune")(Prune)
 register_localizer("hard-concrete")(HardConcrete)
 
 __all__ = ["LOCALIZERS", "FishOptions", "LocalizeConfig", "LocalizeResult", "Localization", "Localizer",
-           "LocalizerOptions", "RandomOptions", "RelaxedOptions", "SaliencyOptions", "get_localizer", "localize", "movement", "options_table", "options_union",
-           "register_localizer", "Support", "support", "support_table"]
+           "LocalizerOptions", "RandomOptions", "RelaxedOptions", "SaliencyOptions", "get_localizer", "localize",
+           "movement", "options_table", "options_union", "register_localizer", "Support", "support", "support_table"]
