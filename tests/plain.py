@@ -30,8 +30,7 @@ def write_graft_in(params: dict[str, torch.Tensor], folder: Path) -> dict[str, t
 
 def plain_graft_logits(folder: Path, task: str, texts: list[str]) -> torch.Tensor:
     """A routed merge folder's graft of ``task`` applied with plain transformers + safetensors: θ_pre's checkpoint with
-    the graft's packed
-    positions and values written in and its head loaded."""
+    the graft's packed positions and values written in and its head loaded."""
     import transformers as tf
     from safetensors.torch import load_file
 
