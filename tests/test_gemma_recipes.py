@@ -17,7 +17,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft import Budget
 from skillgraft.recipes import run_recipe
 from skillgraft.recipes import load_recipe
-from tiny import write_imdb_test, write_sentiment_data, write_topic_data
+from tiny import write_imdb_test, write_pair_data, write_sentiment_data, write_topic_data
 
 ROOT = Path(__file__).resolve().parents[1]
 GEMMA = sorted((ROOT / "bench" / "fidelity").glob("gemma-*.yaml"))
@@ -26,11 +26,14 @@ SCALE = 100  # budgets × SCALE: a tiny body of ~50k parameters holds a region o
 
 @pytest.fixture(scope="module")
 def gemma_data(tmp_path_factory) -> Path:
-    """Toy data for every task the Gemma recipes name: sentiment sets, imdb (test only, neg/pos), a 4-topic ag_news."""
+    """Toy data for every task the Gemma recipes name: sentiment sets, imdb (test only, neg/pos), a 4-topic ag_news,
+    two entailment pair sets (RTE, QNLI)."""
     root = tmp_path_factory.mktemp("gemma-data")
     for i, folder in enumerate(("SST-2", "mr", "mpqa", "cr", "yelp_polarity")):
         write_sentiment_data(root, folder=folder, n_train=80, n_test=24, seed=i)
     write_topic_data(root)
+    for i, folder in enumerate(("RTE", "QNLI")):
+        write_pair_data(root, folder=folder, seed=20 + i)
     write_imdb_test(root, tmp_path_factory.mktemp("toy-imdb"), n_test=24, seed=9)
     return root
 
@@ -75,6 +78,16 @@ def test_the_large_data_schedule_is_the_papers_capped_one():
     assert spec.data_spec("SST-2", 13).dev_limit == 512
     learned = spec.options_of(next(loc for loc in spec.localizers if loc.name == "learned"))
     assert (learned.batch_size, learned.select_on, learned.steps) == (128, "last", 100)
+
+
+def test_the_rest_of_the_grid_follows_the_issues_test_rule():
+    """gemma-schedule-64-rest (issue 46's AGNews, QNLI, RTE): full test sets up to 2,000 rows, else a seeded 1,000;
+    16·n·k steps (AGNews' 4 labels: 4,096); dev on a seeded 128 rows."""
+    _, spec = load_recipe(ROOT / "bench" / "fidelity" / "gemma-schedule-64-rest.yaml")
+    assert set(spec.tasks) == {"ag_news", "QNLI", "RTE"} and spec.k == 64
+    assert spec.finetune.resolved_steps(4, spec.k) == 4096 and spec.finetune.resolved_steps(2, spec.k) == 2048
+    data = spec.data_spec("ag_news", 13)
+    assert (data.test_limit, data.dev_limit) == (1000, 128)
 
 
 def test_every_gemma_recipe_validates():

@@ -49,6 +49,21 @@ def write_topic_data(root: Path, folder: str = "ag_news", n_train: int = 120, n_
     return root
 
 
+def write_pair_data(root: Path, folder: str = "RTE", n_train: int = 80, n_test: int = 24, seed: int = 0) -> Path:
+    """A learnable toy entailment task in the JSONL layout (``text_a``, ``text_b``, labels ``entailment`` /
+    ``not_entailment``, as RTE and QNLI): entailment iff the second sentence's sentiment word has the first's polarity."""
+    rng = random.Random(seed)
+    (root / folder).mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("test", n_test)):
+        with open(root / folder / f"{split}.jsonl", "w") as f:
+            for i in range(n):
+                a, same = rng.randrange(2), i % 2
+                row = {"text_a": sentence(rng, a), "text_b": sentence(rng, a if same else 1 - a),
+                       "label": "entailment" if same else "not_entailment"}
+                f.write(json.dumps(row) + "\n")
+    return root
+
+
 def _bpe_tokenizer(special: dict[str, str]):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
