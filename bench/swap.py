@@ -271,7 +271,7 @@ def bench_model(kind: str, args, tmp: Path) -> dict:
             print(f"-- {threads} thread(s), {mode.replace('_', ' ')} (median ms, × graft apply+revert)")
             for k, v in rows.items():
                 print(f"   {k:38s} {v['median_ms']:10.3f} ms   ×{v['vs_graft_apply_revert']:8.1f}", flush=True)
-    del peft_model, pre
+    peft_model = pre = None  # the closures above hold the names: dropped by rebinding, not del
     gc.collect()
     return out
 
