@@ -105,10 +105,10 @@ def pair(tiny_bert, toy_data):
     return adamw_pair(tiny_bert, toy_data)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained_run(tiny_bert, toy_data, tmp_path_factory):
     """A `skillgraft finetune` run of the tiny BERT that has learned the toy task (40 AdamW steps; the CLI and keep
-    tests graft from it); one per module."""
+    tests graft from it, read-only: every reader writes to its own --out)."""
     out = tmp_path_factory.mktemp("cli") / "ft"
     r = _invoke("finetune", "--task", "SST-2", "--k", 16, "--seed", 13, "--model", tiny_bert, "--optimizer", "adamw",
                 "--lr", 1e-3, "--steps", 40, "--eval-every", 20, "--data-dir", toy_data, "--out", out)
