@@ -228,6 +228,36 @@ def main() -> None:
 
     profile()
 
+    @section(args.out, "profile_eval")
+    def profile_eval():
+        """Why evaluation in bf16-mixed ran 12× slower than in fp32 on the H200 (bench/RESULTS.md, open): two batches
+        of 64 test rows per precision under torch.profiler, after a warm-up on the same rows (same shapes)."""
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+
+        from skillgraft.evaluate.predict import predict_probs
+
+        rows = data.test[:128]
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        key = "cuda_time_total" if dev.type == "cuda" else "cpu_time_total"
+        tables = []
+        for precision in ("fp32", "bf16-mixed"):
+            with using(Placement(device=args.device, precision=precision)):
+                scorer = spec.scorer(data.task)
+            predict_probs(scorer, rows, batch_size=64)  # warm-up on the very shapes profiled
+            sync(dev)
+            t0 = time.perf_counter()
+            with torch_profile(activities=activities) as prof:
+                predict_probs(scorer, rows, batch_size=64)
+                sync(dev)
+            seconds = time.perf_counter() - t0
+            tables.append(f"== {precision}: {len(rows)} rows in {seconds:.3f} s (profiled)\n"
+                          + prof.key_averages().table(sort_by=key, row_limit=20))
+            record(args.out, f"profile_eval:{precision}", {"rows": len(rows), "seconds": round(seconds, 4)})
+            del scorer
+        args.out.with_name("gpu_profile_eval.txt").write_text("\n\n".join(tables))
+
+    profile_eval()
+
 
 if __name__ == "__main__":
     sys.exit(main())

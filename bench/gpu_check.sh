@@ -15,7 +15,7 @@ python3 -c "import torch, transformers, peft, accelerate; print('torch', torch._
 echo "setup: $(( $(date +%s) - t0 )) s"
 python3 $G/make_model.py /tmp/base270 270m fp32 $G/data > /tmp/build.log 2>&1; tail -1 /tmp/build.log
 echo "model: $(( $(date +%s) - t0 )) s"
-timeout 170 python3 bench/gpu.py --model /tmp/base270 --data $G/data --out $OUT/gpu_bench.json > $OUT/bench.log 2>&1
+timeout 190 python3 bench/gpu.py --model /tmp/base270 --data $G/data --out $OUT/gpu_bench.json > $OUT/bench.log 2>&1
 echo "bench rc=$? at $(( $(date +%s) - t0 )) s"; grep -E "^[a-z]+:" $OUT/bench.log | cut -c1-220
 t1=$(date +%s)
 (CUDA_VISIBLE_DEVICES= timeout 240 python3 -m pytest -m "not slow and not real" -n 7 -p no:cacheprovider --timeout 150 -q -rfE > $OUT/suite_cpu.log 2>&1; echo "rc=$?" >> $OUT/suite_cpu.log) &
