@@ -1,5 +1,6 @@
 """skillgraft on a GPU (issue 45): fine-tuning speed and memory per precision, evaluation on GPU vs CPU, localization
-step and memory (dense and lean), and a skill swap beside a PEFT LoRA hot-swap — on one model, one card.
+step and memory (dense and lean), a skill swap beside a PEFT LoRA hot-swap, and profiles of a fine-tuning step and of
+evaluation in fp32 and bf16-mixed — on one model, one card.
 
     python bench/gpu.py --model MODEL_DIR --data DATA_ROOT --out results.json [--device cuda] [--quick]
 
