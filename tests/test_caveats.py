@@ -44,7 +44,8 @@ def _graft(ft, base, data, out, *extra):
 
 def test_ft_at_chance_is_warned_and_noted(tiny_classifier, tiny_bert, tmp_path, recwarn):  # noqa: F811
     """A classifier whose head is zero predicts one label for every row: accuracy 0.5 on balanced rows."""
-    ft = _classifier(tiny_classifier, tmp_path / "ft", lambda m: (m.classifier.weight.zero_(), m.classifier.bias.zero_()))
+    ft = _classifier(tiny_classifier, tmp_path / "ft",
+                     lambda m: (m.classifier.weight.zero_(), m.classifier.bias.zero_()))
     (tmp_path / "r.jsonl").write_text(_rows(["bad", "good"] * 10))
     (tmp_path / "held.jsonl").write_text(_rows(["bad", "good"] * 4))
     output, report, metrics = _graft(ft, tiny_bert, tmp_path / "r.jsonl", tmp_path / "g", "--eval-data",

@@ -36,8 +36,8 @@ def test_graft_inspect_apply(trained_run, toy_data, tmp_path):
     assert r.exit_code == 0, r.output
     assert (exported / "config.json").is_file() and "acc" in r.output
     # an existing report folder is refused before any work; --overwrite re-runs from the stored regions
-    args = ["graft", "--finetuned", trained_run, "--out", out, "--budgets", "0.001,0.01", "--steps", 4, "--eval-every", 2,
-            "--data-dir", toy_data]
+    args = ["graft", "--finetuned", trained_run, "--out", out, "--budgets", "0.001,0.01", "--steps", 4,
+            "--eval-every", 2, "--data-dir", toy_data]
     r2 = invoke(*args)
     assert r2.exit_code == 2 and "already exists" in r2.output
     r2 = invoke(*args, "--overwrite")

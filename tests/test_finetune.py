@@ -136,8 +136,8 @@ from skillgraft.train import FinetuneConfig, finetune
 acc = Accelerator(cpu=True)
 data = load_kshot("SST-2", 8, 13, sys.argv[2])
 scorer = build_scorer(sys.argv[1], "SST-2", "head")
-res = finetune(scorer, data.train, None, FinetuneConfig(lr=0.1, steps=6, batch_size=8, eval_every=0, max_grad_norm=None),
-               accelerator=acc, progress=False)
+config = FinetuneConfig(lr=0.1, steps=6, batch_size=8, eval_every=0, max_grad_norm=None)
+res = finetune(scorer, data.train, None, config, accelerator=acc, progress=False)
 if acc.is_main_process:
     torch.save({n: p.detach() for n, p in res.scorer.named_parameters()}, sys.argv[3])
 acc.wait_for_everyone()

@@ -391,7 +391,8 @@ def test_a_classifier_of_other_than_two_labels_goes_to_mergekit_as_a_checkpoint(
     for f in tiny_bert.iterdir():
         (tmp_path / "base" / f.name).symlink_to(f)
     (tmp_path / "base" / "config.json").unlink()
-    (tmp_path / "base" / "config.json").write_text(json.dumps({**cfg, "architectures": ["BertForSequenceClassification"]}))
+    (tmp_path / "base" / "config.json").write_text(
+        json.dumps({**cfg, "architectures": ["BertForSequenceClassification"]}))
     with pytest.raises(RuntimeError, match="size mismatch"):  # what mergekit-yaml meets: the 2-label head
         mergekit_style_merge(tmp_path / "base", tmp_path / "adapter", tmp_path / "never")
     graft.export(pre, tmp_path / "hf")

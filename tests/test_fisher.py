@@ -286,7 +286,8 @@ def test_surgical_recipe_tiny(tiny_bert, toy_data, tmp_path):
     from skillgraft.recipes.surgical import task_averages
 
     agg = [{"task": t, "method": m, "score": [v], "ece": [0.1], "trainable_parameters": [p]}
-           for t, m, v, p in [("a", "full", 0.8, 10), ("b", "full", 0.6, 10), ("a", "top", 0.9, 2), ("b", "top", 0.5, 2)]]
+           for t, m, v, p in [("a", "full", 0.8, 10), ("b", "full", 0.6, 10), ("a", "top", 0.9, 2),
+                              ("b", "top", 0.5, 2)]]
     assert task_averages(agg) == [["full", "70.0", "10.0", "10", "2/2", 2], ["top", "70.0", "10.0", "2", "1/2", 2]]
     assert "## Average over tasks" in report
     assert (out / "results.csv").is_file() and (out / "surgical.png").is_file()

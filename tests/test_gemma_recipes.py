@@ -48,7 +48,8 @@ def tiny_overrides(values: dict, model: Path, data: Path) -> dict:
         over["budgets"] = [float(b) * SCALE for b in values["budgets"]]
     if "localizers" in values:
         short = {"steps": 2, "eval_every": 1}
-        over["localizers"] = [{**loc, "options": {**loc.get("options", {}), **(short if loc["name"] == "learned" else {})}}
+        over["localizers"] = [{**loc, "options": {**loc.get("options", {}),
+                                                  **(short if loc["name"] == "learned" else {})}}
                               for loc in values["localizers"]]
     if values.get("dev_limit"):  # a seeded part of the (tiny) dev split, as the real run scores
         over["dev_limit"] = 3

@@ -226,7 +226,8 @@ def test_frontier_learned_from_one_trajectory_per_sparsity(trained_run, toy_data
 
 
     out = tmp_path / "s"
-    r = invoke("sweep", "--finetuned", trained_run, "--out", out, "--levels", "0.01", "--steps", 2, "--data-dir", toy_data,
+    r = invoke("sweep", "--finetuned", trained_run, "--out", out, "--levels", "0.01", "--steps", 2,
+               "--data-dir", toy_data,
                "--frontier", "--frontier-levels", "0.001,0.01,0.1", "--frontier-sparsities", "0.001,0.05",
                "--frontier-peers", "movement", "--frontier-keep", "0.9")
     assert r.exit_code == 0, r.output

@@ -74,7 +74,8 @@ def test_lean_pair_report_equals_the_report_with_both_models_loaded(llama_pair, 
         # the pair's typed metadata (Member.inputs.graft_metadata, a GraftMetadata) is what each graft records
         assert isinstance(lean.inputs.graft_metadata, GraftMetadata)
         assert g1.metadata.pretrained == str(a) and g1.metadata.finetuned == lean.inputs.graft_metadata.finetuned
-        assert g1.metadata.task_spec == lean.inputs.graft_metadata.task_spec and g1.metadata.task_spec["name"] == "SST-2"
+        assert g1.metadata.task_spec == lean.inputs.graft_metadata.task_spec
+        assert g1.metadata.task_spec["name"] == "SST-2"
 
 
 def test_cli_pair_never_holds_both_models_and_localizes_without_theta_ft(llama_pair, toy_data, tmp_path, monkeypatch):

@@ -81,7 +81,8 @@ def test_cli_resolves_each_localizers_own_defaults(name, capture, tmp_path):
 
 @pytest.mark.parametrize("name", sorted(LOCALIZERS))
 def test_recipe_resolves_each_localizers_own_defaults(name, capture, monkeypatch, tmp_path):
-    spec = GraftRecipeSpec.build({"recipe": "graft", "report": {"localizer": name, "baselines": []}, "localize": user_fields(name)})
+    spec = GraftRecipeSpec.build({"recipe": "graft", "report": {"localizer": name, "baselines": []},
+                                  "localize": user_fields(name)})
     monkeypatch.setattr(GraftRecipeSpec, "member", lambda self, *a, **k: fake_member())
     with pytest.raises(Captured):
         graft_recipe(spec, types.SimpleNamespace(store=None, path=tmp_path))

@@ -166,7 +166,8 @@ def test_continual_never_changes_coordinates_of_earlier_tasks(tiny_bert, multi_d
     back = ContinualLearner.load(tmp_path / "state")
     assert back.tasks == tasks and back.owned("cr") == learner.owned("cr")
     state = json.loads((tmp_path / "state" / "continual.json").read_text())
-    assert [e["task"] for e in state["tasks"]] == tasks and state["ownership"][1]["owned"] == len(learner.owned("SST-2"))
+    assert [e["task"] for e in state["tasks"]] == tasks
+    assert state["ownership"][1]["owned"] == len(learner.owned("SST-2"))
     assert (tmp_path / "state" / "owned" / "2-SST-2" / "region.safetensors").is_file()
     with pytest.raises(SkillgraftError, match="already learned"):
         back.add_task("cr", regions["cr"], data["cr"].train, None, cfg, progress=False)

@@ -23,8 +23,8 @@ def classifier_pair(tiny_bert, tmp_path_factory):
     import transformers as tf
 
     root = tmp_path_factory.mktemp("pair")
-    model = tf.BertForSequenceClassification.from_pretrained(str(tiny_bert), num_labels=2,
-                                                             id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1})
+    model = tf.BertForSequenceClassification.from_pretrained(
+        str(tiny_bert), num_labels=2, id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1})
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.01)

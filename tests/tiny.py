@@ -18,7 +18,8 @@ def sentence(rng: random.Random, label: int) -> str:
     return " ".join(words)
 
 
-def write_sentiment_data(root: Path, folder: str = "SST-2", n_train: int = 200, n_test: int = 80, seed: int = 0) -> Path:
+def write_sentiment_data(root: Path, folder: str = "SST-2", n_train: int = 200, n_test: int = 80,
+                         seed: int = 0) -> Path:
     """A learnable toy sentiment task in the JSONL layout: label '1' iff a positive word occurs."""
     rng = random.Random(seed)
     (root / folder).mkdir(parents=True, exist_ok=True)
@@ -136,7 +137,8 @@ def build_tiny(kind: str, directory: Path, *, layers: int = 2, mlm_head: bool = 
     return directory
 
 
-def tiny_gemma3(layers: int = 3, *, softcap: float | None = 30.0, vocab_size: int | None = None, gguf_like: bool = False):
+def tiny_gemma3(layers: int = 3, *, softcap: float | None = 30.0, vocab_size: int | None = None,
+                gguf_like: bool = False):
     """Gemma 3's architecture shrunk (Gemma3ForCausalLM: sliding-window and full-attention layers, tied embeddings,
     one key/value head, (1 + w) RMS norms; a final logit soft-cap, which the 270M model leaves off, so the
     head-only-where-scored path is checked through it) and a byte-level BPE tokenizer. ``gguf_like``: the values
@@ -154,7 +156,8 @@ def tiny_gemma3(layers: int = 3, *, softcap: float | None = 30.0, vocab_size: in
         layer_types=None if gguf_like else ["sliding_attention" if (i + 1) % 3 else "full_attention"
                                              for i in range(layers)],
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}} if gguf_like else None, tie_word_embeddings=True, final_logit_softcapping=softcap,
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}} if gguf_like else None,
+        tie_word_embeddings=True, final_logit_softcapping=softcap,
         pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     model = tf.Gemma3ForCausalLM(cfg)
     with torch.no_grad():  # Gemma's norms start at w = 0 (scale 1 + w): give them values a GGUF round trip can see

@@ -65,7 +65,8 @@ def topic_rows(n: int, seed: int) -> list[dict]:
 
 
 def train_classifier(base: Path, out: Path, rows: list[dict], *, steps: int = 25, lr: float = 3e-3) -> Path:
-    """Plain transformers: AutoModelForSequenceClassification with the data's labels (sorted), AdamW, save_pretrained."""
+    """Plain transformers: AutoModelForSequenceClassification with the data's labels (sorted), AdamW,
+    save_pretrained."""
     import transformers as tf
 
     labels = sorted({r["label"] for r in rows})
