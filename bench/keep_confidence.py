@@ -273,7 +273,7 @@ def pooled(results: list[dict]) -> str:
     that reached τ on the selection split (a promise, for a bound) and how many of those held on test."""
     lines = ["| models | rule | searches | kept τ on test | at τ ≤ 0.95 | promised (reached on selection) | "
              "kept when promised |", "|---|---|---:|---:|---:|---:|---:|"]
-    pools = {**{name: modes for name, modes in POOLS.items()}, "all": tuple(m for ms in POOLS.values() for m in ms)}
+    pools = {**POOLS, "all": tuple(m for ms in POOLS.values() for m in ms)}
     for name, modes in pools.items():
         rows = [row for r in results if r["mode"] in modes for row in r["rows"] if " (" not in row["rule"]]
         for rule in dict.fromkeys(row["rule"] for row in rows):
@@ -330,7 +330,7 @@ def feasibility(out: Path, confidence: float = 0.9) -> str:
     return "\n".join(lines)
 
 
-def walks(out: Path, navigation: float = 0.2) -> str:
+def walks(out: Path, keep_from: float = 1e-6, navigation: float = 0.2) -> str:
     """Other fixed-sequence walks, replayed on each search's stored selection outcomes (the .npz: every size it
     probed, per row), at the paired test, τ = 0.9 / 0.95, confidence 0.9 — median over models of size ÷ point size:
 
@@ -348,6 +348,7 @@ def walks(out: Path, navigation: float = 0.2) -> str:
     import numpy as np
 
     from skillgraft.graft.bound import Outcome, paired_test
+    from skillgraft.graft.keep import coarse_grid
 
     risk, rows = 0.1, {}
     for path in sorted(out.glob("*.npz")):
@@ -355,11 +356,7 @@ def walks(out: Path, navigation: float = 0.2) -> str:
         y, sizes, universe = d["sel_labels"], d["sizes"], int(d["universe"])
         ft = Outcome(float((d["ft_sel_pred"] == y).mean()), d["ft_sel_pred"], y)
         outcome = [Outcome(float((p == y).mean()), p, y) for p in d["sel_pred"]]
-        coarse, k = set(), max(1, round(1e-6 * universe))
-        while k < universe:
-            coarse.add(k)
-            k *= 4
-        coarse.add(universe)
+        coarse = set(coarse_grid(max(1, round(keep_from * universe)), universe))  # as measure()'s searches
         down = sorted(range(len(sizes)), key=lambda i: -sizes[i])
         for tau in (0.9, 0.95):
             passes = lambda i, level: paired_test(outcome[i], ft, tau, 1 - level)  # noqa: E731
@@ -427,7 +424,7 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.walks:
-        print(walks(args.out))
+        print(walks(args.out, args.keep_from))
         return
     if args.summary:
         print(summarize(args.out))

@@ -14,30 +14,21 @@ from skillgraft.models import build_scorer
 
 
 def adamw_pair(tiny_bert, toy_data):
-    """(pre, ft, data): the tiny BERT in head mode and a copy trained by 40 steps of plain AdamW (dropout on,
-    embeddings frozen) on the toy SST-2's 16-shot draw; the pair the reference regions were recorded on."""
+    """(pre, ft, data): the tiny BERT in head mode and a copy trained by 40 steps of plain AdamW with dropout on, on
+    the toy SST-2's 16-shot draw; the pair the reference regions were recorded on."""
     data = load_kshot("SST-2", 16, 13, toy_data)
-    pre = build_scorer(str(tiny_bert), "SST-2", "head")
-    ft = build_scorer(str(tiny_bert), "SST-2", "head", head_seed=1)
-    torch.manual_seed(0)
-    opt = torch.optim.AdamW([p for n, p in ft.named_parameters() if "embeddings" not in n], lr=1e-3)
-    ft.train()
-    for step in range(40):
-        batch = ft.collate([data.train[(step * 8 + i) % len(data.train)] for i in range(8)])
-        labels = batch.pop("labels")
-        torch.nn.functional.cross_entropy(ft(**batch), labels).backward()
-        opt.step()
-        opt.zero_grad()
-    ft.eval()
-    return pre, ft, data
+    return (*trained_pair(tiny_bert, "head", data, steps=40, dropout=True), data)
 
 
-def trained_pair(path, mode, data, dtype=None, steps=20):
-    """(pre, ft) of any tiny model: ``ft`` moved by a few AdamW steps (eval mode, embeddings frozen)."""
+def trained_pair(path, mode, data, dtype=None, steps=20, dropout=False):
+    """(pre, ft) of any tiny model: ``ft`` moved by ``steps`` plain AdamW steps of 8 rows (embeddings frozen; the
+    whole scorer in train mode with ``dropout``, else as it loaded), returned in eval mode."""
     pre = build_scorer(str(path), "SST-2", mode, dtype=dtype)
     ft = build_scorer(str(path), "SST-2", mode, dtype=dtype, head_seed=1)
     torch.manual_seed(0)
     opt = torch.optim.AdamW([p for n, p in ft.named_parameters() if "embed" not in n], lr=1e-3)
+    if dropout:
+        ft.train()
     for step in range(steps):
         batch = ft.collate([data.train[(step * 8 + i) % len(data.train)] for i in range(8)])
         labels = batch.pop("labels")

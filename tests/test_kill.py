@@ -37,16 +37,6 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def ft_run(tiny_bert, toy_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("kill") / "ft"
-    r = runner.invoke(app, [str(a) for a in (
-        "finetune", "--task", "SST-2", "--k", 8, "--seed", 13, "--model", tiny_bert, "--optimizer", "adamw", "--lr",
-        1e-3, "--steps", 6, "--eval-every", 3, "--data-dir", toy_data, "--test-limit", 8, "--out", out)])
-    assert r.exit_code == 0, r.output
-    return out
-
-
 def graft_args(ft_run, toy_data, out, store, *extra) -> list[str]:
     return [str(a) for a in ("graft", "--finetuned", ft_run, "--out", out, "--cache", store, "--budgets", "0.01,0.1",
                              "--steps", 3, "--test-limit", 8, "--baselines", "movement", "--no-lottery-zero",

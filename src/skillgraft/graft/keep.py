@@ -34,6 +34,7 @@ bound confirm that size.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -308,6 +309,12 @@ class KeepResult:
                 f"{self.best_share:.3f} at {self.best_size:,}{bound} ({cost}){note}")
 
 
+def coarse_grid(start: int, largest: int, factor: int = 4) -> list[int]:
+    """The bounded search's first stage (walked down from the top): start·factorⁱ below ``largest``, then it."""
+    count = next(i for i in itertools.count() if start * factor ** i >= largest)
+    return [start * factor ** i for i in range(count)] + [largest]
+
+
 def search_keep(score_at: Callable[[int], float | Outcome], reference: float | Outcome, targets: Sequence[float],
                 largest: int, *, start: int = 1, tolerance: float = 0.1, factor: int = 4, universe: int | None = None,
                 confidence: float | None = None, method: str = "paired", kind: str = "share") -> list[KeepResult]:
@@ -373,11 +380,7 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
         return p.passed[tau]
 
     if bounded:
-        grid, k = [], start
-        while k < largest:
-            grid.append(k)
-            k *= factor
-        grid.append(largest)
+        grid = coarse_grid(start, largest, factor)
         steps = max(1, math.ceil(math.log(factor) / math.log1p(tolerance)))
         ratio = factor ** (1 / steps)  # the fine walk's factor: (1 + tolerance) or a little less
     out = []
