@@ -213,3 +213,23 @@ def test_a_decision_stops_its_search_early_but_never_changes():
             assert early == full if full <= 0.1 else 0.1 < early <= full
             decided.add(full <= 0.1)
     assert decided == {True, False}
+
+
+def test_the_null_tail_is_the_sum_over_every_outcome_at_or_above_the_observed_one():
+    """_z_tail sums O(n²) trinomial × binomial-survival terms; its definition is the multinomial chance of every
+    outcome of the n rows whose (monotone) statistic is at least the observed one's: the two agree on every face."""
+    from scipy.stats import multinomial
+
+    from skillgraft.graft.bound import _face, _lattice, _lattice_index, _z_statistic, _z_tail
+
+    rng = np.random.default_rng(11)
+    for n, tau in ((7, 0.9), (16, 0.8), (23, 0.95)):
+        counts, _ = _lattice(n)
+        stat = _z_statistic(n, tau)
+        weights = np.vstack([np.eye(3), rng.dirichlet(np.ones(3), size=5)])
+        for observed in (tuple(rng.multinomial(n, rng.dirichlet(np.ones(4)))) for _ in range(4)):
+            up = counts[stat >= stat[_lattice_index(n, observed)] - 1e-12]
+            tail = _z_tail(n, tau, observed)(weights)
+            for w, got in zip(weights, tail):
+                want = multinomial.pmf(up, n, _face(tau, w[None])[0]).sum()
+                assert got == pytest.approx(want, rel=1e-9, abs=1e-15), (n, tau, observed, w)
