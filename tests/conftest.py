@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -47,6 +48,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="slow real-model run; set SKILLGRAFT_SLOW=1"))
         if "real" in item.keywords and not SHARED_DATA.is_dir():
             item.add_marker(pytest.mark.skip(reason=f"needs {SHARED_DATA}"))
+
+
+def pytest_collection_finish(session):
+    """What collection imported (torch, transformers, every test module) lives for the whole session: frozen out of
+    the cyclic collector, the gc.collect() a workbench runs after releasing a model scans only what tests made."""
+    gc.freeze()
 
 
 @pytest.fixture(scope="session", autouse=True)

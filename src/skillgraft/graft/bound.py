@@ -11,9 +11,9 @@ on FT's wrong rows, and no miss at all gives (1 − c)^(1/n), not 1. For F1 (no 
 
 **The paired bound** (``paired``, the default for accuracy since issue 48) also counts the graft's wins on FT's wrong
 rows. Per row Z = 1[graft right] − τ·1[FT right] ∈ {−τ, 0, 1 − τ, 1}, and share ≥ τ ⇔ E[Z] ≥ 0. Up to
-PAIRED_MAX_ROWS rows :func:`z_pvalue` tests E[Z] ≤ 0 exactly: the four cells' counts are multinomial; the statistic
-is the studentized mean of Z made monotone (never falling when a row's Z rises), so the null's largest tail sits on
-E[Z] = 0; that sup is taken over the null distributions whose FT accuracy lies in a Clopper–Pearson band (Berger &
+PAIRED_MAX_ROWS rows :func:`~skillgraft.graft.paired_exact.z_pvalue` tests E[Z] ≤ 0 exactly: the four cells'
+counts are multinomial; the statistic is the studentized mean of Z made monotone (never falling when a row's Z
+rises), so the null's largest tail sits on E[Z] = 0; that sup is taken over the null distributions whose FT accuracy lies in a Clopper–Pearson band (Berger &
 Boos 1994: the band's risk is added to the p-value), on a grid of the null face refined by a local search — an exact
 unconditional test in the sense of Barnard, as for matched-pair ratios (Nam & Blackwelder 2002; Tang, Tang & Chan
 2003). Above PAIRED_MAX_ROWS (the lattice grows as n³) a conditional test: given FT's right/wrong pattern the graft's
@@ -24,12 +24,11 @@ exactly (:func:`paired_pvalue`). :func:`paired_bound` inverts either for the rep
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.graft.paired_exact import PAIRED_MAX_ROWS, PAIRED_NUISANCE_RISK, z_pvalue
 from skillgraft.lazy import np
 
 # The share's lower bound and the search's test order (part of store keys through KEEP_BOUND: a change re-computes).
@@ -183,195 +182,10 @@ def paired_pvalue(x_r: int, n_r: int, x_w: int, n_w: int, w: float, target: floa
 
 # ------------------------------------------------------ the exact paired test on Z = 1[graft right] − τ·1[FT right]
 # Cells, in the order of Z: 10 (graft right, FT wrong: Z = 1), 11 (1 − τ), 00 (0), 01 (−τ).
-PAIRED_MAX_ROWS = 200   # the exact multinomial test up to this many rows; above, the conditional (Bonferroni) test
-PAIRED_SIMPLEX = 40     # the null face's grid: a triangle cut into PAIRED_SIMPLEX² pieces (861 points at 40)
-PAIRED_NUISANCE_RISK = 0.02  # the share of the risk spent on the Berger–Boos band of FT's accuracy
-_GRID_CHUNK = 64  # null points per tail evaluation of the grid (a failing test stops after the first that decides)
-
-
-@functools.lru_cache(maxsize=4)
-def _lattice(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(counts [L, 4] of every outcome of n rows over the cells 10, 11, 00, 01; its flat index in the cube
-    (u1, u2, u3) = cumulative counts from the top cell, 0 ≤ u1 ≤ u2 ≤ u3 ≤ n, cube side n + 1)."""
-    u1, u2, u3 = np.meshgrid(*(np.arange(n + 1, dtype=np.int32),) * 3, indexing="ij", sparse=False)
-    ok = (u1 <= u2) & (u2 <= u3)
-    u1, u2, u3 = u1[ok], u2[ok], u3[ok]
-    counts = np.stack([u1, u2 - u1, u3 - u2, n - u3], 1).astype(np.int64)
-    return counts, np.flatnonzero(ok)
-
-
-@functools.lru_cache(maxsize=16)
-def _z_statistic(n: int, target: float) -> np.ndarray:
-    """Per outcome of :func:`_lattice`: the studentized mean of Z, mean / √((var + n⁻²)/n), then replaced by its
-    least value over every outcome that dominates it (more rows moved to higher cells: each cumulative count from
-    the top at least as large), so that it never falls when a row's Z rises. A monotone statistic has its largest
-    null tail on the boundary E[Z] = 0."""
-    counts, flat = _lattice(n)
-    z = np.array([1.0, 1.0 - target, 0.0, -target])
-    mean = counts @ z / n
-    var = np.maximum(counts @ (z * z) / n - mean * mean, 0.0)
-    stat = mean / np.sqrt((var + 1.0 / (n * n)) / n)
-    cube = np.full((n + 1) ** 3, np.inf)
-    cube[flat] = stat
-    cube = cube.reshape((n + 1,) * 3)
-    for axis in range(3):
-        cube = np.flip(np.minimum.accumulate(np.flip(cube, axis), axis=axis), axis)
-    return cube.reshape(-1)[flat]
-
-
-def _face(target: float, weights: np.ndarray) -> np.ndarray:
-    """Null distributions with E[Z] = 0 (cells 10, 11, 00, 01) from barycentric ``weights`` [G, 3] of the face's
-    vertices: all rows 00; FT right on τ of rows with the graft right on all of them (11: τ, 01: 1 − τ); the graft
-    right only where FT is wrong (10: τ/(1 + τ), 01: 1/(1 + τ))."""
-    vertices = np.array([[0.0, 0.0, 1.0, 0.0], [0.0, target, 0.0, 1 - target],
-                         [target / (1 + target), 0.0, 0.0, 1 / (1 + target)]])
-    return np.clip(weights, 0, None) @ vertices
-
-
-def _face_grid(m: int) -> np.ndarray:
-    i, j = np.meshgrid(np.arange(m + 1), np.arange(m + 1), indexing="ij")
-    keep = i + j <= m
-    i, j = i[keep], j[keep]
-    return np.stack([m - i - j, i, j], 1) / m
-
-
-def _z_tail(n: int, target: float, observed: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray]:
-    """tail(weights [G, 3]) = P(statistic ≥ the observed one) under each face distribution (barycentric weights).
-
-    The statistic never falls when a row moves to a higher cell, so for each (u1, u2) the outcomes at or above the
-    observed one are those with u3 ≥ T(u1, u2). The tail is then a sum over (u1, u2) of the trinomial chance of
-    (n10 = u1, n11 = u2 − u1, the other n − u2 rows in 00 or 01) times the binomial chance that at least
-    T − u2 of those rows are in 00: O(n²) terms per null distribution instead of the lattice's O(n³)."""
-    import numpy as np  # noqa: PLC0415  (the module itself: the hot loop below skips the lazy stand-in's lookups)
-    from scipy.special import gammaln  # noqa: PLC0415
-
-    counts, _ = _lattice(n)
-    stat = _z_statistic(n, target)
-    up = stat >= stat[_lattice_index(n, observed)] - 1e-12
-    u1, u2 = counts[up, 0], counts[up, 0] + counts[up, 1]
-    above = np.bincount(u1 * (n + 1) + u2, minlength=(n + 1) ** 2)  # how many u3 are at or above: the interval [T, n]
-    i1, i2 = np.divmod(np.flatnonzero(above), n + 1)
-    rest = n - i2
-    need = rest + 1 - above[i1 * (n + 1) + i2]  # rows of the rest that must be in 00
-    log_tri = gammaln(n + 1) - gammaln(i1 + 1) - gammaln(i2 - i1 + 1) - gammaln(rest + 1)
-    j = np.arange(n + 2, dtype=np.float64)
-    m = np.arange(n + 1, dtype=np.float64)[:, None]
-    log_bin = np.where(j <= m, gammaln(m + 1) - gammaln(j + 1) - gammaln(np.maximum(m - j, 0) + 1), -np.inf)
-
-    def log(x: np.ndarray) -> np.ndarray:  # log 0 as a huge finite negative: 0 · log 0 = 0, k · log 0 → exp 0
-        return np.log(np.where(x > 0, x, 1.0)) + np.where(x > 0, 0.0, -1e300)
-
-    def tail(weights: np.ndarray) -> np.ndarray:
-        pi = _face(target, np.atleast_2d(weights))
-        out = np.empty(len(pi))
-        for g in range(0, len(pi), 32):
-            p = pi[g:g + 32]
-            other = p[:, 2] + p[:, 3]  # the chance of a row in 00 or 01; q: in 00 given that
-            q = np.divide(p[:, 2], other, out=np.full_like(other, 0.5), where=other > 0)
-            pmf = np.exp(log_bin + j * log(q)[:, None, None] + (m - j) * log(1 - q)[:, None, None])
-            survive = np.cumsum(pmf[:, :, ::-1], 2)[:, :, ::-1]  # [G, m, s]: P(at least s of m rows in 00)
-            tri = np.exp(log_tri + i1 * log(p[:, :1]) + (i2 - i1) * log(p[:, 1:2]) + rest * log(other)[:, None])
-            out[g:g + 32] = (tri * survive[:, rest, need]).sum(1)
-        return out
-
-    return tail
-
-
-def _lattice_index(n: int, observed) -> int:
-    n10, n11, n00, _ = (int(c) for c in observed)
-    counts, _ = _lattice(n)
-    hit = np.flatnonzero((counts[:, 0] == n10) & (counts[:, 1] == n11) & (counts[:, 2] == n00))
-    return int(hit[0])
-
-
 def z_counts(graft: Outcome, ft: Outcome) -> np.ndarray:
     """Rows per cell, in Z's order: graft right & FT wrong, both right, both wrong, graft wrong & FT right."""
     g, f = graft.pred == graft.labels, ft.pred == ft.labels
     return np.array([int((g & ~f).sum()), int((g & f).sum()), int((~g & ~f).sum()), int((~g & f).sum())])
-
-
-def z_pvalue(counts, target: float, nuisance_risk: float, stop_above: float = 1.0) -> float:
-    """:func:`_z_pvalue`, cached by its arguments (sizes of a search often share their cells). With ``stop_above``
-    (a test's risk) the search for the sup stops as soon as the p-value is known to exceed it: the value returned
-    is then a lower bound of the p-value above ``stop_above``, so a decision p ≤ risk is the same as without it."""
-    return _z_pvalue(tuple(int(c) for c in counts), float(round(target, 12)), float(nuisance_risk),
-                     float(stop_above))
-
-
-class _Above(Exception):
-    """The sup search found a null whose tail already puts the p-value above the risk decided at."""
-
-    def __init__(self, value: float):
-        self.value = value
-
-
-@functools.lru_cache(maxsize=4096)
-def _z_pvalue(counts: tuple[int, ...], target: float, nuisance_risk: float, stop_above: float = 1.0) -> float:
-    """The exact p-value of H0: E[Z] ≤ 0 (share ≤ τ) from the cell counts, in the manner of Berger & Boos (1994):
-    the sup, over the null distributions of the four cells whose FT accuracy a lies in the two-sided
-    Clopper–Pearson interval of a at ``nuisance_risk``, of the chance of a studentized mean at least the observed
-    one, plus ``nuisance_risk``. (Without the restriction the sup sits at nulls unlike the data, e.g. FT right on
-    20 % of rows, where a studentized mean is unstable.) The sup is taken on the face's grid within the band and
-    refined by a local search from the three best grid points."""
-    from scipy.optimize import minimize  # noqa: PLC0415
-    from scipy.stats import beta  # noqa: PLC0415
-
-    n = int(sum(counts))
-    right = int(counts[1] + counts[3])
-    a_lo = 0.0 if right == 0 else float(beta.ppf(nuisance_risk / 2, right, n - right + 1))
-    a_hi = 1.0 if right == n else float(beta.ppf(1 - nuisance_risk / 2, right + 1, n - right))
-    tail = _z_tail(n, target, counts)
-    grid = _face_grid(PAIRED_SIMPLEX)
-
-    def accuracy(w: np.ndarray) -> np.ndarray:  # FT's accuracy a = P(11) + P(01) of the face distribution
-        return w[..., 1] + w[..., 2] / (1 + target)
-
-    inside = (accuracy(grid) >= a_lo - 1e-12) & (accuracy(grid) <= a_hi + 1e-12)
-    if not inside.any():  # a band narrower than the grid: its two ends on the A–C edge and the B–C edge
-        inside[:] = False
-    points = grid[inside]
-    # the band's ends on the face's edges (exact points, so that a narrow band is never missed)
-    ends = []
-    for a in (a_lo, a_hi):
-        ends.append([1 - a, a, 0.0])                      # on the C–A edge
-        if a <= 1 / (1 + target):
-            b = a * (1 + target)
-            ends.append([1 - b, 0.0, b])                  # on the C–B edge
-        else:
-            t = (a - 1 / (1 + target)) / (1 - 1 / (1 + target))
-            ends.append([0.0, t, 1 - t])                  # on the A–B edge
-    points = np.concatenate([points, np.clip(np.array(ends), 0, 1)])
-    # the grid in chunks, nearest FT's observed accuracy first (where the sup usually is): a chunk whose tail puts
-    # the p-value above ``stop_above`` decides at once (the sup only grows with more points and refinement)
-    observed = right / n
-    order = np.argsort(np.abs(accuracy(points) - observed), kind="stable")
-    values = np.full(len(points), -np.inf)
-    for i in range(0, len(order), _GRID_CHUNK):
-        chunk = order[i:i + _GRID_CHUNK]
-        values[chunk] = tail(points[chunk])
-        best = float(values[chunk].max())
-        if best + nuisance_risk > stop_above:
-            return min(1.0, best + nuisance_risk)
-    best = float(values.max())
-
-    def objective(x: np.ndarray) -> float:
-        w = np.array([1 - x[0] - x[1], x[0], x[1]])
-        if w.min() < 0 or not a_lo - 1e-12 <= accuracy(w) <= a_hi + 1e-12:
-            return 1.0
-        value = float(tail(w)[0])
-        if value + nuisance_risk > stop_above:
-            raise _Above(value)
-        return -value
-
-    if best + nuisance_risk < 0.2:  # refine where a decision at a usual risk could turn on it
-        for k in np.argsort(-values)[:2]:
-            try:
-                got = minimize(objective, points[k, 1:], method="Nelder-Mead",
-                               options={"xatol": 1e-6, "fatol": 1e-9, "maxiter": 80})
-            except _Above as above:
-                return min(1.0, above.value + nuisance_risk)
-            best = max(best, -float(got.fun))
-    return min(1.0, best + nuisance_risk)
 
 
 def paired_test(graft: Outcome, ft: Outcome, target: float, confidence: float) -> bool:
