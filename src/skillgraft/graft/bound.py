@@ -10,16 +10,16 @@ on FT's wrong rows, and no miss at all gives (1 − c)^(1/n), not 1. For F1 (no 
 (1 − c) quantile of a seeded paired bootstrap (approximate). :mod:`skillgraft.graft.keep` searches with it.
 
 **The paired bound** (``paired``, the default for accuracy since issue 48) also counts the graft's wins on FT's wrong
-rows. Per row Z = 1[graft right] − τ·1[FT right] ∈ {−τ, 0, 1 − τ, 1}, and share ≥ τ ⇔ E[Z] ≥ 0. Up to
-PAIRED_MAX_ROWS rows :func:`~skillgraft.graft.paired_exact.z_pvalue` tests E[Z] ≤ 0 exactly: the four cells'
-counts are multinomial; the statistic is the studentized mean of Z made monotone (never falling when a row's Z
-rises), so the null's largest tail sits on E[Z] = 0; that sup is taken over the null distributions whose FT accuracy lies in a Clopper–Pearson band (Berger &
-Boos 1994: the band's risk is added to the p-value), on a grid of the null face refined by a local search — an exact
-unconditional test in the sense of Barnard, as for matched-pair ratios (Nam & Blackwelder 2002; Tang, Tang & Chan
-2003). Above PAIRED_MAX_ROWS (the lattice grows as n³) a conditional test: given FT's right/wrong pattern the graft's
-hits are two binomials, x_r ~ Bin(n_r, p) and x_w ~ Bin(n_w, q), share = p + q·(1 − a)/a ≥ p + q·w_lo with w_lo from
-the Clopper–Pearson upper bound of a at PAIRED_ACCURACY_RISK of the risk (Bonferroni), and p + w_lo·q ≤ τ is tested
-exactly (:func:`paired_pvalue`). :func:`paired_bound` inverts either for the report. docs/keep.md argues both.
+rows. Per row Z = 1[graft right] − τ·1[FT right] ∈ {−τ, 0, 1 − τ, 1}, and share ≥ τ ⇔ E[Z] ≥ 0. Up to PAIRED_MAX_ROWS
+rows :func:`~skillgraft.graft.paired_exact.z_pvalue` tests E[Z] ≤ 0 exactly: the four cells' counts are multinomial; the
+statistic is the studentized mean of Z made monotone (never falling when a row's Z rises), so the null's largest tail
+sits on E[Z] = 0; that sup is taken over the null distributions whose FT accuracy lies in a Clopper–Pearson band (Berger
+& Boos 1994: the band's risk is added to the p-value), on a grid of the null face refined by a local search — an exact
+unconditional test in the sense of Barnard, as for matched-pair ratios (Nam & Blackwelder 2002; Tang, Tang & Chan 2003).
+Above PAIRED_MAX_ROWS (the lattice grows as n³) a conditional test: given FT's right/wrong pattern the graft's hits are
+two binomials, x_r ~ Bin(n_r, p) and x_w ~ Bin(n_w, q), share = p + q·(1 − a)/a ≥ p + q·w_lo with w_lo from the
+Clopper–Pearson upper bound of a at PAIRED_ACCURACY_RISK of the risk (Bonferroni), and p + w_lo·q ≤ τ is tested exactly
+(:func:`paired_pvalue`). :func:`paired_bound` inverts either for the report. docs/keep.md argues both.
 """
 
 from __future__ import annotations
