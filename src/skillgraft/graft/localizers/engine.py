@@ -319,7 +319,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
         for step in bar:
             t0 = time.perf_counter()
             order = rng.permutation(len(train))[:batch_n] if batch_n < len(train) else np.arange(len(train))
-            _step(pre, layout, relax, optimizer, train, order[rank::world], plan.micro_batch, batch_n,
+            _step(pre, layout, relax, optimizer, train, by_length(train, order[rank::world]), plan.micro_batch, batch_n,
                   math.ceil(len(order) / world) if lockstep else None, accelerator.device, group, guard, step)
             step_times.append(time.perf_counter() - t0)
             if scored(step) or step == plan.steps:
@@ -376,6 +376,13 @@ class _FirstNonFinite:
             check_loss(value, "localization", int(step))
 
 
+def by_length(examples, indices: np.ndarray) -> np.ndarray:
+    """``indices`` ordered by their examples' length (stable): the micro-batches of one step, or of one scoring, pad
+    little. A step's gradient is the sum over its examples, so their order within it changes nothing but rounding."""
+    lengths = [len(examples[i].text_a) + len(examples[i].text_b or "") for i in indices]
+    return indices[np.argsort(lengths, kind="stable")]
+
+
 def _micro_batches(mine: np.ndarray, micro_batch: int, lockstep: int | None):
     """(example indices, loss weight) per forward. ``lockstep``: every process runs ⌈lockstep/micro⌉ of them,
     a process without examples left running one weighted 0 (FSDP needs every rank in every forward)."""
@@ -389,7 +396,7 @@ def _micro_batches(mine: np.ndarray, micro_batch: int, lockstep: int | None):
 def _accuracy(scorer, examples: list[Example], micro_batch: int, accelerator, lockstep: bool = False) -> float:
     """Accuracy of ``scorer`` on ``examples`` (sharded over processes, counts summed)."""
     world, rank = accelerator.num_processes, accelerator.process_index
-    mine = examples[rank::world]
+    mine = [examples[i] for i in by_length(examples, np.arange(rank, len(examples), world))]
     correct = torch.zeros(2, device=accelerator.device)
     slots = math.ceil(len(examples) / world) if lockstep else len(mine)
     for start in range(0, slots, micro_batch):
