@@ -226,6 +226,14 @@ class TaskExample:
     def label(self) -> int:
         return self.example.label
 
+    @property
+    def text_a(self) -> str:
+        return self.example.text_a
+
+    @property
+    def text_b(self) -> str | None:
+        return self.example.text_b
+
 
 def tag(task: str, examples: list[Example]) -> list[TaskExample]:
     return [TaskExample(task, ex) for ex in examples]
