@@ -186,6 +186,46 @@ def test_sigterm_from_outside_during_graft_leaves_nothing(ft_run, toy_data, tmp_
     assert not store.exists() or leftovers(store) == []
 
 
+WRAPPED = """
+import os, signal, sys
+import typer
+from pydantic import BaseModel, field_serializer
+from skillgraft.cli.output import friendly, run_app
+
+class Row(BaseModel):
+    x: int = 1
+
+    @field_serializer("x")
+    def _x(self, v):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled inside pydantic's serializer, which wraps what it raises
+        return v
+
+app = typer.Typer()
+
+@app.command()
+@friendly
+def graft():
+    Row().model_dump()
+
+@app.command()
+def other():
+    pass
+
+sys.argv[1:] = ["graft"]
+run_app(app)
+"""
+
+
+def test_a_signal_wrapped_by_a_library_is_still_an_interruption(tmp_path):
+    """SIGTERM handled while pydantic serializes (a report row's field serializer) raises Interrupted inside
+    pydantic, which re-raises it as a PydanticSerializationError: it was a traceback and exit 1 (seen once in
+    test_sigterm_from_outside_during_graft_leaves_nothing under load); it is the interruption's one line and 143."""
+    script = tmp_path / "wrapped.py"
+    script.write_text(WRAPPED)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    interrupted_ok(r.returncode, r.stderr, signal.SIGTERM, "graft")
+
+
 @pytest.fixture(scope="module")
 def report(ft_run, toy_data, tmp_path_factory):
     """A complete graft report (its graft folders for apply / export / inspect) and its store."""

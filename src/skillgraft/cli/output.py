@@ -18,6 +18,7 @@ from rich.table import Table
 from skillgraft.cli.errors import interrupted_line, one_line_error, usage_line
 from skillgraft.cli.help import shown_default
 from skillgraft.cli.options import Options
+from skillgraft.signals import Interrupted, stopped_by
 
 # --help panels (help.render): each option sits in one; options with none go to "Options", shown last
 MODEL, DATA, LOCALIZER, REPORT, KEEP, OUTPUT, TRAIN = ("Model", "Data", "Localizer", "Report",
@@ -46,6 +47,9 @@ def friendly(fn):
         try:
             return fn(*args, **kwargs)
         except Exception as e:
+            signum = stopped_by()
+            if signum is not None:  # a stopping signal's Interrupted, wrapped by a library it crossed (pydantic's
+                raise Interrupted(signum) from e  # serializers): unwound as the interruption it is, not an error
             line = one_line_error(e)
             if line is None or os.environ.get("SKILLGRAFT_DEBUG") == "1":
                 raise
@@ -308,7 +312,7 @@ def run_app(app) -> None:  # pragma: no cover - the console script (tests call t
 
     from typer import Abort  # noqa: PLC0415
 
-    from skillgraft.io import handle_signals, stopped_by  # noqa: PLC0415
+    from skillgraft.io import handle_signals  # noqa: PLC0415
 
     handle_signals()  # SIGTERM / SIGHUP unwind like Ctrl-C: no temporary sibling is left behind
     try:  # typer ≥ 0.20 vendors click: its usage errors live under typer._click
@@ -324,11 +328,13 @@ def run_app(app) -> None:  # pragma: no cover - the console script (tests call t
     except (Abort, KeyboardInterrupt):
         code = 130  # typer turns Ctrl-C into exit code 130 itself; older versions raise
     except Exception as e:  # outside a verb (e.g. while importing or parsing): the same one-line contract
-        line = one_line_error(e)
-        if line is None or os.environ.get("SKILLGRAFT_DEBUG") == "1":
-            raise
-        err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
-        sys.exit(2)
+        if stopped_by() is None:
+            line = one_line_error(e)
+            if line is None or os.environ.get("SKILLGRAFT_DEBUG") == "1":
+                raise
+            err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
+            sys.exit(2)
+        code = 1  # the signal's Interrupted, wrapped by a library it crossed (pydantic's serializers): interrupted
     signum = stopped_by()
     if signum is not None:  # every atomic writer cleaned up on the way out
         try:
