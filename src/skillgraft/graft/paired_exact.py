@@ -87,7 +87,10 @@ def _z_tail(n: int, target: float, observed: tuple[int, ...]) -> Callable[[np.nd
     log_tri = gammaln(n + 1) - gammaln(i1 + 1) - gammaln(i2 - i1 + 1) - gammaln(rest + 1)
     j = np.arange(n + 2, dtype=np.float64)
     m = np.arange(n + 1, dtype=np.float64)[:, None]
-    log_bin = np.where(j <= m, gammaln(m + 1) - gammaln(j + 1) - gammaln(np.maximum(m - j, 0) + 1), -np.inf)
+    rows_00, rows_01 = np.broadcast_to(j, (n + 1, n + 2)), np.maximum(m - j, 0)
+    log_bin = np.where(j <= m, gammaln(m + 1) - gammaln(j + 1) - gammaln(rows_01 + 1), -np.inf)
+    cells = np.stack([i1, i2 - i1, rest]).astype(np.float64)  # rows in 10, in 11, in 00 or 01: per (u1, u2)
+    at = rest * (n + 2) + need  # survive[m = rest, s = need], flattened
 
     def log(x: np.ndarray) -> np.ndarray:  # log 0 as a huge finite negative: 0 · log 0 = 0, k · log 0 → exp 0
         return np.log(np.where(x > 0, x, 1.0)) + np.where(x > 0, 0.0, -1e300)
@@ -99,10 +102,11 @@ def _z_tail(n: int, target: float, observed: tuple[int, ...]) -> Callable[[np.nd
             p = pi[g:g + 32]
             other = p[:, 2] + p[:, 3]  # the chance of a row in 00 or 01; q: in 00 given that
             q = np.divide(p[:, 2], other, out=np.full_like(other, 0.5), where=other > 0)
-            pmf = np.exp(log_bin + j * log(q)[:, None, None] + (m - j) * log(1 - q)[:, None, None])
+            lq = log(np.stack([q, 1 - q], 1))[:, :, None, None]
+            pmf = np.exp(log_bin + rows_00 * lq[:, 0] + rows_01 * lq[:, 1])
             survive = np.cumsum(pmf[:, :, ::-1], 2)[:, :, ::-1]  # [G, m, s]: P(at least s of m rows in 00)
-            tri = np.exp(log_tri + i1 * log(p[:, :1]) + (i2 - i1) * log(p[:, 1:2]) + rest * log(other)[:, None])
-            out[g:g + 32] = (tri * survive[:, rest, need]).sum(1)
+            tri = np.exp(log_tri + log(np.stack([p[:, 0], p[:, 1], other], 1)) @ cells)
+            out[g:g + 32] = (tri * survive.reshape(len(p), -1)[:, at]).sum(1)
         return out
 
     return tail
