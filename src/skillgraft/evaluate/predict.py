@@ -8,7 +8,7 @@ from skillgraft.lazy import np
 from skillgraft.lazy import no_grad, torch
 from tqdm.auto import tqdm
 
-from skillgraft.data.loading import Example
+from skillgraft.data.loading import Example, text_length
 from skillgraft.evaluate.metrics import summarize
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ def predict_probs(scorer: Scorer, examples: list[Example], *, batch_size: int = 
     was_training = scorer.training
     scorer.eval()
     device = scorer.device
-    order = np.argsort([len(ex.text_a) + len(ex.text_b or "") for ex in examples])  # length-sorted batches
+    order = np.argsort([text_length(ex) for ex in examples])  # length-sorted batches
     out = np.zeros((len(examples), scorer.task.num_labels))
     desc = progress if isinstance(progress, str) else "predict"
     for start in tqdm(range(0, len(examples), batch_size), desc=desc, disable=not progress, leave=False):

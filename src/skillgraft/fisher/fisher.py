@@ -31,7 +31,7 @@ from skillgraft.lazy import torch
 from pydantic import Field
 from tqdm.auto import tqdm
 
-from skillgraft.data.loading import Example
+from skillgraft.data.loading import Example, text_length
 from skillgraft.errors import SkillgraftError
 from skillgraft.models.families import layer_kind
 from skillgraft.spec import COUNT_MAX, Seed, Spec
@@ -90,7 +90,7 @@ def _examples(examples: list[Example], config: FisherConfig) -> list[Example]:
         raise SkillgraftError("fisher: no examples given")
     chosen = examples[: config.n_examples] if config.n_examples else list(examples)
     # length-sorted (stable) so that chunks carry little padding; the Fisher is a sum, order-free
-    return sorted(chosen, key=lambda ex: len(ex.text_a) + len(ex.text_b or ""))
+    return sorted(chosen, key=text_length)
 
 
 @contextlib.contextmanager

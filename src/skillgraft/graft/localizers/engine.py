@@ -32,7 +32,7 @@ from skillgraft.lazy import np
 from skillgraft.lazy import no_grad, torch
 from tqdm.auto import tqdm
 
-from skillgraft.data.loading import Example
+from skillgraft.data.loading import Example, text_length
 from skillgraft.finite import check_loss
 from skillgraft.graft.localizers.base import BudgetScore, Localization, ScoredStep
 from skillgraft.graft.localizers.candidates import Candidates
@@ -379,8 +379,7 @@ class _FirstNonFinite:
 def by_length(examples, indices: np.ndarray) -> np.ndarray:
     """``indices`` ordered by their examples' length (stable): the micro-batches of one step, or of one scoring, pad
     little. A step's gradient is the sum over its examples, so their order within it changes nothing but rounding."""
-    lengths = [len(examples[i].text_a) + len(examples[i].text_b or "") for i in indices]
-    return indices[np.argsort(lengths, kind="stable")]
+    return indices[np.argsort([text_length(examples[i]) for i in indices], kind="stable")]
 
 
 def _micro_batches(mine: np.ndarray, micro_batch: int, lockstep: int | None):
