@@ -13,8 +13,10 @@ run folder, which is written only when its whole recipe ends — and prints, per
   ``gemma-fig5.yaml`` (``--runs``: their ``metrics.json``, whose rows name the fine-tuning; its store entries do
   not, and with one localizer they are left out of Table 2, which compares learned, top-|Δ| and random).
 
-    python bench/gemma_summary.py [--store /work/store] [--runs runs] [--pretrained-digest 33a105a337b0def8] [--json OUT]
+    python bench/gemma_summary.py [--store /work/store] [--runs runs] [--pretrained-digest DIGEST] [--json OUT]
     python bench/gemma_summary.py --store <issue 46's store> --k 64      # the paper-schedule cells (K = 1024 apart)
+
+With ``--k``, a first table gives issue 46's tests per (task, seed) cell (:func:`verdicts`).
 
 Only entries of the converted Gemma (its model digest, printed by ``--list``) at causal mode are read.
 """
@@ -28,6 +30,11 @@ from pathlib import Path
 from statistics import mean
 
 COLUMNS = ("accuracy", "share_of_ft", "gap_closed", "ece", "over_confidence", "agreement")
+# The paper's GPT-2 small FT (Table 9; accuracy, F1 for MRPC / QQP), the bar of issue 46's "within 8 points"
+GPT2_FT = {64: {"SST-2": 0.850, "cr": 0.874, "mr": 0.802, "mpqa": 0.852, "ag_news": 0.872, "subj": 0.895,
+                "QNLI": 0.539, "SNLI": 0.560, "MNLI": 0.451, "RTE": 0.518, "MRPC": 0.811, "QQP": 0.568},
+           4096: {"SST-2": 0.906, "cr": 0.873, "mr": 0.867, "mpqa": 0.884, "ag_news": 0.922, "subj": 0.958,
+                  "QNLI": 0.819, "SNLI": 0.807, "MNLI": 0.723, "RTE": 0.667, "MRPC": 0.852, "QQP": 0.761}}
 
 
 def over_confidence(rows: list[dict]) -> list[dict]:
@@ -94,7 +101,7 @@ def markdown(rows: list[dict], group: tuple[str, ...]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [str(r[g]) for g in group] + [r["model"], ",".join(map(str, r["seeds"]))]
-        cells += [fmt(r[c]) for c in COLUMNS]
+        cells = [c.replace("|", "\\|") for c in cells] + [fmt(r[c]) for c in COLUMNS]  # top-|Δ| in a table cell
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -116,6 +123,56 @@ def pooled(rows: list[dict]) -> list[dict]:
     return out
 
 
+def points(d: float) -> str:
+    """A difference of scores in points, rounded half away from zero (0.7025 − 0.532 → +17.1, not float's +17.0)."""
+    return f"{round(100 * d + (1e-9 if d >= 0 else -1e-9), 1):+.1f}"
+
+
+def verdicts(rows: list[dict], k: int | None) -> str:
+    """Issue 46's tests, one line per (task, seed) cell: FT − zero-shot (≥ 15 points) and FT − the paper's GPT-2 FT
+    (within 8; K ≥ 512 against its 4096-shot column), the learned graft's share of FT at ≤ 1e-4 (Table 2) and at
+    ≤ 5e-4 (Table 9) of the body (the best budget within each), learned > top-|Δ| > random per budget (G5), and the
+    budgets whose learned graft has a lower ECE than FT (G12 / G13)."""
+    cells: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        cells[(r["task"], r["seed"])][r["model"]] = r
+    paper = GPT2_FT[4096 if (k or 0) >= 512 else 64]
+    head = ["task", "seed", "FT", "zero-shot", "FT − ZS", "FT − GPT-2", "learned ≤ 1e-4", "learned ≤ 5e-4",
+            "learned (L) vs top-\\|Δ\\| (T) vs random (R), ≫: > 1 point", "learned ECE < FT's"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (task, seed), by in sorted(cells.items()):
+        ft, zs = by.get("fine-tuned"), by.get("pre-trained")
+        if ft is None or zs is None:
+            continue
+        grafts = [r for r in by.values() if r.get("kind") == "graft" and r.get("budget") is not None]
+        budgets = sorted({float(r["budget"]) for r in grafts})
+
+        def of(localizer: str, b: float) -> dict | None:
+            return next((r for r in grafts if r["localizer"].startswith(localizer) and float(r["budget"]) == b), None)
+
+        def best_share(limit: float) -> str:
+            shares = [(r["share_of_ft"], r["budget"]) for b in budgets if b <= limit and (r := of("paper", b))]
+            return "–" if not shares else "{:.1f} % ({})".format(100 * max(shares)[0], max(shares)[1])
+
+        def apart(a: dict, b: dict) -> str:  # "≫": more than a point apart (a test row or two is not a difference)
+            d = a["score"] - b["score"]
+            return "≫" if d > 0.01 else "≪" if d < -0.01 else "≈"
+
+        order, calibrated = [], []
+        for b in budgets:
+            learned, top, rand = of("paper", b), of("top", b), of("random", b)
+            if learned and top and rand:
+                order.append(f"{b:g} L{apart(learned, top)}T{apart(top, rand)}R")
+            if learned and learned.get("ece") is not None and learned["ece"] < ft["ece"]:
+                calibrated.append(f"{b:g}")
+        bar = paper.get(task)
+        lines.append("| " + " | ".join([
+            task, str(seed), f"{ft['score']:.4f}", f"{zs['score']:.4f}", points(ft["score"] - zs["score"]),
+            "–" if bar is None else points(ft["score"] - bar), best_share(1e-4), best_share(5e-4),
+            "; ".join(order) or "–", ", ".join(calibrated) or "none"]) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", type=Path, default=Path("/work/store"))
@@ -132,6 +189,8 @@ def main() -> None:
     ood = [r for _, rows in entries(a.store, "paper-ood-rows", a.pretrained_digest, a.k) for r in rows]
     found = sorted({(r["task"], r["seed"]) for r in main_rows})
     print(f"Table 2 cells found (task, seed): {found}\n")
+    print("Issue 46's tests per cell (score: accuracy, F1 for MRPC / QQP; shares are of FT's score):\n")
+    print(verdicts(main_rows, a.k), "\n")
     per_task = table(main_rows, ("task",))
     print(markdown(per_task, ("task",)), "\n")
     pool = pooled(main_rows)
