@@ -30,6 +30,7 @@ from pathlib import Path
 from statistics import mean
 
 COLUMNS = ("accuracy", "share_of_ft", "gap_closed", "ece", "over_confidence", "agreement")
+LEARNED, TOP, RANDOM = "paper (learned)", "top-|Δ|", "random"  # the Gemma recipes' localizer labels
 # The paper's GPT-2 small FT (Table 9; accuracy, F1 for MRPC / QQP), the bar of issue 46's "within 8 points"
 GPT2_FT = {64: {"SST-2": 0.850, "cr": 0.874, "mr": 0.802, "mpqa": 0.852, "ag_news": 0.872, "subj": 0.895,
                 "QNLI": 0.539, "SNLI": 0.560, "MNLI": 0.451, "RTE": 0.518, "MRPC": 0.811, "QQP": 0.568},
@@ -147,11 +148,11 @@ def verdicts(rows: list[dict], k: int | None) -> str:
         grafts = [r for r in by.values() if r.get("kind") == "graft" and r.get("budget") is not None]
         budgets = sorted({float(r["budget"]) for r in grafts})
 
-        def of(localizer: str, b: float) -> dict | None:
-            return next((r for r in grafts if r["localizer"].startswith(localizer) and float(r["budget"]) == b), None)
+        def of(label: str, b: float) -> dict | None:
+            return next((r for r in grafts if r["localizer"] == label and float(r["budget"]) == b), None)
 
         def best_share(limit: float) -> str:
-            shares = [(r["share_of_ft"], r["budget"]) for b in budgets if b <= limit and (r := of("paper", b))]
+            shares = [(r["share_of_ft"], r["budget"]) for b in budgets if b <= limit and (r := of(LEARNED, b))]
             return "–" if not shares else "{:.1f} % ({})".format(100 * max(shares)[0], max(shares)[1])
 
         def apart(a: dict, b: dict) -> str:  # "≫": more than a point apart (a test row or two is not a difference)
@@ -160,7 +161,7 @@ def verdicts(rows: list[dict], k: int | None) -> str:
 
         order, calibrated = [], []
         for b in budgets:
-            learned, top, rand = of("paper", b), of("top", b), of("random", b)
+            learned, top, rand = of(LEARNED, b), of(TOP, b), of(RANDOM, b)
             if learned and top and rand:
                 order.append(f"{b:g} L{apart(learned, top)}T{apart(top, rand)}R")
             if learned and learned.get("ece") is not None and learned["ece"] < ft["ece"]:

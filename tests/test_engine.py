@@ -353,12 +353,13 @@ def test_a_steps_micro_batches_and_a_scoring_take_their_rows_in_length_order(pai
     they pad little (the paper schedule's mr localization step: 86–98 s → 40–44 s). Every step still sees every
     training row once, and every scoring every selection row once."""
     import skillgraft.graft.localizers.engine as engine
+    from skillgraft.data.loading import text_length
 
     pre, ft, data = pair
     batches, real = [], type(pre).collate
 
     def collate(self, examples):
-        batches.append([len(ex.text_a) + len(ex.text_b or "") for ex in examples])
+        batches.append([text_length(ex) for ex in examples])
         return real(self, examples)
 
     monkeypatch.setattr(type(pre), "collate", collate)
@@ -372,7 +373,7 @@ def test_a_steps_micro_batches_and_a_scoring_take_their_rows_in_length_order(pai
     monkeypatch.setattr(engine, "_step", step)
     get_localizer("learned").run(pre, ft, data, {"steps": 2, "eval_every": 2, "micro_batch": 4, "sparsity": 0.01,
                                                  "budgets": [0.005]})
-    train = sorted(len(ex.text_a) + len(ex.text_b or "") for ex in data.train)
+    train = sorted(text_length(ex) for ex in data.train)
     assert len(set(train)) > 1 and len(steps) == 2
     for chunks in steps:
         flat = [n for chunk in chunks for n in chunk]

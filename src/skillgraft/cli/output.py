@@ -18,7 +18,7 @@ from rich.table import Table
 from skillgraft.cli.errors import interrupted_line, one_line_error, usage_line
 from skillgraft.cli.help import shown_default
 from skillgraft.cli.options import Options
-from skillgraft.signals import Interrupted, stopped_by
+from skillgraft.signals import Interrupted, handle_signals, stopped_by
 
 # --help panels (help.render): each option sits in one; options with none go to "Options", shown last
 MODEL, DATA, LOCALIZER, REPORT, KEEP, OUTPUT, TRAIN = ("Model", "Data", "Localizer", "Report",
@@ -311,8 +311,6 @@ def run_app(app) -> None:  # pragma: no cover - the console script (tests call t
     import sys  # noqa: PLC0415
 
     from typer import Abort  # noqa: PLC0415
-
-    from skillgraft.io import handle_signals  # noqa: PLC0415
 
     handle_signals()  # SIGTERM / SIGHUP unwind like Ctrl-C: no temporary sibling is left behind
     try:  # typer ≥ 0.20 vendors click: its usage errors live under typer._click
