@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from skillgraft.models.gguf import in_store
-    from skillgraft.signals import handle_signals
+    from skillgraft.signals import Interrupted, handle_signals
     from skillgraft.pipeline.store import Store
     from skillgraft.recipes import load_recipe
 
@@ -62,10 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     store = Store(spec.cache_dir)
     if argv is None:  # a process of its own: SIGTERM / SIGHUP unwind like Ctrl-C (no temporary folder or lock left)
         handle_signals()
-    with in_store(store.root):  # a GGUF model converts into this store, as under `skillgraft run`
-        if args.status:
-            return status(spec, store, tasks, args)
-        return cells(entry, spec, store, tasks, args)
+    try:
+        with in_store(store.root):  # a GGUF model converts into this store, as under `skillgraft run`
+            if args.status:
+                return status(spec, store, tasks, args)
+            return cells(entry, spec, store, tasks, args)
+    except Interrupted as e:  # one line, not a traceback: the stage's last save (≤ 3 min old) is where it goes on
+        stamp(f"stopped by {e}: the same command resumes each stage from its last save in {store.root}")
+        return 128 + e.signum
 
 
 def cells(entry, spec, store, tasks: list[str], args) -> int:

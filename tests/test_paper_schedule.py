@@ -165,3 +165,26 @@ def test_docs_name_the_grid_and_its_fields():
     assert "`grid`" in doc
     for field in GridSpec.model_fields:
         assert field in doc, field
+
+
+def test_the_bench_runner_stopped_by_a_signal_says_one_line(tiny_gemma, data, tmp_path, monkeypatch, capsys):
+    """A chain's SIGTERM (a session's end) unwinds as Interrupted: the runner prints one line naming the signal and
+    the store it resumes from, exits 128 + the signal's number, and leaves no traceback."""
+    import signal
+    import sys
+
+    from skillgraft.signals import Interrupted
+
+    sys.path.insert(0, str(RECIPE.parents[1]))
+    import gemma_paper_schedule as runner
+
+    def stopped(*a, **k):
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(runner, "cells", stopped)
+    over = {**overrides(tiny_gemma, data, {"batch_sizes": [2], "lrs": [1e-2]}), "cache_dir": str(tmp_path / "cache")}
+    assert runner.main([str(RECIPE), "--override", json.dumps(over)]) == 128 + signal.SIGTERM
+    out = capsys.readouterr()
+    lines = out.out.strip().splitlines()
+    assert len(lines) == 1 and "stopped by SIGTERM" in lines[0] and str(tmp_path / "cache") in lines[0]
+    assert "Traceback" not in out.err
