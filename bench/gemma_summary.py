@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 from statistics import mean
@@ -129,16 +130,28 @@ def points(d: float) -> str:
     return f"{round(100 * d + (1e-9 if d >= 0 else -1e-9), 1):+.1f}"
 
 
+def z_of(a: dict, b: dict) -> float | None:
+    """(a − b) over its standard error, the two scores read as proportions of their test rows (unpaired, so
+    conservative for two models on the same rows); None without row counts."""
+    if not a.get("n") or not b.get("n"):
+        return None
+    pa, pb = a["score"], b["score"]
+    se = math.sqrt(pa * (1 - pa) / a["n"] + pb * (1 - pb) / b["n"])
+    return (pa - pb) / se if se > 0 else None
+
+
 def verdicts(rows: list[dict], k: int | None) -> str:
-    """Issue 46's tests, one line per (task, seed) cell: FT − zero-shot (≥ 15 points) and FT − the paper's GPT-2 FT
-    (within 8; K ≥ 512 against its 4096-shot column), the learned graft's share of FT at ≤ 1e-4 (Table 2) and at
-    ≤ 5e-4 (Table 9) of the body (the best budget within each), learned > top-|Δ| > random per budget (G5), and the
-    budgets whose learned graft has a lower ECE than FT (G12 / G13)."""
+    """Issue 46's tests, one line per (task, seed) cell: FT − zero-shot (≥ 15 points; with its z, and where z < 2
+    the shares of FT are marked as saying nothing: FT is not told apart from the pre-trained model on these rows, so
+    any region "keeps" it) and FT − the paper's GPT-2 FT (within 8; K ≥ 512 against its 4096-shot column), the
+    learned graft's share of FT at ≤ 1e-4 (Table 2) and at ≤ 5e-4 (Table 9) of the body (the best budget within
+    each), learned > top-|Δ| > random per budget (G5), and the budgets whose learned graft has a lower ECE than FT
+    (G12 / G13)."""
     cells: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in rows:
         cells[(r["task"], r["seed"])][r["model"]] = r
     paper = GPT2_FT[4096 if (k or 0) >= 512 else 64]
-    head = ["task", "seed", "FT", "zero-shot", "FT − ZS", "FT − GPT-2", "learned ≤ 1e-4", "learned ≤ 5e-4",
+    head = ["task", "seed", "FT", "zero-shot", "FT − ZS (z)", "FT − GPT-2", "learned ≤ 1e-4", "learned ≤ 5e-4",
             "learned (L) vs top-\\|Δ\\| (T) vs random (R), ≫: > 1 point", "learned ECE < FT's"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (task, seed), by in sorted(cells.items()):
@@ -151,9 +164,15 @@ def verdicts(rows: list[dict], k: int | None) -> str:
         def of(label: str, b: float) -> dict | None:
             return next((r for r in grafts if r["localizer"] == label and float(r["budget"]) == b), None)
 
+        z = z_of(ft, zs)
+        trivial = z is not None and z < 2
+
         def best_share(limit: float) -> str:
             shares = [(r["share_of_ft"], r["budget"]) for b in budgets if b <= limit and (r := of(LEARNED, b))]
-            return "–" if not shares else "{:.1f} % ({})".format(100 * max(shares)[0], max(shares)[1])
+            if not shares:
+                return "–"
+            return "{:.1f} % ({}){}".format(100 * max(shares)[0], max(shares)[1], " (FT ≈ ZS: says nothing)"
+                                            if trivial else "")
 
         def apart(a: dict, b: dict) -> str:  # "≫": more than a point apart (a test row or two is not a difference)
             d = a["score"] - b["score"]
@@ -168,7 +187,8 @@ def verdicts(rows: list[dict], k: int | None) -> str:
                 calibrated.append(f"{b:g}")
         bar = paper.get(task)
         lines.append("| " + " | ".join([
-            task, str(seed), f"{ft['score']:.4f}", f"{zs['score']:.4f}", points(ft["score"] - zs["score"]),
+            task, str(seed), f"{ft['score']:.4f}", f"{zs['score']:.4f}",
+            points(ft["score"] - zs["score"]) + ("" if z is None else f" (z {z:.1f})"),
             "–" if bar is None else points(ft["score"] - bar), best_share(1e-4), best_share(5e-4),
             "; ".join(order) or "–", ", ".join(calibrated) or "none"]) + " |")
     return "\n".join(lines)

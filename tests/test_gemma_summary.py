@@ -1,0 +1,41 @@
+"""bench/gemma_summary.py's per-cell verdicts (issue 46), on rows shaped as the store's paper-rows entries hold them:
+FT − zero-shot with its z, the shares of FT (marked as saying nothing where FT is not told apart from zero-shot),
+learned vs top-|Δ| vs random, and the budgets where the learned graft's ECE is below FT's."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import gemma_summary as summary  # noqa: E402
+
+
+def cell(task: str, n: int, ft: float, zs: float, grafts: dict) -> list[dict]:
+    rows = [{"task": task, "seed": 13, "model": "pre-trained", "kind": "pre", "score": zs, "n": n, "ece": 0.05},
+            {"task": task, "seed": 13, "model": "fine-tuned", "kind": "ft", "score": ft, "n": n, "ece": 0.20}]
+    for (label, budget), (score, ece) in grafts.items():
+        rows.append({"task": task, "seed": 13, "model": f"{label} {budget}", "kind": "graft", "score": score, "n": n,
+                     "ece": ece, "localizer": label, "budget": budget, "share_of_ft": score / ft})
+    return rows
+
+
+def test_verdicts_per_cell():
+    L, T, R = summary.LEARNED, summary.TOP, summary.RANDOM
+    rows = cell("SST-2", 872, 0.80, 0.56, {(L, "0.0001"): (0.76, 0.10), (T, "0.0001"): (0.70, 0.3),
+                                           (R, "0.0001"): (0.56, 0.05), (L, "0.0005"): (0.78, 0.25),
+                                           (T, "0.0005"): (0.775, 0.2), (R, "0.0005"): (0.565, 0.05)})
+    rows += cell("RTE", 277, 0.52, 0.50, {(L, "0.0001"): (0.51, 0.1), (T, "0.0001"): (0.5, 0.1),
+                                          (R, "0.0001"): (0.5, 0.1)})
+    lines = summary.verdicts(rows, 64).splitlines()
+    assert "FT − ZS (z)" in lines[0]
+    rte, sst = lines[2].split(" | "), lines[3].split(" | ")
+    assert sst[:6] == ["| SST-2", "13", "0.8000", "0.5600", "+24.0 (z 11.1)", "-5.0"]
+    assert sst[6:8] == ["95.0 % (0.0001)", "97.5 % (0.0005)"]
+    assert sst[8] == "0.0001 L≫T≫R; 0.0005 L≈T≫R" and sst[9] == "0.0001 |"
+    assert rte[4] == "+2.0 (z 0.5)" and rte[5] == "+0.2"  # the paper's GPT-2 RTE FT is 51.8
+    assert rte[6] == "98.1 % (0.0001) (FT ≈ ZS: says nothing)"
+
+
+def test_points_round_half_away_from_zero():
+    assert summary.points(0.7025 - 0.532) == "+17.1" and summary.points(0.532 - 0.7025) == "-17.1"
