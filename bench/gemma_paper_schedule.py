@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def read_json(path, what=""):
-    from skillgraft.untrusted import read_json as read  # noqa: PLC0415
+    from skillgraft.untrusted import read_json as read
 
     return read(path, what=what)
 
@@ -49,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from skillgraft.models.gguf import in_store
-    from skillgraft.signals import Interrupted, handle_signals
     from skillgraft.pipeline.store import Store
     from skillgraft.recipes import load_recipe
+    from skillgraft.signals import Interrupted, handle_signals
 
     over = {**(json.loads(args.override) if args.override else {}), **({"progress": True} if args.progress else {})}
     entry, spec = load_recipe(args.recipe, over)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import gemma_summary as summary  # noqa: E402
+import gemma_summary as summary
 
 
 def cell(task: str, n: int, ft: float, zs: float, grafts: dict) -> list[dict]:

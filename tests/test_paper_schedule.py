@@ -8,13 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+from tiny import write_sentiment_data
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.pipeline.grid import GridSpec, _pick
-from skillgraft.recipes import run_recipe
-from skillgraft.recipes import load_recipe
+from skillgraft.recipes import load_recipe, run_recipe
 from skillgraft.train.config import FinetuneConfig
-from tiny import write_sentiment_data
 
 RECIPE = Path(__file__).resolve().parents[1] / "bench" / "fidelity" / "gemma-schedule-64.yaml"
 
