@@ -66,12 +66,14 @@ def test_bad_config_errors():
         FinetuneConfig.build({"lr": 0})
 
 
-def test_run_directory_complete_and_atomic(tiny_bert, toy_data, tmp_path):
+def test_run_directory_complete_and_atomic(tiny_bert, toy_data, tmp_path, capfd):
     out = tmp_path / "run"
     data = DataSpec(task="SST-2", k=8, seed=13, data_dir=toy_data)
     model = ModelSpec(model=str(tiny_bert))
     config = FinetuneConfig(steps=10, eval_every=5)
+    capfd.readouterr()
     m = run_finetune(data, out, model=model, finetune=config, progress=False)
+    assert "it/s]" not in capfd.readouterr().err  # progress=False: no bar, the test set's included (a chain's log)
     names = {p.name for p in out.iterdir()}
     assert {"model", "config.json", "metrics.json", "test_probs.csv", "confidence.png", "reliability.png"} <= names
     assert out.stat().st_mode & 0o055 and (out / "metrics.json").stat().st_mode & 0o044  # readable, not 0700/0600

@@ -97,7 +97,7 @@ def run_finetune(data: DataSpec, out_dir: str | os.PathLike, *, model: ModelSpec
     if not accelerator.is_main_process:
         return metrics
     t0 = time.perf_counter()
-    test_metrics, probs = evaluate(result.scorer, few.test, progress="test")
+    test_metrics, probs = evaluate(result.scorer, few.test, progress="test" if progress else False)
     metrics["test"] = test_metrics
     metrics["eval_examples_per_second"] = round(len(few.test) / (time.perf_counter() - t0), 2)
     resolved = RunConfig(skillgraft_version=__version__, task=few.task.name, k=data.k, seed=data.seed,
