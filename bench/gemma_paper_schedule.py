@@ -44,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--override", default=None, help="JSON of recipe fields laid over the file's (tests)")
     ap.add_argument("--progress", action="store_true", help="progress bars for every stage (on stderr)")
     ap.add_argument("--status", default=None, metavar="JSON", help=(
-        "train nothing: read each cell's stages from the store (grid points, the chosen run, a stopped stage's saved "
-        "state), print them and write them to JSON"))
+        "train nothing: read each cell's stages from the store (grid points, the chosen run, a stopped fine-tuning's "
+        "saved step and time left, the learned localization's step and pace, the rows scored), print them and write "
+        "them to JSON"))
     args = ap.parse_args(argv)
 
     from skillgraft.models.gguf import in_store
@@ -128,6 +129,7 @@ def status(spec, store, tasks: list[str], args) -> int:
     started, and the zero-shot scores."""
     import torch
 
+    from skillgraft.data.tasks import get_task
     from skillgraft.pipeline.grid import _pick, _row
     from skillgraft.pipeline.opening import finetune_key, stored_run
     from skillgraft.pipeline.store import draw_key
@@ -138,7 +140,8 @@ def status(spec, store, tasks: list[str], args) -> int:
         if not state.is_file():
             return None
         saved = torch.load(state, weights_only=False, mmap=True, map_location="cpu")  # the weights are not read
-        return {"step": saved["step"], "train_seconds": round(saved["seconds"], 1),
+        return {"step": saved["step"], "steps": config.resolved_steps(len(get_task(data.task).labels), data.k),
+                "train_seconds": round(saved["seconds"], 1),
                 "dev": [(h["step"], round(h["dev"], 4)) for h in saved.get("history", [])]}
 
     out = []
@@ -167,10 +170,46 @@ def status(spec, store, tasks: list[str], args) -> int:
             zs = store.get("zero-shot", draw_key(spec.model_spec(), data), f"{task}-{spec.k}-{seed}-{spec.mode}")
             if zs is not None:
                 cell["zero_shot"] = json.loads((zs / "metrics.json").read_text())
+            chosen = (cell.get("chosen") or {}).get("saved")
+            if chosen and chosen.get("step"):  # the fine-tuning's remaining time at its pace so far
+                cell["chosen"]["saved"]["eta_seconds"] = round(
+                    (cell["chosen"]["saved"]["steps"] - chosen["step"]) * chosen["train_seconds"] / chosen["step"])
+            cell["grafts"] = grafts_progress(store.root, spec, task, seed)
             out.append(cell)
             print(json.dumps(cell, default=str))
     Path(args.status).write_text(json.dumps({"recipe": args.recipe, "cells": out}, indent=1, default=str) + "\n")
     return 0
+
+
+def grafts_progress(root: Path, spec, task: str, seed: int) -> dict:
+    """A cell's grafts stage as the store's folders show it (the newest of each, by the entries' labels): the learned
+    localization done (its best steps, seconds a step) or stopped at a saved step (with the time left at its pace),
+    and the test rows scored of the recipe's pre-trained + FT + localizers × budgets (the OOD sets' apart)."""
+    import torch
+
+    def newest(pattern: str) -> Path | None:
+        found = sorted(root.glob(pattern), key=lambda p: p.stat().st_mtime)
+        return found[-1] if found else None
+
+    cell = f"{task}-{spec.k}-{seed}"
+    learned = next((loc for loc in spec.localizers if loc.name == "learned"), None)
+    steps = (learned.options or {}).get("steps", 100) if learned else None
+    out: dict = {"localize": {"done": False}, "rows": {"done": 0, "of": 2 + len(spec.localizers) * len(spec.budgets)}}
+    if (done := newest(f"regions-{cell}-learned-*/summary.json")) is not None:
+        summary = json.loads(done.read_text())
+        out["localize"] = {"done": True, "best_step": summary.get("best_step"),
+                           "seconds_per_step": round(summary.get("step_seconds", 0.0), 1)}
+    elif (state := newest(f".regions-{cell}-learned-*.resume/localize-0.pt")) is not None:
+        saved = torch.load(state, weights_only=False, mmap=True, map_location="cpu")
+        pace = sum(saved["step_times"]) / max(len(saved["step_times"]), 1)
+        out["localize"] = {"done": False, "step": saved["step"], "of": steps,
+                           "seconds_per_step": round(pace, 1),
+                           "eta_seconds": round((steps - saved["step"]) * pace) if steps else None}
+    if newest(f"paper-rows-{cell}-{spec.mode}-*/rows.json") is not None:
+        out["rows"]["done"] = out["rows"]["of"]
+    elif (state := newest(f".paper-rows-{cell}-{spec.mode}-*.resume/compare-0.pt")) is not None:
+        out["rows"]["done"] = len(torch.load(state, weights_only=False, mmap=True, map_location="cpu")["done"])
+    return out
 
 
 if __name__ == "__main__":

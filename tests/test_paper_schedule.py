@@ -150,8 +150,13 @@ def test_the_bench_runner_cell_by_cell(recipe, tiny_gemma, data, tmp_path):
     assert [p["lr"] for p in cell["points"]] == [1e-2, 1e-3] and all("best_dev" in p for p in cell["points"])
     assert cell["chosen"]["done"] and cell["chosen"]["steps"] == 6
     assert cell["zero_shot"]["test"]["n"] == 8 and cell["zero_shot"]["dev"]["n"] == over.get("dev_limit", 8)
+    assert cell["grafts"] == {"localize": {"done": False}, "rows": {"done": 0, "of": 2 + 3 * 2}}
     entries = sorted(p.name for p in (tmp_path / "cache").iterdir())
     assert runner.main(args) == 0  # the grafts: every fine-tuning from the store
+    assert runner.main([*args, "--status", str(tmp_path / "status.json")]) == 0
+    grafts = json.loads((tmp_path / "status.json").read_text())["cells"][0]["grafts"]
+    assert grafts["localize"]["done"] and set(grafts["localize"]["best_step"]) == {"0.001", "0.01"}
+    assert grafts["rows"] == {"done": 8, "of": 8}
     assert [n for n in sorted(p.name for p in (tmp_path / "cache").iterdir()) if n.startswith("ft-")] == \
         [n for n in entries if n.startswith("ft-")]
     report = (tmp_path / "runs" / f"{recipe.stem}-SST-2-13" / "report.md").read_text()
@@ -187,3 +192,27 @@ def test_the_bench_runner_stopped_by_a_signal_says_one_line(tiny_gemma, data, tm
     lines = out.out.strip().splitlines()
     assert len(lines) == 1 and "stopped by SIGTERM" in lines[0] and str(tmp_path / "cache") in lines[0]
     assert "Traceback" not in out.err
+
+
+def test_status_reads_a_stopped_localization_and_rows_from_their_saved_state(tmp_path):
+    """--status of a cell stopped inside its grafts: the learned localization's saved step, its pace and the time
+    left, and how many rows the stopped comparison had scored (the state files as skillgraft.resume writes them)."""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(RECIPE.parents[1]))
+    import gemma_paper_schedule as runner
+
+    _, spec = load_recipe(RECIPE, {})
+    loc = tmp_path / ".regions-SST-2-64-13-learned-0123456789ab.resume"
+    loc.mkdir()
+    torch.save({"step": 40, "step_times": [30.0, 34.0]}, loc / "localize-0.pt")
+    rows = tmp_path / ".paper-rows-SST-2-64-13-causal-0123456789ab.resume"
+    rows.mkdir()
+    torch.save({"done": {"fine-tuned": {}, "pre-trained": {}, "top-|Δ| 1e-05": {}}}, rows / "compare-0.pt")
+    got = runner.grafts_progress(tmp_path, spec, "SST-2", 13)
+    assert got["localize"] == {"done": False, "step": 40, "of": 100, "seconds_per_step": 32.0, "eta_seconds": 1920}
+    assert got["rows"] == {"done": 3, "of": 2 + 3 * 4}
+    assert runner.grafts_progress(tmp_path, spec, "SST-2", 42) == {"localize": {"done": False},
+                                                                   "rows": {"done": 0, "of": 14}}
