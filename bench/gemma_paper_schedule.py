@@ -135,7 +135,8 @@ def status(spec, store, tasks: list[str], args) -> int:
     from skillgraft.pipeline.store import draw_key
 
     def saved_step(data, config) -> dict | None:
-        path = store.path("ft", finetune_key(spec.model_spec(), data, config), f"{data.task}-{data.k}-{data.seed}-causal")
+        path = store.path("ft", finetune_key(spec.model_spec(), data, config),
+                          f"{data.task}-{data.k}-{data.seed}-causal")
         state = path.with_name(f".{path.name}.resume") / "run" / "finetune-0.pt"
         if not state.is_file():
             return None
