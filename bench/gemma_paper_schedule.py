@@ -141,9 +141,11 @@ def status(spec, store, tasks: list[str], args) -> int:
         if not state.is_file():
             return None
         saved = torch.load(state, weights_only=False, mmap=True, map_location="cpu")  # the weights are not read
-        return {"step": saved["step"], "steps": config.resolved_steps(len(get_task(data.task).labels), data.k),
-                "train_seconds": round(saved["seconds"], 1),
-                "dev": [(h["step"], round(h["dev"], 4)) for h in saved.get("history", [])]}
+        steps = config.resolved_steps(len(get_task(data.task).labels), data.k)
+        return {"step": saved["step"], "steps": steps, "train_seconds": round(saved["seconds"], 1),
+                "dev": [(h["step"], round(h["dev"], 4)) for h in saved.get("history", [])],
+                # the time left at its pace so far
+                "eta_seconds": round((steps - saved["step"]) * saved["seconds"] / max(saved["step"], 1))}
 
     out = []
     for task in tasks:
@@ -171,10 +173,6 @@ def status(spec, store, tasks: list[str], args) -> int:
             zs = store.get("zero-shot", draw_key(spec.model_spec(), data), f"{task}-{spec.k}-{seed}-{spec.mode}")
             if zs is not None:
                 cell["zero_shot"] = json.loads((zs / "metrics.json").read_text())
-            chosen = (cell.get("chosen") or {}).get("saved")
-            if chosen and chosen.get("step"):  # the fine-tuning's remaining time at its pace so far
-                cell["chosen"]["saved"]["eta_seconds"] = round(
-                    (cell["chosen"]["saved"]["steps"] - chosen["step"]) * chosen["train_seconds"] / chosen["step"])
             cell["grafts"] = grafts_progress(store.root, spec, task, seed)
             out.append(cell)
             print(json.dumps(cell, default=str))
@@ -194,8 +192,10 @@ def grafts_progress(root: Path, spec, task: str, seed: int) -> dict:
 
     cell = f"{task}-{spec.k}-{seed}"
     learned = next((loc for loc in spec.localizers if loc.name == "learned"), None)
-    steps = (learned.options or {}).get("steps", 100) if learned else None
-    out: dict = {"localize": {"done": False}, "rows": {"done": 0, "of": 2 + len(spec.localizers) * len(spec.budgets)}}
+    steps = spec.options_of(learned).steps if learned else None  # the recipe's resolved options, not a copy
+    # pre-trained (+ head only in head mode: pipeline.variants.base_variants), FT, each localizer at each budget
+    rows = 2 + (spec.mode == "head") + len(spec.localizers) * len(spec.budgets)
+    out: dict = {"localize": {"done": False}, "rows": {"done": 0, "of": rows}}
     if (done := newest(f"regions-{cell}-learned-*/summary.json")) is not None:
         summary = json.loads(done.read_text())
         out["localize"] = {"done": True, "best_step": summary.get("best_step"),
@@ -206,8 +206,8 @@ def grafts_progress(root: Path, spec, task: str, seed: int) -> dict:
         out["localize"] = {"done": False, "step": saved["step"], "of": steps,
                            "seconds_per_step": round(pace, 1),
                            "eta_seconds": round((steps - saved["step"]) * pace) if steps else None}
-    if newest(f"paper-rows-{cell}-{spec.mode}-*/rows.json") is not None:
-        out["rows"]["done"] = out["rows"]["of"]
+    if (done := newest(f"paper-rows-{cell}-{spec.mode}-*/rows.json")) is not None:
+        out["rows"]["done"] = len(json.loads(done.read_text())["rows"])
     elif (state := newest(f".paper-rows-{cell}-{spec.mode}-*.resume/compare-0.pt")) is not None:
         out["rows"]["done"] = len(torch.load(state, weights_only=False, mmap=True, map_location="cpu")["done"])
     return out
