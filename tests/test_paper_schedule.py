@@ -5,6 +5,7 @@ full-schedule grid reusing its chosen point, a screened grid, resumption from th
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,10 @@ from tiny import write_sentiment_data
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.pipeline.grid import GridSpec, _pick
+from skillgraft.pipeline.opening import from_run
 from skillgraft.recipes import load_recipe, run_recipe
 from skillgraft.train.config import FinetuneConfig
+from skillgraft.train.run import WEIGHTS_DROPPED
 
 RECIPE = Path(__file__).resolve().parents[1] / "bench" / "fidelity" / "gemma-schedule-64.yaml"
 
@@ -86,6 +89,17 @@ def test_screened_grid_resumes_from_the_store(tiny_gemma, data, tmp_path, monkey
     assert not (tmp_path / "run").exists()
     done = _ft_entries(tmp_path / "cache")
     assert len(done) == 3  # two screened points and the chosen one on the full schedule
+    runs = [tmp_path / "cache" / name / "run" for name in done]
+    screens = [r for r in runs if json.loads((r / "config.json").read_text())["finetune"]["steps"] == 3]
+    full = next(r for r in runs if r not in screens)
+    assert len(screens) == 2 and (full / "model" / "model.safetensors").is_file()
+    for r in screens:  # a screen's scores are kept, its weights are not
+        assert not (r / "model").exists() and json.loads((r / "metrics.json").read_text())["best_dev"] is not None
+    with pytest.raises(SkillgraftError, match=r"screened grid point \(batch 2, lr .*, 3 steps\).*weights were dropped"):
+        from_run(screens[0])
+    # an entry stored with its weights (before they were dropped) loses them the next time the grid is read
+    shutil.copytree(full / "model", screens[0] / "model")
+    (screens[0] / WEIGHTS_DROPPED).unlink()
 
     def no_training(*args, **kwargs):
         raise AssertionError("a stored fine-tuning was trained again")
@@ -94,6 +108,7 @@ def test_screened_grid_resumes_from_the_store(tiny_gemma, data, tmp_path, monkey
     monkeypatch.setattr(setup_mod, "run_finetune", no_training)
     out = run_recipe(RECIPE, tmp_path / "run", overrides=over, cache=tmp_path / "cache")
     assert _ft_entries(tmp_path / "cache") == done
+    assert not (screens[0] / "model").exists() and (screens[0] / WEIGHTS_DROPPED).is_file()
     metrics = json.loads((out / "metrics.json").read_text())
     points = [r for r in metrics["grid_rows"] if r["chosen"] != "used"]
     used = [r for r in metrics["grid_rows"] if r["chosen"] == "used"]

@@ -21,6 +21,7 @@ from skillgraft.pipeline.store import Store
 from skillgraft.pipeline.opening import finetuned_run, stored_run
 from skillgraft.spec import COUNT_MAX, FLOAT_MAX, Spec
 from skillgraft.train import FinetuneConfig
+from skillgraft.train.run import drop_weights
 
 
 class GridSpec(Spec):
@@ -98,16 +99,30 @@ def choose(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneCon
     ``finetune``'s schedule) and one row per point: batch, lr, steps, best dev score and step, the dev
     history, the test score on the point's test rows (not used), training seconds and ``chosen``.
     """
-    rows = []
+    rows, runs = [], []
     for batch_size, lr in grid.points():
         config = grid.point_config(finetune, batch_size, lr)
         run_dir, _ = finetuned_run(store, model, grid.point_data(data), config, progress=progress)
         rows.append(_row(run_dir, grid, data, batch_size, lr))
+        runs.append((run_dir, config))
         if log is not None:
             r = rows[-1]
             log(f"grid {r['task']} seed {r['seed']}: batch {batch_size}, lr {lr:g}, {r['steps']} steps → dev "
                 f"{r['best_dev']} (step {r['best_step']}), {r['train_seconds']} s")
-    return _pick(finetune, rows), rows
+    chosen = _pick(finetune, rows)
+    if grid.steps is not None:
+        freed = sum(drop_weights(run_dir, _dropped(config)) for run_dir, config in runs
+                    if config.to_dict() != chosen.to_dict())  # (a screen as long as the schedule is the chosen run)
+        if freed and log is not None:
+            log(f"grid {data.task} seed {data.seed}: the screened points' weights dropped from the store "
+                f"({freed / 2**30:.1f} GiB; their scores stay)")
+    return chosen, rows
+
+
+def _dropped(config: FinetuneConfig) -> str:
+    return (f"a screened grid point (batch {config.batch_size}, lr {config.lr:g}, {config.steps} steps): its dev "
+            "scores chose the grid's point, then its weights were dropped (only a screen's scores are kept). Fine-tune "
+            "the chosen point on the full schedule to get a model")
 
 
 def stored_choice(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, grid: GridSpec

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -122,6 +123,8 @@ def load_finetuned(run_dir: str | os.PathLike) -> tuple[Scorer, Scorer, RunConfi
     run_dir = Path(run_dir)
     model_dir = run_dir / "model"
     if not model_dir.is_dir():
+        if (run_dir / WEIGHTS_DROPPED).is_file():
+            raise SkillgraftError(f"{run_dir}: {(run_dir / WEIGHTS_DROPPED).read_text(encoding='utf-8').strip()}")
         raise SkillgraftError(f"{run_dir}: not a fine-tuning run directory (no model/ folder)")
     cfg = read_run_config(run_dir)
     from skillgraft.models.scorer import Scorer  # noqa: PLC0415
@@ -135,6 +138,22 @@ def load_finetuned(run_dir: str | os.PathLike) -> tuple[Scorer, Scorer, RunConfi
             f"given to finetune) cannot be loaded from {Path.cwd()}: {e}. A relative name is read from the current "
             "folder: run from the folder the fine-tuning ran in") from None
     return ft, pre, cfg
+
+
+WEIGHTS_DROPPED = "WEIGHTS-DROPPED.txt"
+
+
+def drop_weights(run_dir: str | os.PathLike, why: str) -> int:
+    """Remove a finished run's ``model/`` (its metrics, config and plots stay) and leave ``why`` in its place; returns
+    the bytes freed (0: already dropped). For runs only their scores are read from, e.g. a screened grid point."""
+    run_dir = Path(run_dir)
+    model_dir = run_dir / "model"
+    if not model_dir.is_dir():
+        return 0
+    freed = sum(f.stat().st_size for f in model_dir.rglob("*") if f.is_file())
+    (run_dir / WEIGHTS_DROPPED).write_text(why.rstrip() + "\n", encoding="utf-8")  # first: never a bare run dir
+    shutil.rmtree(model_dir)
+    return freed
 
 
 def read_run_config(run_dir: str | os.PathLike) -> RunConfig:
