@@ -27,13 +27,15 @@ SCALE = 100  # budgets × SCALE: a tiny body of ~50k parameters holds a region o
 @pytest.fixture(scope="module")
 def gemma_data(tmp_path_factory) -> Path:
     """Toy data for every task the Gemma recipes name: sentiment sets, imdb (test only, neg/pos), a 4-topic ag_news,
-    two entailment pair sets (RTE, QNLI)."""
+    two entailment pair sets (RTE, QNLI) and two three-way NLI test sets (MNLI, SNLI)."""
     root = tmp_path_factory.mktemp("gemma-data")
     for i, folder in enumerate(("SST-2", "mr", "mpqa", "cr", "yelp_polarity")):
         write_sentiment_data(root, folder=folder, n_train=80, n_test=24, seed=i)
     write_topic_data(root)
     for i, folder in enumerate(("RTE", "QNLI")):
         write_pair_data(root, folder=folder, seed=20 + i)
+    for i, folder in enumerate(("MNLI", "SNLI")):  # QNLI's OOD sets (three labels; neutral dropped by the map)
+        write_pair_data(root, folder=folder, seed=30 + i, n_train=0, three_way=True)
     write_imdb_test(root, tmp_path_factory.mktemp("toy-imdb"), n_test=24, seed=9)
     return root
 
@@ -121,6 +123,10 @@ def test_every_gemma_recipe_runs_tiny(path, tiny_gemma, gemma_data, tmp_path):
             {(loc.title, b.label) for loc in spec.localizers for b in spec.budgets}
         targets = {(tr.source, tg.task) for tr in spec.ood if tr.source in spec.tasks for tg in tr.targets}
         assert {(r["source"], r["eval"]) for r in metrics["ood_rows"]} == targets
+        ood_models = ["pre-trained", "fine-tuned"] + [f"{loc.title} {b.label}" for loc in spec.localizers_ood()
+                                                      for b in spec.budgets]
+        assert all(r["model"] in ood_models for r in metrics["ood_rows"])  # `ood_localizers` only
+        assert {r["model"] for r in metrics["ood_rows"]} == (set(ood_models) if targets else set())
         if targets:
             assert "Table 7" in report and (out / "ood.csv").is_file()
         if spec.grid is not None:

@@ -115,12 +115,15 @@ def test_paper_spec_checks_before_any_work(tiny_bert, toy_data, tmp_path):
            {"finetunes": {"AdamW": {"optimzer": "adamw"}}}, {"finetunes": {"AdamW": {"optimizer": "adam"}}},
            {"finetunes": {"SGD": "sgd"}}, {"finetune_tasks": ["SST-3"]},
            {"ood": None},  # the default transfers: SST-2 → imdb, but the toy data has no imdb
+           {"ood_localizers": ["learned"]},  # a name, not a label
            ]
     for extra, match in zip(bad, ["stepz", "unknown localizer 'lottery'", "round", "SST-3", "share a label",
                                   "budget", "among the recipe's budgets", "imdbx",
                                   r"ood\[0\]\.targets\[0\]: \['positive'\] are not labels of imdb",
                                   "single task but MNLI is a pair task", r"finetunes\.AdamW\.optimzer: unknown field",
-                                  r"finetunes\.AdamW\.optimizer", "finetunes.SGD", "SST-3", "imdb"], strict=True):
+                                  r"finetunes\.AdamW\.optimizer", "finetunes.SGD", "SST-3", "imdb",
+                                  r"ood_localizers: 'learned' is not the label of a localizer \(labels: \['paper'"],
+                                 strict=True):
         over = overrides(tiny_bert, toy_data, **extra)
         if extra == {"ood": None}:
             over.pop("ood")
@@ -138,7 +141,8 @@ def test_paper_recipe_ood_and_optimizers(tiny_bert, ood_data, tmp_path):
     first = run_recipe(RECIPES / "paper.yaml", tmp_path / "run", overrides=table2, cache=cache)
     before = {p.name: (p / "key.json").stat().st_mtime_ns for p in cache.iterdir()}
     rows = json.loads((first / "metrics.json").read_text())["rows"]
-    over = {**table2, "ood_limit": 30, "finetunes": {"main": {}, "SGD": {"optimizer": "sgd", "lr": 0.05}}}
+    over = {**table2, "ood_limit": 30, "finetunes": {"main": {}, "SGD": {"optimizer": "sgd", "lr": 0.05}},
+            "ood_localizers": ["paper"]}  # OOD: the pre-trained and fine-tuned models and the paper's grafts
     over.pop("ood")  # the default: the paper's transfers; SST-2 → imdb, yelp_polarity run (mpqa, QNLI: not in tasks)
     out = run_recipe(RECIPES / "paper.yaml", tmp_path / "run2", overrides=over, cache=cache)
     after = {p.name: (p / "key.json").stat().st_mtime_ns for p in cache.iterdir()}
@@ -151,7 +155,8 @@ def test_paper_recipe_ood_and_optimizers(tiny_bert, ood_data, tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["rows"] == rows
     ood = metrics["ood_rows"]
-    models = [r["model"] for r in rows]
+    models = [r["model"] for r in rows if not r["model"].startswith("straight-through")]
+    assert len(models) < len(rows) and {"pre-trained", "fine-tuned", "paper 0.01", "paper 0.05"} <= set(models)
     assert [r["model"] for r in ood] == models * 2 and {r["source"] for r in ood} == {"SST-2"}
     assert [(r["eval"], r["n"]) for r in ood] == [("imdb", 30)] * len(models) + [("yelp_polarity", 30)] * len(models)
     assert all(r["agreement"] == 1.0 for r in ood if r["kind"] == "ft") and {r["seed"] for r in ood} == {13}

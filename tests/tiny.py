@@ -50,17 +50,21 @@ def write_topic_data(root: Path, folder: str = "ag_news", n_train: int = 120, n_
     return root
 
 
-def write_pair_data(root: Path, folder: str = "RTE", n_train: int = 80, n_test: int = 24, seed: int = 0) -> Path:
+def write_pair_data(root: Path, folder: str = "RTE", n_train: int = 80, n_test: int = 24, seed: int = 0,
+                    three_way: bool = False) -> Path:
     """A learnable toy entailment task in the JSONL layout (``text_a``, ``text_b``, labels ``entailment`` /
-    ``not_entailment``, as RTE and QNLI): entailment iff the second sentence's sentiment word has the first's polarity."""
+    ``not_entailment``, as RTE and QNLI): entailment iff the second sentence's sentiment word has the first's polarity.
+    ``three_way``: MNLI / SNLI's labels instead (``entailment`` / ``contradiction``, every third row ``neutral``)."""
     rng = random.Random(seed)
     (root / folder).mkdir(parents=True, exist_ok=True)
     for split, n in (("train", n_train), ("test", n_test)):
         with open(root / folder / f"{split}.jsonl", "w") as f:
             for i in range(n):
                 a, same = rng.randrange(2), i % 2
-                row = {"text_a": sentence(rng, a), "text_b": sentence(rng, a if same else 1 - a),
-                       "label": "entailment" if same else "not_entailment"}
+                label = "entailment" if same else ("contradiction" if three_way else "not_entailment")
+                if three_way and i % 3 == 2:
+                    label = "neutral"
+                row = {"text_a": sentence(rng, a), "text_b": sentence(rng, a if same else 1 - a), "label": label}
                 f.write(json.dumps(row) + "\n")
     return root
 

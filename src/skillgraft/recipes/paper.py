@@ -105,6 +105,9 @@ class PaperSpec(ExperimentSpec, SeedsMixin):
     ood_limit: int | None = Field(None, ge=1, le=COUNT_MAX, description=(
         "each OOD set: seeded sample of N examples after label mapping (not given: test_limit; null: all); a "
         "target's own `limit` wins"))
+    ood_localizers: list[str] | None = Field(None, description=(
+        "labels of the localizers whose grafts are scored on the OOD sets, beside the pre-trained and fine-tuned "
+        "models (null: every localizer; the paper's Table 3 / Fig. 7 compare FT with its learned grafts)"))
     finetunes: dict[str, dict] = Field(default_factory=dict, description=(
         "Fig. 5: label → FinetuneConfig fields laid over `finetune` (an `optimizer` change without `lr` takes that "
         "optimizer's default lr), each fine-tuned on `finetune_tasks` and grafted by the reference localizer at "
@@ -138,6 +141,10 @@ class PaperSpec(ExperimentSpec, SeedsMixin):
                 get_task(t)
             except SkillgraftError as e:
                 raise ValueError(str(e)) from None
+        titles = [loc.title for loc in self.localizers]
+        for label in self.ood_localizers or []:
+            if label not in titles:
+                raise ValueError(f"ood_localizers: {label!r} is not the label of a localizer (labels: {titles})")
         for i, transfer in enumerate(self.ood):
             try:
                 transfer.check(f"ood[{i}]")
@@ -158,6 +165,11 @@ class PaperSpec(ExperimentSpec, SeedsMixin):
         if over.get("optimizer", base["optimizer"]) != base["optimizer"] and "lr" not in over:
             base.pop("lr")
         return FinetuneConfig.build({**base, **over}, where=f"finetunes.{label}")
+
+    def localizers_ood(self) -> list[LocalizerRun]:
+        """The localizers whose grafts are scored out of distribution (``ood_localizers``; None: all)."""
+        wanted = self.ood_localizers
+        return list(self.localizers) if wanted is None else [loc for loc in self.localizers if loc.title in wanted]
 
     def ood_of(self, task: str) -> list[tuple[int, TransferSpec]]:
         """The (index, transfer) pairs whose source is ``task``."""
@@ -231,14 +243,16 @@ def draw_rows(spec: PaperSpec, member: Member, run: RunDir, timing: dict,
 
 def ood_rows(spec: PaperSpec, member: Member, run: RunDir, source: str, target: TargetSpec, examples: list
              ) -> list[dict]:
-    """Table 2's models of one (task, seed) on one OOD set; stored as "paper-ood-rows" (key: the rows' key +
-    the transfer, its limit and the target's data digest), beside and independent of "paper-rows"."""
-    key = {**rows_key(spec, member, spec.localizers),
+    """Table 2's models of one (task, seed) on one OOD set (the grafts of ``ood_localizers``' localizers); stored as
+    "paper-ood-rows" (key: those rows' key + the transfer, its limit and the target's data digest), beside and
+    independent of "paper-rows"."""
+    localizers = spec.localizers_ood()
+    key = {**rows_key(spec, member, localizers),
            "ood": {"source": source, "target": target.to_dict(), "data": data_digest(target.task, spec.data_dir)}}
     holder: dict = {}
 
     def make(folder: Path) -> None:
-        variants = _variants(spec, member, run, spec.localizers, {})
+        variants = _variants(spec, member, run, localizers, {})
         block, _ = compare(member, variants, examples, target.task, progress=spec.progress)
         info = {v.name: v.info for v in variants}
         holder["rows"] = [{"task": member.task, "seed": member.seed, "source": source, "eval": target.task, **r,
