@@ -8,7 +8,8 @@ run folder, which is written only when its whole recipe ends — and prints, per
   from the pre-trained model ((acc − acc_pre) / (acc_FT − acc_pre)), ECE, over-confidence (mean confidence −
   accuracy: the sign says which way ECE errs), agreement with FT;
 * the pooled mean over tasks of share of FT and gap closed per localizer × budget (the headline rows);
-* OOD (Tables 3 / 7): per source → target, the same columns;
+* OOD (Tables 3 / 7): per source → target and seed, FT beside each learned graft (:func:`ood_verdicts`); then per
+  source → target, the same columns as Table 2;
 * Fig. 5: the rows of each fine-tuning label (SGD / AdamW / AdamW+L1) from the finished runs of
   ``gemma-fig5.yaml`` (``--runs``: their ``metrics.json``, whose rows name the fine-tuning; its store entries do
   not, and with one localizer they are left out of Table 2, which compares learned, top-|Δ| and random).
@@ -194,6 +195,35 @@ def verdicts(rows: list[dict], k: int | None) -> str:
     return "\n".join(lines)
 
 
+def ood_verdicts(ood: list[dict]) -> str:
+    """Issue 46's OOD test (paper §4.2, Tables 3 / 7, Fig. 7), one line per (source → target, seed): the pre-trained
+    and fine-tuned models' scores on the OOD set, each learned graft's score with its difference from FT in points
+    (and z), and the budgets where the graft scores at least FT's ("≥ FT"; the paper: grafts ≥ FT, by ≥ 5 points on
+    a large shift)."""
+    cells: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for r in ood:
+        cells[(r["source"], r["eval"], r["seed"])][r["model"]] = r
+    head = ["source → target", "seed", "rows", "zero-shot", "FT", "learned graft (− FT, z) per budget", "≥ FT at"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (source, target, seed), by in sorted(cells.items()):
+        ft, zs = by.get("fine-tuned"), by.get("pre-trained")
+        if ft is None:
+            continue
+        learned = sorted((float(r["budget"]), r) for r in by.values()
+                         if r.get("kind") == "graft" and r.get("localizer") == LEARNED and r.get("budget") is not None)
+        per, at_least = [], []
+        for b, r in learned:
+            z = z_of(r, ft)
+            per.append(f"{b:g}: {r['score']:.4f} ({points(r['score'] - ft['score'])}"
+                       + ("" if z is None else f", z {z:.1f}") + ")")
+            if r["score"] >= ft["score"]:
+                at_least.append(f"{b:g}")
+        lines.append("| " + " | ".join([
+            f"{source} → {target}", str(seed), str(ft.get("n", "–")), "–" if zs is None else f"{zs['score']:.4f}",
+            f"{ft['score']:.4f}", "; ".join(per) or "–", ", ".join(at_least) or "none"]) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", type=Path, default=Path("/work/store"))
@@ -220,7 +250,9 @@ def main() -> None:
     print(markdown(pool, ()), "\n")
     ood_t = table(ood, ("source", "eval"))
     if ood_t:
-        print("OOD:\n")
+        print("OOD, per cell (issue 46: grafts ≥ FT on the large shift):\n")
+        print(ood_verdicts(ood), "\n")
+        print("OOD, mean over seeds:\n")
         print(markdown(ood_t, ("source", "eval")), "\n")
     fig5_t = table(fig5, ("task", "finetune"))
     if fig5_t:

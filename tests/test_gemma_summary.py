@@ -39,3 +39,17 @@ def test_verdicts_per_cell():
 
 def test_points_round_half_away_from_zero():
     assert summary.points(0.7025 - 0.532) == "+17.1" and summary.points(0.532 - 0.7025) == "-17.1"
+
+
+def test_ood_verdicts_per_cell():
+    """FT and each learned graft on an OOD set, with the graft's difference from FT and the budgets where it is ≥ FT;
+    top-|Δ| rows (when scored) do not enter the learned column."""
+    L, T = summary.LEARNED, summary.TOP
+    rows = [{**r, "source": "mpqa", "eval": "SST-2"} for r in cell(
+        "mpqa", 872, 0.60, 0.50, {(L, "0.0001"): (0.66, 0.1), (L, "1e-05"): (0.55, 0.1), (T, "0.0001"): (0.9, 0.1)})]
+    lines = summary.ood_verdicts(rows).splitlines()
+    assert lines[0].startswith("| source → target | seed | rows | zero-shot | FT |") and len(lines) == 3
+    row = lines[2].split(" | ")
+    assert row[:5] == ["| mpqa → SST-2", "13", "872", "0.5000", "0.6000"]
+    assert row[5] == "1e-05: 0.5500 (-5.0, z -2.1); 0.0001: 0.6600 (+6.0, z 2.6)"
+    assert row[6] == "0.0001 |"
