@@ -183,7 +183,8 @@ def status(spec, store, tasks: list[str], args) -> int:
 def grafts_progress(root: Path, spec, task: str, seed: int) -> dict:
     """A cell's grafts stage as the store's folders show it (the newest of each, by the entries' labels): the learned
     localization done (its best steps, seconds a step) or stopped at a saved step (with the time left at its pace),
-    and the test rows scored of the recipe's pre-trained + FT + localizers × budgets (the OOD sets' apart)."""
+    and the test rows scored of the recipe's pre-trained + FT + localizers × budgets; then, per OOD set of the task,
+    the models scored of pre-trained + FT + `ood_localizers` × budgets."""
     import torch
 
     def newest(pattern: str) -> Path | None:
@@ -206,10 +207,19 @@ def grafts_progress(root: Path, spec, task: str, seed: int) -> dict:
         out["localize"] = {"done": False, "step": saved["step"], "of": steps,
                            "seconds_per_step": round(pace, 1),
                            "eta_seconds": round((steps - saved["step"]) * pace) if steps else None}
-    if (done := newest(f"paper-rows-{cell}-{spec.mode}-*/rows.json")) is not None:
-        out["rows"]["done"] = len(json.loads(done.read_text())["rows"])
-    elif (state := newest(f".paper-rows-{cell}-{spec.mode}-*.resume/compare-0.pt")) is not None:
-        out["rows"]["done"] = len(torch.load(state, weights_only=False, mmap=True, map_location="cpu")["done"])
+    def scored(label: str) -> int:  # a finished entry's rows, else a stopped comparison's saved rows
+        if (done := newest(f"{label}-*/rows.json")) is not None:
+            return len(json.loads(done.read_text())["rows"])
+        if (state := newest(f".{label}-*.resume/compare-0.pt")) is not None:
+            return len(torch.load(state, weights_only=False, mmap=True, map_location="cpu")["done"])
+        return 0
+
+    out["rows"]["done"] = scored(f"paper-rows-{cell}-{spec.mode}")
+    ood_of = 2 + (spec.mode == "head") + len(spec.localizers_ood()) * len(spec.budgets)
+    for _, transfer in spec.ood_of(task):
+        for target in transfer.targets:
+            out.setdefault("ood", {})[target.task] = {
+                "done": scored(f"paper-ood-rows-{cell}-{spec.mode}-{target.task}"), "of": ood_of}
     return out
 
 

@@ -231,3 +231,13 @@ def test_status_reads_a_stopped_localization_and_rows_from_their_saved_state(tmp
     assert got["rows"] == {"done": 3, "of": 2 + 3 * 4}
     assert runner.grafts_progress(tmp_path, spec, "SST-2", 42) == {"localize": {"done": False},
                                                                    "rows": {"done": 0, "of": 14}}
+    # mpqa's OOD sets (the recipe's ood_localizers: the learned grafts beside pre-trained and FT): one stopped, one
+    # finished
+    ood = tmp_path / ".paper-ood-rows-mpqa-64-13-causal-SST-2-0123456789ab.resume"
+    ood.mkdir()
+    torch.save({"done": {"fine-tuned": {}, "pre-trained": {}}}, ood / "compare-0.pt")
+    yelp = tmp_path / "paper-ood-rows-mpqa-64-13-causal-yelp_polarity-0123456789ab"
+    yelp.mkdir()
+    (yelp / "rows.json").write_text(json.dumps({"rows": [{}] * 6}))
+    assert runner.grafts_progress(tmp_path, spec, "mpqa", 13)["ood"] == {"SST-2": {"done": 2, "of": 2 + 4},
+                                                                         "yelp_polarity": {"done": 6, "of": 6}}
