@@ -5,6 +5,7 @@ full-schedule grid reusing its chosen point, a screened grid, resumption from th
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -95,8 +96,11 @@ def test_screened_grid_resumes_from_the_store(tiny_gemma, data, tmp_path, monkey
     assert len(screens) == 2 and (full / "model" / "model.safetensors").is_file()
     for r in screens:  # a screen's scores are kept, its weights are not
         assert not (r / "model").exists() and json.loads((r / "metrics.json").read_text())["best_dev"] is not None
-    with pytest.raises(SkillgraftError, match=r"screened grid point \(batch 2, lr .*, 3 steps\).*weights were dropped"):
+    assert re.fullmatch(r"a screened grid point \(batch 2, lr .*, 3 steps\): its dev scores chose .* weights were "
+                        r"dropped .*\n", (screens[0] / WEIGHTS_DROPPED).read_text())
+    with pytest.raises(SkillgraftError, match=r"kept its scores, not its weights .* no model to open") as e:
         from_run(screens[0])
+    assert "\n" not in str(e.value)
     # an entry stored with its weights (before they were dropped) loses them the next time the grid is read
     shutil.copytree(full / "model", screens[0] / "model")
     (screens[0] / WEIGHTS_DROPPED).unlink()

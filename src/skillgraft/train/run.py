@@ -123,8 +123,9 @@ def load_finetuned(run_dir: str | os.PathLike) -> tuple[Scorer, Scorer, RunConfi
     run_dir = Path(run_dir)
     model_dir = run_dir / "model"
     if not model_dir.is_dir():
-        if (run_dir / WEIGHTS_DROPPED).is_file():
-            raise SkillgraftError(f"{run_dir}: {(run_dir / WEIGHTS_DROPPED).read_text(encoding='utf-8').strip()}")
+        if (run_dir / WEIGHTS_DROPPED).is_file():  # (its text says why; not echoed: a file is not a message)
+            raise SkillgraftError(f"{run_dir}: this run kept its scores, not its weights (dropped once read, e.g. a "
+                                  f"screened grid point; {WEIGHTS_DROPPED} says why): there is no model to open")
         raise SkillgraftError(f"{run_dir}: not a fine-tuning run directory (no model/ folder)")
     cfg = read_run_config(run_dir)
     from skillgraft.models.scorer import Scorer  # noqa: PLC0415
