@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--progress", action="store_true", help="progress bars for every stage (on stderr)")
     ap.add_argument("--status", default=None, metavar="JSON", help=(
         "train nothing: read each cell's stages from the store (grid points, the chosen run, a stopped fine-tuning's "
-        "saved step and time left, the learned localization's step and pace, the rows scored), print them and write "
-        "them to JSON"))
+        "saved step and time left, the learned localization's step and pace, the rows and OOD rows scored), print a "
+        "line per cell and write them all to JSON"))
     args = ap.parse_args(argv)
 
     from skillgraft.models.gguf import in_store
@@ -175,9 +175,43 @@ def status(spec, store, tasks: list[str], args) -> int:
                 cell["zero_shot"] = json.loads((zs / "metrics.json").read_text())
             cell["grafts"] = grafts_progress(store.root, spec, task, seed)
             out.append(cell)
-            print(json.dumps(cell, default=str))
+            print(status_line(cell))
     Path(args.status).write_text(json.dumps({"recipe": args.recipe, "cells": out}, indent=1, default=str) + "\n")
     return 0
+
+
+def status_line(cell: dict) -> str:
+    """One line per cell for the terminal (the JSON file has everything): grid, fine-tuning, zero-shot, grafts."""
+    def minutes(seconds) -> str:
+        return f"~{round(seconds / 60)} min left" if seconds is not None else "time left unknown"
+
+    done = [p for p in cell["points"] if "best_dev" in p]
+    parts = [f"{cell['task']}/{cell['seed']}: grid {len(done)}/{len(cell['points'])}"]
+    stopped = next((p["saved"] for p in cell["points"] if p.get("saved")), None)
+    if stopped:
+        parts[-1] += f" (a point at step {stopped['step']}/{stopped['steps']})"
+    chosen = cell.get("chosen")
+    if chosen is not None and chosen["done"]:
+        parts.append(f"FT lr {chosen['lr']:g}: test {chosen['test']['score']:.4f}, best dev {chosen['best_dev']:.4f} "
+                     f"at step {chosen['best_step']}")
+    elif chosen is not None:
+        saved = chosen.get("saved")
+        parts.append(f"FT lr {chosen['lr']:g}: " + ("not started" if not saved else
+                     f"step {saved['step']}/{saved['steps']}, {minutes(saved.get('eta_seconds'))}"))
+    if cell.get("zero_shot"):
+        parts.append(f"zero-shot {cell['zero_shot']['test']['score']:.4f}")
+    grafts = cell.get("grafts") or {}
+    loc = grafts.get("localize") or {}
+    if loc.get("done"):
+        parts.append(f"localized ({loc.get('seconds_per_step')} s a step)")
+    elif "step" in loc:
+        parts.append(f"localizing step {loc['step']}/{loc['of']} ({loc['seconds_per_step']} s a step, "
+                     f"{minutes(loc.get('eta_seconds'))})")
+    if grafts.get("rows"):
+        parts.append(f"rows {grafts['rows']['done']}/{grafts['rows']['of']}")
+    for target, ood in (grafts.get("ood") or {}).items():
+        parts.append(f"OOD {target} {ood['done']}/{ood['of']}")
+    return "; ".join(parts)
 
 
 def grafts_progress(root: Path, spec, task: str, seed: int) -> dict:

@@ -272,3 +272,25 @@ def test_the_cell_queue_runs_each_cells_two_passes_in_order(tmp_path):
                                    ("1024.yaml", "SST-2", "13", True), ("1024.yaml", "SST-2", "13", False),
                                    ("rest.yaml", "QNLI", "42", True), ("rest.yaml", "QNLI", "42", False)]
     assert all(f"--out {tmp_path / 'out'}" in line for line in lines)
+
+
+def test_status_line_says_where_each_cell_stands():
+    """--status prints one line per cell: the grid's points done (a stopped point's step), the chosen fine-tuning
+    (done: its test score; stopped: its step and time left), zero-shot, the localization, rows and OOD rows."""
+    import sys
+
+    sys.path.insert(0, str(RECIPE.parents[1]))
+    import gemma_paper_schedule as runner
+
+    points = [{"best_dev": 0.7}, {"best_dev": 0.6}, {"done": False, "saved": {"step": 138, "steps": 256}}]
+    assert runner.status_line({"task": "RTE", "seed": 13, "points": points, "grafts": {"rows": {"done": 0, "of": 14}}}
+                              ) == "RTE/13: grid 2/3 (a point at step 138/256); rows 0/14"
+    grafts = {"localize": {"done": False, "step": 40, "of": 100, "seconds_per_step": 32.0, "eta_seconds": 1920},
+              "rows": {"done": 0, "of": 14}, "ood": {"MNLI": {"done": 2, "of": 6}}}
+    cell = {"task": "QNLI", "seed": 13, "points": points[:2], "grafts": grafts, "zero_shot": {"test": {"score": 0.481}},
+            "chosen": {"lr": 0.01, "done": True, "test": {"score": 0.584}, "best_dev": 0.6641, "best_step": 500}}
+    assert runner.status_line(cell) == ("QNLI/13: grid 2/2; FT lr 0.01: test 0.5840, best dev 0.6641 at step 500; "
+                                        "zero-shot 0.4810; localizing step 40/100 (32.0 s a step, ~32 min left); "
+                                        "rows 0/14; OOD MNLI 2/6")
+    cell["chosen"] = {"lr": 0.01, "done": False, "saved": {"step": 5002, "steps": 16384, "eta_seconds": 19500}}
+    assert "FT lr 0.01: step 5002/16384, ~325 min left" in runner.status_line(cell)
