@@ -228,9 +228,10 @@ def grafts_progress(root: Path, spec, task: str, seed: int) -> dict:
     cell = f"{task}-{spec.k}-{seed}"
     learned = next((loc for loc in spec.localizers if loc.name == "learned"), None)
     steps = spec.options_of(learned).steps if learned else None  # the recipe's resolved options, not a copy
-    # pre-trained (+ head only in head mode: pipeline.variants.base_variants), FT, each localizer at each budget
-    rows = 2 + (spec.mode == "head") + len(spec.localizers) * len(spec.budgets)
-    out: dict = {"localize": {"done": False}, "rows": {"done": 0, "of": rows}}
+    def models(localizers) -> int:  # pre-trained (+ head only in head mode: pipeline.variants.base_variants), FT,
+        return 2 + (spec.mode == "head") + len(localizers) * len(spec.budgets)  # each localizer at each budget
+
+    out: dict = {"localize": {"done": False}, "rows": {"done": 0, "of": models(spec.localizers)}}
     if (done := newest(f"regions-{cell}-learned-*/summary.json")) is not None:
         summary = json.loads(done.read_text())
         out["localize"] = {"done": True, "best_step": summary.get("best_step"),
@@ -249,11 +250,10 @@ def grafts_progress(root: Path, spec, task: str, seed: int) -> dict:
         return 0
 
     out["rows"]["done"] = scored(f"paper-rows-{cell}-{spec.mode}")
-    ood_of = 2 + (spec.mode == "head") + len(spec.localizers_ood()) * len(spec.budgets)
     for _, transfer in spec.ood_of(task):
         for target in transfer.targets:
             out.setdefault("ood", {})[target.task] = {
-                "done": scored(f"paper-ood-rows-{cell}-{spec.mode}-{target.task}"), "of": ood_of}
+                "done": scored(f"paper-ood-rows-{cell}-{spec.mode}-{target.task}"), "of": models(spec.localizers_ood())}
     return out
 
 

@@ -294,3 +294,19 @@ def test_status_line_says_where_each_cell_stands():
                                         "rows 0/14; OOD MNLI 2/6")
     cell["chosen"] = {"lr": 0.01, "done": False, "saved": {"step": 5002, "steps": 16384, "eta_seconds": 19500}}
     assert "FT lr 0.01: step 5002/16384, ~325 min left" in runner.status_line(cell)
+
+
+def test_drop_weights_keeps_the_scores_and_says_why(tmp_path):
+    """A run's model folder goes (its byte count returned), its metrics stay, the reason is left beside them; a
+    second drop (another process, or a later read of the grid) finds nothing to drop."""
+    from skillgraft.train.run import drop_weights
+
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "model" / "model.safetensors").write_bytes(b"x" * 1000)
+    (run / "model" / "config.json").write_text("{}")
+    (run / "metrics.json").write_text('{"best_dev": 0.5}')
+    assert drop_weights(run, "a screened grid point") == 1002
+    assert sorted(p.name for p in run.iterdir()) == ["WEIGHTS-DROPPED.txt", "metrics.json"]
+    assert (run / WEIGHTS_DROPPED).read_text() == "a screened grid point\n"
+    assert drop_weights(run, "again") == 0 and (run / WEIGHTS_DROPPED).read_text() == "a screened grid point\n"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,7 +16,7 @@ from skillgraft.data.spec import DataSpec
 from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram
 from skillgraft.evaluate.predict import evaluate, labels_of
 from skillgraft.errors import SkillgraftError
-from skillgraft.io import atomic_dir, atomic_path, check_target, write_json
+from skillgraft.io import _remove, atomic_dir, atomic_path, check_target, write_json
 from skillgraft.untrusted import read_json
 from skillgraft.models.spec import MaxLength, Mode, ModelSpec, Pooling
 from skillgraft.spec import COUNT_MAX, Seed, Spec
@@ -151,9 +150,14 @@ def drop_weights(run_dir: str | os.PathLike, why: str) -> int:
     model_dir = run_dir / "model"
     if not model_dir.is_dir():
         return 0
-    freed = sum(f.stat().st_size for f in model_dir.rglob("*") if f.is_file())
     (run_dir / WEIGHTS_DROPPED).write_text(why.rstrip() + "\n", encoding="utf-8")  # first: never a bare run dir
-    shutil.rmtree(model_dir)
+    aside = run_dir / f".model.dropped-{os.getpid()}"
+    try:  # one rename: a reader sees the whole model or none, and of two processes dropping it one does
+        os.rename(model_dir, aside)
+    except FileNotFoundError:
+        return 0
+    freed = sum(f.stat().st_size for f in aside.rglob("*") if f.is_file())
+    _remove(aside)
     return freed
 
 
