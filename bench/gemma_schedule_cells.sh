@@ -11,7 +11,8 @@
 # One thread per queue (OMP_NUM_THREADS=1): two queues share this 2-core machine without their OpenMP threads
 # waiting on each other. `--status` (see bench/RESULTS.md) reads where each cell stands without training.
 # Environment: SKILLGRAFT_CACHE (the store; required), SKILLGRAFT_DATA (the data root), PY (default: .venv/bin/python
-# of this checkout), OUT (the per-cell run folders; default runs/g46).
+# of this checkout), OUT (the per-cell run folders; default runs/g46), RECORDS (if set: after each pass, the store's
+# scores are copied there by bench/gemma_records.py — commit that folder: a new machine starts with an empty store).
 set -u
 cd "$(dirname "$0")/.."
 : "${SKILLGRAFT_CACHE:?set SKILLGRAFT_CACHE to the store the cells resume from}"
@@ -35,6 +36,7 @@ for cell in "$@"; do
       --out "$OUT" "${extra[@]}"
     rc=$?
     echo "=== $(date -u) $pass K=$k $task seed $seed exit $rc"
+    if [ -n "${RECORDS:-}" ]; then "$PY" bench/gemma_records.py --store "$SKILLGRAFT_CACHE" --to "$RECORDS"; fi
     if [ $rc -ge 128 ]; then exit $rc; fi  # stopped by a signal: the queue stops too (rerun it to resume)
   done
 done

@@ -16,6 +16,7 @@ run folder, which is written only when its whole recipe ends — and prints, per
 
     python bench/gemma_summary.py [--store /work/store] [--runs runs] [--pretrained-digest DIGEST] [--json OUT]
     python bench/gemma_summary.py --store <issue 46's store> --k 64      # the paper-schedule cells (K = 1024 apart)
+    python bench/gemma_summary.py --store bench/results/gemma46 --k 64   # the same, from their committed scores
 
 With ``--k``, a first table gives issue 46's tests per (task, seed) cell (:func:`verdicts`).
 

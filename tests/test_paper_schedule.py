@@ -249,8 +249,8 @@ def test_status_reads_a_stopped_localization_and_rows_from_their_saved_state(tmp
 
 def test_the_cell_queue_runs_each_cells_two_passes_in_order(tmp_path):
     """bench/gemma_schedule_cells.sh: per cell the fine-tuning pass (--finetune-only) then the grafts pass, cells in
-    the order given, each on its recipe; a bad cell is refused before any pass; a pass stopped by a signal stops the
-    queue (the same command resumes it)."""
+    the order given, each on its recipe, each pass followed by the copy of the store's scores into RECORDS; a bad
+    cell is refused before any pass; a pass stopped by a signal stops the queue (the same command resumes it)."""
     import os
     import subprocess
 
@@ -260,13 +260,17 @@ def test_the_cell_queue_runs_each_cells_two_passes_in_order(tmp_path):
     fake.write_text(f'#!/bin/bash\necho "$*" >> {calls}\n[[ "$*" == *QNLI* && "$*" != *finetune-only* ]] '
                     '&& exit 143\nexit 0\n')
     fake.chmod(0o755)
-    env = {**os.environ, "SKILLGRAFT_CACHE": str(tmp_path / "store"), "PY": str(fake), "OUT": str(tmp_path / "out")}
+    env = {**os.environ, "SKILLGRAFT_CACHE": str(tmp_path / "store"), "PY": str(fake), "OUT": str(tmp_path / "out"),
+           "RECORDS": str(tmp_path / "records")}
     bad = subprocess.run([script, "64:SST-2:13", "65:mr:13"], env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "65:mr:13" in bad.stderr and not calls.exists()
     done = subprocess.run([script, "64:SST-2:13", "1024:SST-2:13", "64-rest:QNLI:42", "64:mr:13"], env=env,
                           capture_output=True, text=True)
     assert done.returncode == 143
     lines = calls.read_text().splitlines()
+    keeps = [line for line in lines if line.startswith("bench/gemma_records.py")]
+    assert keeps == [f"bench/gemma_records.py --store {tmp_path / 'store'} --to {tmp_path / 'records'}"] * 6
+    lines = [line for line in lines if line not in keeps]
     assert [(line.split()[1].rsplit("-", 1)[-1], line.split()[3], line.split()[5], "--finetune-only" in line)
             for line in lines] == [("64.yaml", "SST-2", "13", True), ("64.yaml", "SST-2", "13", False),
                                    ("1024.yaml", "SST-2", "13", True), ("1024.yaml", "SST-2", "13", False),
