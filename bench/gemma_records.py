@@ -2,8 +2,9 @@
 
 The paper-schedule cells take hours each on this CPU and their store (fine-tuned weights, resume states: gigabytes)
 lives on the machine's disk, which a new machine does not have. This copies what a finished stage *measured* — every
-JSON file (``key.json``, ``rows.json``, ``metrics.json``, a run's dev history …) of every finished entry of the
-scoring kinds — into a folder that is committed, never the weights::
+JSON and CSV file (``key.json``, ``rows.json``, ``metrics.json`` with a run's dev history, ``test_probs.csv`` …) of
+every finished entry of the scoring kinds — into a folder that is committed; never the weights (nor a model folder's
+config and tokenizer files) or the plots::
 
     python bench/gemma_records.py --store "$SKILLGRAFT_CACHE" --to bench/results/gemma46
 
@@ -23,19 +24,20 @@ from pathlib import Path
 # learned regions' step history, the scored rows in and out of distribution
 KINDS = ("ft", "zero-shot", "regions", "paper-rows", "paper-ood-rows")
 KEY_FILE = "key.json"
+SUFFIXES = (".json", ".csv")  # scores, histories, per-row probabilities; not .safetensors, .png
 
 
 def keep(store: Path, to: Path, kinds: tuple[str, ...] = KINDS, max_bytes: int = 1 << 20) -> tuple[list, list]:
-    """Copy the JSON files of every finished entry of ``kinds`` in ``store`` to ``to`` (same relative paths).
+    """Copy the JSON and CSV files of every finished entry of ``kinds`` in ``store`` to ``to`` (same relative paths).
     Returns (copied, skipped): the files written (new or changed) and the (file, reason) pairs left out."""
     copied, skipped = [], []
     for entry in sorted(p for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")):
         if not entry.name.startswith(tuple(f"{k}-" for k in kinds)) or not (entry / KEY_FILE).is_file():
             continue
-        for src in sorted(entry.rglob("*.json")):
+        for src in sorted(p for p in entry.rglob("*") if p.suffix in SUFFIXES):
             rel = src.relative_to(store)
-            if src.is_symlink() or not src.is_file():
-                continue
+            if src.is_symlink() or not src.is_file() or any(src.parent.glob("*.safetensors")):
+                continue  # a model folder's config and tokenizer files: part of the weights, not a score
             size = src.stat().st_size
             if size > max_bytes:
                 skipped.append((rel, f"{size:,} bytes > {max_bytes:,}"))

@@ -57,28 +57,30 @@ def test_ood_verdicts_per_cell():
 
 
 def test_records_keep_what_was_measured_and_summary_reads_them(tmp_path):
-    """bench/gemma_records.py copies the JSON of finished scoring entries, never weights, unfinished entries, other
-    kinds or resume states; gemma_summary reads the copy as it reads the store; a re-run writes only changes."""
+    """bench/gemma_records.py copies the JSON and CSV of finished scoring entries, never weights or plots, unfinished entries,
+    other kinds or resume states; gemma_summary reads the copy as it reads the store; a re-run writes only changes."""
     import json
     store, to = tmp_path / "store", tmp_path / "records"
     key = {"setup": {"mode": "causal", "pretrained": "d", "data": {"k": 64}}, "localizers": ["a", "b"]}
     rows = {"rows": [{"task": "RTE", "seed": 13, "model": "fine-tuned", "accuracy": 0.6, "mean_confidence": 0.9}]}
     files = {"paper-rows-RTE-abc/key.json": key, "paper-rows-RTE-abc/rows.json": rows,
              "ft-RTE-def/key.json": {"kind": "ft"}, "ft-RTE-def/metrics.json": {"history": [1, 2]},
-             "ft-RTE-def/model/config.json": {"big": 0},  # a model's config: JSON, but inside the entry, kept
+             "ft-RTE-def/model/config.json": {"big": 0},  # a model folder's config: JSON, but part of the weights
              "ft-RTE-0ff/metrics.json": {"unfinished": 1},  # no key.json: still being written
              "keep-x-1/key.json": {}, "keep-x-1/rows.json": {}}  # a kind that is not a paper-schedule score
     for rel, obj in files.items():
         (store / rel).parent.mkdir(parents=True, exist_ok=True)
         (store / rel).write_text(json.dumps(obj))
     (store / "ft-RTE-def/model/model.safetensors").write_bytes(b"\0" * 64)
+    (store / "ft-RTE-def/test_probs.csv").write_text("label,p1\n1,0.9\n")
+    (store / "ft-RTE-def/reliability.png").write_bytes(b"\x89PNG")
     (store / ".ft-RTE-0ff.resume").mkdir()
     (store / ".ft-RTE-0ff.resume/state.json").write_text("{}")
     (store / "paper-rows-RTE-abc/huge.json").write_text("[" + "0," * 400 + "0]")
 
     copied, skipped = records.keep(store, to, max_bytes=400)
     got = sorted(str(p.relative_to(to)) for p in to.rglob("*") if p.is_file())
-    assert got == ["ft-RTE-def/key.json", "ft-RTE-def/metrics.json", "ft-RTE-def/model/config.json",
+    assert got == ["ft-RTE-def/key.json", "ft-RTE-def/metrics.json", "ft-RTE-def/test_probs.csv",
                    "paper-rows-RTE-abc/key.json", "paper-rows-RTE-abc/rows.json"]
     assert sorted(map(str, copied)) == got and [str(r) for r, _ in skipped] == ["paper-rows-RTE-abc/huge.json"]
     found = summary.entries(to, "paper-rows", "d", 64)
