@@ -57,8 +57,9 @@ def test_ood_verdicts_per_cell():
 
 
 def test_records_keep_what_was_measured_and_summary_reads_them(tmp_path):
-    """bench/gemma_records.py copies the JSON and CSV of finished scoring entries, never weights or plots, unfinished entries,
-    other kinds or resume states; gemma_summary reads the copy as it reads the store; a re-run writes only changes."""
+    """bench/gemma_records.py copies the JSON and CSV of finished scoring entries, never weights or plots, unfinished
+    entries, other kinds or resume states; gemma_summary reads the copy as it reads the store; a re-run writes only
+    what changed."""
     import json
     store, to = tmp_path / "store", tmp_path / "records"
     key = {"setup": {"mode": "causal", "pretrained": "d", "data": {"k": 64}}, "localizers": ["a", "b"]}
