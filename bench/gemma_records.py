@@ -20,10 +20,12 @@ import shutil
 import sys
 from pathlib import Path
 
+from skillgraft.io import atomic_path
+from skillgraft.pipeline.store import KEY_FILE  # an entry is finished once its key file is there
+
 # What a cell measured: its grid points and fine-tuning (ft: metrics, dev history), the zero-shot scores, the
 # learned regions' step history, the scored rows in and out of distribution
 KINDS = ("ft", "zero-shot", "regions", "paper-rows", "paper-ood-rows")
-KEY_FILE = "key.json"
 SUFFIXES = (".json", ".csv")  # scores, histories, per-row probabilities; not .safetensors, .png
 
 
@@ -45,8 +47,8 @@ def keep(store: Path, to: Path, kinds: tuple[str, ...] = KINDS, max_bytes: int =
             dst = to / rel
             if dst.is_file() and dst.read_bytes() == src.read_bytes():
                 continue
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dst)
+            with atomic_path(dst) as tmp:  # a stopped copy leaves the old file or none, never half of one
+                shutil.copyfile(src, tmp)
             copied.append(rel)
     return copied, skipped
 
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", type=Path, required=True, help="the store the cells ran in (SKILLGRAFT_CACHE)")
     ap.add_argument("--to", type=Path, required=True, help="the committed folder (bench/results/gemma46)")
-    ap.add_argument("--max-bytes", type=int, default=1 << 20, help="skip a JSON file larger than this")
+    ap.add_argument("--max-bytes", type=int, default=1 << 20, help="skip a JSON or CSV file larger than this")
     a = ap.parse_args(argv)
     if not a.store.is_dir():
         print(f"--store {a.store}: no such folder", file=sys.stderr)
