@@ -9,9 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -86,26 +84,23 @@ def test_exported_checkpoint_reads_with_plain_transformers(gemma_run, tiny_model
     assert torch.allclose(got, want, atol=1e-5)
 
 
-READER = textwrap.dedent("""
-    import sys, torch, transformers, peft
-    base_dir, adapter_dir, out = sys.argv[1:4]
-    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
-    model = peft.PeftModel.from_pretrained(base, adapter_dir).eval()
-    with torch.no_grad():
-        logits = model(input_ids=torch.arange(5, 29).view(3, 8)).logits
-    assert not any(m.startswith("skillgraft") for m in sys.modules), "the reader imported skillgraft"
-    torch.save(logits, out)
-""")
+def test_peft_adapter_reads_with_plain_peft(gemma_run, tiny_models, tmp_path):
+    """The Gemma adapter through plain transformers + peft only (tied embedding included); a fresh interpreter
+    without skillgraft reads an adapter in test_export.py::test_fresh_interpreter_reads_the_adapter_without_..."""
+    import peft
+    import transformers
 
-
-def test_peft_adapter_reads_with_plain_peft_in_a_fresh_interpreter(gemma_run, tiny_models, tmp_path):
     graft, scorer = _grafted(gemma_run, tiny_models)
     cli("export", gemma_run / "graft" / "grafts" / "budget-0.01", "--to", "peft", "--out", tmp_path / "adapter")
-    subprocess.run([sys.executable, "-c", READER, str(tiny_models["gemma3"]), str(tmp_path / "adapter"),
-                    str(tmp_path / "logits.pt")], check=True, capture_output=True, text=True)
-    with torch.no_grad(), graft.applied(scorer):
-        want = scorer.model(input_ids=IDS).logits
-    assert torch.allclose(torch.load(tmp_path / "logits.pt"), want, atol=1e-5)
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_models["gemma3"])
+    model = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        read = model(input_ids=IDS).logits
+        with model.disable_adapter():
+            bare = model(input_ids=IDS).logits
+        with graft.applied(scorer):
+            want = scorer.model(input_ids=IDS).logits
+    assert torch.allclose(read, want, atol=1e-5) and not torch.allclose(bare, want, atol=1e-5)
 
 
 def test_skill_swap_on_gemma_restores_bit_exactly(gemma_run, tiny_models):
@@ -208,8 +203,8 @@ def test_a_graft_report_of_a_gguf_pair_names_the_quantization(tiny_gguf, toy_dat
     cli("export", tmp_path / "g" / "grafts" / "budget-0.01", "--to", "peft", "--out", tmp_path / "adapter")
     base = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
     assert base == str(Path(model_reference(str(tiny_gguf["q8"])).path).resolve())
-    # (in this process: test_peft_adapter_reads_with_plain_peft_in_a_fresh_interpreter reads a Gemma adapter in a
-    # fresh interpreter without skillgraft and compares its logits)
+    # (in this process; test_peft_adapter_reads_with_plain_peft compares a Gemma adapter's logits, and test_export.py
+    # reads an adapter in a fresh interpreter without skillgraft)
     import peft
 
     m = peft.AutoPeftModelForCausalLM.from_pretrained(str(tmp_path / "adapter"))
