@@ -54,3 +54,39 @@ def test_share_of_ft_is_derived_once_for_graft_and_merge_rows():
     merged = Scored("stitch", "x", test={"t": 0.45, "u": 0.3}).normalized(Scored("fine-tuned", "", test={"t": 0.9,
                                                                                                         "u": 0.0}))
     assert rows[1].share_of_ft == merged["t"] == share_of_ft(0.45, 0.9) and math.isnan(merged["u"])
+
+
+@pytest.mark.parametrize("panels", [1, 3, 6])
+def test_report_figures_fit_their_text_without_tight_layout(panels, monkeypatch, tmp_path):
+    """The report's figures are placed with fixed margins (panel_margins), not tight_layout: every title, label and
+    tick label lies inside the canvas and none overlaps another, for one to six panels, with and without a title."""
+    import matplotlib.pyplot as plt
+
+    from skillgraft.verbs.graft import share_plot, size_plot
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep each figure to measure it once it is drawn
+    rng = np.random.default_rng(0)
+    names = ["fine-tuned", "paper (learned) 0.0001", "keep ≥ 95 % of FT", "top-|Δ| 0.0001", "random 1e-05", "x"]
+    y = rng.integers(0, 2, 60)
+    for title in ("", "SST-2 test: reliability"):
+        confidence_histogram({n: rng.dirichlet([1, 1], 60) for n in names[:panels]}, tmp_path / "c.png", title=title)
+        reliability_diagram({n: (rng.dirichlet([1, 1], 60), y) for n in names[:panels]}, tmp_path / "r.png",
+                            title=title)
+    rows = [{"model": "fine-tuned", "kind": "ft", "params": 0, "score": 912.0, "share_of_ft": 1.0},
+            {"model": "pre-trained", "kind": "pre", "params": 0, "score": 480.5, "share_of_ft": 0.5}]
+    rows += [{"model": f"graft {p}", "kind": "graft", "params": p, "score": 800.0 + p / 100, "share_of_ft": 0.9}
+             for p in (20, 2_000, 200_000)]
+    size_plot(rows, tmp_path / "s.png", "loss")
+    share_plot(rows, tmp_path / "h.png")
+    assert len(figures) == 6
+    for fig in figures:
+        renderer = fig.canvas.get_renderer()
+        fig.draw(renderer)
+        boxes = [ax.get_tightbbox(renderer) for ax in fig.axes]  # what each panel draws: labels, ticks, title
+        if fig._suptitle is not None:
+            boxes.append(fig._suptitle.get_window_extent(renderer))
+        for b in boxes:
+            assert b.x0 >= -1 and b.y0 >= -1 and b.x1 <= fig.bbox.width + 1 and b.y1 <= fig.bbox.height + 1, b
+        for i, a in enumerate(boxes):
+            assert not any(a.overlaps(b) for b in boxes[i + 1:]), (a, boxes)

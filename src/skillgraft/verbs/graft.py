@@ -27,7 +27,7 @@ from skillgraft.lazy import np
 from pydantic import Field
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram, save_figure
+from skillgraft.evaluate.plots import confidence_histogram, panel_margins, reliability_diagram, save_figure
 from skillgraft.evaluate.predict import labels_of
 from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.graft.localizers import LOCALIZERS, get_localizer
@@ -215,7 +215,8 @@ def size_plot(rows: list[dict], path: Path, metric: str) -> None:
     ax.set_xlabel("grafted parameters")
     ax.set_ylabel(metric)
     ax.legend(fontsize=7)
-    save_figure(fig, path)
+    panel_margins(fig)
+    save_figure(fig, path, layout=False)
 
 
 # share_vs_size.png: the learned grafts against the two closed-form regions a reader compares them with first
@@ -250,7 +251,8 @@ def share_plot(rows: list[dict], path: Path) -> None:
     ax.set_xlabel("grafted parameters (log)")
     ax.set_ylabel("share of FT's score")
     ax.legend(fontsize=7)
-    save_figure(fig, path)
+    panel_margins(fig)
+    save_figure(fig, path, layout=False)
 
 
 def figures_markdown(ref: str) -> list[str]:
