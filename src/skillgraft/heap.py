@@ -10,8 +10,18 @@ scoring a model, the first backward of a localization) leave them counted in the
 from __future__ import annotations
 
 import ctypes
+import gc
+import weakref
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+
+
+def collect_if_alive(*dropped: weakref.ref) -> None:
+    """A full ``gc.collect()`` only when an object just dropped is still alive: held by a reference cycle (or by a
+    caller). Reference counting frees a model without one at its last ``del``, while a full collection in a process
+    that imported torch and transformers costs ≈ 0.3 s, whatever the model's size."""
+    if any(ref() is not None for ref in dropped):
+        gc.collect()
 
 
 def release_freed_memory() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import weakref
 from collections.abc import Callable, Iterator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from types import MappingProxyType
 from skillgraft.lazy import torch
 
 from skillgraft.graft.identity import adopt_fingerprint, forget_fingerprint, known_fingerprint
-from skillgraft.heap import release_freed_memory
+from skillgraft.heap import collect_if_alive, release_freed_memory
 from skillgraft.models.anatomy import carried_names
 from skillgraft.pipeline.member import FineTunedFiles, Member, MemberState, PreState, scorer_digest
 from skillgraft.pipeline.opening import readable_as
@@ -195,9 +196,10 @@ class Workbench:
         digest = member.identity()["finetuned"] if member.pre is not None else scorer_digest(ft)
         member.ft = FineTunedFiles(folder or member.inputs.ft_dir, ft.base_model, digest,
                                    {n: tuple(p.shape) for n, p in ft.named_parameters()})
+        gone = weakref.ref(ft)
         del ft
         member.state = state
-        gc.collect()
+        collect_if_alive(gone)
         release_freed_memory()
 
     def release_to_files(self, name: str) -> bool:
@@ -226,8 +228,9 @@ class Workbench:
         try:
             yield ft
         finally:
+            gone = weakref.ref(ft)
             del ft
-            gc.collect()
+            collect_if_alive(gone)
             release_freed_memory()
 
 
