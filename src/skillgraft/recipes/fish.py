@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-import matplotlib.pyplot as plt
 import numpy as np
 from pydantic import Field, model_validator
+
+from skillgraft.lazy import plt
 
 from skillgraft.data.tasks import get_task
 from skillgraft.errors import SkillgraftError
