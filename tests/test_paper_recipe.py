@@ -191,9 +191,10 @@ def test_paper_ood_table_quotes_table7_beside_matching_models():
     ref = spec.localizers[0].title
     base = [{"model": "fine-tuned", "kind": "ft"}, {"model": f"{ref} 0.0001", "kind": "graft", "localizer": ref,
                                                    "budget": "0.0001"}]
-    rows = [{**r, "task": "mpqa", "seed": 13, "score": 0.8, "ece": 0.1} for r in base]
-    ood = [{**r, "source": "mpqa", "eval": "SST-2", "score": 0.7} for r in rows]
+    rows = [{**r, "task": "mpqa", "seed": 13, "score": 0.8, "ece": 0.1, "n": 1000} for r in base]
+    ood = [{**r, "source": "mpqa", "eval": "SST-2", "score": 0.7, "n": 689} for r in rows]
     text = "\n".join(ood_section(spec, rows, ood))
+    assert "Rows scored (per data seed): mpqa (ID) 1000, SST-2 689." in text  # fewer than the limit: said so
     line = {ln.split(" | ")[0].strip("| "): ln for ln in text.splitlines() if ln.startswith("| ")}
     assert "paper mpqa (ID) | paper SST-2" in line["model"]
     assert line[f"{ref} 0.0001"].endswith("| 88.1 (0.4) | 84.6 (0.6) |")  # Table 7, Grafting 0.01%

@@ -530,8 +530,9 @@ def ood_section(spec: PaperSpec, rows: list[dict], ood: list[dict]) -> list[str]
         if r["eval"] not in targets[r["source"]]:
             targets[r["source"]].append(r["eval"])
     lines = ["## Table 7 (and Table 3): out of distribution", "",
-             f"Table 2's models of each source task, scored zero-shot on other tasks' test sets (seeded subsets of "
-             f"{spec.ood_limit or 'all'} examples after label mapping) beside the source's own test subset (ID). "
+             "Table 2's models of each source task, scored zero-shot on other tasks' test sets ("
+             + (f"seeded subsets of up to {spec.ood_limit} examples" if spec.ood_limit else "every example")
+             + " after label mapping; the rows scored are under each table) beside the source's own test subset (ID). "
              "Score (accuracy) and ECE in %, mean (std) over data seeds. Label maps, target label → source label "
              "(null: dropped):", ""]
     lines += [f"- {t.source} → {tg.task}: `{tg.labels or 'identity'}`" for t in spec.ood if t.source in targets
@@ -555,7 +556,11 @@ def ood_section(spec: PaperSpec, rows: list[dict], ood: list[dict]) -> list[str]
                          *((paper[i] if paper else "-") for i in cols)])
         head = ["model", "seeds", *(f"{e} acc" for e in evals), *(f"{e} ECE" for e in evals),
                 *(f"paper {TABLE7_COLUMNS[i][1]}{' (ID)' if TABLE7_COLUMNS[i][1] == src else ''}" for i in cols)]
-        lines += [f"### Source: {src}", "", md_table(head, body), ""]
+        scored = {e: sorted({r["n"] for r in combined if r["source"] == src and r["eval"] == e and "n" in r})
+                  for e in evals}
+        lines += [f"### Source: {src}", "", md_table(head, body), "",
+                  "Rows scored (per data seed): " + ", ".join(f"{e} {' / '.join(map(str, n))}" for e, n in
+                                                              scored.items() if n) + ".", ""]
         table3 = ["- {} → {}: grafting {}, graft re-training {}, BitFit {}.".format(src, t, *TABLE3_4096[(src, t)])
                   for t in tgts if (src, t) in TABLE3_4096]
         if table3:
