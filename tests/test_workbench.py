@@ -75,19 +75,31 @@ def test_a_bench_holds_theta_pre_once_and_releases_each_member(classifier_pair, 
 
 def test_releasing_a_member_frees_its_model_without_a_full_collection(classifier_pair, monkeypatch):
     """θ_ft holds no reference cycle: dropping it frees it at once, so release() runs no gc.collect() (≈ 0.3 s in a
-    process that imported torch and transformers); a model a cycle keeps alive is collected."""
+    process that imported torch and transformers), nor does share() when a second θ_pre's copies are dropped; an
+    object a cycle keeps alive is collected."""
     from skillgraft.data.spec import UserDataSpec
     from skillgraft.heap import collect_if_alive
 
     base, ft, data = classifier_pair
     bench = Workbench()
-    member = from_pair(str(base), str(ft), UserDataSpec(data=str(data)))
+    member = from_pair(str(base), str(ft), UserDataSpec(data=str(data)), share_pre=bench.share)
     bench.add("a", member, loader=lambda: build_scorer(str(ft), member.data.task, "classifier"))
     model = weakref.ref(member.ft)
     collections = []
     monkeypatch.setattr(gc, "collect", lambda *a: collections.append(a) or 0)
     bench.release("a")
     assert model() is None and collections == []  # freed by reference counting alone
+    copies = []
+
+    def watched(pre):  # a second θ_pre: its body's parameters become the bench's, its own copies freed
+        head = set(carried_names(pre))
+        copies.extend(weakref.ref(p) for n, p in pre.named_parameters() if n not in head)
+        return bench.share(pre)
+
+    second = from_pair(str(base), str(ft), UserDataSpec(data=str(data)), share_pre=watched)
+    mine, theirs = dict(second.pre.named_parameters()), dict(bench.pre.named_parameters())
+    assert all(mine[n] is theirs[n] for n in mine if n not in set(carried_names(second.pre)))
+    assert copies and all(ref() is None for ref in copies) and collections == []
     with bench.finetuned("a") as again:  # read back, then dropped the same way
         back = weakref.ref(again)
         del again

@@ -129,10 +129,12 @@ class Workbench:
             if known is not None:
                 adopt_fingerprint(self.pre, known)  # the same weights (carried heads are not fingerprinted)
             self.pre_state = PreState.LOADED
-        share_parameters(pre, self.pre, set(carried_names(pre)))
+        keep = set(carried_names(pre))
+        replaced = [weakref.ref(p) for n, p in pre.named_parameters() if n not in keep]
+        share_parameters(pre, self.pre, keep)
         if known is not None:
             adopt_fingerprint(pre, known)
-        gc.collect()
+        collect_if_alive(*replaced)  # its own copies, freed by reference counting (else collected)
         release_freed_memory()
         return pre
 
