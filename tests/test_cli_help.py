@@ -142,23 +142,3 @@ def test_demo_defaults_are_the_recipe_s():
     verb = inspect.signature(run_demo).parameters
     assert cli["out"].default.default == Path(verb["out"].default)
     assert cli["seed"].default.default == verb["seed"].default == DEMO.seed
-
-
-def test_no_module_imports_matplotlib_at_import_time():
-    """matplotlib (≈ 2 s to import, and its backend chosen by skillgraft.lazy: Agg) is imported where a figure is made:
-    no module of the package imports it at module level except skillgraft.lazy (what `skillgraft run` and every
-    process that imports skillgraft.recipes would otherwise pay before any work)."""
-    import ast
-    from pathlib import Path
-
-    import skillgraft
-
-    root = Path(skillgraft.__file__).parent
-    eager = []
-    for path in sorted(root.rglob("*.py")):
-        for node in ast.parse(path.read_text()).body:  # module level only (functions import on use)
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            if any(n == "matplotlib" or n.startswith("matplotlib.") for n in names):
-                eager.append(str(path.relative_to(root)))
-    assert eager == [], eager

@@ -11,12 +11,14 @@ SRC = Path(skillgraft.__file__).parent
 CORE = ("data", "models", "graft", "train", "fisher", "evaluate", "export", "merge")
 
 
-def imports(path: Path, source: str | None = None) -> list[tuple[str, list[str]]]:
-    """Each import statement of ``path`` (module level or inside functions), relative imports resolved: ``(module,
-    [])`` for ``import module``, ``(base, [name, …])`` for ``from base import name, …``."""
+def imports(path: Path, source: str | None = None, *, top_level: bool = False) -> list[tuple[str, list[str]]]:
+    """Each import statement of ``path`` (module level or inside functions; ``top_level``: module level only, what
+    importing the module runs), relative imports resolved: ``(module, [])`` for ``import module``, ``(base,
+    [name, …])`` for ``from base import name, …``."""
     package = ".".join(path.relative_to(SRC.parent).with_suffix("").parts[:-1])
     out = []
-    for node in ast.walk(ast.parse(source if source is not None else path.read_text(encoding="utf-8"))):
+    tree = ast.parse(source if source is not None else path.read_text(encoding="utf-8"))
+    for node in tree.body if top_level else ast.walk(tree):
         if isinstance(node, ast.Import):
             out += [(a.name, []) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -28,10 +30,10 @@ def imports(path: Path, source: str | None = None) -> list[tuple[str, list[str]]
     return out
 
 
-def imported(path: Path, source: str | None = None) -> set[str]:
+def imported(path: Path, source: str | None = None, *, top_level: bool = False) -> set[str]:
     """Every module ``path`` imports, or may: ``from pkg import x`` names both ``pkg`` and ``pkg.x``."""
     names = set()
-    for base, froms in imports(path, source):
+    for base, froms in imports(path, source, top_level=top_level):
         names.add(base)
         names.update(f"{base}.{n}" for n in froms)
     return names
@@ -194,3 +196,12 @@ def test_the_walk_of_a_run_counts_calls_that_climb_back():
     w = module.walk(calls)
     assert (w["files"], w["folders"], w["climbs"], w["climbing_edges"]) == (4, 3, 3, 2)
     assert w["edges"][("io.py", "pipeline/variants.py")] == 2
+
+
+def test_no_module_imports_matplotlib_at_import_time():
+    """matplotlib (≈ 2 s to import; its backend chosen by skillgraft.lazy: Agg) is imported where a figure is made:
+    no module of the package imports it at module level (what `skillgraft run` and every process that imports
+    skillgraft.recipes would otherwise pay before any work)."""
+    eager = [str(p.relative_to(SRC)) for p in sorted(SRC.rglob("*.py"))
+             if any(_under(m, "matplotlib") for m in imported(p, top_level=True))]
+    assert eager == [], eager

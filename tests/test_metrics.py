@@ -84,8 +84,7 @@ def test_report_figures_fit_their_text_without_tight_layout(panels, monkeypatch,
         renderer = fig.canvas.get_renderer()
         fig.draw(renderer)
         boxes = [ax.get_tightbbox(renderer) for ax in fig.axes]  # what each panel draws: labels, ticks, title
-        if fig._suptitle is not None:
-            boxes.append(fig._suptitle.get_window_extent(renderer))
+        boxes += [t.get_window_extent(renderer) for t in fig.texts]  # the figure's title, when it has one
         for b in boxes:
             assert b.x0 >= -1 and b.y0 >= -1 and b.x1 <= fig.bbox.width + 1 and b.y1 <= fig.bbox.height + 1, b
         for i, a in enumerate(boxes):
