@@ -131,3 +131,38 @@ def test_missing_checkpoint_is_clear(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SkillgraftError, match="no config.json"):
         build_scorer(str(tmp_path / "empty"), "SST-2")
+
+
+# ------------------------------------------------------------------------------------------ tokenizer loading
+def test_a_tokenizer_is_parsed_once_per_content_and_each_caller_owns_its_copy(tiny_models, tmp_path, monkeypatch):
+    """Loading the same tokenizer files again (the same folder, or a fine-tuned copy beside its own weights) reuses
+    the first parse; each caller may set its pad token without reaching the others; other bytes parse anew."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from skillgraft.models import loading
+
+    parsed = []
+    real = AutoTokenizer.from_pretrained
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda path, *a, **k: parsed.append(path) or real(path))
+    monkeypatch.setattr(loading, "_LOADED", type(loading._LOADED)())
+    src = tmp_path / "pre"
+    shutil.copytree(tiny_models["gpt2"], src)
+    copy_ = tmp_path / "ft"
+    shutil.copytree(src, copy_)
+    a, b, c = (loading.load_tokenizer(str(p)) for p in (src, src, copy_))
+    assert parsed == [str(src)]
+    assert (a.name_or_path, c.name_or_path) == (str(src), str(copy_))
+    assert b.pad_token is None
+    b.pad_token = b.eos_token  # as the scorer does for a causal model
+    b.padding_side = "left"
+    assert (a.pad_token, a.padding_side, c.pad_token) == (None, "right", None)
+    texts = ["the movie was great", "bad"]
+    plain = real(str(src))  # what transformers alone gives, set up the same way
+    plain.pad_token, plain.padding_side = plain.eos_token, "left"
+    assert b(texts, padding=True)["input_ids"] == plain(texts, padding=True)["input_ids"]
+    assert a(texts)["input_ids"] == plain(texts)["input_ids"]
+    (copy_ / "tokenizer_config.json").write_text((src / "tokenizer_config.json").read_text().replace(
+        '"model_max_length"', '"padding_side": "left", "model_max_length"', 1))
+    assert loading.load_tokenizer(str(copy_)).padding_side == "left" and parsed == [str(src), str(copy_)]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,7 +159,49 @@ def borrow_tokenizer(folder: str, source: str) -> None:
     _BORROWED[str(Path(folder).resolve())] = source
 
 
+# Files a tokenizer's loading reads besides TOKENIZER_FILES (the same bytes load the same tokenizer)
+_TOKENIZER_EXTRA = ("special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "chat_template.json")
+_LOADED: OrderedDict[tuple, object] = OrderedDict()  # what a tokenizer's files hold → the tokenizer they load
+_LOADED_MAX = 2
+
+
+def _tokenizer_key(folder: Path) -> tuple | None:
+    """What a local folder's tokenizer is made of: each tokenizer file's name and digest, and the two fields of
+    config.json that choose the tokenizer's class; None for anything but a local folder."""
+    if not folder.is_dir():
+        return None
+    files = []
+    for name in (*TOKENIZER_FILES, *_TOKENIZER_EXTRA):
+        f = folder / name
+        if f.is_file():
+            files.append((name, hashlib.blake2b(f.read_bytes(), digest_size=16).hexdigest()))
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        chooses = (config.get("model_type"), config.get("tokenizer_class")) if isinstance(config, dict) else None
+    except (OSError, ValueError):
+        chooses = None
+    return tuple(files), chooses
+
+
+def _fresh_copy(tokenizer, path: str):
+    """A copy of a loaded tokenizer that its new owner may change (pad token, padding side, …) without touching
+    the cached one: the instance's own containers are copied; the compiled vocabulary (a fast tokenizer's Rust
+    object, which transformers configures for padding and truncation at each call) is shared."""
+    copy_ = copy.copy(tokenizer)
+    own = copy_.__dict__  # plain attributes, past the tokenizer's __setattr__ (which maps special-token names)
+    for name, value in vars(tokenizer).items():
+        if isinstance(value, (dict, list, set)):
+            own[name] = copy.copy(value)
+    own["name_or_path"] = path
+    if "name_or_path" in own.get("init_kwargs", {}):
+        own["init_kwargs"]["name_or_path"] = path
+    return copy_
+
+
 def load_tokenizer(path: str):
+    """``AutoTokenizer.from_pretrained(path)``, loaded once per content: a folder whose tokenizer files hold the
+    same bytes as one loaded before (the same folder again, or a fine-tuned copy of the pre-trained model's)
+    gets a copy of that tokenizer instead of a second parse (seconds for a 262k vocabulary)."""
     from transformers import AutoTokenizer  # noqa: PLC0415
 
     if lacks_tokenizer(path):
@@ -165,10 +211,20 @@ def load_tokenizer(path: str):
                                   "tokenizer beside the model (tokenizer.save_pretrained), or copy the pre-trained "
                                   "model's")
         path = source
+    key = _tokenizer_key(Path(path))
+    if key is not None and key in _LOADED:
+        _LOADED.move_to_end(key)
+        return _fresh_copy(_LOADED[key], str(path))
     try:
-        return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         raise SkillgraftError(f"could not load a tokenizer from {path!r}: {str(e).splitlines()[0]}") from None
+    if key is None:
+        return tokenizer
+    _LOADED[key] = tokenizer
+    while len(_LOADED) > _LOADED_MAX:
+        _LOADED.popitem(last=False)
+    return _fresh_copy(tokenizer, str(path))
 
 
 def check_weight_files(folder: str | os.PathLike, who: str | None = None) -> None:
