@@ -468,7 +468,7 @@ def test_label_word_pairs_masked_lm_prompt_and_causal(kind, masked, cls, tiny_mo
     assert graft.metadata.mode == ("prompt" if masked else "causal") and not graft.carried
     rows = {r["model"]: r for r in json.loads((out / "metrics.json").read_text())["rows"]}
     assert {"pre-trained", "fine-tuned"} <= set(rows) and rows["fine-tuned"]["n"] == 80
-    cli("apply", graft_dir, "--export", tmp_path / "export")
+    cli("apply", graft_dir, "--export", tmp_path / "export", "--data-dir", toy_data)  # scored on the toy test split
     loaded = getattr(tf, cls).from_pretrained(tmp_path / "export")
     a_state = {k: v for k, v in load_file(str(a / "model.safetensors")).items()}
     b_state = load_file(str(b / "model.safetensors"))
