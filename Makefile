@@ -46,8 +46,10 @@ test-gguf: gemma
 demo: $(STAMP)
 	$(VENV)/bin/skillgraft demo
 
+# --no-loadscope-reorder: the files run in the order tests/conftest.py gives (the longest first), not by their number
+# of tests (xdist's default), which left a 20 s file for last on one worker
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 # The suite on a CUDA machine, with the GPU visible (verbs default to --device auto: they run there), on the
 # machine's own Python whose torch has CUDA and whose dependencies are installed (CI stays CPU-only; docs/gpu.md)

@@ -31,12 +31,14 @@ torch.set_num_threads(int(os.environ.get("SKILLGRAFT_TEST_THREADS", "1")))
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-# The files that take longest (tens of seconds each on 2 cores) run first: with `make test`'s `--dist loadfile` a
-# long file started last would leave the other worker idle at the end. Order within a file is kept.
-LONG_FIRST = ("test_keep_paired.py", "test_keep.py", "test_open_world.py", "test_resume_sharded.py", "test_kill.py",
-              "test_lean_pair.py", "test_gemma_recipes.py", "test_gemma.py", "test_merge_routed_keep.py",
-              "test_merge.py", "test_export.py", "test_real_minilm.py", "test_multitask.py", "test_finetune.py",
-              "test_merge_task_aware.py", "test_docs.py", "test_scale.py")
+# The files that take longest (10-25 s each on 2 cores), longest first, run first: with `make test`'s `--dist loadfile`
+# a long file started last would leave the other worker idle at the end (`make test` passes --no-loadscope-reorder:
+# xdist otherwise reorders files by their number of tests). Order within a file is kept.
+LONG_FIRST = ("test_kill.py", "test_resume_sharded.py", "test_keep.py", "test_gemma_recipes.py", "test_open_world.py",
+              "test_lean_pair.py", "test_multitask.py", "test_keep_paired.py", "test_merge.py", "test_docs.py",
+              "test_first_hour.py", "test_merge_routed_keep.py", "test_export.py", "test_localizers.py",
+              "test_families.py", "test_resume.py", "test_merge_task_aware.py", "test_recipes_eval.py",
+              "test_gemma.py", "test_real_minilm.py", "test_finetune.py", "test_scale.py")
 
 
 def pytest_collection_modifyitems(config, items):
