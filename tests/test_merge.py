@@ -37,14 +37,42 @@ READER = textwrap.dedent("""
 """)
 
 
+READ_BACK: list[tuple[str, list[bool]]] = []  # merged: each θ_ft read back, and whether the earlier ones were alive
+
+
 @pytest.fixture(scope="module")
 def merged(classifiers, tmp_path_factory) -> tuple[Path, str]:
-    """``skillgraft merge`` of the two classifiers (mergekit stood in for by :func:`fake_mergekit`)."""
+    """``skillgraft merge`` of the two classifiers (mergekit stood in for by :func:`fake_mergekit`); each θ_ft the
+    bench reads back while writing the tasks' models is logged in READ_BACK."""
+    import contextlib
+    import weakref
+
+    from skillgraft.pipeline.workbench import Workbench
+
+    real, earlier = Workbench.finetuned, []
+
+    @contextlib.contextmanager
+    def logged(bench, name):
+        with real(bench, name) as ft:
+            READ_BACK.append((name, [ref() is not None for ref in earlier]))
+            earlier.append(weakref.ref(ft))
+            del ft
+            yield earlier[-1]()
+
     out = tmp_path_factory.mktemp("merged") / "out"
-    text = cli(*merge_args(classifiers, out, "--localizer", "movement", "--budget", "0.05", "--mergekit",
-                           "ties,task_arithmetic", "--scales", "0.5,1.5", "--densities", "0.5", "--rules",
-                           "average,max-delta,disjoint"), obj={"mergekit_runner": fake_mergekit})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Workbench, "finetuned", logged)
+        text = cli(*merge_args(classifiers, out, "--localizer", "movement", "--budget", "0.05", "--mergekit",
+                               "ties,task_arithmetic", "--scales", "0.5,1.5", "--densities", "0.5", "--rules",
+                               "average,max-delta,disjoint"), obj={"mergekit_runner": fake_mergekit})
     return out, text
+
+
+def test_each_task_model_is_read_back_after_the_last_one_is_freed(merged):
+    """Writing ``tasks/<task>/``, the bench reads each released θ_ft back from its files, one at a time: the one
+    before is freed first (the loop's variable once kept it alive while the next one loaded: two resident)."""
+    assert [name for name, _ in READ_BACK] == ["sentiment", "topic"]
+    assert [alive for _, alive in READ_BACK] == [[], [False]]
 
 
 def stitched_topic(classifiers, out: Path, texts: list[str]):

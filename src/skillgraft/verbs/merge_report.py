@@ -91,6 +91,7 @@ def write_outputs(folder: Path, bench, body: Graft) -> None:
         with bench.finetuned(name) as ft, swapped(body_module(ft), state):
             ft.model.save_pretrained(folder / "tasks" / name)
             ft.tokenizer.save_pretrained(folder / "tasks" / name)
+            del ft  # the bench frees this θ_ft at the block's end, before the next task's is read back
         del state
 
 
