@@ -75,8 +75,9 @@ def test_a_bench_holds_theta_pre_once_and_releases_each_member(classifier_pair, 
 
 def test_releasing_a_member_frees_its_model_without_a_full_collection(classifier_pair, monkeypatch):
     """θ_ft holds no reference cycle: dropping it frees it at once, so release() runs no gc.collect() (≈ 0.3 s in a
-    process that imported torch and transformers), nor does share() when a second θ_pre's copies are dropped; an
-    object a cycle keeps alive is collected."""
+    process that imported torch and transformers), nor does share() when a second θ_pre's copies are dropped (also
+    after release_pre(), when the bench takes their tensors back first); an object a cycle keeps alive is
+    collected."""
     from skillgraft.data.spec import UserDataSpec
     from skillgraft.heap import collect_if_alive
 
@@ -104,6 +105,12 @@ def test_releasing_a_member_frees_its_model_without_a_full_collection(classifier
         back = weakref.ref(again)
         del again
     assert back() is None and collections == []
+    bench.release_pre()  # θ_pre's tensors dropped (one collection): the next θ_pre gives its tensors back first
+    collections.clear()
+    copies.clear()
+    third = from_pair(str(base), str(ft), UserDataSpec(data=str(data)), share_pre=watched)
+    assert bench.pre_state == PreState.LOADED and third.pre is not bench.pre
+    assert copies and all(ref() is None for ref in copies) and collections == []
 
     class Node:
         pass

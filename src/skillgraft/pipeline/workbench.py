@@ -125,6 +125,7 @@ class Workbench:
             for name, p in self.pre.named_parameters(remove_duplicate=False):
                 if name not in carried:
                     p.data = mine[name].data  # the same Parameter objects every member's θ_pre holds
+            del mine  # else its Parameters outlive share_parameters below, and collect_if_alive collects in vain
             forget_fingerprint(self.pre)
             if known is not None:
                 adopt_fingerprint(self.pre, known)  # the same weights (carried heads are not fingerprinted)
