@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 from collections import OrderedDict
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from skillgraft.lazy import quiet_transformers, torch
 
+from skillgraft.digest import file_digest
 from skillgraft.errors import SkillgraftError
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -166,21 +166,17 @@ _LOADED_MAX = 2  # kept for the process (Gemma's 262k-token tokenizer: ≈ 320 M
 
 
 def _tokenizer_key(folder: Path) -> tuple | None:
-    """What a local folder's tokenizer is made of: each tokenizer file's name and digest, and the two fields of
-    config.json that choose the tokenizer's class; None for anything but a local folder."""
+    """What a local folder's tokenizer is made of: its tokenizer files' digest (names and contents), and the two
+    fields of config.json that choose the tokenizer's class; None for anything but a local folder."""
     if not folder.is_dir():
         return None
-    files = []
-    for name in (*TOKENIZER_FILES, *_TOKENIZER_EXTRA):
-        f = folder / name
-        if f.is_file():
-            files.append((name, hashlib.blake2b(f.read_bytes(), digest_size=16).hexdigest()))
+    files = file_digest([f for name in (*TOKENIZER_FILES, *_TOKENIZER_EXTRA) if (f := folder / name).is_file()])
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         chooses = (config.get("model_type"), config.get("tokenizer_class")) if isinstance(config, dict) else None
     except (OSError, ValueError):
         chooses = None
-    return tuple(files), chooses
+    return files, chooses
 
 
 def _fresh_copy(tokenizer, path: str):

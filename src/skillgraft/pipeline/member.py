@@ -82,7 +82,7 @@ class MemberInputs:
         """The k-shot draw and the content hash of the data files it was drawn from."""
         data = self.data
         if self.data_files is not None:
-            from skillgraft.pipeline.store import file_digest  # noqa: PLC0415
+            from skillgraft.digest import file_digest  # noqa: PLC0415
 
             return {"task": data.task.name, "labels": list(data.task.labels), "k": data.k, "seed": data.seed,
                     "train_n": len(data.train), "test_n": len(data.test), "digest": file_digest(self.data_files)}

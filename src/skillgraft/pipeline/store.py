@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from skillgraft.digest import file_digest
 from skillgraft.io import TargetExists, _remove, atomic_dir, sibling
 from skillgraft.locking import locked
 from skillgraft.resume import discard, resume_point
@@ -88,17 +89,6 @@ def draw_key(model, data) -> dict:
     data files' digest (the data root left out: the same files anywhere are the same draw)."""
     return {"model": model.to_dict(), "model_digest": model_digest(model.model),
             "data": data.to_dict() | {"data_dir": None}, "data_digest": data_digest(data.task, data.data_dir)}
-
-
-def file_digest(paths: list[Path]) -> str:
-    """sha256 of the files' contents (data files in cache keys: other rows → another key)."""
-    h = hashlib.sha256()
-    for p in sorted(Path(x) for x in paths):
-        h.update(p.name.encode())
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()[:16]
 
 
 def data_digest(task, data_dir=None) -> str:

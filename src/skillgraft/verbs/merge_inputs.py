@@ -148,7 +148,7 @@ def check_inputs(pretrained: str, inputs: list[ModelInput], spec) -> str:
     from skillgraft.models.loading import model_reference  # noqa: PLC0415
     from skillgraft.models.pair import check_pair, pair_mode  # noqa: PLC0415
     from skillgraft.pipeline.opening import is_run_dir  # noqa: PLC0415
-    from skillgraft.pipeline.store import file_digest  # noqa: PLC0415
+    from skillgraft.digest import file_digest  # noqa: PLC0415
 
     try:
         model_reference(pretrained)
