@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         "(a store entry; FT − zero-shot is issue 46's first check)"))
     ap.add_argument("--out", default="runs", help="folder of the per-cell run folders")
     ap.add_argument("--override", default=None, help="JSON of recipe fields laid over the file's (tests)")
-    ap.add_argument("--progress", action="store_true", help="progress bars for every stage (on stderr)")
+    ap.add_argument("--progress", action="store_true", help=(
+        "progress bars for every stage (on stderr; into a log file: a line per stage, and one every 5 minutes)"))
     ap.add_argument("--status", default=None, metavar="JSON", help=(
         "train nothing: read each cell's stages from the store (grid points, the chosen run, a stopped fine-tuning's "
         "saved step and time left, the learned localization's step and pace, the rows and OOD rows scored), print a "
@@ -54,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     from skillgraft.recipes import load_recipe
     from skillgraft.signals import Interrupted, handle_signals
 
+    if args.progress:
+        from skillgraft.cli.output import progress_lines
+
+        progress_lines()
     over = {**(json.loads(args.override) if args.override else {}), **({"progress": True} if args.progress else {})}
     entry, spec = load_recipe(args.recipe, over)
     if getattr(spec, "grid", None) is None:

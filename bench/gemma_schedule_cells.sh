@@ -9,7 +9,8 @@
 # Every stage is a store entry and the long loops save their state every 3 minutes, so the same command, run again
 # after a stop (a session's end, SIGTERM), goes on where it stopped; a finished cell's passes only read the store.
 # One thread per queue (OMP_NUM_THREADS=1): two queues share this 2-core machine without their OpenMP threads
-# waiting on each other. `--status` (see bench/RESULTS.md) reads where each cell stands without training.
+# waiting on each other. The log gets a line per stage and one every 5 minutes of a long one (`--progress` into a
+# file); `--status` (see bench/RESULTS.md) reads where each cell stands without training.
 # Environment: SKILLGRAFT_CACHE (the store; required), SKILLGRAFT_DATA (the data root), PY (default: .venv/bin/python
 # of this checkout), OUT (the per-cell run folders; default runs/g46), RECORDS (if set: after each pass, the store's
 # scores are copied there by bench/gemma_records.py — commit that folder: a new machine starts with an empty store).
@@ -33,7 +34,7 @@ for cell in "$@"; do
     extra=(); [ "$pass" = finetune ] && extra=(--finetune-only)
     echo "=== $(date -u) $pass K=$k $task seed $seed"
     "$PY" bench/gemma_paper_schedule.py "bench/fidelity/gemma-schedule-$k.yaml" --tasks "$task" --seeds "$seed" \
-      --out "$OUT" "${extra[@]}"
+      --out "$OUT" --progress "${extra[@]}"
     rc=$?
     echo "=== $(date -u) $pass K=$k $task seed $seed exit $rc"
     if [ -n "${RECORDS:-}" ]; then "$PY" bench/gemma_records.py --store "$SKILLGRAFT_CACHE" --to "$RECORDS"; fi

@@ -297,6 +297,31 @@ def test_progress_on_a_file_is_one_line_per_phase():
     assert tty.getvalue().count("\r") > 50  # a terminal still gets the live bar
 
 
+def test_a_long_phase_on_a_file_writes_its_state_every_few_minutes(monkeypatch):
+    """An hour-long phase in a log is not an hour without a word: a line each LINE_EVERY_S of the bar's clock (tqdm's
+    own ``time``, driven here), then the closing line."""
+    import io
+    import re
+
+    from tqdm import std as tqdm_std
+    from tqdm.auto import tqdm
+
+    from skillgraft.cli import output
+
+    output.progress_lines()
+    clock = {"t": 1000.0}
+    monkeypatch.setattr(tqdm_std, "time", lambda: clock["t"])
+    log = io.StringIO()
+    with tqdm(total=100, desc="fine-tune", file=log, mininterval=0, miniters=1) as bar:
+        for _ in range(100):  # 100 steps of 9 s: 900 s, three periods of 300 s
+            clock["t"] += 9.0
+            bar.update()
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and all(line.startswith("fine-tune:") for line in lines)
+    steps = [re.search(r"(\d+)/100", line).group(1) for line in lines]
+    assert steps == ["34", "68", "100"]  # at t = 306 s and 612 s, then close()
+
+
 def test_graft_logged_to_a_file_and_the_figures_its_report_shows_first(ft_run, toy_data, tmp_path):
     """7: no carriage return in a logged run; 8: report.md shows share of FT vs size (learned, top-|Δ|, random) and
     the reliability diagram of FT vs the grafts first, linked and described."""

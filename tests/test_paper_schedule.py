@@ -275,7 +275,7 @@ def test_the_cell_queue_runs_each_cells_two_passes_in_order(tmp_path):
             for line in lines] == [("64.yaml", "SST-2", "13", True), ("64.yaml", "SST-2", "13", False),
                                    ("1024.yaml", "SST-2", "13", True), ("1024.yaml", "SST-2", "13", False),
                                    ("rest.yaml", "QNLI", "42", True), ("rest.yaml", "QNLI", "42", False)]
-    assert all(f"--out {tmp_path / 'out'}" in line for line in lines)
+    assert all(f"--out {tmp_path / 'out'}" in line and "--progress" in line for line in lines)  # a log that speaks
 
 
 def test_status_line_says_where_each_cell_stands():

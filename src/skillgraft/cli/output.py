@@ -143,12 +143,16 @@ def _terminal(stream) -> bool:
         return False
 
 
+LINE_EVERY_S = 300.0  # a phase logged to a file: its state every 5 minutes while it runs, and when it ends
+
+
 def progress_lines() -> None:
     """Progress bars writing to a stream that is not a terminal (``make demo > log``, a CI log) print one line per
     phase, when it ends, instead of a carriage-return refresh per update (hundreds per phase); a bar that vanishes when
-    done on a terminal (``leave=False``, a nested one) leaves its one line too: no long phase without a word. On a
-    terminal, tqdm as usual. Installed once on tqdm's own class, so every bar (skillgraft's, transformers',
-    accelerate's) follows its stream."""
+    done on a terminal (``leave=False``, a nested one) leaves its one line too, and a phase that runs longer than
+    :data:`LINE_EVERY_S` also writes its state that often (an hour of fine-tuning in a log is not an hour without a
+    word). On a terminal, tqdm as usual. Installed once on tqdm's own class, so every bar (skillgraft's,
+    transformers', accelerate's) follows its stream."""
     from tqdm import std  # noqa: PLC0415
 
     if getattr(std.tqdm, "_skillgraft_lines", False):
@@ -158,7 +162,15 @@ def progress_lines() -> None:
     def line_display(self, msg=None, pos=None):
         if _terminal(self.fp):
             return display(self, msg, pos)
-        if not self.disable:  # running (close() disables first)
+        if not self.disable:  # running (close() disables first): a line only every LINE_EVERY_S seconds
+            now = self._time()
+            last = getattr(self, "_line_t", None) or getattr(self, "start_t", None)  # none yet: the bar's first draw
+            if last is None:
+                self._line_t = now
+            elif now - last >= LINE_EVERY_S:
+                self._line_t = now
+                self.fp.write(self.__str__() + "\n")
+                getattr(self.fp, "flush", lambda: None)()
             return False
         if msg is None:  # close() of a bar that stays: its final state, close() ends the line
             self.fp.write(self.__str__())
