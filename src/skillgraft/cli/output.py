@@ -163,11 +163,8 @@ def progress_lines() -> None:
         if _terminal(self.fp):
             return display(self, msg, pos)
         if not self.disable:  # running (close() disables first): a line only every LINE_EVERY_S seconds
-            now = self._time()
-            last = getattr(self, "_line_t", None) or getattr(self, "start_t", None)  # none yet: the bar's first draw
-            if last is None:
-                self._line_t = now
-            elif now - last >= LINE_EVERY_S:
+            start, now = getattr(self, "start_t", None), self._time()  # no start_t at the draw inside tqdm's __init__
+            if start is not None and now - getattr(self, "_line_t", start) >= LINE_EVERY_S:
                 self._line_t = now
                 self.fp.write(self.__str__() + "\n")
                 getattr(self.fp, "flush", lambda: None)()
