@@ -200,8 +200,8 @@ def main() -> None:
             sync(dev)
             times.append(time.perf_counter() - t0)
         exact = all(torch.equal(p, before[n]) for n, p in pre.named_parameters() if n in indices)
-        record(args.out, "swap:graft", {"coordinates": k, "apply_revert_us_median": round(statistics.median(times) * 1e6, 1),
-                                        "bit_exact": exact})
+        record(args.out, "swap:graft", {"coordinates": k, "bit_exact": exact,
+                                        "apply_revert_us_median": round(statistics.median(times) * 1e6, 1)})
         if dev.type == "cuda":  # the opt-in CUDA-graph replay of the same writes (graft/graft.py `_capture`)
             import os
 

@@ -118,6 +118,18 @@ def test_help_imports_no_torch(args):
         assert out.rstrip() == help_of("graft", "--help").replace("Usage: root", "Usage: skillgraft", 1).rstrip()
 
 
+def test_a_launcher_naming_the_old_entry_path_still_runs():
+    """../shared/gpu/probe.sh writes a launcher with ``from skillgraft.entry import main`` (the path before cli/)."""
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    code = "import sys; sys.argv = ['skillgraft', '--version']; from skillgraft.entry import main; main()"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"skillgraft {version('skillgraft')}"
+
+
 def test_continual_add_reads_its_defaults_from_the_verb():
     import inspect
 

@@ -193,6 +193,27 @@ def test_bf16_mixed_computes_in_bf16_and_fp32_does_not(tiny_bert):
     assert seen == {"fp32": torch.float32, "bf16-mixed": torch.bfloat16}
 
 
+def test_forward_passes_on_cuda_leave_out_cudnn_attention_and_cpu_ones_choose_freely(tiny_bert):
+    """cuDNN's attention builds a graph per new (batch, length) shape: on CUDA the forward context leaves it out
+    (and keeps a kernel every mask and dtype can use); on a CPU PyTorch chooses as it always does."""
+    from torch.nn.attention import SDPBackend
+
+    from skillgraft.models import build_scorer
+    from skillgraft.models.placement import attention_backends, forward_context
+
+    on_cuda = attention_backends("cuda:0")
+    assert SDPBackend.CUDNN_ATTENTION not in on_cuda and SDPBackend.MATH in on_cuda
+    assert attention_backends("cpu") is None
+    for precision, dtype in (("fp32", None), ("bf16-mixed", torch.bfloat16)):
+        with using(Placement(device="cpu", precision=precision)):
+            scorer = build_scorer(str(tiny_bert), "SST-2", "head")
+        with forward_context(scorer):
+            assert torch.is_autocast_enabled("cpu") == (dtype is not None)
+            if dtype is not None:
+                assert torch.get_autocast_dtype("cpu") == dtype
+        assert not torch.is_autocast_enabled("cpu")
+
+
 def scorer_examples():
     from skillgraft.data.loading import Example
 

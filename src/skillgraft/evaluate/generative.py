@@ -65,7 +65,7 @@ def evaluate_generative(scorer, examples: list[Example], *, batch_size: int = 64
 def greedy_completions(scorer, prompts: list[str], *, max_new_tokens: int = 32, batch_size: int = 16) -> list[str]:
     """Each prompt's greedy (argmax, no sampling) continuation by the scorer's model: at most ``max_new_tokens``
     tokens, up to its first EOS (left out), as text — the reference of a prompt given without a completion."""
-    from skillgraft.models.placement import autocast  # noqa: PLC0415
+    from skillgraft.models.placement import forward_context  # noqa: PLC0415
 
     was_training = scorer.training
     scorer.eval()
@@ -78,7 +78,7 @@ def greedy_completions(scorer, prompts: list[str], *, max_new_tokens: int = 32, 
             width = max(len(r) for r in ids)  # left padding: every prompt ends where generation starts
             inputs = torch.tensor([[pad] * (width - len(r)) + r for r in ids], device=scorer.device)
             mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ids], device=scorer.device)
-            with autocast(scorer):
+            with forward_context(scorer):
                 new = scorer.model.generate(input_ids=inputs, attention_mask=mask, max_new_tokens=max_new_tokens,
                                             do_sample=False, num_beams=1, pad_token_id=pad, eos_token_id=eos)
             for row in new[:, width:].tolist():

@@ -15,7 +15,7 @@ are taken on a CPU generator and then moved, so one seed gives the same region o
 
 Accelerate keeps its state per process (one device, one mixed-precision setting); :func:`accelerator_for`
 gives an ``Accelerator`` on a model's own device, resetting that state between single-process runs on
-different devices. Mixed precision is the Scorer's own autocast (:meth:`Runtime.autocast`), not Accelerate's,
+different devices. Mixed precision is the Scorer's own autocast (:func:`forward_context`), not Accelerate's,
 so evaluation, fine-tuning and localization compute alike.
 """
 
@@ -188,11 +188,32 @@ def precision_of(module) -> str:
     return "fp32"
 
 
-def autocast(module):
-    """The forward-pass context of ``module``: bf16 autocast on its device under ``bf16-mixed``, else nothing."""
-    if precision_of(module) != "bf16-mixed":
-        return contextlib.nullcontext()
-    return torch.autocast(device_of(module).type, dtype=torch.bfloat16)
+def attention_backends(device) -> list | None:
+    """The attention kernels (``scaled_dot_product_attention``) a forward pass on ``device`` may use: on CUDA every
+    one but cuDNN's, which builds an execution graph for each new (batch, length) shape, paid again for every
+    padded length a task's batches take (bf16 evaluation on an H200 ran at 101 rows/s against 1,449 in fp32, whose
+    kernel needs no build; bench/RESULTS.md); ``None`` (PyTorch's own choice) elsewhere."""
+    if torch.device(device).type != "cuda":
+        return None
+    from torch.nn.attention import SDPBackend  # noqa: PLC0415
+
+    return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+@contextlib.contextmanager
+def forward_context(module) -> Iterator[None]:
+    """The context of every forward pass of ``module``: bf16 autocast on its device under ``bf16-mixed``, and on
+    CUDA the attention kernels of :func:`attention_backends`; nothing on a CPU in fp32 or bf16."""
+    device = device_of(module)
+    with contextlib.ExitStack() as stack:
+        backends = attention_backends(device)
+        if backends is not None:
+            from torch.nn.attention import sdpa_kernel  # noqa: PLC0415
+
+            stack.enter_context(sdpa_kernel(backends))
+        if precision_of(module) == "bf16-mixed":
+            stack.enter_context(torch.autocast(device.type, dtype=torch.bfloat16))
+        yield
 
 
 def to_device(batch: dict, device) -> dict:
@@ -241,5 +262,6 @@ def accelerator_for(module, **kwargs):
     return Accelerator(cpu=on_cpu, **kwargs)
 
 
-__all__ = ["Placement", "Precision", "Runtime", "accelerator_for", "active", "autocast", "describe_device",
-           "describe_module", "device_of", "load_dtype", "offloaded", "place", "precision_of", "to_device", "using"]
+__all__ = ["Placement", "Precision", "Runtime", "accelerator_for", "active", "attention_backends", "describe_device",
+           "describe_module", "device_of", "forward_context", "load_dtype", "offloaded", "place", "precision_of",
+           "to_device", "using"]

@@ -238,11 +238,11 @@ class Scorer(nn.Module):
 
         Generative mode: each example's mean log-probability of its completion tokens ``[batch]`` (a
         :meth:`candidate_batch` gives ``[batch, num_labels]`` summed log-probabilities instead). Under
-        ``bf16-mixed`` the pass runs in bf16 autocast (models/placement.py).
+        ``bf16-mixed`` the pass runs in bf16 autocast (models/placement.py ``forward_context``).
         """
-        from skillgraft.models.placement import autocast  # noqa: PLC0415
+        from skillgraft.models.placement import forward_context  # noqa: PLC0415
 
-        with autocast(self):
+        with forward_context(self):
             return self._forward(input_ids, attention_mask, score_pos, target_ids, token_type_ids, candidates)
 
     def _forward(self, input_ids, attention_mask, score_pos, target_ids, token_type_ids, candidates):
@@ -308,10 +308,10 @@ class Scorer(nn.Module):
         (as :meth:`forward`), the teacher-forced (correct, count) of :meth:`hits`, and the (row, top token id) at
         every completion position, in order (the model's most likely next token given the prompt and the
         completion's tokens before it; no sampling)."""
-        from skillgraft.models.placement import autocast  # noqa: PLC0415
+        from skillgraft.models.placement import forward_context  # noqa: PLC0415
 
         kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-        with autocast(self):
+        with forward_context(self):
             logits, rows, cols, words = self._completion_logits(kwargs, batch["target_ids"])
         logp, valid = self._logp_of(logits, rows, cols, words, batch["target_ids"])
         top = logits.argmax(-1)
@@ -339,10 +339,10 @@ class Scorer(nn.Module):
         tokens that are the model's most likely next token (teacher forcing)."""
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         if self.mode == "generative":
-            from skillgraft.models.placement import autocast  # noqa: PLC0415
+            from skillgraft.models.placement import forward_context  # noqa: PLC0415
 
             kwargs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
-            with autocast(self):
+            with forward_context(self):
                 logits, _, _, words = self._completion_logits(kwargs, inputs["target_ids"])
             return (logits.argmax(-1) == words).sum(), len(words)
         labels = batch["labels"]
