@@ -51,17 +51,18 @@ def write_topic_data(root: Path, folder: str = "ag_news", n_train: int = 120, n_
 
 
 def write_pair_data(root: Path, folder: str = "RTE", n_train: int = 80, n_test: int = 24, seed: int = 0,
-                    three_way: bool = False) -> Path:
+                    three_way: bool = False, labels: tuple[str, str] = ("not_entailment", "entailment")) -> Path:
     """A learnable toy entailment task in the JSONL layout (``text_a``, ``text_b``, labels ``entailment`` /
     ``not_entailment``, as RTE and QNLI): entailment iff the second sentence's sentiment word has the first's polarity.
-    ``three_way``: MNLI / SNLI's labels instead (``entailment`` / ``contradiction``, every third row ``neutral``)."""
+    ``three_way``: MNLI / SNLI's labels instead (``entailment`` / ``contradiction``, every third row ``neutral``).
+    ``labels``: the (no, yes) label names, e.g. MRPC's ``("0", "1")``."""
     rng = random.Random(seed)
     (root / folder).mkdir(parents=True, exist_ok=True)
     for split, n in (("train", n_train), ("test", n_test)):
         with open(root / folder / f"{split}.jsonl", "w") as f:
             for i in range(n):
                 a, same = rng.randrange(2), i % 2
-                label = "entailment" if same else ("contradiction" if three_way else "not_entailment")
+                label = labels[1] if same else ("contradiction" if three_way else labels[0])
                 if three_way and i % 3 == 2:
                     label = "neutral"
                 row = {"text_a": sentence(rng, a), "text_b": sentence(rng, a if same else 1 - a), "label": label}
