@@ -24,21 +24,65 @@ def must_spawn() -> bool:
 
 
 def run_main_forked(args: list[str], wait_at: str, folder: Path, sig, stderr_file: Path) -> int:
-    """Run ``skillgraft.cli.main`` (the real entry point, its signal handlers included) in a forked child that
-    waits at ``SKILLGRAFT_WAIT_AT=dir-opened:<wait_at>``; once its temporary sibling in ``folder`` exists, send
-    ``sig`` from here. Returns the child's exit code (its stderr in ``stderr_file``)."""
-    proc = None
+    """Run ``skillgraft.cli.main`` (the real entry point, its signal handlers included) in a child process
+    (:func:`start_main`) that waits at ``SKILLGRAFT_WAIT_AT=dir-opened:<wait_at>``; once its temporary sibling in
+    ``folder`` exists, send ``sig`` from here. Returns the child's exit code, or -N for signal N (its stderr in
+    ``stderr_file``)."""
+    child = start_main(args, stderr_file, {"SKILLGRAFT_WAIT_AT": f"dir-opened:{wait_at}"})
+    deadline = time.monotonic() + 300
+    temp = f".{wait_at}.{child.pid}-*.tmp"  # the child's own temporary sibling of its output
+    while not (folder.is_dir() and any(fnmatch.fnmatchcase(p.name, temp) for p in folder.iterdir())):
+        if child.ended() or time.monotonic() > deadline:
+            child.kill()
+            raise AssertionError(f"no {temp} appeared in {folder}: {stderr_file.read_text()[-3000:]}")
+        time.sleep(0.01)
+    os.kill(child.pid, sig)
+    return child.wait()
+
+
+class Child:
+    """A `skillgraft` run started by :func:`start_main`: :meth:`wait` gives its exit code, or -N for signal N."""
+
+    def __init__(self, pid: int, proc: subprocess.Popen | None = None):
+        self.pid, self.proc, self.status = pid, proc, None
+
+    def ended(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is not None
+        if self.status is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            self.status = status if pid else None
+        return self.status is not None
+
+    def wait(self) -> int:
+        if self.proc is not None:
+            return self.proc.wait()
+        if self.status is None:
+            _, self.status = os.waitpid(self.pid, 0)
+        return os.WEXITSTATUS(self.status) if os.WIFEXITED(self.status) else -os.WTERMSIG(self.status)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            if not self.ended():
+                os.kill(self.pid, signal.SIGKILL)
+            self.wait()
+
+
+def start_main(args: list, stderr_file: Path, env: dict | None = None) -> Child:
+    """Start ``skillgraft.cli.main`` with ``args`` in another process (its stdout dropped, its stderr in
+    ``stderr_file``, ``env`` added to its environment), forked where that is safe and spawned after CUDA
+    (:func:`must_spawn`); returns at once."""
+    args = [str(a) for a in args]
     if must_spawn():
         with open(stderr_file, "w") as err:
             proc = subprocess.Popen([sys.executable, "-c", SPAWNED, *args], stdout=subprocess.DEVNULL, stderr=err,
-                                    env={**os.environ, "SKILLGRAFT_WAIT_AT": f"dir-opened:{wait_at}"})
-        pid = proc.pid
-    else:
-        pid = os.fork()
+                                    env={**os.environ, **(env or {})})
+        return Child(proc.pid, proc)
+    pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         code = 70
         try:
-            os.environ["SKILLGRAFT_WAIT_AT"] = f"dir-opened:{wait_at}"
+            os.environ.update(env or {})
             out = os.open(os.devnull, os.O_WRONLY)
             err = os.open(stderr_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(out, 1)
@@ -60,19 +104,4 @@ def run_main_forked(args: list[str], wait_at: str, folder: Path, sig, stderr_fil
         finally:
             sys.stderr.flush()
             os._exit(code)
-    deadline = time.monotonic() + 300
-    temp = f".{wait_at}.{pid}-*.tmp"  # the child's own temporary sibling of its output
-    while not (folder.is_dir() and any(fnmatch.fnmatchcase(p.name, temp) for p in folder.iterdir())):
-        ended = proc.poll() is not None if proc is not None else os.waitpid(pid, os.WNOHANG) != (0, 0)
-        if ended or time.monotonic() > deadline:
-            with contextlib.suppress(ProcessLookupError, ChildProcessError):
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            raise AssertionError(f"no {temp} appeared in {folder}: {stderr_file.read_text()[-3000:]}")
-        time.sleep(0.01)
-    os.kill(pid, sig)
-    if proc is not None:
-        code = proc.wait()
-        return code  # an exit code, or -N for a signal (as below)
-    _, status = os.waitpid(pid, 0)
-    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+    return Child(pid)

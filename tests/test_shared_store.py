@@ -5,12 +5,12 @@ interrupted replacement before reading, so a kill at the swap point loses nothin
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import threading
 
 import pytest
 from badinputs import invoke
+from processes import start_main
 
 from skillgraft.pipeline.store import Store
 
@@ -63,39 +63,6 @@ def test_a_lock_left_by_a_killed_run_does_not_block_the_next(tmp_path):
     assert (got / "r").read_text() == "ok" and sorted(p.name for p in store.root.iterdir()) == [path.name]
 
 
-def _forked_main(args, stderr_file, env=None) -> int:
-    """Run ``skillgraft.cli.main`` with ``args`` in a forked child (no new interpreter to start); its pid."""
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 70
-        try:
-            import sys
-
-            os.environ.update(env or {})
-            out = os.open(os.devnull, os.O_WRONLY)
-            err = os.open(stderr_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.dup2(out, 1)
-            os.dup2(err, 2)
-            sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
-            sys.argv = ["skillgraft", *map(str, args)]
-            from skillgraft.cli import main
-
-            try:
-                main()
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 1
-        finally:
-            sys.stderr.flush()
-            os._exit(code)
-    return pid
-
-
-def _exit_code(pid) -> int:
-    _, status = os.waitpid(pid, 0)
-    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
-
-
 def test_two_graft_commands_on_one_store_at_once_both_finish_with_the_solo_result(ft_run, toy_data, tmp_path,
                                                                                    monkeypatch):
     """Two processes: the same `skillgraft graft` on one --cache at once, saving state after every step."""
@@ -104,11 +71,11 @@ def test_two_graft_commands_on_one_store_at_once_both_finish_with_the_solo_resul
     monkeypatch.setenv("SKILLGRAFT_CHECKPOINT_SECONDS", "0")
     r = invoke(*graft_args(ft_run, toy_data, tmp_path / "solo", tmp_path / "solo-store", "--steps", 6))
     assert r.exit_code == 0, r.output
-    pids = [_forked_main(graft_args(ft_run, toy_data, tmp_path / f"g{i}", tmp_path / "store", "--steps", 6),
-                         tmp_path / f"err{i}.txt") for i in (1, 2)]
-    for i, pid in zip((1, 2), pids):
+    children = [start_main(graft_args(ft_run, toy_data, tmp_path / f"g{i}", tmp_path / "store", "--steps", 6),
+                           tmp_path / f"err{i}.txt") for i in (1, 2)]
+    for i, child in zip((1, 2), children):
         err = (tmp_path / f"err{i}.txt")
-        assert _exit_code(pid) == 0, err.read_text()[-2000:]
+        assert child.wait() == 0, err.read_text()[-2000:]
         assert "Traceback" not in err.read_text()
     reference = (tmp_path / "solo" / "grafts" / "budget-0.05" / "graft.safetensors").read_bytes()
     for i in (1, 2):
@@ -145,10 +112,9 @@ def test_continual_add_killed_at_the_swap_point_then_rerun_loses_no_task(one_tas
     the same command: the old state is rolled back before it is read (before: read as absent, task 1 lost)."""
     root = one_task_state
     shutil.copytree(root / "state", tmp_path / "state")
-    pid = _forked_main(_add(root, tmp_path / "state", "cr", tiny_bert), tmp_path / "err.txt",
+    child = start_main(_add(root, tmp_path / "state", "cr", tiny_bert), tmp_path / "err.txt",
                        {"SKILLGRAFT_CRASH_AT": "dir-swapped:state"})
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9  # killed at the swap point
+    assert child.wait() == -9, (tmp_path / "err.txt").read_text()[-2000:]  # killed at the swap point
     assert not (tmp_path / "state").exists() and (tmp_path / ".state.old").is_dir()
     r = invoke(*_add(root, tmp_path / "state", "cr", tiny_bert))  # the same command again
     assert r.exit_code == 0, r.output
@@ -175,9 +141,9 @@ def test_two_continual_adds_on_one_state_at_once_keep_both_tasks(one_task_state,
     args = [[*_add(root, tmp_path / "state", t, tiny_bert)] for t in ("cr", "mr")]
     for a in args:
         a[a.index("--data-dir") + 1] = tmp_path / "data"
-    pids = [_forked_main(a, tmp_path / f"err-{i}.txt") for i, a in enumerate(args)]
-    for i, pid in enumerate(pids):
-        assert _exit_code(pid) == 0, (tmp_path / f"err-{i}.txt").read_text()[-2000:]
+    children = [start_main(a, tmp_path / f"err-{i}.txt") for i, a in enumerate(args)]
+    for i, child in enumerate(children):
+        assert child.wait() == 0, (tmp_path / f"err-{i}.txt").read_text()[-2000:]
     tasks = _tasks(tmp_path / "state")
     assert tasks[0] == "SST-2" and sorted(tasks[1:]) == ["cr", "mr"]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
