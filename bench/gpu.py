@@ -189,38 +189,34 @@ def main() -> None:
             if mine.numel():
                 indices[n] = torch.sort(mine).values
             start += size
-        graft = Graft.from_models(pre, ft, Region(shapes, indices))
         before = {n: p.detach().clone() for n, p in pre.named_parameters() if n in indices}
-        times = []
-        for _ in range(5 if q else 200):
-            sync(dev)
-            t0 = time.perf_counter()
-            graft.apply(pre)
-            graft.revert(pre)
-            sync(dev)
-            times.append(time.perf_counter() - t0)
-        exact = all(torch.equal(p, before[n]) for n, p in pre.named_parameters() if n in indices)
-        record(args.out, "swap:graft", {"coordinates": k, "bit_exact": exact,
-                                        "apply_revert_us_median": round(statistics.median(times) * 1e6, 1)})
+
+        def timed_swaps(graft, count: int) -> dict:
+            """Median apply + revert over ``count`` swaps, and whether θ_pre came back bit for bit."""
+            times = []
+            for _ in range(count):
+                sync(dev)
+                t0 = time.perf_counter()
+                graft.apply(pre)
+                graft.revert(pre)
+                sync(dev)
+                times.append(time.perf_counter() - t0)
+            exact = all(torch.equal(p, before[n]) for n, p in pre.named_parameters() if n in indices)
+            return {"bit_exact": exact, "apply_revert_us_median": round(statistics.median(times) * 1e6, 1)}
+
+        record(args.out, "swap:graft", {"coordinates": k,
+                                        **timed_swaps(Graft.from_models(pre, ft, Region(shapes, indices)),
+                                                      5 if q else 200)})
         if dev.type == "cuda":  # the opt-in CUDA-graph replay of the same writes (graft/graft.py `_capture`)
             import os
 
             os.environ["SKILLGRAFT_SWAP_GRAPHS"] = "1"
             graphed = Graft.from_models(pre, ft, Region(shapes, indices))
-            times = []
-            for _ in range(200):
-                sync(dev)
-                t0 = time.perf_counter()
-                graphed.apply(pre)
-                graphed.revert(pre)
-                sync(dev)
-                times.append(time.perf_counter() - t0)
+            figures = timed_swaps(graphed, 200)
             del os.environ["SKILLGRAFT_SWAP_GRAPHS"]
             sw = graphed.__dict__.get("_swap")
-            exact = all(torch.equal(p, before[n]) for n, p in pre.named_parameters() if n in indices)
-            record(args.out, "swap:graft_cuda_graphs", {
-                "captured": bool(sw is not None and sw.graph is not None), "bit_exact": exact,
-                "apply_revert_us_median": round(statistics.median(times) * 1e6, 1)})
+            record(args.out, "swap:graft_cuda_graphs", {"captured": bool(sw is not None and sw.graph is not None),
+                                                        **figures})
         from peft import LoraConfig, get_peft_model
         from peft.utils.hotswap import hotswap_adapter_from_state_dict
 
