@@ -195,7 +195,8 @@ def test_bf16_mixed_computes_in_bf16_and_fp32_does_not(tiny_bert):
 
 def test_forward_passes_on_cuda_leave_out_cudnn_attention_and_cpu_ones_choose_freely(tiny_bert):
     """cuDNN's attention builds a graph per new (batch, length) shape: on CUDA the forward context leaves it out
-    (and keeps a kernel every mask and dtype can use); on a CPU PyTorch chooses as it always does."""
+    (and keeps a kernel every mask and dtype can use), and a differentiated pass under deterministic kernels gets
+    the math kernel alone; on a CPU PyTorch chooses as it always does."""
     from torch.nn.attention import SDPBackend
 
     from skillgraft.models import build_scorer
@@ -203,7 +204,14 @@ def test_forward_passes_on_cuda_leave_out_cudnn_attention_and_cpu_ones_choose_fr
 
     on_cuda = attention_backends("cuda:0")
     assert SDPBackend.CUDNN_ATTENTION not in on_cuda and SDPBackend.MATH in on_cuda
-    assert attention_backends("cpu") is None
+    assert attention_backends("cpu") is None and attention_backends("cpu", differentiated=True) is None
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)  # what a CUDA placement turns on
+    try:  # a backward through flash or memory-efficient attention adds with atomics: only math repeats bit for bit
+        assert attention_backends("cuda", differentiated=True) == [SDPBackend.MATH]
+        assert attention_backends("cuda", differentiated=False) == on_cuda
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
     for precision, dtype in (("fp32", None), ("bf16-mixed", torch.bfloat16)):
         with using(Placement(device="cpu", precision=precision)):
             scorer = build_scorer(str(tiny_bert), "SST-2", "head")
@@ -212,6 +220,23 @@ def test_forward_passes_on_cuda_leave_out_cudnn_attention_and_cpu_ones_choose_fr
             if dtype is not None:
                 assert torch.get_autocast_dtype("cpu") == dtype
         assert not torch.is_autocast_enabled("cpu")
+
+
+def test_a_checkpointed_block_is_recomputed_with_the_attention_kernels_of_its_forward_pass():
+    """The backward pass runs outside the forward context: the recomputation re-enters its kernel choice."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from skillgraft.models.placement import recompute_contexts
+
+    with sdpa_kernel([SDPBackend.MATH]):
+        forward, recompute = recompute_contexts()
+    assert torch.backends.cuda.flash_sdp_enabled()  # back to PyTorch's defaults after the forward
+    with forward:
+        assert torch.backends.cuda.flash_sdp_enabled()
+    with recompute:
+        assert torch.backends.cuda.math_sdp_enabled() and not torch.backends.cuda.flash_sdp_enabled()
+        assert not torch.backends.cuda.mem_efficient_sdp_enabled() and not torch.backends.cuda.cudnn_sdp_enabled()
+    assert torch.backends.cuda.flash_sdp_enabled()
 
 
 def scorer_examples():

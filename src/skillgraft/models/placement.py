@@ -188,25 +188,44 @@ def precision_of(module) -> str:
     return "fp32"
 
 
-def attention_backends(device) -> list | None:
-    """The attention kernels (``scaled_dot_product_attention``) a forward pass on ``device`` may use: on CUDA every
-    one but cuDNN's, which builds an execution graph for each new (batch, length) shape, paid again for every
-    padded length a task's batches take (bf16 evaluation on an H200 ran at 101 rows/s against 1,449 in fp32, whose
-    kernel needs no build; bench/RESULTS.md); ``None`` (PyTorch's own choice) elsewhere."""
+def attention_backends(device, differentiated: bool = False) -> list | None:
+    """The attention kernels (``scaled_dot_product_attention``) a forward pass on ``device`` may use; ``None``
+    (PyTorch's own choice) off CUDA. On CUDA never cuDNN's, which builds an execution graph for each new (batch,
+    length) shape, paid again for every padded length a task's batches take (bf16 evaluation on an H200 ran at 101
+    rows/s against 1,449 in fp32, whose kernel needs no build; bench/RESULTS.md). A pass that will be
+    ``differentiated`` while deterministic kernels are on (a CUDA placement, :func:`deterministic`) gets the math
+    kernel alone: the flash and memory-efficient backwards add with atomics unless determinism is strict, which
+    would break "a run repeats bit for bit"; it costs memory quadratic in the length, which the short prompts of
+    classification tasks do not feel."""
     if torch.device(device).type != "cuda":
         return None
     from torch.nn.attention import SDPBackend  # noqa: PLC0415
 
+    if differentiated and torch.are_deterministic_algorithms_enabled():
+        return [SDPBackend.MATH]
     return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def recompute_contexts() -> tuple:
+    """``context_fn`` for ``torch.utils.checkpoint``: a block recomputed in the backward pass (outside any forward
+    context) runs with the attention kernels its forward pass had, so it computes the same thing the same way."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+
+    flags = {SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled(),
+             SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.mem_efficient_sdp_enabled(),
+             SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled(),
+             SDPBackend.CUDNN_ATTENTION: torch.backends.cuda.cudnn_sdp_enabled()}
+    return contextlib.nullcontext(), sdpa_kernel([b for b, on in flags.items() if on])
 
 
 @contextlib.contextmanager
 def forward_context(module) -> Iterator[None]:
     """The context of every forward pass of ``module``: bf16 autocast on its device under ``bf16-mixed``, and on
-    CUDA the attention kernels of :func:`attention_backends`; nothing on a CPU in fp32 or bf16."""
+    CUDA the attention kernels of :func:`attention_backends` (differentiated: grad mode is on); nothing on a CPU in
+    fp32 or bf16."""
     device = device_of(module)
     with contextlib.ExitStack() as stack:
-        backends = attention_backends(device)
+        backends = attention_backends(device, differentiated=torch.is_grad_enabled())
         if backends is not None:
             from torch.nn.attention import sdpa_kernel  # noqa: PLC0415
 
@@ -264,4 +283,4 @@ def accelerator_for(module, **kwargs):
 
 __all__ = ["Placement", "Precision", "Runtime", "accelerator_for", "active", "attention_backends", "describe_device",
            "describe_module", "device_of", "forward_context", "load_dtype", "offloaded", "place", "precision_of",
-           "to_device", "using"]
+           "recompute_contexts", "to_device", "using"]
