@@ -239,6 +239,36 @@ def test_a_checkpointed_block_is_recomputed_with_the_attention_kernels_of_its_fo
     assert torch.backends.cuda.flash_sdp_enabled()
 
 
+def test_bf16_mixed_evaluation_casts_each_weight_once_per_set_not_per_batch(tiny_bert):
+    """autocast keeps its bf16 copies of the weights while its region lasts: one region around every batch."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from skillgraft.evaluate.predict import predict_probs
+    from skillgraft.models import build_scorer
+
+    with using(Placement(device="cpu", precision="bf16-mixed")):
+        scorer = build_scorer(str(tiny_bert), "SST-2", "head")
+    weights = {p.data_ptr() for p in scorer.parameters() if p.dim() == 2 and p.requires_grad}
+
+    class WeightCasts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and args[0].data_ptr() in weights:
+                self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    counts = {}
+    for batch_size in (4, 1):  # one batch, then four
+        with WeightCasts() as casts:
+            probs = predict_probs(scorer, [*scorer_examples()] * 2, batch_size=batch_size)
+        counts[batch_size] = casts.count
+        assert probs.shape == (4, 2)
+    assert counts[1] == counts[4] > 0
+
+
 def scorer_examples():
     from skillgraft.data.loading import Example
 

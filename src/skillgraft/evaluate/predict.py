@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 
 from skillgraft.data.loading import Example, text_length
 from skillgraft.evaluate.metrics import summarize
+from skillgraft.models.placement import forward_context
 
 if TYPE_CHECKING:
     from skillgraft.models.scorer import Scorer
@@ -25,12 +26,15 @@ def predict_probs(scorer: Scorer, examples: list[Example], *, batch_size: int = 
     order = np.argsort([text_length(ex) for ex in examples])  # length-sorted batches
     out = np.zeros((len(examples), scorer.task.num_labels))
     desc = progress if isinstance(progress, str) else "predict"
-    for start in tqdm(range(0, len(examples), batch_size), desc=desc, disable=not progress, leave=False):
-        idx = order[start:start + batch_size]
-        batch = scorer.collate([examples[i] for i in idx])
-        batch = {k: v.to(device) for k, v in batch.items()}
-        logits = scorer(**batch).float()
-        out[idx] = torch.softmax(logits, -1).cpu().double().numpy()
+    # one forward context around every batch: under bf16-mixed, autocast's bf16 copies of the weights are made
+    # once for the whole set, not once per batch (the weights cannot change in between: nothing here writes them)
+    with forward_context(scorer):
+        for start in tqdm(range(0, len(examples), batch_size), desc=desc, disable=not progress, leave=False):
+            idx = order[start:start + batch_size]
+            batch = scorer.collate([examples[i] for i in idx])
+            batch = {k: v.to(device) for k, v in batch.items()}
+            logits = scorer(**batch).float()
+            out[idx] = torch.softmax(logits, -1).cpu().double().numpy()
     scorer.train(was_training)
     return out
 
