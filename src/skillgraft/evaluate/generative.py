@@ -25,6 +25,13 @@ def evaluate_generative(scorer, examples: list[Example], *, batch_size: int = 64
                         progress: bool | str = False, top: list | None = None) -> tuple[dict[str, float], np.ndarray]:
     """Metrics (see the module doc) and per-example candidate probabilities of a generative scorer; ``top`` (a
     list) is extended with each example's top next-token ids at its completion positions, from the same pass."""
+    from skillgraft.models.placement import forward_context  # noqa: PLC0415
+
+    with forward_context(scorer):  # one autocast region for the set: bf16-mixed casts each weight once
+        return _evaluate_generative(scorer, examples, batch_size, reference, progress, top)
+
+
+def _evaluate_generative(scorer, examples, batch_size, reference, progress, top):
     was_training = scorer.training
     scorer.eval()
     device = scorer.device
