@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The one prepared device check of issue 45 (docs/gpu.md), in order of what it settles: the suite with the GPU visible
-# (and its failures rerun with it hidden: those failing only with it visible), then bench/gpu.py on a Gemma-3-270M-shaped model, then the
-# CLI flow with time and GPU memory per step, each step only while time is left (DEADLINE s, default 540, from the
-# start; the device tool allows 600 a command). Here: `bash ../shared/gpu/prepare.sh` (fills the ignored .gpu/), then on
-# the device machine, with `.gpu` carried: `bash bench/gpu_check.sh`. Everything lands in $OUT as it is made.
+# (and its failures rerun with it hidden: those failing only with it visible), then bench/gpu.py on a
+# Gemma-3-270M-shaped model, then the CLI flow with time and GPU memory per step, each step only while time is left
+# (DEADLINE s, default 540, from the start; the device tool allows 600 a command). Here: `bash
+# ../shared/gpu/prepare.sh` (fills the ignored .gpu/), then on the device machine, with `.gpu` carried: `bash
+# bench/gpu_check.sh`. Everything lands in $OUT as it is made.
 set -u; R=$PWD; G=$R/.gpu; t0=$(date +%s); DEADLINE=${DEADLINE:-540}
 left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $G/whl/*.whl || exit 3
