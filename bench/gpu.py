@@ -59,6 +59,24 @@ def weights_gib(model) -> float:
     return total / 2**30
 
 
+class StepClock:
+    """A fine-tuning callback: the clock (after a device sync) at the end of step ``warm`` and of the last step, so
+    a run's examples/s can be read without its first steps (kernel selection, allocator growth, per-shape setup)."""
+
+    def __init__(self, device, warm: int, steps: int):
+        self.device, self.warm, self.steps, self.marks = device, warm, steps, {}
+
+    def on_after_optimizer_step(self, step: int) -> None:
+        if step + 1 in (self.warm, self.steps):
+            sync(self.device)
+            self.marks[step + 1] = time.perf_counter()
+
+    def examples_per_s(self, batch: int) -> float | None:
+        if len(self.marks) < 2:
+            return None
+        return round((self.steps - self.warm) * batch / (self.marks[self.steps] - self.marks[self.warm]), 1)
+
+
 def section(out: Path, name: str):
     def wrap(fn):
         def run(*a, **kw):
@@ -82,6 +100,7 @@ def main() -> None:
     args = ap.parse_args()
     q = args.quick
     steps = 6 if q else 60
+    warm = 2 if q else 10  # steps left out of the after-warm-up figure
     data = DataSpec(task="SST-2", k=64, seed=13, data_dir=args.data, test_limit=64 if q else 512).load()
     spec = ModelSpec(model=args.model, mode="causal")
     dev = Placement(device=args.device).resolve().device
@@ -100,9 +119,11 @@ def main() -> None:
                 scorer = spec.scorer(data.task)
                 cfg = FinetuneConfig(optimizer="sgd", lr=1e-3, steps=steps, batch_size=8, eval_every=0,
                                      weight_decay=1e-4, freeze_embeddings=True)
-                result = train(scorer, data.train, [], cfg, k=64, progress=False)
+                clock = StepClock(dev, warm, steps)
+                result = train(scorer, data.train, [], cfg, k=64, progress=False, callbacks=[clock])
             sync(dev)
             record(args.out, f"finetune:{precision}", {"examples_per_s": round(result.examples_per_second, 1),
+                                                       f"examples_per_s_after_{warm}": clock.examples_per_s(8),
                                                        "steps": steps, "batch": 8, "peak_gib": peak(dev),
                                                        "weights_gib": round(weights_gib(scorer), 3)})
             if precision == "fp32":
@@ -114,9 +135,11 @@ def main() -> None:
             scorer = spec.scorer(data.task)
             cfg = FinetuneConfig(optimizer="sgd", lr=1e-3, steps=steps // 2, batch_size=32, eval_every=0,
                                  weight_decay=1e-4, freeze_embeddings=True)
-            result = train(scorer, data.train, [], cfg, k=64, progress=False)
+            clock = StepClock(dev, warm, steps // 2)
+            result = train(scorer, data.train, [], cfg, k=64, progress=False, callbacks=[clock])
         sync(dev)
         record(args.out, "finetune:bf16-mixed:batch32", {"examples_per_s": round(result.examples_per_second, 1),
+                                                         f"examples_per_s_after_{warm}": clock.examples_per_s(32),
                                                          "steps": steps // 2, "batch": 32, "peak_gib": peak(dev)})
         del scorer
 
