@@ -1,8 +1,8 @@
 """Issue 46: the grafting paper at its own fine-tuning schedule on Gemma-3-270M, one (task, seed) cell at a time.
 
-Usage (needs `make gemma`; one process at a time on a shared machine):
+Usage (needs `make gemma`; bench/gemma_schedule_cells.sh queues cells, one thread per queue, two queues on 2 cores):
     SKILLGRAFT_CACHE=STORE OMP_NUM_THREADS=2 nice -n 10 .venv/bin/python bench/gemma_paper_schedule.py \
-        bench/paper/gemma-schedule-64.yaml --tasks SST-2,mr,mpqa --seeds 13 [--finetune-only]
+        bench/fidelity/gemma-schedule-64.yaml --tasks SST-2,mr,mpqa --seeds 13 [--finetune-only]
 
 For each (task, seed), in order: the recipe's dev grid (each point a store stage), the chosen point's fine-tuning
 on the full 16·n·k schedule, then (unless --finetune-only) `skillgraft run` of the recipe narrowed to that cell
@@ -34,7 +34,7 @@ def stamp(msg: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("recipe", help="a paper-recipe YAML with a `grid` (bench/paper/gemma-schedule-64.yaml)")
+    ap.add_argument("recipe", help="a paper-recipe YAML with a `grid` (bench/fidelity/gemma-schedule-64.yaml)")
     ap.add_argument("--tasks", default=None, help="comma-separated tasks (default: the recipe's)")
     ap.add_argument("--seeds", default=None, help="comma-separated data seeds (default: the recipe's)")
     ap.add_argument("--finetune-only", action="store_true", help=(
