@@ -32,7 +32,8 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
-COLUMNS = ("accuracy", "share_of_ft", "gap_closed", "ece", "over_confidence", "agreement")
+# score: the task's metric (accuracy, F1 for MRPC / QQP), what share_of_ft and gap_closed are of; accuracy beside it
+COLUMNS = ("score", "accuracy", "share_of_ft", "gap_closed", "ece", "over_confidence", "agreement")
 LEARNED, TOP, RANDOM = "paper (learned)", "top-|Δ|", "random"  # the Gemma recipes' localizer labels
 # The paper's GPT-2 small FT (Table 9; accuracy, F1 for MRPC / QQP), the bar of issue 46's "within 8 points"
 GPT2_FT = {64: {"SST-2": 0.850, "cr": 0.874, "mr": 0.802, "mpqa": 0.852, "ag_news": 0.872, "subj": 0.895,

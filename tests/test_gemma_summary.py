@@ -91,3 +91,13 @@ def test_records_keep_what_was_measured_and_summary_reads_them(tmp_path):
     (store / "ft-RTE-def/metrics.json").write_text("{}")
     assert [str(r) for r in records.keep(store, to, max_bytes=400)[0]] == ["ft-RTE-def/metrics.json"]
     assert records.main(["--store", str(store), "--to", str(store / "x")]) == 2  # never into the store itself
+
+
+def test_mean_table_gives_the_tasks_own_score_beside_accuracy():
+    """MRPC's score is F1 (what share_of_ft is of): the per-task table shows it beside accuracy, not accuracy alone."""
+    rows = [{"task": "MRPC", "seed": s, "model": "fine-tuned", "score": f1, "accuracy": acc, "share_of_ft": 1.0}
+            for s, f1, acc in ((13, 0.70, 0.62), (42, 0.80, 0.66))]
+    (row,) = summary.table(rows, ("task",))
+    assert row["score"] == 0.75 and row["accuracy"] == 0.64
+    head, _, line = summary.markdown([row], ("task",)).splitlines()
+    assert head.startswith("| task | model | seeds | score | accuracy |") and "| 0.750 | 0.640 |" in line
