@@ -220,3 +220,22 @@ def test_a_stopped_comparison_scores_only_the_variants_it_had_not(ft_run, toy_da
     assert scored == [v.name for v in models if v.name not in first]  # only the rest
     assert [r.columns() for r in rows] == [r.columns() for r in rows_ref]
     assert probs.keys() == probs_ref.keys() and all(np.array_equal(probs[k], probs_ref[k]) for k in probs)
+
+
+def test_a_resumed_localization_counts_the_stopped_runs_time(ft_run, toy_data, tmp_path, monkeypatch):  # noqa: F811
+    """The regions entry's ``seconds`` is the stage's time, the stopped run's included (kept in the saved state):
+    a resumed localization's time was that of its last process alone (issue 46's 2.4 h localization read 3,560 s)."""
+    import torch
+
+    args = [*graft_args(ft_run, toy_data, tmp_path / "g", tmp_path / "store", "--steps", 6, "--eval-every", 2)]
+    monkeypatch.setenv("SKILLGRAFT_CHECKPOINT_SECONDS", "0")
+    _counting(monkeypatch, stop_at=4)
+    assert invoke(*args).exit_code == 2
+    (state_file,) = (tmp_path / "store").glob(".regions-*.resume/localize-0.pt")
+    state = torch.load(state_file, weights_only=True)
+    assert 0 < state["seconds"] < 1e5  # the stopped run's time, first step to its last save
+    torch.save({**state, "seconds": 1e6}, state_file)  # a stopped run that had spent 1e6 s
+    _counting(monkeypatch)
+    assert invoke(*args).exit_code == 0
+    (summary,) = (tmp_path / "store").glob("regions-*/summary.json")
+    assert 1e6 < json.loads(summary.read_text())["seconds"] < 1e6 + 1e5

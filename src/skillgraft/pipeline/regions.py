@@ -60,8 +60,8 @@ def learned_regions(member: Member, store, localizer: str, options: Spec, *,
         result = loc.run(member.pre, member.ft, member.data, options, progress=progress)
         for budget, region in result.regions.items():
             region.save(folder / budget.key)
-        summary = {**result.summary, "budgets": [b.key for b in result.regions],
-                   "seconds": time.perf_counter() - t0}
+        summary = {**result.summary, "budgets": [b.key for b in result.regions],  # stopped runs' time included
+                   "seconds": time.perf_counter() - t0 + result.resumed_seconds}
         write_json(folder / "summary.json", summary)
         holder["regions"] = result.regions
 

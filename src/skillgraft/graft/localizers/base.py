@@ -112,6 +112,7 @@ class Localization:
     ranking: Ranking | None = None    # the learned order at the last step (keep targets; see graft.keep)
     keep: list[KeepResult] = field(default_factory=list)  # one per keep target
     extra: dict = field(default_factory=dict)  # more summary fields (e.g. score_seconds)
+    resumed_seconds: float = 0.0  # time the stopped runs this one resumed from spent, first step to last save
 
     @property
     def region(self) -> Region:

@@ -205,11 +205,14 @@ def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, g
     groups = [[b] for b in plan.budgets] if per_budget else [plan.budgets]
     saved = _checkpoint(plan, layout, group, accelerator, len(train), len(select))
     state = saved.load() if saved is not None else None
+    earlier = 0.0  # what the stopped runs spent (their first step to their last save): a stage's time is the sum
     if state is not None:  # the same command, stopped: resume from the last saved step (skillgraft.resume)
         labels = [b.label for b in plan.budgets]
         history[:] = [ScoredStep.from_columns(h, labels) for h in state["history"]]
         step_times[:] = state["step_times"]
         best |= state["best_before"]
+        earlier = state.get("seconds", 0.0)  # states saved before it was kept: unknown, counted as 0
+    started = time.perf_counter()
     for i, budgets in enumerate(groups):
         if state is not None and i < state["group"]:
             continue  # a trajectory finished before the stop: its best regions came back with the state
@@ -221,10 +224,12 @@ def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, g
         here = state if state is not None and i == state["group"] else None
         best |= _trajectory(pre, layout, relax, Optimizer(plan.optimizer, plan.lr, params, group), budgets, train,
                             select, plan, accelerator, group, progress, history, step_times,
-                            saved=saved, resumed=here, where={"group": i, "best_before": dict(best)})
+                            saved=saved, resumed=here, where={"group": i, "best_before": dict(best)},
+                            elapsed=lambda: earlier + time.perf_counter() - started)
     result = Localization({b: best[b][2] for b in plan.budgets}, {b: best[b][1] for b in plan.budgets},
                           {b: best[b][0] for b in plan.budgets}, history, base_size,
-                          float(np.median(step_times)) if step_times else 0.0, plan.config, layout.size, step_times)
+                          float(np.median(step_times)) if step_times else 0.0, plan.config, layout.size, step_times,
+                          resumed_seconds=earlier)
     if ranked:
         result.ranking = relax.ranking(plan.seed)
     return result
@@ -246,11 +251,12 @@ def _checkpoint(plan: Plan, layout: Layout, group: Group, accelerator, n_train: 
 
 def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, budgets: list[Budget], train, select,
                 plan: Plan, accelerator, group: Group, progress, history: list[ScoredStep], step_times: list[float], *,
-                saved=None, resumed: dict | None = None, where: dict | None = None) -> dict:
+                saved=None, resumed: dict | None = None, where: dict | None = None, elapsed=None) -> dict:
     """One optimisation of the relaxation's parameters; every ``eval_every`` steps each budget's region is scored.
 
     ``saved`` (a :class:`skillgraft.resume.Checkpoint`): the state after a step is saved there when due;
-    ``resumed``: such a state, to go on from (bit for bit what the uninterrupted run does next)."""
+    ``resumed``: such a state, to go on from (bit for bit what the uninterrupted run does next); ``elapsed()``: the
+    localization's seconds so far, earlier stopped runs included (kept in the saved state)."""
     world, rank = accelerator.num_processes, accelerator.process_index
     batch_n = min(plan.batch_size, len(train))
     rng = np.random.RandomState(plan.seed)
@@ -260,8 +266,9 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
     def save(step: int) -> None:
         from skillgraft.resume import cpu  # noqa: PLC0415
 
-        saved.save({**(where or {}), "step": step, "rng": rng.get_state(), "best": best, "previous": previous,
-                    "history": [h.columns() for h in history], "step_times": step_times,
+        saved.save({**(where or {}), "step": step, "seconds": elapsed() if elapsed else 0.0, "rng": rng.get_state(),
+                    "best": best, "previous": previous, "history": [h.columns() for h in history],
+                    "step_times": step_times,
                     "params": cpu(optimizer.params),
                     "adam": optimizer.adam.state_dict() if optimizer.adam is not None else None,
                     "relaxation": relax.state(), "layout": layout.state()})
