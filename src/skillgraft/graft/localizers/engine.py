@@ -268,8 +268,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
 
         saved.save({**(where or {}), "step": step, "seconds": elapsed() if elapsed else 0.0, "rng": rng.get_state(),
                     "best": best, "previous": previous, "history": [h.columns() for h in history],
-                    "step_times": step_times,
-                    "params": cpu(optimizer.params),
+                    "step_times": step_times, "params": cpu(optimizer.params),
                     "adam": optimizer.adam.state_dict() if optimizer.adam is not None else None,
                     "relaxation": relax.state(), "layout": layout.state()})
 
