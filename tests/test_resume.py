@@ -62,7 +62,7 @@ def test_localization_resumes_to_the_same_result(localizer, extra, ft_run, toy_d
     assert len(saved) == 1 and list(saved[0].iterdir()), list(store.iterdir())
     # the stage's time counts the stopped run's (kept in its state; a resumed localization's time was that of its
     # last process alone: issue 46's 2.4 h localization read 3,560 s): say it had spent 1e6 s
-    (state_file,) = saved[0].glob("localize-0.pt")
+    state_file = saved[0] / "localize-0.pt"
     state = torch.load(state_file, weights_only=True)
     assert 0 < state["seconds"] < 1e5
     torch.save({**state, "seconds": 1e6}, state_file)
@@ -229,4 +229,3 @@ def test_a_stopped_comparison_scores_only_the_variants_it_had_not(ft_run, toy_da
     assert scored == [v.name for v in models if v.name not in first]  # only the rest
     assert [r.columns() for r in rows] == [r.columns() for r in rows_ref]
     assert probs.keys() == probs_ref.keys() and all(np.array_equal(probs[k], probs_ref[k]) for k in probs)
-

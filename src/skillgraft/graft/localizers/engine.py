@@ -251,7 +251,8 @@ def _checkpoint(plan: Plan, layout: Layout, group: Group, accelerator, n_train: 
 
 def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, budgets: list[Budget], train, select,
                 plan: Plan, accelerator, group: Group, progress, history: list[ScoredStep], step_times: list[float], *,
-                saved=None, resumed: dict | None = None, where: dict | None = None, elapsed=None) -> dict:
+                elapsed: Callable[[], float], saved=None, resumed: dict | None = None,
+                where: dict | None = None) -> dict:
     """One optimisation of the relaxation's parameters; every ``eval_every`` steps each budget's region is scored.
 
     ``saved`` (a :class:`skillgraft.resume.Checkpoint`): the state after a step is saved there when due;
@@ -266,7 +267,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
     def save(step: int) -> None:
         from skillgraft.resume import cpu  # noqa: PLC0415
 
-        saved.save({**(where or {}), "step": step, "seconds": elapsed() if elapsed else 0.0, "rng": rng.get_state(),
+        saved.save({**(where or {}), "step": step, "seconds": elapsed(), "rng": rng.get_state(),
                     "best": best, "previous": previous, "history": [h.columns() for h in history],
                     "step_times": step_times, "params": cpu(optimizer.params),
                     "adam": optimizer.adam.state_dict() if optimizer.adam is not None else None,
