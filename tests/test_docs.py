@@ -120,6 +120,27 @@ def test_every_block_runs_or_says_why():
     assert not problems, "\n".join(problems)
 
 
+TABLE_RULE = re.compile(r"^\|[-:| ]+\|$")  # a table's header separator, |---|---|
+CELL_BAR = re.compile(r"(?<!\\)\|")  # a cell boundary: a bar not escaped (GitHub splits on bars in `code` too)
+
+
+def test_every_table_row_has_its_headers_cells():
+    """A bar in a cell's text (top-|Δ|, `size(|U|)`) splits the cell: escape it (\\|), or the row shifts columns."""
+    problems = []
+    for path in [*DOCS, ROOT / "bench" / "RESULTS.md"]:
+        lines = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), path.read_text()).split("\n")
+        for i, line in enumerate(lines[:-1]):
+            if not (line.startswith("|") and TABLE_RULE.match(lines[i + 1])):
+                continue
+            width = len(CELL_BAR.findall(line))
+            for j in range(i + 2, len(lines)):
+                if not lines[j].startswith("|"):
+                    break
+                if (n := len(CELL_BAR.findall(lines[j]))) != width:
+                    problems.append(f"{path.relative_to(ROOT)}:{j + 1}: {n - 1} cells under a {width - 1}-cell header")
+    assert not problems, "\n".join(problems)
+
+
 def test_the_readme_names_recipes_that_exist_and_each_validates():
     from skillgraft.recipes import load_recipe
 
