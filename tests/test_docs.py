@@ -212,8 +212,10 @@ def own_model(tiny_models, folder, user_pair, **_):
                          ("llama-sft", user_pair["llama-sft"])):
         link(folder, name, target)
     fast = "--steps 2 --baselines '' --no-lottery-zero"
-    run_bash(substituted(b, [("--pretrained sentence-transformers/all-MiniLM-L6-v2", f"--pretrained {tiny_models['bert']}"),
-                             ("--budgets 1e-4,1e-3 --out runs/my-graft", f"--budgets 1e-4,1e-3 {fast} --out runs/my-graft"),
+    run_bash(substituted(b, [("--pretrained sentence-transformers/all-MiniLM-L6-v2",
+                              f"--pretrained {tiny_models['bert']}"),
+                             ("--budgets 1e-4,1e-3 --out runs/my-graft",
+                              f"--budgets 1e-4,1e-3 {fast} --out runs/my-graft"),
                              ("--pretrained bert-base-uncased", f"--pretrained {tiny_models['bert']}"),
                              ("--data nyu-mll/glue --data-config sst2", f"--data {user_pair['glue']}"),
                              ("--budgets 1e-4 --out runs/glue-sst2", f"--budgets 1e-2 {fast} --out runs/glue-sst2"),
@@ -250,8 +252,9 @@ def gpu(tiny_models, toy_data, folder, **_):
     run_bash(substituted(b, [("--model gemma-3-270m", f"--model {gemma3}"),
                              ("--k 64 --precision bf16-mixed", f"--k 8 --steps 2 --test-limit 8 --data-dir {toy_data} "
                                                                "--precision bf16-mixed"),
-                             ("--budgets 1e-4,1e-3 --device cuda", f"--budgets 1e-2 --steps 2 --baselines '' "
-                                                                   f"--test-limit 8 --data-dir {toy_data} --device auto")]),
+                             ("--budgets 1e-4,1e-3 --device cuda",
+                              f"--budgets 1e-2 --steps 2 --baselines '' --test-limit 8 --data-dir {toy_data} "
+                              "--device auto")]),
              b.where)
     assert "Ran on " in (folder / "runs" / "g64" / "graft" / "report.md").read_text()
     assert (folder / "runs" / "g64" / "model").is_dir()
