@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import gemma_fit_diagnosis as fit
 import gemma_records as records
 import gemma_summary as summary
 
@@ -101,3 +102,28 @@ def test_mean_table_gives_the_tasks_own_score_beside_accuracy():
     assert row["score"] == 0.75 and row["accuracy"] == 0.64
     head, _, line = summary.markdown([row], ("task",)).splitlines()
     assert head.startswith("| task | model | seeds | score | accuracy |") and "| 0.750 | 0.640 |" in line
+
+
+def test_fit_diagnosis_reads_the_full_fine_tuning_and_divides_by_ft(tmp_path):
+    """bench/gemma_fit_diagnosis.py: of a cell's fine-tunings it reads the full schedule's (not a 256-step grid point,
+    not an unfinished or weightless entry); a region's fit share is its selection accuracy over FT's on those rows,
+    its carry the test share over the fit share; a budget without a scored row has no test share."""
+    import json
+
+    def ft(name: str, steps: int, *, key: bool = True, model: bool = True) -> None:
+        run = tmp_path / name / "run"
+        (run / "model").mkdir(parents=True) if model else run.mkdir(parents=True)
+        (run / "metrics.json").write_text(json.dumps({"task": "QNLI", "seed": 13, "steps": steps}))
+        if key:
+            (tmp_path / name / "key.json").write_text("{}")
+
+    ft("ft-QNLI-64-13-causal-aaa", 256)
+    ft("ft-QNLI-64-13-causal-bbb", 2048)
+    ft("ft-QNLI-64-13-causal-ccc", 2048, key=False)  # unfinished
+    ft("ft-QNLI-64-42-causal-ddd", 2048, model=False)  # scores kept, weights not
+    assert fit.full_finetunes(tmp_path) == [tmp_path / "ft-QNLI-64-13-causal-bbb" / "run"]
+    table = {"fine-tuned": {"accuracy": 0.6}, "paper (learned) 0.0001": {"accuracy": 0.54}}
+    rows = fit.budget_rows({"0.0001": 0.72, "0.001": 0.8}, table, ft_fit=0.8)
+    assert abs(rows["0.0001"]["fit_share"] - 0.9) < 1e-12 and abs(rows["0.0001"]["test_share"] - 0.9) < 1e-12
+    assert abs(rows["0.0001"]["carry"] - 1.0) < 1e-12
+    assert rows["0.001"]["fit_share"] == 1.0 and rows["0.001"]["test_share"] is None and rows["0.001"]["carry"] is None
