@@ -26,6 +26,8 @@ import json
 import os
 from pathlib import Path
 
+CELL_SPARSITY = 1e-4  # the cells' learned trajectory: γ_base = top-1e-4 |Δ| (bench/fidelity/gemma-schedule-*)
+
 
 def full_finetunes(store: Path) -> list[Path]:
     """The store's full-schedule fine-tunings of the 64-shot cells (not the grid's screened points): the run whose
@@ -42,9 +44,13 @@ def full_finetunes(store: Path) -> list[Path]:
 
 
 def one(records: Path, task: str, seed: int, kind: str) -> Path | None:
-    """The record of ``kind`` of a cell: its learned regions (``regions``) or its scored rows (``paper-rows``)."""
-    pattern = f"regions-{task}-64-{seed}-learned-*" if kind == "regions" else f"{kind}-{task}-64-{seed}-causal-*"
-    found = sorted(records.glob(pattern))
+    """The record of ``kind`` of a cell: its learned regions (``regions``: the cell's own trajectory, γ_base at 1e-4 —
+    not a per-size trajectory run beside it) or its scored rows (``paper-rows``)."""
+    if kind == "regions":
+        found = [p for p in sorted(records.glob(f"regions-{task}-64-{seed}-learned-*"))
+                 if json.loads((p / "key.json").read_text())["options"].get("sparsity") == CELL_SPARSITY]
+    else:
+        found = sorted(records.glob(f"{kind}-{task}-64-{seed}-causal-*"))
     return found[0] if found else None
 
 
