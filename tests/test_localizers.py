@@ -258,6 +258,32 @@ def test_learned_regions_match_the_reference(pair):
         assert digest(get_localizer("movement").region(pre, ft, None, b)) == ref
 
 
+def test_per_size_learns_each_budget_from_its_own_base_as_separate_runs_do(pair):
+    """``per_size`` (the paper's protocol): each budget's region is what a run at ``sparsity`` = that budget learns,
+    bit for bit — not a read of one trajectory from the ``sparsity`` γ_base (which gives other regions here); it
+    refuses an explicit γ_base and a keep target, which need one trajectory."""
+    pre, ft, data = pair
+    budgets = [0.005, 0.02]
+    both = localize(pre, ft, data.train, data.dev, LocalizeConfig(sparsity=0.001, steps=4, seed=3, budgets=budgets,
+                                                                  eval_every=2, per_size=True), progress=False)
+    shared = localize(pre, ft, data.train, data.dev, LocalizeConfig(sparsity=0.001, steps=4, seed=3, budgets=budgets,
+                                                                    eval_every=2), progress=False)
+    for b in budgets:
+        alone = localize(pre, ft, data.train, data.dev, LocalizeConfig(sparsity=b, steps=4, seed=3, budgets=[b],
+                                                                       eval_every=2), progress=False)
+        budget = Budget.parse(b)
+        assert digest(both.regions[budget]) == digest(alone.regions[budget]), b
+        assert (both.best_step[budget], both.best_score[budget]) == (alone.best_step[budget], alone.best_score[budget])
+    assert any(digest(both.regions[Budget.parse(b)]) != digest(shared.regions[Budget.parse(b)]) for b in budgets)
+    assert {h["budget"] for h in both.history} == {"0.005", "0.02"}  # each scored step names its trajectory
+    with pytest.raises(SkillgraftError, match="per_size"):
+        localize(pre, ft, data.train, data.dev, LocalizeConfig(budgets=budgets, per_size=True),
+                 base=get_localizer("movement").region(pre, ft, None, 0.01), progress=False)
+    with pytest.raises(SkillgraftError, match="per_size"):
+        localize(pre, ft, data.train, data.dev, LocalizeConfig(budgets=budgets, per_size=True), keep=0.9,
+                 progress=False)
+
+
 def test_random_ranks_are_written_in_chunks_to_the_same_permutation(pair, monkeypatch):
     """The random baseline writes its ranks a chunk at a time (no third full-size tensor): the same ranks, so the
     same seeded regions, as the one-shot scatter rank[perm] = universe … 1."""

@@ -39,6 +39,7 @@ def _counting(monkeypatch, stop_at: int | None = None) -> list[int]:
 @pytest.mark.parametrize("localizer, extra", [
     ("learned", ["--budgets", "0.05,0.1"]),
     ("hard-concrete", ["--budgets", "0.05,0.1"]),  # one trajectory per budget, Adam, stochastic gates
+    ("learned", ["--budgets", "0.05,0.1", "--per-size"]),  # the paper's protocol: a trajectory per budget
 ])
 def test_localization_resumes_to_the_same_result(localizer, extra, ft_run, toy_data, tmp_path, monkeypatch):  # noqa: F811
     steps = 6
@@ -50,9 +51,10 @@ def test_localization_resumes_to_the_same_result(localizer, extra, ft_run, toy_d
     r = invoke(*args_ref)
     assert r.exit_code == 0, r.output
     reference = _files(tmp_path / "ref")
-    total = 2 * steps if localizer == "hard-concrete" else steps
+    per_budget = localizer == "hard-concrete" or "--per-size" in extra
+    total = 2 * steps if per_budget else steps
 
-    stop = total - 2 if localizer == "hard-concrete" else 4  # hard-concrete: inside its second trajectory
+    stop = total - 2 if per_budget else 4  # a trajectory per budget: inside the second
     calls = _counting(monkeypatch, stop_at=stop)
     store = tmp_path / "store"
     r = invoke(*args(tmp_path / "g", store))

@@ -104,6 +104,7 @@ class Plan:
     chosen: Region | None = None           # C itself (a Region chosen by another score)
     base: Region | None = None             # γ_base itself
     base_size: Callable[[int], int] | None = None  # |γ_base| from |U| (the top of the base score)
+    base_per_budget: bool = False          # a trajectory per budget, γ_base the top of the budget's own size
     scores: dict[str, torch.Tensor] | None = None  # the base score per graftable coordinate (default |Δ|)
     gradient_checkpointing: bool = False
     config: dict = field(default_factory=dict)
@@ -185,7 +186,7 @@ def _optimise(pre, source, names, carried, train, select, plan, accelerator, gro
 
 
 def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, group, progress, ranked):
-    per_budget = plan.relaxation().per_budget
+    per_budget = plan.relaxation().per_budget or plan.base_per_budget
     score = None  # the base score at the layout's coordinates, where γ_base or the relaxation's start needs it
     if per_budget or (plan.base is None and plan.base_size is not None):
         score = {n: d.abs() for n, d in layout.delta.items()} if plan.scores is None else layout.gather(plan.scores)
@@ -218,7 +219,10 @@ def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, g
             continue  # a trajectory finished before the stop: its best regions came back with the state
         relax = plan.relaxation()
         k = budgets[0].size(layout.universe) if relax.per_budget else None
-        params = relax.start(layout, score, base, k, plan.seed)
+        own = base  # the paper's protocol (base_per_budget): γ_base is the top-|budget| of the base score
+        if plan.base_per_budget and not budgets[0].rounding:  # 'round' keeps the plan's γ_base
+            own = layout.top(score, budgets[0].size(layout.universe))
+        params = relax.start(layout, score, own, k, plan.seed)
         if relax.recomputable and isinstance(layout, Dense):  # γ is dropped between steps (docs/gpu.md)
             layout.recompute = lambda r=relax: r.mask(0)
         here = state if state is not None and i == state["group"] else None
@@ -288,7 +292,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
     lockstep = group.sharded and world > 1  # every process runs every forward (FSDP gathers in each)
 
     def score(step: int) -> None:
-        row = ScoredStep(step, budgets[0].label if relax.per_budget else None, relax.row())
+        row = ScoredStep(step, budgets[0].label if relax.per_budget or plan.base_per_budget else None, relax.row())
         for b in budgets:
             masks = layout.select(relax.scores(), b)
             acc = 0.0

@@ -9,7 +9,9 @@ U[0, 1) and enters as σ(S − 10), so γ ≈ γ_base at first. Each step evalua
     ∂L/∂S = ∂L/∂θ ⊙ Δ ⊙ (1 − 2γ_base) ⊙ σ'(S − 10)
 
 Each budget selects its region from γ by the shared selection — ROUND: γ > 0.5; a fraction or count:
-exactly the top-k of γ — and keeps the step whose region scores best on train (+ dev).
+exactly the top-k of γ — and keeps the step whose region scores best on train (+ dev). By default every budget is
+read off one trajectory from the ``sparsity`` γ_base; ``per_size`` runs the paper's protocol instead, a trajectory
+per budget from the top-|Δ| of that budget's own size.
 
 This module is the registry entry and its options: the optimisation is the engine's (:mod:`.engine`) with
 the sigmoid relaxation and SGD, on the dense layout (``candidates=None``) or the candidate-restricted one
@@ -59,6 +61,11 @@ class LocalizeConfig(Spec):
         "keep S, Δ and the saved θ_pre only on the top-c fraction of graftable parameters by |θ_ft − θ_pre| "
         "(memory O(c·N); c ≥ sparsity and ≥ every fractional budget; 1 = every parameter, same result as "
         "dense); default: dense"), json_schema_extra=OMITTED_AT_DEFAULT)  # dense runs keep their store keys
+    per_size: bool = Field(False, description=(
+        "a trajectory per budget, each from γ_base = the top-|Δ| of that budget's own size (the paper's protocol: "
+        "its graft at sparsity s starts from the top-s |Δ|; 'round' starts from `sparsity`); default: one "
+        "trajectory from `sparsity` for every budget (one optimisation instead of one per budget)"),
+        json_schema_extra=OMITTED_AT_DEFAULT)  # runs at the default keep their store keys
     gradient_checkpointing: bool = Field(False, description=(
         "recompute each transformer block's activations in the backward pass (less memory; each block's "
         "forward runs twice)"), json_schema_extra=OMITTED_AT_DEFAULT)
@@ -112,6 +119,12 @@ def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, co
         keep = KeepSpec.build({"keep": keep}, where="keep")
     keep = keep if keep is not None and keep.any else None
     selection = dev if selection is None else selection
+    if config.per_size and base is not None:
+        raise SkillgraftError("per_size starts each budget from the top-|Δ| of its own size: give base= or per_size, "
+                              "not both")
+    if config.per_size and (keep is not None or ranked):
+        raise SkillgraftError("per_size learns a trajectory per budget, so there is no one learned order for a keep "
+                              "target or a ranking: drop per_size")
     if keep is not None:
         if not selection:
             raise SkillgraftError("a keep target needs a selection split: pass dev examples (or selection=), "
@@ -136,7 +149,7 @@ def plan(config: LocalizeConfig, base: Region | None = None, candidates: Region 
         micro_batch=config.micro_batch, eval_every=config.eval_every, last=config.select_on == "last",
         seed=config.seed, graftable=config.graftable,
         candidates=None if c is None else (lambda universe: Budget.parse(c).size(universe)), chosen=candidates,
-        base=base, base_size=lambda universe: int(round(config.sparsity * universe)),
+        base=base, base_size=lambda universe: int(round(config.sparsity * universe)), base_per_budget=config.per_size,
         gradient_checkpointing=config.gradient_checkpointing, config=config.to_dict())
 
 
