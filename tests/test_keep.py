@@ -170,6 +170,10 @@ def test_keep_on_a_localizer_without_an_order_is_one_line(trained_run, tmp_path)
     r = invoke("graft", "--finetuned", trained_run, "--out", tmp_path / "g", "--localizer", "prune", "--keep", "0.9")
     assert r.exit_code == 2 and "no order" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "g").exists()
+    # the learned localizer with a trajectory per budget (the paper's protocol) has no one order either
+    r = invoke("graft", "--finetuned", trained_run, "--out", tmp_path / "g", "--per-size", "--keep", "0.9")
+    assert r.exit_code == 2 and "--per-size" in r.output and "no one order" in r.output, r.output
+    assert "Traceback" not in r.output and not (tmp_path / "g").exists()
 
 
 def test_ranking_in_two_tiers():

@@ -276,6 +276,12 @@ def test_per_size_learns_each_budget_from_its_own_base_as_separate_runs_do(pair)
         assert (both.best_step[budget], both.best_score[budget]) == (alone.best_step[budget], alone.best_score[budget])
     assert any(digest(both.regions[Budget.parse(b)]) != digest(shared.regions[Budget.parse(b)]) for b in budgets)
     assert {h["budget"] for h in both.history} == {"0.005", "0.02"}  # each scored step names its trajectory
+    # the frontier's trajectory is one per sparsity by construction: per_size is dropped there, so it has an order
+    one = get_localizer("learned").trajectory(pre, ft, data, {"sparsity": 0.001, "steps": 4, "seed": 3, "eval_every": 2,
+                                                              "budgets": budgets, "per_size": True}, ranked=True)
+    assert one.ranking is not None
+    assert [digest(one.regions[Budget.parse(b)]) for b in budgets] == [digest(shared.regions[Budget.parse(b)])
+                                                                       for b in budgets]
     with pytest.raises(SkillgraftError, match="per_size"):
         localize(pre, ft, data.train, data.dev, LocalizeConfig(budgets=budgets, per_size=True),
                  base=get_localizer("movement").region(pre, ft, None, 0.01), progress=False)

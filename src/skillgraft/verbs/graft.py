@@ -107,7 +107,7 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
     if keep is not None and keep.any:
         from skillgraft.pipeline.keep import check_keep_rows, selection_split  # noqa: PLC0415
 
-        get_localizer(report.localizer).check_ranked()  # before any work (a --keep-data file's fault too)
+        get_localizer(report.localizer).check_ranked(options)  # before any work (a --keep-data file's fault too)
         selection, _, note = selection_split(member, keep)
         check_keep_rows(keep, member.data.task, len(selection), note.split(" (")[0])
     keep_only = bool(keep is not None and keep.any and not getattr(options, "budgets", None))

@@ -235,8 +235,9 @@ class Localizer:
         return Ranking.from_scores(self.scores(pre, ft, data, opts, progress=progress),
                                    region_universe(pre, opts.graftable))
 
-    def check_ranked(self) -> None:
-        """One clear line, before any work, for a keep target on a localizer without an order."""
+    def check_ranked(self, options: Spec | dict | None = None) -> None:
+        """One clear line, before any work, for a keep target on a localizer without an order (with ``options``:
+        one the localizer gives no order with)."""
         if not self.ranked:
             raise SkillgraftError(f"localizer {self.name!r} gives no order of the coordinates (one trajectory per "
                                   "budget), so a keep target cannot be searched on it; use learned or a score-based "

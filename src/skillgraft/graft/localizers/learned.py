@@ -167,6 +167,12 @@ class Learned(Localizer):
         self.check(pre, opts)
         return localize(pre, ft, train, dev, opts, progress=progress)
 
+    def check_ranked(self, options=None) -> None:
+        """``per_size`` learns a trajectory per budget: no one order for a keep target."""
+        if options is not None and self.options(options).per_size:
+            raise SkillgraftError("--per-size learns a trajectory per budget, so the learned localizer gives no one "
+                                  "order of the coordinates for a keep target: drop --per-size")
+
     def refuse(self, options, *, sharded: bool = False, generative: bool = False) -> None:
         """Runs everywhere: dense, candidates, sharded (FSDP2), every scorer kind (generative included)."""
 
@@ -177,9 +183,11 @@ class Learned(Localizer):
     def trajectory(self, pre, ft, data, options=None, *, ranked: bool = False,
                    progress: bool = False) -> LocalizeResult:
         """One trajectory at ``options``' γ_base sparsity, its budgets' regions (with ``ranked``, also the learned
-        order at its end): what the frontier runs once per sparsity (``sparsity_trajectories``)."""
+        order at its end): what the frontier runs once per sparsity (``sparsity_trajectories``; so ``per_size``, which
+        would split it per budget, is dropped)."""
         train, dev = examples_of(data)
-        return localize(pre, ft, train, dev, self.options(options), ranked=ranked, progress=progress)
+        return localize(pre, ft, train, dev, self.options(options).replace(per_size=False), ranked=ranked,
+                        progress=progress)
 
     def ranking(self, pre, ft, data, options=None, *, progress: bool = False) -> Ranking:
         """The learned order at the end of one trajectory (the rounded γ by the learned drift, then |Δ|)."""
