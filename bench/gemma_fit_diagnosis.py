@@ -79,6 +79,7 @@ def main() -> int:
 
     from skillgraft.evaluate.metrics import accuracy
     from skillgraft.evaluate.predict import labels_of, predict_probs
+    from skillgraft.io import write_json
     from skillgraft.pipeline.opening import from_run
 
     records, out = Path(args.records), []
@@ -109,7 +110,7 @@ def main() -> int:
               flush=True)
         del member
     if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        write_json(args.out, out)  # atomically
     print("\n| cell | FT train / dev | budget | region train+dev | fit share | test share | carry |")
     print("|---|---|---|---:|---:|---:|---:|")
     for c in out:

@@ -276,6 +276,7 @@ def test_per_size_learns_each_budget_from_its_own_base_as_separate_runs_do(pair)
         assert (both.best_step[budget], both.best_score[budget]) == (alone.best_step[budget], alone.best_score[budget])
     assert any(digest(both.regions[Budget.parse(b)]) != digest(shared.regions[Budget.parse(b)]) for b in budgets)
     assert {h["budget"] for h in both.history} == {"0.005", "0.02"}  # each scored step names its trajectory
+    assert "base_size" not in both.summary and shared.summary["base_size"] > 0  # no shared γ_base was made
     # the frontier's trajectory is one per sparsity by construction: per_size is dropped there, so it has an order
     one = get_localizer("learned").trajectory(pre, ft, data, {"sparsity": 0.001, "steps": 4, "seed": 3, "eval_every": 2,
                                                               "budgets": budgets, "per_size": True}, ranked=True)

@@ -188,6 +188,7 @@ def test_noisy_dev_split_does_not_give_a_routed_graft_below_target(classifiers, 
     (("--routed", "--keep", "0.9", "--keep-confidence", "1"), "--keep-confidence"),
     (("--routed", "--keep", "0.9", "--keep-confidence", "0.3"), "--keep-confidence"),
     (("--routed", "--keep", "0.9", "--localizer", "prune"), "no order"),
+    (("--routed", "--keep", "0.9", "--per-size"), "no one order"),                   # learned, a trajectory per size
 ])
 def test_keep_refusals_are_one_line_before_any_weights_load(classifiers, tmp_path, monkeypatch, extra,  # noqa: F811
                                                             culprit):

@@ -51,6 +51,8 @@ def test_localization_resumes_to_the_same_result(localizer, extra, ft_run, toy_d
     r = invoke(*args_ref)
     assert r.exit_code == 0, r.output
     reference = _files(tmp_path / "ref")
+    if "--per-size" in extra:  # no shared γ_base to report: each budget started from its own
+        assert "base patch of each budget's own size (per_size)" in (tmp_path / "ref" / "report.md").read_text()
     per_budget = localizer == "hard-concrete" or "--per-size" in extra
     total = 2 * steps if per_budget else steps
 

@@ -310,8 +310,9 @@ def report_markdown(metrics: dict) -> str:
 
     lines += caveat_markdown(metrics.get("caveats"))
     if metrics["localizer"] == "learned" and "step_seconds" in loc:
-        lines += [f"Localization: {cfg.get('steps')} steps, lr {cfg.get('lr', 0):g}, base patch "
-                  f"{loc['base_size']:,} coordinates (sparsity {cfg.get('sparsity', 0):g}), "
+        base = ("of each budget's own size (per_size)" if "base_size" not in loc else
+                f"{loc['base_size']:,} coordinates (sparsity {cfg.get('sparsity', 0):g})")
+        lines += [f"Localization: {cfg.get('steps')} steps, lr {cfg.get('lr', 0):g}, base patch {base}, "
                   f"{loc['step_seconds']:.2f} s/step, best step {best_steps(loc['best_step'])}.", ""]
     else:
         lines += [f"Localizer: {metrics['localizer']}.", ""]

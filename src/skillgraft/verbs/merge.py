@@ -278,9 +278,9 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     from skillgraft.pipeline.regions import localizer_options  # noqa: PLC0415
     from skillgraft.pipeline.store import Store  # noqa: PLC0415
 
-    check_keep(spec, inputs)
-    out = check_target(out, overwrite, merge_inputs(pretrained, inputs, store))
     localize = localizer_options(spec.localizer, localize)  # an unknown name or option fails before any work
+    check_keep(spec, inputs, localize)
+    out = check_target(out, overwrite, merge_inputs(pretrained, inputs, store))
     mode = check_inputs(pretrained, inputs, spec)
     check_data(inputs, spec, mode)  # every model's rows, before the first model loads
     store = store or Store()
@@ -388,7 +388,7 @@ def refit_rows(bench: MergeBench, results: list[Scored], n: int, progress: bool 
     return out
 
 
-def check_keep(spec: MergeSpec, inputs: list[ModelInput]) -> None:
+def check_keep(spec: MergeSpec, inputs: list[ModelInput], options: Spec | None = None) -> None:
     """``--keep`` sizes each routed task's graft: refused, in one line and before any work, without ``--routed``,
     with given ``--grafts`` (nothing to size) or with a localizer that orders no coordinates."""
     if spec.keep is None:
@@ -400,7 +400,7 @@ def check_keep(spec: MergeSpec, inputs: list[ModelInput]) -> None:
     if given:
         raise SkillgraftError(f"--keep {spec.keep:g} sizes each task's graft by a search, but --grafts gives "
                               f"{', '.join(given)} fixed: drop one of the two")
-    get_localizer(spec.localizer).check_ranked()
+    get_localizer(spec.localizer).check_ranked(options)  # with its options: learned's per_size orders nothing
 
 
 def routed_keep_row(bench: MergeBench, kept: dict[str, tuple[Graft, dict]], spec: MergeSpec) -> Scored:

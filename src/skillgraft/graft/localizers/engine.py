@@ -190,10 +190,10 @@ def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, g
     score = None  # the base score at the layout's coordinates, where γ_base or the relaxation's start needs it
     if per_budget or (plan.base is None and plan.base_size is not None):
         score = {n: d.abs() for n, d in layout.delta.items()} if plan.scores is None else layout.gather(plan.scores)
-    base = None
+    base = None  # the shared γ_base; with base_per_budget only a 'round' budget reads it (the others take their own)
     if plan.base is not None:
         base = layout.masks_of(plan.base)
-    elif plan.base_size is not None:
+    elif plan.base_size is not None and not (plan.base_per_budget and not any(b.rounding for b in plan.budgets)):
         base = layout.top(score, plan.base_size(layout.universe))
     base_size = None if base is None else layout.count(base)
     if not per_budget:

@@ -122,9 +122,8 @@ def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, co
     if config.per_size and base is not None:
         raise SkillgraftError("per_size starts each budget from the top-|Δ| of its own size: give base= or per_size, "
                               "not both")
-    if config.per_size and (keep is not None or ranked):
-        raise SkillgraftError("per_size learns a trajectory per budget, so there is no one learned order for a keep "
-                              "target or a ranking: drop per_size")
+    if keep is not None or ranked:
+        refuse_unordered(config)
     if keep is not None:
         if not selection:
             raise SkillgraftError("a keep target needs a selection split: pass dev examples (or selection=), "
@@ -138,6 +137,13 @@ def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, co
     if keep is not None:  # θ_pre is itself again: score grafts of the learned order on the selection split
         result.keep = keep_search(pre, ft, result.ranking, selection, keep)
     return result
+
+
+def refuse_unordered(config: LocalizeConfig) -> None:
+    """One line for a keep target or a ranking asked of ``per_size``: a trajectory per budget has no one order."""
+    if config.per_size:
+        raise SkillgraftError("per_size (--per-size) learns a trajectory per budget, so the learned localizer gives no "
+                              "one order of the coordinates for a keep target (--keep) or a ranking: drop --per-size")
 
 
 def plan(config: LocalizeConfig, base: Region | None = None, candidates: Region | None = None) -> engine.Plan:
@@ -169,9 +175,9 @@ class Learned(Localizer):
 
     def check_ranked(self, options=None) -> None:
         """``per_size`` learns a trajectory per budget: no one order for a keep target."""
-        if options is not None and self.options(options).per_size:
-            raise SkillgraftError("--per-size learns a trajectory per budget, so the learned localizer gives no one "
-                                  "order of the coordinates for a keep target: drop --per-size")
+        super().check_ranked(options)
+        if options is not None:
+            refuse_unordered(self.options(options))
 
     def refuse(self, options, *, sharded: bool = False, generative: bool = False) -> None:
         """Runs everywhere: dense, candidates, sharded (FSDP2), every scorer kind (generative included)."""
