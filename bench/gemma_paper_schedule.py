@@ -48,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         "train nothing: read each cell's stages from the store (grid points, the chosen run, a stopped fine-tuning's "
         "saved step and time left, the learned localization's step and pace, the rows and OOD rows scored), print a "
         "line per cell and write them all to JSON"))
+    ap.add_argument("--restore", default=None, metavar="RECORDS", help=(
+        "first put back into the store what a cell's records (bench/gemma_records.py's folder) hold whole: its "
+        "screened grid points (scores only: their weights were dropped) and its zero-shot scores — a new machine "
+        "then skips them; an entry the store has, or whose record's key is not the stage's, is left as it is"))
     args = ap.parse_args(argv)
 
     from skillgraft.models.gguf import in_store
@@ -70,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         handle_signals()
     try:
         with in_store(store.root):  # a GGUF model converts into this store, as under `skillgraft run`
+            if args.restore:
+                restore(spec, store, tasks, args)
             if args.status:
                 return status(spec, store, tasks, args)
             return cells(entry, spec, store, tasks, args)
@@ -127,6 +133,56 @@ def zero_shot(spec, store, data) -> dict:
     entry = store.fetch("zero-shot", draw_key(spec.model_spec(), data), make,
                         label=f"{data.task}-{data.k}-{data.seed}-{spec.mode}")
     return read_json(entry / "metrics.json", what="zero-shot metrics")
+
+
+def restore(spec, store, tasks: list[str], args) -> list[Path]:
+    """Put back into ``store`` the stages of each cell that its records (``args.restore``, the folder
+    bench/gemma_records.py fills) hold whole: the screened grid points (a store keeps only their scores: the weights
+    were dropped once the grid chose) and the zero-shot scores. A record is used only where its ``key.json`` is the
+    stage's key; the store's own entries are never replaced. Returns the entries put back."""
+    from skillgraft.pipeline.grid import _dropped
+    from skillgraft.pipeline.opening import _ft_label, finetune_key
+    from skillgraft.pipeline.store import KEY_FILE, draw_key
+    from skillgraft.train.run import WEIGHTS_DROPPED
+
+    records, done = Path(args.restore), []
+
+    def put(kind: str, key: dict, label: str, files: list[str], note: tuple[str, str] | None = None) -> None:
+        name = store.path(kind, key, label).name
+        src = records / name
+        if store.get(kind, key, label) is not None or not all((src / f).is_file() for f in (KEY_FILE, *files)):
+            return
+        if read_json(src / KEY_FILE, what="a record's key") != json.loads(json.dumps({"kind": kind, **key},
+                                                                                     default=str)):
+            stamp(f"{src}: its key.json is not this stage's key; not restored")
+            return
+        for f in (f for f in files if f.endswith(".json")):
+            read_json(src / f, what="a record")  # a damaged record: one line naming it, before anything is written
+
+        def make(folder: Path) -> None:
+            for f in files:
+                (folder / f).parent.mkdir(parents=True, exist_ok=True)
+                (folder / f).write_bytes((src / f).read_bytes())
+            if note is not None:
+                (folder / note[0]).write_text(note[1] + "\n", encoding="utf-8")
+
+        done.append(store.fetch(kind, key, make, label=label))
+
+    for task in tasks:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else spec.seeds_of(task)
+        for seed in seeds:
+            data = spec.data_spec(task, seed)
+            if spec.grid.steps is not None:  # a screened grid: its points are scores only (an unscreened one is FT)
+                for b, lr in spec.grid.points():
+                    config, point = spec.grid.point_config(spec.finetune, b, lr), spec.grid.point_data(data)
+                    files = [f"run/{f}" for f in ("config.json", "metrics.json", "test_probs.csv")]
+                    put("ft", finetune_key(spec.model_spec(), point, config), _ft_label(spec.model_spec(), point),
+                        files, (f"run/{WEIGHTS_DROPPED}", _dropped(config) + " (restored from the records)"))
+            put("zero-shot", draw_key(spec.model_spec(), data), f"{task}-{spec.k}-{seed}-{spec.mode}",
+                ["metrics.json"])
+    stamp(f"restored from {records}: {len(done)} entr{'y' if len(done) == 1 else 'ies'}"
+          + "".join(f"\n  {p.name}" for p in done))
+    return done
 
 
 def status(spec, store, tasks: list[str], args) -> int:

@@ -13,7 +13,8 @@
 # file); `--status` (see bench/RESULTS.md) reads where each cell stands without training.
 # Environment: SKILLGRAFT_CACHE (the store; required), SKILLGRAFT_DATA (the data root), PY (default: .venv/bin/python
 # of this checkout), OUT (the per-cell run folders; default runs/g46), RECORDS (if set: after each pass, the store's
-# scores are copied there by bench/gemma_records.py — commit that folder: a new machine starts with an empty store).
+# scores are copied there by bench/gemma_records.py — commit that folder: a new machine starts with an empty store,
+# and each fine-tuning pass first restores from it what it holds whole: the grid's screened points, the zero-shot scores).
 set -u
 cd "$(dirname "$0")/.."
 : "${SKILLGRAFT_CACHE:?set SKILLGRAFT_CACHE to the store the cells resume from}"
@@ -32,6 +33,8 @@ for cell in "$@"; do
   IFS=: read -r k task seed <<< "$cell"
   for pass in finetune grafts; do
     extra=(); [ "$pass" = finetune ] && extra=(--finetune-only)
+    # a new machine's empty store gets back what the records hold whole (grid screens, zero-shot scores)
+    [ "$pass" = finetune ] && [ -n "${RECORDS:-}" ] && extra+=(--restore "$RECORDS")
     echo "=== $(date -u) $pass K=$k $task seed $seed"
     "$PY" bench/gemma_paper_schedule.py "bench/fidelity/gemma-schedule-$k.yaml" --tasks "$task" --seeds "$seed" \
       --out "$OUT" --progress "${extra[@]}"

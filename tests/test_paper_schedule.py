@@ -183,6 +183,53 @@ def test_the_bench_runner_cell_by_cell(recipe, tiny_gemma, data, tmp_path):
     assert f"{100 * zero:.1f}" in report  # the pre-trained row of Table 2 is the stored zero-shot score
 
 
+def test_the_bench_runner_restores_a_new_stores_grid_and_zero_shot_from_the_records(tiny_gemma, data, tmp_path,
+                                                                                    capsys):
+    """--restore RECORDS: a new machine's empty store gets back, from bench/gemma_records.py's folder, the stages a
+    record holds whole — the screened grid points (scores, their weights dropped) and the zero-shot scores — never the
+    chosen fine-tuning (weights); a record whose key is not the stage's is left out; the store's own entries stay."""
+    import sys
+
+    sys.path.insert(0, str(RECIPE.parents[1]))
+    import gemma_paper_schedule as runner
+    import gemma_records
+
+    over = {**overrides(tiny_gemma, data, {"batch_sizes": [2], "lrs": [1e-2, 1e-3], "steps": 2, "eval_every": 1,
+                                           "test_limit": 4}), "cache_dir": str(tmp_path / "old")}
+    args = [str(RECIPE), "--out", str(tmp_path / "runs")]
+    assert runner.main([*args, "--override", json.dumps(over), "--finetune-only"]) == 0
+    records = tmp_path / "records"
+    gemma_records.keep(tmp_path / "old", records)
+    new = json.dumps({**over, "cache_dir": str(tmp_path / "new")})
+    status = [*args, "--override", new, "--status", str(tmp_path / "status.json")]
+    assert runner.main([*status, "--restore", str(records)]) == 0
+    cell = json.loads((tmp_path / "status.json").read_text())["cells"][0]
+    assert runner.main([*args, "--override", json.dumps(over), "--status", str(tmp_path / "old.json")]) == 0
+    before = json.loads((tmp_path / "old.json").read_text())["cells"][0]
+    assert cell["points"] == before["points"]  # every point's dev history and choice, as scored on the old machine
+    assert cell["zero_shot"] == before["zero_shot"]
+    assert cell["chosen"]["done"] is False and before["chosen"]["done"] is True  # weights: not in a record
+    restored = sorted(p.name for p in (tmp_path / "new").iterdir() if not p.name.startswith("gguf-"))
+    assert len(restored) == 3 and sum(n.startswith("ft-") for n in restored) == 2
+    for name in restored:
+        assert (records / name / "key.json").read_text() == (tmp_path / "new" / name / "key.json").read_text()
+    for name in (n for n in restored if n.startswith("ft-")):
+        assert (tmp_path / "new" / name / "run" / WEIGHTS_DROPPED).is_file()
+        assert not (tmp_path / "new" / name / "run" / "model").exists()
+    assert "restored from" in capsys.readouterr().out
+    # the store's own entries stay; a record under another key is not used
+    assert runner.main([*status, "--restore", str(records)]) == 0
+    assert "3 entries" not in capsys.readouterr().out
+    shutil.rmtree(tmp_path / "new")
+    zs = next(records.glob("zero-shot-*"))
+    key = json.loads((zs / "key.json").read_text())
+    (zs / "key.json").write_text(json.dumps({**key, "data_digest": "0" * 16}))
+    assert runner.main([*status, "--restore", str(records)]) == 0
+    out = capsys.readouterr().out
+    assert "its key.json is not this stage's key" in out and "restored from" in out and "2 entries" in out
+    assert "zero_shot" not in json.loads((tmp_path / "status.json").read_text())["cells"][0]
+
+
 def test_docs_name_the_grid_and_its_fields():
     doc = (RECIPE.parents[2] / "docs" / "recipes.md").read_text()
     assert "`grid`" in doc
@@ -276,6 +323,8 @@ def test_the_cell_queue_runs_each_cells_two_passes_in_order(tmp_path):
                                    ("1024.yaml", "SST-2", "13", True), ("1024.yaml", "SST-2", "13", False),
                                    ("rest.yaml", "QNLI", "42", True), ("rest.yaml", "QNLI", "42", False)]
     assert all(f"--out {tmp_path / 'out'}" in line and "--progress" in line for line in lines)  # a log that speaks
+    # a fine-tuning pass first restores, from the records, what a new machine's store would otherwise redo
+    assert all((f"--restore {tmp_path / 'records'}" in line) == ("--finetune-only" in line) for line in lines)
 
 
 def test_status_line_says_where_each_cell_stands():
