@@ -109,6 +109,10 @@ class Plan:
     gradient_checkpointing: bool = False
     config: dict = field(default_factory=dict)
 
+    def one_budget_each(self, relax: Relaxation | None = None) -> bool:
+        """Whether each budget has a trajectory of its own (the relaxation's top-k, or base_per_budget's γ_base)."""
+        return (relax or self.relaxation()).per_budget or self.base_per_budget
+
 
 def batch_loss(scorer, batch, reduction: str = "mean"):
     """The scorer's own loss on a batch (:func:`skillgraft.models.scorer.batch_loss`; imported on first use, so the
@@ -186,7 +190,7 @@ def _optimise(pre, source, names, carried, train, select, plan, accelerator, gro
 
 
 def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, group, progress, ranked):
-    per_budget = plan.relaxation().per_budget or plan.base_per_budget
+    per_budget = plan.one_budget_each()
     score = None  # the base score at the layout's coordinates, where γ_base or the relaxation's start needs it
     if per_budget or (plan.base is None and plan.base_size is not None):
         score = {n: d.abs() for n, d in layout.delta.items()} if plan.scores is None else layout.gather(plan.scores)
@@ -292,7 +296,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
     lockstep = group.sharded and world > 1  # every process runs every forward (FSDP gathers in each)
 
     def score(step: int) -> None:
-        row = ScoredStep(step, budgets[0].label if relax.per_budget or plan.base_per_budget else None, relax.row())
+        row = ScoredStep(step, budgets[0].label if plan.one_budget_each(relax) else None, relax.row())
         for b in budgets:
             masks = layout.select(relax.scores(), b)
             acc = 0.0
