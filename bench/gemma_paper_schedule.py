@@ -55,8 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from skillgraft.models.gguf import in_store
+    from skillgraft.models.placement import using
     from skillgraft.pipeline.store import Store
     from skillgraft.recipes import load_recipe
+    from skillgraft.recipes.base import placement_of
     from skillgraft.signals import Interrupted, handle_signals
 
     if args.progress:
@@ -70,10 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tasks = args.tasks.split(",") if args.tasks else list(spec.tasks)
     store = Store(spec.cache_dir)
+    # the recipe's device and precision: every stage below (grid, FT, zero-shot, grafts) runs there, and a bf16 stage
+    # is keyed as one (the store keys read the active precision; so do --restore's and --status's)
+    placement = placement_of(spec)
     if argv is None:  # a process of its own: SIGTERM / SIGHUP unwind like Ctrl-C (no temporary folder or lock left)
         handle_signals()
     try:
-        with in_store(store.root):  # a GGUF model converts into this store, as under `skillgraft run`
+        with in_store(store.root), using(placement):  # a GGUF model converts into this store, as in `skillgraft run`
             if args.restore:
                 restore(spec, store, tasks, args)
             if args.status:

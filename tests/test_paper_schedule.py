@@ -230,6 +230,39 @@ def test_the_bench_runner_restores_a_new_stores_grid_and_zero_shot_from_the_reco
     assert "zero_shot" not in json.loads((tmp_path / "status.json").read_text())["cells"][0]
 
 
+def test_the_bench_runner_runs_every_stage_under_the_recipes_placement(tiny_gemma, data, tmp_path, monkeypatch):
+    """The grid, the full fine-tuning and the zero-shot scores run under the recipe's device and precision (as its
+    grafts do under `skillgraft run`): on a GPU machine they compute there, and a bf16-mixed stage is keyed as one."""
+    import sys
+
+    import skillgraft.pipeline.opening as opening
+    from skillgraft.models.placement import active
+
+    sys.path.insert(0, str(RECIPE.parents[1]))
+    import gemma_paper_schedule as runner
+
+    seen, train = [], opening.run_finetune
+
+    def spy(*a, **kw):
+        seen.append(active())
+        return train(*a, **kw)
+
+    monkeypatch.setattr(opening, "run_finetune", spy)
+    over = {**overrides(tiny_gemma, data, {"batch_sizes": [2], "lrs": [1e-2], "steps": 2, "eval_every": 1,
+                                           "test_limit": 4}), "cache_dir": str(tmp_path / "cache"),
+            "device": "cpu", "precision": "bf16-mixed"}
+    over["finetune"]["max_steps"] = 2
+    assert runner.main([str(RECIPE), "--override", json.dumps(over), "--out", str(tmp_path / "runs"),
+                        "--finetune-only"]) == 0
+    assert len(seen) == 2 and all(r is not None and str(r.device) == "cpu" and r.precision == "bf16-mixed"
+                                  for r in seen)  # the screened point and the chosen run
+    keys = [json.loads(p.read_text()) for p in (tmp_path / "cache").glob("*/key.json")]
+    assert len(keys) == 3 and all(k.get("precision") == "bf16-mixed" for k in keys if k["kind"] == "ft")
+    bad = {**over, "device": "tpu"}
+    with pytest.raises(SkillgraftError, match="device"):
+        runner.main([str(RECIPE), "--override", json.dumps(bad), "--finetune-only"])
+
+
 def test_docs_name_the_grid_and_its_fields():
     doc = (RECIPE.parents[2] / "docs" / "recipes.md").read_text()
     assert "`grid`" in doc

@@ -263,6 +263,12 @@ def recipe(name: str, spec: type[ExperimentSpec]):
     return wrap
 
 
+def placement_of(spec) -> Placement:
+    """A recipe's ``device`` and ``precision`` (its placement: where every stage it runs computes); an unknown device
+    is one line naming the field, before any work."""
+    return Placement.build({k: getattr(spec, k) for k in ("device", "precision") if hasattr(spec, k)}, where="recipe")
+
+
 def run_spec(entry: Recipe, spec, out: str | os.PathLike, *, cache: str | os.PathLike | None = None,
              overwrite: bool = False) -> Path:
     """Run a registered recipe with a validated spec into ``out`` (atomic; refused if it exists unless
@@ -270,8 +276,7 @@ def run_spec(entry: Recipe, spec, out: str | os.PathLike, *, cache: str | os.Pat
     out = Path(out)
     store = Store(cache if cache is not None else spec.cache_dir)
     check_target(out, overwrite, {"--cache": store.root, "data_dir": getattr(spec, "data_dir", None)})
-    placement = Placement.build({k: getattr(spec, k) for k in ("device", "precision") if hasattr(spec, k)},
-                                where="recipe")  # an unknown device is refused here, before any work
+    placement = placement_of(spec)  # an unknown device is refused here, before any work
     with atomic_dir(out, overwrite=overwrite) as tmp, in_store(store.root), using(placement):  # GGUF: this store
         run = RunDir(tmp, store)
         write_json(tmp / "config.json", spec.to_dict())
