@@ -144,10 +144,13 @@ def restore(spec, store, tasks: list[str], args) -> list[Path]:
     """Put back into ``store`` the stages of each cell that its records (``args.restore``, the folder
     bench/gemma_records.py fills) hold whole: the screened grid points (a store keeps only their scores: the weights
     were dropped once the grid chose) and the zero-shot scores. A record is used only where its ``key.json`` is the
-    stage's key; the store's own entries are never replaced. Returns the entries put back."""
+    stage's key; a screen as long as the schedule (a grid point that is a fine-tuning, weights kept) is never put back,
+    nor is any entry the store has. The scores are the machine's that ran them: the fine-tuning that follows runs
+    here (another CPU repeats a stage's computation, not its last bits). Returns the entries put back."""
     from skillgraft.pipeline.grid import _dropped
     from skillgraft.pipeline.opening import _ft_label, finetune_key
     from skillgraft.pipeline.store import KEY_FILE, draw_key
+    from skillgraft.train import FinetuneConfig
     from skillgraft.train.run import WEIGHTS_DROPPED
 
     records, done = Path(args.restore), []
@@ -180,9 +183,13 @@ def restore(spec, store, tasks: list[str], args) -> list[Path]:
             if spec.grid.steps is not None:  # a screened grid: its points are scores only (an unscreened one is FT)
                 for b, lr in spec.grid.points():
                     config, point = spec.grid.point_config(spec.finetune, b, lr), spec.grid.point_data(data)
+                    key = finetune_key(spec.model_spec(), point, config)
+                    full = FinetuneConfig.build({**spec.finetune.to_dict(), "batch_size": b, "lr": lr}, where="grid")
+                    if key == finetune_key(spec.model_spec(), data, full):
+                        continue  # a screen as long as the schedule: the point is a fine-tuning, its weights kept
                     files = [f"run/{f}" for f in ("config.json", "metrics.json", "test_probs.csv")]
-                    put("ft", finetune_key(spec.model_spec(), point, config), _ft_label(spec.model_spec(), point),
-                        files, (f"run/{WEIGHTS_DROPPED}", _dropped(config) + " (restored from the records)"))
+                    put("ft", key, _ft_label(spec.model_spec(), point), files,
+                        (f"run/{WEIGHTS_DROPPED}", _dropped(config) + " (restored from the records)"))
             put("zero-shot", draw_key(spec.model_spec(), data), f"{task}-{spec.k}-{seed}-{spec.mode}",
                 ["metrics.json"])
     stamp(f"restored from {records}: {len(done)} entr{'y' if len(done) == 1 else 'ies'}"

@@ -228,6 +228,19 @@ def test_the_bench_runner_restores_a_new_stores_grid_and_zero_shot_from_the_reco
     out = capsys.readouterr().out
     assert "its key.json is not this stage's key" in out and "restored from" in out and "2 entries" in out
     assert "zero_shot" not in json.loads((tmp_path / "status.json").read_text())["cells"][0]
+    # a screen as long as the schedule is a fine-tuning itself (the chosen one keeps its weights): never restored
+    same = {**over, "cache_dir": str(tmp_path / "same"),
+            "finetune": {**over["finetune"], "steps": 6, "max_steps": None},
+            "grid": {**over["grid"], "steps": 6, "eval_every": None, "test_limit": 8}}
+    assert runner.main([*args, "--override", json.dumps(same), "--finetune-only"]) == 0
+    gemma_records.keep(tmp_path / "same", tmp_path / "records-same")
+    again = json.dumps({**same, "cache_dir": str(tmp_path / "again")})
+    capsys.readouterr()
+    assert runner.main([*args, "--override", again, "--status", str(tmp_path / "s.json"), "--restore",
+                        str(tmp_path / "records-same")]) == 0
+    assert "1 entry\n  zero-shot-" in capsys.readouterr().out
+    assert [p.get("done") for p in json.loads((tmp_path / "s.json").read_text())["cells"][0]["points"]] == [False] * 2
+    assert runner.main([*args, "--override", again, "--finetune-only"]) == 0  # the chosen run trains, and opens
 
 
 def test_the_bench_runner_runs_every_stage_under_the_recipes_placement(tiny_gemma, data, tmp_path, monkeypatch):
