@@ -120,12 +120,18 @@ def cells(entry, spec, store, tasks: list[str], args) -> int:
     return 0
 
 
+def zero_shot_stage(spec, data) -> tuple[str, dict, str]:
+    """The store's (kind, key, label) of a draw's zero-shot scores: keyed by the model and the draw."""
+    from skillgraft.pipeline.store import draw_key
+
+    return "zero-shot", draw_key(spec.model_spec(), data), f"{data.task}-{data.k}-{data.seed}-{spec.mode}"
+
+
 def zero_shot(spec, store, data) -> dict:
     """The pre-trained model's metrics on the draw's test and dev rows (causal prompt mode: the label words after
     the template, no training), stored as a "zero-shot" entry keyed by the model and the draw."""
     from skillgraft.evaluate.predict import evaluate
     from skillgraft.io import write_json
-    from skillgraft.pipeline.store import draw_key
 
     def make(folder: Path) -> None:
         few = data.load()
@@ -135,8 +141,8 @@ def zero_shot(spec, store, data) -> dict:
                (("test", few.test), ("dev", few.dev))}
         write_json(folder / "metrics.json", {**out, "seconds": round(time.perf_counter() - t0, 1)})
 
-    entry = store.fetch("zero-shot", draw_key(spec.model_spec(), data), make,
-                        label=f"{data.task}-{data.k}-{data.seed}-{spec.mode}")
+    kind, key, label = zero_shot_stage(spec, data)
+    entry = store.fetch(kind, key, make, label=label)
     return read_json(entry / "metrics.json", what="zero-shot metrics")
 
 
@@ -149,7 +155,7 @@ def restore(spec, store, tasks: list[str], args) -> list[Path]:
     here (another CPU repeats a stage's computation, not its last bits). Returns the entries put back."""
     from skillgraft.pipeline.grid import _dropped
     from skillgraft.pipeline.opening import _ft_label, finetune_key
-    from skillgraft.pipeline.store import KEY_FILE, draw_key
+    from skillgraft.pipeline.store import KEY_FILE
     from skillgraft.train import FinetuneConfig
     from skillgraft.train.run import WEIGHTS_DROPPED
 
@@ -190,8 +196,7 @@ def restore(spec, store, tasks: list[str], args) -> list[Path]:
                     files = [f"run/{f}" for f in ("config.json", "metrics.json", "test_probs.csv")]
                     put("ft", key, _ft_label(spec.model_spec(), point), files,
                         (f"run/{WEIGHTS_DROPPED}", _dropped(config) + " (restored from the records)"))
-            put("zero-shot", draw_key(spec.model_spec(), data), f"{task}-{spec.k}-{seed}-{spec.mode}",
-                ["metrics.json"])
+            put(*zero_shot_stage(spec, data), ["metrics.json"])
     stamp(f"restored from {records}: {len(done)} entr{'y' if len(done) == 1 else 'ies'}"
           + "".join(f"\n  {p.name}" for p in done))
     return done
@@ -205,7 +210,6 @@ def status(spec, store, tasks: list[str], args) -> int:
     from skillgraft.data.tasks import get_task
     from skillgraft.pipeline.grid import _pick, _row
     from skillgraft.pipeline.opening import finetune_key, stored_run
-    from skillgraft.pipeline.store import draw_key
 
     def saved_step(data, config) -> dict | None:
         path = store.path("ft", finetune_key(spec.model_spec(), data, config),
@@ -243,7 +247,7 @@ def status(spec, store, tasks: list[str], args) -> int:
                                           dev_history=m.get("history"))
                 else:
                     cell["chosen"]["saved"] = saved_step(data, chosen)
-            zs = store.get("zero-shot", draw_key(spec.model_spec(), data), f"{task}-{spec.k}-{seed}-{spec.mode}")
+            zs = store.get(*zero_shot_stage(spec, data))
             if zs is not None:
                 cell["zero_shot"] = json.loads((zs / "metrics.json").read_text())
             cell["grafts"] = grafts_progress(store.root, spec, task, seed)
