@@ -335,4 +335,9 @@ def grafts_progress(root: Path, spec, task: str, seed: int) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from skillgraft.errors import SkillgraftError
+
+    try:
+        sys.exit(main())
+    except SkillgraftError as e:  # bad input (a recipe field, a device, a record): one line, never a traceback
+        sys.exit(f"{Path(sys.argv[0]).name}: {e}")

@@ -254,13 +254,20 @@ def test_the_bench_runner_runs_every_stage_under_the_recipes_placement(tiny_gemm
     sys.path.insert(0, str(RECIPE.parents[1]))
     import gemma_paper_schedule as runner
 
-    seen, train = [], opening.run_finetune
+    import skillgraft.evaluate.predict as predict
+
+    seen, scored, train, evaluate = [], [], opening.run_finetune, predict.evaluate
 
     def spy(*a, **kw):
         seen.append(active())
         return train(*a, **kw)
 
+    def spy_eval(*a, **kw):
+        scored.append(active())
+        return evaluate(*a, **kw)
+
     monkeypatch.setattr(opening, "run_finetune", spy)
+    monkeypatch.setattr(predict, "evaluate", spy_eval)  # the zero-shot stage's scoring
     over = {**overrides(tiny_gemma, data, {"batch_sizes": [2], "lrs": [1e-2], "steps": 2, "eval_every": 1,
                                            "test_limit": 4}), "cache_dir": str(tmp_path / "cache"),
             "device": "cpu", "precision": "bf16-mixed"}
@@ -269,11 +276,19 @@ def test_the_bench_runner_runs_every_stage_under_the_recipes_placement(tiny_gemm
                         "--finetune-only"]) == 0
     assert len(seen) == 2 and all(r is not None and str(r.device) == "cpu" and r.precision == "bf16-mixed"
                                   for r in seen)  # the screened point and the chosen run
+    assert len(scored) == 2 and all(r is not None and r.precision == "bf16-mixed" for r in scored)  # test, dev
     keys = [json.loads(p.read_text()) for p in (tmp_path / "cache").glob("*/key.json")]
     assert len(keys) == 3 and all(k.get("precision") == "bf16-mixed" for k in keys if k["kind"] == "ft")
     bad = {**over, "device": "tpu"}
     with pytest.raises(SkillgraftError, match="device"):
         runner.main([str(RECIPE), "--override", json.dumps(bad), "--finetune-only"])
+    import subprocess  # from the command line: one line naming the field, no traceback, nothing written
+
+    done = subprocess.run([sys.executable, str(RECIPE.parents[1] / "gemma_paper_schedule.py"), str(RECIPE),
+                           "--override", json.dumps({**bad, "cache_dir": str(tmp_path / "bad")}), "--finetune-only"],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "Traceback" not in done.stderr and "device" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad").exists()
 
 
 def test_docs_name_the_grid_and_its_fields():
