@@ -153,8 +153,8 @@ def restore(spec, store, tasks: list[str], args) -> list[Path]:
     stage's key; a screen as long as the schedule (a grid point that is a fine-tuning, weights kept) is never put back,
     nor is any entry the store has. The scores are the machine's that ran them: the fine-tuning that follows runs
     here (another CPU repeats a stage's computation, not its last bits). Returns the entries put back."""
-    from skillgraft.pipeline.grid import _dropped
-    from skillgraft.pipeline.opening import _ft_label, finetune_key
+    from skillgraft.pipeline.grid import dropped_note
+    from skillgraft.pipeline.opening import ft_stage
     from skillgraft.pipeline.store import KEY_FILE
     from skillgraft.train import FinetuneConfig
     from skillgraft.train.run import WEIGHTS_DROPPED
@@ -189,13 +189,13 @@ def restore(spec, store, tasks: list[str], args) -> list[Path]:
             if spec.grid.steps is not None:  # a screened grid: its points are scores only (an unscreened one is FT)
                 for b, lr in spec.grid.points():
                     config, point = spec.grid.point_config(spec.finetune, b, lr), spec.grid.point_data(data)
-                    key = finetune_key(spec.model_spec(), point, config)
+                    stage = ft_stage(spec.model_spec(), point, config)
                     full = FinetuneConfig.build({**spec.finetune.to_dict(), "batch_size": b, "lr": lr}, where="grid")
-                    if key == finetune_key(spec.model_spec(), data, full):
+                    if stage == ft_stage(spec.model_spec(), data, full):
                         continue  # a screen as long as the schedule: the point is a fine-tuning, its weights kept
                     files = [f"run/{f}" for f in ("config.json", "metrics.json", "test_probs.csv")]
-                    put("ft", key, _ft_label(spec.model_spec(), point), files,
-                        (f"run/{WEIGHTS_DROPPED}", _dropped(config) + " (restored from the records)"))
+                    note = dropped_note(config) + " (restored from the records)"
+                    put(*stage, files, (f"run/{WEIGHTS_DROPPED}", note))
             put(*zero_shot_stage(spec, data), ["metrics.json"])
     stamp(f"restored from {records}: {len(done)} entr{'y' if len(done) == 1 else 'ies'}"
           + "".join(f"\n  {p.name}" for p in done))
@@ -209,11 +209,10 @@ def status(spec, store, tasks: list[str], args) -> int:
 
     from skillgraft.data.tasks import get_task
     from skillgraft.pipeline.grid import _pick, _row
-    from skillgraft.pipeline.opening import finetune_key, stored_run
+    from skillgraft.pipeline.opening import ft_stage, stored_run
 
     def saved_step(data, config) -> dict | None:
-        path = store.path("ft", finetune_key(spec.model_spec(), data, config),
-                          f"{data.task}-{data.k}-{data.seed}-causal")
+        path = store.path(*ft_stage(spec.model_spec(), data, config))
         state = path.with_name(f".{path.name}.resume") / "run" / "finetune-0.pt"
         if not state.is_file():
             return None

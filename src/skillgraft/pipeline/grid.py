@@ -111,7 +111,7 @@ def choose(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneCon
                 f"{r['best_dev']} (step {r['best_step']}), {r['train_seconds']} s")
     chosen = _pick(finetune, rows)
     if grid.steps is not None:
-        freed = sum(drop_weights(run_dir, _dropped(config)) for run_dir, config in runs
+        freed = sum(drop_weights(run_dir, dropped_note(config)) for run_dir, config in runs
                     if config.to_dict() != chosen.to_dict())  # (a screen as long as the schedule is the chosen run)
         if freed and log is not None:
             log(f"grid {data.task} seed {data.seed}: the screened points' weights dropped from the store "
@@ -119,7 +119,8 @@ def choose(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneCon
     return chosen, rows
 
 
-def _dropped(config: FinetuneConfig) -> str:
+def dropped_note(config: FinetuneConfig) -> str:
+    """What a screened grid point's run folder says in place of its dropped weights."""
     return (f"a screened grid point (batch {config.batch_size}, lr {config.lr:g}, {config.steps} steps): its dev "
             "scores chose the grid's point, then its weights were dropped (only a screen's scores are kept). Fine-tune "
             "the chosen point on the full schedule to get a model")

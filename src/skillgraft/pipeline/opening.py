@@ -100,26 +100,27 @@ def finetune_key(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig) -> 
     return {**draw_key(model, data), "finetune": finetune.to_dict(), **precision}
 
 
+def ft_stage(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig) -> tuple[str, dict, str]:
+    """The store address of a fine-tuning: (kind, key, label), as ``Store.get`` / ``Store.path`` take them."""
+    return "ft", finetune_key(model, data, finetune), f"{data.task}-{data.k}-{data.seed}-{model.mode}"
+
+
 def stored_run(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig) -> Path | None:
     """The run directory of this fine-tuning if the store holds it (None: it was never finished; nothing trains)."""
-    entry = store.get("ft", finetune_key(model, data, finetune), _ft_label(model, data))
+    entry = store.get(*ft_stage(model, data, finetune))
     return None if entry is None else entry / "run"
-
-
-def _ft_label(model: ModelSpec, data: DataSpec) -> str:
-    return f"{data.task}-{data.k}-{data.seed}-{model.mode}"
 
 
 def finetuned_run(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, *,
                   progress: bool = True) -> tuple[Path, float]:
     """The run directory of this fine-tuning (trained once, then found in the store) and its seconds."""
-    key = finetune_key(model, data, finetune)
+    kind, key, label = ft_stage(model, data, finetune)
     t0 = time.perf_counter()
 
     def make(folder: Path) -> None:
         run_finetune(data, folder / "run", model=model, finetune=finetune, overwrite=True, progress=progress)
 
-    entry = store.fetch("ft", key, make, label=_ft_label(model, data))
+    entry = store.fetch(kind, key, make, label=label)
     return entry / "run", time.perf_counter() - t0
 
 
