@@ -156,7 +156,6 @@ def restore(spec, store, tasks: list[str], args) -> list[Path]:
     from skillgraft.pipeline.grid import dropped_note
     from skillgraft.pipeline.opening import ft_stage
     from skillgraft.pipeline.store import KEY_FILE
-    from skillgraft.train import FinetuneConfig
     from skillgraft.train.run import WEIGHTS_DROPPED
 
     records, done = Path(args.restore), []
@@ -190,8 +189,7 @@ def restore(spec, store, tasks: list[str], args) -> list[Path]:
                 for b, lr in spec.grid.points():
                     config, point = spec.grid.point_config(spec.finetune, b, lr), spec.grid.point_data(data)
                     stage = ft_stage(spec.model_spec(), point, config)
-                    full = FinetuneConfig.build({**spec.finetune.to_dict(), "batch_size": b, "lr": lr}, where="grid")
-                    if stage == ft_stage(spec.model_spec(), data, full):
+                    if stage == ft_stage(spec.model_spec(), data, spec.grid.full_config(spec.finetune, b, lr)):
                         continue  # a screen as long as the schedule: the point is a fine-tuning, its weights kept
                     files = [f"run/{f}" for f in ("config.json", "metrics.json", "test_probs.csv")]
                     note = dropped_note(config) + " (restored from the records)"

@@ -59,6 +59,11 @@ class GridSpec(Spec):
                 over["eval_every"] = self.eval_every
         return FinetuneConfig.build({**finetune.to_dict(), **over}, where="grid")
 
+    @staticmethod
+    def full_config(finetune: FinetuneConfig, batch_size: int, lr: float) -> FinetuneConfig:
+        """A point's fine-tuning on ``finetune``'s full schedule: what the grid returns when it chooses the point."""
+        return FinetuneConfig.build({**finetune.to_dict(), "batch_size": batch_size, "lr": lr}, where="grid")
+
     def point_data(self, data: DataSpec) -> DataSpec:
         """A screened point's data: the same draw, scored on ``test_limit`` test rows."""
         if self.steps is None:
@@ -87,8 +92,7 @@ def _pick(finetune: FinetuneConfig, rows: list[dict]) -> FinetuneConfig:
     best = max(range(len(rows)), key=lambda i: (rows[i]["best_dev"] if rows[i]["best_dev"] is not None
                                                  else float("-inf"), -i))
     rows[best]["chosen"] = True
-    return FinetuneConfig.build({**finetune.to_dict(), "batch_size": rows[best]["batch_size"],
-                                 "lr": rows[best]["lr"]}, where="grid")
+    return GridSpec.full_config(finetune, rows[best]["batch_size"], rows[best]["lr"])
 
 
 def choose(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, grid: GridSpec, *,
