@@ -206,7 +206,7 @@ def status(spec, store, tasks: list[str], args) -> int:
     import torch
 
     from skillgraft.data.tasks import get_task
-    from skillgraft.pipeline.grid import _pick, _row
+    from skillgraft.pipeline.grid import pick, point_row
     from skillgraft.pipeline.opening import ft_stage, stored_run
 
     def saved_step(data, config) -> dict | None:
@@ -229,12 +229,12 @@ def status(spec, store, tasks: list[str], args) -> int:
             for b, lr in spec.grid.points():
                 config = spec.grid.point_config(spec.finetune, b, lr)
                 run = stored_run(store, spec.model_spec(), spec.grid.point_data(data), config)
-                row = _row(run, spec.grid, data, b, lr) if run else {"batch_size": b, "lr": lr, "done": False,
+                row = point_row(run, spec.grid, data, b, lr) if run else {"batch_size": b, "lr": lr, "done": False,
                           "saved": saved_step(spec.grid.point_data(data), config)}
                 cell["points"].append(row)
             done = [r for r in cell["points"] if "best_dev" in r]
             if len(done) == len(cell["points"]):
-                chosen = _pick(spec.finetune, done)
+                chosen = pick(spec.finetune, done)
                 run = stored_run(store, spec.model_spec(), data, chosen)
                 cell["chosen"] = {"batch_size": chosen.batch_size, "lr": chosen.lr, "done": run is not None}
                 if run is not None:

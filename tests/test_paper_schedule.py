@@ -13,7 +13,7 @@ import pytest
 from tiny import write_sentiment_data
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.pipeline.grid import GridSpec, _pick
+from skillgraft.pipeline.grid import GridSpec, pick
 from skillgraft.pipeline.opening import from_run
 from skillgraft.recipes import load_recipe, run_recipe
 from skillgraft.train.config import FinetuneConfig
@@ -127,7 +127,7 @@ def test_screened_grid_resumes_from_the_store(tiny_gemma, data, tmp_path, monkey
 def test_ties_go_to_the_first_point():
     rows = [{"batch_size": b, "lr": lr, "best_dev": d, "chosen": False}
             for b, lr, d in [(2, 1e-2, 0.5), (2, 1e-3, 0.75), (4, 1e-2, 0.75), (4, 1e-3, None)]]
-    chosen = _pick(FinetuneConfig(lr=0.1, batch_size=8, steps=10), rows)
+    chosen = pick(FinetuneConfig(lr=0.1, batch_size=8, steps=10), rows)
     assert (chosen.batch_size, chosen.lr, chosen.steps) == (2, 1e-3, 10)
     assert [r["chosen"] for r in rows] == [False, True, False, False]
     assert GridSpec().points()[:3] == [(2, 1e-2), (2, 5e-3), (2, 1e-3)] and len(GridSpec().points()) == 9

@@ -83,11 +83,12 @@ def run_row(run_dir, batch_size: int, lr: float, *, screen: bool, test_rows: int
             "chosen": False}
 
 
-def _row(run_dir, grid: GridSpec, data: DataSpec, batch_size: int, lr: float) -> dict:
+def point_row(run_dir, grid: GridSpec, data: DataSpec, batch_size: int, lr: float) -> dict:
+    """One grid point's report row (:func:`run_row`), screened or not as ``grid`` says."""
     return run_row(run_dir, batch_size, lr, screen=grid.steps is not None, test_rows=grid.point_data(data).test_limit)
 
 
-def _pick(finetune: FinetuneConfig, rows: list[dict]) -> FinetuneConfig:
+def pick(finetune: FinetuneConfig, rows: list[dict]) -> FinetuneConfig:
     """Mark the best dev score (ties to the first point) and return ``finetune`` at its batch and lr."""
     best = max(range(len(rows)), key=lambda i: (rows[i]["best_dev"] if rows[i]["best_dev"] is not None
                                                  else float("-inf"), -i))
@@ -107,13 +108,13 @@ def choose(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneCon
     for batch_size, lr in grid.points():
         config = grid.point_config(finetune, batch_size, lr)
         run_dir, _ = finetuned_run(store, model, grid.point_data(data), config, progress=progress)
-        rows.append(_row(run_dir, grid, data, batch_size, lr))
+        rows.append(point_row(run_dir, grid, data, batch_size, lr))
         runs.append((run_dir, config))
         if log is not None:
             r = rows[-1]
             log(f"grid {r['task']} seed {r['seed']}: batch {batch_size}, lr {lr:g}, {r['steps']} steps → dev "
                 f"{r['best_dev']} (step {r['best_step']}), {r['train_seconds']} s")
-    chosen = _pick(finetune, rows)
+    chosen = pick(finetune, rows)
     if grid.steps is not None:
         freed = sum(drop_weights(run_dir, dropped_note(config)) for run_dir, config in runs
                     if config.to_dict() != chosen.to_dict())  # (a screen as long as the schedule is the chosen run)
@@ -138,5 +139,5 @@ def stored_choice(store: Store, model: ModelSpec, data: DataSpec, finetune: Fine
         run_dir = stored_run(store, model, grid.point_data(data), grid.point_config(finetune, batch_size, lr))
         if run_dir is None:
             return None
-        rows.append(_row(run_dir, grid, data, batch_size, lr))
-    return _pick(finetune, rows), rows
+        rows.append(point_row(run_dir, grid, data, batch_size, lr))
+    return pick(finetune, rows), rows
