@@ -203,18 +203,15 @@ def restore(spec, store, tasks: list[str], args) -> list[Path]:
 def status(spec, store, tasks: list[str], args) -> int:
     """Each cell's stages as the store holds them: done (dev, test, seconds), stopped (the saved state's step) or not
     started, and the zero-shot scores."""
-    import torch
-
     from skillgraft.data.tasks import get_task
     from skillgraft.pipeline.grid import pick, point_row
     from skillgraft.pipeline.opening import ft_stage, stored_run
+    from skillgraft.resume import saved_state
 
     def saved_step(data, config) -> dict | None:
-        path = store.path(*ft_stage(spec.model_spec(), data, config))
-        state = path.with_name(f".{path.name}.resume") / "run" / "finetune-0.pt"
-        if not state.is_file():
+        saved = saved_state(store.resume_path(*ft_stage(spec.model_spec(), data, config)) / "run" / "finetune-0.pt")
+        if saved is None:
             return None
-        saved = torch.load(state, weights_only=False, mmap=True, map_location="cpu")  # the weights are not read
         steps = config.resolved_steps(len(get_task(data.task).labels), data.k)
         return {"step": saved["step"], "steps": steps, "train_seconds": round(saved["seconds"], 1),
                 "dev": [(h["step"], round(h["dev"], 4)) for h in saved.get("history", [])],
@@ -293,7 +290,7 @@ def grafts_progress(root: Path, spec, task: str, seed: int) -> dict:
     localization done (its best steps, seconds a step) or stopped at a saved step (with the time left at its pace),
     and the test rows scored of the recipe's pre-trained + FT + localizers × budgets; then, per OOD set of the task,
     the models scored of pre-trained + FT + `ood_localizers` × budgets."""
-    import torch
+    from skillgraft.resume import saved_state
 
     def newest(pattern: str) -> Path | None:
         found = sorted(root.glob(pattern), key=lambda p: p.stat().st_mtime)
@@ -311,7 +308,7 @@ def grafts_progress(root: Path, spec, task: str, seed: int) -> dict:
         out["localize"] = {"done": True, "best_step": summary.get("best_step"),
                            "seconds_per_step": round(summary.get("step_seconds", 0.0), 1)}
     elif (state := newest(f".regions-{cell}-learned-*.resume/localize-0.pt")) is not None:
-        saved = torch.load(state, weights_only=False, mmap=True, map_location="cpu")
+        saved = saved_state(state) or {"step": 0, "step_times": []}  # unreadable: as not started
         pace = sum(saved["step_times"]) / max(len(saved["step_times"]), 1)
         out["localize"] = {"done": False, "step": saved["step"], "of": steps,
                            "seconds_per_step": round(pace, 1),
@@ -320,7 +317,7 @@ def grafts_progress(root: Path, spec, task: str, seed: int) -> dict:
         if (done := newest(f"{label}-*/rows.json")) is not None:
             return len(json.loads(done.read_text())["rows"])
         if (state := newest(f".{label}-*.resume/compare-0.pt")) is not None:
-            return len(torch.load(state, weights_only=False, mmap=True, map_location="cpu")["done"])
+            return len((saved_state(state) or {}).get("done", []))
         return 0
 
     out["rows"]["done"] = scored(f"paper-rows-{cell}-{spec.mode}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -282,8 +283,7 @@ def test_the_bench_runner_runs_every_stage_under_the_recipes_placement(tiny_gemm
     bad = {**over, "device": "tpu"}
     with pytest.raises(SkillgraftError, match="device"):
         runner.main([str(RECIPE), "--override", json.dumps(bad), "--finetune-only"])
-    import subprocess  # from the command line: one line naming the field, no traceback, nothing written
-
+    # from the command line: one line naming the field, no traceback, nothing written
     done = subprocess.run([sys.executable, str(RECIPE.parents[1] / "gemma_paper_schedule.py"), str(RECIPE),
                            "--override", json.dumps({**bad, "cache_dir": str(tmp_path / "bad")}), "--finetune-only"],
                           capture_output=True, text=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+from pathlib import Path
 
 import pytest
 from badinputs import invoke, one_line, snapshot
@@ -62,6 +63,29 @@ def test_a_pickle_planted_in_a_store_resume_folder_is_refused_and_never_runs(tmp
     from skillgraft.resume import _read
 
     assert _read(folder / "localize-1.rank1.1.pt")[0] is None and not marker.exists()
+
+
+def test_the_bench_status_report_reads_a_planted_resume_file_without_running_it(tmp_path):
+    """bench/gemma_paper_schedule.py --status reports a stopped loop's step from its saved state: read as a resume
+    reads it (skillgraft.resume.saved_state), so a planted pickle counts as no saved state and never runs."""
+    import sys
+
+    from skillgraft.recipes import load_recipe
+    from skillgraft.resume import checkpoint, resume_point, saved_state
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import gemma_paper_schedule as runner
+
+    _, spec = load_recipe(Path(__file__).resolve().parents[1] / "bench" / "fidelity" / "gemma-schedule-64.yaml")
+    marker, store = tmp_path / "code-ran", tmp_path / "store"
+    _plant(store / f".regions-SST-2-{spec.k}-13-learned-0123.resume" / "localize-0.pt", marker)
+    _plant(store / f".paper-rows-SST-2-{spec.k}-13-{spec.mode}-0123.resume" / "compare-0.pt", marker)
+    out = runner.grafts_progress(store, spec, "SST-2", 13)
+    assert not marker.exists()
+    assert out["localize"]["step"] == 0 and out["rows"]["done"] == 0
+    with resume_point(tmp_path / "real"):  # a state the loop saved reads back whole
+        checkpoint("localize", {}).save({"step": 7, "step_times": [2.0, 4.0]})
+    assert saved_state(tmp_path / "real" / "localize-0.pt")["step"] == 7
 
 
 def test_a_saved_state_with_arrays_budgets_and_regions_reads_back_without_pickle(tmp_path):

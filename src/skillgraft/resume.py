@@ -193,7 +193,13 @@ def note(path: Path, reason: str) -> None:
     print(f"{path}: {reason}; not resuming from it, the loop starts over", file=sys.stderr, flush=True)
 
 
-def _read(path: Path) -> tuple[dict | None, str | None]:
+def saved_state(path: str | os.PathLike) -> dict | None:
+    """A loop's saved state as a resume reads it (a planted pickle refused, never run), its tensors memory-mapped
+    rather than read: for a status report of where a stopped loop stands. None: no usable state there."""
+    return _read(Path(path), mmap=True)[0]
+
+
+def _read(path: Path, mmap: bool = False) -> tuple[dict | None, str | None]:
     """The state saved at ``path`` and None, or None and why it is not used (None: there is none). Read with
     ``weights_only=True``: a file that would run code when unpickled (a planted pickle) is refused, never run."""
     if not path.is_file():
@@ -203,7 +209,7 @@ def _read(path: Path) -> tuple[dict | None, str | None]:
     import torch  # noqa: PLC0415
 
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         if "weights_only" in str(e) or "Unsupported global" in str(e):
             return None, ("holds objects other than tensors, numbers and text (code would run if it were "

@@ -40,6 +40,10 @@ class Store:
         name = "-".join(x for x in (kind, _slug(label), digest) if x)
         return self.root / name
 
+    def resume_path(self, kind: str, key: dict[str, Any], label: str = "") -> Path:
+        """Where the entry's long loops save their state while it is being computed (skillgraft.resume)."""
+        return sibling(self.path(kind, key, label), "resume")
+
     def get(self, kind: str, key: dict[str, Any], label: str = "") -> Path | None:
         """The finished entry, or None."""
         path = self.path(kind, key, label)
@@ -66,7 +70,7 @@ class Store:
                 return found
             if os.path.lexists(path):  # only an unfinished (keyless) entry can be here (an old version's)
                 _remove(path)
-            resume = sibling(path, "resume")  # long loops' saved state: the same command resumes
+            resume = self.resume_path(kind, key, label)  # long loops' saved state: the same command resumes
             try:
                 with resume_point(resume), atomic_dir(path) as tmp:
                     make(tmp)
