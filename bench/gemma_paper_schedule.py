@@ -204,7 +204,7 @@ def status(spec, store, tasks: list[str], args) -> int:
     """Each cell's stages as the store holds them: done (dev, test, seconds), stopped (the saved state's step) or not
     started, and the zero-shot scores."""
     from skillgraft.data.tasks import get_task
-    from skillgraft.pipeline.grid import pick, point_row
+    from skillgraft.pipeline.grid import pick
     from skillgraft.pipeline.opening import ft_stage, stored_run
     from skillgraft.resume import saved_state
 
@@ -226,7 +226,7 @@ def status(spec, store, tasks: list[str], args) -> int:
             for b, lr in spec.grid.points():
                 config = spec.grid.point_config(spec.finetune, b, lr)
                 run = stored_run(store, spec.model_spec(), spec.grid.point_data(data), config)
-                row = point_row(run, spec.grid, data, b, lr) if run else {"batch_size": b, "lr": lr, "done": False,
+                row = spec.grid.point_row(run, data, b, lr) if run else {"batch_size": b, "lr": lr, "done": False,
                           "saved": saved_step(spec.grid.point_data(data), config)}
                 cell["points"].append(row)
             done = [r for r in cell["points"] if "best_dev" in r]
@@ -290,12 +290,10 @@ def grafts_progress(root: Path, spec, task: str, seed: int) -> dict:
     localization done (its best steps, seconds a step) or stopped at a saved step (with the time left at its pace),
     and the test rows scored of the recipe's pre-trained + FT + localizers × budgets; then, per OOD set of the task,
     the models scored of pre-trained + FT + `ood_localizers` × budgets."""
+    from skillgraft.pipeline.store import Store
     from skillgraft.resume import saved_state
 
-    def newest(pattern: str) -> Path | None:
-        found = sorted(root.glob(pattern), key=lambda p: p.stat().st_mtime)
-        return found[-1] if found else None
-
+    store = Store(root)
     cell = f"{task}-{spec.k}-{seed}"
     learned = next((loc for loc in spec.localizers if loc.name == "learned"), None)
     steps = spec.options_of(learned).steps if learned else None  # the recipe's resolved options, not a copy
@@ -303,28 +301,29 @@ def grafts_progress(root: Path, spec, task: str, seed: int) -> dict:
         return 2 + (spec.mode == "head") + len(localizers) * len(spec.budgets)  # each localizer at each budget
 
     out: dict = {"localize": {"done": False}, "rows": {"done": 0, "of": models(spec.localizers)}}
-    if (done := newest(f"regions-{cell}-learned-*/summary.json")) is not None:
-        summary = json.loads(done.read_text())
+    if (done := store.newest("regions", f"{cell}-learned")) is not None:
+        summary = json.loads((done / "summary.json").read_text())
         out["localize"] = {"done": True, "best_step": summary.get("best_step"),
                            "seconds_per_step": round(summary.get("step_seconds", 0.0), 1)}
-    elif (state := newest(f".regions-{cell}-learned-*.resume/localize-0.pt")) is not None:
-        saved = saved_state(state) or {"step": 0, "step_times": []}  # unreadable: as not started
+    elif (state := store.newest("regions", f"{cell}-learned", finished=False)) is not None:
+        saved = saved_state(state / "localize-0.pt") or {"step": 0, "step_times": []}  # unreadable: as not started
         pace = sum(saved["step_times"]) / max(len(saved["step_times"]), 1)
         out["localize"] = {"done": False, "step": saved["step"], "of": steps,
                            "seconds_per_step": round(pace, 1),
                            "eta_seconds": round((steps - saved["step"]) * pace) if steps else None}
-    def scored(label: str) -> int:  # a finished entry's rows, else a stopped comparison's saved rows
-        if (done := newest(f"{label}-*/rows.json")) is not None:
-            return len(json.loads(done.read_text())["rows"])
-        if (state := newest(f".{label}-*.resume/compare-0.pt")) is not None:
-            return len((saved_state(state) or {}).get("done", []))
+    def scored(kind: str, label: str) -> int:  # a finished entry's rows, else a stopped comparison's saved rows
+        if (done := store.newest(kind, label)) is not None:
+            return len(json.loads((done / "rows.json").read_text())["rows"])
+        if (state := store.newest(kind, label, finished=False)) is not None:
+            return len((saved_state(state / "compare-0.pt") or {}).get("done", []))
         return 0
 
-    out["rows"]["done"] = scored(f"paper-rows-{cell}-{spec.mode}")
+    out["rows"]["done"] = scored("paper-rows", f"{cell}-{spec.mode}")
     for _, transfer in spec.ood_of(task):
         for target in transfer.targets:
             out.setdefault("ood", {})[target.task] = {
-                "done": scored(f"paper-ood-rows-{cell}-{spec.mode}-{target.task}"), "of": models(spec.localizers_ood())}
+                "done": scored("paper-ood-rows", f"{cell}-{spec.mode}-{target.task}"),
+                "of": models(spec.localizers_ood())}
     return out
 
 

@@ -351,6 +351,7 @@ def test_status_reads_a_stopped_localization_and_rows_from_their_saved_state(tmp
     yelp = tmp_path / "paper-ood-rows-mpqa-64-13-causal-yelp_polarity-0123456789ab"
     yelp.mkdir()
     (yelp / "rows.json").write_text(json.dumps({"rows": [{}] * 6}))
+    (yelp / "key.json").write_text("{}")  # finished: the store's mark
     assert runner.grafts_progress(tmp_path, spec, "mpqa", 13)["ood"] == {"SST-2": {"done": 2, "of": 2 + 4},
                                                                          "yelp_polarity": {"done": 6, "of": 6}}
 

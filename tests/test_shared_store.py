@@ -53,6 +53,35 @@ def test_two_runs_filling_one_store_entry_compute_it_once_and_both_get_it(tmp_pa
     assert sorted(p.name for p in store.root.iterdir()) == [results["first"].name]  # no lock, no resume left
 
 
+def test_newest_finds_an_entry_by_kind_and_label_whatever_its_key(tmp_path):
+    """Store.newest: the finished entry (key.json written) of a kind and label, the resume folder of one being computed
+    with finished=False, neither for a longer label sharing the prefix (the progress reports' one way to find them)."""
+    import os
+
+    from skillgraft.resume import checkpoint
+
+    store = Store(tmp_path)
+    assert store.newest("regions", "SST-2-64-13-learned") is None
+    old = store.fetch("regions", {"x": 1}, lambda f: None, "SST-2-64-13-learned")
+    new = store.fetch("regions", {"x": 2}, lambda f: None, "SST-2-64-13-learned")
+    os.utime(old, (1, 1))
+    store.fetch("regions", {"x": 3}, lambda f: None, "SST-2-64-13-learned-more")  # a longer label
+    store.fetch("paper-rows", {"x": 1}, lambda f: None, "SST-2-64-13-learned")  # another kind
+    assert store.newest("regions", "SST-2-64-13-learned") == new
+    assert store.newest("regions", "SST-2-64-13-learned", finished=False) is None
+
+    def stop(folder):  # a loop that saved its state, then was stopped
+        checkpoint("localize", {}).save({"step": 1})
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        store.fetch("regions", {"x": 4}, stop, "SST-2-64-42-learned")
+    assert store.newest("regions", "SST-2-64-42-learned") is None  # no half entry taken for a finished one
+    resume = store.newest("regions", "SST-2-64-42-learned", finished=False)
+    assert resume == store.resume_path("regions", {"x": 4}, "SST-2-64-42-learned")
+    assert (resume / "localize-0.pt").is_file()
+
+
 def test_a_lock_left_by_a_killed_run_does_not_block_the_next(tmp_path):
     """``kill -9`` releases the lock (the kernel drops it): the lock file it leaves is taken and deleted."""
     store = Store(tmp_path / "store")

@@ -53,7 +53,7 @@ def test_a_pickle_planted_in_a_store_resume_folder_is_refused_and_never_runs(tmp
     from skillgraft.resume import checkpoint, resume_point
 
     marker = tmp_path / "code-ran"
-    folder = tmp_path / "store" / ".regions-SST-2-8-13-learned-0123.resume"
+    folder = tmp_path / "store" / ".regions-SST-2-8-13-learned-0123456789ab.resume"
     _plant(folder / "localize-0.pt", marker)
     _plant(folder / "localize-1.rank1.1.pt", marker)  # a rank's file of a sharded save goes through the same reader
     with resume_point(folder):
@@ -78,8 +78,8 @@ def test_the_bench_status_report_reads_a_planted_resume_file_without_running_it(
 
     _, spec = load_recipe(Path(__file__).resolve().parents[1] / "bench" / "fidelity" / "gemma-schedule-64.yaml")
     marker, store = tmp_path / "code-ran", tmp_path / "store"
-    _plant(store / f".regions-SST-2-{spec.k}-13-learned-0123.resume" / "localize-0.pt", marker)
-    _plant(store / f".paper-rows-SST-2-{spec.k}-13-{spec.mode}-0123.resume" / "compare-0.pt", marker)
+    _plant(store / f".regions-SST-2-{spec.k}-13-learned-0123456789ab.resume" / "localize-0.pt", marker)
+    _plant(store / f".paper-rows-SST-2-{spec.k}-13-{spec.mode}-0123456789ab.resume" / "compare-0.pt", marker)
     out = runner.grafts_progress(store, spec, "SST-2", 13)
     assert not marker.exists()
     assert out["localize"]["step"] == 0 and out["rows"]["done"] == 0

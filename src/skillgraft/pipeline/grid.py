@@ -70,6 +70,11 @@ class GridSpec(Spec):
             return data
         return data.model_copy(update={"test_limit": self.test_limit})
 
+    def point_row(self, run_dir, data: DataSpec, batch_size: int, lr: float) -> dict:
+        """One grid point's report row (:func:`run_row`) from its run folder, screened or not as this grid says."""
+        return run_row(run_dir, batch_size, lr, screen=self.steps is not None,
+                       test_rows=self.point_data(data).test_limit)
+
 
 def run_row(run_dir, batch_size: int, lr: float, *, screen: bool, test_rows: int | None) -> dict:
     """One fine-tuning run of the grid as a report row, from its ``metrics.json``."""
@@ -81,11 +86,6 @@ def run_row(run_dir, batch_size: int, lr: float, *, screen: bool, test_rows: int
             "test_score": test.get("score", test.get("accuracy")), "test_rows": test_rows,
             "train_seconds": m.get("train_seconds"), "examples_per_second": m.get("train_examples_per_second"),
             "chosen": False}
-
-
-def point_row(run_dir, grid: GridSpec, data: DataSpec, batch_size: int, lr: float) -> dict:
-    """One grid point's report row (:func:`run_row`), screened or not as ``grid`` says."""
-    return run_row(run_dir, batch_size, lr, screen=grid.steps is not None, test_rows=grid.point_data(data).test_limit)
 
 
 def pick(finetune: FinetuneConfig, rows: list[dict]) -> FinetuneConfig:
@@ -108,7 +108,7 @@ def choose(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneCon
     for batch_size, lr in grid.points():
         config = grid.point_config(finetune, batch_size, lr)
         run_dir, _ = finetuned_run(store, model, grid.point_data(data), config, progress=progress)
-        rows.append(point_row(run_dir, grid, data, batch_size, lr))
+        rows.append(grid.point_row(run_dir, data, batch_size, lr))
         runs.append((run_dir, config))
         if log is not None:
             r = rows[-1]
@@ -139,5 +139,5 @@ def stored_choice(store: Store, model: ModelSpec, data: DataSpec, finetune: Fine
         run_dir = stored_run(store, model, grid.point_data(data), grid.point_config(finetune, batch_size, lr))
         if run_dir is None:
             return None
-        rows.append(point_row(run_dir, grid, data, batch_size, lr))
+        rows.append(grid.point_row(run_dir, data, batch_size, lr))
     return pick(finetune, rows), rows
