@@ -83,7 +83,7 @@ def test_the_large_data_schedule_is_the_papers_capped_one():
     assert spec.finetune.resolved_steps(2, spec.k) == 16 * 2 * 512 and spec.k == 1024
     assert spec.data_spec("SST-2", 13).dev_limit == 512
     learned = spec.options_of(next(loc for loc in spec.localizers if loc.name == "learned"))
-    assert (learned.batch_size, learned.select_on, learned.steps) == (128, "last", 100)
+    assert (learned.batch_size, learned.select_on, learned.steps, learned.eval_every) == (128, "last", 100, 100)
 
 
 def test_the_rest_of_the_grid_follows_the_issues_test_rule():
