@@ -54,9 +54,12 @@ class LocalizeConfig(Spec):
         "(exact top-k of γ), or 'round' (γ rounded at 0.5); default: round"))
     l1: float = Field(0.0, ge=0, le=FLOAT_MAX, description="λ of an L1 term λ·Σγ (as Localize-and-Stitch)")
     seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of S's initialisation and of the step batches")
-    eval_every: int = Field(1, ge=1, le=COUNT_MAX, description="score each budget's region every N steps")
+    eval_every: int = Field(1, ge=1, le=COUNT_MAX, description=(
+        "score each budget's region every N steps (and at the first and last) on the selection rows"))
     select_on: Literal["train+dev", "train", "last"] = Field("train+dev", description=(
-        "which accuracy picks the best step (last: no selection)"))
+        "which accuracy picks the best step (last: no selection, the last step's regions; they are still scored "
+        "on the training rows every eval_every steps for the history, so on a large training set raise eval_every "
+        "to `steps` to score only the first and last)"))
     candidates: float | None = Field(None, gt=0, le=1, description=(
         "keep S, Δ and the saved θ_pre only on the top-c fraction of graftable parameters by |θ_ft − θ_pre| "
         "(memory O(c·N); c ≥ sparsity and ≥ every fractional budget; 1 = every parameter, same result as "
