@@ -48,11 +48,14 @@ def full_finetunes(store: Path, k: int = 64) -> list[Path]:
 def one(records: Path, task: str, seed: int, kind: str, k: int = 64) -> Path | None:
     """The record of ``kind`` of a cell: its learned regions (``regions``: the cell's own trajectory, γ_base at 1e-4 —
     not a per-size trajectory run beside it) or its scored rows (``paper-rows``)."""
+    from skillgraft.pipeline.store import Store
+
+    store = Store(records)  # the records keep the store's layout
     if kind == "regions":
-        found = [p for p in sorted(records.glob(f"regions-{task}-{k}-{seed}-learned-*"))
+        found = [p for p in store.entries("regions", f"{task}-{k}-{seed}-learned")
                  if json.loads((p / "key.json").read_text())["options"].get("sparsity") == CELL_SPARSITY]
     else:
-        found = sorted(records.glob(f"{kind}-{task}-{k}-{seed}-causal-*"))
+        found = store.entries(kind, f"{task}-{k}-{seed}-causal")
     return found[0] if found else None
 
 
@@ -95,20 +98,19 @@ def main() -> int:
             continue
         member = from_run(run)
         data = member.inputs.data
+        # the regions were scored on train + dev, or (select_on last: nothing selected) on the training rows only
         last = json.loads((learned / "key.json").read_text())["options"].get("select_on") == "last"
-        fit = {"n_dev": 0, "dev": None}  # select_on last: the regions were scored on the training rows only
-        for split in ("train",) if last else ("train", "dev"):
-            examples = getattr(data, split)
-            fit[split] = accuracy(predict_probs(member.ft, examples, batch_size=16), labels_of(examples))
-            fit[f"n_{split}"] = len(examples)
-        both = (fit["train"] * fit["n_train"] + (fit["dev"] or 0.0) * fit["n_dev"]) / (fit["n_train"] + fit["n_dev"])
+        scored = {split: getattr(data, split) for split in (("train",) if last else ("train", "dev"))}
+        fit = {split: accuracy(predict_probs(member.ft, rows_, batch_size=16), labels_of(rows_))
+               for split, rows_ in scored.items()}
+        both = sum(fit[s] * len(scored[s]) for s in scored) / sum(len(r) for r in scored.values())
         summary = json.loads((learned / "summary.json").read_text())
         table = {r["model"]: r for r in json.loads((rows / "rows.json").read_text())["rows"]}
-        cell = {"task": task, "seed": seed, "ft_train": fit["train"], "ft_dev": fit["dev"], "ft_train_dev": both,
+        cell = {"task": task, "seed": seed, "ft_train": fit["train"], "ft_dev": fit.get("dev"), "ft_train_dev": both,
                 "ft_test": table["fine-tuned"]["accuracy"], "budgets": budget_rows(summary["best_score"], table, both)}
         out.append(cell)
         b = cell["budgets"].get("0.0001", {})
-        dev = f"{fit['dev']:.3f}" if fit["dev"] is not None else "– (not scored)"
+        dev = f"{fit['dev']:.3f}" if "dev" in fit else "– (not scored)"
         print(f"{task}/{seed}: FT train {fit['train']:.3f} dev {dev} (train+dev {both:.3f}); region at "
               f"1e-4 {b.get('region_train_dev', float('nan')):.3f} → fit share {b.get('fit_share', float('nan')):.3f}, "
               f"test share {b.get('test_share') or float('nan'):.3f}, carry {b.get('carry') or float('nan'):.3f}",

@@ -125,10 +125,11 @@ def test_fit_diagnosis_reads_the_full_fine_tuning_and_divides_by_ft(tmp_path):
     ft("ft-QNLI-1024-13-causal-eee", 16384)  # the K = 1,024 cell: only with --k 1024
     assert fit.full_finetunes(tmp_path, 1024) == [tmp_path / "ft-QNLI-1024-13-causal-eee" / "run"]
     assert fit.full_finetunes(tmp_path) == [tmp_path / "ft-QNLI-64-13-causal-bbb" / "run"]
-    for name, sparsity in (("regions-QNLI-64-13-learned-aaa", 5e-4), ("regions-QNLI-64-13-learned-bbb", 1e-4)):
+    wide, narrow = "regions-QNLI-64-13-learned-" + "a" * 12, "regions-QNLI-64-13-learned-" + "b" * 12  # store names
+    for name, sparsity in ((wide, 5e-4), (narrow, 1e-4)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "key.json").write_text(json.dumps({"options": {"sparsity": sparsity}}))
-    assert fit.one(tmp_path, "QNLI", 13, "regions") == tmp_path / "regions-QNLI-64-13-learned-bbb"  # not a 5e-4 run
+    assert fit.one(tmp_path, "QNLI", 13, "regions") == tmp_path / narrow  # not the 5e-4 run
     assert fit.one(tmp_path, "QNLI", 13, "regions", k=1024) is None
     table = {"fine-tuned": {"accuracy": 0.6}, "paper (learned) 0.0001": {"accuracy": 0.54}}
     rows = fit.budget_rows({"0.0001": 0.72, "0.001": 0.8}, table, ft_fit=0.8)

@@ -67,6 +67,7 @@ def test_newest_finds_an_entry_by_kind_and_label_whatever_its_key(tmp_path):
     os.utime(old, (1, 1))
     store.fetch("regions", {"x": 3}, lambda f: None, "SST-2-64-13-learned-more")  # a longer label
     store.fetch("paper-rows", {"x": 1}, lambda f: None, "SST-2-64-13-learned")  # another kind
+    assert store.entries("regions", "SST-2-64-13-learned") == [old, new]  # oldest first; not the longer label's
     assert store.newest("regions", "SST-2-64-13-learned") == new
     assert store.newest("regions", "SST-2-64-13-learned", finished=False) is None
 

@@ -45,15 +45,19 @@ class Store:
         """Where the entry's long loops save their state while it is being computed (skillgraft.resume)."""
         return sibling(self.path(kind, key, label), "resume")
 
-    def newest(self, kind: str, label: str, *, finished: bool = True) -> Path | None:
-        """The most recently written entry of ``kind`` and ``label`` whatever its key (progress reports, which know a
-        stage's name but not its key), or with ``finished=False`` the newest resume folder of such an entry still
-        being computed; None if there is none. Names are matched whole (``<kind>-<label>-<hash>``), so a longer
-        label sharing the prefix is not taken for this one."""
-        name = "-".join(x for x in (kind, _slug(label)) if x) + "-"
-        pattern = name + "?" * HASH_CHARS if finished else sibling(self.root / (name + "?" * HASH_CHARS), "resume").name
+    def entries(self, kind: str, label: str, *, finished: bool = True) -> list[Path]:
+        """Every entry of ``kind`` and ``label`` whatever its key, oldest first (reports, which know a stage's name but
+        not its key), or with ``finished=False`` the resume folders of such entries still being computed. Names are
+        matched whole (``<kind>-<label>-<hash>``): a longer label sharing the prefix is not taken for this one."""
+        name = "-".join(x for x in (kind, _slug(label)) if x) + "-" + "?" * HASH_CHARS
+        pattern = name if finished else sibling(self.root / name, "resume").name
         found = [p for p in self.root.glob(pattern) if p.is_dir() and (not finished or (p / KEY_FILE).is_file())]
-        return max(found, key=lambda p: p.stat().st_mtime, default=None)
+        return sorted(found, key=lambda p: p.stat().st_mtime)
+
+    def newest(self, kind: str, label: str, *, finished: bool = True) -> Path | None:
+        """The most recently written of :meth:`entries`, or None."""
+        found = self.entries(kind, label, finished=finished)
+        return found[-1] if found else None
 
     def get(self, kind: str, key: dict[str, Any], label: str = "") -> Path | None:
         """The finished entry, or None."""
