@@ -76,7 +76,10 @@ def test_the_engine_reproduces_the_previous_localizers(pair, case):
         assert res.summary["best_score"] == best_score
     if history is not None:
         columns = [step.columns() for step in res.history]  # the typed log read as the JSON it writes
+        fits = [(c.pop(k), c[k[:-len(":fit")] + ":acc"]) for c in columns for k in list(c) if k.endswith(":fit")]
         assert hashlib.sha256(json.dumps(columns, sort_keys=True).encode()).hexdigest()[:16] == history
+        ft_score = res.reference["score"]  # each scored region's fit share is its score ÷ FT's on the same rows
+        assert fits and all(fit == round(acc / ft_score, 6) for fit, acc in fits)
     assert_intact(pre, before)
 
 

@@ -48,14 +48,15 @@ class LocalizerOptions(Spec):
 @dataclass(frozen=True)
 class BudgetScore:
     """One budget's region at a scored step: its score on the selection split, its size, its IoU with the region
-    of the last scored step (None at the first)."""
+    of the last scored step (None at the first), its fit share (score ÷ FT's on the same rows; None: unknown)."""
 
     acc: float
     size: int
     iou_prev: float | None = None
+    fit: float | None = None
 
 
-_SCORE_FIELDS = ("acc", "size", "iou_prev")
+_SCORE_FIELDS = ("acc", "size", "iou_prev", "fit")
 
 
 @dataclass
@@ -75,6 +76,8 @@ class ScoredStep(Row):
             out[label + ":acc"], out[label + ":size"] = s.acc, s.size
             if s.iou_prev is not None:
                 out[label + ":iou_prev"] = s.iou_prev
+            if s.fit is not None:
+                out[label + ":fit"] = s.fit
         return out
 
     @classmethod
@@ -113,6 +116,9 @@ class Localization:
     keep: list[KeepResult] = field(default_factory=list)  # one per keep target
     extra: dict = field(default_factory=dict)  # more summary fields (e.g. score_seconds)
     resumed_seconds: float = 0.0  # time the stopped runs this one resumed from spent, first step to last save
+    reference: dict | None = None  # FT's score on the selection rows ({"score", "of"}): the fit shares' denominator
+    fit: dict = field(default_factory=dict)  # per budget key: FT's and the region's score, fit share, still rising
+    stopped: list[dict] = field(default_factory=list)  # each trajectory's last step and why it stopped there
 
     @property
     def region(self) -> Region:
@@ -134,6 +140,12 @@ class Localization:
             out["candidate_size"] = self.candidate_size
         if self.keep:
             out["keep"] = [r.to_dict() for r in self.keep]
+        if self.reference is not None:
+            out["reference"] = self.reference
+        if self.fit:
+            out["fit"] = self.fit
+        if self.stopped:
+            out["stopped"] = self.stopped
         return out | self.extra
 
 

@@ -19,6 +19,8 @@ process holds C ∩ its own rows; the budgets' top-k is the distributed one of :
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from functools import partial
 
 from skillgraft.lazy import no_grad, torch
@@ -216,6 +218,17 @@ class Candidates(Layout):
         for n in self.names:
             values = self.pieces[n].values()
             values.index_copy_(0, self.pos[n].to(torch.int64), working[n].to(values.device, values.dtype))
+
+    @contextmanager
+    def full(self):
+        """See :meth:`Layout.full`: θ_pre + Δ on every candidate, then the saved θ_pre back (exact)."""
+        try:
+            for n in self.names:
+                self.put(n, torch.ones_like(self.delta[n], dtype=torch.float32))
+            yield
+        finally:
+            self.restore()
+            self.current = {n: torch.zeros(d.shape, device=d.device) for n, d in self.delta.items()}
 
     @no_grad
     def restore(self) -> None:

@@ -37,6 +37,7 @@ from skillgraft.finite import check_loss
 from skillgraft.graft.localizers.base import BudgetScore, Localization, ScoredStep
 from skillgraft.graft.localizers.candidates import Candidates
 from skillgraft.graft.localizers.checkpointing import activation_checkpointing
+from skillgraft.graft.localizers.fit import Schedule, fit_summary
 from skillgraft.graft.localizers.layouts import Dense, Layout
 from skillgraft.graft.localizers.lending import preserved
 from skillgraft.graft.localizers.relaxations import Relaxation
@@ -108,6 +109,7 @@ class Plan:
     scores: dict[str, torch.Tensor] | None = None  # the base score per graftable coordinate (default |Δ|)
     gradient_checkpointing: bool = False
     config: dict = field(default_factory=dict)
+    schedule: Schedule = field(default_factory=Schedule)  # when a trajectory stops (fixed steps, or by its fit)
 
     def one_budget_each(self, relax: Relaxation | None = None) -> bool:
         """Whether each budget has a trajectory of its own (the relaxation's top-k, or base_per_budget's γ_base)."""
@@ -146,6 +148,9 @@ def run(pre, ft, train: list[Example], select: list[Example], plan: Plan, *, acc
     sharded = is_sharded(pre) or fsdp_requested(accelerator)
     group = Group(accelerator.num_processes, accelerator.process_index, sharded, accelerator.device)
     lean = sharded or plan.relaxation().absolute or plan.candidates is not None or plan.chosen is not None
+    reference = None  # FT's own score on the selection rows: the fit share's denominator
+    if select and not sharded and isinstance(ft, torch.nn.Module):
+        reference = {"score": _own_accuracy(ft, select, plan.micro_batch), "of": "fine-tuned"}
     if sharded:
         if not is_sharded(pre):
             shard(pre, accelerator)
@@ -155,10 +160,23 @@ def run(pre, ft, train: list[Example], select: list[Example], plan: Plan, *, acc
     # θ_ft in memory on an accelerator is read once (the lent head, Δ): it waits on the CPU meanwhile (docs/gpu.md)
     with offloaded(ft if not sharded else None), preserved(pre, carried if lean else names + carried):
         return _optimise(pre, source, names, carried, train, select, plan, accelerator, group, progress, lean,
-                         ranked)
+                         ranked, reference)
 
 
-def _optimise(pre, source, names, carried, train, select, plan, accelerator, group, progress, lean, ranked):
+def _own_accuracy(ft, select: list[Example], micro_batch: int) -> float:
+    """The fine-tuned model's accuracy on the selection rows, where it is (its train/eval mode kept)."""
+    from skillgraft.models.placement import accelerator_for  # noqa: PLC0415
+
+    was = ft.training
+    ft.eval()
+    try:
+        return _accuracy(ft, select, micro_batch, accelerator_for(ft))
+    finally:
+        ft.train(was)
+
+
+def _optimise(pre, source, names, carried, train, select, plan, accelerator, group, progress, lean, ranked,
+              reference=None):
     """Build the layout on ``pre`` (whose flags, modes and head the caller restores), run the trajectories."""
     if not group.sharded:
         pre.to(accelerator.device)
@@ -183,13 +201,18 @@ def _optimise(pre, source, names, carried, train, select, plan, accelerator, gro
         group.sharded and os.environ.get("FSDP_ACTIVATION_CHECKPOINTING", "false").lower() == "true")
     try:
         with activation_checkpointing(pre, checkpointing):
-            return _trajectories(pre, layout, train, select, plan, accelerator, group, progress, ranked)
+            if reference is None and select:  # θ_ft is read from files: θ_pre + Δ on every held coordinate
+                with layout.full():
+                    acc = _accuracy(pre, select, plan.micro_batch, accelerator, group.sharded and group.world > 1)
+                reference = {"score": acc, "of": "graft of every candidate" if layout.size is not None
+                             else "graft of the whole universe"}
+            return _trajectories(pre, layout, train, select, plan, accelerator, group, progress, ranked, reference)
     finally:
         layout.close()
         layout.restore()
 
 
-def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, group, progress, ranked):
+def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, group, progress, ranked, reference):
     per_budget = plan.one_budget_each()
     score = None  # the base score at the layout's coordinates, where γ_base or the relaxation's start needs it
     if per_budget or (plan.base is None and plan.base_size is not None):
@@ -207,6 +230,7 @@ def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, g
     step_times: list[float] = []
     best: dict[Budget, tuple[float, int, Region | None]] = {}
     relax = None
+    stops: list[dict] = []  # each trajectory's last step and why it stopped there
     groups = [[b] for b in plan.budgets] if per_budget else [plan.budgets]
     saved = _checkpoint(plan, layout, group, accelerator, len(train), len(select))
     state = saved.load() if saved is not None else None
@@ -217,6 +241,7 @@ def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, g
         step_times[:] = state["step_times"]
         best |= state["best_before"]
         earlier = state.get("seconds", 0.0)  # states saved before it was kept: unknown, counted as 0
+        stops[:] = state.get("stops", [])
     started = time.perf_counter()
     for i, budgets in enumerate(groups):
         if state is not None and i < state["group"]:
@@ -232,12 +257,16 @@ def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, g
         here = state if state is not None and i == state["group"] else None
         best |= _trajectory(pre, layout, relax, Optimizer(plan.optimizer, plan.lr, params, group), budgets, train,
                             select, plan, accelerator, group, progress, history, step_times,
-                            saved=saved, resumed=here, where={"group": i, "best_before": dict(best)},
-                            elapsed=lambda: earlier + time.perf_counter() - started)
+                            saved=saved, resumed=here, where={"group": i, "best_before": dict(best), "stops": stops},
+                            elapsed=lambda: earlier + time.perf_counter() - started,
+                            reference=reference["score"] if reference else None, stops=stops)
     result = Localization({b: best[b][2] for b in plan.budgets}, {b: best[b][1] for b in plan.budgets},
                           {b: best[b][0] for b in plan.budgets}, history, base_size,
                           float(np.median(step_times)) if step_times else 0.0, plan.config, layout.size, step_times,
                           resumed_seconds=earlier)
+    result.reference = reference
+    result.fit = fit_summary(history, result.best_score, reference, len(select))
+    result.stopped = stops
     if ranked:
         result.ranking = relax.ranking(plan.seed)
     return result
@@ -260,12 +289,14 @@ def _checkpoint(plan: Plan, layout: Layout, group: Group, accelerator, n_train: 
 def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, budgets: list[Budget], train, select,
                 plan: Plan, accelerator, group: Group, progress, history: list[ScoredStep], step_times: list[float], *,
                 elapsed: Callable[[], float], saved=None, resumed: dict | None = None,
-                where: dict | None = None) -> dict:
+                where: dict | None = None, reference: float | None = None, stops: list | None = None) -> dict:
     """One optimisation of the relaxation's parameters; every ``eval_every`` steps each budget's region is scored.
 
     ``saved`` (a :class:`skillgraft.resume.Checkpoint`): the state after a step is saved there when due;
     ``resumed``: such a state, to go on from (bit for bit what the uninterrupted run does next); ``elapsed()``: the
-    localization's seconds so far, earlier stopped runs included (kept in the saved state)."""
+    localization's seconds so far, earlier stopped runs included (kept in the saved state). ``reference``: FT's score
+    on the selection rows (each scored region's fit share is its score ÷ this); ``plan.schedule`` may end the
+    trajectory before ``plan.steps`` by its fit (the step and the reason appended to ``stops``)."""
     world, rank = accelerator.num_processes, accelerator.process_index
     batch_n = min(plan.batch_size, len(train))
     rng = np.random.RandomState(plan.seed)
@@ -309,7 +340,8 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
             region = layout.region(masks)
             # how much the region still moves: IoU with the last scored step's region
             iou = round(region.iou(previous[b]), 6) if b in previous else None
-            row.scores[b.label] = BudgetScore(acc, layout.count(masks), iou)
+            fit = round(acc / reference, 6) if reference else None
+            row.scores[b.label] = BudgetScore(acc, layout.count(masks), iou, fit)
             previous[b] = region
             if plan.last or acc > best[b][0]:
                 best[b] = (acc, step, region)
@@ -326,9 +358,13 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
         layout.forget()
         if scored(0):
             score(0)
+    why, last = f"the step cap ({plan.steps})", done
+    stop = plan.schedule.stop(history, budgets, reference, done) if done == 0 and scored(0) else None
+    if stop is not None:  # the start already fits: no step is taken
+        why = stop
     label = f"localize ({relax.name} {budgets[0].label})" if relax.per_budget else "localize"
-    bar = tqdm(range(done + 1, plan.steps + 1), desc=label, disable=not (progress and accelerator.is_main_process),
-               initial=done, total=plan.steps)
+    bar = tqdm(range(done + 1, plan.steps + 1) if stop is None else [], desc=label, initial=done, total=plan.steps,
+               disable=not (progress and accelerator.is_main_process) or stop is not None)
     guard = _FirstNonFinite(accelerator.device)
     try:
         for step in bar:
@@ -343,12 +379,20 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
                 score(step)
                 shown = history[-1].scores
                 bar.set_postfix({b.label: f"{shown[b.label].acc:.3f}/{shown[b.label].size}" for b in budgets})
+            last = step
+            stop = plan.schedule.stop(history, budgets, reference, step) if scored(step) else None
+            if stop is not None:
+                why = stop
+                break
             if saved is not None and step < plan.steps and saved.due():
                 guard.check()
                 save(step)
                 layout.forget()
     finally:
         bar.close()
+    if stops is not None:
+        stops.append({"budget": budgets[0].label if plan.one_budget_each(relax) else None, "step": last,
+                      "why": why})
     return best
 
 

@@ -16,6 +16,8 @@ saved θ_pre (binary and sampled masks: no drift however often they flip).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from skillgraft.lazy import no_grad, torch
 
 from skillgraft.errors import SkillgraftError
@@ -52,6 +54,14 @@ class Layout:
 
     def forget(self) -> None:
         """Drop what can be recomputed between steps (see :meth:`Dense.forget`); by default nothing."""
+
+    @contextmanager
+    def full(self):
+        """θ_pre + Δ at every coordinate the layout holds, for the block; θ_pre back bit for bit after it. Only
+        before the first mask is written (the weights hold θ_pre): what a fit share is measured against when θ_ft
+        is read from its files."""
+        raise NotImplementedError
+        yield  # pragma: no cover
 
     def hold_choice(self, masks: dict[str, torch.Tensor], absolute: bool = False) -> dict[str, torch.Tensor]:
         """Move the working weights to the binary ``masks``; returns the mask to :meth:`release` to."""
@@ -185,6 +195,22 @@ class Dense(Layout):
         reads :attr:`current` (which recomputes it) before the parameters it comes from move."""
         if self.recompute is not None:
             self._current = None
+
+    @contextmanager
+    def full(self):
+        """See :meth:`Layout.full`: a copy of the held tensors while θ_pre + Δ is in them (no larger than the
+        relaxation's state the run allocates next, so the run's peak is unchanged)."""
+        saved = {n: self.params[n].detach().clone() for n in self.names}
+        try:
+            with torch.no_grad():
+                for n in self.names:
+                    self.params[n].add_(self.delta[n])
+            yield
+        finally:
+            with torch.no_grad():
+                for n in self.names:
+                    self.params[n].copy_(saved[n])
+            del saved
 
     @no_grad
     def hold(self, n: str, target: torch.Tensor) -> None:

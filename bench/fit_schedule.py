@@ -1,0 +1,73 @@
+"""Issue 74: does the learned localizer fit what it is asked to fit? Schedules and optimizers on one fine-tuned run.
+
+For each localizer setting (a JSON object of LocalizeConfig fields, or ``adam:{...}`` for the learned-adam localizer's
+RelaxedOptions), learns the regions of the run's k-shot rows and prints per budget: FT's and the region's score on the
+selection rows (the fit share), the step the region came from, where the trajectory stopped and why, and the graft's
+test score ÷ FT's (the share of FT) with carry = test share ÷ fit share.
+
+    OMP_NUM_THREADS=1 python bench/fit_schedule.py --run runs/cache/ft-SST-2-64-42-head-*/run \\
+        --budgets 1e-4,1e-3 --setting '{"steps": 100}' --setting '{"schedule": "fit", "steps": 1000}' \\
+        --out bench/results/fit_schedule_minilm.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--run", required=True, help="a skillgraft fine-tuning run folder")
+    ap.add_argument("--budgets", default="1e-4,1e-3")
+    ap.add_argument("--setting", action="append", default=[], help="LocalizeConfig fields as JSON (repeatable); "
+                    "prefix 'adam:' for learned-adam's options")
+    ap.add_argument("--test-limit", type=int, default=None)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    from skillgraft.graft import Graft, get_localizer
+    from skillgraft.graft.localizers.engine import accuracy
+    from skillgraft.pipeline.opening import from_run
+
+    member = from_run(args.run, test_limit=args.test_limit)
+    pre, ft, data = member.pre, member.ft, member.data
+    ft_test = accuracy(ft, member.test)
+    print(f"{member.task} k={member.k} seed={member.seed}: train {len(data.train)}, dev {len(data.dev or [])}, "
+          f"test {len(member.test)}; FT test {ft_test:.4f}; pre test {accuracy(pre, member.test):.4f}", flush=True)
+    results = []
+    for setting in args.setting or ["{}"]:
+        name = "learned"
+        if setting.startswith("adam:"):
+            name, setting = "learned-adam", setting[5:]
+        options = {"budgets": args.budgets, **json.loads(setting)}
+        t0 = time.perf_counter()
+        loc = get_localizer(name).run(pre, ft, data, options)
+        seconds = time.perf_counter() - t0
+        row = {"localizer": name, "setting": json.loads(setting), "seconds": seconds,
+               "stopped": loc.stopped, "reference": loc.reference, "budgets": {}}
+        for budget, region in loc.regions.items():
+            graft = Graft.from_models(pre, ft, region, {})
+            with graft.applied(pre):
+                test = accuracy(pre, member.test)
+            fit = loc.fit.get(budget.key, {})
+            share = test / ft_test
+            row["budgets"][budget.key] = {**fit, "best_step": loc.best_step.get(budget), "size": len(region),
+                                          "test": test, "test_share": share,
+                                          "carry": share / fit["share"] if fit.get("share") else None}
+            print(f"  {name} {setting}: {budget.key}: fit {fit.get('share') or 0:.3f} (FT {fit.get('ft') or 0:.3f}, "
+                  f"region {fit.get('region') or 0:.3f}) best step {loc.best_step.get(budget)} rising "
+                  f"{fit.get('rising')}; test {test:.4f} = {share:.3f} of FT; {seconds:.0f} s; "
+                  f"stopped {loc.stopped[-1] if loc.stopped else '-'}", flush=True)
+        results.append(row)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"run": args.run, "task": member.task, "k": member.k,
+                                              "seed": member.seed, "ft_test": ft_test, "results": results},
+                                             indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""How well a learned region fits what it was asked to fit, and when a trajectory has fitted enough.
+
+    fit share = acc(θ_pre + γ ⊙ Δ; selection rows) ÷ acc(θ_ft; selection rows)
+
+The engine scores every budget's region on the selection rows (train, or train + dev) at its scored steps; this
+module puts those scores beside the fine-tuned model's own score on the same rows (the *reference*) and decides:
+
+* :class:`Schedule` — when a trajectory stops: ``fixed`` runs exactly ``steps`` (the paper's protocol, 100 steps);
+  ``fit`` stops once every budget's best region reaches ``target`` of FT's score there, or when no budget's best has
+  improved for ``patience`` steps, with ``steps`` as the cap;
+* :func:`fit_summary` — per budget: FT's and the region's score, the fit share, and whether it was still rising when
+  the trajectory ended (its best in the last fifth of the scored steps beat everything before them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from skillgraft.graft.localizers.base import ScoredStep
+from skillgraft.graft.selection import Budget
+
+RISING_TAIL = 0.2  # "still rising": the best of the last fifth of the scored steps beats every earlier one
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When one trajectory stops (see the module doc). ``target`` and ``patience`` apply to ``fit`` only."""
+
+    kind: str = "fixed"
+    target: float = 0.99
+    patience: int = 50
+
+    def stop(self, history: Sequence[ScoredStep], budgets: Sequence[Budget], reference: float | None,
+             step: int) -> str | None:
+        """Why the trajectory stops after scored ``step`` (None: it goes on); reads only the scored history."""
+        if self.kind != "fit":
+            return None
+        peaks = [_peak(history, b) for b in budgets]
+        if any(p is None for p in peaks):
+            return None
+        if reference and all(acc / reference >= self.target for acc, _ in peaks):
+            return f"fit share ≥ {self.target:g} at step {step}"
+        if all(step - at >= self.patience for _, at in peaks):
+            return f"no budget improved for {self.patience} steps (step {step})"
+        return None
+
+
+def _rows(history: Sequence[ScoredStep], budget: Budget) -> list[tuple[int, float]]:
+    """(step, score) of ``budget``'s region at each scored step of its trajectory (in order)."""
+    return [(h.step, h.scores[budget.label].acc) for h in history
+            if budget.label in h.scores and (h.budget is None or h.budget == budget.label)]
+
+
+def _peak(history: Sequence[ScoredStep], budget: Budget) -> tuple[float, int] | None:
+    """The best score of ``budget`` so far and the first step that reached it (None: never scored)."""
+    rows = _rows(history, budget)
+    if not rows:
+        return None
+    best = max(acc for _, acc in rows)
+    return best, next(step for step, acc in rows if acc == best)
+
+
+def rising(history: Sequence[ScoredStep], budget: Budget) -> bool:
+    """Whether ``budget``'s best score came in the last :data:`RISING_TAIL` of its scored steps and beat every
+    earlier one: the trajectory ended while the region was still fitting better."""
+    rows = _rows(history, budget)
+    if len(rows) < 2:
+        return False
+    first, last = rows[0][0], rows[-1][0]
+    cut = last - RISING_TAIL * (last - first)
+    before = [acc for step, acc in rows if step < cut]
+    tail = [acc for step, acc in rows if step >= cut]
+    return bool(before) and bool(tail) and max(tail) > max(before)
+
+
+def fit_summary(history: Sequence[ScoredStep], best_score: dict[Budget, float], reference: dict | None,
+                rows: int) -> dict[str, dict]:
+    """Per budget (by key): FT's score on the selection rows, the region's best there, the fit share, the last
+    scored step and whether the score was still rising at the end. ``reference``: ``{"score", "of"}``."""
+    ft = reference["score"] if reference else None
+    out = {}
+    for budget, score in best_score.items():
+        scored = _rows(history, budget)
+        out[budget.key] = {"ft": ft, "region": score, "share": (score / ft) if ft else None,
+                           "rows": rows, "last_step": scored[-1][0] if scored else None,
+                           "rising": rising(history, budget)}
+    return out
+
+
+__all__ = ["Schedule", "fit_summary", "rising"]

@@ -1,0 +1,105 @@
+"""Issue 74: every learned localization measures its fit — each region's score on the selection rows ÷ FT's there —
+and a ``fit`` schedule stops a trajectory by it (target reached, or no gain for ``patience`` steps), within ``steps``."""
+
+import pytest
+from localizing import assert_intact, digest, snapshot
+
+from skillgraft.graft import get_localizer
+from skillgraft.graft.localizers import LocalizeConfig
+from skillgraft.graft.localizers.base import BudgetScore, ScoredStep
+from skillgraft.graft.localizers.engine import accuracy
+from skillgraft.graft.localizers.fit import Schedule, rising
+from skillgraft.graft.selection import Budget
+
+FAST = {"sparsity": 0.01, "steps": 6, "seed": 3, "budgets": [0.005, 0.02], "micro_batch": 8, "lr": 1e9}
+
+
+def test_the_fit_share_is_the_regions_score_over_fts_on_the_selection_rows(pair):
+    pre, ft, data = pair
+    res = get_localizer("learned").run(pre, ft, data, FAST)
+    select = list(data.train) + list(data.dev)  # select_on train+dev (the default)
+    ft_score = accuracy(ft, select)
+    assert res.reference == {"score": ft_score, "of": "fine-tuned"}
+    for budget, fit in res.fit.items():
+        b = Budget.parse(budget)
+        assert fit["ft"] == ft_score and fit["rows"] == len(select)
+        assert fit["region"] == res.best_score[b] and fit["share"] == pytest.approx(res.best_score[b] / ft_score)
+        assert fit["last_step"] == FAST["steps"]
+    summary = res.summary
+    assert summary["fit"] == res.fit and summary["reference"] == res.reference
+    assert summary["stopped"] == [{"budget": None, "step": FAST["steps"], "why": f"the step cap ({FAST['steps']})"}]
+
+
+def test_from_files_the_fit_is_measured_against_the_whole_universe_graft_and_nothing_else_changes(pair, tmp_path):
+    pre, ft, data = pair
+    ft.save_pretrained(tmp_path / "ft")
+    before = snapshot(pre)
+    loaded = get_localizer("learned").run(pre, ft, data, FAST)
+    lazy = get_localizer("learned").run(pre, str(tmp_path / "ft"), data, FAST)  # θ_ft read from its files
+    assert_intact(pre, before)  # θ_pre + Δ was held for the reference, and given back bit for bit
+    assert {b: digest(r) for b, r in lazy.regions.items()} == {b: digest(r) for b, r in loaded.regions.items()}
+    assert lazy.best_score == loaded.best_score
+    assert lazy.reference["of"] == "graft of the whole universe"
+    whole = get_localizer("movement").region(pre, ft, data, 1.0)  # every graftable coordinate, the FT head lent
+    from skillgraft.graft import Graft  # noqa: PLC0415
+
+    with Graft.from_models(pre, ft, whole, {}).applied(pre):
+        assert lazy.reference["score"] == accuracy(pre, list(data.train) + list(data.dev))
+    cand = get_localizer("learned").run(pre, str(tmp_path / "ft"), data, {**FAST, "candidates": 0.1})
+    assert cand.reference["of"] == "graft of every candidate"
+    assert_intact(pre, before)
+
+
+def test_a_fit_schedule_stops_when_the_target_is_reached_and_says_why(pair):
+    pre, ft, data = pair
+    res = get_localizer("learned").run(pre, ft, data, {**FAST, "schedule": "fit", "fit_target": 0.01})
+    assert res.stopped == [{"budget": None, "step": 0, "why": "fit share ≥ 0.01 at step 0"}]
+    assert res.step_times == [] and res.best_step == {Budget.parse(b): 0 for b in ("0.005", "0.02")}
+
+
+def test_a_fit_schedule_stops_when_no_budget_improves_for_patience_steps(pair):
+    pre, ft, data = pair
+    slow = {**FAST, "steps": 12, "lr": 1e7}  # 1e-2 gains at steps 1-3 and 7; 5e-3 never leaves step 0
+    fixed = get_localizer("learned").run(pre, ft, data, slow)
+    fit = get_localizer("learned").run(pre, ft, data, {**slow, "schedule": "fit", "patience": 3})
+    last = fit.stopped[0]["step"]
+    best = max(fit.best_step.values())
+    assert last == best + 3 < 12 and "no budget improved for 3 steps" in fit.stopped[0]["why"]
+    assert len(fit.step_times) == last
+    # the same trajectory as the fixed schedule's up to where it stopped
+    assert [h.columns() for h in fit.history] == [h.columns() for h in fixed.history][:last + 1]
+
+
+def test_a_fixed_schedule_keeps_its_store_key_and_fit_settings_enter_it_only_with_fit():
+    fixed = LocalizeConfig(steps=100).to_dict()
+    assert not {"schedule", "fit_target", "patience"} & set(fixed)
+    assert LocalizeConfig(steps=100, patience=7).to_dict() == fixed  # moot while fixed
+    fit = LocalizeConfig(steps=100, schedule="fit").to_dict()
+    assert fit["schedule"] == "fit" and "fit_target" not in fit  # at its default: left out
+    assert LocalizeConfig(schedule="fit", fit_target=0.95).to_dict()["fit_target"] == 0.95
+
+
+def test_still_rising_means_the_best_came_in_the_last_fifth_and_beat_everything_before():
+    b = Budget.parse("1e-4")
+    label = b.label
+
+    def hist(scores):
+        return [ScoredStep(step, None, {}, {label: BudgetScore(acc, 1)}) for step, acc in scores]
+
+    assert rising(hist([(0, 0.5), (50, 0.6), (90, 0.62), (100, 0.7)]), b)
+    assert not rising(hist([(0, 0.5), (50, 0.7), (90, 0.62), (100, 0.7)]), b)  # tied, not beaten
+    assert not rising(hist([(0, 0.5), (50, 0.8), (100, 0.7)]), b)
+    assert not rising(hist([(0, 0.5)]), b)
+
+
+def test_schedule_stop_reads_only_the_history():
+    b = Budget.parse("0.01")
+
+    def hist(scores):
+        return [ScoredStep(step, None, {}, {b.label: BudgetScore(acc, 1)}) for step, acc in scores]
+
+    s = Schedule("fit", target=0.9, patience=5)
+    assert s.stop(hist([(0, 0.5), (1, 0.6)]), [b], 1.0, 1) is None
+    assert s.stop(hist([(0, 0.5), (1, 0.95)]), [b], 1.0, 1) == "fit share ≥ 0.9 at step 1"
+    assert s.stop(hist([(0, 0.5), (1, 0.6)] + [(i, 0.6) for i in range(2, 7)]), [b], 1.0, 6) is not None
+    assert Schedule("fixed").stop(hist([(0, 1.0)]), [b], 1.0, 0) is None
