@@ -1,6 +1,8 @@
 """Issue 74: every learned localization measures its fit — each region's score on the selection rows ÷ FT's there —
 and a ``fit`` schedule stops a trajectory by it (target reached, or no gain for ``patience`` steps), within ``steps``."""
 
+import json
+
 import pytest
 from localizing import assert_intact, digest, snapshot
 
@@ -103,3 +105,27 @@ def test_schedule_stop_reads_only_the_history():
     assert s.stop(hist([(0, 0.5), (1, 0.95)]), [b], 1.0, 1) == "fit share ≥ 0.9 at step 1"
     assert s.stop(hist([(0, 0.5), (1, 0.6)] + [(i, 0.6) for i in range(2, 7)]), [b], 1.0, 6) is not None
     assert Schedule("fixed").stop(hist([(0, 1.0)]), [b], 1.0, 0) is None
+
+
+def test_every_graft_report_says_how_each_region_fits_and_carries(trained_run, toy_data, tmp_path):
+    from userland import invoke  # noqa: PLC0415
+
+    out = tmp_path / "g"
+    r = invoke("graft", "--finetuned", trained_run, "--out", out, "--budgets", "0.001,0.01", "--steps", 30,
+               "--schedule", "fit", "--patience", 3, "--baselines", "random", "--no-lottery-zero",
+               "--data-dir", toy_data)
+    assert r.exit_code == 0, r.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    fit = metrics["fit"]
+    rows = {row["model"]: row for row in metrics["rows"]}
+    for key in ("0.001", "0.01"):
+        b = fit["budgets"][key]
+        assert b["share"] == pytest.approx(b["region"] / b["ft"])
+        assert b["test_share"] == rows[f"graft {key}"]["share_of_ft"]
+        assert b["carry"] == pytest.approx(b["test_share"] / b["share"])
+        assert b["stopped_at"] < 30 and "no budget improved for 3 steps" in b["why"]
+    report = (out / "report.md").read_text()
+    assert (out / "fit.png").is_file() and "![fit share per scored step](fit.png)" in report
+    assert "until fit share 0.99 or 3 steps without gain, at most 30 steps" in report
+    for line in fit["lines"]:
+        assert line.strip() in report and line.strip() in " ".join(r.output.split())

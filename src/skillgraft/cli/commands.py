@@ -202,6 +202,8 @@ def graft(
             extra = f" loss {r.metrics['loss']:.4f}" if "loss" in r.metrics else ""
             console.print(f"{r.model:>22}: {result.metrics['task']} {r.score:.4f} ECE {r.metrics['ece']:.4f}{extra} "
                           f"| {r.params:,} params ({r.density:.2e}){size}")
+    for line in (result.metrics.get("fit") or {}).get("lines", []):
+        console.print(line, highlight=False)
     print_keep(result.metrics.get("keep"), result.metrics.get("frontier"))
     if result.data_note:
         console.print(f"data: {escape(result.data_note)}")

@@ -162,6 +162,13 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
     from skillgraft.pipeline.caveats import graft_caveats  # noqa: PLC0415
 
     metrics["caveats"] = graft_caveats(member, rows, options.graftable)  # results that mean nothing: warned, noted
+    from skillgraft.pipeline.fit import fit_plot, fit_section  # noqa: PLC0415
+
+    by_budget = {budget.key: next(r for r in rows if r.model == name) for name, (budget, _) in grafts.items()}
+    fit = fit_section(summary, by_budget)  # did each learned region fit its selection rows, and carry that to test
+    if fit is not None:
+        metrics["fit"] = fit
+        fit_plot(summary.get("history") or [], summary.get("reference"), run.file("fit.png"))
     if kept:
         from skillgraft.pipeline.keep import keep_section  # noqa: PLC0415
 
@@ -312,8 +319,15 @@ def report_markdown(metrics: dict) -> str:
     if metrics["localizer"] == "learned" and "step_seconds" in loc:
         base = ("of each budget's own size (per_size)" if "base_size" not in loc else
                 f"{loc['base_size']:,} coordinates (sparsity {cfg.get('sparsity', 0):g})")
-        lines += [f"Localization: {cfg.get('steps')} steps, lr {cfg.get('lr', 0):g}, base patch {base}, "
+        schedule = (f"until fit share {cfg.get('fit_target', 0.99):g} or {cfg.get('patience', 50)} steps without "
+                    f"gain, at most {cfg.get('steps')} steps" if cfg.get("schedule") == "fit" else
+                    f"{cfg.get('steps')} steps")
+        lines += [f"Localization: {schedule}, lr {cfg.get('lr', 0):g}, base patch {base}, "
                   f"{loc['step_seconds']:.2f} s/step, best step {best_steps(loc['best_step'])}.", ""]
+    if metrics.get("fit"):
+        from skillgraft.pipeline.fit import fit_markdown  # noqa: PLC0415
+
+        lines += fit_markdown(metrics["fit"])
     else:
         lines += [f"Localizer: {metrics['localizer']}.", ""]
     lines += [f"| model | params | density | {metric} | share of FT | gap closed | ECE | agreement w/ FT | file |",
