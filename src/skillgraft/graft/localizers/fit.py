@@ -16,9 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import Field
 
 from skillgraft.graft.localizers.base import ScoredStep
 from skillgraft.graft.selection import Budget
+from skillgraft.spec import COUNT_MAX, OMITTED_AT_DEFAULT, Spec
 
 RISING_TAIL = 0.2  # "still rising": the best of the last fifth of the scored steps beats every earlier one
 
@@ -44,6 +48,32 @@ class Schedule:
         if all(step - at >= self.patience for _, at in peaks):
             return f"no budget improved for {self.patience} steps (step {step})"
         return None
+
+
+class ScheduleOptions(Spec):
+    """The schedule's options, shared by every learned localizer's typed options (a mixin: at ``fixed``, the
+    default, none of them enters a config or a store key, so runs stored before them keep their keys)."""
+
+    schedule: Literal["fixed", "fit"] = Field("fixed", description=(
+        "when a trajectory stops: fixed = exactly `steps` (the paper's protocol); fit = once every budget's region "
+        "reaches fit_target of FT's score on the selection rows, or no budget improved for `patience` steps, "
+        "with `steps` as the cap"), json_schema_extra=OMITTED_AT_DEFAULT)
+    fit_target: float = Field(0.99, gt=0, le=1, description=(
+        "schedule fit: the fit share (region's score ÷ FT's on the selection rows) at which a trajectory stops"),
+        json_schema_extra=OMITTED_AT_DEFAULT)
+    patience: int = Field(50, ge=1, le=COUNT_MAX, description=(
+        "schedule fit: stop when no budget's best score has improved for this many steps"),
+        json_schema_extra=OMITTED_AT_DEFAULT)
+
+    def _left_out(self) -> set[str]:
+        """A fixed schedule reads neither fit_target nor patience: they stay out of configs and store keys."""
+        out = super()._left_out()
+        return out | {"fit_target", "patience"} if self.schedule == "fixed" else out
+
+    @property
+    def stopping(self) -> Schedule:
+        """The engine's :class:`Schedule` of these options."""
+        return Schedule(self.schedule, self.fit_target, self.patience)
 
 
 def _rows(history: Sequence[ScoredStep], budget: Budget) -> list[tuple[int, float]]:
@@ -88,4 +118,4 @@ def fit_summary(history: Sequence[ScoredStep], best_score: dict[Budget, float], 
     return out
 
 
-__all__ = ["Schedule", "fit_summary", "rising"]
+__all__ = ["Schedule", "ScheduleOptions", "fit_summary", "rising"]

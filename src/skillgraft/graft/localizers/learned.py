@@ -32,7 +32,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft.keep import KeepResult, KeepSpec, Ranking, keep_search
 from skillgraft.graft.localizers import engine
 from skillgraft.graft.localizers.base import Localization, Localizer, examples_of
-from skillgraft.graft.localizers.fit import Schedule
+from skillgraft.graft.localizers.fit import ScheduleOptions
 from skillgraft.graft.localizers.relaxations import Sigmoid
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import ROUND, Budget, Budgets, parse_budgets
@@ -40,7 +40,7 @@ from skillgraft.models.anatomy import Graftable
 from skillgraft.spec import COUNT_MAX, FLOAT_MAX, OMITTED_AT_DEFAULT, SEED_MAX, Spec
 
 
-class LocalizeConfig(Spec):
+class LocalizeConfig(ScheduleOptions):
     """Settings of the learned localizer (defaults: the reference implementation's)."""
 
     sparsity: float = Field(1e-4, ge=0, le=1, description="γ_base size as a fraction of graftable parameters")
@@ -73,16 +73,6 @@ class LocalizeConfig(Spec):
     gradient_checkpointing: bool = Field(False, description=(
         "recompute each transformer block's activations in the backward pass (less memory; each block's "
         "forward runs twice)"), json_schema_extra=OMITTED_AT_DEFAULT)
-    schedule: Literal["fixed", "fit"] = Field("fixed", description=(
-        "when a trajectory stops: fixed = exactly `steps` (the paper's protocol); fit = once every budget's region "
-        "reaches fit_target of FT's score on the selection rows, or no budget improved for `patience` steps, "
-        "with `steps` as the cap"), json_schema_extra=OMITTED_AT_DEFAULT)  # fixed runs keep their store keys
-    fit_target: float = Field(0.99, gt=0, le=1, description=(
-        "schedule fit: the fit share (region's score ÷ FT's on the selection rows) at which a trajectory stops"),
-        json_schema_extra=OMITTED_AT_DEFAULT)
-    patience: int = Field(50, ge=1, le=COUNT_MAX, description=(
-        "schedule fit: stop when no budget's best score has improved for this many steps"),
-        json_schema_extra=OMITTED_AT_DEFAULT)
 
     @model_validator(mode="after")
     def _candidates_hold_the_budgets(self) -> LocalizeConfig:
@@ -97,11 +87,6 @@ class LocalizeConfig(Spec):
             raise ValueError(f"candidates={c:g} is smaller than budget {larger[0]}: every region lies in the "
                              "candidate set")
         return self
-
-    def _left_out(self) -> set[str]:
-        """A fixed schedule reads neither fit_target nor patience: they stay out of configs and store keys."""
-        out = super()._left_out()
-        return out | {"fit_target", "patience"} if self.schedule == "fixed" else out
 
     @property
     def budget_list(self) -> list[Budget]:
@@ -176,7 +161,7 @@ def plan(config: LocalizeConfig, base: Region | None = None, candidates: Region 
         candidates=None if c is None else (lambda universe: Budget.parse(c).size(universe)), chosen=candidates,
         base=base, base_size=lambda universe: int(round(config.sparsity * universe)), base_per_budget=config.per_size,
         gradient_checkpointing=config.gradient_checkpointing, config=config.to_dict(),
-        schedule=Schedule(config.schedule, config.fit_target, config.patience))
+        schedule=config.stopping)
 
 
 class Learned(Localizer):

@@ -47,6 +47,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers import engine
 from skillgraft.graft.localizers.base import Localization, Localizer, LocalizerOptions, examples_of
 from skillgraft.graft.localizers.engine import accuracy  # noqa: F401 - what a region is scored by
+from skillgraft.graft.localizers.fit import ScheduleOptions
 from skillgraft.graft.localizers.movement import movement
 from skillgraft.graft.localizers import relaxations
 from skillgraft.graft.localizers.saliency import SaliencyConfig, saliency_scores
@@ -60,7 +61,7 @@ DEFAULT_LR = {("sigmoid", "sgd"): 1e7, ("sigmoid", "adam"): 0.5, ("sigmoid", "ns
 Relaxation = Literal["sigmoid", "straight-through", "hard-concrete"]
 
 
-class RelaxedOptions(LocalizerOptions):
+class RelaxedOptions(ScheduleOptions, LocalizerOptions):
     """Options of the relaxed learned localizers (``learned-adam``, ``learned-saliency``, ``straight-through``)."""
 
     relaxation: Relaxation = Field("sigmoid", description=(
@@ -162,7 +163,8 @@ def relaxed_localize(pre, ft, data, opts: RelaxedOptions, *, accelerator=None, p
         batch_size=opts.batch_size, micro_batch=opts.micro_batch, eval_every=opts.eval_every,
         last=opts.select_on == "last", seed=opts.seed, graftable=opts.graftable,
         candidates=None if chosen is not None else (lambda _: c), chosen=chosen,
-        base_size=(lambda _: base_k) if opts.relaxation == "sigmoid" else None, scores=scores, config=opts.to_dict())
+        base_size=(lambda _: base_k) if opts.relaxation == "sigmoid" else None, scores=scores, config=opts.to_dict(),
+        schedule=opts.stopping)
     select = {"dev": dev, "train+dev": train + dev, "train": train, "last": []}[opts.select_on]
     result = engine.run(pre, ft, train, select, plan, accelerator=accelerator, progress=progress)
     result.extra["score_seconds"] = score_seconds
