@@ -61,6 +61,10 @@ def main() -> int:
                   f"region {fit.get('region') or 0:.3f}) best step {loc.best_step.get(budget)} rising "
                   f"{fit.get('rising')}; test {test:.4f} = {share:.3f} of FT; {seconds:.0f} s; "
                   f"stopped {loc.stopped[-1] if loc.stopped else '-'}", flush=True)
+        row["history"] = [h.columns() for h in loc.history]
+        for b in loc.regions:  # the fit share along the trajectory, every scored step
+            pts = [(h.step, h.scores[b.label].fit) for h in loc.history if b.label in h.scores]
+            print(f"    {b.key}: " + " ".join(f"{s}:{f:.3f}" for s, f in pts if f is not None), flush=True)
         results.append(row)
     if args.out:
         Path(args.out).write_text(json.dumps({"run": args.run, "task": member.task, "k": member.k,

@@ -478,7 +478,7 @@ app.add_typer(continual_app, name="continual")
 # continual add: fine-tuning and localization options are FinetuneConfig / LocalizeConfig fields (their defaults);
 # the localizer's options that share a name with a fine-tuning one get a localize- prefix.
 _CONTINUAL_LOCALIZE = {n: f"localize_{n}" for n in ("steps", "lr", "batch_size", "micro_batch", "sigmoid_bias", "l1",
-                                                     "seed", "eval_every", "select_on")}
+                                                     "seed", "eval_every", "select_on", "optimizer")}
 
 
 @continual_app.command("add")

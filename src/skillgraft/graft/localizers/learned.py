@@ -40,12 +40,21 @@ from skillgraft.models.anatomy import Graftable
 from skillgraft.spec import COUNT_MAX, FLOAT_MAX, OMITTED_AT_DEFAULT, SEED_MAX, Spec
 
 
+LOCALIZE_LR = {"sgd": 1e7, "nsgd": 0.5, "adam": 0.5}  # the default lr on S of each optimizer
+
+
 class LocalizeConfig(ScheduleOptions):
     """Settings of the learned localizer (defaults: the reference implementation's)."""
 
     sparsity: float = Field(1e-4, ge=0, le=1, description="γ_base size as a fraction of graftable parameters")
     steps: int = Field(100, ge=0, le=COUNT_MAX, description="gradient steps on S")
-    lr: float = Field(1e7, gt=0, le=FLOAT_MAX, description="learning rate of plain gradient descent on S")
+    optimizer: Literal["sgd", "nsgd", "adam"] = Field("sgd", description=(
+        "the update of S: sgd = plain gradient descent (the paper's); nsgd = gradient descent on ∂L/∂S ÷ its RMS over "
+        "the universe (one scale per step, the gradients' ranking kept: the step no longer depends on the size of Δ, "
+        "e.g. an AdamW fine-tune's small one); adam = torch's Adam (a per-coordinate scale)"),
+        json_schema_extra=OMITTED_AT_DEFAULT)  # sgd runs keep their store keys
+    lr: float | None = Field(None, gt=0, le=FLOAT_MAX, description=(
+        "learning rate on S (sgd: 1e7, the paper's; nsgd, adam: 0.5)"))
     sigmoid_bias: float = Field(10.0, ge=0, le=FLOAT_MAX, description="γ uses σ(S − bias); S ~ U[0,1) at start")
     batch_size: int = Field(1024, ge=1, le=COUNT_MAX, description="examples per step (full batch when smaller)")
     micro_batch: int = Field(64, ge=1, le=COUNT_MAX, description="examples per forward/backward (accumulated)")
@@ -76,6 +85,8 @@ class LocalizeConfig(ScheduleOptions):
 
     @model_validator(mode="after")
     def _candidates_hold_the_budgets(self) -> LocalizeConfig:
+        if self.lr is None:  # the optimizer's own default, resolved here: configs and store keys hold a number
+            object.__setattr__(self, "lr", LOCALIZE_LR[self.optimizer])
         c = self.candidates
         if c is None:
             return self
@@ -154,7 +165,7 @@ def plan(config: LocalizeConfig, base: Region | None = None, candidates: Region 
     """The engine run of the paper's localizer: the sigmoid relaxation, SGD on S, γ_base = top-sparsity |Δ|."""
     c = config.candidates
     return engine.Plan(
-        relaxation=partial(Sigmoid, config.sigmoid_bias, config.l1), optimizer="sgd", lr=config.lr,
+        relaxation=partial(Sigmoid, config.sigmoid_bias, config.l1), optimizer=config.optimizer, lr=config.lr,
         steps=config.steps, budgets=config.budget_list, batch_size=config.batch_size,
         micro_batch=config.micro_batch, eval_every=config.eval_every, last=config.select_on == "last",
         seed=config.seed, graftable=config.graftable,
