@@ -211,10 +211,22 @@ def _convert(path: Path, out: Path) -> None:
     from skillgraft.models.families import tied_embeddings  # noqa: PLC0415
     from skillgraft.lazy import quiet_transformers  # noqa: PLC0415
 
+    import tempfile  # noqa: PLC0415
+
+    from skillgraft.models.loading import TOKENIZER_FILES  # noqa: PLC0415
+
+    beside = [f.name for f in sorted(path.parent.iterdir()) if f.name in (*TOKENIZER_FILES, "config.json")]
+    if beside:
+        _say(f"skillgraft: {', '.join(beside)} beside {path.name} not read: a GGUF file carries its own config and "
+             "tokenizer, and only those are converted")
     hf_logging, level = quiet_transformers()
     try:
-        loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        # read from a folder holding the GGUF file alone: transformers would take another model's tokenizer or config
+        # files lying beside it (a wrong conversion, cached under this file's digest)
+        with tempfile.TemporaryDirectory(prefix="skillgraft-gguf-") as alone:  # a link, no data
+            (Path(alone) / path.name).symlink_to(path.resolve())
+            loaded = AutoModelForCausalLM.from_pretrained(alone, gguf_file=path.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
     except (OSError, ValueError, KeyError, NotImplementedError, RuntimeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise SkillgraftError(f"{path}: transformers could not read this GGUF file ({first})") from None
