@@ -213,7 +213,7 @@ def _convert(path: Path, out: Path) -> None:
 
     import tempfile  # noqa: PLC0415
 
-    from skillgraft.models.loading import TOKENIZER_FILES  # noqa: PLC0415
+    from skillgraft.models.vet import TOKENIZER_FILES  # noqa: PLC0415
 
     beside = [f.name for f in sorted(path.parent.iterdir()) if f.name in (*TOKENIZER_FILES, "config.json")]
     if beside:

@@ -13,7 +13,7 @@ from skillgraft.lazy import quiet_transformers, torch
 
 from skillgraft.digest import file_digest
 from skillgraft.errors import SkillgraftError
-from skillgraft.models.vet import vet_folder
+from skillgraft.models.vet import TOKENIZER_FILES, vet_folder
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _MINILM_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "minilm", "default"}
@@ -156,9 +156,6 @@ def hub_reachable(name: str) -> None:
                               "from the cache only")
 
 
-# What a tokenizer is saved as (any one of them); a folder with none has no tokenizer of its own.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
-                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "spm.model")
 _BORROWED: dict[str, str] = {}  # a folder without tokenizer files → the folder whose tokenizer it uses
 
 

@@ -25,6 +25,9 @@ from pathlib import Path
 
 from skillgraft.errors import SkillgraftError
 
+# What a tokenizer is saved as (any one of them); a folder with none has no tokenizer of its own.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
+                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "spm.model")
 CODE_CONFIGS = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json",
                 "feature_extractor_config.json", "image_processor_config.json", "video_preprocessor_config.json")
 PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl", "*.pickle")
