@@ -313,6 +313,17 @@ def exporter_lines(to: str, s: dict) -> None:
             console.print(escape(text))
 
 
+def printable_streams() -> None:
+    """stdout and stderr in a locale that is not UTF-8 (``LANG=en_US.ISO-8859-1``, ``PYTHONIOENCODING=ascii``) write
+    what they cannot encode as ``\\xd7`` escapes: printing θ or × crashed ``inspect`` after it had written its files."""
+    import sys  # noqa: PLC0415
+
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+        if encoding != "utf8" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def run_app(app) -> None:  # pragma: no cover - the console script (tests call the app through CliRunner)
     """Run ``app`` as the ``skillgraft`` program: a usage error or a failure outside a verb is one line; Ctrl-C,
     SIGTERM and SIGHUP clean up, print one line and exit 128 + the signal's number (130, 143, 129)."""
@@ -322,6 +333,7 @@ def run_app(app) -> None:  # pragma: no cover - the console script (tests call t
     from typer import Abort  # noqa: PLC0415
 
     handle_signals()  # SIGTERM / SIGHUP unwind like Ctrl-C: no temporary sibling is left behind
+    printable_streams()
     try:  # typer ≥ 0.20 vendors click: its usage errors live under typer._click
         from typer._click.exceptions import ClickException  # noqa: PLC0415
     except ImportError:  # pragma: no cover - a typer on the system's click
