@@ -250,8 +250,12 @@ def check_weight_files(folder: str | os.PathLike, who: str | None = None) -> Non
 
     from skillgraft.models.headers import check_safetensors  # noqa: PLC0415
 
+    from skillgraft.heap import require_room  # noqa: PLC0415
+
     role = f"{who} " if who else ""
-    for f in sorted(folder.glob("*.safetensors")):
+    files = sorted(folder.glob("*.safetensors"))
+    require_room(sum(f.stat().st_size for f in files), f"the {role}weights in {folder}")  # ulimit -v: one line now
+    for f in files:
         check_safetensors(f, who)  # the header walked and bounded first (models/headers.py)
         try:
             with safe_open(str(f), "pt") as opened:
