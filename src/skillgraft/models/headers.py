@@ -196,7 +196,12 @@ def walk_gguf(data) -> list[tuple[str, int, int]]:
 
 
 def _mapped(path: Path):
-    """The file's bytes, memory-mapped (b'' for an empty file)."""
+    """The file's bytes, memory-mapped (b'' for an empty file); a FIFO or a device is refused, never opened (open()
+    would block on a FIFO, a device has no size to bound a header by)."""
+    import stat  # noqa: PLC0415
+
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise SkillgraftError(f"{path}: not a regular file (a device, socket or pipe); expected a weight file")
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             return b""
