@@ -66,6 +66,25 @@ def test_a_folder_with_its_own_code_is_refused_whatever_stdin_holds(where, tiny_
     assert not marker.exists(), "the model folder's code ran"
 
 
+def test_transformers_never_asks_on_stdin_even_past_the_check(tiny_classifier, tmp_path, monkeypatch):
+    """A second layer: with the folder check bypassed, transformers refuses instead of prompting (its prompt's
+    timeout set to 0), so the folder's code still never runs."""
+    from skillgraft.models import loading, vet
+
+    clf = tmp_path / "clf"
+    shutil.copytree(tiny_classifier, clf)
+    marker = tmp_path / "ran.txt"
+    (clf / "evil.py").write_text(CODE.format(marker=str(marker)))
+    _edit(clf / "config.json", lambda c: c.update(model_type="skillgraft-evil", auto_map={
+        "AutoConfig": "evil.EvilConfig", "AutoModelForSequenceClassification": "evil.EvilModel"}))
+    vet.vet_folder(tiny_classifier)  # (sets the timeout, as every load does)
+    monkeypatch.setattr(loading, "vet_folder", lambda *_a, **_k: None)
+    monkeypatch.setattr(vet, "vet_folder", lambda *_a, **_k: None)
+    args = ["evaluate", clf, "--data", _rows(tmp_path / "r.jsonl"), "--mode", "classifier"]
+    r = CliRunner().invoke(app, [str(a) for a in args], input="y\n" * 50)
+    assert "[y/N]" not in r.output and not marker.exists(), r.output
+
+
 class _Planted:
     def __reduce__(self):
         return (Path.touch, (Path(_Planted.marker),))

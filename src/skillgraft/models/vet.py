@@ -68,6 +68,9 @@ def vet_folder(path: str | os.PathLike, who: str | None = None) -> None:
     A hub name (no local folder) is left to :func:`model_reference`; checked once per folder content."""
     if not str(path) or not Path(path).is_dir():
         return
+    from transformers import dynamic_module_utils  # noqa: PLC0415
+
+    dynamic_module_utils.TIME_OUT_REMOTE_CODE = 0  # transformers refuses instead of asking on stdin (lazy.py too)
     folder = Path(path)
     key = _signature(folder)
     if key in _VETTED:
