@@ -358,4 +358,10 @@ def test_too_few_selection_rows_for_token_agreement_are_refused_before_any_work(
         check_keep_rows(spec, task, need - 1, "the dev split")
     with pytest.raises(SkillgraftError, match="agreement of 1 can never be confirmed"):
         check_keep_rows(KeepSpec(keep_agreement=[1.0]), task, 10_000, "the dev split")
-    check_keep_rows(spec, GenerativeTask.make("g", (" yes", " no")), 3, "the dev split")  # closed set: per row
+    # a closed set: agreement per row, with --keep's exact bound (issue 77: 3 rows were accepted)
+    from skillgraft.pipeline.keep import rows_to_confirm
+
+    closed, per_row = GenerativeTask.make("g", (" yes", " no")), rows_to_confirm(0.9, 0.8)
+    check_keep_rows(spec, closed, per_row, "the dev split")
+    with pytest.raises(SkillgraftError, match=f"--keep-agreement 0.9 cannot be confirmed.*needs {per_row}"):
+        check_keep_rows(spec, closed, per_row - 1, "the dev split")

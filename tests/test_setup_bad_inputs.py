@@ -34,7 +34,7 @@ RUN_CASES = {
     "config-k-a-string": (_edit_config(lambda c: c.update(k="eight")), ["config.json", "'k'", "'eight'"]),
     "config-unknown-mode": (_edit_config(lambda c: c.update(mode="seq2seq")), ["config.json", "mode", "'seq2seq'"]),
     "truncated-head": (truncate("model/head.safetensors", 60), ["head.safetensors"]),
-    "truncated-weights": (truncate("model/model.safetensors", 1000), ["run/model", "deserializing"]),
+    "truncated-weights": (truncate("model/model.safetensors", 1000), ["run/model/model.safetensors", "truncated or corrupted"]),
     "no-scorer-config": (lambda run: (run / "model" / "scorer_config.json").unlink(), ["scorer_config.json"]),
     "scorer-config-a-list": (lambda run: (run / "model" / "scorer_config.json").write_text("[1]"),
                              ["scorer_config.json", "expected a JSON object, got list"]),

@@ -91,6 +91,11 @@ def quiet_transformers():
     level before) so a caller can restore it."""
     from transformers.utils import logging as hf_logging  # noqa: PLC0415
 
+    from transformers import dynamic_module_utils  # noqa: PLC0415
+
+    # never ask "run the custom code? [y/N]" on stdin (a script piping `yes` would run a model folder's code):
+    # models/vet.py refuses such folders first; this makes any other path refuse instead of prompting
+    dynamic_module_utils.TIME_OUT_REMOTE_CODE = 0
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()

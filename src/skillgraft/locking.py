@@ -26,6 +26,20 @@ def open_lock_file(path: Path):
         return os.fdopen(fd, "a+")
 
 
+def _folder(folder: Path) -> None:
+    """Make the folder a lock lives in; one named as a file, or under one, is one line saying so (before: only
+    ``file exists`` / ``not a directory``, for a ``--cache`` or ``$SKILLGRAFT_CACHE`` that named a file)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        from skillgraft.errors import SkillgraftError  # noqa: PLC0415
+        from skillgraft.io import path_problem  # noqa: PLC0415
+
+        why = path_problem(folder, "folder") or "not a folder"
+        raise SkillgraftError(f"{folder}: {why}; a folder is needed here (a store of finished stages, --cache or "
+                              "$SKILLGRAFT_CACHE, is a folder)") from None
+
+
 @contextlib.contextmanager
 def locked(path: str | os.PathLike, waiting: str | None = None) -> Iterator[None]:
     """Hold an exclusive lock named ``path`` (a hidden lock file; ``flock``, released by the kernel if the process
@@ -38,7 +52,7 @@ def locked(path: str | os.PathLike, waiting: str | None = None) -> Iterator[None
     from skillgraft.signals import _deferred  # noqa: PLC0415
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _folder(path.parent)
     said = False
     while True:
         f = None

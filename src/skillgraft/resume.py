@@ -204,19 +204,14 @@ def _read(path: Path, mmap: bool = False) -> tuple[dict | None, str | None]:
     ``weights_only=True``: a file that would run code when unpickled (a planted pickle) is refused, never run."""
     if not path.is_file():
         return None, None
-    import pickle  # noqa: PLC0415 - only for its error type: nothing here is unpickled without weights_only
-
-    import torch  # noqa: PLC0415
+    from skillgraft.untrusted import PICKLE_REFUSED, refused_pickle, torch_load  # noqa: PLC0415
 
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as e:
-        if "weights_only" in str(e) or "Unsupported global" in str(e):
-            return None, ("holds objects other than tensors, numbers and text (code would run if it were "
-                          "unpickled); refused, not read")
-        return None, "damaged"
-    except Exception:  # noqa: BLE001 - a damaged state is ignored: the stage starts over
-        return None, "damaged"
+        state = torch_load(path, mmap=mmap)  # weights only, under torch's floor (untrusted.TORCH_FLOOR)
+    except SkillgraftError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a damaged state is ignored: the stage starts over
+        return None, PICKLE_REFUSED if refused_pickle(e) else "damaged"
     if not isinstance(state, dict):
         return None, "damaged (not a saved state)"
     try:

@@ -177,3 +177,38 @@ def _bounded(root, path: Path) -> None:
         return total
 
     size(root)
+
+
+# torch's weights-only unpickler had code-execution bugs before 2.10 (CVE-2025-32434 in ≤ 2.5.1, and later ones); the
+# project pins 2.13. Every site that reads a pickle (.pt / .bin) goes through torch_load, which asserts the floor.
+TORCH_FLOOR = (2, 10)
+PICKLE_REFUSED = ("holds objects other than tensors, numbers and text (code would run if it were unpickled); "
+                  "refused, not read")
+
+
+def torch_floor() -> None:
+    """Refuse to read a pickle under a torch older than :data:`TORCH_FLOOR` (its weights-only loading could run code)."""
+    import torch  # noqa: PLC0415
+
+    found = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    if found < TORCH_FLOOR:
+        raise SkillgraftError(f"torch {torch.__version__} is older than {'.'.join(map(str, TORCH_FLOOR))}, whose "
+                              "weights-only loading of .pt / .bin files could run code; skillgraft reads no pickle "
+                              "with it: install the pinned torch (requirements.lock)")
+
+
+def torch_load(path: str | os.PathLike, *, mmap: bool = False):
+    """``torch.load(path, weights_only=True)`` once :func:`torch_floor` holds: tensors, numbers, text and containers
+    only. A pickle that would run code raises ``pickle.UnpicklingError`` (never run); the caller says so with
+    :data:`PICKLE_REFUSED`, never advising ``weights_only=False``."""
+    import torch  # noqa: PLC0415
+
+    torch_floor()
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+
+
+def refused_pickle(e: BaseException) -> bool:
+    """Whether ``e`` is the weights-only unpickler refusing what a pickle holds (not a truncated file)."""
+    import pickle  # noqa: PLC0415
+
+    return isinstance(e, pickle.UnpicklingError) and ("weights_only" in str(e) or "Unsupported global" in str(e))

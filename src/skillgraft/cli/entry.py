@@ -26,6 +26,21 @@ def main() -> None:  # pragma: no cover - the console script (tests call cli.mai
     if sys.argv[1:] == ["--version"]:
         print(f"skillgraft {version()}")
         sys.exit(0)
-    from skillgraft.cli.commands import main as cli_main  # noqa: PLC0415
+    from skillgraft.errors import SkillgraftError  # noqa: PLC0415
+    from skillgraft.heap import require_limit  # noqa: PLC0415
 
+    try:
+        require_limit()  # a ulimit -v too low for torch's import: one line before it (it may abort in C++)
+    except SkillgraftError as e:
+        sys.stderr.write(f"error: {e}\n")
+        sys.exit(2)
+    try:
+        from skillgraft.cli.commands import main as cli_main  # noqa: PLC0415
+    except Exception as e:  # under a tight memory limit the imports themselves fail: one line, not a traceback
+        from skillgraft.cli.errors import memory_line, out_of_memory  # noqa: PLC0415
+
+        if not out_of_memory(e):
+            raise
+        sys.stderr.write(f"error: {memory_line(e)}\n")
+        sys.exit(2)
     cli_main()

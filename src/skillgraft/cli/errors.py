@@ -15,7 +15,43 @@ def one_line_error(e: BaseException) -> str | None:
         from skillgraft.spec import readable_bounds  # noqa: PLC0415
 
         return readable_bounds(str(e))
+    if out_of_memory(e):
+        return memory_line(e)
     return describe_io_error(e)
+
+
+_NO_MEMORY = ("can't start new thread", "can't allocate memory", "not enough memory", "out of memory",
+              "cannot allocate memory", "failed to map segment")
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is the machine (or a memory limit) running out of memory: a MemoryError, a thread that cannot
+    start (its stack cannot be mapped), torch's allocator failing."""
+    import errno  # noqa: PLC0415
+
+    if isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno == errno.ENOMEM):
+        return True
+    if isinstance(e, (RuntimeError, ImportError)) and any(s in str(e).lower() for s in _NO_MEMORY):
+        return True
+    if isinstance(e, (ImportError, SystemError)):  # a library that cannot be mapped, an allocation failing inside
+        from skillgraft.heap import headroom  # noqa: PLC0415 - the interpreter: near a memory limit, that is why
+
+        left = headroom()
+        return left is not None and left < 256 << 20
+    return False
+
+
+def memory_line(e: BaseException) -> str:
+    """The one line for running out of memory: what failed, and what this process wrote (nothing, or the complete
+    artifacts before it; every atomic writer has removed its temporary)."""
+    from skillgraft.io import written  # noqa: PLC0415
+
+    detail = (str(e).splitlines() or [""])[0][:200] or type(e).__name__
+    done = written()
+    what = "nothing was written" if not done else (f"nothing else was written (complete before it: "
+                                                   f"{', '.join(str(p) for p in done[-3:])})")
+    return (f"out of memory ({detail}): the machine, or this process's memory limit (ulimit -v, a container's), holds "
+            f"less than this run needs; {what}")
 
 
 def interrupted_line(signum: int, argv: list[str]) -> str:

@@ -41,6 +41,7 @@ def friendly(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        printable_streams()
         progress_lines()
         _JSON["on"] = bool(kwargs.pop("json_output", False))
         console.quiet = _JSON["on"]
@@ -53,7 +54,7 @@ def friendly(fn):
             line = one_line_error(e)
             if line is None or os.environ.get("SKILLGRAFT_DEBUG") == "1":
                 raise
-            err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
+            say_error(line)
             raise typer.Exit(2) from None
         finally:
             console.quiet = False
@@ -313,6 +314,27 @@ def exporter_lines(to: str, s: dict) -> None:
             console.print(escape(text))
 
 
+def say_error(line: str) -> None:
+    """``error: LINE`` on stderr (red on a terminal); as plain text when printing it fails for want of memory."""
+    try:
+        err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
+    except Exception:  # noqa: BLE001 - rich importing or allocating under a memory limit (MemoryError, SystemError)
+        import sys  # noqa: PLC0415
+
+        sys.stderr.write(f"error: {line}\n")
+
+
+def printable_streams() -> None:
+    """stdout and stderr in a locale that is not UTF-8 (``LANG=en_US.ISO-8859-1``, ``PYTHONIOENCODING=ascii``) write
+    what they cannot encode as ``\\xd7`` escapes: printing θ or × crashed ``inspect`` after it had written its files."""
+    import sys  # noqa: PLC0415
+
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+        if encoding != "utf8" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def run_app(app) -> None:  # pragma: no cover - the console script (tests call the app through CliRunner)
     """Run ``app`` as the ``skillgraft`` program: a usage error or a failure outside a verb is one line; Ctrl-C,
     SIGTERM and SIGHUP clean up, print one line and exit 128 + the signal's number (130, 143, 129)."""
@@ -328,6 +350,9 @@ def run_app(app) -> None:  # pragma: no cover - the console script (tests call t
         from click.exceptions import ClickException  # noqa: PLC0415
 
     try:
+        from skillgraft.heap import START_ROOM, require_room  # noqa: PLC0415
+
+        require_room(0, "a skillgraft command", START_ROOM)  # under a tight ulimit -v: one line, before any work
         code = app(standalone_mode=False)  # usage errors come back here: one line, not click's box
     except ClickException as e:  # a bad option or value, named by click; exit 2 as click would
         err.print(f"[bold red]error:[/] {escape(usage_line(e))}", highlight=False)
@@ -339,7 +364,7 @@ def run_app(app) -> None:  # pragma: no cover - the console script (tests call t
             line = one_line_error(e)
             if line is None or os.environ.get("SKILLGRAFT_DEBUG") == "1":
                 raise
-            err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
+            say_error(line)
             sys.exit(2)
         code = 1  # the signal's Interrupted, wrapped by a library it crossed (pydantic's serializers): interrupted
     signum = stopped_by()

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import ClassVar, Literal, Optional
 
 from skillgraft.lazy import torch
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from skillgraft.lazy import nn
 
 from skillgraft.errors import SkillgraftError
@@ -61,6 +61,20 @@ class ExportSpec(Spec):
         if v not in EXPORTERS:
             raise ValueError(f"unknown export target {v!r}; known: {', '.join(EXPORTERS)}")
         return v
+
+    @model_validator(mode="after")
+    def _options_of_another_target(self):
+        """An option given for another export target than ``to`` is refused, not silently ignored (``--gguf-type``
+        with ``--to peft`` wrote an adapter at the graft's own precision, exit 0)."""
+        wrong = sorted(f for f in self.model_fields_set if ONLY_FOR.get(f, self.to) != self.to)
+        if wrong:
+            names = ", ".join(f"--{f.replace('_', '-')}" for f in wrong)
+            raise ValueError(f"{names} only shapes --to {ONLY_FOR[wrong[0]]}; this export is --to {self.to}: leave "
+                             f"{'it' if len(wrong) == 1 else 'them'} out")
+        return self
+
+
+ONLY_FOR = {"gguf_type": "gguf"}  # options of one export target only (ExportSpec refuses them with any other)
 
 
 class Exporter:

@@ -116,22 +116,10 @@ def _read(path: Path):
 
 @functools.lru_cache(maxsize=2)
 def _read_cached(path: str, size: int, mtime_ns: int):
-    from skillgraft.models.gguf import _require_gguf_package, inspect_gguf  # noqa: PLC0415
+    from skillgraft.models.gguf import _require_gguf_package, open_reader  # noqa: PLC0415
 
     gguf = _require_gguf_package(f"--to gguf ({path})")
-    try:
-        reader = gguf.GGUFReader(path)
-    except ValueError as e:
-        if "GGMLQuantizationType" in str(e):
-            found = re.search(r"(\d+)\)? is not a valid", str(e))
-            raise SkillgraftError(f"{path}: a tensor of unknown quantization type (id {found[1] if found else '?'}): "
-                                  f"gguf {_version(gguf)} does not know it, so it can be neither read nor copied"
-                                  ) from None
-        inspect_gguf(Path(path))  # its one line: truncated, damaged, not GGUF …
-        raise
-    except Exception:  # noqa: BLE001 - struct errors, IndexError … on damage: skillgraft's own diagnosis
-        inspect_gguf(Path(path))
-        raise
+    reader = open_reader(path)  # its header walked and bounded first (models/headers.py): one line on damage
     for t in reader.tensors:
         if t.data_offset + t.n_bytes > size:
             raise SkillgraftError(f"{path}: truncated GGUF file: tensor {t.name!r} ends at byte "

@@ -57,6 +57,9 @@ def _read_adapter(directory: Path) -> tuple[dict, dict]:
         raise SkillgraftError(f"{directory}: no {ADAPTER_WEIGHTS} (found: {other})")
     from safetensors import safe_open  # noqa: PLC0415
 
+    from skillgraft.models.headers import check_safetensors  # noqa: PLC0415
+
+    check_safetensors(w_path)  # its header bounded before safetensors reads it (models/headers.py)
     try:
         with safe_open(str(w_path), "pt") as f:
             header = f.metadata() or {}
@@ -111,6 +114,9 @@ def _load_weights(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file of an adapter folder: readable, and every value finite."""
     from safetensors.torch import load_file  # noqa: PLC0415
 
+    from skillgraft.models.headers import check_safetensors  # noqa: PLC0415
+
+    check_safetensors(path)  # its header bounded before safetensors reads it (models/headers.py)
     try:
         tensors = load_file(str(path))
     except OSError:

@@ -202,6 +202,10 @@ def read_tensors(path: Path, sha256: str | None = None) -> dict[str, torch.Tenso
     """The tensors of a safetensors file (matching ``sha256`` if given); a damaged file is one error naming it."""
     from safetensors.torch import load  # noqa: PLC0415
 
+    from skillgraft.models.headers import check_safetensors  # noqa: PLC0415
+
+    if path.is_file():
+        check_safetensors(path)  # its header bounded before safetensors reads it (models/headers.py)
     try:
         blob = path.read_bytes()
     except OSError as e:

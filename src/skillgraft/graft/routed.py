@@ -107,6 +107,9 @@ class RoutedSkills:
             raise SkillgraftError(f"{folder}: no routed.json (write one with `skillgraft merge … --routed`)")
         record = read_routed(folder)
         base = folder / record["base"]
+        from skillgraft.models.vet import vet_folder  # noqa: PLC0415
+
+        vet_folder(base)  # no code of its own, no pickle that runs code, no config that lies (models/vet.py)
         config = transformers.AutoConfig.from_pretrained(base)
         arch = (getattr(config, "architectures", None) or ["AutoModel"])[0]
         model_cls = getattr(transformers, arch, None) or transformers.AutoModel

@@ -70,6 +70,21 @@ def _require_gguf_package(what: str):
     return gguf
 
 
+def open_reader(path: str | os.PathLike):
+    """gguf-py's reader on ``path`` once skillgraft has walked its header (models/headers.py): every length, count
+    and offset bounded by the file's size and the caps, tensors inside the file and apart. A file the reader still
+    cannot read is one line too."""
+    from skillgraft.models.headers import check_gguf  # noqa: PLC0415
+
+    gguf = _require_gguf_package(f"reading {path}")
+    check_gguf(path)
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:  # noqa: BLE001 - the reader raises ValueError, struct errors, IndexError … on damage
+        raise SkillgraftError(f"{path}: unreadable GGUF file, truncated or damaged ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else 'no detail'})") from None
+
+
 def inspect_gguf(path: Path) -> dict:
     """What a GGUF file holds (architecture, name, quantization, tensor types), after checking that it is whole
     and that transformers reads its architecture. One clear error otherwise, before any work."""
@@ -81,25 +96,8 @@ def inspect_gguf(path: Path) -> dict:
         raise SkillgraftError(f"{path}: not a GGUF file (it starts with {magic!r}, not {_MAGIC!r})")
     gguf = _require_gguf_package(f"reading {path}")
     size = path.stat().st_size
-    try:
-        reader = gguf.GGUFReader(str(path))
-        tensors = list(reader.tensors)
-    except Exception as e:  # noqa: BLE001 - the reader raises ValueError, struct errors, IndexError … on damage
-        raise SkillgraftError(f"{path}: unreadable GGUF file, truncated or damaged ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else 'no detail'})") from None
-    for t in tensors:
-        if t.data_offset + t.n_bytes > size:
-            raise SkillgraftError(f"{path}: truncated GGUF file: tensor {t.name!r} ends at byte "
-                                  f"{t.data_offset + t.n_bytes:,} of a {size:,}-byte file")
-    # tensors whose data overlap (two names, one offset): the reader would load one's bytes as the other's weights
-    # (and the conversion is cached by content), so the file is refused, both tensors named
-    ordered = sorted((t for t in tensors if t.n_bytes), key=lambda t: t.data_offset)
-    for before, after in zip(ordered, ordered[1:]):
-        if after.data_offset < before.data_offset + before.n_bytes:
-            raise SkillgraftError(f"{path}: damaged GGUF file: the data of tensor {after.name!r} (from byte "
-                                  f"{after.data_offset:,}) overlaps that of {before.name!r} (bytes "
-                                  f"{before.data_offset:,}–{before.data_offset + before.n_bytes:,}); each tensor "
-                                  "needs its own bytes")
+    reader = open_reader(path)  # its header bounded first: truncated, overlapping, over the caps → one line
+    tensors = list(reader.tensors)
 
     def field(name, default=None):
         f = reader.fields.get(name)
@@ -213,10 +211,22 @@ def _convert(path: Path, out: Path) -> None:
     from skillgraft.models.families import tied_embeddings  # noqa: PLC0415
     from skillgraft.lazy import quiet_transformers  # noqa: PLC0415
 
+    import tempfile  # noqa: PLC0415
+
+    from skillgraft.models.vet import TOKENIZER_FILES  # noqa: PLC0415
+
+    beside = [f.name for f in sorted(path.parent.iterdir()) if f.name in (*TOKENIZER_FILES, "config.json")]
+    if beside:
+        _say(f"skillgraft: {', '.join(beside)} beside {path.name} not read: a GGUF file carries its own config and "
+             "tokenizer, and only those are converted")
     hf_logging, level = quiet_transformers()
     try:
-        loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        # read from a folder holding the GGUF file alone: transformers would take another model's tokenizer or config
+        # files lying beside it (a wrong conversion, cached under this file's digest)
+        with tempfile.TemporaryDirectory(prefix="skillgraft-gguf-") as alone:  # a link, no data
+            (Path(alone) / path.name).symlink_to(path.resolve())
+            loaded = AutoModelForCausalLM.from_pretrained(alone, gguf_file=path.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
     except (OSError, ValueError, KeyError, NotImplementedError, RuntimeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise SkillgraftError(f"{path}: transformers could not read this GGUF file ({first})") from None

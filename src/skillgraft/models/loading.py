@@ -13,6 +13,7 @@ from skillgraft.lazy import quiet_transformers, torch
 
 from skillgraft.digest import file_digest
 from skillgraft.errors import SkillgraftError
+from skillgraft.models.vet import TOKENIZER_FILES, vet_folder
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _MINILM_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "minilm", "default"}
@@ -61,11 +62,24 @@ def model_reference(name: str | os.PathLike | None) -> ModelRef:
         if not (Path(name) / "config.json").is_file():
             raise SkillgraftError(f"{name}: folder has no config.json; not a Hugging Face model checkpoint "
                                   "(nor a folder holding one GGUF file)")
+        vet_folder(name)  # no code of its own, no pickle that runs code, no config that lies (models/vet.py)
         return ModelRef(name, name)
     if looks_local(name):
         raise SkillgraftError(f"model checkpoint not found: {name} (no such folder)")
     hub_reachable(name)
+    vet_folder(_hub_snapshot(name))  # the Hugging Face cache's copy, checked as a local folder
     return ModelRef(name, name)
+
+
+def _hub_snapshot(name: str) -> str:
+    """The folder of a Hub id's copy in the Hugging Face cache ('' if there is none)."""
+    from huggingface_hub import try_to_load_from_cache  # noqa: PLC0415
+
+    try:
+        found = try_to_load_from_cache(name, "config.json")
+    except ValueError:
+        return ""
+    return str(Path(found).parent) if isinstance(found, str) else ""
 
 
 def base_model_note(name: str) -> str:
@@ -142,9 +156,6 @@ def hub_reachable(name: str) -> None:
                               "from the cache only")
 
 
-# What a tokenizer is saved as (any one of them); a folder with none has no tokenizer of its own.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
-                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "spm.model")
 _BORROWED: dict[str, str] = {}  # a folder without tokenizer files → the folder whose tokenizer it uses
 
 
@@ -207,14 +218,18 @@ def load_tokenizer(path: str):
                                   "tokenizer beside the model (tokenizer.save_pretrained), or copy the pre-trained "
                                   "model's")
         path = source
+    vet_folder(path)  # its tokenizer files of their shape, no code of its own (models/vet.py)
     key = _tokenizer_key(Path(path))
     if key is not None and key in _LOADED:
         _LOADED.move_to_end(key)
         return _fresh_copy(_LOADED[key], str(path))
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise SkillgraftError(f"could not load a tokenizer from {path!r}: {str(e).splitlines()[0]}") from None
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - tokenizers' own error types on a damaged file (its Rust parser's)
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise SkillgraftError(f"could not load a tokenizer from {path!r}: {first}") from None
     if key is None:
         return tokenizer
     _LOADED[key] = tokenizer
@@ -233,17 +248,25 @@ def check_weight_files(folder: str | os.PathLike, who: str | None = None) -> Non
         return
     from safetensors import safe_open  # noqa: PLC0415
 
-    for f in sorted(folder.glob("*.safetensors")):
+    from skillgraft.models.headers import check_safetensors  # noqa: PLC0415
+
+    from skillgraft.heap import require_room  # noqa: PLC0415
+
+    role = f"{who} " if who else ""
+    files = sorted(folder.glob("*.safetensors"))
+    require_room(sum(f.stat().st_size for f in files), f"the {role}weights in {folder}")  # ulimit -v: one line now
+    for f in files:
+        check_safetensors(f, who)  # the header walked and bounded first (models/headers.py)
         try:
             with safe_open(str(f), "pt") as opened:
                 opened.keys()
         except OSError:
             raise
-        except Exception as e:  # noqa: BLE001 - safetensors' own error types: the file is damaged
+        except Exception as e:  # noqa: BLE001 - safetensors' own error types, on a header found sound above
             reason = (str(e).splitlines() or [type(e).__name__])[0]
-            role = f"{who} " if who else ""
-            raise SkillgraftError(f"{role}{f}: not a readable safetensors file ({reason}); truncated or "
-                                  "corrupted") from None
+            if "allocat" in reason.lower() or "memory" in reason.lower():  # a memory limit, not a damaged file
+                raise MemoryError(f"{role}{f}: {reason}") from None
+            raise SkillgraftError(f"{role}{f}: safetensors cannot open it ({reason})") from None
 
 
 def load_hf_model(path: str, kind: str, *, dtype: torch.dtype | None = None, with_mlm_check: bool = False):
@@ -258,6 +281,7 @@ def load_hf_model(path: str, kind: str, *, dtype: torch.dtype | None = None, wit
     from skillgraft.models.placement import load_dtype  # noqa: PLC0415
 
     classes = {"base": AutoModel, "mlm": AutoModelForMaskedLM, "causal": AutoModelForCausalLM}
+    vet_folder(path)  # no code of its own, no pickle that runs code, no config that lies (models/vet.py)
     check_weight_files(path)  # a damaged file named, not only the folder
     hf_logging, level = quiet_transformers()
     dtype = load_dtype(dtype)  # the run's precision (fp32 upcasts a bf16 checkpoint exactly), else the file's
@@ -312,6 +336,7 @@ def load_classifier(path: str, labels: tuple[str, ...], *, pad_token_id: int | N
     """
     from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: PLC0415
 
+    vet_folder(path)  # no code of its own, no pickle that runs code, no config that lies (models/vet.py)
     check_weight_files(path)  # a damaged file named, not safetensors' bare message
     hf_logging, level = quiet_transformers()
     try:

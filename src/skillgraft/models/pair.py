@@ -113,6 +113,8 @@ def read_config(path: str, who: str):
 
     from skillgraft.untrusted import TOO_DEEP, read_text, unique_keys  # noqa: PLC0415
 
+    from skillgraft.models.vet import vet_folder  # noqa: PLC0415
+
     file = Path(path) / "config.json"
     if file.is_file():  # a local folder: name the file and field at fault
         try:
@@ -125,6 +127,7 @@ def read_config(path: str, who: str):
             raise SkillgraftError(f"{file}: {TOO_DEEP}") from None
         if not isinstance(raw, dict):
             raise SkillgraftError(f"{file}: expected a JSON object, got {type(raw).__name__}")
+        vet_folder(path, who)  # no code of its own, no pickle that runs code, no config that lies (models/vet.py)
     try:
         return AutoConfig.from_pretrained(path)
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -142,6 +145,11 @@ def complete_model(path: str, mode: str, role: str):
     from skillgraft.lazy import quiet_transformers  # noqa: PLC0415
     from skillgraft.models.placement import load_dtype  # noqa: PLC0415
 
+    from skillgraft.models.loading import check_weight_files  # noqa: PLC0415
+    from skillgraft.models.vet import vet_folder  # noqa: PLC0415
+
+    vet_folder(path, f"{role} model")  # no code of its own, no pickle that runs code (models/vet.py)
+    check_weight_files(path, f"{role} model")
     hf_logging, level = quiet_transformers()
     dtype = load_dtype()  # the run's precision (models/placement.py), else the checkpoint's own
     try:

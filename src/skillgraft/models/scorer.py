@@ -407,6 +407,9 @@ class Scorer(nn.Module):
             head_path = directory / HEAD_FILE
             if not head_path.is_file():
                 raise SkillgraftError(f"{directory}: head mode scorer but {HEAD_FILE} is missing")
+            from skillgraft.models.headers import check_safetensors  # noqa: PLC0415
+
+            check_safetensors(head_path)  # its header bounded before safetensors reads it (models/headers.py)
             try:
                 state = load_file(str(head_path))
             except Exception as e:  # noqa: BLE001 - a truncated or damaged file (safetensors' own error type)

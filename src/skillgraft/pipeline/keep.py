@@ -236,8 +236,11 @@ def check_keep_rows(keep: KeepSpec, task, rows: int, where: str, *, right: int |
     before any work with ``rows`` (FT right on all of them at best), and again with ``right``, the rows FT gets right,
     once FT is scored. Else a keep target that nothing can reach is written as a "graft" of the best size probed — up to
     every parameter (issue 50)."""
-    if keep.keep_agreement and right is None and getattr(task, "kind", "") == "generative" and not task.labels:
+    open_ended = getattr(task, "kind", "") == "generative" and not task.labels
+    if keep.keep_agreement and right is None and open_ended:
         _check_token_agreement_rows(keep, rows, where)
+    elif keep.keep_agreement and right is None:  # agreement per row: the same exact bound as --keep's, FT's labels unread
+        _check_row_agreement_rows(keep, rows, where, more)
     if not keep.keep or getattr(task, "kind", "") == "generative" or getattr(task, "metric", "accuracy") != "accuracy":
         return
     if right is not None and getattr(keep, "keep_bound", "exact") != "exact":
@@ -269,6 +272,24 @@ def rows_to_confirm_mean(target: float, confidence: float) -> int | None:
     from skillgraft.graft.bound import rows_needed_betting  # noqa: PLC0415
 
     return None if target >= 1 else rows_needed_betting(np.ones(1), target, 1 - (1 - confidence) / 2)
+
+
+def _check_row_agreement_rows(keep: KeepSpec, rows: int, where: str, more: str) -> None:
+    """``--keep-agreement`` targets on rows (a label or a completion each): the checks ``--keep`` has — a target of 1
+    never confirmed, and enough selection rows for the exact bound even if the graft agrees with FT on all of them
+    (before: a one-row selection file was taken, and a target of 1 answered with a density-1.0 "graft")."""
+    conf = keep.keep_confidence
+    for target in keep.keep_agreement:
+        need = rows_to_confirm(target, conf)
+        if need is None:
+            raise SkillgraftError(f"--keep-agreement {target:g}: an agreement of 1 can never be confirmed by a lower "
+                                  "confidence bound on finitely many rows; ask for less, e.g. 0.99")
+        if rows < need:
+            raise SkillgraftError(
+                f"--keep-agreement {target:g} cannot be confirmed: the selection split ({where}) has {rows} rows, and "
+                f"at --keep-confidence {conf:g} even a graft agreeing with FT on every row needs {need}; give {more} "
+                f"with about {need} rows (or more; their labels are not read), a lower --keep-confidence, or a lower "
+                "target")
 
 
 def _check_token_agreement_rows(keep: KeepSpec, rows: int, where: str) -> None:

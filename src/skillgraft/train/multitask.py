@@ -157,6 +157,10 @@ class MultiTaskScorer(nn.Module):
         kind = "base" if mode == "head" or first.get("tied_decoder") else ("mlm" if mode == "prompt" else "causal")
         model = load_hf_model(str(directory / "body"), kind)
         tokenizer = load_tokenizer(str(directory / "body"))
+        if (directory / MT_HEADS).is_file():
+            from skillgraft.models.headers import check_safetensors  # noqa: PLC0415
+
+            check_safetensors(directory / MT_HEADS)  # its header bounded before safetensors reads it
         heads = load_file(str(directory / MT_HEADS)) if (directory / MT_HEADS).is_file() else {}
         views = {}
         for name in order:
