@@ -34,6 +34,9 @@ COUNT_MAX = 2**31 - 1  # sizes, limits, steps, batch sizes, max lengths: an int3
 MAX_LENGTH = 128  # max tokens per example: the one default of every verb, recipe and scorer (models/spec.py's)
 DEMO_OUT, DEMO_SEED = "runs/demo", 42  # `skillgraft demo` / `make demo`: its folder and data seed (recipes/graft.py)
 FLOAT_MAX = 3.4e38     # learning rates, penalties, weight decay: what float32 optimizer state can hold
+# Tolerances of searches bound below, so every search finishes: the keep search's walk probes up to
+# ln 4 / ln(1 + tolerance) sizes per step (139 at 0.01; at 1e-20 its ratio rounded to 1 and it never ended)
+TOLERANCE_MIN = 0.01
 Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
 # A field added after runs were stored: `Field(default, json_schema_extra=OMITTED_AT_DEFAULT)` leaves it out of
 # to_dict() (configs, store keys) while it holds its default, so stored runs keep their keys and are found.

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.untrusted import TOO_DEEP, no_such, read_text, unique_keys
+from skillgraft.untrusted import TOO_DEEP, no_such, read_text, regular_tree, unique_keys
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number (non-finite values are refused)")
@@ -180,6 +180,8 @@ def _read_dataset(source: str, config: str | None, *, local: bool) -> Source:
     import datasets  # noqa: PLC0415 - only users' dataset folders and names need it
 
     what = f"{source}" + (f" (configuration {config!r})" if config else "")
+    if local:
+        regular_tree(source, "a dataset's file")  # a FIFO as an arrow file blocked in open(), deaf to SIGTERM
     saved = local and any((Path(source) / f).is_file() for f in ("dataset_dict.json", "state.json"))
     try:
         if saved:
