@@ -177,11 +177,11 @@ def _table_rows(path: Path, delimiter: str) -> list[tuple[str, dict]]:
 
 
 def _read_dataset(source: str, config: str | None, *, local: bool) -> Source:
+    if local:
+        regular_tree(source, "a dataset's file")  # a FIFO as an arrow file blocked in open(), deaf to SIGTERM
     import datasets  # noqa: PLC0415 - only users' dataset folders and names need it
 
     what = f"{source}" + (f" (configuration {config!r})" if config else "")
-    if local:
-        regular_tree(source, "a dataset's file")  # a FIFO as an arrow file blocked in open(), deaf to SIGTERM
     saved = local and any((Path(source) / f).is_file() for f in ("dataset_dict.json", "state.json"))
     try:
         if saved:
