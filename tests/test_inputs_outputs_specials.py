@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
@@ -22,25 +21,16 @@ from skillgraft.errors import SkillgraftError
 
 @contextlib.contextmanager
 def unblocked(*fifos: Path, after: float = 20.0):
-    """If a reader still blocks on a FIFO ``after`` seconds in (the guard failed), open its other end so the test
-    fails instead of hanging."""
-    done = threading.Event()
-
-    def rescue():
-        if done.wait(after):
-            return
-        while not done.wait(0.2):  # every reader that comes (a digest, then the library, …)
-            for f in fifos:
-                with contextlib.suppress(OSError):
-                    os.close(os.open(f, os.O_WRONLY | os.O_NONBLOCK))
-
-    t = threading.Thread(target=rescue, daemon=True)
-    t.start()
+    """If a reader still blocks on a FIFO ``after`` seconds in (the guard failed), open its other end, again and again,
+    from another process (the blocked reader may hold the GIL: safetensors' open), so the test fails, not hangs."""
+    opens = " ".join(f": > '{f}';" for f in fifos)
+    helper = subprocess.Popen(["sh", "-c", f"sleep {after}; while true; do {opens} sleep 0.2; done"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield
     finally:
-        done.set()
-        t.join()
+        helper.kill()
+        helper.wait()
 
 
 def _graft_on(tiny_graft: Path, base: str, where: Path) -> Path:
