@@ -67,7 +67,7 @@ def regular(path: str | os.PathLike, what: str = "") -> Path:
                           f"(reading it could block or never end){f'; expected {what}' if what else ''}")
 
 
-TREE_DEPTH = 4  # a model or dataset folder's files lie at most this deep (a dataset's splits: one level)
+TREE_DEPTH = 2  # a model folder's files and one level below (a saved dataset's split folders); never a whole tree
 
 
 def regular_tree(folder: str | os.PathLike, what: str = "") -> Path:
