@@ -68,15 +68,22 @@ class Child:
             self.wait()
 
 
-def start_main(args: list, stderr_file: Path, env: dict | None = None) -> Child:
+def start_main(args: list, stderr_file: Path, env: dict | None = None, rlimit_fsize: int | None = None) -> Child:
     """Start ``skillgraft.cli.main`` with ``args`` in another process (its stdout dropped, its stderr in
-    ``stderr_file``, ``env`` added to its environment), forked where that is safe and spawned after CUDA
-    (:func:`must_spawn`); returns at once."""
+    ``stderr_file``, ``env`` added to its environment, files it writes limited to ``rlimit_fsize`` bytes: a full
+    disk's twin), forked where that is safe and spawned after CUDA (:func:`must_spawn`); returns at once."""
+    import resource
+
     args = [str(a) for a in args]
+
+    def limit():
+        if rlimit_fsize is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (rlimit_fsize, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
     if must_spawn():
         with open(stderr_file, "w") as err:
             proc = subprocess.Popen([sys.executable, "-c", SPAWNED, *args], stdout=subprocess.DEVNULL, stderr=err,
-                                    env={**os.environ, **(env or {})})
+                                    env={**os.environ, **(env or {})}, preexec_fn=limit)
         return Child(proc.pid, proc)
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
@@ -87,6 +94,7 @@ def start_main(args: list, stderr_file: Path, env: dict | None = None) -> Child:
             err = os.open(stderr_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(out, 1)
             os.dup2(err, 2)
+            limit()
             sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
             sys.argv = ["skillgraft", *args]
             from skillgraft.cli import main

@@ -26,7 +26,7 @@ def describe_io_error(e: BaseException) -> str | None:
         return f"not {e.encoding.upper()} text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
     if isinstance(e, OSError):
         if e.errno:
-            reason = os.strerror(e.errno)
+            reason = e.strerror or os.strerror(e.errno)
         else:
             reason = e.strerror or (str(e).splitlines() or [""])[0] or type(e).__name__
         reason = _lower_first(reason)
@@ -42,3 +42,27 @@ def describe_io_error(e: BaseException) -> str | None:
 
 def _lower_first(text: str) -> str:
     return text[:1].lower() + text[1:]
+
+
+def unexplained_write(tmp, path) -> OSError:
+    """The cause of a write that failed without one (an ``OSError`` with no errno: numpy's ``tofile``, which
+    gguf-py's writer uses, said ``[Errno None] None: None -> None``), found by looking: the process's file-size limit
+    (``ulimit -f``) reached by ``tmp``, the disk full, else an I/O error; as an ``OSError`` naming ``path``."""
+    import resource  # noqa: PLC0415
+
+    try:
+        files = [tmp] if tmp.is_file() else [f for f in tmp.rglob("*") if f.is_file()]
+        largest = max((f.stat().st_size for f in files), default=0)
+    except OSError:
+        largest = 0
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if soft != resource.RLIM_INFINITY and largest >= soft - (1 << 16):
+        return OSError(errno.EFBIG, f"File too large (the file-size limit, ulimit -f, is {soft:,} bytes)", str(path))
+    try:
+        free = os.statvfs(path.parent)
+        full = free.f_bavail * free.f_frsize < (1 << 20)
+    except OSError:
+        full = False
+    if full:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    return OSError(errno.EIO, "Input/output error (the writer gave no reason)", str(path))

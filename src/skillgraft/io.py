@@ -24,7 +24,8 @@ from pathlib import Path
 
 from skillgraft.signals import (STOP_SIGNALS, Interrupted, _deferred, _written,  # noqa: F401
                                 handle_signals, stopped_by, written)
-from skillgraft.errors import WRITE_ERRNOS, SkillgraftError, _lower_first, _OS_ERROR, describe_io_error  # noqa: F401 - re-exported
+from skillgraft.errors import (WRITE_ERRNOS, SkillgraftError, _lower_first, _OS_ERROR,  # noqa: F401 - re-exported
+                               describe_io_error, unexplained_write)
 
 
 def _umask() -> int:
@@ -38,6 +39,8 @@ def _located(e: BaseException, tmp: Path, path: Path) -> BaseException | None:
     the same ``OSError`` with its file names moved from the temporary sibling to ``path`` (or ``path`` added
     when it names none), a new ``OSError`` for a safetensors I/O error; None when ``e`` is no I/O error."""
     if isinstance(e, OSError):
+        if not e.errno and e.filename is None:  # numpy's tofile (gguf-py's writer) loses errno and file
+            return unexplained_write(tmp, path)
         if e.filename is None and e.errno in WRITE_ERRNOS:
             e.filename = str(path)
         else:
@@ -98,8 +101,10 @@ def _moved(name, tmp: Path, path: Path):
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary file path beside ``path``; it replaces ``path`` only if the block succeeds."""
+def atomic_path(path: str | os.PathLike, *, replace: bool = True) -> Iterator[Path]:
+    """Yield a temporary file path beside ``path``; it replaces ``path`` only if the block succeeds. With
+    ``replace=False`` (an output without ``--overwrite``) it never replaces anything: a ``path`` that appeared
+    meanwhile (another process's export) is :class:`TargetExists` and stays as it is."""
     path = Path(path)
     tmp = None
     try:
@@ -112,7 +117,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file ordinary permissions
         crash_point("file-written", path)
         with _committing(path):
-            os.replace(tmp, path)
+            if replace:
+                os.replace(tmp, path)
+            else:
+                try:
+                    rename_noreplace(tmp, path)
+                except FileExistsError:
+                    raise TargetExists(path) from None
     except BaseException as e:
         located = _located(e, Path(tmp) if tmp else path, path)
         if located is None or located is e:
@@ -241,12 +252,30 @@ def check_apart(out: str | os.PathLike, inputs: Mapping[str, str | os.PathLike |
         where = _absolute(value)
         if not option.startswith("--cache") and not os.path.lexists(where):
             continue
-        if where == target:
-            raise SkillgraftError(f"{option} {value} is the output folder {out} itself: putting the output in place "
-                                  "would delete it; choose another output path")
+        if where == target or _same_file(where, target):
+            kind = "folder" if where.is_dir() else "file"
+            raise SkillgraftError(f"{option} {value} is the output {kind} {out} itself: putting the output in place "
+                                  "would delete it (with --overwrite too: an output never replaces an input of its "
+                                  "own run); choose another output path")
         if target in where.parents:
             raise SkillgraftError(f"{option} {value} is inside the output folder {out}: putting the output in place "
                                   f"would delete it; choose an output path outside it (or move {option})")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two existing paths are one file (a hard link: another name, the same bytes)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def env_path(name: str, default: str | os.PathLike) -> Path:
+    """The path an environment variable names, ``default`` when it is unset or empty (``SKILLGRAFT_CACHE=`` in a
+    script: an empty value was read as the current folder, and store entries were written there). One rule for every
+    path skillgraft takes from the environment, as XDG's variables: empty means unset."""
+    value = os.environ.get(name, "")
+    return Path(value) if value.strip() else Path(default)
 
 
 @contextlib.contextmanager
@@ -546,5 +575,16 @@ def path_problem(path: str | os.PathLike, want: str = "file") -> str | None:
     if want == "folder" and not stat.S_ISDIR(st.st_mode):
         return "a file, not a folder"
     if want == "file" and not stat.S_ISREG(st.st_mode):
-        return "not a regular file (a device, socket or pipe)"
+        return f"not a regular file ({special_kind(st.st_mode)})"
     return None
+
+
+def special_kind(mode: int) -> str:
+    """What a file that is neither a regular file nor a folder is, in words (its ``st_mode``)."""
+    import stat  # noqa: PLC0415
+
+    for test, words in ((stat.S_ISFIFO, "a named pipe, FIFO"), (stat.S_ISCHR, "a character device"),
+                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "a device, socket or pipe"

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_serializer)
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.untrusted import read_json, read_text
@@ -34,6 +35,27 @@ COUNT_MAX = 2**31 - 1  # sizes, limits, steps, batch sizes, max lengths: an int3
 MAX_LENGTH = 128  # max tokens per example: the one default of every verb, recipe and scorer (models/spec.py's)
 DEMO_OUT, DEMO_SEED = "runs/demo", 42  # `skillgraft demo` / `make demo`: its folder and data seed (recipes/graft.py)
 FLOAT_MAX = 3.4e38     # learning rates, penalties, weight decay: what float32 optimizer state can hold
+# Tolerances of searches bound below, so every search finishes: the keep search's walk probes up to
+# ln 4 / ln(1 + tolerance) sizes per step (139 at 0.01; at 1e-20 its ratio rounded to 1 and it never ended)
+TOLERANCE_MIN = 0.01
+
+
+def _tolerance(value):
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not TOLERANCE_MIN <= value <= 1:
+        raise ValueError(f"a tolerance must be in [{TOLERANCE_MIN:g}, 1]: a finer one makes a search that cannot "
+                         "finish")
+    return value
+
+
+def _regular(value, info):
+    from skillgraft.untrusted import regular  # noqa: PLC0415
+
+    return value if value is None else regular(value, f"a --{info.field_name.replace('_', '-')} file")
+
+
+Tolerance = Annotated[float, Field(allow_inf_nan=False), AfterValidator(_tolerance)]
+# a path read later in the run: a FIFO or device refused when the spec is built, before any work (issue 81)
+ReadablePath = Annotated[Path, AfterValidator(_regular)]
 Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
 # A field added after runs were stored: `Field(default, json_schema_extra=OMITTED_AT_DEFAULT)` leaves it out of
 # to_dict() (configs, store keys) while it holds its default, so stored runs keep their keys and are found.

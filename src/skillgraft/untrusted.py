@@ -12,7 +12,7 @@ from pathlib import Path
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.errors import describe_io_error
-from skillgraft.io import _absolute, path_problem
+from skillgraft.io import _absolute, path_problem, special_kind
 
 
 BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
@@ -23,6 +23,7 @@ def read_text(path: Path) -> str:
     byte-order mark, or UTF-16 with one (Windows "Unicode", PowerShell 5's ``>``); CRLF line ends are left to
     the parsers, which all accept them. A NUL byte (a binary file), bytes that are not UTF-8 or an unreadable
     file are one error naming the file and the line."""
+    regular(path)
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -45,6 +46,50 @@ def read_text(path: Path) -> str:
         line = raw.count(b"\n", 0, start) + 1
         raise SkillgraftError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[start]:02x} at offset {start}); "
                               "re-save the file as UTF-8") from None
+
+
+def regular(path: str | os.PathLike, what: str = "") -> Path:
+    """Refuse ``path`` before it is opened when it is (or links to) no regular file and no folder: a named pipe, a
+    device, a socket. ``open()`` on a FIFO blocks until a writer comes, deaf to SIGTERM; ``/dev/urandom`` never
+    ends, ``/dev/zero`` neither. One line naming the file (and where a link leads); a path that does not exist is
+    left to the caller's own "not found". Every reader of a path a user hands in calls this, or :func:`regular_tree`
+    for a folder (docs/reliability.md §19)."""
+    import stat  # noqa: PLC0415
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return Path(path)
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return Path(path)
+    link = f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else ""
+    raise SkillgraftError(f"{path}{link}: {special_kind(st.st_mode)}, not a regular file; refused before opening it "
+                          f"(reading it could block or never end){f'; expected {what}' if what else ''}")
+
+
+TREE_DEPTH = 2  # a model folder's files and one level below (a saved dataset's split folders); never a whole tree
+
+
+def regular_tree(folder: str | os.PathLike, what: str = "") -> Path:
+    """:func:`regular` for a folder a library opens files of (a model checkpoint, a saved dataset): every entry
+    down to :data:`TREE_DEPTH` levels, links followed to what they name, must be a regular file or a folder; a file
+    is refused as :func:`regular` says. A file is checked as itself."""
+    folder = Path(folder)
+    regular(folder, what)
+    if not folder.is_dir():
+        return folder
+    stack = [(folder, 0)]
+    while stack:
+        here, depth = stack.pop()
+        try:
+            entries = list(os.scandir(here))
+        except OSError:
+            continue  # unreadable: the reader's own error names it
+        for entry in entries:
+            regular(entry.path, what)
+            if depth + 1 < TREE_DEPTH and entry.is_dir(follow_symlinks=False):
+                stack.append((Path(entry.path), depth + 1))
+    return folder
 
 
 def no_such(path: str | os.PathLike, what: str, want: str = "file") -> SkillgraftError:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.untrusted import TOO_DEEP, no_such, read_text, unique_keys
+from skillgraft.untrusted import TOO_DEEP, no_such, read_text, regular_tree, unique_keys
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number (non-finite values are refused)")
@@ -177,6 +177,8 @@ def _table_rows(path: Path, delimiter: str) -> list[tuple[str, dict]]:
 
 
 def _read_dataset(source: str, config: str | None, *, local: bool) -> Source:
+    if local:
+        regular_tree(source, "a dataset's file")  # a FIFO as an arrow file blocked in open(), deaf to SIGTERM
     import datasets  # noqa: PLC0415 - only users' dataset folders and names need it
 
     what = f"{source}" + (f" (configuration {config!r})" if config else "")

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from skillgraft.export.base import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, DELTA_FILE, EXPORTERS, HEAD_FILE, SUMMARY_FILE,
-                                    ExportSpec, Exporter, _head_file, exact_delta, get_exporter, graft_task,
+                                    ExportSpec, Exporter, _head_file, check_export_target, exact_delta, get_exporter, graft_task,
                                     load_graft_base, register_exporter)
 from skillgraft.export.delta import Delta, export_delta
 from skillgraft.export.gguf import GGUF, export_gguf
@@ -25,11 +25,9 @@ from skillgraft.graft.graft import Graft
 
 def export_graft(graft: Graft, out: str | os.PathLike, spec: ExportSpec | None = None, base=None) -> dict:
     """``skillgraft export``: check the target, load the base when not given, write ``spec.to``."""
-    from skillgraft.io import check_target  # noqa: PLC0415
-
     spec = spec or ExportSpec()
     exporter = get_exporter(spec.to)
-    check_target(out, spec.overwrite)
+    check_export_target(graft, out, spec.overwrite, model=spec.model)
     exporter.refuse(graft, out, spec)
     if graft.carried and spec.head == "refuse" and exporter.container:
         _head_file(graft, None, Path(out), "refuse", exporter.container)
@@ -43,6 +41,7 @@ register_exporter("delta")(Delta)
 register_exporter("gguf")(GGUF)
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "DELTA_FILE", "EXPORTERS", "HEAD_FILE", "SUMMARY_FILE", "USER_CLASS",
-           "ExportSpec", "Exporter", "apply_entries", "exact_delta", "export_delta", "export_gguf", "export_graft",
+           "ExportSpec", "Exporter", "apply_entries", "check_export_target", "exact_delta", "export_delta",
+           "export_gguf", "export_graft",
            "export_hf", "export_peft", "get_exporter", "graft_from_peft", "graft_task", "load_adapter_base",
            "load_graft_base", "read_graft_or_adapter", "register_exporter", "shira_entries"]

@@ -113,6 +113,55 @@ register_exporter = _REGISTRY.register  # class decorator: register an Exporter 
 get_exporter = _REGISTRY.get  # the registered member of that name (an error listing the known names)
 
 
+# ---------------------------------------------------------------------------------------------- the output
+def export_inputs(graft: Graft, model: str | os.PathLike | None = None, base=None,
+                  **more: str | os.PathLike | None) -> dict[str, object]:
+    """Every input an export of ``graft`` reads, by the name a message gives it: the graft's folder, ``--model``,
+    the base recorded in the graft (read when ``--model`` is not given, and the only base the graft is applied to
+    later), the folder the base was loaded from, the GGUF file a converted base came from, the data files the graft
+    records, and ``more`` (``--data-dir``). None and names that are no path (hub ids) are skipped by the check."""
+    inputs: dict[str, object] = {"graft": graft.source, "--model": model,
+                                 "the graft's base (graft_config.json base_model)": graft.base_model or None}
+    model_obj = getattr(base, "model", base)
+    loaded = getattr(getattr(model_obj, "config", None), "_name_or_path", None) or getattr(base, "name_or_path", None)
+    inputs["the base model's folder"] = loaded
+    for name in (model, graft.base_model, loaded):
+        source = _gguf_source(name)
+        if source:
+            inputs[f"the GGUF file the base was converted from ({name})"] = source
+    user = graft.metadata.user_data or {}
+    for key in ("data", "eval_data"):
+        if isinstance(user.get(key), str):
+            inputs[f"the graft's recorded --{key.replace('_', '-')}"] = user[key]
+    inputs.update(more)
+    return inputs
+
+
+def _gguf_source(name) -> str | None:
+    """The GGUF file a store folder ``name`` was converted from (None for anything else)."""
+    from skillgraft.models.gguf import SOURCE_FILE  # noqa: PLC0415
+    from skillgraft.untrusted import read_json  # noqa: PLC0415
+
+    if not name or not (Path(str(name)) / SOURCE_FILE).is_file():
+        return None
+    try:
+        file = read_json(Path(str(name)) / SOURCE_FILE).get("file")
+    except SkillgraftError:
+        return None
+    return file if isinstance(file, str) else None
+
+
+def check_export_target(graft: Graft, out: str | os.PathLike, overwrite: bool = False, *, model=None, base=None,
+                        **more) -> Path:
+    """The one check of an export's output, before any work (every exporter, ``export``, ``apply --export``): an
+    existing ``out`` refused unless ``overwrite``, and never one of the export's own inputs (:func:`export_inputs`)
+    or a folder holding one, with or without ``--overwrite``: `export G --to hf --out BASE --overwrite` replaced
+    the graft's recorded base, which the graft could then never be applied to again."""
+    from skillgraft.io import check_target  # noqa: PLC0415
+
+    return check_target(out, overwrite, export_inputs(graft, model, base, **more))
+
+
 # ---------------------------------------------------------------------------------------------- base model
 def _as_scorer(base) -> nn.Module:
     """A Scorer stays itself; a plain Hugging Face model is wrapped so its parameters read ``model.*``."""
@@ -150,7 +199,9 @@ def _check_base(graft: Graft, scorer, force: bool) -> dict[str, torch.Tensor]:
                               "base it is exported for; export it anyway with --force")
     if not force:
         got = cached_fingerprint(scorer)
-        if got != graft.base_fingerprint:
+        # the one precision rule, Graft.apply's (so `apply --export`, --to hf and every other exporter agree): the
+        # graft's base loaded in another precision (--precision bf16 for an fp32 graft) is accepted with one warning
+        if got != graft.base_fingerprint and not graft._same_base_other_precision(scorer):
             raise SkillgraftError(f"this graft was learned on base model {graft.base_model or '?'} with fingerprint "
                                   f"{graft.base_fingerprint}; the given base has {got}. Export against its base "
                                   "model, or force it (--force)")

@@ -9,10 +9,10 @@ from pathlib import Path
 from skillgraft.lazy import torch
 
 from skillgraft.export.base import (DELTA_FILE, SUMMARY_FILE, ExportSpec, Exporter, _as_scorer, _check_base, _head_file,
-                                    _header, _hf_name, exact_delta)
+                                    _header, _hf_name, check_export_target, exact_delta)
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import compact_positions
-from skillgraft.io import atomic_dir, check_target
+from skillgraft.io import atomic_dir
 
 
 def export_delta(graft: Graft, out: str | os.PathLike, *, base=None, head: str = "separate",
@@ -22,7 +22,7 @@ def export_delta(graft: Graft, out: str | os.PathLike, *, base=None, head: str =
     With ``base`` (a Scorer or HF model; checked like :meth:`Graft.apply`) also ``::delta``, additive deltas
     with fl(w + delta) == values. Names are the base model's own (``encoder.layer.0...weight``).
     """
-    check_target(out, overwrite)
+    check_export_target(graft, out, overwrite, base=base)
     spec = ExportSpec.build({"head": head}, where="export_delta")
     scorer = _as_scorer(base) if base is not None else None
     params = _check_base(graft, scorer, force) if scorer is not None else {}

@@ -46,9 +46,9 @@ from pathlib import Path
 from typing import Iterator
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.export.base import ExportSpec, Exporter, _as_scorer, _check_base
+from skillgraft.export.base import ExportSpec, Exporter, _as_scorer, _check_base, check_export_target
 from skillgraft.graft.graft import Graft
-from skillgraft.io import atomic_path, check_target
+from skillgraft.io import atomic_path
 
 GRAFT_KEY = "skillgraft.graft"
 FLOATS = ("F32", "F16", "BF16")
@@ -309,7 +309,7 @@ def export_gguf(graft: Graft, base, out: str | os.PathLike, *, model: str | None
                    for name, e in plan.items()}
         summary = _summary(graft, path, out, info, reader, written, gguf_type, force)
         summary["base"] = str(model or graft.base_model)
-        _write(reader, info["architecture"], out, written, summary)
+        _write(reader, info["architecture"], out, written, summary, overwrite)
         summary["bytes"] = Path(out).stat().st_size
         summary["size_ratio"] = summary["bytes"] / summary["base_bytes"]
     return summary
@@ -320,7 +320,7 @@ def check_gguf_export(graft: Graft, out, model: str | None, gguf_type: str = "ex
     an unknown type."""
     if not str(out).lower().endswith(".gguf"):
         raise SkillgraftError(f"--to gguf writes one file: name it FILE.gguf (got {out})")
-    check_target(out, overwrite)
+    check_export_target(graft, out, overwrite, model=model)
     if graft.carried:
         raise SkillgraftError(f"this graft carries a task head the base model lacks "
                               f"({', '.join(sorted(graft.carried))}); a GGUF file for llama.cpp has no place for it: "
@@ -350,12 +350,13 @@ def _summary(graft, path, out, info, reader, written, gguf_type, force) -> dict:
             "format": "GGUF (llama.cpp): base tensors and metadata copied unchanged, grafted tensors re-encoded"}
 
 
-def _write(reader, arch: str, out, written: dict, summary: dict) -> None:
+def _write(reader, arch: str, out, written: dict, summary: dict, overwrite: bool = False) -> None:
     """The base file's fields and tensors, the grafted ones replaced, through a temporary file renamed into place
-    (gguf-py's writer, as its gguf_new_metadata script copies a file)."""
+    (gguf-py's writer, as its gguf_new_metadata script copies a file) — without ``overwrite`` by the no-replace rename
+    every writer uses (a second export to one path refused, not replacing the first)."""
     import gguf  # noqa: PLC0415
 
-    with atomic_path(out) as tmp:
+    with atomic_path(out, replace=overwrite) as tmp:
         writer = gguf.GGUFWriter(str(tmp), arch=arch, endianess=reader.endianess)
         alignment = reader.get_field(gguf.Keys.General.ALIGNMENT)
         if alignment is not None:

@@ -7,9 +7,9 @@ import json
 import os
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.export.base import SUMMARY_FILE, ExportSpec, Exporter, graft_task
+from skillgraft.export.base import SUMMARY_FILE, ExportSpec, Exporter, check_export_target, graft_task
 from skillgraft.graft.graft import Graft
-from skillgraft.io import atomic_dir, check_target
+from skillgraft.io import atomic_dir
 
 __all__ = ["HF", "USER_CLASS", "export_hf", "graft_task"]
 
@@ -32,7 +32,7 @@ def export_hf(graft: Graft, base_scorer, out: str | os.PathLike, *, overwrite: b
     if not hasattr(base_scorer, "scorer_config"):
         raise SkillgraftError("--to hf needs the graft's Scorer (a registered task, or a graft of a checkpoint pair "
                               "that records its task); use --to peft or --to delta for the plain model")
-    check_target(out, overwrite)
+    check_export_target(graft, out, overwrite, base=base_scorer)
     mode = base_scorer.mode
     user_class = None if base_scorer.tied_decoder else USER_CLASS.get(mode)
     summary = {"to": "hf", "out": str(out), "coordinates": graft.size, "carried": graft.carried_size, "mode": mode,

@@ -36,12 +36,12 @@ from pathlib import Path
 
 from skillgraft.lazy import nn, torch
 
-from skillgraft.export.base import (_HUB_IDS, ADAPTER_WEIGHTS, PEFT_PREFIX, SCORER_PREFIX, SUMMARY_FILE, ExportSpec,
+from skillgraft.export.base import (_HUB_IDS, check_export_target, ADAPTER_WEIGHTS, PEFT_PREFIX, SCORER_PREFIX, SUMMARY_FILE, ExportSpec,
                                     Exporter, _as_scorer, _check_base, _head_file, _header, _hf_name)
 from skillgraft.export.card import peft_readme
 from skillgraft.export.shira import Layer, apply_entries, count_in, grafted, placeholder_layer, plan_routes
 from skillgraft.graft.graft import Graft
-from skillgraft.io import atomic_dir, check_target
+from skillgraft.io import atomic_dir
 from skillgraft.models.families import body_prefix
 
 
@@ -53,7 +53,7 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
     ``merge_and_unload()`` gives the weights of :meth:`Graft.export` bit for bit (:func:`shira_entries`; the
     summary's ``inexact`` counts coordinates where this machine's PyTorch would not, checked at export).
     """
-    check_target(out, overwrite)
+    check_export_target(graft, out, overwrite, base=base)
     spec = ExportSpec.build({"non_linear": non_linear, "head": head}, where="export_peft")
     scorer = _as_scorer(base)
     params = _check_base(graft, scorer, force)

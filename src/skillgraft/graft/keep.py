@@ -54,7 +54,7 @@ from skillgraft.graft.bound import (Outcome, as_outcome, betting_bound, betting_
 from skillgraft.graft.agreement import agreement_outcome, open_ended, token_agreement_outcome
 from skillgraft.graft.region import Region, numel_of
 from skillgraft.graft.selection import Budget, as_list
-from skillgraft.spec import Spec
+from skillgraft.spec import TOLERANCE_MIN, ReadablePath, Spec, Tolerance
 
 Shapes = dict[str, tuple[int, ...]]
 # The learned localizer's order (part of store keys: a change of it re-computes stored keep searches).
@@ -80,9 +80,9 @@ class KeepSpec(Spec):
     keep: list[float] | None = Field(None, description=(
         "shares of FT's score to keep, in (0, 1] (several allowed: 0.95,0.99): the smallest region of the localizer "
         "reaching each on a selection split (the data's dev split, else a held-out slice of the localization rows)"))
-    keep_tolerance: float = Field(0.1, gt=0, le=1, description=(
+    keep_tolerance: Tolerance = Field(0.1, description=(
         "keep search: stop when the smallest size reaching the target and the largest probed below it differ by "
-        "less than this factor"))
+        f"less than this factor, in [{TOLERANCE_MIN:g}, 1] (a finer one probes ~ln 4 / tolerance sizes per step)"))
     keep_from: Budget = Field(Budget.parse(1e-6), description=(
         "keep search: the first (smallest) size probed, a fraction of the graftable parameters or a count"))
     keep_holdout: float = Field(0.2, gt=0, lt=1, description=(
@@ -91,7 +91,7 @@ class KeepSpec(Spec):
     keep_confidence: float = Field(0.9, ge=0.5, lt=1, description=(
         "keep search: the confidence of the promise; a size reaches a target only when the lower confidence bound "
         "of its share of FT on the selection rows reaches it (exact for accuracy; docs/keep.md)"))
-    keep_data: Path | None = Field(None, description=(
+    keep_data: ReadablePath | None = Field(None, description=(
         "keep search: a file of labelled examples (.jsonl/.tsv/.csv, the task's layout; generative: prompt and "
         "completion) to choose the size on, instead of the dev split or a held-out slice; never the test rows "
         "(with only --keep-agreement targets labels, and completions, may be left out)"))
@@ -337,8 +337,8 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
         raise SkillgraftError(f"FT's score on the selection split is {ref.score}: a share of it cannot be kept")
     if largest < 1:
         raise SkillgraftError("the ranking orders no coordinates: nothing to search")
-    if confidence is not None and not 0 < confidence < 1:
-        raise SkillgraftError(f"keep confidence {confidence} is not in (0, 1)")
+    if confidence is not None and not (0 < confidence < 1 and TOLERANCE_MIN <= tolerance <= 1):  # a walk that ends
+        raise SkillgraftError(f"keep confidence {confidence} / tolerance {tolerance:g}: not in (0, 1) / [0.01, 1]")
     if method not in ("paired", "exact"):
         raise SkillgraftError(f"unknown keep bound {method!r}: paired or exact")
     targets = [check_share(t) for t in targets]

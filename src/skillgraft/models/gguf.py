@@ -43,7 +43,9 @@ _STORE: ContextVar[Path | None] = ContextVar("skillgraft_gguf_store", default=No
 def store_root() -> Path:
     """Where converted checkpoints live: the store in use (:func:`in_store`: a command's or recipe's ``--cache`` /
     ``cache_dir``), else ``$SKILLGRAFT_CACHE`` or ``runs/cache``."""
-    return _STORE.get() or Path(os.environ.get("SKILLGRAFT_CACHE", Path("runs") / "cache"))
+    from skillgraft.io import env_path  # noqa: PLC0415
+
+    return _STORE.get() or env_path("SKILLGRAFT_CACHE", Path("runs") / "cache")  # empty: unset, as the Store reads it
 
 
 @contextlib.contextmanager
@@ -191,15 +193,33 @@ def _materialize(path: Path, folder: Path, info: dict, sha256: str, source: str)
     what = f"quantized {info['quantization']}" if info["quantized"] else str(info["quantization"])
     _say(f"skillgraft: converting {source} ({info['architecture']}, {what}, {info['tensors']} tensors) once into "
          f"{folder} (dequantized to float32); later runs load that folder")
-    tmp = folder.with_name(folder.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    from skillgraft.io import atomic_dir  # noqa: PLC0415
+
+    sweep_conversions(folder.parent)
+    with atomic_dir(folder, overwrite=True) as tmp:  # a keyless leftover of an interrupted conversion: replaced
         _convert(path, tmp)
         (tmp / SOURCE_FILE).write_text(json.dumps({"file": source, "sha256": sha256, **info}, indent=2) + "\n")
-        shutil.rmtree(folder, ignore_errors=True)  # a keyless leftover of an interrupted conversion
-        os.replace(tmp, folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# what a killed conversion leaves in the store: its temporary folder (``.gguf-<…>.<pid>-<random>.tmp``, before
+# ``gguf-<…>.tmp-<pid>``) and the bundled Gemma's assembly folder (``.assemble-<pid>``)
+_LEFTOVER = re.compile(r"\.gguf-.+\.(\d+)-[^/]*\.tmp|gguf-.+\.tmp-(\d+)|\.assemble-(\d+)")
+
+
+def sweep_conversions(root: Path) -> None:
+    """Delete what conversions killed by ``kill -9`` left in the store ``root`` (:data:`_LEFTOVER`) once their
+    process no longer runs (a running one's are its work in progress): no later run swept them (issue 81)."""
+    from skillgraft.io import _running  # noqa: PLC0415
+
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        m = _LEFTOVER.fullmatch(name)
+        pid = m and int(next(g for g in m.groups() if g))
+        if pid and pid != os.getpid() and not _running(pid):
+            shutil.rmtree(root / name, ignore_errors=True)
 
 
 def _convert(path: Path, out: Path) -> None:
@@ -259,6 +279,7 @@ def bundled_gemma() -> Path:
     with locked(store_root() / f".gguf-{sha[:16]}.lock"):
         if (folder / SOURCE_FILE).is_file():
             return folder
+        sweep_conversions(store_root())
         work = store_root() / f".assemble-{os.getpid()}"
         try:
             work.mkdir(parents=True, exist_ok=True)

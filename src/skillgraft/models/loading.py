@@ -14,6 +14,7 @@ from skillgraft.lazy import quiet_transformers, torch
 from skillgraft.digest import file_digest
 from skillgraft.errors import SkillgraftError
 from skillgraft.models.vet import TOKENIZER_FILES, vet_folder
+from skillgraft.untrusted import regular, regular_tree
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _MINILM_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "minilm", "default"}
@@ -50,11 +51,14 @@ def model_reference(name: str | os.PathLike | None) -> ModelRef:
     name = str(name)
     if name.lower() in gguf.GEMMA_ALIASES:
         return ModelRef(gguf.GEMMA_NAME, str(gguf.bundled_gemma()))
+    if gguf.is_gguf(name) and Path(name).exists():
+        regular(name, "a GGUF file")
     if gguf.is_gguf(name) and (Path(name).is_file() or not Path(name).exists()):
         return ModelRef(name, str(gguf.converted_folder(name)))
     if name.startswith("~"):
         name = str(Path(name).expanduser())
     if Path(name).exists():
+        regular_tree(name, "a model checkpoint's file")  # a FIFO or device inside: refused before any open
         if Path(name).is_dir() and not (Path(name) / "config.json").is_file():
             found = gguf.gguf_in_folder(Path(name))
             if found is not None:
@@ -211,6 +215,8 @@ def load_tokenizer(path: str):
     gets a copy of that tokenizer instead of a second parse (seconds for a 262k vocabulary)."""
     from transformers import AutoTokenizer  # noqa: PLC0415
 
+    if Path(path).is_dir():
+        regular_tree(path, "a tokenizer's file")
     if lacks_tokenizer(path):
         source = _BORROWED.get(str(Path(path).resolve()))
         if source is None:
@@ -246,6 +252,7 @@ def check_weight_files(folder: str | os.PathLike, who: str | None = None) -> Non
     folder = Path(folder)
     if not folder.is_dir():
         return
+    regular_tree(folder, "a model checkpoint's file")  # a FIFO as a weight file blocked in open(), deaf to SIGTERM
     from safetensors import safe_open  # noqa: PLC0415
 
     from skillgraft.models.headers import check_safetensors  # noqa: PLC0415

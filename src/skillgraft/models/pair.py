@@ -9,6 +9,9 @@ anything else that takes checkpoint pairs.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from skillgraft.errors import SkillgraftError
 
 PAIR_MODES = ("classifier", "prompt", "causal", "generative", "head")
@@ -64,6 +67,35 @@ def check_pair(pretrained: str, finetuned: str) -> None:
         diff = sorted(set(va.items()) ^ set(vb.items()))
         raise SkillgraftError(f"different tokenizers: the vocabularies of {refs[0].name} ({len(va)} tokens) and "
                               f"{refs[1].name} ({len(vb)} tokens) differ in {len(diff)} entries, e.g. {diff[:2]}")
+    if same_weights(refs[0].path, refs[1].path):
+        raise SkillgraftError(f"--finetuned {finetuned} holds the same weights as --pretrained {pretrained} (identical "
+                              "weight files): fine-tuning changed nothing, so there is nothing to graft; give the "
+                              "fine-tuned checkpoint as --finetuned")
+
+
+def same_weights(a: str, b: str) -> bool:
+    """Whether two local checkpoint folders hold byte-identical weight files (the same names, the same bytes): read
+    side by side in blocks, stopping at the first difference (a fine-tuned copy differs early); False for hub ids."""
+    def files(folder: str) -> list[Path]:
+        p = Path(folder)
+        return (sorted(p.glob("*.safetensors")) or sorted(p.glob("*.bin"))) if p.is_dir() else []
+
+    fa, fb = files(a), files(b)
+    if not fa or [f.name for f in fa] != [f.name for f in fb]:
+        return False
+    if any(x.stat().st_size != y.stat().st_size for x, y in zip(fa, fb)):
+        return False
+    for x, y in zip(fa, fb):
+        if os.path.samefile(x, y):
+            continue
+        with open(x, "rb") as ha, open(y, "rb") as hb:
+            while True:
+                block = ha.read(1 << 22)
+                if block != hb.read(1 << 22):
+                    return False
+                if not block:
+                    break
+    return True
 
 
 def share_tokenizer(refs, size_a, size_b) -> None:

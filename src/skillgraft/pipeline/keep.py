@@ -160,9 +160,12 @@ def read_keep_data(path: Path, task, test: list, labels: bool = True,
     from skillgraft.data.loading import Example, checked_text, read_file  # noqa: PLC0415
     from skillgraft.data.sources import jsonl_rows  # noqa: PLC0415
 
+    from skillgraft.untrusted import no_such, regular  # noqa: PLC0415
+
     path = Path(path)
+    regular(path, "a --keep-data file")  # a FIFO or device was "no such file"
     if not path.is_file():
-        raise SkillgraftError(f"--keep-data {path}: no such file")
+        raise no_such(path, "--keep-data file")
     if task.kind == "generative":
         rows = _prompt_rows(path, task, labels, fields)
     elif not labels and path.suffix == ".jsonl":

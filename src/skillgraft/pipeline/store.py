@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from skillgraft.digest import file_digest
-from skillgraft.io import TargetExists, _remove, atomic_dir, sibling
+from skillgraft.io import TargetExists, _remove, atomic_dir, env_path, sibling
 from skillgraft.locking import locked
 from skillgraft.resume import discard, resume_point
 from skillgraft.spec import stable_hash
@@ -33,7 +33,7 @@ class Store:
     """Finished stages keyed by what determines them (see the module doc)."""
 
     def __init__(self, root: str | os.PathLike | None = None):
-        self.root = Path(root) if root is not None else Path(os.environ.get("SKILLGRAFT_CACHE", DEFAULT_ROOT))
+        self.root = Path(root) if root is not None else env_path("SKILLGRAFT_CACHE", DEFAULT_ROOT)  # empty: unset
 
     def path(self, kind: str, key: dict[str, Any], label: str = "") -> Path:
         """Where the entry for ``key`` lives (it may not exist yet)."""

@@ -49,6 +49,10 @@ def apply(graft_dir: str | os.PathLike, *, model: str | None = None, task: str |
     if export:
         check_target(export, overwrite, {"graft": graft_dir, "--model": model, "--data-dir": data_dir})  # before work
     g = Graft.from_pretrained(graft_dir)
+    if export:  # every input of this run: the graft's recorded base and data files too (docs/reliability.md §19)
+        from skillgraft.export import check_export_target  # noqa: PLC0415
+
+        check_export_target(g, export, overwrite, model=model, **{"--data-dir": data_dir})
     to_gguf = export is not None and str(export).lower().endswith(".gguf")
     if to_gguf:
         from skillgraft.export.gguf import check_gguf_export  # noqa: PLC0415

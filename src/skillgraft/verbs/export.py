@@ -31,10 +31,13 @@ class ExportResult:
 def export(graft_dir: str | os.PathLike, out: str | os.PathLike, spec: ExportSpec | None = None) -> ExportResult:
     """Export the graft in ``graft_dir`` to ``out`` (refused before any work if it exists, unless
     ``spec.overwrite``); returns the typed result holding the exporter's summary."""
+    from skillgraft.export import check_export_target  # noqa: PLC0415
     from skillgraft.graft import Graft  # noqa: PLC0415
     from skillgraft.io import check_target  # noqa: PLC0415
 
     spec = spec or ExportSpec()
     check_target(out, spec.overwrite, {"graft": graft_dir, "--model": spec.model})  # before any work
-    summary = export_graft(Graft.from_pretrained(Path(graft_dir)), out, spec)
+    graft = Graft.from_pretrained(Path(graft_dir))
+    check_export_target(graft, out, spec.overwrite, model=spec.model)  # and what the graft records it was learned on
+    summary = export_graft(graft, out, spec)
     return ExportResult(Path(out), summary["to"], summary["coordinates"], summary)
