@@ -22,7 +22,7 @@ from skillgraft.cli.config import config_option
 from skillgraft.cli.options import Options, build, default_of, from_specs, guard_empty_paths
 from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.fisher.fisher import FisherConfig
-from skillgraft.export.base import ExportSpec
+from skillgraft.export.base import ExportSpec, human_size
 from skillgraft.graft.keep import KeepSpec
 from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, options_union
 from skillgraft.verbs.apply import apply as verbs_apply  # light modules: the options' defaults live there
@@ -284,7 +284,7 @@ def export_cmd(
 
     r = run_export(graft_dir, out, spec)
     exporter_lines(spec.to, r.summary)
-    size = f" ({r.bytes / 1024:.1f} KiB)" if r.bytes is not None else ""
+    size = f" ({human_size(r.bytes)})" if r.bytes is not None else ""
     console.print(f"[bold green]exported[/] {r.coordinates:,} grafted coordinates as {r.to} → {out}{size}")
     _report({"out": out, **r.to_dict()})
 

@@ -29,6 +29,11 @@ PEFT_PREFIX = "base_model.model."
 SCORER_PREFIX = "model."
 _HUB_IDS = HUB_IDS  # the one table of model-family quirks (models/families.py)
 
+def human_size(n: int) -> str:
+    """A file size as people read it: MiB from 1 MiB up (``551.6 MiB``, not ``564865.6 KiB``), else KiB."""
+    return f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n / 2**10:,.1f} KiB"
+
+
 class ExportSpec(Spec):
     """Options of ``skillgraft export`` (one source for the CLI and the library)."""
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from skillgraft.lazy import nn, torch
 
 from skillgraft.export.base import (_HUB_IDS, ADAPTER_WEIGHTS, PEFT_PREFIX, SCORER_PREFIX, SUMMARY_FILE, ExportSpec,
-                                    Exporter, _as_scorer, _check_base, _head_file, _header, _hf_name)
+                                    Exporter, _as_scorer, _check_base, _head_file, _header, _hf_name, human_size)
 from skillgraft.export.card import peft_readme
 from skillgraft.export.shira import Layer, apply_entries, count_in, grafted, placeholder_layer, plan_routes
 from skillgraft.graft.graft import Graft
@@ -204,10 +204,6 @@ def _graft_bytes(graft: Graft) -> int:
     return 8 * graft.size + sum(t.numel() * t.element_size() for t in graft.carried.values())
 
 
-def _size(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
-
-
 class Peft(Exporter):
     """A PEFT SHiRA adapter folder for the plain Hugging Face base model (see the module doc)."""
 
@@ -223,7 +219,8 @@ class Peft(Exporter):
         out = []
         routes = summary.get("routes", {})
         if "bytes" in summary and "graft_bytes" in summary:
-            out.append(("info", f"adapter {_size(summary['bytes'])} for a graft of {_size(summary['graft_bytes'])}"))
+            out.append(("info", f"adapter {human_size(summary['bytes'])} for a graft of "
+                                f"{human_size(summary['graft_bytes'])}"))
         restores = summary.get("restores_base") or {}
         if restores.get("disable_adapter"):
             out.append(("info", "disable_adapter() computes the base model exactly" + (
