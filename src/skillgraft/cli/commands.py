@@ -41,6 +41,22 @@ from skillgraft.train.config import FinetuneConfig
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# the options each verb's short --help shows (the rest: --help-all; issue 80: one screen at 80 columns)
+COMMON = {
+    "finetune": ("--task", "--k", "--seed", "--model", "--mode", "--optimizer", "--lr", "--steps", "--layers",
+        "--out", "--overwrite", "--json", "--device"),
+    "evaluate": ("--task", "--split", "--data", "--eval-data", "--labels", "--out", "--json", "--device"),
+    "graft": ("--finetuned", "--pretrained", "--task", "--data", "--eval-data", "--budgets", "--steps",
+        "--localizer", "--baselines", "--keep", "--out", "--overwrite", "--json", "--config", "--device"),
+    "export": ("--to", "--out", "--model", "--non-linear", "--gguf-type", "--overwrite", "--json"),
+    "sweep": ("--finetuned", "--levels", "--localizers", "--steps", "--frontier", "--out", "--overwrite", "--json",
+        "--device"),
+    "merge": ("--pretrained", "--finetuned", "--data", "--eval-data", "--names", "--budgets", "--mergekit",
+        "--routed", "--keep", "--out", "--overwrite", "--json", "--config", "--device"),
+    "continual add": ("--state", "--task", "--k", "--seed", "--model", "--steps", "--localize-steps", "--json",
+        "--device"),
+}
+
 app = App(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
           help="Find where a fine-tuned model keeps a task's skill, store it as a sparse graft, use it.")
 
@@ -71,7 +87,7 @@ def tasks(data_dir: Optional[Path] = DataDir,
     _report([{**_plain(t), "sizes": dict(zip(("train", "dev", "test"), t.sizes))} for t in rows])
 
 
-@app.command()
+@app.command(common=COMMON["finetune"])
 @model_verb
 @from_specs(data=Options(DataSpec, panel=DATA), model=Options(ModelSpec, panel=MODEL),
             finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",), panel=TRAIN))
@@ -92,7 +108,7 @@ def finetune(
     console.print(f"[bold green]done[/] {escape(result.line())}")
 
 
-@app.command()
+@app.command(common=COMMON["evaluate"])
 @model_verb
 @from_specs(user=Options(UserDataSpec, skip=("k", "seed", "eval_fraction", "test_limit"), panel=DATA))
 def evaluate(
@@ -149,7 +165,7 @@ Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_
                      rich_help_panel=OUTPUT)
 
 
-@app.command()
+@app.command(common=COMMON["graft"])
 @model_verb
 @from_specs(localize=localizer_flags(LocalizerFlags), report=Options(ReportSpec, help={"localizer": (
                 f"localizer of the grafts: {', '.join(LOCALIZERS)}; its own options: `skillgraft localizers NAME`")},
@@ -269,7 +285,7 @@ def inspect(
     _report(r.document(graft_dir, compare))
 
 
-@app.command("export")
+@app.command("export", common=COMMON["export"])
 @model_verb
 @from_specs(spec=Options(ExportSpec, panel="Export"))
 def export_cmd(
@@ -329,7 +345,7 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
              "support": {"candidates": row.candidates, "sharded": row.sharded, "generative": row.generative}})
 
 
-@app.command()
+@app.command(common=COMMON["sweep"])
 @model_verb
 @from_specs(sweep=Options(SweepSpec, panel="Sweep"), localize=Options(LocalizeConfig, skip=("budgets",),
                                                                      panel="Localizer (learned)"),
@@ -369,7 +385,7 @@ def _merge_specs():
                                    skip=("data", "eval_data", "data_config", "data_split", "eval_split"), panel=DATA))
 
 
-@app.command()
+@app.command(common=COMMON["merge"])
 @model_verb
 @_merge_specs()
 def merge(
@@ -479,7 +495,7 @@ _CONTINUAL_LOCALIZE = {n: f"localize_{n}" for n in ("steps", "lr", "batch_size",
                                                      "seed", "eval_every", "select_on")}
 
 
-@continual_app.command("add")
+@continual_app.command("add", common=COMMON["continual add"])
 @model_verb
 @from_specs(finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",), panel=TRAIN),
             localize=Options(LocalizeConfig, rename=_CONTINUAL_LOCALIZE, skip=("budgets", "graftable"),

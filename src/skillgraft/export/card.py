@@ -19,7 +19,8 @@ def mergekit_lines(summary: dict, model_class: str) -> list[str]:
                 f"hold this {labels['num_labels']}-label head. Export the graft as a checkpoint instead "
                 "(`skillgraft export GRAFT --to hf --out DIR`) and give mergekit that folder (`model: DIR`).", ""]
     return ["mergekit (`mergekit-yaml merge.yml merged/ --lora-merge-cache cache/`; absolute paths):", "", "```yaml",
-            "merge_method: passthrough", "models:", "  - model:", f"      model: {summary.get('loads_from') or summary['base_model']}",
+            "merge_method: passthrough", "models:", "  - model:",
+            f"      model: {summary.get('loads_from') or summary['base_model']}",
             "      lora: /path/to/this/folder",
             f"      override_architecture: {model_class}  # the adapter's class (the base config may name another)",
             "dtype: float32", "```", ""]

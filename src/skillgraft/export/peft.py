@@ -115,7 +115,8 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
     summary = {
         "to": "peft", "out": str(out), "format": "PEFT SHiRA adapter", "base_model": _base_name(graft, scorer),
         "coordinates": graft.size, "graft_bytes": _graft_bytes(graft),
-        "restores_base": {"disable_adapter": not plan.tensors, "unload": not plan.tensors and all(l.reason == HEAD_REASON for l in plan.whole)},
+        "restores_base": {"disable_adapter": not plan.tensors,  # peft keeps modules_to_save on unload()
+                          "unload": not plan.tensors and all(l.reason == HEAD_REASON for l in plan.whole)},
         "routes": {
             "shira": {"modules": len(plan.shira) - (placeholder is not None), "coordinates": shira_coords,
                       "padding_entries": padding, "entries": sum(entries.values()) + padding, "r": plan.r,
