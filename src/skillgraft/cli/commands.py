@@ -212,6 +212,7 @@ def graft(
     options = localizer_options(report.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
     result = run_graft(GraftInputs(finetuned, pretrained, mode, task, max_length, data, user), report=report,
                        localize=options, keep=keep, frontier=frontier, out=out, overwrite=overwrite, cache=cache)
+    console.print(f"evaluated on {result.metrics.get('evaluated_on', '?')}")  # where the test rows came from
     for r in result.rows:  # typed ResultRows
         if r.kind in ("graft", "ft", "keep"):
             size = f", {r.file_bytes / 1024:.1f} KiB" if r.file_bytes else ""
@@ -420,6 +421,8 @@ def merge(
     s = run_merge(pretrained=pretrained, finetuned=finetuned, data=data, eval_data=eval_data, dev_data=dev_data,
                   grafts=grafts, names=names, shared=user, spec=spec, localize=localize, out=out, cache=cache,
                   overwrite=overwrite, mergekit_runner=_injected("mergekit_runner"), progress=True)
+    for name, t in s.record["tasks"].items():  # where each task's test rows came from (issue 80)
+        console.print(f"{name}: evaluated on {t.get('evaluated_on', '?')}")
     for r in s.rows:
         if r.error is None and r.on_test:
             console.print(f"{r.method:>26} {r.config:<24} mean acc {r.mean_accuracy:.4f} normalized "

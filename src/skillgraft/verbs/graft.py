@@ -154,13 +154,14 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
     universe = (next(iter(regions.values())).universe_size if regions else
                 sum(int(np.prod(s)) for s in region_universe(member.pre, options.graftable).values()))
     head_only = next((v for v in variants if v.kind == "head-only"), None)
+    from skillgraft.pipeline.caveats import evaluation_source, graft_caveats  # noqa: PLC0415
+
     metrics = {"task": member.task, "k": member.k, "seed": member.seed, "test_n": len(member.test),
+               "evaluated_on": evaluation_source(member),
                "graftable_parameters": universe, "total_parameters": member.total_parameters,
                "localizer": report.localizer, "localization": summary,
                "carried_parameters": head_only.graft.carried_size if head_only else 0, "rows": rows,
                "placement": placement_record(member.pre)}
-    from skillgraft.pipeline.caveats import graft_caveats  # noqa: PLC0415
-
     metrics["caveats"] = graft_caveats(member, rows, options.graftable)  # results that mean nothing: warned, noted
     if kept:
         from skillgraft.pipeline.keep import keep_section  # noqa: PLC0415
@@ -303,7 +304,7 @@ def report_markdown(metrics: dict) -> str:
     ref = "head-only" if metrics["carried_parameters"] else "pre-trained"
     shots = f"{metrics['k']}-shot" if metrics["k"] else "all rows"  # k = 0: a user's data, every row
     lines = [f"# Grafting report — {metrics['task']}, {shots}, data seed {metrics['seed']}", "",
-             f"Test examples: {metrics['test_n']}. Graftable parameters (body): {metrics['graftable_parameters']:,} "
+             f"Evaluated on {metrics.get('evaluated_on') or str(metrics['test_n']) + ' test rows'}. Graftable parameters (body): {metrics['graftable_parameters']:,} "
              f"of {metrics['total_parameters']:,}. Carried task head: {metrics['carried_parameters']:,} parameters "
              "(travels whole with every graft; counted separately).", ""]
     from skillgraft.pipeline.caveats import caveat_markdown  # noqa: PLC0415
