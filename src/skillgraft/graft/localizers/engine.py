@@ -327,6 +327,9 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
         if scored(0):
             score(0)
     label = f"localize ({relax.name} {budgets[0].label})" if relax.per_budget else "localize"
+    timed = None
+    if progress and accelerator.is_main_process and resumed is None and not (where or {}).get("group"):
+        timed = _plan(plan, relax, budgets, train, select, batch_n, world, scored, label)
     bar = tqdm(range(done + 1, plan.steps + 1), desc=label, disable=not (progress and accelerator.is_main_process),
                initial=done, total=plan.steps)
     guard = _FirstNonFinite(accelerator.device)
@@ -335,7 +338,9 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
             t0 = time.perf_counter()
             order = rng.permutation(len(train))[:batch_n] if batch_n < len(train) else np.arange(len(train))
             _step(pre, layout, relax, optimizer, train, by_length(train, order[rank::world]), plan.micro_batch, batch_n,
-                  math.ceil(len(order) / world) if lockstep else None, accelerator.device, group, guard, step)
+                  math.ceil(len(order) / world) if lockstep else None, accelerator.device, group, guard, step,
+                  timed=timed)
+            timed = None  # the first micro-batch only
             step_times.append(time.perf_counter() - t0)
             if scored(step) or step == plan.steps:
                 guard.check()  # the loss is read here, where the loop reads anyway, never inside a step
@@ -353,21 +358,45 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
 
 
 def _step(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, train, mine: np.ndarray, micro_batch: int,
-          batch_n: int, lockstep: int | None, device, group: Group, guard: _FirstNonFinite, step: int) -> None:
+          batch_n: int, lockstep: int | None, device, group: Group, guard: _FirstNonFinite, step: int,
+          timed: Callable[[float], None] | None = None) -> None:
     """One update of z and the mask it writes, with no host synchronisation (batches go to the device
-    ``non_blocking``; the loss stays there, its finiteness gating the update: :class:`_FirstNonFinite`)."""
+    ``non_blocking``; the loss stays there, its finiteness gating the update: :class:`_FirstNonFinite`).
+    ``timed``: given the seconds of this step's first micro-batch (synchronised once: the run's time estimate)."""
     total = 0.0
     for chunk, weight in _micro_batches(mine, micro_batch, lockstep):
+        t0 = time.perf_counter()
         batch = pre.collate([train[i] for i in chunk])
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         loss = batch_loss(pre, batch, reduction="sum") / batch_n  # cross-entropy (generative: completion tokens)
         (loss if weight == 1 else loss * weight).backward()
         total = total + loss.detach() * weight
+        if timed is not None:
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize(device)
+            timed(time.perf_counter() - t0)
+            timed = None
     finite = guard.see(group.sum_(total), step)
     layout.current  # noqa: B018 - the held mask, recomputed (if dropped) before its parameters move
     optimizer.step(relax.grad(layout.grads()), finite)  # a non-finite loss moves nothing: a NaN is never stored
     layout.write(relax.mask(step), relax.absolute)
     layout.forget()  # between steps (the backward's peak) only what cannot be recomputed stays
+
+
+def _plan(plan: Plan, relax: Relaxation, budgets: list[Budget], train, select, batch_n: int, world: int, scored,
+          label: str) -> Callable[[float], None]:
+    """Say the localization's plan before step 1 (:mod:`skillgraft.eta`) and return what says its estimated time
+    once the first micro-batch is timed."""
+    from skillgraft.eta import estimate_line, plan_line, say  # noqa: PLC0415
+
+    trajectories = len(plan.budgets) if plan.one_budget_each(relax) else 1
+    per_step = math.ceil(math.ceil(batch_n / world) / plan.micro_batch)
+    times = sum(1 for s in range(plan.steps + 1) if scored(s)) if select else 0
+    say(plan_line(label.split(" (")[0], rows=len(train), steps=plan.steps, batch=batch_n, micro_batches=per_step,
+                  scored=times, score_rows=len(select or []), trajectories=trajectories))
+    training = trajectories * plan.steps * per_step
+    scoring = trajectories * times * len(budgets) * math.ceil(math.ceil(len(select or []) / world) / plan.micro_batch)
+    return lambda seconds: say(estimate_line(label.split(" (")[0], seconds, training, scoring))
 
 
 class _FirstNonFinite:
