@@ -143,16 +143,15 @@ def dev_metrics(model, sampler, step: int, batch_size: int) -> dict | None:
 def _plan(desc: str, sampler, config: FinetuneConfig, steps: int, world: int):
     """Say the fine-tuning's plan before step 1 (:mod:`skillgraft.eta`: rows, steps, dev scoring) and return what
     says its estimated time once the first batch is timed."""
-    from skillgraft.eta import estimate_line, plan_line, say  # noqa: PLC0415
+    from skillgraft.eta import estimate_line, forward_equivalents, plan_line, say  # noqa: PLC0415
 
     rows = sum(len(train or []) for train, _ in sampler.data.values())
     dev = sum(len(d or []) for _, d in sampler.data.values())
     evals = (len(range(config.eval_every, steps, config.eval_every)) if config.eval_every else 0) + 1 if dev else 0
     what = (desc or "finetune").split(" (")[0]
     say(plan_line(what, rows=rows, steps=steps, batch=config.batch_size, scored=evals, score_rows=dev))
-    scoring = evals * sum(math.ceil(len(d or []) / max(1, config.eval_batch_size)) for _, d in
-                          sampler.data.values())
-    return lambda seconds: say(estimate_line(what, seconds, steps, scoring))
+    scoring = forward_equivalents(evals * dev, config.batch_size)  # the dev forwards, in training batches
+    return lambda seconds: say(estimate_line(what, seconds, steps, scoring=scoring))
 
 
 def _checkpoint(config: FinetuneConfig, sampler, callbacks, params, model, accelerator):

@@ -318,6 +318,10 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
     def scored(step: int) -> bool:
         return step >= relax.first and (step % plan.eval_every == 0 or step in (relax.first, plan.steps))
 
+    label = f"localize ({relax.name} {budgets[0].label})" if relax.per_budget else "localize"
+    timed = None
+    if progress and accelerator.is_main_process and resumed is None and not (where or {}).get("group"):
+        timed = _plan(plan, relax, budgets, train, select, batch_n, world, scored, label)  # said before step 1
     if resumed is not None:
         done = resume(resumed)
     else:
@@ -325,11 +329,10 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
         layout.write(relax.mask(0), relax.absolute)
         layout.forget()
         if scored(0):
+            t0 = time.perf_counter()
             score(0)
-    label = f"localize ({relax.name} {budgets[0].label})" if relax.per_budget else "localize"
-    timed = None
-    if progress and accelerator.is_main_process and resumed is None and not (where or {}).get("group"):
-        timed = _plan(plan, relax, budgets, train, select, batch_n, world, scored, label)
+            if timed is not None:
+                timed.scoring = time.perf_counter() - t0
     bar = tqdm(range(done + 1, plan.steps + 1), desc=label, disable=not (progress and accelerator.is_main_process),
                initial=done, total=plan.steps)
     guard = _FirstNonFinite(accelerator.device)
@@ -384,19 +387,40 @@ def _step(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, train, m
 
 
 def _plan(plan: Plan, relax: Relaxation, budgets: list[Budget], train, select, batch_n: int, world: int, scored,
-          label: str) -> Callable[[float], None]:
+          label: str) -> "_Estimate":
     """Say the localization's plan before step 1 (:mod:`skillgraft.eta`) and return what says its estimated time
-    once the first micro-batch is timed."""
-    from skillgraft.eta import estimate_line, plan_line, say  # noqa: PLC0415
+    once the first micro-batch is timed (with the first scoring's time, when it scores at step 0)."""
+    from skillgraft.eta import plan_line, say  # noqa: PLC0415
 
     trajectories = len(plan.budgets) if plan.one_budget_each(relax) else 1
     per_step = math.ceil(math.ceil(batch_n / world) / plan.micro_batch)
     times = sum(1 for s in range(plan.steps + 1) if scored(s)) if select else 0
-    say(plan_line(label.split(" (")[0], rows=len(train), steps=plan.steps, batch=batch_n, micro_batches=per_step,
-                  scored=times, score_rows=len(select or []), trajectories=trajectories))
-    training = trajectories * plan.steps * per_step
-    scoring = trajectories * times * len(budgets) * math.ceil(math.ceil(len(select or []) / world) / plan.micro_batch)
-    return lambda seconds: say(estimate_line(label.split(" (")[0], seconds, training, scoring))
+    what = label.split(" (")[0]
+    say(plan_line(what, rows=len(train), steps=plan.steps, batch=batch_n, micro_batches=per_step, scored=times,
+                  score_rows=len(select or []), trajectories=trajectories))
+    rows = math.ceil(batch_n / world) / per_step  # rows of a training micro-batch
+    return _Estimate(what, trajectories * plan.steps * per_step, trajectories * times,
+                     len(budgets) * math.ceil(len(select or []) / world), rows)
+
+
+class _Estimate:
+    """The localization's estimated time, said once its first micro-batch is timed (:mod:`skillgraft.eta`)."""
+
+    def __init__(self, what: str, training: int, scorings: int, rows_per_scoring: int, rows_per_micro_batch: float):
+        self.what, self.training, self.scorings = what, training, scorings
+        self.rows_per_scoring, self.rows_per_micro_batch = rows_per_scoring, rows_per_micro_batch
+        self.scoring: float | None = None  # the first scoring's seconds (step 0), when it ran before step 1
+
+    def __call__(self, first_micro_batch: float) -> None:
+        from skillgraft.eta import estimate_line, forward_equivalents, say  # noqa: PLC0415
+
+        if self.scoring is not None:  # that scoring is done: the others take about as long
+            rest = max(0, self.scorings - 1)
+            say(estimate_line(self.what, first_micro_batch, self.training, scoring_seconds=rest * self.scoring,
+                              scorings=rest))
+        else:
+            forwards = forward_equivalents(self.scorings * self.rows_per_scoring, round(self.rows_per_micro_batch))
+            say(estimate_line(self.what, first_micro_batch, self.training, scoring=forwards))
 
 
 class _FirstNonFinite:
