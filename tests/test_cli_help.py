@@ -118,7 +118,7 @@ def imported_by(args):
     return out, mods.split()
 
 
-@pytest.mark.parametrize("args", [["--help"], ["graft", "--help"], ["merge", "-h"], ["continual", "add", "--help"],
+@pytest.mark.parametrize("args", [["--help"], ["graft", "--help"], ["merge", "-h"], ["continual", "add", "--help"], ["graft", "--help-all"],
                                   ["--version"]])
 def test_help_imports_no_torch(args):
     """``--help`` is built from the typed specs themselves, with no cache: torch, transformers and matplotlib are
