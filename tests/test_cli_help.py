@@ -118,8 +118,8 @@ def imported_by(args):
     return out, mods.split()
 
 
-@pytest.mark.parametrize("args", [["--help"], ["graft", "--help"], ["merge", "-h"], ["continual", "add", "--help"], ["graft", "--help-all"],
-                                  ["--version"]])
+@pytest.mark.parametrize("args", [["--help"], ["graft", "--help"], ["merge", "-h"], ["continual", "add", "--help"],
+                                  ["graft", "--help-all"], ["--version"]])
 def test_help_imports_no_torch(args):
     """``--help`` is built from the typed specs themselves, with no cache: torch, transformers and matplotlib are
     never imported (skillgraft.lazy), which is what makes it answer in well under a second (bench/RESULTS.md)."""
