@@ -6,8 +6,8 @@ fine-tuning loops say, before step 1, what they will do (:func:`plan_line`: rows
 the first micro-batch is timed, about how long it will take (:func:`estimate_seconds`, :func:`estimate_line`). The
 estimate is the first micro-batch's time × the micro-batches to come, plus the scoring: the first scoring's time ×
 the scorings to come where the loop scores before step 1 (the localizer), else its forwards counted as a third of a
-training micro-batch per row (:func:`forward_equivalents`). A loaded machine's timing varies: it is an estimate. Said on stderr, only
-where the loop shows progress. (A memory plan, issue 76, is its own function beside these.)
+training micro-batch per row (:func:`forward_equivalents`). A loaded machine's timing varies: it is an estimate.
+Said on stderr, only where the loop shows progress. (A memory plan, issue 76, is its own function beside these.)
 """
 
 from __future__ import annotations

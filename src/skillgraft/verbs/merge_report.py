@@ -48,7 +48,8 @@ def summarize(results: list[Scored], ft: Scored, members: Mapping[str, Member], 
         member = members[n]
         tasks[n] = {"finetuned": member.ft.base_model, "task": member.task, "labels": list(member.data.task.labels),
                     "train": len(member.data.train), "dev": len(member.data.dev), "test": len(member.test),
-                    "data": member.inputs.data_note, "evaluated_on": evaluation_source(member), "graft_size": grafts[n].size, "graft_bytes": graft_bytes[n],
+                    "data": member.inputs.data_note, "evaluated_on": evaluation_source(member),
+                    "graft_size": grafts[n].size, "graft_bytes": graft_bytes[n],
                     "checkpoint_bytes": ckpt[n]}
     from skillgraft.pipeline.caveats import merge_caveats  # noqa: PLC0415
 
