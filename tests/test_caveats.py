@@ -104,8 +104,10 @@ def test_merge_caveats_name_the_task(recwarn):
     setups = {"sent": SimpleNamespace(data=SimpleNamespace(task=task), test=[Example("a", 0), Example("b", 1)]),
               "one": SimpleNamespace(data=SimpleNamespace(task=task), test=[Example("a", 1), Example("b", 1)])}
     out = merge_caveats(setups, {"sent": 0.35, "one": 1.0})
-    assert len(out) == 3 and out[0].startswith("task sent: its fine-tuned model scores 0.350")
+    assert len(out) == 4 and out[0].startswith("task sent: its fine-tuned model scores 0.350")
     assert "normalized accuracy" in out[0]
     assert "majority label's share of the test rows, 1.000" in out[1]  # one label: always predicting it scores 1.0
-    assert "task one test: all 2 evaluation rows hold one label ('pos')" in out[2]
-    assert len(recwarn) == 3
+    assert out[2].startswith("task one: its fine-tuned model scores 1.000 on its evaluation rows (2 rows of the t "
+                             "test split")  # a perfect score (issue 80): most likely rows it was trained on
+    assert "task one test: all 2 evaluation rows hold one label ('pos')" in out[3]
+    assert len(recwarn) == 4

@@ -44,22 +44,24 @@ def encoded(classifiers):  # noqa: F811
                padding=True)
 
 
-def test_default_peft_export_is_sized_to_the_graft(classifiers, topic_graft, tmp_path):  # noqa: F811
+def test_tensors_peft_export_is_sized_to_the_graft(classifiers, topic_graft, tmp_path):  # noqa: F811
+    """``--non-linear tensors`` (issue 37's size; since issue 80 opt-in: it writes its tensors into the base, the
+    default stores their modules whole so that disabling the adapter gives the base: test_export.py)."""
     from peft import PeftModel
 
     from skillgraft.graft import Graft
 
     g = Graft.from_pretrained(topic_graft)
-    cli("export", topic_graft, "--to", "peft", "--out", tmp_path / "a")
-    cli("export", topic_graft, "--to", "peft", "--non-linear", "modules_to_save", "--out", tmp_path / "whole")
+    cli("export", topic_graft, "--to", "peft", "--non-linear", "tensors", "--out", tmp_path / "a")
+    cli("export", topic_graft, "--to", "peft", "--out", tmp_path / "whole")
     summary = json.loads((tmp_path / "a" / "skillgraft_export.json").read_text())
     graft_file = (topic_graft / "graft.safetensors").stat().st_size
     head = sum(t.numel() * t.element_size() for t in g.carried.values())
     size = (tmp_path / "a" / "adapter_model.safetensors").stat().st_size
-    # SHiRA holds r·(m+n) entries per target Linear whatever the graft's count there (12 bytes each: two int32
+    # SHiRA holds r·(m+n) entries per target Linear whatever the graft's count there (8 bytes each here: two int16
     # indices, one fp32 value): on this tiny model (m = n = 32) that zero padding is most of the adapter; beyond it
     # the adapter is within 2× the graft file plus the head the base lacks (the real MiniLM: bench/RESULTS.md)
-    padding = 12 * summary["routes"]["shira"]["padding_entries"]
+    padding = 8 * summary["routes"]["shira"]["padding_entries"]
     assert g.carried and not summary["routes"]["modules_to_save"]["coordinates"]  # only the head stored whole
     assert size <= 2 * graft_file + head + padding, (size, graft_file, head, padding)
     assert size < (tmp_path / "whole" / "adapter_model.safetensors").stat().st_size

@@ -19,7 +19,7 @@ from plain import mergekit_style_merge
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.export import (ExportSpec, apply_entries, exact_delta, export_delta, export_graft, export_peft,
-                               graft_from_peft, shira_entries)
+                               get_exporter, graft_from_peft, shira_entries)
 from skillgraft.models import build_scorer
 
 HF_CLASS = {"head": "AutoModel", "prompt": "AutoModelForMaskedLM", "causal": "AutoModelForCausalLM"}
@@ -99,7 +99,7 @@ def test_head_mode_linear_weights_are_pure_shira(tiny_bert, tmp_path):
     for path in cfg["target_modules"]:
         w = pre.model.get_submodule(path).weight
         ij = tensors[f"base_model.model.{path}.shira_indices"]
-        assert ij.dtype == torch.int32 and ij.shape == (2, cfg["r"] * sum(w.shape))
+        assert ij.dtype == torch.int16 and ij.shape == (2, cfg["r"] * sum(w.shape))
     out, merged = plain_peft(tiny_bert, tmp_path / "adapter", "AutoModel", ids, mask)
     ref, ref_labels = grafted_outputs(pre, graft, ids, mask)
     assert (out - ref).abs().max() <= 1e-6
@@ -159,22 +159,85 @@ def test_peft_plain_load_equals_grafted_model(tiny_models, tmp_path, kind, mode,
     assert back.base_fingerprint == graft.base_fingerprint and back.metadata.mode == mode
 
 
-@pytest.mark.parametrize("route", ["modules_to_save", "tensors"])
-def test_disabling_the_adapter(tiny_bert, tmp_path, route):
-    """modules_to_save is a real adapter (disabled: the base model); tensors are written into the base on load."""
+def _plain_peft_three_ways(base_dir, adapter_dir, ids, mask):
+    """A user with plain peft: logits enabled, inside ``disable_adapter()``, and after ``unload()``."""
     import peft
     import transformers
 
+    torch.manual_seed(0)
+    model = peft.PeftModel.from_pretrained(transformers.AutoModelForMaskedLM.from_pretrained(str(base_dir)),
+                                           str(adapter_dir)).eval()
+    with torch.no_grad():
+        enabled = model(input_ids=ids, attention_mask=mask).logits
+        with model.disable_adapter():
+            disabled = model(input_ids=ids, attention_mask=mask).logits
+        unloaded = model.unload()(input_ids=ids, attention_mask=mask).logits
+    return enabled, disabled, unloaded
+
+
+@pytest.mark.parametrize("route", [None, "modules_to_save", "tensors"])
+def test_disabling_the_adapter(tiny_bert, tmp_path, route):
+    """PEFT's contract (issue 80): by default, disabling the adapter gives θ_pre's logits exactly — nothing grafted
+    is written into the base model; ``tensors`` (opt-in) writes its tensors into the base and says so."""
     pre, graft = make_graft(tiny_bert, "prompt", keep=lambda n: "query" in n or "LayerNorm" in n)
     ids, mask = batch(pre)
-    export_peft(graft, pre, tmp_path / "adapter", non_linear=route)
-    torch.manual_seed(0)
-    model = peft.PeftModel.from_pretrained(transformers.AutoModelForMaskedLM.from_pretrained(str(tiny_bert)),
-                                           str(tmp_path / "adapter"))
-    with torch.no_grad(), model.disable_adapter():
-        disabled = model(input_ids=ids, attention_mask=mask).logits
+    with torch.no_grad():
         base = pre.model(input_ids=ids, attention_mask=mask).logits
-    assert torch.equal(disabled, base) == (route == "modules_to_save")
+    grafted, _ = grafted_outputs(pre, graft, ids, mask)
+    s = export_peft(graft, pre, tmp_path / "adapter", **({"non_linear": route} if route else {}))
+    enabled, disabled, unloaded = _plain_peft_three_ways(tiny_bert, tmp_path / "adapter", ids, mask)
+    assert (enabled - grafted).abs().max() <= 1e-6 and not torch.equal(grafted, base)
+    safe = route != "tensors"
+    assert torch.equal(disabled, base) == safe and s["restores_base"]["disable_adapter"] == safe
+    # peft keeps modules_to_save modules on unload(): the LayerNorms stay grafted, and the summary says so
+    assert not torch.equal(unloaded, base) and not s["restores_base"]["unload"]
+    lines = " ".join(text for _, text in get_exporter("peft").lines(s))
+    assert ("disable_adapter() computes the base model exactly" in lines) == safe
+    assert ("do not undo them" in lines) == (not safe)
+    readme = (tmp_path / "adapter" / "README.md").read_text()
+    assert ("with model.disable_adapter()" in readme) == safe
+
+
+def test_a_linear_weight_graft_unloads_to_the_base_and_is_sized_to_its_entries(tiny_bert, tmp_path):
+    """Only SHiRA entries (Linear weights): unload() and disable_adapter() both give θ_pre's logits exactly, and the
+    adapter is its entries at 8 bytes each (int16 row/column indices, peft reads them with ``.to(torch.int)``) plus
+    the header: no grafted tensor written into the base, no bytes beyond SHiRA's r·(m+n) entries per Linear."""
+    from safetensors import safe_open
+
+    pre, graft = make_graft(tiny_bert, "prompt", keep=lambda n: n.endswith("weight") and "LayerNorm" not in n
+                            and "embeddings" not in n and "predictions" not in n, count=5)
+    ids, mask = batch(pre)
+    with torch.no_grad():
+        base = pre.model(input_ids=ids, attention_mask=mask).logits
+    grafted, _ = grafted_outputs(pre, graft, ids, mask)
+    s = export_peft(graft, pre, tmp_path / "adapter")
+    enabled, disabled, unloaded = _plain_peft_three_ways(tiny_bert, tmp_path / "adapter", ids, mask)
+    assert (enabled - grafted).abs().max() <= 1e-6
+    assert torch.equal(disabled, base) and torch.equal(unloaded, base)
+    assert s["restores_base"] == {"disable_adapter": True, "unload": True}
+    sh = s["routes"]["shira"]
+    assert not s["routes"]["modules_to_save"]["modules"] and not s["routes"]["tensors"]["tensors"]
+    path = tmp_path / "adapter" / "adapter_model.safetensors"
+    with safe_open(str(path), "pt") as f:
+        header = 8 + int.from_bytes(path.read_bytes()[:8], "little")
+        kinds = {f.get_tensor(k).dtype for k in f.keys() if k.endswith("shira_indices")}
+    assert kinds == {torch.int16}
+    assert s["bytes"] == header + 8 * sh["entries"]
+    assert s["graft_bytes"] == 8 * graft.size
+
+
+def test_the_adapter_names_the_base_as_the_user_did(tiny_bert, tmp_path, monkeypatch):
+    """``base_model_name_or_path`` is the name the graft records (here a relative folder, as typed), not a path
+    skillgraft resolved it to."""
+    import shutil
+
+    shutil.copytree(tiny_bert, tmp_path / "my-base")
+    monkeypatch.chdir(tmp_path)
+    pre, graft = make_graft("./my-base", "prompt", keep=lambda n: "query.weight" in n, count=5)
+    assert graft.base_model == "./my-base"
+    export_peft(graft, pre, tmp_path / "adapter")
+    cfg = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert cfg["base_model_name_or_path"] == "./my-base"
 
 
 def test_tied_embeddings_go_whole_with_their_partner(tiny_bert, tmp_path):

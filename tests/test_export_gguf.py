@@ -144,6 +144,39 @@ def test_the_precision_rule(base, values, written, tmp_path):
     assert (not s["changed_type"]) == (written == (base or "F32"))
 
 
+def test_the_smallest_exact_type_is_chosen(tmp_path):
+    """Issue 80: a touched tensor is written at the smallest type that holds it bit for bit, not F32 by default. A
+    graft whose values lie on the Q8_0 block grid of a Q8_0 base (each grafted coordinate −θ_pre: the same scale,
+    the negated quant) keeps Q8_0 — the file is the base's size — and the plain gguf package reads every grafted
+    value back exactly; the norms (F32 in the file) stay F32."""
+    import gguf
+
+    from skillgraft.export.base import human_size
+    from skillgraft.graft import Graft
+    from tiny import tiny_gguf_graft
+
+    path, g, pre = tiny_gguf_graft(tmp_path / "base")
+    params = dict(pre.named_parameters())
+    values = {n: (-params[n].detach().reshape(-1)[i] if "norm" not in n else v) for (n, i), v in
+              zip(g.region.indices.items(), g.values.values())}
+    on_grid = Graft(g.region, values, {}, g.base_model, g.base_fingerprint, g.metadata)
+    s = export_graft(on_grid, tmp_path / "out.gguf", ExportSpec(to="gguf"), base=pre)
+    assert s["exact"] and s["kept"] == on_grid.size
+    assert {w["to"] for n, w in s["written"].items() if "norm" not in n} == {"Q8_0"}
+    assert {w["to"] for n, w in s["written"].items() if "norm" in n} == {"F32"}
+    assert s["bytes"] <= s["base_bytes"] + 4096  # the base's size (+ the skillgraft.graft key)
+    reader = _reader(tmp_path / "out.gguf")
+    got = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors}
+    base = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in _reader(path).tensors}
+    for name, w in s["written"].items():
+        if "norm" in name:
+            continue
+        diff = got[name] != base[name]
+        assert int(diff.sum()) == w["coordinates"], name  # exactly the grafted coordinates changed …
+        assert np.array_equal(got[name][diff], -base[name][diff]), name  # … to the grafted values, exactly
+    assert human_size(s["bytes"]).endswith("KiB") and human_size(564865 * 1024) == "551.6 MiB"
+
+
 # ---------------------------------------------------------------------------------------------- refusals
 def _one_line(text: str, message: str) -> None:
     lines = [ln for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("skillgraft: converting")

@@ -199,15 +199,21 @@ def test_a_graft_report_of_a_gguf_pair_names_the_quantization(tiny_gguf, toy_dat
     # converted into the command's own --cache (beside its stages), not only into $SKILLGRAFT_CACHE
     assert [p.name.startswith("gguf-tiny-q8") for p in (tmp_path / "own-store").glob("gguf-*")] == [True]
     assert gguf.store_root() == Path(os.environ["SKILLGRAFT_CACHE"])  # for the command's duration only
-    # its PEFT adapter names the converted folder as its base: plain peft loads it alone (no skillgraft, no GGUF)
+    # its PEFT adapter names the base as the user did (the GGUF file, not a folder in the store, issue 80); the
+    # dequantized folder plain transformers loads is in the summary and the README's load line
     cli("export", tmp_path / "g" / "grafts" / "budget-0.01", "--to", "peft", "--out", tmp_path / "adapter")
     base = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
-    assert base == str(Path(model_reference(str(tiny_gguf["q8"])).path).resolve())
+    assert base == str(tiny_gguf["q8"])
+    folder = json.loads((tmp_path / "adapter" / "skillgraft_export.json").read_text())["loads_from"]
+    assert folder == str(Path(model_reference(str(tiny_gguf["q8"])).path).resolve())
+    assert f"from_pretrained({folder!r})" in (tmp_path / "adapter" / "README.md").read_text()
     # (in this process; test_peft_adapter_reads_with_plain_peft compares a Gemma adapter's logits, and test_export.py
     # reads an adapter in a fresh interpreter without skillgraft)
     import peft
+    import transformers
 
-    m = peft.AutoPeftModelForCausalLM.from_pretrained(str(tmp_path / "adapter"))
+    m = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(folder),
+                                       str(tmp_path / "adapter"))
     assert type(m.base_model.model).__name__ == "Gemma3ForCausalLM"
 
 

@@ -128,6 +128,10 @@ def test_merge_classifiers_end_to_end(classifiers, merged):
     assert s["headline"]["max_graft_share_of_checkpoint"] < 0.5
     report = (out / "report.md").read_text()
     assert "normalized" in report and "mergekit" in report and "body only" in report
+    # where each task's test rows came from, in merge.json, report.md and on the command line (issue 80)
+    for name, t in s["tasks"].items():
+        assert t["evaluated_on"].startswith(f"{t['test']} rows: ") and f"{name}: {t['evaluated_on']}" in report
+        assert f"{name}: evaluated on {t['evaluated_on']}" in " ".join(text.split())
     # the written checkpoints, read with plain transformers calls: each task's labels, the stitched model's logits,
     # and one body shared by every task
     import transformers as tf

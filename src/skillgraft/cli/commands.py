@@ -22,7 +22,7 @@ from skillgraft.cli.config import config_option
 from skillgraft.cli.options import Options, build, default_of, from_specs, guard_empty_paths
 from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.fisher.fisher import FisherConfig
-from skillgraft.export.base import ExportSpec
+from skillgraft.export.base import ExportSpec, human_size
 from skillgraft.graft.keep import KeepSpec
 from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, options_union
 from skillgraft.verbs.apply import apply as verbs_apply  # light modules: the options' defaults live there
@@ -40,6 +40,22 @@ from skillgraft.spec import COUNT_MAX, DEMO_OUT, DEMO_SEED, SEED_MAX
 from skillgraft.train.config import FinetuneConfig
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# the options each verb's short --help shows (the rest: --help-all; issue 80: one screen at 80 columns)
+COMMON = {
+    "finetune": ("--task", "--k", "--seed", "--model", "--mode", "--optimizer", "--lr", "--steps", "--layers",
+        "--out", "--overwrite", "--json", "--device"),
+    "evaluate": ("--task", "--split", "--data", "--eval-data", "--labels", "--out", "--json", "--device"),
+    "graft": ("--finetuned", "--pretrained", "--task", "--data", "--eval-data", "--budgets", "--steps",
+        "--localizer", "--baselines", "--keep", "--out", "--overwrite", "--json", "--config", "--device"),
+    "export": ("--to", "--out", "--model", "--non-linear", "--gguf-type", "--overwrite", "--json"),
+    "sweep": ("--finetuned", "--levels", "--localizers", "--steps", "--frontier", "--out", "--overwrite", "--json",
+        "--device"),
+    "merge": ("--pretrained", "--finetuned", "--data", "--eval-data", "--names", "--budgets", "--mergekit",
+        "--routed", "--keep", "--out", "--overwrite", "--json", "--config", "--device"),
+    "continual add": ("--state", "--task", "--k", "--seed", "--model", "--steps", "--localize-steps", "--json",
+        "--device"),
+}
 
 app = App(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
           help="Find where a fine-tuned model keeps a task's skill, store it as a sparse graft, use it.")
@@ -71,7 +87,7 @@ def tasks(data_dir: Optional[Path] = DataDir,
     _report([{**_plain(t), "sizes": dict(zip(("train", "dev", "test"), t.sizes))} for t in rows])
 
 
-@app.command()
+@app.command(common=COMMON["finetune"])
 @model_verb
 @from_specs(data=Options(DataSpec, panel=DATA), model=Options(ModelSpec, panel=MODEL),
             finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",), panel=TRAIN))
@@ -92,7 +108,7 @@ def finetune(
     console.print(f"[bold green]done[/] {escape(result.line())}")
 
 
-@app.command()
+@app.command(common=COMMON["evaluate"])
 @model_verb
 @from_specs(user=Options(UserDataSpec, skip=("k", "seed", "eval_fraction", "test_limit"), panel=DATA))
 def evaluate(
@@ -149,7 +165,7 @@ Cache = typer.Option(None, help="store of finished stages (default: $SKILLGRAFT_
                      rich_help_panel=OUTPUT)
 
 
-@app.command()
+@app.command(common=COMMON["graft"])
 @model_verb
 @from_specs(localize=localizer_flags(LocalizerFlags), report=Options(ReportSpec, help={"localizer": (
                 f"localizer of the grafts: {', '.join(LOCALIZERS)}; its own options: `skillgraft localizers NAME`")},
@@ -196,6 +212,7 @@ def graft(
     options = localizer_options(report.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
     result = run_graft(GraftInputs(finetuned, pretrained, mode, task, max_length, data, user), report=report,
                        localize=options, keep=keep, frontier=frontier, out=out, overwrite=overwrite, cache=cache)
+    console.print(f"evaluated on {result.metrics.get('evaluated_on', '?')}")  # where the test rows came from
     for r in result.rows:  # typed ResultRows
         if r.kind in ("graft", "ft", "keep"):
             size = f", {r.file_bytes / 1024:.1f} KiB" if r.file_bytes else ""
@@ -271,7 +288,7 @@ def inspect(
     _report(r.document(graft_dir, compare))
 
 
-@app.command("export")
+@app.command("export", common=COMMON["export"])
 @model_verb
 @from_specs(spec=Options(ExportSpec, panel="Export"))
 def export_cmd(
@@ -286,7 +303,7 @@ def export_cmd(
 
     r = run_export(graft_dir, out, spec)
     exporter_lines(spec.to, r.summary)
-    size = f" ({r.bytes / 1024:.1f} KiB)" if r.bytes is not None else ""
+    size = f" ({human_size(r.bytes)})" if r.bytes is not None else ""
     console.print(f"[bold green]exported[/] {r.coordinates:,} grafted coordinates as {r.to} → {out}{size}")
     _report({"out": out, **r.to_dict()})
 
@@ -331,7 +348,7 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
              "support": {"candidates": row.candidates, "sharded": row.sharded, "generative": row.generative}})
 
 
-@app.command()
+@app.command(common=COMMON["sweep"])
 @model_verb
 @from_specs(sweep=Options(SweepSpec, panel="Sweep"), localize=Options(LocalizeConfig, skip=("budgets",),
                                                                      panel="Localizer (learned)"),
@@ -371,7 +388,7 @@ def _merge_specs():
                                    skip=("data", "eval_data", "data_config", "data_split", "eval_split"), panel=DATA))
 
 
-@app.command()
+@app.command(common=COMMON["merge"])
 @model_verb
 @_merge_specs()
 def merge(
@@ -406,6 +423,8 @@ def merge(
     s = run_merge(pretrained=pretrained, finetuned=finetuned, data=data, eval_data=eval_data, dev_data=dev_data,
                   grafts=grafts, names=names, shared=user, spec=spec, localize=localize, out=out, cache=cache,
                   overwrite=overwrite, mergekit_runner=_injected("mergekit_runner"), progress=True)
+    for name, t in s.record["tasks"].items():  # where each task's test rows came from (issue 80)
+        console.print(f"{name}: evaluated on {t.get('evaluated_on', '?')}")
     for r in s.rows:
         if r.error is None and r.on_test:
             console.print(f"{r.method:>26} {r.config:<24} mean acc {r.mean_accuracy:.4f} normalized "
@@ -481,7 +500,7 @@ _CONTINUAL_LOCALIZE = {n: f"localize_{n}" for n in ("steps", "lr", "batch_size",
                                                      "seed", "eval_every", "select_on", "optimizer")}
 
 
-@continual_app.command("add")
+@continual_app.command("add", common=COMMON["continual add"])
 @model_verb
 @from_specs(finetune=Options(FinetuneConfig, rename={"seed": "model_seed"}, skip=("layers",), panel=TRAIN),
             localize=Options(LocalizeConfig, rename=_CONTINUAL_LOCALIZE, skip=("budgets", "graftable"),

@@ -25,6 +25,7 @@ HUGE = 2**31 - 1          # an upper bound this large is no bound a user needs t
 NAME_WIDTH = 30           # the widest name column; a longer name has its help on the lines under it
 OPTIONS = "Options"
 ARGUMENTS = "Arguments"
+HELP_ALL = "--help-all"
 
 
 def number(v: Any) -> str:
@@ -194,19 +195,51 @@ def usage(cmd, ctx) -> str:
     return " ".join(parts)
 
 
-def describe(cmd, ctx) -> dict:
+def first_sentence(tokens: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """An option's help cut to its first clause (up to ``;`` / ``:`` / ``. ``), its bracketed facts kept: the short
+    ``--help``'s one line per option."""
+    words = [t for t in tokens if t[1] != "dim"]
+    facts = [t for t in tokens if t[1] == "dim" and not t[0].startswith(("[one", "of:"))]
+    cut, depth = [], 0
+    for word, style in words:
+        cut.append((word, style))
+        depth += word.count("(") + word.count("[") - word.count(")") - word.count("]")
+        if depth <= 0 and word.endswith((";", ":", ".")) and len(cut) >= 3:
+            cut[-1] = (word.rstrip(";:."), style)
+            break
+    return cut + facts
+
+
+def _common(cmd, param) -> bool:
+    return isinstance(param, TyperArgument) or any(o in cmd.common for o in param.opts) or param.name in cmd.common
+
+
+def describe(cmd, ctx, full: bool = True) -> dict:
     """What ``cmd``'s help says, independent of the width: usage, paragraphs, panels of (name, help tokens) and, for
-    a group, its commands. (:func:`show` lays it out at the console's width)."""
+    a group, its commands. (:func:`show` lays it out at the console's width). ``full=False``: the short ``--help`` of
+    a command with many options (``common``): its first paragraph, its common options with the first clause of their
+    help, and a last panel naming what ``--help-all`` adds."""
     panels: dict[str, list] = {}
+    hidden: dict[str, int] = {}
+    short = not full and bool(getattr(cmd, "common", ()))
     for param in cmd.get_params(ctx):
-        if getattr(param, "hidden", False):
+        if getattr(param, "hidden", False) or param.name == HELP_ALL[2:].replace("-", "_"):
             continue
         default_panel = ARGUMENTS if isinstance(param, TyperArgument) else OPTIONS
-        panels.setdefault(getattr(param, "rich_help_panel", None) or default_panel, []).append(param)
+        panel = getattr(param, "rich_help_panel", None) or default_panel
+        if short and not _common(cmd, param) and "--help" not in param.opts:
+            hidden[panel] = hidden.get(panel, 0) + 1
+            continue
+        panels.setdefault(panel, []).append(param)
     order = sorted(panels, key=lambda p: (p != ARGUMENTS, p == OPTIONS))  # arguments first, general options last
+    cut = first_sentence if short else (lambda tokens: tokens)
     out = {"usage": usage(cmd, ctx)[len(ctx.command_path):].split(),  # without the command's path: the caller's
-           "paragraphs": paragraphs(cmd.help or ""),
-           "panels": [[title, [[names(p), help_tokens(p, ctx)] for p in panels[title]]] for title in order]}
+           "paragraphs": paragraphs(cmd.help or "")[:1 if short else None],
+           "panels": [[title, [[names(p), cut(help_tokens(p, ctx))] for p in panels[title]]] for title in order]}
+    if short:
+        more = ", ".join(f"{title} {n}" for title, n in hidden.items())
+        out["panels"].append(["More options", [[HELP_ALL, [(w, "") for w in (
+            f"every option with its full help ({sum(hidden.values())} more: {more})").split()]]]])
     if isinstance(cmd, TyperGroup):
         rows = []
         for name in cmd.list_commands(ctx):
@@ -234,13 +267,39 @@ def show(desc: dict, command_path: str, console: Console | None = None) -> None:
                             width=width, padding=(0, 1)))
 
 
-def render(cmd, ctx, console: Console | None = None) -> None:
-    """Print ``cmd``'s help: usage, its doc's paragraphs, then one panel per group of options."""
-    show(describe(cmd, ctx), ctx.command_path, console)
+def render(cmd, ctx, console: Console | None = None, full: bool = False) -> None:
+    """Print ``cmd``'s help: usage, its doc's paragraphs, then one panel per group of options (the short form for a
+    command with ``common`` options unless ``full``)."""
+    show(describe(cmd, ctx, full=full), ctx.command_path, console)
+
+
+def _help_all(ctx, param, value) -> None:
+    if value and not ctx.resilient_parsing:
+        render(ctx.command, ctx, full=True)
+        ctx.exit()
 
 
 class HelpCommand(TyperCommand):
-    """A typer command whose ``--help`` is :func:`render`'s."""
+    """A typer command whose ``--help`` is :func:`render`'s. ``common`` (option names, set by
+    ``App.command(common=…)``) makes ``--help`` short — those options, a clause of help each — and adds
+    ``--help-all`` for every option, as mergekit and litgpt keep their first screen to the options most runs set
+    (issue 80: ≤ 60 lines at 80 columns)."""
+
+    common: tuple[str, ...] = ()
+    _help_all_option = None
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        if not self.common:
+            return params
+        if self._help_all_option is None:  # one object: click orders eager callbacks by identity
+            from typer._coercion import bool_flag_type_descriptor  # noqa: PLC0415 - as typer's own --help option
+            from typer.core import TyperOption  # noqa: PLC0415
+
+            self._help_all_option = TyperOption(
+                param_decls=[HELP_ALL], is_flag=True, expose_value=False, is_eager=True, callback=_help_all,
+                type_descriptor=bool_flag_type_descriptor(), help="every option of this command, with its full help")
+        return [*params, self._help_all_option]
 
     def format_help(self, ctx, formatter) -> None:
         render(self, ctx)
@@ -260,5 +319,8 @@ class App(typer.Typer):
         settings = {"help_option_names": ["-h", "--help"], **(kwargs.pop("context_settings", None) or {})}
         super().__init__(*args, context_settings=settings, cls=kwargs.pop("cls", None) or HelpGroup, **kwargs)
 
-    def command(self, *args, cls=None, **kwargs):
-        return super().command(*args, cls=cls or HelpCommand, **kwargs)
+    def command(self, *args, cls=None, common: tuple[str, ...] = (), **kwargs):
+        cls = cls or HelpCommand
+        if common:  # a short --help of these options, --help-all for the rest
+            cls = type(cls.__name__, (cls,), {"common": tuple(common)})
+        return super().command(*args, cls=cls, **kwargs)

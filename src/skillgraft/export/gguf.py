@@ -7,10 +7,10 @@ Every metadata key of the base file is copied unchanged (tokenizer included; one
 ``skillgraft.graft``: where the file came from), and so is every tensor the graft does not touch, byte for byte in
 the base's own encoding (Q4_K, Q6_K, Q8_0, …). A tensor the graft touches is written as θ_pre + γ⊙Δ — the base
 file's own dequantized values outside the region, θ_ft's on it — at a precision that holds every one of those values
-exactly (**the precision rule**, docs/export.md):
+exactly (**the precision rule**, docs/export.md): the smallest type whose read-back equals the tensor bit for bit —
 
-* its own type, when the base stored it as a float (F32, F16, BF16) that holds the grafted values exactly;
-* else BF16 for a matrix whose grafted values are all bf16 (θ_ft and θ_pre both on bf16's grid);
+* the base's own block type (Q8_0, Q4_0, …) when every value lies on its block's grid;
+* else BF16 or F16 for a matrix whose values all lie on that grid (or the norm's own float type);
 * else F32.
 
 Re-quantizing a touched tensor to the base's type would throw the graft away: a fine-tuned Δ is far below the
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Iterator
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.export.base import ExportSpec, Exporter, _as_scorer, _check_base, check_export_target
+from skillgraft.export.base import ExportSpec, Exporter, _as_scorer, _check_base, check_export_target, human_size
 from skillgraft.graft.graft import Graft
 from skillgraft.io import atomic_path
 
@@ -220,6 +220,29 @@ def _fits(shape, qtype) -> bool:
     return len(shape) >= 2 and shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0
 
 
+# bits per weight of the types the exact rule tries (gguf-py quantizes them), smallest first
+_BITS = {"Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 5.5, "Q5_1": 6.0, "Q8_0": 8.5, "BF16": 16, "F16": 16, "F32": 32}
+
+
+def _exact_candidates(src, shape) -> list:
+    """The types that may hold a touched tensor bit for bit, smallest first (F32, which always does, is appended by
+    the caller): the base's own type when gguf-py writes it (a block-quantized matrix — Q8_0, Q4_0, … — whose
+    grafted values all lie on their block's grid round-trips in it: the file keeps the base's size), then BF16 and
+    F16 for a matrix (the base's own float type for a norm, which llama.cpp computes in F32 otherwise). Another
+    quantized type is not tried: the untouched values, on the base type's grid, almost never lie on its grid."""
+    import gguf  # noqa: PLC0415
+
+    q = gguf.GGMLQuantizationType
+    kinds = []
+    if src.name in _BITS and src.name not in FLOATS and _fits(shape, src):
+        kinds.append(src)
+    if len(shape) >= 2:
+        kinds += [q.BF16, q.F16]
+    if src.name in FLOATS and src not in kinds:
+        kinds.append(src)
+    return sorted(kinds, key=lambda k: _BITS[k.name])
+
+
 # ---------------------------------------------------------------------------------------------- the plan
 def _plan(graft: Graft, reader, layout: _Layout, hf_model, gguf_type: str) -> dict[str, dict]:
     """Which GGUF tensor each graft tensor is, checked: present, readable, of a type gguf-py dequantizes."""
@@ -270,8 +293,8 @@ def _write_tensor(entry: dict, graft: Graft, name: str, theta_pre, layout: _Layo
     intended = layout.write(target.reshape(pre.shape), g)  # what the grafted model computes with, in GGUF layout
     grafted = np.where(hit, intended, a).astype(np.float32)
     src = t.tensor_type
-    if gguf_type == "exact":  # the precision rule: the first type that holds the grafted tensor bit for bit
-        kinds = ([src] if src.name in FLOATS else []) + ([gguf.GGMLQuantizationType.BF16] if grafted.ndim >= 2 else [])
+    if gguf_type == "exact":  # the precision rule: the smallest type that holds the grafted tensor bit for bit
+        kinds = _exact_candidates(src, grafted.shape)
     else:
         kind = getattr(gguf.GGMLQuantizationType, gguf_type)
         kinds = [kind] if _fits(grafted.shape, kind) or (kind.name in FLOATS and grafted.ndim >= 2) else []
@@ -421,8 +444,8 @@ class GGUF(Exporter):
             out.append(("info", f"{same} grafted tensor(s) kept their type"))
         out.append(("info", f"{summary['copied']} of {summary['tensors']} tensors and every metadata key copied from "
                             f"{summary['base']} unchanged"))
-        out.append(("info", f"{summary['bytes'] / 2**20:.1f} MiB = {summary['size_ratio']:.3f} × the base file "
-                            f"({summary['base_bytes'] / 2**20:.1f} MiB, {summary['base_quantization']})"))
+        out.append(("info", f"{human_size(summary['bytes'])} = {summary['size_ratio']:.3f} × the base file "
+                            f"({human_size(summary['base_bytes'])}, {summary['base_quantization']})"))
         if not summary["exact"]:
             out.append(("warning", f"--gguf-type {summary['gguf_type']}: {summary['coordinates'] - summary['kept']:,} "
                                    f"of {summary['coordinates']:,} grafted coordinates are not kept (re-quantized); "

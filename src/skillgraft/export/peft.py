@@ -36,8 +36,9 @@ from pathlib import Path
 
 from skillgraft.lazy import nn, torch
 
-from skillgraft.export.base import (_HUB_IDS, check_export_target, ADAPTER_WEIGHTS, PEFT_PREFIX, SCORER_PREFIX, SUMMARY_FILE, ExportSpec,
-                                    Exporter, _as_scorer, _check_base, _head_file, _header, _hf_name)
+from skillgraft.export.base import (_HUB_IDS, ADAPTER_WEIGHTS, PEFT_PREFIX, SCORER_PREFIX, SUMMARY_FILE, ExportSpec,
+                                    Exporter, _as_scorer, _check_base, _head_file, _header, _hf_name, check_export_target,
+                                    human_size)
 from skillgraft.export.card import peft_readme
 from skillgraft.export.shira import Layer, apply_entries, count_in, grafted, placeholder_layer, plan_routes
 from skillgraft.graft.graft import Graft
@@ -45,7 +46,10 @@ from skillgraft.io import atomic_dir
 from skillgraft.models.families import body_prefix
 
 
-def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str = "tensors",
+HEAD_REASON = "carried task head (θ_pre lacks it)"
+
+
+def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str = "modules_to_save",
                 head: str = "separate", overwrite: bool = False, force: bool = False) -> dict:
     """Write ``graft`` as a PEFT SHiRA adapter for ``base`` (a Scorer or its plain HF model); returns the summary.
 
@@ -63,7 +67,7 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
         _head_file(graft, scorer, Path(out), "refuse", "PEFT adapter")
     plan = plan_routes(graft, hf, spec.non_linear)
     taken = {l.path for l in plan.whole}
-    plan.whole += [Layer(path, hf.get_submodule(path), {}, "carried task head (θ_pre lacks it)")
+    plan.whole += [Layer(path, hf.get_submodule(path), {}, HEAD_REASON)
                    for path in own_head if path not in taken]
     placeholder = None
     if not plan.shira:
@@ -89,7 +93,8 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
         window = torch.arange(min(rows * cols, flat.numel() + n_pad))
         pad = window[~torch.isin(window, flat)][:n_pad]
         flat = torch.cat([flat, pad])
-        tensors[f"{PEFT_PREFIX}{layer.path}.shira_indices"] = torch.stack([flat // cols, flat % cols]).to(torch.int32)
+        tensors[f"{PEFT_PREFIX}{layer.path}.shira_indices"] = torch.stack([flat // cols, flat % cols]).to(
+            _index_dtype(rows, cols))
         tensors[f"{PEFT_PREFIX}{layer.path}.shira_weight"] = torch.cat([vals, torch.zeros(n_pad, dtype=vals.dtype)])
         entries[layer.path] = int(flat.numel() - n_pad)
         padding += n_pad
@@ -110,7 +115,9 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
     shira_coords = sum(len(graft.region.indices[l.touched["weight"]]) for l in plan.shira if l.touched)
     summary = {
         "to": "peft", "out": str(out), "format": "PEFT SHiRA adapter", "base_model": _base_name(graft, scorer),
-        "coordinates": graft.size,
+        "coordinates": graft.size, "graft_bytes": _graft_bytes(graft),
+        "restores_base": {"disable_adapter": not plan.tensors,  # peft keeps modules_to_save on unload()
+                          "unload": not plan.tensors and all(l.reason == HEAD_REASON for l in plan.whole)},
         "routes": {
             "shira": {"modules": len(plan.shira) - (placeholder is not None), "coordinates": shira_coords,
                       "padding_entries": padding, "entries": sum(entries.values()) + padding, "r": plan.r,
@@ -124,6 +131,9 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
         },
         "replace_pairs": pairs, "inexact": inexact,
     }
+    loads_from = _loadable_base(graft, scorer)
+    if loads_from and loads_from != summary["base_model"]:
+        summary["loads_from"] = loads_from
     if own_head:  # a classifier: the labels its head was trained for, which the base's config does not know
         id2label = {int(k): str(v) for k, v in (getattr(hf.config, "id2label", None) or {}).items()}
         summary["labels"] = {"num_labels": len(id2label), "id2label": id2label}
@@ -169,12 +179,31 @@ def _own_head(graft: Graft, hf: nn.Module) -> list[str]:
 
 
 def _base_name(graft: Graft, scorer) -> str:
-    """The base as plain transformers / peft load it: a hub id, or the folder a GGUF file was converted into (its
-    dequantized weights are the base; a hub copy of the unquantized model is another base)."""
+    """The base as the user named it (``--pretrained``, a run's ``--model``; the bundled MiniLM as its hub id): what
+    peft records, as ``PeftModel.save_pretrained`` records the name a model was loaded by — never a store folder."""
+    name = graft.base_model or getattr(scorer, "base_model", "") or ""
+    return _HUB_IDS.get(name, name)
+
+
+def _loadable_base(graft: Graft, scorer) -> str:
+    """Where plain transformers loads that base from when its name is no Hugging Face model: the folder a GGUF file
+    (or ``gemma-3-270m``) was dequantized into (its weights are the base; a hub copy of the unquantized model is
+    another base); '' otherwise."""
     from skillgraft.models.loading import converted_base  # noqa: PLC0415
 
-    name = graft.base_model or getattr(scorer, "base_model", "") or ""
-    return converted_base(name) or _HUB_IDS.get(name, name)
+    return converted_base(graft.base_model or getattr(scorer, "base_model", "") or "")
+
+
+def _index_dtype(rows: int, cols: int):
+    """SHiRA's (row, column) indices as int16 when the weight allows: peft reads them with ``.to(torch.int)`` on
+    load (``ShiraModel._remap_adapter_state_dict_for_load``), so 8 bytes an entry instead of 12."""
+    return torch.int16 if max(rows, cols) <= torch.iinfo(torch.int16).max else torch.int32
+
+
+def _graft_bytes(graft: Graft) -> int:
+    """The bytes of the graft's own file (8 per coordinate: an int32 position and an fp32 value) and its carried
+    tensors: the size a PEFT adapter is compared with."""
+    return 8 * graft.size + sum(t.numel() * t.element_size() for t in graft.carried.values())
 
 
 class Peft(Exporter):
@@ -191,6 +220,14 @@ class Peft(Exporter):
         """The routes: SHiRA entries, modules stored whole, tensors stored whole; then the head and inexact lines."""
         out = []
         routes = summary.get("routes", {})
+        if "bytes" in summary and "graft_bytes" in summary:
+            out.append(("info", f"adapter {human_size(summary['bytes'])} for a graft of "
+                                f"{human_size(summary['graft_bytes'])}"))
+        restores = summary.get("restores_base") or {}
+        if restores.get("disable_adapter"):
+            out.append(("info", "disable_adapter() computes the base model exactly" + (
+                "; so does unload()" if restores.get("unload") else
+                "; unload() keeps the modules stored whole (peft keeps modules_to_save on unload)")))
         sh, ms, ts = routes["shira"], routes["modules_to_save"], routes["tensors"]
         out.append(("info", f"SHiRA: {sh['coordinates']:,} coordinates in {sh['modules']} Linear weight(s) "
                             f"(+{sh['padding_entries']:,} zero entries, r={sh['r']})"
@@ -202,9 +239,10 @@ class Peft(Exporter):
                 out.append(("hint", "--non-linear tensors stores only the grafted tensors (biases and norms, not whole "
                                     "modules); --to delta stores only the coordinates"))
         if ts["tensors"]:
-            out.append(("info", f"tensors: {ts['coordinates']:,} coordinates in {len(ts['tensors'])} tensor(s) stored "
-                                f"whole ({ts['stored_parameters']:,} parameters; loaded into the base model, not "
-                                "undone by disabling the adapter)"))
+            out.append(("warning", f"tensors: {ts['coordinates']:,} coordinates in {len(ts['tensors'])} tensor(s) "
+                                   f"written into the base model on load ({ts['stored_parameters']:,} parameters): "
+                                   "disable_adapter() and unload() do not undo them; the default --non-linear "
+                                   "modules_to_save does"))
         if sh["padding_entries"] > max(sh["coordinates"], 1):
             out.append(("hint", f"most SHiRA entries are zero padding (SHiRA holds r·(m+n) entries per Linear, "
                                 f"{sh['padding_entries']:,} here): --to delta stores only the coordinates"))

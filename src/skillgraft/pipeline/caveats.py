@@ -2,6 +2,8 @@
 
 * the fine-tuned model scores at or below chance on the held-out rows: *share of FT*, *gap closed* and a merge's
   *normalized* accuracy divide by noise (issue 36: "share of FT 1.050", "normalized 2.857");
+* the fine-tuned model scores perfectly on its evaluation rows: it has most likely seen them (issue 80: rows held
+  out of the --data it was fine-tuned on gave "mean acc 1.0000");
 * the evaluation rows hold one label only: accuracy then measures agreement with that one class;
 * most of the fine-tuning change lies outside the graftable body (the embeddings, say): no graft of the body can
   keep it, and FT's row counts parameters no region is drawn from (its density was 5.57e+01, unflagged; now
@@ -42,6 +44,29 @@ def below_chance(accuracy: float | None, labels: list[int], num_labels: int, who
         return None
     return (f"{who} scores {accuracy:.3f} on the held-out rows, at or below chance ({words}): it learned nothing "
             f"measurable there, so {derived} divide by noise and mean nothing")
+
+
+def evaluation_source(member) -> str:
+    """Where a member's evaluation rows came from, in words: said by every report, its JSON and the command line
+    (issue 80: a fraction of --data held out silently made a fine-tune trained on that file score 1.000)."""
+    n = len(member.test)
+    note = getattr(getattr(member, "inputs", None), "data_note", "") or ""
+    if "evaluated on " in note:
+        return f"{n} rows: {note.split('evaluated on ', 1)[1]}"
+    task = getattr(member, "task", None) or member.data.task.name
+    return f"{n} rows of the {task} test split (registered task: rows no k-shot draw takes)"
+
+
+def perfect_ft(score: float | None, source: str, who: str) -> str | None:
+    """The caveat for a fine-tuned model scoring perfectly on its evaluation rows, or None: it has most likely seen
+    them (held-out rows of the file it was trained on), and every share of FT then measures memorised rows."""
+    if score is None or score < 1.0:
+        return None
+    held = " held out" in source
+    return (f"{who} scores {score:.3f} on its evaluation rows ({source}): a perfect score usually means it was "
+            "trained on them" + (" (the rows held out of --data are rows of the file it was fine-tuned on, if it "
+                                 "was)" if held else "")
+            + "; give --eval-data with rows it never saw, or its shares of FT measure memorised rows")
 
 
 def one_label(labels: list[int], names: tuple[str, ...] | list[str], where: str) -> str | None:
@@ -118,6 +143,8 @@ def graft_caveats(member, rows: list[Mapping], graftable: str = "body") -> list[
     accuracy = (ft.get("accuracy") if ft is not None else None) if num_labels else None
     return warned([
         below_chance(accuracy, labels, num_labels, "the fine-tuned model", "share of FT and gap closed"),
+        perfect_ft(ft.get("score") if ft is not None and num_labels else None, evaluation_source(member),
+                   "the fine-tuned model"),
         one_label(labels, tuple(task.labels), f"{task.name} test") if num_labels else None,
         outside_body(member, graftable),
     ])
@@ -157,5 +184,6 @@ def merge_caveats(members: Mapping, ft_test: Mapping[str, float]) -> list[str]:
         accuracy = ft_test.get(name) if getattr(task, "metric", "accuracy") == "accuracy" else None
         out += [below_chance(accuracy, labels, num_labels, f"task {name}: its fine-tuned model",
                              "every method's normalized accuracy on it and the means"),
+                perfect_ft(ft_test.get(name), evaluation_source(member), f"task {name}: its fine-tuned model"),
                 one_label(labels, tuple(task.labels), f"task {name} test")]
     return warned(out)

@@ -12,6 +12,7 @@ Everything else — keeping the best dev weights, region masks, Auto-RGN, snapsh
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -139,6 +140,20 @@ def dev_metrics(model, sampler, step: int, batch_size: int) -> dict | None:
             **{f"dev:{t}": s for t, s in scores.items() if t is not None}}
 
 
+def _plan(desc: str, sampler, config: FinetuneConfig, steps: int, world: int):
+    """Say the fine-tuning's plan before step 1 (:mod:`skillgraft.eta`: rows, steps, dev scoring) and return what
+    says its estimated time once the first batch is timed."""
+    from skillgraft.eta import estimate_line, forward_equivalents, plan_line, say  # noqa: PLC0415
+
+    rows = sum(len(train or []) for train, _ in sampler.data.values())
+    dev = sum(len(d or []) for _, d in sampler.data.values())
+    evals = (len(range(config.eval_every, steps, config.eval_every)) if config.eval_every else 0) + 1 if dev else 0
+    what = (desc or "finetune").split(" (")[0]
+    say(plan_line(what, rows=rows, steps=steps, batch=config.batch_size, scored=evals, score_rows=dev))
+    scoring = forward_equivalents(evals * dev, config.batch_size)  # the dev forwards, in training batches
+    return lambda seconds: say(estimate_line(what, seconds, steps, scoring=scoring))
+
+
 def _checkpoint(config: FinetuneConfig, sampler, callbacks, params, model, accelerator):
     """The fine-tuning's checkpoint in the store stage being written; None outside one, with a callback whose state
     is not saved (Auto-RGN, snapshots: such runs start over), or on a model Accelerate sharded (FSDP2 on GPUs).
@@ -248,9 +263,12 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
     batches = iter(sampler)
     for _ in range(done):  # the batches of the steps done before the stop: drawn (a seeded schedule), not run
         next(batches)
+    timed = _plan(desc, sampler, config, steps, world) if progress and accelerator.is_main_process and not done \
+        else None
     bar = tqdm(batches, total=steps, desc=desc, disable=not (progress and accelerator.is_main_process),
                initial=done)
     for step, (task, examples) in enumerate(bar, start=done):
+        t0 = time.perf_counter()
         batch = view_of(raw, task).collate(examples[rank::world])
         batch = {k: v.to(accelerator.device) for k, v in batch.items()}
         labels = batch.pop("labels")
@@ -261,6 +279,11 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
         shared = accelerator.reduce(loss.detach(), reduction="mean") if world > 1 else loss.detach()
         value = check_loss(shared, "fine-tuning", step + 1)  # before the step, on every process: never train on NaN
         accelerator.backward(loss)
+        if timed is not None:  # the first batch timed: the run's estimated time, said once
+            if accelerator.device.type == "cuda":
+                torch.cuda.synchronize(accelerator.device)
+            timed(time.perf_counter() - t0)
+            timed = None
         emit(callbacks, "on_after_backward", step)
         if config.max_grad_norm:
             accelerator.clip_grad_norm_(params, config.max_grad_norm)

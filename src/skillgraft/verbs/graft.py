@@ -154,13 +154,15 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
     universe = (next(iter(regions.values())).universe_size if regions else
                 sum(int(np.prod(s)) for s in region_universe(member.pre, options.graftable).values()))
     head_only = next((v for v in variants if v.kind == "head-only"), None)
+    from skillgraft.pipeline.caveats import evaluation_source, graft_caveats  # noqa: PLC0415
+
     metrics = {"task": member.task, "k": member.k, "seed": member.seed, "test_n": len(member.test),
+               "evaluated_on": evaluation_source(member),
                "graftable_parameters": universe, "total_parameters": member.total_parameters,
+               "all_parameters": sum(p.numel() for p in member.pre.parameters()),  # + the carried head (one count)
                "localizer": report.localizer, "localization": summary,
                "carried_parameters": head_only.graft.carried_size if head_only else 0, "rows": rows,
                "placement": placement_record(member.pre)}
-    from skillgraft.pipeline.caveats import graft_caveats  # noqa: PLC0415
-
     metrics["caveats"] = graft_caveats(member, rows, options.graftable)  # results that mean nothing: warned, noted
     from skillgraft.pipeline.fit import fit_plot, fit_section  # noqa: PLC0415
 
@@ -273,10 +275,10 @@ def figures_markdown(ref: str) -> list[str]:
             "stands above orange and green at small sizes: the learned region finds it where |Δ| and chance do "
             f"not. Sizes where blue reaches 1 keep all of FT's skill (the table's *gap closed* is from {ref}).", "",
             "![reliability](reliability.png)", "",
-            "**Reliability diagram of FT vs the grafts** (`reliability.png`): accuracy in each of 10 confidence bins "
-            "against the diagonal (perfect calibration), one curve per model. A graft whose curve lies on FT's keeps "
-            "FT's calibration as well as its accuracy; below the diagonal is over-confident, above under-confident "
-            "(the table's ECE sums the gaps).", "",
+            "**Reliability diagram of FT vs the grafts** (`reliability.png`): one panel per model, its accuracy in "
+            "each of 10 confidence bins (bars) against the diagonal (dashed: perfect calibration). A graft whose "
+            "bars match FT's panel keeps FT's calibration as well as its accuracy; bars below the diagonal are "
+            "over-confident, above under-confident (the panel's ECE, as the table's, sums the gaps).", "",
             "More figures: [confidence histogram](confidence.png) (how sure each model is on the test rows), "
             "[score vs size per localizer](accuracy_vs_size.png) (every baseline's raw score).", ""]
 
@@ -302,6 +304,29 @@ def placement_record(model) -> dict:
     return {"device": str(device_of(model)), "precision": precision_of(model), "described": describe_module(model)}
 
 
+def parameters_line(metrics: dict) -> str:
+    """The model's parameters, counted once and split: all of them = the base model's + the carried task head's;
+    the graftable body is part of the base model's (issue 80: the report said 22,713,216, a finetune 22,713,986)."""
+    carried = metrics["carried_parameters"]
+    whole = metrics.get("all_parameters") or metrics["total_parameters"] + carried
+    split = (f" = {metrics['total_parameters']:,} in the base model + {carried:,} in the carried task head (travels "
+             "whole with every graft; counted separately)") if carried else " (the base model's)"
+    return (f"Parameters: {whole:,}{split}; graftable (the body): {metrics['graftable_parameters']:,} of the base "
+            "model's.")
+
+
+def step_rate(loc: dict) -> str:
+    """The localization's time per step, from one source: its wall time (scoring included, as the progress bar
+    counts it) over its steps, with the median step alone beside it."""
+    steps = (loc.get("config") or {}).get("steps") or 0
+    trajectories = max(1, len(loc.get("budgets") or []) if (loc.get("config") or {}).get("per_size") else 1)
+    if loc.get("seconds") and steps:
+        per = loc["seconds"] / (steps * trajectories)
+        return (f"{per:.2f} s/step overall ({loc['seconds']:.0f} s for {steps * trajectories} steps, scoring "
+                f"included; a step alone {loc['step_seconds']:.2f} s, median)")
+    return f"{loc['step_seconds']:.2f} s/step (median, scoring excluded)"
+
+
 def report_markdown(metrics: dict) -> str:
     """The grafting report: one table (score, ECE, agreement with FT, parameters, file size) and plots."""
     metric = "F1" if any("f1" in r for r in metrics["rows"]) else "accuracy"
@@ -310,9 +335,8 @@ def report_markdown(metrics: dict) -> str:
     ref = "head-only" if metrics["carried_parameters"] else "pre-trained"
     shots = f"{metrics['k']}-shot" if metrics["k"] else "all rows"  # k = 0: a user's data, every row
     lines = [f"# Grafting report — {metrics['task']}, {shots}, data seed {metrics['seed']}", "",
-             f"Test examples: {metrics['test_n']}. Graftable parameters (body): {metrics['graftable_parameters']:,} "
-             f"of {metrics['total_parameters']:,}. Carried task head: {metrics['carried_parameters']:,} parameters "
-             "(travels whole with every graft; counted separately).", ""]
+             f"Evaluated on {metrics.get('evaluated_on') or str(metrics['test_n']) + ' test rows'}. "
+             + parameters_line(metrics), ""]
     from skillgraft.pipeline.caveats import caveat_markdown  # noqa: PLC0415
 
     lines += caveat_markdown(metrics.get("caveats"))
@@ -323,13 +347,14 @@ def report_markdown(metrics: dict) -> str:
                     f"gain, at most {cfg.get('steps')} steps" if cfg.get("schedule") == "fit" else
                     f"{cfg.get('steps')} steps")
         lines += [f"Localization: {schedule}, lr {cfg.get('lr', 0):g}, base patch {base}, "
-                  f"{loc['step_seconds']:.2f} s/step, best step {best_steps(loc['best_step'])}.", ""]
+                  f"{step_rate(loc)}, best step {best_steps(loc['best_step'])}.", ""]
     if metrics.get("fit"):
         from skillgraft.pipeline.fit import fit_markdown  # noqa: PLC0415
 
         lines += fit_markdown(metrics["fit"])
     else:
         lines += [f"Localizer: {metrics['localizer']}.", ""]
+    lines += figures_markdown(ref)  # the figures first, then the table (as the README says)
     lines += [f"| model | params | density | {metric} | share of FT | gap closed | ECE | agreement w/ FT | file |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in metrics["rows"]:
@@ -349,7 +374,7 @@ def report_markdown(metrics: dict) -> str:
                   "loss drop* = (L_pre − L) ÷ (L_pre − L_FT); *exact match*: the gold completion is the most likely of "
                   "the label completions (when completions are labels)."]
     lines += ["", f"*share of FT* = score ÷ fine-tuned score; *gap closed* = (score − {ref}) ÷ (FT − {ref}); "
-              "ECE: 10 equal-width bins over the max probability (Guo et al.).", "", *figures_markdown(ref)]
+              "ECE: 10 equal-width bins over the max probability (Guo et al.).", ""]
     if metrics.get("keep"):
         from skillgraft.pipeline.keep import keep_markdown  # noqa: PLC0415
 

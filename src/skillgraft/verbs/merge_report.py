@@ -41,12 +41,15 @@ def summarize(results: list[Scored], ft: Scored, members: Mapping[str, Member], 
     for method, options in methods:
         headline.update(method.headline(rows, options))
     headline.update(peers_headline(plain_rows))
+    from skillgraft.pipeline.caveats import evaluation_source  # noqa: PLC0415
+
     tasks = {}
     for n in names:
         member = members[n]
         tasks[n] = {"finetuned": member.ft.base_model, "task": member.task, "labels": list(member.data.task.labels),
                     "train": len(member.data.train), "dev": len(member.data.dev), "test": len(member.test),
-                    "data": member.inputs.data_note, "graft_size": grafts[n].size, "graft_bytes": graft_bytes[n],
+                    "data": member.inputs.data_note, "evaluated_on": evaluation_source(member),
+                    "graft_size": grafts[n].size, "graft_bytes": graft_bytes[n],
                     "checkpoint_bytes": ckpt[n]}
     from skillgraft.pipeline.caveats import merge_caveats  # noqa: PLC0415
 
@@ -117,6 +120,8 @@ def report_markdown(s: dict, methods: list[MergeMethod]) -> str:
         share = t["graft_bytes"] / t["checkpoint_bytes"] if t["checkpoint_bytes"] else float("nan")
         lines.append(f"| {n} | `{t['finetuned']}` | {len(t['labels'])} | {t['train']} | {t['dev']} | {t['test']} | "
                      f"{t['graft_size']:,} | {t['graft_bytes']:,} | {t['checkpoint_bytes']:,} | {100 * share:.2f}% |")
+    lines += ["", "Evaluated on: " + "; ".join(f"{n}: {t['evaluated_on']}" for n, t in s["tasks"].items()
+                                             if t.get("evaluated_on")) + "."]
     from skillgraft.pipeline.caveats import caveat_markdown  # noqa: PLC0415
 
     lines += ["", *caveat_markdown(s.get("caveats"))]

@@ -350,6 +350,10 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
     def scored(step: int) -> bool:
         return step >= relax.first and (step % plan.eval_every == 0 or step in (relax.first, plan.steps))
 
+    label = f"localize ({relax.name} {budgets[0].label})" if relax.per_budget else "localize"
+    timed = None
+    if progress and accelerator.is_main_process and resumed is None and not (where or {}).get("group"):
+        timed = _plan(plan, relax, budgets, train, select, batch_n, world, scored, label)  # said before step 1
     if resumed is not None:
         done = resume(resumed)
     else:
@@ -357,12 +361,14 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
         layout.write(relax.mask(0), relax.absolute)
         layout.forget()
         if scored(0):
+            t0 = time.perf_counter()
             score(0)
+            if timed is not None:
+                timed.scoring = time.perf_counter() - t0
     why, last = f"the step cap ({plan.steps})", done
     stop = plan.schedule.stop(history, budgets, reference, done) if done == 0 and scored(0) else None
     if stop is not None:  # the start already fits: no step is taken
         why = stop
-    label = f"localize ({relax.name} {budgets[0].label})" if relax.per_budget else "localize"
     bar = tqdm(range(done + 1, plan.steps + 1) if stop is None else [], desc=label, initial=done, total=plan.steps,
                disable=not (progress and accelerator.is_main_process) or stop is not None)
     guard = _FirstNonFinite(accelerator.device)
@@ -371,7 +377,9 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
             t0 = time.perf_counter()
             order = rng.permutation(len(train))[:batch_n] if batch_n < len(train) else np.arange(len(train))
             _step(pre, layout, relax, optimizer, train, by_length(train, order[rank::world]), plan.micro_batch, batch_n,
-                  math.ceil(len(order) / world) if lockstep else None, accelerator.device, group, guard, step)
+                  math.ceil(len(order) / world) if lockstep else None, accelerator.device, group, guard, step,
+                  timed=timed)
+            timed = None  # the first micro-batch only
             step_times.append(time.perf_counter() - t0)
             if scored(step) or step == plan.steps:
                 guard.check()  # the loss is read here, where the loop reads anyway, never inside a step
@@ -397,21 +405,66 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
 
 
 def _step(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, train, mine: np.ndarray, micro_batch: int,
-          batch_n: int, lockstep: int | None, device, group: Group, guard: _FirstNonFinite, step: int) -> None:
+          batch_n: int, lockstep: int | None, device, group: Group, guard: _FirstNonFinite, step: int,
+          timed: Callable[[float], None] | None = None) -> None:
     """One update of z and the mask it writes, with no host synchronisation (batches go to the device
-    ``non_blocking``; the loss stays there, its finiteness gating the update: :class:`_FirstNonFinite`)."""
+    ``non_blocking``; the loss stays there, its finiteness gating the update: :class:`_FirstNonFinite`).
+    ``timed``: given the seconds of this step's first micro-batch (synchronised once: the run's time estimate)."""
     total = 0.0
     for chunk, weight in _micro_batches(mine, micro_batch, lockstep):
+        t0 = time.perf_counter()
         batch = pre.collate([train[i] for i in chunk])
         batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         loss = batch_loss(pre, batch, reduction="sum") / batch_n  # cross-entropy (generative: completion tokens)
         (loss if weight == 1 else loss * weight).backward()
         total = total + loss.detach() * weight
+        if timed is not None:
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize(device)
+            timed(time.perf_counter() - t0)
+            timed = None
     finite = guard.see(group.sum_(total), step)
     layout.current  # noqa: B018 - the held mask, recomputed (if dropped) before its parameters move
     optimizer.step(relax.grad(layout.grads()), finite)  # a non-finite loss moves nothing: a NaN is never stored
     layout.write(relax.mask(step), relax.absolute)
     layout.forget()  # between steps (the backward's peak) only what cannot be recomputed stays
+
+
+def _plan(plan: Plan, relax: Relaxation, budgets: list[Budget], train, select, batch_n: int, world: int, scored,
+          label: str) -> "_Estimate":
+    """Say the localization's plan before step 1 (:mod:`skillgraft.eta`) and return what says its estimated time
+    once the first micro-batch is timed (with the first scoring's time, when it scores at step 0)."""
+    from skillgraft.eta import plan_line, say  # noqa: PLC0415
+
+    trajectories = len(plan.budgets) if plan.one_budget_each(relax) else 1
+    per_step = math.ceil(math.ceil(batch_n / world) / plan.micro_batch)
+    times = sum(1 for s in range(plan.steps + 1) if scored(s)) if select else 0
+    what = label.split(" (")[0]
+    say(plan_line(what, rows=len(train), steps=plan.steps, batch=batch_n, micro_batches=per_step, scored=times,
+                  score_rows=len(select or []), trajectories=trajectories))
+    rows = math.ceil(batch_n / world) / per_step  # rows of a training micro-batch
+    return _Estimate(what, trajectories * plan.steps * per_step, trajectories * times,
+                     len(budgets) * math.ceil(len(select or []) / world), rows)
+
+
+class _Estimate:
+    """The localization's estimated time, said once its first micro-batch is timed (:mod:`skillgraft.eta`)."""
+
+    def __init__(self, what: str, training: int, scorings: int, rows_per_scoring: int, rows_per_micro_batch: float):
+        self.what, self.training, self.scorings = what, training, scorings
+        self.rows_per_scoring, self.rows_per_micro_batch = rows_per_scoring, rows_per_micro_batch
+        self.scoring: float | None = None  # the first scoring's seconds (step 0), when it ran before step 1
+
+    def __call__(self, first_micro_batch: float) -> None:
+        from skillgraft.eta import estimate_line, forward_equivalents, say  # noqa: PLC0415
+
+        if self.scoring is not None:  # that scoring is done: the others take about as long
+            rest = max(0, self.scorings - 1)
+            say(estimate_line(self.what, first_micro_batch, self.training, scoring_seconds=rest * self.scoring,
+                              scorings=rest))
+        else:
+            forwards = forward_equivalents(self.scorings * self.rows_per_scoring, round(self.rows_per_micro_batch))
+            say(estimate_line(self.what, first_micro_batch, self.training, scoring=forwards))
 
 
 class _FirstNonFinite:

@@ -1,0 +1,76 @@
+"""A long run's plan and its estimated time, said before the work (issue 80: a localizer of 100 steps at 43 s each
+showed its 1 h 08 min only after the first step).
+
+As transformers' ``Trainer`` prints its totals before training (examples, steps, batch size), the localizer and
+fine-tuning loops say, before step 1, what they will do (:func:`plan_line`: rows, steps, batch, scoring), and, once
+the first micro-batch is timed, about how long it will take (:func:`estimate_seconds`, :func:`estimate_line`). The
+estimate is the first micro-batch's time × the micro-batches to come, plus the scoring: the first scoring's time ×
+the scorings to come where the loop scores before step 1 (the localizer), else its forwards counted as a third of a
+training micro-batch per row (:func:`forward_equivalents`). A loaded machine's timing varies: it is an estimate.
+Said on stderr, only where the loop shows progress. (A memory plan, issue 76, is its own function beside these.)
+"""
+
+from __future__ import annotations
+
+import sys
+
+FORWARD_SHARE = 1 / 3  # a forward-only (scoring) micro-batch ≈ a third of a forward + backward one
+
+
+def duration(seconds: float) -> str:
+    """``43 s``, ``7 min 10 s``, ``1 h 08 min``: a time as a person reads it."""
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    minutes, sec = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {sec:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def estimate_seconds(first_micro_batch: float, training: int, scoring: float = 0.0,
+                     scoring_seconds: float = 0.0) -> float:
+    """Seconds for ``training`` forward + backward micro-batches from the time of the first one, plus the scoring:
+    ``scoring_seconds`` when timed (the loop's first scoring × the scorings to come), plus ``scoring`` forward work in
+    training micro-batch equivalents (:func:`forward_equivalents`) where it was not."""
+    return first_micro_batch * (training + scoring) + scoring_seconds
+
+
+def forward_equivalents(rows: int, rows_per_micro_batch: int) -> float:
+    """Forward-only work over ``rows`` rows in training micro-batches of ``rows_per_micro_batch`` rows (a forward ≈
+    :data:`FORWARD_SHARE` of a forward + backward)."""
+    return FORWARD_SHARE * rows / max(1, rows_per_micro_batch)
+
+
+def plan_line(what: str, *, rows: int, steps: int, batch: int, micro_batches: int = 1, scored: int = 0,
+              score_rows: int = 0, trajectories: int = 1) -> str:
+    """What a loop will do, before step 1: ``localize: 100 steps of 16 of 64 rows (1 micro-batch each), scored 11
+    times on 32 rows``."""
+    runs = f"{trajectories} trajectories × " if trajectories > 1 else ""
+    line = (f"{what}: {runs}{steps:,} steps of {batch:,} of {rows:,} rows "
+            f"({micro_batches} micro-batch{'es' if micro_batches != 1 else ''} each)")
+    if scored and score_rows:
+        line += f", scored {scored} time{'s' if scored != 1 else ''} on {score_rows:,} rows"
+    return line
+
+
+def estimate_line(what: str, first_micro_batch: float, training: int, scoring: float = 0.0,
+                  scoring_seconds: float = 0.0, scorings: int = 0) -> str:
+    """The estimate, once the first micro-batch is timed: ``localize: about 9 min 10 s (estimated: first micro-batch
+    9.70 s × 10 training micro-batches + 10 more scorings at 44.1 s, the first one's time)``."""
+    total = estimate_seconds(first_micro_batch, training, scoring, scoring_seconds)
+    parts = f"{training:,} training micro-batches"
+    if scoring_seconds and scorings:
+        parts += f" + {scorings} more scoring{'s' if scorings != 1 else ''} at {scoring_seconds / scorings:.1f} s, " \
+                 "the first one's time"
+    elif scoring:
+        parts += f" + scoring (forwards: {scoring:.1f} micro-batch equivalents)"
+    return f"{what}: about {duration(total)} (estimated: first micro-batch {first_micro_batch:.2f} s × {parts})"
+
+
+def say(line: str) -> None:
+    """One line on stderr, above a progress bar if one is drawn."""
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
+    tqdm.write(line, file=sys.stderr)
