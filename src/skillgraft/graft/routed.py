@@ -27,7 +27,7 @@ from pathlib import Path
 from skillgraft.lazy import torch
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.graft import Graft
+from skillgraft.graft.graft import Graft, active_graft
 
 FORMAT = "skillgraft-routed"
 FORMAT_VERSION = 1
@@ -87,14 +87,90 @@ def read_routed(folder: Path) -> dict:
     return record
 
 
+class _Gate:
+    """Which skill the one model holds, shared by every caller of that skill (or of the base, ``None``).
+
+    A caller of another skill waits until the model is free: the last caller of a skill reverts it (θ_pre bit-exact
+    again), the first of the next applies its own. A waiting caller of another skill stops new callers of the held
+    one from joining, so no skill starves. A thread already inside ``use(A)`` may enter ``use(A)`` again (it does
+    not wait on itself); ``use(B)`` inside ``use(A)`` in one thread is refused in one line (it would wait forever)."""
+
+    def __init__(self):
+        import threading  # noqa: PLC0415
+
+        self.cond = threading.Condition()
+        self.local = threading.local()
+        self.holders = 0          # callers inside the held skill's block
+        self.current = None       # the held skill (None: the base) while holders > 0
+        self.undo = None          # reverts what entering the held skill wrote
+        self.waiting: dict = {}   # skill → callers waiting for it
+        self.swaps = 0            # skills applied (each once per group of callers)
+
+    def held(self) -> list:
+        stack = getattr(self.local, "stack", None)
+        if stack is None:
+            stack = self.local.stack = []
+        return stack
+
+    def acquire(self, skill, enter) -> None:
+        """Wait until ``skill`` holds the model (``enter(skill)`` applies it, returning its undo)."""
+        stack = self.held()
+        if stack:
+            if stack[-1] != skill:
+                raise SkillgraftError(f"skill {skill or 'base'!r} asked for inside skill {stack[-1] or 'base'!r} in "
+                                      "one thread: leave the first `use` block before entering another skill's")
+            with self.cond:
+                self.holders += 1
+            stack.append(skill)
+            return
+        with self.cond:
+            self.waiting[skill] = self.waiting.get(skill, 0) + 1
+            try:
+                while self.holders and (self.current != skill
+                                        or any(n for s, n in self.waiting.items() if s != skill)):
+                    self.cond.wait()
+            finally:
+                self.waiting[skill] -= 1
+                if not self.waiting[skill]:
+                    del self.waiting[skill]
+            if not self.holders:
+                try:
+                    self.undo = enter(skill)
+                except BaseException:
+                    self.cond.notify_all()
+                    raise
+                self.current = skill
+                self.swaps += skill is not None
+            self.holders += 1
+        stack.append(skill)
+
+    def release(self) -> None:
+        """Leave the held skill; the last caller out reverts it and lets the waiting callers in."""
+        self.held().pop()
+        with self.cond:
+            self.holders -= 1
+            if self.holders:
+                return
+            undo, self.undo, self.current = self.undo, None, None
+            try:
+                if undo is not None:
+                    undo()
+            finally:
+                self.cond.notify_all()
+
+
 class RoutedSkills:
-    """A base model and named skills (grafts with their heads); :meth:`use` applies one for a block."""
+    """A base model and named skills (grafts with their heads); :meth:`use` applies one for a block.
+
+    Safe under concurrent callers: one skill holds the model at a time, shared by every caller of that skill;
+    a caller of another skill waits until the last one leaves, and θ_pre is restored bit-exactly in between."""
 
     def __init__(self, model, tokenizer, skills: dict[str, Graft], labels: dict[str, list[str]] | None = None,
                  keep: dict[str, dict] | None = None):
         self.model, self.tokenizer, self.skills = model, tokenizer, skills
         self.labels = labels or {}
         self.keep = keep or {}  # each task's keep search (size, shares, bound, confidence), when sized by --keep
+        self._gate = _Gate()
 
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike, **model_kwargs) -> RoutedSkills:
@@ -124,34 +200,68 @@ class RoutedSkills:
     def tasks(self) -> list[str]:
         return list(self.skills)
 
+    @property
+    def swaps(self) -> int:
+        """How many times a skill was applied (once per group of callers of one skill)."""
+        return self._gate.swaps
+
     @contextlib.contextmanager
     def use(self, task: str) -> Iterator:
         """The model with ``task``'s graft and head for the block; θ_pre restored bit-exactly after (a head with
-        another number of labels is swapped in whole, and the config's labels with it)."""
+        another number of labels is swapped in whole, and the config's labels with it). Concurrent callers of
+        one task share the block; a caller of another task waits for it to end."""
         if task not in self.skills:
             raise SkillgraftError(f"no skill {task!r}; the skills are {', '.join(self.skills)}")
+        self._gate.acquire(task, self._enter)
+        try:
+            yield self.model
+        finally:
+            self._gate.release()
+
+    @contextlib.contextmanager
+    def base(self) -> Iterator:
+        """The model as θ_pre for the block (callers of a skill wait for it to end, as for :meth:`use`)."""
+        self._gate.acquire(None, self._enter)
+        try:
+            yield self.model
+        finally:
+            self._gate.release()
+
+    def _enter(self, task: str | None):
+        """Apply ``task``'s graft, head and labels (nothing for the base); returns what reverts them."""
+        if task is None:
+            return None
         graft = self.skills[task]
         params = dict(self.model.named_parameters())
         reshaped = []
-        for name, t in graft.carried.items():
-            p = params.get(name.removeprefix("model."))
-            if p is not None and p.shape != t.shape:
-                reshaped.append((p, p.data))
-                p.data = torch.empty(t.shape, dtype=p.dtype, device=p.device)
         config = self.model.config
         saved = {k: getattr(config, k, None) for k in ("id2label", "label2id")}
-        labels = self.labels.get(task)
+
+        def undo():
+            try:
+                if _applied_here(graft, self.model):
+                    graft.revert(self.model)
+            finally:
+                for p, data in reversed(reshaped):
+                    p.data = data
+                for k, v in saved.items():
+                    setattr(config, k, v)
+
         try:
+            for name, t in graft.carried.items():
+                p = params.get(name.removeprefix("model."))
+                if p is not None and p.shape != t.shape:
+                    reshaped.append((p, p.data))
+                    p.data = torch.empty(t.shape, dtype=p.dtype, device=p.device)
+            labels = self.labels.get(task)
             if labels:
                 config.id2label = dict(enumerate(labels))
                 config.label2id = {lab: i for i, lab in enumerate(labels)}
-            with graft.applied(self.model):
-                yield self.model
-        finally:
-            for p, data in reshaped:
-                p.data = data
-            for k, v in saved.items():
-                setattr(config, k, v)
+            graft.apply(self.model)
+        except BaseException:
+            undo()
+            raise
+        return undo
 
     @staticmethod
     def grouped(tasks: Sequence[str]) -> dict[str, list[int]]:
@@ -166,6 +276,14 @@ class RoutedSkills:
         for task, idx in self.grouped(tasks).items():
             with self.use(task) as model:
                 yield task, idx, model
+
+
+def _applied_here(graft: Graft, model) -> bool:
+    """Whether ``graft`` is the graft applied to ``model`` (a failed apply leaves none)."""
+    try:
+        return active_graft(graft._target(model)) is graft
+    except SkillgraftError:
+        return False
 
 
 def switch_seconds(skills: RoutedSkills, repeats: int = 5) -> float:
