@@ -6,6 +6,7 @@ the task's own head, switched in a few scattered writes. ``skillgraft merge --ro
     routed/base/            θ_pre as a Hugging Face checkpoint (with its tokenizer)
     routed/skills/<task>/   each task's graft (positions, values, its head), graft_config.json + graft.safetensors
     routed/routed.json      the tasks, their labels and bytes (with ``--keep τ``: each task's keep search)
+    routed/router/          which skill a text is for (:mod:`skillgraft.graft.router`; absent with --router none)
 
 and :class:`RoutedSkills` reads it::
 
@@ -14,6 +15,11 @@ and :class:`RoutedSkills` reads it::
         logits = model(**skills.tokenizer(texts, return_tensors="pt", padding=True)).logits
     for task, idx, model in skills.batches(tasks_of_requests):   # a mixed-task batch, grouped by task
         ...
+    skills.route(texts)                            # each text's skill and the router's confidence
+    skills.score(texts, skill="auto")              # classifier skills: each row's skill, label and probabilities
+    skills.generate(prompts, skill="auto")         # causal skills: each prompt's skill and completion
+
+Concurrent callers are safe (:class:`_Gate`): one skill holds the model at a time, shared by its callers.
 """
 
 from __future__ import annotations
@@ -84,6 +90,20 @@ def read_routed(folder: Path) -> dict:
             raise SkillgraftError(f"{meta}: field 'tasks.{name}.labels' must be a list of labels, got {labels!r}")
         if t.get("keep") is not None and not isinstance(t["keep"], dict):
             raise SkillgraftError(f"{meta}: field 'tasks.{name}.keep' must be an object, got {t['keep']!r}")
+    if record.get("router") is not None:
+        inside(folder, record["router"], meta, "router")
+    return record
+
+
+def attach_router(folder: Path, router) -> dict:
+    """Write ``router`` (:class:`~skillgraft.graft.router.FittedRouter`) into ``folder``/router/ and name it in
+    routed.json (inside an atomic output folder)."""
+    from skillgraft.graft.router import FOLDER  # noqa: PLC0415
+
+    router.save(folder / FOLDER)
+    record = read_routed(folder)
+    record["router"] = FOLDER
+    (folder / "routed.json").write_text(json.dumps(record, indent=2))
     return record
 
 
@@ -166,11 +186,18 @@ class RoutedSkills:
     a caller of another skill waits until the last one leaves, and θ_pre is restored bit-exactly in between."""
 
     def __init__(self, model, tokenizer, skills: dict[str, Graft], labels: dict[str, list[str]] | None = None,
-                 keep: dict[str, dict] | None = None):
+                 keep: dict[str, dict] | None = None, router=None, digests: dict[str, str] | None = None):
+        import threading  # noqa: PLC0415
+
         self.model, self.tokenizer, self.skills = model, tokenizer, skills
         self.labels = labels or {}
         self.keep = keep or {}  # each task's keep search (size, shares, bound, confidence), when sized by --keep
+        self.router = router    # a FittedRouter (skillgraft.graft.router), None for a folder written without one
+        self.digests = digests or {}  # each skill's graft files' content digest
         self._gate = _Gate()
+        self._tokenizing = threading.Lock()  # a fast tokenizer is not safe to call from two threads at once
+        if getattr(tokenizer, "pad_token_id", 1) is None:
+            tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
 
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike, **model_kwargs) -> RoutedSkills:
@@ -193,12 +220,72 @@ class RoutedSkills:
         model = place(model_cls.from_pretrained(base, **model_kwargs).eval())  # the run's device and precision
         tokenizer = transformers.AutoTokenizer.from_pretrained(base)
         skills = {name: Graft.from_pretrained(folder / t["path"]) for name, t in record["tasks"].items()}
+        router = None
+        if record.get("router") is not None:
+            from skillgraft.graft.router import FittedRouter  # noqa: PLC0415
+
+            router = FittedRouter.load(folder / record["router"], list(skills))
+        from skillgraft.digest import file_digest  # noqa: PLC0415
+
+        digests = {name: file_digest(sorted((folder / t["path"]).iterdir())) for name, t in record["tasks"].items()}
         return cls(model, tokenizer, skills, {name: t.get("labels") or [] for name, t in record["tasks"].items()},
-                   {name: t["keep"] for name, t in record["tasks"].items() if t.get("keep")})
+                   {name: t["keep"] for name, t in record["tasks"].items() if t.get("keep")}, router, digests)
 
     @property
     def tasks(self) -> list[str]:
         return list(self.skills)
+
+    @property
+    def kind(self) -> str:
+        """``classifier`` (a sequence-classification head per skill), ``generative`` (a causal LM) or ``other``."""
+        name = type(self.model).__name__
+        return "classifier" if name.endswith("ForSequenceClassification") else \
+            "generative" if name.endswith("ForCausalLM") or name.endswith("ForConditionalGeneration") else "other"
+
+    def encode(self, texts: Sequence[str], *, pairs: Sequence[str] | None = None, max_length: int = 512,
+               side: str = "right") -> dict:
+        """Token ids and attention mask of ``texts`` (padded on ``side``; cut to ``max_length``), thread-safe."""
+        if not texts:
+            raise SkillgraftError("no texts given")
+        with self._tokenizing:
+            was, self.tokenizer.padding_side = self.tokenizer.padding_side, side
+            try:
+                enc = self.tokenizer(list(texts), list(pairs) if pairs is not None else None, return_tensors="pt",
+                                     padding=True, truncation=True, max_length=max_length)
+            finally:
+                self.tokenizer.padding_side = was
+        return dict(enc)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        with self._tokenizing:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def score(self, texts: Sequence[str], skill: str = "auto", **kwargs) -> list:
+        """Each text's label under its skill (classifier skills): ``skill="auto"`` routes each row, a name (or
+        ``base``) takes them all; rows grouped by skill, one swap per group
+        (:func:`skillgraft.graft.routed_calls.score`: ``pairs``, ``threshold``, ``batch_size``)."""
+        from skillgraft.graft.routed_calls import score  # noqa: PLC0415
+
+        return score(self, texts, skill, **kwargs)
+
+    def generate(self, prompts: Sequence[str], skill: str = "auto", **kwargs) -> list:
+        """Each prompt's completion under its skill (causal skills), grouped as :meth:`score`
+        (:func:`skillgraft.graft.routed_calls.generate`: ``max_new_tokens``, ``temperature``, ``top_p``, ``stop``)."""
+        from skillgraft.graft.routed_calls import generate  # noqa: PLC0415
+
+        return generate(self, prompts, skill, **kwargs)
+
+    def route(self, texts: Sequence[str], threshold: float | None = None) -> list:
+        """Each text's :class:`~skillgraft.graft.router.Route`: its likeliest skill and the router's probability of
+        it; a row below ``threshold`` (default: the router's own) goes to the base (``skill == "base"``)."""
+        from skillgraft.graft.router import features  # noqa: PLC0415
+
+        if self.router is None:
+            raise SkillgraftError("these routed skills have no router (written with --router none, or before "
+                                  "routers existed): name a skill, or re-run `skillgraft merge --routed`")
+        if threshold is not None and not 0 <= threshold <= 1:
+            raise SkillgraftError(f"threshold {threshold!r} is not a probability in [0, 1]")
+        return self.router.routes(features(self, texts), threshold)
 
     @property
     def swaps(self) -> int:
