@@ -101,7 +101,8 @@ except SystemExit as e:
     assert e.code in (0, None), e.code
 print("MODULES", *sorted(m for m in {heavy!r} if m in sys.modules))
 """
-HEAVY = ("torch", "transformers", "matplotlib", "numpy", "safetensors", "peft", "accelerate", "datasets")
+HEAVY = ("torch", "transformers", "matplotlib", "numpy", "safetensors", "peft", "accelerate", "datasets", "fastapi",
+         "uvicorn")
 
 
 def imported_by(args):
@@ -119,7 +120,7 @@ def imported_by(args):
 
 
 @pytest.mark.parametrize("args", [["--help"], ["graft", "--help"], ["merge", "-h"], ["continual", "add", "--help"],
-                                  ["graft", "--help-all"], ["--version"]])
+                                  ["graft", "--help-all"], ["serve", "--help"], ["--version"]])
 def test_help_imports_no_torch(args):
     """``--help`` is built from the typed specs themselves, with no cache: torch, transformers and matplotlib are
     never imported (skillgraft.lazy), which is what makes it answer in well under a second (bench/RESULTS.md)."""

@@ -36,8 +36,10 @@ def _rows(path, words, n, seed):
 
 @pytest.fixture(scope="module")
 def causal_run(tiny_models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("causal-routed")
-    base = tiny_models["gemma3"]
+    return _causal_merge(tiny_models["gemma3"], tmp_path_factory.mktemp("causal-routed"))
+
+
+def _causal_merge(base, root, *extra):
     specs = {"sentiment": (["terrible", "great"], "{text} It was {label}."),
              "topic": (["World", "Sports"], "{text} Topic: {label}")}
     args = ["merge", "--pretrained", base, "--out", root / "out", "--mode", "causal", "--localizer", "movement",
@@ -50,8 +52,28 @@ def causal_run(tiny_models, tmp_path_factory):
                                            f"template: '{template}'\nlabels: {words}\n")
         args += ["--finetuned", _finetune_like(base, root / f"ft-{i}" / "model", seed=i), "--names", task,
                  "--data", root / f"{task}.yaml", "--dev-data", root / f"{task}-dev.jsonl"]
-    cli(*args)
+    cli(*args, *extra)
     return root / "out", base
+
+
+def test_routed_merge_fits_a_router_on_the_prompts_and_router_none_skips_it(causal_run, tmp_path):
+    """Issue 78: merge --routed writes routed/router/ (fitted on each task's prompts as its template renders them,
+    both kinds measured on the dev rows) and names it in routed.json; --router none writes none."""
+    import skillgraft
+
+    out, base = causal_run
+    s = json.loads((out / "merge.json").read_text())
+    router = s["routed"]["router"]
+    assert router["kind"] in ("centroid", "probe") and set(router["accuracy"]) == {"centroid", "probe"}
+    assert router["rows"] == {"sentiment": 24, "topic": 24} and router["dev_rows"] == {"sentiment": 12, "topic": 12}
+    assert json.loads((out / "routed" / "routed.json").read_text())["router"] == "router"
+    skills = skillgraft.RoutedSkills.from_pretrained(out / "routed")
+    routes = skills.route(["row 5 says great It was", "row 7 says Sports Topic:"])
+    assert all(r.skill in ("sentiment", "topic") and 0 < r.confidence <= 1 for r in routes)
+    none, _ = _causal_merge(base, tmp_path, "--router", "none")
+    assert not (none / "routed" / "router").exists() and "router" not in json.loads(
+        (none / "routed" / "routed.json").read_text())
+    assert "router" not in json.loads((none / "merge.json").read_text())["routed"]
 
 
 def test_causal_routed_skill_is_pre_plus_graft_read_back_plainly(causal_run):

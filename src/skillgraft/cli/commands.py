@@ -28,6 +28,7 @@ from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, options_unio
 from skillgraft.verbs.apply import apply as verbs_apply  # light modules: the options' defaults live there
 from skillgraft.verbs.continual import continual_add as verbs_continual_add
 from skillgraft.verbs.evaluate import evaluate as verbs_evaluate
+from skillgraft.verbs.serve import ServeSpec
 from skillgraft.verbs.fim import fim as verbs_fim
 
 LocalizerFlags = options_union()  # every registered localizer's options; the chosen one validates what is set
@@ -286,6 +287,26 @@ def inspect(
         console.print(item)
     console.print(f"→ {r.out / 'distribution.png'}")
     _report(r.document(graft_dir, compare))
+
+
+@app.command()
+@model_verb
+@from_specs(spec=Options(ServeSpec, panel="Serve"))
+def serve(
+    routed_dir: Path = typer.Argument(..., help="a routed/ folder (written by skillgraft merge --routed)"),
+    *, spec: ServeSpec,
+) -> None:
+    """Serve routed skills over an OpenAI-compatible HTTP API: /v1/models, /v1/completions, /v1/chat/completions,
+    /v1/classify (docs/serve.md)."""
+    from skillgraft.verbs.serve import serve as run_serve  # noqa: PLC0415
+
+    def ready(url: str, models: list[str]) -> None:
+        console.print(f"serving {', '.join(models)} on {url}/v1 (Ctrl-C or SIGTERM: stop after the requests in "
+                      "flight)", soft_wrap=True)
+
+    r = run_serve(routed_dir, spec, on_ready=ready)
+    console.print(f"stopped{f' by {r.stopped_by}' if r.stopped_by else ''}: {r.requests} request(s) answered")
+    _report(_plain(r))
 
 
 @app.command("export", common=COMMON["export"])

@@ -6,6 +6,7 @@ the task's own head, switched in a few scattered writes. ``skillgraft merge --ro
     routed/base/            θ_pre as a Hugging Face checkpoint (with its tokenizer)
     routed/skills/<task>/   each task's graft (positions, values, its head), graft_config.json + graft.safetensors
     routed/routed.json      the tasks, their labels and bytes (with ``--keep τ``: each task's keep search)
+    routed/router/          which skill a text is for (:mod:`skillgraft.graft.router`; absent with --router none)
 
 and :class:`RoutedSkills` reads it::
 
@@ -14,6 +15,11 @@ and :class:`RoutedSkills` reads it::
         logits = model(**skills.tokenizer(texts, return_tensors="pt", padding=True)).logits
     for task, idx, model in skills.batches(tasks_of_requests):   # a mixed-task batch, grouped by task
         ...
+    skills.route(texts)                            # each text's skill and the router's confidence
+    skills.score(texts, skill="auto")              # classifier skills: each row's skill, label and probabilities
+    skills.generate(prompts, skill="auto")         # causal skills: each prompt's skill and completion
+
+Concurrent callers are safe (:class:`_Gate`): one skill holds the model at a time, shared by its callers.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from pathlib import Path
 from skillgraft.lazy import torch
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.graft import Graft
+from skillgraft.graft.graft import Graft, active_graft
 
 FORMAT = "skillgraft-routed"
 FORMAT_VERSION = 1
@@ -84,17 +90,114 @@ def read_routed(folder: Path) -> dict:
             raise SkillgraftError(f"{meta}: field 'tasks.{name}.labels' must be a list of labels, got {labels!r}")
         if t.get("keep") is not None and not isinstance(t["keep"], dict):
             raise SkillgraftError(f"{meta}: field 'tasks.{name}.keep' must be an object, got {t['keep']!r}")
+    if record.get("router") is not None:
+        inside(folder, record["router"], meta, "router")
     return record
 
 
+def attach_router(folder: Path, router) -> dict:
+    """Write ``router`` (:class:`~skillgraft.graft.router.FittedRouter`) into ``folder``/router/ and name it in
+    routed.json (inside an atomic output folder)."""
+    from skillgraft.graft.router import FOLDER  # noqa: PLC0415
+
+    router.save(folder / FOLDER)
+    record = read_routed(folder)
+    record["router"] = FOLDER
+    (folder / "routed.json").write_text(json.dumps(record, indent=2))
+    return record
+
+
+class _Gate:
+    """Which skill the one model holds, shared by every caller of that skill (or of the base, ``None``).
+
+    A caller of another skill waits until the model is free: the last caller of a skill reverts it (θ_pre bit-exact
+    again), the first of the next applies its own. A waiting caller of another skill stops new callers of the held
+    one from joining, so no skill starves. A thread already inside ``use(A)`` may enter ``use(A)`` again (it does
+    not wait on itself); ``use(B)`` inside ``use(A)`` in one thread is refused in one line (it would wait forever)."""
+
+    def __init__(self):
+        import threading  # noqa: PLC0415
+
+        self.cond = threading.Condition()
+        self.local = threading.local()
+        self.holders = 0          # callers inside the held skill's block
+        self.current = None       # the held skill (None: the base) while holders > 0
+        self.undo = None          # reverts what entering the held skill wrote
+        self.waiting: dict = {}   # skill → callers waiting for it
+        self.swaps = 0            # skills applied (each once per group of callers)
+
+    def held(self) -> list:
+        stack = getattr(self.local, "stack", None)
+        if stack is None:
+            stack = self.local.stack = []
+        return stack
+
+    def acquire(self, skill, enter) -> None:
+        """Wait until ``skill`` holds the model (``enter(skill)`` applies it, returning its undo)."""
+        stack = self.held()
+        if stack:
+            if stack[-1] != skill:
+                raise SkillgraftError(f"skill {skill or 'base'!r} asked for inside skill {stack[-1] or 'base'!r} in "
+                                      "one thread: leave the first `use` block before entering another skill's")
+            with self.cond:
+                self.holders += 1
+            stack.append(skill)
+            return
+        with self.cond:
+            self.waiting[skill] = self.waiting.get(skill, 0) + 1
+            try:
+                while self.holders and (self.current != skill
+                                        or any(n for s, n in self.waiting.items() if s != skill)):
+                    self.cond.wait()
+            finally:
+                self.waiting[skill] -= 1
+                if not self.waiting[skill]:
+                    del self.waiting[skill]
+            if not self.holders:
+                try:
+                    self.undo = enter(skill)
+                except BaseException:
+                    self.cond.notify_all()
+                    raise
+                self.current = skill
+                self.swaps += skill is not None
+            self.holders += 1
+        stack.append(skill)
+
+    def release(self) -> None:
+        """Leave the held skill; the last caller out reverts it and lets the waiting callers in."""
+        self.held().pop()
+        with self.cond:
+            self.holders -= 1
+            if self.holders:
+                return
+            undo, self.undo, self.current = self.undo, None, None
+            try:
+                if undo is not None:
+                    undo()
+            finally:
+                self.cond.notify_all()
+
+
 class RoutedSkills:
-    """A base model and named skills (grafts with their heads); :meth:`use` applies one for a block."""
+    """A base model and named skills (grafts with their heads); :meth:`use` applies one for a block.
+
+    Safe under concurrent callers: one skill holds the model at a time, shared by every caller of that skill;
+    a caller of another skill waits until the last one leaves, and θ_pre is restored bit-exactly in between."""
 
     def __init__(self, model, tokenizer, skills: dict[str, Graft], labels: dict[str, list[str]] | None = None,
-                 keep: dict[str, dict] | None = None):
+                 keep: dict[str, dict] | None = None, router=None, digests: dict[str, str] | None = None):
+        import threading  # noqa: PLC0415
+
         self.model, self.tokenizer, self.skills = model, tokenizer, skills
         self.labels = labels or {}
         self.keep = keep or {}  # each task's keep search (size, shares, bound, confidence), when sized by --keep
+        self.router = router    # a FittedRouter (skillgraft.graft.router), None for a folder written without one
+        self.digests = digests or {}  # each skill's graft files' content digest
+        self._gate = _Gate()
+        self._tokenizing = threading.Lock()  # a fast tokenizer is not safe to call from two threads at once
+        if getattr(tokenizer, "pad_token_id", 1) is None:
+            tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
 
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike, **model_kwargs) -> RoutedSkills:
@@ -120,41 +223,135 @@ class RoutedSkills:
         model = place(model_cls.from_pretrained(base, **model_kwargs).eval())  # the run's device and precision
         tokenizer = transformers.AutoTokenizer.from_pretrained(base)
         skills = {name: Graft.from_pretrained(folder / t["path"]) for name, t in record["tasks"].items()}
+        router = None
+        if record.get("router") is not None:
+            from skillgraft.graft.router import FittedRouter  # noqa: PLC0415
+
+            router = FittedRouter.load(folder / record["router"], list(skills))
+        from skillgraft.digest import file_digest  # noqa: PLC0415
+
+        digests = {name: file_digest(sorted((folder / t["path"]).iterdir())) for name, t in record["tasks"].items()}
         return cls(model, tokenizer, skills, {name: t.get("labels") or [] for name, t in record["tasks"].items()},
-                   {name: t["keep"] for name, t in record["tasks"].items() if t.get("keep")})
+                   {name: t["keep"] for name, t in record["tasks"].items() if t.get("keep")}, router, digests)
 
     @property
     def tasks(self) -> list[str]:
         return list(self.skills)
 
+    @property
+    def kind(self) -> str:
+        """``classifier`` (a sequence-classification head per skill), ``generative`` (a causal LM) or ``other``."""
+        name = type(self.model).__name__
+        return "classifier" if name.endswith("ForSequenceClassification") else \
+            "generative" if name.endswith("ForCausalLM") or name.endswith("ForConditionalGeneration") else "other"
+
+    def encode(self, texts: Sequence[str], *, pairs: Sequence[str] | None = None, max_length: int = 512,
+               side: str = "right") -> dict:
+        """Token ids and attention mask of ``texts`` (padded on ``side``; cut to ``max_length``), thread-safe."""
+        if not texts:
+            raise SkillgraftError("no texts given")
+        with self._tokenizing:
+            was, self.tokenizer.padding_side = self.tokenizer.padding_side, side
+            try:
+                enc = self.tokenizer(list(texts), list(pairs) if pairs is not None else None, return_tensors="pt",
+                                     padding=True, truncation=True, max_length=max_length)
+            finally:
+                self.tokenizer.padding_side = was
+        return dict(enc)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        with self._tokenizing:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def score(self, texts: Sequence[str], skill: str = "auto", **kwargs) -> list:
+        """Each text's label under its skill (classifier skills): ``skill="auto"`` routes each row, a name (or
+        ``base``) takes them all; rows grouped by skill, one swap per group
+        (:func:`skillgraft.graft.routed_calls.score`: ``pairs``, ``threshold``, ``batch_size``)."""
+        from skillgraft.graft.routed_calls import score  # noqa: PLC0415
+
+        return score(self, texts, skill, **kwargs)
+
+    def generate(self, prompts: Sequence[str], skill: str = "auto", **kwargs) -> list:
+        """Each prompt's completion under its skill (causal skills), grouped as :meth:`score`
+        (:func:`skillgraft.graft.routed_calls.generate`: ``max_new_tokens``, ``temperature``, ``top_p``, ``stop``)."""
+        from skillgraft.graft.routed_calls import generate  # noqa: PLC0415
+
+        return generate(self, prompts, skill, **kwargs)
+
+    def route(self, texts: Sequence[str], threshold: float | None = None) -> list:
+        """Each text's :class:`~skillgraft.graft.router.Route`: its likeliest skill and the router's probability of
+        it; a row below ``threshold`` (default: the router's own) goes to the base (``skill == "base"``)."""
+        from skillgraft.graft.router import features  # noqa: PLC0415
+
+        if self.router is None:
+            raise SkillgraftError("these routed skills have no router (written with --router none, or before "
+                                  "routers existed): name a skill, or re-run `skillgraft merge --routed`")
+        if threshold is not None and not 0 <= threshold <= 1:
+            raise SkillgraftError(f"threshold {threshold!r} is not a probability in [0, 1]")
+        return self.router.routes(features(self, texts), threshold)
+
+    @property
+    def swaps(self) -> int:
+        """How many times a skill was applied (once per group of callers of one skill)."""
+        return self._gate.swaps
+
     @contextlib.contextmanager
     def use(self, task: str) -> Iterator:
         """The model with ``task``'s graft and head for the block; θ_pre restored bit-exactly after (a head with
-        another number of labels is swapped in whole, and the config's labels with it)."""
+        another number of labels is swapped in whole, and the config's labels with it). Concurrent callers of
+        one task share the block; a caller of another task waits for it to end."""
         if task not in self.skills:
             raise SkillgraftError(f"no skill {task!r}; the skills are {', '.join(self.skills)}")
+        self._gate.acquire(task, self._enter)
+        try:
+            yield self.model
+        finally:
+            self._gate.release()
+
+    @contextlib.contextmanager
+    def base(self) -> Iterator:
+        """The model as θ_pre for the block (callers of a skill wait for it to end, as for :meth:`use`)."""
+        self._gate.acquire(None, self._enter)
+        try:
+            yield self.model
+        finally:
+            self._gate.release()
+
+    def _enter(self, task: str | None):
+        """Apply ``task``'s graft, head and labels (nothing for the base); returns what reverts them."""
+        if task is None:
+            return None
         graft = self.skills[task]
         params = dict(self.model.named_parameters())
         reshaped = []
-        for name, t in graft.carried.items():
-            p = params.get(name.removeprefix("model."))
-            if p is not None and p.shape != t.shape:
-                reshaped.append((p, p.data))
-                p.data = torch.empty(t.shape, dtype=p.dtype, device=p.device)
         config = self.model.config
         saved = {k: getattr(config, k, None) for k in ("id2label", "label2id")}
-        labels = self.labels.get(task)
+
+        def undo():
+            try:
+                if _applied_here(graft, self.model):
+                    graft.revert(self.model)
+            finally:
+                for p, data in reversed(reshaped):
+                    p.data = data
+                for k, v in saved.items():
+                    setattr(config, k, v)
+
         try:
+            for name, t in graft.carried.items():
+                p = params.get(name.removeprefix("model."))
+                if p is not None and p.shape != t.shape:
+                    reshaped.append((p, p.data))
+                    p.data = torch.empty(t.shape, dtype=p.dtype, device=p.device)
+            labels = self.labels.get(task)
             if labels:
                 config.id2label = dict(enumerate(labels))
                 config.label2id = {lab: i for i, lab in enumerate(labels)}
-            with graft.applied(self.model):
-                yield self.model
-        finally:
-            for p, data in reshaped:
-                p.data = data
-            for k, v in saved.items():
-                setattr(config, k, v)
+            graft.apply(self.model)
+        except BaseException:
+            undo()
+            raise
+        return undo
 
     @staticmethod
     def grouped(tasks: Sequence[str]) -> dict[str, list[int]]:
@@ -169,6 +366,14 @@ class RoutedSkills:
         for task, idx in self.grouped(tasks).items():
             with self.use(task) as model:
                 yield task, idx, model
+
+
+def _applied_here(graft: Graft, model) -> bool:
+    """Whether ``graft`` is the graft applied to ``model`` (a failed apply leaves none)."""
+    try:
+        return active_graft(graft._target(model)) is graft
+    except SkillgraftError:
+        return False
 
 
 def switch_seconds(skills: RoutedSkills, repeats: int = 5) -> float:

@@ -95,6 +95,9 @@ class MergeSettings(Spec):
                                                             "method with and without it")
     routed: bool = Field(False, description="also write routed/: one base model plus each task's graft and head, "
                                             "loaded by skillgraft.RoutedSkills (a task's graft applied per request)")
+    router: str = Field("auto", description="with --routed: the router written beside the skills, fitted on each "
+                                            "task's training rows: auto (centroid or probe, whichever routes the dev "
+                                            "rows best) | centroid | probe | none (no router; docs/serve.md)")
     # Annotated: the command line hands the text to the validator (as graft's --keep), so "0.9,0.95" is told why
     keep: Annotated[float, "share"] | None = Field(None, description=(
         "with --routed: one share (graft --keep takes several; a merge keeps one graft per task): size each task's "
@@ -115,6 +118,15 @@ class MergeSettings(Spec):
             return check_share(value)
         except SkillgraftError as e:
             raise ValueError(str(e)) from None
+
+    @field_validator("router")
+    @classmethod
+    def _router(cls, value: str) -> str:
+        from skillgraft.graft.router import CHOICES, ROUTERS  # noqa: PLC0415
+
+        if value not in (*CHOICES, *ROUTERS.members):
+            raise ValueError(f"unknown router {value!r}; known: {', '.join((*CHOICES, *ROUTERS.members))}")
+        return value
 
     @model_validator(mode="after")
     def _confidence_needs_keep(self):
@@ -434,12 +446,24 @@ def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict,
                     "test_share": plain.tasks[n].normalized()} for n, (_, k_) in kept.items()}
     grafts = {n: g for n, (g, _) in kept.items()} if kept else bench.grafts
     record = write_routed(folder, bench.pre, grafts, labels, keep)
-    seconds = switch_seconds(RoutedSkills.from_pretrained(folder))
+    skills = RoutedSkills.from_pretrained(folder)
+    seconds = switch_seconds(skills)
+    router = None
+    if summary["settings"].get("router", "auto") != "none":  # fitted on the base as routed/ holds it
+        from skillgraft.graft.routed import attach_router  # noqa: PLC0415
+        from skillgraft.graft.router import fit_router, member_texts  # noqa: PLC0415
+
+        router = fit_router(skills, {n: member_texts(m, "train", summary["mode"]) for n, m in bench.members.items()},
+                            {n: member_texts(m, "dev", summary["mode"]) for n, m in bench.members.items()},
+                            summary["settings"].get("router", "auto"))
+        attach_router(folder, router)
     ckpt = summary["headline"]["checkpoint_bytes"]
     out = {"folder": "routed", "switch_ms": 1e3 * seconds,
            "bytes_per_task": float(np.mean([t["bytes"] for t in record["tasks"].values()])),
            "tasks": {n: t["bytes"] for n, t in record["tasks"].items()}}
     out["share_of_checkpoint"] = out["bytes_per_task"] / ckpt if ckpt else None
+    if router is not None:
+        out["router"] = {"kind": router.kind, **router.info}
     for r in rows:
         out["mean_normalized_refit" if r.refit else "mean_normalized"] = r.mean_normalized()
     if kept:

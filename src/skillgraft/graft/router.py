@@ -1,0 +1,264 @@
+"""The router of routed skills: which skill a text is for, read off the base model's own pooled hidden states.
+
+``skillgraft merge --routed`` fits it on each task's training rows (the texts a request would hold: a classifier's
+text, a causal task's prompt up to its label) and keeps it beside the skills::
+
+    routed/router/router.json          kind, tasks in order, threshold, pooling, dev accuracies (JSON)
+    routed/router/router.safetensors   its tensors (no pickle)
+
+A router is a registered kind (:data:`ROUTERS`, ``register_router``) over features = the mean of θ_pre's last
+hidden states on the text's tokens:
+
+- ``centroid``: cosine similarity to each task's mean feature, softmax at a scale fitted on the training rows;
+- ``probe``: multinomial logistic regression on standardized features (L-BFGS, a small L2).
+
+``auto`` (the default) fits both and keeps the one that routes each task's dev rows best (ties: ``centroid``), the
+dev accuracies of both recorded. :meth:`RoutedSkills.route` gives each row its likeliest skill with that
+probability; below the router's ``threshold`` (0 unless set: every row gets a skill) the row goes to the base model.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from skillgraft.errors import SkillgraftError
+from skillgraft.lazy import F, torch
+from skillgraft.registry import Registry
+
+FORMAT = "skillgraft-router"
+FORMAT_VERSION = 1
+FOLDER = "router"
+BASE = "base"        # what a row routed to no skill is said to use
+MAX_TRAIN_ROWS = 512  # training rows per task the router is fitted on (a seeded sample of more)
+MAX_LENGTH = 128      # tokens of a text the features read
+
+
+class Router:
+    """A kind of router: ``fit`` features of labelled rows into named tensors; ``logits`` of features with them."""
+
+    name: str = ""
+    summary: str = ""
+    shapes: dict[str, str] = {}  # each tensor's shape in terms of T (tasks) and D (features): checked on load
+
+    def fit(self, x: torch.Tensor, y: torch.Tensor, tasks: int) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def logits(self, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+ROUTERS: Registry[Router] = Registry(Router, "router")
+register_router = ROUTERS.register
+CHOICES = ("auto", "none")  # beside the registered kinds: fit every kind, keep the dev-best / write no router
+
+
+@register_router("centroid")
+class Centroid(Router):
+    summary = "nearest task centroid by cosine similarity (softmax at a fitted scale)"
+    shapes = {"centroids": "TD", "scale": "1"}
+    SCALES = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0)
+
+    def fit(self, x, y, tasks):
+        z = F.normalize(x, dim=-1)
+        c = F.normalize(torch.stack([z[y == t].mean(0) for t in range(tasks)]), dim=-1)
+        sims = z @ c.T
+        scale = min(self.SCALES, key=lambda s: float(F.cross_entropy(sims * s, y)))
+        return {"centroids": c.contiguous(), "scale": torch.tensor([scale])}
+
+    def logits(self, params, x):
+        return F.normalize(x, dim=-1) @ params["centroids"].T * params["scale"]
+
+
+@register_router("probe")
+class Probe(Router):
+    summary = "linear probe: multinomial logistic regression on standardized features"
+    shapes = {"mean": "D", "std": "D", "weight": "TD", "bias": "T"}
+    L2 = 1e-3
+
+    def fit(self, x, y, tasks):
+        mean, std = x.mean(0), x.std(0).clamp_min(1e-6)
+        z = (x - mean) / std
+        w = torch.zeros(tasks, x.shape[1], requires_grad=True)
+        b = torch.zeros(tasks, requires_grad=True)
+        opt = torch.optim.LBFGS([w, b], max_iter=200, line_search_fn="strong_wolfe")
+
+        def closure():
+            opt.zero_grad()
+            loss = F.cross_entropy(z @ w.T + b, y) + self.L2 * (w * w).sum() / 2
+            loss.backward()
+            return loss
+
+        with torch.enable_grad():
+            opt.step(closure)
+        return {"mean": mean, "std": std, "weight": w.detach().contiguous(), "bias": b.detach().contiguous()}
+
+    def logits(self, params, x):
+        return ((x - params["mean"]) / params["std"]) @ params["weight"].T + params["bias"]
+
+
+@dataclass
+class Route:
+    """One row's route: its skill (``base`` when no skill reaches the threshold), the router's probability of the
+    likeliest skill, and that skill (even when the row went to the base)."""
+
+    skill: str
+    confidence: float
+    best: str
+
+    @property
+    def to_base(self) -> bool:
+        return self.skill == BASE and self.best != BASE
+
+
+@dataclass
+class FittedRouter:
+    """A router fitted for ``tasks`` (in order): its kind's tensors, the threshold and what its fit measured."""
+
+    kind: str
+    tasks: list[str]
+    params: dict[str, torch.Tensor]
+    threshold: float = 0.0
+    info: dict = field(default_factory=dict)
+
+    def probs(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(ROUTERS.get(self.kind).logits(self.params, x.float()), dim=-1)
+
+    def routes(self, x: torch.Tensor, threshold: float | None = None) -> list[Route]:
+        threshold = self.threshold if threshold is None else threshold
+        p, idx = self.probs(x).max(-1)
+        out = []
+        for conf, i in zip(p.tolist(), idx.tolist()):
+            best = self.tasks[i]
+            out.append(Route(best if conf >= threshold else BASE, float(conf), best))
+        return out
+
+    def save(self, folder: Path) -> Path:
+        """``folder``/router.json + router.safetensors (inside an atomic output folder)."""
+        from safetensors.torch import save_file  # noqa: PLC0415
+
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.params.items()}, str(folder / "router.safetensors"))
+        record = {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": self.kind, "tasks": self.tasks,
+                  "threshold": self.threshold, "features": "mean of the base model's last hidden states",
+                  "max_length": MAX_LENGTH, **self.info}
+        (folder / "router.json").write_text(json.dumps(record, indent=2))
+        return folder
+
+    @classmethod
+    def load(cls, folder: Path, tasks: Sequence[str]) -> FittedRouter:
+        """Read ``folder`` (router.json, router.safetensors), checked: this format, a registered kind, the skills'
+        tasks in order, each tensor of its kind's shape; one line naming the file and the field otherwise."""
+        from safetensors import SafetensorError  # noqa: PLC0415
+        from safetensors.torch import load_file  # noqa: PLC0415
+
+        from skillgraft.untrusted import read_json  # noqa: PLC0415
+
+        meta = folder / "router.json"
+        record = read_json(meta, required=("format", "kind", "tasks"), what="router file")
+        if record["format"] != FORMAT:
+            raise SkillgraftError(f"{meta}: field 'format': {record['format']!r} is not {FORMAT!r}")
+        if record["kind"] not in ROUTERS.members:
+            raise SkillgraftError(f"{meta}: field 'kind': unknown router {record['kind']!r}; known: "
+                                  f"{', '.join(ROUTERS.members)}")
+        if record["tasks"] != list(tasks):
+            raise SkillgraftError(f"{meta}: field 'tasks': {record['tasks']!r} are not the skills {list(tasks)!r}"[:300])
+        threshold = record.get("threshold", 0.0)
+        if type(threshold) not in (int, float) or not 0 <= threshold <= 1:
+            raise SkillgraftError(f"{meta}: field 'threshold': {threshold!r} is not a probability in [0, 1]")
+        try:
+            params = load_file(str(folder / "router.safetensors"))
+        except (OSError, SafetensorError) as e:
+            raise SkillgraftError(f"{folder / 'router.safetensors'}: cannot read the router's tensors ({e})"[:300]) \
+                from None
+        kind = ROUTERS.get(record["kind"])
+        dims = {"T": len(tasks), "1": 1}
+        for name, shape in kind.shapes.items():
+            t = params.get(name)
+            if t is None or t.dim() != len(shape) or not t.dtype.is_floating_point:
+                raise SkillgraftError(f"{folder / 'router.safetensors'}: no floating tensor {name!r} of shape "
+                                      f"{shape} (a {kind.name} router)")
+            for size, letter in zip(t.shape, shape):
+                if dims.setdefault(letter, size) != size:
+                    raise SkillgraftError(f"{folder / 'router.safetensors'}: tensor {name!r} has shape "
+                                          f"{tuple(t.shape)}, not {shape} with T = {len(tasks)} tasks and the "
+                                          "other tensors' D")
+        info = {k: v for k, v in record.items() if k not in ("format", "format_version", "kind", "tasks",
+                                                              "threshold")}
+        return cls(record["kind"], list(tasks), {k: params[k].float() for k in kind.shapes}, float(threshold), info)
+
+
+# ---------------------------------------------------------------------------------------------- fitting
+def example_text(example, task, mode: str) -> str:
+    """What a request for this row would hold: the prompt up to the label for a prompt / causal task (its
+    template filled), the prompt of a generative row, a classifier's text (and its pair's, after a space)."""
+    if mode in ("causal", "prompt"):
+        from skillgraft.models.templates import template_text  # noqa: PLC0415
+
+        template = (task.causal_template or task.template) if mode == "causal" else task.template
+        return template_text(template, example).strip()
+    if mode == "generative" or not example.text_b:
+        return example.text_a
+    return f"{example.text_a} {example.text_b}"
+
+
+def features(skills, texts: Sequence[str], batch_size: int = 32) -> torch.Tensor:
+    """Mean of the base model's last hidden states over each text's tokens (float32, CPU), θ_pre held meanwhile."""
+    from skillgraft.models.placement import device_of, forward_context  # noqa: PLC0415
+
+    out = []
+    with skills.base() as model, torch.no_grad():
+        device = device_of(model)
+        for start in range(0, len(texts), batch_size):
+            enc = skills.encode(list(texts[start:start + batch_size]), max_length=MAX_LENGTH, side="right")
+            enc = {k: v.to(device) for k, v in enc.items()}
+            with forward_context(model):
+                hidden = model(**enc, output_hidden_states=True).hidden_states[-1].float()
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            out.append(((hidden * mask).sum(1) / mask.sum(1).clamp_min(1)).cpu())
+    return torch.cat(out) if out else torch.empty(0, 0)
+
+
+def _sample(texts: Sequence[str], n: int, seed: int) -> list[str]:
+    texts = list(texts)
+    return texts if len(texts) <= n else random.Random(seed).sample(texts, n)
+
+
+def fit_router(skills, train: Mapping[str, Sequence[str]], dev: Mapping[str, Sequence[str]] | None = None,
+               kind: str = "auto", threshold: float = 0.0, seed: int = 0) -> FittedRouter:
+    """A router for ``skills``' tasks from each task's training texts (``MAX_TRAIN_ROWS`` at most, seeded);
+    ``kind="auto"``: every registered kind, the one routing ``dev``'s texts best kept (ties: the first)."""
+    if kind not in (*CHOICES, *ROUTERS.members) or kind == "none":
+        raise SkillgraftError(f"unknown router {kind!r}; known: auto, none, {', '.join(ROUTERS.members)}")
+    tasks = skills.tasks
+    empty = [t for t in tasks if not train.get(t)]
+    if empty:
+        raise SkillgraftError(f"no training rows to fit the router on for task(s) {', '.join(empty)}")
+    rows = {t: _sample(train[t], MAX_TRAIN_ROWS, seed) for t in tasks}
+    x = features(skills, [s for t in tasks for s in rows[t]])
+    y = torch.tensor([i for i, t in enumerate(tasks) for _ in rows[t]])
+    dev = {t: list(dev.get(t) or []) for t in tasks} if dev else {t: [] for t in tasks}
+    xd = features(skills, [s for t in tasks for s in dev[t]]) if any(dev.values()) else None
+    yd = torch.tensor([i for i, t in enumerate(tasks) for _ in dev[t]])
+    kinds = list(ROUTERS.members) if kind == "auto" else [kind]
+    fitted, accuracy = {}, {}
+    for k in kinds:
+        fitted[k] = FittedRouter(k, list(tasks), ROUTERS.get(k).fit(x, y, len(tasks)), threshold)
+        train_acc = float((fitted[k].probs(x).argmax(-1) == y).float().mean())
+        dev_acc = float((fitted[k].probs(xd).argmax(-1) == yd).float().mean()) if xd is not None else None
+        accuracy[k] = {"train": train_acc, "dev": dev_acc}
+    chosen = max(kinds, key=lambda k: (accuracy[k]["dev"] if accuracy[k]["dev"] is not None else -1.0,
+                                       -kinds.index(k)))
+    router = fitted[chosen]
+    router.info = {"chosen": "dev accuracy" if kind == "auto" and xd is not None else kind,
+                   "accuracy": accuracy, "rows": {t: len(rows[t]) for t in tasks},
+                   "dev_rows": {t: len(dev[t]) for t in tasks}}
+    return router
+
+
+def member_texts(member, split: str, mode: str) -> list[str]:
+    """A merge member's ``split`` rows (``train`` or ``dev``) as request texts (:func:`example_text`)."""
+    return [example_text(ex, member.data.task, mode) for ex in getattr(member.data, split) or []]

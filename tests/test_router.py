@@ -1,0 +1,142 @@
+"""Issue 78 items 1–2: the router stored with routed skills (fitted on each task's rows from the base model's own
+pooled hidden states, read back with plain safetensors + JSON), routing with a confidence and a base fallback, and
+scoring / generation through RoutedSkills with ``skill="auto"`` or a name — mixed batches grouped by skill (one swap
+per group), θ_pre bit-exact after."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from routing import CAUSAL_SKILLS, skill_rows, write_routed_folder
+
+from skillgraft.errors import SkillgraftError
+
+
+def _fitted(folder, kind="auto"):
+    from skillgraft.graft.routed import RoutedSkills, attach_router
+    from skillgraft.graft.router import fit_router
+
+    skills = RoutedSkills.from_pretrained(folder)
+    attach_router(folder, fit_router(skills, skill_rows(40, 0), skill_rows(16, 1), kind))
+    return RoutedSkills.from_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def classifier_folder(tiny_models, tmp_path_factory):
+    folder = write_routed_folder(tiny_models["bert"], tmp_path_factory.mktemp("router") / "routed")
+    _fitted(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def causal_skills(tiny_models, tmp_path_factory):
+    folder = write_routed_folder(tiny_models["llama"], tmp_path_factory.mktemp("router-causal") / "routed",
+                                 "causal", CAUSAL_SKILLS, count=2000, scale=1.0)
+    return _fitted(folder, "centroid")
+
+
+def test_router_is_plain_files_routes_held_out_rows_and_says_its_confidence(classifier_folder):
+    from safetensors.torch import load_file
+
+    from skillgraft.graft.routed import RoutedSkills
+
+    record = json.loads((classifier_folder / "routed.json").read_text())
+    meta = json.loads((classifier_folder / record["router"] / "router.json").read_text())
+    tensors = load_file(str(classifier_folder / "router" / "router.safetensors"))
+    assert meta["tasks"] == ["sentiment", "topic"] and meta["kind"] in ("centroid", "probe")
+    assert set(meta["accuracy"]) == {"centroid", "probe"}  # auto: both measured on the dev rows, the better kept
+    chosen = meta["accuracy"][meta["kind"]]["dev"]
+    assert chosen == max(a["dev"] for a in meta["accuracy"].values())
+    assert all(t.dtype == torch.float32 for t in tensors.values())
+    assert not list(classifier_folder.rglob("*.pkl")) and not list(classifier_folder.rglob("*.bin"))
+    skills = RoutedSkills.from_pretrained(classifier_folder)
+    test = skill_rows(30, 7)
+    routes = skills.route(test["sentiment"] + test["topic"])
+    truth = ["sentiment"] * 30 + ["topic"] * 30
+    assert sum(r.skill == t for r, t in zip(routes, truth)) >= 54  # ≥ 90 % on held-out rows
+    assert all(0.5 <= r.confidence <= 1 and not r.to_base for r in routes)
+    base = skills.route(test["topic"][:3], threshold=1.0)  # nothing reaches certainty: every row to the base
+    assert [r.skill for r in base] == ["base"] * 3 and all(r.to_base and r.best == "topic" for r in base)
+
+
+def test_a_folder_without_a_router_still_loads_and_says_so_in_one_line(tiny_models, tmp_path):
+    from skillgraft.graft.routed import RoutedSkills
+
+    folder = write_routed_folder(tiny_models["bert"], tmp_path / "routed")  # as merge --routed wrote it before
+    skills = RoutedSkills.from_pretrained(folder)
+    assert skills.router is None
+    with pytest.raises(SkillgraftError, match="no router"):
+        skills.route(["a good film"])
+    assert skills.score(["a good film"], skill="topic")[0].skill == "topic"  # a named skill needs no router
+
+
+def test_a_damaged_router_is_one_line_naming_the_file(classifier_folder, tmp_path):
+    import shutil
+
+    from skillgraft.graft.routed import RoutedSkills
+
+    folder = tmp_path / "routed"
+    shutil.copytree(classifier_folder, folder)
+    meta = folder / "router" / "router.json"
+    record = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**record, "tasks": ["topic", "sentiment"]}))
+    with pytest.raises(SkillgraftError, match="router.json: field 'tasks'"):
+        RoutedSkills.from_pretrained(folder)
+    meta.write_text(json.dumps({**record, "kind": "pickle"}))
+    with pytest.raises(SkillgraftError, match="unknown router 'pickle'"):
+        RoutedSkills.from_pretrained(folder)
+    meta.write_text(json.dumps(record))
+    (folder / "router" / "router.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    with pytest.raises(SkillgraftError, match="router.safetensors"):
+        RoutedSkills.from_pretrained(folder)
+
+
+def test_mixed_batch_scored_one_swap_per_skill_each_row_as_its_skill_alone(classifier_folder):
+    from skillgraft.graft.routed import RoutedSkills
+
+    skills = RoutedSkills.from_pretrained(classifier_folder)
+    before = {k: v.clone() for k, v in skills.model.state_dict().items()}
+    test = skill_rows(4, 3)
+    texts = [t for pair in zip(test["sentiment"], test["topic"]) for t in pair]  # interleaved skills
+    swaps = skills.swaps
+    rows = skills.score(texts, skill="auto")
+    assert skills.swaps - swaps == 2  # one swap per skill group, not per row
+    assert [r.skill for r in rows] == ["sentiment", "topic"] * 4
+    for text, row in zip(texts, rows):
+        alone = skills.score([text], skill=row.skill)[0]
+        assert row.label == alone.label and row.digest == alone.digest == skills.digests[row.skill]
+        assert set(row.probabilities) == set(skills.labels[row.skill])
+        assert all(abs(row.probabilities[k] - alone.probabilities[k]) < 1e-5 for k in row.probabilities)
+        assert row.confidence is not None and alone.confidence is None
+    low = skills.score(texts[:2], skill="auto", threshold=1.0)
+    assert [(r.skill, r.label, r.probabilities) for r in low] == [("base", None, {})] * 2
+    after = skills.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    with pytest.raises(SkillgraftError, match="no skill 'nope'"):
+        skills.score(texts, skill="nope")
+    with pytest.raises(SkillgraftError, match="not causal LMs"):
+        skills.generate(texts, skill="topic")
+
+
+def test_generation_routed_and_grouped_matches_each_skill_on_its_own_rows(causal_skills):
+    skills = causal_skills
+    before = {k: v.clone() for k, v in skills.model.state_dict().items()}
+    test = skill_rows(3, 5)
+    prompts = [t for pair in zip(test["sentiment"], test["topic"]) for t in pair]
+    out = skills.generate(prompts, skill="auto", max_new_tokens=6)
+    assert {g.skill for g in out} <= {"sentiment", "topic"} and len({g.skill for g in out}) == 2
+    for name in ("sentiment", "topic"):
+        mine = [p for p, g in zip(prompts, out) if g.skill == name]
+        alone = skills.generate(mine, skill=name, max_new_tokens=6)
+        assert [g.text for g in alone] == [g.text for p, g in zip(prompts, out) if g.skill == name]
+        assert all(g.digest == skills.digests[name] and g.completion_tokens <= 6 for g in alone)
+    texts = {name: skills.generate(prompts[:2], skill=name, max_new_tokens=6) for name in ("sentiment", "topic",
+                                                                                        "base")}
+    assert len({tuple(g.text for g in v) for v in texts.values()}) > 1  # the skills change what is generated
+    assert all(g.finish_reason in ("stop", "length") for g in out)
+    after = skills.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    with pytest.raises(SkillgraftError, match="not classifiers"):
+        skills.score(prompts, skill="topic")
