@@ -1,0 +1,116 @@
+"""Issue 75: what a fine-tuning step costs beyond the plain loop's work, counted exactly (no timings: those are in
+bench/overhead.py and bench/RESULTS.md) — host reads per step (none between the loop's reads) and aten ops per step
+(no more than a plain eager loop's plus a small constant)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from skillgraft.data import load_kshot
+from skillgraft.models import build_scorer
+from skillgraft.train import AutoRGN, FinetuneConfig, RegionMask, SingleTask, fit
+
+from test_engine import HostReads, count_host_reads
+
+EXTRA_OPS = 40  # aten ops a skillgraft step may add to the plain loop's (the loss's EMA, the on-device NaN gate)
+
+
+class Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_models, toy_data):
+    data = load_kshot("SST-2", 16, 13, toy_data)
+    return str(tiny_models["llama"]), data
+
+
+def scorer_of(path):
+    return build_scorer(path, "SST-2", "causal")
+
+
+def callbacks_of(kind, scorer):
+    if kind == "region":
+        names = [n for n, _ in scorer.named_parameters() if ".layers." in n]
+        params = dict(scorer.named_parameters())
+        return [RegionMask({n: torch.arange(0, params[n].numel(), 3) for n in names})]
+    if kind == "auto-rgn":
+        return [AutoRGN()]
+    return []
+
+
+def reads_of(path, data, steps: int, kind: str, monkeypatch, **config) -> list[str]:
+    """Host reads of a whole ``fit`` (no dev set, no progress bar, no checkpoint: its only read points are the
+    start and the end)."""
+    scorer = scorer_of(path)
+    cfg = FinetuneConfig(batch_size=8, steps=steps, eval_every=0, **config)
+    reads: list[str] = []
+    with pytest.MonkeyPatch.context() as mp, HostReads(reads):
+        count_host_reads(mp, reads)
+        fit(scorer, SingleTask(data.train, None, batch_size=8, steps=steps, seed=0), cfg,
+            callbacks_of(kind, scorer), progress=False)
+    return reads
+
+
+@pytest.mark.parametrize("kind, config", [("plain", {}), ("plain", {"l1": 1e-3, "optimizer": "adamw"}),
+                                          ("region", {"l1": 1e-3}), ("auto-rgn", {})])
+def test_a_finetuning_step_reads_nothing_from_the_device(decoder, monkeypatch, kind, config):
+    """The reads of a run do not grow with its steps: the loss, its EMA and the non-finite check stay on the
+    device between the loop's read points (log, eval, save, end)."""
+    path, data = decoder
+    short = reads_of(path, data, 3, kind, monkeypatch, **config)
+    long = reads_of(path, data, 9, kind, monkeypatch, **config)
+    assert len(long) - len(short) == 0, sorted(set(long) - set(short)) or long[len(short):][:10]
+
+
+def plain_ops_per_step(path, data, names: list[str], steps: int = 4) -> float:
+    """aten ops of one step of a plain eager loop: the same model, trainable set, rows and optimizer."""
+    scorer = scorer_of(path).train()
+    params = dict(scorer.named_parameters())
+    for n, p in params.items():
+        p.requires_grad_(n in names)
+    trainable = [params[n] for n in names]
+    opt = torch.optim.SGD(trainable, lr=0.1, weight_decay=1e-4)
+    batches = [scorer.collate(data.train[i * 8:(i + 1) * 8]) for i in range(steps)]
+    counter = Ops()
+    with counter:
+        for batch in batches:
+            labels = batch.pop("labels")
+            torch.nn.functional.cross_entropy(scorer(**batch), labels).backward()
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return len(counter.ops) / steps
+
+
+def skillgraft_ops(path, data, steps: int) -> tuple[int, list[str]]:
+    scorer = scorer_of(path)
+    trained: list[str] = []
+
+    class Names:
+        def on_train_start(self, state):
+            ids = {id(p) for p in state.params}
+            trained.extend(n for n, p in state.model.named_parameters() if id(p) in ids)
+
+    counter = Ops()
+    with counter:
+        fit(scorer, SingleTask(data.train, None, batch_size=8, steps=steps, seed=0),
+            FinetuneConfig(batch_size=8, steps=steps, eval_every=0), [Names()], progress=False)
+    return len(counter.ops), trained
+
+
+def test_a_finetuning_step_runs_no_more_aten_ops_than_a_plain_loop_plus_a_few(decoder):
+    path, data = decoder
+    short, names = skillgraft_ops(path, data, 3)
+    long, _ = skillgraft_ops(path, data, 7)
+    per_step = (long - short) / 4
+    plain = plain_ops_per_step(path, data, names)
+    assert per_step <= plain + EXTRA_OPS, (per_step, plain)
