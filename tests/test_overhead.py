@@ -12,7 +12,7 @@ from skillgraft.data import load_kshot
 from skillgraft.models import build_scorer
 from skillgraft.train import AutoRGN, FinetuneConfig, RegionMask, SingleTask, fit
 
-from test_engine import HostReads, count_host_reads
+from hostreads import HostReads, count_host_reads
 
 EXTRA_OPS = 40  # aten ops a skillgraft step may add to the plain loop's (the loss's EMA, the on-device NaN gate)
 
@@ -114,3 +114,46 @@ def test_a_finetuning_step_runs_no_more_aten_ops_than_a_plain_loop_plus_a_few(de
     per_step = (long - short) / 4
     plain = plain_ops_per_step(path, data, names)
     assert per_step <= plain + EXTRA_OPS, (per_step, plain)
+
+
+@pytest.mark.parametrize("kind, mode", [("bert", "head"), ("bert", "prompt"), ("llama", "causal"),
+                                        ("gpt2", "causal"), ("bert", "classifier")])
+def test_a_batch_cut_from_the_tokenized_rows_is_the_collated_batch(tiny_models, toy_data, kind, mode):
+    from skillgraft.models.scorer import Tokenized
+
+    data = load_kshot("SST-2", 16, 13, toy_data)
+    scorer = build_scorer(str(tiny_models[kind]), "SST-2", mode)
+    rows = Tokenized.of(scorer, data.train, "cpu")
+    assert rows is not None
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        picked = [data.train[int(i)] for i in torch.randint(len(data.train), (8,), generator=gen)]
+        want, got = scorer.collate(picked), rows.take(picked)
+        assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_a_non_finite_loss_moves_nothing_and_stops_the_run_at_its_next_read(decoder, monkeypatch):
+    import skillgraft.train.core as core
+    from skillgraft.errors import SkillgraftError
+
+    path, data = decoder
+    moved, real, calls = [], core.objective, iter(range(100))
+    monkeypatch.setattr(core, "objective", lambda *a: real(*a) * (float("nan") if next(calls) == 1 else 1.0))
+
+    class Watch:
+        def on_train_start(self, state):
+            self.params = state.params
+
+        def on_before_optimizer_step(self, step, optimizer):
+            self.before = [p.detach().clone() for p in self.params]
+
+        def on_after_optimizer_step(self, step):
+            moved.append(any(not torch.equal(a, p) for a, p in zip(self.before, self.params)))
+
+    for optimizer in ("sgd", "adamw"):
+        moved.clear()
+        calls = iter(range(100))
+        with pytest.raises(SkillgraftError, match="fine-tuning stopped at step 2: the loss is nan"):
+            fit(scorer_of(path), SingleTask(data.train, None, batch_size=8, steps=4, seed=0),
+                FinetuneConfig(batch_size=8, steps=4, eval_every=0, optimizer=optimizer), [Watch()], progress=False)
+        assert moved == [True, False, True, True]  # step 2 moved nothing; the run stopped at its next read (the end)
