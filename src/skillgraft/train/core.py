@@ -215,6 +215,7 @@ class _Loop:
     accelerator: object
     guard: FirstNonFinite
     rows: dict
+    direct: bool = False  # Accelerate's backward, clipping and step would only add host work (:func:`_direct`)
 
 
 def _step(loop: _Loop, task, examples, loss_ema, step: int):
@@ -233,19 +234,32 @@ def _step(loop: _Loop, task, examples, loss_ema, step: int):
     loss = objective(view, out, labels)
     shared = acc.reduce(loss.detach(), reduction="mean") if acc.num_processes > 1 else loss.detach()
     finite = loop.guard.see(shared, step)  # every process sees the same (reduced) loss: all skip alike
-    acc.backward(loss)
+    loss.backward() if loop.direct else acc.backward(loss)
     if loop.anchors is not None:
         _l1_gradients(params, loop.anchors, config.l1)
     emit(loop.callbacks, "on_after_backward", step - 1)
     if config.max_grad_norm:
-        acc.clip_grad_norm_(params, config.max_grad_norm)
+        if loop.direct:
+            torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+        else:
+            acc.clip_grad_norm_(params, config.max_grad_norm)
     emit(loop.callbacks, "on_before_optimizer_step", step - 1, loop.opt)
     _gate(loop.opt, params, finite)
-    loop.opt.step()
+    (getattr(loop.opt, "optimizer", loop.opt) if loop.direct else loop.opt).step()
     loop.opt.zero_grad(set_to_none=True)
     emit(loop.callbacks, "on_after_optimizer_step", step - 1)
     value = shared.float()
     return value if loss_ema is None else loss_ema * 0.9 + value * 0.1
+
+
+def _direct(accelerator) -> bool:
+    """Whether the step may call torch itself: no gradient scaler, accumulation, FSDP, DeepSpeed or XLA, where
+    Accelerate's backward, ``clip_grad_norm_`` and optimizer step are torch's plus per-step host work (its optimizer
+    step looks for an optional package on disk twice per call)."""
+    from accelerate.utils import DistributedType  # noqa: PLC0415
+
+    return (accelerator.scaler is None and accelerator.gradient_accumulation_steps == 1
+            and accelerator.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU))
 
 
 @no_grad
@@ -332,7 +346,7 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
                initial=done)
     rows = {t: Tokenized.of(view_of(raw, t), train, accelerator.device) for t, (train, _) in sampler.data.items()}
     guard = FirstNonFinite(accelerator.device)
-    loop = _Loop(wrapped, raw, params, anchors, opt, config, callbacks, accelerator, guard, rows)
+    loop = _Loop(wrapped, raw, params, anchors, opt, config, callbacks, accelerator, guard, rows, _direct(accelerator))
     for step, (task, examples) in enumerate(bar, start=done):
         loss_ema = _step(loop, task, examples[rank::world], loss_ema, step + 1)
         evaluated = config.eval_every and (step + 1) % config.eval_every == 0 and step + 1 < steps
