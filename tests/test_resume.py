@@ -44,7 +44,7 @@ def _counting(monkeypatch, stop_at: int | None = None) -> list[int]:
 def test_localization_resumes_to_the_same_result(localizer, extra, ft_run, toy_data, tmp_path, monkeypatch):  # noqa: F811
     steps = 6
     args = lambda out, store: [*graft_args(ft_run, toy_data, out, store, "--localizer", localizer, "--steps", steps,  # noqa: E731
-                                           "--eval-every", 2), *extra]
+                                           "--eval-every", 2, "--deterministic"), *extra]  # bit for bit on a GPU too
     args_ref = args(tmp_path / "ref", tmp_path / "store-ref")
     args_ref[args_ref.index("--budgets") + 1] = extra[1]
     monkeypatch.setenv("SKILLGRAFT_CHECKPOINT_SECONDS", "0")  # save after every step
@@ -102,7 +102,7 @@ def test_a_state_saved_by_other_settings_is_not_used(ft_run, toy_data, tmp_path,
 def _finetune_args(tiny_bert, toy_data, out, *extra):
     return ("finetune", "--task", "SST-2", "--k", 8, "--seed", 13, "--model", tiny_bert, "--optimizer", "adamw",
             "--lr", 1e-3, "--steps", 8, "--eval-every", 2, "--data-dir", toy_data, "--test-limit", 8, "--out", out,
-            *extra)
+            "--deterministic", *extra)  # bit for bit on a GPU too (docs/gpu.md)
 
 
 def _run_files(run):

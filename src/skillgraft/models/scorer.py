@@ -474,9 +474,10 @@ class Tokenized:
                     for k, v in full.items()}
         return cls(full, index, widths, repeat)
 
-    def take(self, examples: list[Example]) -> dict[str, torch.Tensor]:
-        """The batch of ``examples`` (rows of this run), as ``collate(examples)`` would give it."""
-        rows = [self.index[ex] for ex in examples]
+    def take(self, examples: list[Example] | None = None, rows=None) -> dict[str, torch.Tensor]:
+        """The batch of ``examples`` (rows of this run; or their positions ``rows`` in the list it was made from), as
+        ``collate(examples)`` would give it."""
+        rows = [self.index[ex] for ex in examples] if rows is None else [int(i) for i in rows]
         width = max(self.widths[i] for i in rows)
         ix = torch.tensor(rows)
         device = self.offsets.device

@@ -24,7 +24,6 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.predict import evaluate
 from skillgraft.finite import FirstNonFinite, refuse_non_finite
 from skillgraft.models.freezing import freeze
-from skillgraft.models.scorer import Tokenized
 from skillgraft.train.config import FinetuneConfig
 
 
@@ -344,6 +343,8 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
         next(batches)
     bar = tqdm(batches, total=steps, desc=desc, disable=not (progress and accelerator.is_main_process),
                initial=done)
+    from skillgraft.models.scorer import Tokenized  # noqa: PLC0415
+
     rows = {t: Tokenized.of(view_of(raw, t), train, accelerator.device) for t, (train, _) in sampler.data.items()}
     guard = FirstNonFinite(accelerator.device)
     loop = _Loop(wrapped, raw, params, anchors, opt, config, callbacks, accelerator, guard, rows, _direct(accelerator))
