@@ -13,7 +13,9 @@ rows), one thread, batch 8:
   backward, ∂L/∂S, S updated) against the same arithmetic written as a plain loop over the same rows.
 
 Each figure is the median step time over ``--steps`` steps (the first 5 left out), the run ``--repeats`` times;
-the ratio skillgraft / plain is printed per repeat and as the median. ``--compile``: the plain fine-tuning loop
+the ratio skillgraft / plain is printed per repeat and as the median. Times are the process's CPU time
+(``time.process_time``, one thread): on a machine shared with other jobs, wall time mostly measures the wait for a
+core. ``--compile``: the plain fine-tuning loop
 and skillgraft's ``compile`` option (when it exists) beside them. The machine is shared: read medians.
 """
 
@@ -73,7 +75,7 @@ class Clock:
         self.names = [n for n, p in state.model.named_parameters() if id(p) in ids]
 
     def on_after_optimizer_step(self, step):
-        self.stamps.append(time.perf_counter())
+        self.stamps.append(time.process_time())
 
 
 def median_step(stamps: list[float]) -> float:
@@ -121,7 +123,7 @@ def plain_finetune(scorer, names: list[str], batches, compiled: bool = False) ->
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        stamps.append(time.perf_counter())
+        stamps.append(time.process_time())
     return median_step(stamps)
 
 
@@ -132,9 +134,9 @@ def skillgraft_localize(pre, ft, data, steps: int) -> float:
     real, times = engine._step, []
 
     def timed(*args):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         real(*args)
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
 
     engine._step = timed
     try:
@@ -174,7 +176,7 @@ def plain_localize(pre, ft, data, steps: int) -> float:
     body, head = model.model, model.lm_head
     times = []
     for ids, mask, pos, labels in ready:
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         with torch.no_grad():
             gammas = [torch.sigmoid(s - bias) for s in S]
             for p, b0, d, g in zip(theta, base, delta, gammas):
@@ -187,7 +189,7 @@ def plain_localize(pre, ft, data, steps: int) -> float:
             for p, d, g, s in zip(theta, delta, gammas, S):
                 s.sub_(lr * p.grad * d * g * (1 - g))
                 p.grad = None
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
     return statistics.median(times[WARMUP:]) * 1e3
 
 
