@@ -185,3 +185,29 @@ def test_a_compiled_run_equals_the_eager_one_within_rounding(decoder):
         weights[compile_] = {n: p.detach().clone() for n, p in scorer.named_parameters()}
     for n, w in weights[False].items():
         torch.testing.assert_close(weights[True][n], w, rtol=1e-5, atol=1e-6)  # measured: 1.5e-8 at most
+
+
+def test_batches_of_multi_token_words_and_of_completions_are_cut_as_collated(tiny_models, toy_data):
+    """A causal scorer of multi-token label words has one row per (example, word); a generative scorer's batch has
+    completion targets padded with -100: both cut from the tokenized rows as ``collate`` builds them."""
+    from skillgraft.data.loading import Example
+    from skillgraft.data.tasks import register_task, task_from_dict
+    from skillgraft.data.user import GenerativeTask
+    from skillgraft.models.scorer import Tokenized
+
+    data = load_kshot("SST-2", 16, 13, toy_data)
+    multi = register_task(task_from_dict({"name": "multi-overhead", "kind": "single", "labels": ["0", "1"],
+                                          "label_words": ["dreadfulness", "great"],
+                                          "template": "*cls**sent_0*_It_was*mask*.*sep+*"}), overwrite=True)
+    pairs = [Example(f"review {i}: the film was" + " very" * (i % 5), 0, [" bad", " good movie"][i % 2])
+             for i in range(24)]
+    cases = [(build_scorer(str(tiny_models["llama"]), multi, "causal"), data.train),
+             (build_scorer(str(tiny_models["llama"]), GenerativeTask.make("g-overhead"), "generative"), pairs)]
+    for scorer, rows in cases:
+        cut = Tokenized.of(scorer, rows, "cpu")
+        assert cut is not None and cut.repeat == (2 if scorer.mode == "causal" else 1)
+        for start in (0, 5, 13):
+            picked = rows[start:start + 8]
+            want, got = scorer.collate(picked), cut.take(picked)
+            assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want), scorer.mode
+            assert torch.equal(cut.take(rows=range(start, start + 8))["input_ids"], want["input_ids"])
