@@ -119,7 +119,7 @@ def test_a_finetuning_step_runs_no_more_aten_ops_than_a_plain_loop_plus_a_few(de
 @pytest.mark.parametrize("kind, mode", [("bert", "head"), ("bert", "prompt"), ("llama", "causal"),
                                         ("gpt2", "causal"), ("bert", "classifier")])
 def test_a_batch_cut_from_the_tokenized_rows_is_the_collated_batch(tiny_models, toy_data, kind, mode):
-    from skillgraft.models.scorer import Tokenized
+    from skillgraft.models.rows import Tokenized
 
     data = load_kshot("SST-2", 16, 13, toy_data)
     scorer = build_scorer(str(tiny_models[kind]), "SST-2", mode)
@@ -193,7 +193,7 @@ def test_batches_of_multi_token_words_and_of_completions_are_cut_as_collated(tin
     from skillgraft.data.loading import Example
     from skillgraft.data.tasks import register_task, task_from_dict
     from skillgraft.data.user import GenerativeTask
-    from skillgraft.models.scorer import Tokenized
+    from skillgraft.models.rows import Tokenized
 
     data = load_kshot("SST-2", 16, 13, toy_data)
     multi = register_task(task_from_dict({"name": "multi-overhead", "kind": "single", "labels": ["0", "1"],
@@ -211,3 +211,20 @@ def test_batches_of_multi_token_words_and_of_completions_are_cut_as_collated(tin
             want, got = scorer.collate(picked), cut.take(picked)
             assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want), scorer.mode
             assert torch.equal(cut.take(rows=range(start, start + 8))["input_ids"], want["input_ids"])
+
+
+def test_rows_a_batch_cannot_be_cut_from_are_collated_per_step(decoder, monkeypatch):
+    """Left padding (cutting columns would not give collate's batch) and a train set too large to hold tokenized:
+    no rows, and the run collates each step's batch as before."""
+    from skillgraft.models.rows import Tokenized
+
+    path, data = decoder
+    scorer = scorer_of(path)
+    scorer.tokenizer.padding_side = "left"
+    head = build_scorer(path, "SST-2", "head")
+    head.tokenizer.padding_side = "left"
+    assert Tokenized.of(head, data.train, "cpu") is None
+    monkeypatch.setattr(Tokenized, "LIMIT", 1000)
+    assert Tokenized.of(scorer, data.train, "cpu") is None
+    fit(scorer, SingleTask(data.train, None, batch_size=8, steps=2, seed=0),
+        FinetuneConfig(batch_size=8, steps=2, eval_every=0), progress=False)

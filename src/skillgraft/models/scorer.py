@@ -432,68 +432,6 @@ def task_from_config(spec: dict, source: str) -> Task:
     return task_from_dict(spec, source)
 
 
-class Tokenized:
-    """A run's rows tokenized once (one :meth:`Scorer.collate` of them all, on the device once; pinned on CUDA): a
-    step's batch is an index into them, cut to its longest row — the same tensors ``collate`` of those rows gives
-    (right padding), with no tokenizer, no host padding and one host→device copy of the indices per step."""
-
-    def __init__(self, full: dict[str, torch.Tensor], index: dict, widths: list[int], repeat: int):
-        self.full, self.index, self.widths, self.repeat = full, index, widths, repeat
-        self.length = full["input_ids"].shape[1]
-        device = full["input_ids"].device
-        self.pinned = device.type == "cuda"
-        self.offsets = torch.arange(repeat, device=device)
-
-    @classmethod
-    def of(cls, scorer, examples: list[Example], device=None) -> Tokenized | None:
-        """The rows of ``examples`` for ``scorer`` on ``device``; None when a batch could not be cut from them
-        exactly (left padding, a batch with rows not per example) — the caller then collates per step."""
-        collate = getattr(scorer, "collate", None)
-        if collate is None or not examples or type(scorer).collate is not Scorer.collate:
-            return None
-        full = collate(list(examples))
-        n = len(examples)
-        mask = full.get("attention_mask")
-        if mask is None or "candidates" in full or mask.dim() != 2 or mask.shape[0] % n:
-            return None
-        repeat = mask.shape[0] // n
-        lengths = mask.sum(1)
-        right = torch.arange(mask.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)
-        if not torch.equal(mask.bool(), right):  # left padding: cutting columns would not give collate's batch
-            return None
-        for k, t in full.items():
-            if t.dim() == 0 or t.shape[0] not in (n, n * repeat):
-                return None
-        widths = lengths.view(n, repeat).amax(1).tolist()
-        index = {}
-        for i, ex in enumerate(examples):
-            index.setdefault(ex, i)
-        if device is not None:
-            device = torch.device(device)
-            full = {k: (v.pin_memory() if device.type == "cuda" else v).to(device, non_blocking=True)
-                    for k, v in full.items()}
-        return cls(full, index, widths, repeat)
-
-    def take(self, examples: list[Example] | None = None, rows=None) -> dict[str, torch.Tensor]:
-        """The batch of ``examples`` (rows of this run; or their positions ``rows`` in the list it was made from), as
-        ``collate(examples)`` would give it."""
-        rows = [self.index[ex] for ex in examples] if rows is None else [int(i) for i in rows]
-        width = max(self.widths[i] for i in rows)
-        ix = torch.tensor(rows)
-        device = self.offsets.device
-        if device.type != "cpu":
-            ix = ix.pin_memory().to(device, non_blocking=True)
-        wide = (ix.unsqueeze(1) * self.repeat + self.offsets).reshape(-1) if self.repeat > 1 else ix
-        out = {}
-        for k, t in self.full.items():
-            t = t.index_select(0, ix if t.shape[0] == len(self.widths) else wide)
-            out[k] = t[:, :width] if t.dim() == 2 and t.shape[1] == self.length and k != "score_pos" else t
-        return out
-
-    def covers(self, examples: list[Example]) -> bool:
-        return all(ex in self.index for ex in examples)
-
-
 def _pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)

@@ -360,7 +360,7 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
         next(batches)
     bar = tqdm(batches, total=steps, desc=desc, disable=not (progress and accelerator.is_main_process),
                initial=done)
-    from skillgraft.models.scorer import Tokenized  # noqa: PLC0415
+    from skillgraft.models.rows import Tokenized  # noqa: PLC0415
 
     rows = {t: Tokenized.of(view_of(raw, t), train, accelerator.device) for t, (train, _) in sampler.data.items()}
     guard = FirstNonFinite(accelerator.device)
