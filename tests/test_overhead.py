@@ -228,3 +228,31 @@ def test_rows_a_batch_cannot_be_cut_from_are_collated_per_step(decoder, monkeypa
     assert Tokenized.of(scorer, data.train, "cpu") is None
     fit(scorer, SingleTask(data.train, None, batch_size=8, steps=2, seed=0),
         FinetuneConfig(batch_size=8, steps=2, eval_every=0), progress=False)
+
+
+def test_a_sharded_checkpoint_agrees_on_its_timing_without_a_collective_every_step(tmp_path, monkeypatch):
+    """Rank 0's clock decides when a multi-process loop saves; the ranks broadcast it only when it may have run out
+    (rank 0 says how many steps fit in the time left), not at every step (a broadcast and a read per step)."""
+    import torch.distributed as dist
+
+    import skillgraft.resume as resume
+
+    now = [0.0]
+    monkeypatch.setattr(resume.time, "monotonic", lambda: now[0])
+    monkeypatch.setenv("SKILLGRAFT_CHECKPOINT_SECONDS", "10")
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        casts = []
+        real = dist.broadcast
+        monkeypatch.setattr(dist, "broadcast", lambda *a, **k: casts.append(1) or real(*a, **k))
+        point = resume.Sharded(tmp_path / "loop.pt", "f", world=1, rank=0, device="cpu")
+        due_at = []
+        for step in range(1, 31):
+            now[0] += 1.0  # a step takes one second
+            if point.due():
+                due_at.append(step)
+                point.last, point.saved_at = now[0], point.calls  # what a save sets (without writing)
+        assert due_at == [10, 20, 30]  # every 10 s, as a broadcast at every step would have said
+        assert len(casts) == 6  # twice per interval instead of ten times
+    finally:
+        dist.destroy_process_group()
