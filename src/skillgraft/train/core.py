@@ -244,8 +244,9 @@ def _step(loop: _Loop, task, examples, loss_ema, step: int):
             acc.clip_grad_norm_(params, config.max_grad_norm)
     emit(loop.callbacks, "on_before_optimizer_step", step - 1, loop.opt)
     _gate(loop.opt, params, finite)
-    (getattr(loop.opt, "optimizer", loop.opt) if loop.direct else loop.opt).step()
-    loop.opt.zero_grad(set_to_none=True)
+    opt = getattr(loop.opt, "optimizer", loop.opt) if loop.direct else loop.opt
+    opt.step()
+    opt.zero_grad(set_to_none=True)
     emit(loop.callbacks, "on_after_optimizer_step", step - 1)
     value = shared.float()
     return value if loss_ema is None else loss_ema * 0.9 + value * 0.1
