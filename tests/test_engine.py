@@ -358,14 +358,30 @@ def test_a_steps_micro_batches_and_a_scoring_take_their_rows_in_length_order(pai
     import skillgraft.graft.localizers.engine as engine
     from skillgraft.data.loading import text_length
 
+    from skillgraft.models.rows import Tokenized
+
     pre, ft, data = pair
-    batches, real = [], type(pre).collate
+    batches, real, building = [], type(pre).collate, []
 
     def collate(self, examples):
-        batches.append([text_length(ex) for ex in examples])
+        if not building:  # a micro-batch (a step's own, or a scoring's), not the run's rows tokenized once
+            batches.append([text_length(ex) for ex in examples])
         return real(self, examples)
 
+    def of(cls, *args, _real=Tokenized.of.__func__, **kwargs):
+        building.append(1)
+        try:
+            return _real(cls, *args, **kwargs)
+        finally:
+            building.pop()
+
+    def take(self, examples=None, rows=None, _real=Tokenized.take):  # a step's micro-batch cut from those rows
+        batches.append([text_length(data.train[i]) for i in rows])
+        return _real(self, examples, rows)
+
     monkeypatch.setattr(type(pre), "collate", collate)
+    monkeypatch.setattr(Tokenized, "of", classmethod(of))
+    monkeypatch.setattr(Tokenized, "take", take)
     steps, real_step = [], engine._step
 
     def step(*args):

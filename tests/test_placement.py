@@ -378,3 +378,43 @@ def test_a_verb_on_cuda_places_the_model_there_and_reverts_swaps_bit_exactly(tin
         with graft.applied(pre):
             pass
     assert all(torch.equal(p, before[n]) for n, p in pre.named_parameters())
+
+
+def test_auto_precision_is_bf16_mixed_where_the_hardware_computes_bf16_and_says_so(tmp_path, monkeypatch):
+    """Issue 75: ``--precision auto`` reads the CPU's flags (/proc/cpuinfo) or the GPU's compute capability; the
+    resolved precision is what the store keys and the reports carry, the report adding "(auto)"."""
+    import skillgraft.models.placement as placement
+
+    read = placement._cpu_flags
+    for flags, want in (("fpu avx2 avx512f", "fp32"), ("fpu avx512f avx512_bf16", "bf16-mixed"),
+                        ("fpu amx_tile amx_bf16", "bf16-mixed")):
+        info = tmp_path / f"cpuinfo-{want}-{len(flags)}"
+        info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+        monkeypatch.setattr(placement, "_cpu_flags", lambda path=str(info): read(path))
+        runtime = Placement(device="cpu", precision="auto").resolve()
+        assert runtime.precision == want and runtime.auto and runtime.dtype == torch.float32
+        assert runtime.describe() == f"cpu, {want} (auto)"
+        assert runtime.as_dict()["precision"] == want and runtime.as_dict()["precision_asked"] == "auto"
+    monkeypatch.setattr(placement, "_cpu_flags", lambda path="": set())
+    assert Placement(device="cpu", precision="auto").resolve().precision == "fp32"
+    assert read(str(tmp_path / "missing")) == set()  # no /proc: no native bf16 claimed
+    with using(Placement(device="cpu", precision="fp32")) as runtime:  # asked for by name: no "(auto)"
+        assert runtime.describe() == "cpu, fp32"
+
+
+def test_determinism_is_opt_in_and_kept_out_of_the_spec_at_its_default():
+    """Issue 75: by default a placement leaves torch's kernel choice alone (on a GPU: fast attention backwards, no
+    NaN-filled allocations); ``deterministic`` turns the deterministic kernels on for a CUDA run. Specs and store keys
+    written before the field existed are unchanged."""
+    assert "deterministic" not in Placement().to_dict()
+    assert Placement(deterministic=True).to_dict()["deterministic"] is True
+    assert Placement(deterministic=True).resolve().deterministic
+    before = torch.are_deterministic_algorithms_enabled()
+    with using(Placement(device="cpu")):
+        assert torch.are_deterministic_algorithms_enabled() == before
+    if torch.cuda.is_available():
+        with using(Placement(device="cuda")):
+            assert not torch.are_deterministic_algorithms_enabled()
+        with using(Placement(device="cuda", deterministic=True)):
+            assert torch.are_deterministic_algorithms_enabled()
+        assert torch.are_deterministic_algorithms_enabled() == before

@@ -65,3 +65,25 @@ def check_loss(loss: torch.Tensor | float, what: str, step: int) -> float:
         raise SkillgraftError(f"{what} stopped at step {step}: the loss is {value}; nothing was stored. Lower the "
                               "learning rate (--lr), or check the model and data for non-finite values")
     return value
+
+
+class FirstNonFinite:
+    """The first step whose loss is not finite, and that loss, kept on the device: a loop sees each step's loss
+    without reading it (:meth:`see` gives the finiteness as a 0-d bool there, to gate the update) and :meth:`check`
+    reads the record once, at the loop's read points (log, eval, save, end), stopping the run naming that step as a
+    per-step check would."""
+
+    def __init__(self, device):
+        self.record = torch.zeros(2, device=device)  # (step, loss); step 0: none yet
+
+    def see(self, loss: torch.Tensor, step: int) -> torch.Tensor:
+        loss = torch.as_tensor(loss, device=self.record.device).float()
+        finite = torch.isfinite(loss)
+        first = (self.record[0] == 0) & ~finite
+        self.record.copy_(torch.where(first, torch.stack([torch.full_like(loss, float(step)), loss]), self.record))
+        return finite
+
+    def check(self, what: str) -> None:
+        step, value = self.record.tolist()
+        if step:
+            check_loss(value, what, int(step))

@@ -5,6 +5,12 @@
                  bf16        weights, optimizer state and compute in bfloat16 (half the memory; an update
                              smaller than |w|/256 is lost in the rounding)
                  bf16-mixed  bf16 compute (autocast), fp32 weights and optimizer state: a small step accumulates
+                 auto        bf16-mixed where the hardware computes bf16 natively (CUDA sm80+; a CPU with
+                             avx512_bf16 or AMX), fp32 elsewhere (:func:`native_bf16`); reports and store keys
+                             name the precision it resolved to
+    --deterministic          deterministic kernels on a GPU (a run repeats bit for bit there; slower: NaN-filled
+                             allocations, the math attention kernel in differentiated passes); CPU runs repeat
+                             bit for bit without it
 
 A verb activates its placement once (:func:`using`; the command line's ``--device`` / ``--precision``, a
 ``--config`` file or a recipe's ``device:`` / ``precision:``). Every model loaded while it is active is placed
@@ -33,9 +39,9 @@ from pydantic import Field, field_validator
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.lazy import torch
-from skillgraft.spec import Spec
+from skillgraft.spec import OMITTED_AT_DEFAULT, Spec
 
-Precision = Literal["fp32", "bf16", "bf16-mixed"]
+Precision = Literal["fp32", "bf16", "bf16-mixed", "auto"]
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -45,7 +51,10 @@ class Placement(Spec):
     device: str = Field("auto", description="where models run: auto (a GPU when one is visible, else the CPU) | cpu | "
                                             "cuda | cuda:N")
     precision: Precision = Field("fp32", description="fp32 | bf16 (weights and compute) | bf16-mixed (bf16 compute, "
-                                                     "fp32 weights and optimizer state)")
+                                                     "fp32 weights and optimizer state) | auto (bf16-mixed where the "
+                                                     "hardware computes bf16 natively, else fp32)")
+    deterministic: bool = Field(False, json_schema_extra=OMITTED_AT_DEFAULT, description=(
+        "deterministic kernels on a GPU: a run repeats bit for bit there (slower; CPU runs repeat without it)"))
 
     @field_validator("device")
     @classmethod
@@ -77,7 +86,30 @@ class Placement(Spec):
             device = torch.device("cuda", index)
         else:
             device = torch.device("cpu")
-        return Runtime(device, self.precision)
+        precision = self.precision
+        if precision == "auto":
+            precision = "bf16-mixed" if native_bf16(device) else "fp32"
+        return Runtime(device, precision, self.deterministic, auto=self.precision == "auto")
+
+
+def native_bf16(device) -> bool:
+    """Whether ``device`` computes bf16 natively: a CUDA GPU of compute capability 8.0 or later, or a CPU whose flags
+    (``/proc/cpuinfo``) include ``avx512_bf16`` or ``amx_bf16``."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device)[0] >= 8
+    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def _cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
 
 
 @dataclass(frozen=True)
@@ -86,6 +118,8 @@ class Runtime:
 
     device: torch.device
     precision: str = "fp32"
+    deterministic: bool = False
+    auto: bool = False  # the precision was chosen by ``auto``
 
     @property
     def dtype(self) -> torch.dtype:
@@ -102,10 +136,12 @@ class Runtime:
 
     def describe(self) -> str:
         """``cuda:0 (NVIDIA H200), bf16-mixed`` / ``cpu, fp32``: what every report names."""
-        return f"{describe_device(self.device)}, {self.precision}"
+        return f"{describe_device(self.device)}, {self.precision}" + (" (auto)" if self.auto else "")
 
     def as_dict(self) -> dict:
-        return {"device": str(self.device), "device_name": describe_device(self.device), "precision": self.precision}
+        return {"device": str(self.device), "device_name": describe_device(self.device), "precision": self.precision,
+                **({"precision_asked": "auto"} if self.auto else {}),
+                **({"deterministic": True} if self.deterministic else {})}
 
 
 def describe_device(device) -> str:
@@ -135,7 +171,8 @@ def using(placement: Placement | Runtime | None) -> Iterator[Runtime | None]:
     determined = torch.are_deterministic_algorithms_enabled()
     if runtime.device.type == "cuda":
         torch.cuda.set_device(runtime.device)
-        deterministic()
+        if runtime.deterministic:
+            deterministic()
     token = _ACTIVE.set(runtime)
     try:
         yield runtime
@@ -148,7 +185,8 @@ def using(placement: Placement | Runtime | None) -> Iterator[Runtime | None]:
 def deterministic() -> None:
     """Deterministic kernels on a GPU (an embedding's backward, index_add: sorted instead of atomic adds), so a run
     repeats bit for bit and a resumed run equals an uninterrupted one there too (docs/gpu.md); an op with no
-    deterministic kernel runs as it is (no error, no warning line)."""
+    deterministic kernel runs as it is (no error, no warning line). Opt-in (``--deterministic``): by default a GPU
+    run uses the fast kernels (flash / memory-efficient attention backwards, no NaN fill of new allocations)."""
     import warnings  # noqa: PLC0415
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts in this process
@@ -282,5 +320,5 @@ def accelerator_for(module, **kwargs):
 
 
 __all__ = ["Placement", "Precision", "Runtime", "accelerator_for", "active", "attention_backends", "describe_device",
-           "describe_module", "device_of", "forward_context", "load_dtype", "offloaded", "place", "precision_of",
-           "recompute_contexts", "to_device", "using"]
+           "describe_module", "device_of", "forward_context", "load_dtype", "native_bf16", "offloaded", "place",
+           "precision_of", "recompute_contexts", "to_device", "using"]

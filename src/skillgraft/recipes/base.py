@@ -56,6 +56,7 @@ class ExperimentSpec(Spec):
     progress: bool = Field(False, description="progress bars for every stage")
     device: str = Placement.model_fields["device"]
     precision: Precision = Placement.model_fields["precision"]
+    deterministic: bool = Placement.model_fields["deterministic"]
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, description="the fine-tuning grafts come from")
 
     def model_spec(self) -> ModelSpec:
@@ -264,9 +265,10 @@ def recipe(name: str, spec: type[ExperimentSpec]):
 
 
 def placement_of(spec) -> Placement:
-    """A recipe's ``device`` and ``precision`` (its placement: where every stage it runs computes); an unknown device
-    is one line naming the field, before any work."""
-    return Placement.build({k: getattr(spec, k) for k in ("device", "precision") if hasattr(spec, k)}, where="recipe")
+    """A recipe's ``device``, ``precision`` and ``deterministic`` (its placement: where and how every stage it runs
+    computes); an unknown device is one line naming the field, before any work."""
+    return Placement.build({k: getattr(spec, k) for k in ("device", "precision", "deterministic") if hasattr(spec, k)},
+                           where="recipe")
 
 
 def run_spec(entry: Recipe, spec, out: str | os.PathLike, *, cache: str | os.PathLike | None = None,

@@ -136,9 +136,9 @@ class RegionMask(Callback):
 
     @no_grad
     def on_after_backward(self, step: int) -> None:
-        for p, mask, _ in self._masked:
-            if p.grad is not None:
-                p.grad.mul_(mask)
+        present = [(p.grad, mask) for p, mask, _ in self._masked if p.grad is not None]
+        if present:
+            torch._foreach_mul_([g for g, _ in present], [m for _, m in present])
 
     @no_grad
     def on_after_optimizer_step(self, step: int) -> None:
@@ -175,21 +175,30 @@ class AutoRGN(Callback):
             split = [{**g, "params": [p]} for g in groups for p in g["params"]]
             groups[:] = split
             self.base_lr = [g["lr"] for g in groups]
-        rgn = []
-        with torch.no_grad():
-            for g in groups:
-                p = g["params"][0]
-                w = float(p.detach().float().norm())
-                gn = float(p.grad.detach().float().norm()) if p.grad is not None else 0.0
-                rgn.append(gn / w if w > 0 else None)
-        finite = [r for r in rgn if r is not None]
-        top = max(finite) if finite and max(finite) > 0 else 1.0
-        mult = [1.0 if r is None else r / top for r in rgn]
-        for g, base, m in zip(groups, self.base_lr, mult):
-            g["lr"] = base * m
-        if self.record_every and step % self.record_every == 0:
+        mult = self._multipliers([g["params"][0] for g in groups])
+        inner = getattr(optimizer, "optimizer", optimizer)
+        on_device = bool(inner.defaults.get("fused"))  # a fused step takes its lr as a tensor: no read
+        lrs = torch.tensor(self.base_lr, dtype=torch.float64, device=mult.device) * mult
+        values = lrs.unbind() if on_device else lrs.tolist()
+        for g, lr in zip(groups, values):
+            g["lr"] = lr
+        if self.record_every and step % self.record_every == 0:  # a read, at the record points only
             self.history.append({"step": step, "multipliers": {self.names.get(id(g["params"][0]), str(i)): m
-                                                               for i, (g, m) in enumerate(zip(groups, mult))}})
+                                                               for i, (g, m) in enumerate(zip(groups, mult.tolist()))}})
+
+    @staticmethod
+    @no_grad
+    def _multipliers(params) -> torch.Tensor:
+        """RGN_t / max RGN per tensor (1 where ‖θ_t‖ = 0), float64 on the device: two vectorised norms, no read
+        (the same numbers the per-tensor host arithmetic gave)."""
+        weights = torch.stack(torch._foreach_norm([p.detach().float() for p in params])).double()
+        grads = torch.stack(torch._foreach_norm([(p.grad if p.grad is not None else torch.zeros_like(p)).detach()
+                                                 .float() for p in params])).double()
+        defined = weights > 0
+        rgn = torch.where(defined, grads / torch.where(defined, weights, 1.0), 0.0)
+        top = torch.where(defined, rgn, -1.0).max()
+        top = torch.where(top > 0, top, 1.0)
+        return torch.where(defined, rgn / top, 1.0)
 
 
 class Snapshots(Callback):

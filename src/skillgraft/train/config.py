@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from skillgraft.spec import COUNT_MAX, FLOAT_MAX, Seed, Spec
+from skillgraft.spec import COUNT_MAX, FLOAT_MAX, OMITTED_AT_DEFAULT, Seed, Spec
 
 
 DEFAULT_LR = {"sgd": 0.1, "adamw": 2e-5}
@@ -35,6 +35,9 @@ class FinetuneConfig(Spec):
         None, description="train only these transformer blocks, 0-based (+ the head); None: all")
     seed: Seed = Field(0, description="model seed (batch order, head init)")
     eval_batch_size: int = Field(64, ge=1, le=COUNT_MAX, description="batch size of dev evaluation")
+    compile: bool = Field(False, json_schema_extra=OMITTED_AT_DEFAULT, description=(
+        "torch.compile the transformer body for the training steps (equal to eager within rounding; pays a compile "
+        "at the start and at new batch shapes: for long runs)"))
 
     @model_validator(mode="after")
     def _default_lr(self) -> FinetuneConfig:

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.predict import evaluate
-from skillgraft.finite import check_loss, refuse_non_finite
+from skillgraft.finite import FirstNonFinite, refuse_non_finite
 from skillgraft.models.freezing import freeze
 from skillgraft.train.config import FinetuneConfig
 
@@ -186,9 +186,13 @@ def _state(done: int, loss_ema, eval_seconds: float, seconds: float, params, opt
 
 
 def _fused(params) -> dict:
-    """One fused kernel per optimizer step on a GPU (fewer launches: fine-tuning there is host-bound,
-    bench/RESULTS.md); the CPU keeps the default implementation."""
-    return {"fused": True} if params and all(p.device.type == "cuda" for p in params) else {}
+    """One fused kernel per optimizer step (fewer launches: fine-tuning on a GPU is host-bound, bench/RESULTS.md),
+    which can also skip a step on the device (``found_inf``: a non-finite loss); on the CPU too (fused SGD there
+    is bit for bit the default's). Floating-point parameters on one CPU or CUDA device only."""
+    devices = {p.device.type for p in params}
+    ok = params and len(devices) == 1 and devices <= {"cpu", "cuda"} and all(
+        p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64) for p in params)
+    return {"fused": True} if ok else {}
 
 
 def _on_cuda(params) -> bool:
@@ -208,6 +212,112 @@ def _resume(saved: dict, params, opt, state: TrainState, callbacks, accelerator)
     for cb, cb_state in zip(callbacks, saved["callbacks"]):
         if cb_state is not None:
             cb.load_state(cb_state)
+
+
+
+@dataclass
+class _Loop:
+    """What every step of one run uses (:func:`_step`)."""
+
+    wrapped: nn.Module
+    raw: nn.Module
+    params: list
+    anchors: list | None
+    opt: object
+    config: FinetuneConfig
+    callbacks: tuple
+    accelerator: object
+    guard: FirstNonFinite
+    rows: dict
+    direct: bool = False  # Accelerate's backward, clipping and step would only add host work (:func:`_direct`)
+
+
+def _step(loop: _Loop, task, examples, loss_ema, step: int):
+    """One update, with no host synchronisation: the batch is an index into the run's rows on the device, the loss
+    and its EMA stay there, a non-finite loss skips the update on the device (read at the loop's next read point,
+    which stops the run naming this step: :class:`~skillgraft.finite.FirstNonFinite`). Returns the loss's EMA."""
+    acc, config, params = loop.accelerator, loop.config, loop.params
+    view = view_of(loop.raw, task)
+    rows = loop.rows.get(task)
+    if rows is not None and rows.covers(examples):
+        batch = rows.take(examples)
+    else:
+        batch = {k: v.to(acc.device, non_blocking=True) for k, v in view.collate(examples).items()}
+    labels = batch.pop("labels")
+    out = loop.wrapped(**batch) if task is None else loop.wrapped(task, **batch)
+    loss = objective(view, out, labels)
+    shared = acc.reduce(loss.detach(), reduction="mean") if acc.num_processes > 1 else loss.detach()
+    finite = loop.guard.see(shared, step)  # every process sees the same (reduced) loss: all skip alike
+    loss.backward() if loop.direct else acc.backward(loss)
+    if loop.anchors is not None:
+        _l1_gradients(params, loop.anchors, config.l1)
+    emit(loop.callbacks, "on_after_backward", step - 1)
+    if config.max_grad_norm:
+        if loop.direct:
+            torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+        else:
+            acc.clip_grad_norm_(params, config.max_grad_norm)
+    emit(loop.callbacks, "on_before_optimizer_step", step - 1, loop.opt)
+    _gate(loop.opt, params, finite)
+    opt = getattr(loop.opt, "optimizer", loop.opt) if loop.direct else loop.opt
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    emit(loop.callbacks, "on_after_optimizer_step", step - 1)
+    value = shared.float()
+    return value if loss_ema is None else loss_ema * 0.9 + value * 0.1
+
+
+def _direct(accelerator) -> bool:
+    """Whether the step may call torch itself: no gradient scaler, accumulation, FSDP, DeepSpeed or XLA, where
+    Accelerate's backward, ``clip_grad_norm_`` and optimizer step are torch's plus per-step host work (its optimizer
+    step looks for an optional package on disk twice per call)."""
+    from accelerate.utils import DistributedType  # noqa: PLC0415
+
+    return (accelerator.scaler is None and accelerator.gradient_accumulation_steps == 1
+            and accelerator.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU))
+
+
+def _compiled(model) -> list:
+    """``torch.compile`` the transformer body of each task's scorer in place for the run (``nn.Module.compile``): the
+    blocks that do the work, not the scorer around them, whose head hook (models/logits.py) and forward context would
+    change the graph at every call. Shapes that vary (a batch is as wide as its longest row) are compiled dynamic
+    after the second. Returns the bodies (the caller undoes the compile after the steps)."""
+    bodies = []
+    for module in model.modules():
+        body = getattr(module, "model", None)
+        if hasattr(module, "collate") and isinstance(body, nn.Module):
+            inner = getattr(body, "model", None)  # a causal LM: its decoder stack (the LM head runs outside)
+            target = inner if isinstance(inner, nn.Module) and hasattr(body, "get_output_embeddings") else body
+            if all(target is not b for b in bodies):
+                target.compile()
+                bodies.append(target)
+    return bodies
+
+
+@no_grad
+def _l1_gradients(params, anchors, l1: float) -> None:
+    """Add ∂(λ‖θ − θ_pre‖₁)/∂θ = λ·sign(θ − θ_pre) to the gradients (after backward, vectorised: the same values
+    autograd gave when the penalty was part of the loss)."""
+    signs = torch._foreach_sign(torch._foreach_sub([p.detach() for p in params], anchors))
+    torch._foreach_mul_(signs, l1)
+    present = [(p.grad, s) for p, s in zip(params, signs) if p.grad is not None]
+    for p, s in zip(params, signs):
+        if p.grad is None:  # a tensor this step's loss does not reach (another task's head): the penalty alone
+            p.grad = s
+    if present:
+        torch._foreach_add_([g for g, _ in present], [s for _, s in present])
+
+
+def _gate(opt, params, finite) -> None:
+    """A non-finite loss moves nothing, decided on the device: a fused optimizer skips its step on ``found_inf`` (as
+    GradScaler's does); another one gets zero gradients."""
+    inner = getattr(opt, "optimizer", opt)
+    if inner.defaults.get("fused"):
+        inner.found_inf = (~finite).float()
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    for g in grads:
+        g.copy_(torch.where(finite, g, 0.0))
 
 
 def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=None, progress: bool = True,
@@ -257,6 +367,7 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
     done, loss_ema = 0, None
     if resumed is not None:  # the same command, stopped: go on from the last saved step (skillgraft.resume)
         done, loss_ema, eval_seconds = resumed["step"], resumed["loss_ema"], resumed["eval_seconds"]
+        loss_ema = None if loss_ema is None else torch.tensor(loss_ema, device=accelerator.device)
         _resume(resumed, params, opt, state, callbacks, accelerator)
         start -= resumed["seconds"]
     wrapped.train()
@@ -267,40 +378,36 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
         else None
     bar = tqdm(batches, total=steps, desc=desc, disable=not (progress and accelerator.is_main_process),
                initial=done)
+    from skillgraft.models.rows import Tokenized  # noqa: PLC0415
+
+    rows = {t: Tokenized.of(view_of(raw, t), train, accelerator.device) for t, (train, _) in sampler.data.items()}
+    guard = FirstNonFinite(accelerator.device)
+    compiled = _compiled(raw) if config.compile else []
+    loop = _Loop(wrapped, raw, params, anchors, opt, config, callbacks, accelerator, guard, rows, _direct(accelerator))
     for step, (task, examples) in enumerate(bar, start=done):
         t0 = time.perf_counter()
-        batch = view_of(raw, task).collate(examples[rank::world])
-        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-        labels = batch.pop("labels")
-        out = wrapped(**batch) if task is None else wrapped(task, **batch)
-        loss = objective(view_of(raw, task), out, labels)
-        if anchors is not None:
-            loss = loss + config.l1 * sum((p - a).abs().sum() for p, a in zip(params, anchors))
-        shared = accelerator.reduce(loss.detach(), reduction="mean") if world > 1 else loss.detach()
-        value = check_loss(shared, "fine-tuning", step + 1)  # before the step, on every process: never train on NaN
-        accelerator.backward(loss)
-        if timed is not None:  # the first batch timed: the run's estimated time, said once
+        loss_ema = _step(loop, task, examples[rank::world], loss_ema, step + 1)
+        if timed is not None:  # the first step timed (synchronised once): the run's estimated time, said once
             if accelerator.device.type == "cuda":
                 torch.cuda.synchronize(accelerator.device)
             timed(time.perf_counter() - t0)
             timed = None
-        emit(callbacks, "on_after_backward", step)
-        if config.max_grad_norm:
-            accelerator.clip_grad_norm_(params, config.max_grad_norm)
-        emit(callbacks, "on_before_optimizer_step", step, opt)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        emit(callbacks, "on_after_optimizer_step", step)
-        loss_ema = value if loss_ema is None else 0.9 * loss_ema + 0.1 * value
         evaluated = config.eval_every and (step + 1) % config.eval_every == 0 and step + 1 < steps
         if evaluated:
+            guard.check("fine-tuning")  # the loss is read where the loop reads anyway, never inside a step
             dev_score(step + 1)
             wrapped.train()
-        if evaluated or step % 10 == 0:
-            bar.set_postfix(loss=f"{loss_ema:.3f}", dev=f"{state.history[-1]['dev']:.3f}" if state.history else "-")
+        if not bar.disable and (evaluated or step % 10 == 0):
+            guard.check("fine-tuning")
+            bar.set_postfix(loss=f"{float(loss_ema):.3f}",
+                            dev=f"{state.history[-1]['dev']:.3f}" if state.history else "-")
         if saved is not None and step + 1 < steps and saved.due():
-            saved.save(_state(step + 1, loss_ema, eval_seconds, time.perf_counter() - start, params, opt, state,
-                              callbacks, accelerator))
+            guard.check("fine-tuning")
+            saved.save(_state(step + 1, float(loss_ema), eval_seconds, time.perf_counter() - start, params, opt,
+                              state, callbacks, accelerator))
+    guard.check("fine-tuning")
+    for body in compiled:  # evaluation and whatever follows run eagerly, as before
+        body._compiled_call_impl = None
     seconds = time.perf_counter() - start - eval_seconds
     for p in params:  # the last step's update is checked by no later loss
         refuse_non_finite(p, f"fine-tuning stopped after step {steps}: a trained weight",

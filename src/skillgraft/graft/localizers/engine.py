@@ -411,10 +411,14 @@ def _step(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, train, m
     ``non_blocking``; the loss stays there, its finiteness gating the update: :class:`_FirstNonFinite`).
     ``timed``: given the seconds of this step's first micro-batch (synchronised once: the run's time estimate)."""
     total = 0.0
+    rows = _rows(pre, train, device)
     for chunk, weight in _micro_batches(mine, micro_batch, lockstep):
         t0 = time.perf_counter()
-        batch = pre.collate([train[i] for i in chunk])
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        if rows is not None:  # the run's rows tokenized once: an index into them (models/rows.py)
+            batch = rows.take(rows=chunk)
+        else:
+            batch = pre.collate([train[i] for i in chunk])
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
         loss = batch_loss(pre, batch, reduction="sum") / batch_n  # cross-entropy (generative: completion tokens)
         (loss if weight == 1 else loss * weight).backward()
         total = total + loss.detach() * weight
@@ -465,6 +469,18 @@ class _Estimate:
         else:
             forwards = forward_equivalents(self.scorings * self.rows_per_scoring, round(self.rows_per_micro_batch))
             say(estimate_line(self.what, first_micro_batch, self.training, scoring=forwards))
+
+
+def _rows(pre, train, device):
+    """The training rows tokenized once, on the device (:class:`~skillgraft.models.rows.Tokenized`, built in the first
+    step and kept on ``pre`` while it is given the same list); None where each micro-batch collates its own."""
+    from skillgraft.models.rows import Tokenized  # noqa: PLC0415
+
+    held = pre.__dict__.get("_skillgraft_rows")
+    if held is None or held[0] is not train or held[1] != len(train) or held[2] != torch.device(device):
+        held = (train, len(train), torch.device(device), Tokenized.of(pre, train, device))
+        pre.__dict__["_skillgraft_rows"] = held
+    return held[3]
 
 
 class _FirstNonFinite:
