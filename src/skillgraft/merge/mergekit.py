@@ -26,42 +26,68 @@ METHODS = ("linear", "task_arithmetic", "ties", "dare_ties")
 Runner = Callable[[str, Path, int], dict]  # (mergekit YAML, work folder, seed) → merged tensors
 
 
+GRID_SCALES = (0.3, 0.5, 1.0, 1.5)  # --mergekit-grid's λ grid unless --scales says one
+GRID_DENSITIES = (0.1, 0.2, 0.5)  # --mergekit-grid's density grid unless --densities says one
+
+
 class MergekitOptions(Spec):
-    """mergekit's options (fields of ``skillgraft merge``)."""
+    """mergekit's options (fields of ``skillgraft merge``). By default each method runs once, at mergekit's own
+    defaults (4 ``mergekit-yaml`` runs); the λ / density grid chosen on dev is opt-in (``--mergekit-grid``, or a
+    ``--scales`` / ``--densities`` grid given): 27 more runs at the default grid, each a ``mergekit-yaml`` process
+    (≈ 17 s for two MiniLM models on a 2-core CPU)."""
 
     mergekit: list[Literal[METHODS]] = Field(default_factory=lambda: list(METHODS),
                                              description="mergekit methods to compare (empty: none)")
-    scales: list[float] = Field(default_factory=lambda: [0.3, 0.5, 1.0, 1.5],
-                                description="λ grid of task_arithmetic, ties and dare_ties (chosen on dev rows)")
-    densities: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.5],
-                                   description="density grid of ties and dare_ties (chosen on dev rows)")
+    mergekit_grid: bool = Field(False, description=(
+        "also choose each mergekit method's λ (and density) on dev from a grid: 27 more mergekit-yaml runs for the "
+        "four methods (≈ 17 s each for two MiniLM models on a 2-core CPU; off: one run per method, at mergekit's "
+        "defaults); on when --scales or --densities is given"))
+    scales: list[float] | None = Field(None, description="λ grid of task_arithmetic, ties and dare_ties (chosen on "
+                                                         "dev rows; turns the grid on; default with --mergekit-grid: "
+                                                         "0.3,0.5,1,1.5)")
+    densities: list[float] | None = Field(None, description="density grid of ties and dare_ties (chosen on dev rows; "
+                                                            "turns the grid on; default with --mergekit-grid: "
+                                                            "0.1,0.2,0.5)")
     random_seed: int = Field(0, description="seed of mergekit's random pruning (dare_ties)")
 
     @field_validator("scales", "densities")
     @classmethod
-    def _positive(cls, v: list[float]) -> list[float]:
-        if any(x <= 0 for x in v):
+    def _positive(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and any(x <= 0 for x in v):
             raise ValueError(f"values must be > 0, got {v}")
         return v
 
     @field_validator("densities")
     @classmethod
-    def _at_most_one(cls, v: list[float]) -> list[float]:
-        if any(x > 1 for x in v):
+    def _at_most_one(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and any(x > 1 for x in v):
             raise ValueError(f"densities are fractions in (0, 1], got {v}")
         return v
 
+    @property
+    def grid(self) -> bool:
+        """Whether the λ / density grid runs (opt-in)."""
+        return self.mergekit_grid or bool(self.scales) or bool(self.densities)
+
+    def runs(self) -> int:
+        """How many ``mergekit-yaml`` runs these options ask for (what the plan line states up front)."""
+        return len(mergekit_configs(self))
+
 
 def mergekit_configs(spec: MergekitOptions) -> list[tuple[str, str, dict, dict]]:
-    """(method, label, per-model parameters, global parameters): each method's defaults, then the grid."""
+    """(method, label, per-model parameters, global parameters): each method's defaults, then (opt-in) the grid."""
+    scales = list(spec.scales or (GRID_SCALES if spec.grid else ()))
+    densities = list(spec.densities or (GRID_DENSITIES if spec.grid else ()))
     out = []
     for method in spec.mergekit:
         out.append((method, "defaults", {"weight": 1.0}, {}))
+        if not spec.grid:
+            continue
         if method == "task_arithmetic":
-            out += [(method, f"λ={s:g}", {"weight": 1.0}, {"lambda": s}) for s in spec.scales if s != 1.0]
+            out += [(method, f"λ={s:g}", {"weight": 1.0}, {"lambda": s}) for s in scales if s != 1.0]
         elif method in ("ties", "dare_ties"):
             out += [(method, f"density={d:g} λ={s:g}", {"weight": 1.0, "density": d}, {"lambda": s})
-                    for d in spec.densities for s in spec.scales]
+                    for d in densities or [1.0] for s in scales or [1.0]]
     return out
 
 
@@ -290,6 +316,7 @@ class Mergekit(MergeMethod):
                     s.test = bench.score(bench.on_body(load_file(str(path))), "test")
                     s.reuse = lambda path=path: bench.on_body(load_file(str(path)))  # kept until the run ends
                     s.info["chosen_on_dev"] = (method, s.config) == best
+                    s.info["writable"] = s.info["chosen_on_dev"]  # one merged body: a candidate for the written model
         return scored
 
 

@@ -1,0 +1,71 @@
+"""A new user's first hour, second round, part two (issue 82): merge writes its best model on dev and runs the
+mergekit grid only when asked; names the user gave; reading verbs leave their inputs alone; a rerun says why;
+one progress format; report details."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from userland import cli, fake_mergekit, merge_args
+
+
+def counting(calls: list):
+    """:func:`fake_mergekit` that logs each YAML it is given."""
+    def run(config, work, seed):
+        calls.append(config)
+        return fake_mergekit(config, work, seed)
+    return run
+
+
+def test_merge_writes_its_best_one_model_merge_on_dev_and_the_grid_is_opt_in(classifiers, tmp_path):
+    """With a stitch far too weak (λ = 0.02 on a tiny region), mergekit's task arithmetic is the better merge on dev:
+    merge writes it (not the stitch), its report's first line says so and why, and the checkpoints hold its body.
+    With defaults, each mergekit method runs once (4 runs, not the 31-point grid)."""
+    calls: list[str] = []
+    out = tmp_path / "m"
+    cli(*merge_args(classifiers, out, "--localizer", "movement", "--budgets", "0.001", "--stitch-scales", "0.02",
+                    "--rules", "average"), obj={"mergekit_runner": counting(calls)})
+    assert len(calls) == 4  # linear, task_arithmetic, ties, dare_ties at mergekit's defaults: no grid by default
+    s = json.loads((out / "merge.json").read_text())
+    writable = [r for r in s["rows"] if r.get("writable")]
+    written = [r for r in s["rows"] if r.get("written")]
+    assert len(written) == 1 and {r["method"] for r in writable} >= {"stitch", "mergekit task_arithmetic"}
+    assert all(written[0]["dev_mean_normalized"] >= r["dev_mean_normalized"] for r in writable)
+    assert written[0]["method"].startswith("mergekit")
+    assert s["headline"]["written"] == f"{written[0]['method']} ({written[0]['config']})"
+    assert s["headline"]["stitch_written"] is False
+    report = (out / "report.md").read_text().splitlines()
+    first = next(line for line in report[1:] if line.strip())
+    assert first.startswith(f"**Written to this folder: {s['headline']['written']}**") and "dev" in first
+    assert "not written" in "\n".join(report)  # the stitch's headline bullet says it was not the one written
+    # the checkpoint written holds that merge's body: the fake task arithmetic θ_pre + Σ τ_t, with the task's head
+    import transformers as tf
+    from safetensors.torch import load_file
+
+    def body(path):
+        model = tf.AutoModel.from_pretrained(path)
+        return {k: v for k, v in model.state_dict().items() if "pooler" not in k}
+
+    pre, fts = body(classifiers["base"]), [body(classifiers[t][0]) for t in ("sentiment", "topic")]
+    got = body(out / "tasks" / "topic")
+    if written[0]["method"] == "mergekit task_arithmetic":
+        for k in pre:
+            assert torch.allclose(got[k], pre[k] + sum(f[k] - pre[k] for f in fts), atol=1e-5), k
+    head = load_file(str(Path(classifiers["topic"][0]) / "model.safetensors"))
+    model = tf.AutoModelForSequenceClassification.from_pretrained(out / "tasks" / "topic")
+    assert torch.equal(model.classifier.weight, head["classifier.weight"])
+    assert "mergekit" in (out / "README.md").read_text().split("\n\n")[1]
+
+
+def test_the_mergekit_grid_runs_when_asked():
+    """--mergekit-grid (or a --scales / --densities grid) asks for the 31 runs of the documented grid."""
+    from skillgraft.merge.mergekit import MergekitOptions, mergekit_configs
+
+    assert MergekitOptions().runs() == 4 and not MergekitOptions().grid
+    assert MergekitOptions(mergekit_grid=True).runs() == 31
+    assert MergekitOptions(scales=[0.5]).runs() == 1 + 2 + 4 + 4  # ties / dare_ties: the default density grid × λ
+    assert [c[1] for c in mergekit_configs(MergekitOptions(mergekit=["ties"], densities=[0.5], scales=[2.0]))] == \
+        ["defaults", "density=0.5 λ=2"]
