@@ -69,3 +69,29 @@ def test_the_mergekit_grid_runs_when_asked():
     assert MergekitOptions(scales=[0.5]).runs() == 1 + 2 + 4 + 4  # ties / dare_ties: the default density grid × λ
     assert [c[1] for c in mergekit_configs(MergekitOptions(mergekit=["ties"], densities=[0.5], scales=[2.0]))] == \
         ["defaults", "density=0.5 λ=2"]
+
+
+# ---------------------------------------------------------------- 5. one progress format, whatever the entry point
+API_PROGRESS = """
+import sys
+from skillgraft.data.loading import Example
+from skillgraft.evaluate.predict import predict_probs
+from skillgraft.models import build_scorer
+scorer = build_scorer(sys.argv[1], "SST-2", "head")
+predict_probs(scorer, [Example(f"text {i}", i % 2) for i in range(40)], batch_size=2, progress="predict")
+assert "skillgraft.cli" not in " ".join(sys.modules)
+"""
+
+
+def test_the_python_api_logs_one_line_per_phase_as_the_cli_does(tiny_bert, tmp_path):
+    """A library call with a progress bar, in a fresh interpreter that never imported the CLI, with stderr a file:
+    one line for the phase, no carriage-return refresh per batch (before: the CLI alone installed the line mode)."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "log"
+    with open(log, "w") as err:
+        subprocess.run([sys.executable, "-c", API_PROGRESS, str(tiny_bert)], stderr=err, check=True, timeout=300)
+    text = log.read_text()
+    lines = [x for x in text.splitlines() if x.startswith("predict")]
+    assert "\r" not in text and len(lines) == 1 and "20/20" in lines[0], text

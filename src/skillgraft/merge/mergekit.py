@@ -285,7 +285,7 @@ class Mergekit(MergeMethod):
         dirs = [root / "base", *[root / f"ft{i}" for i in range(len(bench.names))]]
         scored: list[Scored] = []
         kept: dict[tuple[str, str], Path] = {}  # merged states that may still be scored on test, on disk
-        from tqdm.auto import tqdm  # noqa: PLC0415
+        from skillgraft.progress import bar as tqdm  # noqa: PLC0415
 
         configs = mergekit_configs(options)
         for method, label, params, global_params in tqdm(configs, desc="mergekit grid", unit="merge", leave=False,

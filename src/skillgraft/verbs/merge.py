@@ -287,7 +287,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     chosen = [(m, m.options(spec)) for m in (methods or merge_methods()).values()]
     chosen = [(m, o) for m, o in chosen if m.active(o)]
     t0 = time.perf_counter()
-    from tqdm.auto import tqdm  # noqa: PLC0415
+    from skillgraft.progress import bar as tqdm  # noqa: PLC0415
 
     bench = MergeBench()
     bench.progress = progress  # merge methods show their own long loops (mergekit's grid) when set
@@ -370,7 +370,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
 def refit_rows(bench: MergeBench, results: list[Scored], n: int, progress: bool = False) -> list[Scored]:
     """Each method's dev-chosen row (and each task's graft alone) with each task's head refitted on ``n`` training
     rows (:mod:`skillgraft.merge.refit`), scored on dev and test."""
-    from tqdm.auto import tqdm  # noqa: PLC0415
+    from skillgraft.progress import bar as tqdm  # noqa: PLC0415
 
     from skillgraft.merge.refit import refit_rows as sample, refitted  # noqa: PLC0415
 
