@@ -95,3 +95,39 @@ def test_the_python_api_logs_one_line_per_phase_as_the_cli_does(tiny_bert, tmp_p
     text = log.read_text()
     lines = [x for x in text.splitlines() if x.startswith("predict")]
     assert "\r" not in text and len(lines) == 1 and "20/20" in lines[0], text
+
+
+# ---------------------------------------------------------------- 2. the names the user gave
+def test_tasks_and_skills_are_named_after_what_the_user_passed(tmp_path, monkeypatch):
+    """``sst2/train.jsonl`` is task ``sst2`` (was ``train``); merging ``sst2/ft`` and ``subj/ft`` gives skills
+    ``sst2`` / ``subj`` (were ``ft-1`` / ``ft-2``); a split affix or a hub configuration names it too."""
+    from userland import sentiment_rows, write_rows
+
+    from skillgraft.data.spec import UserDataSpec
+    from skillgraft.data.user import passed_name
+    from skillgraft.verbs.merge_inputs import task_names
+
+    monkeypatch.chdir(tmp_path)
+    for d in ("sst2", "subj"):
+        (tmp_path / d / "ft").mkdir(parents=True)
+        write_rows(tmp_path / d / "train.jsonl", sentiment_rows(20, 0))
+    assert UserDataSpec.build({"data": "sst2/train.jsonl"}).load().task.name == "sst2"
+    assert task_names(["sst2/ft", "subj/ft"]) == ["sst2", "subj"]
+    assert task_names(["runs/a/ft", "runs/b/ft"], ["sst2/train.jsonl", "subj/train.jsonl"]) == ["sst2", "subj"]
+    assert task_names(["./my-clf", "other/checkpoint-500"]) == ["my-clf", "other"]
+    assert [passed_name(p) for p in ("sst2_train.jsonl", "data/SST-2/dev.csv", "stanfordnlp/sst2")] == \
+        ["sst2", "SST-2", "sst2"]
+    assert passed_name("nyu-mll/glue", "sst2") == "sst2" and passed_name("someone/reviews", "default") == "reviews"
+
+
+def test_evaluate_names_the_task_and_the_split_of_the_rows(tiny_classifier, tmp_path, monkeypatch):
+    """``evaluate CLF --data sst2/test.jsonl``: task ``sst2``, split ``test`` (was task ``test``, split ``data``)."""
+    from userland import sentiment_rows, write_rows
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sst2").mkdir()
+    rows = [{**r, "label": {"neg": "bad", "pos": "good"}[r["label"]]} for r in sentiment_rows(12, 1)]
+    write_rows(tmp_path / "sst2" / "test.jsonl", rows)
+    out = cli("evaluate", tiny_classifier, "--data", "sst2/test.jsonl", "--json")
+    got, _ = json.JSONDecoder().raw_decode(out[out.index("{"):])
+    assert (got["task"], got["split"]) == ("sst2", "test"), got

@@ -200,7 +200,7 @@ def graft(
         if r.kind in ("graft", "ft", "keep"):
             size = f", {r.file_bytes / 1024:.1f} KiB" if r.file_bytes else ""
             extra = f" loss {r.metrics['loss']:.4f}" if "loss" in r.metrics else ""
-            console.print(f"{r.model:>22}: {result.metrics['task']} {r.score:.4f} ECE {r.metrics['ece']:.4f}{extra} "
+            console.print(f"{r.model:>22}: {result.metrics['task']} test {r.score:.4f} ECE {r.metrics['ece']:.4f}{extra} "
                           f"| {r.params:,} params ({r.density:.2e}){size}")
     print_keep(result.metrics.get("keep"), result.metrics.get("frontier"))
     if result.data_note:
