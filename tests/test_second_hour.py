@@ -131,3 +131,31 @@ def test_evaluate_names_the_task_and_the_split_of_the_rows(tiny_classifier, tmp_
     out = cli("evaluate", tiny_classifier, "--data", "sst2/test.jsonl", "--json")
     got, _ = json.JSONDecoder().raw_decode(out[out.index("{"):])
     assert (got["task"], got["split"]) == ("sst2", "test"), got
+
+
+# ---------------------------------------------------------------- 3. reading verbs leave their inputs alone
+def _snapshot(*folders) -> dict:
+    """Every file under ``folders`` with its size and modification time (links followed)."""
+    import os
+
+    out = {}
+    for folder in folders:
+        for root, _, files in os.walk(folder, followlinks=True):
+            for f in files:
+                st = os.stat(os.path.join(root, f))
+                out[os.path.join(root, f)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def test_reading_verbs_write_nothing_into_their_inputs(tiny_graft, tiny_bert, toy_data, tmp_path, monkeypatch):
+    """inspect (before: distribution.png + .json into the graft folder), apply without --export and export leave the graft, the base model and the data as they were; inspect writes only where --out says."""
+    monkeypatch.chdir(tmp_path)
+    before = _snapshot(tiny_graft, tiny_bert, toy_data)
+    out = cli("inspect", tiny_graft)
+    assert "grafted parameters" in out and "distribution.png" not in out
+    cli("inspect", tiny_graft, "--out", tmp_path / "dist")
+    assert {p.name for p in (tmp_path / "dist").iterdir()} == {"distribution.json", "distribution.png"}
+    cli("apply", tiny_graft, "--model", tiny_bert, "--data-dir", toy_data)
+    cli("export", tiny_graft, "--model", tiny_bert, "--to", "delta", "--out", tmp_path / "delta")
+    assert _snapshot(tiny_graft, tiny_bert, toy_data) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["delta", "dist"]  # and nothing beside what was asked

@@ -251,7 +251,8 @@ def apply(
 @friendly
 def inspect(
     graft_dir: Path = typer.Argument(..., help="a graft folder, or a PEFT SHiRA adapter folder"),
-    out: Optional[Path] = typer.Option(None, help="write the distribution PNG + JSON here (default: the graft folder)"),
+    out: Optional[Path] = typer.Option(None, help="write the distribution PNG + JSON into this folder (default: "
+                                                  "printed only; nothing is written into the graft folder)"),
     model: Optional[str] = typer.Option(None, help="base model of a PEFT adapter (default: its "
                                                    "base_model_name_or_path)"),
     compare: Optional[Path] = typer.Option(None, help="another graft or SHiRA adapter folder: overlap and IoU"),
@@ -265,7 +266,8 @@ def inspect(
     dist = r.distribution
     for item in region_table(dist, console.width):
         console.print(item)
-    console.print(f"→ {r.out / 'distribution.png'}")
+    if r.out is not None:
+        console.print(f"→ {r.out / 'distribution.png'}")
     _report(r.document(graft_dir, compare))
 
 
