@@ -159,3 +159,28 @@ def test_reading_verbs_write_nothing_into_their_inputs(tiny_graft, tiny_bert, to
     cli("export", tiny_graft, "--model", tiny_bert, "--to", "delta", "--out", tmp_path / "delta")
     assert _snapshot(tiny_graft, tiny_bert, toy_data) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["delta", "dist"]  # and nothing beside what was asked
+
+
+# ---------------------------------------------------------------- 6. report details
+def test_report_details_carried_head_run_folder_and_routed_share():
+    """No "Carried task head: 0 parameters (travels whole…)"; a run's fine-tuned model named by its run folder (a
+    Gemma run's scorer carries its base's name, gemma-3-270m); routed --keep grafts with their share of a
+    checkpoint."""
+    from types import SimpleNamespace as NS
+
+    from skillgraft.verbs.graft import carried_sentence, finetuned_name
+    from skillgraft.verbs.merge_report import routed_keep_markdown
+
+    assert "0 parameters" not in carried_sentence(0) and "No carried task head" in carried_sentence(0)
+    assert carried_sentence(1538).startswith("Carried task head: 1,538 parameters (travels whole")
+    run = NS(inputs=NS(ft_dir=Path("runs/gemma-sst2")), ft=NS(base_model="gemma-3-270m"),
+             pre=NS(base_model="gemma-3-270m"))
+    assert finetuned_name(run) == "runs/gemma-sst2"
+    pair = NS(inputs=NS(ft_dir=Path("/x/my-clf")), ft=NS(base_model="./my-clf"), pre=NS(base_model="base"))
+    assert finetuned_name(pair) == "./my-clf"
+    keep = {"size": 10, "universe": 1000, "reached": True, "selection_share": 0.95, "bound": 0.91,
+            "selection_rows": 64, "test_share": 0.93, "bytes": 9_970_000}
+    lines = routed_keep_markdown({"keep": {"sst2": keep}, "keep_target": 0.9, "keep_confidence": 0.9},
+                                 {"sst2": {"checkpoint_bytes": 90_900_000}})
+    row = next(line for line in lines if line.startswith("| sst2 |"))
+    assert "share of checkpoint" in lines[lines.index(row) - 2] and row.endswith("| 10.97% |")

@@ -295,6 +295,13 @@ def placement_record(model) -> dict:
     return {"device": str(device_of(model)), "precision": precision_of(model), "described": describe_module(model)}
 
 
+def carried_sentence(n: int) -> str:
+    """What the report says of the carried task head: its size, or that there is none (every tensor is body)."""
+    if not n:
+        return "No carried task head: every parameter is graftable body (the model scores with its own LM head)."
+    return f"Carried task head: {n:,} parameters (travels whole with every graft; counted separately)."
+
+
 def report_markdown(metrics: dict) -> str:
     """The grafting report: one table (score, ECE, agreement with FT, parameters, file size) and plots."""
     metric = "F1" if any("f1" in r for r in metrics["rows"]) else "accuracy"
@@ -304,8 +311,7 @@ def report_markdown(metrics: dict) -> str:
     shots = f"{metrics['k']}-shot" if metrics["k"] else "all rows"  # k = 0: a user's data, every row
     lines = [f"# Grafting report — {metrics['task']}, {shots}, data seed {metrics['seed']}", "",
              f"Test examples: {metrics['test_n']}. Graftable parameters (body): {metrics['graftable_parameters']:,} "
-             f"of {metrics['total_parameters']:,}. Carried task head: {metrics['carried_parameters']:,} parameters "
-             "(travels whole with every graft; counted separately).", ""]
+             f"of {metrics['total_parameters']:,}. " + carried_sentence(metrics['carried_parameters']), ""]
     from skillgraft.pipeline.caveats import caveat_markdown  # noqa: PLC0415
 
     lines += caveat_markdown(metrics.get("caveats"))
@@ -428,6 +434,15 @@ def open_member(inputs: GraftInputs, *, lean: bool = False) -> Member:
                      data_dir=data.data_dir, lean=lean)
 
 
+def finetuned_name(member: Member) -> str:
+    """The fine-tuned model as the user named it: its run folder (a skillgraft run's scorer carries its base's name,
+    ``gemma-3-270m``), else the checkpoint."""
+    ft_dir = member.inputs.ft_dir
+    if ft_dir is not None and str(member.ft.base_model) == str(member.pre.base_model):
+        return str(ft_dir)
+    return str(member.ft.base_model)
+
+
 def models_and_data(member: Member) -> list[str]:
     """The report's "Models and data" section of a checkpoint pair, or of any run whose base was converted from a
     GGUF file (which it names, quantization included; empty otherwise)."""
@@ -438,7 +453,7 @@ def models_and_data(member: Member) -> list[str]:
     if not (inputs.labels_note or inputs.graft_metadata.to_dict() or converted):
         return []
     lines = ["", "## Models and data", "",
-             f"- pre-trained: `{member.pre.base_model}`; fine-tuned: `{member.ft.base_model}`; scored as "
+             f"- pre-trained: `{member.pre.base_model}`; fine-tuned: `{finetuned_name(member)}`; scored as "
              f"`{member.pre.mode}`"]
     if converted:
         lines.append(f"- `{member.pre.base_model}`: {converted}")

@@ -209,10 +209,16 @@ def routed_markdown(s: dict) -> list[str]:
              "skills = RoutedSkills.from_pretrained(\"routed\")",
              f"with skills.use(\"{next(iter(s['tasks']))}\") as model:",
              "    logits = model(**skills.tokenizer(texts, return_tensors=\"pt\", padding=True)).logits", "```"]
-    return lines + routed_keep_markdown(r)
+    return lines + routed_keep_markdown(r, s["tasks"])
 
 
-def routed_keep_markdown(r: dict) -> list[str]:
+def checkpoint_share(nbytes: float, task: dict) -> str:
+    """A routed graft's bytes as a share of its task's fine-tuned checkpoint's weight bytes (``-`` when unknown)."""
+    ckpt = task.get("checkpoint_bytes")
+    return f"{100 * nbytes / ckpt:.2f}%" if ckpt else "-"
+
+
+def routed_keep_markdown(r: dict, tasks: dict | None = None) -> list[str]:
     """--routed --keep τ: per task the size found, its selection share and lower bound, the test share, bytes."""
     keep = r.get("keep")
     if not keep:
@@ -224,7 +230,8 @@ def routed_keep_markdown(r: dict) -> list[str]:
              f"{r['keep_target']:g} {bound_prose(conf)}, as `skillgraft graft --keep`. *test share*: test score ÷ "
              "the task's fine-tuned test score.",
              "", "| task | reached | size | density | selection share | lower bound | selection rows | test share | "
-             "point-estimate size | bytes |", "|---|:---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "point-estimate size | bytes | share of checkpoint |",
+             "|---|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     notes = []
     for n, t in keep.items():
         size = t["size"] if t["reached"] else t["best_size"]
@@ -233,7 +240,7 @@ def routed_keep_markdown(r: dict) -> list[str]:
         point = "-" if t.get("point_size") is None else f"{t['point_size']:,}"
         lines.append(f"| {n} | {reached} | {size:,} | {size / t['universe']:.2e} | {_fmt(sel)} | "
                      f"{_fmt(t.get('bound'))} | {t.get('selection_rows') or '-'} | {_fmt(t.get('test_share'))} | "
-                     f"{point} | {t['bytes']:,} |")
+                     f"{point} | {t['bytes']:,} | {checkpoint_share(t['bytes'], (tasks or {}).get(n, {}))} |")
         if t.get("note"):
             notes.append(f"- {n}: {t['note']}.")
     return lines + ([""] + notes if notes else [])
