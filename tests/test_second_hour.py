@@ -184,3 +184,36 @@ def test_report_details_carried_head_run_folder_and_routed_share():
                                  {"sst2": {"checkpoint_bytes": 90_900_000}})
     row = next(line for line in lines if line.startswith("| sst2 |"))
     assert "share of checkpoint" in lines[lines.index(row) - 2] and row.endswith("| 10.97% |")
+
+
+# ---------------------------------------------------------------- 4. work redone says why; what does not matter reruns nothing
+def test_a_localization_reruns_only_for_what_it_reads_and_says_why(trained_run, toy_data, tmp_path, capsys):
+    """The regions key holds the rows a localizer reads: other test rows rerun nothing (before: the test row count
+    and the data files' digest were in it); other dev rows rerun the learned localizer (select_on=train+dev) with
+    one line saying so, and never top-|Δ| (which reads no dev row)."""
+    import dataclasses
+
+    from skillgraft.pipeline.opening import from_run
+    from skillgraft.pipeline.regions import learned_regions, localizer_options
+    from skillgraft.pipeline.store import Store
+
+    store = Store(tmp_path / "store")
+    member = from_run(trained_run, data_dir=toy_data)
+    learned = localizer_options("learned", {"budgets": [1e-2], "steps": 1})
+    movement = localizer_options("movement", {"budgets": [1e-2]})
+
+    def regions(m, loc, opts):
+        learned_regions(m, store, loc, opts)
+        return len(store.entries("regions", f"{m.task}-{m.k}-{m.seed}-{loc}")), capsys.readouterr().err
+
+    assert regions(member, "learned", learned)[0] == 1
+    assert regions(member, "movement", movement)[0] == 1
+    fewer_test = dataclasses.replace(member.inputs, data=dataclasses.replace(member.data, test=member.data.test[:3]))
+    member.inputs, kept = fewer_test, member.inputs
+    member._identity = None
+    assert regions(member, "learned", learned) == (1, "")  # test rows: not read by a localization
+    member.inputs = dataclasses.replace(kept, data=dataclasses.replace(kept.data, dev=kept.data.dev[:-2]))
+    member._identity = None
+    n, err = regions(member, "learned", learned)
+    assert n == 2 and err.strip() == "regions recomputed: dev rows changed and select_on=train+dev"
+    assert regions(member, "movement", movement) == (1, "")  # top-|Δ| reads no dev row
