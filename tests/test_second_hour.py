@@ -217,3 +217,34 @@ def test_a_localization_reruns_only_for_what_it_reads_and_says_why(trained_run, 
     n, err = regions(member, "learned", learned)
     assert n == 2 and err.strip() == "regions recomputed: dev rows changed and select_on=train+dev"
     assert regions(member, "movement", movement) == (1, "")  # top-|Δ| reads no dev row
+
+
+@pytest.mark.slow
+def test_one_mergekit_process_serves_every_merge_of_a_run(classifiers, tmp_path):
+    """The real mergekit, imported once: two merges in one worker process (before: one mergekit-yaml process, and
+    its ≈ 8 s of imports, per grid point), each task arithmetic exactly θ_pre + λ Σ_t τ_t on the body."""
+    from skillgraft.merge.mergekit import MergekitWorker, body_module, mergekit_input, mergekit_yaml
+    from skillgraft.models import build_scorer
+
+    scorers = [build_scorer(str(p), "SST-2", "classifier") for p in
+               (classifiers["base"], classifiers["sentiment"][0], classifiers["topic"][0])]
+    dirs = []
+    for i, s in enumerate(scorers):
+        dirs.append(tmp_path / f"m{i}")
+        mergekit_input(s, dirs[-1])
+    worker = MergekitWorker()
+    try:
+        states, pids = [], []
+        for lam in (0.5, 1.0):
+            states.append(worker(mergekit_yaml("task_arithmetic", dirs[0], dirs[1:], {"weight": 1.0},
+                                               {"lambda": lam}), tmp_path, 0))
+            pids.append(worker.proc.pid)
+    finally:
+        worker.close()
+    assert pids[0] == pids[1] and worker.proc is None
+    body = [dict(body_module(s).named_parameters()) for s in scorers]
+    name = next(n for n in body[0] if "query.weight" in n)
+    key = next(k for k in states[0] if k.endswith(name))
+    for lam, state in zip((0.5, 1.0), states):
+        want = body[0][name] + lam * ((body[1][name] - body[0][name]) + (body[2][name] - body[0][name]))
+        assert torch.allclose(state[key], want.detach(), atol=1e-5)
