@@ -224,7 +224,15 @@ class MergekitWorker:
         shutil.rmtree(out, ignore_errors=True)
         return state
 
+    def kill(self) -> None:
+        """End the process at once (an interrupted run)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
     def close(self) -> None:
+        """End the process once its merges are done (its input closed) and the log."""
         if self.proc is not None:
             self.proc.stdin.close()
             try:
@@ -357,6 +365,9 @@ class Mergekit(MergeMethod):
         runner = self.runner or MergekitWorker()  # mergekit imported once for the whole grid
         try:
             scored = self._grid(bench, options, ft, configs, runner, root, dirs, kept)
+        except BaseException:  # Ctrl-C, SIGTERM, a failure: the process stops now, not after its current merge
+            getattr(runner, "kill", lambda: None)()
+            raise
         finally:
             getattr(runner, "close", lambda: None)()
         return self._on_test(bench, options, ft, scored, kept)
