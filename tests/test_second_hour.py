@@ -26,8 +26,8 @@ def test_merge_writes_its_best_one_model_merge_on_dev_and_the_grid_is_opt_in(cla
     With defaults, each mergekit method runs once (4 runs, not the 31-point grid)."""
     calls: list[str] = []
     out = tmp_path / "m"
-    cli(*merge_args(classifiers, out, "--localizer", "movement", "--budgets", "0.001", "--stitch-scales", "0.02",
-                    "--rules", "average"), obj={"mergekit_runner": counting(calls)})
+    text = cli(*merge_args(classifiers, out, "--localizer", "movement", "--budgets", "0.001", "--stitch-scales",
+                           "0.02", "--rules", "average"), obj={"mergekit_runner": counting(calls)})
     assert len(calls) == 4  # linear, task_arithmetic, ties, dare_ties at mergekit's defaults: no grid by default
     s = json.loads((out / "merge.json").read_text())
     writable = [r for r in s["rows"] if r.get("writable")]
@@ -37,6 +37,7 @@ def test_merge_writes_its_best_one_model_merge_on_dev_and_the_grid_is_opt_in(cla
     assert written[0]["method"].startswith("mergekit")
     assert s["headline"]["written"] == f"{written[0]['method']} ({written[0]['config']})"
     assert s["headline"]["stitch_written"] is False
+    assert f"written: {s['headline']['written']} — best mean normalized dev score" in text
     report = (out / "report.md").read_text().splitlines()
     first = next(line for line in report[1:] if line.strip())
     assert first.startswith(f"**Written to this folder: {s['headline']['written']}**") and "dev" in first

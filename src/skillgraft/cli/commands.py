@@ -412,6 +412,8 @@ def merge(
                           f"{r.mean_normalized():.4f} | {r.bytes_per_task:,.0f} bytes/task")
     print_routed_keep(s.to_dict())
     where = ('tasks/<task>' if s.mode == 'classifier' else 'model') if s.headline.get("written") else None
+    if s.headline.get("written"):
+        console.print(f"written: {escape(s.headline['written'])} — {escape(s.headline.get('written_why') or '')}")
     console.print(f"[bold green]done[/] → {out}/report.md (merged model: {f'{out}/{where}' if where else 'none'})")
     _report({"out": out, "report": out / "report.md", **s.to_dict()})
 
