@@ -23,10 +23,10 @@ def test_graft_inspect_apply(trained_run, toy_data, tmp_path):
     for f in ("report.md", "results.csv", "confidence.png", "reliability.png", "accuracy_vs_size.png"):
         assert (out / f).is_file(), f
     graft_dir = out / "grafts" / "budget-0.01"
-    r = invoke("inspect", graft_dir)
+    r = invoke("inspect", graft_dir, "--out", tmp_path / "dist")
     assert r.exit_code == 0, r.output
-    assert "grafted parameters" in r.output and (graft_dir / "distribution.png").is_file()
-    dist = json.loads((graft_dir / "distribution.json").read_text())
+    assert "grafted parameters" in r.output and (tmp_path / "dist" / "distribution.png").is_file()
+    dist = json.loads((tmp_path / "dist" / "distribution.json").read_text())
     assert {"layer 0", "layer 1"} <= set(dist["table"])
     assert sum(sum(row.values()) for row in dist["table"].values()) == dist["size"]
     r = invoke("apply", graft_dir, "--model", trained_run / ".." / "nope", "--data-dir", toy_data)

@@ -324,10 +324,62 @@ def fsdp_config(**_):
     assert {k: v for k, v in tested.items() if k in shown} == shown
 
 
+@pytest.fixture(scope="module")
+def docs_merged(classifiers, tmp_path_factory) -> Path:
+    """docs/merge.md's merge run once on the two tiny classifiers (sst2/ft: sentiment, agnews/ft: topic), mergekit
+    stood in for by its fake; the folder the reader ran it in."""
+    from huggingface_hub import constants
+    from userland import fake_mergekit
+
+    from skillgraft.merge import MERGE_METHODS
+
+    folder = tmp_path_factory.mktemp("docs-merge")
+    for task, source in (("sst2", "sentiment"), ("agnews", "topic")):
+        (folder / task).mkdir()
+        model, train, test = classifiers[source]
+        for name, target in (("ft", model), ("train.jsonl", train), ("test.jsonl", test), ("dev.jsonl", test)):
+            link(folder / task, name, target)
+    b = block("merge")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(folder)
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setattr(constants, "HF_HUB_OFFLINE", True)
+        mp.setattr(MERGE_METHODS["mergekit"], "runner", fake_mergekit)
+        run_bash(substituted(b, [("--pretrained sentence-transformers/all-MiniLM-L6-v2",
+                                  f"--pretrained {classifiers['base']}"),
+                                 ("--budgets 5e-3", "--budgets 5e-2 --localizer movement")]), b.where)
+    return folder
+
+
+def merge(docs_merged, **_):
+    import json as json_
+
+    s = json_.loads((docs_merged / "merged" / "merge.json").read_text())
+    assert list(s["tasks"]) == ["sst2", "agnews"]  # named after their folders (were ft / ft-2)
+    assert {p.name for p in (docs_merged / "merged" / "routed" / "skills").iterdir()} == {"sst2", "agnews"}
+    again = json_.loads((docs_merged / "merged-again" / "merge.json").read_text())
+    assert list(again["tasks"]) == ["sst2", "agnews"]
+
+
+def merge_read(docs_merged, folder, **_):
+    b = block("merge-read")
+    link(folder, "merged", docs_merged / "merged")
+    ns = run_python(b.body, b.where)
+    assert ns["label"] in ("neg", "pos")
+
+
+def merge_routed(docs_merged, folder, **_):
+    b = block("merge-routed")
+    link(folder, "merged", docs_merged / "merged")
+    ns = run_python(b.body, b.where)
+    assert tuple(ns["logits"].shape) == (2, 2)
+
+
 RUNNERS = {"quickstart": quickstart, "own-model": own_model, "gemma": gemma, "gpu": gpu, "python-api": python_api,
            "python-pair": python_pair, "export-cli": export_cli, "custom-localizer": custom_localizer,
-           "fsdp-config": fsdp_config}
-NEEDS = {"own-model": ("user_pair",), "python-pair": ("user_pair",), "export-cli": ("tiny_graft",)}
+           "fsdp-config": fsdp_config, "merge": merge, "merge-read": merge_read, "merge-routed": merge_routed}
+NEEDS = {"own-model": ("user_pair",), "python-pair": ("user_pair",), "export-cli": ("tiny_graft",),
+         "merge": ("docs_merged",), "merge-read": ("docs_merged",), "merge-routed": ("docs_merged",)}
 
 
 @pytest.mark.parametrize("run_id", sorted(RUNNERS))

@@ -89,6 +89,30 @@ def stitched_topic(classifiers, out: Path, texts: list[str]):
         return pre.model(**pre.tokenizer(texts, return_tensors="pt", padding=True)).logits
 
 
+def written_topic(classifiers, out: Path, texts: list[str]):
+    """Logits for the topic task of the merged model ``merge`` wrote (its best one-model merge on dev): the stitch
+    (:func:`stitched_topic`), or a body of :func:`fake_mergekit` (θ_0 + λ Σ_t (θ_t − θ_0), θ_0 = θ_pre, or the first
+    model for ``linear``) with the topic head, computed with plain transformers."""
+    import transformers as tf
+
+    s = json.loads((out / "merge.json").read_text())
+    w = next(r for r in s["rows"] if r.get("written"))
+    if w["method"] == "stitch":
+        return stitched_topic(classifiers, out, texts)
+    lam = (w.get("global") or {}).get("lambda", 1.0)
+    first = classifiers["base"] if w["method"] != "mergekit linear" else classifiers["sentiment"][0]
+    body = {p: tf.AutoModel.from_pretrained(p).state_dict()
+            for p in (first, classifiers["sentiment"][0], classifiers["topic"][0])}
+    b0 = body[first]
+    merged = {k: b0[k] + lam * sum(body[p][k] - b0[k] for p in (classifiers["sentiment"][0], classifiers["topic"][0]))
+              for k in b0 if "pooler" not in k}
+    model = tf.AutoModelForSequenceClassification.from_pretrained(classifiers["topic"][0]).eval()
+    model.base_model.load_state_dict(merged, strict=False)
+    tok = tf.AutoTokenizer.from_pretrained(classifiers["topic"][0])
+    with torch.no_grad():
+        return model(**tok(texts, return_tensors="pt", padding=True)).logits
+
+
 def test_merge_classifiers_end_to_end(classifiers, merged):
     """Localize both pairs, stitch under three rules, compare with a mergekit grid chosen on dev, write a checkpoint
     per task that plain transformers loads with the model's own class, computing the stitched model exactly."""
@@ -110,17 +134,20 @@ def test_merge_classifiers_end_to_end(classifiers, merged):
         best = max(grid, key=lambda r: r["dev_mean_normalized"])
         assert best["chosen_on_dev"] and best["bytes_per_task"] == ft["bytes_per_task"]
     # the stitch's λ grid (default 1, 1.5, 2, 3): every λ scored on dev, per rule λ = 1 and the dev-best on test;
-    # the written model is the average rule at its dev-best λ
+    # the stitch's candidate is the average rule at its dev-best λ; the written model, the best candidate on dev
     for rule in ("average", "max-delta", "disjoint"):
         grid = [r for r in s["rows"] if r["method"] == "stitch" and r["config"].split(" ")[0] == rule]
         assert sorted(r["scale"] for r in grid) == [1.0, 1.5, 2.0, 3.0]
         best = max(grid, key=lambda r: r["dev_mean_normalized"])
         assert [r["scale"] for r in grid if r["chosen_on_dev"]] == [best["scale"]]
         assert all(r["on_test"] == (r["scale"] == 1.0 or r["chosen_on_dev"]) for r in grid)
+    mine = [r for r in s["rows"] if r["method"] == "stitch" and r.get("writable")]
+    assert len(mine) == 1 and mine[0]["config"].startswith("average") and mine[0]["chosen_on_dev"]
+    assert s["headline"]["stitch_scale"] == mine[0]["scale"]
+    assert s["headline"]["stitch_mean_normalized"] == mine[0]["mean_normalized"]
     written = [r for r in s["rows"] if r.get("written")]
-    assert len(written) == 1 and written[0]["config"].startswith("average") and written[0]["chosen_on_dev"]
-    assert s["headline"]["stitch_scale"] == written[0]["scale"]
-    assert s["headline"]["stitch_mean_normalized"] == written[0]["mean_normalized"]
+    assert len(written) == 1 and written[0]["writable"]
+    assert all(written[0]["dev_mean_normalized"] >= r["dev_mean_normalized"] for r in s["rows"] if r.get("writable"))
     assert s["headline"]["stitch_scale_1_mean_normalized"] == rows[("stitch", "average")]["mean_normalized"]
     # bytes per task: a graft is a few KiB, a checkpoint is the whole model
     stitch_row = rows[("stitch", "average")]
@@ -142,23 +169,24 @@ def test_merge_classifiers_end_to_end(classifiers, merged):
     tok = tf.AutoTokenizer.from_pretrained(out / "tasks" / "topic")
     with torch.no_grad():
         got = model(**tok(texts, return_tensors="pt", padding=True)).logits
-    assert (got - stitched_topic(classifiers, out, texts)).abs().max() <= 1e-5
+    assert (got - written_topic(classifiers, out, texts)).abs().max() <= 1e-5
     bodies = [tf.AutoModel.from_pretrained(out / "tasks" / t).state_dict() for t in ("sentiment", "topic")]
     shared = [k for k in bodies[0] if "pooler" not in k]  # the pooler is each task's own here (θ_pre has none)
     assert shared and all(torch.equal(bodies[0][k], bodies[1][k]) for k in shared)
     assert (out / "README.md").read_text().count("AutoModelForSequenceClassification.from_pretrained") == 1
-    assert f"strength λ = {s['headline']['stitch_scale']:g}" in (out / "README.md").read_text()
+    assert s["headline"]["written"] in (out / "README.md").read_text() or \
+        f"strength λ = {s['headline']['stitch_scale']:g}" in (out / "README.md").read_text()
 
 
 def test_merged_checkpoint_reads_without_skillgraft(classifiers, merged):
-    """A fresh interpreter with transformers only (no skillgraft import) computes the stitched model."""
+    """A fresh interpreter with transformers only (no skillgraft import) computes the merged model written."""
     out, _ = merged
     texts = ["the news said football today", "a good film", "market said"]
     r = subprocess.run([sys.executable, "-c", READER, str(out), "topic", json.dumps(texts)], capture_output=True,
                        text=True, check=True)
     read = json.loads(r.stdout)
     assert read["labels"] == ["money", "sport", "vote"]
-    assert (torch.tensor(read["logits"]) - stitched_topic(classifiers, out, texts)).abs().max() <= 1e-5
+    assert (torch.tensor(read["logits"]) - written_topic(classifiers, out, texts)).abs().max() <= 1e-5
 
 
 def test_stitch_rules_on_overlap():

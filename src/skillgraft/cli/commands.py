@@ -218,7 +218,7 @@ def graft(
         if r.kind in ("graft", "ft", "keep"):
             size = f", {r.file_bytes / 1024:.1f} KiB" if r.file_bytes else ""
             extra = f" loss {r.metrics['loss']:.4f}" if "loss" in r.metrics else ""
-            console.print(f"{r.model:>22}: {result.metrics['task']} {r.score:.4f} ECE {r.metrics['ece']:.4f}{extra} "
+            console.print(f"{r.model:>22}: {result.metrics['task']} test {r.score:.4f} ECE {r.metrics['ece']:.4f}{extra} "
                           f"| {r.params:,} params ({r.density:.2e}){size}")
     for line in (result.metrics.get("fit") or {}).get("lines", []):
         console.print(line, highlight=False)
@@ -271,7 +271,8 @@ def apply(
 @friendly
 def inspect(
     graft_dir: Path = typer.Argument(..., help="a graft folder, or a PEFT SHiRA adapter folder"),
-    out: Optional[Path] = typer.Option(None, help="write the distribution PNG + JSON here (default: the graft folder)"),
+    out: Optional[Path] = typer.Option(None, help="write the distribution PNG + JSON into this folder (default: "
+                                                  "printed only; nothing is written into the graft folder)"),
     model: Optional[str] = typer.Option(None, help="base model of a PEFT adapter (default: its "
                                                    "base_model_name_or_path)"),
     compare: Optional[Path] = typer.Option(None, help="another graft or SHiRA adapter folder: overlap and IoU"),
@@ -285,7 +286,8 @@ def inspect(
     dist = r.distribution
     for item in region_table(dist, console.width):
         console.print(item)
-    console.print(f"→ {r.out / 'distribution.png'}")
+    if r.out is not None:
+        console.print(f"→ {r.out / 'distribution.png'}")
     _report(r.document(graft_dir, compare))
 
 
@@ -452,6 +454,8 @@ def merge(
                           f"{r.mean_normalized():.4f} | {r.bytes_per_task:,.0f} bytes/task")
     print_routed_keep(s.to_dict())
     where = ('tasks/<task>' if s.mode == 'classifier' else 'model') if s.headline.get("written") else None
+    if s.headline.get("written"):
+        console.print(f"written: {escape(s.headline['written'])} — {escape(s.headline.get('written_why') or '')}")
     console.print(f"[bold green]done[/] → {out}/report.md (merged model: {f'{out}/{where}' if where else 'none'})")
     _report({"out": out, "report": out / "report.md", **s.to_dict()})
 

@@ -137,52 +137,12 @@ def model_verb(fn):
     return friendly(placed(fn))
 
 
-def _terminal(stream) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
-        return False
-
-
-LINE_EVERY_S = 300.0  # a phase logged to a file: its state every 5 minutes while it runs, and when it ends
-
-
 def progress_lines() -> None:
-    """Progress bars writing to a stream that is not a terminal (``make demo > log``, a CI log) print one line per
-    phase, when it ends, instead of a carriage-return refresh per update (hundreds per phase); a bar that vanishes when
-    done on a terminal (``leave=False``, a nested one) leaves its one line too, and a phase that runs longer than
-    :data:`LINE_EVERY_S` also writes its state that often (an hour of fine-tuning in a log is not an hour without a
-    word). On a terminal, tqdm as usual. Installed once on tqdm's own class, so every bar (skillgraft's,
-    transformers', accelerate's) follows its stream."""
-    from tqdm import std  # noqa: PLC0415
+    """One line per phase into a file or a CI log (:func:`skillgraft.progress.lines_when_logged`, the one owner of
+    progress bars: the Python API's bars log the same way)."""
+    from skillgraft.progress import lines_when_logged  # noqa: PLC0415
 
-    if getattr(std.tqdm, "_skillgraft_lines", False):
-        return
-    display, clear = std.tqdm.display, std.tqdm.clear
-
-    def line_display(self, msg=None, pos=None):
-        if _terminal(self.fp):
-            return display(self, msg, pos)
-        if not self.disable:  # running (close() disables first): a line only every LINE_EVERY_S seconds
-            start, now = getattr(self, "start_t", None), self._time()  # no start_t at the draw inside tqdm's __init__
-            if start is not None and now - getattr(self, "_line_t", start) >= LINE_EVERY_S:
-                self._line_t = now
-                self.fp.write(self.__str__() + "\n")
-                getattr(self.fp, "flush", lambda: None)()
-            return False
-        if msg is None:  # close() of a bar that stays: its final state, close() ends the line
-            self.fp.write(self.__str__())
-            return True
-        self.fp.write(self.__str__() + "\n")  # close() of a bar that would vanish (leave=False, nested): its line
-        return False
-
-    def line_clear(self, nolock=False):
-        if _terminal(self.fp):
-            return clear(self, nolock)
-        return None
-
-    std.tqdm.display, std.tqdm.clear = line_display, line_clear
-    std.tqdm._skillgraft_lines = True
+    lines_when_logged()
 
 
 def warnings_to_console() -> None:
@@ -278,8 +238,12 @@ def print_routed_keep(summary: dict) -> None:
     """``merge --routed --keep``: one line per task's keep-sized routed graft (size, shares, bound, test share)."""
     from skillgraft.pipeline.keep import keep_line  # noqa: PLC0415
 
+    tasks = summary.get("tasks") or {}
     for name, t in ((summary.get("routed") or {}).get("keep") or {}).items():
-        console.print(f"routed {escape(name)}: {keep_line(t)}")
+        ckpt = (tasks.get(name) or {}).get("checkpoint_bytes")
+        share = f" ({t['bytes'] / 2**20:.2f} MiB, {100 * t['bytes'] / ckpt:.2f}% of its checkpoint)" \
+            if ckpt and t.get("bytes") else ""
+        console.print(f"routed {escape(name)}: {keep_line(t)}{share}")
 
 
 def print_keep(keep=None, frontier=None) -> None:

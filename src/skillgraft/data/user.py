@@ -138,6 +138,44 @@ def _split(rows: list, fraction: float, seed: int) -> tuple[list, list]:
     return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
 
 
+# Names too generic to name a task or a model: a split, a file or folder role, a run folder's leaf (``sst2/ft``)
+GENERIC_NAMES = frozenset({
+    "train", "training", "test", "testing", "dev", "validation", "valid", "val", "eval", "evaluation", "heldout",
+    "held-out", "data", "dataset", "datasets", "rows", "examples", "all", "raw", "processed", "split", "splits",
+    "ft", "finetuned", "fine-tuned", "finetune", "fine-tune", "model", "models", "checkpoint", "checkpoints", "final",
+    "best", "last", "output", "outputs", "out", "run", "runs", "result", "results", "merged", "hf", "export",
+    "exported", "base", "clf", "classifier", "sft", "lora", "adapter", "default", "main", "plain_text"})
+_SPLIT_AFFIX = re.compile(r"^(?:(?:train|test|dev|validation|valid|val|eval)[-_.](.+)|(.+?)[-_.](?:train|test|dev|"
+                          r"validation|valid|val|eval))$", re.IGNORECASE)
+_RUN_LEAF = re.compile(r"^(?:checkpoint|step|epoch|ckpt)[-_]?\d+$", re.IGNORECASE)
+
+
+def generic_name(name: str) -> bool:
+    """Whether ``name`` says nothing of the task (``train``, ``ft``, ``model``, ``checkpoint-500``, …)."""
+    return not name or name.lower() in GENERIC_NAMES or bool(_RUN_LEAF.match(name)) or name in (".", "..")
+
+
+def passed_name(path, config: str | None = None) -> str:
+    """The name of what the user passed: a file's stem less a split affix (``sst2_train.jsonl`` → ``sst2``), the
+    nearest folder above a generic leaf (``sst2/train.jsonl``, ``runs/sst2/ft`` → ``sst2``), a hub dataset's
+    configuration (``nyu-mll/glue`` + ``sst2`` → ``sst2``) or its name."""
+    import os  # noqa: PLC0415
+
+    if config and not generic_name(config):
+        return config
+    typed = Path(os.path.normpath(str(path)))
+    leaf = typed.stem if typed.suffix.lower() in (".jsonl", ".json", ".csv", ".tsv", ".txt", ".yaml", ".yml",
+                                                  ".parquet", ".arrow", ".gguf", ".safetensors") else typed.name
+    m = _SPLIT_AFFIX.match(leaf)
+    if m and not generic_name(m.group(1) or m.group(2)):
+        return m.group(1) or m.group(2)
+    # the parts as typed, then (all generic: `ft`, `../train.jsonl`) the folders they lead to
+    for name in (leaf, *(q.name for q in typed.parents), *(q.name for q in Path(os.path.abspath(typed)).parents)):
+        if not generic_name(name):
+            return name
+    return leaf or "data"
+
+
 def load_user_data(spec, model_labels: tuple[str, ...] | None = None) -> UserData:
     """The examples of ``spec`` (a :class:`~skillgraft.data.spec.UserDataSpec`): train (optionally k-shot) and
     evaluation rows, as a classification or generative task."""
@@ -159,7 +197,7 @@ def load_user_data(spec, model_labels: tuple[str, ...] | None = None) -> UserDat
     else:
         rows, eval_rows = _split(rows, spec.eval_fraction, spec.seed)
         evaluated = f"a seeded {spec.eval_fraction:.0%} of --data ({source.name}) held out"
-    name = Path(spec.data).stem
+    name = passed_name(spec.data, spec.data_config)  # sst2/train.jsonl → sst2 (was "train")
     if spec.generative:
         data = _generative(name, rows, eval_rows, spec)
     else:

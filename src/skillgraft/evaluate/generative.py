@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from skillgraft.progress import bar as tqdm
 
 from skillgraft.data.loading import Example
 from skillgraft.evaluate.metrics import summarize

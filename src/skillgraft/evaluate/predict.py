@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from skillgraft.lazy import np
 from skillgraft.lazy import no_grad, torch
-from tqdm.auto import tqdm
+from skillgraft.progress import bar as tqdm
 
 from skillgraft.data.loading import Example, text_length
 from skillgraft.evaluate.metrics import summarize

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal
 
 from skillgraft.lazy import torch
 from pydantic import Field
-from tqdm.auto import tqdm
+from skillgraft.progress import bar as tqdm
 
 from skillgraft.data.loading import Example, text_length
 from skillgraft.errors import SkillgraftError

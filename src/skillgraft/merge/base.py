@@ -152,8 +152,9 @@ class MergeMethod:
     ``on_model`` (called once per fine-tuned model while it is in memory) and ``rows`` (its merged models scored
     on dev, the reported ones on test). The report reads what it says of a method from here (``summary``,
     ``stores``, ``grid_note``, ``legend``, :meth:`headline`, :meth:`headline_lines`), so a new method appears in it with
-    no edit to the report; a row it marks ``info["written"]`` (with its ``body``, a Graft) is the merged model the
-    output folder holds."""
+    no edit to the report; a row it marks ``info["writable"]`` (one merged model for every task, chosen on dev, with
+    its ``reuse``) is a candidate for the merged model the output folder holds: the verb writes the candidate best on
+    dev (:func:`pick_written`) and marks it ``info["written"]``."""
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
@@ -212,3 +213,21 @@ def best_row(rows: list[MergeRow], refit: bool = False) -> MergeRow | None:
     scored = [r for r in rows if r.on_test and r.refit == refit and r.mean_normalized() is not None]
     chosen = [r for r in scored if r.chosen_on_dev] or scored
     return max(chosen, key=lambda r: r.mean_normalized()) if chosen else None
+
+
+def pick_written(results: list[Scored], ft: Scored) -> tuple[Scored | None, str]:
+    """The merged model to write: of the rows its method marked ``info["writable"]`` (one model for every task,
+    chosen on dev), the best by mean normalized dev score (the earlier one on a tie: the stitch before mergekit);
+    marked ``info["written"]``. Also the reason, one line naming the runner-up; ``(None, why)`` when no candidate."""
+    cands = [s for s in results if s.info.get("writable") and s.dev and s.reuse is not None]
+    if not cands:
+        return None, "no method that writes one merged model ran"
+    dev = [s.mean_normalized(ft, "dev") for s in cands]
+    dev = [-np.inf if np.isnan(v) else v for v in dev]
+    i = int(np.argmax(dev))
+    best = cands[i]
+    best.info["written"] = True
+    others = sorted(((v, s) for j, (v, s) in enumerate(zip(dev, cands)) if j != i), key=lambda x: -x[0])
+    why = f"best mean normalized dev score of the one-model merges ({fmt(dev[i])}"
+    why += f"; next: {others[0][1].method} ({others[0][1].config}) {fmt(others[0][0])})" if others else ")"
+    return best, why

@@ -26,42 +26,68 @@ METHODS = ("linear", "task_arithmetic", "ties", "dare_ties")
 Runner = Callable[[str, Path, int], dict]  # (mergekit YAML, work folder, seed) → merged tensors
 
 
+GRID_SCALES = (0.3, 0.5, 1.0, 1.5)  # --mergekit-grid's λ grid unless --scales says one
+GRID_DENSITIES = (0.1, 0.2, 0.5)  # --mergekit-grid's density grid unless --densities says one
+
+
 class MergekitOptions(Spec):
-    """mergekit's options (fields of ``skillgraft merge``)."""
+    """mergekit's options (fields of ``skillgraft merge``). By default each method runs once, at mergekit's own
+    defaults (4 merges); the λ / density grid chosen on dev is opt-in (``--mergekit-grid``, or a ``--scales`` /
+    ``--densities`` grid given): 27 more merges at the default grid, all in one mergekit process
+    (:class:`MergekitWorker`)."""
 
     mergekit: list[Literal[METHODS]] = Field(default_factory=lambda: list(METHODS),
                                              description="mergekit methods to compare (empty: none)")
-    scales: list[float] = Field(default_factory=lambda: [0.3, 0.5, 1.0, 1.5],
-                                description="λ grid of task_arithmetic, ties and dare_ties (chosen on dev rows)")
-    densities: list[float] = Field(default_factory=lambda: [0.1, 0.2, 0.5],
-                                   description="density grid of ties and dare_ties (chosen on dev rows)")
+    mergekit_grid: bool = Field(False, description=(
+        "also choose each mergekit method's λ (and density) on dev from a grid: 27 more mergekit merges for the "
+        "four methods, each scored on every task's dev rows (off: one merge per method, at mergekit's defaults); "
+        "on when --scales or --densities is given"))
+    scales: list[float] | None = Field(None, description="λ grid of task_arithmetic, ties and dare_ties (chosen on "
+                                                         "dev rows; turns the grid on; default with --mergekit-grid: "
+                                                         "0.3,0.5,1,1.5)")
+    densities: list[float] | None = Field(None, description="density grid of ties and dare_ties (chosen on dev rows; "
+                                                            "turns the grid on; default with --mergekit-grid: "
+                                                            "0.1,0.2,0.5)")
     random_seed: int = Field(0, description="seed of mergekit's random pruning (dare_ties)")
 
     @field_validator("scales", "densities")
     @classmethod
-    def _positive(cls, v: list[float]) -> list[float]:
-        if any(x <= 0 for x in v):
+    def _positive(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and any(x <= 0 for x in v):
             raise ValueError(f"values must be > 0, got {v}")
         return v
 
     @field_validator("densities")
     @classmethod
-    def _at_most_one(cls, v: list[float]) -> list[float]:
-        if any(x > 1 for x in v):
+    def _at_most_one(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and any(x > 1 for x in v):
             raise ValueError(f"densities are fractions in (0, 1], got {v}")
         return v
 
+    @property
+    def grid(self) -> bool:
+        """Whether the λ / density grid runs (opt-in)."""
+        return self.mergekit_grid or bool(self.scales) or bool(self.densities)
+
+    def runs(self) -> int:
+        """How many ``mergekit-yaml`` runs these options ask for (what the plan line states up front)."""
+        return len(mergekit_configs(self))
+
 
 def mergekit_configs(spec: MergekitOptions) -> list[tuple[str, str, dict, dict]]:
-    """(method, label, per-model parameters, global parameters): each method's defaults, then the grid."""
+    """(method, label, per-model parameters, global parameters): each method's defaults, then (opt-in) the grid."""
+    scales = list(spec.scales or (GRID_SCALES if spec.grid else ()))
+    densities = list(spec.densities or (GRID_DENSITIES if spec.grid else ()))
     out = []
     for method in spec.mergekit:
         out.append((method, "defaults", {"weight": 1.0}, {}))
+        if not spec.grid:
+            continue
         if method == "task_arithmetic":
-            out += [(method, f"λ={s:g}", {"weight": 1.0}, {"lambda": s}) for s in spec.scales if s != 1.0]
+            out += [(method, f"λ={s:g}", {"weight": 1.0}, {"lambda": s}) for s in scales if s != 1.0]
         elif method in ("ties", "dare_ties"):
             out += [(method, f"density={d:g} λ={s:g}", {"weight": 1.0, "density": d}, {"lambda": s})
-                    for d in spec.densities for s in spec.scales]
+                    for d in densities or [1.0] for s in scales or [1.0]]
     return out
 
 
@@ -124,30 +150,109 @@ def explicit(method: str, params: dict, global_params: dict) -> tuple[dict, dict
     return params, global_params
 
 
-def run_mergekit(config: str, work: Path, seed: int) -> dict:
-    """Run ``mergekit-yaml`` on ``config``; the merged tensors (the output folder is removed)."""
-    from safetensors.torch import load_file  # noqa: PLC0415
+# One process runs every mergekit merge of a run (mergekit's imports cost ≈ 8 s of CPU each time a mergekit-yaml
+# process starts: 31 starts were 4 minutes of a 2-core machine's time): it reads "config<TAB>out<TAB>seed" lines
+# and runs each as `mergekit-yaml config out --no-copy-tokenizer --no-write-model-card --random-seed seed --quiet`.
+_WORKER = r"""
+import sys, traceback
+import yaml
+from mergekit.config import MergeConfiguration
+from mergekit.merge import run_merge
+from mergekit.options import MergeOptions
+print("\0skillgraft ready", flush=True)
+for line in sys.stdin:
+    config, out, seed = line.rstrip("\n").split("\t")
+    try:
+        options = MergeOptions(copy_tokenizer=False, write_model_card=False, random_seed=int(seed), quiet=True)
+        options.apply_global_options()
+        text = open(config, encoding="utf-8").read()
+        run_merge(MergeConfiguration.model_validate(yaml.safe_load(text)), out, options=options, config_source=text)
+        print("\0skillgraft ok", flush=True)
+    except Exception as e:
+        traceback.print_exc()
+        lines = [x for x in str(e).strip().splitlines() if x.strip()] or [type(e).__name__]
+        print("\0skillgraft error " + type(e).__name__ + ": " + lines[-1], flush=True)
+"""
+_MARK = "\0skillgraft "
 
-    exe = Path(sys.executable).with_name("mergekit-yaml")
-    if not exe.is_file():
-        found = shutil.which("mergekit-yaml")
-        if not found:
-            raise SkillgraftError("mergekit-yaml not found (mergekit is pinned in requirements.lock: "
-                                  "run `make setup`), or pass --mergekit ''")
-        exe = Path(found)
-    (work / "merge.yml").write_text(config)
-    out = work / "merged"
-    shutil.rmtree(out, ignore_errors=True)
-    r = subprocess.run([str(exe), str(work / "merge.yml"), str(out), "--no-copy-tokenizer", "--no-write-model-card",
-                        "--random-seed", str(seed), "--quiet"], capture_output=True, text=True)
-    if r.returncode:
-        lines = [x for x in (r.stderr or r.stdout).strip().splitlines() if x.strip()]
-        raise SkillgraftError(f"mergekit-yaml failed: {lines[-1] if lines else r.returncode}")
-    state: dict = {}
-    for f in sorted(out.glob("*.safetensors")):
-        state.update(load_file(str(f)))
-    shutil.rmtree(out, ignore_errors=True)
-    return state
+
+class MergekitWorker:
+    """``mergekit-yaml``'s work in one long-lived process for a whole run (a :data:`Runner`; :meth:`close` ends it):
+    mergekit is imported once, not once per grid point. Each merge's output folder is read and removed."""
+
+    def __init__(self):
+        self.proc = None
+        self.log = None
+
+    def _start(self, work: Path):
+        import importlib.util  # noqa: PLC0415
+
+        if importlib.util.find_spec("mergekit") is None:
+            raise SkillgraftError("mergekit not found (mergekit is pinned in requirements.lock: run `make setup`), or "
+                                  "pass --mergekit ''")
+        self.log = open(work / "mergekit.log", "w+", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True, bufsize=1)
+        self._answer()
+
+    def _answer(self) -> str:
+        for line in self.proc.stdout:
+            if line.startswith(_MARK):
+                return line[len(_MARK):].rstrip("\n")
+        self.proc.wait()
+        self.log.seek(0)
+        lines = [x for x in self.log.read().strip().splitlines() if x.strip()]
+        self.proc = None
+        raise SkillgraftError(f"mergekit-yaml failed: {lines[-1] if lines else 'its process ended'}")
+
+    def __call__(self, config: str, work: Path, seed: int) -> dict:
+        from safetensors.torch import load_file  # noqa: PLC0415
+
+        if self.proc is None:
+            self._start(work)
+        (work / "merge.yml").write_text(config)
+        out = work / "merged"
+        shutil.rmtree(out, ignore_errors=True)
+        self.proc.stdin.write(f"{work / 'merge.yml'}\t{out}\t{seed}\n")
+        self.proc.stdin.flush()
+        answer = self._answer()
+        if answer != "ok":
+            raise SkillgraftError(f"mergekit-yaml failed: {answer.removeprefix('error ')}")
+        state: dict = {}
+        for f in sorted(out.glob("*.safetensors")):
+            state.update(load_file(str(f)))
+        shutil.rmtree(out, ignore_errors=True)
+        return state
+
+    def kill(self) -> None:
+        """End the process at once (an interrupted run)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def close(self) -> None:
+        """End the process once its merges are done (its input closed) and the log."""
+        if self.proc is not None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+
+def run_mergekit(config: str, work: Path, seed: int) -> dict:
+    """Run ``mergekit-yaml``'s merge of ``config`` once (its own process); the merged tensors."""
+    worker = MergekitWorker()
+    try:
+        return worker(config, work, seed)
+    finally:
+        worker.close()
 
 
 def mergekit_input(scorer, folder: Path) -> None:
@@ -240,7 +345,7 @@ class Mergekit(MergeMethod):
         return lines
 
     def __init__(self, runner: Runner | None = None):
-        self.runner = runner or run_mergekit
+        self.runner = runner  # None: one MergekitWorker per run of rows()
 
     def active(self, options: MergekitOptions) -> bool:
         return bool(options.mergekit)
@@ -253,21 +358,33 @@ class Mergekit(MergeMethod):
 
     def rows(self, bench: Bench, options: MergekitOptions, ft: Scored, work: Path) -> list[Scored]:
         """Every config scored on dev; per method its defaults and its dev-best config also on test."""
-        from safetensors.torch import load_file, save_file  # noqa: PLC0415
-
         root = work / "mergekit"
         dirs = [root / "base", *[root / f"ft{i}" for i in range(len(bench.names))]]
-        scored: list[Scored] = []
         kept: dict[tuple[str, str], Path] = {}  # merged states that may still be scored on test, on disk
-        from tqdm.auto import tqdm  # noqa: PLC0415
-
         configs = mergekit_configs(options)
+        runner = self.runner or MergekitWorker()  # mergekit imported once for the whole grid
+        try:
+            scored = self._grid(bench, options, ft, configs, runner, root, dirs, kept)
+        except BaseException:  # Ctrl-C, SIGTERM, a failure: the process stops now, not after its current merge
+            getattr(runner, "kill", lambda: None)()
+            raise
+        finally:
+            getattr(runner, "close", lambda: None)()
+        return self._on_test(bench, options, ft, scored, kept)
+
+    def _grid(self, bench, options, ft, configs, runner, root, dirs, kept) -> list[Scored]:
+        """Every configuration merged and scored on dev; what may still be scored on test kept on disk."""
+        from safetensors.torch import save_file  # noqa: PLC0415
+
+        from skillgraft.progress import bar as tqdm  # noqa: PLC0415
+
+        scored: list[Scored] = []
         for method, label, params, global_params in tqdm(configs, desc="mergekit grid", unit="merge", leave=False,
                                                           disable=not getattr(bench, "progress", False)):
             s = Scored(f"mergekit {method}", label, info={"parameters": params, "global": global_params})
             try:
-                merged = self.runner(mergekit_yaml(method, dirs[0], dirs[1:], params, global_params), root,
-                                     options.random_seed)
+                merged = runner(mergekit_yaml(method, dirs[0], dirs[1:], params, global_params), root,
+                                options.random_seed)
             except SkillgraftError as e:
                 s.info["error"] = str(e)
                 scored.append(s)
@@ -281,6 +398,12 @@ class Mergekit(MergeMethod):
             for key in [k for k in kept if k[0] == method]:  # keep only what may still be scored on test
                 if key[1] != "defaults" and key != _best(scored, method, ft):
                     kept.pop(key).unlink()
+        return scored
+
+    def _on_test(self, bench, options, ft, scored, kept) -> list[Scored]:
+        """Per method its defaults and its dev-best configuration scored on test."""
+        from safetensors.torch import load_file  # noqa: PLC0415
+
         for method in options.mergekit:
             best = _best(scored, method, ft)
             for s in scored:
@@ -290,6 +413,7 @@ class Mergekit(MergeMethod):
                     s.test = bench.score(bench.on_body(load_file(str(path))), "test")
                     s.reuse = lambda path=path: bench.on_body(load_file(str(path)))  # kept until the run ends
                     s.info["chosen_on_dev"] = (method, s.config) == best
+                    s.info["writable"] = s.info["chosen_on_dev"]  # one merged body: a candidate for the written model
         return scored
 
 

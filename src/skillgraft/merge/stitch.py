@@ -1,6 +1,7 @@
 """The stitch (Localize-and-Stitch, :mod:`skillgraft.graft.merge`) as a merge method: every overlap rule of
-``--rules`` at every strength λ of ``--stitch-scales`` scored on dev; λ = 1 and the dev-best λ also on test; the
-written model is ``--rule`` at its dev-best λ."""
+``--rules`` at every strength λ of ``--stitch-scales`` scored on dev; λ = 1 and the dev-best λ also on test; its
+candidate for the written model (``info["writable"]``) is ``--rule`` at its dev-best λ (written when it is the best
+one-model merge on dev)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ class StitchOptions(Spec):
 
     stitch: bool = Field(True, description="stitch the grafts and write the stitched model (off: the other methods "
                                            "only, each task's graft and the report; no merged model is written)")
-    rule: Rule = Field("average", description="overlap rule of the written model: average (Localize-and-Stitch), "
+    rule: Rule = Field("average", description="overlap rule of the stitched model (written when it is the best "
+                                              "one-model merge on dev): average (Localize-and-Stitch), "
                                               "max-delta (largest |θ_ft − θ_pre| wins), disjoint (contested "
                                               "coordinates stay θ_pre), consensus, first")
     rules: list[Rule] = Field(default_factory=lambda: ["average", "max-delta", "disjoint"],
@@ -29,7 +31,7 @@ class StitchOptions(Spec):
     stitch_scales: list[float] = Field(default_factory=lambda: [1.0, 1.5, 2.0, 3.0],
                                        description="λ grid of the stitch, θ_pre + λ Σ_t (γ_t ⊘ Σ_s γ_s) ⊙ τ_t (sparse "
                                                    "task arithmetic; 1 = Localize-and-Stitch): chosen on dev rows per "
-                                                   "rule, the written model takes its rule's dev-best λ")
+                                                   "rule, the stitched model takes its rule's dev-best λ")
 
     @field_validator("stitch_scales")
     @classmethod
@@ -60,10 +62,11 @@ class Stitch(MergeMethod):
         """The written stitch (--rule at its dev-best λ), the same rule at λ = 1, the rule best on dev; with refitted
         heads, the written stitch refitted; beside mergekit's best, when it ran."""
         mine = [r for r in rows if r.source == self.name and r.on_test]
-        written = next(r for r in mine if r.info.get("written") and not r.refit)
+        written = next(r for r in mine if r.info.get("writable") and not r.refit)
         plain = next(r for r in mine if r.config == options.rule and not r.refit)  # λ = 1: as published
         dev_rule = max((r for r in mine if not r.refit), key=lambda r: r.mean_normalized("dev"))
         out = {"stitch_rule": options.rule, "stitch_scale": written.info["scale"],
+               "stitch_written": bool(written.info.get("written")),
                "stitch_mean_normalized": written.mean_normalized(),
                "stitch_scale_1_mean_normalized": plain.mean_normalized(),
                "stitch_rule_chosen_on_dev": dev_rule.config,
@@ -80,7 +83,8 @@ class Stitch(MergeMethod):
         return out
 
     def headline_lines(self, h: dict) -> list[str]:
-        lines = [f"- stitch (`{h['stitch_rule']}`, λ = {h['stitch_scale']:g} chosen on dev; written to this folder): "
+        where = "written to this folder" if h.get("stitch_written") else "not written: another merge was better on dev"
+        lines = [f"- stitch (`{h['stitch_rule']}`, λ = {h['stitch_scale']:g} chosen on dev; {where}): "
                  f"mean normalized accuracy {fmt(h['stitch_mean_normalized'])} (at λ = 1, Localize-and-Stitch as "
                  f"published: {fmt(h['stitch_scale_1_mean_normalized'])}); the rule and λ best on dev are "
                  f"`{h['stitch_rule_chosen_on_dev']}` ({fmt(h['stitch_dev_rule_mean_normalized'])})"]
@@ -95,8 +99,8 @@ class Stitch(MergeMethod):
         for rule in dict.fromkeys([options.rule, *options.rules]):
             body = stitch(grafts, rule, base=bench.base)
             rows = self.grid(bench, rule, body, options.stitch_scales, ft)
-            if rule == options.rule:  # the written model: --rule at its dev-best λ
-                next(s for s in rows if s.info.get("chosen_on_dev")).info["written"] = True
+            if rule == options.rule:  # its candidate for the written model: --rule at its dev-best λ
+                next(s for s in rows if s.info.get("chosen_on_dev")).info["writable"] = True
             out += rows
         return out
 

@@ -1,8 +1,10 @@
 """The regions stage: a localizer's regions for one member, learned once and then read from the store.
 
 Every runner that needs regions (``skillgraft graft``, the recipes, ``skillgraft merge``, continual learning)
-asks :func:`learned_regions`; its store key covers the fine-tuned model, the data (content digest), the
-localizer and its resolved options, so the same setting means the same entry whichever runner asks.
+asks :func:`learned_regions`; its store key covers the fine-tuned model, the rows the localizer reads (content
+digests: the localization rows, and the dev rows when its ``select_on`` reads them), the localizer and its resolved
+options, so the same setting means the same entry whichever runner asks, and a change it does not depend on (the
+test rows, a file's name) reruns nothing; a rerun says why in one line.
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ def learned_regions(member: Member, store, localizer: str, options: Spec, *,
     options = loc.options(options)
     key, label = _regions_key(member, localizer, options)
     holder: dict = {}
+    legacy = store.get("regions", _legacy_key(member, localizer, options), label)  # a store filled before: kept
+    if legacy is not None:
+        return _read_regions(legacy)
+    if store.get("regions", key, label) is None:
+        say_why(store, key, label, options)
 
     def make(folder: Path) -> None:
         t0 = time.perf_counter()
@@ -73,14 +80,94 @@ def learned_regions(member: Member, store, localizer: str, options: Spec, *,
 def stored_regions(member: Member, store, localizer: str, options: Spec) -> tuple[dict[Budget, Region], dict] | None:
     """The regions cache's entry for these settings (as :func:`learned_regions` returns it), or None when it is not
     in the store: nothing is computed."""
-    key, label = _regions_key(member, localizer, get_localizer(localizer).options(options))
-    entry = store.get("regions", key, label)
+    options = get_localizer(localizer).options(options)
+    key, label = _regions_key(member, localizer, options)
+    entry = store.get("regions", _legacy_key(member, localizer, options), label) or store.get("regions", key, label)
     return None if entry is None else _read_regions(entry)
 
 
+def reads_dev(options: Spec) -> bool:
+    """Whether a localizer with these options reads the dev rows (its ``select_on`` names them)."""
+    return "dev" in str(getattr(options, "select_on", "") or "")
+
+
+def rows_digest(rows) -> str:
+    """Content digest of examples (their text, pair text, label or completion: everything an example holds)."""
+    import hashlib  # noqa: PLC0415
+
+    h = hashlib.sha256()
+    for ex in rows or []:
+        h.update(repr(ex).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _task_key(task) -> dict:
+    """What of the task scoring reads (labels, label words, template…), its name left out: a renamed task is the
+    same localization."""
+    import dataclasses  # noqa: PLC0415
+
+    fields = dataclasses.asdict(task) if dataclasses.is_dataclass(task) else {"repr": repr(task)}
+    return {k: repr(v) for k, v in fields.items() if k not in ("name", "description")}
+
+
 def _regions_key(member: Member, localizer: str, options: Spec) -> tuple[dict, str]:
-    return ({"setup": member.identity(), "localizer": localizer, "options": options.to_dict()},
+    """The store key of a localization: the models, the rows it reads — the localization rows and, when its
+    ``select_on`` reads them, the dev rows — the task's scoring, the localizer and its options. The test rows, the
+    data files' names and the task's name are not in it: changing them never reruns a localization."""
+    data = member.data
+    rows = {"train": rows_digest(data.train), "task": _task_key(data.task)}
+    if reads_dev(options):
+        rows["dev"] = rows_digest(data.dev)
+    setup = {k: v for k, v in member.identity().items() if k != "data"}
+    return ({"setup": setup, "rows": rows, "localizer": localizer, "options": options.to_dict()},
             f"{member.task}-{member.k}-{member.seed}-{localizer}")
+
+
+def _legacy_key(member: Member, localizer: str, options: Spec) -> dict:
+    """The key regions were stored under before it named the rows read (it held the data files' digest and the test
+    row count): entries found under it are still used."""
+    return {"setup": member.identity(), "localizer": localizer, "options": options.to_dict()}
+
+
+def say_why(store, key: dict, label: str, options: Spec) -> str | None:
+    """One line on stderr when a localization reruns although one of the same task, draw and localizer is stored:
+    what of its key changed (``regions recomputed: dev rows changed and select_on=train+dev``). Returned too."""
+    import json  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from skillgraft.pipeline.store import KEY_FILE  # noqa: PLC0415
+
+    newest = store.newest("regions", label)
+    if newest is None:
+        return None
+    try:
+        old = json.loads((newest / KEY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    new = json.loads(json.dumps({"kind": "regions", **key}, default=str))
+    if "rows" not in old:  # stored under the former key: what changed cannot be told apart
+        return None
+    why = []
+    for part, text in (("finetuned", "the fine-tuned model changed"), ("pretrained", "the pre-trained model changed"),
+                       ("mode", "the scoring mode changed")):
+        if old.get("setup", {}).get(part) != new["setup"].get(part):
+            why.append(text)
+    if old["rows"].get("train") != new["rows"].get("train"):
+        why.append("the localization rows changed")
+    if old["rows"].get("task") != new["rows"].get("task"):
+        why.append("the task's labels or template changed")
+    if old["rows"].get("dev") != new["rows"].get("dev") and "dev" in new["rows"]:
+        why.append(f"dev rows changed and select_on={getattr(options, 'select_on', '')}")
+    for name in sorted(set(old.get("options", {})) | set(new["options"])):
+        a, b = old.get("options", {}).get(name), new["options"].get(name)
+        if a != b:
+            why.append(f"option {name} changed ({a} → {b})")
+    if not why:
+        return None
+    line = "regions recomputed: " + "; ".join(why)
+    print(line, file=sys.stderr, flush=True)
+    return line
 
 
 def _read_regions(entry: Path, *, regions: bool = True) -> tuple[dict[Budget, Region], dict]:

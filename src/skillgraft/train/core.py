@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from skillgraft.lazy import np
 from skillgraft.lazy import nn, no_grad, torch
-from tqdm.auto import tqdm
+from skillgraft.progress import bar as tqdm
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError

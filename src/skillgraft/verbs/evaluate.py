@@ -13,7 +13,7 @@ from skillgraft.errors import SkillgraftError
 
 @dataclass
 class EvaluateResult:
-    """The metrics of one model on one split (``split`` is ``data`` for a user's rows)."""
+    """The metrics of one model on one split (a user's rows: the split their file or dataset names, else ``rows``)."""
 
     task: str
     split: str
@@ -33,6 +33,22 @@ class EvaluateResult:
                     f"accuracy {m['token_accuracy']:.4f}{em}")
         return (f"{self.task} {self.split} (n={m['n']}): acc {m['accuracy']:.4f} ECE {m['ece']:.4f}"
                 + (f" F1 {m['f1']:.4f}" if "f1" in m else ""))
+
+
+def evaluated_split(user: UserDataSpec) -> str:
+    """The split a user's rows are, as the report names it: a dataset's split, the evaluated file's split word
+    (``sst2/test.jsonl`` → ``test``, ``dev.csv`` → ``dev``), else ``rows`` (every row of the file)."""
+    from skillgraft.data.user import GENERIC_NAMES  # noqa: PLC0415
+
+    if user.eval_split or (user.eval_data is None and user.data_split):
+        return user.eval_split or user.data_split
+    stem = Path(str(user.eval_data or user.data)).stem.lower()
+    splits = {"train", "training", "test", "testing", "dev", "validation", "valid", "val", "eval", "evaluation"}
+    for word in (stem, *stem.replace("-", "_").replace(".", "_").split("_")):
+        if word in splits and word in GENERIC_NAMES:
+            return {"training": "train", "testing": "test", "valid": "validation", "val": "validation",
+                    "evaluation": "eval"}.get(word, word)
+    return "rows"
 
 
 def evaluate(model_dir: str | os.PathLike, *, user: UserDataSpec | None = None, task: str | None = None,
@@ -70,7 +86,7 @@ def evaluate(model_dir: str | os.PathLike, *, user: UserDataSpec | None = None, 
         scorer, examples, note = open_checkpoint(name, user if user.data is not None else task, mode=mode,
                                                  split=split, data_dir=data_dir)
         examples = examples[:limit]
-        split = "data" if user.data is not None else split
+        split = evaluated_split(user) if user.data is not None else split
     refuse_non_finite_model(scorer, str(model_dir), "its scores would be meaningless (its fine-tuning diverged, "
                                                     "or the file is damaged)")
     metrics, probs = run_eval(scorer, examples, progress=split)

@@ -310,7 +310,8 @@ def parameters_line(metrics: dict) -> str:
     carried = metrics["carried_parameters"]
     whole = metrics.get("all_parameters") or metrics["total_parameters"] + carried
     split = (f" = {metrics['total_parameters']:,} in the base model + {carried:,} in the carried task head (travels "
-             "whole with every graft; counted separately)") if carried else " (the base model's)"
+             "whole with every graft; counted separately)") if carried else \
+        " (the base model's; no carried task head: the model scores with its own LM head)"
     return (f"Parameters: {whole:,}{split}; graftable (the body): {metrics['graftable_parameters']:,} of the base "
             "model's.")
 
@@ -320,9 +321,10 @@ def step_rate(loc: dict) -> str:
     counts it) over its steps, with the median step alone beside it."""
     steps = (loc.get("config") or {}).get("steps") or 0
     trajectories = max(1, len(loc.get("budgets") or []) if (loc.get("config") or {}).get("per_size") else 1)
-    if loc.get("seconds") and steps:
-        per = loc["seconds"] / (steps * trajectories)
-        return (f"{per:.2f} s/step overall ({loc['seconds']:.0f} s for {steps * trajectories} steps, scoring "
+    taken = sum(s["step"] for s in loc["stopped"]) if loc.get("stopped") else steps * trajectories  # a fit schedule
+    if loc.get("seconds") and taken:  # may stop a trajectory early: the steps it took
+        per = loc["seconds"] / taken
+        return (f"{per:.2f} s/step overall ({loc['seconds']:.0f} s for {taken} steps, scoring "
                 f"included; a step alone {loc['step_seconds']:.2f} s, median)")
     return f"{loc['step_seconds']:.2f} s/step (median, scoring excluded)"
 
@@ -467,6 +469,15 @@ def open_member(inputs: GraftInputs, *, lean: bool = False) -> Member:
                      data_dir=data.data_dir, lean=lean)
 
 
+def finetuned_name(member: Member) -> str:
+    """The fine-tuned model as the user named it: its run folder (a skillgraft run's scorer carries its base's name,
+    ``gemma-3-270m``), else the checkpoint."""
+    ft_dir = member.inputs.ft_dir
+    if ft_dir is not None and str(member.ft.base_model) == str(member.pre.base_model):
+        return str(ft_dir)
+    return str(member.ft.base_model)
+
+
 def models_and_data(member: Member) -> list[str]:
     """The report's "Models and data" section of a checkpoint pair, or of any run whose base was converted from a
     GGUF file (which it names, quantization included; empty otherwise)."""
@@ -477,7 +488,7 @@ def models_and_data(member: Member) -> list[str]:
     if not (inputs.labels_note or inputs.graft_metadata.to_dict() or converted):
         return []
     lines = ["", "## Models and data", "",
-             f"- pre-trained: `{member.pre.base_model}`; fine-tuned: `{member.ft.base_model}`; scored as "
+             f"- pre-trained: `{member.pre.base_model}`; fine-tuned: `{finetuned_name(member)}`; scored as "
              f"`{member.pre.mode}`"]
     if converted:
         lines.append(f"- `{member.pre.base_model}`: {converted}")

@@ -1,5 +1,6 @@
 """``skillgraft inspect``: a graft's (or a PEFT SHiRA adapter's) size, density and where its parameters sit (per
-layer × module type; paper Figs. 9/10), written as ``distribution.json`` + ``distribution.png`` (both, or neither)."""
+layer × module type; paper Figs. 9/10); with ``out``, written there as ``distribution.json`` + ``distribution.png``
+(both, or neither). A reading verb: nothing is written into the graft folder it reads."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ class InspectResult:
     graft: object  # skillgraft.graft.Graft
     file_bytes: int
     distribution: Distribution
-    out: Path
+    out: Path | None  # where the distribution's files were written (None: printed only)
     other: object | None = None  # the --compare graft's Region
 
     def lines(self, graft_dir, compare=None) -> list[str]:
@@ -54,7 +55,8 @@ class InspectResult:
 def inspect(graft_dir: str | os.PathLike, *, out: str | os.PathLike | None = None, model: str | None = None,
             compare: str | os.PathLike | None = None) -> InspectResult:
     """Read the graft or adapter in ``graft_dir`` (``model``: a PEFT adapter's base), compare it with ``compare``,
-    and write its distribution into ``out`` (default: the graft folder)."""
+    and, with ``out``, write its distribution there (never into the folder read: before, the default was the graft
+    folder itself)."""
     from skillgraft.export import read_graft_or_adapter  # noqa: PLC0415
     from skillgraft.graft.inspect import distribution, plot_distribution  # noqa: PLC0415
     from skillgraft.io import atomic_files, write_json  # noqa: PLC0415
@@ -62,8 +64,9 @@ def inspect(graft_dir: str | os.PathLike, *, out: str | os.PathLike | None = Non
     g, weights = read_graft_or_adapter(graft_dir, model)
     dist = distribution(g.region)
     other = read_graft_or_adapter(compare, model)[0].region if compare is not None else None
-    out = Path(out or graft_dir)
-    with atomic_files(out) as tmp:  # both files, or neither
-        write_json(tmp / "distribution.json", dist)
-        plot_distribution(dist, tmp / "distribution.png", title=f"{g.metadata.task or ''} graft")
+    if out is not None:
+        out = Path(out)
+        with atomic_files(out) as tmp:  # both files, or neither
+            write_json(tmp / "distribution.json", dist)
+            plot_distribution(dist, tmp / "distribution.png", title=f"{g.metadata.task or ''} graft")
     return InspectResult(g, weights.stat().st_size, dist, out, other)

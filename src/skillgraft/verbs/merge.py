@@ -42,7 +42,7 @@ from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.selection import Budget
 from skillgraft.io import atomic_dir, check_target
 from skillgraft.merge import MERGE_METHODS, MergeMethod, Scored, merge_methods
-from skillgraft.merge.base import MergeRow
+from skillgraft.merge.base import MergeRow, pick_written
 from skillgraft.pipeline.report import write_csv
 from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.workbench import Workbench
@@ -299,7 +299,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     chosen = [(m, m.options(spec)) for m in (methods or merge_methods()).values()]
     chosen = [(m, o) for m, o in chosen if m.active(o)]
     t0 = time.perf_counter()
-    from tqdm.auto import tqdm  # noqa: PLC0415
+    from skillgraft.progress import bar as tqdm  # noqa: PLC0415
 
     bench = MergeBench()
     bench.progress = progress  # merge methods show their own long loops (mergekit's grid) when set
@@ -350,13 +350,15 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             t1 = time.perf_counter()
             results += refit_rows(bench, results, spec.refit_heads, progress)
             seconds["refit_heads"] = time.perf_counter() - t1
-    written = next((s.body for s in results if s.info.get("written") and s.body is not None), None)
+        written, why = pick_written(results, ft)  # the best one-model merge on dev (the stitch on a tie)
+        written = written.reuse() if written is not None else None  # in memory: a mergekit body's file goes with work
     summary = summarize(results, ft, bench.members, bench.grafts, spec, mode, pretrained, chosen)
+    summary["headline"]["written_why"] = why
     summary["seconds"] = {"localize_and_load": t_loc, "mergekit": seconds.get("mergekit", 0.0),
                           "total": time.perf_counter() - t0}
     summary["placement"] = bench.placement  # where the merge computed (docs/gpu.md)
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        if written is not None:  # a method wrote a merged model (the stitch; none when it is switched off)
+        if written is not None:  # the best one-model merge on dev (none when no method writes one)
             write_outputs(tmp, bench, written)
         else:
             write_grafts(tmp, bench)
@@ -380,7 +382,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
 def refit_rows(bench: MergeBench, results: list[Scored], n: int, progress: bool = False) -> list[Scored]:
     """Each method's dev-chosen row (and each task's graft alone) with each task's head refitted on ``n`` training
     rows (:mod:`skillgraft.merge.refit`), scored on dev and test."""
-    from tqdm.auto import tqdm  # noqa: PLC0415
+    from skillgraft.progress import bar as tqdm  # noqa: PLC0415
 
     from skillgraft.merge.refit import refit_rows as sample, refitted  # noqa: PLC0415
 
@@ -391,7 +393,7 @@ def refit_rows(bench: MergeBench, results: list[Scored], n: int, progress: bool 
     for s in tqdm(todo, desc="refit heads", unit="row",
                   disable=not progress):
         use = refitted(s.reuse(), rows.__getitem__)
-        info = {k: v for k, v in s.info.items() if k != "written"}
+        info = {k: v for k, v in s.info.items() if k not in ("written", "writable")}
         r = Scored(s.method, f"{s.config} + refit heads", info={**info, "refit_heads": n,
                                                               "refit_rows": {t: len(x) for t, x in rows.items()}},
                    source=s.source, stores=s.stores)

@@ -74,7 +74,8 @@ def resolve_inputs(*, pretrained: str | None, finetuned: list[str], data: list[s
         for p in (s.data, s.eval_data, dev_data[i] if dev_data else None):
             if p is not None and Path(p).suffix.lower() in (".jsonl", ".json", ".csv", ".tsv") and not Path(p).exists():
                 raise SkillgraftError(f"model {i + 1} ({finetuned[i]}): data file not found: {p}")
-    names = _given_names(names, n) if names else task_names(finetuned)
+    names = _given_names(names, n) if names else task_names(finetuned, [s.data for s in specs],
+                                                               [s.data_config for s in specs])
     return pretrained, [ModelInput(str(f), s, Path(dev_data[i]) if dev_data else None,
                                    Path(grafts[i]) if grafts else None, names[i])
                         for i, (f, s) in enumerate(zip(finetuned, specs))]
@@ -110,12 +111,16 @@ def _given_names(names: list[str], n: int) -> list[str]:
     return list(names)
 
 
-def task_names(finetuned: list[str]) -> list[str]:
-    """One name per model: its folder name, made unique (``-2``, ``-3``) where two share one. The name is the
-    folder's own once ``..`` and ``.`` are folded (``x/..`` names the folder it leads to: its name was ``..``, and
-    ``grafts/..`` put a model's graft beside the output's temporary folder, failing after all the work), kept to
-    the characters ``--names`` allows (letters, digits, ``.``, ``_``, ``+``, ``-``; a leading dot dropped)."""
-    base = [_folder_name(f) for f in finetuned]
+def task_names(finetuned: list[str], data: list | None = None, configs: list | None = None) -> list[str]:
+    """One name per model: its folder name — when that is generic (``sst2/ft``, ``runs/subj/checkpoint-500``), its
+    data's name (``sst2/train.jsonl`` → ``sst2``), else the folder above (:func:`~skillgraft.data.user.passed_name`)
+    —, made unique (``-2``, ``-3``) where two share one. The name is the folder's own once ``..`` and ``.`` are folded (``x/..`` names the folder it leads
+    to: its name was ``..``, and ``grafts/..`` put a model's graft beside the output's temporary folder, failing
+    after all the work), kept to the characters ``--names`` allows (letters, digits, ``.``, ``_``, ``+``, ``-``; a
+    leading dot dropped)."""
+    data = data or [None] * len(finetuned)
+    configs = configs or [None] * len(finetuned)
+    base = [_folder_name(f, d, c) for f, d, c in zip(finetuned, data, configs)]
     out, seen = [], {}
     for b in base:
         seen[b] = seen.get(b, 0) + 1
@@ -123,11 +128,16 @@ def task_names(finetuned: list[str]) -> list[str]:
     return out
 
 
-def _folder_name(path) -> str:
+def _folder_name(path, data=None, config=None) -> str:
     import os  # noqa: PLC0415
+
+    from skillgraft.data.user import generic_name, passed_name  # noqa: PLC0415
 
     text = str(path)
     name = Path(os.path.abspath(text)).name if os.path.exists(text) or text.startswith((".", "/")) else Path(text).name
+    if generic_name(name):  # sst2/ft, runs/subj/checkpoint-500: the data's name, else the folder above
+        named = passed_name(data, config) if data is not None else ""
+        name = named if named and not generic_name(named) else passed_name(text)
     name = re.sub(r"[^A-Za-z0-9._+-]", "_", name).lstrip(".")
     return name or "model"
 

@@ -10,7 +10,7 @@ from skillgraft.lazy import np
 
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.bound import bound_prose
-from skillgraft.graft.merge import swapped, task_view
+from skillgraft.graft.merge import swapped
 from skillgraft.merge.base import MergeMethod, MergeRow, Scored, fmt as _fmt, graft_file_bytes
 from skillgraft.merge.mergekit import body_module
 from skillgraft.pipeline.member import Member
@@ -75,22 +75,24 @@ def write_grafts(folder: Path, bench) -> None:
         g.save_pretrained(folder / "grafts" / name)
 
 
-def write_outputs(folder: Path, bench, body: Graft) -> None:
-    """The merged model (``tasks/<task>/`` or ``model/``) and each task's graft (``grafts/<task>/``); a released
-    fine-tuned classifier is read back from its files, one at a time (:meth:`Workbench.finetuned`)."""
+def write_outputs(folder: Path, bench, use) -> None:
+    """The merged model (``tasks/<task>/`` or ``model/``) and each task's graft (``grafts/<task>/``); ``use``: each
+    task's scorer on the merged body (the written row's :attr:`Scored.reuse`: the stitch, or a mergekit body with
+    the task's own head). A released fine-tuned classifier is read back from its files, one at a time
+    (:meth:`Workbench.finetuned`)."""
     from skillgraft.models.anatomy import carried_names  # noqa: PLC0415
 
     write_grafts(folder, bench)
     pre = bench.pre
     if not carried_names(pre):  # one merged model serves every task
-        with body.applied(pre):
-            pre.model.save_pretrained(folder / "model")
+        with use(next(iter(bench.members))) as merged:
+            merged.model.save_pretrained(folder / "model")
         pre.tokenizer.save_pretrained(folder / "model")
         return
-    for name, member in bench.members.items():
-        # the stitched body (θ_pre outside the union) written into the task's own fine-tuned classifier
-        with task_view(body, bench.grafts[name]).applied(member.pre):
-            state = {n: t.detach().clone() for n, t in body_module(member.pre).state_dict().items()}
+    for name in bench.members:
+        # the merged body written into the task's own fine-tuned classifier
+        with use(name) as merged:
+            state = {n: t.detach().clone() for n, t in body_module(merged).state_dict().items()}
         with bench.finetuned(name) as ft, swapped(body_module(ft), state):
             ft.model.save_pretrained(folder / "tasks" / name)
             ft.tokenizer.save_pretrained(folder / "tasks" / name)
@@ -105,11 +107,12 @@ def report_markdown(s: dict, methods: list[MergeMethod]) -> str:
     names = list(s["tasks"])
     h = s["headline"]
     cfg = s["settings"]
-    written = (f"the merged model written to this folder is {h['written']} (chosen on dev)" if h.get("written") else
-               "no merged model is written (no method that writes one ran)")
-    lines = [f"# Merging {len(names)} fine-tuned models of `{s['pretrained']}`", "",
+    first = (f"**Written to this folder: {h['written']}** — {h.get('written_why') or 'chosen on dev'}; chosen on "
+             "dev rows only." if h.get("written") else
+             f"**No merged model is written** ({h.get('written_why') or 'no method that writes one ran'}).")
+    lines = [f"# Merging {len(names)} fine-tuned models of `{s['pretrained']}`", "", first, "",
              f"Scored as `{s['mode']}`. Each task's region: localizer `{cfg['localizer']}` at budget {cfg['budget']} "
-             f"of the graftable parameters; {written}.", "",
+             f"of the graftable parameters.", "",
              "Methods: " + "; ".join(f"**{m.name}** — {m.summary}" for m in methods) + ".", "",
              "**Every method merges the body only** (all but the task heads): heads of tasks with different label "
              "sets cannot be merged, so each task runs on the merged body with its own fine-tuned head — for "
@@ -211,10 +214,16 @@ def routed_markdown(s: dict) -> list[str]:
              "skills = RoutedSkills.from_pretrained(\"routed\")",
              f"with skills.use(\"{next(iter(s['tasks']))}\") as model:",
              "    logits = model(**skills.tokenizer(texts, return_tensors=\"pt\", padding=True)).logits", "```"]
-    return lines + routed_keep_markdown(r)
+    return lines + routed_keep_markdown(r, s["tasks"])
 
 
-def routed_keep_markdown(r: dict) -> list[str]:
+def checkpoint_share(nbytes: float, task: dict) -> str:
+    """A routed graft's bytes as a share of its task's fine-tuned checkpoint's weight bytes (``-`` when unknown)."""
+    ckpt = task.get("checkpoint_bytes")
+    return f"{100 * nbytes / ckpt:.2f}%" if ckpt else "-"
+
+
+def routed_keep_markdown(r: dict, tasks: dict | None = None) -> list[str]:
     """--routed --keep τ: per task the size found, its selection share and lower bound, the test share, bytes."""
     keep = r.get("keep")
     if not keep:
@@ -226,7 +235,8 @@ def routed_keep_markdown(r: dict) -> list[str]:
              f"{r['keep_target']:g} {bound_prose(conf)}, as `skillgraft graft --keep`. *test share*: test score ÷ "
              "the task's fine-tuned test score.",
              "", "| task | reached | size | density | selection share | lower bound | selection rows | test share | "
-             "point-estimate size | bytes |", "|---|:---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "point-estimate size | bytes | share of checkpoint |",
+             "|---|:---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     notes = []
     for n, t in keep.items():
         size = t["size"] if t["reached"] else t["best_size"]
@@ -235,7 +245,7 @@ def routed_keep_markdown(r: dict) -> list[str]:
         point = "-" if t.get("point_size") is None else f"{t['point_size']:,}"
         lines.append(f"| {n} | {reached} | {size:,} | {size / t['universe']:.2e} | {_fmt(sel)} | "
                      f"{_fmt(t.get('bound'))} | {t.get('selection_rows') or '-'} | {_fmt(t.get('test_share'))} | "
-                     f"{point} | {t['bytes']:,} |")
+                     f"{point} | {t['bytes']:,} | {checkpoint_share(t['bytes'], (tasks or {}).get(n, {}))} |")
         if t.get("note"):
             notes.append(f"- {n}: {t['note']}.")
     return lines + ([""] + notes if notes else [])
@@ -253,17 +263,25 @@ compared the merge methods that ran ({', '.join(s['methods']) or 'none'}); none 
 (the stitch was switched off). `grafts/<task>/` holds each task's skill as skillgraft stores it (load it with
 `skillgraft apply`); `report.md`, `merge.json` and `results.csv` hold the comparison.
 """
+    h = s["headline"]
+    if h["written"].startswith("stitch"):
+        how = (f"`skillgraft merge` (the stitch: rule `{s['settings']['rule']}`, strength λ = {h['stitch_scale']:g}; "
+               "the best one-model merge on dev)")
+        body = "the written model (under the rule, scaled by λ: `skillgraft.graft.merge.stitch`, then `scaled`)"
+    else:
+        how = f"`skillgraft merge` ({h['written']}: the best one-model merge on dev; {h.get('written_why', '')})"
+        body = f"not the written model, which is {h['written']}"
     if mode == "classifier":
         return f"""# A merged model: one body, one head per task
 
-Merged by `skillgraft merge` (rule `{s['settings']['rule']}`, strength λ = {s['headline']['stitch_scale']:g}) from
+Merged by {how} from
 {len(names)} classifiers fine-tuned from `{s['pretrained']}`.
 
 - `tasks/<task>/` — a complete Hugging Face checkpoint per task ({', '.join(f'`{n}`' for n in names)}): the merged
   body (bit-identical in every folder) and that task's own classification head, with its labels in
   `config.json` (`id2label`) and its tokenizer.
-- `grafts/<task>/` — each task's skill as skillgraft stores it (positions + values + head); the body above is
-  their stitch under the rule, scaled by λ (`skillgraft.graft.merge.stitch`, then `scaled`).
+- `grafts/<task>/` — each task's skill as skillgraft stores it (positions + values + head); their stitch is
+  {body}.
 - `report.md`, `merge.json`, `results.csv` — the comparison with mergekit's methods.
 
 Load with plain transformers (no skillgraft needed):
@@ -280,7 +298,7 @@ label = model.config.id2label[int(logits.argmax(-1))]
 """
     return f"""# A merged model
 
-Merged by `skillgraft merge` (rule `{s['settings']['rule']}`, strength λ = {s['headline']['stitch_scale']:g}) from
+Merged by {how} from
 {len(names)} models fine-tuned from `{s['pretrained']}` ({', '.join(f'`{n}`' for n in names)}); the tasks share
 every tensor, so `model/` serves all of them.
 
@@ -290,6 +308,6 @@ model = AutoModelForCausalLM.from_pretrained("model")
 tok = AutoTokenizer.from_pretrained("model")
 ```
 
-`grafts/<task>/` holds each task's skill as skillgraft stores it (`model/` is their stitch under the rule, scaled by
-λ); `report.md` compares with mergekit's methods.
+`grafts/<task>/` holds each task's skill as skillgraft stores it (their stitch is {body}); `report.md` compares
+with mergekit's methods.
 """

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from skillgraft.lazy import np
 from skillgraft.lazy import no_grad, torch
-from tqdm.auto import tqdm
+from skillgraft.progress import bar as tqdm
 
 from skillgraft.data.loading import Example, text_length
 from skillgraft.finite import check_loss
