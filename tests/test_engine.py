@@ -240,11 +240,11 @@ def test_no_host_read_inside_a_localization_step(pair, monkeypatch, name, option
     pre, ft, data = pair
     reads, steps, real = [], [], engine._step
 
-    def watched(*args):
+    def watched(*args, **kwargs):
         mine = []
         with pytest.MonkeyPatch.context() as mp, HostReads(mine):
             count_host_reads(mp, mine)
-            real(*args)
+            real(*args, **kwargs)
         reads.extend(mine)
         steps.append(args[-1])
 
@@ -298,13 +298,13 @@ def test_a_localization_step_on_cuda_never_synchronises(pair, monkeypatch):
     pre, ft = pre.to("cuda"), ft.to("cuda")
     real, caught = engine._step, []
 
-    def watched(*args):
+    def watched(*args, **kwargs):
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("warn")
         try:
             with warnings.catch_warnings(record=True) as seen:
                 warnings.simplefilter("always")
-                real(*args)
+                real(*args, **kwargs)
         finally:
             torch.cuda.set_sync_debug_mode("default")
         caught.extend(w for w in seen if "synchroniz" in str(w.message) and "masking_utils" not in w.filename)
@@ -337,8 +337,8 @@ def test_the_dense_localizer_keeps_delta_s_and_the_base_between_steps(pair, monk
     pre, ft, data = pair
     held, real = [], engine._step
 
-    def counted(pre_, layout, relax, opt, *rest):
-        real(pre_, layout, relax, opt, *rest)
+    def counted(pre_, layout, relax, opt, *rest, **kwargs):
+        real(pre_, layout, relax, opt, *rest, **kwargs)
         assert layout._current is None
         kept = [*layout.delta.values(), *relax.S.values(), *relax.base.values(), *[p.grad for p in pre_.parameters()]]
         held.append((_storage_bytes(kept), layout.universe))
@@ -384,9 +384,9 @@ def test_a_steps_micro_batches_and_a_scoring_take_their_rows_in_length_order(pai
     monkeypatch.setattr(Tokenized, "take", take)
     steps, real_step = [], engine._step
 
-    def step(*args):
+    def step(*args, **kwargs):
         start = len(batches)
-        real_step(*args)
+        real_step(*args, **kwargs)
         steps.append(batches[start:])
 
     monkeypatch.setattr(engine, "_step", step)
