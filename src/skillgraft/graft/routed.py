@@ -34,6 +34,7 @@ from skillgraft.lazy import torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft, active_graft
+from skillgraft.spec import MAX_LENGTH
 
 FORMAT = "skillgraft-routed"
 FORMAT_VERSION = 1
@@ -245,7 +246,7 @@ class RoutedSkills:
         return "classifier" if name.endswith("ForSequenceClassification") else \
             "generative" if name.endswith("ForCausalLM") or name.endswith("ForConditionalGeneration") else "other"
 
-    def encode(self, texts: Sequence[str], *, pairs: Sequence[str] | None = None, max_length: int = 512,
+    def encode(self, texts: Sequence[str], *, pairs: Sequence[str] | None = None, max_length: int = MAX_LENGTH,
                side: str = "right") -> dict:
         """Token ids and attention mask of ``texts`` (padded on ``side``; cut to ``max_length``), thread-safe."""
         if not texts:

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.router import BASE
 from skillgraft.lazy import torch
+from skillgraft.spec import MAX_LENGTH
 
 AUTO = "auto"
 
@@ -76,7 +77,7 @@ def _limit(model, want: int) -> int:
 
 
 def score(skills, texts: Sequence[str], skill: str = AUTO, *, pairs: Sequence[str] | None = None,
-          threshold: float | None = None, batch_size: int = 32, max_length: int = 512) -> list[ScoredRow]:
+          threshold: float | None = None, batch_size: int = 32, max_length: int = MAX_LENGTH) -> list[ScoredRow]:
     """Each text's label under its skill (classifier skills; ``pairs``: a second text per row)."""
     from skillgraft.models.placement import device_of, forward_context  # noqa: PLC0415
 

@@ -350,10 +350,6 @@ def report_markdown(metrics: dict) -> str:
                     f"{cfg.get('steps')} steps")
         lines += [f"Localization: {schedule}, lr {cfg.get('lr', 0):g}, base patch {base}, "
                   f"{step_rate(loc)}, best step {best_steps(loc['best_step'])}.", ""]
-    if metrics.get("fit"):
-        from skillgraft.pipeline.fit import fit_markdown  # noqa: PLC0415
-
-        lines += fit_markdown(metrics["fit"])
     else:
         lines += [f"Localizer: {metrics['localizer']}.", ""]
     lines += figures_markdown(ref)  # the figures first, then the table (as the README says)
@@ -377,6 +373,10 @@ def report_markdown(metrics: dict) -> str:
                   "the label completions (when completions are labels)."]
     lines += ["", f"*share of FT* = score ÷ fine-tuned score; *gap closed* = (score − {ref}) ÷ (FT − {ref}); "
               "ECE: 10 equal-width bins over the max probability (Guo et al.).", ""]
+    if metrics.get("fit"):
+        from skillgraft.pipeline.fit import fit_markdown  # noqa: PLC0415
+
+        lines += fit_markdown(metrics["fit"])
     if metrics.get("keep"):
         from skillgraft.pipeline.keep import keep_markdown  # noqa: PLC0415
 

@@ -378,7 +378,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
             order = rng.permutation(len(train))[:batch_n] if batch_n < len(train) else np.arange(len(train))
             _step(pre, layout, relax, optimizer, train, by_length(train, order[rank::world]), plan.micro_batch, batch_n,
                   math.ceil(len(order) / world) if lockstep else None, accelerator.device, group, guard, step,
-                  timed=timed)
+                  *([timed] if timed is not None else []))  # the first micro-batch's time, for the estimate
             timed = None  # the first micro-batch only
             step_times.append(time.perf_counter() - t0)
             if scored(step) or step == plan.steps:
