@@ -157,3 +157,24 @@ def test_rlimit_as_is_what_is_free(llama_pair, toy_data, tmp_path):
     assert "RLIMIT_AS" in free_line and int(free_line.split()[1]) <= 4 * 2**20
     assert "EXIT 2" in done.stdout and "not enough memory" in done.stdout, done.stdout[-2000:]
     assert not (tmp_path / "r").exists()
+
+
+def test_default_rows_that_do_not_fit_are_left_out_in_one_warning(llama_pair, toy_data, tmp_path, monkeypatch):
+    """The default report's random / top-movement baselines hold per-coordinate scores: where they alone do not fit
+    they are left out (said once, and in the plan); baselines the user asked for are refused instead."""
+    a, b = llama_pair
+    lean = LocalizeConfig(candidates=0.05, budgets=[0.05], steps=1, micro_batch=1)
+    _, light = plan_localization("graft", b, lean, lean=True, max_length=8)
+    _, heavy = plan_localization("graft", b, lean, baselines=["movement", "random", "bias"], lean=True, max_length=8)
+    assert heavy.estimate > light.estimate
+    monkeypatch.setenv("SKILLGRAFT_FREE_MEMORY", str((light.estimate + heavy.estimate) // 2))
+    args = ["graft", "--pretrained", str(a), "--finetuned", str(b), "--data-dir", str(toy_data), "--task", "SST-2",
+            "--k", "16", "--budgets", "0.05", "--candidates", "0.05", "--steps", "1", "--micro-batch", "1",
+            "--max-length", "8"]
+    r = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "r")])
+    assert r.exit_code == 0, r.output
+    metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    assert not any(row["model"].startswith(("random", "top-movement")) for row in metrics["rows"])
+    assert any("eft out of the report for memory: movement, random" in c for c in metrics["memory_plan"]["choices"])
+    r = CliRunner().invoke(app, [*args, "--baselines", "random", "--out", str(tmp_path / "s")])
+    assert r.exit_code == 2 and "not enough memory" in r.output and not (tmp_path / "s").exists()

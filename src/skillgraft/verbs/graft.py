@@ -456,14 +456,39 @@ def models_and_data(member: Member) -> list[str]:
 
 
 def plan_graft(inputs: GraftInputs, report: ReportSpec, options: Spec, lean: bool):
-    """The memory plan of this graft (``pipeline/memory_plan.py``) and the options with its choices made."""
+    """The memory plan of this graft (``pipeline/memory_plan.py``): (report, options, plan) with its choices made.
+    When it does not fit only because of report rows the user did not ask for (the default random / top-movement
+    baselines, lottery-ticket-zero's body backup), those rows are left out, in one warning."""
+    import warnings  # noqa: PLC0415
+
     from skillgraft.models.memory import shape_of  # noqa: PLC0415
     from skillgraft.pipeline.memory_plan import plan_localization  # noqa: PLC0415
 
     pre_files = inputs.pretrained is not None and shape_of(inputs.pretrained) is not None
-    return plan_localization("graft", inputs.finetuned, options, localizer=report.localizer,
-                             baselines=report.baselines, lottery_backup=report.lottery_zero and not pre_files,
-                             lean=lean, max_length=inputs.max_length)
+
+    def plan(rep: ReportSpec):
+        return plan_localization("graft", inputs.finetuned, options, localizer=rep.localizer, baselines=rep.baselines,
+                                 lottery_backup=rep.lottery_zero and not pre_files, lean=lean,
+                                 max_length=inputs.max_length)
+    try:
+        return (report, *plan(report))
+    except SkillgraftError as refused:
+        given = report.model_fields_set
+        light = {**({} if "baselines" in given else {"baselines": [b for b in report.baselines if b == "bias"]}),
+                 **({} if "lottery_zero" in given or pre_files else {"lottery_zero": False})}
+        lighter = report.replace(**light)
+        left = [b for b in report.baselines if b not in lighter.baselines] + \
+            (["lottery-ticket-zero"] if report.lottery_zero and not lighter.lottery_zero else [])
+        if not left:
+            raise
+        try:
+            options, memory = plan(lighter)
+        except SkillgraftError:
+            raise refused from None
+    line = f"left out of the report for memory: {', '.join(left)} (their rows hold per-coordinate state)"
+    warnings.warn(f"memory plan: {line}", stacklevel=2)
+    memory.choices.append(line[0].upper() + line[1:] + ".")
+    return lighter, options, memory
 
 
 @converts_into_store
@@ -485,7 +510,7 @@ def graft(inputs: GraftInputs, *, report: ReportSpec | None = None, localize: Sp
              "--data-dir": inputs.data.data_dir}  # what the command reads or fills: never inside --out
     out = check_target(Path(out) if out is not None else default_out(inputs), overwrite, apart)  # before any work
     lean = not is_run(inputs) and releases_ft(report, keep, frontier)
-    options, memory = plan_graft(inputs, report, options, lean)  # before any work: fits, or one line
+    report, options, memory = plan_graft(inputs, report, options, lean)  # before any work: fits, or one line
     member = open_member(inputs, lean=lean)
     with atomic_dir(out, overwrite=overwrite) as tmp:
         run = RunDir(tmp, Store(cache))
