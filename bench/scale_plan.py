@@ -227,5 +227,42 @@ def main() -> None:
         shutil.rmtree(folder)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and "--table" not in sys.argv:
     main()
+
+
+def fits_table(micro_batch: int = 8, tokens: int = 128) -> str:
+    """docs/scale.md's table: the plan's peak per real Llama shape (vocabulary 128,256) and setting, and which memory
+    sizes hold it (``python bench/scale_plan.py --table``)."""
+    from skillgraft.graft.localizers import LocalizeConfig
+    from skillgraft.models.memory import MemoryPlan, ModelShape, Free
+    from skillgraft.pipeline.memory_plan import graft_phases
+
+    real = {"Llama-3.2-1B": (2048, 8192, 16, True), "Llama-3.2-3B": (3072, 8192, 28, True),
+            "Llama-3.1-8B": (4096, 14336, 32, False)}
+    sizes = [("CPU 24 GiB (≈ 19 GB free)", 19e9), ("24 GB GPU", 23e9), ("40 GB", 39e9), ("80 GB", 78e9),
+             ("141 GB", 138e9)]
+    settings = [("dense, bf16", None, False, 2, 2), ("dense, fp32", None, False, 4, 4),
+                ("c = 0.01, bf16", 0.01, False, 2, 2), ("c = 0.01 + ckpt, bf16", 0.01, True, 2, 2),
+                ("c = 0.01 + ckpt, fp32", 0.01, True, 4, 4)]
+    lines = ["| model (N / body) | setting | plan's peak | " + " | ".join(s for s, _ in sizes) + " |",
+             "|---|---|---:|" + "---:|" * len(sizes)]
+    for name, (h, inter, layers, tied) in real.items():
+        kv = h // 4 if h == 2048 else 1024
+        block = 2 * h * h + 2 * kv * h + 3 * h * inter + 2 * h
+        body = layers * block + h
+        emb = 128256 * h * (1 if tied else 2)
+        shape = ModelShape(body + emb, body, h * inter, 2, h, layers, 128256, inter)
+        for label, c, ckpt, d, act in settings:
+            opts = LocalizeConfig(candidates=c, gradient_checkpointing=ckpt, micro_batch=micro_batch)
+            plan = MemoryPlan("graft", "any", graft_phases(shape, opts, localizer="learned", baselines=[],
+                                                           lottery_backup=False, lean=True, tokens=tokens,
+                                                           weight_bytes=d, compute_bytes=act), Free(0, "-"))
+            cells = ["fits" if plan.estimate <= free else "—" for _, free in sizes]
+            lines.append(f"| {name} ({shape.params / 1e9:.2f}B / {body / 1e9:.2f}B) | {label} | "
+                         f"{plan.estimate / 1e9:.1f} GB | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__" and "--table" in sys.argv:
+    print(fits_table())

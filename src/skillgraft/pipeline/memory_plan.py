@@ -135,9 +135,9 @@ def refusal(plan: MemoryPlan, options: Spec, make: Callable[[Spec], MemoryPlan],
     extra = []
     if weight_bytes == 4:
         extra.append("--precision bf16 (half the weights)")
-    if baselines or lottery_backup:
+    if any(b in ("random", "movement", "ties-trim") for b in baselines) or lottery_backup:
         extra.append("--baselines '' --no-lottery-zero (their rows hold per-coordinate scores)")
-    options_text = "; ".join(fit) if fit else "none of --candidates / --gradient-checkpointing / --micro-batch alone"
+    options_text = "; ".join(fit) if fit else "no --candidates / --gradient-checkpointing / --micro-batch setting"
     more = f"; also: {', '.join(extra)}" if extra else ""
     return (f"not enough memory: this {plan.verb} needs ≈ {plan.estimate / GB:.1f} GB at its peak ({plan.peak.name}) "
             f"on {plan.device}, {plan.free.bytes / GB:.1f} GB free ({plan.free.source}); would fit: {options_text}"

@@ -483,8 +483,8 @@ def plan_graft(inputs: GraftInputs, report: ReportSpec, options: Spec, lean: boo
             raise
         try:
             options, memory = plan(lighter)
-        except SkillgraftError:
-            raise refused from None
+        except SkillgraftError as still:  # what would fit without those rows too
+            raise SkillgraftError(f"{still} (the default report's {', '.join(left)} left out)") from refused
     line = f"left out of the report for memory: {', '.join(left)} (their rows hold per-coordinate state)"
     warnings.warn(f"memory plan: {line}", stacklevel=2)
     memory.choices.append(line[0].upper() + line[1:] + ".")
