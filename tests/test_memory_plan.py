@@ -178,3 +178,23 @@ def test_default_rows_that_do_not_fit_are_left_out_in_one_warning(llama_pair, to
     assert any("eft out of the report for memory: movement, random" in c for c in metrics["memory_plan"]["choices"])
     r = CliRunner().invoke(app, [*args, "--baselines", "random", "--out", str(tmp_path / "s")])
     assert r.exit_code == 2 and "not enough memory" in r.output and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("verb", ["finetune", "fim", "sweep"])
+def test_other_verbs_refuse_in_one_line_before_any_work(verb, tiny_bert, trained_run, toy_data, tmp_path,
+                                                        monkeypatch):
+    """finetune and fim plan weights, gradients, optimizer or Fisher state and activations; sweep the localizer and
+    its baselines: under a fake 1 KB limit each is one line, exit 2, nothing written."""
+    monkeypatch.setenv("SKILLGRAFT_FREE_MEMORY", "1K")
+    out = tmp_path / "out"
+    data = ["--task", "SST-2", "--k", "16", "--data-dir", str(toy_data)]
+    args = {"finetune": ["finetune", *data, "--model", str(tiny_bert), "--steps", "1", "--out", str(out)],
+            "fim": ["fim", *data, "--model", str(tiny_bert), "--out", str(out)],
+            "sweep": ["sweep", "--finetuned", str(trained_run), "--data-dir", str(toy_data), "--out", str(out)]}[verb]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert f"not enough memory: this {verb} needs" in r.output and "GB free ($SKILLGRAFT_FREE_MEMORY)" in r.output
+    assert not out.exists()
+    monkeypatch.setenv("SKILLGRAFT_MEMORY_PLAN", "off")  # the plan can be switched off: the same command runs
+    if verb != "sweep":
+        assert CliRunner().invoke(app, args).exit_code == 0
