@@ -198,3 +198,14 @@ def test_other_verbs_refuse_in_one_line_before_any_work(verb, tiny_bert, trained
     monkeypatch.setenv("SKILLGRAFT_MEMORY_PLAN", "off")  # the plan can be switched off: the same command runs
     if verb != "sweep":
         assert CliRunner().invoke(app, args).exit_code == 0
+
+
+@pytest.mark.parametrize("free", ["100G", "1K"])
+def test_library_auto_is_dense_or_lean_by_the_free_memory(pair, monkeypatch, free):
+    from skillgraft.graft.localizers import localize
+
+    pre, ft, data = pair
+    monkeypatch.setenv("SKILLGRAFT_FREE_MEMORY", free)
+    result = localize(pre, ft, data.train, data.dev, LocalizeConfig(candidates="auto", steps=1), progress=False)
+    assert result.config.get("candidates") == (None if free == "100G" else 0.01)  # resolved: a number or dense
+    assert (result.candidate_size is None) == (free == "100G")
