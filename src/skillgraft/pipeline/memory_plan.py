@@ -47,6 +47,11 @@ def graft_phases(shape: ModelShape, options: Spec, *, localizer: str, baselines:
     ft_term = inference_terms(shape, weight_bytes=d, work=work, what="θ_ft")[0]
     scoring = inference_terms(shape, weight_bytes=d, work=work)
     phases = [Phase("FT scored", scoring if lean else [pre_term, *scoring])]
+    if d > shape.stored_bytes:  # a bf16 checkpoint upcast to fp32: its stored copy is read beside the fp32 one
+        upcast = Term("stored copy while upcasting", shape.params * shape.stored_bytes,
+                      f"{shape.params:,} × {shape.stored_bytes} B (measured at 1B: load peak 6.24 GB = 4.14 + 2.07)")
+        phases[0].terms.append(upcast)
+        phases.append(Phase("θ_pre loaded", [pre_term, upcast, *([] if lean else [ft_term])]))
     if "candidates" in type(options).model_fields:
         c = options.candidates
         phases.append(Phase("localization", localization_terms(
