@@ -35,6 +35,9 @@ def fim(data: DataSpec, model: ModelSpec, fisher: FisherConfig, *, aggregate: Li
     from skillgraft.fisher.plots import layer_scores_bar  # noqa: PLC0415
     from skillgraft.io import atomic_files, write_json  # noqa: PLC0415
 
+    from skillgraft.pipeline.memory_plan import plan_training  # noqa: PLC0415
+
+    plan_training("fim", model.model, micro_batch=fisher.chunk_size or 64, max_length=model.max_length, fisher=True)
     few = data.load()
     scorer = model.scorer(few.task)
     refuse_non_finite_model(scorer, scorer.base_model, "its Fisher scores would be meaningless")

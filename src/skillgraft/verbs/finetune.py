@@ -54,5 +54,8 @@ def finetune(data: DataSpec, model: ModelSpec, config: FinetuneConfig, *, out: s
 
         config = config.replace(layers=parse_layers(layers, task=data.task, model=model.model, mode=model.mode,
                                                     k=data.k, seed=data.seed, data_dir=data.data_dir))
+    from skillgraft.pipeline.memory_plan import plan_training  # noqa: PLC0415
+
+    plan_training("finetune", model.model, micro_batch=config.batch_size, max_length=model.max_length)  # or one line
     metrics = run_finetune(data, out, model=model, finetune=config, overwrite=overwrite)
     return FinetuneResult(out, data.k, data.seed, metrics)

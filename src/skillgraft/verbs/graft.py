@@ -93,14 +93,14 @@ def runnable_baselines(report: ReportSpec, member: Member, options: Spec) -> Rep
 
 
 def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, options: Spec | dict | None = None,
-                 *, progress: bool = True, keep=None, frontier=None, notes=None) -> dict:
+                 *, progress: bool = True, keep=None, frontier=None, notes=None, memory=None) -> dict:
     """Learn regions for ``member`` and compare them (see the module doc); returns the metrics.
 
     ``keep`` (a :class:`~skillgraft.graft.keep.KeepSpec` with targets) adds the smallest graft reaching each share
     of FT (:mod:`skillgraft.pipeline.keep`; without budgets, only those); ``frontier`` (a
     :class:`~skillgraft.pipeline.frontier.FrontierSpec` with ``frontier`` on) adds the share-vs-density frontier;
     ``notes``: lines appended to report.md, or a function giving them once the work is done (the models and data
-    of a pair: θ_pre of a lean pair loads during the work)."""
+    of a pair: θ_pre of a lean pair loads during the work); ``memory``: the verb's memory plan (report.md, --json)."""
     report = report or ReportSpec()
     options = localizer_options(report.localizer, options)
     report = runnable_baselines(report, member, options)  # before any work
@@ -171,6 +171,8 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
     if fit is not None:
         metrics["fit"] = fit
         fit_plot(summary.get("history") or [], summary.get("reference"), run.file("fit.png"))
+    if memory is not None:
+        metrics["memory_plan"] = memory.to_dict()
     if kept:
         from skillgraft.pipeline.keep import keep_section  # noqa: PLC0415
 
@@ -192,7 +194,8 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
     size_plot(rows, run.file("accuracy_vs_size.png"), member.data.task.metric)
     share_plot(rows, run.file("share_vs_size.png"))
     notes = notes() if callable(notes) else notes
-    run.report(report_markdown(metrics) + ("\n".join(notes) + "\n" if notes else ""))
+    planned = "\n".join(["", *memory.markdown()]) if memory is not None else ""
+    run.report(report_markdown(metrics) + ("\n".join(notes) + "\n" if notes else "") + planned)
     return metrics
 
 
@@ -502,6 +505,42 @@ def models_and_data(member: Member) -> list[str]:
     return lines
 
 
+def plan_graft(inputs: GraftInputs, report: ReportSpec, options: Spec, lean: bool):
+    """The memory plan of this graft (``pipeline/memory_plan.py``): (report, options, plan) with its choices made.
+    When it does not fit only because of report rows the user did not ask for (the default random / top-movement
+    baselines, lottery-ticket-zero's body backup), those rows are left out, in one warning."""
+    import warnings  # noqa: PLC0415
+
+    from skillgraft.models.memory import shape_of  # noqa: PLC0415
+    from skillgraft.pipeline.memory_plan import plan_localization  # noqa: PLC0415
+
+    pre_files = inputs.pretrained is not None and shape_of(inputs.pretrained) is not None
+
+    def plan(rep: ReportSpec):
+        return plan_localization("graft", inputs.finetuned, options, localizer=rep.localizer, baselines=rep.baselines,
+                                 lottery_backup=rep.lottery_zero and not pre_files, lean=lean,
+                                 max_length=inputs.max_length)
+    try:
+        return (report, *plan(report))
+    except SkillgraftError as refused:
+        given = report.model_fields_set
+        light = {**({} if "baselines" in given else {"baselines": [b for b in report.baselines if b == "bias"]}),
+                 **({} if "lottery_zero" in given or pre_files else {"lottery_zero": False})}
+        lighter = report.replace(**light)
+        left = [b for b in report.baselines if b not in lighter.baselines] + \
+            (["lottery-ticket-zero"] if report.lottery_zero and not lighter.lottery_zero else [])
+        if not left:
+            raise
+        try:
+            options, memory = plan(lighter)
+        except SkillgraftError as still:  # what would fit without those rows too
+            raise SkillgraftError(f"{still} (the default report's {', '.join(left)} left out)") from refused
+    line = f"left out of the report for memory: {', '.join(left)} (their rows hold per-coordinate state)"
+    warnings.warn(f"memory plan: {line}", stacklevel=2)
+    memory.choices.append(line[0].upper() + line[1:] + ".")
+    return lighter, options, memory
+
+
 @converts_into_store
 def graft(inputs: GraftInputs, *, report: ReportSpec | None = None, localize: Spec | dict | None = None,
           keep=None, frontier=None, out: str | os.PathLike | None = None, overwrite: bool = False,
@@ -520,9 +559,11 @@ def graft(inputs: GraftInputs, *, report: ReportSpec | None = None, localize: Sp
              "--data": inputs.user.data, "--eval-data": inputs.user.eval_data,
              "--data-dir": inputs.data.data_dir}  # what the command reads or fills: never inside --out
     out = check_target(Path(out) if out is not None else default_out(inputs), overwrite, apart)  # before any work
-    member = open_member(inputs, lean=not is_run(inputs) and releases_ft(report, keep, frontier))
+    lean = not is_run(inputs) and releases_ft(report, keep, frontier)
+    report, options, memory = plan_graft(inputs, report, options, lean)  # before any work: fits, or one line
+    member = open_member(inputs, lean=lean)
     with atomic_dir(out, overwrite=overwrite) as tmp:
         run = RunDir(tmp, Store(cache))
         metrics = graft_report(member, run, report, options, keep=keep, frontier=frontier,
-                               notes=lambda: models_and_data(member))
+                               notes=lambda: models_and_data(member), memory=memory)
     return GraftResult(out, metrics, member.inputs.data_note, member.inputs.labels_note)

@@ -295,6 +295,12 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     out = check_target(out, overwrite, merge_inputs(pretrained, inputs, store))
     mode = check_inputs(pretrained, inputs, spec)
     check_data(inputs, spec, mode)  # every model's rows, before the first model loads
+    from skillgraft.pipeline.memory_plan import plan_localization  # noqa: PLC0415
+
+    # one θ_ft at a time (lean when its localizer reads files): fits, with candidates auto resolved, or one line
+    localize, _ = plan_localization("merge", inputs[0].finetuned if inputs else None, localize,
+                                    localizer=spec.localizer, lean=get_localizer(spec.localizer).reads_files,
+                                    max_length=spec.max_length)
     store = store or Store()
     chosen = [(m, m.options(spec)) for m in (methods or merge_methods()).values()]
     chosen = [(m, o) for m, o in chosen if m.active(o)]

@@ -111,6 +111,7 @@ class SweepResult:
     out: Path
     rows: list[SweepRow]
     frontier: FrontierResult | None = None  # with --frontier
+    memory: object = None  # the memory plan (skillgraft.models.memory.MemoryPlan), when one was made
 
 
 @converts_into_store
@@ -125,6 +126,11 @@ def sweep(finetuned: str | os.PathLike, spec: SweepSpec | None = None, localize:
     data = data or DataSpec()
     out = check_target(Path(out) if out is not None else Path(finetuned) / "sweep", overwrite,
                        {"--cache": Store(cache).root, "--finetuned": finetuned, "--data-dir": data.data_dir})
+    from skillgraft.pipeline.memory_plan import plan_localization  # noqa: PLC0415
+
+    spec = spec or SweepSpec()  # the plan, before any work: fits (candidates auto resolved), or one line
+    localize, memory = plan_localization("sweep", finetuned, localize or LocalizeConfig(), baselines=spec.localizers,
+                                         lean=False)
     member = from_run(finetuned, data_dir=data.data_dir, test_limit=data.test_limit)
     found = None
     with atomic_dir(out, overwrite=overwrite) as tmp:
@@ -134,4 +140,4 @@ def sweep(finetuned: str | os.PathLike, spec: SweepSpec | None = None, localize:
             from skillgraft.pipeline.frontier import frontier_report  # noqa: PLC0415
 
             found = frontier_report(member, run, frontier, "learned", localize)
-    return SweepResult(out, rows, found)
+    return SweepResult(out, rows, found, memory)

@@ -22,7 +22,7 @@ bit-identical to dense), which also runs sharded under FSDP2 (:mod:`.sharded`).
 from __future__ import annotations
 
 from functools import partial
-from typing import Literal
+from typing import Annotated, Literal
 
 from skillgraft.lazy import torch
 from pydantic import Field, model_validator
@@ -70,10 +70,11 @@ class LocalizeConfig(ScheduleOptions):
         "which accuracy picks the best step (last: no selection, the last step's regions; they are still scored "
         "on the training rows every eval_every steps for the history, so on a large training set raise eval_every "
         "to `steps` to score only the first and last)"))
-    candidates: float | None = Field(None, gt=0, le=1, description=(
+    candidates: Annotated[float, Field(gt=0, le=1)] | Literal["auto"] | None = Field(None, description=(
         "keep S, Δ and the saved θ_pre only on the top-c fraction of graftable parameters by |θ_ft − θ_pre| "
         "(memory O(c·N); c ≥ sparsity and ≥ every fractional budget; 1 = every parameter, same result as "
-        "dense); default: dense"), json_schema_extra=OMITTED_AT_DEFAULT)  # dense runs keep their store keys
+        "dense); auto: dense when the memory plan says it fits, else 0.01 (docs/scale.md); default: dense, or "
+        "auto's choice where dense does not fit"), json_schema_extra=OMITTED_AT_DEFAULT)  # dense keeps its keys
     per_size: bool = Field(False, description=(
         "a trajectory per budget, each from γ_base = the top-|Δ| of that budget's own size (the paper's protocol: "
         "its graft at sparsity s starts from the top-s |Δ|; 'round' starts from `sparsity`); default: one "
@@ -88,7 +89,7 @@ class LocalizeConfig(ScheduleOptions):
         if self.lr is None:  # the optimizer's own default, resolved here: configs and store keys hold a number
             object.__setattr__(self, "lr", LOCALIZE_LR[self.optimizer])
         c = self.candidates
-        if c is None:
+        if c is None or c == "auto":  # auto: resolved to a number (or dense) before any work
             return self
         if c < self.sparsity:
             raise ValueError(f"candidates={c:g} is smaller than sparsity={self.sparsity:g}: γ_base must lie in the "
@@ -146,12 +147,32 @@ def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, co
         if not isinstance(ft, torch.nn.Module):
             raise SkillgraftError("a keep target scores grafts of the fine-tuned model: pass it loaded, not as a "
                                   "folder")
+    if config.candidates == "auto":
+        config = config.replace(candidates=auto_candidates(config, pre))
     select = train + (dev or []) if config.select_on == "train+dev" else train
     result = engine.run(pre, ft, train, select, plan(config, base, candidates), accelerator=accelerator,
                         progress=progress, ranked=ranked or keep is not None)
     if keep is not None:  # θ_pre is itself again: score grafts of the learned order on the selection split
         result.keep = keep_search(pre, ft, result.ranking, selection, keep)
     return result
+
+
+def auto_candidates(config: LocalizeConfig, pre) -> float | None:
+    """``candidates='auto'`` in a library call: None (dense) when the dense localizer's plan fits the free memory of
+    ``pre``'s device (:mod:`skillgraft.models.memory`), else 0.01 (at least sparsity and every fractional budget).
+    The verbs resolve it earlier, from the checkpoint's files (``pipeline/memory_plan.py``)."""
+    from skillgraft.models.memory import Work, free_memory, localization_terms, shape_of_model  # noqa: PLC0415
+    from skillgraft.models.placement import device_of  # noqa: PLC0415
+
+    shape = shape_of_model(pre)
+    d = shape.stored_bytes
+    work = Work(config.micro_batch, 128, config.gradient_checkpointing, d)
+    need = sum(t.bytes for t in localization_terms(shape, weight_bytes=d, candidates=None, work=work,
+                                                   ft_resident=False)[1:])  # θ_pre is already in memory
+    if need <= free_memory(str(device_of(pre))).bytes:
+        return None
+    fractions = [b.fraction for b in config.budgets or [] if b.fraction is not None]
+    return max([1e-2, config.sparsity, *fractions])
 
 
 def refuse_unordered(config: LocalizeConfig) -> None:
