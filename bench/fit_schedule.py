@@ -1,7 +1,7 @@
 """Issue 74: does the learned localizer fit what it is asked to fit? Schedules and optimizers on one fine-tuned run.
 
-For each localizer setting (a JSON object of LocalizeConfig fields, or ``adam:{...}`` for the learned-adam localizer's
-RelaxedOptions), learns the regions of the run's k-shot rows and prints per budget: FT's and the region's score on the
+For each localizer setting (a JSON object of LocalizeConfig fields, or ``NAME:{...}`` for another learned localizer's
+options), learns the regions of the run's k-shot rows and prints per budget: FT's and the region's score on the
 selection rows (the fit share), the step the region came from, where the trajectory stopped and why, and the graft's
 test score ÷ FT's (the share of FT) with carry = test share ÷ fit share.
 
@@ -23,7 +23,7 @@ def main() -> int:
     ap.add_argument("--run", required=True, help="a skillgraft fine-tuning run folder")
     ap.add_argument("--budgets", default="1e-4,1e-3")
     ap.add_argument("--setting", action="append", default=[], help="LocalizeConfig fields as JSON (repeatable); "
-                    "prefix 'adam:' for learned-adam's options")
+                    "NAME:{...} for another learned localizer's options (e.g. learned-adam:{\"steps\": 200})")
     ap.add_argument("--test-limit", type=int, default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -40,8 +40,8 @@ def main() -> int:
     results = []
     for setting in args.setting or ["{}"]:
         name = "learned"
-        if setting.startswith("adam:"):
-            name, setting = "learned-adam", setting[5:]
+        if not setting.lstrip().startswith("{"):  # NAME:{...}: another learned localizer's options
+            name, setting = setting.split(":", 1)
         options = {"budgets": args.budgets, **json.loads(setting)}
         t0 = time.perf_counter()
         loc = get_localizer(name).run(pre, ft, data, options)
