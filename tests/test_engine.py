@@ -9,6 +9,7 @@ import types
 
 import pytest
 import torch
+from hostreads import HostReads, count_host_reads
 from localizing import assert_intact, digest, snapshot
 
 from skillgraft.data.loading import Example
@@ -186,43 +187,6 @@ def test_a_fisher_saliency_is_refused_on_generative_data(generative):
         with pytest.raises(SkillgraftError, match=f"localizer '{name}' needs class labels"):
             get_localizer(name).run(pre, ft, data, options)
 
-
-
-class HostReads(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts what makes a GPU wait for the host: scalar reads (item, float, bool), nonzero, boolean-mask indexing,
-    masked_select, unique; ``tolist``/``cpu``/``numpy`` are counted by :func:`count_host_reads`."""
-
-    SYNCING = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten._unique", "aten.unique")
-
-    def __init__(self, reads):
-        super().__init__()
-        self.reads = reads
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func)
-        boolean_index = name.startswith(("aten.index.", "aten.index_put")) and any(
-            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else ()) or ())
-        if (name.startswith(self.SYNCING) or boolean_index) and not self.exempt():
-            self.reads.append(name)
-        return func(*args, **(kwargs or {}))
-
-
-    @staticmethod
-    def exempt() -> bool:
-        """Reads that are no GPU sync or not skillgraft's: Adam's step count (a CPU tensor by design, when not
-        capturable) and transformers' SDPA mask check (``padding_mask.all()``; open, docs/gpu.md)."""
-        import traceback
-
-        outside = [f.filename for f in traceback.extract_stack()[:-2] if "/torch/" not in f.filename or
-                   f.filename.endswith("/torch/optim/adam.py")]
-        return outside[-1].endswith(("/torch/optim/adam.py", "/transformers/masking_utils.py"))
-
-
-def count_host_reads(monkeypatch, reads):
-    for method in ("tolist", "cpu", "numpy"):
-        real = getattr(torch.Tensor, method)
-        monkeypatch.setattr(torch.Tensor, method, lambda self, *a, _real=real, _m=method, **k:
-                            reads.append(_m) or _real(self, *a, **k))
 
 
 @pytest.mark.parametrize("name, options", [

@@ -33,7 +33,7 @@ from skillgraft.lazy import no_grad, torch
 from skillgraft.progress import bar as tqdm
 
 from skillgraft.data.loading import Example, text_length
-from skillgraft.finite import check_loss
+from skillgraft.finite import FirstNonFinite
 from skillgraft.graft.localizers.base import BudgetScore, Localization, ScoredStep
 from skillgraft.graft.localizers.candidates import Candidates
 from skillgraft.graft.localizers.checkpointing import activation_checkpointing
@@ -483,25 +483,11 @@ def _rows(pre, train, device):
     return held[3]
 
 
-class _FirstNonFinite:
-    """The first step whose loss is not finite, and that loss, kept on the device; :meth:`check` reads them once
-    (at a scored or saved step and at the end) and stops the run naming that step, as a per-step check would."""
+class _FirstNonFinite(FirstNonFinite):
+    """:class:`skillgraft.finite.FirstNonFinite` of the localization (its :meth:`check` names it)."""
 
-    def __init__(self, device):
-        self.record = torch.zeros(2, device=device)  # (step, loss); step 0: none yet
-
-    def see(self, loss: torch.Tensor, step: int) -> torch.Tensor:
-        """Whether ``loss`` is finite (a 0-d bool on the device); the first that is not is recorded."""
-        loss = torch.as_tensor(loss, device=self.record.device).float()
-        finite = torch.isfinite(loss)
-        first = (self.record[0] == 0) & ~finite
-        self.record.copy_(torch.where(first, torch.stack([torch.full_like(loss, float(step)), loss]), self.record))
-        return finite
-
-    def check(self) -> None:
-        step, value = self.record.tolist()
-        if step:
-            check_loss(value, "localization", int(step))
+    def check(self, what: str = "localization") -> None:
+        super().check(what)
 
 
 def by_length(examples, indices: np.ndarray) -> np.ndarray:
