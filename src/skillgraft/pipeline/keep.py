@@ -281,33 +281,31 @@ def _check_row_agreement_rows(keep: KeepSpec, rows: int, where: str, more: str) 
     """``--keep-agreement`` targets on rows (a label or a completion each): the checks ``--keep`` has — a target of 1
     never confirmed, and enough selection rows for the exact bound even if the graft agrees with FT on all of them
     (before: a one-row selection file was taken, and a target of 1 answered with a density-1.0 "graft")."""
-    conf = keep.keep_confidence
-    for target in keep.keep_agreement:
-        need = rows_to_confirm(target, conf)
-        if need is None:
-            raise SkillgraftError(f"--keep-agreement {target:g}: an agreement of 1 can never be confirmed by a lower "
-                                  "confidence bound on finitely many rows; ask for less, e.g. 0.99")
-        if rows < need:
-            raise SkillgraftError(
-                f"--keep-agreement {target:g} cannot be confirmed: the selection split ({where}) has {rows} rows, and "
-                f"at --keep-confidence {conf:g} even a graft agreeing with FT on every row needs {need}; give {more} "
-                f"with about {need} rows (or more; their labels are not read), a lower --keep-confidence, or a lower "
-                "target")
+    _check_agreement_rows(keep, rows, where, rows_to_confirm, "row", f"give {more} with about {{need}} rows (or more; "
+                          "their labels are not read)")
 
 
 def _check_token_agreement_rows(keep: KeepSpec, rows: int, where: str) -> None:
+    _check_agreement_rows(keep, rows, where, rows_to_confirm_mean, "completion token", "rows (the betting bound); give "
+                          "more rows (a dev split or a larger --keep-holdout)", needs_rows=True)
+
+
+def _check_agreement_rows(keep: KeepSpec, rows: int, where: str, rows_needed, unit: str, more: str, *,
+                          needs_rows: bool = False) -> None:
+    """Each ``--keep-agreement`` target: confirmable at all (not 1), and with enough selection rows (``rows_needed``:
+    the exact bound per row, or the betting bound per completion token) even if the graft agrees everywhere."""
     conf = keep.keep_confidence
     for target in keep.keep_agreement:
-        need = rows_to_confirm_mean(target, conf)
+        need = rows_needed(target, conf)
         if need is None:
             raise SkillgraftError(f"--keep-agreement {target:g}: an agreement of 1 can never be confirmed by a lower "
                                   "confidence bound on finitely many rows; ask for less, e.g. 0.99")
         if rows < need:
+            fix = more.replace("{need}", str(need))
             raise SkillgraftError(
                 f"--keep-agreement {target:g} cannot be confirmed: the selection split ({where}) has {rows} rows, and "
-                f"at --keep-confidence {conf:g} even a graft agreeing with FT on every completion token needs {need} "
-                "rows (the betting bound); give more rows (a dev split or a larger --keep-holdout), a lower "
-                "--keep-confidence, or a lower target")
+                f"at --keep-confidence {conf:g} even a graft agreeing with FT on every {unit} needs {need}"
+                f"{' ' if needs_rows else '; '}{fix}, a lower --keep-confidence, or a lower target")
 
 
 def keep_identity(keep: KeepSpec) -> dict:

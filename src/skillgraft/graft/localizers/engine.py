@@ -210,6 +210,7 @@ def _optimise(pre, source, names, carried, train, select, plan, accelerator, gro
     finally:
         layout.close()
         layout.restore()
+        pre.__dict__.pop("_skillgraft_rows", None)  # the run's tokenized rows (_rows) leave with the run
 
 
 def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, group, progress, ranked, reference):

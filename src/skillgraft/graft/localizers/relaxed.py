@@ -48,6 +48,7 @@ from skillgraft.graft.localizers import engine
 from skillgraft.graft.localizers.base import Localization, Localizer, LocalizerOptions, examples_of
 from skillgraft.graft.localizers.engine import accuracy  # noqa: F401 - what a region is scored by
 from skillgraft.graft.localizers.fit import ScheduleOptions
+from skillgraft.graft.localizers.learned import LOCALIZE_LR
 from skillgraft.graft.localizers.movement import movement
 from skillgraft.graft.localizers import relaxations
 from skillgraft.graft.localizers.saliency import SaliencyConfig, saliency_scores
@@ -55,7 +56,7 @@ from skillgraft.graft.region import Region
 from skillgraft.graft.selection import region_universe, top_k_masks
 from skillgraft.spec import COUNT_MAX, FLOAT_MAX, SEED_MAX
 
-DEFAULT_LR = {("sigmoid", "sgd"): 1e7, ("sigmoid", "adam"): 0.5, ("sigmoid", "nsgd"): 0.5,
+DEFAULT_LR = {**{("sigmoid", k): lr for k, lr in LOCALIZE_LR.items()},  # the learned localizer's, said once
               ("straight-through", "sgd"): 1e4, ("straight-through", "adam"): 0.05, ("straight-through", "nsgd"): 0.1,
               ("hard-concrete", "sgd"): 1e4, ("hard-concrete", "adam"): 1.0, ("hard-concrete", "nsgd"): 0.2}
 Relaxation = Literal["sigmoid", "straight-through", "hard-concrete"]
