@@ -348,7 +348,11 @@ def report_markdown(metrics: dict) -> str:
     if metrics["localizer"] == "learned" and "step_seconds" in loc:
         base = ("of each budget's own size (per_size)" if "base_size" not in loc else
                 f"{loc['base_size']:,} coordinates (sparsity {cfg.get('sparsity', 0):g})")
-        schedule = (f"until fit share {cfg.get('fit_target', 0.99):g} or {cfg.get('patience', 50)} steps without "
+        from skillgraft.graft.localizers.fit import ScheduleOptions  # noqa: PLC0415
+
+        fit_default = ScheduleOptions()  # a field at its default is left out of the stored config
+        schedule = (f"until fit share {cfg.get('fit_target', fit_default.fit_target):g} or "
+                    f"{cfg.get('patience', fit_default.patience)} steps without "
                     f"gain, at most {cfg.get('steps')} steps" if cfg.get("schedule") == "fit" else
                     f"{cfg.get('steps')} steps")
         lines += [f"Localization: {schedule}, lr {cfg.get('lr', 0):g}, base patch {base}, "

@@ -54,7 +54,7 @@ class LocalizeConfig(ScheduleOptions):
         "e.g. an AdamW fine-tune's small one); adam = torch's Adam (a per-coordinate scale)"),
         json_schema_extra=OMITTED_AT_DEFAULT)  # sgd runs keep their store keys
     lr: float | None = Field(None, gt=0, le=FLOAT_MAX, description=(
-        "learning rate on S (sgd: 1e7, the paper's; nsgd, adam: 0.5)"))
+        "learning rate on S (" + ", ".join(f"{k} {v:g}" for k, v in LOCALIZE_LR.items()) + ")"))
     sigmoid_bias: float = Field(10.0, ge=0, le=FLOAT_MAX, description="γ uses σ(S − bias); S ~ U[0,1) at start")
     batch_size: int = Field(1024, ge=1, le=COUNT_MAX, description="examples per step (full batch when smaller)")
     micro_batch: int = Field(64, ge=1, le=COUNT_MAX, description="examples per forward/backward (accumulated)")
