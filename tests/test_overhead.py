@@ -256,3 +256,28 @@ def test_a_sharded_checkpoint_agrees_on_its_timing_without_a_collective_every_st
         assert len(casts) == 6  # twice per interval instead of ten times
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+def test_a_fused_optimizer_resumed_from_an_unfused_ones_state_steps_as_that_one(kind):
+    """A checkpoint written before steps were fused holds param groups that say ``fused: None``; the resumed run
+    steps as they say (it crashed in SGD's unfused path with found_inf set) and moves exactly as the unfused one."""
+    from skillgraft.train.core import _gate
+
+    make = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[kind]
+    torch.manual_seed(0)
+    start = torch.randn(5)
+    moved = []
+    for fused in (False, True):
+        p = torch.nn.Parameter(start.clone())
+        old = make([torch.nn.Parameter(start.clone())], lr=0.1)
+        old.param_groups[0]["params"][0].grad = torch.ones(5)
+        old.step()
+        opt = make([p], lr=0.1, fused=True) if fused else make([p], lr=0.1)
+        opt.load_state_dict(old.state_dict())
+        p.grad = torch.full((5,), 2.0)
+        _gate(opt, [p], torch.tensor(True))
+        opt.step()
+        moved.append(p.detach().clone())
+    assert torch.equal(moved[0], moved[1])
+    assert not torch.equal(moved[1], start)

@@ -310,9 +310,10 @@ def _l1_gradients(params, anchors, l1: float) -> None:
 
 def _gate(opt, params, finite) -> None:
     """A non-finite loss moves nothing, decided on the device: a fused optimizer skips its step on ``found_inf`` (as
-    GradScaler's does); another one gets zero gradients."""
+    GradScaler's does); another one gets zero gradients. The param groups decide, not the defaults: a run resumed
+    from a checkpoint of an unfused optimizer steps unfused (its loaded groups say so), bit for bit as it began."""
     inner = getattr(opt, "optimizer", opt)
-    if inner.defaults.get("fused"):
+    if all(group.get("fused") for group in inner.param_groups):
         inner.found_inf = (~finite).float()
         return
     grads = [p.grad for p in params if p.grad is not None]
