@@ -48,6 +48,22 @@ def test_the_49_byte_gguf_is_one_line_and_the_reader_never_sees_it(tmp_path, mon
     assert "GGUFReader" not in line
 
 
+def test_the_49_byte_gguf_is_refused_by_the_program_before_torch_is_imported(tmp_path):
+    """Done when: "the crafted 49-byte GGUF ends in one line within a second" — the line comes before torch's import
+    (seconds on a cold cache), counted exactly: the program's own process never imports torch for it."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "bomb.gguf"
+    path.write_bytes(BOMB_49)
+    code = ("import sys\nsys.argv = ['skillgraft', 'evaluate', sys.argv[1], '--task', 'SST-2']\n"
+            "from skillgraft.cli.entry import main\ntry:\n    main()\nexcept SystemExit as e:\n"
+            "    print('exit', e.code, 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "exit 2 False", (done.stdout, done.stderr)
+    assert done.stderr.count("\n") == 1 and "claims 9,223,372,036,854,775,808 elements" in done.stderr
+
+
 def test_gguf_crash_shapes_are_one_line_before_the_reader(valid, tmp_path, monkeypatch):
     import gguf
 

@@ -8,6 +8,7 @@ import functools
 import inspect
 import os
 import warnings
+from pathlib import Path
 from collections.abc import Mapping
 
 import typer
@@ -107,6 +108,31 @@ def report(obj) -> None:
 _PLACED: dict = {"runtime": None}
 
 
+_OUTPUTS = frozenset({"out", "export", "output"})
+
+
+def vet_inputs(kwargs: dict) -> None:
+    """Walk the headers of the single-file models a verb was given (a ``.gguf`` or ``.safetensors`` path, itself or
+    a spec's field) before anything heavy is imported: a crafted header is refused in one line, in milliseconds,
+    not after torch's import (the loaders walk it again, from the same code: models/headers.py). Outputs are not
+    read."""
+    from skillgraft.models.headers import check_gguf, check_safetensors  # noqa: PLC0415  (no torch)
+
+    def values(mapping):
+        for name, value in mapping.items():
+            if name in _OUTPUTS:
+                continue
+            if hasattr(value, "model_fields"):  # a typed spec: its own fields (one level)
+                yield from values({f: getattr(value, f, None) for f in type(value).model_fields})
+            elif isinstance(value, (str, os.PathLike)):
+                yield Path(value)
+
+    for path in values(kwargs):
+        suffix = path.suffix.lower()
+        if suffix in (".gguf", ".safetensors") and path.is_file():
+            check_gguf(path) if suffix == ".gguf" else check_safetensors(path)
+
+
 def placed(fn):
     """Give the verb ``--device`` and ``--precision`` (the fields of
     :class:`~skillgraft.models.placement.Placement`: one default, one help text; ``--config`` files set them too)
@@ -118,6 +144,7 @@ def placed(fn):
     def run(*args, placement: Placement, **kwargs):
         from skillgraft.models.placement import using  # noqa: PLC0415
 
+        vet_inputs(kwargs)  # a damaged GGUF / safetensors input: one line before torch is imported (issue 77)
         with using(placement) as runtime:
             _PLACED["runtime"] = runtime
             try:
