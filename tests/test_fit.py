@@ -130,3 +130,19 @@ def test_every_graft_report_says_how_each_region_fits_and_carries(trained_run, t
     assert "until fit share 0.99 or 3 steps without gain, at most 30 steps" in report
     for line in fit["lines"]:
         assert line.strip() in report and line.strip() in " ".join(r.output.split())
+
+
+@pytest.mark.parametrize("candidates", [None, 0.1])
+def test_init_movement_starts_every_budgets_region_at_the_top_delta_of_its_size(pair, candidates):
+    """init=movement (S₀ = |Δ| ÷ max |Δ|): at step 0 each budget's region is the movement localizer's region of
+    that size — the paper's per-size start from one trajectory — where the default U[0,1) start reads γ_base plus
+    a random draw for every budget larger than γ_base."""
+    pre, ft, data = pair
+    options = {**FAST, "steps": 0, "budgets": [0.01, 0.03, 0.08], "candidates": candidates}
+    top = {b: get_localizer("movement").region(pre, ft, data, b) for b in (0.01, 0.03, 0.08)}
+    moved = get_localizer("learned").run(pre, ft, data, {**options, "init": "movement"})
+    assert {b.fraction: digest(r) for b, r in moved.regions.items()} == {b: digest(r) for b, r in top.items()}
+    uniform = get_localizer("learned").run(pre, ft, data, options)
+    assert digest(uniform.regions[Budget.parse("0.01")]) == digest(top[0.01])  # γ_base itself
+    assert digest(uniform.regions[Budget.parse("0.08")]) != digest(top[0.08])  # γ_base + a random draw
+    assert "init" not in LocalizeConfig().to_dict() and LocalizeConfig(init="movement").to_dict()["init"] == "movement"

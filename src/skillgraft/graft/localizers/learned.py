@@ -56,6 +56,10 @@ class LocalizeConfig(ScheduleOptions):
     lr: float | None = Field(None, gt=0, le=FLOAT_MAX, description=(
         "learning rate on S (" + ", ".join(f"{k} {v:g}" for k, v in LOCALIZE_LR.items()) + ")"))
     sigmoid_bias: float = Field(10.0, ge=0, le=FLOAT_MAX, description="γ uses σ(S − bias); S ~ U[0,1) at start")
+    init: Literal["uniform", "movement"] = Field("uniform", description=(
+        "S at start: uniform = U[0,1) (the paper's); movement = |Δ| ÷ max |Δ|, so every budget's region at step 0 "
+        "is the top-|Δ| of its size (one trajectory then starts each size from top-|Δ|, as the paper's per-size "
+        "protocol does)"), json_schema_extra=OMITTED_AT_DEFAULT)  # uniform runs keep their store keys
     batch_size: int = Field(1024, ge=1, le=COUNT_MAX, description="examples per step (full batch when smaller)")
     micro_batch: int = Field(64, ge=1, le=COUNT_MAX, description="examples per forward/backward (accumulated)")
     graftable: Graftable = Field("body", description="the universe of a region: body | body+embeddings | all | bias")
@@ -186,7 +190,7 @@ def plan(config: LocalizeConfig, base: Region | None = None, candidates: Region 
     """The engine run of the paper's localizer: the sigmoid relaxation, SGD on S, γ_base = top-sparsity |Δ|."""
     c = config.candidates
     return engine.Plan(
-        relaxation=partial(Sigmoid, config.sigmoid_bias, config.l1), optimizer=config.optimizer, lr=config.lr,
+        relaxation=partial(Sigmoid, config.sigmoid_bias, config.l1, init=config.init), optimizer=config.optimizer, lr=config.lr,
         steps=config.steps, budgets=config.budget_list, batch_size=config.batch_size,
         micro_batch=config.micro_batch, eval_every=config.eval_every, last=config.select_on == "last",
         seed=config.seed, graftable=config.graftable,

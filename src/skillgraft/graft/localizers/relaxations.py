@@ -100,13 +100,21 @@ class Sigmoid(Relaxation):
 
     name, rounds, recomputable = "sigmoid", True, True
 
-    def __init__(self, bias: float = 10.0, l1: float = 0.0, draw: str = "universe", select: str = "gamma"):
-        self.bias, self.l1, self.draw, self.select = bias, l1, draw, select
+    def __init__(self, bias: float = 10.0, l1: float = 0.0, draw: str = "universe", select: str = "gamma",
+                 init: str = "uniform"):
+        self.bias, self.l1, self.draw, self.select, self.init = bias, l1, draw, select, init
         self.rounds = select == "gamma"  # γ > 0.5 is read off γ itself
 
     def _draw(self, seed: int) -> dict[str, torch.Tensor]:
         """S₀ ~ U[0, 1): the universe's stream at the layout's coordinates (``learned``: the same S₀ whatever C),
-        or one stream over C itself (``draw="candidates"``: the relaxed localizers')."""
+        or one stream over C itself (``draw="candidates"``: the relaxed localizers'). ``init="movement"``:
+        S₀ = |Δ| ÷ max |Δ| ∈ [0, 1] instead, so that at step 0 the top-k of γ at *every* size is top-|Δ| of that
+        size (γ_base is the top of |Δ|; outside it, γ = σ(S₀ − b) grows with |Δ|), not γ_base plus a random draw."""
+        if self.init == "movement":
+            layout = self.layout
+            top = max(layout.group.gather(max((float(layout.delta[n].abs().max()) for n in layout.names
+                                               if layout.delta[n].numel()), default=0.0)))
+            return {n: layout.delta[n].abs().float().div_(top or 1.0) for n in layout.names}
         return self.layout.draw(seed) if self.draw == "universe" else self.layout.draw_flat(seed)
 
     def start(self, layout, score, base, k, seed):
