@@ -37,6 +37,7 @@ def test_finetune_and_graft_say_their_plan_before_step_1(tiny_bert, toy_data, tm
     assert plan and estimate and plan.start() < estimate.start(), ft.output
     g = runner.invoke(app, [str(a) for a in ("graft", "--finetuned", tmp_path / "ft", "--budgets", "0.01",
                                              "--steps", 4, "--eval-every", 2, "--baselines", "",
+                                             "--schedule", "fixed",
                                              "--no-lottery-zero", "--data-dir", toy_data, "--out", tmp_path / "g")])
     assert g.exit_code == 0, g.output
     plan = g.output.find("localize: 4 steps of 16 of 16 rows (1 micro-batch each), scored 3 times on 32 rows")

@@ -329,6 +329,7 @@ def test_graft_logged_to_a_file_and_the_figures_its_report_shows_first(ft_run, t
 
     out = tmp_path / "g"
     r = invoke("graft", "--finetuned", ft_run, "--data-dir", toy_data, "--budgets", "1e-3,1e-2", "--steps", 3,
+               "--schedule", "fixed",
                "--baselines", "movement,random", "--no-lottery-zero", "--out", out)
     assert r.exit_code == 0, r.output
     at = r.output.find("\r")

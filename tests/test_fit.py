@@ -13,7 +13,8 @@ from skillgraft.graft.localizers.engine import accuracy
 from skillgraft.graft.localizers.fit import Schedule, rising
 from skillgraft.graft.selection import Budget
 
-FAST = {"sparsity": 0.01, "steps": 6, "seed": 3, "budgets": [0.005, 0.02], "micro_batch": 8, "lr": 1e9}
+FAST = {"sparsity": 0.01, "steps": 6, "seed": 3, "budgets": [0.005, 0.02], "micro_batch": 8, "lr": 1e9,
+        "schedule": "fixed"}
 
 
 def test_the_fit_share_is_the_regions_score_over_fts_on_the_selection_rows(pair):
@@ -73,13 +74,24 @@ def test_a_fit_schedule_stops_when_no_budget_improves_for_patience_steps(pair):
     assert [h.columns() for h in fit.history] == [h.columns() for h in fixed.history][:last + 1]
 
 
-def test_a_fixed_schedule_keeps_its_store_key_and_fit_settings_enter_it_only_with_fit():
-    fixed = LocalizeConfig(steps=100).to_dict()
-    assert not {"schedule", "fit_target", "patience"} & set(fixed)
-    assert LocalizeConfig(steps=100, patience=7).to_dict() == fixed  # moot while fixed
-    fit = LocalizeConfig(steps=100, schedule="fit").to_dict()
+def test_the_schedule_enters_the_learned_localizers_key_and_reads_back_as_itself():
+    """fit is the learned localizer's default since issue 74: both schedules are written (a fit run is never found
+    under a fixed run's key, and a stored fixed config does not read back as fit); fit_target and patience only
+    with fit. The relaxed localizers keep fixed as their default and their stored keys."""
+    from skillgraft.graft.localizers.relaxed import RelaxedOptions
+
+    fixed = LocalizeConfig(schedule="fixed").to_dict()
+    assert fixed["schedule"] == "fixed" and fixed["steps"] == 100 and not {"fit_target", "patience"} & set(fixed)
+    assert LocalizeConfig(schedule="fixed", patience=7).to_dict() == fixed  # moot while fixed
+    default = LocalizeConfig()
+    assert default.schedule == "fit" and default.steps == 300  # the cap
+    fit = default.to_dict()
     assert fit["schedule"] == "fit" and "fit_target" not in fit  # at its default: left out
-    assert LocalizeConfig(schedule="fit", fit_target=0.95).to_dict()["fit_target"] == 0.95
+    for cfg in (fixed, fit):
+        assert LocalizeConfig.build(cfg).to_dict() == cfg  # a stored config reads back as itself
+    assert LocalizeConfig(schedule="fit", steps=100).key() != LocalizeConfig(schedule="fixed", steps=100).key()
+    assert LocalizeConfig(fit_target=0.95).to_dict()["fit_target"] == 0.95
+    assert "schedule" not in RelaxedOptions().to_dict() and RelaxedOptions(schedule="fit").to_dict()["schedule"] == "fit"
 
 
 def test_still_rising_means_the_best_came_in_the_last_fifth_and_beat_everything_before():

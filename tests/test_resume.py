@@ -37,9 +37,9 @@ def _counting(monkeypatch, stop_at: int | None = None) -> list[int]:
 
 
 @pytest.mark.parametrize("localizer, extra", [
-    ("learned", ["--budgets", "0.05,0.1"]),
+    ("learned", ["--budgets", "0.05,0.1", "--schedule", "fixed"]),  # a tiny pair's start already fits
     ("hard-concrete", ["--budgets", "0.05,0.1"]),  # one trajectory per budget, Adam, stochastic gates
-    ("learned", ["--budgets", "0.05,0.1", "--per-size"]),  # the paper's protocol: a trajectory per budget
+    ("learned", ["--budgets", "0.05,0.1", "--per-size", "--schedule", "fixed"]),  # the paper's protocol: a trajectory per budget
 ])
 def test_localization_resumes_to_the_same_result(localizer, extra, ft_run, toy_data, tmp_path, monkeypatch):  # noqa: F811
     steps = 6

@@ -51,13 +51,13 @@ class Schedule:
 
 
 class ScheduleOptions(Spec):
-    """The schedule's options, shared by every learned localizer's typed options (a mixin: at ``fixed``, the
-    default, none of them enters a config or a store key, so runs stored before them keep their keys)."""
+    """The schedule's options, shared by every learned localizer's typed options (a mixin; ``learned`` makes fit
+    its default, the relaxed localizers keep fixed: see :meth:`_left_out` for what enters a store key)."""
 
     schedule: Literal["fixed", "fit"] = Field("fixed", description=(
         "when a trajectory stops: fixed = exactly `steps` (the paper's protocol); fit = once every budget's region "
         "reaches fit_target of FT's score on the selection rows, or no budget improved for `patience` steps, "
-        "with `steps` as the cap"), json_schema_extra=OMITTED_AT_DEFAULT)
+        "with `steps` as the cap"))
     fit_target: float = Field(0.99, gt=0, le=1, description=(
         "schedule fit: the fit share (region's score ÷ FT's on the selection rows) at which a trajectory stops"),
         json_schema_extra=OMITTED_AT_DEFAULT)
@@ -66,9 +66,16 @@ class ScheduleOptions(Spec):
         json_schema_extra=OMITTED_AT_DEFAULT)
 
     def _left_out(self) -> set[str]:
-        """A fixed schedule reads neither fit_target nor patience: they stay out of configs and store keys."""
+        """A fixed schedule reads neither fit_target nor patience: they stay out of configs and store keys. The
+        schedule itself is left out only where fixed is the default (the relaxed localizers, whose runs stored before
+        it keep their keys); where fit is (``learned``), both are written, so a stored config reads back as itself
+        and a fit run is never found under a fixed run's key."""
         out = super()._left_out()
-        return out | {"fit_target", "patience"} if self.schedule == "fixed" else out
+        if self.schedule == "fixed":
+            out |= {"fit_target", "patience"}
+            if type(self).model_fields["schedule"].default == "fixed":
+                out.add("schedule")
+        return out
 
     @property
     def stopping(self) -> Schedule:

@@ -41,13 +41,21 @@ from skillgraft.spec import COUNT_MAX, FLOAT_MAX, OMITTED_AT_DEFAULT, SEED_MAX, 
 
 
 LOCALIZE_LR = {"sgd": 1e7, "nsgd": 0.5, "adam": 0.5}  # the default lr on S of each optimizer
+LOCALIZE_STEPS = {"fixed": 100, "fit": 300}  # the default steps of each schedule (fixed: the paper's; fit: the cap)
 
 
 class LocalizeConfig(ScheduleOptions):
-    """Settings of the learned localizer (defaults: the reference implementation's)."""
+    """Settings of the learned localizer (defaults: the reference implementation's, but for the schedule: by
+    default a trajectory runs until its regions fit — ``schedule: fixed`` with 100 steps is the paper's protocol)."""
 
+    schedule: Literal["fixed", "fit"] = Field("fit", description=(
+        "when a trajectory stops: fit = once every budget's region reaches fit_target of FT's score on the "
+        "selection rows, or no budget improved for `patience` steps, with `steps` as the cap; fixed = exactly "
+        "`steps` (the paper's protocol)"))
     sparsity: float = Field(1e-4, ge=0, le=1, description="γ_base size as a fraction of graftable parameters")
-    steps: int = Field(100, ge=0, le=COUNT_MAX, description="gradient steps on S")
+    steps: int | None = Field(None, ge=0, le=COUNT_MAX, description=(
+        "gradient steps on S: the cap of a fit schedule, the count of a fixed one (default: "
+        + ", ".join(f"{k} {v}" for k, v in LOCALIZE_STEPS.items()) + ")"))
     optimizer: Literal["sgd", "nsgd", "adam"] = Field("sgd", description=(
         "the update of S: sgd = plain gradient descent (the paper's); nsgd = gradient descent on ∂L/∂S ÷ its RMS over "
         "the universe (one scale per step, the gradients' ranking kept: the step no longer depends on the size of Δ, "
@@ -92,6 +100,8 @@ class LocalizeConfig(ScheduleOptions):
     def _candidates_hold_the_budgets(self) -> LocalizeConfig:
         if self.lr is None:  # the optimizer's own default, resolved here: configs and store keys hold a number
             object.__setattr__(self, "lr", LOCALIZE_LR[self.optimizer])
+        if self.steps is None:  # the schedule's own default, resolved here as lr is
+            object.__setattr__(self, "steps", LOCALIZE_STEPS[self.schedule])
         c = self.candidates
         if c is None or c == "auto":  # auto: resolved to a number (or dense) before any work
             return self
