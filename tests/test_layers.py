@@ -175,6 +175,23 @@ def test_no_test_module_imports_another():
     assert not offenders, offenders
 
 
+# the package's entry points (they start the CLI) and its face (lazy re-exports of the public API)
+ENTRIES = ("__init__.py", "__main__.py", "entry.py")
+LAYERS = ("cli", "recipes", "verbs", "pipeline", "keep", *CORE)
+
+
+def climbs_from_the_root() -> list[str]:
+    """Imports by a root utility (io.py, resume.py, … : docs/architecture.md) of a layer: arrows back up."""
+    return sorted(f"{p.name}: {n}" for p in SRC.glob("*.py") if p.name not in ENTRIES for n in imported(p)
+                  if any(_under(n, f"skillgraft.{layer}") for layer in LAYERS))
+
+
+def test_no_arrow_back_up_from_the_root_utilities():
+    """The root utilities import no layer, not even inside a function: resume.py decodes graft's budgets and regions
+    through codecs graft registers into it (issue 79: the last arrow back up)."""
+    assert climbs_from_the_root() == []
+
+
 def test_no_module_above_600_lines():
     """One concept per module: a module past 600 lines holds two (issue 34)."""
     long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
