@@ -8,7 +8,7 @@ import pytest
 import skillgraft
 
 SRC = Path(skillgraft.__file__).parent
-CORE = ("data", "models", "graft", "train", "fisher", "evaluate", "export", "merge")
+CORE = ("data", "models", "graft", "keep", "train", "fisher", "evaluate", "export", "merge")
 
 
 def imports(path: Path, source: str | None = None, *, top_level: bool = False) -> list[tuple[str, list[str]]]:
@@ -177,7 +177,7 @@ def test_no_test_module_imports_another():
 
 # the package's entry points (they start the CLI) and its face (lazy re-exports of the public API)
 ENTRIES = ("__init__.py", "__main__.py", "entry.py")
-LAYERS = ("cli", "recipes", "verbs", "pipeline", "keep", *CORE)
+LAYERS = ("cli", "recipes", "verbs", "pipeline", *CORE)
 
 
 def climbs_from_the_root() -> list[str]:
@@ -190,6 +190,23 @@ def test_no_arrow_back_up_from_the_root_utilities():
     """The root utilities import no layer, not even inside a function: resume.py decodes graft's budgets and regions
     through codecs graft registers into it (issue 79: the last arrow back up)."""
     assert climbs_from_the_root() == []
+
+
+# what keep's statistics may import of skillgraft: root modules that import nothing of skillgraft themselves
+STATS_MAY_IMPORT = ("skillgraft.errors", "skillgraft.lazy", "skillgraft.keep.stats")
+
+
+def test_keep_statistics_import_nothing_of_skillgraft_above_errors():
+    """keep/stats/ (the bounds: NumPy and SciPy) is a low floor: it imports its own modules, skillgraft.errors and
+    skillgraft.lazy (NumPy at first use) only, so the statistics can be read, tested and reused without a model, a
+    localizer or a store (issue 79)."""
+    stats = sorted((SRC / "keep" / "stats").rglob("*.py"))
+    assert stats, "keep/stats/ is missing"
+    bad = sorted(f"{p.relative_to(SRC)}: {n}" for p in stats for n in imported(p)
+                 if _under(n, "skillgraft") and n != "skillgraft" and not any(_under(n, m) for m in STATS_MAY_IMPORT))
+    assert bad == [], bad
+    for root in ("errors", "lazy"):  # and those two import nothing of skillgraft
+        assert not [n for n in imported(SRC / f"{root}.py") if _under(n, "skillgraft") and n != "skillgraft"], root
 
 
 def test_no_module_above_600_lines():
@@ -212,6 +229,9 @@ def test_the_walk_of_a_run_counts_calls_that_climb_back():
              ("io.py", "pipeline/variants.py", "__iter__"), ("pipeline/opening.py", "pipeline/opening.py", "task")]
     w = module.walk(calls)
     assert (w["files"], w["folders"], w["climbs"], w["climbing_edges"]) == (4, 3, 3, 2)
+    # keep beside graft; its statistics a floor below the data (a higher rank is a lower floor)
+    assert module.layer("keep/search.py") == module.layer("graft/graft.py") < module.layer("data/spec.py") \
+        < module.layer("keep/stats/bound.py") < module.layer("io.py")
     assert w["edges"][("io.py", "pipeline/variants.py")] == 2
 
 
