@@ -10,7 +10,7 @@ import pytest
 import torch
 from badinputs import graft_args, invoke
 
-import skillgraft.graft.localizers.engine as engine
+import skillgraft.graft.localizers.machinery.engine as engine
 from skillgraft.errors import SkillgraftError
 
 

@@ -192,7 +192,7 @@ def test_seed_summary_rows_are_typed_and_write_the_same_summary(tmp_path):
 def test_scored_steps_are_typed_and_keep_their_columns():
     """The engine's log: a ScoredStep per scored step, its JSON columns those of the dicts it replaced (step, budget,
     the relaxation's fields, then ``<label>:acc`` / ``:size`` / ``:iou_prev``), read back as the same step."""
-    from skillgraft.graft.localizers.base import BudgetScore, Localization, ScoredStep
+    from skillgraft.graft.localizers.machinery.base import BudgetScore, Localization, ScoredStep
 
     first = ScoredStep(0, None, {"temperature": 0.5}, {"0.01": BudgetScore(0.5, 10), "round": BudgetScore(0.25, 3)})
     later = ScoredStep(2, "0.01", {}, {"0.01": BudgetScore(0.75, 12, 0.8)})

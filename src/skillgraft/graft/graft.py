@@ -29,8 +29,8 @@ from skillgraft.lazy import no_grad, torch
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft_file import FORMAT, FORMAT_VERSION, GraftMetadata, read_graft_file, write_graft_file
 from skillgraft.graft.identity import (_BASE, _Base, _base, _body, _bumped, _named_parameters, _params_of, _quick_key,
-                                        _same_objects, _state_key, _watch_registrations, base_dtype, cached_fingerprint,
-                                        _pre_source, rounded_fingerprint)
+                                       _same_objects, _state_key, _watch_registrations, base_dtype, cached_fingerprint,
+                                       _pre_source, rounded_fingerprint)
 from skillgraft.graft.region import Region, compact_positions
 from skillgraft.io import atomic_dir, check_target
 from skillgraft.models.anatomy import carried_names, check_compatible
@@ -104,7 +104,7 @@ class _InFiles:
             (d[start:start + len(part)] if d.dim() else d).copy_(part.to(d.device))
 
     def slices(self):
-        from skillgraft.graft.localizers.source import row_slices  # noqa: PLC0415
+        from skillgraft.graft.localizers.machinery.source import row_slices  # noqa: PLC0415
 
         return row_slices(self.source, self.name)
 
@@ -221,7 +221,7 @@ class Graft:
             raise SkillgraftError("the pre-trained model has a graft applied; revert it before taking a graft "
                                   "against it (its fingerprint would be the grafted model's)")
         if isinstance(ft, (str, os.PathLike)):
-            from skillgraft.graft.localizers.source import fine_tuned  # noqa: PLC0415
+            from skillgraft.graft.localizers.machinery.source import fine_tuned  # noqa: PLC0415
 
             heads = carried_names(pre)
             source = fine_tuned(ft, pre, list(dict.fromkeys([*region.shapes, *heads])))

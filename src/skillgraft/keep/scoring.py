@@ -1,6 +1,6 @@
 """The keep search with models: a region scored as θ_pre + γ ⊙ Δ on the selection rows (the metric and its per-row
 predictions, the bound's input), and :func:`keep_search` over a ranking's nested family (what
-:meth:`Localizer.keep <skillgraft.graft.localizers.base.Localizer.keep>` runs on the localizer's order)."""
+:meth:`Localizer.keep <skillgraft.graft.localizers.machinery.base.Localizer.keep>` runs on the localizer's order)."""
 
 from __future__ import annotations
 

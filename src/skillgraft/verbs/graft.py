@@ -348,7 +348,7 @@ def report_markdown(metrics: dict) -> str:
     if metrics["localizer"] == "learned" and "step_seconds" in loc:
         base = ("of each budget's own size (per_size)" if "base_size" not in loc else
                 f"{loc['base_size']:,} coordinates (sparsity {cfg.get('sparsity', 0):g})")
-        from skillgraft.graft.localizers.fit import ScheduleOptions  # noqa: PLC0415
+        from skillgraft.graft.localizers.machinery.fit import ScheduleOptions  # noqa: PLC0415
 
         fit_default = ScheduleOptions()  # a field at its default is left out of the stored config
         schedule = (f"until fit share {cfg.get('fit_target', fit_default.fit_target):g} or "

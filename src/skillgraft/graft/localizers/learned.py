@@ -29,16 +29,16 @@ from pydantic import Field, model_validator
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
-from skillgraft.keep.search import KeepResult
-from skillgraft.keep.spec import KeepSpec
+from skillgraft.graft.localizers.machinery import engine
+from skillgraft.graft.localizers.machinery.base import Localization, Localizer, examples_of
+from skillgraft.graft.localizers.machinery.fit import ScheduleOptions
+from skillgraft.graft.localizers.machinery.relaxations import Sigmoid
 from skillgraft.graft.ranking import Ranking
-from skillgraft.keep.scoring import keep_search
-from skillgraft.graft.localizers import engine
-from skillgraft.graft.localizers.base import Localization, Localizer, examples_of
-from skillgraft.graft.localizers.fit import ScheduleOptions
-from skillgraft.graft.localizers.relaxations import Sigmoid
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import ROUND, Budget, Budgets, parse_budgets
+from skillgraft.keep.scoring import keep_search
+from skillgraft.keep.search import KeepResult
+from skillgraft.keep.spec import KeepSpec
 from skillgraft.models.anatomy import Graftable
 from skillgraft.spec import COUNT_MAX, FLOAT_MAX, OMITTED_AT_DEFAULT, SEED_MAX, Spec
 

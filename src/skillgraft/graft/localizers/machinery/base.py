@@ -24,13 +24,13 @@ from pydantic import Field
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.rows import Row
-from skillgraft.keep.search import KeepResult
-from skillgraft.keep.spec import KeepSpec
+from skillgraft.graft.localizers.machinery.sharded import fsdp_launched, is_sharded
 from skillgraft.graft.ranking import Ranking
-from skillgraft.keep.scoring import keep_search
-from skillgraft.graft.localizers.sharded import fsdp_launched, is_sharded
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget, Budgets, parse_budgets, region_universe, select, select_streamed
+from skillgraft.keep.scoring import keep_search
+from skillgraft.keep.search import KeepResult
+from skillgraft.keep.spec import KeepSpec
 from skillgraft.models.anatomy import Graftable
 from skillgraft.spec import Spec
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from skillgraft.lazy import no_grad, torch
 
 from skillgraft.graft.ranking import Ranking
-from skillgraft.graft.localizers.layouts import Layout
+from skillgraft.graft.localizers.machinery.layouts import Layout
 from skillgraft.graft.selection import top_k_flat, top_k_flat_on_device
 
 # Hard-concrete constants (Louizos et al., 2018): temperature β and the stretch interval (γ, ζ).
