@@ -4,5 +4,4 @@ result types (:mod:`.base`: ``Localizer``, ``Localization``), and the one engine
 parameters (:mod:`.optimizers`), layouts (:mod:`.layouts`, :mod:`.candidates`, :mod:`.sharded`: dense,
 candidate-restricted, FSDP2) — and its parts: θ_ft read in memory or from files (:mod:`.source`), θ_pre lent and
 restored (:mod:`.lending`), activation checkpointing (:mod:`.checkpointing`), streamed top-k (:mod:`.topk`), the rows
-of a step and a region's accuracy (:mod:`.batches`), the plan and time estimate said before step 1 (:mod:`.estimate`)
-and when a trajectory has fitted enough (:mod:`.fit`)."""
+of a step and a region's accuracy (:mod:`.batches`) and when a trajectory has fitted enough (:mod:`.fit`)."""

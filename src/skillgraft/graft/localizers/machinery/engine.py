@@ -41,7 +41,6 @@ from skillgraft.graft.localizers.machinery.candidates import Candidates
 from skillgraft.graft.localizers.machinery.checkpointing import activation_checkpointing
 from skillgraft.graft.localizers.machinery.fit import Schedule, fit_summary
 from skillgraft.graft.localizers.machinery.layouts import Dense, Layout
-from skillgraft.graft.localizers.machinery.estimate import say_plan
 from skillgraft.graft.localizers.machinery.lending import preserved
 from skillgraft.graft.localizers.machinery.optimizers import Optimizer
 from skillgraft.graft.localizers.machinery.relaxations import Relaxation
@@ -306,7 +305,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
     label = f"localize ({relax.name} {budgets[0].label})" if relax.per_budget else "localize"
     timed = None
     if progress and accelerator.is_main_process and resumed is None and not (where or {}).get("group"):
-        timed = say_plan(plan, relax, budgets, train, select, batch_n, world, scored, label)  # said before step 1
+        timed = _plan(plan, relax, budgets, train, select, batch_n, world, scored, label)  # said before step 1
     if resumed is not None:
         done = resume(resumed)
     else:
@@ -385,6 +384,24 @@ def _step(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, train, m
     optimizer.step(relax.grad(layout.grads()), finite)  # a non-finite loss moves nothing: a NaN is never stored
     layout.write(relax.mask(step), relax.absolute)
     layout.forget()  # between steps (the backward's peak) only what cannot be recomputed stays
+
+
+def _plan(plan: Plan, relax: Relaxation, budgets: list[Budget], train, select, batch_n: int, world: int, scored,
+          label: str):
+    """Say the localization's plan before step 1 (:mod:`skillgraft.eta`) and return what says its estimated time
+    once the first micro-batch is timed (an :class:`~skillgraft.eta.Estimate`; with the first scoring's time, when it
+    scores at step 0)."""
+    from skillgraft.eta import Estimate, plan_line, say  # noqa: PLC0415
+
+    trajectories = len(plan.budgets) if plan.one_budget_each(relax) else 1
+    per_step = math.ceil(math.ceil(batch_n / world) / plan.micro_batch)
+    times = sum(1 for s in range(plan.steps + 1) if scored(s)) if select else 0
+    what = label.split(" (")[0]
+    say(plan_line(what, rows=len(train), steps=plan.steps, batch=batch_n, micro_batches=per_step, scored=times,
+                  score_rows=len(select or []), trajectories=trajectories))
+    rows = math.ceil(batch_n / world) / per_step  # rows of a training micro-batch
+    return Estimate(what, trajectories * plan.steps * per_step, trajectories * times,
+                    len(budgets) * math.ceil(len(select or []) / world), rows)
 
 
 class _FirstNonFinite(FirstNonFinite):
