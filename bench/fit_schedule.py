@@ -29,7 +29,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from skillgraft.graft import Graft, get_localizer
-    from skillgraft.graft.localizers.engine import accuracy
+    from skillgraft.graft.localizers.machinery.batches import accuracy
     from skillgraft.pipeline.opening import from_run
 
     member = from_run(args.run, test_limit=args.test_limit)

@@ -79,7 +79,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "frontier")
     args = ap.parse_args()
 
-    from skillgraft.graft.keep import KeepSpec
+    from skillgraft.keep.spec import KeepSpec
     from skillgraft.graft.localizers import LocalizeConfig
     from skillgraft.pipeline import RunDir, Store
     from skillgraft.pipeline.frontier import FrontierSpec, frontier_markdown, frontier_report

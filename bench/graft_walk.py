@@ -17,8 +17,8 @@ from pathlib import Path
 import skillgraft
 
 SRC = Path(skillgraft.__file__).parent
-RANK = {"cli": 0, "recipes": 1, "verbs": 2, "pipeline": 3, "graft": 4, "merge": 4, "export": 4, "train": 4,
-        "fisher": 4, "evaluate": 4, "models": 5, "data": 6}
+RANK = {"cli": 0, "recipes": 1, "verbs": 2, "pipeline": 3, "graft": 4, "keep": 4, "merge": 4, "export": 4, "train": 4,
+        "fisher": 4, "evaluate": 4, "models": 5, "data": 6, "keep/stats": 6.5}  # keep's statistics: a low floor
 # a call through these is made by the frame below them: lazy.py's stand-ins (``@no_grad`` wraps the function it
 # decorates) and spec.py's Spec base (``Spec.build`` runs a subclass's own validators, through pydantic)
 TRANSPARENT = (None, "lazy.py", "spec.py")
@@ -26,11 +26,12 @@ RESUMABLE = 0x20 | 0x80 | 0x100 | 0x200  # generator, coroutine, iterable corout
 
 
 def layer(rel: str) -> int:
-    """The layer rank of a source file (``verbs/graft.py`` → 2); top-level helpers (io.py, lazy.py, …) are last."""
+    """The layer rank of a source file (``verbs/graft.py`` → 2; ``keep/stats/bound.py`` → keep/stats' 6.5);
+    top-level helpers (io.py, lazy.py, …) are last."""
     parts = rel.split("/")
     if len(parts) == 1:
         return 0 if parts[0] == "cli" else 7
-    return RANK.get(parts[0], 7)
+    return RANK.get("/".join(parts[:2]), RANK.get(parts[0], 7))  # a sub-folder may sit on its own floor
 
 
 def walk(calls: list[tuple]) -> dict:

@@ -10,7 +10,7 @@ with the same probes (one memo of graft outcomes per size):
   FT's right rows (a lower bound of the share) must reach τ, in the two-stage fixed-sequence walk (the coarse grid
   from the top, then down by ≤ 1 + tolerance; each stage at 1 − (1 − c)/2);
 * ``paired c`` — issue 48's default: the exact paired test of acc(graft) − τ·acc(FT) ≥ 0 (the graft's wins on FT's
-  wrong rows count; graft/bound.py), decided at each target in the same walk;
+  wrong rows count; keep/stats/bound.py), decided at each target in the same walk;
 * ``agreement c`` — ``--keep-agreement`` (label-free): the Clopper–Pearson bound of the graft's agreement with FT's
   predictions, judged on test by the test agreement with FT (``test_agreement``);
 * ``bootstrap-v2 c`` — in JSONs made before it (rows named ``bound c``): the first version, the paired-bootstrap
@@ -146,8 +146,10 @@ def measure(setup, confidences: list[float], keep_from: float, tolerance: float,
 
     import numpy as np
 
-    from skillgraft.graft.bound import Outcome
-    from skillgraft.graft.keep import agreement_outcome, graft_outcome, search_keep, selection_outcome
+    from skillgraft.keep.stats.bound import Outcome
+    from skillgraft.keep.stats.agreement import agreement_outcome
+    from skillgraft.keep.scoring import graft_outcome, selection_outcome
+    from skillgraft.keep.search import search_keep
     from skillgraft.graft.localizers import get_localizer
 
     data = setup.data
@@ -347,8 +349,8 @@ def walks(out: Path, keep_from: float = 1e-6, navigation: float = 0.2) -> str:
 
     import numpy as np
 
-    from skillgraft.graft.bound import Outcome, paired_test
-    from skillgraft.graft.keep import coarse_grid
+    from skillgraft.keep.stats.bound import Outcome, paired_test
+    from skillgraft.keep.search import coarse_grid
 
     risk, rows = 0.1, {}
     for path in sorted(out.glob("*.npz")):

@@ -1,4 +1,4 @@
-"""The paired bound's null tail (skillgraft.graft.paired_exact._z_tail): its O(n²) sum of trinomial × binomial-survival
+"""The paired bound's null tail (keep.stats.paired_exact._z_tail): its O(n²) sum of trinomial × binomial-survival
 terms against the tail's definition, the multinomial chance summed over every outcome of the O(n³) lattice whose
 statistic is at least the observed one's (how the tail was computed before). Same values, time per grid chunk.
 
@@ -13,7 +13,7 @@ import time
 import numpy as np
 from scipy.special import gammaln
 
-from skillgraft.graft.paired_exact import _face, _face_grid, _lattice, _lattice_index, _z_statistic, _z_tail
+from skillgraft.keep.stats.paired_exact import _face, _face_grid, _lattice, _lattice_index, _z_statistic, _z_tail
 
 
 def lattice_tail(n: int, target: float, observed: tuple[int, ...]):

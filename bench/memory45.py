@@ -199,7 +199,7 @@ def localize(root: Path, steps: int = 3, candidates: float | None = None, checkp
                "batch_size": 32, "gradient_checkpointing": checkpointing}
     if candidates is not None:
         options["candidates"] = candidates
-    import skillgraft.graft.localizers.engine as engine
+    import skillgraft.graft.localizers.machinery.engine as engine
 
     between, step = [], engine._step
 

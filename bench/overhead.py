@@ -128,7 +128,7 @@ def plain_finetune(scorer, names: list[str], batches, compiled: bool = False) ->
 
 
 def skillgraft_localize(pre, ft, data, steps: int) -> float:
-    import skillgraft.graft.localizers.engine as engine
+    import skillgraft.graft.localizers.machinery.engine as engine
     from skillgraft.graft.localizers import get_localizer
 
     real, times = engine._step, []

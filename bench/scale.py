@@ -134,7 +134,7 @@ def phase(name: str, size: str, pre_dir: str, ft_dir: str, data_dir: str, args) 
 
     import torch
 
-    import skillgraft.graft.localizers.engine as engine
+    import skillgraft.graft.localizers.machinery.engine as engine
     from skillgraft.data import load_kshot
 
     torch.set_num_threads(args.threads)

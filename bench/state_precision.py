@@ -33,7 +33,7 @@ def state(s_dtype, delta_dtype):
     """Patch the sigmoid's S and the dense layout's Δ to the given dtypes (None: as the code keeps them)."""
     import torch
 
-    from skillgraft.graft.localizers import layouts, relaxations
+    from skillgraft.graft.localizers.machinery import layouts, relaxations
 
     start, dense_init = relaxations.Sigmoid.start, layouts.Dense.__init__
 
@@ -79,7 +79,7 @@ def main() -> None:
 
     from skillgraft.graft import Graft
     from skillgraft.graft.localizers import LocalizeConfig, localize
-    from skillgraft.graft.localizers.engine import accuracy
+    from skillgraft.graft.localizers.machinery.batches import accuracy
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=50)

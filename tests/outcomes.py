@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from skillgraft.graft.bound import Outcome
+from skillgraft.keep.stats.bound import Outcome
 
 
 def outcome(correct, labels=None, metric="accuracy") -> Outcome:

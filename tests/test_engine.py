@@ -1,5 +1,5 @@
 """One engine for the paper's Eq. 3–4 (issue 22): every learned localizer is a relaxation × optimizer × layout over
-:mod:`skillgraft.graft.localizers.engine`, and every registered localizer runs with candidates, sharded (FSDP) and
+:mod:`skillgraft.graft.localizers.machinery.engine`, and every registered localizer runs with candidates, sharded (FSDP) and
 generative data, or refuses with one line naming itself and what it cannot do, before any work."""
 
 import hashlib
@@ -199,7 +199,7 @@ def test_a_fisher_saliency_is_refused_on_generative_data(generative):
 def test_no_host_read_inside_a_localization_step(pair, monkeypatch, name, options):
     """Issue 45: a step reads nothing back from the device (loss, metrics and the non-finite check wait for the
     scored steps), so on a GPU the host never waits inside the loop."""
-    import skillgraft.graft.localizers.engine as engine
+    import skillgraft.graft.localizers.machinery.engine as engine
 
     pre, ft, data = pair
     reads, steps, real = [], [], engine._step
@@ -218,7 +218,7 @@ def test_no_host_read_inside_a_localization_step(pair, monkeypatch, name, option
 
 
 def test_a_non_finite_loss_still_stops_at_its_step_and_moves_nothing(pair, monkeypatch):
-    import skillgraft.graft.localizers.engine as engine
+    import skillgraft.graft.localizers.machinery.engine as engine
 
     pre, ft, data = pair
     before = snapshot(pre)
@@ -256,7 +256,7 @@ def test_a_localization_step_on_cuda_never_synchronises(pair, monkeypatch):
     SDPA mask check is the one known exception, docs/gpu.md)."""
     import warnings
 
-    import skillgraft.graft.localizers.engine as engine
+    import skillgraft.graft.localizers.machinery.engine as engine
 
     pre, ft, data = pair
     pre, ft = pre.to("cuda"), ft.to("cuda")
@@ -296,7 +296,7 @@ def test_the_dense_localizer_keeps_delta_s_and_the_base_between_steps(pair, monk
     """Issue 45: between steps the dense (paper's) localizer holds Δ and S (fp32) and γ_base (bool) per coordinate
     and no gradient; γ is dropped (recomputed before S moves): 9 bytes per coordinate (13 before), 2.25 × the
     body's fp32 bytes. The digests of test_the_engine_reproduces_the_previous_localizers pin the results."""
-    import skillgraft.graft.localizers.engine as engine
+    import skillgraft.graft.localizers.machinery.engine as engine
 
     pre, ft, data = pair
     held, real = [], engine._step
@@ -319,7 +319,7 @@ def test_a_steps_micro_batches_and_a_scoring_take_their_rows_in_length_order(pai
     """A full-batch step over rows of mixed lengths pads each micro-batch to its longest row; taken in length order
     they pad little (the paper schedule's mr localization step: 86–98 s → 40–44 s). Every step still sees every
     training row once, and every scoring every selection row once."""
-    import skillgraft.graft.localizers.engine as engine
+    import skillgraft.graft.localizers.machinery.engine as engine
     from skillgraft.data.loading import text_length
 
     from skillgraft.models.rows import Tokenized

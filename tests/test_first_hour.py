@@ -151,8 +151,8 @@ def test_bare_skillgraft_says_what_to_do(monkeypatch, capsys):
 def test_rows_to_confirm_is_the_exact_bounds_own_threshold():
     import numpy as np
 
-    from skillgraft.graft.bound import Outcome, agreement_bound
-    from skillgraft.pipeline.keep import rows_to_confirm
+    from skillgraft.keep.stats.bound import Outcome, agreement_bound
+    from skillgraft.keep.selection import rows_to_confirm
 
     for target, conf in ((0.9, 0.9), (0.95, 0.9), (0.5, 0.5), (0.99, 0.95)):
         need = rows_to_confirm(target, conf)

@@ -8,9 +8,9 @@ from localizing import assert_intact, digest, snapshot
 
 from skillgraft.graft import get_localizer
 from skillgraft.graft.localizers import LocalizeConfig
-from skillgraft.graft.localizers.base import BudgetScore, ScoredStep
-from skillgraft.graft.localizers.engine import accuracy
-from skillgraft.graft.localizers.fit import Schedule, rising
+from skillgraft.graft.localizers.machinery.base import BudgetScore, ScoredStep
+from skillgraft.graft.localizers.machinery.batches import accuracy
+from skillgraft.graft.localizers.machinery.fit import Schedule, rising
 from skillgraft.graft.selection import Budget
 
 FAST = {"sparsity": 0.01, "steps": 6, "seed": 3, "budgets": [0.005, 0.02], "micro_batch": 8, "lr": 1e9,

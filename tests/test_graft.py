@@ -8,8 +8,8 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate import evaluate
 from skillgraft.graft import (ROUND, Budget, Graft, LocalizeConfig, Region, fingerprint, get_localizer, graftable_names,
                               localize, module_type, top_k_masks)
-from skillgraft.graft.localizers.layouts import Dense
-from skillgraft.graft.localizers.relaxations import Sigmoid
+from skillgraft.graft.localizers.machinery.layouts import Dense
+from skillgraft.graft.localizers.machinery.relaxations import Sigmoid
 from skillgraft.models import build_scorer
 from skillgraft.train import FinetuneConfig, finetune
 

@@ -186,7 +186,7 @@ def test_a_checkpoint_with_nan_weights_is_refused_before_grafting(ft_run, toy_da
 def test_localization_whose_loss_turns_non_finite_stores_nothing(localizer, ft_run, toy_data, tmp_path, monkeypatch):
     """A loss that turns NaN mid-localization (injected at its second step) stops it with one line; no region
     reaches the store, no report folder."""
-    from skillgraft.graft.localizers import engine
+    from skillgraft.graft.localizers.machinery import engine
 
     calls = {"n": 0}
 

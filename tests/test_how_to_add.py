@@ -26,7 +26,7 @@ def test_a_throwaway_localizer_runs_through_graft(tiny_bert):
         summary = "the universe's first coordinates (a throwaway localizer)"
 
         def scores(self, pre, ft, data, options, *, progress=False):
-            from skillgraft.graft.localizers.base import region_universe
+            from skillgraft.graft.localizers.machinery.base import region_universe
 
             shapes = region_universe(pre, options.graftable)
             sizes = [torch.Size(s).numel() for s in shapes.values()]

@@ -248,8 +248,8 @@ def test_a_keep_tolerance_that_cannot_finish_is_refused_naming_the_range(ft_run,
     r = invoke("graft", "--finetuned", ft_run, "--out", tmp_path / "g", "--data-dir", toy_data, "--keep", 0.9,
                "--keep-tolerance", 1e-20)
     one_line(r, "--keep-tolerance", "[0.01, 1]", "1e-20")
-    from skillgraft.graft.bound import Outcome  # noqa: F401 - the library refuses it too, at once
-    from skillgraft.graft.keep import search_keep
+    from skillgraft.keep.stats.bound import Outcome  # noqa: F401 - the library refuses it too, at once
+    from skillgraft.keep.search import search_keep
 
     with pytest.raises(SkillgraftError, match=r"tolerance 1e-20"):
         search_keep(lambda k: 1.0, 1.0, [0.9], 1000, tolerance=1e-20, confidence=0.9)

@@ -10,7 +10,10 @@ from userland import invoke
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft import Budget, LocalizeConfig, get_localizer, localize, select
 from skillgraft.graft.dare import dare_graft
-from skillgraft.graft.keep import KeepSpec, Ranking, graft_scorer, search_keep, selection_score
+from skillgraft.keep.spec import KeepSpec
+from skillgraft.graft.ranking import Ranking
+from skillgraft.keep.scoring import graft_scorer, selection_score
+from skillgraft.keep.search import search_keep
 from skillgraft.graft.selection import region_universe
 
 
@@ -189,7 +192,7 @@ def test_selection_split_holds_out_localization_rows_without_a_dev_split(pair):
     import dataclasses
     from types import SimpleNamespace
 
-    from skillgraft.pipeline.keep import selection_split
+    from skillgraft.keep.selection import selection_split
 
     _, _, data = pair
     member = SimpleNamespace(data=dataclasses.replace(data, dev=[]), test=data.test)
@@ -250,7 +253,7 @@ def _exact_bootstrap_quantile(graft, ft, q):
 
     import numpy as np
 
-    from skillgraft.graft.bound import bootstrap_shares
+    from skillgraft.keep.stats.bound import bootstrap_shares
 
     n = len(ft.pred)
     weights = np.array([np.bincount(draw, minlength=n) for draw in itertools.product(range(n), repeat=n)], float)
@@ -260,7 +263,7 @@ def _exact_bootstrap_quantile(graft, ft, q):
 def test_bootstrap_bound_on_hand_made_cases():
     from functools import partial
 
-    from skillgraft.graft.bound import share_bound as exact
+    from skillgraft.keep.stats.bound import share_bound as exact
 
     share_bound = partial(exact, method="bootstrap")
 
@@ -296,7 +299,7 @@ def test_exact_bound_by_hand():
     """The Clopper–Pearson bound of P(graft right | FT right), checked against the binomial tail it inverts."""
     from scipy.stats import binom
 
-    from skillgraft.graft.bound import agreement_bound, share_bound
+    from skillgraft.keep.stats.bound import agreement_bound, share_bound
 
     # no miss on the 3 rows FT gets right: P(3 of 3 | p) = p³ = 0.1 at the 90% bound → p = 0.1^(1/3), not 1
     assert share_bound(outcome([1, 1, 1]), outcome([1, 1, 1]), 0.9) == pytest.approx(0.1 ** (1 / 3), abs=1e-12)
@@ -317,7 +320,7 @@ def test_exact_bound_by_hand():
 
 
 def test_rows_needed_by_hand():
-    from skillgraft.graft.bound import rows_needed
+    from skillgraft.keep.stats.bound import rows_needed
 
     # point 0.98, bound 0.90 on 100 rows, target 0.95: the gap 0.08 must shrink to 0.03 → ×(8/3)² rows
     assert rows_needed(0.98, 0.90, 100, 0.95) == math.ceil(100 * (0.08 / 0.03) ** 2) == 712
@@ -327,7 +330,7 @@ def test_rows_needed_by_hand():
 
 
 def test_rows_needed_exact_by_hand():
-    from skillgraft.graft.bound import agreement_bound, rows_needed_exact
+    from skillgraft.keep.stats.bound import agreement_bound, rows_needed_exact
 
     # a graft that never misses FT's right rows: n right rows give the bound 0.1^(1/n); 0.95 needs n ≥ 45
     # (0.1^(1/44) = 0.9490, 0.1^(1/45) = 0.9501); FT is right on half the rows, so 90 selection rows
@@ -417,7 +420,7 @@ def test_noisy_selection_split_no_longer_picks_a_size_below_target(pair):
     from tiny import sentence
 
     from skillgraft.data.loading import Example
-    from skillgraft.graft.keep import graft_outcome, keep_search, selection_outcome
+    from skillgraft.keep.scoring import graft_outcome, keep_search, selection_outcome
 
     pre, ft, data = pair
     ranking = get_localizer("movement").ranking(pre, ft, data, None)

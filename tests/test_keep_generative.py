@@ -9,9 +9,12 @@ import pytest
 import torch
 
 from skillgraft.data.loading import Example
-from skillgraft.graft.bound import Outcome, betting_bound, betting_test, rows_needed_betting
-from skillgraft.graft.agreement import token_agreement
-from skillgraft.graft.keep import KeepSpec, Ranking, graft_outcome, keep_search, search_keep, selection_outcome
+from skillgraft.keep.stats.bound import Outcome, betting_bound, betting_test, rows_needed_betting
+from skillgraft.keep.stats.agreement import token_agreement
+from skillgraft.keep.spec import KeepSpec
+from skillgraft.graft.ranking import Ranking
+from skillgraft.keep.scoring import graft_outcome, keep_search, selection_outcome
+from skillgraft.keep.search import search_keep
 
 
 @pytest.fixture(scope="module")
@@ -348,7 +351,7 @@ def test_keep_needs_completions_and_refuses_prompts_alone(gen_pair, tmp_path):
 def test_too_few_selection_rows_for_token_agreement_are_refused_before_any_work():
     from skillgraft.data.user import GenerativeTask
     from skillgraft.errors import SkillgraftError
-    from skillgraft.pipeline.keep import check_keep_rows, rows_to_confirm_mean
+    from skillgraft.keep.selection import check_keep_rows, rows_to_confirm_mean
 
     task, spec = GenerativeTask.make("g"), KeepSpec(keep_agreement=[0.9], keep_confidence=0.8)
     need = rows_to_confirm_mean(0.9, 0.8)
@@ -359,7 +362,7 @@ def test_too_few_selection_rows_for_token_agreement_are_refused_before_any_work(
     with pytest.raises(SkillgraftError, match="agreement of 1 can never be confirmed"):
         check_keep_rows(KeepSpec(keep_agreement=[1.0]), task, 10_000, "the dev split")
     # a closed set: agreement per row, with --keep's exact bound (issue 77: 3 rows were accepted)
-    from skillgraft.pipeline.keep import rows_to_confirm
+    from skillgraft.keep.selection import rows_to_confirm
 
     closed, per_row = GenerativeTask.make("g", (" yes", " no")), rows_to_confirm(0.9, 0.8)
     check_keep_rows(spec, closed, per_row, "the dev split")

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.keep import KeepSpec
-from skillgraft.pipeline.keep import check_keep_rows, rows_to_confirm
+from skillgraft.keep.spec import KeepSpec
+from skillgraft.keep.selection import check_keep_rows, rows_to_confirm
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 

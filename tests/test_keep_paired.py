@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 from userland import invoke
 
-from skillgraft.graft.bound import (PAIRED_MAX_ROWS, Outcome, agreement_bound, paired_bound, paired_test,
-                                    rows_needed_paired, z_counts)
-from skillgraft.graft.keep import KeepSpec, agreement_outcome, search_keep
+from skillgraft.keep.stats.bound import (PAIRED_MAX_ROWS, Outcome, agreement_bound, paired_bound, paired_test,
+                                         rows_needed_paired, z_counts)
+from skillgraft.keep.spec import KeepSpec
+from skillgraft.keep.stats.agreement import agreement_outcome
+from skillgraft.keep.search import search_keep
 
 
 def _pair(g: np.ndarray, f: np.ndarray) -> tuple[Outcome, Outcome]:
@@ -179,7 +181,7 @@ def test_keep_data_without_labels_for_agreement(tmp_path):
 
     from skillgraft.data.tasks import get_task
     from skillgraft.errors import SkillgraftError
-    from skillgraft.pipeline.keep import read_keep_data
+    from skillgraft.keep.selection import read_keep_data
 
     path = tmp_path / "prompts.jsonl"
     path.write_text("\n".join(json.dumps({"text": f"a user's own sentence {i}"}) for i in range(5)))
@@ -201,7 +203,7 @@ def test_keep_data_without_labels_for_agreement(tmp_path):
 def test_a_decision_stops_its_search_early_but_never_changes():
     """z_pvalue(..., stop_above=risk) ends the sup search once the p-value is known to exceed the risk: the same
     decision as the full search on every outcome, and the same p-value wherever the test passes."""
-    from skillgraft.graft.paired_exact import z_pvalue
+    from skillgraft.keep.stats.paired_exact import z_pvalue
 
     rng = np.random.default_rng(3)
     decided = set()
@@ -220,7 +222,7 @@ def test_the_null_tail_is_the_sum_over_every_outcome_at_or_above_the_observed_on
     outcome of the n rows whose (monotone) statistic is at least the observed one's: the two agree on every face."""
     from scipy.stats import multinomial
 
-    from skillgraft.graft.paired_exact import _face, _lattice, _lattice_index, _z_statistic, _z_tail
+    from skillgraft.keep.stats.paired_exact import _face, _lattice, _lattice_index, _z_statistic, _z_tail
 
     rng = np.random.default_rng(11)
     for n, tau in ((7, 0.9), (16, 0.8), (23, 0.95)):

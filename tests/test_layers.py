@@ -8,7 +8,7 @@ import pytest
 import skillgraft
 
 SRC = Path(skillgraft.__file__).parent
-CORE = ("data", "models", "graft", "train", "fisher", "evaluate", "export", "merge")
+CORE = ("data", "models", "graft", "keep", "train", "fisher", "evaluate", "export", "merge")
 
 
 def imports(path: Path, source: str | None = None, *, top_level: bool = False) -> list[tuple[str, list[str]]]:
@@ -143,7 +143,7 @@ def test_no_import_circle():
 def test_the_graph_tells_a_submodule_from_a_package_name():
     """``from pkg import submodule`` is an edge to the submodule only; ``from pkg import NAME`` one to pkg."""
     graph = import_graph()
-    assert "skillgraft.graft.localizers.engine" in graph["skillgraft.graft.localizers.learned"]
+    assert "skillgraft.graft.localizers.machinery.engine" in graph["skillgraft.graft.localizers.learned"]
     assert "skillgraft.graft.localizers" not in graph["skillgraft.graft.localizers.learned"]
     assert "skillgraft.export" in graph["skillgraft.verbs.export"]
 
@@ -175,6 +175,40 @@ def test_no_test_module_imports_another():
     assert not offenders, offenders
 
 
+# the package's entry points (they start the CLI) and its face (lazy re-exports of the public API)
+ENTRIES = ("__init__.py", "__main__.py", "entry.py")
+LAYERS = ("cli", "recipes", "verbs", "pipeline", *CORE)
+
+
+def climbs_from_the_root() -> list[str]:
+    """Imports by a root utility (io.py, resume.py, … : docs/architecture.md) of a layer: arrows back up."""
+    return sorted(f"{p.name}: {n}" for p in SRC.glob("*.py") if p.name not in ENTRIES for n in imported(p)
+                  if any(_under(n, f"skillgraft.{layer}") for layer in LAYERS))
+
+
+def test_no_arrow_back_up_from_the_root_utilities():
+    """The root utilities import no layer, not even inside a function: resume.py decodes graft's budgets and regions
+    through codecs graft registers into it (issue 79: the last arrow back up)."""
+    assert climbs_from_the_root() == []
+
+
+# what keep's statistics may import of skillgraft: root modules that import nothing of skillgraft themselves
+STATS_MAY_IMPORT = ("skillgraft.errors", "skillgraft.lazy", "skillgraft.keep.stats")
+
+
+def test_keep_statistics_import_nothing_of_skillgraft_above_errors():
+    """keep/stats/ (the bounds: NumPy and SciPy) is a low floor: it imports its own modules, skillgraft.errors and
+    skillgraft.lazy (NumPy at first use) only, so the statistics can be read, tested and reused without a model, a
+    localizer or a store (issue 79)."""
+    stats = sorted((SRC / "keep" / "stats").rglob("*.py"))
+    assert stats, "keep/stats/ is missing"
+    bad = sorted(f"{p.relative_to(SRC)}: {n}" for p in stats for n in imported(p)
+                 if _under(n, "skillgraft") and n != "skillgraft" and not any(_under(n, m) for m in STATS_MAY_IMPORT))
+    assert bad == [], bad
+    for root in ("errors", "lazy"):  # and those two import nothing of skillgraft
+        assert not [n for n in imported(SRC / f"{root}.py") if _under(n, "skillgraft") and n != "skillgraft"], root
+
+
 def test_no_module_above_600_lines():
     """One concept per module: a module past 600 lines holds two (issue 34)."""
     long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
@@ -195,6 +229,9 @@ def test_the_walk_of_a_run_counts_calls_that_climb_back():
              ("io.py", "pipeline/variants.py", "__iter__"), ("pipeline/opening.py", "pipeline/opening.py", "task")]
     w = module.walk(calls)
     assert (w["files"], w["folders"], w["climbs"], w["climbing_edges"]) == (4, 3, 3, 2)
+    # keep beside graft; its statistics a floor below the data (a higher rank is a lower floor)
+    assert module.layer("keep/search.py") == module.layer("graft/graft.py") < module.layer("data/spec.py") \
+        < module.layer("keep/stats/bound.py") < module.layer("io.py")
     assert w["edges"][("io.py", "pipeline/variants.py")] == 2
 
 

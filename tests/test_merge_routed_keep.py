@@ -120,7 +120,7 @@ def test_report_says_when_the_bound_reaches_no_size_and_the_rows_needed():
     import numpy as np
     from outcomes import outcome
 
-    from skillgraft.graft.keep import search_keep
+    from skillgraft.keep.search import search_keep
     from skillgraft.verbs.merge_report import routed_keep_markdown
 
     ft = outcome(np.arange(20) < 16)
@@ -144,9 +144,10 @@ def test_noisy_dev_split_does_not_give_a_routed_graft_below_target(classifiers, 
     from skillgraft.errors import SkillgraftError
     from skillgraft.data.loading import read_file
     from skillgraft.data.spec import UserDataSpec
-    from skillgraft.graft.keep import graft_outcome, search_keep, selection_outcome
+    from skillgraft.keep.scoring import graft_outcome, selection_outcome
+    from skillgraft.keep.search import search_keep
     from skillgraft.graft.localizers import get_localizer
-    from skillgraft.pipeline.keep import keep_graft
+    from skillgraft.keep.run import keep_graft
     from skillgraft.pipeline.store import Store
     from skillgraft.verbs.merge import MergeSpec, open_member
     from skillgraft.verbs.merge_inputs import ModelInput

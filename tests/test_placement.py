@@ -323,7 +323,7 @@ def test_a_graft_learned_in_fp32_applies_to_its_base_in_bf16_and_back(tiny_bert)
 
 def test_random_draws_are_taken_on_a_cpu_generator(tiny_bert):
     """One seed, one region on any device: the hard-concrete gates and the random baseline draw on the CPU."""
-    from skillgraft.graft.localizers.relaxations import HardConcrete
+    from skillgraft.graft.localizers.machinery.relaxations import HardConcrete
 
     relax = HardConcrete()
 
@@ -351,7 +351,7 @@ def test_a_model_placed_on_the_cpu_stays_there_whatever_is_visible(tiny_bert, to
 
     with using(Placement(device="cpu")):
         scorer = build_scorer(str(tiny_bert), "SST-2", "head")
-    from skillgraft.graft.localizers.engine import accuracy
+    from skillgraft.graft.localizers.machinery.batches import accuracy
 
     accuracy(scorer, [*scorer_examples()] * 2, micro_batch=2)
     assert device_of(scorer).type == "cpu" and scorer.head.weight.device.type == "cpu"

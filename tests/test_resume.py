@@ -10,7 +10,7 @@ import pytest
 import torch
 from badinputs import graft_args, invoke
 
-import skillgraft.graft.localizers.engine as engine
+import skillgraft.graft.localizers.machinery.engine as engine
 from skillgraft.errors import SkillgraftError
 
 
@@ -233,3 +233,29 @@ def test_a_stopped_comparison_scores_only_the_variants_it_had_not(ft_run, toy_da
     assert scored == [v.name for v in models if v.name not in first]  # only the rest
     assert [r.columns() for r in rows] == [r.columns() for r in rows_ref]
     assert probs.keys() == probs_ref.keys() and all(np.array_equal(probs[k], probs_ref[k]) for k in probs)
+
+
+def test_a_state_holds_graft_types_through_their_registered_codecs(tmp_path):
+    """resume.py imports no layer: graft registers Budget's and Region's codecs into it (issue 79), and a state
+    holding them (a dict keyed by budgets, a region, a NumPy array) is written as the same tagged plain values and
+    read back equal."""
+    import numpy as np
+
+    from skillgraft import resume
+    from skillgraft.graft.region import Region
+    from skillgraft.graft.selection import Budget
+
+    region = Region({"w": (2, 3)}, {"w": torch.tensor([1, 4])})
+    state = {"best": {Budget.parse("0.01"): 3, Budget.parse("round"): 1}, "region": region,
+             "rng": np.arange(3, dtype=np.int64), "plain": {"__budget__": 1}}
+    plain = resume._plain(state)
+    assert plain["best"]["__items__"][0][0] == {"__budget__": Budget.parse("0.01").model_dump()}
+    assert plain["region"] == {"__region__": {"shapes": {"w": [2, 3]}, "indices": {"w": region.indices["w"]}}}
+    assert "__items__" in plain["plain"]  # a key spelt like a registered tag is not read back as that type
+    resume._write(tmp_path / "s.pt", state)
+    back = resume._restored(torch.load(tmp_path / "s.pt", weights_only=True))
+    assert back["best"] == state["best"] and back["plain"] == {"__budget__": 1}
+    assert back["region"].shapes == region.shapes and torch.equal(back["region"].indices["w"], region.indices["w"])
+    assert back["rng"].tolist() == [0, 1, 2]
+    with pytest.raises(TypeError, match="cannot hold a object"):
+        resume._plain(object())

@@ -46,7 +46,7 @@ def done(out, result):
 """
 LOCALIZE = COUNTING + """
 import contextlib
-import skillgraft.graft.localizers.engine as engine
+import skillgraft.graft.localizers.machinery.engine as engine
 from skillgraft.data import load_kshot
 from skillgraft.graft import LocalizeConfig, localize
 from skillgraft.models import build_scorer

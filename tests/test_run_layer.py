@@ -10,7 +10,7 @@ import pytest
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, register_localizer
-from skillgraft.graft.localizers.base import Localizer
+from skillgraft.graft.localizers.machinery.base import Localizer
 from skillgraft.pipeline.frontier import FrontierSpec, _families
 
 

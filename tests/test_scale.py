@@ -13,11 +13,11 @@ from localizing import Interrupt, assert_intact, digest, free_port, snapshot, tr
 from skillgraft.data import load_kshot
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft import Budget, LocalizeConfig, get_localizer, graftable_names, localize
-from skillgraft.graft.localizers.candidates import Candidates
-from skillgraft.graft.localizers.relaxations import Sigmoid
-from skillgraft.graft.localizers.sharded import Group, pieces
-from skillgraft.graft.localizers.source import InMemory, fine_tuned
-from skillgraft.graft.localizers.topk import Collective, StreamingTopK, top_k
+from skillgraft.graft.localizers.machinery.candidates import Candidates
+from skillgraft.graft.localizers.machinery.relaxations import Sigmoid
+from skillgraft.graft.localizers.machinery.sharded import Group, pieces
+from skillgraft.graft.localizers.machinery.source import InMemory, fine_tuned
+from skillgraft.graft.localizers.machinery.topk import Collective, StreamingTopK, top_k
 from skillgraft.graft.selection import top_k_flat
 
 
@@ -266,7 +266,7 @@ from accelerate import Accelerator
 from skillgraft.data import load_kshot
 from skillgraft.graft import LocalizeConfig, get_localizer, localize
 RELAXED = {RELAXED!r}
-from skillgraft.graft.localizers import candidates as C
+from skillgraft.graft.localizers.machinery import candidates as C
 from skillgraft.models import build_scorer
 torch.set_num_threads(1)
 acc = Accelerator(cpu=True)

@@ -192,7 +192,7 @@ def test_seed_summary_rows_are_typed_and_write_the_same_summary(tmp_path):
 def test_scored_steps_are_typed_and_keep_their_columns():
     """The engine's log: a ScoredStep per scored step, its JSON columns those of the dicts it replaced (step, budget,
     the relaxation's fields, then ``<label>:acc`` / ``:size`` / ``:iou_prev``), read back as the same step."""
-    from skillgraft.graft.localizers.base import BudgetScore, Localization, ScoredStep
+    from skillgraft.graft.localizers.machinery.base import BudgetScore, Localization, ScoredStep
 
     first = ScoredStep(0, None, {"temperature": 0.5}, {"0.01": BudgetScore(0.5, 10), "round": BudgetScore(0.25, 3)})
     later = ScoredStep(2, "0.01", {}, {"0.01": BudgetScore(0.75, 12, 0.8)})
@@ -227,10 +227,10 @@ def test_wise_points_are_typed_and_keep_their_columns():
 def test_keep_frontier_sweep_and_inspect_rows_write_their_columns(tmp_path):
     """The typed keep / frontier / sweep / inspect rows write the columns of the dicts they replaced."""
     from skillgraft.graft.inspect import Comparison, Distribution
-    from skillgraft.graft.keep import KeepResult, Probe
+    from skillgraft.keep.search import KeepResult, Probe
     from skillgraft.io import write_json
     from skillgraft.pipeline.frontier import FrontierResult
-    from skillgraft.pipeline.keep import KeepSummary, KeepTarget
+    from skillgraft.keep.report import KeepSummary, KeepTarget
     from skillgraft.verbs.sweep import SweepRow
 
     found = KeepResult(0.9, True, 10, 0.95, 12, 0.97, 1000, [Probe(10, 0.8, 0.95, 0.5)], note="n", method="exact")

@@ -245,7 +245,7 @@ def test_an_intact_routed_folder_still_loads(routed_folder):
 
 @pytest.mark.parametrize("shard", ["../other/model-1.safetensors", "/etc/model-1.safetensors", 7])
 def test_a_sharded_index_naming_a_file_outside_its_folder_is_refused(shard, tmp_path):
-    from skillgraft.graft.localizers.source import _weight_files
+    from skillgraft.graft.localizers.machinery.source import _weight_files
 
     (tmp_path / "m").mkdir()
     index = tmp_path / "m" / "model.safetensors.index.json"

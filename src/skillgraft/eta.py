@@ -74,3 +74,22 @@ def say(line: str) -> None:
     from tqdm.auto import tqdm  # noqa: PLC0415
 
     tqdm.write(line, file=sys.stderr)
+
+
+class Estimate:
+    """A loop's estimated time, said once its first micro-batch is timed (the localization's: its training
+    micro-batches and its scorings of ``rows_per_scoring`` rows each)."""
+
+    def __init__(self, what: str, training: int, scorings: int, rows_per_scoring: int, rows_per_micro_batch: float):
+        self.what, self.training, self.scorings = what, training, scorings
+        self.rows_per_scoring, self.rows_per_micro_batch = rows_per_scoring, rows_per_micro_batch
+        self.scoring: float | None = None  # the first scoring's seconds (step 0), when it ran before step 1
+
+    def __call__(self, first_micro_batch: float) -> None:
+        if self.scoring is not None:  # that scoring is done: the others take about as long
+            rest = max(0, self.scorings - 1)
+            say(estimate_line(self.what, first_micro_batch, self.training, scoring_seconds=rest * self.scoring,
+                              scorings=rest))
+        else:
+            forwards = forward_equivalents(self.scorings * self.rows_per_scoring, round(self.rows_per_micro_batch))
+            say(estimate_line(self.what, first_micro_batch, self.training, scoring=forwards))

@@ -254,9 +254,24 @@ def _write(path: Path, state: dict) -> None:
         torch.save(_plain(state), tmp)
 
 
-# A state holds, beside tensors and plain Python values, NumPy arrays (a RandomState's), budgets (dict keys) and
-# regions; they are written as tagged plain values, so that ``weights_only=True`` reads the file back.
-_TAGS = ("__ndarray__", "__budget__", "__region__", "__items__")
+# A state holds, beside tensors and plain Python values, NumPy arrays (a RandomState's) and the values of types a
+# layer registers a codec for (graft's budgets, dict keys, and regions); they are written as tagged plain values,
+# so that ``weights_only=True`` reads the file back.
+_BUILTIN_TAGS = ("__ndarray__", "__items__")
+_CODECS: dict[str, tuple[type, object, object]] = {}  # tag → (type, encode, decode), in registration order
+
+
+def register_codec(tag: str, kind: type, encode, decode) -> None:
+    """Save values of ``kind`` in a resumable state as ``{tag: encode(value)}`` and read them back with
+    ``decode``: how a layer above (graft: ``Budget``, ``Region``) puts its types into a state without this module
+    importing it. ``encode`` returns plain values (dicts, lists, numbers, strings, tensors)."""
+    if tag in _BUILTIN_TAGS or not (tag.startswith("__") and tag.endswith("__")):
+        raise ValueError(f"codec tag {tag!r}: a new __name__")
+    _CODECS[tag] = (kind, encode, decode)
+
+
+def _tags() -> tuple[str, ...]:
+    return _BUILTIN_TAGS + tuple(_CODECS)
 
 
 def _plain(x):
@@ -272,20 +287,17 @@ def _plain(x):
         return {"__ndarray__": arr.tobytes(), "dtype": arr.dtype.str, "shape": list(arr.shape),
                 "scalar": isinstance(x, np.generic)}
     if isinstance(x, dict):
-        if all(isinstance(k, str) and k not in _TAGS for k in x):
+        tags = _tags()
+        if all(isinstance(k, str) and k not in tags for k in x):
             return {k: _plain(v) for k, v in x.items()}
         return {"__items__": [[_plain(k), _plain(v)] for k, v in x.items()]}
     if isinstance(x, tuple):
         return tuple(_plain(v) for v in x)
     if isinstance(x, list):
         return [_plain(v) for v in x]
-    from skillgraft.graft.region import Region  # noqa: PLC0415
-    from skillgraft.graft.selection import Budget  # noqa: PLC0415
-
-    if isinstance(x, Budget):
-        return {"__budget__": x.model_dump()}
-    if isinstance(x, Region):
-        return {"__region__": {"shapes": {k: list(v) for k, v in x.shapes.items()}, "indices": dict(x.indices)}}
+    for tag, (kind, encode, _) in _CODECS.items():
+        if isinstance(x, kind):
+            return {tag: encode(x)}
     raise TypeError(f"a resumable state cannot hold a {type(x).__name__}")
 
 
@@ -307,15 +319,9 @@ def _restored(x):
         return arr[()] if x.get("scalar") else arr
     if "__items__" in x:
         return {_hashable(_restored(k)): _restored(v) for k, v in x["__items__"]}
-    if "__budget__" in x:
-        from skillgraft.graft.selection import Budget  # noqa: PLC0415
-
-        return Budget.model_validate(x["__budget__"])
-    if "__region__" in x:
-        from skillgraft.graft.region import Region  # noqa: PLC0415
-
-        r = x["__region__"]
-        return Region({k: tuple(v) for k, v in r["shapes"].items()}, dict(r["indices"]))
+    for tag, (_, _, decode) in _CODECS.items():
+        if tag in x:
+            return decode(x[tag])
     return {k: _restored(v) for k, v in x.items()}
 
 

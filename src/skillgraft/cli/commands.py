@@ -23,7 +23,7 @@ from skillgraft.cli.options import Options, build, default_of, from_specs, guard
 from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.fisher.fisher import FisherConfig
 from skillgraft.export.base import ExportSpec, human_size
-from skillgraft.graft.keep import KeepSpec
+from skillgraft.keep.spec import KeepSpec
 from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig, options_union
 from skillgraft.verbs.apply import apply as verbs_apply  # light modules: the options' defaults live there
 from skillgraft.verbs.continual import continual_add as verbs_continual_add

@@ -263,7 +263,7 @@ def region_table(dist: dict, width: int) -> list:
 
 def print_routed_keep(summary: dict) -> None:
     """``merge --routed --keep``: one line per task's keep-sized routed graft (size, shares, bound, test share)."""
-    from skillgraft.pipeline.keep import keep_line  # noqa: PLC0415
+    from skillgraft.keep.report import keep_line  # noqa: PLC0415
 
     tasks = summary.get("tasks") or {}
     for name, t in ((summary.get("routed") or {}).get("keep") or {}).items():
@@ -274,10 +274,10 @@ def print_routed_keep(summary: dict) -> None:
 
 
 def print_keep(keep=None, frontier=None) -> None:
-    """One line per keep target of ``keep`` (a :class:`~skillgraft.pipeline.keep.KeepSummary`: size found,
+    """One line per keep target of ``keep`` (a :class:`~skillgraft.keep.report.KeepSummary`: size found,
     selection and test shares, cost) and per keep density of ``frontier`` (a
     :class:`~skillgraft.pipeline.frontier.FrontierResult`)."""
-    from skillgraft.pipeline.keep import keep_line  # noqa: PLC0415
+    from skillgraft.keep.report import keep_line  # noqa: PLC0415
 
     for t in keep.targets if keep else []:
         console.print(keep_line(t))

@@ -167,7 +167,7 @@ def fingerprint_from_files(scorer, pre_files) -> str:
     from the files (in slices) instead of the model's memory: a memory-mapped model's pages stay untouched (a
     fingerprint strided over a whole embedding matrix would otherwise make all of it resident). A tensor whose
     file entry differs in shape or dtype, or in its first value, is sampled from memory."""
-    from skillgraft.graft.localizers.source import row_slices  # noqa: PLC0415
+    from skillgraft.graft.localizers.machinery.source import row_slices  # noqa: PLC0415
 
     source = _pre_source(pre_files)
 
@@ -239,7 +239,7 @@ def _pre_source(pre_files):
     """θ_pre's checkpoint folder as a lazy source (``shapes``, ``rows``); a source object is used as it is."""
     if pre_files is None or hasattr(pre_files, "rows"):
         return pre_files
-    from skillgraft.graft.localizers.source import SafetensorsFolder  # noqa: PLC0415
+    from skillgraft.graft.localizers.machinery.source import SafetensorsFolder  # noqa: PLC0415
 
     try:
         return SafetensorsFolder(pre_files)

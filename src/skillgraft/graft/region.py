@@ -18,6 +18,7 @@ from skillgraft.lazy import torch
 from skillgraft.errors import SkillgraftError
 from skillgraft.io import atomic_dir
 from skillgraft.models.families import module_type  # the one table of model-family quirks
+from skillgraft.resume import register_codec
 
 @dataclass
 class Region:
@@ -231,3 +232,14 @@ def numel_of(shape: tuple[int, ...]) -> int:
 def compact_positions(idx: torch.Tensor) -> torch.Tensor:
     """Indices as int32 when they fit (4 bytes per coordinate), else int64."""
     return idx.to(torch.int32) if (idx.numel() == 0 or int(idx.max()) < 2**31 - 1) else idx
+
+
+def _region_state(region: Region) -> dict:
+    return {"shapes": {k: list(v) for k, v in region.shapes.items()}, "indices": dict(region.indices)}
+
+
+def _region_of_state(state: dict) -> Region:
+    return Region({k: tuple(v) for k, v in state["shapes"].items()}, dict(state["indices"]))
+
+
+register_codec("__region__", Region, _region_state, _region_of_state)  # a region in a resumable state (resume.py)

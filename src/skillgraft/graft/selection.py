@@ -23,6 +23,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.finite import refuse_non_finite
 from skillgraft.graft.region import Region, numel_of
 from skillgraft.models.anatomy import Graftable, graftable_names
+from skillgraft.resume import register_codec
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -308,3 +309,7 @@ def _best(values: torch.Tensor, positions: torch.Tensor, k: int) -> tuple[torch.
     keep = torch.sort(values, descending=True, stable=True).indices[:k]
     keep = keep[torch.argsort(positions[keep])]
     return values[keep], positions[keep]
+
+
+# a budget in a resumable state (resume.py), e.g. a dict key of the best step per budget
+register_codec("__budget__", Budget, lambda b: b.model_dump(), Budget.model_validate)

@@ -87,7 +87,7 @@ def outside_body(member, graftable: str = "body") -> str | None:
 
     import torch  # noqa: PLC0415
 
-    from skillgraft.graft.localizers.source import fine_tuned  # noqa: PLC0415
+    from skillgraft.graft.localizers.machinery.source import fine_tuned  # noqa: PLC0415
     from skillgraft.models.anatomy import graftable_names, is_carried  # noqa: PLC0415
 
     pre = member.pre

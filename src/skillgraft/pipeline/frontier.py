@@ -13,8 +13,8 @@ the graftable body), each method's graft θ_pre + γ_d ⊙ Δ is scored on the t
 * ``random`` — a uniform region of the same size.
 
 For each method with a nested family, the density needed for each of ``frontier_keep`` (95% and 99% of FT)
-is searched on the selection split (:mod:`skillgraft.pipeline.keep`) with the keep search's confidence (a lower
-bound of the share must reach the target: :mod:`skillgraft.graft.keep`), and the region found is scored on the test
+is searched on the selection split (:mod:`skillgraft.keep.selection`) with the keep search's confidence (a lower
+bound of the share must reach the target: :mod:`skillgraft.keep.search`), and the region found is scored on the test
 rows too. Writes ``frontier.csv``, ``frontier_keep.csv`` and ``frontier.png``; the whole result is a
 store entry, so a re-run only re-plots.
 """
@@ -32,8 +32,9 @@ from pydantic import Field, field_validator
 from skillgraft.evaluate.plots import save_figure
 from skillgraft.evaluate.rows import Row
 from skillgraft.graft.dare import dare_graft, dare_values
-from skillgraft.graft.bound import bound_prose
-from skillgraft.graft.keep import LEARNED_ORDER, KeepSpec, check_share, graft_outcome, keep_search
+from skillgraft.keep.stats.bound import bound_prose
+from skillgraft.keep.spec import LEARNED_ORDER, KeepSpec, check_share
+from skillgraft.keep.scoring import graft_outcome, keep_search
 from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.selection import Budget, as_list, region_universe
 from skillgraft.io import write_json
@@ -41,7 +42,9 @@ from skillgraft.untrusted import read_json
 from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant
-from skillgraft.pipeline.keep import KeepTarget, keep_identity, selection_split
+from skillgraft.keep.report import KeepTarget
+from skillgraft.keep.run import keep_identity
+from skillgraft.keep.selection import selection_split
 from skillgraft.spec import Spec
 
 PEER_LABELS = {"ties-trim": "top-|Δ| per tensor (TIES trim)", "movement": "top-|Δ| global (L&S dataless)",

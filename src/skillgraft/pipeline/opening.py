@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 def readable_as(model, folder: str | os.PathLike, chunk: int = 1 << 22) -> bool:
     """Whether every parameter of ``model`` is in ``folder``'s safetensors (read lazily, as the localizers do)
     with the same dtype and values; read in slices of about ``chunk`` values (no tensor-sized copy)."""
-    from skillgraft.graft.localizers.source import SafetensorsFolder  # noqa: PLC0415
+    from skillgraft.graft.localizers.machinery.source import SafetensorsFolder  # noqa: PLC0415
 
     try:
         source = SafetensorsFolder(folder)
@@ -59,7 +59,7 @@ def readable_as(model, folder: str | os.PathLike, chunk: int = 1 << 22) -> bool:
 def row_slices(source, name: str, chunk: int):
     """``(start, rows)`` of tensor ``name`` of a lazy θ_ft ``source``, about ``chunk`` values at a time along dim 0
     (a 0-d tensor whole): no tensor-sized copy."""
-    from skillgraft.graft.localizers.source import row_slices as slices  # noqa: PLC0415
+    from skillgraft.graft.localizers.machinery.source import row_slices as slices  # noqa: PLC0415
 
     return slices(source, name, chunk)
 
@@ -68,7 +68,7 @@ def refuse_non_finite_files(folder: str | os.PathLike, where: str, chunk: int = 
     """Every tensor of ``folder``'s safetensors must be finite, read in slices of about ``chunk`` values (a lean
     pair's θ_pre is checked this way before any work, without being loaded)."""
     from skillgraft.finite import refuse_non_finite  # noqa: PLC0415
-    from skillgraft.graft.localizers.source import SafetensorsFolder  # noqa: PLC0415
+    from skillgraft.graft.localizers.machinery.source import SafetensorsFolder  # noqa: PLC0415
 
     source = SafetensorsFolder(folder)
     for name in source.shapes:
@@ -82,7 +82,7 @@ def refuse_non_finite_files(folder: str | os.PathLike, where: str, chunk: int = 
 
 def same_tensors(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     """Whether two checkpoint folders' safetensors hold the same tensor names and shapes (headers only)."""
-    from skillgraft.graft.localizers.source import SafetensorsFolder  # noqa: PLC0415
+    from skillgraft.graft.localizers.machinery.source import SafetensorsFolder  # noqa: PLC0415
 
     try:
         return SafetensorsFolder(a).shapes == SafetensorsFolder(b).shapes

@@ -96,8 +96,8 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
                  *, progress: bool = True, keep=None, frontier=None, notes=None, memory=None) -> dict:
     """Learn regions for ``member`` and compare them (see the module doc); returns the metrics.
 
-    ``keep`` (a :class:`~skillgraft.graft.keep.KeepSpec` with targets) adds the smallest graft reaching each share
-    of FT (:mod:`skillgraft.pipeline.keep`; without budgets, only those); ``frontier`` (a
+    ``keep`` (a :class:`~skillgraft.keep.spec.KeepSpec` with targets) adds the smallest graft reaching each share
+    of FT (:mod:`skillgraft.keep.run`; without budgets, only those); ``frontier`` (a
     :class:`~skillgraft.pipeline.frontier.FrontierSpec` with ``frontier`` on) adds the share-vs-density frontier;
     ``notes``: lines appended to report.md, or a function giving them once the work is done (the models and data
     of a pair: θ_pre of a lean pair loads during the work); ``memory``: the verb's memory plan (report.md, --json)."""
@@ -105,7 +105,7 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
     options = localizer_options(report.localizer, options)
     report = runnable_baselines(report, member, options)  # before any work
     if keep is not None and keep.any:
-        from skillgraft.pipeline.keep import check_keep_rows, selection_split  # noqa: PLC0415
+        from skillgraft.keep.selection import check_keep_rows, selection_split  # noqa: PLC0415
 
         get_localizer(report.localizer).check_ranked(options)  # before any work (a --keep-data file's fault too)
         selection, _, note = selection_split(member, keep)
@@ -174,7 +174,7 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
     if memory is not None:
         metrics["memory_plan"] = memory.to_dict()
     if kept:
-        from skillgraft.pipeline.keep import keep_section  # noqa: PLC0415
+        from skillgraft.keep.report import keep_section  # noqa: PLC0415
 
         metrics["keep"] = keep_section(keep_summary, rows)
     if frontier is not None and frontier.frontier:
@@ -348,7 +348,7 @@ def report_markdown(metrics: dict) -> str:
     if metrics["localizer"] == "learned" and "step_seconds" in loc:
         base = ("of each budget's own size (per_size)" if "base_size" not in loc else
                 f"{loc['base_size']:,} coordinates (sparsity {cfg.get('sparsity', 0):g})")
-        from skillgraft.graft.localizers.fit import ScheduleOptions  # noqa: PLC0415
+        from skillgraft.graft.localizers.machinery.fit import ScheduleOptions  # noqa: PLC0415
 
         fit_default = ScheduleOptions()  # a field at its default is left out of the stored config
         schedule = (f"until fit share {cfg.get('fit_target', fit_default.fit_target):g} or "
@@ -385,7 +385,7 @@ def report_markdown(metrics: dict) -> str:
 
         lines += fit_markdown(metrics["fit"])
     if metrics.get("keep"):
-        from skillgraft.pipeline.keep import keep_markdown  # noqa: PLC0415
+        from skillgraft.keep.report import keep_markdown  # noqa: PLC0415
 
         lines += keep_markdown(metrics["keep"])
     if metrics.get("frontier"):

@@ -37,7 +37,7 @@ from pydantic import Field, create_model, field_validator, model_validator
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
-from skillgraft.graft.keep import KeepSpec, check_share
+from skillgraft.keep.spec import KeepSpec, check_share
 from skillgraft.graft.localizers import get_localizer
 from skillgraft.graft.selection import Budget
 from skillgraft.io import atomic_dir, check_target
@@ -202,7 +202,7 @@ def check_data(inputs: list[ModelInput], spec: MergeSpec, mode: str) -> None:
                 raise SkillgraftError(f"{m.name}: {len(loaded.train)} row(s) of --data cannot give both localization "
                                       "and dev rows; give --dev-data")
         if spec.keep is not None:  # the routed graft's keep search chooses on these dev rows
-            from skillgraft.pipeline.keep import check_keep_rows  # noqa: PLC0415
+            from skillgraft.keep.selection import check_keep_rows  # noqa: PLC0415
 
             check_keep_rows(spec.keep_spec(), loaded.task, min(n_dev, spec.dev_limit or n_dev),
                             f"{m.name}'s dev rows", more="--dev-data FILE")
@@ -334,7 +334,7 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
                     method.start(bench, opts, work)
             bench.members[m.name].graft = task_graft(member, m, spec, localize, store, progress=progress)
             if spec.keep is not None:
-                from skillgraft.pipeline.keep import keep_graft  # noqa: PLC0415
+                from skillgraft.keep.run import keep_graft  # noqa: PLC0415
 
                 kept[m.name] = keep_graft(member, store, spec.localizer, localize, spec.keep_spec(),
                                           member.inputs.graft_metadata.to_dict(), progress=progress)

@@ -9,7 +9,7 @@ from pathlib import Path
 from skillgraft.lazy import np
 
 from skillgraft.graft.graft import Graft
-from skillgraft.graft.bound import bound_prose
+from skillgraft.keep.stats.bound import bound_prose
 from skillgraft.graft.merge import swapped
 from skillgraft.merge.base import MergeMethod, MergeRow, Scored, fmt as _fmt, graft_file_bytes
 from skillgraft.merge.mergekit import body_module

@@ -18,7 +18,7 @@ from pydantic import Field, create_model
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.registry import Registry
-from skillgraft.graft.localizers.base import Localization, Localizer, LocalizerOptions
+from skillgraft.graft.localizers.machinery.base import Localization, Localizer, LocalizerOptions
 from skillgraft.graft.localizers.bias import Bias
 from skillgraft.graft.localizers.fish import Fish, FishOptions
 from skillgraft.graft.localizers.learned import Learned, LocalizeConfig, LocalizeResult, localize

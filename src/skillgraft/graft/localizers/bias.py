@@ -11,7 +11,7 @@ from __future__ import annotations
 from skillgraft.lazy import torch
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.localizers.base import Localizer, LocalizerOptions
+from skillgraft.graft.localizers.machinery.base import Localizer, LocalizerOptions
 from skillgraft.graft.localizers.movement import movement
 
 

@@ -15,8 +15,8 @@ from pydantic import Field
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.fisher.fisher import FisherConfig, fisher_diagonal
-from skillgraft.graft.localizers.base import Localizer, LocalizerOptions, examples_of
-from skillgraft.graft.localizers.lending import lent_head
+from skillgraft.graft.localizers.machinery.base import Localizer, LocalizerOptions, examples_of
+from skillgraft.graft.localizers.machinery.lending import lent_head
 from skillgraft.models.anatomy import graftable_names
 
 

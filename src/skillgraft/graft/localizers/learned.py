@@ -29,13 +29,16 @@ from pydantic import Field, model_validator
 
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.keep import KeepResult, KeepSpec, Ranking, keep_search
-from skillgraft.graft.localizers import engine
-from skillgraft.graft.localizers.base import Localization, Localizer, examples_of
-from skillgraft.graft.localizers.fit import ScheduleOptions
-from skillgraft.graft.localizers.relaxations import Sigmoid
+from skillgraft.graft.localizers.machinery import engine
+from skillgraft.graft.localizers.machinery.base import Localization, Localizer, examples_of
+from skillgraft.graft.localizers.machinery.fit import ScheduleOptions
+from skillgraft.graft.localizers.machinery.relaxations import Sigmoid
+from skillgraft.graft.ranking import Ranking
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import ROUND, Budget, Budgets, parse_budgets
+from skillgraft.keep.scoring import keep_search
+from skillgraft.keep.search import KeepResult
+from skillgraft.keep.spec import KeepSpec
 from skillgraft.models.anatomy import Graftable
 from skillgraft.spec import COUNT_MAX, FLOAT_MAX, OMITTED_AT_DEFAULT, SEED_MAX, Spec
 
@@ -137,9 +140,9 @@ def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, co
     Under ``accelerate launch`` with an FSDP2 config, or with a ``fully_shard``-ed ``pre``, each process
     works on its own shards (``pre`` stays sharded afterwards; its values are restored).
 
-    ``keep`` (a share of FT's score such as 0.95, several, or a :class:`~skillgraft.graft.keep.KeepSpec`): after
+    ``keep`` (a share of FT's score such as 0.95, several, or a :class:`~skillgraft.keep.spec.KeepSpec`): after
     the trajectory, the smallest region of its learned order (``result.ranking``) whose score on ``selection``
-    (default: ``dev``) is at least that share of FT's score there (``result.keep``; :mod:`skillgraft.graft.keep`).
+    (default: ``dev``) is at least that share of FT's score there (``result.keep``; :mod:`skillgraft.keep.search`).
     ``ranked``: return that order (``result.ranking``) without a keep target.
     """
     config = config or LocalizeConfig()

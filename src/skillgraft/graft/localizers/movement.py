@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 from skillgraft.lazy import torch
 
-from skillgraft.graft.localizers.base import Localizer, LocalizerOptions
-from skillgraft.graft.localizers.source import SafetensorsFolder, fine_tuned, row_slices
+from skillgraft.graft.localizers.machinery.base import Localizer, LocalizerOptions
+from skillgraft.graft.localizers.machinery.source import SafetensorsFolder, fine_tuned, row_slices
 from skillgraft.models.anatomy import Graftable, graftable_names
 
 

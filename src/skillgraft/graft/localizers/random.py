@@ -9,7 +9,7 @@ from __future__ import annotations
 from skillgraft.lazy import torch
 from pydantic import Field
 
-from skillgraft.graft.localizers.base import Localizer, LocalizerOptions
+from skillgraft.graft.localizers.machinery.base import Localizer, LocalizerOptions
 from skillgraft.graft.selection import region_universe
 from skillgraft.spec import SEED_MAX
 

@@ -44,13 +44,13 @@ from skillgraft.lazy import torch
 from pydantic import Field, model_validator
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.localizers import engine
-from skillgraft.graft.localizers.base import Localization, Localizer, LocalizerOptions, examples_of
-from skillgraft.graft.localizers.engine import accuracy  # noqa: F401 - what a region is scored by
-from skillgraft.graft.localizers.fit import ScheduleOptions
+from skillgraft.graft.localizers.machinery import engine
+from skillgraft.graft.localizers.machinery.base import Localization, Localizer, LocalizerOptions, examples_of
+from skillgraft.graft.localizers.machinery.batches import accuracy  # noqa: F401 - what a region is scored by
+from skillgraft.graft.localizers.machinery.fit import ScheduleOptions
 from skillgraft.graft.localizers.learned import LOCALIZE_LR
 from skillgraft.graft.localizers.movement import movement
-from skillgraft.graft.localizers import relaxations
+from skillgraft.graft.localizers.machinery import relaxations
 from skillgraft.graft.localizers.saliency import SaliencyConfig, saliency_scores
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import region_universe, top_k_masks

@@ -19,8 +19,8 @@ from pydantic import Field
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.fisher.fisher import FisherConfig, fisher_diagonal
-from skillgraft.graft.localizers.base import Localizer, LocalizerOptions, examples_of
-from skillgraft.graft.localizers.lending import lent_head, preserved
+from skillgraft.graft.localizers.machinery.base import Localizer, LocalizerOptions, examples_of
+from skillgraft.graft.localizers.machinery.lending import lent_head, preserved
 from skillgraft.models.anatomy import check_compatible, graftable_names
 from skillgraft.spec import COUNT_MAX, Spec
 

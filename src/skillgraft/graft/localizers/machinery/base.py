@@ -24,10 +24,13 @@ from pydantic import Field
 from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.rows import Row
-from skillgraft.graft.keep import KeepResult, KeepSpec, Ranking, keep_search
-from skillgraft.graft.localizers.sharded import fsdp_launched, is_sharded
+from skillgraft.graft.localizers.machinery.sharded import fsdp_launched, is_sharded
+from skillgraft.graft.ranking import Ranking
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget, Budgets, parse_budgets, region_universe, select, select_streamed
+from skillgraft.keep.scoring import keep_search
+from skillgraft.keep.search import KeepResult
+from skillgraft.keep.spec import KeepSpec
 from skillgraft.models.anatomy import Graftable
 from skillgraft.spec import Spec
 
@@ -112,7 +115,7 @@ class Localization:
     config: dict = field(default_factory=dict)
     candidate_size: int | None = None  # |C| when candidate-restricted
     step_times: list[float] = field(default_factory=list)  # seconds of each step (benchmarks)
-    ranking: Ranking | None = None    # the learned order at the last step (keep targets; see graft.keep)
+    ranking: Ranking | None = None    # the learned order at the last step (keep targets; see skillgraft.keep)
     keep: list[KeepResult] = field(default_factory=list)  # one per keep target
     extra: dict = field(default_factory=dict)  # more summary fields (e.g. score_seconds)
     resumed_seconds: float = 0.0  # time the stopped runs this one resumed from spent, first step to last save
@@ -258,7 +261,7 @@ class Localizer:
     def keep(self, pre, ft, data, keep: KeepSpec | Sequence[float], options: Spec | dict | None = None, *,
              selection: list[Example] | None = None, progress: bool = False) -> list[KeepResult]:
         """The smallest region of :meth:`ranking` reaching each keep target on ``selection`` (default: the data's
-        dev split), by the search of :mod:`skillgraft.graft.keep`."""
+        dev split), by the search of :mod:`skillgraft.keep.search`."""
         selection = examples_of(data)[1] if selection is None else selection
         return keep_search(pre, ft, self.ranking(pre, ft, data, options, progress=progress), selection, keep)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from skillgraft.lazy import torch
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.localizers.topk import Collective
+from skillgraft.graft.localizers.machinery.topk import Collective
 
 
 def is_dtensor(t: torch.Tensor) -> bool:

@@ -4,7 +4,7 @@
 An unconditional test in the manner of Barnard (Berger & Boos 1994 for the nuisance): the statistic is the
 studentized mean of Z made monotone; the p-value is the sup, over the null face E[Z] = 0 within a Clopper–Pearson
 band of FT's accuracy, of P(statistic ≥ observed), plus the band's risk. docs/keep.md argues it;
-:mod:`skillgraft.graft.bound` decides and inverts with it.
+:mod:`skillgraft.keep.stats.bound` decides and inverts with it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from skillgraft.lazy import np
+from skillgraft.lazy import np  # numpy, imported at first use (not on --help's path)
 
 PAIRED_MAX_ROWS = 200   # the exact multinomial test up to this many rows; above, the conditional (Bonferroni) test
 PAIRED_SIMPLEX = 40     # the null face's grid: a triangle cut into PAIRED_SIMPLEX² pieces (861 points at 40)

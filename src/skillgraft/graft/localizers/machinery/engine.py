@@ -6,7 +6,7 @@ What varies is a strategy each:
 
 * the **relaxation** (:mod:`.relaxations`): how m is parametrised and scored — sigmoid (the paper's γ),
   straight-through, hard-concrete, the prune schedule;
-* the **optimizer** on its parameters (:class:`Optimizer`): sgd (the paper's), adam, nsgd;
+* the **optimizer** on its parameters (:mod:`.optimizers`): sgd (the paper's), adam, nsgd;
 * the **layout** (:mod:`.layouts`, :mod:`.candidates`): dense, candidate-restricted, or sharded under FSDP2;
 
 and every scorer kind works, generative data included: the loss is the scorer's own (``batch_loss``: label
@@ -29,61 +29,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from skillgraft.lazy import np
-from skillgraft.lazy import no_grad, torch
+from skillgraft.lazy import torch
 from skillgraft.progress import bar as tqdm
 
-from skillgraft.data.loading import Example, text_length
+from skillgraft.data.loading import Example
 from skillgraft.finite import FirstNonFinite
-from skillgraft.graft.localizers.base import BudgetScore, Localization, ScoredStep
-from skillgraft.graft.localizers.candidates import Candidates
-from skillgraft.graft.localizers.checkpointing import activation_checkpointing
-from skillgraft.graft.localizers.fit import Schedule, fit_summary
-from skillgraft.graft.localizers.layouts import Dense, Layout
-from skillgraft.graft.localizers.lending import preserved
-from skillgraft.graft.localizers.relaxations import Relaxation
-from skillgraft.graft.localizers.sharded import (Group, fsdp_requested, is_sharded, pieces, reshard, shard,
-                                                 sum_gradients)
-from skillgraft.graft.localizers.source import fine_tuned
+from skillgraft.graft.localizers.machinery.base import BudgetScore, Localization, ScoredStep
+from skillgraft.graft.localizers.machinery.batches import (accuracy_on, batch_loss, by_length, micro_batches,
+                                                           tokenized)
+from skillgraft.graft.localizers.machinery.candidates import Candidates
+from skillgraft.graft.localizers.machinery.checkpointing import activation_checkpointing
+from skillgraft.graft.localizers.machinery.fit import Schedule, fit_summary
+from skillgraft.graft.localizers.machinery.layouts import Dense, Layout
+from skillgraft.graft.localizers.machinery.lending import preserved
+from skillgraft.graft.localizers.machinery.optimizers import Optimizer
+from skillgraft.graft.localizers.machinery.relaxations import Relaxation
+from skillgraft.graft.localizers.machinery.sharded import (Group, fsdp_requested, is_sharded, pieces, shard,
+                                                           sum_gradients)
+from skillgraft.graft.localizers.machinery.source import fine_tuned
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget
 from skillgraft.models.anatomy import carried_names, graftable_names
-
-
-class Optimizer:
-    """The update of a relaxation's parameters z: sgd z ← z − lr·g (the paper's), adam (``torch.optim.Adam``), or
-    nsgd: sgd on g / RMS(g) over every coordinate (one scale per step, magnitudes kept)."""
-
-    def __init__(self, kind: str, lr: float, params: list[torch.Tensor], group: Group):
-        self.kind, self.lr, self.params, self.group = kind, lr, params, group
-        self.adam = torch.optim.Adam(params, lr=lr) if kind == "adam" else None
-
-    @no_grad
-    def step(self, grads: list[torch.Tensor], finite: torch.Tensor | None = None) -> None:
-        """One update; ``finite`` (a 0-d bool on the device): where false, the gradients count as 0 (no read)."""
-        if finite is not None:  # in place in the caller's list: each gradient freed once replaced
-            for i, g in enumerate(grads):
-                grads[i] = torch.where(finite, g, 0.0)
-        if self.kind == "nsgd":
-            scale = self._rms(grads).clamp_min(1e-30)
-            for i, g in enumerate(grads):
-                grads[i] = g / scale
-        if self.adam is not None:
-            for p, g in zip(self.params, grads):
-                p.grad = g
-            self.adam.step()
-            for p in self.params:
-                p.grad = None
-        else:
-            for p, g in zip(self.params, grads):
-                p.sub_(self.lr * g)
-
-    def _rms(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        if not (self.group.sharded and self.group.world > 1):
-            return flat.pow(2).mean().sqrt()
-        total = self.group.sum_(torch.stack([flat.double().pow(2).sum(), torch.tensor(flat.numel(), dtype=torch.float64,
-                                                                                     device=flat.device)]))
-        return (total[0] / total[1].clamp(min=1)).sqrt().to(flat.dtype)
 
 
 @dataclass
@@ -114,21 +80,6 @@ class Plan:
     def one_budget_each(self, relax: Relaxation | None = None) -> bool:
         """Whether each budget has a trajectory of its own (the relaxation's top-k, or base_per_budget's γ_base)."""
         return (relax or self.relaxation()).per_budget or self.base_per_budget
-
-
-def batch_loss(scorer, batch, reduction: str = "mean"):
-    """The scorer's own loss on a batch (:func:`skillgraft.models.scorer.batch_loss`; imported on first use, so the
-    localizers' options load without torch)."""
-    from skillgraft.models.scorer import batch_loss as loss  # noqa: PLC0415
-
-    return loss(scorer, batch, reduction=reduction)
-
-
-def batch_hits(scorer, batch):
-    """(correct, count) on a batch (:func:`skillgraft.models.scorer.batch_hits`; imported on first use)."""
-    from skillgraft.models.scorer import batch_hits as hits  # noqa: PLC0415
-
-    return hits(scorer, batch)
 
 
 def run(pre, ft, train: list[Example], select: list[Example], plan: Plan, *, accelerator=None,
@@ -170,7 +121,7 @@ def _own_accuracy(ft, select: list[Example], micro_batch: int) -> float:
     was = ft.training
     ft.eval()
     try:
-        return _accuracy(ft, select, micro_batch, accelerator_for(ft))
+        return accuracy_on(ft, select, micro_batch, accelerator_for(ft))
     finally:
         ft.train(was)
 
@@ -203,14 +154,14 @@ def _optimise(pre, source, names, carried, train, select, plan, accelerator, gro
         with activation_checkpointing(pre, checkpointing):
             if reference is None and select:  # θ_ft is read from files: θ_pre + Δ on every held coordinate
                 with layout.full():
-                    acc = _accuracy(pre, select, plan.micro_batch, accelerator, group.sharded and group.world > 1)
+                    acc = accuracy_on(pre, select, plan.micro_batch, accelerator, group.sharded and group.world > 1)
                 reference = {"score": acc, "of": "graft of every candidate" if layout.size is not None
                              else "graft of the whole universe"}
             return _trajectories(pre, layout, train, select, plan, accelerator, group, progress, ranked, reference)
     finally:
         layout.close()
         layout.restore()
-        pre.__dict__.pop("_skillgraft_rows", None)  # the run's tokenized rows (_rows) leave with the run
+        pre.__dict__.pop("_skillgraft_rows", None)  # the run's tokenized rows (batches.tokenized) leave with the run
 
 
 def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, group, progress, ranked, reference):
@@ -334,7 +285,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
             acc = 0.0
             if select:
                 held = layout.hold_choice(masks, relax.absolute)
-                acc = _accuracy(pre, select, plan.micro_batch, accelerator, lockstep)
+                acc = accuracy_on(pre, select, plan.micro_batch, accelerator, lockstep)
                 layout.release(held, relax.absolute)
                 del held
                 layout.forget()
@@ -412,8 +363,8 @@ def _step(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, train, m
     ``non_blocking``; the loss stays there, its finiteness gating the update: :class:`_FirstNonFinite`).
     ``timed``: given the seconds of this step's first micro-batch (synchronised once: the run's time estimate)."""
     total = 0.0
-    rows = _rows(pre, train, device)
-    for chunk, weight in _micro_batches(mine, micro_batch, lockstep):
+    rows = tokenized(pre, train, device)
+    for chunk, weight in micro_batches(mine, micro_batch, lockstep):
         t0 = time.perf_counter()
         if rows is not None:  # the run's rows tokenized once: an index into them (models/rows.py)
             batch = rows.take(rows=chunk)
@@ -436,10 +387,11 @@ def _step(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, train, m
 
 
 def _plan(plan: Plan, relax: Relaxation, budgets: list[Budget], train, select, batch_n: int, world: int, scored,
-          label: str) -> "_Estimate":
+          label: str):
     """Say the localization's plan before step 1 (:mod:`skillgraft.eta`) and return what says its estimated time
-    once the first micro-batch is timed (with the first scoring's time, when it scores at step 0)."""
-    from skillgraft.eta import plan_line, say  # noqa: PLC0415
+    once the first micro-batch is timed (an :class:`~skillgraft.eta.Estimate`; with the first scoring's time, when it
+    scores at step 0)."""
+    from skillgraft.eta import Estimate, plan_line, say  # noqa: PLC0415
 
     trajectories = len(plan.budgets) if plan.one_budget_each(relax) else 1
     per_step = math.ceil(math.ceil(batch_n / world) / plan.micro_batch)
@@ -448,40 +400,8 @@ def _plan(plan: Plan, relax: Relaxation, budgets: list[Budget], train, select, b
     say(plan_line(what, rows=len(train), steps=plan.steps, batch=batch_n, micro_batches=per_step, scored=times,
                   score_rows=len(select or []), trajectories=trajectories))
     rows = math.ceil(batch_n / world) / per_step  # rows of a training micro-batch
-    return _Estimate(what, trajectories * plan.steps * per_step, trajectories * times,
-                     len(budgets) * math.ceil(len(select or []) / world), rows)
-
-
-class _Estimate:
-    """The localization's estimated time, said once its first micro-batch is timed (:mod:`skillgraft.eta`)."""
-
-    def __init__(self, what: str, training: int, scorings: int, rows_per_scoring: int, rows_per_micro_batch: float):
-        self.what, self.training, self.scorings = what, training, scorings
-        self.rows_per_scoring, self.rows_per_micro_batch = rows_per_scoring, rows_per_micro_batch
-        self.scoring: float | None = None  # the first scoring's seconds (step 0), when it ran before step 1
-
-    def __call__(self, first_micro_batch: float) -> None:
-        from skillgraft.eta import estimate_line, forward_equivalents, say  # noqa: PLC0415
-
-        if self.scoring is not None:  # that scoring is done: the others take about as long
-            rest = max(0, self.scorings - 1)
-            say(estimate_line(self.what, first_micro_batch, self.training, scoring_seconds=rest * self.scoring,
-                              scorings=rest))
-        else:
-            forwards = forward_equivalents(self.scorings * self.rows_per_scoring, round(self.rows_per_micro_batch))
-            say(estimate_line(self.what, first_micro_batch, self.training, scoring=forwards))
-
-
-def _rows(pre, train, device):
-    """The training rows tokenized once, on the device (:class:`~skillgraft.models.rows.Tokenized`, built in the first
-    step and kept on ``pre`` while it is given the same list); None where each micro-batch collates its own."""
-    from skillgraft.models.rows import Tokenized  # noqa: PLC0415
-
-    held = pre.__dict__.get("_skillgraft_rows")
-    if held is None or held[0] is not train or held[1] != len(train) or held[2] != torch.device(device):
-        held = (train, len(train), torch.device(device), Tokenized.of(pre, train, device))
-        pre.__dict__["_skillgraft_rows"] = held
-    return held[3]
+    return Estimate(what, trajectories * plan.steps * per_step, trajectories * times,
+                    len(budgets) * math.ceil(len(select or []) / world), rows)
 
 
 class _FirstNonFinite(FirstNonFinite):
@@ -491,48 +411,4 @@ class _FirstNonFinite(FirstNonFinite):
         super().check(what)
 
 
-def by_length(examples, indices: np.ndarray) -> np.ndarray:
-    """``indices`` ordered by their examples' length (stable): the micro-batches of one step, or of one scoring, pad
-    little. A step's gradient is the sum over its examples, so their order within it changes nothing but rounding."""
-    return indices[np.argsort([text_length(examples[i]) for i in indices], kind="stable")]
-
-
-def _micro_batches(mine: np.ndarray, micro_batch: int, lockstep: int | None):
-    """(example indices, loss weight) per forward. ``lockstep``: every process runs ⌈lockstep/micro⌉ of them,
-    a process without examples left running one weighted 0 (FSDP needs every rank in every forward)."""
-    count = math.ceil((lockstep if lockstep is not None else len(mine)) / micro_batch)
-    for i in range(count):
-        chunk = mine[i * micro_batch:(i + 1) * micro_batch]
-        yield (chunk, 1) if len(chunk) else (np.zeros(1, dtype=np.int64), 0.0)
-
-
-@no_grad
-def _accuracy(scorer, examples: list[Example], micro_batch: int, accelerator, lockstep: bool = False) -> float:
-    """Accuracy of ``scorer`` on ``examples`` (sharded over processes, counts summed)."""
-    world, rank = accelerator.num_processes, accelerator.process_index
-    mine = [examples[i] for i in by_length(examples, np.arange(rank, len(examples), world))]
-    correct = torch.zeros(2, device=accelerator.device)
-    slots = math.ceil(len(examples) / world) if lockstep else len(mine)
-    for start in range(0, slots, micro_batch):
-        part = mine[start:start + micro_batch]
-        batch = scorer.collate(part or examples[:1])
-        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-        hits, count = batch_hits(scorer, batch)  # labels right (generative: next completion tokens right)
-        if part:
-            correct[0] += hits
-            correct[1] += count
-    if lockstep:
-        reshard(scorer)  # a no-grad forward may leave gathered parameters behind; the next edit must show
-    if world > 1:
-        torch.distributed.all_reduce(correct)
-    return float(correct[0] / correct[1].clamp(min=1))
-
-
-def accuracy(scorer, examples: list[Example], micro_batch: int = 64) -> float:
-    """Accuracy of ``scorer`` on ``examples`` in one process (what the engine scores a region by)."""
-    from skillgraft.models.placement import accelerator_for  # noqa: PLC0415
-
-    return _accuracy(scorer, examples, micro_batch, accelerator_for(scorer))
-
-
-__all__ = ["Optimizer", "Plan", "accuracy", "run"]
+__all__ = ["Optimizer", "Plan", "run"]

@@ -7,11 +7,11 @@ For accuracy it is exact. With a = FT's accuracy, p = P(graft right | FT right),
 so the one-sided Clopper–Pearson lower bound of p — the graft right on x of the n rows FT gets right, x ~ Bin(n, p)
 — bounds the share from below (:func:`agreement_bound`). Conservative, never optimistic: it ignores the graft's wins
 on FT's wrong rows, and no miss at all gives (1 − c)^(1/n), not 1. For F1 (no such identity) the bound is the
-(1 − c) quantile of a seeded paired bootstrap (approximate). :mod:`skillgraft.graft.keep` searches with it.
+(1 − c) quantile of a seeded paired bootstrap (approximate). :mod:`skillgraft.keep.search` searches with it.
 
 **The paired bound** (``paired``, the default for accuracy since issue 48) also counts the graft's wins on FT's wrong
 rows. Per row Z = 1[graft right] − τ·1[FT right] ∈ {−τ, 0, 1 − τ, 1}, and share ≥ τ ⇔ E[Z] ≥ 0. Up to PAIRED_MAX_ROWS
-rows :func:`~skillgraft.graft.paired_exact.z_pvalue` tests E[Z] ≤ 0 exactly: the four cells' counts are multinomial; the
+rows :func:`~.paired_exact.z_pvalue` tests E[Z] ≤ 0 exactly: the four cells' counts are multinomial; the
 statistic is the studentized mean of Z made monotone (never falling when a row's Z rises), so the null's largest tail
 sits on E[Z] = 0; that sup is taken over the null distributions whose FT accuracy lies in a Clopper–Pearson band (Berger
 & Boos 1994: the band's risk is added to the p-value), on a grid of the null face refined by a local search — an exact
@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.paired_exact import PAIRED_MAX_ROWS, PAIRED_NUISANCE_RISK, z_pvalue
-from skillgraft.lazy import np
+from skillgraft.keep.stats.paired_exact import PAIRED_MAX_ROWS, PAIRED_NUISANCE_RISK, z_pvalue
+from skillgraft.lazy import np  # numpy, imported at first use (not on --help's path)
 
 # The share's lower bound and the search's test order (part of store keys through KEEP_BOUND: a change re-computes).
 # v3: the exact agreement bound (accuracy) and the two-stage fixed-sequence walk; v2 was the paired bootstrap for

@@ -14,7 +14,7 @@ answer is the smallest probed size that reaches τ. When no size up to the whole
 result says so and gives the best share reached. Several targets share one cache of probes.
 
 **With a stated confidence** (``confidence=c``, the default of :class:`KeepSpec`: 0.9) a size counts as reaching τ
-only when a *lower confidence bound* on its share reaches τ, not its point estimate (:mod:`skillgraft.graft.bound`:
+only when a *lower confidence bound* on its share reaches τ, not its point estimate (:mod:`skillgraft.keep.stats.bound`:
 exact for accuracy — by default the paired test of acc(graft) − τ·acc(FT) ≥ 0, which counts the graft's wins on FT's
 wrong rows, or (``keep_bound="exact"``) Clopper–Pearson on share ≥ P(graft right | FT right); a paired bootstrap for
 F1). **Agreement targets** (``keep_agreement``) ask instead for the smallest region whose predictions agree with FT's
@@ -33,194 +33,21 @@ bound confirm that size.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal
-
-from skillgraft.lazy import np
-from skillgraft.lazy import torch
-
-from pydantic import Field, field_validator
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.bound import (Outcome, as_outcome, betting_bound, betting_test, is_exact,
-                                    paired_bound, paired_test, reaches, resample_weights, rows_needed,
-                                    rows_needed_betting, rows_needed_exact, rows_needed_paired, share_bound)
-from skillgraft.graft.agreement import agreement_outcome, open_ended, token_agreement_outcome
-from skillgraft.graft.region import Region, numel_of
-from skillgraft.graft.selection import Budget, as_list
-from skillgraft.spec import TOLERANCE_MIN, ReadablePath, Spec, Tolerance
-
-Shapes = dict[str, tuple[int, ...]]
-# The learned localizer's order (part of store keys: a change of it re-computes stored keep searches).
-# 2: the rounded γ by drift, then the rest by |Δ|; 1 (never released): every coordinate by drift.
-LEARNED_ORDER = 2
+from skillgraft.graft.region import Region
+from skillgraft.keep.spec import check_share
+from skillgraft.keep.stats.bound import (Outcome, as_outcome, betting_bound, betting_test, is_exact, paired_bound,
+                                         paired_test, reaches, resample_weights, rows_needed, rows_needed_betting,
+                                         rows_needed_exact, rows_needed_paired, share_bound)
+from skillgraft.spec import TOLERANCE_MIN
 
 
-def check_share(value) -> float:
-    """A keep share in (0, 1] (a number, or a string such as ``"0.95"``); one clear line otherwise."""
-    try:
-        share = float(value)
-    except (TypeError, ValueError):
-        raise SkillgraftError(f"keep target {value!r} is not a number: give a share of FT's score in (0, 1], "
-                              "e.g. 0.95") from None
-    if isinstance(value, bool) or not math.isfinite(share) or not 0 < share <= 1:
-        raise SkillgraftError(f"keep target {value!r} is impossible: give a share of FT's score in (0, 1], e.g. 0.95")
-    return share
-
-
-class KeepSpec(Spec):
-    """Keep targets: ask for a share of FT's score, get the smallest region reaching it (see module doc)."""
-
-    keep: list[float] | None = Field(None, description=(
-        "shares of FT's score to keep, in (0, 1] (several allowed: 0.95,0.99): the smallest region of the localizer "
-        "reaching each on a selection split (the data's dev split, else a held-out slice of the localization rows)"))
-    keep_tolerance: Tolerance = Field(0.1, description=(
-        "keep search: stop when the smallest size reaching the target and the largest probed below it differ by "
-        f"less than this factor, in [{TOLERANCE_MIN:g}, 1] (a finer one probes ~ln 4 / tolerance sizes per step)"))
-    keep_from: Budget = Field(Budget.parse(1e-6), description=(
-        "keep search: the first (smallest) size probed, a fraction of the graftable parameters or a count"))
-    keep_holdout: float = Field(0.2, gt=0, lt=1, description=(
-        "keep search on data without a dev split: the fraction of the localization rows held out as the selection "
-        "split (the localizer learns on the rest)"))
-    keep_confidence: float = Field(0.9, ge=0.5, lt=1, description=(
-        "keep search: the confidence of the promise; a size reaches a target only when the lower confidence bound "
-        "of its share of FT on the selection rows reaches it (exact for accuracy; docs/keep.md)"))
-    keep_data: ReadablePath | None = Field(None, description=(
-        "keep search: a file of labelled examples (.jsonl/.tsv/.csv, the task's layout; generative: prompt and "
-        "completion) to choose the size on, instead of the dev split or a held-out slice; never the test rows "
-        "(with only --keep-agreement targets labels, and completions, may be left out)"))
-    keep_new_tokens: int = Field(32, ge=1, le=4096, description=(
-        "keep search on generative --keep-data prompts without a completion: FT's greedy completion of at most "
-        "this many new tokens is the reference the graft's top tokens are compared on (teacher forcing)"))
-    keep_bound: Literal["paired", "exact"] = Field("paired", description=(
-        "keep search, accuracy: the lower bound a size must pass: 'paired' (an exact test of "
-        "acc(graft) − τ·acc(FT) ≥ 0 on the paired rows, counting the graft's wins on FT's wrong rows) or 'exact' "
-        "(Clopper–Pearson on how often the graft is right where FT is right; issue 38's); docs/keep.md"))
-    keep_agreement: list[float] | None = Field(None, description=(
-        "label-free keep targets, in (0, 1]: the smallest region whose predictions agree with FT's on at least this "
-        "share of rows (the Clopper–Pearson bound at --keep-confidence; open-ended generative data: the mean per-row "
-        "share of completion tokens whose top prediction is FT's, a betting bound), on the selection rows, whose "
-        "labels are not read"))
-
-    @field_validator("keep", "keep_agreement", mode="before")
-    @classmethod
-    def _shares(cls, value):
-        values = as_list(value)
-        if values is None:
-            return None
-        try:
-            return list(dict.fromkeys(check_share(v) for v in values))
-        except SkillgraftError as e:
-            raise ValueError(str(e)) from None
-
-    def refuse_options_without_targets(self, *, frontier: bool = False) -> None:
-        """Refuse, before any work, keep options given without a target (the CLI's ``--keep-data`` or
-        ``--keep-confidence`` alone): they shape a search that never runs, and were silently ignored. With
-        ``frontier`` (``--frontier``, whose own keep search takes them) they are used."""
-        given = [] if frontier else sorted(self.model_fields_set & {"keep_tolerance", "keep_from", "keep_holdout",
-                                                                    "keep_confidence", "keep_data", "keep_new_tokens"})
-        if not self.any and given:  # --keep-agreement alone starts a search too
-            names = ", ".join(f"--{n.replace('_', '-')}" for n in given)
-            raise SkillgraftError(f"{names} {'shapes' if len(given) == 1 else 'shape'} a keep search, which only "
-                                  "--keep or --keep-agreement starts: give --keep (a share of FT's score, e.g. "
-                                  "--keep 0.95) or leave "
-                                  f"{'it' if len(given) == 1 else 'them'} out")
-
-    @field_validator("keep_from", mode="before")
-    @classmethod
-    def _budget(cls, value):
-        try:
-            budget = Budget.parse(value)
-        except SkillgraftError as e:
-            raise ValueError(str(e)) from None
-        if budget.rounding:
-            raise ValueError("keep_from must be a fraction or a count, not 'round'")
-        return budget
-
-    @property
-    def any(self) -> bool:
-        """Whether any keep target (of FT's score, or of agreement with FT) is asked for."""
-        return bool(self.keep) or bool(self.keep_agreement)
-
-
-# ---------------------------------------------------------------------------------------------- the nested family
-class Ranking:
-    """A strict order over (a subset of) the graftable coordinates, best first: the nested family γ_k = first k.
-
-    ``order`` holds flat positions in the universe (tensors in ``shapes`` order, row-major inside each).
-    Ties follow the shared selection's rule (the earlier position wins), so ``region(k)`` equals
-    ``select(scores, k)`` for the scores it was built from.
-    """
-
-    def __init__(self, shapes: Shapes, order: torch.Tensor):
-        self.shapes = {n: tuple(s) for n, s in shapes.items()}
-        self.order = order.reshape(-1).to(torch.int64).cpu()
-        self.universe = sum(numel_of(s) for s in self.shapes.values())
-        self._starts = torch.tensor([0] + [numel_of(s) for s in self.shapes.values()]).cumsum(0)
-
-    @classmethod
-    def from_keys(cls, shapes: Shapes, positions: torch.Tensor, keys: torch.Tensor, *,
-                  first: torch.Tensor | None = None, then: torch.Tensor | None = None) -> Ranking:
-        """Coordinates at flat ``positions`` ranked by ``keys`` (higher first; NaN highest; ties: earlier first).
-
-        With a boolean ``first``, those coordinates come first (by ``keys``) and the rest follow by ``then``."""
-        positions = positions.reshape(-1).to(torch.int64).cpu()
-        if first is None:
-            return cls(shapes, _order(positions, keys))
-        first = first.reshape(-1).cpu().bool()
-        then = keys if then is None else then
-        return cls(shapes, torch.cat([_order(positions[first], keys.reshape(-1).cpu()[first]),
-                                      _order(positions[~first], then.reshape(-1).cpu()[~first])]))
-
-    @classmethod
-    def from_scores(cls, scores: dict[str, torch.Tensor], shapes: Shapes | None = None) -> Ranking:
-        """The ranking of a score-based localizer's scores (which may cover only some tensors of ``shapes``)."""
-        shapes = {n: tuple(s.shape) for n, s in scores.items()} if shapes is None else dict(shapes)
-        offsets, start = {}, 0
-        for n, s in shapes.items():
-            offsets[n] = start
-            start += numel_of(s)
-        for n, s in scores.items():
-            if n not in shapes or tuple(shapes[n]) != tuple(s.shape):
-                raise SkillgraftError(f"scores for {n!r} of shape {tuple(s.shape)} do not fit the universe "
-                                      f"({shapes.get(n, 'absent')})")
-        names = [n for n in shapes if n in scores]
-        positions = torch.cat([torch.arange(numel_of(shapes[n])) + offsets[n] for n in names])
-        keys = torch.cat([scores[n].reshape(-1).detach().cpu().to(torch.float64) for n in names])
-        return cls.from_keys(shapes, positions, keys)
-
-    def __len__(self) -> int:
-        """How many coordinates the ranking orders (the largest region it gives)."""
-        return int(self.order.numel())
-
-    def region(self, k: int) -> Region:
-        """γ_k: the first k coordinates of the ranking."""
-        chosen = torch.sort(self.order[:max(0, min(k, len(self)))]).values
-        which = torch.searchsorted(self._starts, chosen, right=True) - 1
-        indices = {}
-        for i, n in enumerate(self.shapes):
-            part = chosen[which == i]
-            if part.numel():
-                indices[n] = part - self._starts[i]
-        return Region(self.shapes, indices)
-
-
-def _order(positions: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """``positions`` sorted by ``keys``, higher first (NaN highest), ties by the smaller position."""
-    keys = torch.nan_to_num(keys.reshape(-1).to(torch.float64), nan=float("inf"), posinf=float("inf"),
-                            neginf=float("-inf"))
-    by_position = torch.argsort(positions, stable=True)
-    positions, keys = positions[by_position], keys[by_position]
-    return positions[torch.argsort(-keys, stable=True)]
-
-
-# ---------------------------------------------------------------------------------------------- the search
 @dataclass
 class Probe:
     """One size tried: the selection score, its share of FT's score, its lower bound, and the seconds it took."""
@@ -327,7 +154,7 @@ def search_keep(score_at: Callable[[int], float | Outcome], reference: float | O
     is what densities are fractions of. ``confidence`` None: the point estimate decides (gallop, stop at the
     first crossing, bisect); a number: the bound decides, in the two-stage fixed-sequence walk, each stage at
     1 − (1 − confidence)/2. ``method`` (accuracy with per-row outcomes): ``paired`` — the exact paired test of
-    acc(graft) − τ·acc(FT) ≥ 0 (:func:`~skillgraft.graft.bound.paired_test`), run at each target itself;
+    acc(graft) − τ·acc(FT) ≥ 0 (:func:`~skillgraft.keep.stats.bound.paired_test`), run at each target itself;
     ``exact`` — the Clopper–Pearson bound of the graft's hits on FT's right rows. F1 always uses the paired
     bootstrap; a reference of metric ``mean`` (per-row values in [0, 1]) the betting test. ``kind`` names the
     quantity in the results (``agreement``: the reference's labels are FT's own predictions).
@@ -500,101 +327,3 @@ def _result(tau: float, size: int | None, cache: dict[int, Probe], seen: list[Pr
     else:
         result.note = detail
     return result
-
-
-# ---------------------------------------------------------------------------------------------- with models
-def selection_outcome(scorer, examples, batch_size: int = 64, *, tokens: bool = False) -> Outcome:
-    """``scorer``'s task metric on ``examples`` with its per-row predictions (the bound's input); ``tokens``: also
-    each open-ended generative row's top next-token ids on its completion (teacher forcing, the same pass)."""
-    from skillgraft.evaluate.predict import evaluate  # noqa: PLC0415
-
-    top = [] if tokens and open_ended(scorer) else None
-    metrics, probs = evaluate(scorer, examples, batch_size=batch_size, top=top)
-    return dataclasses.replace(_outcome(scorer, examples, metrics, probs), tokens=top)
-
-
-def _outcome(scorer, examples, metrics: dict, probs: np.ndarray) -> Outcome:
-    task = scorer.task
-    if probs.shape[-1] < 2 or "accuracy" not in metrics:  # open-ended token accuracy: no per-row outcome
-        return Outcome(float(metrics["score"]))
-    positive = task.labels.index(task.positive_label) if getattr(task, "positive_label", None) else 1
-    metric = "f1" if "f1" in metrics else "accuracy"  # summarize() adds f1 only for an F1 task
-    return Outcome(float(metrics["score"]), probs.argmax(-1), np.array([ex.label for ex in examples]), metric,
-                   positive)
-
-
-def selection_score(scorer, examples, batch_size: int = 64) -> float:
-    """The task metric of ``scorer`` on ``examples`` (accuracy, F1, or token accuracy for generative data)."""
-    return selection_outcome(scorer, examples, batch_size).score
-
-
-def graft_outcome(pre, ft, examples, *, values: Callable | None = None, batch_size: int = 64,
-                  tokens: bool = False) -> Callable[[Region], Outcome]:
-    """outcome(region) = the metric and per-row predictions of θ_pre + γ⊙Δ on ``examples`` (θ_pre restored after
-    each call). ``values(region)`` may replace θ_ft's values on the region (e.g. DARE's rescaled Δ); ``tokens``: as
-    :func:`selection_outcome`."""
-    from skillgraft.graft.graft import Graft  # noqa: PLC0415
-
-    def outcome(region: Region) -> Outcome:
-        graft = Graft.from_models(pre, ft, region)
-        if values is not None:
-            graft = Graft(region, values(region), graft.carried, graft.base_model, graft.base_fingerprint)
-        with graft.applied(pre):
-            return selection_outcome(pre, examples, batch_size, tokens=tokens)
-
-    return outcome
-
-
-def graft_scorer(pre, ft, examples, *, values: Callable | None = None, batch_size: int = 64
-                 ) -> Callable[[Region], float]:
-    """score(region) = the metric of θ_pre + γ⊙Δ on ``examples`` (θ_pre restored after each call)."""
-    outcome = graft_outcome(pre, ft, examples, values=values, batch_size=batch_size)
-    return lambda region: outcome(region).score
-
-
-def keep_search(pre, ft, ranking: Ranking, selection, keep: KeepSpec | Sequence[float], *,
-                score: Callable[[Region], float | Outcome] | None = None) -> list[KeepResult]:
-    """Search ``ranking``'s nested family for each keep target, scored on the ``selection`` examples, at the
-    spec's confidence (``score`` defaults to :func:`graft_outcome`): the share targets (``keep``) with the spec's
-    bound, then the agreement targets (``keep_agreement``, label-free; open-ended generative data: graft.agreement)
-    on the same probes."""
-    spec = keep if isinstance(keep, KeepSpec) else KeepSpec.build({"keep": list(keep)}, where="keep")
-    if not spec.any:
-        return []
-    if not selection:
-        raise SkillgraftError("a keep target needs a selection split (dev examples, distinct from the test rows)")
-    if not len(ranking):
-        raise SkillgraftError("the localizer ranked no coordinates: no region can keep anything")
-    tokens = bool(spec.keep_agreement) and open_ended(ft)  # the token agreement of each row (graft.agreement)
-    if open_ended(ft):  # a generative row's target is its completion: the label field is never read
-        selection = [dataclasses.replace(ex, label=0) for ex in selection]
-    score = score or graft_outcome(pre, ft, selection, tokens=tokens)
-    reference = selection_outcome(ft, selection, tokens=tokens)
-    start = spec.keep_from.size(ranking.universe) if spec.keep_from.count is None else min(spec.keep_from.count,
-                                                                                           len(ranking))
-    memo: dict[int, Outcome] = {}
-
-    def at(k: int):
-        if k not in memo:
-            memo[k] = score(ranking.region(k))
-        return memo[k]
-
-    common = {"start": start, "tolerance": spec.keep_tolerance, "universe": ranking.universe,
-              "confidence": spec.keep_confidence}
-    results = []
-    if spec.keep:
-        results += search_keep(at, reference, spec.keep, len(ranking), method=spec.keep_bound, **common)
-    if spec.keep_agreement and reference.tokens is not None:  # open-ended generative: token agreement per row
-        mine = Outcome(1.0, np.ones(len(selection)), None, "mean")
-        results += search_keep(lambda k: token_agreement_outcome(as_outcome(at(k)), reference), mine,
-                               spec.keep_agreement, len(ranking), kind="agreement", **common)
-    elif spec.keep_agreement:
-        if reference.pred is None:
-            raise SkillgraftError("--keep-agreement compares the graft's predictions with FT's row by row: this data "
-                                  "has no per-row prediction; use --keep")
-        mine = Outcome(1.0, reference.pred, reference.pred, "accuracy")
-        results += search_keep(lambda k: agreement_outcome(as_outcome(at(k)), reference), mine, spec.keep_agreement,
-                               len(ranking), method="exact", kind="agreement", **common)
-    for r in results:
-        r.region = ranking.region(r.size if r.reached else r.best_size)
-    return results

@@ -4,7 +4,7 @@ A layout is the engine's (:mod:`.engine`) view of the working model's graftable 
 
 * :class:`Dense` — every graftable coordinate, per tensor in its own shape; θ_pre is restored from the
   caller's offloaded snapshot;
-* :class:`~skillgraft.graft.localizers.candidates.Candidates` — a candidate set C only (top-c |Δ| or a Region
+* :class:`~skillgraft.graft.localizers.machinery.candidates.Candidates` — a candidate set C only (top-c |Δ| or a Region
   chosen by any score), flat per tensor; θ_pre saved and restored on C; gradients gathered onto C by hooks.
   Under FSDP2 it holds C ∩ this process's rows (the *sharded* layout) and its top-k is the distributed one.
 
@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from skillgraft.lazy import no_grad, torch
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.localizers.sharded import Group
-from skillgraft.graft.localizers.source import FineTuned, InMemory
+from skillgraft.graft.localizers.machinery.sharded import Group
+from skillgraft.graft.localizers.machinery.source import FineTuned, InMemory
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget, top_k_masks
 

@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from skillgraft.graft.localizers.base import ScoredStep
+from skillgraft.graft.localizers.machinery.base import ScoredStep
 from skillgraft.graft.selection import Budget
 from skillgraft.spec import COUNT_MAX, OMITTED_AT_DEFAULT, Spec
 

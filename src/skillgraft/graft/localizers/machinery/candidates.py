@@ -26,10 +26,10 @@ from functools import partial
 from skillgraft.lazy import no_grad, torch
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.localizers.layouts import Layout
-from skillgraft.graft.localizers.sharded import Group, Piece
-from skillgraft.graft.localizers.source import FineTuned
-from skillgraft.graft.localizers.topk import StreamingTopK, top_k
+from skillgraft.graft.localizers.machinery.layouts import Layout
+from skillgraft.graft.localizers.machinery.sharded import Group, Piece
+from skillgraft.graft.localizers.machinery.source import FineTuned
+from skillgraft.graft.localizers.machinery.topk import StreamingTopK, top_k
 from skillgraft.graft.region import Region, numel_of
 from skillgraft.heap import release_freed_memory
 

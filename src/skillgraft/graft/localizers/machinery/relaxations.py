@@ -24,8 +24,8 @@ from collections.abc import Mapping
 
 from skillgraft.lazy import no_grad, torch
 
-from skillgraft.graft.keep import Ranking
-from skillgraft.graft.localizers.layouts import Layout
+from skillgraft.graft.ranking import Ranking
+from skillgraft.graft.localizers.machinery.layouts import Layout
 from skillgraft.graft.selection import top_k_flat, top_k_flat_on_device
 
 # Hard-concrete constants (Louizos et al., 2018): temperature β and the stretch interval (γ, ζ).
@@ -147,7 +147,7 @@ class Sigmoid(Relaxation):
         return out
 
     def ranking(self, seed: int) -> Ranking:
-        """The learned order of the held coordinates (:class:`~skillgraft.graft.keep.Ranking` ``first``/``then``):
+        """The learned order of the held coordinates (:class:`~skillgraft.graft.ranking.Ranking` ``first``/``then``):
 
         * first the learned region, γ > 0.5 (the rounded γ), by the logit of γ with every coordinate's S started
           from the same ½ (S − S₀ + ½: the learned drift orders them, not the initial draw's noise), ±(bias − S̃),

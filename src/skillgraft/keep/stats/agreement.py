@@ -3,7 +3,7 @@
 Per row, A_i = the share of its completion positions where the graft's top (greedy) next token, given the prompt
 and the gold completion's tokens before it (teacher forcing), is FT's. A_i ∈ [0, 1] is a function of the row, so
 i.i.d. rows give i.i.d. A_i whatever the dependence between a row's tokens; the keep search bounds their mean with
-the betting test of :func:`skillgraft.graft.bound.betting_test`, never a bound treating tokens as independent.
+the betting test of :func:`skillgraft.keep.stats.bound.betting_test`, never a bound treating tokens as independent.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.graft.bound import Outcome
-from skillgraft.lazy import np
+from skillgraft.keep.stats.bound import Outcome
+from skillgraft.lazy import np  # numpy, imported at first use (not on --help's path)
 
 
 def open_ended(scorer) -> bool:
