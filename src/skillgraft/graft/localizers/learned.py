@@ -203,7 +203,8 @@ def plan(config: LocalizeConfig, base: Region | None = None, candidates: Region 
     """The engine run of the paper's localizer: the sigmoid relaxation, SGD on S, γ_base = top-sparsity |Δ|."""
     c = config.candidates
     return engine.Plan(
-        relaxation=partial(Sigmoid, config.sigmoid_bias, config.l1, init=config.init), optimizer=config.optimizer, lr=config.lr,
+        relaxation=partial(Sigmoid, config.sigmoid_bias, config.l1, init=config.init), optimizer=config.optimizer,
+        lr=config.lr,
         steps=config.steps, budgets=config.budget_list, batch_size=config.batch_size,
         micro_batch=config.micro_batch, eval_every=config.eval_every, last=config.select_on == "last",
         seed=config.seed, graftable=config.graftable,
