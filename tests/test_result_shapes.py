@@ -1,0 +1,48 @@
+"""The typed results keep their documents: a tiny graft run's ``--json`` and metrics.json have the same keys, in the
+same order, with the same kinds of values as before the verbs returned typed results (issue 79). The byte-for-byte
+check old against new is done on ``make demo`` and one merge at the change; this test keeps the shape."""
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from skillgraft.cli import app
+
+PINNED = Path(__file__).with_name("graft_result_shape.json")  # the shapes and rows of the run before issue 79
+
+
+def shape(value):
+    """A JSON value's shape: a dict's keys in order with their shapes, a list's distinct element shapes, a leaf's
+    type (a float and an int are both numbers: a score may be 1)."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        seen = []
+        for v in value:
+            if shape(v) not in seen:
+                seen.append(shape(v))
+        return seen
+    if isinstance(value, bool) or value is None:
+        return type(value).__name__
+    if isinstance(value, (int, float)):
+        return "number"
+    return type(value).__name__
+
+
+def graft_json(trained_run, toy_data, out):
+    r = CliRunner().invoke(app, [str(a) for a in (
+        "graft", "--finetuned", trained_run, "--out", out, "--budgets", "0.01,0.05", "--steps", 2, "--eval-every", 1,
+        "--baselines", "movement,random", "--data-dir", toy_data, "--json")])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def test_graft_json_and_metrics_keep_their_shape(trained_run, toy_data, tmp_path):
+    doc = graft_json(trained_run, toy_data, tmp_path / "g")
+    metrics = json.loads((tmp_path / "g" / "metrics.json").read_text())
+    pinned = json.loads(PINNED.read_text(encoding="utf-8"))
+    assert shape(doc) == pinned["doc"]
+    assert shape(metrics) == pinned["metrics"]
+    assert [(r["model"], r["kind"]) for r in doc["rows"]] == [tuple(m) for m in pinned["models"]]
+    assert doc["rows"] == metrics["rows"]
