@@ -46,3 +46,27 @@ def test_graft_json_and_metrics_keep_their_shape(trained_run, toy_data, tmp_path
     assert shape(metrics) == pinned["metrics"]
     assert [(r["model"], r["kind"]) for r in doc["rows"]] == [tuple(m) for m in pinned["models"]]
     assert doc["rows"] == metrics["rows"]
+
+
+def test_a_graft_run_resolves_its_localizer_options_once(trained_run, toy_data, tmp_path, monkeypatch):
+    """The command line hands the verb the flags the user set; the verb resolves them once as the chosen localizer's
+    options and passes them down typed (the CLI, the verb and the report each resolved them: 3 calls)."""
+    import skillgraft.pipeline.regions as regions
+    import skillgraft.verbs.graft as verb
+
+    calls = []
+    real = regions.localizer_options
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(regions, "localizer_options", counted)
+    monkeypatch.setattr(verb, "localizer_options", counted)
+    r = CliRunner().invoke(app, [str(a) for a in (
+        "graft", "--finetuned", trained_run, "--out", tmp_path / "g", "--budgets", "0.01", "--steps", 2,
+        "--eval-every", 1, "--baselines", "", "--no-lottery-zero", "--lr", "1e6", "--data-dir", toy_data)])
+    assert r.exit_code == 0, r.output
+    assert calls == ["learned"]
+    config = json.loads((tmp_path / "g" / "metrics.json").read_text())["localization"]["config"]
+    assert config["lr"] == 1e6 and config["steps"] == 2  # the flags the user set reached the localizer

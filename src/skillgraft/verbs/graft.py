@@ -92,17 +92,19 @@ def runnable_baselines(report: ReportSpec, member: Member, options: Spec) -> Rep
     return report
 
 
-def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, options: Spec | dict | None = None,
+def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, options: Spec | None = None,
                  *, progress: bool = True, keep=None, frontier=None, notes=None, memory=None) -> dict:
     """Learn regions for ``member`` and compare them (see the module doc); returns the metrics.
 
+    ``options``: the localizer's own options, resolved once by the caller
+    (:func:`~skillgraft.pipeline.regions.localizer_options`; None: its defaults);
     ``keep`` (a :class:`~skillgraft.graft.keep.KeepSpec` with targets) adds the smallest graft reaching each share
     of FT (:mod:`skillgraft.pipeline.keep`; without budgets, only those); ``frontier`` (a
     :class:`~skillgraft.pipeline.frontier.FrontierSpec` with ``frontier`` on) adds the share-vs-density frontier;
     ``notes``: lines appended to report.md, or a function giving them once the work is done (the models and data
     of a pair: θ_pre of a lean pair loads during the work); ``memory``: the verb's memory plan (report.md, --json)."""
     report = report or ReportSpec()
-    options = localizer_options(report.localizer, options)
+    options = resolved(report.localizer, options)
     report = runnable_baselines(report, member, options)  # before any work
     if keep is not None and keep.any:
         from skillgraft.pipeline.keep import check_keep_rows, selection_split  # noqa: PLC0415
@@ -197,6 +199,18 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
     planned = "\n".join(["", *memory.markdown()]) if memory is not None else ""
     run.report(report_markdown(metrics) + ("\n".join(notes) + "\n" if notes else "") + planned)
     return metrics
+
+
+def resolved(localizer: str, options: Spec | None) -> Spec:
+    """``options`` as resolved once by the run's entry (the verb, a recipe): the localizer's own Options (None: its
+    defaults); anything else was not resolved and is refused (validated once per run, issue 79)."""
+    loc = get_localizer(localizer)
+    if options is None:
+        return loc.options(None)
+    if not isinstance(options, loc.Options):
+        raise SkillgraftError(f"localizer {localizer!r} takes its resolved {loc.Options.__name__} here (got "
+                              f"{type(options).__name__}): resolve it once with pipeline.regions.localizer_options")
+    return options
 
 
 def graft_folder(budget: Budget) -> str:
