@@ -59,8 +59,8 @@ def continual_add_cmd(
                           cache=cache)
     console.print(f"[bold green]added[/] {added.task} as task #{added.order}: |γ|={added.region_size}, "
                   f"owned {added.owned_size} (shared with earlier {added.shared_with_earlier}); "
-                  f"test {added.test['score']:.4f} → {state}/continual.json")
-    _report({"state": state, **added.to_dict()})
+                  f"test {added.test_score:.4f} → {state}/continual.json")
+    _report(added.document())
 
 
 @continual_app.command("show")

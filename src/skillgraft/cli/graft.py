@@ -68,23 +68,21 @@ def graft(
     # the flags the user set: the verb validates them once as the chosen localizer's options, before any work
     result = run_graft(GraftInputs(finetuned, pretrained, mode, task, max_length, data, user), report=report,
                        localize=localize, keep=keep, frontier=frontier, out=out, overwrite=overwrite, cache=cache)
-    console.print(f"evaluated on {result.metrics.get('evaluated_on', '?')}")  # where the test rows came from
-    for r in result.rows:  # typed ResultRows
-        if r.kind in ("graft", "ft", "keep"):
-            size = f", {r.file_bytes / 1024:.1f} KiB" if r.file_bytes else ""
-            extra = f" loss {r.metrics['loss']:.4f}" if "loss" in r.metrics else ""
-            console.print(f"{r.model:>22}: {result.metrics['task']} test {r.score:.4f} ECE {r.metrics['ece']:.4f}{extra} "
-                          f"| {r.params:,} params ({r.density:.2e}){size}")
-    for line in (result.metrics.get("fit") or {}).get("lines", []):
+    console.print(f"evaluated on {result.report.evaluated_on}")  # where the test rows came from
+    for r in result.shown():  # typed ResultRows: FT, the learned grafts, the keep targets
+        size = f", {r.file_bytes / 1024:.1f} KiB" if r.file_bytes else ""
+        extra = f" loss {r.loss:.4f}" if r.loss is not None else ""
+        console.print(f"{r.model:>22}: {result.report.task} test {r.score:.4f} ECE {r.ece:.4f}{extra} "
+                      f"| {r.params:,} params ({r.density:.2e}){size}")
+    for line in result.report.fit_lines:
         console.print(line, highlight=False)
-    print_keep(result.metrics.get("keep"), result.metrics.get("frontier"))
+    print_keep(result.report.keep, result.report.frontier)
     if result.data_note:
         console.print(f"data: {escape(result.data_note)}")
     if result.labels_note:
         console.print(f"labels: {escape(result.labels_note)}")
     console.print(f"[bold green]done[/] → {result.out}/report.md")
-    _report({"out": result.out, "report": result.out / "report.md", "data_note": result.data_note,
-             "labels_note": result.labels_note, **result.metrics})
+    _report(result.document())
 
 
 @app.command(common=COMMON["sweep"])
@@ -112,7 +110,7 @@ def sweep(
         console.print(f"{r.localizer:>13} {float(r.level):.0e}: {r.score:.4f} (ECE {r.ece:.4f})")
     print_keep(frontier=result.frontier)
     console.print(f"[bold green]done[/] → {result.out}/sweep.csv, {result.out}/sweep.png")
-    _report({"out": result.out, "rows": result.rows, **({"frontier": result.frontier} if result.frontier else {})})
+    _report(result.document())
 
 
 

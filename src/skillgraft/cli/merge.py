@@ -60,15 +60,14 @@ def merge(
     s = run_merge(pretrained=pretrained, finetuned=finetuned, data=data, eval_data=eval_data, dev_data=dev_data,
                   grafts=grafts, names=names, shared=user, spec=spec, localize=localize, out=out, cache=cache,
                   overwrite=overwrite, mergekit_runner=injected("mergekit_runner"), progress=True)
-    for name, t in s.record["tasks"].items():  # where each task's test rows came from (issue 80)
-        console.print(f"{name}: evaluated on {t.get('evaluated_on', '?')}")
+    for name, source in s.evaluated_on.items():  # where each task's test rows came from (issue 80)
+        console.print(f"{name}: evaluated on {source}")
     for r in s.rows:
         if r.error is None and r.on_test:
             console.print(f"{r.method:>26} {r.config:<24} mean acc {r.mean_accuracy:.4f} normalized "
                           f"{r.mean_normalized():.4f} | {r.bytes_per_task:,.0f} bytes/task")
     print_routed_keep(s.to_dict())
-    where = ('tasks/<task>' if s.mode == 'classifier' else 'model') if s.headline.get("written") else None
-    if s.headline.get("written"):
-        console.print(f"written: {escape(s.headline['written'])} — {escape(s.headline.get('written_why') or '')}")
-    console.print(f"[bold green]done[/] → {out}/report.md (merged model: {f'{out}/{where}' if where else 'none'})")
-    _report({"out": out, "report": out / "report.md", **s.to_dict()})
+    if s.written:
+        console.print(f"written: {escape(s.written)} — {escape(s.written_why)}")
+    console.print(f"[bold green]done[/] → {out}/report.md (merged model: {s.model_folder or 'none'})")
+    _report(s.document())

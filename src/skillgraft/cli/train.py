@@ -11,7 +11,7 @@ from rich.table import Table
 
 from skillgraft.cli.group import COMMON, DataDir, app
 from skillgraft.cli.options import Options, default_of, from_specs
-from skillgraft.cli.output import DATA, MODEL, OUTPUT, TRAIN, console, model_verb, plain as _plain, report as _report
+from skillgraft.cli.output import DATA, MODEL, OUTPUT, TRAIN, console, model_verb, report as _report
 from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.fisher.fisher import FisherConfig
 from skillgraft.models.spec import ModelSpec
@@ -37,7 +37,7 @@ def finetune(
     from skillgraft.verbs.finetune import finetune as run  # noqa: PLC0415
 
     result = run(data, model, finetune, out=out, layers=layers, overwrite=overwrite)
-    _report({"out": result.out, **result.metrics})
+    _report(result.document())
     console.print(f"[bold green]done[/] {escape(result.line())}")
 
 
@@ -69,7 +69,7 @@ def evaluate(
     if result.labels_note:
         console.print(f"labels: {escape(result.labels_note)}")
     console.print(result.line())
-    _report({**_plain(result), "out": out})
+    _report(result.document())
 
 
 @app.command()
@@ -96,5 +96,4 @@ def fim(
         table.add_row(str(i), f"{r.scores.scores[i]:.4g}", str(ranks[i] + 1), f"{r.scores.num_parameters[i]:,}")
     console.print(table)
     console.print(f"top → bottom: {r.scores.ranking()}  → {r.out}/fim.json, {r.out}/fim.png")
-    _report({"task": r.task, "k": r.k, "seed": r.seed, "kind": r.kind, "aggregate": r.aggregate, "out": r.out,
-             "ranking": r.scores.ranking(), "scores": r.scores.scores, "parameters": r.scores.num_parameters})
+    _report(r.document())

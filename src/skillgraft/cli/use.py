@@ -9,8 +9,7 @@ import typer
 
 from skillgraft.cli.group import COMMON, DataDir, app
 from skillgraft.cli.options import Options, default_of, from_specs
-from skillgraft.cli.output import (console, err, exporter_lines, friendly, model_verb, plain as _plain,
-                                   region_table, report as _report)
+from skillgraft.cli.output import console, exporter_lines, friendly, model_verb, region_table, report as _report
 from skillgraft.export.base import ExportSpec, human_size
 from skillgraft.spec import COUNT_MAX
 from skillgraft.verbs.apply import apply as verbs_apply  # light modules: the options' defaults live there
@@ -38,17 +37,11 @@ def apply(
 
     result = run_apply(graft_dir, model=model, task=task, mode=mode, export=export, overwrite=overwrite,
                        evaluate_on=evaluate_on, limit=limit, force=force, data_dir=data_dir)
-    if result.export is not None and result.export.get("to") == "gguf":
-        exporter_lines("gguf", result.export)
-        console.print(f"exported grafted model → {export} (GGUF: llama.cpp, or transformers' gguf_file=)")
-    elif result.export is not None and result.export["complete"]:
-        console.print(f"exported grafted model → {export} (loads with transformers.{result.export['loads_with']})")
-    elif result.export is not None:
-        err.print(f"[yellow]warning:[/] exported → {export}, but head mode has no Hugging Face class: the task "
-                  "head is in head.safetensors (marked incomplete; load with skillgraft's Scorer.from_pretrained)")
+    if result.exported_to is not None:  # what the exporter that wrote it says of it
+        exporter_lines(result.exported_to, result.export, out=result.export_dir)
     if result.metrics is not None:
         console.print(result.line())
-    _report({**_plain(result), "export_dir": export})
+    _report(result.document())
 
 
 @app.command()
@@ -65,14 +58,14 @@ def inspect(
     from skillgraft.verbs.inspect import inspect as run_inspect  # noqa: PLC0415
 
     r = run_inspect(graft_dir, out=out, model=model, compare=compare)
-    for line in r.lines(graft_dir, compare):
+    for line in r.lines():
         console.print(line)
     dist = r.distribution
     for item in region_table(dist, console.width):
         console.print(item)
     if r.out is not None:
         console.print(f"→ {r.out / 'distribution.png'}")
-    _report(r.document(graft_dir, compare))
+    _report(r.document())
 
 
 @app.command()
@@ -92,7 +85,7 @@ def serve(
 
     r = run_serve(routed_dir, spec, on_ready=ready)
     console.print(f"stopped{f' by {r.stopped_by}' if r.stopped_by else ''}: {r.requests} request(s) answered")
-    _report(_plain(r))
+    _report(r.document())
 
 
 @app.command("export", common=COMMON["export"])
@@ -112,4 +105,4 @@ def export_cmd(
     exporter_lines(spec.to, r.summary)
     size = f" ({human_size(r.bytes)})" if r.bytes is not None else ""
     console.print(f"[bold green]exported[/] {r.coordinates:,} grafted coordinates as {r.to} → {out}{size}")
-    _report({"out": out, **r.to_dict()})
+    _report(r.document())
