@@ -70,3 +70,19 @@ def test_a_graft_run_resolves_its_localizer_options_once(trained_run, toy_data, 
     assert calls == ["learned"]
     config = json.loads((tmp_path / "g" / "metrics.json").read_text())["localization"]["config"]
     assert config["lr"] == 1e6 and config["steps"] == 2  # the flags the user set reached the localizer
+
+
+def test_report_rows_are_read_by_their_typed_identity_not_their_names():
+    """A row's localizer and budget are fields: the report's curves and sizes read them, never its display name
+    (``top-movement @ graft 0.01`` was split on " @ " to find its curve)."""
+    from skillgraft.pipeline.variants import ResultRow
+    from skillgraft.verbs.graft_output import GraftReport, matched_label
+
+    row = ResultRow("any display name", "baseline", 3, {"score": 0.5, "ece": 0.1}, localizer="movement", budget="0.01")
+    assert matched_label(row) == "top-movement" and row.budget == "0.01" and row.split == "test"
+    assert matched_label(ResultRow("x @ y", "graft", 3, {"score": 0.5}, localizer="learned")) is None
+    assert "localizer" not in row.columns() and list(row.columns())[:3] == ["model", "kind", "params"]
+    report = GraftReport("SST-2", 8, 13, 10, "test", 100, 120, 130, "learned", {}, 0, [row], {})
+    assert list(report)[-2:] == ["placement", "caveats"]  # the optional sections only when made
+    report.fit = {"lines": ["a line"]}
+    assert list(report)[-1] == "fit" and report.fit_lines == ["a line"] and report["rows"] == [row]
