@@ -49,8 +49,8 @@ def test_graft_json_and_metrics_keep_their_shape(trained_run, toy_data, tmp_path
 
 
 def test_a_graft_run_resolves_its_localizer_options_once(trained_run, toy_data, tmp_path, monkeypatch):
-    """The command line hands the verb the flags the user set; the verb resolves them once as the chosen localizer's
-    options and passes them down typed (the CLI, the verb and the report each resolved them: 3 calls)."""
+    """The flags the user set are resolved once as the chosen localizer's options (by the command line, whose errors
+    name the flags) and travel down typed (the CLI, the verb and the report each resolved them: 3 calls)."""
     import skillgraft.pipeline.regions as regions
     import skillgraft.verbs.graft as verb
 

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from skillgraft.cli.group import COMMON, Cache, LocalizerFlags, app
-from skillgraft.cli.options import Options, from_specs
+from skillgraft.cli.options import Options, build, from_specs
 from skillgraft.cli.output import (DATA, KEEP, MODEL, OUTPUT, REPORT, console, friendly, localizer_flags, model_verb,
                                    print_keep, report as _report)
 from skillgraft.cli.config import config_option
@@ -59,15 +59,18 @@ def graft(
     --keep 0.95,0.99: the smallest graft keeping each share of FT's score (on a selection split); --frontier: share of
     FT vs density against closed-form peers (frontier.csv, frontier.png)."""
     from skillgraft.heap import return_large_blocks  # noqa: PLC0415
+    from skillgraft.pipeline.regions import localizer_options  # noqa: PLC0415
     from skillgraft.verbs.graft import GraftInputs, graft as run_graft  # noqa: PLC0415
 
     return_large_blocks()  # tensor-sized temporaries freed go back to the OS at once (the peak is the work's)
 
     keep.refuse_options_without_targets(frontier=frontier.frontier)
     user.refuse_options_without_data()
-    # the flags the user set: the verb validates them once as the chosen localizer's options, before any work
+    # the chosen localizer's own defaults + the options the user set: resolved once, here, before any work (a bad
+    # value is one line naming its --flag); the verb and the report take them typed
+    options = localizer_options(report.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
     result = run_graft(GraftInputs(finetuned, pretrained, mode, task, max_length, data, user), report=report,
-                       localize=localize, keep=keep, frontier=frontier, out=out, overwrite=overwrite, cache=cache)
+                       localize=options, keep=keep, frontier=frontier, out=out, overwrite=overwrite, cache=cache)
     console.print(f"evaluated on {result.report.evaluated_on}")  # where the test rows came from
     for r in result.shown():  # typed ResultRows: FT, the learned grafts, the keep targets
         size = f", {r.file_bytes / 1024:.1f} KiB" if r.file_bytes else ""

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from skillgraft.cli.group import COMMON, Cache, LocalizerFlags, app, injected
-from skillgraft.cli.options import Options, from_specs
+from skillgraft.cli.options import Options, build, from_specs
 from skillgraft.cli.output import DATA, MODEL, OUTPUT, console, localizer_flags, model_verb, print_routed_keep, report as _report
 from skillgraft.cli.config import config_option
 from skillgraft.data.spec import UserDataSpec
@@ -54,9 +54,11 @@ def merge(
     cache: Optional[Path] = Cache, *, spec, localize, user: UserDataSpec,
 ) -> None:
     """Merge several fine-tuned models of one base by stitching their grafts; compare with mergekit (report.md)."""
+    from skillgraft.pipeline.regions import localizer_options  # noqa: PLC0415
     from skillgraft.verbs.merge import run_merge  # noqa: PLC0415
 
-    # the flags the user set: run_merge validates them once as the chosen localizer's options, before any work
+    # resolved once, here (a bad value names its --flag); run_merge takes them typed
+    localize = localizer_options(spec.localizer, localize.given(), build=lambda cls, v: build(Options(cls), v))
     s = run_merge(pretrained=pretrained, finetuned=finetuned, data=data, eval_data=eval_data, dev_data=dev_data,
                   grafts=grafts, names=names, shared=user, spec=spec, localize=localize, out=out, cache=cache,
                   overwrite=overwrite, mergekit_runner=injected("mergekit_runner"), progress=True)

@@ -200,6 +200,15 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
     return metrics
 
 
+def resolve_once(localizer: str, localize: Spec | dict | None) -> Spec:
+    """The localizer's options of this run: as given when already resolved (the command line resolves the flags it
+    was given, naming them in its errors), else resolved here (the Python API's dict, another localizer's options
+    spec), once; below, they travel typed."""
+    if isinstance(localize, get_localizer(localizer).Options):
+        return localize
+    return localizer_options(localizer, localize)
+
+
 def resolved(localizer: str, options: Spec | None) -> Spec:
     """``options`` as resolved once by the run's entry (the verb, a recipe): the localizer's own Options (None: its
     defaults); anything else was not resolved and is refused (validated once per run, issue 79)."""
@@ -365,7 +374,7 @@ def graft(inputs: GraftInputs, *, report: ReportSpec | None = None, localize: Sp
     from skillgraft.pipeline import Store  # noqa: PLC0415
 
     report = report or ReportSpec()
-    options = localizer_options(report.localizer, localize)
+    options = resolve_once(report.localizer, localize)
     check_inputs(inputs)
     apart = {"--cache": Store(cache).root, "--finetuned": inputs.finetuned, "--pretrained": inputs.pretrained,
              "--data": inputs.user.data, "--eval-data": inputs.user.eval_data,
