@@ -1,4 +1,5 @@
-"""``skillgraft graft``, ``sweep`` and ``localizers``: grafts learned and compared, and the localizers that learn them."""
+"""``skillgraft graft``, ``sweep`` and ``localizers``: grafts learned and compared, and the localizers that learn
+them."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ from rich.markup import escape
 
 from skillgraft.cli.group import COMMON, Cache, LocalizerFlags, app, injected
 from skillgraft.cli.options import Options, build, from_specs
-from skillgraft.cli.output import DATA, MODEL, OUTPUT, console, localizer_flags, model_verb, print_routed_keep, report as _report
+from skillgraft.cli.output import (DATA, MODEL, OUTPUT, console, localizer_flags, model_verb, print_routed_keep,
+                                   report as _report)
 from skillgraft.cli.config import config_option
 from skillgraft.data.spec import UserDataSpec
 

@@ -152,8 +152,8 @@ def graft_label(budget) -> str:
 def graft_variant(member: Member, region: Region, budget, metadata: dict | None = None, *, name: str | None = None,
                   kind: str = "graft", outside: str = "pre", localizer: str | None = None,
                   budget_key: str | None = None) -> Variant:
-    """θ_pre + γ⊙(θ_ft − θ_pre) on ``region`` (plus the new head), as a Variant (``localizer``, ``budget_key``: its
-    typed identity in the report's rows)."""
+    """θ_pre + γ⊙(θ_ft − θ_pre) on ``region`` (plus the new head), as a Variant (``localizer``, ``budget_key``:
+    its typed identity in the report's rows)."""
     meta = {"task": member.task, "mode": member.pre.mode, "k": member.k, "seed": member.seed,
             **member.inputs.graft_metadata.to_dict(), **(metadata or {})}
     graft = Graft.from_models(member.pre, member.ft, region, meta)

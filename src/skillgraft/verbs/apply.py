@@ -42,10 +42,12 @@ def apply(graft_dir: str | os.PathLike, *, model: str | None = None, task: str |
     """Apply the graft in ``graft_dir`` to its base (``model``, default the recorded one); ``export``: write the
     grafted model there with the exporter that claims its suffix (:func:`~skillgraft.export.exporter_for`: a
     ``FILE.gguf`` is one GGUF file llama.cpp runs, for a graft on a GGUF base, as ``export --to gguf``; else a
-    Hugging Face checkpoint, as ``export --to hf``) (refused before any work if it exists, unless ``overwrite``); ``evaluate_on``: a split
-    (a checkpoint pair's graft: the held-out rows of the data it was learned on), or None to skip."""
+    Hugging Face checkpoint, as ``export --to hf``) (refused before any work if it exists, unless ``overwrite``);
+    ``evaluate_on``: a split (a checkpoint pair's graft: the held-out rows of the data it was learned on), or None
+    to skip."""
     from skillgraft.data import load_split  # noqa: PLC0415
-    from skillgraft.export import ExportSpec, check_export_target, export_graft, exporter_for, get_exporter  # noqa: PLC0415
+    from skillgraft.export import (ExportSpec, check_export_target, export_graft, exporter_for,  # noqa: PLC0415
+                                   get_exporter)
     from skillgraft.export.hf import graft_task  # noqa: PLC0415
     from skillgraft.graft import Graft  # noqa: PLC0415
     from skillgraft.graft.scoring import evaluate_graft  # noqa: PLC0415
