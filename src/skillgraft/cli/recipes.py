@@ -10,7 +10,7 @@ from rich.table import Table
 
 from skillgraft.cli.group import Cache, DataDir, app
 from skillgraft.cli.options import Options, from_specs
-from skillgraft.cli.output import MODEL, console, friendly, model_verb, plain as _plain, report as _report
+from skillgraft.cli.output import MODEL, console, friendly, model_verb, report as _report
 from skillgraft.models.placement import Placement
 from skillgraft.spec import DEMO_OUT, DEMO_SEED, SEED_MAX
 
@@ -28,7 +28,7 @@ def tasks(data_dir: Optional[Path] = DataDir,
     for t in rows:
         table.add_row(t.name, t.kind, str(t.labels), t.metric, t.data or "[red]not found[/]", *t.sizes)
     console.print(table)
-    _report([{**_plain(t), "sizes": dict(zip(("train", "dev", "test"), t.sizes))} for t in rows])
+    _report([t.document() for t in rows])
 
 
 @app.command("run")
