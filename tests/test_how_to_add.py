@@ -56,6 +56,7 @@ def test_a_throwaway_exporter_is_an_export_target(tiny_graft, tiny_bert, tmp_pat
 
         summary = "coordinates per tensor (a throwaway exporter)"
         writes = "file"
+        suffix = ".count.json"  # `apply --export FILE.count.json` writes with it
 
         def export(self, graft, base, out, spec):
             counts = {n: len(i) for n, i in graft.region.indices.items()}
@@ -69,6 +70,17 @@ def test_a_throwaway_exporter_is_an_export_target(tiny_graft, tiny_bert, tmp_pat
                                      "--model", str(tiny_bert)])
         assert r.exit_code == 0, r.output
         assert sum(json.loads(out.read_text()).values()) == 6 and "6 grafted coordinates as count" in r.output
+        # apply --export reaches it too: the registry gives the exporter that claims the file's suffix
+        applied = tmp_path / "applied.count.json"
+        r = CliRunner().invoke(app, ["apply", str(tiny_graft), "--model", str(tiny_bert), "--export", str(applied),
+                                     "--evaluate-on", "", "--json"])
+        assert r.exit_code == 0, r.output
+        assert sum(json.loads(applied.read_text()).values()) == 6
+        assert json.loads(r.stdout)["export"]["to"] == "count"
+        r = CliRunner().invoke(app, ["apply", str(tiny_graft), "--model", str(tiny_bert), "--export",
+                                     str(tmp_path / "plain"), "--evaluate-on", ""])
+        assert r.exit_code == 0 and "head mode has no Hugging Face class" in r.output  # any other name: hf
+        assert (tmp_path / "plain" / "config.json").is_file()
     finally:
         EXPORTERS.pop("count")
     r = CliRunner().invoke(app, ["export", str(tiny_graft), "--to", "count", "--out", str(tmp_path / "again")])

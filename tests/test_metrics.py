@@ -73,10 +73,14 @@ def test_report_figures_fit_their_text_without_tight_layout(panels, monkeypatch,
         confidence_histogram({n: rng.dirichlet([1, 1], 60) for n in names[:panels]}, tmp_path / "c.png", title=title)
         reliability_diagram({n: (rng.dirichlet([1, 1], 60), y) for n in names[:panels]}, tmp_path / "r.png",
                             title=title)
-    rows = [{"model": "fine-tuned", "kind": "ft", "params": 0, "score": 912.0, "share_of_ft": 1.0},
-            {"model": "pre-trained", "kind": "pre", "params": 0, "score": 480.5, "share_of_ft": 0.5}]
-    rows += [{"model": f"graft {p}", "kind": "graft", "params": p, "score": 800.0 + p / 100, "share_of_ft": 0.9}
+    from skillgraft.pipeline.variants import ResultRow
+
+    rows = [ResultRow("fine-tuned", "ft", 0, {"score": 912.0}, share_of_ft=1.0),
+            ResultRow("pre-trained", "pre", 0, {"score": 480.5}, share_of_ft=0.5)]
+    rows += [ResultRow(f"graft {p}", "graft", p, {"score": 800.0 + p / 100}, share_of_ft=0.9, budget=str(p))
              for p in (20, 2_000, 200_000)]
+    rows += [ResultRow(f"top-movement @ graft {p}", "baseline", p, {"score": 700.0}, share_of_ft=0.8,
+                       localizer="movement", budget=str(p)) for p in (20, 2_000)]
     size_plot(rows, tmp_path / "s.png", "loss")
     share_plot(rows, tmp_path / "h.png")
     assert len(figures) == 6

@@ -290,11 +290,13 @@ def print_keep(keep=None, frontier=None) -> None:
                       f"{k.test_share:.3f}")
 
 
-def exporter_lines(to: str, s: dict) -> None:
-    """Print what the exporter ``to`` says to print of its summary ``s`` (``skillgraft export``, ``apply --export``)."""
+def exporter_lines(to: str, s: dict, out=None) -> None:
+    """Print what the exporter ``to`` says to print of its summary ``s``: ``skillgraft export``'s lines, or with
+    ``out``, ``apply --export``'s (the grafted model written there)."""
     from skillgraft.export import get_exporter  # noqa: PLC0415
 
-    for kind, text in get_exporter(to).lines(s):  # each exporter says what to print of its own summary
+    exporter = get_exporter(to)
+    for kind, text in exporter.lines(s) if out is None else exporter.applied(s, out):  # each exporter says what
         if kind == "warning":
             err.print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
         elif kind == "hint":

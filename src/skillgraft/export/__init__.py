@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from skillgraft.export.base import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, DELTA_FILE, EXPORTERS, HEAD_FILE, SUMMARY_FILE,
-                                    ExportSpec, Exporter, _head_file, check_export_target, exact_delta, get_exporter, graft_task,
-                                    load_graft_base, register_exporter)
+from skillgraft.export.base import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, APPLY_EXPORTER, DELTA_FILE, EXPORTERS, HEAD_FILE,
+                                    SUMMARY_FILE, ExportSpec, Exporter, _head_file, check_export_target, exact_delta,
+                                    exporter_for, get_exporter, graft_task, load_graft_base, register_exporter)
 from skillgraft.export.delta import Delta, export_delta
 from skillgraft.export.gguf import GGUF, export_gguf
 from skillgraft.export.hf import HF, USER_CLASS, export_hf
@@ -40,8 +40,8 @@ register_exporter("hf")(HF)
 register_exporter("delta")(Delta)
 register_exporter("gguf")(GGUF)
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "DELTA_FILE", "EXPORTERS", "HEAD_FILE", "SUMMARY_FILE", "USER_CLASS",
+__all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "APPLY_EXPORTER", "DELTA_FILE", "EXPORTERS", "HEAD_FILE", "SUMMARY_FILE", "USER_CLASS",
            "ExportSpec", "Exporter", "apply_entries", "check_export_target", "exact_delta", "export_delta",
-           "export_gguf", "export_graft",
+           "export_gguf", "export_graft", "exporter_for",
            "export_hf", "export_peft", "get_exporter", "graft_from_peft", "graft_task", "load_adapter_base",
            "load_graft_base", "read_graft_or_adapter", "register_exporter", "shira_entries"]

@@ -93,6 +93,7 @@ class Exporter:
     container: ClassVar[str | None] = None  # what cannot hold a carried head ("PEFT adapter"); None: it carries it
     base_kind: ClassVar[str] = "any"  # "gguf": only a graft whose base is a GGUF file
     writes: ClassVar[str] = "folder"  # "file": ``out`` is one file (FILE.gguf), no skillgraft_export.json beside it
+    suffix: ClassVar[str | None] = None  # ".gguf": ``apply --export FILE.gguf`` writes with this exporter
 
     def refuse(self, graft: Graft, out, spec: ExportSpec) -> None:
         """Refusals that need no model (called before the base loads); raise a SkillgraftError."""
@@ -113,11 +114,26 @@ class Exporter:
                                    "additive form (within an ulp)"))
         return out
 
+    def applied(self, summary: dict, out) -> list[tuple[str, str]]:
+        """What ``apply --export`` prints of the grafted model written to ``out`` (``lines`` and where it went)."""
+        return [*self.lines(summary), ("info", f"exported grafted model → {out} ({self.name}: {self.summary})")]
+
 
 _REGISTRY: Registry[Exporter] = Registry(Exporter, "exporter", article="an", lookup="export target")
 EXPORTERS: dict[str, Exporter] = _REGISTRY.members  # filled by export/__init__.py's lines (and users' own)
 register_exporter = _REGISTRY.register  # class decorator: register an Exporter subclass under a name
 get_exporter = _REGISTRY.get  # the registered member of that name (an error listing the known names)
+APPLY_EXPORTER = "hf"  # what ``apply --export OUT`` writes unless an exporter claims OUT's suffix
+
+
+def exporter_for(out: str | os.PathLike) -> str:
+    """The exporter ``apply --export OUT`` writes with: the registered one whose ``suffix`` ends ``OUT``'s name
+    (``FILE.gguf``: gguf), else the grafted model as a Hugging Face checkpoint (``hf``)."""
+    name = Path(out).name.lower()
+    for key, exporter in EXPORTERS.items():
+        if exporter.suffix and name.endswith(exporter.suffix.lower()):
+            return key
+    return APPLY_EXPORTER
 
 
 # ---------------------------------------------------------------------------------------------- the output

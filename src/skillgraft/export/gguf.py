@@ -422,6 +422,7 @@ class GGUF(Exporter):
     container = "GGUF file"
     base_kind = "gguf"
     writes = "file"
+    suffix = ".gguf"
 
     def refuse(self, graft: Graft, out, spec: ExportSpec) -> None:
         check_gguf_export(graft, out, spec.model, spec.gguf_type, spec.overwrite)
@@ -429,6 +430,10 @@ class GGUF(Exporter):
     def export(self, graft: Graft, base, out, spec: ExportSpec) -> dict:
         return export_gguf(graft, base, out, model=spec.model, gguf_type=spec.gguf_type, overwrite=spec.overwrite,
                            force=spec.force)
+
+    def applied(self, summary: dict, out) -> list[tuple[str, str]]:
+        return [*self.lines(summary), ("info", f"exported grafted model → {out} (GGUF: llama.cpp, or transformers' "
+                                               "gguf_file=)")]
 
     def lines(self, summary: dict) -> list[tuple[str, str]]:
         out = []

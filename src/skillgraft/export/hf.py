@@ -68,3 +68,9 @@ class HF(Exporter):
 
     def export(self, graft: Graft, base, out, spec: ExportSpec) -> dict:
         return export_hf(graft, base, out, overwrite=spec.overwrite, force=spec.force)
+
+    def applied(self, summary: dict, out) -> list[tuple[str, str]]:
+        if summary["complete"]:
+            return [("info", f"exported grafted model → {out} (loads with transformers.{summary['loads_with']})")]
+        return [("warning", f"exported → {out}, but head mode has no Hugging Face class: the task head is in "
+                            "head.safetensors (marked incomplete; load with skillgraft's Scorer.from_pretrained)")]

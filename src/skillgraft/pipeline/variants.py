@@ -40,6 +40,8 @@ class Variant:
     budget: float | None = None
     outside: str = "pre"           # "zero": lottery-ticket-zero (graftable coordinates outside γ set to 0)
     info: dict = field(default_factory=dict)
+    localizer: str | None = None   # the localizer whose region it applies (None: pre, head only, FT)
+    budget_key: str | None = None  # the learned graft's budget it is (a graft) or is matched to (a baseline)
 
     @contextlib.contextmanager
     def use(self, member: Member) -> Iterator:
@@ -74,10 +76,23 @@ class ResultRow(Row):
     gap_closed: float | None = None
     loss_recovered: float | None = None
     file_bytes: int | None = None  # a saved graft's graft.safetensors
+    # its identity, typed (not columns: the report's names are display text, never parsed back)
+    localizer: str | None = None   # the localizer whose region it applies (None: pre, head only, FT)
+    budget: str | None = None      # the learned graft's budget key it is (a graft) or is matched to (a baseline)
+    split: str = "test"            # the evaluation set its metrics are on
 
     @property
     def score(self) -> float:
         return self.metrics["score"]
+
+    @property
+    def ece(self) -> float:
+        return self.metrics["ece"]
+
+    @property
+    def loss(self) -> float | None:
+        """Completion loss (generative data), else None."""
+        return self.metrics.get("loss")
 
     def columns(self) -> dict[str, Any]:
         """The row as CSV/JSON columns, in report order (derived columns only where they apply)."""
@@ -135,13 +150,16 @@ def graft_label(budget) -> str:
 
 
 def graft_variant(member: Member, region: Region, budget, metadata: dict | None = None, *, name: str | None = None,
-                  kind: str = "graft", outside: str = "pre") -> Variant:
-    """θ_pre + γ⊙(θ_ft − θ_pre) on ``region`` (plus the new head), as a Variant."""
+                  kind: str = "graft", outside: str = "pre", localizer: str | None = None,
+                  budget_key: str | None = None) -> Variant:
+    """θ_pre + γ⊙(θ_ft − θ_pre) on ``region`` (plus the new head), as a Variant (``localizer``, ``budget_key``:
+    its typed identity in the report's rows)."""
     meta = {"task": member.task, "mode": member.pre.mode, "k": member.k, "seed": member.seed,
             **member.inputs.graft_metadata.to_dict(), **(metadata or {})}
     graft = Graft.from_models(member.pre, member.ft, region, meta)
     fraction = getattr(budget, "fraction", budget if isinstance(budget, float) else None)
-    return Variant(name or graft_label(budget), kind, len(region), graft, fraction, outside)
+    return Variant(name or graft_label(budget), kind, len(region), graft, fraction, outside, localizer=localizer,
+                   budget_key=budget_key)
 
 
 def score_ft_first(bench: Workbench, name: str, *, release: bool, progress: bool = False) -> None:
@@ -200,7 +218,8 @@ def compare(member: Member, variants: list[Variant], examples: list[Example] | N
             if saved is not None and saved.due():
                 saved.save({"done": done})
         probs[v.name] = p
-        rows.append(ResultRow(v.name, v.kind, v.params, m))
+        rows.append(ResultRow(v.name, v.kind, v.params, m, localizer=v.localizer, budget=v.budget_key,
+                              split=set_name))
     order = {v.name: i for i, v in enumerate(variants)}
     rows.sort(key=lambda r: order[r.model])
     return derive(rows, universe_size=sum(int(np.prod(s)) for s in universe(member.pre).values())), probs

@@ -43,7 +43,7 @@ def graft_recipe(spec: GraftRecipeSpec, run: RunDir) -> dict:
              f"Wall time of this run: fine-tuning stage {t1 - t0:.0f} s (≈0 when stored), grafting and "
              f"evaluation {t2 - t1:.0f} s.\n")
     run.report(text)
-    return metrics
+    return metrics.to_dict()  # the typed report as metrics.json's mapping
 
 # ---------------------------------------------------------------------------------------------- the demo
 # The main job (``make demo``): MiniLM, SST-2 64-shot → fine-tune → grafts at 3 sizes → report. Its stages live in

@@ -2,7 +2,7 @@
 the options and prints the result, and recipes may call them.
 
     finetune  :func:`skillgraft.verbs.finetune.finetune`    → FinetuneResult (run directory, metrics)
-    graft     :func:`skillgraft.verbs.graft.graft`          → GraftResult (report folder, metrics, rows)
+    graft     :func:`skillgraft.verbs.graft.graft`          → GraftResult (report folder, typed GraftReport, rows)
     sweep     :func:`skillgraft.verbs.sweep.sweep`          → SweepResult
     merge     :func:`skillgraft.verbs.merge.run_merge`      → MergeResult (folder, typed MergeRows, merge.json)
     inspect   :func:`skillgraft.verbs.inspect.inspect`      → InspectResult
@@ -12,7 +12,8 @@ the options and prints the result, and recipes may call them.
     evaluate  :func:`skillgraft.verbs.evaluate.evaluate`    → EvaluateResult
     continual :func:`skillgraft.verbs.continual.continual_add` → ContinualResult (the task's typed state entry)
 
-Modules are imported on use (a verb loads only what it needs).
+Every result subclasses :class:`skillgraft.verbs.result.VerbResult`: typed fields the command line prints from and
+``document()``, what ``--json`` prints. Modules are imported on use (a verb loads only what it needs).
 """
 
 import functools

@@ -8,11 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.verbs.result import VerbResult
 
 
 @dataclass
-class ApplyResult:
+class ApplyResult(VerbResult):
     """What ``skillgraft apply`` did: the export's summary (None: no export) and the evaluation (None: skipped)."""
+
+    private = ("exported_to",)
 
     graft_dir: Path
     task: str
@@ -21,6 +24,8 @@ class ApplyResult:
     export: dict | None = None
     metrics: dict | None = None
     split: str = ""
+    export_dir: Path | None = None  # where --export wrote (as given)
+    exported_to: str | None = None  # the exporter that wrote it (the registry's name; not in the document)
 
     def line(self) -> str:
         """The evaluation line ``skillgraft apply`` prints."""
@@ -35,11 +40,15 @@ def apply(graft_dir: str | os.PathLike, *, model: str | None = None, task: str |
           export: str | os.PathLike | None = None, overwrite: bool = False, evaluate_on: str | None = "test",
           limit: int | None = None, force: bool = False, data_dir: str | os.PathLike | None = None) -> ApplyResult:
     """Apply the graft in ``graft_dir`` to its base (``model``, default the recorded one); ``export``: write the
-    grafted model there (a ``FILE.gguf``: one GGUF file llama.cpp runs, for a graft on a GGUF base, as
-    ``export --to gguf``) (refused before any work if it exists, unless ``overwrite``); ``evaluate_on``: a split
-    (a checkpoint pair's graft: the held-out rows of the data it was learned on), or None to skip."""
+    grafted model there with the exporter that claims its suffix (:func:`~skillgraft.export.exporter_for`: a
+    ``FILE.gguf`` is one GGUF file llama.cpp runs, for a graft on a GGUF base, as ``export --to gguf``; else a
+    Hugging Face checkpoint, as ``export --to hf``) (refused before any work if it exists, unless ``overwrite``);
+    ``evaluate_on``: a split (a checkpoint pair's graft: the held-out rows of the data it was learned on), or None
+    to skip."""
     from skillgraft.data import load_split  # noqa: PLC0415
-    from skillgraft.export.hf import export_hf, graft_task  # noqa: PLC0415
+    from skillgraft.export import (ExportSpec, check_export_target, export_graft, exporter_for,  # noqa: PLC0415
+                                   get_exporter)
+    from skillgraft.export.hf import graft_task  # noqa: PLC0415
     from skillgraft.graft import Graft  # noqa: PLC0415
     from skillgraft.graft.scoring import evaluate_graft  # noqa: PLC0415
     from skillgraft.io import check_target  # noqa: PLC0415
@@ -49,15 +58,12 @@ def apply(graft_dir: str | os.PathLike, *, model: str | None = None, task: str |
     if export:
         check_target(export, overwrite, {"graft": graft_dir, "--model": model, "--data-dir": data_dir})  # before work
     g = Graft.from_pretrained(graft_dir)
+    spec = None
     if export:  # every input of this run: the graft's recorded base and data files too (docs/reliability.md §19)
-        from skillgraft.export import check_export_target  # noqa: PLC0415
-
         check_export_target(g, export, overwrite, model=model, **{"--data-dir": data_dir})
-    to_gguf = export is not None and str(export).lower().endswith(".gguf")
-    if to_gguf:
-        from skillgraft.export.gguf import check_gguf_export  # noqa: PLC0415
-
-        check_gguf_export(g, export, model, overwrite=overwrite)  # before the model loads
+        # the exporter registry's: the one claiming the name's suffix (FILE.gguf), else the HF checkpoint
+        spec = ExportSpec(to=exporter_for(export), model=model, overwrite=overwrite, force=force)
+        get_exporter(spec.to).refuse(g, export, spec)  # before the model loads
     task = task or graft_task(g)
     if not task:
         raise SkillgraftError(f"{graft_dir}: the graft records no task; pass --task")
@@ -72,13 +78,10 @@ def apply(graft_dir: str | os.PathLike, *, model: str | None = None, task: str |
             raise
         raise SkillgraftError(f"{graft_dir}/graft_config.json: its base model {g.base_model!r} cannot be loaded "
                               f"({e}); give the base with --model") from None
-    result = ApplyResult(graft_dir, pre.task.name, g.size, g.region.density)
-    if to_gguf:
-        from skillgraft.export.gguf import export_gguf  # noqa: PLC0415
-
-        result.export = export_gguf(g, pre, export, model=model, overwrite=overwrite, force=force)
-    elif export:
-        result.export = export_hf(g, pre, export, force=force, overwrite=overwrite)
+    result = ApplyResult(graft_dir, pre.task.name, g.size, g.region.density, export_dir=export,
+                         exported_to=spec.to if spec is not None else None)
+    if spec is not None:
+        result.export = export_graft(g, export, spec, base=pre)
     if evaluate_on:
         recorded = g.metadata.user_data
         if recorded:  # a checkpoint pair's graft: the held-out rows of the user's data it was learned on

@@ -21,10 +21,11 @@ from skillgraft.pipeline.opening import prepare
 from skillgraft.pipeline.store import Store
 from skillgraft.train.finetune import FinetuneConfig
 from skillgraft.verbs import converts_into_store
+from skillgraft.verbs.result import VerbResult
 
 
 @dataclass
-class ContinualResult:
+class ContinualResult(VerbResult):
     """One ``continual add``: the task, its arrival order, |γ_task|, the coordinates it owns and those earlier tasks
     own, its test metrics, and its whole state entry (continual.json's, what ``--json`` prints)."""
 
@@ -35,14 +36,23 @@ class ContinualResult:
     shared_with_earlier: int
     test: dict
     entry: dict
+    state: Path | None = None  # the state folder
 
     @classmethod
-    def of(cls, entry: dict) -> ContinualResult:
+    def of(cls, entry: dict, state: str | os.PathLike | None = None) -> ContinualResult:
         return cls(entry["task"], entry["order"], entry["region_size"], entry["owned_size"],
-                   entry["shared_with_earlier"], entry.get("test", {}), entry)
+                   entry["shared_with_earlier"], entry.get("test", {}), entry, state)
+
+    @property
+    def test_score(self) -> float:
+        return self.test["score"]
 
     def to_dict(self) -> dict:
         return self.entry
+
+    def document(self) -> dict:
+        """The state folder and the task's entry in it."""
+        return {"state": self.state, **self.entry}
 
 
 @converts_into_store
@@ -121,7 +131,7 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
             if e["task"] == task:
                 e["test"] = metrics
         learner.save(state)
-        return ContinualResult.of(entry)
+        return ContinualResult.of(entry, state)
 
 
 def read_state(state: str | os.PathLike) -> dict:

@@ -9,16 +9,18 @@ from pathlib import Path
 
 from skillgraft.data.spec import UserDataSpec
 from skillgraft.errors import SkillgraftError
+from skillgraft.verbs.result import VerbResult
 
 
 @dataclass
-class EvaluateResult:
+class EvaluateResult(VerbResult):
     """The metrics of one model on one split (a user's rows: the split their file or dataset names, else ``rows``)."""
 
     task: str
     split: str
     metrics: dict
     labels_note: str = ""
+    out: Path | None = None  # the folder the metrics and plots were written to (None: printed only)
 
     @property
     def generative(self) -> bool:
@@ -90,7 +92,7 @@ def evaluate(model_dir: str | os.PathLike, *, user: UserDataSpec | None = None, 
     refuse_non_finite_model(scorer, str(model_dir), "its scores would be meaningless (its fine-tuning diverged, "
                                                     "or the file is damaged)")
     metrics, probs = run_eval(scorer, examples, progress=split)
-    result = EvaluateResult(scorer.task.name, split, metrics, note)
+    result = EvaluateResult(scorer.task.name, split, metrics, note, Path(out) if out is not None else None)
     if out and result.generative:
         write_json(Path(out) / "metrics.json", metrics)
     elif out:

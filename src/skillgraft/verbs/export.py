@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from skillgraft.export import ExportSpec, export_graft
+from skillgraft.verbs.result import VerbResult
 
 
 @dataclass
-class ExportResult:
+class ExportResult(VerbResult):
     """What ``skillgraft export`` wrote: where, by which exporter, how many grafted coordinates, and the exporter's
     own summary (``skillgraft_export.json``, what ``--json`` prints)."""
 
@@ -26,6 +27,10 @@ class ExportResult:
 
     def to_dict(self) -> dict:
         return self.summary
+
+    def document(self) -> dict:
+        """Where it wrote and the exporter's summary (skillgraft_export.json)."""
+        return {"out": self.out, **self.summary}
 
 
 def export(graft_dir: str | os.PathLike, out: str | os.PathLike, spec: ExportSpec | None = None) -> ExportResult:

@@ -11,10 +11,11 @@ from typing import Literal
 from skillgraft.data.spec import DataSpec
 from skillgraft.fisher.fisher import FisherConfig
 from skillgraft.models.spec import ModelSpec
+from skillgraft.verbs.result import VerbResult
 
 
 @dataclass
-class FimResult:
+class FimResult(VerbResult):
     """The layer scores of one k-shot draw and where they were written."""
 
     task: str
@@ -24,6 +25,12 @@ class FimResult:
     aggregate: str
     scores: object  # skillgraft.fisher.scores.LayerScores
     out: Path
+
+    def document(self) -> dict:
+        """The draw, the ranking (top → bottom), each block's score and parameter count, the folder."""
+        s = self.scores
+        return {"task": self.task, "k": self.k, "seed": self.seed, "kind": self.kind, "aggregate": self.aggregate,
+                "out": self.out, "ranking": s.ranking(), "scores": s.scores, "parameters": s.num_parameters}
 
 
 def fim(data: DataSpec, model: ModelSpec, fisher: FisherConfig, *, aggregate: Literal["sum", "frobenius"] = "sum",

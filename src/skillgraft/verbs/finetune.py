@@ -10,10 +10,11 @@ from pathlib import Path
 from skillgraft.data.spec import DataSpec
 from skillgraft.models.spec import ModelSpec
 from skillgraft.train.config import FinetuneConfig
+from skillgraft.verbs.result import VerbResult
 
 
 @dataclass
-class FinetuneResult:
+class FinetuneResult(VerbResult):
     """A finished fine-tuning run: its folder and the metrics ``run_finetune`` wrote (``metrics.json``)."""
 
     out: Path
@@ -24,6 +25,10 @@ class FinetuneResult:
     @property
     def test(self) -> dict | None:
         return self.metrics.get("test")
+
+    def document(self) -> dict:
+        """The run folder and its metrics.json."""
+        return {"out": self.out, **self.metrics}
 
     def line(self) -> str:
         """The one line ``skillgraft finetune`` prints (the test scores when the run has a test split)."""

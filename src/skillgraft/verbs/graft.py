@@ -27,7 +27,7 @@ from skillgraft.lazy import np
 from pydantic import Field
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.evaluate.plots import confidence_histogram, panel_margins, reliability_diagram, save_figure
+from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram
 from skillgraft.evaluate.predict import labels_of
 from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.graft.localizers import LOCALIZERS, get_localizer
@@ -36,14 +36,15 @@ from skillgraft.pipeline.regions import learned_regions, localizer_options
 from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.workbench import Workbench
-from skillgraft.pipeline.variants import (ResultRow, Variant, base_variants, compare, graft_variant,
-                                          score_ft_first)
+from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant, score_ft_first
 from skillgraft.spec import Spec
 from skillgraft.verbs import converts_into_store
+from skillgraft.verbs.graft_output import (BASELINE_LABELS, GraftReport, GraftResult, baseline_label, best_steps,
+                                           mean_share, parameters_line, report_markdown, share_plot, size_plot)
 from skillgraft.models.spec import MAX_LENGTH
 
-# Report names of the baseline localizers (kept from the reports in bench/RESULTS.md).
-BASELINE_LABELS = {"movement": "top-movement", "random": "random", "bias": "bias-only"}
+__all__ = ["BASELINE_LABELS", "GraftInputs", "GraftReport", "GraftResult", "ReportSpec", "best_steps", "graft",
+           "graft_report", "mean_share", "parameters_line", "report_markdown", "share_plot", "size_plot"]
 
 
 class ReportSpec(Spec):
@@ -92,17 +93,19 @@ def runnable_baselines(report: ReportSpec, member: Member, options: Spec) -> Rep
     return report
 
 
-def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, options: Spec | dict | None = None,
-                 *, progress: bool = True, keep=None, frontier=None, notes=None, memory=None) -> dict:
-    """Learn regions for ``member`` and compare them (see the module doc); returns the metrics.
+def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, options: Spec | None = None,
+                 *, progress: bool = True, keep=None, frontier=None, notes=None, memory=None) -> GraftReport:
+    """Learn regions for ``member`` and compare them (see the module doc); returns the typed report (metrics.json).
 
+    ``options``: the localizer's own options, resolved once by the caller
+    (:func:`~skillgraft.pipeline.regions.localizer_options`; None: its defaults);
     ``keep`` (a :class:`~skillgraft.keep.spec.KeepSpec` with targets) adds the smallest graft reaching each share
     of FT (:mod:`skillgraft.keep.run`; without budgets, only those); ``frontier`` (a
     :class:`~skillgraft.pipeline.frontier.FrontierSpec` with ``frontier`` on) adds the share-vs-density frontier;
     ``notes``: lines appended to report.md, or a function giving them once the work is done (the models and data
     of a pair: θ_pre of a lean pair loads during the work); ``memory``: the verb's memory plan (report.md, --json)."""
     report = report or ReportSpec()
-    options = localizer_options(report.localizer, options)
+    options = resolved(report.localizer, options)
     report = runnable_baselines(report, member, options)  # before any work
     if keep is not None and keep.any:
         from skillgraft.keep.selection import check_keep_rows, selection_split  # noqa: PLC0415
@@ -122,14 +125,14 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
 
         kept, keep_summary = keep_variants(member, run.store, report.localizer, options, keep, progress=progress)
         variants += kept
-    grafts: dict[str, tuple[Budget, Variant]] = {}
+    grafts: dict[str, tuple[Budget, Variant]] = {}  # by budget key
     seed, graftable = getattr(options, "seed", 0), options.graftable
     for budget, region in regions.items():
         meta = {"localizer": report.localizer, "budget": budget.key, "localize": options.to_dict(),
                 "finetuned_run": str(member.inputs.ft_dir)}
-        graft = graft_variant(member, region, budget, meta)
+        graft = graft_variant(member, region, budget, meta, localizer=report.localizer, budget_key=budget.key)
         variants.append(graft)
-        grafts[graft.name] = (budget, graft)
+        grafts[budget.key] = (budget, graft)
         size = Budget.parse(len(region)) if len(region) else None
         for name in report.baselines:
             if size is None:
@@ -139,15 +142,16 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
                 base_region = get_localizer(name).region(member.pre, member.ft, member.data, size, base_opts)
             except SkillgraftError:
                 continue  # e.g. more coordinates than the model has biases
-            variants.append(graft_variant(member, base_region, size, name=f"{BASELINE_LABELS.get(name, name)} @ "
-                                          f"{graft.name}", kind="baseline"))
+            variants.append(graft_variant(member, base_region, size, name=f"{baseline_label(name)} @ {graft.name}",
+                                          kind="baseline", localizer=name, budget_key=budget.key))
         if report.lottery_zero:
             variants.append(Variant(f"lottery-ticket-zero @ {graft.name}", "lottery-zero", len(region), graft.graft,
-                                    graft.budget, outside="zero"))
+                                    graft.budget, outside="zero", localizer=report.localizer, budget_key=budget.key))
     rows, probs = compare(member, variants, progress=progress)
-    for name, (budget, v) in grafts.items():
+    learned = {r.budget: r for r in rows if r.kind == "graft"}  # by their typed budget, not their names
+    for budget, v in grafts.values():
         path = v.graft.save_pretrained(run.path / "grafts" / graft_folder(budget))
-        next(r for r in rows if r.model == name).file_bytes = (path / "graft.safetensors").stat().st_size
+        learned[budget.key].file_bytes = (path / "graft.safetensors").stat().st_size
     for v in kept:
         path = v.graft.save_pretrained(run.path / "grafts" / v.name.replace(" ", "-"))
         next(r for r in rows if r.model == v.name).file_bytes = (path / "graft.safetensors").stat().st_size
@@ -156,36 +160,33 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
     head_only = next((v for v in variants if v.kind == "head-only"), None)
     from skillgraft.pipeline.caveats import evaluation_source, graft_caveats  # noqa: PLC0415
 
-    metrics = {"task": member.task, "k": member.k, "seed": member.seed, "test_n": len(member.test),
-               "evaluated_on": evaluation_source(member),
-               "graftable_parameters": universe, "total_parameters": member.total_parameters,
-               "all_parameters": sum(p.numel() for p in member.pre.parameters()),  # + the carried head (one count)
-               "localizer": report.localizer, "localization": summary,
-               "carried_parameters": head_only.graft.carried_size if head_only else 0, "rows": rows,
-               "placement": placement_record(member.pre)}
-    metrics["caveats"] = graft_caveats(member, rows, options.graftable)  # results that mean nothing: warned, noted
+    metrics = GraftReport(
+        task=member.task, k=member.k, seed=member.seed, test_n=len(member.test), evaluated_on=evaluation_source(member),
+        graftable_parameters=universe, total_parameters=member.total_parameters,
+        all_parameters=sum(p.numel() for p in member.pre.parameters()),  # + the carried head (one count)
+        localizer=report.localizer, localization=summary,
+        carried_parameters=head_only.graft.carried_size if head_only else 0, rows=rows,
+        placement=placement_record(member.pre),
+        caveats=graft_caveats(member, rows, options.graftable))  # results that mean nothing: warned, noted
     from skillgraft.pipeline.fit import fit_plot, fit_section  # noqa: PLC0415
 
-    by_budget = {budget.key: next(r for r in rows if r.model == name) for name, (budget, _) in grafts.items()}
-    fit = fit_section(summary, by_budget)  # did each learned region fit its selection rows, and carry that to test
-    if fit is not None:
-        metrics["fit"] = fit
+    metrics.fit = fit_section(summary, learned)  # did each learned region fit its selection rows, carry to test
+    if metrics.fit is not None:
         fit_plot(summary.get("history") or [], summary.get("reference"), run.file("fit.png"))
     if memory is not None:
-        metrics["memory_plan"] = memory.to_dict()
+        metrics.memory_plan = memory.to_dict()
     if kept:
         from skillgraft.keep.report import keep_section  # noqa: PLC0415
 
-        metrics["keep"] = keep_section(keep_summary, rows)
+        metrics.keep = keep_section(keep_summary, rows)
     if frontier is not None and frontier.frontier:
         from skillgraft.pipeline.frontier import frontier_report  # noqa: PLC0415
 
-        metrics["frontier"] = frontier_report(member, run, frontier, report.localizer, options, keep,
-                                              progress=progress)
+        metrics.frontier = frontier_report(member, run, frontier, report.localizer, options, keep, progress=progress)
     columns = [r.columns() for r in rows]  # the typed rows as their CSV/JSON columns, written here
-    run.json("metrics.json", {**metrics, "rows": columns})
+    run.json("metrics.json", {**metrics.to_dict(), "rows": columns})
     write_csv(run.file("results.csv"), columns)
-    shown = [r["model"] for r in rows if r["kind"] in ("ft", "graft", "keep")]
+    shown = [r.model for r in rows if r.kind in ("ft", "graft", "keep")]
     labels = labels_of(member.test)
     confidence_histogram({n: probs[n] for n in shown}, run.file("confidence.png"),
                          title=f"{member.task} test: confidence")
@@ -199,105 +200,30 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
     return metrics
 
 
+def resolve_once(localizer: str, localize: Spec | dict | None) -> Spec:
+    """The localizer's options of this run: as given when already resolved (the command line resolves the flags it
+    was given, naming them in its errors), else resolved here (the Python API's dict, another localizer's options
+    spec), once; below, they travel typed."""
+    if isinstance(localize, get_localizer(localizer).Options):
+        return localize
+    return localizer_options(localizer, localize)
+
+
+def resolved(localizer: str, options: Spec | None) -> Spec:
+    """``options`` as resolved once by the run's entry (the verb, a recipe): the localizer's own Options (None: its
+    defaults); anything else was not resolved and is refused (validated once per run, issue 79)."""
+    loc = get_localizer(localizer)
+    if options is None:
+        return loc.options(None)
+    if not isinstance(options, loc.Options):
+        raise SkillgraftError(f"localizer {localizer!r} takes its resolved {loc.Options.__name__} here (got "
+                              f"{type(options).__name__}): resolve it once with pipeline.regions.localizer_options")
+    return options
+
+
 def graft_folder(budget: Budget) -> str:
     """Folder name of a learned graft in a report: ``budget-0.001`` or ``round``."""
     return "round" if budget.rounding else f"budget-{budget.label}"
-
-
-def size_plot(rows: list[dict], path: Path, metric: str) -> None:
-    """Score vs grafted parameters per localizer, with FT / head only / pre-trained as lines."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, ax = plt.subplots(figsize=(6, 3.8))
-    groups: dict[str, list[tuple[int, float]]] = {}
-    for r in rows:
-        if r["params"] and r["kind"] != "ft":
-            kind = r["model"].split(" @ ")[0] if " @ " in r["model"] else "learned graft"
-            groups.setdefault(kind, []).append((r["params"], r["score"]))
-    # the reference lines (black, gray, brown) and the localizers (the rest of tab10) never share a colour
-    colours = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:pink", "tab:olive", "tab:cyan"]
-    for i, (kind, pts) in enumerate(groups.items()):
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=kind, color=colours[i % len(colours)])
-    for r in rows:
-        if r["kind"] in ("ft", "head-only", "pre"):
-            ax.axhline(r["score"], ls={"pre": ":"}.get(r["kind"], "--"), lw=1,
-                       color={"ft": "k", "head-only": "gray"}.get(r["kind"], "tab:brown"), label=r["model"])
-    ax.set_xscale("log")
-    ax.set_xlabel("grafted parameters")
-    ax.set_ylabel(metric)
-    ax.legend(fontsize=7)
-    panel_margins(fig)
-    save_figure(fig, path, layout=False)
-
-
-# share_vs_size.png: the learned grafts against the two closed-form regions a reader compares them with first
-SHARE_CURVES = {"graft": ("learned", "tab:blue", "o-"), "keep": ("keep targets", "tab:purple", "D"),
-                "top-movement": ("top-|Δ| (same size)", "tab:orange", "s--"),
-                "random": ("random (same size)", "tab:green", "^:")}
-
-
-def share_plot(rows: list[dict], path: Path) -> None:
-    """Share of FT vs grafted parameters: learned grafts (and keep targets), top-|Δ| and random regions of the same
-    sizes; FT at 1 and head only / pre-trained as lines (what report.md shows first)."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, ax = plt.subplots(figsize=(6, 3.8))
-    curves: dict[str, list[tuple[int, float]]] = {}
-    for r in rows:
-        if not r["params"] or r.get("share_of_ft") is None or r["kind"] == "ft":
-            continue
-        kind = r["model"].split(" @ ")[0] if " @ " in r["model"] else r["kind"]
-        if kind in SHARE_CURVES:
-            curves.setdefault(kind, []).append((r["params"], r["share_of_ft"]))
-    for kind, pts in curves.items():
-        label, colour, style = SHARE_CURVES[kind]
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label, color=colour)
-    ax.axhline(1.0, ls="--", lw=1, color="k", label="fine-tuned (1)")
-    for r in rows:
-        if r["kind"] in ("head-only", "pre") and r.get("share_of_ft") is not None:
-            ax.axhline(r["share_of_ft"], ls=":", lw=1, color="gray" if r["kind"] == "head-only" else "tab:brown",
-                       label=r["model"])
-    ax.set_xscale("log")
-    ax.set_xlabel("grafted parameters (log)")
-    ax.set_ylabel("share of FT's score")
-    ax.legend(fontsize=7)
-    panel_margins(fig)
-    save_figure(fig, path, layout=False)
-
-
-def figures_markdown(ref: str) -> list[str]:
-    """report.md's figures, the two to look at first described: what each shows and how to read it."""
-    return ["## Look first", "",
-            "![share of FT vs size](share_vs_size.png)", "",
-            "**Share of FT vs size** (`share_vs_size.png`): each graft's score as a share of the fine-tuned model's "
-            "(y; 1 = as good as FT) against its size in grafted parameters (x, log). Blue: the learned grafts; "
-            "orange: the top-|Δ| region of the same size (the coordinates that moved most in fine-tuning); green: a "
-            "random region of the same size; dotted: head only / pre-trained. The skill is localized where blue "
-            "stands above orange and green at small sizes: the learned region finds it where |Δ| and chance do "
-            f"not. Sizes where blue reaches 1 keep all of FT's skill (the table's *gap closed* is from {ref}).", "",
-            "![reliability](reliability.png)", "",
-            "**Reliability diagram of FT vs the grafts** (`reliability.png`): one panel per model, its accuracy in "
-            "each of 10 confidence bins (bars) against the diagonal (dashed: perfect calibration). A graft whose "
-            "bars match FT's panel keeps FT's calibration as well as its accuracy; bars below the diagonal are "
-            "over-confident, above under-confident (the panel's ECE, as the table's, sums the gaps).", "",
-            "More figures: [confidence histogram](confidence.png) (how sure each model is on the test rows), "
-            "[score vs size per localizer](accuracy_vs_size.png) (every baseline's raw score).", ""]
-
-
-def best_steps(best) -> str:
-    """``{"0.0001": 40, "0.001": 60}`` as a reader writes it: ``40 (budget 1e-4), 60 (budget 1e-3)``."""
-    if not isinstance(best, dict):
-        return str(best)
-
-    def label(key) -> str:
-        try:
-            return f"{float(key):g}"
-        except (TypeError, ValueError):
-            return str(key)
-
-    return ", ".join(f"{step} (budget {label(key)})" for key, step in best.items()) or "-"
 
 
 def placement_record(model) -> dict:
@@ -307,116 +233,7 @@ def placement_record(model) -> dict:
     return {"device": str(device_of(model)), "precision": precision_of(model), "described": describe_module(model)}
 
 
-def parameters_line(metrics: dict) -> str:
-    """The model's parameters, counted once and split: all of them = the base model's + the carried task head's;
-    the graftable body is part of the base model's (issue 80: the report said 22,713,216, a finetune 22,713,986)."""
-    carried = metrics["carried_parameters"]
-    whole = metrics.get("all_parameters") or metrics["total_parameters"] + carried
-    split = (f" = {metrics['total_parameters']:,} in the base model + {carried:,} in the carried task head (travels "
-             "whole with every graft; counted separately)") if carried else \
-        " (the base model's; no carried task head: the model scores with its own LM head)"
-    return (f"Parameters: {whole:,}{split}; graftable (the body): {metrics['graftable_parameters']:,} of the base "
-            "model's.")
-
-
-def step_rate(loc: dict) -> str:
-    """The localization's time per step, from one source: its wall time (scoring included, as the progress bar
-    counts it) over its steps, with the median step alone beside it."""
-    steps = (loc.get("config") or {}).get("steps") or 0
-    trajectories = max(1, len(loc.get("budgets") or []) if (loc.get("config") or {}).get("per_size") else 1)
-    taken = sum(s["step"] for s in loc["stopped"]) if loc.get("stopped") else steps * trajectories  # a fit schedule
-    if loc.get("seconds") and taken:  # may stop a trajectory early: the steps it took
-        per = loc["seconds"] / taken
-        return (f"{per:.2f} s/step overall ({loc['seconds']:.0f} s for {taken} steps, scoring "
-                f"included; a step alone {loc['step_seconds']:.2f} s, median)")
-    return f"{loc['step_seconds']:.2f} s/step (median, scoring excluded)"
-
-
-def report_markdown(metrics: dict) -> str:
-    """The grafting report: one table (score, ECE, agreement with FT, parameters, file size) and plots."""
-    metric = "F1" if any("f1" in r for r in metrics["rows"]) else "accuracy"
-    loc = metrics["localization"]
-    cfg = loc.get("config", {})
-    ref = "head-only" if metrics["carried_parameters"] else "pre-trained"
-    shots = f"{metrics['k']}-shot" if metrics["k"] else "all rows"  # k = 0: a user's data, every row
-    lines = [f"# Grafting report — {metrics['task']}, {shots}, data seed {metrics['seed']}", "",
-             f"Evaluated on {metrics.get('evaluated_on') or str(metrics['test_n']) + ' test rows'}. "
-             + parameters_line(metrics), ""]
-    from skillgraft.pipeline.caveats import caveat_markdown  # noqa: PLC0415
-
-    lines += caveat_markdown(metrics.get("caveats"))
-    if metrics["localizer"] == "learned" and "step_seconds" in loc:
-        base = ("of each budget's own size (per_size)" if "base_size" not in loc else
-                f"{loc['base_size']:,} coordinates (sparsity {cfg.get('sparsity', 0):g})")
-        from skillgraft.graft.localizers.machinery.fit import ScheduleOptions  # noqa: PLC0415
-
-        fit_default = ScheduleOptions()  # a field at its default is left out of the stored config
-        schedule = (f"until fit share {cfg.get('fit_target', fit_default.fit_target):g} or "
-                    f"{cfg.get('patience', fit_default.patience)} steps without "
-                    f"gain, at most {cfg.get('steps')} steps" if cfg.get("schedule") == "fit" else
-                    f"{cfg.get('steps')} steps")
-        lines += [f"Localization: {schedule}, lr {cfg.get('lr', 0):g}, base patch {base}, "
-                  f"{step_rate(loc)}, best step {best_steps(loc['best_step'])}.", ""]
-    else:
-        lines += [f"Localizer: {metrics['localizer']}.", ""]
-    lines += figures_markdown(ref)  # the figures first, then the table (as the README says)
-    lines += [f"| model | params | density | {metric} | share of FT | gap closed | ECE | agreement w/ FT | file |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in metrics["rows"]:
-        gap = f"{r['gap_closed']:.2f}" if "gap_closed" in r else "-"
-        size = f"{r['file_bytes'] / 1024:.1f} KiB" if r.get("file_bytes") else "-"
-        share = f"{r['share_of_ft']:.3f}" if "share_of_ft" in r else "-"
-        lines.append(f"| {r['model']} | {r['params']:,} | {r['density']:.2e} | {r['score']:.4f} | "
-                     f"{share} | {gap} | {r['ece']:.4f} | {r.get('agreement', 1.0):.3f} | {size} |")
-    if any("loss" in r for r in metrics["rows"]):  # generative data (docs/generative.md)
-        lines += ["", "| model | completion loss | share of FT's loss drop | token accuracy | exact match |",
-                  "|---|---:|---:|---:|---:|"]
-        for r in metrics["rows"]:
-            rec = f"{r['loss_recovered']:.3f}" if "loss_recovered" in r else "-"
-            em = f"{r['exact_match']:.4f}" if "exact_match" in r else "-"
-            lines.append(f"| {r['model']} | {r['loss']:.4f} | {rec} | {r['token_accuracy']:.4f} | {em} |")
-        lines += ["", "*completion loss*: mean token cross-entropy on the completion tokens (held out); *share of FT's "
-                  "loss drop* = (L_pre − L) ÷ (L_pre − L_FT); *exact match*: the gold completion is the most likely of "
-                  "the label completions (when completions are labels)."]
-    lines += ["", f"*share of FT* = score ÷ fine-tuned score; *gap closed* = (score − {ref}) ÷ (FT − {ref}); "
-              "ECE: 10 equal-width bins over the max probability (Guo et al.).", ""]
-    if metrics.get("fit"):
-        from skillgraft.pipeline.fit import fit_markdown  # noqa: PLC0415
-
-        lines += fit_markdown(metrics["fit"])
-    if metrics.get("keep"):
-        from skillgraft.keep.report import keep_markdown  # noqa: PLC0415
-
-        lines += keep_markdown(metrics["keep"])
-    if metrics.get("frontier"):
-        from skillgraft.pipeline.frontier import frontier_markdown  # noqa: PLC0415
-
-        lines += frontier_markdown(metrics["frontier"])
-    return "\n".join(lines)
-
-
-def mean_share(rows: list[dict]) -> float:
-    """Mean share of FT over the learned grafts of a report (a one-number summary)."""
-    vals = [r["share_of_ft"] for r in rows if r["kind"] == "graft" and "share_of_ft" in r]
-    return float(np.mean(vals)) if vals else float("nan")
-
-
 # ---------------------------------------------------------------------------------------------- the verb
-@dataclass
-class GraftResult:
-    """What ``skillgraft graft`` wrote: the report folder, its metrics and how the data and labels were read."""
-
-    out: Path
-    metrics: dict
-    data_note: str = ""
-    labels_note: str = ""
-
-    @property
-    def rows(self) -> list[ResultRow]:
-        """The report's typed rows (FT, the grafts, the baselines…; ``columns()``: results.csv's)."""
-        return self.metrics["rows"]
-
-
 @dataclass
 class GraftInputs:
     """Where the models and data of ``skillgraft graft`` come from (the command line's own options)."""
@@ -557,7 +374,7 @@ def graft(inputs: GraftInputs, *, report: ReportSpec | None = None, localize: Sp
     from skillgraft.pipeline import Store  # noqa: PLC0415
 
     report = report or ReportSpec()
-    options = localizer_options(report.localizer, localize)
+    options = resolve_once(report.localizer, localize)
     check_inputs(inputs)
     apart = {"--cache": Store(cache).root, "--finetuned": inputs.finetuned, "--pretrained": inputs.pretrained,
              "--data": inputs.user.data, "--eval-data": inputs.user.eval_data,

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from skillgraft.verbs.result import VerbResult
+
 if TYPE_CHECKING:
     from skillgraft.graft.inspect import Comparison, Distribution
 
 
 @dataclass
-class InspectResult:
+class InspectResult(VerbResult):
     """What ``skillgraft inspect`` found: the graft, its file's bytes, the distribution and the comparison."""
 
     graft: object  # skillgraft.graft.Graft
@@ -22,10 +24,12 @@ class InspectResult:
     distribution: Distribution
     out: Path | None  # where the distribution's files were written (None: printed only)
     other: object | None = None  # the --compare graft's Region
+    graft_dir: Path | None = None  # the folder read, as given
+    compare: Path | None = None  # the --compare folder, as given
 
-    def lines(self, graft_dir, compare=None) -> list[str]:
+    def lines(self) -> list[str]:
         """The summary lines (markup: the folder in bold)."""
-        g, size = self.graft, self.file_bytes
+        g, size, graft_dir, compare = self.graft, self.file_bytes, self.graft_dir, self.compare
         out = [f"[bold]{graft_dir}[/]: {g.size:,} grafted parameters, density {g.region.density:.3e} of "
                f"{g.region.universe_size:,} graftable; carried {g.carried_size:,}; file {size / 1024:.1f} KiB "
                f"({size / max(1, g.size):.1f} bytes/parameter); base {g.base_model} [{g.base_fingerprint[:12]}]"]
@@ -41,9 +45,9 @@ class InspectResult:
 
         return None if self.other is None else Comparison.of(self.graft.region, self.other)
 
-    def document(self, graft_dir, compare=None) -> dict:
+    def document(self) -> dict:
         """What ``--json`` prints: size, density, base, distribution, output folder (and the comparison)."""
-        g = self.graft
+        g, graft_dir, compare = self.graft, self.graft_dir, self.compare
         doc = {"graft": graft_dir, "size": g.size, "density": g.region.density, "universe": g.region.universe_size,
                "carried": g.carried_size, "file_bytes": self.file_bytes, "base_model": g.base_model,
                "base_fingerprint": g.base_fingerprint, "distribution": self.distribution, "out": self.out}
@@ -69,4 +73,5 @@ def inspect(graft_dir: str | os.PathLike, *, out: str | os.PathLike | None = Non
         with atomic_files(out) as tmp:  # both files, or neither
             write_json(tmp / "distribution.json", dist)
             plot_distribution(dist, tmp / "distribution.png", title=f"{g.metadata.task or ''} graft")
-    return InspectResult(g, weights.stat().st_size, dist, out, other)
+    return InspectResult(g, weights.stat().st_size, dist, out, other, graft_dir,
+                         compare)

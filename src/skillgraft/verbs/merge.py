@@ -50,31 +50,10 @@ from skillgraft.spec import Spec
 from skillgraft.models.spec import MAX_LENGTH
 from skillgraft.verbs import converts_into_store
 from skillgraft.verbs.merge_inputs import ModelInput, check_inputs, merge_inputs, resolve_inputs
-from skillgraft.verbs.merge_report import readme, report_markdown, summarize, write_grafts, write_outputs
+from skillgraft.verbs.merge_report import (MergeResult, readme, report_markdown, summarize, write_grafts,
+                                           write_outputs)
 
 __all__ = ["MergeResult", "MergeSpec", "ModelInput", "check_inputs", "merge_models", "resolve_inputs"]
-
-
-@dataclasses.dataclass
-class MergeResult:
-    """What ``skillgraft merge`` wrote: the folder, its typed rows, and merge.json (``record``: the rows as their
-    columns, what ``--json`` prints)."""
-
-    out: Path
-    rows: list[MergeRow]
-    record: dict
-
-    @property
-    def mode(self) -> str:
-        return self.record["mode"]
-
-    @property
-    def headline(self) -> dict:
-        return self.record["headline"]
-
-    def to_dict(self) -> dict:
-        """merge.json's content."""
-        return self.record
 
 
 class MergeSettings(Spec):

@@ -3,6 +3,7 @@ task's graft (:func:`write_outputs`), report.md and README.md."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,6 +18,51 @@ from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.report import md_table
 from skillgraft.spec import Spec
 from skillgraft.verbs.merge_inputs import weight_files
+from skillgraft.verbs.result import VerbResult
+
+
+@dataclasses.dataclass
+class MergeResult(VerbResult):
+    """What ``skillgraft merge`` wrote: the folder, its typed rows, and merge.json (``record``: the rows as their
+    columns; with the folder and report.md, what ``--json`` prints)."""
+
+    out: Path
+    rows: list[MergeRow]
+    record: dict
+
+    @property
+    def mode(self) -> str:
+        return self.record["mode"]
+
+    @property
+    def headline(self) -> dict:
+        return self.record["headline"]
+
+    @property
+    def evaluated_on(self) -> dict[str, str]:
+        """Where each task's test rows came from (issue 80), by task."""
+        return {name: t.get("evaluated_on", "?") for name, t in self.record["tasks"].items()}
+
+    @property
+    def written(self) -> str | None:
+        """The merged model written (None: only the grafts and the comparison) and :attr:`written_why`."""
+        return self.headline.get("written")
+
+    @property
+    def written_why(self) -> str:
+        return self.headline.get("written_why") or ""
+
+    @property
+    def model_folder(self) -> Path | None:
+        """Where the merged model is: ``tasks/<task>`` (a classifier's, one per task) or ``model``; None: none."""
+        return self.out / ("tasks/<task>" if self.mode == "classifier" else "model") if self.written else None
+
+    def to_dict(self) -> dict:
+        """merge.json's content."""
+        return self.record
+
+    def document(self) -> dict:
+        return {"out": self.out, "report": self.out / "report.md", **self.record}
 
 
 def summarize(results: list[Scored], ft: Scored, members: Mapping[str, Member], grafts: dict[str, Graft],

@@ -20,6 +20,7 @@ from pydantic import Field, field_validator
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.spec import Spec
+from skillgraft.verbs.result import VerbResult
 
 
 class ServeSpec(Spec):
@@ -46,7 +47,7 @@ class ServeSpec(Spec):
 
 
 @dataclasses.dataclass
-class ServeResult:
+class ServeResult(VerbResult):
     """What a finished ``serve`` did: where it listened, what it served, how many requests it answered, and the
     signal that stopped it (None: stopped by the caller)."""
 

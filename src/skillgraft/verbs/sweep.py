@@ -22,6 +22,7 @@ from skillgraft.pipeline.member import Member
 from skillgraft.pipeline.variants import base_variants, compare, graft_variant
 from skillgraft.spec import Spec
 from skillgraft.verbs import converts_into_store
+from skillgraft.verbs.result import VerbResult
 from skillgraft.verbs.graft import BASELINE_LABELS, baseline_options
 
 if TYPE_CHECKING:
@@ -105,13 +106,17 @@ def _sweep_plot(rows: list[SweepRow], ft_score: float, path: Path, task: str) ->
 
 
 @dataclass
-class SweepResult:
+class SweepResult(VerbResult):
     """What ``skillgraft sweep`` wrote: its folder, one row per (localizer, level), the frontier if asked."""
 
     out: Path
     rows: list[SweepRow]
     frontier: FrontierResult | None = None  # with --frontier
     memory: object = None  # the memory plan (skillgraft.models.memory.MemoryPlan), when one was made
+
+    def document(self) -> dict:
+        """The folder, the rows and (with --frontier) the frontier."""
+        return {"out": self.out, "rows": self.rows, **({"frontier": self.frontier} if self.frontier else {})}
 
 
 @converts_into_store

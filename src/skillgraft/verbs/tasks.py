@@ -5,15 +5,21 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from skillgraft.verbs.result import VerbResult
+
 
 @dataclass
-class TaskRow:
+class TaskRow(VerbResult):
     name: str
     kind: str
     labels: int
     metric: str
     data: str | None             # the task's data folder, None when not found
     sizes: tuple[str, str, str]  # train, dev, test row counts ("-": no file)
+
+    def document(self) -> dict:
+        """The row with its sizes by split."""
+        return {**super().document(), "sizes": dict(zip(("train", "dev", "test"), self.sizes))}
 
 
 def tasks(data_dir: str | os.PathLike | None = None, task_file: str | os.PathLike | None = None) -> list[TaskRow]:
