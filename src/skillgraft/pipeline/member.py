@@ -35,6 +35,7 @@ from skillgraft.train import FinetuneConfig
 from skillgraft.train.run import RunConfig
 
 if TYPE_CHECKING:
+    from skillgraft.models.loading import ModelRef
     from skillgraft.models.scorer import Scorer
 
 
@@ -68,6 +69,7 @@ class MemberInputs:
     graft_metadata: GraftMetadata = field(default_factory=GraftMetadata)  # recorded in every graft (a pair: its
     # task, data and models)
     pre_files: Path | None = None         # a pair: A's folder (lottery-ticket-zero restores θ_pre from it, checked)
+    pre_ref: ModelRef | None = None       # θ_pre's model reference, resolved once when the member opened
 
     @property
     def finetune_config(self) -> FinetuneConfig:

@@ -145,16 +145,19 @@ def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = 
         from skillgraft.untrusted import no_such  # noqa: PLC0415
 
         raise no_such(ft_dir, "fine-tuning run", "folder")
+    base = None  # the base's model reference: resolved once here (or by load_finetuned), then passed down
     if pretrained is not None:
         from skillgraft.models.loading import model_reference  # noqa: PLC0415
         from skillgraft.train.run import read_run_config  # noqa: PLC0415
 
         recorded = read_run_config(ft_dir).model
-        same = pretrained == recorded or model_reference(pretrained).path == model_reference(recorded).path
-        if not same:
-            raise SkillgraftError(f"--pretrained {pretrained} is not the model the run {ft_dir} was fine-tuned from "
-                                  f"({recorded}); drop --pretrained or give that model")
-    ft, pre, cfg = load_finetuned(ft_dir)
+        if pretrained != recorded:
+            given = model_reference(pretrained)
+            base = model_reference(recorded)
+            if given.path != base.path:
+                raise SkillgraftError(f"--pretrained {pretrained} is not the model the run {ft_dir} was fine-tuned "
+                                      f"from ({recorded}); drop --pretrained or give that model")
+    ft, pre, cfg, base = load_finetuned(ft_dir, base)
     refuse_non_finite_model(ft, str(ft_dir / "model"))
     refuse_non_finite_model(pre, f"base model {pre.base_model}")
     ft.eval()
@@ -164,14 +167,8 @@ def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = 
                            "dev_limit": cfg.dev_limit},  # the dev rows the run's best checkpoint was chosen on
                           where=f"{ft_dir}/config.json")
     data = spec.load(ft.task)
-    from skillgraft.models.loading import model_reference  # noqa: PLC0415
-
-    try:
-        pre_files = _local_folder(model_reference(pre.base_model).path)
-    except SkillgraftError:
-        pre_files = None
     inputs = MemberInputs(data, ft_dir, cfg, data_root=str(spec.data_dir) if spec.data_dir else None,
-                          pre_files=pre_files)
+                          pre_files=_local_folder(base.path), pre_ref=base)
     return Member(data.task.name, inputs, ft, pre)
 
 
@@ -221,24 +218,26 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
             raise SkillgraftError(f"{finetuned} is a skillgraft run directory: it grafts on its own task data "
                                   "(drop --data)")
         return from_run(finetuned, data_dir=data_dir, test_limit=getattr(data, "test_limit", None))
+    refs = []  # each model resolved once here, then passed down (models/loading.py: ModelRef)
     for name, role in ((pretrained, "--pretrained"), (finetuned, "--finetuned")):
         if name is None:
             raise SkillgraftError(f"{role} is required for a checkpoint pair")
         try:
-            model_reference(name)  # a path that does not exist is refused here
+            refs.append(model_reference(name))  # a path that does not exist is refused here
         except SkillgraftError as e:
             raise SkillgraftError(f"{role}: {e}") from None
+    pre_ref, ft_ref = refs
     user = isinstance(data, UserDataSpec) and data.data is not None
-    mode = pair_mode(finetuned, user and data.generative, mode)
+    mode = pair_mode(finetuned, user and data.generative, mode, ref=ft_ref)
     if mode == "head":
         raise SkillgraftError("--mode head adds a new random head: a checkpoint pair has no head to carry; use "
                               "classifier (the fine-tuned model's own head), prompt, causal or generative")
-    check_pair(pretrained, finetuned)  # before any weights load
+    check_pair(pretrained, finetuned, refs=refs)  # before any weights load
     if user:
         if data.generative != (mode == "generative"):
             raise SkillgraftError(f"--mode {mode} needs {'prompt→completion' if mode == 'generative' else 'labelled'} "
                                   "data (--prompt-field/--completion-field for generative data)")
-        labels = model_labels(finetuned) if mode == "classifier" else None
+        labels = model_labels(finetuned, ref=ft_ref) if mode == "classifier" else None
         loaded = data.load(labels)
         task, train, dev, test = loaded.task, loaded.train, loaded.dev, loaded.test
         files, note, k, seed = loaded.files, loaded.labels_note, data.k or 0, data.seed
@@ -251,7 +250,7 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         task, train, dev, test, files, note, k, seed = few.task, few.train, few.dev, few.test, None, "", few.k, few.seed
         data_note = ""
     if mode == "classifier":
-        n = len(model_labels(finetuned))
+        n = len(model_labels(finetuned, ref=ft_ref))
         if n != task.num_labels:
             raise SkillgraftError(f"the fine-tuned classifier {finetuned} has {n} outputs but the data has "
                                   f"{task.num_labels} labels {list(task.labels)}")
@@ -259,38 +258,37 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     if mode in ("causal", "generative"):
         from skillgraft.models.scorer import Scorer  # noqa: PLC0415
 
-        def causal(name: str, role: str) -> Scorer:
-            ref = model_reference(name)
+        def causal(ref, role: str) -> Scorer:
             return Scorer(complete_model(ref.path, mode, role), load_tokenizer(ref.path), task, mode, pooling="last",
                           max_length=max_length, base_model=ref.name)
 
         def load_pre() -> Scorer:  # deferred: A's files were checked for non-finite values before any work
             from skillgraft.graft.identity import fingerprint_from_files  # noqa: PLC0415
 
-            pre = causal(pretrained, "pre-trained")
+            pre = causal(pre_ref, "pre-trained")
             # what the store keys and grafts need of θ_pre's identity, read from A's files: a memory-mapped model's
             # pages stay untouched until the work reads them (most of the embedding matrix never is)
-            fingerprint_from_files(pre, model_reference(pretrained).path)
+            fingerprint_from_files(pre, pre_ref.path)
             return pre.eval()
 
         # lean only when A's and B's safetensors list the same tensors (else both load now: A refused before work)
-        lean = lean and same_tensors(model_reference(pretrained).path, model_reference(finetuned).path)
+        lean = lean and same_tensors(pre_ref.path, ft_ref.path)
         if lean:  # θ_pre loads later: its weights are still checked before any work, slice by slice
-            refuse_non_finite_files(model_reference(pretrained).path, f"--pretrained {pretrained}")
+            refuse_non_finite_files(pre_ref.path, f"--pretrained {pretrained}")
         if share_pre is not None and not lean:  # θ_pre first, shared: the old one is freed before θ_ft loads
-            pre = share_pre(causal(pretrained, "pre-trained"))
-            ft = causal(finetuned, "fine-tuned")
+            pre = share_pre(causal(pre_ref, "pre-trained"))
+            ft = causal(ft_ref, "fine-tuned")
         else:
-            ft = causal(finetuned, "fine-tuned")
-            pre = None if lean else causal(pretrained, "pre-trained")
+            ft = causal(ft_ref, "fine-tuned")
+            pre = None if lean else causal(pre_ref, "pre-trained")
         deferred = (load_pre if share_pre is None else lambda: share_pre(load_pre())) if lean else None
     else:
         if share_pre is not None:  # θ_pre first, shared: the old one is freed before θ_ft loads
-            pre = share_pre(build_scorer(pretrained, task, mode, max_length=max_length))
-            ft = build_scorer(finetuned, task, mode, max_length=max_length)
+            pre = share_pre(build_scorer(pre_ref, task, mode, max_length=max_length))
+            ft = build_scorer(ft_ref, task, mode, max_length=max_length)
         else:
-            ft = build_scorer(finetuned, task, mode, max_length=max_length)
-            pre = build_scorer(pretrained, task, mode, max_length=max_length)
+            ft = build_scorer(ft_ref, task, mode, max_length=max_length)
+            pre = build_scorer(pre_ref, task, mode, max_length=max_length)
         if mode == "classifier" and ft.carried - pre.carried:
             raise SkillgraftError(f"the fine-tuned checkpoint {finetuned} lacks tensors of its own classifier: "
                                   f"{sorted(ft.carried - pre.carried)[:3]}")
@@ -303,7 +301,7 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         refuse_non_finite_model(pre, f"--pretrained {pretrained}")
         pre.eval()
     few = FewShotData(task, k, seed, train, dev, test)
-    pre_name = model_reference(pretrained).name  # θ_pre may not be loaded yet (a lean pair)
+    pre_name = pre_ref.name  # θ_pre may not be loaded yet (a lean pair)
     root = getattr(data, "data_dir", None) if not user else None
     meta = {"pretrained": pre_name, "finetuned": ft.base_model, "task_spec": task_record(task)}
     if user:
@@ -311,9 +309,9 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     inputs = MemberInputs(few, Path(finetuned), None, data_root=str(root) if root else None, data_files=files,
                           labels_note=note, data_note=data_note,
                           graft_metadata=GraftMetadata.build(meta, where="graft metadata"),
-                          pre_files=_local_folder(model_reference(pretrained).path))
+                          pre_files=_local_folder(pre_ref.path), pre_ref=pre_ref)
     return Member(task.name, inputs, ft, pre, load_pre=deferred,
-                  ft_files=Path(model_reference(finetuned).path) if deferred else None)
+                  ft_files=Path(ft_ref.path) if deferred else None)
 
 
 def _local_folder(path: str) -> Path | None:

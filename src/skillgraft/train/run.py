@@ -25,6 +25,7 @@ from skillgraft.train.finetune import finetune as train
 
 if TYPE_CHECKING:
     from skillgraft.models.scorer import Scorer
+    from skillgraft.models.loading import ModelRef
 
 
 def write_probs(path: Path, probs: np.ndarray, labels: np.ndarray, label_names) -> None:
@@ -117,8 +118,9 @@ def run_finetune(data: DataSpec, out_dir: str | os.PathLike, *, model: ModelSpec
     return metrics
 
 
-def load_finetuned(run_dir: str | os.PathLike) -> tuple[Scorer, Scorer, RunConfig]:
-    """(fine-tuned scorer, pre-trained scorer, run config) of a fine-tuning run directory."""
+def load_finetuned(run_dir: str | os.PathLike, base=None) -> tuple[Scorer, Scorer, RunConfig, ModelRef]:
+    """(fine-tuned scorer, pre-trained scorer, run config, the base's model reference) of a fine-tuning run
+    directory; ``base``: that reference when the run resolved it already (resolved here otherwise, once)."""
     run_dir = Path(run_dir)
     model_dir = run_dir / "model"
     if not model_dir.is_dir():
@@ -130,14 +132,17 @@ def load_finetuned(run_dir: str | os.PathLike) -> tuple[Scorer, Scorer, RunConfi
     from skillgraft.models.scorer import Scorer  # noqa: PLC0415
 
     ft = Scorer.from_pretrained(model_dir)
+    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+
     try:
-        pre = cfg.model_spec.scorer(ft.task, head_seed=cfg.finetune.seed)
+        base = model_reference(base or cfg.model)
+        pre = cfg.model_spec.scorer(ft.task, head_seed=cfg.finetune.seed, ref=base)
     except SkillgraftError as e:  # the recorded base, as typed to finetune (a relative name is read from here)
         raise SkillgraftError(
             f"{run_dir / 'config.json'}: its field 'model' ({cfg.model!r}, the base this run was fine-tuned from, as "
             f"given to finetune) cannot be loaded from {Path.cwd()}: {e}. A relative name is read from the current "
             "folder: run from the folder the fine-tuning ran in") from None
-    return ft, pre, cfg
+    return ft, pre, cfg, base
 
 
 WEIGHTS_DROPPED = "WEIGHTS-DROPPED.txt"

@@ -491,7 +491,7 @@ def models_and_data(member: Member) -> list[str]:
     from skillgraft.models.loading import base_model_note  # noqa: PLC0415
 
     inputs = member.inputs
-    converted = base_model_note(member.pre.base_model)  # e.g. dequantized from a GGUF file
+    converted = base_model_note(inputs.pre_ref or member.pre.base_model)  # e.g. dequantized from a GGUF file
     if not (inputs.labels_note or inputs.graft_metadata.to_dict() or converted):
         return []
     lines = ["", "## Models and data", "",
