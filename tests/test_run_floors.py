@@ -69,3 +69,54 @@ def test_a_graft_run_on_a_pair_resolves_each_model_once(llama_pair, toy_data, tm
     graft(GraftInputs(str(b), pretrained=str(a), task="SST-2", data=DataSpec(data_dir=str(toy_data))),
           report=report, localize=LocalizeConfig(**OPTIONS), keep=None, out=tmp_path / "g", cache=tmp_path / "store")
     assert dict(resolutions) == {str(a): 1, str(b): 1}
+
+
+# the fields of a Member that say where its models are and what was recorded of them (pipeline/member.py)
+MEMBER_STATE = {"state", "pre_state", "probs", "ft_metrics", "inputs", "graft", "head", "load_pre", "ft", "pre",
+                "loader"}
+
+
+def test_the_workbench_is_the_only_writer_of_member_state():
+    """No module but pipeline/workbench.py assigns a member's state or what goes with it (a member made anew with
+    ``dataclasses.replace`` is no write); read from the source, so a new writer elsewhere fails here."""
+    import ast
+
+    import skillgraft
+
+    writers = []
+    for path in sorted(Path(skillgraft.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            else:
+                continue
+            for target in targets:
+                for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    t = t.value if isinstance(t, ast.Subscript) else t  # member.probs[set] = …
+                    if isinstance(t, ast.Attribute) and t.attr in MEMBER_STATE and "member" in ast.unparse(t.value):
+                        writers.append(f"{path.name}:{node.lineno} {ast.unparse(t)}")
+    assert writers and all(w.startswith("workbench.py:") for w in writers), writers
+
+
+def test_a_members_states_are_one_enum_each(llama_pair, toy_data):
+    """θ_pre deferred or loaded is ``pre_state``, FT scored is ``state`` (set by the bench's ``record``, kept by
+    ``add``), released is read from ``state``."""
+    from skillgraft.pipeline.member import MemberState, PreState
+    from skillgraft.pipeline.opening import from_pair
+    from skillgraft.pipeline.variants import score_ft_first
+    from skillgraft.pipeline.workbench import Workbench
+
+    a, b = llama_pair
+    spec = DataSpec.build({"task": "SST-2", "k": 4, "seed": 42, "data_dir": str(toy_data), "test_limit": 4},
+                          where="test")
+    member = from_pair(str(a), str(b), spec, data_dir=toy_data, lean=True)
+    assert (member.state, member.pre_state) == (MemberState.LOADED, PreState.DEFERRED) and member.pre is None
+    bench = Workbench.of(member)
+    score_ft_first(bench, member.name, release=True)
+    assert (member.state, member.pre_state) == (MemberState.LAZY, PreState.LOADED) and member.released
+    assert set(member.probs) == set(member.ft_metrics) == {"test"}
+    again = from_pair(str(a), str(b), spec, data_dir=toy_data)
+    Workbench.record(again, "test", member.ft_metrics["test"], member.probs["test"])
+    assert Workbench.of(again).states[again.name] is MemberState.SCORED and not again.released

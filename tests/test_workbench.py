@@ -163,7 +163,7 @@ def test_lean_members_hold_one_model_and_give_theta_pre_back(llama_pair, toy_dat
         assert member.pre_state == PreState.DEFERRED
         assert member.pre is None and bench.release_to_files(name) and isinstance(member.ft, FineTunedFiles)
         assert member.state is MemberState.LAZY  # files holding exactly θ_ft, read tensor by tensor
-        member.load_deferred_pre()
+        bench.load_pre(name)
         assert bench.pre_state == "loaded" and member.identity() == both.identity()  # the same store keys
     mine, ref = dict(bench.pre.named_parameters()), dict(both.pre.named_parameters())
     assert all(torch.equal(mine[n], ref[n]) for n in ref)

@@ -129,8 +129,7 @@ def prepare(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneCo
     """Fine-tune (or find in the store) ``model`` on ``data``; load θ_ft, θ_pre and the data."""
     ft_dir, seconds = finetuned_run(store, model, data, finetune, progress=progress)
     member = from_run(ft_dir, data_dir=data.data_dir, test_limit=data.test_limit)
-    member.inputs = dataclasses.replace(member.inputs, ft_seconds=seconds)
-    return member
+    return dataclasses.replace(member, inputs=dataclasses.replace(member.inputs, ft_seconds=seconds))  # a new member
 
 
 def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = None,
@@ -201,7 +200,7 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     any weights load: a missing folder, different architectures, shapes or vocabularies; then A lacking a
     tensor of B's body (a classification head and a pooler only B has are carried).
 
-    ``lean`` (causal and generative pairs): θ_pre is not loaded yet (``Member.load_pre``), so that FT can be
+    ``lean`` (causal and generative pairs): θ_pre is not loaded yet (``Workbench.load_pre``), so that FT can be
     scored and released (:meth:`Workbench.release_to_files`) before θ_pre loads; its checks run when it loads.
 
     ``share_pre`` (a :class:`~skillgraft.pipeline.workbench.Workbench`'s ``share``): θ_pre goes through it (its
@@ -297,7 +296,7 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         check_compatible(pre, ft)
     refuse_non_finite_model(ft, f"--finetuned {finetuned}")
     ft.eval()
-    if pre is not None:  # a deferred θ_pre is checked when it loads (Member.load_deferred_pre)
+    if pre is not None:  # a deferred θ_pre is checked when it loads (Workbench.load_pre)
         refuse_non_finite_model(pre, f"--pretrained {pretrained}")
         pre.eval()
     few = FewShotData(task, k, seed, train, dev, test)

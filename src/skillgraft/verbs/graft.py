@@ -34,7 +34,7 @@ from skillgraft.graft.localizers import LOCALIZERS, get_localizer
 from skillgraft.graft.selection import Budget, region_universe
 from skillgraft.pipeline.regions import learned_regions, localizer_options
 from skillgraft.pipeline.report import RunDir, write_csv
-from skillgraft.pipeline.member import Member
+from skillgraft.pipeline.member import Member, PreState
 from skillgraft.pipeline.workbench import Workbench
 from skillgraft.pipeline.variants import (ResultRow, Variant, base_variants, compare, graft_variant,
                                           score_ft_first)
@@ -80,7 +80,7 @@ def runnable_baselines(report: ReportSpec, member: Member, options: Spec) -> Rep
     keep, left = [], []
     for name in report.baselines:
         loc = get_localizer(name)  # unknown names fail here
-        model = member.pre if member.pre is not None else member.ft  # a lean pair: θ_pre not loaded yet (same mode)
+        model = member.ft if member.pre_state == PreState.DEFERRED else member.pre  # a lean pair: same mode
         try:
             loc.check(model, loc.options(baseline_options(name, options.graftable, getattr(options, "seed", 0))))
             keep.append(name)

@@ -44,7 +44,7 @@ from skillgraft.io import atomic_dir, check_target
 from skillgraft.merge import MERGE_METHODS, MergeMethod, Scored, merge_methods
 from skillgraft.merge.base import MergeRow, pick_written
 from skillgraft.pipeline.report import write_csv
-from skillgraft.pipeline.member import Member
+from skillgraft.pipeline.member import Member, PreState
 from skillgraft.pipeline.workbench import Workbench
 from skillgraft.spec import Spec
 from skillgraft.models.spec import MAX_LENGTH
@@ -148,7 +148,8 @@ MergeSpec = create_model("MergeSpec", __base__=(MergeSettings, *[type(m).Options
 # ---------------------------------------------------------------------------------------------- one model
 def open_member(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None, lean: bool = False) -> Member:
     """θ_pre, θ_ft and the rows of one model: train (localize), dev (grid choice), test (report). ``lean``: θ_pre
-    loads later (:meth:`Member.load_deferred_pre`), when a causal pair allows it (``from_pair``)."""
+    loads later (:meth:`Workbench.load_pre`), when a causal pair allows it (``from_pair``). The member returned is a
+    new one holding the narrowed inputs (nothing is written into the one ``from_pair`` made)."""
     from skillgraft.data.sampling import eval_subset  # noqa: PLC0415
     from skillgraft.pipeline.opening import from_pair  # noqa: PLC0415
 
@@ -173,9 +174,9 @@ def open_member(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None,
         dev = [ex for i, ex in enumerate(train) if i in held]
         train = [ex for i, ex in enumerate(train) if i not in held]
     data = dataclasses.replace(data, train=train, dev=eval_subset(dev, spec.dev_limit))
-    member.inputs = dataclasses.replace(member.inputs, data=data, data_files=files,
-                                        graft_metadata=member.inputs.graft_metadata.updated(merge_task=m.name))
-    return member
+    metadata = member.inputs.graft_metadata.updated(merge_task=m.name)
+    return dataclasses.replace(member, inputs=dataclasses.replace(member.inputs, data=data, data_files=files,
+                                                                  graft_metadata=metadata))
 
 
 def check_data(inputs: list[ModelInput], spec: MergeSpec, mode: str) -> None:
@@ -326,13 +327,13 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             bench.scored(m.name)
             for method, opts in chosen:
                 method.on_model(bench, m.name, member.ft, opts, work)
-            if (m.graft is None and reads_files and spec.keep is None) or member.pre is None:
+            if (m.graft is None and reads_files and spec.keep is None) or member.pre_state == PreState.DEFERRED:
                 bench.release_to_files(m.name)  # localized from θ_ft's files: θ_pre and one tensor of θ_ft resident
             bench.load_pre(m.name)  # a lean member: θ_pre after θ_ft's release (docs/scale.md)
             if len(bench.members) == 1:
                 for method, opts in chosen:
                     method.start(bench, opts, work)
-            bench.members[m.name].graft = task_graft(member, m, spec, localize, store, progress=progress)
+            bench.set_graft(m.name, task_graft(member, m, spec, localize, store, progress=progress))
             if spec.keep is not None:
                 from skillgraft.pipeline.keep import keep_graft  # noqa: PLC0415
 
