@@ -120,3 +120,43 @@ def test_a_members_states_are_one_enum_each(llama_pair, toy_data):
     again = from_pair(str(a), str(b), spec, data_dir=toy_data)
     Workbench.record(again, "test", member.ft_metrics["test"], member.probs["test"])
     assert Workbench.of(again).states[again.name] is MemberState.SCORED and not again.released
+
+
+@pytest.fixture
+def ambient_reads(monkeypatch) -> list[str]:
+    """Where the active placement (``placement.active``, the context variable the command line sets) is read: the
+    file of each reader (through ``placement.boundary``, the verb's one read: the verb's file)."""
+    import skillgraft.models.placement as placement
+
+    original, readers = placement.active, []
+
+    def spying():
+        frame = sys._getframe(1)
+        if frame.f_code.co_name == "boundary":
+            frame = frame.f_back
+        readers.append(Path(frame.f_code.co_filename).name)
+        return original()
+
+    monkeypatch.setattr(placement, "active", spying)
+    return readers
+
+
+@pytest.mark.parametrize("pair", [False, True], ids=["run", "lean-pair"])
+def test_a_graft_run_reads_its_placement_once_and_passes_it_down(ft_run, llama_pair, toy_data, tmp_path,
+                                                                 ambient_reads, pair):
+    """The command line activates the placement; the verb reads it once, where it starts, and everything below
+    it (loaders, the Workbench, the report, the memory plan) is given it: the models load in bf16, the report
+    says so, and nothing below the verb reads the ambient placement."""
+    import json
+
+    from skillgraft.models.placement import Placement, using
+
+    a, b = llama_pair
+    inputs = (GraftInputs(str(b), pretrained=str(a), task="SST-2", data=DataSpec(data_dir=str(toy_data))) if pair
+              else GraftInputs(str(ft_run), data=DataSpec(data_dir=str(toy_data))))
+    with using(Placement(device="cpu", precision="bf16")):
+        result = graft(inputs, report=ReportSpec(baselines=[], lottery_zero=False), localize=LocalizeConfig(**OPTIONS),
+                       out=tmp_path / "g", cache=tmp_path / "store")
+    assert ambient_reads == ["graft.py"]  # verbs/graft.py, once
+    assert json.loads((result.out / "metrics.json").read_text())["placement"]["precision"] == "bf16"
+    assert "Ran on cpu, bf16." in (result.out / "report.md").read_text()

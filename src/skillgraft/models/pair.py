@@ -172,8 +172,9 @@ def read_config(path: str, who: str):
         raise SkillgraftError(f"{who}: no readable config ({first})") from None
 
 
-def complete_model(path: str, mode: str, role: str):
-    """θ_pre or θ_ft of a causal pair, refusing a checkpoint that lacks tensors the model has."""
+def complete_model(path: str, mode: str, role: str, runtime=None):
+    """θ_pre or θ_ft of a causal pair, refusing a checkpoint that lacks tensors the model has (``runtime``: the run's
+    placement, passed down)."""
     from transformers import AutoModelForCausalLM  # noqa: PLC0415
 
     from skillgraft.lazy import quiet_transformers  # noqa: PLC0415
@@ -185,7 +186,7 @@ def complete_model(path: str, mode: str, role: str):
     vet_folder(path, f"{role} model")  # no code of its own, no pickle that runs code (models/vet.py)
     check_weight_files(path, f"{role} model")
     hf_logging, level = quiet_transformers()
-    dtype = load_dtype()  # the run's precision (models/placement.py), else the checkpoint's own
+    dtype = load_dtype(None, runtime)  # the run's precision (models/placement.py), else the checkpoint's own
     try:
         with torch_fork(0):
             model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True,

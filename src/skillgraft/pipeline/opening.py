@@ -90,54 +90,57 @@ def same_tensors(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return False
 
 
-def finetune_key(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig) -> dict:
+def finetune_key(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, runtime=None) -> dict:
     """The store key of a fine-tuning run: its draw (:func:`~skillgraft.pipeline.store.draw_key`) and settings; a
-    run in bf16 or bf16-mixed is another run (the device is not part of it: the same run on a CPU or a GPU)."""
-    from skillgraft.models.placement import active  # noqa: PLC0415
-
-    runtime = active()
+    run in bf16 or bf16-mixed is another run (the device is not part of it: the same run on a CPU or a GPU). The
+    precision is ``runtime``'s, the run's placement passed down from its verb or recipe (None: fp32)."""
     precision = {"precision": runtime.precision} if runtime is not None and runtime.precision != "fp32" else {}
     return {**draw_key(model, data), "finetune": finetune.to_dict(), **precision}
 
 
-def ft_stage(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig) -> tuple[str, dict, str]:
+def ft_stage(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, runtime=None) -> tuple[str, dict, str]:
     """The store address of a fine-tuning: (kind, key, label), as ``Store.get`` / ``Store.path`` take them."""
-    return "ft", finetune_key(model, data, finetune), f"{data.task}-{data.k}-{data.seed}-{model.mode}"
+    return "ft", finetune_key(model, data, finetune, runtime), f"{data.task}-{data.k}-{data.seed}-{model.mode}"
 
 
-def stored_run(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig) -> Path | None:
+def stored_run(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig,
+               runtime=None) -> Path | None:
     """The run directory of this fine-tuning if the store holds it (None: it was never finished; nothing trains)."""
-    entry = store.get(*ft_stage(model, data, finetune))
+    entry = store.get(*ft_stage(model, data, finetune, runtime))
     return None if entry is None else entry / "run"
 
 
 def finetuned_run(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, *,
-                  progress: bool = True) -> tuple[Path, float]:
-    """The run directory of this fine-tuning (trained once, then found in the store) and its seconds."""
-    kind, key, label = ft_stage(model, data, finetune)
+                  progress: bool = True, runtime=None) -> tuple[Path, float]:
+    """The run directory of this fine-tuning (trained once under ``runtime``, then found in the store) and its
+    seconds."""
+    kind, key, label = ft_stage(model, data, finetune, runtime)
     t0 = time.perf_counter()
 
     def make(folder: Path) -> None:
-        run_finetune(data, folder / "run", model=model, finetune=finetune, overwrite=True, progress=progress)
+        run_finetune(data, folder / "run", model=model, finetune=finetune, overwrite=True, progress=progress,
+                     runtime=runtime)
 
     entry = store.fetch(kind, key, make, label=label)
     return entry / "run", time.perf_counter() - t0
 
 
 def prepare(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, *,
-            progress: bool = False) -> Member:
-    """Fine-tune (or find in the store) ``model`` on ``data``; load θ_ft, θ_pre and the data."""
-    ft_dir, seconds = finetuned_run(store, model, data, finetune, progress=progress)
-    member = from_run(ft_dir, data_dir=data.data_dir, test_limit=data.test_limit)
+            progress: bool = False, runtime=None) -> Member:
+    """Fine-tune (or find in the store) ``model`` on ``data``; load θ_ft, θ_pre and the data (placed by
+    ``runtime``, the run's placement)."""
+    ft_dir, seconds = finetuned_run(store, model, data, finetune, progress=progress, runtime=runtime)
+    member = from_run(ft_dir, data_dir=data.data_dir, test_limit=data.test_limit, runtime=runtime)
     return dataclasses.replace(member, inputs=dataclasses.replace(member.inputs, ft_seconds=seconds))  # a new member
 
 
 def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = None,
-             test_limit: int | None = None, pretrained: str | None = None) -> Member:
+             test_limit: int | None = None, pretrained: str | None = None, runtime=None) -> Member:
     """Open a fine-tuning run directory: θ_ft, θ_pre (same head initialisation), its k-shot data.
 
     ``data_dir`` / ``test_limit`` override the run's own (None: the run's data root, full test set);
-    ``pretrained``, when given, must name the model the run was fine-tuned from (checked before any weights load).
+    ``pretrained``, when given, must name the model the run was fine-tuned from (checked before any weights load);
+    ``runtime``: the run's placement, passed down from its verb (both models are placed there as they load).
     """
     ft_dir = Path(ft_dir)
     if not ft_dir.exists():
@@ -156,7 +159,7 @@ def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = 
             if given.path != base.path:
                 raise SkillgraftError(f"--pretrained {pretrained} is not the model the run {ft_dir} was fine-tuned "
                                       f"from ({recorded}); drop --pretrained or give that model")
-    ft, pre, cfg, base = load_finetuned(ft_dir, base)
+    ft, pre, cfg, base = load_finetuned(ft_dir, base, runtime)
     refuse_non_finite_model(ft, str(ft_dir / "model"))
     refuse_non_finite_model(pre, f"base model {pre.base_model}")
     ft.eval()
@@ -189,7 +192,7 @@ def is_run_dir(path: str | os.PathLike) -> bool:
 
 def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None, max_length: int = MAX_LENGTH,
               data_dir: str | os.PathLike | None = None, lean: bool = False,
-              share_pre: Callable[[Scorer], Scorer] | None = None) -> Member:
+              share_pre: Callable[[Scorer], Scorer] | None = None, runtime=None) -> Member:
     """A Member from two Hugging Face checkpoints and the data to localize and evaluate on.
 
     ``pretrained`` (A) and ``finetuned`` (B) are hub names or folders saved by plain transformers (B may
@@ -205,6 +208,8 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
 
     ``share_pre`` (a :class:`~skillgraft.pipeline.workbench.Workbench`'s ``share``): θ_pre goes through it (its
     parameters become the bench's θ_pre): loaded first, then θ_ft; or, lean, when it loads (after θ_ft's release).
+
+    ``runtime``: the run's placement, passed down from its verb: every model of the pair is placed there as it loads.
     """
     from skillgraft.data.sampling import FewShotData  # noqa: PLC0415
     from skillgraft.data.spec import UserDataSpec  # noqa: PLC0415
@@ -216,7 +221,7 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         if isinstance(data, UserDataSpec) and data.data is not None:
             raise SkillgraftError(f"{finetuned} is a skillgraft run directory: it grafts on its own task data "
                                   "(drop --data)")
-        return from_run(finetuned, data_dir=data_dir, test_limit=getattr(data, "test_limit", None))
+        return from_run(finetuned, data_dir=data_dir, test_limit=getattr(data, "test_limit", None), runtime=runtime)
     refs = []  # each model resolved once here, then passed down (models/loading.py: ModelRef)
     for name, role in ((pretrained, "--pretrained"), (finetuned, "--finetuned")):
         if name is None:
@@ -258,8 +263,8 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         from skillgraft.models.scorer import Scorer  # noqa: PLC0415
 
         def causal(ref, role: str) -> Scorer:
-            return Scorer(complete_model(ref.path, mode, role), load_tokenizer(ref.path), task, mode, pooling="last",
-                          max_length=max_length, base_model=ref.name)
+            return Scorer(complete_model(ref.path, mode, role, runtime), load_tokenizer(ref.path), task, mode,
+                          pooling="last", max_length=max_length, base_model=ref.name, runtime=runtime)
 
         def load_pre() -> Scorer:  # deferred: A's files were checked for non-finite values before any work
             from skillgraft.graft.identity import fingerprint_from_files  # noqa: PLC0415
@@ -283,11 +288,11 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         deferred = (load_pre if share_pre is None else lambda: share_pre(load_pre())) if lean else None
     else:
         if share_pre is not None:  # θ_pre first, shared: the old one is freed before θ_ft loads
-            pre = share_pre(build_scorer(pre_ref, task, mode, max_length=max_length))
-            ft = build_scorer(ft_ref, task, mode, max_length=max_length)
+            pre = share_pre(build_scorer(pre_ref, task, mode, max_length=max_length, runtime=runtime))
+            ft = build_scorer(ft_ref, task, mode, max_length=max_length, runtime=runtime)
         else:
-            ft = build_scorer(ft_ref, task, mode, max_length=max_length)
-            pre = build_scorer(pre_ref, task, mode, max_length=max_length)
+            ft = build_scorer(ft_ref, task, mode, max_length=max_length, runtime=runtime)
+            pre = build_scorer(pre_ref, task, mode, max_length=max_length, runtime=runtime)
         if mode == "classifier" and ft.carried - pre.carried:
             raise SkillgraftError(f"the fine-tuned checkpoint {finetuned} lacks tensors of its own classifier: "
                                   f"{sorted(ft.carried - pre.carried)[:3]}")

@@ -13,8 +13,8 @@ holds at most two models' weights: θ_pre once and one θ_ft. :meth:`Workbench.r
 θ_ft loaded, scored, released to its files, then θ_pre — holds one model's weights at a time (``skillgraft merge``;
 bench/merge_memory.py). ``skillgraft graft`` is the same path with N = 1 (:meth:`Workbench.of`;
 :func:`skillgraft.pipeline.variants.score_ft_first`). The bench carries its placement (:attr:`Workbench.runtime`,
-by default the one active when it was made: :func:`skillgraft.models.placement.using` keeps working) and places
-what it loads there (:meth:`Workbench.placed`).
+given by the verb that made it: nothing ambient is copied) and what it loads is placed there by the loaders the verb
+gave that runtime (:func:`~skillgraft.pipeline.opening.from_pair`'s deferred θ_pre, a member's ``loader``).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Workbench:
     pre: object | None = None                                    # θ_pre's scorer (the first member's)
     pre_state: PreState = PreState.RELEASED                      # θ_pre's tensors in memory, or dropped
     members: dict[str, Member] = field(default_factory=dict)
-    runtime: object | None = field(default_factory=lambda: _active())  # a placement's Runtime (None: as loaded)
+    runtime: object | None = None  # a placement's Runtime, given by the verb (None: as loaded)
 
     @property
     def names(self) -> list[str]:
@@ -102,13 +102,10 @@ class Workbench:
 
     @contextlib.contextmanager
     def placed(self) -> Iterator[object | None]:
-        """The bench's placement active for the block: what loads in it is placed there (the loaders read
-        :func:`~skillgraft.models.placement.active`)."""
-        from skillgraft.models.placement import active, using  # noqa: PLC0415
+        """The bench's placement active for the block, for a caller whose loaders read the active placement (the
+        bench's own loads are placed by the runtime their loaders were given)."""
+        from skillgraft.models.placement import using  # noqa: PLC0415
 
-        if self.runtime is None or self.runtime == active():  # already active (a verb's ``using``): as it is
-            yield active()
-            return
         with using(self.runtime) as runtime:
             yield runtime
 
@@ -156,9 +153,9 @@ class Workbench:
         release_freed_memory()
 
     @classmethod
-    def of(cls, member: Member) -> Workbench:
-        """A bench of one member (``skillgraft graft``: N = 1), under its own name."""
-        bench = cls()
+    def of(cls, member: Member, runtime=None) -> Workbench:
+        """A bench of one member (``skillgraft graft``: N = 1), under its own name, on ``runtime``."""
+        bench = cls(runtime=runtime)
         bench.add(member.name, member)
         return bench
 
@@ -201,8 +198,7 @@ class Workbench:
         one is the bench's θ_pre."""
         member = self.members[name]
         if member.pre_state == PreState.DEFERRED:
-            with self.placed():
-                member.pre = member.load_pre()
+            member.pre = member.load_pre()  # placed by the runtime its loader was given (from_pair)
             member.load_pre, member.pre_state = None, PreState.LOADED
             ft = member.ft
             shapes = ft.shapes if member.released else {n: tuple(p.shape) for n, p in ft.named_parameters()}
@@ -251,8 +247,7 @@ class Workbench:
         if not member.released:
             yield member.ft
             return
-        with self.placed():
-            ft = member.loader()
+        ft = member.loader()  # placed by the runtime the verb gave its loader
         try:
             yield ft
         finally:
@@ -261,9 +256,3 @@ class Workbench:
             collect_if_alive(gone)
             release_freed_memory()
 
-
-def _active():
-    """The placement active when a bench is made (:func:`skillgraft.models.placement.using`)."""
-    from skillgraft.models.placement import active  # noqa: PLC0415
-
-    return active()

@@ -146,7 +146,8 @@ MergeSpec = create_model("MergeSpec", __base__=(MergeSettings, *[type(m).Options
 
 
 # ---------------------------------------------------------------------------------------------- one model
-def open_member(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None, lean: bool = False) -> Member:
+def open_member(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None, lean: bool = False,
+                runtime=None) -> Member:
     """θ_pre, θ_ft and the rows of one model: train (localize), dev (grid choice), test (report). ``lean``: θ_pre
     loads later (:meth:`Workbench.load_pre`), when a causal pair allows it (``from_pair``). The member returned is a
     new one holding the narrowed inputs (nothing is written into the one ``from_pair`` made)."""
@@ -154,7 +155,7 @@ def open_member(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None,
     from skillgraft.pipeline.opening import from_pair  # noqa: PLC0415
 
     member = from_pair(pretrained, m.finetuned, m.data, mode=spec.mode, max_length=spec.max_length,
-                       share_pre=share_pre, lean=lean)
+                       share_pre=share_pre, lean=lean, runtime=runtime)
     data = member.data
     train = data.train
     if m.dev_data is not None:
@@ -280,15 +281,19 @@ class MergeBench(Workbench):
 @converts_into_store
 def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, localize: Spec | dict | None,
                  out: str | os.PathLike, *, store=None, overwrite: bool = False, progress: bool = False,
-                 methods: dict[str, MergeMethod] | None = None) -> MergeResult:
+                 methods: dict[str, MergeMethod] | None = None, runtime=None) -> MergeResult:
     """Merge ``inputs`` (fine-tuned from ``pretrained``) into ``out``; see the module doc. Returns its typed rows
     and merge.json.
 
     ``localize``: the options of ``spec.localizer`` set by the caller (its own spec or a dict; the rest are
     the localizer's own defaults). ``methods``: the merge methods (default: the registry,
-    :func:`skillgraft.merge.merge_methods`; tests pass one with a fake mergekit runner).
+    :func:`skillgraft.merge.merge_methods`; tests pass one with a fake mergekit runner). ``runtime``: where it
+    computes (None: the placement the command line activated), passed down to the bench and its loaders.
     """
+    from skillgraft.models.placement import boundary  # noqa: PLC0415
     from skillgraft.pipeline.regions import localizer_options  # noqa: PLC0415
+
+    runtime = boundary(runtime)
     from skillgraft.pipeline.store import Store  # noqa: PLC0415
 
     localize = localizer_options(spec.localizer, localize)  # an unknown name or option fails before any work
@@ -301,14 +306,14 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     # one θ_ft at a time (lean when its localizer reads files): fits, with candidates auto resolved, or one line
     localize, _ = plan_localization("merge", inputs[0].finetuned if inputs else None, localize,
                                     localizer=spec.localizer, lean=get_localizer(spec.localizer).reads_files,
-                                    max_length=spec.max_length)
+                                    max_length=spec.max_length, runtime=runtime)
     store = store or Store()
     chosen = [(m, m.options(spec)) for m in (methods or merge_methods()).values()]
     chosen = [(m, o) for m, o in chosen if m.active(o)]
     t0 = time.perf_counter()
     from skillgraft.progress import bar as tqdm  # noqa: PLC0415
 
-    bench = MergeBench()
+    bench = MergeBench(runtime=runtime)
     bench.progress = progress  # merge methods show their own long loops (mergekit's grid) when set
     ft = Scored("fine-tuned", "each task's own model")
     seconds: dict[str, float] = {}
@@ -320,8 +325,8 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             bench.release_pre()  # the member's θ_pre gives the tensors back (share): loaded later when lean
             # a keep search scores θ_ft and θ_pre + γ⊙Δ on the same rows: both in memory (as graft --keep)
             lean = (m.graft is not None or reads_files) and spec.keep is None
-            member = open_member(pretrained, m, spec, share_pre=bench.share, lean=lean)
-            bench.add(m.name, member, loader=_loader(member, m.finetuned, spec.max_length))
+            member = open_member(pretrained, m, spec, share_pre=bench.share, lean=lean, runtime=runtime)
+            bench.add(m.name, member, loader=_loader(member, m.finetuned, spec.max_length, runtime))
             ft.dev[m.name] = score(member.ft, member.data.dev)
             ft.test[m.name] = score(member.ft, member.test)
             bench.scored(m.name)
@@ -481,12 +486,13 @@ def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict,
     return out
 
 
-def _loader(member: Member, finetuned: str, max_length: int):
+def _loader(member: Member, finetuned: str, max_length: int, runtime=None):
     """Reads a released fine-tuned model back, as ``from_pair`` loaded it (writing the merged classifiers)."""
     def load():
         from skillgraft.models.scorer import build_scorer  # noqa: PLC0415
 
-        return build_scorer(finetuned, member.data.task, member.pre.mode, max_length=max_length).eval()
+        return build_scorer(finetuned, member.data.task, member.pre.mode, max_length=max_length,
+                            runtime=runtime).eval()
     return load
 
 
