@@ -160,3 +160,43 @@ def test_a_graft_run_reads_its_placement_once_and_passes_it_down(ft_run, llama_p
     assert ambient_reads == ["graft.py"]  # verbs/graft.py, once
     assert json.loads((result.out / "metrics.json").read_text())["placement"]["precision"] == "bf16"
     assert "Ran on cpu, bf16." in (result.out / "report.md").read_text()
+
+
+@pytest.fixture
+def loads(monkeypatch) -> list:
+    """The runtime each model load was given (``load_hf_model``, ``load_classifier``, ``complete_model``), wherever
+    the loader was imported."""
+    import skillgraft.models.loading as loading
+    import skillgraft.models.pair as pair
+
+    seen = []
+    for module, name in ((loading, "load_hf_model"), (loading, "load_classifier"), (pair, "complete_model")):
+        original = getattr(module, name)
+
+        def spy(*args, _original=original, **kwargs):
+            seen.append(kwargs.get("runtime", args[3] if _original.__name__ == "complete_model" and len(args) > 3
+                                   else None))
+            return _original(*args, **kwargs)
+
+        for mod in list(sys.modules.values()):
+            if getattr(mod, "__name__", "").startswith("skillgraft") and getattr(mod, name, None) is original:
+                monkeypatch.setattr(mod, name, spy)
+    return seen
+
+
+def test_a_verb_that_loads_a_model_is_placed(tiny_bert, toy_data, tmp_path, loads):
+    """Every model ``skillgraft finetune`` and ``skillgraft graft`` load is given the placement the command line
+    activated (``--precision bf16``); the same verb called without one (no command line, no ``using``) is not
+    placed: its loads get no runtime, which is what this test fails on for a command that forgets its placement."""
+    from userland import cli
+
+    run = tmp_path / "ft"
+    cli("finetune", "--model", tiny_bert, "--task", "SST-2", "--k", 4, "--steps", 2, "--eval-every", 0,
+        "--data-dir", toy_data, "--test-limit", 4, "--precision", "bf16", "--out", run)
+    cli("graft", "--finetuned", run, "--budgets", "0.01", "--steps", 1, "--baselines", "", "--no-lottery-zero",
+        "--data-dir", toy_data, "--test-limit", 4, "--precision", "bf16", "--out", tmp_path / "g")
+    assert len(loads) >= 3 and all(r is not None and r.precision == "bf16" for r in loads), loads
+    loads.clear()
+    graft(GraftInputs(str(run), data=DataSpec(data_dir=str(toy_data))),
+          report=ReportSpec(baselines=[], lottery_zero=False), localize=LocalizeConfig(**OPTIONS), out=tmp_path / "u")
+    assert loads and all(r is None for r in loads)  # not placed: as transformers loads them

@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.models.memory import (GB, MemoryPlan, ModelShape, Phase, Work, baseline_terms, fim_terms,
+from skillgraft.models.memory import (GB, MemoryPlan, ModelShape, Phase, Term, Work, baseline_terms, fim_terms,
                                       finetune_terms, free_memory, inference_terms, localization_terms, shape_of)
 from skillgraft.spec import MAX_LENGTH, Spec
 
