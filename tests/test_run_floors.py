@@ -71,6 +71,16 @@ def test_a_graft_run_on_a_pair_resolves_each_model_once(llama_pair, toy_data, tm
     assert dict(resolutions) == {str(a): 1, str(b): 1}
 
 
+def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions):
+    from userland import cli
+
+    c = classifiers
+    cli("merge", "--pretrained", c["base"], "--finetuned", c["sentiment"][0], "--data", c["sentiment"][1],
+        "--finetuned", c["topic"][0], "--data", c["topic"][1], "--localizer", "movement", "--budget", "0.05",
+        "--mergekit", "", "--out", tmp_path / "m")
+    assert dict(resolutions) == {str(c["base"]): 1, str(c["sentiment"][0]): 1, str(c["topic"][0]): 1}
+
+
 # the fields of a Member that say where its models are and what was recorded of them (pipeline/member.py)
 MEMBER_STATE = {"state", "pre_state", "probs", "ft_metrics", "inputs", "graft", "head", "load_pre", "ft", "pre",
                 "loader"}

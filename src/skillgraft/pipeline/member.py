@@ -68,6 +68,7 @@ class MemberInputs:
     # task, data and models)
     pre_files: Path | None = None         # a pair: A's folder (lottery-ticket-zero restores θ_pre from it, checked)
     pre_ref: ModelRef | None = None       # θ_pre's model reference, resolved once when the member opened
+    ft_ref: ModelRef | None = None        # a pair's θ_ft reference (None: a skillgraft run's saved model)
 
     @property
     def finetune_config(self) -> FinetuneConfig:

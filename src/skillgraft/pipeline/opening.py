@@ -192,7 +192,7 @@ def is_run_dir(path: str | os.PathLike) -> bool:
 
 def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None, max_length: int = MAX_LENGTH,
               data_dir: str | os.PathLike | None = None, lean: bool = False,
-              share_pre: Callable[[Scorer], Scorer] | None = None, runtime=None) -> Member:
+              share_pre: Callable[[Scorer], Scorer] | None = None, runtime=None, refs=None) -> Member:
     """A Member from two Hugging Face checkpoints and the data to localize and evaluate on.
 
     ``pretrained`` (A) and ``finetuned`` (B) are hub names or folders saved by plain transformers (B may
@@ -209,7 +209,8 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     ``share_pre`` (a :class:`~skillgraft.pipeline.workbench.Workbench`'s ``share``): θ_pre goes through it (its
     parameters become the bench's θ_pre): loaded first, then θ_ft; or, lean, when it loads (after θ_ft's release).
 
-    ``runtime``: the run's placement, passed down from its verb: every model of the pair is placed there as it loads.
+    ``runtime``: the run's placement, passed down from its verb: every model of the pair is placed there as it loads;
+    ``refs``: the two models' references when the verb resolved them already (``merge``), else resolved here once.
     """
     from skillgraft.data.sampling import FewShotData  # noqa: PLC0415
     from skillgraft.data.spec import UserDataSpec  # noqa: PLC0415
@@ -222,12 +223,12 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
             raise SkillgraftError(f"{finetuned} is a skillgraft run directory: it grafts on its own task data "
                                   "(drop --data)")
         return from_run(finetuned, data_dir=data_dir, test_limit=getattr(data, "test_limit", None), runtime=runtime)
-    refs = []  # each model resolved once here, then passed down (models/loading.py: ModelRef)
-    for name, role in ((pretrained, "--pretrained"), (finetuned, "--finetuned")):
+    given, refs = refs, []  # each model resolved once (here, or by the verb), then passed down (ModelRef)
+    for i, (name, role) in enumerate(((pretrained, "--pretrained"), (finetuned, "--finetuned"))):
         if name is None:
             raise SkillgraftError(f"{role} is required for a checkpoint pair")
         try:
-            refs.append(model_reference(name))  # a path that does not exist is refused here
+            refs.append(given[i] if given else model_reference(name))  # a path that does not exist is refused here
         except SkillgraftError as e:
             raise SkillgraftError(f"{role}: {e}") from None
     pre_ref, ft_ref = refs
@@ -313,7 +314,7 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     inputs = MemberInputs(few, Path(finetuned), None, data_root=str(root) if root else None, data_files=files,
                           labels_note=note, data_note=data_note,
                           graft_metadata=GraftMetadata.build(meta, where="graft metadata"),
-                          pre_files=_local_folder(pre_ref.path), pre_ref=pre_ref)
+                          pre_files=_local_folder(pre_ref.path), pre_ref=pre_ref, ft_ref=ft_ref)
     return Member(task.name, inputs, ft, pre, load_pre=deferred,
                   ft_files=Path(ft_ref.path) if deferred else None)
 
