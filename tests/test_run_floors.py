@@ -195,9 +195,10 @@ def loads(monkeypatch) -> list:
 
 
 def test_a_verb_that_loads_a_model_is_placed(tiny_bert, toy_data, tmp_path, loads):
-    """Every model ``skillgraft finetune`` and ``skillgraft graft`` load is given the placement the command line
-    activated (``--precision bf16``); the same verb called without one (no command line, no ``using``) is not
-    placed: its loads get no runtime, which is what this test fails on for a command that forgets its placement."""
+    """Every model ``skillgraft finetune``, ``graft``, ``evaluate`` and ``fim`` load is given the placement the
+    command line activated (``--precision bf16``); the same verb called without one (no command line, no ``using``)
+    is not placed: its loads get no runtime, which is what this test fails on for a command that forgets its
+    placement."""
     from userland import cli
 
     run = tmp_path / "ft"
@@ -205,7 +206,12 @@ def test_a_verb_that_loads_a_model_is_placed(tiny_bert, toy_data, tmp_path, load
         "--data-dir", toy_data, "--test-limit", 4, "--precision", "bf16", "--out", run)
     cli("graft", "--finetuned", run, "--budgets", "0.01", "--steps", 1, "--baselines", "", "--no-lottery-zero",
         "--data-dir", toy_data, "--test-limit", 4, "--precision", "bf16", "--out", tmp_path / "g")
-    assert len(loads) >= 3 and all(r is not None and r.precision == "bf16" for r in loads), loads
+    cli("evaluate", run, "--data-dir", toy_data, "--limit", 4, "--precision", "bf16")
+    cli("evaluate", tiny_bert, "--task", "SST-2", "--mode", "prompt", "--data-dir", toy_data, "--limit", 4,
+        "--precision", "bf16")
+    cli("fim", "--task", "SST-2", "--model", tiny_bert, "--k", 4, "--data-dir", toy_data, "--precision", "bf16",
+        "--out", tmp_path / "fim")
+    assert len(loads) >= 6 and all(r is not None and r.precision == "bf16" for r in loads), loads
     loads.clear()
     graft(GraftInputs(str(run), data=DataSpec(data_dir=str(toy_data))),
           report=ReportSpec(baselines=[], lottery_zero=False), localize=LocalizeConfig(**OPTIONS), out=tmp_path / "u")

@@ -342,7 +342,7 @@ def task_from_record(record: dict):
 
 
 def open_checkpoint(path: str, data, *, mode: str | None = None, split: str = "test", max_length: int = MAX_LENGTH,
-                    data_dir: str | os.PathLike | None = None):
+                    data_dir: str | os.PathLike | None = None, runtime=None):
     """A plain Hugging Face checkpoint as a Scorer with the examples to evaluate it on: ``(scorer, examples, note)``.
 
     ``data`` is a :class:`~skillgraft.data.UserDataSpec` (every row of ``--eval-data``, else of ``--data``)
@@ -372,5 +372,5 @@ def open_checkpoint(path: str, data, *, mode: str | None = None, split: str = "t
     if mode == "classifier" and len(model_labels(path)) != task.num_labels:
         raise SkillgraftError(f"the classifier {path} has {len(model_labels(path))} outputs but the data has "
                               f"{task.num_labels} labels {list(task.labels)}")
-    scorer = build_scorer(path, task, mode, max_length=max_length).eval()
+    scorer = build_scorer(path, task, mode, max_length=max_length, runtime=runtime).eval()
     return scorer, examples, note
