@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from skillgraft.models.placement import active  # the recipe's placement, activated in main and passed down
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     tasks = args.tasks.split(",") if args.tasks else list(spec.tasks)
     store = Store(spec.cache_dir)
     # the recipe's device and precision: every stage below (grid, FT, zero-shot, grafts) runs there, and a bf16 stage
-    # is keyed as one (the store keys read the active precision; so do --restore's and --status's)
+    # is keyed as one (the store keys take the precision passed to them; so do --restore's and --status's)
     placement = placement_of(spec)
     if argv is None:  # a process of its own: SIGTERM / SIGHUP unwind like Ctrl-C (no temporary folder or lock left)
         handle_signals()
@@ -100,10 +102,11 @@ def cells(entry, spec, store, tasks: list[str], args) -> int:
             t0 = time.perf_counter()
             data = spec.data_spec(task, seed)
             chosen, rows = choose(store, spec.model_spec(), data, spec.finetune, spec.grid, progress=spec.progress,
-                                  log=stamp)
+                                  log=stamp, runtime=active())
             t1 = time.perf_counter()
             stamp(f"{task} seed {seed}: grid {t1 - t0:.0f} s; chosen batch {chosen.batch_size}, lr {chosen.lr:g}")
-            run_dir, _ = finetuned_run(store, spec.model_spec(), data, chosen, progress=spec.progress)
+            run_dir, _ = finetuned_run(store, spec.model_spec(), data, chosen, progress=spec.progress,
+                                       runtime=active())
             t2 = time.perf_counter()
             stamp(f"{task} seed {seed}: full fine-tuning {t2 - t1:.0f} s → {run_dir}")
             if args.finetune_only:
@@ -188,8 +191,9 @@ def restore(spec, store, tasks: list[str], args) -> list[Path]:
             if spec.grid.steps is not None:  # a screened grid: its points are scores only (an unscreened one is FT)
                 for b, lr in spec.grid.points():
                     config, point = spec.grid.point_config(spec.finetune, b, lr), spec.grid.point_data(data)
-                    stage = ft_stage(spec.model_spec(), point, config)
-                    if stage == ft_stage(spec.model_spec(), data, spec.grid.full_config(spec.finetune, b, lr)):
+                    stage = ft_stage(spec.model_spec(), point, config, active())
+                    if stage == ft_stage(spec.model_spec(), data, spec.grid.full_config(spec.finetune, b, lr),
+                                         active()):
                         continue  # a screen as long as the schedule: the point is a fine-tuning, its weights kept
                     files = [f"run/{f}" for f in ("config.json", "metrics.json", "test_probs.csv")]
                     note = dropped_note(config) + " (restored from the records)"
@@ -209,7 +213,8 @@ def status(spec, store, tasks: list[str], args) -> int:
     from skillgraft.resume import saved_state
 
     def saved_step(data, config) -> dict | None:
-        saved = saved_state(store.resume_path(*ft_stage(spec.model_spec(), data, config)) / "run" / "finetune-0.pt")
+        saved = saved_state(store.resume_path(*ft_stage(spec.model_spec(), data, config, active())) / "run" /
+                            "finetune-0.pt")
         if saved is None:
             return None
         steps = config.resolved_steps(len(get_task(data.task).labels), data.k)
@@ -225,14 +230,14 @@ def status(spec, store, tasks: list[str], args) -> int:
             data, cell = spec.data_spec(task, seed), {"task": task, "seed": seed, "points": []}
             for b, lr in spec.grid.points():
                 config = spec.grid.point_config(spec.finetune, b, lr)
-                run = stored_run(store, spec.model_spec(), spec.grid.point_data(data), config)
+                run = stored_run(store, spec.model_spec(), spec.grid.point_data(data), config, active())
                 row = spec.grid.point_row(run, data, b, lr) if run else {"batch_size": b, "lr": lr, "done": False,
                           "saved": saved_step(spec.grid.point_data(data), config)}
                 cell["points"].append(row)
             done = [r for r in cell["points"] if "best_dev" in r]
             if len(done) == len(cell["points"]):
                 chosen = pick(spec.finetune, done)
-                run = stored_run(store, spec.model_spec(), data, chosen)
+                run = stored_run(store, spec.model_spec(), data, chosen, active())
                 cell["chosen"] = {"batch_size": chosen.batch_size, "lr": chosen.lr, "done": run is not None}
                 if run is not None:
                     m = json.loads((run / "metrics.json").read_text())

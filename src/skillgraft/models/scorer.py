@@ -32,7 +32,7 @@ from skillgraft.lazy import F, nn, no_grad, torch
 from skillgraft.data.loading import Example
 from skillgraft.data.tasks import Task, get_task, task_from_dict
 from skillgraft.errors import SkillgraftError
-from skillgraft.models.loading import load_classifier, load_hf_model, load_tokenizer, model_reference
+from skillgraft.models.loading import ModelRef, load_classifier, load_hf_model, load_tokenizer, model_reference
 from skillgraft.models.logits import head_logits
 from skillgraft.models.templates import render, word_ids
 from skillgraft.spec import MAX_LENGTH
@@ -54,7 +54,7 @@ class Scorer(nn.Module):
 
     def __init__(self, model: nn.Module, tokenizer, task: Task, mode: Mode, *, pooling: Pooling = "mean",
                  max_length: int = MAX_LENGTH, base_model: str = "", tied_decoder: bool = False, head_seed: int = 0,
-                 carried=()):
+                 carried=(), runtime=None):
         super().__init__()
         if mode not in MODES:
             raise SkillgraftError(f"unknown scorer mode {mode!r}; use {', '.join(MODES)}")
@@ -115,7 +115,7 @@ class Scorer(nn.Module):
                                  persistent=False)
         from skillgraft.models.placement import place  # noqa: PLC0415
 
-        place(self)  # the run's device and precision (models/placement.py); a no-op outside a placed run
+        place(self, runtime)  # the run's device and precision (models/placement.py); a no-op outside a placed run
 
     # ------------------------------------------------------------------ inputs
     @property
@@ -380,7 +380,7 @@ class Scorer(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, *, task: Task | str | None = None,
-                        dtype: torch.dtype | None = None) -> Scorer:
+                        dtype: torch.dtype | None = None, runtime=None) -> Scorer:
         """Load a Scorer saved by :meth:`save_pretrained` (a fine-tuned run's ``model/`` folder)."""
         from safetensors.torch import load_file  # noqa: PLC0415
 
@@ -396,13 +396,13 @@ class Scorer(nn.Module):
         mode = cfg["mode"]
         tokenizer = load_tokenizer(str(directory))
         if mode == "classifier":
-            model, _ = load_classifier(str(directory), task.labels, dtype=dtype)
+            model, _ = load_classifier(str(directory), task.labels, dtype=dtype, runtime=runtime)
         else:
             kind = "base" if mode == "head" or cfg.get("tied_decoder") else ("mlm" if mode == "prompt" else "causal")
-            model = load_hf_model(str(directory), kind, dtype=dtype)
+            model = load_hf_model(str(directory), kind, dtype=dtype, runtime=runtime)
         scorer = cls(model, tokenizer, task, mode, pooling=cfg["pooling"], max_length=cfg["max_length"],
                      base_model=cfg.get("base_model", ""), tied_decoder=cfg.get("tied_decoder", False),
-                     carried=cfg.get("carried", ()))
+                     carried=cfg.get("carried", ()), runtime=runtime)
         if mode == "head":
             head_path = directory / HEAD_FILE
             if not head_path.is_file():
@@ -471,12 +471,15 @@ def position_limit(model: nn.Module) -> int | None:
     return None
 
 
-def build_scorer(model_name: str | None, task: Task | str, mode: Mode = "head", *, pooling: Pooling | None = None,
-                 max_length: int = MAX_LENGTH, head_seed: int = 0, dtype: torch.dtype | None = None) -> Scorer:
-    """A Scorer for ``task`` from a hub name or local path (None: the bundled MiniLM).
+def build_scorer(model_name: str | ModelRef | None, task: Task | str, mode: Mode = "head", *,
+                 pooling: Pooling | None = None, max_length: int = MAX_LENGTH, head_seed: int = 0,
+                 dtype: torch.dtype | None = None, runtime=None) -> Scorer:
+    """A Scorer for ``task`` from a hub name or local path (None: the bundled MiniLM), or a model reference a run
+    resolved once (:class:`~skillgraft.models.loading.ModelRef`).
 
     ``classifier`` mode loads ``AutoModelForSequenceClassification`` with one output per task label (a
     checkpoint without that head gets a new one, carried); ``generative`` loads ``AutoModelForCausalLM``.
+    ``runtime``: the run's placement, passed down from its verb (None: the active one, if any).
     """
     task = get_task(task)
     ref = model_reference(model_name)
@@ -487,24 +490,25 @@ def build_scorer(model_name: str | None, task: Task | str, mode: Mode = "head", 
     with torch.random.fork_rng(devices=[]):  # CPU only: models load there first
         torch.manual_seed(0)  # weights missing from the checkpoint (e.g. a pooler) initialise the same every time
         if mode == "classifier":
-            model, head = load_classifier(ref.path, task.labels, pad_token_id=tokenizer.pad_token_id, dtype=dtype)
+            model, head = load_classifier(ref.path, task.labels, pad_token_id=tokenizer.pad_token_id, dtype=dtype,
+                                          runtime=runtime)
             tied, carried = False, ["model." + n for n in head]
         else:
-            model, tied = load_for_mode(ref, mode, dtype)
+            model, tied = load_for_mode(ref, mode, dtype, runtime)
     if pooling is None:
         from skillgraft.models.families import default_pooling  # noqa: PLC0415
 
         pooling = default_pooling(model.config, mode)  # the one table of model-family quirks
     return Scorer(model, tokenizer, task, mode, pooling=pooling, max_length=max_length, base_model=ref.name,
-                  tied_decoder=tied, head_seed=head_seed, carried=carried)
+                  tied_decoder=tied, head_seed=head_seed, carried=carried, runtime=runtime)
 
 
-def load_for_mode(ref, mode: str, dtype):
+def load_for_mode(ref, mode: str, dtype, runtime=None):
     tied = False
     if mode == "head":
-        model = load_hf_model(ref.path, "base", dtype=dtype)
+        model = load_hf_model(ref.path, "base", dtype=dtype, runtime=runtime)
     elif mode == "prompt":
-        model, has_mlm_head = load_hf_model(ref.path, "mlm", dtype=dtype, with_mlm_check=True)
+        model, has_mlm_head = load_hf_model(ref.path, "mlm", dtype=dtype, with_mlm_check=True, runtime=runtime)
         if not has_mlm_head:
             warnings.warn(
                 f"{ref.name}: no masked-LM head weights in the checkpoint; prompt mode scores label words by "
@@ -513,7 +517,7 @@ def load_for_mode(ref, mode: str, dtype):
             )
             tied = True
     elif mode in ("causal", "generative"):
-        model = load_hf_model(ref.path, "causal", dtype=dtype)
+        model = load_hf_model(ref.path, "causal", dtype=dtype, runtime=runtime)
     else:
         raise SkillgraftError(f"unknown scorer mode {mode!r}; use {', '.join(MODES)}")
     return model, tied

@@ -22,9 +22,10 @@ class ModelSpec(Spec):
         "head pooling: cls | mean | last (default: mean; last for decoder LMs)"))
     max_length: MaxLength = Field(MAX_LENGTH, description="max tokens per example")
 
-    def scorer(self, task, *, head_seed: int = 0, dtype=None):
-        """A pre-trained Scorer of this spec for ``task`` (a new head initialised from ``head_seed``)."""
+    def scorer(self, task, *, head_seed: int = 0, dtype=None, ref=None, runtime=None):
+        """A pre-trained Scorer of this spec for ``task`` (a new head initialised from ``head_seed``); ``ref``: the
+        model's :class:`~skillgraft.models.loading.ModelRef` when the run resolved it already."""
         from skillgraft.models.scorer import build_scorer  # noqa: PLC0415
 
-        return build_scorer(self.model, task, self.mode, pooling=self.pooling, max_length=self.max_length,
-                            head_seed=head_seed, dtype=dtype)
+        return build_scorer(ref or self.model, task, self.mode, pooling=self.pooling, max_length=self.max_length,
+                            head_seed=head_seed, dtype=dtype, runtime=runtime)

@@ -97,7 +97,7 @@ def pick(finetune: FinetuneConfig, rows: list[dict]) -> FinetuneConfig:
 
 
 def choose(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, grid: GridSpec, *,
-           progress: bool = False, log=None) -> tuple[FinetuneConfig, list[dict]]:
+           progress: bool = False, log=None, runtime=None) -> tuple[FinetuneConfig, list[dict]]:
     """Run every grid point (from the store when done) and pick the best dev score, ties to the first point.
 
     Returns the chosen fine-tuning (``finetune`` at the chosen batch and lr; a screened grid keeps
@@ -107,7 +107,7 @@ def choose(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneCon
     rows, runs = [], []
     for batch_size, lr in grid.points():
         config = grid.point_config(finetune, batch_size, lr)
-        run_dir, _ = finetuned_run(store, model, grid.point_data(data), config, progress=progress)
+        run_dir, _ = finetuned_run(store, model, grid.point_data(data), config, progress=progress, runtime=runtime)
         rows.append(grid.point_row(run_dir, data, batch_size, lr))
         runs.append((run_dir, config))
         if log is not None:
@@ -131,12 +131,12 @@ def dropped_note(config: FinetuneConfig) -> str:
             "the chosen point on the full schedule to get a model")
 
 
-def stored_choice(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, grid: GridSpec
-                  ) -> tuple[FinetuneConfig, list[dict]] | None:
+def stored_choice(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, grid: GridSpec,
+                  runtime=None) -> tuple[FinetuneConfig, list[dict]] | None:
     """What :func:`choose` returns, read from the store without training (None: a grid point is not there)."""
     rows = []
     for batch_size, lr in grid.points():
-        run_dir = stored_run(store, model, grid.point_data(data), grid.point_config(finetune, batch_size, lr))
+        run_dir = stored_run(store, model, grid.point_data(data), grid.point_config(finetune, batch_size, lr), runtime)
         if run_dir is None:
             return None
         rows.append(grid.point_row(run_dir, data, batch_size, lr))

@@ -27,14 +27,13 @@ from skillgraft.lazy import np
 from skillgraft.lazy import torch
 
 from skillgraft.data.sampling import FewShotData
-from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft_file import GraftMetadata
-from skillgraft.heap import release_freed_memory
 from skillgraft.pipeline.store import data_digest
 from skillgraft.train import FinetuneConfig
 from skillgraft.train.run import RunConfig
 
 if TYPE_CHECKING:
+    from skillgraft.models.loading import ModelRef
     from skillgraft.models.scorer import Scorer
 
 
@@ -68,6 +67,8 @@ class MemberInputs:
     graft_metadata: GraftMetadata = field(default_factory=GraftMetadata)  # recorded in every graft (a pair: its
     # task, data and models)
     pre_files: Path | None = None         # a pair: A's folder (lottery-ticket-zero restores θ_pre from it, checked)
+    pre_ref: ModelRef | None = None       # θ_pre's model reference, resolved once when the member opened
+    ft_ref: ModelRef | None = None        # a pair's θ_ft reference (None: a skillgraft run's saved model)
 
     @property
     def finetune_config(self) -> FinetuneConfig:
@@ -102,6 +103,11 @@ class MemberState(str, Enum):
     def in_memory(self) -> bool:
         return self in (MemberState.LOADED, MemberState.SCORED)
 
+    @property
+    def released(self) -> bool:
+        """θ_ft is not in memory (only its files)."""
+        return not self.in_memory
+
 
 class PreState(str, Enum):
     """Where θ_pre is: a member's (``deferred``: a lean pair's, not loaded yet) or the bench's."""
@@ -114,14 +120,19 @@ class PreState(str, Enum):
 @dataclass
 class Member:
     """One fine-tuned model: its name, inputs, θ_ft (a scorer, or its files once released) and θ_pre's scorer (None
-    while deferred: ``load_pre`` loads it), its state, FT's scores per evaluation set, its head (θ_ft's carried
-    tensors, kept when θ_ft is released; set by the bench), how to read θ_ft back, and its graft once made."""
+    while deferred: ``load_pre`` loads it), its states, FT's scores per evaluation set, its head (θ_ft's carried
+    tensors, kept when θ_ft is released; set by the bench), how to read θ_ft back, and its graft once made.
+
+    Its states (``state``, ``pre_state``) and what goes with them (``ft``, ``pre``, ``probs``, ``ft_metrics``,
+    ``head``, ``graft``) are written by the :class:`~skillgraft.pipeline.workbench.Workbench`'s transitions only
+    (and set once here, when the member is made); everything else reads them."""
 
     name: str
     inputs: MemberInputs
     ft: Scorer | FineTunedFiles
     pre: Scorer | None
     state: MemberState = MemberState.LOADED
+    pre_state: PreState = PreState.LOADED  # DEFERRED when made without θ_pre (a lean pair: ``load_pre`` set)
     load_pre: Callable[[], Scorer] | None = field(default=None, repr=False)  # θ_pre, deferred (a lean pair)
     ft_files: Path | None = None  # a lean pair: the folder θ_ft was loaded from (read back lazily)
     probs: dict[str, np.ndarray] = field(default_factory=dict)  # FT's probabilities per evaluation set
@@ -130,6 +141,10 @@ class Member:
     loader: Callable | None = field(default=None, repr=False)
     graft: object | None = None
     _identity: dict | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.pre is None:
+            self.pre_state = PreState.DEFERRED
 
     @property
     def data(self) -> FewShotData:
@@ -153,13 +168,9 @@ class Member:
 
     @property
     def released(self) -> bool:
-        """θ_ft is not in memory (only its files): FT was scored before (``ft_metrics``, ``probs``)."""
-        return not self.state.in_memory
-
-    @property
-    def pre_state(self) -> PreState:
-        """This member's θ_pre: deferred (a lean pair) until loaded."""
-        return PreState.DEFERRED if self.pre is None else PreState.LOADED
+        """θ_ft is not in memory (only its files): FT was scored before (``ft_metrics``, ``probs``); read from
+        ``state``, the one record of it."""
+        return self.state.released
 
     @property
     def total_parameters(self) -> int:
@@ -174,18 +185,6 @@ class Member:
             self._identity = {"finetuned": ft, "pretrained": scorer_digest(self.pre), "mode": self.pre.mode,
                               "data": self.inputs.data_key}
         return self._identity
-
-    def load_deferred_pre(self) -> None:
-        """Load θ_pre when it was deferred (a lean pair), checked against θ_ft's tensors and shapes."""
-        if self.pre is not None:
-            return
-        self.pre = self.load_pre()
-        self.load_pre = None
-        shapes = self.ft.shapes if self.released else {n: tuple(p.shape) for n, p in self.ft.named_parameters()}
-        if shapes != {n: tuple(p.shape) for n, p in self.pre.named_parameters()}:
-            raise SkillgraftError(f"pre-trained and fine-tuned models differ in their tensors or shapes "
-                                  f"({self.pre.base_model} vs {self.ft.base_model})")
-        release_freed_memory()  # what scoring FT and reading the checkpoints left in the heap, before the work
 
 
 def scorer_digest(scorer) -> str:

@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.models.memory import (GB, MemoryPlan, ModelShape, Phase, Work, baseline_terms, fim_terms,
+from skillgraft.models.memory import (GB, MemoryPlan, ModelShape, Phase, Term, Work, baseline_terms, fim_terms,
                                       finetune_terms, free_memory, inference_terms, localization_terms, shape_of)
 from skillgraft.spec import MAX_LENGTH, Spec
 
@@ -22,11 +22,13 @@ LEAN_C = 1e-2  # the candidate fraction the plan picks (at least sparsity and ev
 PLAN_ENV = "SKILLGRAFT_MEMORY_PLAN"  # "off": no plan (the run goes ahead as asked)
 
 
-def _runtime() -> tuple[str, int, int]:
-    """(device, bytes per weight, bytes per activation value) of the active placement (fp32 outside one)."""
-    from skillgraft.models.placement import active  # noqa: PLC0415
+def _runtime(rt=None) -> tuple[str, int, int]:
+    """(device, bytes per weight, bytes per activation value) of the run's placement ``rt`` (passed down from its
+    verb; None: the active one), fp32 on the CPU without one."""
+    if rt is None:
+        from skillgraft.models.placement import active  # noqa: PLC0415
 
-    rt = active()
+        rt = active()
     device = "cpu" if rt is None else str(rt.device)
     precision = "fp32" if rt is None else rt.precision
     return device, 2 if precision == "bf16" else 4, 2 if precision in ("bf16", "bf16-mixed") else 4
@@ -67,7 +69,8 @@ def graft_phases(shape: ModelShape, options: Spec, *, localizer: str, baselines:
 
 def plan_localization(verb: str, folder: str | os.PathLike | None, options: Spec, *, localizer: str = "learned",
                       baselines: list[str] = (), lottery_backup: bool = False, lean: bool = True,
-                      max_length: int = MAX_LENGTH, shape: ModelShape | None = None) -> tuple[Spec, MemoryPlan | None]:
+                      max_length: int = MAX_LENGTH, shape: ModelShape | None = None,
+                      runtime=None) -> tuple[Spec, MemoryPlan | None]:
     """The plan of a verb that localizes (graft, sweep, merge), and ``options`` with its choices made.
 
     ``candidates='auto'`` (and, when the user set no ``candidates``, a dense run that would not fit) takes the lean
@@ -82,7 +85,7 @@ def plan_localization(verb: str, folder: str | os.PathLike | None, options: Spec
         if has_c and options.candidates == "auto":
             options = options.replace(candidates=None)
         return options, None
-    device, d, act = _runtime()
+    device, d, act = _runtime(runtime)
     free = free_memory(device)
 
     def make(opts: Spec) -> MemoryPlan:
@@ -150,13 +153,13 @@ def refusal(plan: MemoryPlan, options: Spec, make: Callable[[Spec], MemoryPlan],
 
 
 def plan_training(verb: str, folder: str | os.PathLike | None, *, micro_batch: int, max_length: int,
-                  fisher: bool = False) -> MemoryPlan | None:
+                  fisher: bool = False, runtime=None) -> MemoryPlan | None:
     """The plan of finetune (weights, gradients, Adam, activations) or fim (weights, one gradient, the Fisher
     accumulator); one line when it does not fit. None without a local safetensors checkpoint."""
     shape = shape_of(folder) if folder is not None else None
     if shape is None or os.environ.get(PLAN_ENV, "").lower() == "off":
         return None
-    device, d, act = _runtime()
+    device, d, act = _runtime(runtime)
     work = Work(micro_batch, max_length, False, act)
     terms = (fim_terms(shape, weight_bytes=d, work=work) if fisher else
              finetune_terms(shape, weight_bytes=d, work=work, adam_bytes=2 * d))

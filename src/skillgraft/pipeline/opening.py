@@ -90,71 +90,76 @@ def same_tensors(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return False
 
 
-def finetune_key(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig) -> dict:
+def finetune_key(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, runtime=None) -> dict:
     """The store key of a fine-tuning run: its draw (:func:`~skillgraft.pipeline.store.draw_key`) and settings; a
-    run in bf16 or bf16-mixed is another run (the device is not part of it: the same run on a CPU or a GPU)."""
-    from skillgraft.models.placement import active  # noqa: PLC0415
-
-    runtime = active()
+    run in bf16 or bf16-mixed is another run (the device is not part of it: the same run on a CPU or a GPU). The
+    precision is ``runtime``'s, the run's placement passed down from its verb or recipe (None: fp32)."""
     precision = {"precision": runtime.precision} if runtime is not None and runtime.precision != "fp32" else {}
     return {**draw_key(model, data), "finetune": finetune.to_dict(), **precision}
 
 
-def ft_stage(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig) -> tuple[str, dict, str]:
+def ft_stage(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, runtime=None) -> tuple[str, dict, str]:
     """The store address of a fine-tuning: (kind, key, label), as ``Store.get`` / ``Store.path`` take them."""
-    return "ft", finetune_key(model, data, finetune), f"{data.task}-{data.k}-{data.seed}-{model.mode}"
+    return "ft", finetune_key(model, data, finetune, runtime), f"{data.task}-{data.k}-{data.seed}-{model.mode}"
 
 
-def stored_run(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig) -> Path | None:
+def stored_run(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig,
+               runtime=None) -> Path | None:
     """The run directory of this fine-tuning if the store holds it (None: it was never finished; nothing trains)."""
-    entry = store.get(*ft_stage(model, data, finetune))
+    entry = store.get(*ft_stage(model, data, finetune, runtime))
     return None if entry is None else entry / "run"
 
 
 def finetuned_run(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, *,
-                  progress: bool = True) -> tuple[Path, float]:
-    """The run directory of this fine-tuning (trained once, then found in the store) and its seconds."""
-    kind, key, label = ft_stage(model, data, finetune)
+                  progress: bool = True, runtime=None) -> tuple[Path, float]:
+    """The run directory of this fine-tuning (trained once under ``runtime``, then found in the store) and its
+    seconds."""
+    kind, key, label = ft_stage(model, data, finetune, runtime)
     t0 = time.perf_counter()
 
     def make(folder: Path) -> None:
-        run_finetune(data, folder / "run", model=model, finetune=finetune, overwrite=True, progress=progress)
+        run_finetune(data, folder / "run", model=model, finetune=finetune, overwrite=True, progress=progress,
+                     runtime=runtime)
 
     entry = store.fetch(kind, key, make, label=label)
     return entry / "run", time.perf_counter() - t0
 
 
 def prepare(store: Store, model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, *,
-            progress: bool = False) -> Member:
-    """Fine-tune (or find in the store) ``model`` on ``data``; load θ_ft, θ_pre and the data."""
-    ft_dir, seconds = finetuned_run(store, model, data, finetune, progress=progress)
-    member = from_run(ft_dir, data_dir=data.data_dir, test_limit=data.test_limit)
-    member.inputs = dataclasses.replace(member.inputs, ft_seconds=seconds)
-    return member
+            progress: bool = False, runtime=None) -> Member:
+    """Fine-tune (or find in the store) ``model`` on ``data``; load θ_ft, θ_pre and the data (placed by
+    ``runtime``, the run's placement)."""
+    ft_dir, seconds = finetuned_run(store, model, data, finetune, progress=progress, runtime=runtime)
+    member = from_run(ft_dir, data_dir=data.data_dir, test_limit=data.test_limit, runtime=runtime)
+    return dataclasses.replace(member, inputs=dataclasses.replace(member.inputs, ft_seconds=seconds))  # a new member
 
 
 def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = None,
-             test_limit: int | None = None, pretrained: str | None = None) -> Member:
+             test_limit: int | None = None, pretrained: str | None = None, runtime=None) -> Member:
     """Open a fine-tuning run directory: θ_ft, θ_pre (same head initialisation), its k-shot data.
 
     ``data_dir`` / ``test_limit`` override the run's own (None: the run's data root, full test set);
-    ``pretrained``, when given, must name the model the run was fine-tuned from (checked before any weights load).
+    ``pretrained``, when given, must name the model the run was fine-tuned from (checked before any weights load);
+    ``runtime``: the run's placement, passed down from its verb (both models are placed there as they load).
     """
     ft_dir = Path(ft_dir)
     if not ft_dir.exists():
         from skillgraft.untrusted import no_such  # noqa: PLC0415
 
         raise no_such(ft_dir, "fine-tuning run", "folder")
+    base = None  # the base's model reference: resolved once here (or by load_finetuned), then passed down
     if pretrained is not None:
         from skillgraft.models.loading import model_reference  # noqa: PLC0415
         from skillgraft.train.run import read_run_config  # noqa: PLC0415
 
         recorded = read_run_config(ft_dir).model
-        same = pretrained == recorded or model_reference(pretrained).path == model_reference(recorded).path
-        if not same:
-            raise SkillgraftError(f"--pretrained {pretrained} is not the model the run {ft_dir} was fine-tuned from "
-                                  f"({recorded}); drop --pretrained or give that model")
-    ft, pre, cfg = load_finetuned(ft_dir)
+        if pretrained != recorded:
+            given = model_reference(pretrained)
+            base = model_reference(recorded)
+            if given.path != base.path:
+                raise SkillgraftError(f"--pretrained {pretrained} is not the model the run {ft_dir} was fine-tuned "
+                                      f"from ({recorded}); drop --pretrained or give that model")
+    ft, pre, cfg, base = load_finetuned(ft_dir, base, runtime)
     refuse_non_finite_model(ft, str(ft_dir / "model"))
     refuse_non_finite_model(pre, f"base model {pre.base_model}")
     ft.eval()
@@ -164,14 +169,8 @@ def from_run(ft_dir: str | os.PathLike, *, data_dir: str | os.PathLike | None = 
                            "dev_limit": cfg.dev_limit},  # the dev rows the run's best checkpoint was chosen on
                           where=f"{ft_dir}/config.json")
     data = spec.load(ft.task)
-    from skillgraft.models.loading import model_reference  # noqa: PLC0415
-
-    try:
-        pre_files = _local_folder(model_reference(pre.base_model).path)
-    except SkillgraftError:
-        pre_files = None
     inputs = MemberInputs(data, ft_dir, cfg, data_root=str(spec.data_dir) if spec.data_dir else None,
-                          pre_files=pre_files)
+                          pre_files=_local_folder(base.path), pre_ref=base)
     return Member(data.task.name, inputs, ft, pre)
 
 
@@ -193,7 +192,7 @@ def is_run_dir(path: str | os.PathLike) -> bool:
 
 def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None, max_length: int = MAX_LENGTH,
               data_dir: str | os.PathLike | None = None, lean: bool = False,
-              share_pre: Callable[[Scorer], Scorer] | None = None) -> Member:
+              share_pre: Callable[[Scorer], Scorer] | None = None, runtime=None, refs=None) -> Member:
     """A Member from two Hugging Face checkpoints and the data to localize and evaluate on.
 
     ``pretrained`` (A) and ``finetuned`` (B) are hub names or folders saved by plain transformers (B may
@@ -204,11 +203,14 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     any weights load: a missing folder, different architectures, shapes or vocabularies; then A lacking a
     tensor of B's body (a classification head and a pooler only B has are carried).
 
-    ``lean`` (causal and generative pairs): θ_pre is not loaded yet (``Member.load_pre``), so that FT can be
+    ``lean`` (causal and generative pairs): θ_pre is not loaded yet (``Workbench.load_pre``), so that FT can be
     scored and released (:meth:`Workbench.release_to_files`) before θ_pre loads; its checks run when it loads.
 
     ``share_pre`` (a :class:`~skillgraft.pipeline.workbench.Workbench`'s ``share``): θ_pre goes through it (its
     parameters become the bench's θ_pre): loaded first, then θ_ft; or, lean, when it loads (after θ_ft's release).
+
+    ``runtime``: the run's placement, passed down from its verb: every model of the pair is placed there as it loads;
+    ``refs``: the two models' references when the verb resolved them already (``merge``), else resolved here once.
     """
     from skillgraft.data.sampling import FewShotData  # noqa: PLC0415
     from skillgraft.data.spec import UserDataSpec  # noqa: PLC0415
@@ -220,25 +222,27 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         if isinstance(data, UserDataSpec) and data.data is not None:
             raise SkillgraftError(f"{finetuned} is a skillgraft run directory: it grafts on its own task data "
                                   "(drop --data)")
-        return from_run(finetuned, data_dir=data_dir, test_limit=getattr(data, "test_limit", None))
-    for name, role in ((pretrained, "--pretrained"), (finetuned, "--finetuned")):
+        return from_run(finetuned, data_dir=data_dir, test_limit=getattr(data, "test_limit", None), runtime=runtime)
+    given, refs = refs, []  # each model resolved once (here, or by the verb), then passed down (ModelRef)
+    for i, (name, role) in enumerate(((pretrained, "--pretrained"), (finetuned, "--finetuned"))):
         if name is None:
             raise SkillgraftError(f"{role} is required for a checkpoint pair")
         try:
-            model_reference(name)  # a path that does not exist is refused here
+            refs.append(given[i] if given else model_reference(name))  # a path that does not exist is refused here
         except SkillgraftError as e:
             raise SkillgraftError(f"{role}: {e}") from None
+    pre_ref, ft_ref = refs
     user = isinstance(data, UserDataSpec) and data.data is not None
-    mode = pair_mode(finetuned, user and data.generative, mode)
+    mode = pair_mode(finetuned, user and data.generative, mode, ref=ft_ref)
     if mode == "head":
         raise SkillgraftError("--mode head adds a new random head: a checkpoint pair has no head to carry; use "
                               "classifier (the fine-tuned model's own head), prompt, causal or generative")
-    check_pair(pretrained, finetuned)  # before any weights load
+    check_pair(pretrained, finetuned, refs=refs)  # before any weights load
     if user:
         if data.generative != (mode == "generative"):
             raise SkillgraftError(f"--mode {mode} needs {'prompt→completion' if mode == 'generative' else 'labelled'} "
                                   "data (--prompt-field/--completion-field for generative data)")
-        labels = model_labels(finetuned) if mode == "classifier" else None
+        labels = model_labels(finetuned, ref=ft_ref) if mode == "classifier" else None
         loaded = data.load(labels)
         task, train, dev, test = loaded.task, loaded.train, loaded.dev, loaded.test
         files, note, k, seed = loaded.files, loaded.labels_note, data.k or 0, data.seed
@@ -251,7 +255,7 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         task, train, dev, test, files, note, k, seed = few.task, few.train, few.dev, few.test, None, "", few.k, few.seed
         data_note = ""
     if mode == "classifier":
-        n = len(model_labels(finetuned))
+        n = len(model_labels(finetuned, ref=ft_ref))
         if n != task.num_labels:
             raise SkillgraftError(f"the fine-tuned classifier {finetuned} has {n} outputs but the data has "
                                   f"{task.num_labels} labels {list(task.labels)}")
@@ -259,38 +263,37 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     if mode in ("causal", "generative"):
         from skillgraft.models.scorer import Scorer  # noqa: PLC0415
 
-        def causal(name: str, role: str) -> Scorer:
-            ref = model_reference(name)
-            return Scorer(complete_model(ref.path, mode, role), load_tokenizer(ref.path), task, mode, pooling="last",
-                          max_length=max_length, base_model=ref.name)
+        def causal(ref, role: str) -> Scorer:
+            return Scorer(complete_model(ref.path, mode, role, runtime), load_tokenizer(ref.path), task, mode,
+                          pooling="last", max_length=max_length, base_model=ref.name, runtime=runtime)
 
         def load_pre() -> Scorer:  # deferred: A's files were checked for non-finite values before any work
             from skillgraft.graft.identity import fingerprint_from_files  # noqa: PLC0415
 
-            pre = causal(pretrained, "pre-trained")
+            pre = causal(pre_ref, "pre-trained")
             # what the store keys and grafts need of θ_pre's identity, read from A's files: a memory-mapped model's
             # pages stay untouched until the work reads them (most of the embedding matrix never is)
-            fingerprint_from_files(pre, model_reference(pretrained).path)
+            fingerprint_from_files(pre, pre_ref.path)
             return pre.eval()
 
         # lean only when A's and B's safetensors list the same tensors (else both load now: A refused before work)
-        lean = lean and same_tensors(model_reference(pretrained).path, model_reference(finetuned).path)
+        lean = lean and same_tensors(pre_ref.path, ft_ref.path)
         if lean:  # θ_pre loads later: its weights are still checked before any work, slice by slice
-            refuse_non_finite_files(model_reference(pretrained).path, f"--pretrained {pretrained}")
+            refuse_non_finite_files(pre_ref.path, f"--pretrained {pretrained}")
         if share_pre is not None and not lean:  # θ_pre first, shared: the old one is freed before θ_ft loads
-            pre = share_pre(causal(pretrained, "pre-trained"))
-            ft = causal(finetuned, "fine-tuned")
+            pre = share_pre(causal(pre_ref, "pre-trained"))
+            ft = causal(ft_ref, "fine-tuned")
         else:
-            ft = causal(finetuned, "fine-tuned")
-            pre = None if lean else causal(pretrained, "pre-trained")
+            ft = causal(ft_ref, "fine-tuned")
+            pre = None if lean else causal(pre_ref, "pre-trained")
         deferred = (load_pre if share_pre is None else lambda: share_pre(load_pre())) if lean else None
     else:
         if share_pre is not None:  # θ_pre first, shared: the old one is freed before θ_ft loads
-            pre = share_pre(build_scorer(pretrained, task, mode, max_length=max_length))
-            ft = build_scorer(finetuned, task, mode, max_length=max_length)
+            pre = share_pre(build_scorer(pre_ref, task, mode, max_length=max_length, runtime=runtime))
+            ft = build_scorer(ft_ref, task, mode, max_length=max_length, runtime=runtime)
         else:
-            ft = build_scorer(finetuned, task, mode, max_length=max_length)
-            pre = build_scorer(pretrained, task, mode, max_length=max_length)
+            ft = build_scorer(ft_ref, task, mode, max_length=max_length, runtime=runtime)
+            pre = build_scorer(pre_ref, task, mode, max_length=max_length, runtime=runtime)
         if mode == "classifier" and ft.carried - pre.carried:
             raise SkillgraftError(f"the fine-tuned checkpoint {finetuned} lacks tensors of its own classifier: "
                                   f"{sorted(ft.carried - pre.carried)[:3]}")
@@ -299,11 +302,11 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         check_compatible(pre, ft)
     refuse_non_finite_model(ft, f"--finetuned {finetuned}")
     ft.eval()
-    if pre is not None:  # a deferred θ_pre is checked when it loads (Member.load_deferred_pre)
+    if pre is not None:  # a deferred θ_pre is checked when it loads (Workbench.load_pre)
         refuse_non_finite_model(pre, f"--pretrained {pretrained}")
         pre.eval()
     few = FewShotData(task, k, seed, train, dev, test)
-    pre_name = model_reference(pretrained).name  # θ_pre may not be loaded yet (a lean pair)
+    pre_name = pre_ref.name  # θ_pre may not be loaded yet (a lean pair)
     root = getattr(data, "data_dir", None) if not user else None
     meta = {"pretrained": pre_name, "finetuned": ft.base_model, "task_spec": task_record(task)}
     if user:
@@ -311,9 +314,9 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     inputs = MemberInputs(few, Path(finetuned), None, data_root=str(root) if root else None, data_files=files,
                           labels_note=note, data_note=data_note,
                           graft_metadata=GraftMetadata.build(meta, where="graft metadata"),
-                          pre_files=_local_folder(model_reference(pretrained).path))
+                          pre_files=_local_folder(pre_ref.path), pre_ref=pre_ref, ft_ref=ft_ref)
     return Member(task.name, inputs, ft, pre, load_pre=deferred,
-                  ft_files=Path(model_reference(finetuned).path) if deferred else None)
+                  ft_files=Path(ft_ref.path) if deferred else None)
 
 
 def _local_folder(path: str) -> Path | None:
@@ -339,7 +342,7 @@ def task_from_record(record: dict):
 
 
 def open_checkpoint(path: str, data, *, mode: str | None = None, split: str = "test", max_length: int = MAX_LENGTH,
-                    data_dir: str | os.PathLike | None = None):
+                    data_dir: str | os.PathLike | None = None, runtime=None):
     """A plain Hugging Face checkpoint as a Scorer with the examples to evaluate it on: ``(scorer, examples, note)``.
 
     ``data`` is a :class:`~skillgraft.data.UserDataSpec` (every row of ``--eval-data``, else of ``--data``)
@@ -369,5 +372,5 @@ def open_checkpoint(path: str, data, *, mode: str | None = None, split: str = "t
     if mode == "classifier" and len(model_labels(path)) != task.num_labels:
         raise SkillgraftError(f"the classifier {path} has {len(model_labels(path))} outputs but the data has "
                               f"{task.num_labels} labels {list(task.labels)}")
-    scorer = build_scorer(path, task, mode, max_length=max_length).eval()
+    scorer = build_scorer(path, task, mode, max_length=max_length, runtime=runtime).eval()
     return scorer, examples, note

@@ -18,9 +18,10 @@ from skillgraft.io import atomic_path, write_json
 class RunDir:
     """The folder a run writes into (a temporary sibling until the run finished), with small writers."""
 
-    def __init__(self, path: str | os.PathLike, store=None):
+    def __init__(self, path: str | os.PathLike, store=None, runtime=None):
         self.path = Path(path)
         self.store = store
+        self.runtime = runtime  # where the run computes (models/placement.py: a Runtime), passed by its verb
 
     def file(self, name: str) -> Path:
         """Path of ``name`` inside the run folder (its parent folders created)."""
@@ -48,10 +49,9 @@ class RunDir:
         return agg, summary
 
     def report(self, markdown: str, name: str = "report.md") -> Path:
-        """Write the Markdown report into the run folder (atomic), ending with where it ran (device, precision)."""
-        from skillgraft.models.placement import active  # noqa: PLC0415
-
-        runtime = active()
+        """Write the Markdown report into the run folder (atomic), ending with where it ran (device, precision: the
+        run's ``runtime``)."""
+        runtime = self.runtime
         if runtime is not None and "Ran on " not in markdown:
             markdown = markdown.rstrip("\n") + f"\n\nRan on {runtime.describe()}.\n"
         with atomic_path(self.file(name)) as tmp:

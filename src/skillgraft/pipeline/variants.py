@@ -25,7 +25,7 @@ from skillgraft.graft.graft import Graft
 from skillgraft.graft.region import Region
 from skillgraft.models.anatomy import carried_names, graftable_names, is_carried
 from skillgraft.models.freezing import param_groups
-from skillgraft.pipeline.member import Member
+from skillgraft.pipeline.member import Member, PreState
 from skillgraft.pipeline.workbench import Workbench
 
 
@@ -168,7 +168,7 @@ def score_ft_first(bench: Workbench, name: str, *, release: bool, progress: bool
     :meth:`Workbench.release_to_files`, as ``skillgraft merge`` does), then load θ_pre; the two are never resident
     together."""
     member = bench.members[name]
-    if member.load_pre is None:  # θ_pre loaded already: nothing deferred
+    if member.pre_state != PreState.DEFERRED:  # θ_pre loaded already: nothing deferred
         return
     evaluate_variant(member, Variant("fine-tuned", "ft", 0), member.test, progress="fine-tuned" if progress else False)
     bench.scored(name)
@@ -188,9 +188,8 @@ def evaluate_variant(member: Member, variant: Variant, examples: list[Example], 
         metrics, probs = evaluate(scorer, examples, batch_size=batch_size, reference=member.probs.get(set_name),
                                   progress=progress)
     if variant.kind == "ft":
-        member.probs[set_name] = probs
         metrics["agreement"] = 1.0
-        member.ft_metrics[set_name] = dict(metrics)
+        Workbench.record(member, set_name, metrics, probs)
     return metrics, probs
 
 
@@ -211,7 +210,7 @@ def compare(member: Member, variants: list[Variant], examples: list[Example] | N
         if v.name in done:  # scored before the stop: FT's record (the agreement reference) restored with it
             m, p = dict(done[v.name]["metrics"]), done[v.name]["probs"]
             if v.kind == "ft":
-                member.probs[set_name], member.ft_metrics[set_name] = p, dict(m)
+                Workbench.record(member, set_name, m, p)
         else:
             m, p = evaluate_variant(member, v, examples, set_name, progress=v.name if progress else False)
             done[v.name] = {"metrics": dict(m), "probs": p}

@@ -1,7 +1,8 @@
 """A Workbench: one θ_pre and N fine-tuned members, each a :class:`~skillgraft.pipeline.member.Member` with one
-explicit, typed state (:class:`~skillgraft.pipeline.member.MemberState`), changed here only: :meth:`Workbench.scored`,
-:meth:`Workbench.release` (θ_ft dropped to its checkpoint files, its head kept; :meth:`Workbench.finetuned` reads
-it back whole) and :meth:`Workbench.release_to_files` (``lazy``: files holding exactly θ_ft, read tensor by tensor).
+explicit, typed state (:class:`~skillgraft.pipeline.member.MemberState`), changed here only: :meth:`Workbench.record`
+(FT's scores on a set: ``scored``), :meth:`Workbench.scored`, :meth:`Workbench.release` (θ_ft dropped to its checkpoint
+files, its head kept; :meth:`Workbench.finetuned` reads it back whole) and :meth:`Workbench.release_to_files`
+(``lazy``: files holding exactly θ_ft, read tensor by tensor); a member's graft is set by :meth:`Workbench.set_graft`.
 θ_pre has a state too (:class:`~skillgraft.pipeline.member.PreState`): ``deferred`` for a lean pair until
 :meth:`Workbench.load_pre`, then ``loaded``, or ``released`` when :meth:`Workbench.release_pre` dropped its tensors.
 
@@ -12,8 +13,8 @@ holds at most two models' weights: θ_pre once and one θ_ft. :meth:`Workbench.r
 θ_ft loaded, scored, released to its files, then θ_pre — holds one model's weights at a time (``skillgraft merge``;
 bench/merge_memory.py). ``skillgraft graft`` is the same path with N = 1 (:meth:`Workbench.of`;
 :func:`skillgraft.pipeline.variants.score_ft_first`). The bench carries its placement (:attr:`Workbench.runtime`,
-by default the one active when it was made: :func:`skillgraft.models.placement.using` keeps working) and places
-what it loads there (:meth:`Workbench.placed`).
+given by the verb that made it: nothing ambient is copied) and what it loads is placed there by the loaders the verb
+gave that runtime (:func:`~skillgraft.pipeline.opening.from_pair`'s deferred θ_pre, a member's ``loader``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from types import MappingProxyType
 
 from skillgraft.lazy import torch
 
+from skillgraft.errors import SkillgraftError
 from skillgraft.graft.identity import adopt_fingerprint, forget_fingerprint, known_fingerprint
 from skillgraft.heap import collect_if_alive, release_freed_memory
 from skillgraft.models.anatomy import carried_names
@@ -59,7 +61,7 @@ class Workbench:
     pre: object | None = None                                    # θ_pre's scorer (the first member's)
     pre_state: PreState = PreState.RELEASED                      # θ_pre's tensors in memory, or dropped
     members: dict[str, Member] = field(default_factory=dict)
-    runtime: object | None = field(default_factory=lambda: _active())  # a placement's Runtime (None: as loaded)
+    runtime: object | None = None  # a placement's Runtime, given by the verb (None: as loaded)
 
     @property
     def names(self) -> list[str]:
@@ -77,7 +79,7 @@ class Workbench:
 
     @property
     def grafts(self) -> Mapping[str, object]:
-        """Each member's graft, once made (``bench.members[name].graft = …``)."""
+        """Each member's graft, once made (:meth:`set_graft`)."""
         return MappingProxyType({n: m.graft for n, m in self.members.items() if m.graft is not None})
 
     @property
@@ -100,13 +102,10 @@ class Workbench:
 
     @contextlib.contextmanager
     def placed(self) -> Iterator[object | None]:
-        """The bench's placement active for the block: what loads in it is placed there (the loaders read
-        :func:`~skillgraft.models.placement.active`)."""
-        from skillgraft.models.placement import active, using  # noqa: PLC0415
+        """The bench's placement active for the block, for a caller whose loaders read the active placement (the
+        bench's own loads are placed by the runtime their loaders were given)."""
+        from skillgraft.models.placement import using  # noqa: PLC0415
 
-        if self.runtime is None or self.runtime == active():  # already active (a verb's ``using``): as it is
-            yield active()
-            return
         with using(self.runtime) as runtime:
             yield runtime
 
@@ -154,21 +153,21 @@ class Workbench:
         release_freed_memory()
 
     @classmethod
-    def of(cls, member: Member) -> Workbench:
-        """A bench of one member (``skillgraft graft``: N = 1), under its own name."""
-        bench = cls()
+    def of(cls, member: Member, runtime=None) -> Workbench:
+        """A bench of one member (``skillgraft graft``: N = 1), under its own name, on ``runtime``."""
+        bench = cls(runtime=runtime)
         bench.add(member.name, member)
         return bench
 
     def add(self, name: str, member: Member, loader: Callable | None = None) -> Member:
-        """``member`` on the bench as ``name``, loaded (or scored, when FT's scores are recorded); ``loader()`` reads
-        its θ_ft back after it is released (:meth:`finetuned`). The first member's θ_pre, when loaded, is the
-        bench's (a later one's is shared through :meth:`share`)."""
-        if self.pre is None and member.pre is not None:
+        """``member`` on the bench as ``name``, in the state it was made in (``loaded``, or ``scored`` when FT's
+        scores are recorded: :meth:`record`); ``loader()`` reads its θ_ft back after it is released
+        (:meth:`finetuned`). The first member's θ_pre, when loaded, is the bench's (a later one's is shared through
+        :meth:`share`)."""
+        if self.pre is None and member.pre_state == PreState.LOADED:
             self.pre, self.pre_state = member.pre, PreState.LOADED
         params = dict(member.ft.named_parameters())
         member.name, member.loader = name, loader
-        member.state = MemberState.SCORED if member.probs else MemberState.LOADED
         member.head = {n: params[n].detach().clone() for n in carried_names(member.ft)}
         self.members[name] = member
         return member
@@ -179,12 +178,34 @@ class Workbench:
         if member.state == MemberState.LOADED:
             member.state = MemberState.SCORED
 
+    @staticmethod
+    def record(member: Member, set_name: str, metrics: dict, probs) -> None:
+        """FT's metrics and probabilities on evaluation set ``set_name`` (the agreement reference; once θ_ft is
+        released they are its row): a loaded member is ``scored`` from then on. A member on no bench (a recipe's)
+        is recorded the same way."""
+        member.probs[set_name] = probs
+        member.ft_metrics[set_name] = dict(metrics)
+        if member.state == MemberState.LOADED:
+            member.state = MemberState.SCORED
+
+    def set_graft(self, name: str, graft) -> None:
+        """Member ``name``'s graft, once made (read back through :attr:`grafts`)."""
+        self.members[name].graft = graft
+
     def load_pre(self, name: str) -> None:
         """Load member ``name``'s θ_pre when it was deferred (a lean pair: after its θ_ft was scored and released,
-        so the two are never resident together; docs/scale.md); the first one is the bench's θ_pre."""
+        so the two are never resident together; docs/scale.md), checked against θ_ft's tensors and shapes; the first
+        one is the bench's θ_pre."""
         member = self.members[name]
-        with self.placed():
-            member.load_deferred_pre()
+        if member.pre_state == PreState.DEFERRED:
+            member.pre = member.load_pre()  # placed by the runtime its loader was given (from_pair)
+            member.load_pre, member.pre_state = None, PreState.LOADED
+            ft = member.ft
+            shapes = ft.shapes if member.released else {n: tuple(p.shape) for n, p in ft.named_parameters()}
+            if shapes != {n: tuple(p.shape) for n, p in member.pre.named_parameters()}:
+                raise SkillgraftError(f"pre-trained and fine-tuned models differ in their tensors or shapes "
+                                      f"({member.pre.base_model} vs {ft.base_model})")
+            release_freed_memory()  # what scoring FT and reading the checkpoints left in the heap, before the work
         if self.pre is None:
             self.pre, self.pre_state = member.pre, PreState.LOADED
 
@@ -196,7 +217,7 @@ class Workbench:
             return
         ft = member.ft
         # its digest, part of every cache key, computed while θ_ft is in memory (a lean member's θ_pre loads later)
-        digest = member.identity()["finetuned"] if member.pre is not None else scorer_digest(ft)
+        digest = member.identity()["finetuned"] if member.pre_state == PreState.LOADED else scorer_digest(ft)
         member.ft = FineTunedFiles(folder or member.inputs.ft_dir, ft.base_model, digest,
                                    {n: tuple(p.shape) for n, p in ft.named_parameters()})
         gone = weakref.ref(ft)
@@ -226,8 +247,7 @@ class Workbench:
         if not member.released:
             yield member.ft
             return
-        with self.placed():
-            ft = member.loader()
+        ft = member.loader()  # placed by the runtime the verb gave its loader
         try:
             yield ft
         finally:
@@ -236,9 +256,3 @@ class Workbench:
             collect_if_alive(gone)
             release_freed_memory()
 
-
-def _active():
-    """The placement active when a bench is made (:func:`skillgraft.models.placement.using`)."""
-    from skillgraft.models.placement import active  # noqa: PLC0415
-
-    return active()

@@ -69,7 +69,7 @@ class ExperimentSpec(Spec):
     def member(self, run: RunDir, task: str, seed: int, *, k: int | None = None) -> Member:
         """Fine-tune (or find in the store) ``task`` at data ``seed``; θ_ft, θ_pre and the data."""
         return prepare(run.store, self.model_spec(), self.data_spec(task, seed, k=k), self.finetune,
-                       progress=self.progress)
+                       progress=self.progress, runtime=run.runtime)
 
 
 class SeedsMixin(Spec):
@@ -279,8 +279,8 @@ def run_spec(entry: Recipe, spec, out: str | os.PathLike, *, cache: str | os.Pat
     store = Store(cache if cache is not None else spec.cache_dir)
     check_target(out, overwrite, {"--cache": store.root, "data_dir": getattr(spec, "data_dir", None)})
     placement = placement_of(spec)  # an unknown device is refused here, before any work
-    with atomic_dir(out, overwrite=overwrite) as tmp, in_store(store.root), using(placement):  # GGUF: this store
-        run = RunDir(tmp, store)
+    with atomic_dir(out, overwrite=overwrite) as tmp, in_store(store.root), using(placement) as runtime:  # GGUF
+        run = RunDir(tmp, store, runtime=runtime)  # the recipe's placement, passed down from here
         write_json(tmp / "config.json", spec.to_dict())
         metrics = entry.fn(spec, run) or {}
         write_json(tmp / "metrics.json", metrics)

@@ -272,13 +272,13 @@ def _timed_member(spec: PaperSpec, run: RunDir, task: str, seed: int, title: str
     if spec.grid is None:
         member = spec.member(run, task, seed)
     else:
-        data = spec.data_spec(task, seed)
-        config, points = choose(run.store, spec.model_spec(), data, spec.finetune, spec.grid, progress=spec.progress)
+        data, go = spec.data_spec(task, seed), {"progress": spec.progress, "runtime": run.runtime}
+        config, points = choose(run.store, spec.model_spec(), data, spec.finetune, spec.grid, **go)
         timing["grid"] = round(time.perf_counter() - t0, 1)
         timing["grid (computed)"] = round(sum(p["train_seconds"] or 0.0 for p in points), 1)
         if grids is not None:
             grids += points
-        member = prepare(run.store, spec.model_spec(), data, config, progress=spec.progress)
+        member = prepare(run.store, spec.model_spec(), data, config, **go)
     timing["fine-tuning"] = round(time.perf_counter() - t0 - timing.get("grid", 0.0), 1)
     ft_metrics = member.inputs.ft_dir / "metrics.json"
     if ft_metrics.is_file():

@@ -25,6 +25,7 @@ from skillgraft.train.finetune import finetune as train
 
 if TYPE_CHECKING:
     from skillgraft.models.scorer import Scorer
+    from skillgraft.models.loading import ModelRef
 
 
 def write_probs(path: Path, probs: np.ndarray, labels: np.ndarray, label_names) -> None:
@@ -61,12 +62,13 @@ class RunConfig(Spec):
 
 def run_finetune(data: DataSpec, out_dir: str | os.PathLike, *, model: ModelSpec | None = None,
                  finetune: FinetuneConfig | None = None, overwrite: bool = False, accelerator=None,
-                 progress: bool = True) -> dict:
+                 progress: bool = True, runtime=None) -> dict:
     """Fine-tune ``model`` on the k-shot draw ``data`` and write ``out_dir``; returns the metrics.
 
     ``out_dir`` gets ``model/`` (HF checkpoint + scorer config), ``config.json`` (:class:`RunConfig`),
     ``metrics.json``, ``test_probs.csv``, ``confidence.png`` and ``reliability.png``; it appears only when
-    complete. An existing ``out_dir`` is refused before any training unless ``overwrite``.
+    complete. An existing ``out_dir`` is refused before any training unless ``overwrite``. ``runtime``: the run's
+    placement, passed down from its verb (None: the active one, if any).
     """
     from skillgraft.models.placement import accelerator_for  # noqa: PLC0415
 
@@ -74,7 +76,7 @@ def run_finetune(data: DataSpec, out_dir: str | os.PathLike, *, model: ModelSpec
     check_target(out_dir, overwrite, {"--model": model.model, "--data-dir": data.data_dir})
     config = finetune or FinetuneConfig()
     few = data.load()
-    scorer = model.scorer(few.task, head_seed=config.seed)  # placed as it loads (models/placement.py)
+    scorer = model.scorer(few.task, head_seed=config.seed, runtime=runtime)  # placed as it loads
     accelerator = accelerator or accelerator_for(scorer)
     from skillgraft.models.anatomy import fingerprint  # noqa: PLC0415
     from skillgraft.resume import current, discard, resume_point  # noqa: PLC0415
@@ -117,8 +119,10 @@ def run_finetune(data: DataSpec, out_dir: str | os.PathLike, *, model: ModelSpec
     return metrics
 
 
-def load_finetuned(run_dir: str | os.PathLike) -> tuple[Scorer, Scorer, RunConfig]:
-    """(fine-tuned scorer, pre-trained scorer, run config) of a fine-tuning run directory."""
+def load_finetuned(run_dir: str | os.PathLike, base=None, runtime=None) -> tuple[Scorer, Scorer, RunConfig, ModelRef]:
+    """(fine-tuned scorer, pre-trained scorer, run config, the base's model reference) of a fine-tuning run
+    directory; ``base``: that reference when the run resolved it already (resolved here otherwise, once);
+    ``runtime``: the run's placement (both models are placed there as they load)."""
     run_dir = Path(run_dir)
     model_dir = run_dir / "model"
     if not model_dir.is_dir():
@@ -129,15 +133,18 @@ def load_finetuned(run_dir: str | os.PathLike) -> tuple[Scorer, Scorer, RunConfi
     cfg = read_run_config(run_dir)
     from skillgraft.models.scorer import Scorer  # noqa: PLC0415
 
-    ft = Scorer.from_pretrained(model_dir)
+    ft = Scorer.from_pretrained(model_dir, runtime=runtime)
+    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+
     try:
-        pre = cfg.model_spec.scorer(ft.task, head_seed=cfg.finetune.seed)
+        base = model_reference(base or cfg.model)
+        pre = cfg.model_spec.scorer(ft.task, head_seed=cfg.finetune.seed, ref=base, runtime=runtime)
     except SkillgraftError as e:  # the recorded base, as typed to finetune (a relative name is read from here)
         raise SkillgraftError(
             f"{run_dir / 'config.json'}: its field 'model' ({cfg.model!r}, the base this run was fine-tuned from, as "
             f"given to finetune) cannot be loaded from {Path.cwd()}: {e}. A relative name is read from the current "
             "folder: run from the folder the fine-tuning ran in") from None
-    return ft, pre, cfg
+    return ft, pre, cfg, base
 
 
 WEIGHTS_DROPPED = "WEIGHTS-DROPPED.txt"

@@ -60,7 +60,7 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
                   model: str | None = None, mode: str = "head", region: str | os.PathLike | None = None,
                   finetune_config: FinetuneConfig | None = None, region_finetune_config: FinetuneConfig | None = None,
                   localize_config=None, init: str = "current", test_limit: int | None = None,
-                  cache: str | os.PathLike | None = None, progress: bool = True) -> ContinualResult:
+                  cache: str | os.PathLike | None = None, progress: bool = True, runtime=None) -> ContinualResult:
     """Add ``task`` to the continual state folder ``state`` (created on first use); returns its typed entry.
 
     γ_task is read from ``region`` (a Region or Graft folder) or learned from an independent single-task
@@ -114,8 +114,10 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
             settings, store = learner.settings, Store(cache)
             model_spec = ModelSpec(model=settings["model"], mode=settings["mode"], pooling=settings["pooling"],
                                    max_length=settings["max_length"] or MAX_LENGTH)
+            from skillgraft.models.placement import boundary  # noqa: PLC0415
+
             member = prepare(store, model_spec, spec, region_finetune_config or finetune_config or FinetuneConfig(),
-                            progress=progress)
+                             progress=progress, runtime=boundary(runtime))  # keyed by the run's precision
             gamma, init_graft, single = task_region(member, store, localize_config, progress=progress)
             del member
             info["region_source"] = "single-task fine-tune + localize"

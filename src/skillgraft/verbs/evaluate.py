@@ -55,17 +55,21 @@ def evaluated_split(user: UserDataSpec) -> str:
 
 def evaluate(model_dir: str | os.PathLike, *, user: UserDataSpec | None = None, task: str | None = None,
              split: str = "test", mode: str | None = None, data_dir: str | os.PathLike | None = None,
-             limit: int | None = None, out: str | os.PathLike | None = None) -> EvaluateResult:
+             limit: int | None = None, out: str | os.PathLike | None = None, runtime=None) -> EvaluateResult:
     """Evaluate a skillgraft run (or its ``model/``) on its task's ``split``, or any Hugging Face checkpoint on
     every row of ``user``'s ``--eval-data`` (else ``--data``) or on ``task``'s split; ``out``: metrics.json
-    (+ confidence.png and reliability.png for labelled data), all or none."""
+    (+ confidence.png and reliability.png for labelled data), all or none. ``runtime``: where it computes (None: the
+    placement the command line activated), passed to the loaders."""
     from skillgraft.data import get_task, load_split  # noqa: PLC0415
     from skillgraft.evaluate import evaluate as run_eval, labels_of  # noqa: PLC0415
     from skillgraft.evaluate.plots import confidence_histogram, reliability_diagram  # noqa: PLC0415
     from skillgraft.finite import refuse_non_finite_model  # noqa: PLC0415
     from skillgraft.io import atomic_files, write_json  # noqa: PLC0415
     from skillgraft.models import Scorer  # noqa: PLC0415
+    from skillgraft.models.placement import boundary  # noqa: PLC0415
     from skillgraft.models.scorer import SCORER_CONFIG  # noqa: PLC0415
+
+    runtime = boundary(runtime)
 
     name, model_dir = str(model_dir), Path(model_dir)  # the name as given: ./x is a folder, never a Hub id
     user = user or UserDataSpec()
@@ -77,7 +81,7 @@ def evaluate(model_dir: str | os.PathLike, *, user: UserDataSpec | None = None, 
                               "(--split, --task, --data-dir), not on --data rows: --data FILE evaluates a Hugging Face "
                               "checkpoint; leave --data out")
     if (folder / SCORER_CONFIG).is_file() and user.data is None:
-        scorer = Scorer.from_pretrained(folder, task=task)
+        scorer = Scorer.from_pretrained(folder, task=task, runtime=runtime)
         examples = load_split(get_task(task or scorer.task.name) if task else scorer.task, split, data_dir)[:limit]
     else:
         from skillgraft.pipeline.opening import open_checkpoint  # noqa: PLC0415
@@ -86,7 +90,7 @@ def evaluate(model_dir: str | os.PathLike, *, user: UserDataSpec | None = None, 
             raise SkillgraftError(f"{model_dir}: a Hugging Face checkpoint needs data: --data FILE (with its field "
                                   "names) or --task NAME")
         scorer, examples, note = open_checkpoint(name, user if user.data is not None else task, mode=mode,
-                                                 split=split, data_dir=data_dir)
+                                                 split=split, data_dir=data_dir, runtime=runtime)
         examples = examples[:limit]
         split = evaluated_split(user) if user.data is not None else split
     refuse_non_finite_model(scorer, str(model_dir), "its scores would be meaningless (its fine-tuning diverged, "

@@ -34,9 +34,9 @@ class FimResult(VerbResult):
 
 
 def fim(data: DataSpec, model: ModelSpec, fisher: FisherConfig, *, aggregate: Literal["sum", "frobenius"] = "sum",
-        normalize: bool = False, out: str | os.PathLike | None = None) -> FimResult:
+        normalize: bool = False, out: str | os.PathLike | None = None, runtime=None) -> FimResult:
     """FIM layer scores of ``model`` on ``data``'s k-shot train split, written to ``out`` (default
-    ``runs/fim-<task>-<k>-<seed>``)."""
+    ``runs/fim-<task>-<k>-<seed>``), on ``runtime`` (None: the placement the command line activated)."""
     from skillgraft.finite import refuse_non_finite_model  # noqa: PLC0415
     from skillgraft.fisher import fim_layer_scores  # noqa: PLC0415
     from skillgraft.fisher.plots import layer_scores_bar  # noqa: PLC0415
@@ -44,9 +44,13 @@ def fim(data: DataSpec, model: ModelSpec, fisher: FisherConfig, *, aggregate: Li
 
     from skillgraft.pipeline.memory_plan import plan_training  # noqa: PLC0415
 
-    plan_training("fim", model.model, micro_batch=fisher.chunk_size or 64, max_length=model.max_length, fisher=True)
+    from skillgraft.models.placement import boundary  # noqa: PLC0415
+
+    runtime = boundary(runtime)
+    plan_training("fim", model.model, micro_batch=fisher.chunk_size or 64, max_length=model.max_length, fisher=True,
+                  runtime=runtime)
     few = data.load()
-    scorer = model.scorer(few.task)
+    scorer = model.scorer(few.task, runtime=runtime)
     refuse_non_finite_model(scorer, scorer.base_model, "its Fisher scores would be meaningless")
     scores = fim_layer_scores(scorer, few.train, aggregate=aggregate, normalize=normalize, config=fisher,
                               progress="fisher")

@@ -47,11 +47,15 @@ def default_out(data: DataSpec) -> Path:
 
 
 def finetune(data: DataSpec, model: ModelSpec, config: FinetuneConfig, *, out: str | os.PathLike | None = None,
-             layers: str | None = None, overwrite: bool = False) -> FinetuneResult:
+             layers: str | None = None, overwrite: bool = False, runtime=None) -> FinetuneResult:
     """Fine-tune ``model`` on ``data``'s k-shot draw into ``out`` (default :func:`default_out`). ``layers``: train only
-    these blocks — ``'0,3,5'``, or ``fim:top-K`` / ``fim:bottom-K`` / ``random-K`` (surgical fine-tuning)."""
+    these blocks — ``'0,3,5'``, or ``fim:top-K`` / ``fim:bottom-K`` / ``random-K`` (surgical fine-tuning).
+    ``runtime``: where it computes (None: the placement the command line activated), passed down."""
     from skillgraft.io import check_target  # noqa: PLC0415
+    from skillgraft.models.placement import boundary  # noqa: PLC0415
     from skillgraft.train import run_finetune  # noqa: PLC0415
+
+    runtime = boundary(runtime)
 
     out = check_target(Path(out) if out is not None else default_out(data), overwrite)  # before any work
     if layers is not None:
@@ -61,6 +65,7 @@ def finetune(data: DataSpec, model: ModelSpec, config: FinetuneConfig, *, out: s
                                                     k=data.k, seed=data.seed, data_dir=data.data_dir))
     from skillgraft.pipeline.memory_plan import plan_training  # noqa: PLC0415
 
-    plan_training("finetune", model.model, micro_batch=config.batch_size, max_length=model.max_length)  # or one line
-    metrics = run_finetune(data, out, model=model, finetune=config, overwrite=overwrite)
+    plan_training("finetune", model.model, micro_batch=config.batch_size, max_length=model.max_length,
+                  runtime=runtime)  # or one line
+    metrics = run_finetune(data, out, model=model, finetune=config, overwrite=overwrite, runtime=runtime)
     return FinetuneResult(out, data.k, data.seed, metrics)

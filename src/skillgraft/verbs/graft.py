@@ -34,7 +34,7 @@ from skillgraft.graft.localizers import LOCALIZERS, get_localizer
 from skillgraft.graft.selection import Budget, region_universe
 from skillgraft.pipeline.regions import learned_regions, localizer_options
 from skillgraft.pipeline.report import RunDir, write_csv
-from skillgraft.pipeline.member import Member
+from skillgraft.pipeline.member import Member, PreState
 from skillgraft.pipeline.workbench import Workbench
 from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_variant, score_ft_first
 from skillgraft.spec import Spec
@@ -81,7 +81,7 @@ def runnable_baselines(report: ReportSpec, member: Member, options: Spec) -> Rep
     keep, left = [], []
     for name in report.baselines:
         loc = get_localizer(name)  # unknown names fail here
-        model = member.pre if member.pre is not None else member.ft  # a lean pair: θ_pre not loaded yet (same mode)
+        model = member.ft if member.pre_state == PreState.DEFERRED else member.pre  # a lean pair: same mode
         try:
             loc.check(model, loc.options(baseline_options(name, options.graftable, getattr(options, "seed", 0))))
             keep.append(name)
@@ -114,7 +114,7 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
         selection, _, note = selection_split(member, keep)
         check_keep_rows(keep, member.data.task, len(selection), note.split(" (")[0])
     keep_only = bool(keep is not None and keep.any and not getattr(options, "budgets", None))
-    bench = Workbench.of(member)  # θ_pre and one fine-tuned model: merge's path with N = 1
+    bench = Workbench.of(member, run.runtime)  # θ_pre and one fine-tuned model: merge's path with N = 1
     score_ft_first(bench, bench.names[0], release=releases_ft(report, keep, frontier), progress=progress)  # lean
     regions, summary = ({}, {}) if keep_only else learned_regions(member, run.store, report.localizer, options,
                                                                  progress=progress)
@@ -278,19 +278,20 @@ def check_inputs(inputs: GraftInputs) -> None:
         raise SkillgraftError("give --data FILE or --task NAME, not both")
 
 
-def open_member(inputs: GraftInputs, *, lean: bool = False) -> Member:
-    """The Member of a run directory or of a checkpoint pair (``lean``: θ_ft scored, released, then read from files)."""
+def open_member(inputs: GraftInputs, *, lean: bool = False, runtime=None) -> Member:
+    """The Member of a run directory or of a checkpoint pair (``lean``: θ_ft scored, released, then read from files),
+    its models placed on ``runtime``."""
     from skillgraft.pipeline.opening import from_pair, from_run  # noqa: PLC0415
 
     user, data = inputs.user, inputs.data
     if is_run(inputs):
         return from_run(inputs.finetuned, data_dir=data.data_dir, test_limit=user.test_limit,
-                        pretrained=inputs.pretrained)
+                        pretrained=inputs.pretrained, runtime=runtime)
     spec = user if user.data is not None else DataSpec.build(
         {"task": inputs.task, **({"k": user.k} if user.k else {}), "seed": user.seed, "data_dir": data.data_dir,
          "test_limit": user.test_limit}, where="--task")  # a registered task: DataSpec's own k unless --k
     return from_pair(inputs.pretrained, str(inputs.finetuned), spec, mode=inputs.mode, max_length=inputs.max_length,
-                     data_dir=data.data_dir, lean=lean)
+                     data_dir=data.data_dir, lean=lean, runtime=runtime)
 
 
 def finetuned_name(member: Member) -> str:
@@ -308,7 +309,7 @@ def models_and_data(member: Member) -> list[str]:
     from skillgraft.models.loading import base_model_note  # noqa: PLC0415
 
     inputs = member.inputs
-    converted = base_model_note(member.pre.base_model)  # e.g. dequantized from a GGUF file
+    converted = base_model_note(inputs.pre_ref or member.pre.base_model)  # e.g. dequantized from a GGUF file
     if not (inputs.labels_note or inputs.graft_metadata.to_dict() or converted):
         return []
     lines = ["", "## Models and data", "",
@@ -326,7 +327,7 @@ def models_and_data(member: Member) -> list[str]:
     return lines
 
 
-def plan_graft(inputs: GraftInputs, report: ReportSpec, options: Spec, lean: bool):
+def plan_graft(inputs: GraftInputs, report: ReportSpec, options: Spec, lean: bool, runtime=None):
     """The memory plan of this graft (``pipeline/memory_plan.py``): (report, options, plan) with its choices made.
     When it does not fit only because of report rows the user did not ask for (the default random / top-movement
     baselines, lottery-ticket-zero's body backup), those rows are left out, in one warning."""
@@ -340,7 +341,7 @@ def plan_graft(inputs: GraftInputs, report: ReportSpec, options: Spec, lean: boo
     def plan(rep: ReportSpec):
         return plan_localization("graft", inputs.finetuned, options, localizer=rep.localizer, baselines=rep.baselines,
                                  lottery_backup=rep.lottery_zero and not pre_files, lean=lean,
-                                 max_length=inputs.max_length)
+                                 max_length=inputs.max_length, runtime=runtime)
     try:
         return (report, *plan(report))
     except SkillgraftError as refused:
@@ -365,13 +366,18 @@ def plan_graft(inputs: GraftInputs, report: ReportSpec, options: Spec, lean: boo
 @converts_into_store
 def graft(inputs: GraftInputs, *, report: ReportSpec | None = None, localize: Spec | dict | None = None,
           keep=None, frontier=None, out: str | os.PathLike | None = None, overwrite: bool = False,
-          cache: str | os.PathLike | None = None) -> GraftResult:
+          cache: str | os.PathLike | None = None, runtime=None) -> GraftResult:
     """``skillgraft graft``: learn grafts for ``inputs`` and write the report folder ``out`` (atomically).
 
     ``localize``: the options of ``report.localizer`` set by the caller (its own defaults for the rest); every
-    refusal (unknown option, no data, an existing ``out``) comes before any model loads."""
+    refusal (unknown option, no data, an existing ``out``) comes before any model loads. ``runtime``: where it
+    computes (a :class:`~skillgraft.models.placement.Runtime`; None: the one the command line activated), passed
+    down to everything below (the loaders, the Workbench, the report)."""
     from skillgraft.io import atomic_dir, check_target  # noqa: PLC0415
+    from skillgraft.models.placement import boundary  # noqa: PLC0415
     from skillgraft.pipeline import Store  # noqa: PLC0415
+
+    runtime = boundary(runtime)  # the one read of the placement the command line activated
 
     report = report or ReportSpec()
     options = resolve_once(report.localizer, localize)
@@ -381,10 +387,10 @@ def graft(inputs: GraftInputs, *, report: ReportSpec | None = None, localize: Sp
              "--data-dir": inputs.data.data_dir}  # what the command reads or fills: never inside --out
     out = check_target(Path(out) if out is not None else default_out(inputs), overwrite, apart)  # before any work
     lean = not is_run(inputs) and releases_ft(report, keep, frontier)
-    report, options, memory = plan_graft(inputs, report, options, lean)  # before any work: fits, or one line
-    member = open_member(inputs, lean=lean)
+    report, options, memory = plan_graft(inputs, report, options, lean, runtime)  # before any work: fits, or one line
+    member = open_member(inputs, lean=lean, runtime=runtime)
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        run = RunDir(tmp, Store(cache))
+        run = RunDir(tmp, Store(cache), runtime=runtime)
         metrics = graft_report(member, run, report, options, keep=keep, frontier=frontier,
                                notes=lambda: models_and_data(member), memory=memory)
     return GraftResult(out, metrics, member.inputs.data_note, member.inputs.labels_note)

@@ -44,7 +44,7 @@ from skillgraft.io import atomic_dir, check_target
 from skillgraft.merge import MERGE_METHODS, MergeMethod, Scored, merge_methods
 from skillgraft.merge.base import MergeRow, pick_written
 from skillgraft.pipeline.report import write_csv
-from skillgraft.pipeline.member import Member
+from skillgraft.pipeline.member import Member, PreState
 from skillgraft.pipeline.workbench import Workbench
 from skillgraft.spec import Spec
 from skillgraft.models.spec import MAX_LENGTH
@@ -125,14 +125,16 @@ MergeSpec = create_model("MergeSpec", __base__=(MergeSettings, *[type(m).Options
 
 
 # ---------------------------------------------------------------------------------------------- one model
-def open_member(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None, lean: bool = False) -> Member:
+def open_member(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None, lean: bool = False,
+                runtime=None, refs=None) -> Member:
     """θ_pre, θ_ft and the rows of one model: train (localize), dev (grid choice), test (report). ``lean``: θ_pre
-    loads later (:meth:`Member.load_deferred_pre`), when a causal pair allows it (``from_pair``)."""
+    loads later (:meth:`Workbench.load_pre`), when a causal pair allows it (``from_pair``). The member returned is a
+    new one holding the narrowed inputs (nothing is written into the one ``from_pair`` made)."""
     from skillgraft.data.sampling import eval_subset  # noqa: PLC0415
     from skillgraft.pipeline.opening import from_pair  # noqa: PLC0415
 
     member = from_pair(pretrained, m.finetuned, m.data, mode=spec.mode, max_length=spec.max_length,
-                       share_pre=share_pre, lean=lean)
+                       share_pre=share_pre, lean=lean, runtime=runtime, refs=refs)
     data = member.data
     train = data.train
     if m.dev_data is not None:
@@ -152,12 +154,12 @@ def open_member(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None,
         dev = [ex for i, ex in enumerate(train) if i in held]
         train = [ex for i, ex in enumerate(train) if i not in held]
     data = dataclasses.replace(data, train=train, dev=eval_subset(dev, spec.dev_limit))
-    member.inputs = dataclasses.replace(member.inputs, data=data, data_files=files,
-                                        graft_metadata=member.inputs.graft_metadata.updated(merge_task=m.name))
-    return member
+    metadata = member.inputs.graft_metadata.updated(merge_task=m.name)
+    return dataclasses.replace(member, inputs=dataclasses.replace(member.inputs, data=data, data_files=files,
+                                                                  graft_metadata=metadata))
 
 
-def check_data(inputs: list[ModelInput], spec: MergeSpec, mode: str) -> None:
+def check_data(inputs: list[ModelInput], spec: MergeSpec, mode: str, refs: dict | None = None) -> None:
     """Read every model's data (its --data, --eval-data and --dev-data) before any model loads, as
     :func:`open_member` will: a bad file of the second model is refused before the first one is localized."""
     from skillgraft.models.pair import model_labels  # noqa: PLC0415
@@ -165,7 +167,7 @@ def check_data(inputs: list[ModelInput], spec: MergeSpec, mode: str) -> None:
     for m in inputs:
         if m.data is None or m.data.data is None:
             continue
-        labels = model_labels(m.finetuned) if mode == "classifier" else None
+        labels = model_labels(m.finetuned, ref=(refs or {}).get(m.finetuned)) if mode == "classifier" else None
         loaded = m.data.load(labels)
         if labels is not None and len(labels) != loaded.task.num_labels:
             raise SkillgraftError(f"the fine-tuned classifier {m.finetuned} has {len(labels)} outputs but its data "
@@ -258,35 +260,39 @@ class MergeBench(Workbench):
 @converts_into_store
 def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, localize: Spec | dict | None,
                  out: str | os.PathLike, *, store=None, overwrite: bool = False, progress: bool = False,
-                 methods: dict[str, MergeMethod] | None = None) -> MergeResult:
+                 methods: dict[str, MergeMethod] | None = None, runtime=None) -> MergeResult:
     """Merge ``inputs`` (fine-tuned from ``pretrained``) into ``out``; see the module doc. Returns its typed rows
     and merge.json.
 
     ``localize``: the options of ``spec.localizer`` set by the caller (its own spec or a dict; the rest are
     the localizer's own defaults). ``methods``: the merge methods (default: the registry,
-    :func:`skillgraft.merge.merge_methods`; tests pass one with a fake mergekit runner).
+    :func:`skillgraft.merge.merge_methods`; tests pass one with a fake mergekit runner). ``runtime``: where it
+    computes (None: the placement the command line activated), passed down to the bench and its loaders.
     """
+    from skillgraft.models.placement import boundary  # noqa: PLC0415
     from skillgraft.pipeline.regions import localizer_options  # noqa: PLC0415
+
+    runtime = boundary(runtime)
     from skillgraft.pipeline.store import Store  # noqa: PLC0415
 
     localize = localizer_options(spec.localizer, localize)  # an unknown name or option fails before any work
     check_keep(spec, inputs, localize)
     out = check_target(out, overwrite, merge_inputs(pretrained, inputs, store))
-    mode = check_inputs(pretrained, inputs, spec)
-    check_data(inputs, spec, mode)  # every model's rows, before the first model loads
+    mode, refs = check_inputs(pretrained, inputs, spec)  # each model resolved once, its reference passed down
+    check_data(inputs, spec, mode, refs)  # every model's rows, before the first model loads
     from skillgraft.pipeline.memory_plan import plan_localization  # noqa: PLC0415
 
     # one θ_ft at a time (lean when its localizer reads files): fits, with candidates auto resolved, or one line
     localize, _ = plan_localization("merge", inputs[0].finetuned if inputs else None, localize,
                                     localizer=spec.localizer, lean=get_localizer(spec.localizer).reads_files,
-                                    max_length=spec.max_length)
+                                    max_length=spec.max_length, runtime=runtime)
     store = store or Store()
     chosen = [(m, m.options(spec)) for m in (methods or merge_methods()).values()]
     chosen = [(m, o) for m, o in chosen if m.active(o)]
     t0 = time.perf_counter()
     from skillgraft.progress import bar as tqdm  # noqa: PLC0415
 
-    bench = MergeBench()
+    bench = MergeBench(runtime=runtime)
     bench.progress = progress  # merge methods show their own long loops (mergekit's grid) when set
     ft = Scored("fine-tuned", "each task's own model")
     seconds: dict[str, float] = {}
@@ -298,20 +304,21 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
             bench.release_pre()  # the member's θ_pre gives the tensors back (share): loaded later when lean
             # a keep search scores θ_ft and θ_pre + γ⊙Δ on the same rows: both in memory (as graft --keep)
             lean = (m.graft is not None or reads_files) and spec.keep is None
-            member = open_member(pretrained, m, spec, share_pre=bench.share, lean=lean)
-            bench.add(m.name, member, loader=_loader(member, m.finetuned, spec.max_length))
+            member = open_member(pretrained, m, spec, share_pre=bench.share, lean=lean, runtime=runtime,
+                                 refs=(refs[pretrained], refs[m.finetuned]))
+            bench.add(m.name, member, loader=_loader(member, refs[m.finetuned], spec.max_length, runtime))
             ft.dev[m.name] = score(member.ft, member.data.dev)
             ft.test[m.name] = score(member.ft, member.test)
             bench.scored(m.name)
             for method, opts in chosen:
                 method.on_model(bench, m.name, member.ft, opts, work)
-            if (m.graft is None and reads_files and spec.keep is None) or member.pre is None:
+            if (m.graft is None and reads_files and spec.keep is None) or member.pre_state == PreState.DEFERRED:
                 bench.release_to_files(m.name)  # localized from θ_ft's files: θ_pre and one tensor of θ_ft resident
             bench.load_pre(m.name)  # a lean member: θ_pre after θ_ft's release (docs/scale.md)
             if len(bench.members) == 1:
                 for method, opts in chosen:
                     method.start(bench, opts, work)
-            bench.members[m.name].graft = task_graft(member, m, spec, localize, store, progress=progress)
+            bench.set_graft(m.name, task_graft(member, m, spec, localize, store, progress=progress))
             if spec.keep is not None:
                 from skillgraft.keep.run import keep_graft  # noqa: PLC0415
 
@@ -459,12 +466,13 @@ def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict,
     return out
 
 
-def _loader(member: Member, finetuned: str, max_length: int):
+def _loader(member: Member, finetuned, max_length: int, runtime=None):
     """Reads a released fine-tuned model back, as ``from_pair`` loaded it (writing the merged classifiers)."""
     def load():
         from skillgraft.models.scorer import build_scorer  # noqa: PLC0415
 
-        return build_scorer(finetuned, member.data.task, member.pre.mode, max_length=max_length).eval()
+        return build_scorer(finetuned, member.data.task, member.pre.mode, max_length=max_length,
+                            runtime=runtime).eval()
     return load
 
 

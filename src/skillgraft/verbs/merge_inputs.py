@@ -142,49 +142,51 @@ def _folder_name(path, data=None, config=None) -> str:
     return name or "model"
 
 
-def weight_files(path: str) -> list[Path]:
-    """The weight files of a checkpoint folder (safetensors, else pickled .bin), for sizes and identity."""
+def weight_files(path: str, ref=None) -> list[Path]:
+    """The weight files of a checkpoint folder (safetensors, else pickled .bin), for sizes and identity (``ref``: its
+    model reference, when the run resolved it already)."""
     from skillgraft.models.loading import model_reference  # noqa: PLC0415
 
-    folder = Path(model_reference(path).path)
+    folder = Path(model_reference(ref or path).path)
     if not folder.is_dir():
         return []
     files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
     return files or sorted((folder / "model").glob("*.safetensors"))
 
 
-def check_inputs(pretrained: str, inputs: list[ModelInput], spec) -> str:
-    """Refuse, before any weights load, what cannot be merged; returns the scoring mode they share."""
+def check_inputs(pretrained: str, inputs: list[ModelInput], spec) -> tuple[str, dict]:
+    """Refuse, before any weights load, what cannot be merged; returns the scoring mode they share and each model's
+    reference by its name (resolved once here, then passed down: ``from_pair(refs=…)``)."""
     from skillgraft.models.loading import model_reference  # noqa: PLC0415
     from skillgraft.models.pair import check_pair, pair_mode  # noqa: PLC0415
     from skillgraft.pipeline.opening import is_run_dir  # noqa: PLC0415
     from skillgraft.digest import file_digest  # noqa: PLC0415
 
     try:
-        model_reference(pretrained)
+        refs = {pretrained: model_reference(pretrained)}
     except SkillgraftError as e:
         raise SkillgraftError(f"--pretrained: {e}") from None
     seen: dict[str, str] = {}
-    base_files = weight_files(pretrained)
+    base_files = weight_files(pretrained, refs[pretrained])
     if base_files:
         seen[file_digest(base_files)] = f"the --pretrained model {pretrained}"
     modes = {}
     for m in inputs:
         try:
-            ref = model_reference(m.finetuned)
+            ref = refs[m.finetuned] = refs.get(m.finetuned) or model_reference(m.finetuned)
         except SkillgraftError as e:
             raise SkillgraftError(f"--finetuned: {e}") from None
         if is_run_dir(m.finetuned):
             raise SkillgraftError(f"--finetuned {m.finetuned} is a skillgraft run directory; merge takes Hugging Face "
                                   "checkpoints (export the run's model/ folder, or pass it directly)")
-        files = weight_files(m.finetuned)
+        files = weight_files(m.finetuned, ref)
         key = file_digest(files) if files else os.path.realpath(ref.path)
         if key in seen:
             raise SkillgraftError(f"--finetuned {m.finetuned} is the same model as {seen[key]} (identical weights): "
                                   "give each fine-tuned model once")
         seen[key] = f"--finetuned {m.finetuned}"
-        check_pair(pretrained, m.finetuned)  # architecture, shapes, vocabulary
-        modes[m.finetuned] = pair_mode(m.finetuned, m.data.generative, spec.mode)
+        check_pair(pretrained, m.finetuned, refs=(refs[pretrained], ref))  # architecture, shapes, vocabulary
+        modes[m.finetuned] = pair_mode(m.finetuned, m.data.generative, spec.mode, ref=ref)
     if len(set(modes.values())) > 1:
         shown = ", ".join(f"{k} → {v}" for k, v in modes.items())
         raise SkillgraftError(f"the models are scored differently ({shown}); merge models of one kind, or set --mode")
@@ -192,7 +194,7 @@ def check_inputs(pretrained: str, inputs: list[ModelInput], spec) -> str:
     if len(prints - {None}) > 1:
         raise SkillgraftError(f"the --grafts were learned on different base models "
                               f"(fingerprints {sorted(prints - {None})})")
-    return next(iter(modes.values()))
+    return next(iter(modes.values())), refs
 
 
 def merge_inputs(pretrained: str, inputs: list[ModelInput], store=None) -> dict:

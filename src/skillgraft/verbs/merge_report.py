@@ -71,7 +71,8 @@ def summarize(results: list[Scored], ft: Scored, members: Mapping[str, Member], 
     their columns), the chosen configurations and the headline comparison: each method that ran (``methods``, with
     its options) gives its own entries (:meth:`MergeMethod.headline`)."""
     names = list(members)
-    ckpt = {n: sum(f.stat().st_size for f in weight_files(str(members[n].inputs.ft_dir))) for n in names}
+    ckpt = {n: sum(f.stat().st_size for f in weight_files(str(members[n].inputs.ft_dir), members[n].inputs.ft_ref))
+            for n in names}
     graft_bytes = {n: graft_file_bytes(grafts[n]) for n in names}
     rows = [MergeRow.of(s, ft, graft_bytes if s.stores == "graft" else ckpt) for s in results]
     plain_rows = [r for r in rows if not r.refit]

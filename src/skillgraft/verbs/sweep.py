@@ -122,12 +122,15 @@ class SweepResult(VerbResult):
 @converts_into_store
 def sweep(finetuned: str | os.PathLike, spec: SweepSpec | None = None, localize: LocalizeConfig | None = None, *,
           data: DataSpec | None = None, frontier=None, out: str | os.PathLike | None = None, overwrite: bool = False,
-          cache: str | os.PathLike | None = None) -> SweepResult:
-    """``skillgraft sweep``: the sweep of the run ``finetuned`` into ``out`` (default ``<finetuned>/sweep``)."""
+          cache: str | os.PathLike | None = None, runtime=None) -> SweepResult:
+    """``skillgraft sweep``: the sweep of the run ``finetuned`` into ``out`` (default ``<finetuned>/sweep``), on
+    ``runtime`` (None: the placement the command line activated), passed down."""
     from skillgraft.io import atomic_dir, check_target  # noqa: PLC0415
+    from skillgraft.models.placement import boundary  # noqa: PLC0415
     from skillgraft.pipeline import Store  # noqa: PLC0415
     from skillgraft.pipeline.opening import from_run  # noqa: PLC0415
 
+    runtime = boundary(runtime)
     data = data or DataSpec()
     out = check_target(Path(out) if out is not None else Path(finetuned) / "sweep", overwrite,
                        {"--cache": Store(cache).root, "--finetuned": finetuned, "--data-dir": data.data_dir})
@@ -135,11 +138,11 @@ def sweep(finetuned: str | os.PathLike, spec: SweepSpec | None = None, localize:
 
     spec = spec or SweepSpec()  # the plan, before any work: fits (candidates auto resolved), or one line
     localize, memory = plan_localization("sweep", finetuned, localize or LocalizeConfig(), baselines=spec.localizers,
-                                         lean=False)
-    member = from_run(finetuned, data_dir=data.data_dir, test_limit=data.test_limit)
+                                         lean=False, runtime=runtime)
+    member = from_run(finetuned, data_dir=data.data_dir, test_limit=data.test_limit, runtime=runtime)
     found = None
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        run = RunDir(tmp, Store(cache))
+        run = RunDir(tmp, Store(cache), runtime=runtime)
         rows = sweep_report(member, run, spec, localize)
         if frontier is not None and frontier.frontier:
             from skillgraft.pipeline.frontier import frontier_report  # noqa: PLC0415

@@ -1,0 +1,218 @@
+"""One graft run walks down the floors (issue 79): each model resolved into its reference once, when the run opens,
+and passed down."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from skillgraft.data.spec import DataSpec
+from skillgraft.graft.localizers import LocalizeConfig
+from skillgraft.verbs.graft import GraftInputs, ReportSpec, graft
+
+OPTIONS = {"budgets": ["0.01"], "steps": 2, "eval_every": 1}
+
+
+@pytest.fixture
+def resolutions(monkeypatch) -> Counter:
+    """Counts how often each model name is resolved into a reference (``models.loading.model_reference`` called with a
+    name, not with a reference passed down), wherever the resolver was imported."""
+    import skillgraft.models.loading as loading
+
+    original, seen = loading.model_reference, Counter()
+
+    def counting(name):
+        if not isinstance(name, loading.ModelRef):
+            seen[str(name)] += 1
+        return original(name)
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("skillgraft") and \
+                getattr(module, "model_reference", None) is original:
+            monkeypatch.setattr(module, "model_reference", counting)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def llama_pair(tiny_models, tmp_path_factory) -> tuple[Path, Path]:
+    """(A, B): the tiny Llama and a copy whose body moved, both saved by plain transformers."""
+    import transformers as tf
+
+    a = tiny_models["llama"]
+    b = tmp_path_factory.mktemp("floors") / "ft"
+    model = tf.AutoModelForCausalLM.from_pretrained(a)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layers" in name:
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(b)
+    tf.AutoTokenizer.from_pretrained(a).save_pretrained(b)
+    return a, b
+
+
+def test_a_graft_run_resolves_its_base_model_once(ft_run, tiny_bert, toy_data, tmp_path, resolutions):
+    graft(GraftInputs(str(ft_run), data=DataSpec(data_dir=str(toy_data))),
+          report=ReportSpec(baselines=["movement"], lottery_zero=False), localize=LocalizeConfig(**OPTIONS),
+          out=tmp_path / "g", cache=tmp_path / "store")
+    assert dict(resolutions) == {str(tiny_bert): 1}
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "both-loaded"])
+def test_a_graft_run_on_a_pair_resolves_each_model_once(llama_pair, toy_data, tmp_path, resolutions, lean):
+    a, b = llama_pair
+    report = ReportSpec(baselines=[] if lean else ["movement"], lottery_zero=not lean)
+    graft(GraftInputs(str(b), pretrained=str(a), task="SST-2", data=DataSpec(data_dir=str(toy_data))),
+          report=report, localize=LocalizeConfig(**OPTIONS), keep=None, out=tmp_path / "g", cache=tmp_path / "store")
+    assert dict(resolutions) == {str(a): 1, str(b): 1}
+
+
+def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions):
+    from userland import cli
+
+    c = classifiers
+    cli("merge", "--pretrained", c["base"], "--finetuned", c["sentiment"][0], "--data", c["sentiment"][1],
+        "--finetuned", c["topic"][0], "--data", c["topic"][1], "--localizer", "movement", "--budget", "0.05",
+        "--mergekit", "", "--out", tmp_path / "m")
+    assert dict(resolutions) == {str(c["base"]): 1, str(c["sentiment"][0]): 1, str(c["topic"][0]): 1}
+
+
+# the fields of a Member that say where its models are and what was recorded of them (pipeline/member.py)
+MEMBER_STATE = {"state", "pre_state", "probs", "ft_metrics", "inputs", "graft", "head", "load_pre", "ft", "pre",
+                "loader"}
+
+
+def test_the_workbench_is_the_only_writer_of_member_state():
+    """No module but pipeline/workbench.py assigns a member's state or what goes with it (a member made anew with
+    ``dataclasses.replace`` is no write); read from the source, so a new writer elsewhere fails here."""
+    import ast
+
+    import skillgraft
+
+    writers = []
+    for path in sorted(Path(skillgraft.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            else:
+                continue
+            for target in targets:
+                for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    t = t.value if isinstance(t, ast.Subscript) else t  # member.probs[set] = …
+                    if isinstance(t, ast.Attribute) and t.attr in MEMBER_STATE and "member" in ast.unparse(t.value):
+                        writers.append(f"{path.name}:{node.lineno} {ast.unparse(t)}")
+    assert writers and all(w.startswith("workbench.py:") for w in writers), writers
+
+
+def test_a_members_states_are_one_enum_each(llama_pair, toy_data):
+    """θ_pre deferred or loaded is ``pre_state``, FT scored is ``state`` (set by the bench's ``record``, kept by
+    ``add``), released is read from ``state``."""
+    from skillgraft.pipeline.member import MemberState, PreState
+    from skillgraft.pipeline.opening import from_pair
+    from skillgraft.pipeline.variants import score_ft_first
+    from skillgraft.pipeline.workbench import Workbench
+
+    a, b = llama_pair
+    spec = DataSpec.build({"task": "SST-2", "k": 4, "seed": 42, "data_dir": str(toy_data), "test_limit": 4},
+                          where="test")
+    member = from_pair(str(a), str(b), spec, data_dir=toy_data, lean=True)
+    assert (member.state, member.pre_state) == (MemberState.LOADED, PreState.DEFERRED) and member.pre is None
+    bench = Workbench.of(member)
+    score_ft_first(bench, member.name, release=True)
+    assert (member.state, member.pre_state) == (MemberState.LAZY, PreState.LOADED) and member.released
+    assert set(member.probs) == set(member.ft_metrics) == {"test"}
+    again = from_pair(str(a), str(b), spec, data_dir=toy_data)
+    Workbench.record(again, "test", member.ft_metrics["test"], member.probs["test"])
+    assert Workbench.of(again).states[again.name] is MemberState.SCORED and not again.released
+
+
+@pytest.fixture
+def ambient_reads(monkeypatch) -> list[str]:
+    """Where the active placement (``placement.active``, the context variable the command line sets) is read: the
+    file of each reader (through ``placement.boundary``, the verb's one read: the verb's file)."""
+    import skillgraft.models.placement as placement
+
+    original, readers = placement.active, []
+
+    def spying():
+        frame = sys._getframe(1)
+        if frame.f_code.co_name == "boundary":
+            frame = frame.f_back
+        readers.append(Path(frame.f_code.co_filename).name)
+        return original()
+
+    monkeypatch.setattr(placement, "active", spying)
+    return readers
+
+
+@pytest.mark.parametrize("pair", [False, True], ids=["run", "lean-pair"])
+def test_a_graft_run_reads_its_placement_once_and_passes_it_down(ft_run, llama_pair, toy_data, tmp_path,
+                                                                 ambient_reads, pair):
+    """The command line activates the placement; the verb reads it once, where it starts, and everything below
+    it (loaders, the Workbench, the report, the memory plan) is given it: the models load in bf16, the report
+    says so, and nothing below the verb reads the ambient placement."""
+    import json
+
+    from skillgraft.models.placement import Placement, using
+
+    a, b = llama_pair
+    inputs = (GraftInputs(str(b), pretrained=str(a), task="SST-2", data=DataSpec(data_dir=str(toy_data))) if pair
+              else GraftInputs(str(ft_run), data=DataSpec(data_dir=str(toy_data))))
+    with using(Placement(device="cpu", precision="bf16")):
+        result = graft(inputs, report=ReportSpec(baselines=[], lottery_zero=False), localize=LocalizeConfig(**OPTIONS),
+                       out=tmp_path / "g", cache=tmp_path / "store")
+    assert ambient_reads == ["graft.py"]  # verbs/graft.py, once
+    assert json.loads((result.out / "metrics.json").read_text())["placement"]["precision"] == "bf16"
+    assert "Ran on cpu, bf16." in (result.out / "report.md").read_text()
+
+
+@pytest.fixture
+def loads(monkeypatch) -> list:
+    """The runtime each model load was given (``load_hf_model``, ``load_classifier``, ``complete_model``), wherever
+    the loader was imported."""
+    import skillgraft.models.loading as loading
+    import skillgraft.models.pair as pair
+
+    seen = []
+    for module, name in ((loading, "load_hf_model"), (loading, "load_classifier"), (pair, "complete_model")):
+        original = getattr(module, name)
+
+        def spy(*args, _original=original, **kwargs):
+            seen.append(kwargs.get("runtime", args[3] if _original.__name__ == "complete_model" and len(args) > 3
+                                   else None))
+            return _original(*args, **kwargs)
+
+        for mod in list(sys.modules.values()):
+            if getattr(mod, "__name__", "").startswith("skillgraft") and getattr(mod, name, None) is original:
+                monkeypatch.setattr(mod, name, spy)
+    return seen
+
+
+def test_a_verb_that_loads_a_model_is_placed(tiny_bert, toy_data, tmp_path, loads):
+    """Every model ``skillgraft finetune``, ``graft``, ``evaluate`` and ``fim`` load is given the placement the
+    command line activated (``--precision bf16``); the same verb called without one (no command line, no ``using``)
+    is not placed: its loads get no runtime, which is what this test fails on for a command that forgets its
+    placement."""
+    from userland import cli
+
+    run = tmp_path / "ft"
+    cli("finetune", "--model", tiny_bert, "--task", "SST-2", "--k", 4, "--steps", 2, "--eval-every", 0,
+        "--data-dir", toy_data, "--test-limit", 4, "--precision", "bf16", "--out", run)
+    cli("graft", "--finetuned", run, "--budgets", "0.01", "--steps", 1, "--baselines", "", "--no-lottery-zero",
+        "--data-dir", toy_data, "--test-limit", 4, "--precision", "bf16", "--out", tmp_path / "g")
+    cli("evaluate", run, "--data-dir", toy_data, "--limit", 4, "--precision", "bf16")
+    cli("evaluate", tiny_bert, "--task", "SST-2", "--mode", "prompt", "--data-dir", toy_data, "--limit", 4,
+        "--precision", "bf16")
+    cli("fim", "--task", "SST-2", "--model", tiny_bert, "--k", 4, "--data-dir", toy_data, "--precision", "bf16",
+        "--out", tmp_path / "fim")
+    assert len(loads) >= 6 and all(r is not None and r.precision == "bf16" for r in loads), loads
+    loads.clear()
+    graft(GraftInputs(str(run), data=DataSpec(data_dir=str(toy_data))),
+          report=ReportSpec(baselines=[], lottery_zero=False), localize=LocalizeConfig(**OPTIONS), out=tmp_path / "u")
+    assert loads and all(r is None for r in loads)  # not placed: as transformers loads them
