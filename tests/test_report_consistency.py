@@ -16,6 +16,7 @@ def test_the_report_says_each_figure_once_and_in_the_readmes_order(ft_run, toy_d
     out = tmp_path / "g"
     r = CliRunner().invoke(app, [str(a) for a in ("graft", "--finetuned", ft_run, "--data-dir", toy_data,
                                                   "--budgets", "1e-2", "--steps", 3, "--baselines", "",
+                                                  "--schedule", "fixed",
                                                   "--no-lottery-zero", "--out", out)])
     assert r.exit_code == 0, r.output
     report = (out / "report.md").read_text()
