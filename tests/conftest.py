@@ -32,14 +32,22 @@ torch.set_num_threads(int(os.environ.get("SKILLGRAFT_TEST_THREADS", "1")))
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-# The files that take longest (10-25 s each on 2 cores), longest first, run first: with `make test`'s `--dist loadfile`
-# a long file started last would leave the other worker idle at the end (`make test` passes --no-loadscope-reorder:
-# xdist otherwise reorders files by their number of tests). Order within a file is kept.
-LONG_FIRST = ("test_kill.py", "test_resume_sharded.py", "test_keep.py", "test_gemma_recipes.py", "test_open_world.py",
-              "test_lean_pair.py", "test_multitask.py", "test_keep_paired.py", "test_merge.py", "test_docs.py",
-              "test_first_hour.py", "test_merge_routed_keep.py", "test_export.py", "test_localizers.py",
-              "test_families.py", "test_resume.py", "test_merge_task_aware.py", "test_recipes_eval.py",
-              "test_gemma.py", "test_real_minilm.py", "test_finetune.py", "test_scale.py")
+# The files that take longest, longest first, run first: with `make test`'s `--dist loadfile` a long file started last
+# would leave the other worker idle at the end (`make test` passes --no-loadscope-reorder: xdist otherwise reorders
+# files by their number of tests). Order within a file is kept. Ordered by the summed durations of a full run
+# (`--durations=0 --junitxml`, setup + call per file); the files not named (each a few seconds) follow in file order.
+LONG_FIRST = ("test_docs.py", "test_keep.py", "test_kill.py", "test_gemma_recipes.py", "test_paper_schedule.py",
+              "test_keep_paired.py", "test_lean_pair.py", "test_resume_sharded.py", "test_first_hour.py",
+              "test_merge.py", "test_export_gguf.py", "test_fisher.py", "test_merge_routed_keep.py",
+              "test_multitask.py", "test_export.py", "test_open_world.py", "test_memory_plan.py", "test_fit.py",
+              "test_second_hour.py", "test_serve.py", "test_metrics.py", "test_localizers.py",
+              "test_keep_generative.py", "test_engine.py", "test_placement.py", "test_layers.py",
+              "test_paper_recipe.py", "test_resume.py", "test_inputs_outputs_specials.py", "test_cli_config.py",
+              "test_gemma.py", "test_cli_help.py", "test_recipes_eval.py", "test_shared_store.py",
+              "test_families.py", "test_pipeline.py", "test_merge_task_aware.py", "test_cli.py",
+              "test_graft_bad_inputs.py", "test_cli_bad_inputs.py", "test_held_out_rows.py", "test_io_bad_inputs.py",
+              "test_export_readback.py", "test_caveats.py", "test_merge_causal_routed.py", "test_overhead.py",
+              "test_registries.py", "test_headers_fuzz.py")
 
 
 def pytest_collection_modifyitems(config, items):
