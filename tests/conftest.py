@@ -191,7 +191,7 @@ def ft_run(tiny_bert, toy_data, tmp_path_factory):
 @pytest.fixture(scope="session")
 def classifiers(tiny_models, tmp_path_factory) -> dict:
     """Two tiny BERT classifiers of one base: sentiment (2 labels) and topic (3 labels), with their data (the merge
-    tests' inputs, read-only; made once per worker)."""
+    tests' inputs, read-only; made once per run: built_once)."""
     from userland import sentiment_rows, topic_rows, train_classifier, write_rows  # noqa: PLC0415
 
     base = tiny_models["bert"]
