@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -31,14 +32,22 @@ torch.set_num_threads(int(os.environ.get("SKILLGRAFT_TEST_THREADS", "1")))
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-# The files that take longest (10-25 s each on 2 cores), longest first, run first: with `make test`'s `--dist loadfile`
-# a long file started last would leave the other worker idle at the end (`make test` passes --no-loadscope-reorder:
-# xdist otherwise reorders files by their number of tests). Order within a file is kept.
-LONG_FIRST = ("test_kill.py", "test_resume_sharded.py", "test_keep.py", "test_gemma_recipes.py", "test_open_world.py",
-              "test_lean_pair.py", "test_multitask.py", "test_keep_paired.py", "test_merge.py", "test_docs.py",
-              "test_first_hour.py", "test_merge_routed_keep.py", "test_export.py", "test_localizers.py",
-              "test_families.py", "test_resume.py", "test_merge_task_aware.py", "test_recipes_eval.py",
-              "test_gemma.py", "test_real_minilm.py", "test_finetune.py", "test_scale.py")
+# The files that take longest, longest first, run first: with `make test`'s `--dist loadfile` a long file started last
+# would leave the other worker idle at the end (`make test` passes --no-loadscope-reorder: xdist otherwise reorders
+# files by their number of tests). Order within a file is kept. Ordered by the summed durations of a full run
+# (`--durations=0 --junitxml`, setup + call per file); the files not named (each a few seconds) follow in file order.
+LONG_FIRST = ("test_docs.py", "test_keep.py", "test_kill.py", "test_gemma_recipes.py", "test_paper_schedule.py",
+              "test_keep_paired.py", "test_lean_pair.py", "test_resume_sharded.py", "test_first_hour.py",
+              "test_merge.py", "test_export_gguf.py", "test_fisher.py", "test_merge_routed_keep.py",
+              "test_multitask.py", "test_export.py", "test_open_world.py", "test_memory_plan.py", "test_fit.py",
+              "test_second_hour.py", "test_serve.py", "test_metrics.py", "test_localizers.py",
+              "test_keep_generative.py", "test_engine.py", "test_placement.py", "test_layers.py",
+              "test_paper_recipe.py", "test_resume.py", "test_inputs_outputs_specials.py", "test_cli_config.py",
+              "test_gemma.py", "test_cli_help.py", "test_recipes_eval.py", "test_shared_store.py",
+              "test_families.py", "test_pipeline.py", "test_merge_task_aware.py", "test_cli.py",
+              "test_graft_bad_inputs.py", "test_cli_bad_inputs.py", "test_held_out_rows.py", "test_io_bad_inputs.py",
+              "test_export_readback.py", "test_caveats.py", "test_merge_causal_routed.py", "test_overhead.py",
+              "test_registries.py", "test_headers_fuzz.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -82,11 +91,32 @@ def isolated_store(tmp_path_factory, monkeypatch):
     return root
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """``build(folder)`` once per test run, not once per pytest-xdist worker: the first worker to ask builds the
+    folder under a file lock, in the temporary root the workers share; the others wait for it and read it. For the
+    session fixtures' read-only inputs (deterministic builds: the same files whichever worker makes them)."""
+    from filelock import FileLock  # noqa: PLC0415
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "built-once"
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that failed in another worker
+            build(folder)
+            done.touch()
+    return folder
+
+
+TINY_KINDS = ("bert", "roberta", "gpt2", "llama", "llama3", "qwen3", "gemma3")
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tiny-models")
-    return {kind: build_tiny(kind, root / kind) for kind in ("bert", "roberta", "gpt2", "llama", "llama3", "qwen3",
-                                                                    "gemma3")}
+    root = built_once(tmp_path_factory, "tiny-models",
+                      lambda root: [build_tiny(kind, root / kind) for kind in TINY_KINDS])
+    return {kind: root / kind for kind in TINY_KINDS}
 
 
 @pytest.fixture(scope="session")
@@ -97,7 +127,7 @@ def tiny_bert(tiny_models) -> Path:
 @pytest.fixture(scope="session")
 def toy_data(tmp_path_factory) -> Path:
     """A data root holding a learnable toy 'SST-2' (JSONL layout)."""
-    return write_sentiment_data(tmp_path_factory.mktemp("toy-data"))
+    return built_once(tmp_path_factory, "toy-data", write_sentiment_data)
 
 
 @pytest.fixture(scope="session")
@@ -118,12 +148,14 @@ def pair(tiny_bert, toy_data):
 def trained_run(tiny_bert, toy_data, tmp_path_factory):
     """A `skillgraft finetune` run of the tiny BERT that has learned the toy task (40 AdamW steps; the CLI and keep
     tests graft from it, read-only: every reader writes to its own --out)."""
-    out = tmp_path_factory.mktemp("cli") / "ft"
-    r = _invoke("finetune", "--task", "SST-2", "--k", 16, "--seed", 13, "--model", tiny_bert, "--optimizer", "adamw",
-                "--lr", 1e-3, "--steps", 40, "--eval-every", 20, "--data-dir", toy_data, "--out", out)
-    assert r.exit_code == 0, r.output
-    assert "test acc" in r.output
-    return out
+    def build(folder):
+        r = _invoke("finetune", "--task", "SST-2", "--k", 16, "--seed", 13, "--model", tiny_bert, "--optimizer",
+                    "adamw", "--lr", 1e-3, "--steps", 40, "--eval-every", 20, "--data-dir", toy_data, "--out",
+                    folder / "ft")
+        assert r.exit_code == 0, r.output
+        assert "test acc" in r.output
+
+    return built_once(tmp_path_factory, "trained-run", build) / "ft"
 
 
 # ---------------------------------------------------------------------------------------------- bad-input inputs
@@ -140,35 +172,41 @@ def tiny_graft(tiny_bert, tmp_path_factory):
     names = graftable_names(pre)
     shapes = {n: tuple(p.shape) for n, p in pre.named_parameters() if n in names}
     region = Region(shapes, {names[0]: [0, 3, 5, 17], names[2]: [1, 2]})
-    folder = tmp_path_factory.mktemp("graft") / "g"
-    Graft.from_models(pre, ft, region, {"task": "SST-2", "mode": "head"}).save_pretrained(folder)
-    return folder
+    graft = Graft.from_models(pre, ft, region, {"task": "SST-2", "mode": "head"})
+    return built_once(tmp_path_factory, "graft", lambda root: graft.save_pretrained(root / "g")) / "g"
 
 
 @pytest.fixture(scope="session")
 def ft_run(tiny_bert, toy_data, tmp_path_factory):
     """A fine-tuning run directory of the tiny BERT (a few steps; enough to graft from)."""
-    out = tmp_path_factory.mktemp("ft") / "run"
-    r = _invoke("finetune", "--task", "SST-2", "--k", 8, "--seed", 13, "--model", tiny_bert, "--optimizer", "adamw",
-               "--lr", 1e-3, "--steps", 6, "--eval-every", 3, "--data-dir", toy_data, "--test-limit", 8, "--out", out)
-    assert r.exit_code == 0, r.output
-    return out
+    def build(folder):
+        r = _invoke("finetune", "--task", "SST-2", "--k", 8, "--seed", 13, "--model", tiny_bert, "--optimizer",
+                    "adamw", "--lr", 1e-3, "--steps", 6, "--eval-every", 3, "--data-dir", toy_data, "--test-limit", 8,
+                    "--out", folder / "run")
+        assert r.exit_code == 0, r.output
+
+    return built_once(tmp_path_factory, "ft-run", build) / "run"
 
 
 @pytest.fixture(scope="session")
 def classifiers(tiny_models, tmp_path_factory) -> dict:
     """Two tiny BERT classifiers of one base: sentiment (2 labels) and topic (3 labels), with their data (the merge
-    tests' inputs, read-only; made once per worker)."""
+    tests' inputs, read-only; made once per run: built_once)."""
     from userland import sentiment_rows, topic_rows, train_classifier, write_rows  # noqa: PLC0415
 
-    root = tmp_path_factory.mktemp("merge")
     base = tiny_models["bert"]
-    out = {"base": base}
-    for name, make in (("sentiment", sentiment_rows), ("topic", topic_rows)):
-        data = write_rows(root / f"{name}.jsonl", make(120, 0))
-        test = write_rows(root / f"{name}-test.jsonl", make(48, 1))
-        out[name] = (train_classifier(base, root / name, make(120, 0), steps=30), data, test)
-    return out
+    makers = (("sentiment", sentiment_rows), ("topic", topic_rows))
+
+    def build(root):
+        root.mkdir()
+        for name, make in makers:
+            write_rows(root / f"{name}.jsonl", make(120, 0))
+            write_rows(root / f"{name}-test.jsonl", make(48, 1))
+            train_classifier(base, root / name, make(120, 0), steps=30)
+
+    root = built_once(tmp_path_factory, "merge", build)
+    return {"base": base, **{name: (root / name, root / f"{name}.jsonl", root / f"{name}-test.jsonl")
+                             for name, _ in makers}}
 
 
 @pytest.fixture(scope="session")
@@ -176,20 +214,23 @@ def tiny_classifier(tiny_bert, tmp_path_factory):
     """A plain Hugging Face sequence classifier (the tiny BERT with a fresh 2-label head)."""
     import transformers as tf
 
-    out = tmp_path_factory.mktemp("clf") / "clf"
-    torch.manual_seed(0)
-    model = tf.AutoModelForSequenceClassification.from_pretrained(
-        tiny_bert, num_labels=2, id2label={0: "bad", 1: "good"}, label2id={"bad": 0, "good": 1})
-    model.save_pretrained(out)
-    tf.AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(out)
-    return out
+    def build(folder):
+        out = folder / "clf"
+        torch.manual_seed(0)
+        model = tf.AutoModelForSequenceClassification.from_pretrained(
+            tiny_bert, num_labels=2, id2label={0: "bad", 1: "good"}, label2id={"bad": 0, "good": 1})
+        model.save_pretrained(out)
+        tf.AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(out)
+
+    return built_once(tmp_path_factory, "clf", build) / "clf"
 
 
 @pytest.fixture(scope="session")
 def tiny_adapter(tiny_graft, tiny_bert, tmp_path_factory):
-    out = tmp_path_factory.mktemp("adapter") / "a"
-    assert _invoke("export", tiny_graft, "--model", tiny_bert, "--to", "peft", "--out", out).exit_code == 0
-    return out
+    def build(folder):
+        assert _invoke("export", tiny_graft, "--model", tiny_bert, "--to", "peft", "--out", folder / "a").exit_code == 0
+
+    return built_once(tmp_path_factory, "adapter", build) / "a"
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """``--help`` at 80 columns (issue 37): every verb's options grouped into panels, each option name whole, one style
 for types / ranges / defaults; ``-h``; ``--version``."""
 
+import functools
 import re
 
 import pytest
@@ -94,33 +95,47 @@ def test_short_help_and_version():
 HELP = """
 import sys
 from skillgraft.cli.entry import main
-sys.argv = ["skillgraft", *{args!r}]
-try:
-    main()
-except SystemExit as e:
-    assert e.code in (0, None), e.code
-print("MODULES", *sorted(m for m in {heavy!r} if m in sys.modules))
+for args in {runs!r}:
+    sys.argv = ["skillgraft", *args]
+    try:
+        main()
+    except SystemExit as e:
+        assert e.code in (0, None), (args, e.code)
+    sys.stdout.flush()
+    print("@@ENDED@@", *sorted(m for m in {heavy!r} if m in sys.modules), flush=True)
 """
 HEAVY = ("torch", "transformers", "matplotlib", "numpy", "safetensors", "peft", "accelerate", "datasets", "fastapi",
          "uvicorn")
+HELP_ARGS = [["--help"], ["graft", "--help"], ["merge", "-h"], ["continual", "add", "--help"], ["graft", "--help-all"],
+             ["serve", "--help"], ["--version"]]
 
 
-def imported_by(args):
-    """What ``skillgraft ARGS`` prints, and which heavy libraries it imported (a fresh interpreter)."""
+@functools.cache
+def _imported_in_turn() -> dict:
+    """Every HELP_ARGS command in turn in one fresh interpreter (one start instead of seven): each one's output, and
+    the heavy libraries imported by the time it ended (cumulative: the first command to import one shows it)."""
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "COLUMNS": "80"}
-    r = subprocess.run([sys.executable, "-c", HELP.format(args=list(args), heavy=HEAVY)], env=env,
+    r = subprocess.run([sys.executable, "-c", HELP.format(runs=HELP_ARGS, heavy=HEAVY)], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    out, _, mods = r.stdout.rpartition("MODULES")
-    return out, mods.split()
+    chunks = r.stdout.split("@@ENDED@@")  # each command's output, then the line of what was imported by then
+    outs = [chunks[0]] + [c.partition("\n")[2] for c in chunks[1:-1]]
+    mods = [c.partition("\n")[0].split() for c in chunks[1:]]
+    assert len(outs) == len(mods) == len(HELP_ARGS), r.stdout
+    return {tuple(args): (out, m) for args, out, m in zip(HELP_ARGS, outs, mods)}
 
 
-@pytest.mark.parametrize("args", [["--help"], ["graft", "--help"], ["merge", "-h"], ["continual", "add", "--help"],
-                                  ["graft", "--help-all"], ["serve", "--help"], ["--version"]])
+def imported_by(args):
+    """What ``skillgraft ARGS`` prints, and which heavy libraries it (or a command of HELP_ARGS before it) imported
+    (a fresh interpreter)."""
+    return _imported_in_turn()[tuple(args)]
+
+
+@pytest.mark.parametrize("args", HELP_ARGS)
 def test_help_imports_no_torch(args):
     """``--help`` is built from the typed specs themselves, with no cache: torch, transformers and matplotlib are
     never imported (skillgraft.lazy), which is what makes it answer in well under a second (bench/RESULTS.md)."""

@@ -2,11 +2,11 @@
 no report folder, or a complete one whose metrics.json lists exactly the graft folders present (each loads, each
 of the size its row says); the store holds only finished entries; the re-run finishes and sweeps the leftovers.
 
-One kill comes from outside (SIGKILL to a real ``python -m skillgraft.cli graft`` once its report is being
-written); the others are exact: a forked child runs the verb with ``SKILLGRAFT_CRASH_AT=<point>:<name>``
-(skillgraft.io.crash_point) and SIGKILLs itself there — a finished store entry not yet renamed, a graft folder
-written, metrics.json written, the whole report written, the report in place, and an old report moved aside
-with the new one not yet in place (rolled back by the next run).
+One kill comes from outside (SIGKILL to a real ``skillgraft graft``, its entry point in a forked child, once its
+report is being written); the others are exact: a forked child runs the verb with
+``SKILLGRAFT_CRASH_AT=<point>:<name>`` (skillgraft.io.crash_point) and SIGKILLs itself there — a finished store
+entry not yet renamed, a graft folder written, metrics.json written, the whole report written, the report in place,
+and an old report moved aside with the new one not yet in place (rolled back by the next run).
 
 SIGTERM and SIGHUP (schedulers, ``timeout``, container stops, a closed terminal) get Ctrl-C's cleanup: a real
 ``skillgraft graft`` gets SIGTERM from outside mid-report; then every verb that writes runs in a forked child
@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from processes import SPAWNED, must_spawn, run_main_forked
+from processes import SPAWNED, must_spawn, run_main_forked, start_main
 
 from skillgraft.cli import app
 from skillgraft.graft import Graft
@@ -94,17 +94,15 @@ def leftovers(folder: Path) -> list[str]:
 def test_kill_9_never_leaves_a_report_that_disagrees(ft_run, toy_data, tmp_path):
     out, store = tmp_path / "K", tmp_path / "store"
 
-    # 1. From outside: SIGKILL a real `skillgraft graft` process once its report folder is being written.
-    proc = subprocess.Popen([sys.executable, "-m", "skillgraft.cli", *graft_args(ft_run, toy_data, out,
-                                                                                 tmp_path / "store-1")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # 1. From outside: SIGKILL a real `skillgraft graft` process (the entry point, forked: no interpreter start; a
+    # SIGKILL is never handled, so nothing differs from `python -m skillgraft.cli`) once its report is being written.
+    child = start_main(graft_args(ft_run, toy_data, out, tmp_path / "store-1"), tmp_path / "stderr-1.txt")
     deadline = time.monotonic() + 120
-    while proc.poll() is None and time.monotonic() < deadline and not any(
+    while not child.ended() and time.monotonic() < deadline and not any(
             p.name.startswith(".K.") for p in tmp_path.iterdir()):
         time.sleep(0.01)
     time.sleep(0.3)
-    proc.kill()
-    proc.wait()
+    child.kill()
     assert consistent(out, tmp_path / "store-1") in ("absent", "complete")
     if out.exists():  # it finished before the kill landed: start from nothing again
         import shutil

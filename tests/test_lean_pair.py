@@ -392,11 +392,12 @@ def test_freed_large_blocks_go_back_to_the_os_once_the_command_fixes_the_thresho
     and stay mapped after they are freed (at 165M: 745–850 MB peaks for a 709 MB localization).
     ``return_large_blocks`` (what ``skillgraft graft`` sets) fixes it: each freed 24 MiB tensor's pages are unmapped
     at once. Read exactly from /proc/self/maps (is the freed block's address still mapped?), not from the RSS of a
-    shared machine (bench/lottery_zero_memory.py measures that). Separate processes: the setting is process-wide."""
+    shared machine (bench/lottery_zero_memory.py measures that). Separate processes (one forked from the other
+    before any block is freed): the setting is process-wide."""
     import subprocess
     import sys
 
-    code = """import sys, torch
+    code = """import os, torch
 from skillgraft.heap import return_large_blocks
 def mapped(address):
     for line in open("/proc/self/maps"):
@@ -404,18 +405,27 @@ def mapped(address):
         if lo <= address < hi:
             return True
     return False
-fixed = return_large_blocks() if sys.argv[1] == "fixed" else False
-still = []
-for _ in range(3):
-    t = torch.ones(6 << 20)  # 24 MiB, written
-    address = t.data_ptr()
-    del t
-    still.append(mapped(address))
-print(fixed, *still)"""
-    kept = {}
-    for how in ("default", "fixed"):
-        out = subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True, check=True).stdout
-        fixed, *kept[how] = out.split()
+def run(how):
+    fixed = return_large_blocks() if how == "fixed" else False
+    still = []
+    for _ in range(3):
+        t = torch.ones(6 << 20)  # 24 MiB, written
+        address = t.data_ptr()
+        del t
+        still.append(mapped(address))
+    print(how, fixed, *still, flush=True)
+pid = os.fork()  # two processes from one interpreter start, before any block is freed: the child fixes the setting
+if pid == 0:
+    run("fixed")
+    os._exit(0)
+assert os.waitpid(pid, 0)[1] == 0
+run("default")"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    kept, fixed = {}, None
+    for line in out.splitlines():
+        how, said, *kept[how] = line.split()
+        fixed = said if how == "fixed" else fixed
+    assert set(kept) == {"default", "fixed"}, out
     if fixed != "True":
         pytest.skip("not glibc")
     assert kept["default"][1:] == ["True", "True"]  # the threshold rose: later blocks stay mapped once freed ...
