@@ -120,6 +120,25 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def moved_llama(tiny_models, tmp_path_factory) -> tuple[Path, Path]:
+    """(A, B): the tiny Llama and a copy whose body moved (seeded noise on every layer tensor), both saved by plain
+    transformers: a checkpoint pair as a user brings one."""
+    import transformers as tf
+
+    a = tiny_models["llama"]
+    b = tmp_path_factory.mktemp("moved-llama") / "ft"
+    model = tf.AutoModelForCausalLM.from_pretrained(a)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layers" in name:
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(b)
+    tf.AutoTokenizer.from_pretrained(a).save_pretrained(b)
+    return a, b
+
+
+@pytest.fixture(scope="session")
 def tiny_bert(tiny_models) -> Path:
     return tiny_models["bert"]
 

@@ -24,21 +24,9 @@ ARGS = ["--task", "SST-2", "--k", "16", "--budgets", "0.05", "--steps", "1", "--
 
 
 @pytest.fixture(scope="module")
-def llama_pair(tiny_models, tmp_path_factory) -> tuple[Path, Path]:
-    """(A, B): the tiny Llama and a copy whose body moved, both saved by plain transformers."""
-    import transformers as tf
-
-    a = tiny_models["llama"]
-    b = tmp_path_factory.mktemp("plan") / "ft"
-    model = tf.AutoModelForCausalLM.from_pretrained(a)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "layers" in name:
-                p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    model.save_pretrained(b)
-    tf.AutoTokenizer.from_pretrained(a).save_pretrained(b)
-    return a, b
+def llama_pair(moved_llama) -> tuple[Path, Path]:
+    """(A, B): the tiny Llama and a copy whose body moved (conftest's ``moved_llama``)."""
+    return moved_llama
 
 
 def test_shape_from_headers_matches_the_model(llama_pair):
