@@ -440,7 +440,7 @@ def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict,
                     "test_share": plain.tasks[n].normalized()} for n, (_, k_) in kept.items()}
     grafts = {n: g for n, (g, _) in kept.items()} if kept else bench.grafts
     record = write_routed(folder, bench.pre, grafts, labels, keep)
-    skills = RoutedSkills.from_pretrained(folder)
+    skills = RoutedSkills.from_pretrained(folder, runtime=bench.runtime)  # the merge's placement
     seconds = switch_seconds(skills)
     router = None
     if summary["settings"].get("router", "auto") != "none":  # fitted on the base as routed/ holds it
