@@ -85,7 +85,7 @@ def test_recipe_resolves_each_localizers_own_defaults(name, capture, monkeypatch
                                   "localize": user_fields(name)})
     monkeypatch.setattr(GraftRecipeSpec, "member", lambda self, *a, **k: fake_member())
     with pytest.raises(Captured):
-        graft_recipe(spec, types.SimpleNamespace(store=None, path=tmp_path))
+        graft_recipe(spec, types.SimpleNamespace(store=None, path=tmp_path, runtime=None))
     assert capture["options"].to_dict() == expected(name)
 
 
@@ -145,7 +145,9 @@ def test_baselines_that_cannot_run_sharded_are_left_out_before_any_work(monkeypa
     each, before the learned localizer runs (they used to be skipped silently after it)."""
     from skillgraft.verbs.graft import ReportSpec, runnable_baselines
 
-    member = types.SimpleNamespace(pre=torch.nn.Linear(2, 2))
+    from skillgraft.pipeline.member import PreState
+
+    member = types.SimpleNamespace(pre=torch.nn.Linear(2, 2), pre_state=PreState.LOADED)
     report, options = ReportSpec(), LocalizeConfig()
     assert runnable_baselines(report, member, options).baselines == ["movement", "random", "bias"]
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -71,14 +71,21 @@ def test_a_graft_run_on_a_pair_resolves_each_model_once(llama_pair, toy_data, tm
     assert dict(resolutions) == {str(a): 1, str(b): 1}
 
 
-def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions):
+def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions, monkeypatch):
+    """Each model's reference and the localizer's options are resolved once (the options by the command line,
+    whose errors name the flags; the verb takes them as resolved)."""
     from userland import cli
 
+    import skillgraft.pipeline.regions as regions
+
+    real, calls = regions.localizer_options, []
+    monkeypatch.setattr(regions, "localizer_options", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
     c = classifiers
     cli("merge", "--pretrained", c["base"], "--finetuned", c["sentiment"][0], "--data", c["sentiment"][1],
         "--finetuned", c["topic"][0], "--data", c["topic"][1], "--localizer", "movement", "--budget", "0.05",
         "--mergekit", "", "--out", tmp_path / "m")
     assert dict(resolutions) == {str(c["base"]): 1, str(c["sentiment"][0]): 1, str(c["topic"][0]): 1}
+    assert calls == ["movement"]
 
 
 # the fields of a Member that say where its models are and what was recorded of them (pipeline/member.py)

@@ -270,12 +270,12 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     computes (None: the placement the command line activated), passed down to the bench and its loaders.
     """
     from skillgraft.models.placement import boundary  # noqa: PLC0415
-    from skillgraft.pipeline.regions import localizer_options  # noqa: PLC0415
+    from skillgraft.pipeline.regions import resolve_once  # noqa: PLC0415
 
     runtime = boundary(runtime)
     from skillgraft.pipeline.store import Store  # noqa: PLC0415
 
-    localize = localizer_options(spec.localizer, localize)  # an unknown name or option fails before any work
+    localize = resolve_once(spec.localizer, localize)  # the command line's, or resolved here: before any work
     check_keep(spec, inputs, localize)
     out = check_target(out, overwrite, merge_inputs(pretrained, inputs, store))
     mode, refs = check_inputs(pretrained, inputs, spec)  # each model resolved once, its reference passed down
