@@ -10,6 +10,7 @@ import pytest
 from badinputs import graft_args, invoke, one_line, refused, snapshot
 
 import skillgraft.io as sio
+from skillgraft import renames
 from skillgraft.errors import SkillgraftError
 from skillgraft.io import TargetExists, atomic_dir, check_apart, rename_noreplace
 from skillgraft.pipeline.store import Store
@@ -47,7 +48,7 @@ def test_atomic_dir_with_overwrite_still_replaces(tmp_path):
 @pytest.mark.parametrize("native", [True, False])
 def test_rename_noreplace(native, tmp_path, monkeypatch):
     if not native:  # a system without renameat2: the check-then-rename fallback
-        monkeypatch.setattr(sio, "_renameat2_fn", None)
+        monkeypatch.setattr(renames, "_renameat2_fn", None)
     src, dst = tmp_path / "a", tmp_path / "b"
     src.mkdir()
     dst.mkdir()  # an empty folder: a plain rename(2) would replace it

@@ -205,3 +205,19 @@ def test_cli_localizers_shows_where_each_runs():
     flat = re.sub(r"[\s│]+", "", one.output)  # the table wraps long reasons over lines
     assert "where'prune'runs" in flat
     assert "(relaxationstraight-through)doesnotrunsharded(FSDP)" in flat
+
+
+def test_the_localizers_verb_gives_typed_rows_the_command_line_prints():
+    """``skillgraft localizers`` prints typed results (verbs/localizers.py), read from the registry: one row per
+    localizer in registration order, and one localizer's options and where it runs."""
+    from skillgraft.verbs.localizers import localizer_info, localizer_rows
+
+    rows = localizer_rows()
+    assert [r.name for r in rows] == list(LOCALIZERS) and rows[0].document()["name"] == rows[0].name
+    info = localizer_info("learned")
+    assert [o.option for o in info.options] == list(get_localizer("learned").Options.model_fields)
+    assert info.support.sharded == support("learned").sharded
+    assert info.document()["support"] == {"candidates": info.support.candidates, "sharded": info.support.sharded,
+                                          "generative": info.support.generative}
+    with pytest.raises(SkillgraftError, match="unknown localizer"):
+        localizer_info("oracle")

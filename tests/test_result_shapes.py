@@ -52,7 +52,6 @@ def test_a_graft_run_resolves_its_localizer_options_once(trained_run, toy_data, 
     """The flags the user set are resolved once as the chosen localizer's options (by the command line, whose errors
     name the flags) and travel down typed (the CLI, the verb and the report each resolved them: 3 calls)."""
     import skillgraft.pipeline.regions as regions
-    import skillgraft.verbs.graft as verb
 
     calls = []
     real = regions.localizer_options
@@ -61,8 +60,7 @@ def test_a_graft_run_resolves_its_localizer_options_once(trained_run, toy_data, 
         calls.append(args[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(regions, "localizer_options", counted)
-    monkeypatch.setattr(verb, "localizer_options", counted)
+    monkeypatch.setattr(regions, "localizer_options", counted)  # the verb's resolve_once calls it there
     r = CliRunner().invoke(app, [str(a) for a in (
         "graft", "--finetuned", trained_run, "--out", tmp_path / "g", "--budgets", "0.01", "--steps", 2,
         "--eval-every", 1, "--baselines", "", "--no-lottery-zero", "--lr", "1e6", "--data-dir", toy_data)])

@@ -59,14 +59,21 @@ def test_a_graft_run_on_a_pair_resolves_each_model_once(llama_pair, toy_data, tm
     assert dict(resolutions) == {str(a): 1, str(b): 1}
 
 
-def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions):
+def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions, monkeypatch):
+    """Each model's reference and the localizer's options are resolved once (the options by the command line,
+    whose errors name the flags; the verb takes them as resolved)."""
     from userland import cli
 
+    import skillgraft.pipeline.regions as regions
+
+    real, calls = regions.localizer_options, []
+    monkeypatch.setattr(regions, "localizer_options", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
     c = classifiers
     cli("merge", "--pretrained", c["base"], "--finetuned", c["sentiment"][0], "--data", c["sentiment"][1],
         "--finetuned", c["topic"][0], "--data", c["topic"][1], "--localizer", "movement", "--budget", "0.05",
         "--mergekit", "", "--out", tmp_path / "m")
     assert dict(resolutions) == {str(c["base"]): 1, str(c["sentiment"][0]): 1, str(c["topic"][0]): 1}
+    assert calls == ["movement"]
 
 
 # the fields of a Member that say where its models are and what was recorded of them (pipeline/member.py)
@@ -204,3 +211,40 @@ def test_a_verb_that_loads_a_model_is_placed(tiny_bert, toy_data, tmp_path, load
     graft(GraftInputs(str(run), data=DataSpec(data_dir=str(toy_data))),
           report=ReportSpec(baselines=[], lottery_zero=False), localize=LocalizeConfig(**OPTIONS), out=tmp_path / "u")
     assert loads and all(r is None for r in loads)  # not placed: as transformers loads them
+
+
+def test_the_verbs_that_use_a_graft_are_placed(tiny_graft, toy_data, tmp_path, loads, ambient_reads):
+    """``skillgraft apply`` (evaluated, and with ``--export``), ``export`` and ``inspect`` of a PEFT adapter read the
+    placement once, where the verb starts, and give it to every model they load (the base of the graft, the
+    adapter's base): each load gets the runtime; nothing below the verb reads the ambient placement."""
+    from userland import cli
+
+    from skillgraft.models.placement import Placement, using
+    from skillgraft.verbs.inspect import inspect
+
+    cli("apply", tiny_graft, "--data-dir", toy_data, "--limit", 4, "--precision", "bf16")
+    cli("apply", tiny_graft, "--export", tmp_path / "hf", "--evaluate-on", "", "--precision", "bf16")
+    cli("export", tiny_graft, "--to", "peft", "--out", tmp_path / "peft", "--precision", "bf16")
+    assert len(loads) == 3 and all(r is not None and r.precision == "bf16" for r in loads), loads
+    assert ambient_reads == ["apply.py", "apply.py", "export.py"]  # verbs/apply.py, verbs/export.py: once each
+    loads.clear()
+    ambient_reads.clear()
+    with using(Placement(device="cpu", precision="fp32")):  # fp32: the adapter's fingerprint is its base's in fp32
+        result = inspect(tmp_path / "peft")  # a SHiRA adapter: read on its base model
+    assert result.graft.size > 0
+    assert len(loads) == 1 and loads[0] is not None and loads[0].precision == "fp32", loads
+    assert ambient_reads == ["inspect.py"]
+
+
+def test_routed_skills_load_on_the_runtime_they_are_given(tiny_bert, tmp_path):
+    """``RoutedSkills.from_pretrained(folder, runtime=…)`` (what ``serve`` and ``merge --routed`` pass down) loads the
+    base model there, with no placement active."""
+    from routing import write_routed_folder
+
+    from skillgraft.graft.routed import RoutedSkills
+    from skillgraft.models.placement import Runtime
+
+    folder = write_routed_folder(tiny_bert, tmp_path / "routed")
+    skills = RoutedSkills.from_pretrained(folder, runtime=Runtime(torch.device("cpu"), "bf16"))
+    assert {p.dtype for p in skills.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in RoutedSkills.from_pretrained(folder).model.parameters()} == {torch.float32}

@@ -4,6 +4,10 @@ An I/O fault inside :func:`atomic_path` / :func:`atomic_dir` (no space, permissi
 system, …) removes the temporary sibling and is re-raised as an ``OSError`` naming the path the caller asked
 for, never the temporary one; :func:`describe_io_error` turns it into ``<path>: <reason>`` (the CLI's one line).
 
+The output-target checks (``check_target``, ``check_apart``, ``roll_back``, ``TargetExists``: skillgraft.targets),
+the one-step renames (skillgraft.renames) and paths in words (``path_problem``, ``env_path``, ``sibling``:
+skillgraft.paths) are re-exported here, where every writer imports them.
+
 Signals (skillgraft.signals, re-exported here): a stopping signal unwinds like Ctrl-C, so every temporary sibling
 is deleted on the way out; one that lands while an output is renamed into place waits until the rename is done.
 """
@@ -26,6 +30,10 @@ from skillgraft.signals import (STOP_SIGNALS, Interrupted, _deferred, _written, 
                                 handle_signals, stopped_by, written)
 from skillgraft.errors import (WRITE_ERRNOS, SkillgraftError, _lower_first, _OS_ERROR,  # noqa: F401 - re-exported
                                describe_io_error, unexplained_write)
+from skillgraft.paths import (absolute, env_path, old_sibling, path_problem, sibling,  # noqa: F401 - re-exported
+                              special_kind, stem)
+from skillgraft.renames import exchange, rename_noreplace
+from skillgraft.targets import TargetExists, check_apart, check_target, roll_back  # noqa: F401 - re-exported
 
 
 def _umask() -> int:
@@ -134,35 +142,8 @@ def atomic_path(path: str | os.PathLike, *, replace: bool = True) -> Iterator[Pa
             os.unlink(tmp)
 
 
-_STEM_MAX = 200      # the longest name kept whole in a hidden sibling's name (the rest: pid, random, suffix)
-
-
-def stem(path: str | os.PathLike) -> str:
-    """``path``'s name as its hidden siblings carry it (``.<stem>.<pid>-<random>.tmp``, ``.<stem>.old``,
-    ``.<stem>.resume``): the name itself, or — for a name too long to leave room for the rest within the
-    255-byte limit of a file name — its first bytes, ``~`` and a digest of the whole name (a valid 245-character
-    output folder was refused: its temporary sibling's name was longer than the system allows)."""
-    name = Path(path).name
-    raw = os.fsencode(name)
-    if len(raw) <= _STEM_MAX:
-        return name
-    import hashlib  # noqa: PLC0415
-
-    head = os.fsdecode(raw[: _STEM_MAX - 9].decode("utf-8", errors="ignore").encode())  # whole characters only
-    return f"{head}~{hashlib.sha256(raw).hexdigest()[:8]}"
-
-
-def sibling(path: str | os.PathLike, suffix: str) -> Path:
-    """The hidden sibling ``.<stem>.<suffix>`` of ``path`` (:func:`stem`)."""
-    return Path(path).with_name(f".{stem(path)}.{suffix}")
-
-
 def _tmp_prefix(path: Path) -> str:
     return f".{stem(path)}.{os.getpid()}-"  # the writer's pid: a sibling whose writer is gone is a leftover
-
-
-def _old(path: Path) -> Path:
-    return sibling(path, "old")
 
 
 def sweep_leftovers(path: Path) -> None:
@@ -189,95 +170,6 @@ def _running(pid: int) -> bool:
     return True
 
 
-def check_target(path: str | os.PathLike, overwrite: bool = False,
-                 inputs: Mapping[str, str | os.PathLike | None] | None = None) -> Path:
-    """Refuse an existing output ``path`` unless ``overwrite``, and one that cannot be created (a file where
-    a folder should be, a folder we may not write into): call it before any work.
-
-    ``inputs`` (``{"--cache": store root, "--finetuned": run, …}``): paths the command reads or fills (a store
-    may not exist yet); one that is ``path`` itself or lies inside it is refused (:func:`check_apart`): putting
-    the output in place would delete it.
-
-    A replacement that a kill interrupted (the old ``path`` moved aside, the new one not yet in place) is rolled
-    back first: the old ``path`` returns, and is refused like any other unless ``overwrite``."""
-    path = Path(path)
-    check_apart(path, inputs or {})
-    roll_back(path)
-    if os.path.lexists(path) and overwrite:  # `--out . --overwrite`, `--out ..`: renaming it fails after all the work
-        cwd, target = _absolute(os.getcwd()), _absolute(path)
-        if target == cwd or target in cwd.parents:
-            raise SkillgraftError(f"{path} is the current folder or holds it ({cwd}): it cannot be replaced whole from "
-                                  "inside; run from outside it, or choose another output path")
-    if os.path.lexists(path) and not overwrite:
-        what = "folder" if path.is_dir() else "file"
-        raise SkillgraftError(f"{path} already exists ({what}); refusing to replace it. Pass --overwrite to "
-                              "replace it whole, or choose another output path")
-    parent = path.parent
-    while not os.path.lexists(parent) and parent != parent.parent:
-        parent = parent.parent  # the nearest existing ancestor: where the first new folder will be made
-    if not parent.is_dir():
-        raise SkillgraftError(f"cannot create {path}: {parent} is {path_problem(parent, 'folder') or 'not a folder'}")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise SkillgraftError(f"cannot create {path}: {parent} is not writable (permission denied or a "
-                              "read-only file system)")
-    return path
-
-
-def roll_back(path: str | os.PathLike) -> None:
-    """Undo a replacement of ``path`` a kill interrupted (the old one moved aside, the new not yet in place): a verb
-    that reads its output before replacing it (``continual add``) calls this first, so such a kill loses nothing."""
-    path = Path(path)
-    if not os.path.lexists(path) and os.path.lexists(_old(path)):
-        with contextlib.suppress(OSError):
-            os.replace(_old(path), path)
-
-
-def _absolute(path: str | os.PathLike) -> Path:
-    """``path`` made absolute with its links resolved as far as it exists (``..`` folded), without requiring it."""
-    try:
-        return Path(os.path.realpath(os.path.abspath(path)))
-    except (OSError, ValueError):
-        return Path(os.path.abspath(path))
-
-
-def check_apart(out: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None]) -> None:
-    """Refuse an output target ``out`` that is, or holds, one of ``inputs`` (option name → path; None and paths
-    that do not exist — hub names — are skipped, except a store, ``--cache``, filled during the run): an output is
-    written beside itself and renamed into place, and with ``--overwrite`` the old one is deleted, so an input or a
-    store inside it would be lost (before, `graft --cache X/store --out X` deleted the store it had just filled)."""
-    target = _absolute(out)
-    for option, value in inputs.items():
-        if value is None or str(value) == "":
-            continue
-        where = _absolute(value)
-        if not option.startswith("--cache") and not os.path.lexists(where):
-            continue
-        if where == target or _same_file(where, target):
-            kind = "folder" if where.is_dir() else "file"
-            raise SkillgraftError(f"{option} {value} is the output {kind} {out} itself: putting the output in place "
-                                  "would delete it (with --overwrite too: an output never replaces an input of its "
-                                  "own run); choose another output path")
-        if target in where.parents:
-            raise SkillgraftError(f"{option} {value} is inside the output folder {out}: putting the output in place "
-                                  f"would delete it; choose an output path outside it (or move {option})")
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    """Whether two existing paths are one file (a hard link: another name, the same bytes)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def env_path(name: str, default: str | os.PathLike) -> Path:
-    """The path an environment variable names, ``default`` when it is unset or empty (``SKILLGRAFT_CACHE=`` in a
-    script: an empty value was read as the current folder, and store entries were written there). One rule for every
-    path skillgraft takes from the environment, as XDG's variables: empty means unset."""
-    value = os.environ.get(name, "")
-    return Path(value) if value.strip() else Path(default)
-
-
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary folder beside ``path``; it becomes ``path`` only if the block succeeds.
@@ -293,7 +185,7 @@ def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
         crash_point("dir-written", path)
-        old = _old(path)
+        old = old_sibling(path)
         with _committing(path):
             if overwrite and os.path.lexists(path):
                 _remove(old)
@@ -307,63 +199,6 @@ def atomic_dir(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[
                     raise TargetExists(path) from None
             _remove(old)
         crash_point("dir-renamed", path)
-
-
-class TargetExists(SkillgraftError):
-    """An output that did not exist when the command started appeared before its result was put in place
-    (another process wrote it meanwhile, or the user made it); it is left as it is and nothing is written."""
-
-    def __init__(self, path: Path):
-        what = "folder" if Path(path).is_dir() else "file"
-        super().__init__(f"{path} appeared while this command ran ({what}; another process wrote it?); left as it "
-                         "is and nothing of this run was written. Pass --overwrite to replace it, or choose "
-                         "another output path")
-        self.path = Path(path)
-
-
-_RENAME_NOREPLACE = 1
-_AT_FDCWD = -100
-
-
-def _renameat2():
-    try:
-        import ctypes  # noqa: PLC0415
-        import ctypes.util  # noqa: PLC0415
-
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError, ImportError):
-        return None
-    fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
-    fn.restype = ctypes.c_int
-    return fn
-
-
-def rename_noreplace(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    """Rename ``src`` to ``dst`` unless ``dst`` exists (``FileExistsError``), in one step where the system can
-    (Linux ``renameat2(RENAME_NOREPLACE)``); elsewhere a check just before the rename. A plain ``rename(2)``
-    would silently replace an empty folder or a file at ``dst``."""
-    global _renameat2_fn
-    if _renameat2_fn is _UNSET:
-        _renameat2_fn = _renameat2()
-    if _renameat2_fn is not None:
-        import ctypes  # noqa: PLC0415
-
-        if _renameat2_fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
-            return
-        code = ctypes.get_errno()
-        if code == errno.EEXIST:
-            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(dst))
-        if code not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise OSError(code, os.strerror(code), os.fspath(src), None, os.fspath(dst))
-        # a file system without RENAME_NOREPLACE: check, then rename
-    if os.path.lexists(dst):
-        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(dst))
-    os.rename(src, dst)
-
-
-_UNSET = object()
-_renameat2_fn = _UNSET
 
 
 @contextlib.contextmanager
@@ -409,8 +244,8 @@ _NO_EXCHANGE = (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP, err
 def _swap_in(tmp: Path, folder: Path) -> bool:
     """Put ``tmp``'s files into ``folder`` by exchanging ``folder`` with a hard-linked mirror of it that holds them
     (one rename); False, ``folder`` untouched, where that cannot be done here."""
-    cwd = _absolute(os.getcwd())
-    target = _absolute(folder)
+    cwd = absolute(os.getcwd())
+    target = absolute(folder)
     if target == cwd or target in cwd.parents:
         return False  # the shell's current folder would become the deleted old one
     mirror = tmp / ".mirror"
@@ -483,24 +318,6 @@ def _move_in(tmp: Path, folder: Path) -> None:
         raise
 
 
-_RENAME_EXCHANGE = 2
-
-
-def exchange(a: str | os.PathLike, b: str | os.PathLike) -> None:
-    """Swap the paths ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``); ``OSError(ENOSYS)``
-    where the system has no such call."""
-    global _renameat2_fn
-    if _renameat2_fn is _UNSET:
-        _renameat2_fn = _renameat2()
-    if _renameat2_fn is None:
-        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS), os.fspath(b))
-    import ctypes  # noqa: PLC0415
-
-    if _renameat2_fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code), os.fspath(a), None, os.fspath(b))
-
-
 @contextlib.contextmanager
 def _tmp_dir(path: Path) -> Iterator[Path]:
     """A temporary folder beside ``path`` (its parents made), deleted when the block ends; an I/O error
@@ -548,43 +365,3 @@ def _jsonable(x):
     if hasattr(x, "tolist"):
         return x.tolist()
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
-
-
-def path_problem(path: str | os.PathLike, want: str = "file") -> str | None:
-    """Why ``path`` is no ``want`` ("file" or "folder") we can open, in words; None when it is one. Only a path
-    that does not exist is "not found": a folder where a file should be, a link loop, a broken link or a parent
-    we may not enter say so (before, each was called "not found")."""
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            return "a symbolic link loop (it never reaches a file)"
-        if e.errno == errno.ENOENT and os.path.islink(path):
-            return f"a broken symbolic link (to {os.readlink(path)}, which does not exist)"
-        if e.errno == errno.ENOENT:
-            return "not found"
-        if e.errno == errno.ENOTDIR:
-            return "not found (a folder on its path is a file)"
-        if e.errno == errno.EACCES:
-            return "cannot be reached (permission denied on a folder on its path)"
-        return _lower_first(os.strerror(e.errno)) if e.errno else str(e)
-    import stat  # noqa: PLC0415
-
-    if want == "file" and stat.S_ISDIR(st.st_mode):
-        return "a folder, not a file"
-    if want == "folder" and not stat.S_ISDIR(st.st_mode):
-        return "a file, not a folder"
-    if want == "file" and not stat.S_ISREG(st.st_mode):
-        return f"not a regular file ({special_kind(st.st_mode)})"
-    return None
-
-
-def special_kind(mode: int) -> str:
-    """What a file that is neither a regular file nor a folder is, in words (its ``st_mode``)."""
-    import stat  # noqa: PLC0415
-
-    for test, words in ((stat.S_ISFIFO, "a named pipe, FIFO"), (stat.S_ISCHR, "a character device"),
-                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return words
-    return "a device, socket or pipe"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.errors import describe_io_error
-from skillgraft.io import _absolute, path_problem, special_kind
+from skillgraft.paths import absolute, path_problem, special_kind
 
 
 BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
@@ -144,7 +144,7 @@ def inside(folder: str | os.PathLike, value, source: str | os.PathLike, field: s
     (before, a continual state's ``owned: "../x"`` made ``continual add`` write outside ``--state``)."""
     if not isinstance(value, str) or not value.strip():
         raise SkillgraftError(f"{source}: field {field!r} must be a relative path inside {folder}, got {value!r}")
-    if os.path.isabs(value) or _absolute(folder) not in _absolute(Path(folder) / value).parents:
+    if os.path.isabs(value) or absolute(folder) not in absolute(Path(folder) / value).parents:
         raise SkillgraftError(f"{source}: field {field!r} = {value!r} leads outside its folder {folder}; a file "
                               "skillgraft wrote names only paths inside it (damaged or planted?): refused, nothing "
                               "read or written")

@@ -67,15 +67,14 @@ def continual_add_cmd(
 @friendly
 def continual_show_cmd(state: Path = typer.Argument(..., help="continual state folder")) -> None:
     """Arrival order, region sizes, owned coordinates and test scores of a continual state."""
-    from skillgraft.verbs.continual import read_state  # noqa: PLC0415
+    from skillgraft.verbs.continual import continual_show  # noqa: PLC0415
 
-    st = read_state(state)
-    table = Table(title=f"continual state {state} (base {st.get('base_model')})")
+    st = continual_show(state)
+    table = Table(title=f"continual state {state} (base {st.base_model})")
     for col in ("order", "task", "|γ|", "owned", "shared w/ earlier", "test (latest)"):
         table.add_column(col)
-    for e in st["tasks"]:
-        hist = e.get("test_history") or []
-        table.add_row(str(e["order"]), e["task"], str(e.get("region_size")), str(e.get("owned_size")),
-                      str(e.get("shared_with_earlier")), f"{hist[-1]['score']:.4f}" if hist else "-")
+    for t in st.tasks:
+        table.add_row(str(t.order), t.task, str(t.region_size), str(t.owned_size), str(t.shared_with_earlier),
+                      "-" if t.latest_test is None else f"{t.latest_test:.4f}")
     console.print(table)
-    _report(st)
+    _report(st.document())

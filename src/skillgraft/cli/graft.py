@@ -125,7 +125,7 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
     """The registered localizers, or one localizer's options with their defaults and help."""
     from rich.table import Column, Table  # noqa: PLC0415
 
-    from skillgraft.graft.localizers import get_localizer, options_table, support, support_table  # noqa: PLC0415
+    from skillgraft.verbs.localizers import localizer_info, localizer_rows  # noqa: PLC0415
 
     def short(verdict: str) -> str:
         return "yes" if verdict == "yes" else "refused"
@@ -133,28 +133,24 @@ def localizers(name: Optional[str] = typer.Argument(None, help="a registered loc
     if name is None:
         table = Table("what it does", "--candidates", "FSDP", "generative")
         table.columns.insert(0, Column("localizer", no_wrap=True))
-        rows = support_table()
+        rows = localizer_rows()
         for row in rows:
-            table.add_row(row.name, LOCALIZERS[row.name].summary or "", short(row.candidates), short(row.sharded),
-                          short(row.generative))
+            table.add_row(row.name, row.summary, short(row.candidates), short(row.sharded), short(row.generative))
         console.print(table)
-        _report([{"name": r.name, "summary": LOCALIZERS[r.name].summary or "", "candidates": r.candidates,
-                  "sharded": r.sharded, "generative": r.generative} for r in rows])
+        _report([r.document() for r in rows])
         console.print("options and reasons of one: skillgraft localizers NAME; "
                       "use: skillgraft graft --localizer NAME …")
         return
-    get_localizer(name)  # an unknown name is one line listing the known ones
-    table = Table("option", "default", "help", title=f"localizer {name!r}: {get_localizer(name).summary}")
-    for field, default, text in options_table(name):
-        table.add_row(f"--{field.replace('_', '-')}", default, text)
+    info = localizer_info(name)  # an unknown name is one line listing the known ones
+    table = Table("option", "default", "help", title=f"localizer {name!r}: {info.summary}")
+    for o in info.options:
+        table.add_row(f"--{o.option.replace('_', '-')}", o.default, o.help)
     console.print(table)
-    row = support(name)
+    row = info.support
     where = Table("setting", "with the default options", title=f"where {name!r} runs")
     for setting, verdict in (("--candidates", row.candidates), ("FSDP (sharded)", row.sharded),
                              ("generative data", row.generative)):
         where.add_row(setting, verdict)
     console.print(where)
-    _report({"name": name, "summary": get_localizer(name).summary,
-             "options": [{"option": f, "default": d, "help": t} for f, d, t in options_table(name)],
-             "support": {"candidates": row.candidates, "sharded": row.sharded, "generative": row.generative}})
+    _report(info.document())
 

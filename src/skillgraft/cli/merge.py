@@ -69,7 +69,7 @@ def merge(
         if r.error is None and r.on_test:
             console.print(f"{r.method:>26} {r.config:<24} mean acc {r.mean_accuracy:.4f} normalized "
                           f"{r.mean_normalized():.4f} | {r.bytes_per_task:,.0f} bytes/task")
-    print_routed_keep(s.to_dict())
+    print_routed_keep(s.routed_keep)
     if s.written:
         console.print(f"written: {escape(s.written)} — {escape(s.written_why)}")
     console.print(f"[bold green]done[/] → {out}/report.md (merged model: {s.model_folder or 'none'})")

@@ -261,16 +261,11 @@ def region_table(dist: dict, width: int) -> list:
     return out
 
 
-def print_routed_keep(summary: dict) -> None:
-    """``merge --routed --keep``: one line per task's keep-sized routed graft (size, shares, bound, test share)."""
-    from skillgraft.keep.report import keep_line  # noqa: PLC0415
-
-    tasks = summary.get("tasks") or {}
-    for name, t in ((summary.get("routed") or {}).get("keep") or {}).items():
-        ckpt = (tasks.get(name) or {}).get("checkpoint_bytes")
-        share = f" ({t['bytes'] / 2**20:.2f} MiB, {100 * t['bytes'] / ckpt:.2f}% of its checkpoint)" \
-            if ckpt and t.get("bytes") else ""
-        console.print(f"routed {escape(name)}: {keep_line(t)}{share}")
+def print_routed_keep(kept) -> None:
+    """``merge --routed --keep``: one line per task's keep-sized routed graft (size, shares, bound, test share), each a
+    :class:`~skillgraft.verbs.merge_report.RoutedKeep` of the result."""
+    for r in kept:
+        console.print(f"routed {escape(r.task)}: {r.line()}")
 
 
 def print_keep(keep=None, frontier=None) -> None:

@@ -23,15 +23,17 @@ from skillgraft.export.peft_read import graft_from_peft, load_adapter_base, read
 from skillgraft.export.shira import apply_entries, shira_entries
 from skillgraft.graft.graft import Graft
 
-def export_graft(graft: Graft, out: str | os.PathLike, spec: ExportSpec | None = None, base=None) -> dict:
-    """``skillgraft export``: check the target, load the base when not given, write ``spec.to``."""
+def export_graft(graft: Graft, out: str | os.PathLike, spec: ExportSpec | None = None, base=None, *,
+                 runtime=None) -> dict:
+    """``skillgraft export``: check the target, load the base when not given (on ``runtime``, the verb's
+    placement), write ``spec.to``."""
     spec = spec or ExportSpec()
     exporter = get_exporter(spec.to)
     check_export_target(graft, out, spec.overwrite, model=spec.model)
     exporter.refuse(graft, out, spec)
     if graft.carried and spec.head == "refuse" and exporter.container:
         _head_file(graft, None, Path(out), "refuse", exporter.container)
-    base = base if base is not None else load_graft_base(graft, spec.model)
+    base = base if base is not None else load_graft_base(graft, spec.model, runtime=runtime)
     return exporter.export(graft, base, out, spec)
 
 

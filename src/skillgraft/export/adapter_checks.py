@@ -45,7 +45,7 @@ def adapter_labels(directory: Path, meta: dict) -> tuple[str, ...]:
                           "classification head; its number of labels is unknown")
 
 
-def adapter_base(directory: Path, meta: dict, name: str, mode: str):
+def adapter_base(directory: Path, meta: dict, name: str, mode: str, runtime=None):
     """An adapter's base model ``name`` loaded for ``mode``; a sequence classifier's (mode ``classifier``) with
     Scorer names (``model.*``) and its new head carried (no part of the fingerprint), as the graft's scorer had it."""
     from skillgraft.export.base import SCORER_PREFIX  # noqa: PLC0415
@@ -54,8 +54,8 @@ def adapter_base(directory: Path, meta: dict, name: str, mode: str):
     from skillgraft.models.scorer import load_for_mode  # noqa: PLC0415
 
     if mode != "classifier":
-        return load_for_mode(model_reference(name), mode, None)[0]
+        return load_for_mode(model_reference(name), mode, None, runtime)[0]
 
-    model, head = load_classifier(model_reference(name).path, adapter_labels(directory, meta))
+    model, head = load_classifier(model_reference(name).path, adapter_labels(directory, meta), runtime=runtime)
     body = PlainModel(model, (f"{SCORER_PREFIX}{n}" for n in head))
     return body

@@ -231,8 +231,9 @@ def _check_base(graft: Graft, scorer, force: bool) -> dict[str, torch.Tensor]:
     return params
 
 
-def load_graft_base(graft: Graft, model: str | None = None):
-    """The graft's base: a Scorer when its task is known (head pooling then known), else the plain HF model."""
+def load_graft_base(graft: Graft, model: str | None = None, *, runtime=None):
+    """The graft's base: a Scorer when its task is known (head pooling then known), else the plain HF model; placed
+    on ``runtime`` (the verb's)."""
     from skillgraft.models.loading import model_reference  # noqa: PLC0415
     from skillgraft.models.scorer import load_for_mode, build_scorer  # noqa: PLC0415
 
@@ -240,10 +241,10 @@ def load_graft_base(graft: Graft, model: str | None = None):
     name = model or graft.base_model or None
     task = graft_task(graft)
     if task is not None:
-        return build_scorer(name, task, mode)
+        return build_scorer(name, task, mode, runtime=runtime)
     with torch.random.fork_rng(devices=[]):  # CPU only: models load there first
         torch.manual_seed(0)  # as build_scorer: weights missing from the checkpoint initialise the same way
-        return load_for_mode(model_reference(name), mode, None)[0]
+        return load_for_mode(model_reference(name), mode, None, runtime)[0]
 
 
 # ---------------------------------------------------------------------------------------------- exact deltas

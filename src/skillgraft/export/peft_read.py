@@ -24,8 +24,9 @@ from skillgraft.models.anatomy import graftable_names
 
 
 # ---------------------------------------------------------------------------------------------- import
-def load_adapter_base(directory: str | os.PathLike, model: str | None = None) -> nn.Module:
-    """The HF base model of a PEFT adapter folder (``--model`` or its ``base_model_name_or_path``; a classifier's)."""
+def load_adapter_base(directory: str | os.PathLike, model: str | None = None, *, runtime=None) -> nn.Module:
+    """The HF base model of a PEFT adapter folder (``--model`` or its ``base_model_name_or_path``; a classifier's),
+    placed on ``runtime`` (the verb's)."""
     cfg, meta = _read_adapter(Path(directory))
     name = model or cfg.get("base_model_name_or_path")
     if not name:
@@ -39,7 +40,7 @@ def load_adapter_base(directory: str | os.PathLike, model: str | None = None) ->
             "classifier" if cfg.get("task_type") == "SEQ_CLS" or cls.endswith("ForSequenceClassification") else "head"
     with torch.random.fork_rng(devices=[]):  # CPU only: models load there first
         torch.manual_seed(0)
-        return adapter_base(Path(directory), meta, name, mode)
+        return adapter_base(Path(directory), meta, name, mode, runtime)
 
 
 def _read_adapter(directory: Path) -> tuple[dict, dict]:
@@ -215,9 +216,12 @@ def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = Fa
                  or "", got, metadata, directory)
 
 
-def read_graft_or_adapter(directory: str | os.PathLike, model: str | None = None) -> tuple[Graft, Path]:
-    """A graft folder, or a PEFT SHiRA adapter folder read on its base model; returns (graft, weights file)."""
+def read_graft_or_adapter(directory: str | os.PathLike, model: str | None = None, *, runtime=None
+                          ) -> tuple[Graft, Path]:
+    """A graft folder, or a PEFT SHiRA adapter folder read on its base model (loaded on ``runtime``); returns (graft,
+    weights file)."""
     directory = Path(directory)
     if (directory / ADAPTER_CONFIG).is_file():
-        return graft_from_peft(directory, load_adapter_base(directory, model)), directory / ADAPTER_WEIGHTS
+        base = load_adapter_base(directory, model, runtime=runtime)
+        return graft_from_peft(directory, base), directory / ADAPTER_WEIGHTS
     return Graft.from_pretrained(directory), directory / WEIGHTS_FILE

@@ -201,8 +201,10 @@ class RoutedSkills:
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
 
     @classmethod
-    def from_pretrained(cls, folder: str | os.PathLike, **model_kwargs) -> RoutedSkills:
-        """Read a ``routed/`` folder written by ``skillgraft merge --routed`` (the model in eval mode)."""
+    def from_pretrained(cls, folder: str | os.PathLike, *, runtime=None, **model_kwargs) -> RoutedSkills:
+        """Read a ``routed/`` folder written by ``skillgraft merge --routed`` (the model in eval mode), the model
+        placed on ``runtime`` (a :class:`~skillgraft.models.placement.Runtime`, passed down by ``serve`` and
+        ``merge --routed``; None: the active placement, if any)."""
         import transformers  # noqa: PLC0415
 
         folder = Path(folder)
@@ -217,11 +219,12 @@ class RoutedSkills:
         config = transformers.AutoConfig.from_pretrained(base)
         arch = (getattr(config, "architectures", None) or ["AutoModel"])[0]
         model_cls = getattr(transformers, arch, None) or transformers.AutoModel
-        from skillgraft.models.placement import load_dtype, place  # noqa: PLC0415
+        from skillgraft.models.placement import boundary, load_dtype, place  # noqa: PLC0415
 
-        if load_dtype() is not None and "dtype" not in model_kwargs:
-            model_kwargs["dtype"] = load_dtype()
-        model = place(model_cls.from_pretrained(base, **model_kwargs).eval())  # the run's device and precision
+        runtime = boundary(runtime)  # read once: the caller's, else the active one
+        if load_dtype(None, runtime) is not None and "dtype" not in model_kwargs:
+            model_kwargs["dtype"] = load_dtype(None, runtime)
+        model = place(model_cls.from_pretrained(base, **model_kwargs).eval(), runtime)  # its device and precision
         tokenizer = transformers.AutoTokenizer.from_pretrained(base)
         skills = {name: Graft.from_pretrained(folder / t["path"]) for name, t in record["tasks"].items()}
         router = None

@@ -45,6 +45,15 @@ def localizer_options(localizer: str, localize: Spec | dict | None, *, build=Non
     return build(loc.Options, given) if build is not None else loc.options(given)
 
 
+def resolve_once(localizer: str, localize: Spec | dict | None) -> Spec:
+    """A run's localizer options at its entry (a verb): as given when already resolved (the command line resolves
+    the flags it was given, naming them in its errors), else resolved here (the Python API's dict, another
+    localizer's options spec), once; below, they travel typed."""
+    if isinstance(localize, get_localizer(localizer).Options):
+        return localize
+    return localizer_options(localizer, localize)
+
+
 def learned_regions(member: Member, store, localizer: str, options: Spec, *,
                     progress: bool = False) -> tuple[dict[Budget, Region], dict]:
     """Regions of ``localizer`` for ``member`` (one per budget) and its summary: THE regions cache.

@@ -38,13 +38,15 @@ class ApplyResult(VerbResult):
 
 def apply(graft_dir: str | os.PathLike, *, model: str | None = None, task: str | None = None, mode: str | None = None,
           export: str | os.PathLike | None = None, overwrite: bool = False, evaluate_on: str | None = "test",
-          limit: int | None = None, force: bool = False, data_dir: str | os.PathLike | None = None) -> ApplyResult:
+          limit: int | None = None, force: bool = False, data_dir: str | os.PathLike | None = None,
+          runtime=None) -> ApplyResult:
     """Apply the graft in ``graft_dir`` to its base (``model``, default the recorded one); ``export``: write the
     grafted model there with the exporter that claims its suffix (:func:`~skillgraft.export.exporter_for`: a
     ``FILE.gguf`` is one GGUF file llama.cpp runs, for a graft on a GGUF base, as ``export --to gguf``; else a
     Hugging Face checkpoint, as ``export --to hf``) (refused before any work if it exists, unless ``overwrite``);
     ``evaluate_on``: a split (a checkpoint pair's graft: the held-out rows of the data it was learned on), or None
-    to skip."""
+    to skip. ``runtime``: where the base loads and computes (None: the placement the command line activated),
+    passed down."""
     from skillgraft.data import load_split  # noqa: PLC0415
     from skillgraft.export import (ExportSpec, check_export_target, export_graft, exporter_for,  # noqa: PLC0415
                                    get_exporter)
@@ -53,7 +55,9 @@ def apply(graft_dir: str | os.PathLike, *, model: str | None = None, task: str |
     from skillgraft.graft.scoring import evaluate_graft  # noqa: PLC0415
     from skillgraft.io import check_target  # noqa: PLC0415
     from skillgraft.models import build_scorer  # noqa: PLC0415
+    from skillgraft.models.placement import boundary  # noqa: PLC0415
 
+    runtime = boundary(runtime)  # the one read of the placement the command line activated
     graft_dir = Path(graft_dir)
     if export:
         check_target(export, overwrite, {"graft": graft_dir, "--model": model, "--data-dir": data_dir})  # before work
@@ -72,7 +76,7 @@ def apply(graft_dir: str | os.PathLike, *, model: str | None = None, task: str |
                               "recorded mode is used; drop --mode)")
     ft_mode = g.metadata.mode or mode or "head"  # --mode only for a graft that records none
     try:
-        pre = build_scorer(model or g.base_model or None, task, ft_mode)
+        pre = build_scorer(model or g.base_model or None, task, ft_mode, runtime=runtime)
     except SkillgraftError as e:  # the base named in the graft's file, not by the user: say where it came from
         if model or not g.base_model or str(g.base_model) not in str(e):
             raise

@@ -136,6 +136,44 @@ def continual_add(state: str | os.PathLike, task: str, *, k: int = 16, seed: int
         return ContinualResult.of(entry, state)
 
 
+@dataclass
+class LearnedTask:
+    """One task of a continual state, as ``continual show`` lists it: its arrival order, |γ_task|, the coordinates it
+    owns and those earlier tasks own, and its latest test score (None: never scored)."""
+
+    order: int
+    task: str
+    region_size: int | None
+    owned_size: int | None
+    shared_with_earlier: int | None
+    latest_test: float | None
+
+    @classmethod
+    def of(cls, entry: dict) -> LearnedTask:
+        history = entry.get("test_history") or []
+        return cls(entry["order"], entry["task"], entry.get("region_size"), entry.get("owned_size"),
+                   entry.get("shared_with_earlier"), history[-1]["score"] if history else None)
+
+
+@dataclass
+class ContinualState(VerbResult):
+    """``skillgraft continual show``: the state's base model and its tasks in arrival order; ``record`` (its
+    continual.json) is what ``--json`` prints."""
+
+    base_model: str | None
+    tasks: list[LearnedTask]
+    record: dict
+
+    def document(self) -> dict:
+        return self.record
+
+
+def continual_show(state: str | os.PathLike) -> ContinualState:
+    """``skillgraft continual show``: the state in ``state``, typed (one line if it is not a state folder)."""
+    record = read_state(state)
+    return ContinualState(record.get("base_model"), [LearnedTask.of(e) for e in record["tasks"]], record)
+
+
 def read_state(state: str | os.PathLike) -> dict:
     """``skillgraft continual show``: the state's ``continual.json`` (one line if ``state`` is not a state folder)."""
     from skillgraft.untrusted import read_json  # noqa: PLC0415

@@ -33,16 +33,20 @@ class ExportResult(VerbResult):
         return {"out": self.out, **self.summary}
 
 
-def export(graft_dir: str | os.PathLike, out: str | os.PathLike, spec: ExportSpec | None = None) -> ExportResult:
+def export(graft_dir: str | os.PathLike, out: str | os.PathLike, spec: ExportSpec | None = None, *,
+           runtime=None) -> ExportResult:
     """Export the graft in ``graft_dir`` to ``out`` (refused before any work if it exists, unless
-    ``spec.overwrite``); returns the typed result holding the exporter's summary."""
+    ``spec.overwrite``); returns the typed result holding the exporter's summary. ``runtime``: where the base
+    loads (None: the placement the command line activated), passed down."""
     from skillgraft.export import check_export_target  # noqa: PLC0415
     from skillgraft.graft import Graft  # noqa: PLC0415
     from skillgraft.io import check_target  # noqa: PLC0415
+    from skillgraft.models.placement import boundary  # noqa: PLC0415
 
+    runtime = boundary(runtime)  # the one read of the placement the command line activated
     spec = spec or ExportSpec()
     check_target(out, spec.overwrite, {"graft": graft_dir, "--model": spec.model})  # before any work
     graft = Graft.from_pretrained(Path(graft_dir))
     check_export_target(graft, out, spec.overwrite, model=spec.model)  # and what the graft records it was learned on
-    summary = export_graft(graft, out, spec)
+    summary = export_graft(graft, out, spec, runtime=runtime)
     return ExportResult(Path(out), summary["to"], summary["coordinates"], summary)

@@ -32,7 +32,7 @@ from skillgraft.evaluate.predict import labels_of
 from skillgraft.data.spec import DataSpec, UserDataSpec
 from skillgraft.graft.localizers import LOCALIZERS, get_localizer
 from skillgraft.graft.selection import Budget, region_universe
-from skillgraft.pipeline.regions import learned_regions, localizer_options
+from skillgraft.pipeline.regions import learned_regions, resolve_once
 from skillgraft.pipeline.report import RunDir, write_csv
 from skillgraft.pipeline.member import Member, PreState
 from skillgraft.pipeline.workbench import Workbench
@@ -198,15 +198,6 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
     planned = "\n".join(["", *memory.markdown()]) if memory is not None else ""
     run.report(report_markdown(metrics) + ("\n".join(notes) + "\n" if notes else "") + planned)
     return metrics
-
-
-def resolve_once(localizer: str, localize: Spec | dict | None) -> Spec:
-    """The localizer's options of this run: as given when already resolved (the command line resolves the flags it
-    was given, naming them in its errors), else resolved here (the Python API's dict, another localizer's options
-    spec), once; below, they travel typed."""
-    if isinstance(localize, get_localizer(localizer).Options):
-        return localize
-    return localizer_options(localizer, localize)
 
 
 def resolved(localizer: str, options: Spec | None) -> Spec:

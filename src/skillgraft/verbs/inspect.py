@@ -57,17 +57,19 @@ class InspectResult(VerbResult):
 
 
 def inspect(graft_dir: str | os.PathLike, *, out: str | os.PathLike | None = None, model: str | None = None,
-            compare: str | os.PathLike | None = None) -> InspectResult:
+            compare: str | os.PathLike | None = None, runtime=None) -> InspectResult:
     """Read the graft or adapter in ``graft_dir`` (``model``: a PEFT adapter's base), compare it with ``compare``,
     and, with ``out``, write its distribution there (never into the folder read: before, the default was the graft
-    folder itself)."""
+    folder itself). ``runtime``: where an adapter's base loads (None: the active placement), passed down."""
     from skillgraft.export import read_graft_or_adapter  # noqa: PLC0415
     from skillgraft.graft.inspect import distribution, plot_distribution  # noqa: PLC0415
     from skillgraft.io import atomic_files, write_json  # noqa: PLC0415
+    from skillgraft.models.placement import boundary  # noqa: PLC0415
 
-    g, weights = read_graft_or_adapter(graft_dir, model)
+    runtime = boundary(runtime)  # read once, where the verb starts
+    g, weights = read_graft_or_adapter(graft_dir, model, runtime=runtime)
     dist = distribution(g.region)
-    other = read_graft_or_adapter(compare, model)[0].region if compare is not None else None
+    other = read_graft_or_adapter(compare, model, runtime=runtime)[0].region if compare is not None else None
     if out is not None:
         out = Path(out)
         with atomic_files(out) as tmp:  # both files, or neither

@@ -270,12 +270,12 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     computes (None: the placement the command line activated), passed down to the bench and its loaders.
     """
     from skillgraft.models.placement import boundary  # noqa: PLC0415
-    from skillgraft.pipeline.regions import localizer_options  # noqa: PLC0415
+    from skillgraft.pipeline.regions import resolve_once  # noqa: PLC0415
 
     runtime = boundary(runtime)
     from skillgraft.pipeline.store import Store  # noqa: PLC0415
 
-    localize = localizer_options(spec.localizer, localize)  # an unknown name or option fails before any work
+    localize = resolve_once(spec.localizer, localize)  # the command line's, or resolved here: before any work
     check_keep(spec, inputs, localize)
     out = check_target(out, overwrite, merge_inputs(pretrained, inputs, store))
     mode, refs = check_inputs(pretrained, inputs, spec)  # each model resolved once, its reference passed down
@@ -440,7 +440,7 @@ def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict,
                     "test_share": plain.tasks[n].normalized()} for n, (_, k_) in kept.items()}
     grafts = {n: g for n, (g, _) in kept.items()} if kept else bench.grafts
     record = write_routed(folder, bench.pre, grafts, labels, keep)
-    skills = RoutedSkills.from_pretrained(folder)
+    skills = RoutedSkills.from_pretrained(folder, runtime=bench.runtime)  # the merge's placement
     seconds = switch_seconds(skills)
     router = None
     if summary["settings"].get("router", "auto") != "none":  # fitted on the base as routed/ holds it

@@ -22,6 +22,26 @@ from skillgraft.verbs.result import VerbResult
 
 
 @dataclasses.dataclass
+class RoutedKeep:
+    """One task's keep-sized routed graft (``merge --routed --keep``): its keep search (the columns routed.json's
+    summary holds), the graft's bytes and those of the task's checkpoint (None: not known)."""
+
+    task: str
+    columns: Mapping
+    bytes: int | None
+    checkpoint_bytes: int | None
+
+    def line(self) -> str:
+        """What the command line prints of it (rich markup): :func:`~skillgraft.keep.report.keep_line`, and the
+        graft's size against the checkpoint's."""
+        from skillgraft.keep.report import KeepTarget, keep_line  # noqa: PLC0415
+
+        b, ckpt = self.bytes, self.checkpoint_bytes
+        share = f" ({b / 2**20:.2f} MiB, {100 * b / ckpt:.2f}% of its checkpoint)" if ckpt and b else ""
+        return f"{keep_line(KeepTarget.from_columns(self.columns))}{share}"
+
+
+@dataclasses.dataclass
 class MergeResult(VerbResult):
     """What ``skillgraft merge`` wrote: the folder, its typed rows, and merge.json (``record``: the rows as their
     columns; with the folder and report.md, what ``--json`` prints)."""
@@ -56,6 +76,13 @@ class MergeResult(VerbResult):
     def model_folder(self) -> Path | None:
         """Where the merged model is: ``tasks/<task>`` (a classifier's, one per task) or ``model``; None: none."""
         return self.out / ("tasks/<task>" if self.mode == "classifier" else "model") if self.written else None
+
+    @property
+    def routed_keep(self) -> list[RoutedKeep]:
+        """``--routed --keep``: each task's keep-sized routed graft, in task order (none without them)."""
+        tasks = self.record.get("tasks") or {}
+        return [RoutedKeep(name, t, t.get("bytes"), (tasks.get(name) or {}).get("checkpoint_bytes"))
+                for name, t in ((self.record.get("routed") or {}).get("keep") or {}).items()]
 
     def to_dict(self) -> dict:
         """merge.json's content."""

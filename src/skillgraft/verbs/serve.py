@@ -87,18 +87,21 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(folder: str | os.PathLike, spec: ServeSpec | None = None, *,
-          on_ready: Callable[[str, list[str]], None] | None = None) -> ServeResult:
-    """Serve the routed skills of ``folder`` until SIGTERM / Ctrl-C (``on_ready(url, model ids)`` once listening)."""
+          on_ready: Callable[[str, list[str]], None] | None = None, runtime=None) -> ServeResult:
+    """Serve the routed skills of ``folder`` until SIGTERM / Ctrl-C (``on_ready(url, model ids)`` once listening).
+    ``runtime``: where the model loads and computes (None: the placement the command line activated)."""
     import uvicorn  # noqa: PLC0415
 
     from skillgraft.graft.routed import RoutedSkills  # noqa: PLC0415
+    from skillgraft.models.placement import boundary  # noqa: PLC0415
     from skillgraft.verbs.serve_app import build_app  # noqa: PLC0415
 
+    runtime = boundary(runtime)  # the one read of the placement the command line activated
     spec = spec or ServeSpec()
     folder = check_folder(folder)
     sock = bind(spec.host, spec.port)  # a port in use is refused before the model loads
     try:
-        skills = RoutedSkills.from_pretrained(folder)
+        skills = RoutedSkills.from_pretrained(folder, runtime=runtime)
         app, state = build_app(skills, spec)
     except BaseException:
         sock.close()
