@@ -158,3 +158,17 @@ def test_init_movement_starts_every_budgets_region_at_the_top_delta_of_its_size(
     assert digest(uniform.regions[Budget.parse("0.01")]) == digest(top[0.01])  # γ_base itself
     assert digest(uniform.regions[Budget.parse("0.08")]) != digest(top[0.08])  # γ_base + a random draw
     assert "init" not in LocalizeConfig().to_dict() and LocalizeConfig(init="movement").to_dict()["init"] == "movement"
+
+
+def test_a_still_rising_line_names_the_lever_its_schedule_leaves():
+    """Under the fit schedule only the cap is left to raise; under fixed, the fit schedule too."""
+    from skillgraft.pipeline.fit import fit_section
+
+    fit = {"0.001": {"ft": 0.9, "region": 0.8, "share": 0.8 / 0.9, "rows": 10, "last_step": 50, "rising": True}}
+    stopped = [{"budget": None, "step": 50, "why": "the step cap (50)"}]
+    for schedule, lever in (("fit", "a higher cap (--steps) would fit more"),
+                            ("fixed", "more steps (--steps, or --schedule fit) would fit more")):
+        summary = {"fit": fit, "stopped": stopped, "reference": {"score": 0.9, "of": "fine-tuned"},
+                   "config": {"schedule": schedule}}
+        line = fit_section(summary, {})["lines"][0]
+        assert line.endswith(f"stopped at step 50: the step cap (50), still rising: {lever}."), line

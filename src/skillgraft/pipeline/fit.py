@@ -33,6 +33,7 @@ def fit_section(summary: dict, rows: dict[str, object]) -> dict | None:
     if not fit:
         return None
     stopped = summary.get("stopped") or []
+    fitting = (summary.get("config") or {}).get("schedule") == "fit"
     budgets, lines = {}, []
     for key, f in fit.items():
         row = rows.get(key)
@@ -43,15 +44,18 @@ def fit_section(summary: dict, rows: dict[str, object]) -> dict | None:
         stop = next((s for s in stopped if s.get("budget") in (None, Budget.parse(key).label)), None)
         budgets[key] = {**f, "test_share": test_share, "gap_closed": gap, "carry": carry,
                         "stopped_at": stop["step"] if stop else f.get("last_step"), "why": stop["why"] if stop else None}
-        lines.append(_line(key, budgets[key], summary.get("reference") or {}))
+        lines.append(_line(key, budgets[key], summary.get("reference") or {}, fitting))
         if gap is not None and gap < LITTLE_GAIN:
             lines.append(f"  The {_label(key)} graft keeps little of FT's gain (gap closed {gap:.2f}, fit share "
-                         f"{share:.2f}): no region of this size that keeps the skill was found. A larger budget, a keep "
-                         "target (--keep 0.9 finds the size that keeps 90 %) or --schedule fit may.")
+                         f"{share:.2f}): no region of this size that keeps the skill was found. A larger budget or a "
+                         "keep target (--keep 0.9 finds the size that keeps 90 %) may"
+                         + ("." if fitting else ", or --schedule fit."))
     return {"budgets": budgets, "reference": summary.get("reference"), "lines": lines}
 
 
-def _line(key: str, b: dict, reference: dict) -> str:
+def _line(key: str, b: dict, reference: dict, fitting: bool) -> str:
+    """One budget's fit line; ``fitting``: the trajectory ran the fit schedule (then only its cap, --steps, is
+    left to raise)."""
     of = "" if reference.get("of") in (None, "fine-tuned") else f" ({reference['of']})"
     if b.get("share") is None:
         head = f"Fit at {_label(key)}: region {b['region']:.3f} on the selection rows (no FT score there)"
@@ -63,9 +67,10 @@ def _line(key: str, b: dict, reference: dict) -> str:
         tail += f"; test {b['test_share']:.3f} of FT"
         if b.get("carry") is not None:
             tail += f", carry {b['carry']:.2f}"
-    where = f"; stopped at step {b['stopped_at']}" + (f" ({b['why']})" if b.get("why") else "")
+    where = f"; stopped at step {b['stopped_at']}" + (f": {b['why']}" if b.get("why") else "")
     if b.get("rising"):
-        where += " while still rising: more steps (--steps, or --schedule fit) would fit more"
+        where += (", still rising: a higher cap (--steps) would fit more" if fitting else
+                  ", still rising: more steps (--steps, or --schedule fit) would fit more")
     return head + tail + where + "."
 
 
