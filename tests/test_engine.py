@@ -29,7 +29,7 @@ BEFORE = {
                 {"0.005": 0, "0.02": 4, "round": 0}, {"0.005": 0.578125, "0.02": 0.625, "round": 0.578125},
                 "a0c7fedcdac31635"),
     "learned-candidates-l1": ("learned", {"sparsity": 0.01, "steps": 4, "seed": 3, "budgets": [0.005, 0.02, "round"],
-                                          "candidates": 0.2, "micro_batch": 8, "l1": 1e-3},
+                                          "candidates": 0.2, "micro_batch": 8, "l1": 1e-3, "eval_every": 1},
                               {"0.005": "fa56c7d04dce2e1f", "0.02": "1d1459691261d731", "round": "48e085de78d9b8a7"},
                               {"0.005": 4, "0.02": 1, "round": 0},
                               {"0.005": 0.59375, "0.02": 0.609375, "round": 0.578125}, "fd53cbbeaef0aafe"),

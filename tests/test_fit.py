@@ -14,7 +14,7 @@ from skillgraft.graft.localizers.machinery.fit import Schedule, rising
 from skillgraft.graft.selection import Budget
 
 FAST = {"sparsity": 0.01, "steps": 6, "seed": 3, "budgets": [0.005, 0.02], "micro_batch": 8, "lr": 1e9,
-        "schedule": "fixed"}
+        "schedule": "fixed", "eval_every": 1}
 
 
 def test_the_fit_share_is_the_regions_score_over_fts_on_the_selection_rows(pair):
@@ -84,7 +84,7 @@ def test_the_schedule_enters_the_learned_localizers_key_and_reads_back_as_itself
     assert fixed["schedule"] == "fixed" and fixed["steps"] == 100 and not {"fit_target", "patience"} & set(fixed)
     assert LocalizeConfig(schedule="fixed", patience=7).to_dict() == fixed  # moot while fixed
     default = LocalizeConfig()
-    assert default.schedule == "fit" and default.steps == 300  # the cap
+    assert default.schedule == "fit" and default.steps == 150 and default.eval_every == 5  # the cap
     fit = default.to_dict()
     assert fit["schedule"] == "fit" and "fit_target" not in fit  # at its default: left out
     for cfg in (fixed, fit):
