@@ -28,6 +28,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from scale import reset_peak, status  # noqa: E402  (bench/scale.py: /proc/self/status fields, VmHWM reset)
 SHAPES = {  # Llama-3.2-1B / 3B, Llama-3-8B (the vocabulary is the tokenizer's)
     "1B": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
            "num_key_value_heads": 8, "tie_word_embeddings": True},
@@ -41,19 +43,6 @@ SHAPES = {  # Llama-3.2-1B / 3B, Llama-3-8B (the vocabulary is the tokenizer's)
 GRAFT = ["--task", "SST-2", "--k", "4", "--test-limit", "8", "--steps", "2", "--micro-batch", "4", "--batch-size",
          "8", "--max-length", "32", "--select-on", "train", "--eval-every", "1000000", "--budgets", "1e-4",
          "--precision", "bf16", "--baselines", "", "--no-lottery-zero"]
-
-
-def status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
-
-
-def reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 def tokenizer_dir() -> Path:

@@ -64,6 +64,24 @@ def test_the_49_byte_gguf_is_refused_by_the_program_before_torch_is_imported(tmp
     assert done.stderr.count("\n") == 1 and "claims 9,223,372,036,854,775,808 elements" in done.stderr
 
 
+def test_a_gguf_walked_once_is_not_walked_again_until_it_changes(tmp_path, monkeypatch):
+    """The command line walks a verb's GGUF input before torch's import and the loader walks it again: the second
+    walk is the first's result; a file replaced in place (another size or mtime) is walked afresh, and refused."""
+    import skillgraft.models.headers as headers
+
+    path = tmp_path / "v.gguf"
+    small_gguf(path)
+    walks = []
+    real = headers.walk_gguf
+    monkeypatch.setattr(headers, "walk_gguf", lambda data: walks.append(1) or real(data))
+    first = headers.check_gguf(path)
+    assert headers.check_gguf(path) == first and len(walks) == 1
+    path.write_bytes(BOMB_49)
+    with pytest.raises(SkillgraftError, match="claims 9,223,372,036,854,775,808 elements"):
+        headers.check_gguf(path)
+    assert len(walks) == 2
+
+
 def test_gguf_crash_shapes_are_one_line_before_the_reader(valid, tmp_path, monkeypatch):
     import gguf
 

@@ -208,13 +208,22 @@ def _mapped(path: Path):
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
+_WALKED: dict[tuple, list] = {}  # a GGUF file's walked tensors by its identity (device, inode, size, mtime)
+
+
 def check_gguf(path: str | os.PathLike) -> list[tuple[str, int, int]]:
     """Refuse a GGUF file whose header is not bounded by its size and the caps, before gguf-py reads it; its
-    tensors as :func:`walk_gguf` gives them."""
+    tensors as :func:`walk_gguf` gives them. A file walked before and unchanged since (the command line walks a
+    verb's inputs before torch is imported, the loader again) is not walked twice."""
     path = Path(path)
+    st = path.stat()
+    identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if identity in _WALKED:
+        return list(_WALKED[identity])
     data = _mapped(path)
     try:
-        return walk_gguf(data)
+        _WALKED[identity] = walk_gguf(data)
+        return list(_WALKED[identity])
     except _Truncated as e:
         raise SkillgraftError(f"{path}: truncated GGUF file: {e}") from None
     except _Overlap as e:

@@ -36,14 +36,19 @@ class _Request(BaseModel):
     model: str
 
 
-class CompletionRequest(_Request):
-    prompt: str | list[str]
+class _Sampling(_Request):
+    """The sampling fields OpenAI's completion and chat requests share."""
+
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(0.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1)
     stream: bool = False
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str]
 
 
 class Message(BaseModel):
@@ -52,15 +57,9 @@ class Message(BaseModel):
     content: str | list[dict] | None = None
 
 
-class ChatRequest(_Request):
+class ChatRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(0.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    stop: str | list[str] | None = None
-    n: int = Field(1, ge=1)
-    stream: bool = False
 
 
 class ClassifyRequest(_Request):
