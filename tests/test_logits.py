@@ -160,3 +160,41 @@ def test_fisher_of_multi_token_causal_words_matches_the_reference_loop(tiny_mode
     slow = fisher_loop(scorer, EXAMPLES, config, names=names)
     for n in names:
         assert torch.allclose(fast[n], slow[n], atol=1e-6, rtol=1e-3), n
+
+
+def test_a_frozen_head_under_bf16_autocast_is_cast_once_and_gives_autocasts_bits(tiny_models):
+    """bf16-mixed: the frozen tied head's bf16 cast is kept between forwards (autocast would redo it every call)
+    and recast when the weight changes in place; the logits are bit for bit autocast's own, and the head's class
+    forward is back after each call."""
+    from skillgraft.models import logits as L
+
+    scorer = build_scorer(str(tiny_models["gemma3"]), "SST-2", "causal")
+    head = output_head(scorer.model)
+    head.weight.requires_grad_(False)
+    batch = scorer.collate(EXAMPLES)
+    rows, pos = torch.arange(len(EXAMPLES)), batch["score_pos"]
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+    def both():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            ours = head_logits(scorer.model, inputs, rows, pos)
+            plain = scorer.model(**inputs).logits[rows, pos]  # autocast casting the head itself
+        return ours, plain
+
+    ours, plain = both()
+    assert ours.dtype == torch.bfloat16 and torch.equal(ours, plain)
+    kept = L._BF16_HEADS[head.weight][1]
+    assert kept.dtype == torch.bfloat16 and "forward" not in head.__dict__
+    ours, plain = both()
+    assert L._BF16_HEADS[head.weight][1] is kept and torch.equal(ours, plain)  # not cast again
+    with torch.no_grad():
+        head.weight.mul_(1.5)  # a write in place (as a graft's swap): the version counter moves
+    ours, plain = both()
+    assert L._BF16_HEADS[head.weight][1] is not kept and torch.equal(ours, plain)
+    with torch.no_grad():
+        fp32 = head_logits(scorer.model, inputs, rows, pos)
+    assert fp32.dtype == torch.float32  # without autocast the head runs as it is
+    head.weight.requires_grad_(True)  # a head that trains: autocast's own path, nothing kept for it
+    L._BF16_HEADS.clear()
+    both()
+    assert head.weight not in L._BF16_HEADS

@@ -197,3 +197,20 @@ def test_library_auto_is_dense_or_lean_by_the_free_memory(pair, monkeypatch, fre
     result = localize(pre, ft, data.train, data.dev, LocalizeConfig(candidates="auto", steps=1), progress=False)
     assert result.config.get("candidates") == (None if free == "100G" else 0.01)  # resolved: a number or dense
     assert (result.candidate_size is None) == (free == "100G")
+
+
+def test_bf16_mixed_plans_the_heads_kept_bf16_copy(llama_pair):
+    """Under bf16-mixed (fp32 weights, bf16 compute) the frozen output head's bf16 copy that models/logits.py keeps
+    between forwards is in the plan's vocabulary term — V × h × 2 bytes more than fp32 with bf16 compute would
+    hold — and not under fp32 or bf16 (whose head is already bf16)."""
+    from skillgraft.models.memory import Work, inference_terms, localization_terms
+
+    shape = shape_of(llama_pair[0])
+    head = shape.vocab * shape.hidden * 2
+    for terms in (lambda d, a: inference_terms(shape, weight_bytes=d, work=Work(4, 32, False, a)),
+                  lambda d, a: localization_terms(shape, weight_bytes=d, candidates=None, work=Work(4, 32, False, a),
+                                                  ft_resident=True)):
+        vocab = {p: next(t for t in terms(d, a) if t.name.startswith("vocabulary rows"))
+                 for p, (d, a) in {"fp32": (4, 4), "bf16": (2, 2), "bf16-mixed": (4, 2)}.items()}
+        assert vocab["bf16-mixed"].bytes - vocab["fp32"].bytes == head
+        assert vocab["bf16"].bytes == vocab["fp32"].bytes and "bf16 copy" in vocab["bf16-mixed"].name

@@ -176,9 +176,14 @@ def activations(shape: ModelShape, work: Work, backward: bool = True) -> Term:
                 per * t * shape.hidden * shape.layers, note)
 
 
-def logits(shape: ModelShape, work: Work, positions: int = 1) -> Term:
-    """The vocabulary rows computed at scored positions (fp32 logits and their gradient)."""
-    return Term("vocabulary rows", work.micro_batch * positions * shape.vocab * 8, f"V = {shape.vocab:,}")
+def logits(shape: ModelShape, work: Work, weight_bytes: int = 4, positions: int = 1) -> Term:
+    """The vocabulary rows computed at scored positions (fp32 logits and their gradient); under bf16-mixed (fp32
+    weights, bf16 compute) also the frozen output head's bf16 copy kept between forwards (models/logits.py)."""
+    rows = work.micro_batch * positions * shape.vocab * 8
+    if work.compute_bytes < weight_bytes:
+        return Term("vocabulary rows + the head's bf16 copy", rows + shape.vocab * shape.hidden * work.compute_bytes,
+                    f"V = {shape.vocab:,}; V × h {shape.hidden} × {work.compute_bytes} B")
+    return Term("vocabulary rows", rows, f"V = {shape.vocab:,}")
 
 
 def localization_terms(shape: ModelShape, *, weight_bytes: int, candidates: float | None, work: Work,
@@ -199,7 +204,7 @@ def localization_terms(shape: ModelShape, *, weight_bytes: int, candidates: floa
         terms.append(Term(f"localizer state (candidates c = {candidates:g})", per * k + (d + 8) * shape.largest,
                           f"{per} B × {k:,} candidates + one tensor's gradient and C's construction"))
     terms.append(activations(shape, work))
-    terms.append(logits(shape, work))
+    terms.append(logits(shape, work, d))
     return terms
 
 
@@ -208,7 +213,7 @@ def finetune_terms(shape: ModelShape, *, weight_bytes: int, work: Work, adam_byt
     d = weight_bytes
     return [Term("weights", shape.weights(d)), Term("gradients", shape.weights(d)),
             Term("optimizer state (Adam)", shape.params * adam_bytes, f"{adam_bytes} B per parameter"),
-            activations(shape, work), logits(shape, work)]
+            activations(shape, work), logits(shape, work, d)]
 
 
 def fim_terms(shape: ModelShape, *, weight_bytes: int, work: Work) -> list[Term]:
@@ -216,12 +221,13 @@ def fim_terms(shape: ModelShape, *, weight_bytes: int, work: Work) -> list[Term]
     d = weight_bytes
     return [Term("weights", shape.weights(d)), Term("gradients", shape.weights(d)),
             Term("Fisher accumulator", shape.params * 4, "fp32 per parameter"), activations(shape, work),
-            logits(shape, work)]
+            logits(shape, work, d)]
 
 
 def inference_terms(shape: ModelShape, *, weight_bytes: int, work: Work, what: str = "θ_ft") -> list[Term]:
     """Scoring one model: its weights, a forward's live activations and the logits."""
-    return [Term(what, shape.weights(weight_bytes)), activations(shape, work, backward=False), logits(shape, work)]
+    return [Term(what, shape.weights(weight_bytes)), activations(shape, work, backward=False),
+            logits(shape, work, weight_bytes)]
 
 
 def baseline_terms(shape: ModelShape, baselines: list[str], weight_bytes: int, lottery_backup: bool) -> list[Term]:
