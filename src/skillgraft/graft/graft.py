@@ -32,7 +32,9 @@ from skillgraft.graft.identity import (_BASE, _Base, _base, _body, _bumped, _nam
                                        _same_objects, _state_key, _watch_registrations, base_dtype, cached_fingerprint,
                                        _pre_source, rounded_fingerprint)
 from skillgraft.graft.region import Region, compact_positions
-from skillgraft.graft.swap import _APPLIED, _Applied, _capture, _fast_restore, _InFiles, _replay, _restore, _same, _Swap
+from skillgraft.graft.flat import _FLAT, flat_writes, relay
+from skillgraft.graft.swap import (_APPLIED, _Applied, _capture, _eager, _fast_restore, _InFiles, _replay, _restore, _same,
+                                  _Swap)
 from skillgraft.io import atomic_dir, check_target
 from skillgraft.models.anatomy import carried_names, check_compatible
 
@@ -308,13 +310,15 @@ class Graft:
         return _same_objects(tuple(now), tensors) and tuple(t._version for t in now) == versions
 
     def _plan_swap(self, body, rec: _Applied, known: _Base) -> None:
-        """Prepare the fast swap from what this (slow) apply wrote, now that its revert restored ``known``."""
+        """Prepare the fast swap from what this (slow) apply wrote, now that its revert restored ``known``: the
+        touched parameters laid out in the body's flat buffers (:mod:`~skillgraft.graft.flat`), one index each."""
         _watch_registrations()
         n = len(self.region.indices)
-        writes = []
-        for (p, i, old), name in zip(rec.saved[:n], self.region.indices):
-            d = p.detach()
-            writes.append((d, i, self._on_device(name, d.device, d.dtype)[1], old))
+        relay(body, [p for p, _, _ in rec.saved[:n]])
+        layout = body.__dict__[_FLAT]
+        writes = [(p, i, self._on_device(name, p.device, p.dtype)[1], old)
+                  for (p, i, old), name in zip(rec.saved[:n], self.region.indices)]
+        flat, loose, bumped = flat_writes(layout, writes)
         carried = [(p.detach(), self.carried[name].to(p.device, p.dtype), old)
                    for (p, _, old), name in zip(rec.saved[n:], self.carried)]
         plist = _params_of(body)
@@ -322,30 +326,30 @@ class Graft:
         for p in plist:
             counts[id(p)] = counts.get(id(p), 0) + 1
         bump = sum(counts.get(id(p), 0) for p, _, _ in rec.saved)
-        sw = _Swap(weakref.ref(body), known.epoch, writes, carried, self._anchor(), bump, rec.checked)
+        sw = _Swap(weakref.ref(body), known.epoch, [(p.detach(), *rest) for p, *rest in writes], carried,
+                   self._anchor(), bump, rec.checked, layout=weakref.ref(layout), flat=flat, loose=loose,
+                   bumped=bumped)
         _capture(sw)
         known.quick = (plist, _quick_key(plist))  # after the capture, which raised the targets' versions
         self.__dict__["_swap"] = sw
 
     def _fast_apply(self, scorer, force: bool) -> bool:
-        """Apply through the prepared swap when the body still holds the base it was prepared on; else False."""
+        """Apply through the prepared swap when the body still holds the base and the layout it was prepared on;
+        else False."""
         sw = self.__dict__.get("_swap")
         if sw is None or not (force or sw.checked):
             return False
         body = _body(scorer)
         known = body.__dict__.get(_BASE)
         if (sw.body() is not body or _APPLIED in body.__dict__ or known is None or known.epoch is not sw.epoch
-                or known.quick is None or not self._anchored(sw.anchor)):
+                or known.quick is None or sw.layout() is not body.__dict__.get(_FLAT) or not self._anchored(sw.anchor)):
             return False
         plist, (registrations, ptrs, version) = known.quick
         if _quick_key(plist) != known.quick[1]:
             return False
         try:
             if not _replay(sw, 0):
-                for d, i, v, _ in sw.writes:
-                    d.put_(i, v)
-                for d, t, _ in sw.carried:
-                    d.copy_(t)
+                _eager(sw, 0)
         except BaseException:
             _fast_restore(sw)
             raise
