@@ -28,9 +28,9 @@ from skillgraft.lazy import no_grad, torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft_file import FORMAT, FORMAT_VERSION, GraftMetadata, read_graft_file, write_graft_file
-from skillgraft.graft.identity import (_BASE, _Base, _base, _body, _bumped, _named_parameters, _params_of, _quick_key,
-                                       _same_objects, _state_key, _watch_registrations, base_dtype, cached_fingerprint,
-                                       _pre_source, rounded_fingerprint)
+from skillgraft.graft.identity import (_BASE, _REGISTRATIONS, _VERSION, _Base, _base, _body, _bumped, _named_parameters,
+                                       _params_of, _quick_key, _same_objects, _state_key, _watch_registrations,
+                                       base_dtype, cached_fingerprint, _pre_source, rounded_fingerprint)
 from skillgraft.graft.region import Region, compact_positions
 from skillgraft.graft.flat import _FLAT, flat_writes, relay
 from skillgraft.graft.swap import (_APPLIED, _Applied, _capture, _eager, _fast_restore, _InFiles, _replay, _restore, _same,
@@ -124,6 +124,19 @@ class Graft:
 
         if hasattr(model, "mode") or not hasattr(model, "config") or isinstance(model, PlainModel):
             return model
+        _watch_registrations()
+        seen = self.__dict__.get("_seen_target")  # the answer for this model while nothing was registered since
+        if (seen is not None and seen[0]() is model and seen[1] == _REGISTRATIONS[0] and seen[2] is self.region
+                and seen[3] == tuple(self.carried)):
+            return model.__dict__["_skillgraft_plain"] if seen[4] else model
+        plain = self._plain(model)
+        self.__dict__["_seen_target"] = (weakref.ref(model), _REGISTRATIONS[0], self.region, tuple(self.carried),
+                                         plain is not model)
+        return plain
+
+    def _plain(self, model):
+        from skillgraft.models.named import PlainModel  # noqa: PLC0415
+
         names = [*self.region.shapes, *self.carried]
         if not names or not all(n.startswith("model.") for n in names):
             if any(n.startswith("head.") for n in names):
@@ -298,16 +311,17 @@ class Graft:
 
     # ------------------------------------------------------------------ fast swaps
     def _anchor(self) -> tuple:
-        tensors = [*self.region.indices.values(), *self.values.values(), *self.carried.values()]
-        return (self.region, self.values, self.carried, tuple(tensors), tuple(t._version for t in tensors))
+        tensors = (*self.region.indices.values(), *self.values.values(), *self.carried.values())
+        return (self.region, self.values, self.carried, tensors, sum(map(_VERSION, tensors)))
 
     def _anchored(self, anchor: tuple) -> bool:
-        """The graft's region, values and carried tensors are those the swap was prepared from, unchanged."""
+        """The graft's region, values and carried tensors are those the swap was prepared from, unchanged (the
+        same objects at the same in-place versions: versions only grow, so their sum says it)."""
         region, values, carried, tensors, versions = anchor
         if region is not self.region or values is not self.values or carried is not self.carried:
             return False
-        now = [*self.region.indices.values(), *self.values.values(), *self.carried.values()]
-        return _same_objects(tuple(now), tensors) and tuple(t._version for t in now) == versions
+        now = (*self.region.indices.values(), *self.values.values(), *self.carried.values())
+        return _same_objects(now, tensors) and sum(map(_VERSION, now)) == versions
 
     def _plan_swap(self, body, rec: _Applied, known: _Base) -> None:
         """Prepare the fast swap from what this (slow) apply wrote, now that its revert restored ``known``: the
@@ -359,10 +373,11 @@ class Graft:
     def _fast_revert(self, body, rec: _Applied) -> None:
         known, expected = rec.fast
         sw = self.__dict__["_swap"]
-        unchanged = _quick_key(known.quick[0]) == expected  # nothing but this swap wrote while applied
         _fast_restore(sw)
         del body.__dict__[_APPLIED]
-        known.quick = (known.quick[0], (*expected[:2], expected[2] + sw.bump)) if unchanged else None
+        if known.quick is not None:  # what the key is if nothing but this swap wrote: any other write (while
+            # applied or after) leaves the key above it, and the next apply or check finds the base changed
+            known.quick = (known.quick[0], (*expected[:2], expected[2] + sw.bump))
 
     @contextlib.contextmanager
     def applied(self, scorer, *, outside: Outside = "pre", force: bool = False, pre_files=None) -> Iterator:
