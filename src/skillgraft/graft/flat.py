@@ -130,3 +130,38 @@ def relay(body, params) -> None:
                 known.samples[name] = ((state[0], hit[1], state[2]), sample)
     plist = _params_of(body)
     known.quick = (plist, _quick_key(plist)) if quick else None
+
+
+def prepare_skills(model, grafts) -> dict[str, torch.Tensor]:
+    """Set a model up for repeated swaps of ``grafts`` (RoutedSkills): the union of their region tensors laid out
+    at once, and, for a carried tensor whose shape differs between skills (a head for another number of labels),
+    one storage with room for the largest, the parameter a view of its start. Returns that room per parameter name
+    (the model's own name): a skill's shape is a view of it at the same address, so switching the head's shape
+    leaves the storages a prepared swap checks as they were. A graft that does not fit the model is left out."""
+    from skillgraft.errors import SkillgraftError  # noqa: PLC0415
+    from skillgraft.graft.identity import _body, _named_parameters  # noqa: PLC0415
+
+    own = dict(model.named_parameters())
+    touched, body, sizes = {}, None, {}
+    for graft in grafts:
+        try:
+            target = graft._target(model)
+        except SkillgraftError:
+            continue
+        named = _named_parameters(target)
+        touched.update({id(named[n]): named[n] for n in graft.region.indices if n in named})
+        body = _body(target)
+        for name, t in graft.carried.items():
+            p = own.get(name.removeprefix("model."))
+            if p is not None and p.shape != t.shape:
+                sizes[name.removeprefix("model.")] = max(sizes.get(name.removeprefix("model."), p.numel()), t.numel())
+    room = {}
+    for name, size in sizes.items():
+        p = own[name]
+        buf = torch.empty(size, dtype=p.dtype, device=p.device)
+        buf[:p.numel()].copy_(p.detach().reshape(-1))
+        p.data = buf[:p.numel()].view(p.shape)
+        room[name] = buf
+    if body is not None and touched:
+        relay(body, list(touched.values()))
+    return room
