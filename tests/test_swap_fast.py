@@ -228,12 +228,14 @@ def test_two_grafts_share_one_layout_and_a_moved_model_is_laid_out_again():
         assert dict(c.ops) == {"aten.put_.default": 2}
         assert same(m, before)
     m.model[0].weight.data = m.model[0].weight.detach().clone()  # out of the layout (as .to() would do)
+    old = m.model.__dict__["_skillgraft_flat"]  # the body's layout
     for g in (a, b):
         g.apply(m)
         assert torch.equal(m.model[0].weight.detach().view(-1)[g.region.indices["model.0.weight"]],
                            g.values["model.0.weight"])
         g.revert(m)
         assert same(m, before)
+    assert m.model.__dict__["_skillgraft_flat"] is not old  # laid out again; the old buffer is not kept
 
 
 def test_a_laid_out_model_saves_and_reads_back_with_safetensors(tmp_path):

@@ -37,6 +37,14 @@ class _Layout:
         return (hit[1], hit[2]) if hit is not None and self.holds(p) else None
 
 
+def forget_broken(body) -> None:
+    """Drop the body's layout when a parameter left it (``.to()``, a new ``.data``): its buffers are not kept
+    alive by the layout alone; the next prepared swap lays the parameters out again."""
+    layout = body.__dict__.get(_FLAT)
+    if layout is not None and not layout.intact():
+        del body.__dict__[_FLAT]
+
+
 def _group(p) -> tuple:
     return (p.device, p.dtype)
 

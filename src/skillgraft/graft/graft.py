@@ -32,7 +32,7 @@ from skillgraft.graft.identity import (_BASE, _REGISTRATIONS, _VERSION, _Base, _
                                        _params_of, _quick_key, _same_objects, _state_key, _watch_registrations,
                                        base_dtype, cached_fingerprint, _pre_source, rounded_fingerprint)
 from skillgraft.graft.region import Region, compact_positions
-from skillgraft.graft.flat import _FLAT, flat_writes, relay
+from skillgraft.graft.flat import _FLAT, flat_writes, forget_broken, relay
 from skillgraft.graft.swap import (_APPLIED, _Applied, _capture, _eager, _fast_restore, _InFiles, _replay, _restore, _same,
                                   _Swap)
 from skillgraft.io import atomic_dir, check_target
@@ -159,6 +159,8 @@ class Graft:
     def _prepare(self, scorer, force: bool) -> tuple[dict[str, torch.nn.Parameter], tuple, _Base | None]:
         body = _body(scorer)
         rec = body.__dict__.get(_APPLIED)
+        if rec is None:
+            forget_broken(body)
         if rec is not None:
             other = "this graft" if rec.graft is self else "another graft"
             raise SkillgraftError(f"{other} is already applied to this model; revert it first (or use "
