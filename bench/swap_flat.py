@@ -1,13 +1,15 @@
 """A repeated graft swap (apply + revert) on one model: CPU time and aten ops per swap (issue 75 item 7).
 
-Usage: OMP_NUM_THREADS=1 .venv/bin/python bench/swap_flat.py [--models minilm,gemma,gemma-bf16] [--reps 200]
+Usage: OMP_NUM_THREADS=1 .venv/bin/python bench/swap_flat.py [--models minilm,gemma,gemma-bf16,routed-tiny] [--reps 200]
 [--density 1e-4] [--out bench/results/swap_flat.json]
 
 * ``minilm``: the bundled all-MiniLM-L6-v2 head-mode scorer (fp32); the graft is the top-|Δ| ``density`` of its
   body against a perturbed copy and carries the copy's head (2 tensors);
 * ``gemma`` / ``gemma-bf16``: a random Gemma-3-270M-shaped ``Gemma3ForCausalLM`` (hidden 640, 18 layers,
   262,144-token tied vocabulary) in fp32 / bf16; the graft is ``density`` of every ``model.layers.*`` tensor and
-  the final norm (random coordinates and values), no carried tensor.
+  the final norm (random coordinates and values), no carried tensor;
+* ``routed-tiny``: ``RoutedSkills`` over the tests' tiny BERT and two skills (400 coordinates per body tensor, heads
+  of 2 and 4 labels: tests/routing.py); timed: entering and leaving ``use(task)``, the two skills in turn.
 
 Per model: a first apply + revert prepares the swap (not timed); then ``--reps`` swaps, each timed in this thread's
 CPU time (``time.thread_time``: the machine is shared) and wall time; the aten ops one apply and one revert
@@ -97,7 +99,48 @@ def gemma(density: float, dtype):
     return pre, graft, f"random Gemma-3-270M shape ({str(dtype)[6:]}, {total / 1e6:.1f}M parameters, tied)"
 
 
+def routed_tiny(args) -> dict:
+    import tempfile
+
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from routing import write_routed_folder
+    from tiny import build_tiny
+
+    from skillgraft.graft.routed import RoutedSkills
+
+    with tempfile.TemporaryDirectory() as tmp:
+        build_tiny("bert", Path(tmp) / "bert")
+        skills = RoutedSkills.from_pretrained(write_routed_folder(Path(tmp) / "bert", Path(tmp) / "routed"))
+    before = {k: v.clone() for k, v in skills.model.state_dict().items()}
+    for _ in range(3):
+        for task in skills.tasks:
+            with skills.use(task):
+                pass
+    ops = {}
+    for task in skills.tasks:
+        with Ops() as c:
+            with skills.use(task):
+                pass
+        ops[task] = dict(c.ops)
+    cpu = []
+    for _ in range(args.reps):
+        for task in skills.tasks:
+            c0 = time.thread_time()
+            with skills.use(task):
+                pass
+            cpu.append(time.thread_time() - c0)
+    exact = all(torch.equal(v, skills.model.state_dict()[k]) for k, v in before.items())
+    out = {"model": "routed-tiny", "description": "RoutedSkills, tiny BERT, skills sentiment (2 labels) and topic (4)",
+           "use_enter_exit_cpu_us_median": round(statistics.median(cpu) * 1e6, 1), "ops_per_use": ops,
+           "bit_exact": exact, "reps": args.reps}
+    print(f"routed-tiny: use() enter+exit {out['use_enter_exit_cpu_us_median']} µs CPU (median); ops {ops}; "
+          f"bit-exact {exact}", flush=True)
+    return out
+
+
 def bench(kind: str, args) -> dict:
+    if kind == "routed-tiny":
+        return routed_tiny(args)
     pre, graft, desc = minilm(args.density) if kind == "minilm" else \
         gemma(args.density, torch.bfloat16 if kind.endswith("bf16") else torch.float32)
     before = {n: p.detach().clone() for n, p in pre.named_parameters()}
@@ -135,7 +178,7 @@ def bench(kind: str, args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="minilm,gemma,gemma-bf16")
+    ap.add_argument("--models", default="minilm,gemma,gemma-bf16,routed-tiny")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--density", type=float, default=1e-4)
     ap.add_argument("--out", default=str(HERE / "results" / "swap_flat.json"))
