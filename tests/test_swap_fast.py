@@ -194,6 +194,38 @@ def test_a_flat_write_raises_the_written_parameters_versions_as_a_write_through_
     assert w._version == v + 2
 
 
+def test_autograd_sees_a_flat_write_to_a_tensor_saved_for_backward():
+    m = Tiny()
+    a = graft_on(m, carried=False)
+    for _ in range(2):
+        with a.applied(m):
+            pass
+    x = torch.randn(3, 8, requires_grad=True)
+    out = m.model[0](x).sum()  # saves model.0.weight for the input's gradient
+    a.apply(m)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward()
+    a.revert(m)
+
+
+def test_a_bf16_model_swaps_in_one_write_each_way_bit_exactly():
+    m = Tiny().to(torch.bfloat16)
+    a = graft_on(m)  # fp32 values: written in the model's dtype
+    before = state(m)
+    for _ in range(2):
+        with a.applied(m):
+            pass
+    with Ops() as on:
+        a.apply(m)
+    assert dict(on.ops) == {"aten.put_.default": 1, "aten.copy_.default": 1}
+    w = m.model[0].weight.detach().view(-1)[a.region.indices["model.0.weight"]]
+    assert w.dtype == torch.bfloat16 and torch.equal(w, a.values["model.0.weight"].to(torch.bfloat16))
+    with Ops() as off:
+        a.revert(m)
+    assert dict(off.ops) == {"aten.put_.default": 1, "aten.copy_.default": 1}
+    assert same(m, before)
+
+
 def test_a_parameter_sharing_its_storage_is_written_on_its_own():
     m = Tiny()
     m.model[1].bias.data = m.model[0].bias.detach()[:4]  # two Parameters over one storage: not laid out

@@ -8,6 +8,7 @@ from __future__ import annotations
 from skillgraft.lazy import torch
 
 from skillgraft.graft.identity import _BASE, _params_of, _quick_key, _state_key
+from skillgraft.graft.swap import _APPLIED
 
 _FLAT = "_skillgraft_flat"                # attribute of the base body: its _Layout
 
@@ -45,6 +46,13 @@ def forget_broken(body) -> None:
         del body.__dict__[_FLAT]
 
 
+def _safely(check, *args) -> bool:
+    try:
+        return check(*args)
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
 def _group(p) -> tuple:
     return (p.device, p.dtype)
 
@@ -69,12 +77,14 @@ def lay_out(body, params, every) -> dict[int, tuple[int, int]]:
     layout = current or _Layout()
     shared: dict[int, int] = {}
     for q in {id(q): q for q in every}.values():
-        if q.device.type != "meta":
-            key = q.detach().untyped_storage().data_ptr()
-            shared[key] = shared.get(key, 0) + 1
+        try:
+            key = q.detach().untyped_storage().data_ptr() if q.device.type != "meta" else None
+        except (RuntimeError, NotImplementedError):  # no plain storage (a lazy or subclassed parameter)
+            key = None
+        shared[key] = shared.get(key, 0) + 1
     wanted: dict[tuple, dict[int, torch.nn.Parameter]] = {}
     for p in params:
-        if layout.holds(p) or _layable(p, shared):
+        if layout.holds(p) or _safely(_layable, p, shared):
             wanted.setdefault(_group(p), {})[id(p)] = p
     moved: dict[int, tuple[int, int]] = {}
     new = _Layout()
@@ -89,16 +99,20 @@ def lay_out(body, params, every) -> dict[int, tuple[int, int]]:
             buf = torch.empty(sum(p.numel() for p in order), dtype=key[1], device=key[0])
         except RuntimeError:  # out of memory: these tensors keep their own storage
             continue
-        off = 0
-        for p in order:
+        new.buffers[key], off = buf, 0
+        for p in order:  # each parameter whole before the next; one that cannot move keeps its storage
             n, old = p.numel(), p.data_ptr()
-            view = buf[off:off + n].view(p.shape)
-            view.copy_(p.detach())
-            p.data = view
-            new.members[id(p)] = (p, key, off)
+            try:
+                view = buf[off:off + n].view(p.shape)
+                view.copy_(p.detach())
+                p.data = view
+            except RuntimeError:
+                new.members.pop(id(p), None)
+                continue
+            finally:
+                off += n
+            new.members[id(p)] = (p, key, off - n)
             moved[id(p)] = (old, p.data_ptr())
-            off += n
-        new.buffers[key] = buf
     if moved or current is None:
         body.__dict__[_FLAT] = new
     return moved
@@ -124,6 +138,8 @@ def flat_writes(layout: _Layout, writes: list) -> tuple[list, list, list]:
 
 def relay(body, params) -> None:
     """:func:`lay_out` ``params`` and keep what is known of the body's content valid (moving changes no value)."""
+    if _APPLIED in body.__dict__:  # a graft's writes go through the layout until it is reverted
+        return
     known = body.__dict__.get(_BASE)
     current = known is not None and known.key == _state_key(body)
     quick = known is not None and known.quick is not None and _quick_key(known.quick[0]) == known.quick[1]
