@@ -74,3 +74,36 @@ def test_another_skill_inside_a_skill_in_one_thread_is_one_line_not_a_deadlock(s
                 pass
     with skills.use("topic"):  # the gate is free again
         pass
+
+
+def test_a_switch_is_one_flat_write_each_way_plus_the_head(skills):
+    """Issue 75.7: after a first switch prepares it, entering and leaving a skill writes the touched body coordinates
+    in one put_ each way (the region tensors are views of one flat buffer) and copies each carried head tensor; a
+    head of another shape is a view at the same address (metadata ops only), so the prepared swap stays valid."""
+    import collections
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[str(func)] += 1
+            return func(*args, **(kwargs or {}))
+
+    before = {k: v.clone() for k, v in skills.model.state_dict().items()}
+    for _ in range(2):
+        for task in skills.tasks:
+            with skills.use(task):
+                pass
+    views = {"aten.detach.default", "aten.slice.Tensor", "aten.view.default"}  # no kernel: the head's new shape
+    for task in skills.tasks:
+        with Ops() as c:
+            with skills.use(task):
+                pass
+        writes = {k: v for k, v in c.ops.items() if k not in views}
+        assert writes == {"aten.put_.default": 2, "aten.copy_.default": 2 * len(skills.skills[task].carried)}, task
+    after = skills.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)

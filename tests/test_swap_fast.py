@@ -53,17 +53,19 @@ def same(m, s):
     return all(torch.equal(p, s[n]) for n, p in m.named_parameters())
 
 
-def test_a_repeated_swap_is_one_write_per_tensor_and_bit_exact():
+def test_a_repeated_swap_is_one_write_per_flat_buffer_and_bit_exact():
     m = Tiny()
     a = graft_on(m)
     before = state(m)
-    with a.applied(m):  # the first swap checks, backs up and prepares
+    with a.applied(m):  # the first swap checks, backs up, lays the touched tensors out in one buffer and prepares
         first = state(m)
     for _ in range(2):
-        with Ops() as c:
+        with Ops() as on:
             a.apply(m)
+        with Ops() as off:
             a.revert(m)
-        assert dict(c.ops) == {"aten.put_.default": 2 * 3, "aten.copy_.default": 2 * 1}  # 3 tensors, 1 carried
+        # 3 region tensors in one flat buffer: one put_ each way, plus one copy_ for the carried head
+        assert dict(on.ops) == dict(off.ops) == {"aten.put_.default": 1, "aten.copy_.default": 1}
         assert same(m, before)
     a.apply(m)
     assert same(m, first)
@@ -132,6 +134,153 @@ def test_a_write_while_applied_is_not_blessed_as_the_base():
     with pytest.raises(SkillgraftError, match="fingerprint"):
         a.apply(m)
     forget_fingerprint(m)
+
+
+class Mixed(torch.nn.Module):
+    """bf16 linears, an fp32 norm, and an output layer tied to the embedding (one Parameter, two owners)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(16, 8)
+        out = torch.nn.Linear(8, 16, bias=False)
+        out.weight = emb.weight
+        self.model = torch.nn.ModuleDict({"emb": emb, "lin": torch.nn.Linear(8, 8).to(torch.bfloat16),
+                                          "lin2": torch.nn.Linear(8, 8).to(torch.bfloat16),
+                                          "norm": torch.nn.LayerNorm(8), "out": out})
+        self.carried = set()
+
+
+def mixed_graft(m, names):
+    params = dict(m.named_parameters())
+    shapes = {n: tuple(p.shape) for n, p in params.items()}
+    g = torch.Generator().manual_seed(2)
+    idx = {n: torch.randperm(params[n].numel(), generator=g)[:3].sort().values for n in names}
+    values = {n: torch.randn(3, generator=g).to(params[n].dtype) for n in names}
+    return Graft(Region(shapes, idx), values, base_fingerprint=cached_fingerprint(m))
+
+
+def test_a_mixed_precision_model_with_tied_weights_swaps_in_one_write_per_dtype_bit_exactly():
+    m = Mixed()
+    a = mixed_graft(m, ["model.emb.weight", "model.lin.weight", "model.lin2.bias", "model.norm.weight"])
+    before = state(m)
+    for _ in range(2):
+        with a.applied(m):
+            pass
+    with Ops() as on:
+        a.apply(m)
+    assert dict(on.ops) == {"aten.put_.default": 2}  # one bf16 buffer, one fp32 buffer
+    assert m.model["out"].weight is m.model["emb"].weight  # still tied: the same Parameter, now a view
+    emb = m.model["emb"].weight.detach().view(-1)
+    assert torch.equal(emb[a.region.indices["model.emb.weight"]], a.values["model.emb.weight"])
+    assert m.model["lin"].weight.dtype == torch.bfloat16 and m.model["norm"].weight.dtype == torch.float32
+    with Ops() as off:
+        a.revert(m)
+    assert dict(off.ops) == {"aten.put_.default": 2}
+    assert same(m, before)
+
+
+def test_a_flat_write_raises_the_written_parameters_versions_as_a_write_through_them_would():
+    m = Tiny()
+    a = graft_on(m, carried=False)
+    for _ in range(2):
+        with a.applied(m):
+            pass
+    w, untouched = m.model[0].weight, m.model[1].weight
+    v, u = w._version, untouched._version
+    a.apply(m)
+    assert w._version == v + 1 and untouched._version == u
+    a.revert(m)
+    assert w._version == v + 2
+
+
+def test_autograd_sees_a_flat_write_to_a_tensor_saved_for_backward():
+    m = Tiny()
+    a = graft_on(m, carried=False)
+    for _ in range(2):
+        with a.applied(m):
+            pass
+    x = torch.randn(3, 8, requires_grad=True)
+    out = m.model[0](x).sum()  # saves model.0.weight for the input's gradient
+    a.apply(m)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward()
+    a.revert(m)
+
+
+def test_a_bf16_model_swaps_in_one_write_each_way_bit_exactly():
+    m = Tiny().to(torch.bfloat16)
+    a = graft_on(m)  # fp32 values: written in the model's dtype
+    before = state(m)
+    for _ in range(2):
+        with a.applied(m):
+            pass
+    with Ops() as on:
+        a.apply(m)
+    assert dict(on.ops) == {"aten.put_.default": 1, "aten.copy_.default": 1}
+    w = m.model[0].weight.detach().view(-1)[a.region.indices["model.0.weight"]]
+    assert w.dtype == torch.bfloat16 and torch.equal(w, a.values["model.0.weight"].to(torch.bfloat16))
+    with Ops() as off:
+        a.revert(m)
+    assert dict(off.ops) == {"aten.put_.default": 1, "aten.copy_.default": 1}
+    assert same(m, before)
+
+
+def test_a_parameter_sharing_its_storage_is_written_on_its_own():
+    m = Tiny()
+    m.model[1].bias.data = m.model[0].bias.detach()[:4]  # two Parameters over one storage: not laid out
+    a = graft_on(m, carried=False)
+    before = state(m)
+    for _ in range(2):
+        with a.applied(m):
+            pass
+    with Ops() as on:
+        a.apply(m)
+    assert dict(on.ops) == {"aten.put_.default": 2}  # the two other tensors' buffer, then the shared one
+    assert torch.equal(m.model[0].bias.detach()[[0, 2]], a.values["model.1.bias"])  # the view wrote through
+    a.revert(m)
+    assert same(m, before)
+
+
+def test_two_grafts_share_one_layout_and_a_moved_model_is_laid_out_again():
+    m = Tiny()
+    a = graft_on(m, carried=False)
+    shapes = {n: tuple(p.shape) for n, p in m.named_parameters() if n.startswith("model.")}
+    b = Graft(Region(shapes, {"model.1.weight": [0, 7, 30], "model.0.weight": [2]}),
+              {"model.1.weight": torch.ones(3), "model.0.weight": torch.zeros(1)},
+              base_fingerprint=cached_fingerprint(m))
+    before = state(m)
+    for g in (a, b, a, b, a, b):  # b's layout holds a's tensors too: a is prepared again once, on it
+        with g.applied(m):
+            pass
+    for g in (a, b):
+        with Ops() as c:
+            g.apply(m)
+            g.revert(m)
+        assert dict(c.ops) == {"aten.put_.default": 2}
+        assert same(m, before)
+    m.model[0].weight.data = m.model[0].weight.detach().clone()  # out of the layout (as .to() would do)
+    old = m.model.__dict__["_skillgraft_flat"]  # the body's layout
+    for g in (a, b):
+        g.apply(m)
+        assert torch.equal(m.model[0].weight.detach().view(-1)[g.region.indices["model.0.weight"]],
+                           g.values["model.0.weight"])
+        g.revert(m)
+        assert same(m, before)
+    assert m.model.__dict__["_skillgraft_flat"] is not old  # laid out again; the old buffer is not kept
+
+
+def test_a_laid_out_model_saves_and_reads_back_with_safetensors(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    m = Tiny()
+    a = graft_on(m)
+    for _ in range(2):
+        with a.applied(m):
+            pass
+    save_file({n: p.detach() for n, p in m.named_parameters()}, tmp_path / "m.safetensors")
+    back = load_file(tmp_path / "m.safetensors")
+    assert back.keys() == state(m).keys() and all(torch.equal(back[n], p) for n, p in state(m).items())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -28,11 +28,13 @@ from skillgraft.lazy import no_grad, torch
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft_file import FORMAT, FORMAT_VERSION, GraftMetadata, read_graft_file, write_graft_file
-from skillgraft.graft.identity import (_BASE, _Base, _base, _body, _bumped, _named_parameters, _params_of, _quick_key,
-                                       _same_objects, _state_key, _watch_registrations, base_dtype, cached_fingerprint,
-                                       _pre_source, rounded_fingerprint)
+from skillgraft.graft.identity import (_BASE, _REGISTRATIONS, _VERSION, _Base, _base, _body, _bumped, _named_parameters,
+                                       _params_of, _quick_key, _same_objects, _state_key, _watch_registrations,
+                                       base_dtype, cached_fingerprint, _pre_source, rounded_fingerprint)
 from skillgraft.graft.region import Region, compact_positions
-from skillgraft.graft.swap import _APPLIED, _Applied, _capture, _fast_restore, _InFiles, _replay, _restore, _same, _Swap
+from skillgraft.graft.flat import _FLAT, flat_writes, forget_broken, relay
+from skillgraft.graft.swap import (_APPLIED, _Applied, _capture, _eager, _fast_restore, _InFiles, _replay, _restore, _same,
+                                  _Swap)
 from skillgraft.io import atomic_dir, check_target
 from skillgraft.models.anatomy import carried_names, check_compatible
 
@@ -122,6 +124,19 @@ class Graft:
 
         if hasattr(model, "mode") or not hasattr(model, "config") or isinstance(model, PlainModel):
             return model
+        _watch_registrations()
+        seen = self.__dict__.get("_seen_target")  # the answer for this model while nothing was registered since
+        if (seen is not None and seen[0]() is model and seen[1] == _REGISTRATIONS[0] and seen[2] is self.region
+                and seen[3] == tuple(self.carried)):
+            return model.__dict__["_skillgraft_plain"] if seen[4] else model
+        plain = self._plain(model)
+        self.__dict__["_seen_target"] = (weakref.ref(model), _REGISTRATIONS[0], self.region, tuple(self.carried),
+                                         plain is not model)
+        return plain
+
+    def _plain(self, model):
+        from skillgraft.models.named import PlainModel  # noqa: PLC0415
+
         names = [*self.region.shapes, *self.carried]
         if not names or not all(n.startswith("model.") for n in names):
             if any(n.startswith("head.") for n in names):
@@ -144,6 +159,8 @@ class Graft:
     def _prepare(self, scorer, force: bool) -> tuple[dict[str, torch.nn.Parameter], tuple, _Base | None]:
         body = _body(scorer)
         rec = body.__dict__.get(_APPLIED)
+        if rec is None:
+            forget_broken(body)
         if rec is not None:
             other = "this graft" if rec.graft is self else "another graft"
             raise SkillgraftError(f"{other} is already applied to this model; revert it first (or use "
@@ -296,25 +313,28 @@ class Graft:
 
     # ------------------------------------------------------------------ fast swaps
     def _anchor(self) -> tuple:
-        tensors = [*self.region.indices.values(), *self.values.values(), *self.carried.values()]
-        return (self.region, self.values, self.carried, tuple(tensors), tuple(t._version for t in tensors))
+        tensors = (*self.region.indices.values(), *self.values.values(), *self.carried.values())
+        return (self.region, self.values, self.carried, tensors, sum(map(_VERSION, tensors)))
 
     def _anchored(self, anchor: tuple) -> bool:
-        """The graft's region, values and carried tensors are those the swap was prepared from, unchanged."""
+        """The graft's region, values and carried tensors are those the swap was prepared from, unchanged (the
+        same objects at the same in-place versions: versions only grow, so their sum says it)."""
         region, values, carried, tensors, versions = anchor
         if region is not self.region or values is not self.values or carried is not self.carried:
             return False
-        now = [*self.region.indices.values(), *self.values.values(), *self.carried.values()]
-        return _same_objects(tuple(now), tensors) and tuple(t._version for t in now) == versions
+        now = (*self.region.indices.values(), *self.values.values(), *self.carried.values())
+        return _same_objects(now, tensors) and sum(map(_VERSION, now)) == versions
 
     def _plan_swap(self, body, rec: _Applied, known: _Base) -> None:
-        """Prepare the fast swap from what this (slow) apply wrote, now that its revert restored ``known``."""
+        """Prepare the fast swap from what this (slow) apply wrote, now that its revert restored ``known``: the
+        touched parameters laid out in the body's flat buffers (:mod:`~skillgraft.graft.flat`), one index each."""
         _watch_registrations()
         n = len(self.region.indices)
-        writes = []
-        for (p, i, old), name in zip(rec.saved[:n], self.region.indices):
-            d = p.detach()
-            writes.append((d, i, self._on_device(name, d.device, d.dtype)[1], old))
+        relay(body, [p for p, _, _ in rec.saved[:n]])
+        layout = body.__dict__[_FLAT]
+        writes = [(p, i, self._on_device(name, p.device, p.dtype)[1], old)
+                  for (p, i, old), name in zip(rec.saved[:n], self.region.indices)]
+        flat, loose, bumped = flat_writes(layout, writes)
         carried = [(p.detach(), self.carried[name].to(p.device, p.dtype), old)
                    for (p, _, old), name in zip(rec.saved[n:], self.carried)]
         plist = _params_of(body)
@@ -322,30 +342,30 @@ class Graft:
         for p in plist:
             counts[id(p)] = counts.get(id(p), 0) + 1
         bump = sum(counts.get(id(p), 0) for p, _, _ in rec.saved)
-        sw = _Swap(weakref.ref(body), known.epoch, writes, carried, self._anchor(), bump, rec.checked)
+        sw = _Swap(weakref.ref(body), known.epoch, [(p.detach(), *rest) for p, *rest in writes], carried,
+                   self._anchor(), bump, rec.checked, layout=weakref.ref(layout), flat=flat, loose=loose,
+                   bumped=bumped)
         _capture(sw)
         known.quick = (plist, _quick_key(plist))  # after the capture, which raised the targets' versions
         self.__dict__["_swap"] = sw
 
     def _fast_apply(self, scorer, force: bool) -> bool:
-        """Apply through the prepared swap when the body still holds the base it was prepared on; else False."""
+        """Apply through the prepared swap when the body still holds the base and the layout it was prepared on;
+        else False."""
         sw = self.__dict__.get("_swap")
         if sw is None or not (force or sw.checked):
             return False
         body = _body(scorer)
         known = body.__dict__.get(_BASE)
         if (sw.body() is not body or _APPLIED in body.__dict__ or known is None or known.epoch is not sw.epoch
-                or known.quick is None or not self._anchored(sw.anchor)):
+                or known.quick is None or sw.layout() is not body.__dict__.get(_FLAT) or not self._anchored(sw.anchor)):
             return False
         plist, (registrations, ptrs, version) = known.quick
         if _quick_key(plist) != known.quick[1]:
             return False
         try:
             if not _replay(sw, 0):
-                for d, i, v, _ in sw.writes:
-                    d.put_(i, v)
-                for d, t, _ in sw.carried:
-                    d.copy_(t)
+                _eager(sw, 0)
         except BaseException:
             _fast_restore(sw)
             raise
@@ -355,10 +375,11 @@ class Graft:
     def _fast_revert(self, body, rec: _Applied) -> None:
         known, expected = rec.fast
         sw = self.__dict__["_swap"]
-        unchanged = _quick_key(known.quick[0]) == expected  # nothing but this swap wrote while applied
         _fast_restore(sw)
         del body.__dict__[_APPLIED]
-        known.quick = (known.quick[0], (*expected[:2], expected[2] + sw.bump)) if unchanged else None
+        if known.quick is not None:  # what the key is if nothing but this swap wrote: any other write (while
+            # applied or after) leaves the key above it, and the next apply or check finds the base changed
+            known.quick = (known.quick[0], (*expected[:2], expected[2] + sw.bump))
 
     @contextlib.contextmanager
     def applied(self, scorer, *, outside: Outside = "pre", force: bool = False, pre_files=None) -> Iterator:

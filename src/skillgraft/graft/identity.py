@@ -76,7 +76,7 @@ _DATA_PTR, _VERSION = operator.methodcaller("data_ptr"), operator.attrgetter("_v
 
 
 def _same_objects(a: tuple, b: tuple) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 def _quick_key(plist: tuple) -> tuple:

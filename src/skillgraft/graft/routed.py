@@ -1,7 +1,7 @@
 """Routed skills: one base model plus each task's graft and head, the task's graft applied per request.
 
 When the task of a request is known, no merge is needed: θ_t = θ_pre + γ_t ⊙ (θ_ft,t − θ_pre) (paper Eq. 1) with
-the task's own head, switched in a few scattered writes. ``skillgraft merge --routed`` writes the folder:
+the task's own head, switched in one flat write (graft/flat.py) plus the head. ``skillgraft merge --routed`` writes the folder:
 
     routed/base/            θ_pre as a Hugging Face checkpoint (with its tokenizer)
     routed/skills/<task>/   each task's graft (positions, values, its head), graft_config.json + graft.safetensors
@@ -33,7 +33,9 @@ from pathlib import Path
 from skillgraft.lazy import torch
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.graft.flat import prepare_skills
 from skillgraft.graft.graft import Graft, active_graft
+from skillgraft.graft.identity import _REGISTRATIONS, _watch_registrations
 from skillgraft.spec import MAX_LENGTH
 
 FORMAT = "skillgraft-routed"
@@ -199,6 +201,15 @@ class RoutedSkills:
         self._tokenizing = threading.Lock()  # a fast tokenizer is not safe to call from two threads at once
         if getattr(tokenizer, "pad_token_id", 1) is None:
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+        self._params = None  # (registrations seen, the model's named parameters)
+        self._room = prepare_skills(model, skills.values())  # one flat write per swap (graft/flat.py)
+
+    def _named(self) -> dict:
+        """The model's named parameters, walked again only when a parameter or module was registered since."""
+        _watch_registrations()
+        if self._params is None or self._params[0] != _REGISTRATIONS[0]:
+            self._params = (_REGISTRATIONS[0], dict(self.model.named_parameters()))
+        return self._params[1]
 
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike, *, runtime=None, **model_kwargs) -> RoutedSkills:
@@ -326,7 +337,7 @@ class RoutedSkills:
         if task is None:
             return None
         graft = self.skills[task]
-        params = dict(self.model.named_parameters())
+        params = self._named()
         reshaped = []
         config = self.model.config
         saved = {k: getattr(config, k, None) for k in ("id2label", "label2id")}
@@ -339,16 +350,19 @@ class RoutedSkills:
                 for p, data in reversed(reshaped):
                     p.data = data
                 for k, v in saved.items():
-                    setattr(config, k, v)
+                    if getattr(config, k, None) != v:  # a config's setattr validates: costly per swap
+                        setattr(config, k, v)
 
         try:
             for name, t in graft.carried.items():
                 p = params.get(name.removeprefix("model."))
                 if p is not None and p.shape != t.shape:
                     reshaped.append((p, p.data))
-                    p.data = torch.empty(t.shape, dtype=p.dtype, device=p.device)
+                    room = self._room.get(name.removeprefix("model."))
+                    p.data = room[:t.numel()].view(t.shape) if room is not None and room.numel() >= t.numel() \
+                        else torch.empty(t.shape, dtype=p.dtype, device=p.device)
             labels = self.labels.get(task)
-            if labels:
+            if labels and config.id2label != dict(enumerate(labels)):
                 config.id2label = dict(enumerate(labels))
                 config.label2id = {lab: i for i, lab in enumerate(labels)}
             graft.apply(self.model)

@@ -1,13 +1,14 @@
 """What applying a graft writes into a model and how it is undone (:class:`~skillgraft.graft.graft.Graft`'s apply and
 revert): the record an applied graft leaves on its base body (``_Applied``: every overwritten coordinate's old value,
 or θ_pre's files holding it, ``_InFiles``), and a swap prepared for repeated skill switches (``_Swap``: the writes'
-targets, indices, values and θ_pre backups on the device, optionally captured as CUDA graphs)."""
+targets, indices, values and θ_pre backups on the device, as one write per flat buffer of the body
+(:mod:`skillgraft.graft.flat`), optionally captured as CUDA graphs)."""
 
 from __future__ import annotations
 
 import os
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from skillgraft.lazy import torch
 
@@ -34,9 +35,10 @@ class _Swap:
     """A graft's prepared swap on one body: every write's target, indices, values and θ_pre backup, on the device.
 
     Made by a revert that restored the base bit-exactly; used while the body keeps that base content (same
-    epoch, same quick key): an apply is then one ``put_`` per region tensor and one ``copy_`` per carried
-    tensor, a revert the same, with no walk of the model and no checks beyond one pass over its storages and
-    version counters."""
+    epoch, same quick key) and the same flat layout: an apply is then one ``put_`` per flat buffer (the touched
+    parameters are views of one buffer per device and dtype), one per region tensor outside the layout and one
+    ``copy_`` per carried tensor, a revert the same, with no walk of the model and no checks beyond one pass over
+    its storages and version counters."""
 
     body: weakref.ref
     epoch: object
@@ -46,6 +48,10 @@ class _Swap:
     bump: int           # how much one write to each target raises the quick key's version sum
     checked: bool       # the base fingerprint was checked (not forced) when it was made
     graph: object = None  # CUDA graphs of the writes (apply, revert), when captured
+    layout: object = None  # weakref to the body's flat layout (skillgraft.graft.flat._Layout) when prepared
+    flat: list = field(default_factory=list)    # (buffer's group, flat indices, values, θ_pre values) per buffer
+    loose: list = field(default_factory=list)   # the writes of region tensors outside the layout, as ``writes``
+    bumped: list = field(default_factory=list)  # parameters written through a buffer (versions raised by hand)
 
 
 def _same(a: list, b: list) -> bool:
@@ -91,12 +97,8 @@ def _restore(saved: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor |
 
 def _fast_restore(sw: _Swap) -> None:
     """Write θ_pre back on every coordinate a prepared swap writes (all of them: harmless where not yet written)."""
-    if _replay(sw, 1):
-        return
-    for d, i, _, old in reversed(sw.writes):
-        d.put_(i, old)
-    for d, _, old in reversed(sw.carried):
-        d.copy_(old)
+    if not _replay(sw, 1):
+        _eager(sw, 1)
 
 
 def _replay(sw: _Swap, which: int) -> bool:
@@ -110,7 +112,13 @@ def _replay(sw: _Swap, which: int) -> bool:
 
 
 def _eager(sw: _Swap, which: int) -> None:
-    for d, i, v, old in sw.writes:
+    """A swap's writes (0: apply, 1: revert): one ``put_`` per flat buffer, then the loose and carried tensors."""
+    if sw.flat:
+        buffers = sw.layout().buffers
+        for key, i, v, old in sw.flat:
+            buffers[key].put_(i, old if which else v)
+        torch.autograd.graph.increment_version(sw.bumped)  # as a write through each parameter would
+    for d, i, v, old in sw.loose:
         d.put_(i, old if which else v)
     for d, t, old in sw.carried:
         d.copy_(old if which else t)
