@@ -30,6 +30,16 @@ def check_shira_indices(file: Path, key: str, ij: torch.Tensor, values: torch.Te
                                   "for another model")
 
 
+def check_flat_indices(file: Path, key: str, flat: torch.Tensor, values: torch.Tensor) -> None:
+    """A Supertuning layer's ``supertuning_indices``: integer flat positions, one per value (their range is then
+    checked as (row, column) pairs by :func:`check_shira_indices`)."""
+    if flat.dtype.is_floating_point or flat.dtype.is_complex or flat.dtype == torch.bool:
+        raise SkillgraftError(f"{file}: tensor {key!r} has dtype {flat.dtype}; expected integer flat positions")
+    if flat.dim() != 1 or flat.numel() != values.numel():
+        raise SkillgraftError(f"{file}: tensor {key!r} has shape {tuple(flat.shape)}; expected ({values.numel()},): "
+                              "one flat position per stored value")
+
+
 def adapter_labels(directory: Path, meta: dict) -> tuple[str, ...]:
     """The labels of a sequence-classifier adapter: the graft's task, else as many as its stored head has."""
     labels = ((meta.get("metadata") or {}).get("task_spec") or {}).get("labels")

@@ -50,6 +50,11 @@ class ExportSpec(Spec):
                                        "unloading the adapter does not undo them); refuse lists them and writes "
                                        "nothing. A classifier's own head, which the base lacks, is stored whole "
                                        "(modules_to_save) either way")
+    tuner: Literal["auto", "shira", "supertuning"] = Field(
+        "auto", description="--to peft: the sparse PEFT tuner holding the grafted Linear weights. auto: the fewer "
+                            "bytes; shira: SHiRA, r·(m+n) entries per Linear (one r); supertuning: peft's "
+                            "Supertuning, m·n·(1 − sparsity) entries per Linear (one sparsity; peft ≥ 0.21). Both "
+                            "restore the base on disable_adapter() and unload()")
     head: Literal["separate", "refuse"] = Field(
         "separate", description="a head-mode graft's new task head: separate writes skillgraft_head.safetensors "
                                 "beside the adapter/delta (the adapter alone outputs hidden states); refuse")
@@ -81,7 +86,7 @@ class ExportSpec(Spec):
         return self
 
 
-ONLY_FOR = {"gguf_type": "gguf"}  # options of one export target only (ExportSpec refuses them with any other)
+ONLY_FOR = {"gguf_type": "gguf", "tuner": "peft", "non_linear": "peft"}  # options of one export target only (ExportSpec refuses them with any other)
 
 
 class Exporter:
