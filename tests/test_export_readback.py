@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import pytest
 import torch
@@ -61,8 +60,8 @@ def _edit_adapter(folder, change):
     save_file(tensors, str(path), metadata=meta)
 
 
-def _indices_key(tensors):
-    return next(k for k in sorted(tensors) if k.endswith("shira_indices"))
+def _indices_key(tensors, suffix="shira_indices"):
+    return next(k for k in sorted(tensors) if k.endswith(suffix))
 
 
 @pytest.mark.parametrize("case, culprits", [
@@ -71,9 +70,10 @@ def _indices_key(tensors):
     ("float-indices", ["dtype torch.float32", "integer"]),
     ("fewer-indices-than-values", ["positions but its shira_weight holds"]),
 ])
-def test_shira_index_outside_its_weight_is_refused(case, culprits, tiny_adapter, tiny_bert, tmp_path):  # noqa: F811
+def test_shira_index_outside_its_weight_is_refused(case, culprits, tiny_graft, tiny_bert, tmp_path):  # noqa: F811
     folder = tmp_path / "a"
-    shutil.copytree(tiny_adapter, folder)
+    assert invoke("export", tiny_graft, "--model", tiny_bert, "--to", "peft", "--tuner", "shira", "--out",
+                   folder).exit_code == 0
 
     def change(t):
         key = _indices_key(t)
@@ -89,3 +89,31 @@ def test_shira_index_outside_its_weight_is_refused(case, culprits, tiny_adapter,
     _edit_adapter(folder, change)
     refused(tmp_path, ["inspect", folder, "--model", tiny_bert, "--out", tmp_path / "i"],
             f"{folder}/adapter_model.safetensors", "shira_indices", *culprits)
+
+
+@pytest.mark.parametrize("case, culprits", [
+    ("past-the-end", ["[0] = 999999 is out of range", "values (shape"]),
+    ("negative", ["[0] = -1 is out of range"]),
+    ("float-indices", ["dtype torch.float32", "integer flat positions"]),
+    ("fewer-indices-than-values", ["one flat position per stored value"]),
+])
+def test_supertuning_index_outside_its_weight_is_refused(case, culprits, tiny_graft, tiny_bert, tmp_path):
+    """A Supertuning adapter's flat positions are checked as SHiRA's pairs are: one line naming file and tensor."""
+    folder = tmp_path / "a"
+    assert invoke("export", tiny_graft, "--model", tiny_bert, "--to", "peft", "--tuner", "supertuning", "--out",
+                   folder).exit_code == 0
+
+    def change(t):
+        key = _indices_key(t, "supertuning_indices")
+        if case == "past-the-end":
+            t[key][0] = 999999
+        elif case == "negative":
+            t[key][0] = -1
+        elif case == "float-indices":
+            t[key] = t[key].float()
+        else:
+            t[key] = t[key][:-1].contiguous()
+
+    _edit_adapter(folder, change)
+    refused(tmp_path, ["inspect", folder, "--model", tiny_bert, "--out", tmp_path / "i"],
+            f"{folder}/adapter_model.safetensors", "supertuning_indices", *culprits)

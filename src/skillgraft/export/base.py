@@ -86,7 +86,8 @@ class ExportSpec(Spec):
         return self
 
 
-ONLY_FOR = {"gguf_type": "gguf", "tuner": "peft", "non_linear": "peft"}  # options of one export target only (ExportSpec refuses them with any other)
+# options of one export target only (ExportSpec refuses them with any other)
+ONLY_FOR = {"gguf_type": "gguf", "tuner": "peft"}
 
 
 class Exporter:

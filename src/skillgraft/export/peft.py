@@ -55,7 +55,8 @@ _TUNER = {"SHIRA": "SHiRA", SUPERTUNING: "Supertuning"}
 
 def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str = "modules_to_save",
                 head: str = "separate", tuner: str = "auto", overwrite: bool = False, force: bool = False) -> dict:
-    """Write ``graft`` as a PEFT SHiRA or Supertuning adapter for ``base`` (a Scorer or its plain HF model); returns the summary.
+    """Write ``graft`` as a PEFT SHiRA or Supertuning adapter for ``base`` (a Scorer or its plain HF model);
+    returns the summary.
 
     ``PeftModel.from_pretrained(base_hf_model, out)`` then computes the grafted model, and
     ``merge_and_unload()`` gives the weights of :meth:`Graft.export` bit for bit (:func:`shira_entries`; the

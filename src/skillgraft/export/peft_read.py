@@ -135,10 +135,10 @@ def _load_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = False) -> Graft:
-    """Read a PEFT SHiRA or Supertuning adapter as a Graft on ``base`` (a Scorer or its plain HF model; default: the adapter's
-    base model, :func:`load_adapter_base`).
+    """Read a PEFT SHiRA or Supertuning adapter as a Graft on ``base`` (a Scorer or its plain HF model; default: the
+    adapter's base model, :func:`load_adapter_base`).
 
-    The region is the adapter's support: every stored SHiRA entry (for an adapter written by
+    The region is the adapter's support: every stored sparse entry (for an adapter written by
     :func:`export_peft`, its grafted entries without the zero padding), plus, in modules stored whole, the
     coordinates that differ from the base. Values are what peft's merge computes, fl(θ_pre + w). A damaged
     weights file or a non-finite value is refused naming the file and the tensor's position.
@@ -177,10 +177,11 @@ def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = Fa
             if ij is None:
                 raise SkillgraftError(f"{directory}: {key} has no matching {index_key[1:]}")
             w = params[name]
-            if peft_type == SUPERTUNING:  # flat positions: as (row, column) pairs, checked the same way
-                check_flat_indices(directory / ADAPTER_WEIGHTS, f"{PEFT_PREFIX}{path}{index_key}", ij, t)
+            if peft_type == SUPERTUNING:  # flat positions, as (row, column) pairs once checked
+                check_flat_indices(directory / ADAPTER_WEIGHTS, f"{PEFT_PREFIX}{path}{index_key}", ij, t, w.shape)
                 ij = torch.stack([ij.long() // w.shape[1], ij.long() % w.shape[1]])
-            check_shira_indices(directory / ADAPTER_WEIGHTS, f"{PEFT_PREFIX}{path}{index_key}", ij, t, w.shape)
+            else:
+                check_shira_indices(directory / ADAPTER_WEIGHTS, f"{PEFT_PREFIX}{path}{index_key}", ij, t, w.shape)
             ij, t = ij.long(), t.reshape(-1)
             if path in entries:  # written by export_peft: grafted entries first, zero padding after
                 if entries[path] > t.numel():

@@ -217,8 +217,8 @@ def plan_routes(graft: Graft, hf: nn.Module, non_linear: str, tuner: str = "auto
                 if pname == "weight" and layer in shira:
                     continue
                 tensors[name] = (TIED if tied(layer, pname) else
-                                 f"Linear weight cheaper stored whole than at the global {_size(kind, r, sparsity)}" if layer in rest
-                                 and pname == "weight" else
+                                 f"Linear weight cheaper stored whole than at the global {_size(kind, r, sparsity)}"
+                                 if layer in rest and pname == "weight" else
                                  "Linear bias" if isinstance(layer.module, nn.Linear) else layer.reason)
         return Plan(shira, [], tensors, r, kind, sparsity)
     shira, rest, r, kind, sparsity = _choose_r(graft, [l for l in layers.values() if not l.reason], tuner)
