@@ -193,6 +193,8 @@ def test_disabling_the_adapter(tiny_bert, tmp_path, route):
     assert not torch.equal(unloaded, base) and not s["restores_base"]["unload"]
     lines = " ".join(text for _, text in get_exporter("peft").lines(s))
     assert ("disable_adapter() computes the base model exactly" in lines) == safe
+    kept = list(s["routes"]["modules_to_save"]["modules"])  # the CLI names what unload() keeps
+    assert (bool(kept) and f"unload() keeps {len(kept)} module(s) grafted ({kept[0]}" in lines) == safe
     assert ("do not undo them" in lines) == (not safe)
     readme = (tmp_path / "adapter" / "README.md").read_text()
     assert ("with model.disable_adapter()" in readme) == safe

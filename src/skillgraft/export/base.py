@@ -37,13 +37,13 @@ def human_size(n: int) -> str:
 class ExportSpec(Spec):
     """Options of ``skillgraft export`` (one source for the CLI and the library)."""
 
-    to: str = Field("peft", description="peft: a PEFT SHiRA adapter folder; hf: the grafted model as a Hugging Face "
-                                        "checkpoint; delta: delta.safetensors of per-tensor int32 indices + values "
+    to: str = Field("peft", description="peft: a sparse PEFT adapter folder (SHiRA or Supertuning); hf: the grafted "
+                                        "model as a Hugging Face checkpoint; delta: delta.safetensors of per-tensor int32 indices + values "
                                         "(stock safetensors reader); any other registered exporter (EXPORTERS)")
     model: Optional[str] = Field(None, description="base model (default: the one recorded in the graft)")
     non_linear: Literal["modules_to_save", "tensors", "refuse"] = Field(
-        "modules_to_save", description="coordinates SHiRA cannot hold (biases, norms, embeddings, Conv1D, tied "
-                                       "weights): modules_to_save stores their modules whole (peft's own route: "
+        "modules_to_save", description="coordinates a sparse adapter cannot hold (biases, norms, embeddings, Conv1D, "
+                                       "tied weights): modules_to_save stores their modules whole (peft's own route: "
                                        "disable_adapter() gives the base model exactly; a grafted Linear bias stores "
                                        "its whole Linear); tensors stores just those tensors, written into the base "
                                        "model on load like peft's LoRA bias='all' (smaller, but disabling or "

@@ -245,11 +245,13 @@ class Peft(Exporter):
             out.append(("info", f"adapter {human_size(summary['bytes'])} for a graft of "
                                 f"{human_size(summary['graft_bytes'])}"))
         restores = summary.get("restores_base") or {}
+        sh, ms, ts = routes["shira"], routes["modules_to_save"], routes["tensors"]
+        kept = [m for m, why in ms["modules"].items() if why != HEAD_REASON]
         if restores.get("disable_adapter"):
             out.append(("info", "disable_adapter() computes the base model exactly" + (
                 "; so does unload()" if restores.get("unload") else
-                "; unload() keeps the modules stored whole (peft keeps modules_to_save on unload)")))
-        sh, ms, ts = routes["shira"], routes["modules_to_save"], routes["tensors"]
+                f"; unload() keeps {len(kept)} module(s) grafted ({', '.join(kept[:3])}"
+                f"{', …' if len(kept) > 3 else ''}: peft keeps modules_to_save on unload)")))
         tuner, size = sparse_tuner(sh)
         out.append(("info", f"{tuner}: {sh['coordinates']:,} coordinates in {sh['modules']} Linear weight(s) "
                             f"(+{sh['padding_entries']:,} zero entries, {size})"
