@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 import torch
@@ -60,6 +61,21 @@ def _edit_adapter(folder, change):
     save_file(tensors, str(path), metadata=meta)
 
 
+@pytest.fixture(scope="module")
+def tuned_adapter(tiny_graft, tiny_bert, tmp_path_factory):
+    """``tuned_adapter(tuner)``: the tiny graft exported with ``--tuner tuner``, built once per run (read-only)."""
+    from conftest import built_once
+
+    def make(tuner):
+        def build(folder):
+            assert invoke("export", tiny_graft, "--model", tiny_bert, "--to", "peft", "--tuner", tuner, "--out",
+                          folder / "a").exit_code == 0
+
+        return built_once(tmp_path_factory, f"adapter-{tuner}", build) / "a"
+
+    return make
+
+
 def _indices_key(tensors, suffix="shira_indices"):
     return next(k for k in sorted(tensors) if k.endswith(suffix))
 
@@ -70,10 +86,9 @@ def _indices_key(tensors, suffix="shira_indices"):
     ("float-indices", ["dtype torch.float32", "integer"]),
     ("fewer-indices-than-values", ["positions but its shira_weight holds"]),
 ])
-def test_shira_index_outside_its_weight_is_refused(case, culprits, tiny_graft, tiny_bert, tmp_path):  # noqa: F811
+def test_shira_index_outside_its_weight_is_refused(case, culprits, tuned_adapter, tiny_bert, tmp_path):
     folder = tmp_path / "a"
-    assert invoke("export", tiny_graft, "--model", tiny_bert, "--to", "peft", "--tuner", "shira", "--out",
-                   folder).exit_code == 0
+    shutil.copytree(tuned_adapter("shira"), folder)
 
     def change(t):
         key = _indices_key(t)
@@ -97,11 +112,10 @@ def test_shira_index_outside_its_weight_is_refused(case, culprits, tiny_graft, t
     ("float-indices", ["dtype torch.float32", "integer flat positions"]),
     ("fewer-indices-than-values", ["one flat position per stored value"]),
 ])
-def test_supertuning_index_outside_its_weight_is_refused(case, culprits, tiny_graft, tiny_bert, tmp_path):
+def test_supertuning_index_outside_its_weight_is_refused(case, culprits, tuned_adapter, tiny_bert, tmp_path):
     """A Supertuning adapter's flat positions are checked as SHiRA's pairs are: one line naming file and tensor."""
     folder = tmp_path / "a"
-    assert invoke("export", tiny_graft, "--model", tiny_bert, "--to", "peft", "--tuner", "supertuning", "--out",
-                   folder).exit_code == 0
+    shutil.copytree(tuned_adapter("supertuning"), folder)
 
     def change(t):
         key = _indices_key(t, "supertuning_indices")
