@@ -536,3 +536,31 @@ def test_minilm_graft_exports_and_reloads_with_plain_peft(tmp_path):
     assert_same_weights(merged, exported_weights(pre, graft, tmp_path / "hf"))
     back = graft_from_peft(tmp_path / "adapter", pre)
     assert back.region == graft.region
+
+
+def test_a_bf16_base_merges_bit_exact_with_either_tuner(tiny_models, tmp_path):
+    """Supertuning's values are float32 parameters in peft and cast to the weight's dtype in its scatter-add: a bf16
+    graft's deltas survive that round trip, so the merge equals the grafted bf16 weights under either tuner."""
+    import peft
+    import transformers
+
+    from skillgraft.graft.graft import Graft
+    from skillgraft.graft.region import Region
+
+    pre = build_scorer(str(tiny_models["llama"]), "SST-2", "causal", dtype=torch.bfloat16)
+    ft = build_scorer(str(tiny_models["llama"]), "SST-2", "causal", dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in ft.parameters():
+            p.add_((torch.randn(p.shape, generator=gen) * 0.02).to(p.dtype))
+    params = dict(pre.named_parameters())
+    idx = {n: torch.randperm(params[n].numel(), generator=gen)[:5] for n in params if n.endswith("proj.weight")}
+    graft = Graft.from_models(pre, ft, Region({n: tuple(params[n].shape) for n in idx}, idx), {"mode": "causal"})
+    for tuner in ("shira", "supertuning"):
+        s = export_peft(graft, pre, tmp_path / tuner, tuner=tuner)
+        assert s["inexact"] == 0 and s["routes"]["shira"]["peft_type"] == tuner.upper()
+        base = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_models["llama"]), dtype=torch.bfloat16)
+        merged = peft.PeftModel.from_pretrained(base, str(tmp_path / tuner)).merge_and_unload().state_dict()
+        for n, i in graft.region.indices.items():  # (sorted)
+            w = merged[n.removeprefix("model.")]
+            assert w.dtype == torch.bfloat16 and torch.equal(w.reshape(-1)[i], graft.values[n].to(torch.bfloat16)), n
