@@ -18,6 +18,7 @@ from grafts import assert_same_weights, exported_weights, make_graft
 from plain import mergekit_style_merge
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.export.base import human_size
 from skillgraft.export import (ExportSpec, apply_entries, exact_delta, export_delta, export_graft, export_peft,
                                get_exporter, graft_from_peft, shira_entries)
 from skillgraft.models import build_scorer
@@ -194,6 +195,13 @@ def test_disabling_the_adapter(tiny_bert, tmp_path, route):
     lines = " ".join(text for _, text in get_exporter("peft").lines(s))
     assert ("disable_adapter() computes the base model exactly" in lines) == safe
     kept = list(s["routes"]["modules_to_save"]["modules"])  # the CLI names what unload() keeps
+    if route is None:  # the size of the smaller route it would trade the contract for, as written (less the header)
+        t = export_peft(graft, pre, tmp_path / "tensors", non_linear="tensors")
+        header = 8 + int.from_bytes((tmp_path / "tensors" / "adapter_model.safetensors").read_bytes()[:8], "little")
+        alt = s["alternative"]
+        assert alt["non_linear"] == "tensors" and alt["tensors"] == len(t["routes"]["tensors"]["tensors"])
+        assert alt["data_bytes"] == t["bytes"] - header and alt["bytes_about"] > alt["data_bytes"]
+        assert f"about {human_size(alt['bytes_about'])}" in " ".join(x for _, x in get_exporter("peft").lines(s))
     assert (bool(kept) and f"unload() keeps {len(kept)} module(s) grafted ({kept[0]}" in lines) == safe
     assert ("do not undo them" in lines) == (not safe)
     readme = (tmp_path / "adapter" / "README.md").read_text()

@@ -43,7 +43,7 @@ from skillgraft.export.base import (_HUB_IDS, ADAPTER_WEIGHTS, PEFT_PREFIX, SCOR
                                     human_size)
 from skillgraft.export.card import peft_readme, sparse_tuner
 from skillgraft.export.shira import (SUPERTUNING, Layer, apply_entries, count_in, grafted, placeholder_layer,
-                                     plan_routes, supertuning_count, supertuning_sparsity)
+                                     plan_routes, sparse_bytes, supertuning_count, supertuning_sparsity)
 from skillgraft.graft.graft import Graft
 from skillgraft.io import atomic_dir
 from skillgraft.models.families import body_prefix
@@ -146,6 +146,12 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
         },
         "replace_pairs": pairs, "inexact": inexact,
     }
+    if any(l.reason != HEAD_REASON for l in plan.whole):  # what the smaller, base-writing route would weigh
+        alt = plan_routes(graft, hf, "tensors", spec.tuner)
+        summary["alternative"] = {"non_linear": "tensors", "tensors": len(alt.tensors), "data_bytes": (
+            sparse_bytes(alt) + sum(params[n].numel() * params[n].element_size() for n in alt.tensors)
+            + sum(t.numel() * t.element_size() for l in plan.whole if l.reason == HEAD_REASON
+                  for t in l.module.state_dict().values()))}
     loads_from = _loadable_base(graft, scorer)
     if loads_from and loads_from != summary["base_model"]:
         summary["loads_from"] = loads_from
@@ -174,6 +180,10 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
         config.save_pretrained(str(tmp), auto_mapping_dict={"base_model_class": type(hf).__name__,
                                                             "parent_library": type(hf).__module__})
         summary["bytes"] = (tmp / ADAPTER_WEIGHTS).stat().st_size
+        if "alternative" in summary:  # its header would hold about this file's (the same graft config)
+            with open(tmp / ADAPTER_WEIGHTS, "rb") as f:
+                header = 8 + int.from_bytes(f.read(8), "little")
+            summary["alternative"]["bytes_about"] = summary["alternative"]["data_bytes"] + header
         (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         (tmp / "README.md").write_text(peft_readme(summary, type(hf).__name__))
     return summary
@@ -259,7 +269,13 @@ class Peft(Exporter):
         if ms["modules"]:
             out.append(("info", f"modules_to_save: {ms['coordinates']:,} coordinates in {len(ms['modules'])} "
                                 f"module(s) stored whole ({ms['stored_parameters']:,} parameters)"))
-            if ms["coordinates"] and ms["stored_parameters"] > 20 * max(1, summary["coordinates"]):
+            alt = summary.get("alternative")
+            if alt and "bytes_about" in alt and alt["bytes_about"] < summary.get("bytes", 0):
+                out.append(("hint", f"--non-linear tensors stores only the grafted tensors (biases and norms, not "
+                                    f"whole modules): about {human_size(alt['bytes_about'])}, its {alt['tensors']} "
+                                    "tensor(s) written into the base on load (disable_adapter() and unload() then "
+                                    "keep them); --to delta stores only the coordinates"))
+            elif ms["coordinates"] and ms["stored_parameters"] > 20 * max(1, summary["coordinates"]):
                 out.append(("hint", "--non-linear tensors stores only the grafted tensors (biases and norms, not whole "
                                     "modules); --to delta stores only the coordinates"))
         if ts["tensors"]:

@@ -139,6 +139,13 @@ def _supertuning_bytes(layers: list[Layer], sparsity: float) -> int:
     return sum(8 * supertuning_count(l.module.weight.numel(), sparsity) for l in layers)
 
 
+def sparse_bytes(plan: Plan) -> int:
+    """The bytes of a plan's sparse entries (without the safetensors header)."""
+    if plan.peft_type == SUPERTUNING:
+        return _supertuning_bytes(plan.shira, plan.sparsity)
+    return _shira_bytes(plan.shira, plan.r)
+
+
 def _choose_r(graft: Graft, candidates: list[Layer], tuner: str = "auto"
               ) -> tuple[list[Layer], list[Layer], int, str, float | None]:
     """The sparse tuner and its one size parameter minimising bytes. SHiRA holds r·(m+n) entries per layer (one
