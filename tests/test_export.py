@@ -448,7 +448,8 @@ def test_fresh_interpreter_reads_the_adapter_without_skillgraft(tiny_models, tmp
     from safetensors.torch import load_file
 
     pre, graft = make_graft(tiny_models["llama"], "causal")
-    export_peft(graft, pre, tmp_path / "adapter")
+    s = export_peft(graft, pre, tmp_path / "adapter")
+    assert s["routes"]["shira"]["peft_type"] == "SUPERTUNING"  # auto: the fewer bytes for this graft
     subprocess.run([sys.executable, "-c", READER, str(tiny_models["llama"]), str(tmp_path / "adapter"),
                     str(tmp_path / "read.safetensors")], check=True, capture_output=True, cwd=tmp_path)
     read = load_file(str(tmp_path / "read.safetensors"))
