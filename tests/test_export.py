@@ -573,3 +573,16 @@ def test_a_bf16_base_merges_bit_exact_with_either_tuner(tiny_models, tmp_path):
         for n, i in graft.region.indices.items():  # (sorted)
             w = merged[n.removeprefix("model.")]
             assert w.dtype == torch.bfloat16 and torch.equal(w.reshape(-1)[i], graft.values[n].to(torch.bfloat16)), n
+
+
+def test_a_peft_without_supertuning_gets_shira(tiny_bert, tmp_path, monkeypatch):
+    """``pyproject`` allows older peft releases: without Supertuning ``auto`` writes SHiRA, and ``--tuner supertuning``
+    is one line naming the installed version (before: an ImportError traceback)."""
+    import peft
+
+    monkeypatch.delattr(peft, "SupertuningConfig")
+    pre, graft = make_graft(tiny_bert, "prompt", keep=linear_weights_only, count=5)
+    assert export_peft(graft, pre, tmp_path / "a")["routes"]["shira"]["peft_type"] == "SHIRA"
+    with pytest.raises(SkillgraftError, match=r"--tuner supertuning needs a peft with Supertuning .*installed: "):
+        export_peft(graft, pre, tmp_path / "b", tuner="supertuning")
+    assert not (tmp_path / "b").exists()

@@ -44,6 +44,7 @@ from skillgraft.export.base import (_HUB_IDS, ADAPTER_WEIGHTS, PEFT_PREFIX, SCOR
 from skillgraft.export.card import peft_readme, sparse_tuner
 from skillgraft.export.shira import (SUPERTUNING, Layer, apply_entries, count_in, grafted, placeholder_layer,
                                      plan_routes, sparse_bytes, supertuning_count, supertuning_sparsity)
+from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
 from skillgraft.io import atomic_dir
 from skillgraft.models.families import body_prefix
@@ -70,7 +71,7 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
     own_head = _own_head(graft, hf)  # a classifier's own head: modules of the base's class, stored whole
     if graft.carried and not own_head and spec.head == "refuse":
         _head_file(graft, scorer, Path(out), "refuse", "PEFT adapter")
-    plan = plan_routes(graft, hf, spec.non_linear, spec.tuner)
+    plan = plan_routes(graft, hf, spec.non_linear, _available(spec.tuner))
     taken = {l.path for l in plan.whole}
     plan.whole += [Layer(path, hf.get_submodule(path), {}, HEAD_REASON)
                    for path in own_head if path not in taken]
@@ -187,6 +188,21 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
         (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         (tmp / "README.md").write_text(peft_readme(summary, type(hf).__name__))
     return summary
+
+
+def _available(tuner: str) -> str:
+    """``tuner`` as this peft allows: Supertuning only where the installed peft has it (``auto`` then means SHiRA);
+    ``supertuning`` asked of a peft without it is one line naming the installed version."""
+    try:
+        from peft import SupertuningConfig  # noqa: F401, PLC0415
+    except ImportError:
+        import peft  # noqa: PLC0415
+
+        if tuner == "supertuning":
+            raise SkillgraftError(f"--tuner supertuning needs a peft with Supertuning (requirements.lock pins "
+                                  f"peft 0.21.2; installed: {peft.__version__}); use --tuner shira") from None
+        return "shira"
+    return tuner
 
 
 def _own_head(graft: Graft, hf: nn.Module) -> list[str]:
