@@ -260,6 +260,7 @@ def test_a_linear_weight_graft_keeps_peft_contract_at_its_size(tiny_bert, tmp_pa
             assert stored[f"base_model.model.{m}.supertuning_indices"].shape == (int(numel * (1 - cfg["sparsity"])),)
         # graft-sized: the padding follows each Linear's size (5 coordinates each here), not its m+n
         assert s["bytes"] - header <= 2 * s["graft_bytes"]
+        assert "a peft with Supertuning" in (tmp_path / "adapter" / "README.md").read_text()
     if tuner == "auto":  # the smaller of the two
         other = {"SHIRA": "supertuning", "SUPERTUNING": "shira"}[cfg["peft_type"]]
         assert s["bytes"] - header <= 8 * export_peft(graft, pre, tmp_path / "other", tuner=other)["routes"][

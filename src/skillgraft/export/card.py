@@ -68,7 +68,8 @@ def peft_readme(summary: dict, model_class: str) -> str:
         "---", "library_name: peft", f"base_model: {summary['base_model']}", f"tags: [skillgraft, {tuner.lower()}]",
         "---", "",
         f"# skillgraft graft as a PEFT {tuner} adapter", "",
-        "Load with plain transformers + peft:", "", "```python", "from peft import PeftModel",
+        "Load with plain transformers + peft" + (" (a peft with Supertuning: skillgraft pins 0.21.2):"
+                                                  if tuner == "Supertuning" else ":"), "", "```python", "from peft import PeftModel",
         f"from transformers import {model_class}", "", *offline, f"base = {load}",
         'model = PeftModel.from_pretrained(base, "path/to/this/folder")  # merge_and_unload(): the grafted weights',
         *_restore_lines(summary), "```",
