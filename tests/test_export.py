@@ -18,6 +18,7 @@ from grafts import assert_same_weights, exported_weights, make_graft
 from plain import mergekit_style_merge
 
 from skillgraft.errors import SkillgraftError
+from skillgraft.export.base import human_size
 from skillgraft.export import (ExportSpec, apply_entries, exact_delta, export_delta, export_graft, export_peft,
                                get_exporter, graft_from_peft, shira_entries)
 from skillgraft.models import build_scorer
@@ -85,7 +86,7 @@ def plain_delta(base_dir, delta_dir, cls_name, semantics="values"):
 def test_head_mode_linear_weights_are_pure_shira(tiny_bert, tmp_path):
     pre, graft = make_graft(tiny_bert, "head", keep=linear_weights_only)
     ids, mask = batch(pre)
-    s = export_peft(graft, pre, tmp_path / "adapter")
+    s = export_peft(graft, pre, tmp_path / "adapter", tuner="shira")
     shira, dense = s["routes"]["shira"], s["routes"]["modules_to_save"]
     assert shira["coordinates"] == graft.size and dense["coordinates"] == 0 and not dense["modules"]
     assert shira["entries"] == shira["coordinates"] + s["replace_pairs"] + shira["padding_entries"]
@@ -193,15 +194,28 @@ def test_disabling_the_adapter(tiny_bert, tmp_path, route):
     assert not torch.equal(unloaded, base) and not s["restores_base"]["unload"]
     lines = " ".join(text for _, text in get_exporter("peft").lines(s))
     assert ("disable_adapter() computes the base model exactly" in lines) == safe
+    kept = list(s["routes"]["modules_to_save"]["modules"])  # the CLI names what unload() keeps
+    if route is None:  # the size of the smaller route it would trade the contract for, as written (less the header)
+        t = export_peft(graft, pre, tmp_path / "tensors", non_linear="tensors")
+        header = 8 + int.from_bytes((tmp_path / "tensors" / "adapter_model.safetensors").read_bytes()[:8], "little")
+        alt = s["alternative"]
+        assert alt["non_linear"] == "tensors" and alt["tensors"] == len(t["routes"]["tensors"]["tensors"])
+        assert alt["data_bytes"] == t["bytes"] - header and alt["bytes_about"] > alt["data_bytes"]
+        assert f"about {human_size(alt['bytes_about'])}" in " ".join(x for _, x in get_exporter("peft").lines(s))
+    assert (bool(kept) and f"unload() keeps {len(kept)} module(s) grafted ({kept[0]}" in lines) == safe
     assert ("do not undo them" in lines) == (not safe)
     readme = (tmp_path / "adapter" / "README.md").read_text()
     assert ("with model.disable_adapter()" in readme) == safe
 
 
-def test_a_linear_weight_graft_unloads_to_the_base_and_is_sized_to_its_entries(tiny_bert, tmp_path):
-    """Only SHiRA entries (Linear weights): unload() and disable_adapter() both give θ_pre's logits exactly, and the
-    adapter is its entries at 8 bytes each (int16 row/column indices, peft reads them with ``.to(torch.int)``) plus
-    the header: no grafted tensor written into the base, no bytes beyond SHiRA's r·(m+n) entries per Linear."""
+@pytest.mark.parametrize("tuner", ["shira", "supertuning", "auto"])
+def test_a_linear_weight_graft_keeps_peft_contract_at_its_size(tiny_bert, tmp_path, tuner):
+    """Only sparse entries (Linear weights), read back with plain peft + transformers: disable_adapter() gives θ_pre's
+    logits exactly, unload() gives back θ_pre's weights exactly, merge_and_unload() the grafted weights; the adapter is
+    its entries at 8 bytes each plus the header (SHiRA: int16 row/column + fp32, r·(m+n) per Linear; Supertuning:
+    int32 flat + fp32, int(m·n·(1 − sparsity)) per Linear), and ``auto`` writes the smaller of the two."""
+    import peft
+    import transformers
     from safetensors import safe_open
 
     pre, graft = make_graft(tiny_bert, "prompt", keep=lambda n: n.endswith("weight") and "LayerNorm" not in n
@@ -210,20 +224,49 @@ def test_a_linear_weight_graft_unloads_to_the_base_and_is_sized_to_its_entries(t
     with torch.no_grad():
         base = pre.model(input_ids=ids, attention_mask=mask).logits
     grafted, _ = grafted_outputs(pre, graft, ids, mask)
-    s = export_peft(graft, pre, tmp_path / "adapter")
-    enabled, disabled, unloaded = _plain_peft_three_ways(tiny_bert, tmp_path / "adapter", ids, mask)
-    assert (enabled - grafted).abs().max() <= 1e-6
-    assert torch.equal(disabled, base) and torch.equal(unloaded, base)
+    s = export_peft(graft, pre, tmp_path / "adapter", tuner=tuner)
+    torch.manual_seed(0)
+    base_model = transformers.AutoModelForMaskedLM.from_pretrained(str(tiny_bert))
+    before = {k: v.clone() for k, v in base_model.state_dict().items()}
+    model = peft.PeftModel.from_pretrained(base_model, str(tmp_path / "adapter")).eval()
+    with torch.no_grad():
+        enabled = model(input_ids=ids, attention_mask=mask).logits
+        with model.disable_adapter():
+            disabled = model(input_ids=ids, attention_mask=mask).logits
+    assert (enabled - grafted).abs().max() <= 1e-6 and torch.equal(disabled, base) and not torch.equal(grafted, base)
+    unloaded = model.unload().state_dict()
+    assert set(unloaded) == set(before) and all(torch.equal(unloaded[k], before[k]) for k in before)
+    _, merged = plain_peft(tiny_bert, tmp_path / "adapter", "AutoModelForMaskedLM", ids, mask)
+    assert_same_weights(merged, exported_weights(pre, graft, tmp_path / "hf"))
     assert s["restores_base"] == {"disable_adapter": True, "unload": True}
-    sh = s["routes"]["shira"]
     assert not s["routes"]["modules_to_save"]["modules"] and not s["routes"]["tensors"]["tensors"]
+    sh, cfg = s["routes"]["shira"], json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert sh["coordinates"] == graft.size and s["inexact"] == 0
     path = tmp_path / "adapter" / "adapter_model.safetensors"
-    with safe_open(str(path), "pt") as f:
-        header = 8 + int.from_bytes(path.read_bytes()[:8], "little")
-        kinds = {f.get_tensor(k).dtype for k in f.keys() if k.endswith("shira_indices")}
-    assert kinds == {torch.int16}
+    header = 8 + int.from_bytes(path.read_bytes()[:8], "little")
     assert s["bytes"] == header + 8 * sh["entries"]
     assert s["graft_bytes"] == 8 * graft.size
+    with safe_open(str(path), "pt") as f:
+        stored = {k: f.get_tensor(k) for k in f.keys()}
+    if cfg["peft_type"] == "SHIRA":
+        assert tuner != "supertuning" and {t.dtype for k, t in stored.items() if k.endswith("shira_indices")} == {
+            torch.int16}
+        assert all(stored[f"base_model.model.{m}.shira_indices"].shape[1] ==
+                   cfg["r"] * sum(pre.model.get_submodule(m).weight.shape) for m in cfg["target_modules"])
+    else:
+        assert tuner != "shira" and cfg["peft_type"] == "SUPERTUNING" and cfg["sparsity"] == sh["sparsity"]
+        for m in cfg["target_modules"]:  # peft allocates int(m·n·(1 − sparsity)) entries: the file holds as many
+            numel = pre.model.get_submodule(m).weight.numel()
+            assert stored[f"base_model.model.{m}.supertuning_indices"].shape == (int(numel * (1 - cfg["sparsity"])),)
+        # graft-sized: the padding follows each Linear's size (5 coordinates each here), not its m+n
+        assert s["bytes"] - header <= 2 * s["graft_bytes"]
+        assert "a peft with Supertuning" in (tmp_path / "adapter" / "README.md").read_text()
+    if tuner == "auto":  # the smaller of the two
+        other = {"SHIRA": "supertuning", "SUPERTUNING": "shira"}[cfg["peft_type"]]
+        assert s["bytes"] - header <= 8 * export_peft(graft, pre, tmp_path / "other", tuner=other)["routes"][
+            "shira"]["entries"]
+    back = graft_from_peft(tmp_path / "adapter", pre)  # the adapter imports as the same graft
+    assert back.region == graft.region and all(torch.equal(back.values[n], graft.values[n]) for n in graft.values)
 
 
 def test_the_adapter_names_the_base_as_the_user_did(tiny_bert, tmp_path, monkeypatch):
@@ -256,7 +299,7 @@ def test_tied_embeddings_go_whole_with_their_partner(tiny_bert, tmp_path):
 
 def test_unrepresentable_coordinates_are_refused_with_names(tiny_models, tmp_path):
     pre, graft = make_graft(tiny_models["bert"], "prompt")
-    with pytest.raises(SkillgraftError, match=r"cannot be held by a SHiRA adapter: .*LayerNorm") as e:
+    with pytest.raises(SkillgraftError, match=r"cannot be held by a sparse PEFT adapter .*LayerNorm") as e:
         export_peft(graft, pre, tmp_path / "a", non_linear="refuse")
     assert "Linear bias" in str(e.value) and "--non-linear modules_to_save" in str(e.value)
     pre, graft = make_graft(tiny_models["gpt2"], "causal")
@@ -406,7 +449,8 @@ def test_fresh_interpreter_reads_the_adapter_without_skillgraft(tiny_models, tmp
     from safetensors.torch import load_file
 
     pre, graft = make_graft(tiny_models["llama"], "causal")
-    export_peft(graft, pre, tmp_path / "adapter")
+    s = export_peft(graft, pre, tmp_path / "adapter")
+    assert s["routes"]["shira"]["peft_type"] == "SUPERTUNING"  # auto: the fewer bytes for this graft
     subprocess.run([sys.executable, "-c", READER, str(tiny_models["llama"]), str(tmp_path / "adapter"),
                     str(tmp_path / "read.safetensors")], check=True, capture_output=True, cwd=tmp_path)
     read = load_file(str(tmp_path / "read.safetensors"))
@@ -447,7 +491,8 @@ def test_mergekit_yaml_merges_the_adapter(tiny_models, tmp_path, kind):
     mergekit_yaml = Path(sys.executable).with_name("mergekit-yaml")
     assert mergekit_yaml.is_file(), "mergekit is in requirements.lock: run `make setup`"
     pre, graft = make_graft(tiny_models[kind], "causal")
-    export_peft(graft, pre, tmp_path / "adapter")
+    s = export_peft(graft, pre, tmp_path / "adapter")
+    assert kind == "gpt2" or s["routes"]["shira"]["peft_type"] == "SUPERTUNING"  # auto: the fewer bytes here
     (tmp_path / "merge.yml").write_text(MERGEKIT_YAML.format(base=tiny_models[kind], adapter=tmp_path / "adapter"))
     r = subprocess.run([str(mergekit_yaml), str(tmp_path / "merge.yml"), str(tmp_path / "mk"), "--lora-merge-cache",
                         str(tmp_path / "cache")], capture_output=True, text=True)
@@ -473,7 +518,7 @@ def test_cli_export_and_inspect_an_adapter(tiny_bert, tmp_path):
     assert r.exit_code == 2 and "already exists" in r.output
     r = runner.invoke(app, ["export", str(tmp_path / "g"), "--to", "peft", "--out", str(tmp_path / "b"),
                             "--non-linear", "refuse"])
-    assert r.exit_code == 2 and "cannot be held by a SHiRA adapter" in r.output and not (tmp_path / "b").exists()
+    assert r.exit_code == 2 and "cannot be held by a sparse PEFT adapter" in r.output and not (tmp_path / "b").exists()
     r = runner.invoke(app, ["export", str(tmp_path / "g"), "--to", "delta", "--out", str(tmp_path / "d")])
     assert r.exit_code == 0 and (tmp_path / "d" / "delta.safetensors").is_file(), r.output
     r = runner.invoke(app, ["inspect", str(tmp_path / "a"), "--compare", str(tmp_path / "g"), "--out",
@@ -501,3 +546,44 @@ def test_minilm_graft_exports_and_reloads_with_plain_peft(tmp_path):
     assert_same_weights(merged, exported_weights(pre, graft, tmp_path / "hf"))
     back = graft_from_peft(tmp_path / "adapter", pre)
     assert back.region == graft.region
+
+
+def test_a_bf16_base_merges_bit_exact_with_either_tuner(tiny_models, tmp_path):
+    """Supertuning's values are float32 parameters in peft and cast to the weight's dtype in its scatter-add: a bf16
+    graft's deltas survive that round trip, so the merge equals the grafted bf16 weights under either tuner."""
+    import peft
+    import transformers
+
+    from skillgraft.graft.graft import Graft
+    from skillgraft.graft.region import Region
+
+    pre = build_scorer(str(tiny_models["llama"]), "SST-2", "causal", dtype=torch.bfloat16)
+    ft = build_scorer(str(tiny_models["llama"]), "SST-2", "causal", dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in ft.parameters():
+            p.add_((torch.randn(p.shape, generator=gen) * 0.02).to(p.dtype))
+    params = dict(pre.named_parameters())
+    idx = {n: torch.randperm(params[n].numel(), generator=gen)[:5] for n in params if n.endswith("proj.weight")}
+    graft = Graft.from_models(pre, ft, Region({n: tuple(params[n].shape) for n in idx}, idx), {"mode": "causal"})
+    for tuner in ("shira", "supertuning"):
+        s = export_peft(graft, pre, tmp_path / tuner, tuner=tuner)
+        assert s["inexact"] == 0 and s["routes"]["shira"]["peft_type"] == tuner.upper()
+        base = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_models["llama"]), dtype=torch.bfloat16)
+        merged = peft.PeftModel.from_pretrained(base, str(tmp_path / tuner)).merge_and_unload().state_dict()
+        for n, i in graft.region.indices.items():  # (sorted)
+            w = merged[n.removeprefix("model.")]
+            assert w.dtype == torch.bfloat16 and torch.equal(w.reshape(-1)[i], graft.values[n].to(torch.bfloat16)), n
+
+
+def test_a_peft_without_supertuning_gets_shira(tiny_bert, tmp_path, monkeypatch):
+    """``pyproject`` allows older peft releases: without Supertuning ``auto`` writes SHiRA, and ``--tuner supertuning``
+    is one line naming the installed version (before: an ImportError traceback)."""
+    import peft
+
+    monkeypatch.delattr(peft, "SupertuningConfig")
+    pre, graft = make_graft(tiny_bert, "prompt", keep=linear_weights_only, count=5)
+    assert export_peft(graft, pre, tmp_path / "a")["routes"]["shira"]["peft_type"] == "SHIRA"
+    with pytest.raises(SkillgraftError, match=r"--tuner supertuning needs a peft with Supertuning .*installed: "):
+        export_peft(graft, pre, tmp_path / "b", tuner="supertuning")
+    assert not (tmp_path / "b").exists()

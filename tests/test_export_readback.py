@@ -61,8 +61,23 @@ def _edit_adapter(folder, change):
     save_file(tensors, str(path), metadata=meta)
 
 
-def _indices_key(tensors):
-    return next(k for k in sorted(tensors) if k.endswith("shira_indices"))
+@pytest.fixture(scope="module")
+def tuned_adapter(tiny_graft, tiny_bert, tmp_path_factory):
+    """``tuned_adapter(tuner)``: the tiny graft exported with ``--tuner tuner``, built once per run (read-only)."""
+    from conftest import built_once
+
+    def make(tuner):
+        def build(folder):
+            assert invoke("export", tiny_graft, "--model", tiny_bert, "--to", "peft", "--tuner", tuner, "--out",
+                          folder / "a").exit_code == 0
+
+        return built_once(tmp_path_factory, f"adapter-{tuner}", build) / "a"
+
+    return make
+
+
+def _indices_key(tensors, suffix="shira_indices"):
+    return next(k for k in sorted(tensors) if k.endswith(suffix))
 
 
 @pytest.mark.parametrize("case, culprits", [
@@ -71,9 +86,9 @@ def _indices_key(tensors):
     ("float-indices", ["dtype torch.float32", "integer"]),
     ("fewer-indices-than-values", ["positions but its shira_weight holds"]),
 ])
-def test_shira_index_outside_its_weight_is_refused(case, culprits, tiny_adapter, tiny_bert, tmp_path):  # noqa: F811
+def test_shira_index_outside_its_weight_is_refused(case, culprits, tuned_adapter, tiny_bert, tmp_path):
     folder = tmp_path / "a"
-    shutil.copytree(tiny_adapter, folder)
+    shutil.copytree(tuned_adapter("shira"), folder)
 
     def change(t):
         key = _indices_key(t)
@@ -89,3 +104,30 @@ def test_shira_index_outside_its_weight_is_refused(case, culprits, tiny_adapter,
     _edit_adapter(folder, change)
     refused(tmp_path, ["inspect", folder, "--model", tiny_bert, "--out", tmp_path / "i"],
             f"{folder}/adapter_model.safetensors", "shira_indices", *culprits)
+
+
+@pytest.mark.parametrize("case, culprits", [
+    ("past-the-end", ["[0] = 999999 is out of range", "values (shape"]),
+    ("negative", ["[0] = -1 is out of range"]),
+    ("float-indices", ["dtype torch.float32", "integer flat positions"]),
+    ("fewer-indices-than-values", ["one flat position per stored value"]),
+])
+def test_supertuning_index_outside_its_weight_is_refused(case, culprits, tuned_adapter, tiny_bert, tmp_path):
+    """A Supertuning adapter's flat positions are checked as SHiRA's pairs are: one line naming file and tensor."""
+    folder = tmp_path / "a"
+    shutil.copytree(tuned_adapter("supertuning"), folder)
+
+    def change(t):
+        key = _indices_key(t, "supertuning_indices")
+        if case == "past-the-end":
+            t[key][0] = 999999
+        elif case == "negative":
+            t[key][0] = -1
+        elif case == "float-indices":
+            t[key] = t[key].float()
+        else:
+            t[key] = t[key][:-1].contiguous()
+
+    _edit_adapter(folder, change)
+    refused(tmp_path, ["inspect", folder, "--model", tiny_bert, "--out", tmp_path / "i"],
+            f"{folder}/adapter_model.safetensors", "supertuning_indices", *culprits)

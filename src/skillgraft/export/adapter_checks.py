@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from skillgraft.lazy import torch
@@ -28,6 +29,22 @@ def check_shira_indices(file: Path, key: str, ij: torch.Tensor, values: torch.Te
             raise SkillgraftError(f"{file}: tensor {key!r}[{axis}, {i}] = {int(ij[axis, i])} is out of range: the "
                                   f"weight has {size} {what}s (shape {tuple(shape)}); the adapter is damaged or "
                                   "for another model")
+
+
+def check_flat_indices(file: Path, key: str, flat: torch.Tensor, values: torch.Tensor, shape) -> None:
+    """A Supertuning layer's ``supertuning_indices`` must be integer flat positions inside its weight, one per value
+    (peft scatter-adds them into the flattened weight: one outside fails only when the layer runs)."""
+    if flat.dtype.is_floating_point or flat.dtype.is_complex or flat.dtype == torch.bool:
+        raise SkillgraftError(f"{file}: tensor {key!r} has dtype {flat.dtype}; expected integer flat positions")
+    if flat.dim() != 1 or flat.numel() != values.numel():
+        raise SkillgraftError(f"{file}: tensor {key!r} has shape {tuple(flat.shape)}; expected ({values.numel()},): "
+                              "one flat position per stored value")
+    numel = math.prod(shape)
+    bad = torch.nonzero((flat < 0) | (flat >= numel)).reshape(-1)
+    if bad.numel():
+        i = int(bad[0])
+        raise SkillgraftError(f"{file}: tensor {key!r}[{i}] = {int(flat[i])} is out of range: the weight has {numel} "
+                              f"values (shape {tuple(shape)}); the adapter is damaged or for another model")
 
 
 def adapter_labels(directory: Path, meta: dict) -> tuple[str, ...]:

@@ -37,19 +37,24 @@ def human_size(n: int) -> str:
 class ExportSpec(Spec):
     """Options of ``skillgraft export`` (one source for the CLI and the library)."""
 
-    to: str = Field("peft", description="peft: a PEFT SHiRA adapter folder; hf: the grafted model as a Hugging Face "
-                                        "checkpoint; delta: delta.safetensors of per-tensor int32 indices + values "
+    to: str = Field("peft", description="peft: a sparse PEFT adapter folder (SHiRA or Supertuning); hf: the grafted "
+                                        "model as a Hugging Face checkpoint; delta: delta.safetensors of per-tensor int32 indices + values "
                                         "(stock safetensors reader); any other registered exporter (EXPORTERS)")
     model: Optional[str] = Field(None, description="base model (default: the one recorded in the graft)")
     non_linear: Literal["modules_to_save", "tensors", "refuse"] = Field(
-        "modules_to_save", description="coordinates SHiRA cannot hold (biases, norms, embeddings, Conv1D, tied "
-                                       "weights): modules_to_save stores their modules whole (peft's own route: "
+        "modules_to_save", description="coordinates a sparse adapter cannot hold (biases, norms, embeddings, Conv1D, "
+                                       "tied weights): modules_to_save stores their modules whole (peft's own route: "
                                        "disable_adapter() gives the base model exactly; a grafted Linear bias stores "
                                        "its whole Linear); tensors stores just those tensors, written into the base "
                                        "model on load like peft's LoRA bias='all' (smaller, but disabling or "
                                        "unloading the adapter does not undo them); refuse lists them and writes "
                                        "nothing. A classifier's own head, which the base lacks, is stored whole "
                                        "(modules_to_save) either way")
+    tuner: Literal["auto", "shira", "supertuning"] = Field(
+        "auto", description="--to peft: the sparse PEFT tuner holding the grafted Linear weights. auto: the fewer "
+                            "bytes; shira: SHiRA, r·(m+n) entries per Linear (one r); supertuning: peft's "
+                            "Supertuning, m·n·(1 − sparsity) entries per Linear (one sparsity; peft ≥ 0.21). Both "
+                            "restore the base on disable_adapter() and unload()")
     head: Literal["separate", "refuse"] = Field(
         "separate", description="a head-mode graft's new task head: separate writes skillgraft_head.safetensors "
                                 "beside the adapter/delta (the adapter alone outputs hidden states); refuse")
@@ -81,7 +86,8 @@ class ExportSpec(Spec):
         return self
 
 
-ONLY_FOR = {"gguf_type": "gguf"}  # options of one export target only (ExportSpec refuses them with any other)
+# options of one export target only (ExportSpec refuses them with any other)
+ONLY_FOR = {"gguf_type": "gguf", "tuner": "peft"}
 
 
 class Exporter:

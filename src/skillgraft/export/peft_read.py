@@ -1,5 +1,6 @@
-"""A PEFT SHiRA adapter read back as a Graft (:func:`graft_from_peft`): the exact region when the adapter
-carries skillgraft's header, else its entries' non-zero support; and its base model (:func:`load_adapter_base`).
+"""A sparse PEFT adapter (SHiRA or Supertuning) read back as a Graft (:func:`graft_from_peft`): the exact region
+when the adapter carries skillgraft's header, else its entries' non-zero support; and its base model
+(:func:`load_adapter_base`).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from pathlib import Path
 from skillgraft.lazy import nn, torch
 
 from skillgraft.errors import SkillgraftError
-from skillgraft.export.adapter_checks import adapter_base, check_shira_indices
+from skillgraft.export.adapter_checks import adapter_base, check_flat_indices, check_shira_indices
 from skillgraft.export.base import ADAPTER_CONFIG, ADAPTER_WEIGHTS, HEAD_FILE, PEFT_PREFIX, _as_scorer
-from skillgraft.export.shira import apply_entries
+from skillgraft.export.shira import SUPERTUNING, apply_entries
 from skillgraft.finite import refuse_non_finite
 from skillgraft.graft.graft import Graft
 from skillgraft.graft.identity import cached_fingerprint
@@ -24,6 +25,8 @@ from skillgraft.models.anatomy import graftable_names
 
 
 # ---------------------------------------------------------------------------------------------- import
+SPARSE = {"SHIRA": (".shira_weight", ".shira_indices"), SUPERTUNING: (".supertuning_values", ".supertuning_indices")}
+
 def load_adapter_base(directory: str | os.PathLike, model: str | None = None, *, runtime=None) -> nn.Module:
     """The HF base model of a PEFT adapter folder (``--model`` or its ``base_model_name_or_path``; a classifier's),
     placed on ``runtime`` (the verb's)."""
@@ -49,9 +52,9 @@ def _read_adapter(directory: Path) -> tuple[dict, dict]:
     if not cfg_path.is_file():
         raise SkillgraftError(f"{directory}: not a PEFT adapter folder (no {ADAPTER_CONFIG})")
     cfg = read_json(cfg_path, required=("peft_type",), what="PEFT adapter config")
-    if str(cfg["peft_type"]).upper() != "SHIRA":
-        raise SkillgraftError(f"{cfg_path}: a {cfg['peft_type']} adapter; only SHiRA adapters (sparse weights) "
-                              "import as a graft region")
+    if str(cfg["peft_type"]).upper() not in SPARSE:
+        raise SkillgraftError(f"{cfg_path}: a {cfg['peft_type']} adapter; only SHiRA and Supertuning adapters (sparse "
+                              "weights) import as a graft region")
     w_path = directory / ADAPTER_WEIGHTS
     if not w_path.is_file():
         other = "adapter_model.bin (pickle, not read)" if (directory / "adapter_model.bin").is_file() else "none"
@@ -132,10 +135,10 @@ def _load_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = False) -> Graft:
-    """Read a PEFT SHiRA adapter as a Graft on ``base`` (a Scorer or its plain HF model; default: the adapter's
-    base model, :func:`load_adapter_base`).
+    """Read a PEFT SHiRA or Supertuning adapter as a Graft on ``base`` (a Scorer or its plain HF model; default: the
+    adapter's base model, :func:`load_adapter_base`).
 
-    The region is the adapter's support: every stored SHiRA entry (for an adapter written by
+    The region is the adapter's support: every stored sparse entry (for an adapter written by
     :func:`export_peft`, its grafted entries without the zero padding), plus, in modules stored whole, the
     coordinates that differ from the base. Values are what peft's merge computes, fl(θ_pre + w). A damaged
     weights file or a non-finite value is refused naming the file and the tensor's position.
@@ -152,27 +155,33 @@ def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = Fa
                               "model, or force it")
     tensors = _load_weights(directory / ADAPTER_WEIGHTS)
     entries = meta.get("shira_entries", {})
+    peft_type = str(cfg["peft_type"]).upper()
+    value_key, index_key = SPARSE[peft_type]
     indices: dict[str, torch.Tensor] = {}
     values: dict[str, torch.Tensor] = {}
     head, carried = set(getattr(scorer, "carried", ())), {}
     for key, t in tensors.items():
         path = key.removeprefix(PEFT_PREFIX)
-        if path.endswith(".shira_weight"):
-            path = path[: -len(".shira_weight")]
+        if path.endswith(value_key):
+            path = path[: -len(value_key)]
             try:
                 module = scorer.model.get_submodule(path)
             except AttributeError:
                 module = None
             if not isinstance(module, nn.Linear):
-                raise SkillgraftError(f"{directory}: SHiRA layer {path!r} is not a Linear of the given base model")
+                raise SkillgraftError(f"{directory}: sparse layer {path!r} is not a Linear of the given base model")
             if entries.get(path, -1) == 0:
                 continue  # a zero placeholder target (export_peft found no Linear weight to hold)
             name = canonical[id(module.weight)]
-            ij = tensors.get(f"{PEFT_PREFIX}{path}.shira_indices")
+            ij = tensors.get(f"{PEFT_PREFIX}{path}{index_key}")
             if ij is None:
-                raise SkillgraftError(f"{directory}: {key} has no matching shira_indices")
+                raise SkillgraftError(f"{directory}: {key} has no matching {index_key[1:]}")
             w = params[name]
-            check_shira_indices(directory / ADAPTER_WEIGHTS, f"{PEFT_PREFIX}{path}.shira_indices", ij, t, w.shape)
+            if peft_type == SUPERTUNING:  # flat positions, as (row, column) pairs once checked
+                check_flat_indices(directory / ADAPTER_WEIGHTS, f"{PEFT_PREFIX}{path}{index_key}", ij, t, w.shape)
+                ij = torch.stack([ij.long() // w.shape[1], ij.long() % w.shape[1]])
+            else:
+                check_shira_indices(directory / ADAPTER_WEIGHTS, f"{PEFT_PREFIX}{path}{index_key}", ij, t, w.shape)
             ij, t = ij.long(), t.reshape(-1)
             if path in entries:  # written by export_peft: grafted entries first, zero padding after
                 if entries[path] > t.numel():
@@ -182,8 +191,8 @@ def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = Fa
                 ij, t = ij[:, : entries[path]], t[: entries[path]]
             flat = ij[0] * w.shape[1] + ij[1]
             indices[name] = torch.unique(flat)
-            values[name] = apply_entries(w, flat, t).view(-1)[indices[name]]  # as peft computes it
-        elif not path.endswith(".shira_indices"):  # a module or tensor stored whole
+            values[name] = apply_entries(w, flat, t, peft_type).view(-1)[indices[name]]  # as peft computes it
+        elif not path.endswith(index_key):  # a module or tensor stored whole
             owner, _, pname = path.replace(".base_layer.", ".").rpartition(".")
             try:
                 p = getattr(scorer.model.get_submodule(owner), pname, None)
@@ -210,8 +219,8 @@ def graft_from_peft(directory: str | os.PathLike, base=None, *, force: bool = Fa
     shapes.update({n: tuple(params[n].shape) for n in indices if n not in shapes})
     if (directory / HEAD_FILE).is_file():
         carried |= {f"head.{k}": v for k, v in _load_weights(directory / HEAD_FILE).items()}
-    metadata = {**meta.get("metadata", {}), "imported_from": str(directory), "peft_type": "SHIRA",
-                "r": cfg.get("r")}
+    metadata = {**meta.get("metadata", {}), "imported_from": str(directory), "peft_type": peft_type,
+                **({"sparsity": cfg.get("sparsity")} if peft_type == SUPERTUNING else {"r": cfg.get("r")})}
     return Graft(Region(shapes, indices), values, carried, meta.get("base_model") or cfg.get("base_model_name_or_path")
                  or "", got, metadata, directory)
 
