@@ -380,9 +380,10 @@ def _step(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, train, m
             timed(time.perf_counter() - t0)
             timed = None
     finite = guard.see(group.sum_(total), step)
-    layout.current  # noqa: B018 - the held mask, recomputed (if dropped) before its parameters move
-    optimizer.step(relax.grad(layout.grads()), finite)  # a non-finite loss moves nothing: a NaN is never stored
-    layout.write(relax.mask(step), relax.absolute)
+    if not relax.fused(layout, optimizer, finite):  # in place where it can (the dense sigmoid's with sgd)
+        layout.current  # noqa: B018 - the held mask, recomputed (if dropped) before its parameters move
+        optimizer.step(relax.grad(layout.grads()), finite)  # a non-finite loss moves nothing: a NaN is never stored
+        layout.write(relax.mask(step), relax.absolute)
     layout.forget()  # between steps (the backward's peak) only what cannot be recomputed stays
 
 
