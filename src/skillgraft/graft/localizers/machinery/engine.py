@@ -35,8 +35,7 @@ from skillgraft.progress import bar as tqdm
 from skillgraft.data.loading import Example
 from skillgraft.finite import FirstNonFinite
 from skillgraft.graft.localizers.machinery.base import BudgetScore, Localization, ScoredStep
-from skillgraft.graft.localizers.machinery.batches import (accuracy_on, batch_loss, by_length, micro_batches,
-                                                           tokenized)
+from skillgraft.graft.localizers.machinery.batches import RunRows, accuracy_on, batch_loss, by_length, micro_batches
 from skillgraft.graft.localizers.machinery.candidates import Candidates
 from skillgraft.graft.localizers.machinery.checkpointing import activation_checkpointing
 from skillgraft.graft.localizers.machinery.fit import Schedule, fit_summary
@@ -161,10 +160,10 @@ def _optimise(pre, source, names, carried, train, select, plan, accelerator, gro
     finally:
         layout.close()
         layout.restore()
-        pre.__dict__.pop("_skillgraft_rows", None)  # the run's tokenized rows (batches.tokenized) leave with the run
 
 
 def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, group, progress, ranked, reference):
+    train = RunRows(train)  # tokenized at the first step, for every trajectory of this run (and gone with it)
     per_budget = plan.one_budget_each()
     score = None  # the base score at the layout's coordinates, where γ_base or the relaxation's start needs it
     if per_budget or (plan.base is None and plan.base_size is not None):
@@ -362,18 +361,14 @@ def _step(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, train, m
     """One update of z and the mask it writes, with no host synchronisation (batches go to the device
     ``non_blocking``; the loss stays there, its finiteness gating the update: :class:`_FirstNonFinite`).
     ``timed``: given the seconds of this step's first micro-batch (synchronised once: the run's time estimate)."""
-    total = 0.0
-    rows = tokenized(pre, train, device)
+    total = None
     for chunk, weight in micro_batches(mine, micro_batch, lockstep):
         t0 = time.perf_counter()
-        if rows is not None:  # the run's rows tokenized once: an index into them (models/rows.py)
-            batch = rows.take(rows=chunk)
-        else:
-            batch = pre.collate([train[i] for i in chunk])
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        batch = train.batch(pre, chunk, device)  # an index into the run's rows tokenized once (RunRows)
         loss = batch_loss(pre, batch, reduction="sum") / batch_n  # cross-entropy (generative: completion tokens)
         (loss if weight == 1 else loss * weight).backward()
-        total = total + loss.detach() * weight
+        part = loss.detach() if weight == 1 else loss.detach() * weight
+        total = part if total is None else total + part
         if timed is not None:
             if torch.device(device).type == "cuda":
                 torch.cuda.synchronize(device)
