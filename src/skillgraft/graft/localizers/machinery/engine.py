@@ -253,12 +253,13 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
     rng = np.random.RandomState(plan.seed)
     best: dict[Budget, tuple[float, int, Region | None]] = {b: (-1.0, 0, None) for b in budgets}
     previous: dict[Budget, Region] = {}
+    still = {"since": None, "moved": False}  # the first scored step, and whether a region changed after it
 
     def save(step: int) -> None:
         from skillgraft.resume import cpu  # noqa: PLC0415
 
         saved.save({**(where or {}), "step": step, "seconds": elapsed(), "rng": rng.get_state(),
-                    "best": best, "previous": previous, "history": [h.columns() for h in history],
+                    "best": best, "previous": previous, "still": still, "history": [h.columns() for h in history],
                     "step_times": step_times, "params": cpu(optimizer.params),
                     "adam": optimizer.adam.state_dict() if optimizer.adam is not None else None,
                     "relaxation": relax.state(), "layout": layout.state()})
@@ -274,6 +275,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
         rng.set_state(state["rng"])
         best.update(state["best"])
         previous.update(state["previous"])
+        still.update(state.get("still", {"moved": True}))  # a state saved before it was kept: as if one moved
         return state["step"]
     lockstep = group.sharded and world > 1  # every process runs every forward (FSDP gathers in each)
 
@@ -290,13 +292,17 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
                 layout.forget()
             region = layout.region(masks)
             # how much the region still moves: IoU with the last scored step's region
-            iou = round(region.iou(previous[b]), 6) if b in previous else None
+            iou = region.iou(previous[b]) if b in previous else None
+            still["moved"] = still["moved"] or iou not in (None, 1.0)  # 1.0 exactly: the same coordinates
+            iou = round(iou, 6) if iou is not None else None
             fit = round(acc / reference, 6) if reference else None
             row.scores[b.label] = BudgetScore(acc, layout.count(masks), iou, fit)
             previous[b] = region
             if plan.last or acc > best[b][0]:
                 best[b] = (acc, step, region)
         history.append(row)
+        if still["since"] is None:
+            still["since"] = step
 
     def scored(step: int) -> bool:
         return step >= relax.first and (step % plan.eval_every == 0 or step in (relax.first, plan.steps))
@@ -318,6 +324,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
                 timed.scoring = time.perf_counter() - t0
     why, last = f"the step cap ({plan.steps})", done
     stop = plan.schedule.stop(history, budgets, reference, done) if done == 0 and scored(0) else None
+    unchanged = lambda: None if still["moved"] else still["since"]  # noqa: E731
     if stop is not None:  # the start already fits: no step is taken
         why = stop
     bar = tqdm(range(done + 1, plan.steps + 1) if stop is None else [], desc=label, initial=done, total=plan.steps,
@@ -339,7 +346,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
                 shown = history[-1].scores
                 bar.set_postfix({b.label: f"{shown[b.label].acc:.3f}/{shown[b.label].size}" for b in budgets})
             last = step
-            stop = plan.schedule.stop(history, budgets, reference, step) if scored(step) else None
+            stop = plan.schedule.stop(history, budgets, reference, step, unchanged()) if scored(step) else None
             if stop is not None:
                 why = stop
                 break
