@@ -142,7 +142,7 @@ def skillgraft_localize(pre, ft, data, steps: int) -> float:
     try:
         get_localizer("learned").run(pre, ft, data, {"steps": steps, "eval_every": steps, "batch_size": 8,
                                                      "micro_batch": 8, "sparsity": 0.01, "budgets": [0.005],
-                                                     "select_on": "last"})
+                                                     "select_on": "last", "schedule": "fixed"})  # every step taken
     finally:
         engine._step = real
     return statistics.median(times[WARMUP:]) * 1e3

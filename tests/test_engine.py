@@ -225,9 +225,9 @@ def test_a_non_finite_loss_still_stops_at_its_step_and_moves_nothing(pair, monke
     moved = []
     real = engine.Optimizer.step
 
-    def step(self, grads, finite=None):
+    def step(self, grads, finite=None, **kwargs):
         params = [p.detach().clone() for p in self.params]
-        real(self, grads, finite)
+        real(self, grads, finite, **kwargs)
         moved.append(any(not torch.equal(a, b) for a, b in zip(params, self.params)))
 
     calls = iter(range(100))
@@ -280,6 +280,50 @@ def test_a_localization_step_on_cuda_never_synchronises(pair, monkeypatch):
     finally:
         pre.to("cpu"), ft.to("cpu")
     assert caught == []
+
+
+@pytest.mark.parametrize("options, dtype, chunk", [
+    ({"budgets": [0.005, "round"]}, torch.float32, None),
+    ({"budgets": [0.02], "l1": 1e-3, "init": "movement"}, torch.float32, 3000),
+    ({"budgets": [0.005]}, torch.bfloat16, 3000)])
+def test_the_fused_dense_step_is_the_separate_calls_bit_for_bit(pair, monkeypatch, options, dtype, chunk):
+    """Issue 75: the dense sigmoid's fused step (one op per chunk of tensors, γ_base's flips by index) moves S and
+    the working weights exactly as ∂L/∂S, the optimizer's step and the mask's write made one by one do — with an
+    L1 term, S started from |Δ|, in bf16, over several chunks."""
+    import copy
+
+    import skillgraft.graft.localizers.machinery.engine as engine
+    from skillgraft.graft.localizers.machinery.layouts import Dense
+    from skillgraft.graft.localizers.machinery.relaxations import Sigmoid
+
+    pre, ft, data = pair
+    pre, ft = copy.deepcopy(pre).to(dtype), copy.deepcopy(ft).to(dtype)
+    if chunk:
+        monkeypatch.setattr(Dense, "CHUNK", chunk)
+    real, fused = engine._step, Sigmoid.fused
+
+    def run(fuse: bool):
+        seen, took = [], []
+
+        def watched(pre_, layout, relax, *rest):
+            real(pre_, layout, relax, *rest)
+            seen.append(([s.clone() for s in relax.S.values()], [p.detach().clone() for p in layout.params.values()]))
+
+        def maybe(self, *args):
+            took.append(fuse and fused(self, *args))
+            return took[-1]
+
+        monkeypatch.setattr(engine, "_step", watched)
+        monkeypatch.setattr(Sigmoid, "fused", maybe)
+        res = get_localizer("learned").run(pre, ft, data, {"sparsity": 0.01, "steps": 4, "eval_every": 2,
+                                                           "micro_batch": 16, "schedule": "fixed", **options})
+        return seen, took, {b.key: digest(r) for b, r in res.regions.items()}, [h.columns() for h in res.history]
+
+    (a, took_a, regions_a, history_a), (b, took_b, regions_b, history_b) = run(True), run(False)
+    assert all(took_a) and not any(took_b) and len(a) == len(b) == 4
+    for (s1, w1), (s2, w2) in zip(a, b):
+        assert all(torch.equal(x, y) for x, y in zip(s1, s2)) and all(torch.equal(x, y) for x, y in zip(w1, w2))
+    assert regions_a == regions_b and history_a == history_b
 
 
 def _storage_bytes(tensors) -> int:

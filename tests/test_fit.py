@@ -19,8 +19,9 @@ FAST = {"sparsity": 0.01, "steps": 6, "seed": 3, "budgets": [0.005, 0.02], "micr
 
 def test_the_fit_share_is_the_regions_score_over_fts_on_the_selection_rows(pair):
     pre, ft, data = pair
+    attributes = set(pre.__dict__)
     res = get_localizer("learned").run(pre, ft, data, FAST)
-    assert "_skillgraft_rows" not in pre.__dict__  # the run's tokenized rows leave with the run
+    assert set(pre.__dict__) == attributes  # the run's tokenized rows are the run's own (RunRows), not the model's
     select = list(data.train) + list(data.dev)  # select_on train+dev (the default)
     ft_score = accuracy(ft, select)
     assert res.reference == {"score": ft_score, "of": "fine-tuned"}
@@ -74,6 +75,25 @@ def test_a_fit_schedule_stops_when_no_budget_improves_for_patience_steps(pair):
     assert [h.columns() for h in fit.history] == [h.columns() for h in fixed.history][:last + 1]
 
 
+def test_a_fit_schedule_stops_a_trajectory_whose_regions_never_leave_their_start(pair):
+    """Issue 82: on an AdamW fine-tune's small Δ, S does not leave its start (every scored region the same, its score
+    too); the trajectory stops after ``still`` steps with the regions it would have kept anyway, and says why. A region
+    that changes keeps the trajectory going."""
+    pre, ft, data = pair
+    idle = {**FAST, "steps": 12, "lr": 1.0, "schedule": "fit"}  # S moves by ~1e-12: no region changes
+    full = get_localizer("learned").run(pre, ft, data, {**idle, "still": 0})
+    cut = get_localizer("learned").run(pre, ft, data, {**idle, "still": 4})
+    assert cut.stopped == [{"budget": None, "step": 4, "why": "no region changed at all in 4 steps from its start "
+                                                             "(step 4)"}]
+    assert full.stopped[0]["step"] == 12 and len(cut.step_times) == 4
+    assert [h.columns() for h in cut.history] == [h.columns() for h in full.history][:5]
+    assert {b: digest(r) for b, r in cut.regions.items()} == {b: digest(r) for b, r in full.regions.items()}
+    moving = get_localizer("learned").run(pre, ft, data, {**FAST, "steps": 12, "lr": 1e9, "schedule": "fit",
+                                                          "still": 2, "patience": 50})
+    ious = [v for h in moving.history for k, v in h.columns().items() if k.endswith(":iou_prev")]
+    assert min(ious) < 1 and not moving.stopped[0]["why"].startswith("no region changed"), moving.stopped
+
+
 def test_the_schedule_enters_the_learned_localizers_key_and_reads_back_as_itself():
     """fit is the learned localizer's default since issue 74: both schedules are written (a fit run is never found
     under a fixed run's key, and a stored fixed config does not read back as fit); fit_target and patience only
@@ -81,12 +101,13 @@ def test_the_schedule_enters_the_learned_localizers_key_and_reads_back_as_itself
     from skillgraft.graft.localizers.relaxed import RelaxedOptions
 
     fixed = LocalizeConfig(schedule="fixed").to_dict()
-    assert fixed["schedule"] == "fixed" and fixed["steps"] == 100 and not {"fit_target", "patience"} & set(fixed)
+    assert fixed["schedule"] == "fixed" and fixed["steps"] == 100 and not {"fit_target", "patience", "still"} & set(fixed)
     assert LocalizeConfig(schedule="fixed", patience=7).to_dict() == fixed  # moot while fixed
     default = LocalizeConfig()
     assert default.schedule == "fit" and default.steps == 150 and default.eval_every == 5  # the cap
     fit = default.to_dict()
     assert fit["schedule"] == "fit" and "fit_target" not in fit  # at its default: left out
+    assert fit["still"] == 10  # written: it changed where fit runs stop (issue 82), so their keys changed
     for cfg in (fixed, fit):
         assert LocalizeConfig.build(cfg).to_dict() == cfg  # a stored config reads back as itself
     assert LocalizeConfig(schedule="fit", steps=100).key() != LocalizeConfig(schedule="fixed", steps=100).key()
@@ -118,6 +139,10 @@ def test_schedule_stop_reads_only_the_history():
     assert s.stop(hist([(0, 0.5), (1, 0.95)]), [b], 1.0, 1) == "fit share ≥ 0.9 at step 1"
     assert s.stop(hist([(0, 0.5), (1, 0.6)] + [(i, 0.6) for i in range(2, 7)]), [b], 1.0, 6) is not None
     assert Schedule("fixed").stop(hist([(0, 1.0)]), [b], 1.0, 0) is None
+    s = Schedule("fit", target=0.9, patience=50, still=4)
+    assert s.stop(hist([(0, 0.5), (3, 0.5)]), [b], 1.0, 3, unchanged_since=0) is None
+    assert s.stop(hist([(0, 0.5), (4, 0.5)]), [b], 1.0, 4, unchanged_since=0).startswith("no region changed")
+    assert s.stop(hist([(0, 0.5), (4, 0.5)]), [b], 1.0, 4, unchanged_since=None) is None  # one changed
 
 
 def test_every_graft_report_says_how_each_region_fits_and_carries(trained_run, toy_data, tmp_path):

@@ -5,6 +5,7 @@ processes, counts summed)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from skillgraft.lazy import no_grad, np, torch
 
@@ -27,16 +28,32 @@ def batch_hits(scorer, batch):
     return hits(scorer, batch)
 
 
-def tokenized(pre, train, device):
-    """The training rows tokenized once, on the device (:class:`~skillgraft.models.rows.Tokenized`, built in the first
-    step and kept on ``pre`` while it is given the same list); None where each micro-batch collates its own."""
-    from skillgraft.models.rows import Tokenized  # noqa: PLC0415
+class RunRows(Sequence):
+    """A run's training rows (a sequence of them, as the list they come from) and their tokenized form on the
+    device (:class:`~skillgraft.models.rows.Tokenized`), built at the first :meth:`batch` and owned by the run: each
+    step's micro-batch is an index into it, or collated per step where it cannot be cut from it."""
 
-    held = pre.__dict__.get("_skillgraft_rows")
-    if held is None or held[0] is not train or held[1] != len(train) or held[2] != torch.device(device):
-        held = (train, len(train), torch.device(device), Tokenized.of(pre, train, device))
-        pre.__dict__["_skillgraft_rows"] = held
-    return held[3]
+    def __init__(self, examples: list[Example]):
+        self.examples, self._built = examples, None
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i):
+        return self.examples[i]
+
+    def batch(self, scorer, chunk, device) -> dict:
+        """The micro-batch of rows ``chunk`` (positions) on ``device``, as ``scorer.collate`` of them gives it."""
+        from skillgraft.models.rows import Tokenized  # noqa: PLC0415
+
+        device = torch.device(device)
+        if self._built is None or self._built[0] != device:
+            self._built = (device, Tokenized.of(scorer, self.examples, device))
+        rows = self._built[1]
+        if rows is not None:
+            return rows.take(rows=chunk)
+        batch = scorer.collate([self.examples[i] for i in chunk])
+        return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def by_length(examples, indices: np.ndarray) -> np.ndarray:

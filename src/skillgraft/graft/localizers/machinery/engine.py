@@ -35,8 +35,7 @@ from skillgraft.progress import bar as tqdm
 from skillgraft.data.loading import Example
 from skillgraft.finite import FirstNonFinite
 from skillgraft.graft.localizers.machinery.base import BudgetScore, Localization, ScoredStep
-from skillgraft.graft.localizers.machinery.batches import (accuracy_on, batch_loss, by_length, micro_batches,
-                                                           tokenized)
+from skillgraft.graft.localizers.machinery.batches import RunRows, accuracy_on, batch_loss, by_length, micro_batches
 from skillgraft.graft.localizers.machinery.candidates import Candidates
 from skillgraft.graft.localizers.machinery.checkpointing import activation_checkpointing
 from skillgraft.graft.localizers.machinery.fit import Schedule, fit_summary
@@ -161,10 +160,10 @@ def _optimise(pre, source, names, carried, train, select, plan, accelerator, gro
     finally:
         layout.close()
         layout.restore()
-        pre.__dict__.pop("_skillgraft_rows", None)  # the run's tokenized rows (batches.tokenized) leave with the run
 
 
 def _trajectories(pre, layout: Layout, train, select, plan: Plan, accelerator, group, progress, ranked, reference):
+    train = RunRows(train)  # tokenized at the first step, for every trajectory of this run (and gone with it)
     per_budget = plan.one_budget_each()
     score = None  # the base score at the layout's coordinates, where γ_base or the relaxation's start needs it
     if per_budget or (plan.base is None and plan.base_size is not None):
@@ -254,12 +253,13 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
     rng = np.random.RandomState(plan.seed)
     best: dict[Budget, tuple[float, int, Region | None]] = {b: (-1.0, 0, None) for b in budgets}
     previous: dict[Budget, Region] = {}
+    still = {"since": None, "moved": False}  # the first scored step, and whether a region changed after it
 
     def save(step: int) -> None:
         from skillgraft.resume import cpu  # noqa: PLC0415
 
         saved.save({**(where or {}), "step": step, "seconds": elapsed(), "rng": rng.get_state(),
-                    "best": best, "previous": previous, "history": [h.columns() for h in history],
+                    "best": best, "previous": previous, "still": still, "history": [h.columns() for h in history],
                     "step_times": step_times, "params": cpu(optimizer.params),
                     "adam": optimizer.adam.state_dict() if optimizer.adam is not None else None,
                     "relaxation": relax.state(), "layout": layout.state()})
@@ -275,6 +275,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
         rng.set_state(state["rng"])
         best.update(state["best"])
         previous.update(state["previous"])
+        still.update(state.get("still", {"moved": True}))  # a state saved before it was kept: as if one moved
         return state["step"]
     lockstep = group.sharded and world > 1  # every process runs every forward (FSDP gathers in each)
 
@@ -291,13 +292,17 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
                 layout.forget()
             region = layout.region(masks)
             # how much the region still moves: IoU with the last scored step's region
-            iou = round(region.iou(previous[b]), 6) if b in previous else None
+            iou = region.iou(previous[b]) if b in previous else None
+            still["moved"] = still["moved"] or iou not in (None, 1.0)  # 1.0 exactly: the same coordinates
+            iou = round(iou, 6) if iou is not None else None
             fit = round(acc / reference, 6) if reference else None
             row.scores[b.label] = BudgetScore(acc, layout.count(masks), iou, fit)
             previous[b] = region
             if plan.last or acc > best[b][0]:
                 best[b] = (acc, step, region)
         history.append(row)
+        if still["since"] is None:
+            still["since"] = step
 
     def scored(step: int) -> bool:
         return step >= relax.first and (step % plan.eval_every == 0 or step in (relax.first, plan.steps))
@@ -319,6 +324,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
                 timed.scoring = time.perf_counter() - t0
     why, last = f"the step cap ({plan.steps})", done
     stop = plan.schedule.stop(history, budgets, reference, done) if done == 0 and scored(0) else None
+    unchanged = lambda: None if still["moved"] else still["since"]  # noqa: E731
     if stop is not None:  # the start already fits: no step is taken
         why = stop
     bar = tqdm(range(done + 1, plan.steps + 1) if stop is None else [], desc=label, initial=done, total=plan.steps,
@@ -340,7 +346,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
                 shown = history[-1].scores
                 bar.set_postfix({b.label: f"{shown[b.label].acc:.3f}/{shown[b.label].size}" for b in budgets})
             last = step
-            stop = plan.schedule.stop(history, budgets, reference, step) if scored(step) else None
+            stop = plan.schedule.stop(history, budgets, reference, step, unchanged()) if scored(step) else None
             if stop is not None:
                 why = stop
                 break
@@ -362,27 +368,24 @@ def _step(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, train, m
     """One update of z and the mask it writes, with no host synchronisation (batches go to the device
     ``non_blocking``; the loss stays there, its finiteness gating the update: :class:`_FirstNonFinite`).
     ``timed``: given the seconds of this step's first micro-batch (synchronised once: the run's time estimate)."""
-    total = 0.0
-    rows = tokenized(pre, train, device)
+    total = None
     for chunk, weight in micro_batches(mine, micro_batch, lockstep):
         t0 = time.perf_counter()
-        if rows is not None:  # the run's rows tokenized once: an index into them (models/rows.py)
-            batch = rows.take(rows=chunk)
-        else:
-            batch = pre.collate([train[i] for i in chunk])
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        batch = train.batch(pre, chunk, device)  # an index into the run's rows tokenized once (RunRows)
         loss = batch_loss(pre, batch, reduction="sum") / batch_n  # cross-entropy (generative: completion tokens)
         (loss if weight == 1 else loss * weight).backward()
-        total = total + loss.detach() * weight
+        part = loss.detach() if weight == 1 else loss.detach() * weight
+        total = part if total is None else total + part
         if timed is not None:
             if torch.device(device).type == "cuda":
                 torch.cuda.synchronize(device)
             timed(time.perf_counter() - t0)
             timed = None
     finite = guard.see(group.sum_(total), step)
-    layout.current  # noqa: B018 - the held mask, recomputed (if dropped) before its parameters move
-    optimizer.step(relax.grad(layout.grads()), finite)  # a non-finite loss moves nothing: a NaN is never stored
-    layout.write(relax.mask(step), relax.absolute)
+    if not relax.fused(layout, optimizer, finite):  # in place where it can (the dense sigmoid's with sgd)
+        layout.current  # noqa: B018 - the held mask, recomputed (if dropped) before its parameters move
+        optimizer.step(relax.grad(layout.grads()), finite)  # a non-finite loss moves nothing: a NaN is never stored
+        layout.write(relax.mask(step), relax.absolute)
     layout.forget()  # between steps (the backward's peak) only what cannot be recomputed stays
 
 

@@ -6,8 +6,9 @@ The engine scores every budget's region on the selection rows (train, or train +
 module puts those scores beside the fine-tuned model's own score on the same rows (the *reference*) and decides:
 
 * :class:`Schedule` — when a trajectory stops: ``fixed`` runs exactly ``steps`` (the paper's protocol, 100 steps);
-  ``fit`` stops once every budget's best region reaches ``target`` of FT's score there, or when no budget's best has
-  improved for ``patience`` steps, with ``steps`` as the cap;
+  ``fit`` stops once every budget's best region reaches ``target`` of FT's score there, when no budget's best has
+  improved for ``patience`` steps, or when no budget's region has changed at all since the trajectory's start for
+  ``still`` steps (S has not left its start: its score cannot have moved either), with ``steps`` as the cap;
 * :func:`fit_summary` — per budget: FT's and the region's score, the fit share, and whether it was still rising when
   the trajectory ended (its best in the last fifth of the scored steps beat everything before them).
 """
@@ -34,10 +35,13 @@ class Schedule:
     kind: str = "fixed"
     target: float = 0.99
     patience: int = 50
+    still: int = 10
 
     def stop(self, history: Sequence[ScoredStep], budgets: Sequence[Budget], reference: float | None,
-             step: int) -> str | None:
-        """Why the trajectory stops after scored ``step`` (None: it goes on); reads only the scored history."""
+             step: int, unchanged_since: int | None = None) -> str | None:
+        """Why the trajectory stops after scored ``step`` (None: it goes on); reads the scored history and
+        ``unchanged_since``: the trajectory's first scored step when every region scored since is exactly the one
+        scored there (None: one changed)."""
         if self.kind != "fit":
             return None
         peaks = [_peak(history, b) for b in budgets]
@@ -47,6 +51,8 @@ class Schedule:
             return f"fit share ≥ {self.target:g} at step {step}"
         if all(step - at >= self.patience for _, at in peaks):
             return f"no budget improved for {self.patience} steps (step {step})"
+        if self.still and unchanged_since is not None and step - unchanged_since >= self.still:
+            return f"no region changed at all in {step - unchanged_since} steps from its start (step {step})"
         return None
 
 
@@ -64,6 +70,9 @@ class ScheduleOptions(Spec):
     patience: int = Field(50, ge=1, le=COUNT_MAX, description=(
         "schedule fit: stop when no budget's best score has improved for this many steps"),
         json_schema_extra=OMITTED_AT_DEFAULT)
+    still: int = Field(10, ge=0, le=COUNT_MAX, description=(
+        "schedule fit: stop when no budget's region has changed at all since the start for this many steps (S has "
+        "not left its start, e.g. on an AdamW fine-tune's small Δ; 0: never)"))  # written: it changed fit's stops
 
     def _left_out(self) -> set[str]:
         """A fixed schedule reads neither fit_target nor patience: they stay out of configs and store keys. The
@@ -72,7 +81,7 @@ class ScheduleOptions(Spec):
         and a fit run is never found under a fixed run's key."""
         out = super()._left_out()
         if self.schedule == "fixed":
-            out |= {"fit_target", "patience"}
+            out |= {"fit_target", "patience", "still"}
             if type(self).model_fields["schedule"].default == "fixed":
                 out.add("schedule")
         return out
@@ -80,7 +89,7 @@ class ScheduleOptions(Spec):
     @property
     def stopping(self) -> Schedule:
         """The engine's :class:`Schedule` of these options."""
-        return Schedule(self.schedule, self.fit_target, self.patience)
+        return Schedule(self.schedule, self.fit_target, self.patience, self.still)
 
 
 def _rows(history: Sequence[ScoredStep], budget: Budget) -> list[tuple[int, float]]:

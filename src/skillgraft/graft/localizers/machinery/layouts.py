@@ -27,6 +27,20 @@ from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget, top_k_masks
 
 
+def joined(values: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor | None:
+    """The one flat tensor that ``values[n]`` (``names`` in order) are consecutive contiguous views of, or None."""
+    first = values[names[0]]
+    base, start = first.untyped_storage().data_ptr(), first.storage_offset()
+    offset = start
+    for n in names:
+        t = values[n]
+        if (t.dtype != first.dtype or t.device != first.device or not t.is_contiguous()
+                or t.untyped_storage().data_ptr() != base or t.storage_offset() != offset):
+            return None
+        offset += t.numel()
+    return first.as_strided((offset - start,), (1,), start)
+
+
 class Layout:
     """What the engine needs of a layout (see the module doc); subclasses fill in the storage."""
 
@@ -173,8 +187,16 @@ class Dense(Layout):
         p_pre = dict(pre.named_parameters())
         self.names, self.group = names, group or Group()
         self.params = {n: p_pre[n] for n in names}
-        self.delta = {n: (source.rows(n).to(p_pre[n].device) - p_pre[n].detach()) for n in names}
-        self.universe = sum(d.numel() for d in self.delta.values())
+        self.universe = sum(p_pre[n].numel() for n in names)
+        self.delta, flat, start = {}, None, 0  # Δ in one flat buffer where one dtype and device allow
+        for n in names:
+            d = source.rows(n).to(p_pre[n].device) - p_pre[n].detach()
+            if flat is None and not self.delta:
+                flat = torch.empty(self.universe, dtype=d.dtype, device=d.device)
+            if flat is not None and (d.dtype, d.device) == (flat.dtype, flat.device):
+                d = flat[start:start + d.numel()].view(d.shape).copy_(d)
+            self.delta[n] = d
+            start += d.numel()
         self._current: dict[str, torch.Tensor] | None = {n: torch.zeros(d.shape, device=d.device)
                                                          for n, d in self.delta.items()}
         self.recompute = None  # set by the engine: the held mask, recomputed from the relaxation's parameters
@@ -227,7 +249,44 @@ class Dense(Layout):
 
     def draw(self, seed: int) -> dict[str, torch.Tensor]:
         gen = torch.Generator().manual_seed(seed)
-        return {n: torch.rand(d.shape, generator=gen).to(d.device) for n, d in self.delta.items()}
+        out = self.flat_views(torch.float32)  # the tensors' draws in turn, into one flat buffer
+        for n, d in self.delta.items():
+            out[n].copy_(torch.rand(d.shape, generator=gen))
+        return out
+
+    def flat_views(self, dtype) -> dict[str, torch.Tensor]:
+        """An uninitialised flat buffer of the universe, as views in each tensor's shape (:func:`joined` of them
+        gives the buffer back)."""
+        device = next(iter(self.delta.values())).device
+        return self.split(torch.empty(self.universe, dtype=dtype, device=device))
+
+    CHUNK = 1 << 22  # coordinates the fused step works on at a time (16 MiB of float32 per temporary)
+
+    def chunks(self, limit: int | None = None):
+        """(names, start, stop): consecutive whole tensors of about ``limit`` coordinates at most (a larger tensor
+        alone), their span in the flat order: what the fused step works on at a time, so its temporaries stay
+        small whatever the model."""
+        limit, names, first, start = limit or self.CHUNK, [], 0, 0
+        for n in self.names:
+            size = self.delta[n].numel()
+            if names and start + size - first > limit:
+                yield names, first, start
+                names, first = [], start
+            names.append(n)
+            start += size
+        if names:
+            yield names, first, start
+
+    def grad_of(self, names: list[str]) -> torch.Tensor:
+        """∂L/∂θ of tensors ``names`` as one flat float32 vector (summed over replicating processes); their
+        ``.grad`` freed."""
+        out = []
+        for n in names:
+            p = self.params[n]
+            g = self.group.sum_(p.grad) if p.grad is not None else torch.zeros_like(p)
+            p.grad = None
+            out.append(g.reshape(-1))
+        return (torch.cat(out) if len(out) > 1 else out[0]).float()
 
     draw_flat = draw  # the layout's coordinates are the universe
 

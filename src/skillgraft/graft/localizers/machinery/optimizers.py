@@ -17,8 +17,9 @@ class Optimizer:
         self.adam = torch.optim.Adam(params, lr=lr) if kind == "adam" else None
 
     @no_grad
-    def step(self, grads: list[torch.Tensor], finite: torch.Tensor | None = None) -> None:
-        """One update; ``finite`` (a 0-d bool on the device): where false, the gradients count as 0 (no read)."""
+    def step(self, grads: list[torch.Tensor], finite: torch.Tensor | None = None, params=None) -> None:
+        """One update; ``finite`` (a 0-d bool on the device): where false, the gradients count as 0 (no read).
+        ``params``: the tensors ``grads`` are for, views of the parameters (sgd only: a fused step's chunk)."""
         if finite is not None:  # in place in the caller's list: each gradient freed once replaced
             for i, g in enumerate(grads):
                 grads[i] = torch.where(finite, g, 0.0)
@@ -33,7 +34,7 @@ class Optimizer:
             for p in self.params:
                 p.grad = None
         else:
-            for p, g in zip(self.params, grads):
+            for p, g in zip(self.params if params is None else params, grads):
                 p.sub_(self.lr * g)
 
     def _rms(self, grads: list[torch.Tensor]) -> torch.Tensor:
