@@ -31,6 +31,12 @@ torch.set_num_threads(int(os.environ.get("SKILLGRAFT_TEST_THREADS", "1")))
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
+# Figures are built but not rendered: every PNG a verb writes is a 1x1 placeholder (SKILLGRAFT_FIGURES=placeholder,
+# skillgraft.evaluate.plots.save_figure; inherited by the CLI processes tests start). Rendering was ~14 % of the
+# suite's CPU and most tests only check that a figure file is there; a test that looks at a figure's pixels is marked
+# `figures` and renders for real. SKILLGRAFT_FIGURES=png in the environment renders everywhere.
+os.environ.setdefault("SKILLGRAFT_FIGURES", "placeholder")
+
 
 # The files that take longest, longest first, run first: with `make test`'s `--dist loadfile` a long file started last
 # would leave the other worker idle at the end (`make test` passes --no-loadscope-reorder: xdist otherwise reorders
@@ -79,6 +85,13 @@ def fixture_store(tmp_path_factory):
         os.environ.pop("SKILLGRAFT_CACHE", None)
     else:
         os.environ["SKILLGRAFT_CACHE"] = old
+
+
+@pytest.fixture(autouse=True)
+def rendered_figures(request, monkeypatch):
+    """A test marked `figures` renders its figures (the suite's default writes placeholders)."""
+    if request.node.get_closest_marker("figures"):
+        monkeypatch.setenv("SKILLGRAFT_FIGURES", "png")
 
 
 @pytest.fixture(autouse=True)
