@@ -31,23 +31,32 @@ torch.set_num_threads(int(os.environ.get("SKILLGRAFT_TEST_THREADS", "1")))
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
+# Figures are built but not rendered: every PNG a verb writes is a 1x1 placeholder (SKILLGRAFT_FIGURES=placeholder,
+# skillgraft.evaluate.plots.save_figure; inherited by the CLI processes tests start). Rendering was ~14 % of the
+# suite's CPU and most tests only check that a figure file is there; a test that looks at a figure's pixels is marked
+# `figures` and renders for real. SKILLGRAFT_FIGURES=png in the environment renders everywhere.
+os.environ.setdefault("SKILLGRAFT_FIGURES", "placeholder")
+
 
 # The files that take longest, longest first, run first: with `make test`'s `--dist loadfile` a long file started last
 # would leave the other worker idle at the end (`make test` passes --no-loadscope-reorder: xdist otherwise reorders
-# files by their number of tests). Order within a file is kept. Ordered by the summed durations of a full run
-# (`--durations=0 --junitxml`, setup + call per file); the files not named (each a few seconds) follow in file order.
-LONG_FIRST = ("test_docs.py", "test_keep.py", "test_kill.py", "test_gemma_recipes.py", "test_paper_schedule.py",
-              "test_keep_paired.py", "test_lean_pair.py", "test_resume_sharded.py", "test_first_hour.py",
-              "test_merge.py", "test_export_gguf.py", "test_fisher.py", "test_merge_routed_keep.py",
-              "test_multitask.py", "test_export.py", "test_open_world.py", "test_memory_plan.py", "test_fit.py",
-              "test_second_hour.py", "test_serve.py", "test_metrics.py", "test_localizers.py",
-              "test_keep_generative.py", "test_engine.py", "test_placement.py", "test_layers.py",
-              "test_paper_recipe.py", "test_resume.py", "test_inputs_outputs_specials.py", "test_cli_config.py",
-              "test_gemma.py", "test_cli_help.py", "test_recipes_eval.py", "test_shared_store.py",
-              "test_families.py", "test_pipeline.py", "test_merge_task_aware.py", "test_cli.py",
-              "test_graft_bad_inputs.py", "test_cli_bad_inputs.py", "test_held_out_rows.py", "test_io_bad_inputs.py",
-              "test_export_readback.py", "test_caveats.py", "test_merge_causal_routed.py", "test_overhead.py",
-              "test_registries.py", "test_headers_fuzz.py")
+# files by their number of tests). Order within a file is kept. Ordered by the summed CPU seconds per file of a full
+# run (setup + call per test, its children's included; refreshed after the figures became placeholders); the files
+# not named (each under 2 s) follow in file order.
+LONG_FIRST = ("test_resume_sharded.py", "test_gemma_recipes.py", "test_keep.py", "test_kill.py", "test_docs.py",
+              "test_multitask.py", "test_keep_paired.py", "test_first_hour.py", "test_lean_pair.py",
+              "test_open_world.py", "test_resume.py", "test_paper_schedule.py", "test_second_hour.py",
+              "test_merge_routed_keep.py", "test_merge.py", "test_export.py", "test_localizers.py", "test_gemma.py",
+              "test_serve.py", "test_families.py", "test_recipes_eval.py", "test_merge_task_aware.py",
+              "test_memory_plan.py", "test_fit.py", "test_layers.py", "test_engine.py", "test_scale.py",
+              "test_shared_store.py", "test_export_gguf.py", "test_placement.py", "test_keep_generative.py",
+              "test_fisher.py", "test_cli_config.py", "test_routed_threads.py", "test_cli_json.py",
+              "test_paper_recipe.py", "test_caveats.py", "test_cli_bad_inputs.py", "test_metrics.py",
+              "test_inputs_outputs_specials.py", "test_io_bad_inputs.py", "test_cli.py", "test_pipeline.py",
+              "test_localizers_extra.py", "test_cli_help.py", "test_workbench.py", "test_overhead.py",
+              "test_merge_causal_routed.py", "test_export_readback.py", "test_registries.py", "test_cli_exports.py",
+              "test_graft_bad_inputs.py", "test_finetune.py", "test_router.py", "test_run_layer.py",
+              "test_kill_merge.py", "test_setup_bad_inputs.py", "test_eta.py", "test_scorer.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -79,6 +88,13 @@ def fixture_store(tmp_path_factory):
         os.environ.pop("SKILLGRAFT_CACHE", None)
     else:
         os.environ["SKILLGRAFT_CACHE"] = old
+
+
+@pytest.fixture(autouse=True)
+def rendered_figures(request, monkeypatch):
+    """A test marked `figures` renders its figures (the suite's default writes placeholders)."""
+    if request.node.get_closest_marker("figures"):
+        monkeypatch.setenv("SKILLGRAFT_FIGURES", "png")
 
 
 @pytest.fixture(autouse=True)

@@ -322,6 +322,7 @@ def test_a_long_phase_on_a_file_writes_its_state_every_few_minutes(monkeypatch):
     assert steps == ["34", "68", "100"]  # at t = 306 s and 612 s, then close()
 
 
+@pytest.mark.figures  # each figure the report links is drawn (its size)
 def test_graft_logged_to_a_file_and_the_figures_its_report_shows_first(ft_run, toy_data, tmp_path):
     """7: no carriage return in a logged run; 8: report.md shows share of FT vs size (learned, top-|Δ|, random) and
     the reliability diagram of FT vs the grafts first, linked and described."""

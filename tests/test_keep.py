@@ -134,6 +134,7 @@ def test_cli_bad_keep_is_one_line_before_any_work(trained_run, tmp_path, bad):
     assert not (tmp_path / "g").exists()
 
 
+@pytest.mark.figures  # frontier.png is a drawn figure (its size)
 def test_cli_graft_keep_and_frontier(trained_run, toy_data, tmp_path):
     import csv
     import json

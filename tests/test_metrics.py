@@ -30,6 +30,7 @@ def test_accuracy_f1_agreement():
     assert s["score"] == s["f1"] and s["agreement"] == 1.0
 
 
+@pytest.mark.figures
 def test_plots_are_pngs(tmp_path):
     rng = np.random.default_rng(0)
     p = rng.dirichlet([1, 1], size=50)
@@ -37,7 +38,30 @@ def test_plots_are_pngs(tmp_path):
     for path in (confidence_histogram({"a": p, "b": p}, tmp_path / "c.png"),
                  reliability_diagram({"a": (p, y)}, tmp_path / "r.png")):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert _png_size(path) == ((880, 352) if path.name == "c.png" else (440, 396))  # rendered: 110 dpi
     assert not list(tmp_path.glob(".*tmp"))
+
+
+def _png_size(path) -> tuple[int, int]:
+    """(width, height) from a PNG's header (IHDR)."""
+    head = path.read_bytes()[16:24]
+    return int.from_bytes(head[:4], "big"), int.from_bytes(head[4:], "big")
+
+
+def test_the_suites_figures_are_placeholders_unless_a_test_renders(tmp_path, monkeypatch):
+    """tests/conftest.py's SKILLGRAFT_FIGURES=placeholder: a figure is built, then written as a 1x1 PNG that reads
+    back (atomically, the figure closed); unset (a user's run), it renders."""
+    from PIL import Image
+
+    import matplotlib.pyplot as plt
+
+    p = np.random.default_rng(0).dirichlet([1, 1], size=20)
+    path = confidence_histogram({"a": p}, tmp_path / "c.png")
+    with Image.open(path) as im:
+        assert im.size == (1, 1)
+    assert not plt.get_fignums() and not list(tmp_path.glob(".*tmp"))
+    monkeypatch.delenv("SKILLGRAFT_FIGURES")
+    assert _png_size(confidence_histogram({"a": p}, tmp_path / "d.png")) == (440, 352)
 
 
 def test_share_of_ft_is_derived_once_for_graft_and_merge_rows():

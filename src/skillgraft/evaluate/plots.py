@@ -66,10 +66,22 @@ def reliability_diagram(models: dict[str, tuple[np.ndarray, np.ndarray]], path: 
     return save_figure(fig, path, layout=False)
 
 
+# A 1x1 PNG: what every figure is written as under SKILLGRAFT_FIGURES=placeholder (a test-suite switch)
+PLACEHOLDER_PNG = bytes.fromhex("89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
+                                "0000000d49444154789c63f8ffffff7f0009fb03fd2a86e38a0000000049454e44ae426082")
+
+
 def save_figure(fig, path: str | os.PathLike, *, layout: bool = True) -> Path:
     """Write a matplotlib figure as PNG atomically (110 dpi) and close it; ``layout``: tight layout first (else the
-    caller placed the axes, e.g. with :func:`panel_margins`)."""
+    caller placed the axes, e.g. with :func:`panel_margins`). ``SKILLGRAFT_FIGURES=placeholder`` (a test-suite
+    switch, never a default: tests/conftest.py sets it) writes a 1x1 PNG instead of rendering the figure, which is
+    built all the same: rendering is most of a figure's cost and most tests never look at the pixels."""
     path = Path(path)
+    if os.environ.get("SKILLGRAFT_FIGURES") == "placeholder":
+        with atomic_path(path) as tmp:
+            Path(tmp).write_bytes(PLACEHOLDER_PNG)
+        plt.close(fig)
+        return path
     if layout:
         fig.tight_layout()
         fig.set_layout_engine(None)  # laid out: savefig need not draw the figure once more first

@@ -21,7 +21,6 @@ from skillgraft.evaluate.rows import Row
 from skillgraft.graft.interpolate import interpolate
 from skillgraft.graft.localizers import LocalizeConfig
 from skillgraft.graft.selection import Budget
-from skillgraft.io import atomic_path
 from skillgraft.pipeline.paper_numbers import FIG7_NLI_OPTIMA, PAPER_NOTE
 from skillgraft.pipeline.regions import learned_regions
 from skillgraft.pipeline.report import RunDir, md_table, setting_line
@@ -136,7 +135,7 @@ def _mean_curves(points: list[WisePoint]) -> list[WisePoint]:
 def _plot(run: RunDir, rows: list[WisePoint], source: str, target: str) -> None:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    from skillgraft.evaluate import plots  # noqa: F401, PLC0415 - selects the Agg backend
+    from skillgraft.evaluate import plots  # noqa: PLC0415 - selects the Agg backend
 
     id_set = f"{source} (ID)"
     fig, ax = plt.subplots(figsize=(5.2, 4.2))
@@ -153,10 +152,7 @@ def _plot(run: RunDir, rows: list[WisePoint], source: str, target: str) -> None:
     ax.set_ylabel(f"OOD accuracy: {target} (%)")
     ax.set_title(f"{source} → {target}: WiSE-FT vs WiSE-graft\n(★ = α=1: FT / graft)", fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    with atomic_path(run.file(f"wise_{source}_to_{target}.png")) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    plots.save_figure(fig, run.file(f"wise_{source}_to_{target}.png"))
 
 
 def _report(spec: WiseSpec, rows, timings) -> str:
