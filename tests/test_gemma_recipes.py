@@ -72,8 +72,10 @@ def _models(spec) -> list[str]:
 
 # Run under SKILLGRAFT_SLOW=1 only (every file still validates in make test, below): table2-b and -c are table2-a's
 # recipe on other tasks; gemma-schedule-64 runs end to end in make test through its own runner
-# (tests/test_paper_schedule.py::test_the_bench_runner_cell_by_cell).
-_RUN_ELSEWHERE = {"gemma-table2-b", "gemma-table2-c", "gemma-schedule-64", "gemma-schedule-1024"}
+# (tests/test_paper_schedule.py::test_the_bench_runner_cell_by_cell); the two -fit files are those cells' recipes with
+# the learned localizer at its defaults (the fit schedule: tests/test_fit.py) in place of the paper's fixed one.
+_RUN_ELSEWHERE = {"gemma-table2-b", "gemma-table2-c", "gemma-schedule-64", "gemma-schedule-1024",
+                  "gemma-schedule-64-fit", "gemma-schedule-64-fit-rest"}
 
 
 def test_the_large_data_schedule_is_the_papers_capped_one():
