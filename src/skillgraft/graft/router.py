@@ -175,7 +175,8 @@ class FittedRouter:
         save_file({k: v.contiguous() for k, v in self.params.items()}, str(folder / "router.safetensors"))
         record = {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": self.kind, "tasks": self.tasks,
                   "threshold": self.threshold, "pairs": self.pairs,
-                  "features": f"mean of the base model's hidden states ({self.layers} layer{'s' if self.layers == 'all' else ''})",
+                  "features": "mean of the base model's hidden states, "
+                              + ("every layer's side by side" if self.layers == "all" else "the last layer's"),
                   "layers": self.layers, "max_length": MAX_LENGTH, **self.info}
         (folder / "router.json").write_text(json.dumps(record, indent=2))
         return folder
