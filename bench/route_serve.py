@@ -118,16 +118,32 @@ def main() -> None:
         return got
 
     compare, cross, before = {}, None, skills.router
+    import skillgraft.graft.router as router_module
+    plain_pooled, memo = router_module.pooled, {}
+
+    def pooled(skills_, texts_, layers="last", batch_size=32):  # each text's states once, whichever kind asks
+        key = tuple(texts_)
+        if key not in memo:
+            memo[key] = plain_pooled(skills_, texts_, "all", batch_size)
+        return memo[key] if layers == "all" else memo[key][:, -1:]
+
     if args.refit:
-        # each test row under every skill: the cross matrix (diagnosis) and any router's accuracy kept, by lookup
-        hit = {t: {s: [] for s in tasks} for t in tasks}
-        for t in tasks:
-            for s in tasks:
+        router_module.pooled = pooled
+        # each test row under every skill: the cross matrix (diagnosis) and any router's accuracy kept, by lookup;
+        # kept beside the merge (keyed by the skills' digests), so a rerun does not score them again
+        stored = out / f"cross-test{args.test}.json"
+        hit = json.loads(stored.read_text()) if stored.is_file() else {}
+        if hit.get("digests") != skills.digests:
+            hit = {"digests": skills.digests}
+            for t in tasks:
                 tx, px = texts_of(rows[t])
-                got = []
-                for start in range(0, len(tx), 32):
-                    got += skills.score(tx[start:start + 32], s, pairs=px[start:start + 32] if px else None)
-                hit[t][s] = [g.label == str(r["label"]) for g, r in zip(got, rows[t])]
+                hit[t] = {}
+                for s in tasks:
+                    got = []
+                    for start in range(0, len(tx), 32):
+                        got += skills.score(tx[start:start + 32], s, pairs=px[start:start + 32] if px else None)
+                    hit[t][s] = [g.label == str(r["label"]) for g, r in zip(got, rows[t])]
+            stored.write_text(json.dumps(hit))
         cross = {t: {s: sum(hit[t][s]) / len(rows[t]) for s in tasks} for t in tasks}
         where = {id(r): i for t in tasks for i, r in enumerate(rows[t])}
 
@@ -161,6 +177,7 @@ def main() -> None:
     confusion = {t: {} for t in tasks}
     for (t, _), ro in zip(mixed, routes):
         confusion[t][ro.skill] = confusion[t].get(ro.skill, 0) + 1
+    router_module.pooled = plain_pooled  # nothing cached from here on: the rates below pay for routing
     oracle = {t: accuracy(skills, rows[t], t) for t in tasks}
     auto_hits = {t: 0 for t in tasks}
     for start in range(0, len(mixed), args.batch):  # mixed batches of every task's rows, skill="auto"
