@@ -7,7 +7,11 @@
    and the router (``--router``, default auto: centroid or probe, chosen on the dev rows).
 3. On every task's test rows: routing accuracy (the router's skill = the row's task), accuracy with the task named
    (oracle) and with ``skill="auto"`` (the rows of all tasks shuffled into mixed batches), each ÷ the task's own
-   fine-tuned model (merge.json) = normalized accuracy, and the mean over tasks.
+   fine-tuned model (merge.json) = normalized accuracy, and the mean over tasks. The router is the one stored in
+   routed/ unless ``--refit`` (default): then every router kind is fitted afresh (this code) on the stored train
+   rows, ``auto``'s choice made on the dev rows, and each kind's routing and share of the oracle are reported
+   beside the stored router's (``before``), from each test row scored under every skill (the diagnosis: the
+   confusion and each task's accuracy under each skill, ``cross``); the chosen router then scores the mixed batches.
 4. Throughput on one core, requests of ``--batch`` rows: single-skill traffic (every request names one skill),
    mixed-skill traffic (each request names a random skill: a swap whenever it changes), and mixed ``auto`` batches
    (each request's rows from random tasks, routed and grouped); rows/s and the swap's share of the time.
@@ -66,12 +70,15 @@ def main() -> None:
     ap.add_argument("--router", default="auto")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--requests", type=int, default=60)
+    ap.add_argument("--refit", action=argparse.BooleanOptionalAction, default=True,
+                    help="fit the routers afresh on the stored rows (this code), compare with the stored one")
     ap.add_argument("--root", type=Path, default=Path("/work/store/route-serve-bench"))
     ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "route_serve.json")
     args = ap.parse_args()
     torch.set_num_threads(1)
     from skillgraft import RoutedSkills
     from skillgraft.graft.routed import switch_seconds
+    from skillgraft.graft.router import ROUTERS, fit_router
     from skillgraft.models.loading import bundled_minilm_path
 
     tasks = args.tasks.split(",")
@@ -97,18 +104,80 @@ def main() -> None:
     ft = next(r for r in summary["rows"] if r["method"] == "fine-tuned" and r.get(f"{tasks[0]}:test") is not None)
     skills = RoutedSkills.from_pretrained(out / "routed")
     rows = {t: test_rows(root, t) for t in tasks}
-
-    # routing accuracy and auto vs oracle
+    ft_test = {t: ft[f"{t}:test"] for t in tasks}
     mixed = [(t, r) for t in tasks for r in rows[t]]
     random.Random(0).shuffle(mixed)
-    routes = []
     texts = [" ".join(texts_of([r])[0] + (texts_of([r])[1] or [])) for _, r in mixed]
-    for start in range(0, len(texts), 64):
-        routes += skills.route(texts[start:start + 64])
+    paired = ["text_a" in r for _, r in mixed]
+
+    def routed(router) -> list:
+        skills.router = router
+        got = []
+        for start in range(0, len(texts), 64):
+            got += skills.route(texts[start:start + 64], paired=paired[start:start + 64])
+        return got
+
+    compare, cross, before = {}, None, skills.router
+    import skillgraft.graft.router as router_module
+    plain_pooled, memo = router_module.pooled, {}
+
+    def pooled(skills_, texts_, layers="last", batch_size=32):  # each text's states once, whichever kind asks
+        key = tuple(texts_)
+        if key not in memo:
+            memo[key] = plain_pooled(skills_, texts_, "all", batch_size)
+        return memo[key] if layers == "all" else memo[key][:, -1:]
+
+    if args.refit:
+        router_module.pooled = pooled
+        # each test row under every skill: the cross matrix (diagnosis) and any router's accuracy kept, by lookup;
+        # kept beside the merge (keyed by the skills' digests), so a rerun does not score them again
+        stored = out / f"cross-test{args.test}.json"
+        hit = json.loads(stored.read_text()) if stored.is_file() else {}
+        if hit.get("digests") != skills.digests:
+            hit = {"digests": skills.digests}
+            for t in tasks:
+                tx, px = texts_of(rows[t])
+                hit[t] = {}
+                for s in tasks:
+                    got = []
+                    for start in range(0, len(tx), 32):
+                        got += skills.score(tx[start:start + 32], s, pairs=px[start:start + 32] if px else None)
+                    hit[t][s] = [g.label == str(r["label"]) for g, r in zip(got, rows[t])]
+            stored.write_text(json.dumps(hit))
+        cross = {t: {s: sum(hit[t][s]) / len(rows[t]) for s in tasks} for t in tasks}
+        where = {id(r): i for t in tasks for i, r in enumerate(rows[t])}
+
+        def kept(routes) -> dict:
+            acc = {t: 0 for t in tasks}
+            for (t, r), ro in zip(mixed, routes):
+                acc[t] += ro.skill in hit[t] and hit[t][ro.skill][where[id(r)]]
+            norm = {t: acc[t] / len(rows[t]) / ft_test[t] for t in tasks}
+            oracle_norm = sum(cross[t][t] / ft_test[t] for t in tasks) / len(tasks)
+            return {"routing": sum(ro.skill == t for (t, _), ro in zip(mixed, routes)) / len(mixed),
+                    "mean_normalized": sum(norm.values()) / len(tasks),
+                    "share_of_oracle": sum(norm.values()) / len(tasks) / oracle_norm}
+
+        compare["before (stored)"] = {"kind": before.kind, **kept(routed(before))}
+        fit_rows = {split: {t: [" ".join(texts_of([r])[0] + (texts_of([r])[1] or []))
+                                for r in rows_of(root / "data" / t / f"{split}.jsonl")] for t in tasks}
+                    for split in ("train", "dev")}
+        shapes = {t: "text_a" in rows[t][0] for t in tasks}
+        for kind in (*ROUTERS.members, "auto"):
+            fitted = fit_router(skills, fit_rows["train"], fit_rows["dev"], kind, pairs=shapes)
+            compare[kind] = {"kind": fitted.kind, "dev": fitted.info["accuracy"][fitted.kind]["dev"],
+                             **kept(routed(fitted))}
+            compare[kind + " (no pair rule)"] = {"kind": fitted.kind, **kept(routed(
+                type(fitted)(fitted.kind, fitted.tasks, fitted.params, fitted.threshold, fitted.info)))}
+        skills.router = fitted  # auto's choice, made on dev, scores the mixed batches below
+    router_record = {"kind": skills.router.kind, **skills.router.info, "pairs": skills.router.pairs}
+
+    # routing accuracy and auto vs oracle
+    routes = routed(skills.router)
     routing = {t: sum(ro.skill == t for (tt, _), ro in zip(mixed, routes) if tt == t) / len(rows[t]) for t in tasks}
     confusion = {t: {} for t in tasks}
     for (t, _), ro in zip(mixed, routes):
         confusion[t][ro.skill] = confusion[t].get(ro.skill, 0) + 1
+    router_module.pooled = plain_pooled  # nothing cached from here on: the rates below pay for routing
     oracle = {t: accuracy(skills, rows[t], t) for t in tasks}
     auto_hits = {t: 0 for t in tasks}
     for start in range(0, len(mixed), args.batch):  # mixed batches of every task's rows, skill="auto"
@@ -123,7 +192,6 @@ def main() -> None:
             for (t, r), g in zip(group, got):
                 auto_hits[t] += g.label == str(r["label"])
     auto = {t: auto_hits[t] / len(rows[t]) for t in tasks}
-    ft_test = {t: ft[f"{t}:test"] for t in tasks}
     norm = {name: {t: acc[t] / ft_test[t] for t in tasks} for name, acc in (("oracle", oracle), ("auto", auto))}
     mean = {name: sum(v.values()) / len(v) for name, v in norm.items()}
 
@@ -158,7 +226,7 @@ def main() -> None:
     ratio = {k: throughput[k]["rows_per_s"] / throughput["single-skill"]["rows_per_s"]
              for k in ("mixed-skill", "mixed auto")}
     record = {"settings": vars(args) | {"root": str(args.root), "results": str(args.results)},
-              "router": summary["routed"].get("router"), "routing_accuracy": routing,
+              "router": router_record, "routers": compare, "cross": cross, "routing_accuracy": routing,
               "routing_accuracy_mean": sum(routing.values()) / len(tasks), "confusion": confusion,
               "ft_test": ft_test, "oracle": oracle, "auto": auto, "normalized": norm, "mean_normalized": mean,
               "auto_share_of_oracle": mean["auto"] / mean["oracle"], "switch_ms": 1e3 * switch,
@@ -169,6 +237,14 @@ def main() -> None:
     print(json.dumps({k: record[k] for k in ("routing_accuracy_mean", "mean_normalized", "auto_share_of_oracle",
                                              "throughput_vs_single", "switch_ms", "seconds")}, indent=2))
     print("router:", {k: v for k, v in (record["router"] or {}).items() if k in ("kind", "accuracy")})
+    for name, c in compare.items():
+        print(f"{name:>28}: {c['kind']:>15} dev {c.get('dev') or float('nan'):.3f}  test routing {c['routing']:.3f}  "
+              f"share of oracle {c['share_of_oracle']:.4f}")
+    if cross:
+        print("accuracy of each skill (column) on each task's rows, ÷ its own skill's:")
+        print(" " * 9 + "".join(f"{s:>8}" for s in tasks))
+        for t in tasks:
+            print(f"{t:>8} " + "".join(f"{cross[t][s] / max(cross[t][t], 1e-9):8.2f}" for s in tasks))
     for t in tasks:
         print(f"{t:>8}: routed {routing[t]:.3f}  oracle {norm['oracle'][t]:.3f}  auto {norm['auto'][t]:.3f}  "
               f"confusion {confusion[t]}")

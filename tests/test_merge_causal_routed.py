@@ -58,13 +58,17 @@ def _causal_merge(base, root, *extra):
 
 def test_routed_merge_fits_a_router_on_the_prompts_and_router_none_skips_it(causal_run, tmp_path):
     """Issue 78: merge --routed writes routed/router/ (fitted on each task's prompts as its template renders them,
-    both kinds measured on the dev rows) and names it in routed.json; --router none writes none."""
+    every kind measured on the dev rows; prompts are no text pairs) and names it in routed.json; --router none
+    writes none."""
     import skillgraft
 
     out, base = causal_run
     s = json.loads((out / "merge.json").read_text())
     router = s["routed"]["router"]
-    assert router["kind"] in ("centroid", "probe") and set(router["accuracy"]) == {"centroid", "probe"}
+    from skillgraft.graft.router import ROUTERS
+
+    assert router["kind"] in ROUTERS.members and set(router["accuracy"]) == set(ROUTERS.members)  # every kind
+    assert json.loads((out / "routed" / "router" / "router.json").read_text())["pairs"] == [False, False]
     assert router["rows"] == {"sentiment": 24, "topic": 24} and router["dev_rows"] == {"sentiment": 12, "topic": 12}
     assert json.loads((out / "routed" / "routed.json").read_text())["router"] == "router"
     skills = skillgraft.RoutedSkills.from_pretrained(out / "routed")

@@ -45,8 +45,10 @@ def test_router_is_plain_files_routes_held_out_rows_and_says_its_confidence(clas
     record = json.loads((classifier_folder / "routed.json").read_text())
     meta = json.loads((classifier_folder / record["router"] / "router.json").read_text())
     tensors = load_file(str(classifier_folder / "router" / "router.safetensors"))
-    assert meta["tasks"] == ["sentiment", "topic"] and meta["kind"] in ("centroid", "probe")
-    assert set(meta["accuracy"]) == {"centroid", "probe"}  # auto: both measured on the dev rows, the better kept
+    from skillgraft.graft.router import ROUTERS
+
+    assert meta["tasks"] == ["sentiment", "topic"] and meta["kind"] in ROUTERS.members
+    assert set(meta["accuracy"]) == {"centroid", "probe", "centroid-layers", "probe-layers"}  # auto: all on dev
     chosen = meta["accuracy"][meta["kind"]]["dev"]
     assert chosen == max(a["dev"] for a in meta["accuracy"].values())
     assert all(t.dtype == torch.float32 for t in tensors.values())
@@ -140,3 +142,64 @@ def test_generation_routed_and_grouped_matches_each_skill_on_its_own_rows(causal
     assert all(torch.equal(before[k], after[k]) for k in before)
     with pytest.raises(SkillgraftError, match="not classifiers"):
         skills.score(prompts, skill="topic")
+
+
+def test_every_layer_router_stores_its_width_and_routes_each_row_with_a_confidence(tiny_models, tmp_path):
+    """probe-layers reads the mean of every layer's hidden states (embeddings included): its tensors are that wide,
+    router.json says so, and a reloaded router routes each held-out row with its probability (threshold → base)."""
+    from safetensors.torch import load_file
+
+    from skillgraft.graft.routed import RoutedSkills
+
+    folder = write_routed_folder(tiny_models["bert"], tmp_path / "routed")
+    skills = _fitted(folder, "probe-layers")
+    meta = json.loads((folder / "router" / "router.json").read_text())
+    assert meta["kind"] == "probe-layers" and meta["layers"] == "all"
+    config = skills.model.config
+    width = (config.num_hidden_layers + 1) * config.hidden_size
+    assert load_file(str(folder / "router" / "router.safetensors"))["weight"].shape == (2, width)
+    assert skills.router.layers == "all"
+    test = skill_rows(20, 7)
+    routes = skills.route(test["sentiment"] + test["topic"])
+    truth = ["sentiment"] * 20 + ["topic"] * 20
+    assert sum(r.skill == t for r, t in zip(routes, truth)) >= 36
+    assert all(0.5 <= r.confidence <= 1 for r in routes)
+    assert [r.skill for r in skills.route(test["topic"][:2], threshold=1.0)] == ["base", "base"]
+    again = RoutedSkills.from_pretrained(folder).route(test["topic"][:4])
+    assert [(r.skill, round(r.confidence, 5)) for r in again] == [(r.skill, round(r.confidence, 5))
+                                                                  for r in routes[20:24]]
+
+
+def test_a_text_pair_is_routed_among_the_pair_skills_and_a_single_text_among_the_others(tiny_models, tmp_path):
+    """The router records which tasks read text pairs: a row's shape decides between skills of different shapes
+    (a pair that reads like sentiment still goes to the pair skill, with the confidence renormalized), the
+    words decide within a shape; a router without the record (written before) routes every row by its words."""
+    from skillgraft.graft.routed import RoutedSkills, attach_router
+    from skillgraft.graft.router import fit_router
+
+    folder = write_routed_folder(tiny_models["bert"], tmp_path / "routed")
+    skills = RoutedSkills.from_pretrained(folder)
+    attach_router(folder, fit_router(skills, skill_rows(40, 0), skill_rows(16, 1), "centroid",
+                                     pairs={"sentiment": False, "topic": True}))
+    meta = json.loads((folder / "router" / "router.json").read_text())
+    assert meta["pairs"] == [False, True]
+    skills = RoutedSkills.from_pretrained(folder)
+    sentiment = skill_rows(6, 9)["sentiment"]
+    assert [r.skill for r in skills.route(sentiment)] == ["sentiment"] * 6  # shape not said: words decide
+    as_pairs = skills.route(sentiment, paired=True)
+    assert [r.skill for r in as_pairs] == ["topic"] * 6 and all(r.confidence == 1.0 for r in as_pairs)
+    mixed = skills.route(sentiment[:2], paired=[True, False])
+    assert [r.skill for r in mixed] == ["topic", "sentiment"]
+    scored = skills.score(sentiment[:3], "auto", pairs=sentiment[3:])  # a pair request: only the pair skill
+    assert [r.skill for r in scored] == ["topic"] * 3
+    with pytest.raises(SkillgraftError, match="2 texts but 3 paired flags"):
+        skills.route(sentiment[:2], paired=[True, False, True])
+    record = json.loads((folder / "router" / "router.json").read_text())
+    (folder / "router" / "router.json").write_text(json.dumps({**record, "pairs": [True]}))
+    with pytest.raises(SkillgraftError, match="router.json: field 'pairs'"):
+        RoutedSkills.from_pretrained(folder)
+    del record["pairs"]  # as written before the field existed: no restriction
+    (folder / "router" / "router.json").write_text(json.dumps(record))
+    old = RoutedSkills.from_pretrained(folder)
+    assert old.router.pairs is None
+    assert [r.skill for r in old.route(sentiment, paired=True)] == ["sentiment"] * 6

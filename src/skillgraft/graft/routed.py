@@ -293,9 +293,12 @@ class RoutedSkills:
 
         return generate(self, prompts, skill, **kwargs)
 
-    def route(self, texts: Sequence[str], threshold: float | None = None) -> list:
+    def route(self, texts: Sequence[str], threshold: float | None = None, *,
+              paired: bool | Sequence[bool] | None = None) -> list:
         """Each text's :class:`~skillgraft.graft.router.Route`: its likeliest skill and the router's probability of
-        it; a row below ``threshold`` (default: the router's own) goes to the base (``skill == "base"``)."""
+        it; a row below ``threshold`` (default: the router's own) goes to the base (``skill == "base"``).
+        ``paired`` (one for all rows, or per row): whether the row is a text pair (its two texts joined by a space
+        in ``texts``) — routed only among the skills of its shape, when the router knows them."""
         from skillgraft.graft.router import features  # noqa: PLC0415
 
         if self.router is None:
@@ -303,7 +306,11 @@ class RoutedSkills:
                                   "routers existed): name a skill, or re-run `skillgraft merge --routed`")
         if threshold is not None and not 0 <= threshold <= 1:
             raise SkillgraftError(f"threshold {threshold!r} is not a probability in [0, 1]")
-        return self.router.routes(features(self, texts), threshold)
+        if isinstance(paired, bool):
+            paired = [paired] * len(texts)
+        if paired is not None and len(paired) != len(texts):
+            raise SkillgraftError(f"{len(texts)} texts but {len(paired)} paired flags")
+        return self.router.routes(features(self, texts, self.router.layers), threshold, paired)
 
     @property
     def swaps(self) -> int:

@@ -47,12 +47,12 @@ class Generated:
         return asdict(self)
 
 
-def assign(skills, texts: Sequence[str], skill: str = AUTO, threshold: float | None = None
-           ) -> list[tuple[str, float | None]]:
-    """Each row's (skill, router confidence): ``auto`` routes each text; a skill's name (or ``base``) takes every
-    row. An unknown name is one line listing the known ones."""
+def assign(skills, texts: Sequence[str], skill: str = AUTO, threshold: float | None = None,
+           paired: bool | None = None) -> list[tuple[str, float | None]]:
+    """Each row's (skill, router confidence): ``auto`` routes each text (``paired``: text pairs, routed among the
+    pair skills); a skill's name (or ``base``) takes every row. An unknown name is one line listing the known ones."""
     if skill == AUTO:
-        return [(r.skill, r.confidence) for r in skills.route(texts, threshold)]
+        return [(r.skill, r.confidence) for r in skills.route(texts, threshold, paired=paired)]
     if skill != BASE and skill not in skills.skills:
         raise SkillgraftError(f"no skill {skill!r}; the skills are {', '.join(skills.skills)} (or auto, base)")
     return [(skill, None)] * len(texts)
@@ -88,7 +88,7 @@ def score(skills, texts: Sequence[str], skill: str = AUTO, *, pairs: Sequence[st
     if pairs is not None and len(pairs) != len(texts):
         raise SkillgraftError(f"{len(texts)} texts but {len(pairs)} pairs")
     routed = assign(skills, texts if pairs is None else [f"{a} {b}" for a, b in zip(texts, pairs)], skill,
-                    threshold)
+                    threshold, pairs is not None)
     out: list[ScoredRow | None] = [None] * len(texts)
     for name, idx in grouped([s for s, _ in routed]).items():
         if name == BASE:

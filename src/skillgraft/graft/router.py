@@ -6,15 +6,18 @@ text, a causal task's prompt up to its label) and keeps it beside the skills::
     routed/router/router.json          kind, tasks in order, threshold, pooling, dev accuracies (JSON)
     routed/router/router.safetensors   its tensors (no pickle)
 
-A router is a registered kind (:data:`ROUTERS`, ``register_router``) over features = the mean of θ_pre's last
-hidden states on the text's tokens:
+A router is a registered kind (:data:`ROUTERS`, ``register_router``) over features = the mean of θ_pre's hidden
+states on the text's tokens, of the last layer or of every layer (the embeddings' output and each block's, side by
+side: ``layers = "all"``):
 
-- ``centroid``: cosine similarity to each task's mean feature, softmax at a scale fitted on the training rows;
-- ``probe``: multinomial logistic regression on standardized features (L-BFGS, a small L2).
+- ``centroid`` / ``centroid-layers``: cosine similarity to each task's mean feature, softmax at a fitted scale;
+- ``probe`` / ``probe-layers``: multinomial logistic regression on standardized features (L-BFGS, a small L2).
 
-``auto`` (the default) fits both and keeps the one that routes each task's dev rows best (ties: ``centroid``), the
-dev accuracies of both recorded. :meth:`RoutedSkills.route` gives each row its likeliest skill with that
-probability; below the router's ``threshold`` (0 unless set: every row gets a skill) the row goes to the base model.
+``auto`` (the default) fits every kind and keeps the one that routes each task's dev rows best (ties: the first
+registered), the dev accuracies of all recorded. A row's shape is evidence too: the router records which tasks read
+text pairs, and a pair (or a single text) is routed only among the skills of its shape, when there are any.
+:meth:`RoutedSkills.route` gives each row its likeliest skill with that probability; below the router's
+``threshold`` (0 unless set: every row gets a skill) the row goes to the base model.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class Router:
 
     name: str = ""
     summary: str = ""
+    layers: str = "last"  # the features it reads: the last layer's mean, or every layer's ("all")
     shapes: dict[str, str] = {}  # each tensor's shape in terms of T (tasks) and D (features): checked on load
 
     def fit(self, x: torch.Tensor, y: torch.Tensor, tasks: int) -> dict[str, torch.Tensor]:
@@ -100,6 +104,18 @@ class Probe(Router):
         return ((x - params["mean"]) / params["std"]) @ params["weight"].T + params["bias"]
 
 
+@register_router("centroid-layers")
+class CentroidLayers(Centroid):
+    summary = "nearest task centroid on every layer's mean hidden state"
+    layers = "all"
+
+
+@register_router("probe-layers")
+class ProbeLayers(Probe):
+    summary = "linear probe on every layer's mean hidden state (standardized)"
+    layers = "all"
+
+
 @dataclass
 class Route:
     """One row's route: its skill (``base`` when no skill reaches the threshold), the router's probability of the
@@ -123,13 +139,28 @@ class FittedRouter:
     params: dict[str, torch.Tensor]
     threshold: float = 0.0
     info: dict = field(default_factory=dict)
+    pairs: list[bool] | None = None  # per task: whether its rows are text pairs (None: not known, no restriction)
 
-    def probs(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(ROUTERS.get(self.kind).logits(self.params, x.float()), dim=-1)
+    @property
+    def layers(self) -> str:
+        return ROUTERS.get(self.kind).layers
 
-    def routes(self, x: torch.Tensor, threshold: float | None = None) -> list[Route]:
+    def probs(self, x: torch.Tensor, paired: Sequence[bool] | None = None) -> torch.Tensor:
+        """Each row's probability per skill; ``paired`` (per row): only the skills of the row's shape, when the
+        router knows the tasks' shapes and some skill has that shape."""
+        p = torch.softmax(ROUTERS.get(self.kind).logits(self.params, x.float()), dim=-1)
+        if paired is None or self.pairs is None:
+            return p
+        shape = torch.tensor(self.pairs)
+        allowed = torch.tensor([bool(r) for r in paired])[:, None] == shape[None, :]
+        allowed |= ~allowed.any(-1, keepdim=True)  # no skill of the row's shape: every skill may take it
+        p = p * allowed
+        return p / p.sum(-1, keepdim=True).clamp_min(1e-30)
+
+    def routes(self, x: torch.Tensor, threshold: float | None = None,
+               paired: Sequence[bool] | None = None) -> list[Route]:
         threshold = self.threshold if threshold is None else threshold
-        p, idx = self.probs(x).max(-1)
+        p, idx = self.probs(x, paired).max(-1)
         out = []
         for conf, i in zip(p.tolist(), idx.tolist()):
             best = self.tasks[i]
@@ -143,8 +174,10 @@ class FittedRouter:
         folder.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in self.params.items()}, str(folder / "router.safetensors"))
         record = {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": self.kind, "tasks": self.tasks,
-                  "threshold": self.threshold, "features": "mean of the base model's last hidden states",
-                  "max_length": MAX_LENGTH, **self.info}
+                  "threshold": self.threshold, "pairs": self.pairs,
+                  "features": "mean of the base model's hidden states, "
+                              + ("every layer's side by side" if self.layers == "all" else "the last layer's"),
+                  "layers": self.layers, "max_length": MAX_LENGTH, **self.info}
         (folder / "router.json").write_text(json.dumps(record, indent=2))
         return folder
 
@@ -186,9 +219,14 @@ class FittedRouter:
                     raise SkillgraftError(f"{folder / 'router.safetensors'}: tensor {name!r} has shape "
                                           f"{tuple(t.shape)}, not {shape} with T = {len(tasks)} tasks and the "
                                           "other tensors' D")
+        pairs = record.get("pairs")
+        if pairs is not None and (not isinstance(pairs, list) or len(pairs) != len(tasks)
+                                  or any(type(v) is not bool for v in pairs)):
+            raise SkillgraftError(f"{meta}: field 'pairs': {pairs!r} is not one true/false per task"[:300])
         info = {k: v for k, v in record.items() if k not in ("format", "format_version", "kind", "tasks",
-                                                              "threshold")}
-        return cls(record["kind"], list(tasks), {k: params[k].float() for k in kind.shapes}, float(threshold), info)
+                                                              "threshold", "pairs", "layers")}
+        return cls(record["kind"], list(tasks), {k: params[k].float() for k in kind.shapes}, float(threshold), info,
+                   pairs)
 
 
 # ---------------------------------------------------------------------------------------------- fitting
@@ -205,8 +243,14 @@ def example_text(example, task, mode: str) -> str:
     return f"{example.text_a} {example.text_b}"
 
 
-def features(skills, texts: Sequence[str], batch_size: int = 32) -> torch.Tensor:
-    """Mean of the base model's last hidden states over each text's tokens (float32, CPU), θ_pre held meanwhile."""
+def features(skills, texts: Sequence[str], layers: str = "last", batch_size: int = 32) -> torch.Tensor:
+    """Mean of the base model's hidden states over each text's tokens (float32, CPU), θ_pre held meanwhile: the
+    last layer's, or (``layers="all"``) every layer's side by side, the last layer's last."""
+    return pooled(skills, texts, layers, batch_size).flatten(1)
+
+
+def pooled(skills, texts: Sequence[str], layers: str = "last", batch_size: int = 32) -> torch.Tensor:
+    """:func:`features` as ``[rows, layers, hidden]``."""
     from skillgraft.models.placement import device_of, forward_context  # noqa: PLC0415
 
     out = []
@@ -216,10 +260,12 @@ def features(skills, texts: Sequence[str], batch_size: int = 32) -> torch.Tensor
             enc = skills.encode(list(texts[start:start + batch_size]), max_length=MAX_LENGTH, side="right")
             enc = {k: v.to(device) for k, v in enc.items()}
             with forward_context(model):
-                hidden = model(**enc, output_hidden_states=True).hidden_states[-1].float()
-            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            out.append(((hidden * mask).sum(1) / mask.sum(1).clamp_min(1)).cpu())
-    return torch.cat(out) if out else torch.empty(0, 0)
+                states = model(**enc, output_hidden_states=True).hidden_states
+            mask = enc["attention_mask"].unsqueeze(-1).float()
+            states = states if layers == "all" else states[-1:]
+            out.append(torch.stack([((h.float() * mask).sum(1) / mask.sum(1).clamp_min(1)).cpu() for h in states],
+                                   1))
+    return torch.cat(out) if out else torch.empty(0, 0, 0)
 
 
 def _sample(texts: Sequence[str], n: int, seed: int) -> list[str]:
@@ -227,10 +273,17 @@ def _sample(texts: Sequence[str], n: int, seed: int) -> list[str]:
     return texts if len(texts) <= n else random.Random(seed).sample(texts, n)
 
 
+def _by_layers(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Pooled states ``[rows, layers, hidden]`` as each kind's features: every layer's and the last one's."""
+    return {"all": x.flatten(1), "last": x[:, -1]}
+
+
 def fit_router(skills, train: Mapping[str, Sequence[str]], dev: Mapping[str, Sequence[str]] | None = None,
-               kind: str = "auto", threshold: float = 0.0, seed: int = 0) -> FittedRouter:
+               kind: str = "auto", threshold: float = 0.0, seed: int = 0,
+               pairs: Mapping[str, bool] | None = None) -> FittedRouter:
     """A router for ``skills``' tasks from each task's training texts (``MAX_TRAIN_ROWS`` at most, seeded);
-    ``kind="auto"``: every registered kind, the one routing ``dev``'s texts best kept (ties: the first)."""
+    ``kind="auto"``: every registered kind, the one routing ``dev``'s texts best kept (ties: the first).
+    ``pairs``: whether each task's rows are text pairs (recorded; a row is then routed among its shape's skills)."""
     if kind not in (*CHOICES, *ROUTERS.members) or kind == "none":
         raise SkillgraftError(f"unknown router {kind!r}; known: auto, none, {', '.join(ROUTERS.members)}")
     tasks = skills.tasks
@@ -238,22 +291,28 @@ def fit_router(skills, train: Mapping[str, Sequence[str]], dev: Mapping[str, Seq
     if empty:
         raise SkillgraftError(f"no training rows to fit the router on for task(s) {', '.join(empty)}")
     rows = {t: _sample(train[t], MAX_TRAIN_ROWS, seed) for t in tasks}
-    x = features(skills, [s for t in tasks for s in rows[t]])
-    y = torch.tensor([i for i, t in enumerate(tasks) for _ in rows[t]])
-    dev = {t: list(dev.get(t) or []) for t in tasks} if dev else {t: [] for t in tasks}
-    xd = features(skills, [s for t in tasks for s in dev[t]]) if any(dev.values()) else None
-    yd = torch.tensor([i for i, t in enumerate(tasks) for _ in dev[t]])
     kinds = list(ROUTERS.members) if kind == "auto" else [kind]
+    layers = "all" if any(ROUTERS.get(k).layers == "all" for k in kinds) else "last"
+    shapes = [bool(pairs.get(t, False)) for t in tasks] if pairs is not None else None
+    xs = _by_layers(pooled(skills, [s for t in tasks for s in rows[t]], layers))
+    y = torch.tensor([i for i, t in enumerate(tasks) for _ in rows[t]])
+    paired = [shapes[i] for i in y.tolist()] if shapes else None
+    dev = {t: list(dev.get(t) or []) for t in tasks} if dev else {t: [] for t in tasks}
+    xds = _by_layers(pooled(skills, [s for t in tasks for s in dev[t]], layers)) if any(dev.values()) else None
+    yd = torch.tensor([i for i, t in enumerate(tasks) for _ in dev[t]])
+    paired_dev = [shapes[i] for i in yd.tolist()] if shapes else None
     fitted, accuracy = {}, {}
     for k in kinds:
-        fitted[k] = FittedRouter(k, list(tasks), ROUTERS.get(k).fit(x, y, len(tasks)), threshold)
-        train_acc = float((fitted[k].probs(x).argmax(-1) == y).float().mean())
-        dev_acc = float((fitted[k].probs(xd).argmax(-1) == yd).float().mean()) if xd is not None else None
+        x = xs[ROUTERS.get(k).layers]
+        fitted[k] = FittedRouter(k, list(tasks), ROUTERS.get(k).fit(x, y, len(tasks)), threshold, pairs=shapes)
+        train_acc = float((fitted[k].probs(x, paired).argmax(-1) == y).float().mean())
+        dev_acc = float((fitted[k].probs(xds[ROUTERS.get(k).layers], paired_dev).argmax(-1) == yd).float().mean()) \
+            if xds is not None else None
         accuracy[k] = {"train": train_acc, "dev": dev_acc}
     chosen = max(kinds, key=lambda k: (accuracy[k]["dev"] if accuracy[k]["dev"] is not None else -1.0,
                                        -kinds.index(k)))
     router = fitted[chosen]
-    router.info = {"chosen": "dev accuracy" if kind == "auto" and xd is not None else kind,
+    router.info = {"chosen": "dev accuracy" if kind == "auto" and xds is not None else kind,
                    "accuracy": accuracy, "rows": {t: len(rows[t]) for t in tasks},
                    "dev_rows": {t: len(dev[t]) for t in tasks}}
     return router
@@ -262,3 +321,8 @@ def fit_router(skills, train: Mapping[str, Sequence[str]], dev: Mapping[str, Seq
 def member_texts(member, split: str, mode: str) -> list[str]:
     """A merge member's ``split`` rows (``train`` or ``dev``) as request texts (:func:`example_text`)."""
     return [example_text(ex, member.data.task, mode) for ex in getattr(member.data, split) or []]
+
+
+def member_pairs(member, mode: str) -> bool:
+    """Whether a merge member's requests are text pairs (a classifier task whose training rows have a second text)."""
+    return mode not in ("causal", "prompt", "generative") and any(ex.text_b for ex in member.data.train or [])

@@ -75,8 +75,9 @@ class MergeSettings(Spec):
     routed: bool = Field(False, description="also write routed/: one base model plus each task's graft and head, "
                                             "loaded by skillgraft.RoutedSkills (a task's graft applied per request)")
     router: str = Field("auto", description="with --routed: the router written beside the skills, fitted on each "
-                                            "task's training rows: auto (centroid or probe, whichever routes the dev "
-                                            "rows best) | centroid | probe | none (no router; docs/serve.md)")
+                                            "task's training rows: auto (every kind fitted, whichever routes the dev "
+                                            "rows best kept) | centroid | probe | centroid-layers | probe-layers | "
+                                            "none (no router; docs/serve.md)")
     # Annotated: the command line hands the text to the validator (as graft's --keep), so "0.9,0.95" is told why
     keep: Annotated[float, "share"] | None = Field(None, description=(
         "with --routed: one share (graft --keep takes several; a merge keeps one graft per task): size each task's "
@@ -445,11 +446,12 @@ def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict,
     router = None
     if summary["settings"].get("router", "auto") != "none":  # fitted on the base as routed/ holds it
         from skillgraft.graft.routed import attach_router  # noqa: PLC0415
-        from skillgraft.graft.router import fit_router, member_texts  # noqa: PLC0415
+        from skillgraft.graft.router import fit_router, member_pairs, member_texts  # noqa: PLC0415
 
         router = fit_router(skills, {n: member_texts(m, "train", summary["mode"]) for n, m in bench.members.items()},
                             {n: member_texts(m, "dev", summary["mode"]) for n, m in bench.members.items()},
-                            summary["settings"].get("router", "auto"))
+                            summary["settings"].get("router", "auto"),
+                            pairs={n: member_pairs(m, summary["mode"]) for n, m in bench.members.items()})
         attach_router(folder, router)
     ckpt = summary["headline"]["checkpoint_bytes"]
     out = {"folder": "routed", "switch_ms": 1e3 * seconds,
