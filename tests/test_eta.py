@@ -45,3 +45,17 @@ def test_finetune_and_graft_say_their_plan_before_step_1(tiny_bert, toy_data, tm
     assert 0 <= plan < estimate, g.output
     # the localizer scores before step 1: its estimate takes that scoring's time for the two to come
     assert re.search(r"× 4 training micro-batches \+ 2 more scorings at [\d.]+ s, the first one's time\)", g.output)
+
+
+def test_a_fit_schedules_estimate_is_an_upper_bound_that_says_why(trained_run, toy_data, tmp_path):
+    """The fit schedule (the learned localizer's default) may stop long before its cap: its estimate says "at most"
+    and what stops it sooner, not "about" the cap's time."""
+    assert estimate_line("localize", 2.0, 10, cap="it stops sooner") == (
+        "localize: at most 20 s (estimated: first micro-batch 2.00 s × 10 training micro-batches); it stops sooner")
+    g = CliRunner().invoke(app, [str(a) for a in ("graft", "--finetuned", trained_run, "--budgets", "0.01",
+                                                  "--steps", 4, "--eval-every", 2, "--baselines", "",
+                                                  "--no-lottery-zero", "--data-dir", toy_data, "--out", tmp_path / "g")])
+    assert g.exit_code == 0, g.output
+    assert re.search(r"localize: at most [\d.]+ s \(estimated: .*\); the fit schedule stops sooner once every region "
+                     r"fits, none gains for 50 steps or none moves in 10", g.output), g.output
+    assert "localize: about" not in g.output

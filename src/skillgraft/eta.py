@@ -56,9 +56,11 @@ def plan_line(what: str, *, rows: int, steps: int, batch: int, micro_batches: in
 
 
 def estimate_line(what: str, first_micro_batch: float, training: int, scoring: float = 0.0,
-                  scoring_seconds: float = 0.0, scorings: int = 0) -> str:
+                  scoring_seconds: float = 0.0, scorings: int = 0, cap: str = "") -> str:
     """The estimate, once the first micro-batch is timed: ``localize: about 9 min 10 s (estimated: first micro-batch
-    9.70 s × 10 training micro-batches + 10 more scorings at 44.1 s, the first one's time)``."""
+    9.70 s × 10 training micro-batches + 10 more scorings at 44.1 s, the first one's time)``. With ``cap`` (a loop
+    that may stop before its last step, e.g. the fit schedule's) the time is an upper bound: ``localize: at most …
+    (…); <cap>``."""
     total = estimate_seconds(first_micro_batch, training, scoring, scoring_seconds)
     parts = f"{training:,} training micro-batches"
     if scoring_seconds and scorings:
@@ -66,7 +68,10 @@ def estimate_line(what: str, first_micro_batch: float, training: int, scoring: f
                  "the first one's time"
     elif scoring:
         parts += f" + scoring (forwards: {scoring:.1f} micro-batch equivalents)"
-    return f"{what}: about {duration(total)} (estimated: first micro-batch {first_micro_batch:.2f} s × {parts})"
+    line = f"(estimated: first micro-batch {first_micro_batch:.2f} s × {parts})"
+    if cap:
+        return f"{what}: at most {duration(total)} {line}; {cap}"
+    return f"{what}: about {duration(total)} {line}"
 
 
 def say(line: str) -> None:
@@ -80,8 +85,9 @@ class Estimate:
     """A loop's estimated time, said once its first micro-batch is timed (the localization's: its training
     micro-batches and its scorings of ``rows_per_scoring`` rows each)."""
 
-    def __init__(self, what: str, training: int, scorings: int, rows_per_scoring: int, rows_per_micro_batch: float):
-        self.what, self.training, self.scorings = what, training, scorings
+    def __init__(self, what: str, training: int, scorings: int, rows_per_scoring: int, rows_per_micro_batch: float,
+                 cap: str = ""):
+        self.what, self.training, self.scorings, self.cap = what, training, scorings, cap
         self.rows_per_scoring, self.rows_per_micro_batch = rows_per_scoring, rows_per_micro_batch
         self.scoring: float | None = None  # the first scoring's seconds (step 0), when it ran before step 1
 
@@ -89,7 +95,7 @@ class Estimate:
         if self.scoring is not None:  # that scoring is done: the others take about as long
             rest = max(0, self.scorings - 1)
             say(estimate_line(self.what, first_micro_batch, self.training, scoring_seconds=rest * self.scoring,
-                              scorings=rest))
+                              scorings=rest, cap=self.cap))
         else:
             forwards = forward_equivalents(self.scorings * self.rows_per_scoring, round(self.rows_per_micro_batch))
-            say(estimate_line(self.what, first_micro_batch, self.training, scoring=forwards))
+            say(estimate_line(self.what, first_micro_batch, self.training, scoring=forwards, cap=self.cap))

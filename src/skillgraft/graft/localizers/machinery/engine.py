@@ -403,8 +403,12 @@ def _plan(plan: Plan, relax: Relaxation, budgets: list[Budget], train, select, b
     say(plan_line(what, rows=len(train), steps=plan.steps, batch=batch_n, micro_batches=per_step, scored=times,
                   score_rows=len(select or []), trajectories=trajectories))
     rows = math.ceil(batch_n / world) / per_step  # rows of a training micro-batch
+    cap = ""
+    if plan.schedule.kind == "fit":  # the time of every step to the cap; the schedule usually stops sooner
+        cap = (f"the fit schedule stops sooner once every region fits, none gains for {plan.schedule.patience} steps"
+               + (f" or none moves in {plan.schedule.still}" if plan.schedule.still else ""))
     return Estimate(what, trajectories * plan.steps * per_step, trajectories * times,
-                    len(budgets) * math.ceil(len(select or []) / world), rows)
+                    len(budgets) * math.ceil(len(select or []) / world), rows, cap)
 
 
 class _FirstNonFinite(FirstNonFinite):
