@@ -20,7 +20,6 @@ per model.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import statistics
@@ -30,23 +29,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
+sys.path.insert(0, str(HERE.parent / "tests"))  # hostreads.Ops: the aten-op counter the swap tests use
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from hostreads import Ops  # noqa: E402
 
 from skillgraft.graft.graft import Graft  # noqa: E402
 from skillgraft.graft.identity import cached_fingerprint  # noqa: E402
 from skillgraft.graft.region import Region  # noqa: E402
 
-
-class Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func)] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def minilm(density: float):

@@ -1,8 +1,10 @@
 """Counting host reads (what makes a GPU wait for the host), on any device: the same rules as tests/test_engine.py's
-(issue 45), shared here for the fine-tuning loop's tests (issue 75)."""
+(issue 45), shared here for the fine-tuning loop's tests (issue 75); and counting the aten ops a block dispatches
+(:class:`Ops`: the swap's writes, tests/test_swap_fast.py, tests/test_routed_threads.py, bench/swap_flat.py)."""
 
 from __future__ import annotations
 
+import collections
 import traceback
 
 import torch
@@ -41,3 +43,15 @@ def count_host_reads(monkeypatch, reads):
         real = getattr(torch.Tensor, method)
         monkeypatch.setattr(torch.Tensor, method, lambda self, *a, _real=real, _m=method, **k:
                             reads.append(_m) or _real(self, *a, **k))
+
+
+class Ops(TorchDispatchMode):
+    """Counts the aten ops dispatched inside the block (``ops``: op name → count)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))

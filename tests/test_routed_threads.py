@@ -80,18 +80,7 @@ def test_a_switch_is_one_flat_write_each_way_plus_the_head(skills):
     """Issue 75.7: after a first switch prepares it, entering and leaving a skill writes the touched body coordinates
     in one put_ each way (the region tensors are views of one flat buffer) and copies each carried head tensor; a
     head of another shape is a view at the same address (metadata ops only), so the prepared swap stays valid."""
-    import collections
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = collections.Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[str(func)] += 1
-            return func(*args, **(kwargs or {}))
+    from hostreads import Ops
 
     before = {k: v.clone() for k, v in skills.model.state_dict().items()}
     for _ in range(2):

@@ -1,10 +1,8 @@
 """A repeated graft swap on one model: the prepared writes only (issue 45), bit-exact, and never on a changed base."""
 
-import collections
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from hostreads import Ops
 
 import skillgraft.graft.identity as identity_module
 from skillgraft.errors import SkillgraftError
@@ -13,17 +11,6 @@ from skillgraft.graft.identity import cached_fingerprint, forget_fingerprint
 from skillgraft.graft.region import Region
 from skillgraft.models.anatomy import fingerprint
 
-
-class Ops(TorchDispatchMode):
-    """Counts the aten ops dispatched inside the block."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func)] += 1
-        return func(*args, **(kwargs or {}))
 
 
 class Tiny(torch.nn.Module):
