@@ -13,6 +13,13 @@ from skillgraft.models.anatomy import fingerprint
 
 
 
+
+def prepared(graft, model) -> None:
+    """Apply and revert twice: the first swap prepares the flat write, the second takes it (what the counts test)."""
+    for _ in range(2):
+        with graft.applied(model):
+            pass
+
 class Tiny(torch.nn.Module):
     def __init__(self, device="cpu"):
         super().__init__()
@@ -111,9 +118,7 @@ def test_a_prepared_swap_is_not_used_on_a_changed_base_or_graft(change):
 def test_a_write_while_applied_is_not_blessed_as_the_base():
     m = Tiny()
     a = graft_on(m)
-    for _ in range(2):
-        with a.applied(m):
-            pass
+    prepared(a, m)
     a.apply(m)
     with torch.no_grad():
         m.model[1].weight.add_(1.0)  # someone else writes while the graft is applied
@@ -151,9 +156,7 @@ def test_a_mixed_precision_model_with_tied_weights_swaps_in_one_write_per_dtype_
     m = Mixed()
     a = mixed_graft(m, ["model.emb.weight", "model.lin.weight", "model.lin2.bias", "model.norm.weight"])
     before = state(m)
-    for _ in range(2):
-        with a.applied(m):
-            pass
+    prepared(a, m)
     with Ops() as on:
         a.apply(m)
     assert dict(on.ops) == {"aten.put_.default": 2}  # one bf16 buffer, one fp32 buffer
@@ -170,9 +173,7 @@ def test_a_mixed_precision_model_with_tied_weights_swaps_in_one_write_per_dtype_
 def test_a_flat_write_raises_the_written_parameters_versions_as_a_write_through_them_would():
     m = Tiny()
     a = graft_on(m, carried=False)
-    for _ in range(2):
-        with a.applied(m):
-            pass
+    prepared(a, m)
     w, untouched = m.model[0].weight, m.model[1].weight
     v, u = w._version, untouched._version
     a.apply(m)
@@ -184,9 +185,7 @@ def test_a_flat_write_raises_the_written_parameters_versions_as_a_write_through_
 def test_autograd_sees_a_flat_write_to_a_tensor_saved_for_backward():
     m = Tiny()
     a = graft_on(m, carried=False)
-    for _ in range(2):
-        with a.applied(m):
-            pass
+    prepared(a, m)
     x = torch.randn(3, 8, requires_grad=True)
     out = m.model[0](x).sum()  # saves model.0.weight for the input's gradient
     a.apply(m)
@@ -199,9 +198,7 @@ def test_a_bf16_model_swaps_in_one_write_each_way_bit_exactly():
     m = Tiny().to(torch.bfloat16)
     a = graft_on(m)  # fp32 values: written in the model's dtype
     before = state(m)
-    for _ in range(2):
-        with a.applied(m):
-            pass
+    prepared(a, m)
     with Ops() as on:
         a.apply(m)
     assert dict(on.ops) == {"aten.put_.default": 1, "aten.copy_.default": 1}
@@ -218,9 +215,7 @@ def test_a_parameter_sharing_its_storage_is_written_on_its_own():
     m.model[1].bias.data = m.model[0].bias.detach()[:4]  # two Parameters over one storage: not laid out
     a = graft_on(m, carried=False)
     before = state(m)
-    for _ in range(2):
-        with a.applied(m):
-            pass
+    prepared(a, m)
     with Ops() as on:
         a.apply(m)
     assert dict(on.ops) == {"aten.put_.default": 2}  # the two other tensors' buffer, then the shared one
@@ -262,9 +257,7 @@ def test_a_laid_out_model_saves_and_reads_back_with_safetensors(tmp_path):
 
     m = Tiny()
     a = graft_on(m)
-    for _ in range(2):
-        with a.applied(m):
-            pass
+    prepared(a, m)
     save_file({n: p.detach() for n, p in m.named_parameters()}, tmp_path / "m.safetensors")
     back = load_file(tmp_path / "m.safetensors")
     assert back.keys() == state(m).keys() and all(torch.equal(back[n], p) for n, p in state(m).items())
