@@ -37,6 +37,28 @@ def resolutions(monkeypatch) -> Counter:
     return seen
 
 
+RESUMABLE = 0x20 | 0x80 | 0x100 | 0x200  # a generator, coroutine, … resumed: no entry, whoever iterates it
+
+
+@pytest.fixture
+def loading_entries() -> Counter:
+    """Each entry into ``models/loading.py``: a call of a function of that file from a frame outside it (traced, so
+    an import under any name counts), by the function entered."""
+    import skillgraft.models.loading as loading
+
+    path, seen = loading.__file__, Counter()
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and code.co_filename == path and not code.co_flags & RESUMABLE:
+            if frame.f_back is None or frame.f_back.f_code.co_filename != path:
+                seen[code.co_name] += 1
+
+    sys.setprofile(profile)
+    yield seen
+    sys.setprofile(None)
+
+
 @pytest.fixture(scope="module")
 def llama_pair(moved_llama) -> tuple[Path, Path]:
     """(A, B): the tiny Llama and a copy whose body moved (conftest's ``moved_llama``)."""
@@ -48,6 +70,15 @@ def test_a_graft_run_resolves_its_base_model_once(ft_run, tiny_bert, toy_data, t
           report=ReportSpec(baselines=["movement"], lottery_zero=False), localize=LocalizeConfig(**OPTIONS),
           out=tmp_path / "g", cache=tmp_path / "store")
     assert dict(resolutions) == {str(tiny_bert): 1}
+
+
+def test_a_graft_run_enters_loading_once_per_model(ft_run, toy_data, tmp_path, loading_entries):
+    """θ_ft (the run's saved model) and θ_pre (its base, resolved there) each load through one entry,
+    ``models.loading.load`` (reference, tokenizer, weights); the report's base note reads the reference handed down."""
+    graft(GraftInputs(str(ft_run), data=DataSpec(data_dir=str(toy_data))),
+          report=ReportSpec(baselines=["movement"], lottery_zero=False), localize=LocalizeConfig(**OPTIONS),
+          out=tmp_path / "g", cache=tmp_path / "store")
+    assert dict(loading_entries) == {"load": 2}
 
 
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "both-loaded"])

@@ -315,6 +315,38 @@ def load_hf_model(path: str, kind: str, *, dtype: torch.dtype | None = None, wit
         hf_logging.set_verbosity(level)
 
 
+@dataclass
+class LoadedModel:
+    """One model as :func:`load` gives it: its reference, its weights and tokenizer, and what loading found (a
+    prompt model's tied decoder: no masked-LM head weights; a classifier's carried head names)."""
+
+    ref: ModelRef
+    model: object
+    tokenizer: object
+    tied_decoder: bool = False
+    carried: tuple[str, ...] = ()
+
+
+def load(name: str | os.PathLike | ModelRef | None, kind: str, *, labels: tuple[str, ...] = (),
+         mlm_check: bool = False, dtype: torch.dtype | None = None, runtime=None) -> LoadedModel:
+    """One model, through one entry: ``name`` resolved (:func:`model_reference`; a reference passed down is taken
+    as it is), its tokenizer (pad token set: eos, else unk) and its weights as ``kind`` ∈ {base, mlm, causal,
+    classifier} (one output per ``labels``); ``mlm_check``: a masked LM without MLM-head weights loads as its bare
+    encoder (``tied_decoder``). ``runtime``: the run's placement (its precision is the dtype loaded)."""
+    ref = model_reference(name)
+    tokenizer = load_tokenizer(ref.path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    if kind == "classifier":
+        model, head = load_classifier(ref.path, labels, pad_token_id=tokenizer.pad_token_id, dtype=dtype,
+                                      runtime=runtime)
+        return LoadedModel(ref, model, tokenizer, carried=tuple(head))
+    if kind == "mlm" and mlm_check:
+        model, has_mlm_head = load_hf_model(ref.path, "mlm", dtype=dtype, with_mlm_check=True, runtime=runtime)
+        return LoadedModel(ref, model, tokenizer, tied_decoder=not has_mlm_head)
+    return LoadedModel(ref, load_hf_model(ref.path, kind, dtype=dtype, runtime=runtime), tokenizer)
+
+
 def checkpoint_kind(path: str) -> str | None:
     """What a local checkpoint was saved as, from ``config.json``'s ``architectures``: ``classifier``
     (…ForSequenceClassification), ``mlm`` (…ForMaskedLM), ``causal`` (…ForCausalLM / LMHeadModel), ``base``,

@@ -297,10 +297,13 @@ def finetuned_name(member: Member) -> str:
 def models_and_data(member: Member) -> list[str]:
     """The report's "Models and data" section of a checkpoint pair, or of any run whose base was converted from a
     GGUF file (which it names, quantization included; empty otherwise)."""
+    from skillgraft.models.gguf import describe  # noqa: PLC0415
     from skillgraft.models.loading import base_model_note  # noqa: PLC0415
 
     inputs = member.inputs
-    converted = base_model_note(inputs.pre_ref or member.pre.base_model)  # e.g. dequantized from a GGUF file
+    ref = inputs.pre_ref or getattr(member.pre, "ref", None)  # θ_pre's reference, handed down from its load
+    # e.g. dequantized from a GGUF file (a recipe's bare θ_pre with no reference: its name resolved again)
+    converted = describe(ref.path) if ref is not None else base_model_note(member.pre.base_model)
     if not (inputs.labels_note or inputs.graft_metadata.to_dict() or converted):
         return []
     lines = ["", "## Models and data", "",
