@@ -353,9 +353,10 @@ def position_limit(model: nn.Module) -> int | None:
 
 def build_scorer(model_name: str | ModelRef | None, task: Task | str, mode: Mode = "head", *,
                  pooling: Pooling | None = None, max_length: int = MAX_LENGTH, head_seed: int = 0,
-                 dtype: torch.dtype | None = None, runtime=None) -> Scorer:
+                 dtype: torch.dtype | None = None, runtime=None, tokenizer=None) -> Scorer:
     """A Scorer for ``task`` from a hub name or local path (None: the bundled MiniLM), or a model reference a run
-    resolved once (:class:`~skillgraft.models.loading.ModelRef`).
+    resolved once (:class:`~skillgraft.models.loading.ModelRef`); ``tokenizer``: the model's, when the run loaded it
+    already (a checkpoint pair's, compared before any weights load).
 
     ``classifier`` mode loads ``AutoModelForSequenceClassification`` with one output per task label (a
     checkpoint without that head gets a new one, carried); ``generative`` loads ``AutoModelForCausalLM``.
@@ -367,7 +368,7 @@ def build_scorer(model_name: str | ModelRef | None, task: Task | str, mode: Mode
     with torch.random.fork_rng(devices=[]):  # CPU only: models load there first
         torch.manual_seed(0)  # weights missing from the checkpoint (e.g. a pooler) initialise the same every time
         loaded = load(model_name, LOADS[mode], labels=task.labels, mlm_check=mode == "prompt", dtype=dtype,
-                      runtime=runtime)  # resolved, tokenizer and weights: one entry into models/loading.py
+                      runtime=runtime, tokenizer=tokenizer)  # resolved, tokenizer and weights: one entry into models/loading.py
     if loaded.tied_decoder:
         _tied_warning(loaded.ref.name, 3)  # at build_scorer's caller
     if pooling is None:
