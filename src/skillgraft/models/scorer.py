@@ -367,8 +367,9 @@ def build_scorer(model_name: str | ModelRef | None, task: Task | str, mode: Mode
         raise SkillgraftError(f"unknown scorer mode {mode!r}; use {', '.join(MODES)}")
     with torch.random.fork_rng(devices=[]):  # CPU only: models load there first
         torch.manual_seed(0)  # weights missing from the checkpoint (e.g. a pooler) initialise the same every time
+        # resolved, its tokenizer and weights: one entry into models/loading.py
         loaded = load(model_name, LOADS[mode], labels=task.labels, mlm_check=mode == "prompt", dtype=dtype,
-                      runtime=runtime, tokenizer=tokenizer)  # resolved, tokenizer and weights: one entry into models/loading.py
+                      runtime=runtime, tokenizer=tokenizer)
     if loaded.tied_decoder:
         _tied_warning(loaded.ref.name, 3)  # at build_scorer's caller
     if pooling is None:

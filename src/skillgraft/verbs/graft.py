@@ -40,7 +40,8 @@ from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_
 from skillgraft.spec import Spec
 from skillgraft.verbs import converts_into_store
 from skillgraft.verbs.graft_output import (BASELINE_LABELS, GraftReport, GraftResult, baseline_label, best_steps,
-                                           mean_share, parameters_line, report_markdown, share_plot, size_plot)
+                                           fit_plot, fit_section, mean_share, parameters_line, report_markdown,
+                                           share_plot, size_plot)
 from skillgraft.models.spec import MAX_LENGTH
 
 __all__ = ["BASELINE_LABELS", "GraftInputs", "GraftReport", "GraftResult", "ReportSpec", "best_steps", "graft",
@@ -168,8 +169,6 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
         carried_parameters=head_only.graft.carried_size if head_only else 0, rows=rows,
         placement=placement_record(member.pre),
         caveats=graft_caveats(member, rows, options.graftable))  # results that mean nothing: warned, noted
-    from skillgraft.pipeline.fit import fit_plot, fit_section  # noqa: PLC0415
-
     metrics.fit = fit_section(summary, learned)  # did each learned region fit its selection rows, carry to test
     if metrics.fit is not None:
         fit_plot(summary.get("history") or [], summary.get("reference"), run.file("fit.png"))
