@@ -1,4 +1,6 @@
-"""Loading Hugging Face models and tokenizers by hub name or local path (default: bundled MiniLM)."""
+"""Loading Hugging Face models and tokenizers by hub name or local path (default: bundled MiniLM). A run enters here
+once per model it loads: :func:`load` resolves the name (:func:`model_reference`), loads the tokenizer and the
+weights, and hands back a :class:`LoadedModel`."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from skillgraft.lazy import quiet_transformers, torch
 
 from skillgraft.digest import file_digest
 from skillgraft.errors import SkillgraftError
-from skillgraft.models.vet import TOKENIZER_FILES, check_weight_files, lacks_tokenizer, vet_folder  # noqa: F401
+from skillgraft.models.vet import TOKENIZER_FILES, check_weight_files, lacks_tokenizer, vet_folder
 from skillgraft.untrusted import regular, regular_tree
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
