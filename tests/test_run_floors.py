@@ -68,19 +68,15 @@ def llama_pair(moved_llama) -> tuple[Path, Path]:
     return moved_llama
 
 
-def test_a_graft_run_resolves_its_base_model_once(ft_run, tiny_bert, toy_data, tmp_path, resolutions):
+def test_a_graft_run_resolves_its_base_model_once(ft_run, tiny_bert, toy_data, tmp_path, resolutions,
+                                                  loading_entries):
+    """The base is resolved once; θ_ft (the run's saved model) and θ_pre (its base) each load through one entry into
+    models/loading.py, ``load`` (reference, tokenizer, weights); the report's base note reads the reference handed
+    down."""
     graft(GraftInputs(str(ft_run), data=DataSpec(data_dir=str(toy_data))),
           report=ReportSpec(baselines=["movement"], lottery_zero=False), localize=LocalizeConfig(**OPTIONS),
           out=tmp_path / "g", cache=tmp_path / "store")
     assert dict(resolutions) == {str(tiny_bert): 1}
-
-
-def test_a_graft_run_enters_loading_once_per_model(ft_run, toy_data, tmp_path, loading_entries):
-    """θ_ft (the run's saved model) and θ_pre (its base, resolved there) each load through one entry,
-    ``models.loading.load`` (reference, tokenizer, weights); the report's base note reads the reference handed down."""
-    graft(GraftInputs(str(ft_run), data=DataSpec(data_dir=str(toy_data))),
-          report=ReportSpec(baselines=["movement"], lottery_zero=False), localize=LocalizeConfig(**OPTIONS),
-          out=tmp_path / "g", cache=tmp_path / "store")
     assert dict(loading_entries) == {"load": 2}
 
 
