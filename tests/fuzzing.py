@@ -162,6 +162,6 @@ def gguf_target(path: Path) -> None:
 
 def safetensors_target(folder: Path) -> None:
     """skillgraft's safetensors reading path for a checkpoint folder (the header walk, then safetensors)."""
-    from skillgraft.models.loading import check_weight_files
+    from skillgraft.models.vet import check_weight_files
 
     check_weight_files(folder)

@@ -187,7 +187,7 @@ def test_init_movement_starts_every_budgets_region_at_the_top_delta_of_its_size(
 
 def test_a_still_rising_line_names_the_lever_its_schedule_leaves():
     """Under the fit schedule only the cap is left to raise; under fixed, the fit schedule too."""
-    from skillgraft.pipeline.fit import fit_section
+    from skillgraft.verbs.graft_output import fit_section
 
     fit = {"0.001": {"ft": 0.9, "region": 0.8, "share": 0.8 / 0.9, "rows": 10, "last_step": 50, "rising": True}}
     stopped = [{"budget": None, "step": 50, "why": "the step cap (50)"}]

@@ -37,31 +37,68 @@ def resolutions(monkeypatch) -> Counter:
     return seen
 
 
+RESUMABLE = 0x20 | 0x80 | 0x100 | 0x200  # a generator, coroutine, … resumed: no entry, whoever iterates it
+
+
+@pytest.fixture
+def loading_entries() -> Counter:
+    """Each entry into ``models/loading.py``: a call of a function of that file from a frame outside it (traced, so
+    an import under any name counts), by the function entered; this file's spies (``resolutions``) are transparent."""
+    import skillgraft.models.loading as loading
+
+    path, seen = loading.__file__, Counter()
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and code.co_filename == path and not code.co_flags & RESUMABLE:
+            back = frame.f_back
+            while back is not None and back.f_code.co_filename == __file__:
+                back = back.f_back
+            if back is None or back.f_code.co_filename != path:
+                seen[code.co_name] += 1
+
+    sys.setprofile(profile)
+    yield seen
+    sys.setprofile(None)
+
+
 @pytest.fixture(scope="module")
 def llama_pair(moved_llama) -> tuple[Path, Path]:
     """(A, B): the tiny Llama and a copy whose body moved (conftest's ``moved_llama``)."""
     return moved_llama
 
 
-def test_a_graft_run_resolves_its_base_model_once(ft_run, tiny_bert, toy_data, tmp_path, resolutions):
+def test_a_graft_run_resolves_its_base_model_once(ft_run, tiny_bert, toy_data, tmp_path, resolutions,
+                                                  loading_entries):
+    """The base is resolved once; θ_ft (the run's saved model) and θ_pre (its base) each load through one entry into
+    models/loading.py, ``load`` (reference, tokenizer, weights); the report's base note reads the reference handed
+    down."""
     graft(GraftInputs(str(ft_run), data=DataSpec(data_dir=str(toy_data))),
           report=ReportSpec(baselines=["movement"], lottery_zero=False), localize=LocalizeConfig(**OPTIONS),
           out=tmp_path / "g", cache=tmp_path / "store")
     assert dict(resolutions) == {str(tiny_bert): 1}
+    assert dict(loading_entries) == {"load": 2}
 
 
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "both-loaded"])
-def test_a_graft_run_on_a_pair_resolves_each_model_once(llama_pair, toy_data, tmp_path, resolutions, lean):
+def test_a_graft_run_on_a_pair_resolves_each_model_once(llama_pair, toy_data, tmp_path, resolutions, lean,
+                                                        loading_entries):
+    """Each model of a pair enters loading twice: resolved, then its tokenizer (compared with the other's before any
+    weights load, then handed down to the model; the weights of a causal pair are read by models/pair.py)."""
     a, b = llama_pair
     report = ReportSpec(baselines=[] if lean else ["movement"], lottery_zero=not lean)
     graft(GraftInputs(str(b), pretrained=str(a), task="SST-2", data=DataSpec(data_dir=str(toy_data))),
           report=report, localize=LocalizeConfig(**OPTIONS), keep=None, out=tmp_path / "g", cache=tmp_path / "store")
     assert dict(resolutions) == {str(a): 1, str(b): 1}
+    assert dict(loading_entries) == {"model_reference": 2, "load_tokenizer": 2}
 
 
-def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions, monkeypatch):
+def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions, monkeypatch, loading_entries):
     """Each model's reference and the localizer's options are resolved once (the options by the command line,
-    whose errors name the flags; the verb takes them as resolved)."""
+    whose errors name the flags; the verb takes them as resolved). Loading is entered 13 times for three models:
+    each resolved once, the base's and each fine-tuned model's tokenizer compared per pair before any weights load,
+    and six loads (θ_pre and θ_ft of each of the two members — the second θ_pre's tensors become the bench's shared
+    ones — and each θ_ft read back once to write the merged classifiers)."""
     from userland import cli
 
     import skillgraft.pipeline.regions as regions
@@ -74,6 +111,7 @@ def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions, mo
         "--mergekit", "", "--out", tmp_path / "m")
     assert dict(resolutions) == {str(c["base"]): 1, str(c["sentiment"][0]): 1, str(c["topic"][0]): 1}
     assert calls == ["movement"]
+    assert dict(loading_entries) == {"model_reference": 3, "load_tokenizer": 4, "load": 6}
 
 
 # the fields of a Member that say where its models are and what was recorded of them (pipeline/member.py)

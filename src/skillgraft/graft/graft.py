@@ -120,9 +120,11 @@ class Graft:
         """``model`` as the graft names tensors: a skillgraft Scorer as it is; a plain transformers model (no
         ``mode``, a ``config``) seen through :class:`~skillgraft.models.named.PlainModel` when the graft's
         ``model.``-prefixed names are its own."""
+        if hasattr(model, "mode") or not hasattr(model, "config"):  # a Scorer, or no transformers model
+            return model
         from skillgraft.models.named import PlainModel  # noqa: PLC0415
 
-        if hasattr(model, "mode") or not hasattr(model, "config") or isinstance(model, PlainModel):
+        if isinstance(model, PlainModel):
             return model
         _watch_registrations()
         seen = self.__dict__.get("_seen_target")  # the answer for this model while nothing was registered since

@@ -1,4 +1,6 @@
-"""Loading Hugging Face models and tokenizers by hub name or local path (default: bundled MiniLM)."""
+"""Loading Hugging Face models and tokenizers by hub name or local path (default: bundled MiniLM). A run enters here
+once per model it loads: :func:`load` resolves the name (:func:`model_reference`), loads the tokenizer and the
+weights, and hands back a :class:`LoadedModel`."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from skillgraft.lazy import quiet_transformers, torch
 
 from skillgraft.digest import file_digest
 from skillgraft.errors import SkillgraftError
-from skillgraft.models.vet import TOKENIZER_FILES, vet_folder
+from skillgraft.models.vet import TOKENIZER_FILES, check_weight_files, lacks_tokenizer, vet_folder
 from skillgraft.untrusted import regular, regular_tree
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -166,12 +168,6 @@ def hub_reachable(name: str) -> None:
 _BORROWED: dict[str, str] = {}  # a folder without tokenizer files → the folder whose tokenizer it uses
 
 
-def lacks_tokenizer(path: str) -> bool:
-    """Whether ``path`` is a local folder holding no tokenizer files (a model saved without its tokenizer)."""
-    folder = Path(path)
-    return folder.is_dir() and not any((folder / f).is_file() for f in TOKENIZER_FILES)
-
-
 def borrow_tokenizer(folder: str, source: str) -> None:
     """``folder`` (no tokenizer files of its own) tokenizes with ``source``'s tokenizer from now on."""
     _BORROWED[str(Path(folder).resolve())] = source
@@ -247,38 +243,6 @@ def load_tokenizer(path: str):
     return _fresh_copy(tokenizer, str(path))
 
 
-def check_weight_files(folder: str | os.PathLike, who: str | None = None) -> None:
-    """Refuse a local checkpoint folder whose safetensors files do not open (a header that claims more bytes than
-    the file holds, 1 TiB say; tensors whose data offsets overlap or leave the file; a truncated file): one line
-    naming the file and, with ``who`` (``"fine-tuned model (--finetuned)"``), its role — safetensors' own message
-    names neither. Only the headers are read (the data is mapped, not loaded); a hub name is left alone."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return
-    regular_tree(folder, "a model checkpoint's file")  # a FIFO as a weight file blocked in open(), deaf to SIGTERM
-    from safetensors import safe_open  # noqa: PLC0415
-
-    from skillgraft.models.headers import check_safetensors  # noqa: PLC0415
-
-    from skillgraft.heap import require_room  # noqa: PLC0415
-
-    role = f"{who} " if who else ""
-    files = sorted(folder.glob("*.safetensors"))
-    require_room(sum(f.stat().st_size for f in files), f"the {role}weights in {folder}")  # ulimit -v: one line now
-    for f in files:
-        check_safetensors(f, who)  # the header walked and bounded first (models/headers.py)
-        try:
-            with safe_open(str(f), "pt") as opened:
-                opened.keys()
-        except OSError:
-            raise
-        except Exception as e:  # noqa: BLE001 - safetensors' own error types, on a header found sound above
-            reason = (str(e).splitlines() or [type(e).__name__])[0]
-            if "allocat" in reason.lower() or "memory" in reason.lower():  # a memory limit, not a damaged file
-                raise MemoryError(f"{role}{f}: {reason}") from None
-            raise SkillgraftError(f"{role}{f}: safetensors cannot open it ({reason})") from None
-
-
 def load_hf_model(path: str, kind: str, *, dtype: torch.dtype | None = None, with_mlm_check: bool = False,
                   runtime=None):
     """Load ``kind`` ∈ {base, mlm, causal}; with ``with_mlm_check`` also return whether MLM-head weights exist;
@@ -315,27 +279,37 @@ def load_hf_model(path: str, kind: str, *, dtype: torch.dtype | None = None, wit
         hf_logging.set_verbosity(level)
 
 
-def checkpoint_kind(path: str) -> str | None:
-    """What a local checkpoint was saved as, from ``config.json``'s ``architectures``: ``classifier``
-    (…ForSequenceClassification), ``mlm`` (…ForMaskedLM), ``causal`` (…ForCausalLM / LMHeadModel), ``base``,
-    or None (no local config / no architectures recorded)."""
-    import json  # noqa: PLC0415
+@dataclass
+class LoadedModel:
+    """One model as :func:`load` gives it: its reference, its weights and tokenizer, and what loading found (a
+    prompt model's tied decoder: no masked-LM head weights; a classifier's carried head names)."""
 
-    cfg = Path(path) / "config.json"
-    if not cfg.is_file():
-        return None
-    try:
-        archs = json.loads(cfg.read_text()).get("architectures") or []
-    except (OSError, ValueError):
-        return None
-    for arch in archs:
-        if arch.endswith("ForSequenceClassification"):
-            return "classifier"
-        if arch.endswith("ForMaskedLM"):
-            return "mlm"
-        if arch.endswith(("ForCausalLM", "LMHeadModel")):
-            return "causal"
-    return "base" if archs else None
+    ref: ModelRef
+    model: object
+    tokenizer: object
+    tied_decoder: bool = False
+    carried: tuple[str, ...] = ()
+
+
+def load(name: str | os.PathLike | ModelRef | None, kind: str, *, labels: tuple[str, ...] = (),
+         mlm_check: bool = False, dtype: torch.dtype | None = None, runtime=None, tokenizer=None) -> LoadedModel:
+    """One model, through one entry: ``name`` resolved (:func:`model_reference`; a reference passed down is taken
+    as it is), its tokenizer (pad token set: eos, else unk) and its weights as ``kind`` ∈ {base, mlm, causal,
+    classifier} (one output per ``labels``); ``mlm_check``: a masked LM without MLM-head weights loads as its bare
+    encoder (``tied_decoder``). ``runtime``: the run's placement (its precision is the dtype loaded);
+    ``tokenizer``: the model's, when the run loaded it already (a checkpoint pair's, compared before the weights)."""
+    ref = model_reference(name)
+    tokenizer = load_tokenizer(ref.path) if tokenizer is None else tokenizer
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    if kind == "classifier":
+        model, head = load_classifier(ref.path, labels, pad_token_id=tokenizer.pad_token_id, dtype=dtype,
+                                      runtime=runtime)
+        return LoadedModel(ref, model, tokenizer, carried=tuple(head))
+    if kind == "mlm" and mlm_check:
+        model, has_mlm_head = load_hf_model(ref.path, "mlm", dtype=dtype, with_mlm_check=True, runtime=runtime)
+        return LoadedModel(ref, model, tokenizer, tied_decoder=not has_mlm_head)
+    return LoadedModel(ref, load_hf_model(ref.path, kind, dtype=dtype, runtime=runtime), tokenizer)
 
 
 def load_classifier(path: str, labels: tuple[str, ...], *, pad_token_id: int | None = None,

@@ -20,13 +20,11 @@ PAIR_MODES = ("classifier", "prompt", "causal", "generative", "head")
 def pair_mode(finetuned: str, generative_data: bool, mode: str | None = None, *, ref=None) -> str:
     """How to score θ_ft: ``mode`` when given, else from what the checkpoint was saved as (``ref``: its
     :class:`~skillgraft.models.loading.ModelRef`, when the run resolved it already)."""
-    from skillgraft.models.loading import checkpoint_kind, model_reference  # noqa: PLC0415
-
     if mode is not None:
         if mode not in PAIR_MODES:
             raise SkillgraftError(f"--mode {mode!r}: use one of {', '.join(PAIR_MODES)}")
         return mode
-    kind = checkpoint_kind(model_reference(ref or finetuned).path)
+    kind = checkpoint_kind(_path(finetuned, ref))
     if kind == "classifier":
         return "classifier"
     if kind == "causal":
@@ -39,9 +37,42 @@ def pair_mode(finetuned: str, generative_data: bool, mode: str | None = None, *,
                           f"{kind or 'none'}); pass --mode classifier | prompt | causal | generative")
 
 
-def check_pair(pretrained: str, finetuned: str, *, refs=None) -> None:
+def _path(name: str, ref=None) -> str:
+    """The folder of a model: its reference's, when the run resolved it already (else resolved here)."""
+    if ref is not None:
+        return ref.path
+    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+
+    return model_reference(name).path
+
+
+def checkpoint_kind(path: str) -> str | None:
+    """What a local checkpoint was saved as, from ``config.json``'s ``architectures``: ``classifier``
+    (…ForSequenceClassification), ``mlm`` (…ForMaskedLM), ``causal`` (…ForCausalLM / LMHeadModel), ``base``,
+    or None (no local config / no architectures recorded)."""
+    import json  # noqa: PLC0415
+
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        archs = json.loads(cfg.read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return None
+    for arch in archs:
+        if arch.endswith("ForSequenceClassification"):
+            return "classifier"
+        if arch.endswith("ForMaskedLM"):
+            return "mlm"
+        if arch.endswith(("ForCausalLM", "LMHeadModel")):
+            return "causal"
+    return "base" if archs else None
+
+
+def check_pair(pretrained: str, finetuned: str, *, refs=None) -> tuple:
     """Refuse, before loading any weights, a pair whose architectures, shapes or tokenizers differ (``refs``: the
-    two models' references, when the run resolved them already)."""
+    two models' references, when the run resolved them already); returns the two tokenizers it compared, handed
+    down to the models' loads."""
     from skillgraft.models.families import shape_fields  # noqa: PLC0415
     from skillgraft.models.loading import load_tokenizer, model_reference  # noqa: PLC0415
 
@@ -49,7 +80,7 @@ def check_pair(pretrained: str, finetuned: str, *, refs=None) -> None:
     configs_read = [read_config(ref.path, f"{role} model {ref.name!r}")
                     for ref, role in zip(refs, ("pre-trained (--pretrained)", "fine-tuned (--finetuned)"))]
     configs = [c.to_dict() for c in configs_read]
-    from skillgraft.models.loading import check_weight_files  # noqa: PLC0415
+    from skillgraft.models.vet import check_weight_files  # noqa: PLC0415
 
     for ref, role in zip(refs, ("pre-trained model (--pretrained)", "fine-tuned model (--finetuned)")):
         check_weight_files(ref.path, role)  # before any weights load: the damaged file and its role named
@@ -73,6 +104,7 @@ def check_pair(pretrained: str, finetuned: str, *, refs=None) -> None:
         raise SkillgraftError(f"--finetuned {finetuned} holds the same weights as --pretrained {pretrained} (identical "
                               "weight files): fine-tuning changed nothing, so there is nothing to graft; give the "
                               "fine-tuned checkpoint as --finetuned")
+    return ta, tb
 
 
 def same_weights(a: str, b: str) -> bool:
@@ -105,7 +137,8 @@ def share_tokenizer(refs, size_a, size_b) -> None:
     agree (said once on stderr); else one line saying which tokenizer is missing."""
     import warnings  # noqa: PLC0415
 
-    from skillgraft.models.loading import borrow_tokenizer, lacks_tokenizer  # noqa: PLC0415
+    from skillgraft.models.loading import borrow_tokenizer  # noqa: PLC0415
+    from skillgraft.models.vet import lacks_tokenizer  # noqa: PLC0415
 
     lacking = [lacks_tokenizer(r.path) for r in refs]
     if all(lacking):
@@ -127,9 +160,7 @@ def share_tokenizer(refs, size_a, size_b) -> None:
 
 def model_labels(finetuned: str, *, ref=None) -> tuple[str, ...] | None:
     """The label names of a fine-tuned checkpoint's config (``id2label`` in logit order)."""
-    from skillgraft.models.loading import model_reference  # noqa: PLC0415
-
-    cfg = read_config(model_reference(ref or finetuned).path, f"model {finetuned!r}")
+    cfg = read_config(_path(finetuned, ref), f"model {finetuned!r}")
     try:
         return tuple(str(cfg.id2label[i]) for i in range(cfg.num_labels))
     except (KeyError, TypeError, AttributeError):
@@ -180,8 +211,7 @@ def complete_model(path: str, mode: str, role: str, runtime=None):
     from skillgraft.lazy import quiet_transformers  # noqa: PLC0415
     from skillgraft.models.placement import load_dtype  # noqa: PLC0415
 
-    from skillgraft.models.loading import check_weight_files  # noqa: PLC0415
-    from skillgraft.models.vet import vet_folder  # noqa: PLC0415
+    from skillgraft.models.vet import check_weight_files, vet_folder  # noqa: PLC0415
 
     vet_folder(path, f"{role} model")  # no code of its own, no pickle that runs code (models/vet.py)
     check_weight_files(path, f"{role} model")

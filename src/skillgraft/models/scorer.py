@@ -31,7 +31,7 @@ from typing import Literal
 from skillgraft.lazy import F, nn, no_grad, torch
 from skillgraft.data.tasks import Task, get_task, task_from_dict
 from skillgraft.errors import SkillgraftError
-from skillgraft.models.loading import ModelRef, load_classifier, load_hf_model, load_tokenizer, model_reference
+from skillgraft.models.loading import ModelRef, load, load_hf_model
 from skillgraft.models.inputs import ScorerInputs
 from skillgraft.models.logits import head_logits
 from skillgraft.models.templates import word_ids
@@ -55,7 +55,7 @@ class Scorer(ScorerInputs, nn.Module):
 
     def __init__(self, model: nn.Module, tokenizer, task: Task, mode: Mode, *, pooling: Pooling = "mean",
                  max_length: int = MAX_LENGTH, base_model: str = "", tied_decoder: bool = False, head_seed: int = 0,
-                 carried=(), runtime=None):
+                 carried=(), runtime=None, ref: ModelRef | None = None):
         super().__init__()
         if mode not in MODES:
             raise SkillgraftError(f"unknown scorer mode {mode!r}; use {', '.join(MODES)}")
@@ -72,6 +72,7 @@ class Scorer(ScorerInputs, nn.Module):
         self.pooling = pooling
         self.max_length = max_length
         self.base_model = base_model
+        self.ref = ref  # the model reference it was loaded from (None: a saved model folder), passed down
         self.tied_decoder = tied_decoder
         self.carried = frozenset(carried)
         if tokenizer.pad_token_id is None:
@@ -286,13 +287,10 @@ class Scorer(ScorerInputs, nn.Module):
         cfg = _read_scorer_config(cfg_path)
         task = get_task(task) if task is not None else task_from_config(cfg["task"], str(cfg_path))
         mode = cfg["mode"]
-        tokenizer = load_tokenizer(str(directory))
-        if mode == "classifier":
-            model, _ = load_classifier(str(directory), task.labels, dtype=dtype, runtime=runtime)
-        else:
-            kind = "base" if mode == "head" or cfg.get("tied_decoder") else ("mlm" if mode == "prompt" else "causal")
-            model = load_hf_model(str(directory), kind, dtype=dtype, runtime=runtime)
-        scorer = cls(model, tokenizer, task, mode, pooling=cfg["pooling"], max_length=cfg["max_length"],
+        kind = "base" if mode == "head" or cfg.get("tied_decoder") else LOADS[mode]
+        ref = ModelRef(str(directory), str(directory))  # a saved model folder: nothing to resolve
+        loaded = load(ref, kind, labels=task.labels, dtype=dtype, runtime=runtime)  # one entry: tokenizer, weights
+        scorer = cls(loaded.model, loaded.tokenizer, task, mode, pooling=cfg["pooling"], max_length=cfg["max_length"],
                      base_model=cfg.get("base_model", ""), tied_decoder=cfg.get("tied_decoder", False),
                      carried=cfg.get("carried", ()), runtime=runtime)
         if mode == "head":
@@ -355,48 +353,56 @@ def position_limit(model: nn.Module) -> int | None:
 
 def build_scorer(model_name: str | ModelRef | None, task: Task | str, mode: Mode = "head", *,
                  pooling: Pooling | None = None, max_length: int = MAX_LENGTH, head_seed: int = 0,
-                 dtype: torch.dtype | None = None, runtime=None) -> Scorer:
+                 dtype: torch.dtype | None = None, runtime=None, tokenizer=None) -> Scorer:
     """A Scorer for ``task`` from a hub name or local path (None: the bundled MiniLM), or a model reference a run
-    resolved once (:class:`~skillgraft.models.loading.ModelRef`).
+    resolved once (:class:`~skillgraft.models.loading.ModelRef`); ``tokenizer``: the model's, when the run loaded it
+    already (a checkpoint pair's, compared before any weights load).
 
     ``classifier`` mode loads ``AutoModelForSequenceClassification`` with one output per task label (a
     checkpoint without that head gets a new one, carried); ``generative`` loads ``AutoModelForCausalLM``.
     ``runtime``: the run's placement, passed down from its verb (None: the active one, if any).
     """
     task = get_task(task)
-    ref = model_reference(model_name)
-    tokenizer = load_tokenizer(ref.path)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    carried: list[str] = []
+    if mode not in LOADS:
+        raise SkillgraftError(f"unknown scorer mode {mode!r}; use {', '.join(MODES)}")
     with torch.random.fork_rng(devices=[]):  # CPU only: models load there first
         torch.manual_seed(0)  # weights missing from the checkpoint (e.g. a pooler) initialise the same every time
-        if mode == "classifier":
-            model, head = load_classifier(ref.path, task.labels, pad_token_id=tokenizer.pad_token_id, dtype=dtype,
-                                          runtime=runtime)
-            tied, carried = False, ["model." + n for n in head]
-        else:
-            model, tied = load_for_mode(ref, mode, dtype, runtime)
+        # resolved, its tokenizer and weights: one entry into models/loading.py
+        loaded = load(model_name, LOADS[mode], labels=task.labels, mlm_check=mode == "prompt", dtype=dtype,
+                      runtime=runtime, tokenizer=tokenizer)
+    if loaded.tied_decoder:
+        _tied_warning(loaded.ref.name, 3)  # at build_scorer's caller
     if pooling is None:
         from skillgraft.models.families import default_pooling  # noqa: PLC0415
 
-        pooling = default_pooling(model.config, mode)  # the one table of model-family quirks
-    return Scorer(model, tokenizer, task, mode, pooling=pooling, max_length=max_length, base_model=ref.name,
-                  tied_decoder=tied, head_seed=head_seed, carried=carried, runtime=runtime)
+        pooling = default_pooling(loaded.model.config, mode)  # the one table of model-family quirks
+    return Scorer(loaded.model, loaded.tokenizer, task, mode, pooling=pooling, max_length=max_length,
+                  base_model=loaded.ref.name, tied_decoder=loaded.tied_decoder, head_seed=head_seed,
+                  carried=["model." + n for n in loaded.carried], runtime=runtime, ref=loaded.ref)
+
+
+LOADS = {"head": "base", "prompt": "mlm", "causal": "causal", "generative": "causal", "classifier": "classifier"}
+
+
+def _tied_warning(name: str, stacklevel: int) -> None:
+    """Said once where a masked LM without MLM-head weights is scored through its tied input embeddings."""
+    warnings.warn(
+        f"{name}: no masked-LM head weights in the checkpoint; prompt mode scores label words by "
+        "the mask's hidden state against their frozen input embeddings (tied decoder).",
+        stacklevel=stacklevel,
+    )
 
 
 def load_for_mode(ref, mode: str, dtype, runtime=None):
+    """The bare model of ``mode`` from a reference, weights only (an exporter's base; no tokenizer): ``(model,
+    tied_decoder)``."""
     tied = False
     if mode == "head":
         model = load_hf_model(ref.path, "base", dtype=dtype, runtime=runtime)
     elif mode == "prompt":
         model, has_mlm_head = load_hf_model(ref.path, "mlm", dtype=dtype, with_mlm_check=True, runtime=runtime)
         if not has_mlm_head:
-            warnings.warn(
-                f"{ref.name}: no masked-LM head weights in the checkpoint; prompt mode scores label words by "
-                "the mask's hidden state against their frozen input embeddings (tied decoder).",
-                stacklevel=3,
-            )
+            _tied_warning(ref.name, 4)  # at the caller of load_for_mode's caller
             tied = True
     elif mode in ("causal", "generative"):
         model = load_hf_model(ref.path, "causal", dtype=dtype, runtime=runtime)

@@ -13,7 +13,9 @@ loaders and the tokenizer; ``models/pair.read_config``), so every verb gets it.
   the vocabulary's rows): a config of 1 layer over weights of 2 was scored as the smaller model, a ``vocab_size`` of
   2³¹ over 30,522 rows allocated 256 GB;
 * **tokenizer files of their shape**: ``tokenizer_config.json`` / ``special_tokens_map.json`` fields of their types
-  (a class name, tokens as text), ``tokenizer.json`` an object with a ``model``, nested no deeper than a tokenizer is.
+  (a class name, tokens as text), ``tokenizer.json`` an object with a ``model``, nested no deeper than a tokenizer is;
+* **weight files that open** (:func:`check_weight_files`: a damaged safetensors file named with its role, before any
+  weights load) and whether a folder has tokenizer files at all (:func:`lacks_tokenizer`).
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def vet_folder(path: str | os.PathLike, who: str | None = None) -> None:
         _tokenizer_files(folder)
     except SkillgraftError as e:
         raise SkillgraftError(f"{role}{e}") from None
-    if headers is not None:  # (a damaged weight file: refused by loading.check_weight_files, naming its role)
+    if headers is not None:  # (a damaged weight file: refused by check_weight_files, naming its role)
         _VETTED[key] = None
 
 
@@ -182,7 +184,7 @@ def _sizes(file: Path, cfg: dict) -> None:
 
 def _weights(folder: Path) -> dict[str, list[int]] | None:
     """The shapes the folder's weights hold (safetensors headers, bounded first), after refusing pickles that would
-    run code; {} for a folder without safetensors, None when a header is damaged (``loading.check_weight_files``
+    run code; {} for a folder without safetensors, None when a header is damaged (``check_weight_files``
     refuses it where the model loads, naming the file's role)."""
     from skillgraft.models.headers import check_safetensors  # noqa: PLC0415
 
@@ -299,3 +301,43 @@ def _tokenizer_files(folder: Path) -> None:
         if vocab is not None and not isinstance(vocab, (dict, list)):
             raise SkillgraftError(f"{file}: field 'model.vocab' must be an object or a list, got "
                                   f"{type(vocab).__name__}")
+
+
+def lacks_tokenizer(path: str) -> bool:
+    """Whether ``path`` is a local folder holding no tokenizer files (a model saved without its tokenizer)."""
+    folder = Path(path)
+    return folder.is_dir() and not any((folder / f).is_file() for f in TOKENIZER_FILES)
+
+
+def check_weight_files(folder: str | os.PathLike, who: str | None = None) -> None:
+    """Refuse a local checkpoint folder whose safetensors files do not open (a header that claims more bytes than
+    the file holds, 1 TiB say; tensors whose data offsets overlap or leave the file; a truncated file): one line
+    naming the file and, with ``who`` (``"fine-tuned model (--finetuned)"``), its role — safetensors' own message
+    names neither. Only the headers are read (the data is mapped, not loaded); a hub name is left alone."""
+    from skillgraft.untrusted import regular_tree  # noqa: PLC0415
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    regular_tree(folder, "a model checkpoint's file")  # a FIFO as a weight file blocked in open(), deaf to SIGTERM
+    from safetensors import safe_open  # noqa: PLC0415
+
+    from skillgraft.models.headers import check_safetensors  # noqa: PLC0415
+
+    from skillgraft.heap import require_room  # noqa: PLC0415
+
+    role = f"{who} " if who else ""
+    files = sorted(folder.glob("*.safetensors"))
+    require_room(sum(f.stat().st_size for f in files), f"the {role}weights in {folder}")  # ulimit -v: one line now
+    for f in files:
+        check_safetensors(f, who)  # the header walked and bounded first (models/headers.py)
+        try:
+            with safe_open(str(f), "pt") as opened:
+                opened.keys()
+        except OSError:
+            raise
+        except Exception as e:  # noqa: BLE001 - safetensors' own error types, on a header found sound above
+            reason = (str(e).splitlines() or [type(e).__name__])[0]
+            if "allocat" in reason.lower() or "memory" in reason.lower():  # a memory limit, not a damaged file
+                raise MemoryError(f"{role}{f}: {reason}") from None
+            raise SkillgraftError(f"{role}{f}: safetensors cannot open it ({reason})") from None

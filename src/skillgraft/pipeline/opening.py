@@ -210,12 +210,13 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     parameters become the bench's θ_pre): loaded first, then θ_ft; or, lean, when it loads (after θ_ft's release).
 
     ``runtime``: the run's placement, passed down from its verb: every model of the pair is placed there as it loads;
-    ``refs``: the two models' references when the verb resolved them already (``merge``), else resolved here once.
+    ``refs``: the two models' references when the verb resolved them and checked the pair already (``merge``), else
+    resolved and checked here once.
     """
     from skillgraft.data.sampling import FewShotData  # noqa: PLC0415
     from skillgraft.data.spec import UserDataSpec  # noqa: PLC0415
     from skillgraft.models.anatomy import check_compatible  # noqa: PLC0415
-    from skillgraft.models.loading import load_tokenizer, model_reference  # noqa: PLC0415
+    from skillgraft.models.loading import model_reference  # noqa: PLC0415
     from skillgraft.models.scorer import build_scorer  # noqa: PLC0415
 
     if is_run_dir(finetuned):
@@ -237,7 +238,9 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     if mode == "head":
         raise SkillgraftError("--mode head adds a new random head: a checkpoint pair has no head to carry; use "
                               "classifier (the fine-tuned model's own head), prompt, causal or generative")
-    check_pair(pretrained, finetuned, refs=refs)  # before any weights load
+    # before any weights load (by the verb that resolved the references: merge's check_inputs); the two tokenizers
+    # compared are handed down to the loads
+    tokenizers = check_pair(pretrained, finetuned, refs=refs) if given is None else (None, None)
     if user:
         if data.generative != (mode == "generative"):
             raise SkillgraftError(f"--mode {mode} needs {'prompt→completion' if mode == 'generative' else 'labelled'} "
@@ -264,7 +267,12 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         from skillgraft.models.scorer import Scorer  # noqa: PLC0415
 
         def causal(ref, role: str) -> Scorer:
-            return Scorer(complete_model(ref.path, mode, role, runtime), load_tokenizer(ref.path), task, mode,
+            tokenizer = tokenizers[0] if ref is pre_ref else tokenizers[1]
+            if tokenizer is None:
+                from skillgraft.models.loading import load_tokenizer  # noqa: PLC0415
+
+                tokenizer = load_tokenizer(ref.path)
+            return Scorer(complete_model(ref.path, mode, role, runtime), tokenizer, task, mode,
                           pooling="last", max_length=max_length, base_model=ref.name, runtime=runtime)
 
         def load_pre() -> Scorer:  # deferred: A's files were checked for non-finite values before any work
@@ -289,11 +297,12 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         deferred = (load_pre if share_pre is None else lambda: share_pre(load_pre())) if lean else None
     else:
         if share_pre is not None:  # θ_pre first, shared: the old one is freed before θ_ft loads
-            pre = share_pre(build_scorer(pre_ref, task, mode, max_length=max_length, runtime=runtime))
-            ft = build_scorer(ft_ref, task, mode, max_length=max_length, runtime=runtime)
+            pre = share_pre(build_scorer(pre_ref, task, mode, max_length=max_length, runtime=runtime,
+                                         tokenizer=tokenizers[0]))
+            ft = build_scorer(ft_ref, task, mode, max_length=max_length, runtime=runtime, tokenizer=tokenizers[1])
         else:
-            ft = build_scorer(ft_ref, task, mode, max_length=max_length, runtime=runtime)
-            pre = build_scorer(pre_ref, task, mode, max_length=max_length, runtime=runtime)
+            ft = build_scorer(ft_ref, task, mode, max_length=max_length, runtime=runtime, tokenizer=tokenizers[1])
+            pre = build_scorer(pre_ref, task, mode, max_length=max_length, runtime=runtime, tokenizer=tokenizers[0])
         if mode == "classifier" and ft.carried - pre.carried:
             raise SkillgraftError(f"the fine-tuned checkpoint {finetuned} lacks tensors of its own classifier: "
                                   f"{sorted(ft.carried - pre.carried)[:3]}")

@@ -134,17 +134,14 @@ def load_finetuned(run_dir: str | os.PathLike, base=None, runtime=None) -> tuple
     from skillgraft.models.scorer import Scorer  # noqa: PLC0415
 
     ft = Scorer.from_pretrained(model_dir, runtime=runtime)
-    from skillgraft.models.loading import model_reference  # noqa: PLC0415
-
-    try:
-        base = model_reference(base or cfg.model)
+    try:  # the base resolved and loaded in one go (models.loading.load), its reference handed back on the scorer
         pre = cfg.model_spec.scorer(ft.task, head_seed=cfg.finetune.seed, ref=base, runtime=runtime)
     except SkillgraftError as e:  # the recorded base, as typed to finetune (a relative name is read from here)
         raise SkillgraftError(
             f"{run_dir / 'config.json'}: its field 'model' ({cfg.model!r}, the base this run was fine-tuned from, as "
             f"given to finetune) cannot be loaded from {Path.cwd()}: {e}. A relative name is read from the current "
             "folder: run from the folder the fine-tuning ran in") from None
-    return ft, pre, cfg, base
+    return ft, pre, cfg, pre.ref
 
 
 WEIGHTS_DROPPED = "WEIGHTS-DROPPED.txt"

@@ -40,7 +40,8 @@ from skillgraft.pipeline.variants import Variant, base_variants, compare, graft_
 from skillgraft.spec import Spec
 from skillgraft.verbs import converts_into_store
 from skillgraft.verbs.graft_output import (BASELINE_LABELS, GraftReport, GraftResult, baseline_label, best_steps,
-                                           mean_share, parameters_line, report_markdown, share_plot, size_plot)
+                                           fit_plot, fit_section, mean_share, parameters_line, report_markdown,
+                                           share_plot, size_plot)
 from skillgraft.models.spec import MAX_LENGTH
 
 __all__ = ["BASELINE_LABELS", "GraftInputs", "GraftReport", "GraftResult", "ReportSpec", "best_steps", "graft",
@@ -168,8 +169,6 @@ def graft_report(member: Member, run: RunDir, report: ReportSpec | None = None, 
         carried_parameters=head_only.graft.carried_size if head_only else 0, rows=rows,
         placement=placement_record(member.pre),
         caveats=graft_caveats(member, rows, options.graftable))  # results that mean nothing: warned, noted
-    from skillgraft.pipeline.fit import fit_plot, fit_section  # noqa: PLC0415
-
     metrics.fit = fit_section(summary, learned)  # did each learned region fit its selection rows, carry to test
     if metrics.fit is not None:
         fit_plot(summary.get("history") or [], summary.get("reference"), run.file("fit.png"))
@@ -297,10 +296,13 @@ def finetuned_name(member: Member) -> str:
 def models_and_data(member: Member) -> list[str]:
     """The report's "Models and data" section of a checkpoint pair, or of any run whose base was converted from a
     GGUF file (which it names, quantization included; empty otherwise)."""
+    from skillgraft.models.gguf import describe  # noqa: PLC0415
     from skillgraft.models.loading import base_model_note  # noqa: PLC0415
 
     inputs = member.inputs
-    converted = base_model_note(inputs.pre_ref or member.pre.base_model)  # e.g. dequantized from a GGUF file
+    ref = inputs.pre_ref or getattr(member.pre, "ref", None)  # θ_pre's reference, handed down from its load
+    # e.g. dequantized from a GGUF file (a recipe's bare θ_pre with no reference: its name resolved again)
+    converted = describe(ref.path) if ref is not None else base_model_note(member.pre.base_model)
     if not (inputs.labels_note or inputs.graft_metadata.to_dict() or converted):
         return []
     lines = ["", "## Models and data", "",

@@ -145,9 +145,11 @@ def _folder_name(path, data=None, config=None) -> str:
 def weight_files(path: str, ref=None) -> list[Path]:
     """The weight files of a checkpoint folder (safetensors, else pickled .bin), for sizes and identity (``ref``: its
     model reference, when the run resolved it already)."""
-    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+    if ref is None:
+        from skillgraft.models.loading import model_reference  # noqa: PLC0415
 
-    folder = Path(model_reference(ref or path).path)
+        ref = model_reference(path)
+    folder = Path(ref.path)
     if not folder.is_dir():
         return []
     files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
