@@ -61,10 +61,13 @@ class ExportSpec(Spec):
     overwrite: bool = Field(False, description="replace an existing output folder whole (never mixed into)")
     force: bool = Field(False, description="export even if the base model's fingerprint differs from the graft's")
     gguf_type: str = Field("exact", description="--to gguf: the type of the tensors the graft touches. exact: the "
-                                                "narrowest float type that holds their grafted values bit for bit "
-                                                "(their own float type, BF16, else F32); F32, BF16, F16, Q8_0 or "
-                                                "Q4_0: re-quantized to it (matrices; norms stay F32), losing what "
-                                                "that type cannot hold — for measuring that loss (docs/export.md)")
+                                                "smallest that holds their grafted values bit for bit (the base's "
+                                                "own blocks with only the grafted values' quants changed, else BF16 "
+                                                "or F16, else F32); base: the base's own type and bytes, each grafted "
+                                                "value rounded to its block's nearest level (the base's size; warns "
+                                                "when it keeps under 0.9 of the grafted change); F32, BF16, F16, Q8_0 "
+                                                "or Q4_0: the touched matrices re-quantized to it (norms stay F32) "
+                                                "— for measuring that loss (docs/export.md)")
 
 
     @field_validator("to")
