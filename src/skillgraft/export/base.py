@@ -44,8 +44,8 @@ class ExportSpec(Spec):
     non_linear: Literal["modules_to_save", "tensors", "refuse"] = Field(
         "modules_to_save", description="coordinates a sparse adapter cannot hold (biases, norms, embeddings, Conv1D, "
                                        "tied weights): modules_to_save stores their modules whole (peft's own route: "
-                                       "disable_adapter() gives the base model exactly; a grafted Linear bias stores "
-                                       "its whole Linear); tensors stores just those tensors, written into the base "
+                                       "disable_adapter(), and delete_adapter() then unload(), give the base model "
+                                       "exactly; a grafted Linear bias stores its whole Linear); tensors stores just those tensors, written into the base "
                                        "model on load like peft's LoRA bias='all' (smaller, but disabling or "
                                        "unloading the adapter does not undo them); refuse lists them and writes "
                                        "nothing. A classifier's own head, which the base lacks, is stored whole "
