@@ -249,7 +249,7 @@ def test_base_type_keeps_the_base_file_size(grafted, tmp_path):
     to_gguf = {w["parameter"].removeprefix("model."): g for g, w in s["written"].items()}
     got_t = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1) for t in ours.tensors}
     base_t = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1) for t in base.tensors}
-    missed = change = 0.0
+    missed = change = share = 0.0
     for name, g in to_gguf.items():
         idx = graft.region.indices["model." + name].numpy()
         target = want[name].float().numpy() + (1 if "norm" in g else 0)  # Gemma's norms: stored as 1 + w
@@ -260,10 +260,12 @@ def test_base_type_keeps_the_base_file_size(grafted, tmp_path):
         assert (np.abs(got[idx] - target) <= np.abs(was[idx] - target) + 1e-7).all(), g
         missed += float(np.sum((got[idx] - target).astype(np.float64) ** 2))
         change += float(np.sum((target - was[idx]).astype(np.float64) ** 2))
+        moved = np.abs(target - was[idx]).astype(np.float64)
+        share += float(np.clip(1 - np.abs(got[idx] - target) / moved, 0, 1).sum())  # noise: every coordinate moved
     assert s["change_kept"] == pytest.approx(1 - (missed / change) ** 0.5, abs=1e-4) and s["collateral"] == 0
-    assert 0 < s["change_kept"] < 1
+    assert 0 < s["change_kept"] < 1 and s["share_kept"] == pytest.approx(share / graft.size, abs=1e-4)
     line = [(lvl, x) for lvl, x in get_exporter("gguf").lines(s) if "of the graft's change" in x]
-    assert len(line) == 1 and (line[0][0] == "warning") == (s["change_kept"] < KEPT_WARN)
+    assert len(line) == 1 and (line[0][0] == "warning") == (min(s["change_kept"], s["share_kept"]) < KEPT_WARN)
     assert f"{s['change_kept']:.1%}" in line[0][1] and "MiB" not in line[0][1]
     _hf(out)  # transformers reads it
 

@@ -9,14 +9,18 @@ the base's own encoding (Q4_K, Q6_K, Q8_0, …). A tensor the graft touches is w
 file's own dequantized values outside the region, θ_ft's on it — at a precision that holds every one of those values
 exactly (**the precision rule**, docs/export.md): the smallest type whose read-back equals the tensor bit for bit —
 
-* the base's own block type (Q8_0, Q4_0, …) when every value lies on its block's grid;
+* the base's own blocks (Q4_K, Q6_K, Q8_0, …: every byte the base's but the grafted values' own quant bits,
+  :mod:`skillgraft.export.gguf_blocks`) when every grafted value is a level of its block;
 * else BF16 or F16 for a matrix whose values all lie on that grid (or the norm's own float type);
 * else F32.
 
-Re-quantizing a touched tensor to the base's type would throw the graft away: a fine-tuned Δ is far below the
-resolution of Q4_K, Q8_0 or F16 (Gemma's is ~1e-6 of the weights' norm). ``--gguf-type`` writes the touched
-matrices at another type anyway (F16, BF16, Q8_0, Q4_0: for measuring that loss); 1-D tensors (norms) then stay F32,
-the type llama.cpp computes them in.
+A fine-tuned Δ is mostly far below the resolution of Q4_K, Q8_0 or F16 (Gemma's is ~1e-6 of the weights' norm), so
+on a quantized base the exact file usually holds the touched tensors as F32. ``--gguf-type base`` keeps the base's
+types and size instead, each grafted value rounded to its block's nearest level (untouched values bit for bit);
+``F16``, ``BF16``, ``Q8_0``, ``Q4_0`` re-quantize the touched matrices (norms stay F32, as llama.cpp computes them).
+Each non-exact file's summary measures what survives — ``change_kept``, 1 − ‖written − grafted‖ / ‖grafted − θ_pre‖
+over the grafted coordinates, and ``collateral``, how far the untouched values moved on that scale — and the CLI
+warns in one line under :data:`KEPT_WARN`.
 
 Tensor names and layouts are transformers' reading of the file in reverse: ``get_gguf_hf_weights_map`` names the
 GGUF tensor of each parameter, and the architecture's tensor processor is inverted (llama's q/k row permutation,
@@ -316,10 +320,13 @@ def _write_tensor(entry: dict, graft: Graft, name: str, theta_pre, layout: _Layo
             raise SkillgraftError(f"{g}: the grafted tensor does not read back as written (internal error)")
     kept = int(np.sum(back[hit] == intended[hit]))
     moved = (intended[hit] - a[hit]).astype(np.float64)
+    miss = np.abs((back[hit] - intended[hit]).astype(np.float64))
+    with np.errstate(divide="ignore", invalid="ignore"):  # each coordinate's share of its own change kept, in [0, 1]
+        share = np.where(moved != 0, np.clip(1 - miss / np.abs(moved), 0, 1), (miss == 0).astype(np.float64))
     return {"gguf": g, "parameter": name, "from": src.name, "to": kind.name, "coordinates": entry["coordinates"],
             "kept": kept, "data": data, "qtype": kind,
             # the measured check: the grafted change missed, and the untouched values moved, in squared sums
-            "change2": float(moved @ moved), "missed2": float(np.sum((back[hit] - intended[hit]).astype(np.float64) ** 2)),
+            "change2": float(moved @ moved), "share": float(share.sum()), "missed2": float(np.sum((back[hit] - intended[hit]).astype(np.float64) ** 2)),
             "collateral2": float(np.sum((back[~hit] - a[~hit]).astype(np.float64) ** 2))}
 
 
@@ -385,6 +392,8 @@ def _summary(graft, path, out, info, reader, written, gguf_type, force) -> dict:
             # the measured check: share of the grafted change (‖θ_graft − θ_pre‖ on the region) the file keeps, and
             # how far the untouched values moved, relative to that change
             "change_kept": 1.0 - missed, "collateral": collateral,
+            # … and per coordinate: the mean over grafted coordinates of the share of its own change kept
+            "share_kept": sum(w["share"] for w in written.values()) / max(1, graft.size),
             "tensors": len(reader.tensors), "touched": len(written), "copied": len(reader.tensors) - len(written),
             "changed_type": changed, "forced": bool(force),
             "written": {g: {k: w[k] for k in ("parameter", "from", "to", "coordinates", "kept")}
@@ -471,10 +480,12 @@ class GGUF(Exporter):
         out.append(("info", f"{human_size(summary['bytes'])} = {summary['size_ratio']:.3f} × the base file "
                             f"({human_size(summary['base_bytes'])}, {summary['base_quantization']})"))
         if not summary["exact"]:
-            level = "warning" if summary["change_kept"] < KEPT_WARN else "info"
+            low = min(summary["change_kept"], summary["share_kept"])
+            level = "warning" if low < KEPT_WARN else "info"
             out.append((level, f"--gguf-type {summary['gguf_type']}: the file keeps {summary['change_kept']:.1%} of "
-                               f"the graft's change ({summary['kept']:,} of {summary['coordinates']:,} grafted "
-                               f"coordinates exactly; untouched values moved {summary['collateral']:.2f} × the "
-                               f"change){' — under ' + format(KEPT_WARN, '.0%') if level == 'warning' else ''}; "
+                               f"the graft's change, a grafted coordinate {summary['share_kept']:.1%} of its own on "
+                               f"average ({summary['kept']:,} of {summary['coordinates']:,} exactly; untouched values "
+                               f"moved {summary['collateral']:.2f} × the change)"
+                               f"{' — under ' + format(KEPT_WARN, '.0%') if level == 'warning' else ''}; "
                                "--gguf-type exact keeps it all"))
         return out
