@@ -301,7 +301,7 @@ def test_a_linear_weight_graft_keeps_peft_contract_at_its_size(tiny_bert, tmp_pa
     assert set(unloaded) == set(before) and all(torch.equal(unloaded[k], before[k]) for k in before)
     _, merged = plain_peft(tiny_bert, tmp_path / "adapter", "AutoModelForMaskedLM", ids, mask)
     assert_same_weights(merged, exported_weights(pre, graft, tmp_path / "hf"))
-    assert s["restores_base"] == {"disable_adapter": True, "unload": True}
+    assert s["restores_base"] == {"disable_adapter": True, "unload": True, "delete_adapter_then_unload": True}
     assert not s["routes"]["modules_to_save"]["modules"] and not s["routes"]["tensors"]["tensors"]
     sh, cfg = s["routes"]["shira"], json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert sh["coordinates"] == graft.size and s["inexact"] == 0
