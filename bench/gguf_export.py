@@ -142,6 +142,8 @@ def main() -> None:
                 key = f"{w['from']}→{w['to']}"
                 kinds[key] = kinds.get(key, 0) + 1
             meta = {"gguf_type": kind, "bytes": s["bytes"], "size_ratio": s["size_ratio"], "kept": s["kept"],
+                    "change_kept": s.get("change_kept"), "share_kept": s.get("share_kept"),
+                    "collateral": s.get("collateral"),
                     "coordinates": s["coordinates"], "touched": s["touched"], "tensors": s["tensors"],
                     "types": kinds, "export_seconds": seconds}
             logp = kept.with_suffix(".npy") if kept is not None else None

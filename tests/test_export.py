@@ -208,6 +208,69 @@ def test_disabling_the_adapter(tiny_bert, tmp_path, route):
     assert ("with model.disable_adapter()" in readme) == safe
 
 
+@pytest.mark.parametrize("low_cpu_mem_usage", [False, True])
+def test_a_graft_of_biases_and_norms_gives_the_base_back_with_plain_peft(tiny_bert, tmp_path, low_cpu_mem_usage):
+    """Issue 80 item 5, read back with plain peft 0.21.2 (no skillgraft): a graft touching Linear weights, Linear
+    biases (their weights untouched) and LayerNorms. Enabled: the grafted model; ``disable_adapter()``: θ_pre's logits
+    exactly; a plain ``unload()`` keeps the modules_to_save copies grafted (peft's design: ``ModulesToSaveWrapper.
+    unload_and_optionally_merge_module`` returns ``modules_to_save[active]`` while an adapter is active);
+    ``delete_adapter("default")`` then ``unload()``: θ_pre's weights bit for bit. A grafted bias's Linear is stored
+    whole: peft 0.21.2 refuses (KeyError) a modules_to_save module saved without its untouched weight."""
+    import peft
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    keep = (lambda n: n.endswith("attention.output.dense.bias") or "LayerNorm" in n or n.endswith("query.weight"))
+    pre, graft = make_graft(tiny_bert, "prompt", keep=keep)
+    ids, mask = batch(pre)
+    with torch.no_grad():
+        base = pre.model(input_ids=ids, attention_mask=mask).logits
+    grafted, _ = grafted_outputs(pre, graft, ids, mask)
+    s = export_peft(graft, pre, tmp_path / "adapter")
+    ms = s["routes"]["modules_to_save"]
+    assert any(m.endswith("attention.output.dense") for m in ms["modules"])
+    assert s["restores_base"] == {"disable_adapter": True, "unload": False, "delete_adapter_then_unload": True}
+
+    def load():
+        torch.manual_seed(0)
+        hf = transformers.AutoModelForMaskedLM.from_pretrained(str(tiny_bert))
+        return peft.PeftModel.from_pretrained(hf, str(tmp_path / "adapter"),
+                                              low_cpu_mem_usage=low_cpu_mem_usage).eval()
+
+    torch.manual_seed(0)
+    before = transformers.AutoModelForMaskedLM.from_pretrained(str(tiny_bert)).state_dict()
+    model = load()
+    with torch.no_grad():
+        enabled = model(input_ids=ids, attention_mask=mask).logits
+        with model.disable_adapter():
+            disabled = model(input_ids=ids, attention_mask=mask).logits
+        plain = model.unload()  # peft's plain unload(): the SHiRA weights gone, the modules_to_save copies kept
+        kept = plain(input_ids=ids, attention_mask=mask).logits
+    assert (enabled - grafted).abs().max() <= 1e-6 and not torch.equal(grafted, base)
+    assert torch.equal(disabled, base) and not torch.equal(kept, base)
+    for name in graft.region.indices:
+        got = plain.state_dict()[name.removeprefix("model.")].reshape(-1)[graft.region.indices[name]]
+        assert torch.equal(got, graft.values[name]) == ("query" not in name), name
+    model = load()
+    model.delete_adapter("default")
+    unloaded = model.unload()
+    state = unloaded.state_dict()
+    assert set(state) == set(before) and all(torch.equal(state[k], before[k]) for k in before)
+    with torch.no_grad():
+        assert torch.equal(unloaded(input_ids=ids, attention_mask=mask).logits, base)
+    _, merged = plain_peft(tiny_bert, tmp_path / "adapter", "AutoModelForMaskedLM", ids, mask)
+    assert_same_weights(merged, exported_weights(pre, graft, tmp_path / "hf"), s["inexact"])
+    lines = " ".join(text for _, text in get_exporter("peft").lines(s))
+    assert "model.delete_adapter('default') first, then unload() gives the base exactly" in lines
+    assert 'model.delete_adapter("default"); base = model.unload()' in (tmp_path / "adapter" / "README.md").read_text()
+    # the smaller adapter peft does not take: the grafted bias's Linear without its untouched weight
+    tensors = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    weight = next(k for k in tensors if k.endswith("attention.output.dense.weight"))
+    save_file({k: v for k, v in tensors.items() if k != weight}, str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    with pytest.raises(KeyError, match="dense.weight"):
+        load()
+
+
 @pytest.mark.parametrize("tuner", ["shira", "supertuning", "auto"])
 def test_a_linear_weight_graft_keeps_peft_contract_at_its_size(tiny_bert, tmp_path, tuner):
     """Only sparse entries (Linear weights), read back with plain peft + transformers: disable_adapter() gives θ_pre's
@@ -238,7 +301,7 @@ def test_a_linear_weight_graft_keeps_peft_contract_at_its_size(tiny_bert, tmp_pa
     assert set(unloaded) == set(before) and all(torch.equal(unloaded[k], before[k]) for k in before)
     _, merged = plain_peft(tiny_bert, tmp_path / "adapter", "AutoModelForMaskedLM", ids, mask)
     assert_same_weights(merged, exported_weights(pre, graft, tmp_path / "hf"))
-    assert s["restores_base"] == {"disable_adapter": True, "unload": True}
+    assert s["restores_base"] == {"disable_adapter": True, "unload": True, "delete_adapter_then_unload": True}
     assert not s["routes"]["modules_to_save"]["modules"] and not s["routes"]["tensors"]["tensors"]
     sh, cfg = s["routes"]["shira"], json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert sh["coordinates"] == graft.size and s["inexact"] == 0

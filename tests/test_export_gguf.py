@@ -177,6 +177,113 @@ def test_the_smallest_exact_type_is_chosen(tmp_path):
     assert human_size(s["bytes"]).endswith("KiB") and human_size(564865 * 1024) == "551.6 MiB"
 
 
+def _k_blocks(qtype, n=6, seed=0):
+    """``n`` blocks of a K-quant type (gguf-py cannot quantize them): random quants and sub-block scales, sane f16
+    block scales where the type keeps them (Q4_K/Q5_K: d, dmin first; Q6_K: d last)."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    size = gguf.GGML_QUANT_SIZES[qtype][1]
+    blocks = rng.integers(0, 256, (n, size), dtype=np.uint8)
+    if qtype.name == "Q6_K":
+        blocks[:, -2:] = np.full((n, 1), 1e-3, dtype=np.float16).view(np.uint8)
+    else:
+        blocks[:, :4] = np.full((n, 2), [1e-2, 5e-3], dtype=np.float16).view(np.uint8)
+    return blocks
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"])
+def test_grafted_values_move_inside_the_base_blocks(kind):
+    """Issue 80: a grafted coordinate is set to its own block's nearest level by changing only its own quant bits —
+    read back with plain gguf-py's dequantizer, every other value of the tensor is the base's bit for bit, a value
+    the block can hold is hit exactly, and no grafted value ends farther from its target than the base's. K-quants
+    (which gguf-py cannot quantize) included."""
+    import gguf
+
+    from skillgraft.export.gguf_blocks import rerounded, value_bits
+
+    qtype = getattr(gguf.GGMLQuantizationType, kind)
+    per_block = gguf.GGML_QUANT_SIZES[qtype][0]
+    if kind.endswith("_K"):
+        data = _k_blocks(qtype)
+    else:
+        data = gguf.quants.quantize(np.random.default_rng(1).standard_normal((6, per_block)).astype(np.float32), qtype)
+    base = gguf.quants.dequantize(data, qtype).reshape(-1)
+    rng = np.random.default_rng(2)
+    flat = np.sort(rng.choice(base.size, 24, replace=False))
+    target = (base[flat] + rng.normal(0, np.abs(base).mean() + 1e-3, flat.size)).astype(np.float32)
+    # the first target is another level of its own block: the base value with one of its own bits flipped
+    bits = value_bits(data, qtype)
+    probe = np.array(data, copy=True).reshape(-1, data.shape[-1] if data.ndim > 1 else data.size)
+    probe = probe.reshape(-1, gguf.GGML_QUANT_SIZES[qtype][1])
+    b = bits[flat[0] % per_block][0]
+    probe[flat[0] // per_block, b // 8] ^= np.uint8(1 << (b % 8))
+    target[0] = gguf.quants.dequantize(probe, qtype).reshape(-1)[flat[0]]
+    out, values = rerounded(data, qtype, flat, target)
+    back = gguf.quants.dequantize(out, qtype).reshape(-1)
+    others = np.ones(base.size, dtype=bool)
+    others[flat] = False
+    assert np.array_equal(back[others].view(np.uint32), base[others].view(np.uint32))
+    assert np.array_equal(back[flat], values) and back[flat[0]] == target[0]
+    assert (np.abs(back[flat] - target) <= np.abs(base[flat] - target)).all()
+    assert (back[flat] != base[flat]).sum() >= flat.size // 3  # many moved towards their targets
+
+
+def test_base_type_keeps_the_base_file_size(grafted, tmp_path):
+    """``--gguf-type base``: every tensor keeps the base's type (the file the base's size); read back with plain
+    gguf-py, every untouched value of a touched tensor is the base's bit for bit and each grafted value its block's
+    level nearest the graft's; the summary's measured check (the share of the graft's change kept) is what the
+    read-back values give, and the CLI says it in one line — a warning under 90 %."""
+    import gguf
+
+    from skillgraft.export import get_exporter
+    from skillgraft.export.gguf import KEPT_WARN
+
+    graft, pre = grafted["graft"], grafted["pre"]
+    out = tmp_path / "base.gguf"
+    s = export_graft(graft, out, ExportSpec(to="gguf", gguf_type="base"), base=pre)
+    ours, base = _reader(out), _reader(grafted["base"])
+    assert [t.tensor_type for t in ours.tensors] == [t.tensor_type for t in base.tensors] and not s["changed_type"]
+    assert s["bytes"] <= s["base_bytes"] + 4096
+    want = {n.removeprefix("model."): v for n, v in graft.values.items()}
+    to_gguf = {w["parameter"].removeprefix("model."): g for g, w in s["written"].items()}
+    got_t = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1) for t in ours.tensors}
+    base_t = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1) for t in base.tensors}
+    missed = change = share = 0.0
+    for name, g in to_gguf.items():
+        idx = graft.region.indices["model." + name].numpy()
+        target = want[name].float().numpy() + (1 if "norm" in g else 0)  # Gemma's norms: stored as 1 + w
+        got, was = got_t[g], base_t[g]
+        others = np.ones(got.size, dtype=bool)
+        others[idx] = False
+        assert np.array_equal(got[others], was[others]), g
+        assert (np.abs(got[idx] - target) <= np.abs(was[idx] - target) + 1e-7).all(), g
+        missed += float(np.sum((got[idx] - target).astype(np.float64) ** 2))
+        change += float(np.sum((target - was[idx]).astype(np.float64) ** 2))
+        moved = np.abs(target - was[idx]).astype(np.float64)
+        share += float(np.clip(1 - np.abs(got[idx] - target) / moved, 0, 1).sum())  # noise: every coordinate moved
+    assert s["change_kept"] == pytest.approx(1 - (missed / change) ** 0.5, abs=1e-4) and s["collateral"] == 0
+    assert 0 < s["change_kept"] < 1 and s["share_kept"] == pytest.approx(share / graft.size, abs=1e-4)
+    line = [(lvl, x) for lvl, x in get_exporter("gguf").lines(s) if "of the graft's change" in x]
+    assert len(line) == 1 and (line[0][0] == "warning") == (min(s["change_kept"], s["share_kept"]) < KEPT_WARN)
+    assert f"{s['change_kept']:.1%}" in line[0][1] and "MiB" not in line[0][1]
+    _hf(out)  # transformers reads it
+
+
+def test_a_graft_below_the_blocks_resolution_is_warned_of(grafted, tmp_path):
+    """A graft far below the base blocks' resolution keeps ~none of its change in the base's type: one warning line."""
+    from skillgraft.export import get_exporter
+    from skillgraft.graft import Graft
+
+    g, pre = grafted["graft"], grafted["pre"]
+    params = dict(pre.named_parameters())
+    small = {n: params[n].detach().reshape(-1)[i] * (1 + 2 ** -20) for n, i in g.region.indices.items()}
+    tiny = Graft(g.region, small, {}, g.base_model, g.base_fingerprint, g.metadata)
+    s = export_graft(tiny, tmp_path / "small.gguf", ExportSpec(to="gguf", gguf_type="base"), base=pre)
+    warned = [x for lvl, x in get_exporter("gguf").lines(s) if lvl == "warning"]
+    assert s["change_kept"] < 0.9 and len(warned) == 1 and "under 90%" in warned[0]
+
+
 # ---------------------------------------------------------------------------------------------- refusals
 def _one_line(text: str, message: str) -> None:
     lines = [ln for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("skillgraft: converting")

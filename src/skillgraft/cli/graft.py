@@ -16,6 +16,7 @@ from skillgraft.cli.output import (DATA, KEEP, MODEL, OUTPUT, REPORT, console, f
                                    print_keep, report as _report)
 from skillgraft.cli.config import config_option
 from skillgraft.data.spec import DataSpec, UserDataSpec
+from skillgraft.export.base import human_size
 from skillgraft.keep.spec import KeepSpec
 from skillgraft.graft.localizers import LOCALIZERS, LocalizeConfig
 from skillgraft.models.spec import MAX_LENGTH
@@ -74,7 +75,7 @@ def graft(
                        localize=options, keep=keep, frontier=frontier, out=out, overwrite=overwrite, cache=cache)
     console.print(f"evaluated on {result.report.evaluated_on}")  # where the test rows came from
     for r in result.shown():  # typed ResultRows: FT, the learned grafts, the keep targets
-        size = f", {r.file_bytes / 1024:.1f} KiB" if r.file_bytes else ""
+        size = f", {human_size(r.file_bytes)}" if r.file_bytes else ""
         extra = f" loss {r.loss:.4f}" if r.loss is not None else ""
         console.print(f"{r.model:>22}: {result.report.task} test {r.score:.4f} ECE {r.ece:.4f}{extra} "
                       f"| {r.params:,} params ({r.density:.2e}){size}")

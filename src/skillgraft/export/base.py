@@ -44,8 +44,8 @@ class ExportSpec(Spec):
     non_linear: Literal["modules_to_save", "tensors", "refuse"] = Field(
         "modules_to_save", description="coordinates a sparse adapter cannot hold (biases, norms, embeddings, Conv1D, "
                                        "tied weights): modules_to_save stores their modules whole (peft's own route: "
-                                       "disable_adapter() gives the base model exactly; a grafted Linear bias stores "
-                                       "its whole Linear); tensors stores just those tensors, written into the base "
+                                       "disable_adapter(), and delete_adapter() then unload(), give the base model "
+                                       "exactly; a grafted Linear bias stores its whole Linear); tensors stores just those tensors, written into the base "
                                        "model on load like peft's LoRA bias='all' (smaller, but disabling or "
                                        "unloading the adapter does not undo them); refuse lists them and writes "
                                        "nothing. A classifier's own head, which the base lacks, is stored whole "
@@ -61,10 +61,13 @@ class ExportSpec(Spec):
     overwrite: bool = Field(False, description="replace an existing output folder whole (never mixed into)")
     force: bool = Field(False, description="export even if the base model's fingerprint differs from the graft's")
     gguf_type: str = Field("exact", description="--to gguf: the type of the tensors the graft touches. exact: the "
-                                                "narrowest float type that holds their grafted values bit for bit "
-                                                "(their own float type, BF16, else F32); F32, BF16, F16, Q8_0 or "
-                                                "Q4_0: re-quantized to it (matrices; norms stay F32), losing what "
-                                                "that type cannot hold — for measuring that loss (docs/export.md)")
+                                                "smallest that holds their grafted values bit for bit (the base's "
+                                                "own blocks with only the grafted values' quants changed, else BF16 "
+                                                "or F16, else F32); base: the base's own type and bytes, each grafted "
+                                                "value rounded to its block's nearest level (the base's size; warns "
+                                                "when it keeps under 0.9 of the grafted change); F32, BF16, F16, Q8_0 "
+                                                "or Q4_0: the touched matrices re-quantized to it (norms stay F32) "
+                                                "— for measuring that loss (docs/export.md)")
 
 
     @field_validator("to")

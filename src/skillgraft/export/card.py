@@ -33,8 +33,9 @@ def _restore_lines(summary: dict) -> list[str]:
     if restores.get("unload"):
         return ["with model.disable_adapter(): ...  # the base model exactly; model.unload() returns it too"]
     if restores.get("disable_adapter"):
-        return ["with model.disable_adapter(): ...  # the base model exactly (unload() keeps the modules stored "
-                "whole, as peft does with modules_to_save)"]
+        return ["with model.disable_adapter(): ...  # the base model exactly",
+                "model.delete_adapter(\"default\"); base = model.unload()  # the base model exactly (a plain "
+                "unload() keeps the modules_to_save copies, as peft does for a trained head)"]
     return ["# disable_adapter() / unload() do NOT give the base model: tensors were written into it on load "
             "(--non-linear tensors)"]
 

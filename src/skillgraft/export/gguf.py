@@ -9,14 +9,18 @@ the base's own encoding (Q4_K, Q6_K, Q8_0, …). A tensor the graft touches is w
 file's own dequantized values outside the region, θ_ft's on it — at a precision that holds every one of those values
 exactly (**the precision rule**, docs/export.md): the smallest type whose read-back equals the tensor bit for bit —
 
-* the base's own block type (Q8_0, Q4_0, …) when every value lies on its block's grid;
+* the base's own blocks (Q4_K, Q6_K, Q8_0, …: every byte the base's but the grafted values' own quant bits,
+  :mod:`skillgraft.export.gguf_blocks`) when every grafted value is a level of its block;
 * else BF16 or F16 for a matrix whose values all lie on that grid (or the norm's own float type);
 * else F32.
 
-Re-quantizing a touched tensor to the base's type would throw the graft away: a fine-tuned Δ is far below the
-resolution of Q4_K, Q8_0 or F16 (Gemma's is ~1e-6 of the weights' norm). ``--gguf-type`` writes the touched
-matrices at another type anyway (F16, BF16, Q8_0, Q4_0: for measuring that loss); 1-D tensors (norms) then stay F32,
-the type llama.cpp computes them in.
+A fine-tuned Δ is mostly far below the resolution of Q4_K, Q8_0 or F16 (Gemma's is ~1e-6 of the weights' norm), so
+on a quantized base the exact file usually holds the touched tensors as F32. ``--gguf-type base`` keeps the base's
+types and size instead, each grafted value rounded to its block's nearest level (untouched values bit for bit);
+``F16``, ``BF16``, ``Q8_0``, ``Q4_0`` re-quantize the touched matrices (norms stay F32, as llama.cpp computes them).
+Each non-exact file's summary measures what survives — ``change_kept``, 1 − ‖written − grafted‖ / ‖grafted − θ_pre‖
+over the grafted coordinates, and ``collateral``, how far the untouched values moved on that scale — and the CLI
+warns in one line under :data:`KEPT_WARN`.
 
 Tensor names and layouts are transformers' reading of the file in reverse: ``get_gguf_hf_weights_map`` names the
 GGUF tensor of each parameter, and the architecture's tensor processor is inverted (llama's q/k row permutation,
@@ -47,13 +51,16 @@ from typing import Iterator
 
 from skillgraft.errors import SkillgraftError
 from skillgraft.export.base import ExportSpec, Exporter, _as_scorer, _check_base, check_export_target, human_size
+from skillgraft.export.gguf_blocks import rerounded
 from skillgraft.graft.graft import Graft
 from skillgraft.io import atomic_path
 
 GRAFT_KEY = "skillgraft.graft"
 FLOATS = ("F32", "F16", "BF16")
 # what --gguf-type may name: exact (the precision rule) or a type gguf-py writes
-GGUF_TYPES = ("exact", "F32", "BF16", "F16", "Q8_0", "Q4_0")
+GGUF_TYPES = ("exact", "base", "F32", "BF16", "F16", "Q8_0", "Q4_0")
+# --gguf-type base/…: a warning when the file keeps less than this share of the grafted change (1 − ‖missed‖/‖change‖)
+KEPT_WARN = 0.9
 HF_ROUTE = ("export it with --to hf and convert that folder with llama.cpp's convert_hf_to_gguf.py "
             "(the graft's tensors are then written at the converter's --outtype: use f32 to keep them)")
 
@@ -225,19 +232,15 @@ _BITS = {"Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 5.5, "Q5_1": 6.0, "Q8_0": 8.5, "BF16"
 
 
 def _exact_candidates(src, shape) -> list:
-    """The types that may hold a touched tensor bit for bit, smallest first (F32, which always does, is appended by
-    the caller): the base's own type when gguf-py writes it (a block-quantized matrix — Q8_0, Q4_0, … — whose
-    grafted values all lie on their block's grid round-trips in it: the file keeps the base's size), then BF16 and
-    F16 for a matrix (the base's own float type for a norm, which llama.cpp computes in F32 otherwise). Another
-    quantized type is not tried: the untouched values, on the base type's grid, almost never lie on its grid."""
+    """The float types that may hold a touched tensor bit for bit when the base's own blocks cannot
+    (:func:`~skillgraft.export.gguf_blocks.rerounded` is tried first), smallest first; F32, which always does, is
+    appended by the caller: BF16 and F16 for a matrix, the base's own float type for a norm (which llama.cpp computes
+    in F32 otherwise). Another quantized type is not tried: the untouched values, on the base type's grid, almost
+    never lie on its grid."""
     import gguf  # noqa: PLC0415
 
     q = gguf.GGMLQuantizationType
-    kinds = []
-    if src.name in _BITS and src.name not in FLOATS and _fits(shape, src):
-        kinds.append(src)
-    if len(shape) >= 2:
-        kinds += [q.BF16, q.F16]
+    kinds = [q.BF16, q.F16] if len(shape) >= 2 else []
     if src.name in FLOATS and src not in kinds:
         kinds.append(src)
     return sorted(kinds, key=lambda k: _BITS[k.name])
@@ -293,21 +296,38 @@ def _write_tensor(entry: dict, graft: Graft, name: str, theta_pre, layout: _Layo
     intended = layout.write(target.reshape(pre.shape), g)  # what the grafted model computes with, in GGUF layout
     grafted = np.where(hit, intended, a).astype(np.float32)
     src = t.tensor_type
-    if gguf_type == "exact":  # the precision rule: the smallest type that holds the grafted tensor bit for bit
-        kinds = _exact_candidates(src, grafted.shape)
-    else:
-        kind = getattr(gguf.GGMLQuantizationType, gguf_type)
-        kinds = [kind] if _fits(grafted.shape, kind) or (kind.name in FLOATS and grafted.ndim >= 2) else []
-    kinds.append(gguf.GGMLQuantizationType.F32)
-    for kind in kinds:
-        data, back = _encode(grafted, kind)
-        if gguf_type != "exact" or np.array_equal(back, grafted):
-            break
-    if kind == gguf.GGMLQuantizationType.F32 and not np.array_equal(back, grafted):
-        raise SkillgraftError(f"{g}: the grafted tensor does not read back as written (internal error)")
+    data = back = None
+    if gguf_type in ("exact", "base") and src.name not in FLOATS:  # the base's own blocks, only grafted values moved
+        flat = np.flatnonzero(hit)
+        edit = rerounded(t.data, src, flat, intended.reshape(-1)[flat])
+        if edit is not None and (gguf_type == "base" or np.array_equal(edit[1], intended.reshape(-1)[flat])):
+            data, kind = edit[0], src
+            back = gguf.quants.dequantize(data, src).astype(np.float32).reshape(grafted.shape)
+    if data is None:
+        if gguf_type == "exact":  # the precision rule: the smallest type that holds the grafted tensor bit for bit
+            kinds = _exact_candidates(src, grafted.shape)
+        elif gguf_type == "base":  # a float base tensor keeps its type; a block type without per-value bits: F32
+            kinds = [src] if src.name in FLOATS else []
+        else:
+            kind = getattr(gguf.GGMLQuantizationType, gguf_type)
+            kinds = [kind] if _fits(grafted.shape, kind) or (kind.name in FLOATS and grafted.ndim >= 2) else []
+        kinds.append(gguf.GGMLQuantizationType.F32)
+        for kind in kinds:
+            data, back = _encode(grafted, kind)
+            if gguf_type != "exact" or np.array_equal(back, grafted):
+                break
+        if kind == gguf.GGMLQuantizationType.F32 and not np.array_equal(back, grafted):
+            raise SkillgraftError(f"{g}: the grafted tensor does not read back as written (internal error)")
     kept = int(np.sum(back[hit] == intended[hit]))
+    moved = (intended[hit] - a[hit]).astype(np.float64)
+    miss = np.abs((back[hit] - intended[hit]).astype(np.float64))
+    with np.errstate(divide="ignore", invalid="ignore"):  # each coordinate's share of its own change kept, in [0, 1]
+        share = np.where(moved != 0, np.clip(1 - miss / np.abs(moved), 0, 1), (miss == 0).astype(np.float64))
     return {"gguf": g, "parameter": name, "from": src.name, "to": kind.name, "coordinates": entry["coordinates"],
-            "kept": kept, "data": data, "qtype": kind}
+            "kept": kept, "data": data, "qtype": kind,
+            # the measured check: the grafted change missed, and the untouched values moved, in squared sums
+            "change2": float(moved @ moved), "share": float(share.sum()), "missed2": float(np.sum((back[hit] - intended[hit]).astype(np.float64) ** 2)),
+            "collateral2": float(np.sum((back[~hit] - a[~hit]).astype(np.float64) ** 2))}
 
 
 # ---------------------------------------------------------------------------------------------- the export
@@ -363,9 +383,17 @@ def check_gguf_export(graft: Graft, out, model: str | None, gguf_type: str = "ex
 def _summary(graft, path, out, info, reader, written, gguf_type, force) -> dict:
     changed = {g: f"{w['from']} → {w['to']}" for g, w in written.items() if w["from"] != w["to"]}
     kept = sum(w["kept"] for w in written.values())
+    change2 = sum(w["change2"] for w in written.values())
+    missed = (sum(w["missed2"] for w in written.values()) / change2) ** 0.5 if change2 else 0.0
+    collateral = (sum(w["collateral2"] for w in written.values()) / change2) ** 0.5 if change2 else 0.0
     return {"to": "gguf", "out": str(out), "base_file": str(path), "base_bytes": path.stat().st_size,
             "base_quantization": info["quantization"], "architecture": info["architecture"],
             "coordinates": graft.size, "kept": kept, "exact": kept == graft.size, "gguf_type": gguf_type,
+            # the measured check: share of the grafted change (‖θ_graft − θ_pre‖ on the region) the file keeps, and
+            # how far the untouched values moved, relative to that change
+            "change_kept": 1.0 - missed, "collateral": collateral,
+            # … and per coordinate: the mean over grafted coordinates of the share of its own change kept
+            "share_kept": sum(w["share"] for w in written.values()) / max(1, graft.size),
             "tensors": len(reader.tensors), "touched": len(written), "copied": len(reader.tensors) - len(written),
             "changed_type": changed, "forced": bool(force),
             "written": {g: {k: w[k] for k in ("parameter", "from", "to", "coordinates", "kept")}
@@ -452,7 +480,12 @@ class GGUF(Exporter):
         out.append(("info", f"{human_size(summary['bytes'])} = {summary['size_ratio']:.3f} × the base file "
                             f"({human_size(summary['base_bytes'])}, {summary['base_quantization']})"))
         if not summary["exact"]:
-            out.append(("warning", f"--gguf-type {summary['gguf_type']}: {summary['coordinates'] - summary['kept']:,} "
-                                   f"of {summary['coordinates']:,} grafted coordinates are not kept (re-quantized); "
-                                   "the default (exact) keeps them all"))
+            low = min(summary["change_kept"], summary["share_kept"])
+            level = "warning" if low < KEPT_WARN else "info"
+            out.append((level, f"--gguf-type {summary['gguf_type']}: the file keeps {summary['change_kept']:.1%} of "
+                               f"the graft's change, a grafted coordinate {summary['share_kept']:.1%} of its own on "
+                               f"average ({summary['kept']:,} of {summary['coordinates']:,} exactly; untouched values "
+                               f"moved {summary['collateral']:.2f} × the change)"
+                               f"{' — under ' + format(KEPT_WARN, '.0%') if level == 'warning' else ''}; "
+                               "--gguf-type exact keeps it all"))
         return out

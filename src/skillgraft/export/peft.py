@@ -132,7 +132,9 @@ def export_peft(graft: Graft, base, out: str | os.PathLike, *, non_linear: str =
         "base_model": _base_name(graft, scorer),
         "coordinates": graft.size, "graft_bytes": _graft_bytes(graft),
         "restores_base": {"disable_adapter": not plan.tensors,  # peft keeps modules_to_save on unload()
-                          "unload": not plan.tensors and all(l.reason == HEAD_REASON for l in plan.whole)},
+                          "unload": not plan.tensors and all(l.reason == HEAD_REASON for l in plan.whole),
+                          # peft's unload() returns a modules_to_save wrapper's original only with no adapter active
+                          "delete_adapter_then_unload": not plan.tensors},
         "routes": {
             "shira": {"peft_type": plan.peft_type, "modules": len(plan.shira) - (placeholder is not None),
                       "coordinates": shira_coords, "padding_entries": padding,
@@ -277,14 +279,16 @@ class Peft(Exporter):
             out.append(("info", "disable_adapter() computes the base model exactly" + (
                 "; so does unload()" if restores.get("unload") else
                 f"; unload() keeps {len(kept)} module(s) grafted ({', '.join(kept[:3])}"
-                f"{', …' if len(kept) > 3 else ''}: peft keeps modules_to_save on unload)")))
+                f"{', …' if len(kept) > 3 else ''}: peft keeps modules_to_save on unload; "
+                "model.delete_adapter('default') first, then unload() gives the base exactly)")))
         tuner, size = sparse_tuner(sh)
         out.append(("info", f"{tuner}: {sh['coordinates']:,} coordinates in {sh['modules']} Linear weight(s) "
                             f"(+{sh['padding_entries']:,} zero entries, {size})"
                     + (f", zero placeholder target {sh['placeholder']}" if sh["placeholder"] else "")))
         if ms["modules"]:
             out.append(("info", f"modules_to_save: {ms['coordinates']:,} coordinates in {len(ms['modules'])} "
-                                f"module(s) stored whole ({ms['stored_parameters']:,} parameters)"))
+                                f"module(s) stored whole ({ms['stored_parameters']:,} parameters: peft 0.21 loads "
+                                "a modules_to_save module only with every tensor of it)"))
             alt = summary.get("alternative")
             if alt and "bytes_about" in alt and alt["bytes_about"] < summary.get("bytes", 0):
                 out.append(("hint", f"--non-linear tensors stores only the grafted tensors (biases and norms, not "

@@ -13,6 +13,7 @@ from typing import Any
 from skillgraft.lazy import np
 
 from skillgraft.evaluate.plots import panel_margins, save_figure
+from skillgraft.export.base import human_size
 from skillgraft.graft.selection import Budget
 from skillgraft.pipeline.variants import ResultRow
 from skillgraft.verbs.result import VerbResult
@@ -266,7 +267,7 @@ def report_markdown(metrics: dict) -> str:
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in metrics["rows"]:
         gap = f"{r['gap_closed']:.2f}" if "gap_closed" in r else "-"
-        size = f"{r['file_bytes'] / 1024:.1f} KiB" if r.get("file_bytes") else "-"
+        size = human_size(r["file_bytes"]) if r.get("file_bytes") else "-"
         share = f"{r['share_of_ft']:.3f}" if "share_of_ft" in r else "-"
         lines.append(f"| {r['model']} | {r['params']:,} | {r['density']:.2e} | {r['score']:.4f} | "
                      f"{share} | {gap} | {r['ece']:.4f} | {r.get('agreement', 1.0):.3f} | {size} |")

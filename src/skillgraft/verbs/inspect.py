@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from skillgraft.export.base import human_size
 from skillgraft.verbs.result import VerbResult
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ class InspectResult(VerbResult):
         """The summary lines (markup: the folder in bold)."""
         g, size, graft_dir, compare = self.graft, self.file_bytes, self.graft_dir, self.compare
         out = [f"[bold]{graft_dir}[/]: {g.size:,} grafted parameters, density {g.region.density:.3e} of "
-               f"{g.region.universe_size:,} graftable; carried {g.carried_size:,}; file {size / 1024:.1f} KiB "
+               f"{g.region.universe_size:,} graftable; carried {g.carried_size:,}; file {human_size(size)} "
                f"({size / max(1, g.size):.1f} bytes/parameter); base {g.base_model} [{g.base_fingerprint[:12]}]"]
         if self.other is not None:
             c = self.comparison()
