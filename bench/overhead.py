@@ -21,14 +21,16 @@ core. The machine is shared: read medians.
 the localizer with that same stack compiled, and both plain loops with their loss function compiled, each beside its
 eager run in the same repeat. The steady-state step is the median after the warm-up, as above; the compile is the
 rest: a variant's CPU time over all its steps minus steps × its median, and the graphs dynamo made, printed
-separately. Inductor compiles in this process (``TORCHINDUCTOR_COMPILE_THREADS=1``, so ``process_time`` counts it)
-into a fresh cache folder: the first repeat compiles cold, the later ones (after ``torch._dynamo.reset()``) read the
-on-disk cache, as a second run of the same command does.
+separately. Inductor compiles in this process (``TORCHINDUCTOR_COMPILE_THREADS=1``, so ``process_time`` counts it);
+each variant's first repeat compiles cold (a fresh cache folder, inductor's in-memory caches cleared), its later ones
+(after ``torch._dynamo.reset()``, the in-memory caches cleared again) read that folder, as a second run of the same
+command does.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
 import statistics
@@ -43,12 +45,12 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 if "--compile" in sys.argv:  # before torch is imported: inductor reads these once
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # compiled in this process: process_time counts it
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="overhead-inductor-"))
 
 import torch  # noqa: E402
 
 WARMUP = 5
 COMPILES: dict[str, list[tuple[float, int]]] = {}  # variant -> (compile CPU s, graphs made) per repeat
+CACHES: dict[str, str] = {}  # variant -> its inductor cache folder
 
 
 def build(root: Path, hidden: int, layers: int):
@@ -108,6 +110,21 @@ def median_of(times: list[float], name: str | None = None) -> float:
     return median * 1e3
 
 
+@contextlib.contextmanager
+def inductor_cache(name: str | None):
+    """``name``'s own inductor cache: fresh (cold) the first time, the same folder (warm on disk) afterwards."""
+    if name is None:
+        yield
+        return
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+    from torch._inductor.utils import clear_caches
+
+    clear_caches()
+    folder = CACHES.setdefault(name, tempfile.mkdtemp(prefix="overhead-inductor-"))
+    with temporary_cache_dir(folder):
+        yield
+
+
 def compiled_body(scorer):
     """The decoder stack ``fit(compile=True)`` compiles (skillgraft.train.core._compiled), compiled in place."""
     from skillgraft.train.core import _compiled
@@ -121,9 +138,10 @@ def skillgraft_finetune(scorer, data, steps: int, **config) -> tuple[float, list
     cfg = FinetuneConfig(batch_size=8, steps=steps, eval_every=0, **config)
     sampler = SingleTask(data.train, None, batch_size=8, steps=steps, seed=cfg.seed)
     clock = Clock()
-    fit(scorer, sampler, cfg, [clock], progress=False)
-    batches = [ex for _, ex in SingleTask(data.train, None, batch_size=8, steps=steps, seed=cfg.seed)]
     name = "fine-tuning: skillgraft --compile" if cfg.compile else None
+    with inductor_cache(name):
+        fit(scorer, sampler, cfg, [clock], progress=False)
+    batches = [ex for _, ex in SingleTask(data.train, None, batch_size=8, steps=steps, seed=cfg.seed)]
     return median_step(clock.stamps, name), clock.names, batches
 
 
@@ -150,14 +168,16 @@ def plain_finetune(scorer, names: list[str], batches, compiled: bool = False) ->
 
     if compiled:
         loss_of = torch.compile(loss_of)
+    name = "fine-tuning: plain compiled" if compiled else None
     stamps = [time.process_time()]
-    for ids, mask, pos, labels in ready:
-        loss_of(ids, mask, pos, labels).backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        stamps.append(time.process_time())
-    return median_step(stamps, "fine-tuning: plain compiled" if compiled else None)
+    with inductor_cache(name):
+        for ids, mask, pos, labels in ready:
+            loss_of(ids, mask, pos, labels).backward()
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            stamps.append(time.process_time())
+    return median_step(stamps, name)
 
 
 def skillgraft_localize(pre, ft, data, steps: int, compiled: bool = False) -> float:
@@ -172,17 +192,22 @@ def skillgraft_localize(pre, ft, data, steps: int, compiled: bool = False) -> fl
         t0 = time.process_time()
         real(*args)
         times.append(time.process_time() - t0)
+        if len(times) == steps:  # the last scoring runs eagerly (not timed: its no-grad graph not compiled)
+            for body in bodies:
+                body._compiled_call_impl = None
 
+    name = "localization: skillgraft, body compiled" if compiled else None
     engine._step = timed
     try:
-        get_localizer("learned").run(pre, ft, data, {"steps": steps, "eval_every": steps, "batch_size": 8,
-                                                     "micro_batch": 8, "sparsity": 0.01, "budgets": [0.005],
-                                                     "select_on": "last", "schedule": "fixed"})  # every step taken
+        with inductor_cache(name):
+            get_localizer("learned").run(pre, ft, data, {"steps": steps, "eval_every": steps, "batch_size": 8,
+                                                         "micro_batch": 8, "sparsity": 0.01, "budgets": [0.005],
+                                                         "select_on": "last", "schedule": "fixed"})  # every step
     finally:
         engine._step = real
         for body in bodies:
             body._compiled_call_impl = None
-    return median_of(times, "localization: skillgraft, body compiled" if compiled else None)
+    return median_of(times, name)
 
 
 def plain_localize(pre, ft, data, steps: int, compiled: bool = False) -> float:
@@ -221,19 +246,21 @@ def plain_localize(pre, ft, data, steps: int, compiled: bool = False) -> float:
     if compiled:
         loss_of = torch.compile(loss_of)
     times = []
-    for ids, mask, pos, labels in ready:
-        t0 = time.process_time()
-        with torch.no_grad():
-            gammas = [torch.sigmoid(s - bias) for s in S]
-            for p, b0, d, g in zip(theta, base, delta, gammas):
-                p.copy_(torch.addcmul(b0, g, d))
-        loss_of(ids, mask, pos, labels).backward()
-        with torch.no_grad():
-            for p, d, g, s in zip(theta, delta, gammas, S):
-                s.sub_(lr * p.grad * d * g * (1 - g))
-                p.grad = None
-        times.append(time.process_time() - t0)
-    return median_of(times, "localization: plain compiled" if compiled else None)
+    name = "localization: plain compiled" if compiled else None
+    with inductor_cache(name):
+        for ids, mask, pos, labels in ready:
+            t0 = time.process_time()
+            with torch.no_grad():
+                gammas = [torch.sigmoid(s - bias) for s in S]
+                for p, b0, d, g in zip(theta, base, delta, gammas):
+                    p.copy_(torch.addcmul(b0, g, d))
+            loss_of(ids, mask, pos, labels).backward()
+            with torch.no_grad():
+                for p, d, g, s in zip(theta, delta, gammas, S):
+                    s.sub_(lr * p.grad * d * g * (1 - g))
+                    p.grad = None
+            times.append(time.process_time() - t0)
+    return median_of(times, name)
 
 
 def main() -> None:
