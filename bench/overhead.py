@@ -17,8 +17,8 @@ the ratio skillgraft / plain is printed per repeat and as the median. Times are 
 (``time.process_time``, one thread): on a machine shared with other jobs, wall time mostly measures the wait for a
 core. The machine is shared: read medians.
 
-``--compile``: also skillgraft's fine-tuning with ``compile`` (``--compile``: the decoder stack compiled by inductor),
-the localizer with that same stack compiled, and both plain loops with their loss function compiled, each beside its
+``--compile``: also skillgraft's fine-tuning and localizer with their ``compile`` option (``--compile``: the decoder
+stack compiled by inductor, models/compiled.py), and both plain loops with their loss function compiled, each beside its
 eager run in the same repeat. The steady-state step is the median after the warm-up, as above; the compile is the
 rest: a variant's CPU time over all its steps minus steps × its median, and the graphs dynamo made, printed
 separately. Inductor compiles in this process (``TORCHINDUCTOR_COMPILE_THREADS=1``, so ``process_time`` counts it);
@@ -125,13 +125,6 @@ def inductor_cache(name: str | None):
         yield
 
 
-def compiled_body(scorer):
-    """The decoder stack ``fit(compile=True)`` compiles (skillgraft.train.core._compiled), compiled in place."""
-    from skillgraft.train.core import _compiled
-
-    return _compiled(scorer)
-
-
 def skillgraft_finetune(scorer, data, steps: int, **config) -> tuple[float, list[str], list]:
     from skillgraft.train import FinetuneConfig, SingleTask, fit
 
@@ -181,32 +174,27 @@ def plain_finetune(scorer, names: list[str], batches, compiled: bool = False) ->
 
 
 def skillgraft_localize(pre, ft, data, steps: int, compiled: bool = False) -> float:
-    """The dense learned localizer's step; ``compiled``: with the decoder stack compiled as ``fit`` compiles it."""
+    """The dense learned localizer's step; ``compiled``: its ``compile`` option (``--compile``)."""
     import skillgraft.graft.localizers.machinery.engine as engine
     from skillgraft.graft.localizers import get_localizer
 
     real, times = engine._step, []
-    bodies = compiled_body(pre) if compiled else []
 
     def timed(*args):
         t0 = time.process_time()
         real(*args)
         times.append(time.process_time() - t0)
-        if len(times) == steps:  # the last scoring runs eagerly (not timed: its no-grad graph not compiled)
-            for body in bodies:
-                body._compiled_call_impl = None
 
-    name = "localization: skillgraft, body compiled" if compiled else None
+    name = "localization: skillgraft --compile" if compiled else None
     engine._step = timed
     try:
         with inductor_cache(name):
             get_localizer("learned").run(pre, ft, data, {"steps": steps, "eval_every": steps, "batch_size": 8,
                                                          "micro_batch": 8, "sparsity": 0.01, "budgets": [0.005],
-                                                         "select_on": "last", "schedule": "fixed"})  # every step
+                                                         "select_on": "last", "schedule": "fixed",  # every step
+                                                         "compile": compiled})
     finally:
         engine._step = real
-        for body in bodies:
-            body._compiled_call_impl = None
     return median_of(times, name)
 
 
@@ -286,7 +274,7 @@ def main() -> None:
             got["localization: skillgraft"] = skillgraft_localize(pre, ft, data, args.steps)
             got["localization: plain eager"] = plain_localize(pre, ft, data, args.steps)
             if args.compile:
-                got["localization: skillgraft, body compiled"] = skillgraft_localize(pre, ft, data, args.steps, True)
+                got["localization: skillgraft --compile"] = skillgraft_localize(pre, ft, data, args.steps, True)
                 got["localization: plain compiled"] = plain_localize(pre, ft, data, args.steps, True)
             for k, v in got.items():
                 rows.setdefault(k, []).append(v)
@@ -300,7 +288,7 @@ def main() -> None:
               f"(per repeat {' '.join(f'{x:.2f}' for x in ratios)})")
     for k, base in (("fine-tuning: skillgraft --compile", "fine-tuning: skillgraft"),
                     ("fine-tuning: plain compiled", "fine-tuning: plain eager"),
-                    ("localization: skillgraft, body compiled", "localization: skillgraft"),
+                    ("localization: skillgraft --compile", "localization: skillgraft"),
                     ("localization: plain compiled", "localization: plain eager")):
         if k in rows:
             ratios = [a / b for a, b in zip(rows[k], rows[base])]
