@@ -15,14 +15,24 @@ rows), one thread, batch 8:
 Each figure is the median step time over ``--steps`` steps (the first 5 left out), the run ``--repeats`` times;
 the ratio skillgraft / plain is printed per repeat and as the median. Times are the process's CPU time
 (``time.process_time``, one thread): on a machine shared with other jobs, wall time mostly measures the wait for a
-core. ``--compile``: the plain fine-tuning loop
-and skillgraft's ``compile`` option (when it exists) beside them. The machine is shared: read medians.
+core. The machine is shared: read medians.
+
+``--compile``: also skillgraft's fine-tuning and localizer with their ``compile`` option (``--compile``: the decoder
+stack compiled by inductor, models/compiled.py), and both plain loops with their loss function compiled, each beside its
+eager run in the same repeat. The steady-state step is the median after the warm-up, as above; the compile is the
+rest: a variant's CPU time over all its steps minus steps × its median, and the graphs dynamo made, printed
+separately. Inductor compiles in this process (``TORCHINDUCTOR_COMPILE_THREADS=1``, so ``process_time`` counts it);
+each variant's first repeat compiles cold (a fresh cache folder, inductor's in-memory caches cleared), its later ones
+(after ``torch._dynamo.reset()``, the in-memory caches cleared again) read that folder, as a second run of the same
+command does.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import os
 import statistics
 import sys
 import tempfile
@@ -33,9 +43,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
+if "--compile" in sys.argv:  # before torch is imported: inductor reads these once
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # compiled in this process: process_time counts it
+
 import torch  # noqa: E402
 
 WARMUP = 5
+COMPILES: dict[str, list[tuple[float, int]]] = {}  # variant -> (compile CPU s, graphs made) per repeat
+CACHES: dict[str, str] = {}  # variant -> its inductor cache folder
 
 
 def build(root: Path, hidden: int, layers: int):
@@ -71,6 +86,7 @@ class Clock:
         self.names: list[str] = []
 
     def on_train_start(self, state):
+        self.stamps.append(time.process_time())  # the first step's start (a compile happens in it)
         ids = {id(p) for p in state.params}
         self.names = [n for n, p in state.model.named_parameters() if id(p) in ids]
 
@@ -78,9 +94,35 @@ class Clock:
         self.stamps.append(time.process_time())
 
 
-def median_step(stamps: list[float]) -> float:
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])][WARMUP:]
-    return statistics.median(gaps) * 1e3
+def median_step(stamps: list[float], name: str | None = None) -> float:
+    """The median gap after the warm-up (ms); with ``name``, what the steps took beyond it is kept as its compile."""
+    return median_of([b - a for a, b in zip(stamps, stamps[1:])], name)
+
+
+def median_of(times: list[float], name: str | None = None) -> float:
+    median = statistics.median(times[WARMUP:])
+    if name is not None:
+        from torch._dynamo.utils import counters
+
+        COMPILES.setdefault(name, []).append((sum(times) - len(times) * median, counters["stats"]["unique_graphs"]))
+        torch._dynamo.reset()  # the next repeat compiles again (from the on-disk cache), not from this process's
+        counters.clear()
+    return median * 1e3
+
+
+@contextlib.contextmanager
+def inductor_cache(name: str | None):
+    """``name``'s own inductor cache: fresh (cold) the first time, the same folder (warm on disk) afterwards."""
+    if name is None:
+        yield
+        return
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+    from torch._inductor.utils import clear_caches
+
+    clear_caches()
+    folder = CACHES.setdefault(name, tempfile.mkdtemp(prefix="overhead-inductor-"))
+    with temporary_cache_dir(folder):
+        yield
 
 
 def skillgraft_finetune(scorer, data, steps: int, **config) -> tuple[float, list[str], list]:
@@ -89,9 +131,11 @@ def skillgraft_finetune(scorer, data, steps: int, **config) -> tuple[float, list
     cfg = FinetuneConfig(batch_size=8, steps=steps, eval_every=0, **config)
     sampler = SingleTask(data.train, None, batch_size=8, steps=steps, seed=cfg.seed)
     clock = Clock()
-    fit(scorer, sampler, cfg, [clock], progress=False)
+    name = "fine-tuning: skillgraft --compile" if cfg.compile else None
+    with inductor_cache(name):
+        fit(scorer, sampler, cfg, [clock], progress=False)
     batches = [ex for _, ex in SingleTask(data.train, None, batch_size=8, steps=steps, seed=cfg.seed)]
-    return median_step(clock.stamps), clock.names, batches
+    return median_step(clock.stamps, name), clock.names, batches
 
 
 def plain_finetune(scorer, names: list[str], batches, compiled: bool = False) -> float:
@@ -117,17 +161,20 @@ def plain_finetune(scorer, names: list[str], batches, compiled: bool = False) ->
 
     if compiled:
         loss_of = torch.compile(loss_of)
-    stamps = []
-    for ids, mask, pos, labels in ready:
-        loss_of(ids, mask, pos, labels).backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        stamps.append(time.process_time())
-    return median_step(stamps)
+    name = "fine-tuning: plain compiled" if compiled else None
+    stamps = [time.process_time()]
+    with inductor_cache(name):
+        for ids, mask, pos, labels in ready:
+            loss_of(ids, mask, pos, labels).backward()
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            stamps.append(time.process_time())
+    return median_step(stamps, name)
 
 
-def skillgraft_localize(pre, ft, data, steps: int) -> float:
+def skillgraft_localize(pre, ft, data, steps: int, compiled: bool = False) -> float:
+    """The dense learned localizer's step; ``compiled``: its ``compile`` option (``--compile``)."""
     import skillgraft.graft.localizers.machinery.engine as engine
     from skillgraft.graft.localizers import get_localizer
 
@@ -138,17 +185,20 @@ def skillgraft_localize(pre, ft, data, steps: int) -> float:
         real(*args)
         times.append(time.process_time() - t0)
 
+    name = "localization: skillgraft --compile" if compiled else None
     engine._step = timed
     try:
-        get_localizer("learned").run(pre, ft, data, {"steps": steps, "eval_every": steps, "batch_size": 8,
-                                                     "micro_batch": 8, "sparsity": 0.01, "budgets": [0.005],
-                                                     "select_on": "last", "schedule": "fixed"})  # every step taken
+        with inductor_cache(name):
+            get_localizer("learned").run(pre, ft, data, {"steps": steps, "eval_every": steps, "batch_size": 8,
+                                                         "micro_batch": 8, "sparsity": 0.01, "budgets": [0.005],
+                                                         "select_on": "last", "schedule": "fixed",  # every step
+                                                         "compile": compiled})
     finally:
         engine._step = real
-    return statistics.median(times[WARMUP:]) * 1e3
+    return median_of(times, name)
 
 
-def plain_localize(pre, ft, data, steps: int) -> float:
+def plain_localize(pre, ft, data, steps: int, compiled: bool = False) -> float:
     """The dense sigmoid localization step as a plain loop: θ = θ_pre + γ ⊙ Δ, forward, backward, S −= lr·∂L/∂S."""
     from skillgraft.models.anatomy import graftable_names
 
@@ -174,23 +224,31 @@ def plain_localize(pre, ft, data, steps: int) -> float:
         b = pre.collate([rows[i] for i in idx])
         ready.append((b["input_ids"], b["attention_mask"], b["score_pos"], b["labels"]))
     body, head = model.model, model.lm_head
-    times = []
-    for ids, mask, pos, labels in ready:
-        t0 = time.process_time()
-        with torch.no_grad():
-            gammas = [torch.sigmoid(s - bias) for s in S]
-            for p, b0, d, g in zip(theta, base, delta, gammas):
-                p.copy_(torch.addcmul(b0, g, d))
+
+    def loss_of(ids, mask, pos, labels):
         hidden = body(input_ids=ids, attention_mask=mask).last_hidden_state
         logits = head(hidden[torch.arange(ids.shape[0]), pos])
         logp = torch.log_softmax(logits.float(), -1)[:, words]
-        (torch.nn.functional.cross_entropy(logp, labels, reduction="sum") / 8).backward()
-        with torch.no_grad():
-            for p, d, g, s in zip(theta, delta, gammas, S):
-                s.sub_(lr * p.grad * d * g * (1 - g))
-                p.grad = None
-        times.append(time.process_time() - t0)
-    return statistics.median(times[WARMUP:]) * 1e3
+        return torch.nn.functional.cross_entropy(logp, labels, reduction="sum") / 8
+
+    if compiled:
+        loss_of = torch.compile(loss_of)
+    times = []
+    name = "localization: plain compiled" if compiled else None
+    with inductor_cache(name):
+        for ids, mask, pos, labels in ready:
+            t0 = time.process_time()
+            with torch.no_grad():
+                gammas = [torch.sigmoid(s - bias) for s in S]
+                for p, b0, d, g in zip(theta, base, delta, gammas):
+                    p.copy_(torch.addcmul(b0, g, d))
+            loss_of(ids, mask, pos, labels).backward()
+            with torch.no_grad():
+                for p, d, g, s in zip(theta, delta, gammas, S):
+                    s.sub_(lr * p.grad * d * g * (1 - g))
+                    p.grad = None
+            times.append(time.process_time() - t0)
+    return median_of(times, name)
 
 
 def main() -> None:
@@ -199,7 +257,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--compile", action="store_true", help="also the compiled plain loop (and skillgraft's)")
+    ap.add_argument("--compile", action="store_true", help="also each loop compiled (see above)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     rows = {}
@@ -210,28 +268,35 @@ def main() -> None:
             plain = plain_finetune(pre, names, batches)
             got = {"fine-tuning: skillgraft": sg, "fine-tuning: plain eager": plain}
             if args.compile:
+                got["fine-tuning: skillgraft --compile"] = skillgraft_finetune(
+                    copy.deepcopy(pre), data, args.steps, compile=True)[0]
                 got["fine-tuning: plain compiled"] = plain_finetune(pre, names, batches, compiled=True)
-                from skillgraft.train import FinetuneConfig
-                if "compile" in FinetuneConfig.model_fields:
-                    got["fine-tuning: skillgraft --compile"] = skillgraft_finetune(
-                        copy.deepcopy(pre), data, args.steps, compile=True)[0]
             got["localization: skillgraft"] = skillgraft_localize(pre, ft, data, args.steps)
             got["localization: plain eager"] = plain_localize(pre, ft, data, args.steps)
+            if args.compile:
+                got["localization: skillgraft --compile"] = skillgraft_localize(pre, ft, data, args.steps, True)
+                got["localization: plain compiled"] = plain_localize(pre, ft, data, args.steps, True)
             for k, v in got.items():
                 rows.setdefault(k, []).append(v)
             print(f"repeat {r + 1}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in got.items()), flush=True)
-    print(f"\n{'step (median of repeats)':40s} {'ms':>8s}   per-repeat")
+    print(f"\n{'step (median of repeats)':42s} {'ms':>8s}   per-repeat")
     for k, v in rows.items():
-        print(f"{k:40s} {statistics.median(v):8.2f}   {' '.join(f'{x:.2f}' for x in v)}")
+        print(f"{k:42s} {statistics.median(v):8.2f}   {' '.join(f'{x:.2f}' for x in v)}")
     for what in ("fine-tuning", "localization"):
         ratios = [a / b for a, b in zip(rows[f"{what}: skillgraft"], rows[f"{what}: plain eager"])]
         print(f"{what}: skillgraft / plain eager = {statistics.median(ratios):.2f}× "
               f"(per repeat {' '.join(f'{x:.2f}' for x in ratios)})")
-    if "fine-tuning: plain compiled" in rows:
-        for k in ("fine-tuning: plain compiled", "fine-tuning: skillgraft --compile"):
-            if k in rows:
-                ratios = [a / b for a, b in zip(rows[k], rows["fine-tuning: plain eager"])]
-                print(f"{k} / plain eager = {statistics.median(ratios):.2f}×")
+    for k, base in (("fine-tuning: skillgraft --compile", "fine-tuning: skillgraft"),
+                    ("fine-tuning: plain compiled", "fine-tuning: plain eager"),
+                    ("localization: skillgraft --compile", "localization: skillgraft"),
+                    ("localization: plain compiled", "localization: plain eager")):
+        if k in rows:
+            ratios = [a / b for a, b in zip(rows[k], rows[base])]
+            print(f"{k} / {base.split(': ')[1]} = {statistics.median(ratios):.2f}× "
+                  f"(per repeat {' '.join(f'{x:.2f}' for x in ratios)})")
+    for k, runs in COMPILES.items():
+        print(f"{k}: compile CPU s (first repeat cold, then cache warm) {' '.join(f'{c:.1f}' for c, _ in runs)}; "
+              f"graphs {' '.join(str(g) for _, g in runs)}")
 
 
 if __name__ == "__main__":

@@ -130,6 +130,8 @@ def test_a_batch_cut_from_the_tokenized_rows_is_the_collated_batch(tiny_models, 
         picked = [data.train[int(i)] for i in torch.randint(len(data.train), (8,), generator=gen)]
         want, got = scorer.collate(picked), rows.take(picked)
         assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+        # laid out as collate's too: a compiled body guards on strides (a cut view was a new graph per width)
+        assert all(got[k].stride() == want[k].stride() for k in want), {k: got[k].stride() for k in want}
 
 
 def test_a_non_finite_loss_moves_nothing_and_stops_the_run_at_its_next_read(decoder, monkeypatch):

@@ -19,7 +19,7 @@ from skillgraft.verbs.continual import continual_add as verbs_continual_add
 # continual add: fine-tuning and localization options are FinetuneConfig / LocalizeConfig fields (their defaults);
 # the localizer's options that share a name with a fine-tuning one get a localize- prefix.
 _CONTINUAL_LOCALIZE = {n: f"localize_{n}" for n in ("steps", "lr", "batch_size", "micro_batch", "sigmoid_bias", "l1",
-                                                     "seed", "eval_every", "select_on", "optimizer", "init")}
+                                                     "seed", "eval_every", "select_on", "optimizer", "init", "compile")}
 
 
 @continual_app.command("add", common=COMMON["continual add"])

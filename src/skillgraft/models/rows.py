@@ -57,7 +57,7 @@ class Tokenized:
 
     def take(self, examples: list[Example] | None = None, rows=None) -> dict[str, torch.Tensor]:
         """The batch of ``examples`` (rows of this run; or their positions ``rows`` in the list it was made from), as
-        ``collate(examples)`` would give it."""
+        ``collate(examples)`` would give it (values, shapes and strides)."""
         rows = [self.index[ex] for ex in examples] if rows is None else [int(i) for i in rows]
         width = max(self.widths[i] for i in rows)
         ix = torch.tensor(rows)
@@ -68,7 +68,11 @@ class Tokenized:
         out = {}
         for k, t in self.full.items():
             t = t.index_select(0, ix if t.shape[0] == len(self.widths) else wide)
-            out[k] = t[:, :width] if t.dim() == 2 and t.shape[1] == self.length and k != "score_pos" else t
+            if t.dim() == 2 and t.shape[1] == self.length and k != "score_pos":
+                # contiguous, as collate's: a compiled body's graph guards on the strides (a cut view would be
+                # compiled anew at its first width, issue 75)
+                t = t[:, :width].contiguous()
+            out[k] = t
         return out
 
     def covers(self, examples: list[Example]) -> bool:

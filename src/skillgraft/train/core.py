@@ -24,6 +24,7 @@ from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.predict import evaluate
 from skillgraft.finite import FirstNonFinite, refuse_non_finite
+from skillgraft.models.compiled import compile_bodies, uncompile
 from skillgraft.models.freezing import freeze
 from skillgraft.train.config import FinetuneConfig
 
@@ -277,23 +278,6 @@ def _direct(accelerator) -> bool:
             and accelerator.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU))
 
 
-def _compiled(model) -> list:
-    """``torch.compile`` the transformer body of each task's scorer in place for the run (``nn.Module.compile``): the
-    blocks that do the work, not the scorer around them, whose head hook (models/logits.py) and forward context would
-    change the graph at every call. Shapes that vary (a batch is as wide as its longest row) are compiled dynamic
-    after the second. Returns the bodies (the caller undoes the compile after the steps)."""
-    bodies = []
-    for module in model.modules():
-        body = getattr(module, "model", None)
-        if hasattr(module, "collate") and isinstance(body, nn.Module):
-            inner = getattr(body, "model", None)  # a causal LM: its decoder stack (the LM head runs outside)
-            target = inner if isinstance(inner, nn.Module) and hasattr(body, "get_output_embeddings") else body
-            if all(target is not b for b in bodies):
-                target.compile()
-                bodies.append(target)
-    return bodies
-
-
 @no_grad
 def _l1_gradients(params, anchors, l1: float) -> None:
     """Add ∂(λ‖θ − θ_pre‖₁)/∂θ = λ·sign(θ − θ_pre) to the gradients (after backward, vectorised: the same values
@@ -383,7 +367,7 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
 
     rows = {t: Tokenized.of(view_of(raw, t), train, accelerator.device) for t, (train, _) in sampler.data.items()}
     guard = FirstNonFinite(accelerator.device)
-    compiled = _compiled(raw) if config.compile else []
+    compiled = compile_bodies(raw) if config.compile else []
     loop = _Loop(wrapped, raw, params, anchors, opt, config, callbacks, accelerator, guard, rows, _direct(accelerator))
     for step, (task, examples) in enumerate(bar, start=done):
         t0 = time.perf_counter()
@@ -407,8 +391,7 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
             saved.save(_state(step + 1, float(loss_ema), eval_seconds, time.perf_counter() - start, params, opt,
                               state, callbacks, accelerator))
     guard.check("fine-tuning")
-    for body in compiled:  # evaluation and whatever follows run eagerly, as before
-        body._compiled_call_impl = None
+    uncompile(compiled)  # evaluation and whatever follows run eagerly, as before
     seconds = time.perf_counter() - start - eval_seconds
     for p in params:  # the last step's update is checked by no later loss
         refuse_non_finite(p, f"fine-tuning stopped after step {steps}: a trained weight",

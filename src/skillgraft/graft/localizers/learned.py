@@ -99,6 +99,9 @@ class LocalizeConfig(ScheduleOptions):
     gradient_checkpointing: bool = Field(False, description=(
         "recompute each transformer block's activations in the backward pass (less memory; each block's "
         "forward runs twice)"), json_schema_extra=OMITTED_AT_DEFAULT)
+    compile: bool = Field(False, json_schema_extra=OMITTED_AT_DEFAULT, description=(
+        "torch.compile the transformer body for the localization's steps and scorings (equal to eager within "
+        "rounding; pays a compile at the start and at new batch shapes: for long runs)"))
 
     @model_validator(mode="after")
     def _candidates_hold_the_budgets(self) -> LocalizeConfig:
@@ -211,7 +214,7 @@ def plan(config: LocalizeConfig, base: Region | None = None, candidates: Region 
         seed=config.seed, graftable=config.graftable,
         candidates=None if c is None else (lambda universe: Budget.parse(c).size(universe)), chosen=candidates,
         base=base, base_size=lambda universe: int(round(config.sparsity * universe)), base_per_budget=config.per_size,
-        gradient_checkpointing=config.gradient_checkpointing, config=config.to_dict(),
+        gradient_checkpointing=config.gradient_checkpointing, compile=config.compile, config=config.to_dict(),
         schedule=config.stopping)
 
 

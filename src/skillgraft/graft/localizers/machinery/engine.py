@@ -49,6 +49,7 @@ from skillgraft.graft.localizers.machinery.source import fine_tuned
 from skillgraft.graft.region import Region
 from skillgraft.graft.selection import Budget
 from skillgraft.models.anatomy import carried_names, graftable_names
+from skillgraft.models.compiled import compiled
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Plan:
     base_per_budget: bool = False          # a trajectory per budget, γ_base the top of the budget's own size
     scores: dict[str, torch.Tensor] | None = None  # the base score per graftable coordinate (default |Δ|)
     gradient_checkpointing: bool = False
+    compile: bool = False                  # torch.compile the transformer body for the run (models/compiled.py)
     config: dict = field(default_factory=dict)
     schedule: Schedule = field(default_factory=Schedule)  # when a trajectory stops (fixed steps, or by its fit)
 
@@ -150,7 +152,7 @@ def _optimise(pre, source, names, carried, train, select, plan, accelerator, gro
     checkpointing = plan.gradient_checkpointing or (
         group.sharded and os.environ.get("FSDP_ACTIVATION_CHECKPOINTING", "false").lower() == "true")
     try:
-        with activation_checkpointing(pre, checkpointing):
+        with activation_checkpointing(pre, checkpointing), compiled(pre, plan.compile):
             if reference is None and select:  # θ_ft is read from files: θ_pre + Δ on every held coordinate
                 with layout.full():
                     acc = accuracy_on(pre, select, plan.micro_batch, accelerator, group.sharded and group.world > 1)
