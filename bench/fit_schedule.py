@@ -26,6 +26,7 @@ def main() -> int:
                     "NAME:{...} for another learned localizer's options (e.g. learned-adam:{\"steps\": 200})")
     ap.add_argument("--test-limit", type=int, default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--progress", action="store_true", help="the localizers' progress bars (on stderr)")
     args = ap.parse_args()
 
     from skillgraft.graft import Graft, get_localizer
@@ -44,7 +45,7 @@ def main() -> int:
             name, setting = setting.split(":", 1)
         options = {"budgets": args.budgets, **json.loads(setting)}
         t0 = time.perf_counter()
-        loc = get_localizer(name).run(pre, ft, data, options)
+        loc = get_localizer(name).run(pre, ft, data, options, progress=args.progress)
         seconds = time.perf_counter() - t0
         row = {"localizer": name, "setting": json.loads(setting), "seconds": seconds,
                "stopped": loc.stopped, "reference": loc.reference, "budgets": {}}

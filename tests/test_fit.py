@@ -6,6 +6,7 @@ import json
 import pytest
 from localizing import assert_intact, digest, snapshot
 
+from skillgraft.errors import SkillgraftError
 from skillgraft.graft import get_localizer
 from skillgraft.graft.localizers import LocalizeConfig
 from skillgraft.graft.localizers.machinery.base import BudgetScore, ScoredStep
@@ -197,3 +198,24 @@ def test_a_still_rising_line_names_the_lever_its_schedule_leaves():
                    "config": {"schedule": schedule}}
         line = fit_section(summary, {})["lines"][0]
         assert line.endswith(f"stopped at step 50: the step cap (50), still rising: {lever}."), line
+
+
+@pytest.mark.parametrize("name", ["learned", "straight-through"])
+def test_step_rows_train_dev_takes_each_steps_gradient_from_the_dev_rows_too(pair, name):
+    """step_rows=train+dev (issue 74, lever 1): each step's gradient comes from every selection row, as if the dev rows
+    were training rows; the default (train) is the paper's and stays out of configs and store keys."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    pre, ft, data = pair
+    options = {**FAST, "select_on": "last", "lr": 1e9 if name == "learned" else 1.0}
+    if name != "learned":
+        options = {k: v for k, v in options.items() if k not in ("sparsity", "lr")} | {"optimizer": "nsgd"}
+    both = get_localizer(name).run(pre, ft, data, {**options, "step_rows": "train+dev"})
+    merged = SimpleNamespace(train=list(data.train) + list(data.dev), dev=list(data.dev))
+    as_train = get_localizer(name).run(pre, ft, merged, options)  # the dev rows handed in as training rows
+    train_only = get_localizer(name).run(pre, ft, data, options)
+    assert {b: digest(r) for b, r in both.regions.items()} == {b: digest(r) for b, r in as_train.regions.items()}
+    assert {b: digest(r) for b, r in both.regions.items()} != {b: digest(r) for b, r in train_only.regions.items()}
+    assert both.config["step_rows"] == "train+dev" and "step_rows" not in train_only.config
+    with pytest.raises(SkillgraftError, match="step_rows 'train\\+dev' needs dev examples"):
+        get_localizer(name).run(pre, ft, list(data.train), {**options, "step_rows": "train+dev"})

@@ -159,6 +159,7 @@ def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, co
     if config.per_size and base is not None:
         raise SkillgraftError("per_size starts each budget from the top-|Δ| of its own size: give base= or per_size, "
                               "not both")
+    rows = config.step_examples(train, dev)  # each step's gradient rows (refused here, before any work)
     if keep is not None or ranked:
         refuse_unordered(config)
     if keep is not None:
@@ -171,7 +172,7 @@ def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, co
     if config.candidates == "auto":
         config = config.replace(candidates=auto_candidates(config, pre))
     select = train + (dev or []) if config.select_on == "train+dev" else train
-    result = engine.run(pre, ft, train, select, plan(config, base, candidates), accelerator=accelerator,
+    result = engine.run(pre, ft, rows, select, plan(config, base, candidates), accelerator=accelerator,
                         progress=progress, ranked=ranked or keep is not None)
     if keep is not None:  # θ_pre is itself again: score grafts of the learned order on the selection split
         result.keep = keep_search(pre, ft, result.ranking, selection, keep)

@@ -139,6 +139,7 @@ def relaxed_localize(pre, ft, data, opts: RelaxedOptions, *, accelerator=None, p
         raise SkillgraftError("a learned localizer needs training examples")
     if opts.select_on in ("dev", "train+dev") and not dev:
         raise SkillgraftError(f"select_on={opts.select_on!r} needs dev examples (data with .dev), or select_on 'train'")
+    rows = opts.step_examples(train, dev)  # each step's gradient rows (refused here, before any work)
     budgets = list(dict.fromkeys(opts.budgets or []))
     if not budgets or any(b.rounding for b in budgets):
         raise SkillgraftError("the relaxed localizers need budgets that are fractions or counts (exact sizes), "
@@ -167,7 +168,7 @@ def relaxed_localize(pre, ft, data, opts: RelaxedOptions, *, accelerator=None, p
         base_size=(lambda _: base_k) if opts.relaxation == "sigmoid" else None, scores=scores, config=opts.to_dict(),
         schedule=opts.stopping)
     select = {"dev": dev, "train+dev": train + dev, "train": train, "last": []}[opts.select_on]
-    result = engine.run(pre, ft, train, select, plan, accelerator=accelerator, progress=progress)
+    result = engine.run(pre, ft, rows, select, plan, accelerator=accelerator, progress=progress)
     result.extra["score_seconds"] = score_seconds
     return result
 

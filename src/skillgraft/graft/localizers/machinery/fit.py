@@ -21,6 +21,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers.machinery.base import ScoredStep
 from skillgraft.graft.selection import Budget
 from skillgraft.spec import COUNT_MAX, OMITTED_AT_DEFAULT, Spec
@@ -73,6 +74,10 @@ class ScheduleOptions(Spec):
     still: int = Field(10, ge=0, le=COUNT_MAX, description=(
         "schedule fit: stop when no budget's region has changed at all since the start for this many steps (S has "
         "not left its start, e.g. on an AdamW fine-tune's small Δ; 0: never)"))  # written: it changed fit's stops
+    step_rows: Literal["train", "train+dev"] = Field("train", description=(
+        "the rows each step's gradient is taken from (all of them a step, in micro-batches, up to batch_size): train "
+        "(the paper's), or train+dev (every row of a train+dev selection, the rows the fit share is measured on)"),
+        json_schema_extra=OMITTED_AT_DEFAULT)  # runs at the default keep their store keys
 
     def _left_out(self) -> set[str]:
         """A fixed schedule reads neither fit_target nor patience: they stay out of configs and store keys. The
@@ -85,6 +90,14 @@ class ScheduleOptions(Spec):
             if type(self).model_fields["schedule"].default == "fixed":
                 out.add("schedule")
         return out
+
+    def step_examples(self, train: list, dev: list | None) -> list:
+        """The rows of each step's gradient (``step_rows``); train+dev without dev rows is refused in one line."""
+        if self.step_rows == "train":
+            return train
+        if not dev:
+            raise SkillgraftError("step_rows 'train+dev' needs dev examples (data with .dev), or step_rows 'train'")
+        return list(train) + list(dev)
 
     @property
     def stopping(self) -> Schedule:
