@@ -58,6 +58,31 @@ def accuracy(skills, rows: list[dict], skill: str) -> float:
     return sum(o.label == str(r["label"]) for o, r in zip(out, rows)) / len(rows)
 
 
+BASELINES = ["--mergekit", "task_arithmetic,ties", "--scales", "0.3,0.5,1", "--densities", "0.2",
+             "--rules", "average", "--stitch-scales", "1,2,4", "--peers", "emr,tswitch",
+             "--tswitch-densities", "0.4"]
+
+
+def merge_baselines(root: Path, tasks: list[str], out: Path, args) -> dict:
+    """The routed skills' grafts merged into one model (the stitch, λ chosen on dev: the grafts' union, at most
+    their total bytes), dense mergekit merges (task arithmetic, TIES; λ chosen on dev) and the task-aware peers at
+    one graft's bytes per task (EMR, T-Switch: the task named); each method's test mean normalized accuracy."""
+    base = out.parent / f"baselines-{args.budget}-{'-'.join(tasks)}"
+    if not (base / "merge.json").is_file():
+        cli = ["merge", "--pretrained", "all-MiniLM-L6-v2", "--out", base, "--overwrite", "--localizer", "movement",
+               "--budgets", args.budget, *BASELINES]
+        for task in tasks:
+            cli += ["--grafts", out / "grafts" / task, "--finetuned", root / "ft" / task,
+                    "--data", root / "data" / task / "spec.yaml", "--dev-data", root / "data" / task / "dev.jsonl",
+                    "--names", task]
+        run_merge(cli)
+    summary = json.loads((base / "merge.json").read_text())
+    rows = [r for r in summary["rows"] if r.get("on_test", True)]
+    return {"folder": str(base), "rows": [{k: r.get(k) for k in ("method", "config", "chosen_on_dev",
+                                                                   "dev_mean_normalized", "mean_normalized",
+                                                                   "bytes_per_task")} for r in rows]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", default="SST-2,ag_news,subj,trec,mr,cr,mpqa,QNLI")
@@ -72,6 +97,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=60)
     ap.add_argument("--refit", action=argparse.BooleanOptionalAction, default=True,
                     help="fit the routers afresh on the stored rows (this code), compare with the stored one")
+    ap.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=True,
+                    help="also one merged model of the same grafts (the stitch) and dense mergekit merges, and the "
+                         "task-aware peers at the grafts' bytes (a second merge of the stored grafts)")
+    ap.add_argument("--baselines-only", action="store_true", help="run the baseline merge and stop")
     ap.add_argument("--root", type=Path, default=Path("/work/store/route-serve-bench"))
     ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "route_serve.json")
     args = ap.parse_args()
@@ -100,6 +129,10 @@ def main() -> None:
                     "--dev-data", root / "data" / task / "dev.jsonl", "--names", task]
         run_merge(cli)
     t_merge = time.perf_counter() - t0 - t_ft
+    baselines = merge_baselines(root, tasks, out, args) if args.baselines or args.baselines_only else None
+    if args.baselines_only:
+        print(json.dumps(baselines, indent=2))
+        return
     summary = json.loads((out / "merge.json").read_text())
     ft = next(r for r in summary["rows"] if r["method"] == "fine-tuned" and r.get(f"{tasks[0]}:test") is not None)
     skills = RoutedSkills.from_pretrained(out / "routed")
