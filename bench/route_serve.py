@@ -12,7 +12,10 @@
    rows, ``auto``'s choice made on the dev rows, and each kind's routing and share of the oracle are reported
    beside the stored router's (``before``), from each test row scored under every skill (the diagnosis: the
    confusion and each task's accuracy under each skill, ``cross``); the chosen router then scores the mixed batches.
-4. Throughput on one core, requests of ``--batch`` rows: single-skill traffic (every request names one skill),
+4. With ``--baselines`` (default; ``--baselines-only`` stops there): a second merge of the stored grafts — the
+   stitch (one model, the grafts' union), dense mergekit task arithmetic and TIES, EMR and T-Switch at the grafts'
+   bytes — each method's test mean normalized accuracy beside ``auto``'s.
+5. Throughput on one core, requests of ``--batch`` rows: single-skill traffic (every request names one skill),
    mixed-skill traffic (each request names a random skill: a swap whenever it changes), and mixed ``auto`` batches
    (each request's rows from random tasks, routed and grouped); rows/s and the swap's share of the time.
 
@@ -259,7 +262,8 @@ def main() -> None:
     ratio = {k: throughput[k]["rows_per_s"] / throughput["single-skill"]["rows_per_s"]
              for k in ("mixed-skill", "mixed auto")}
     record = {"settings": vars(args) | {"root": str(args.root), "results": str(args.results)},
-              "router": router_record, "routers": compare, "cross": cross, "routing_accuracy": routing,
+              "router": router_record, "routers": compare, "baselines": baselines, "cross": cross,
+              "routing_accuracy": routing,
               "routing_accuracy_mean": sum(routing.values()) / len(tasks), "confusion": confusion,
               "ft_test": ft_test, "oracle": oracle, "auto": auto, "normalized": norm, "mean_normalized": mean,
               "auto_share_of_oracle": mean["auto"] / mean["oracle"], "switch_ms": 1e3 * switch,
