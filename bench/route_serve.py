@@ -12,7 +12,10 @@
    rows, ``auto``'s choice made on the dev rows, and each kind's routing and share of the oracle are reported
    beside the stored router's (``before``), from each test row scored under every skill (the diagnosis: the
    confusion and each task's accuracy under each skill, ``cross``); the chosen router then scores the mixed batches.
-4. Throughput on one core, requests of ``--batch`` rows: single-skill traffic (every request names one skill),
+4. With ``--baselines`` (default; ``--baselines-only`` stops there): a second merge of the stored grafts — the
+   stitch (one model, the grafts' union), dense mergekit task arithmetic and TIES, EMR and T-Switch at the grafts'
+   bytes — each method's test mean normalized accuracy beside ``auto``'s.
+5. Throughput on one core, requests of ``--batch`` rows: single-skill traffic (every request names one skill),
    mixed-skill traffic (each request names a random skill: a swap whenever it changes), and mixed ``auto`` batches
    (each request's rows from random tasks, routed and grouped); rows/s and the swap's share of the time.
 
@@ -58,6 +61,31 @@ def accuracy(skills, rows: list[dict], skill: str) -> float:
     return sum(o.label == str(r["label"]) for o, r in zip(out, rows)) / len(rows)
 
 
+BASELINES = ["--mergekit", "task_arithmetic,ties", "--scales", "0.3,0.5,1", "--densities", "0.2",
+             "--rules", "average", "--stitch-scales", "1,2,4", "--peers", "emr,tswitch",
+             "--tswitch-densities", "0.4"]
+
+
+def merge_baselines(root: Path, tasks: list[str], out: Path, args) -> dict:
+    """The routed skills' grafts merged into one model (the stitch, λ chosen on dev: the grafts' union, at most
+    their total bytes), dense mergekit merges (task arithmetic, TIES; λ chosen on dev) and the task-aware peers at
+    one graft's bytes per task (EMR, T-Switch: the task named); each method's test mean normalized accuracy."""
+    base = out.parent / f"baselines-{args.budget}-{'-'.join(tasks)}"
+    if not (base / "merge.json").is_file():
+        cli = ["merge", "--pretrained", "all-MiniLM-L6-v2", "--out", base, "--overwrite", "--localizer", "movement",
+               "--budgets", args.budget, *BASELINES]
+        for task in tasks:
+            cli += ["--grafts", out / "grafts" / task, "--finetuned", root / "ft" / task,
+                    "--data", root / "data" / task / "spec.yaml", "--dev-data", root / "data" / task / "dev.jsonl",
+                    "--names", task]
+        run_merge(cli)
+    summary = json.loads((base / "merge.json").read_text())
+    rows = [r for r in summary["rows"] if r.get("on_test", True)]
+    return {"folder": str(base), "rows": [{k: r.get(k) for k in ("method", "config", "chosen_on_dev",
+                                                                   "dev_mean_normalized", "mean_normalized",
+                                                                   "bytes_per_task")} for r in rows]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", default="SST-2,ag_news,subj,trec,mr,cr,mpqa,QNLI")
@@ -72,6 +100,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=60)
     ap.add_argument("--refit", action=argparse.BooleanOptionalAction, default=True,
                     help="fit the routers afresh on the stored rows (this code), compare with the stored one")
+    ap.add_argument("--baselines", action=argparse.BooleanOptionalAction, default=True,
+                    help="also one merged model of the same grafts (the stitch) and dense mergekit merges, and the "
+                         "task-aware peers at the grafts' bytes (a second merge of the stored grafts)")
+    ap.add_argument("--baselines-only", action="store_true", help="run the baseline merge and stop")
     ap.add_argument("--root", type=Path, default=Path("/work/store/route-serve-bench"))
     ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "route_serve.json")
     args = ap.parse_args()
@@ -100,6 +132,10 @@ def main() -> None:
                     "--dev-data", root / "data" / task / "dev.jsonl", "--names", task]
         run_merge(cli)
     t_merge = time.perf_counter() - t0 - t_ft
+    baselines = merge_baselines(root, tasks, out, args) if args.baselines or args.baselines_only else None
+    if args.baselines_only:
+        print(json.dumps(baselines, indent=2))
+        return
     summary = json.loads((out / "merge.json").read_text())
     ft = next(r for r in summary["rows"] if r["method"] == "fine-tuned" and r.get(f"{tasks[0]}:test") is not None)
     skills = RoutedSkills.from_pretrained(out / "routed")
@@ -226,7 +262,8 @@ def main() -> None:
     ratio = {k: throughput[k]["rows_per_s"] / throughput["single-skill"]["rows_per_s"]
              for k in ("mixed-skill", "mixed auto")}
     record = {"settings": vars(args) | {"root": str(args.root), "results": str(args.results)},
-              "router": router_record, "routers": compare, "cross": cross, "routing_accuracy": routing,
+              "router": router_record, "routers": compare, "baselines": baselines, "cross": cross,
+              "routing_accuracy": routing,
               "routing_accuracy_mean": sum(routing.values()) / len(tasks), "confusion": confusion,
               "ft_test": ft_test, "oracle": oracle, "auto": auto, "normalized": norm, "mean_normalized": mean,
               "auto_share_of_oracle": mean["auto"] / mean["oracle"], "switch_ms": 1e3 * switch,
