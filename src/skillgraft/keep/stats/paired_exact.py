@@ -54,9 +54,12 @@ def _face(target: float, weights: np.ndarray) -> np.ndarray:
     """Null distributions with E[Z] = 0 (cells 10, 11, 00, 01) from barycentric ``weights`` [G, 3] of the face's
     vertices: all rows 00; FT right on τ of rows with the graft right on all of them (11: τ, 01: 1 − τ); the graft
     right only where FT is wrong (10: τ/(1 + τ), 01: 1/(1 + τ))."""
-    vertices = np.array([[0.0, 0.0, 1.0, 0.0], [0.0, target, 0.0, 1 - target],
-                         [target / (1 + target), 0.0, 0.0, 1 / (1 + target)]])
-    return np.clip(weights, 0, None) @ vertices
+    return np.clip(weights, 0, None) @ _vertices(target)
+
+
+def _vertices(target: float) -> np.ndarray:
+    return np.array([[0.0, 0.0, 1.0, 0.0], [0.0, target, 0.0, 1 - target],
+                     [target / (1 + target), 0.0, 0.0, 1 / (1 + target)]])
 
 
 def _face_grid(m: int) -> np.ndarray:
@@ -85,26 +88,29 @@ def _z_tail(n: int, target: float, observed: tuple[int, ...]) -> Callable[[np.nd
     rest = n - i2
     need = rest + 1 - above[i1 * (n + 1) + i2]  # rows of the rest that must be in 00
     log_tri = gammaln(n + 1) - gammaln(i1 + 1) - gammaln(i2 - i1 + 1) - gammaln(rest + 1)
-    j = np.arange(n + 2, dtype=np.float64)
-    m = np.arange(n + 1, dtype=np.float64)[:, None]
-    rows_00, rows_01 = np.broadcast_to(j, (n + 1, n + 2)), np.maximum(m - j, 0)
+    # survive[m, s] = P(at least s of m rows in 00), summed from s = m down (terms above m are 0): only the rows m
+    # and the columns s the tail reads are made, the columns stored from the top s down (the sum's own order)
+    lo, hi, s_lo = int(rest.min()), int(rest.max()), int(need.min())
+    j = np.arange(hi, s_lo - 1, -1, dtype=np.float64)
+    m = np.arange(lo, hi + 1, dtype=np.float64)[:, None]
+    rows_01 = np.maximum(m - j, 0)
     log_bin = np.where(j <= m, gammaln(m + 1) - gammaln(j + 1) - gammaln(rows_01 + 1), -np.inf)
     cells = np.stack([i1, i2 - i1, rest]).astype(np.float64)  # rows in 10, in 11, in 00 or 01: per (u1, u2)
-    at = rest * (n + 2) + need  # survive[m = rest, s = need], flattened
+    at = (rest - lo) * len(j) + (hi - need)  # survive[m = rest, s = need] in the rows and columns made
+    vertices = _vertices(target)
 
     def log(x: np.ndarray) -> np.ndarray:  # log 0 as a huge finite negative: 0 · log 0 = 0, k · log 0 → exp 0
         return np.log(np.where(x > 0, x, 1.0)) + np.where(x > 0, 0.0, -1e300)
 
     def tail(weights: np.ndarray) -> np.ndarray:
-        pi = _face(target, np.atleast_2d(weights))
+        pi = np.clip(np.atleast_2d(weights), 0, None) @ vertices  # _face
         out = np.empty(len(pi))
         for g in range(0, len(pi), 32):
             p = pi[g:g + 32]
             other = p[:, 2] + p[:, 3]  # the chance of a row in 00 or 01; q: in 00 given that
             q = np.divide(p[:, 2], other, out=np.full_like(other, 0.5), where=other > 0)
             lq = log(np.stack([q, 1 - q], 1))[:, :, None, None]
-            pmf = np.exp(log_bin + rows_00 * lq[:, 0] + rows_01 * lq[:, 1])
-            survive = np.cumsum(pmf[:, :, ::-1], 2)[:, :, ::-1]  # [G, m, s]: P(at least s of m rows in 00)
+            survive = np.cumsum(np.exp(log_bin + j * lq[:, 0] + rows_01 * lq[:, 1]), 2)  # [G, m, s from the top]
             tri = np.exp(log_tri + log(np.stack([p[:, 0], p[:, 1], other], 1)) @ cells)
             out[g:g + 32] = (tri * survive.reshape(len(p), -1)[:, at]).sum(1)
         return out
