@@ -1,8 +1,6 @@
-import os
-STUDY = os.environ.get("ROUTE_STUDY", "/work/store/route-serve-bench/k64-04c77ec3/study")  # caches
-import sys; sys.argv = [sys.argv[0]]
-src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "study.py")).read()
-exec(src.split('if __name__ == "__main__":')[0])
+import torch
+
+from study import HIT, NORM, T, X, evaluate, feats, fit_centroid, fit_probe, lexical, run, shape_mask, train_set  # noqa: F401
 x, y = train_set(0); f = fit_probe(x.flatten(1), y)
 pred = shape_mask(f(X("test").flatten(1)), "test").argmax(-1)
 yt = feats["test"]["y"]; H = HIT["test"].float()

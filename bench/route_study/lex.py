@@ -1,7 +1,6 @@
-import os
-STUDY = os.environ.get("ROUTE_STUDY", "/work/store/route-serve-bench/k64-04c77ec3/study")  # caches
-import sys; sys.argv = [sys.argv[0]]
-exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "study.py")).read().split('if __name__ == "__main__":')[0] + open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "study.py")).read().split("run(f\"centroid-layers +{n}\", fit_centroid, n)")[1])
+import torch
+
+from study import HIT, NORM, T, X, evaluate, feats, fit_centroid, fit_probe, lexical, run, shape_mask, train_set  # noqa: F401
 def report(name, lg_of):
     res = {}
     for split in ("dev", "dev2", "test"):

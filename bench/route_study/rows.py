@@ -1,9 +1,8 @@
 """The probe (plain, class-balanced) and the centroid on every layer, fitted on 0 / 512 / 1,024 extra rows per task:
 routing and share of the oracle on dev + dev2 and on test."""
-import os
-import sys; sys.argv = [sys.argv[0]]
-src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "study.py")).read()
-exec(src.split('if __name__ == "__main__":')[0])
+import torch
+
+from study import HIT, NORM, T, X, evaluate, feats, fit_centroid, fit_probe, lexical, run, shape_mask, train_set  # noqa: F401
 HIT["dev+"] = torch.cat([HIT["dev"], HIT["dev2"]])
 for n in (0, 512, 1024):
     x, y = train_set(n)

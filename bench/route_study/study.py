@@ -1,14 +1,17 @@
 """Routers fitted offline on cached pooled states; dev: dev+dev2 rows scored under every skill; test: cross-test200."""
+import json
 import os
-STUDY = os.environ.get("ROUTE_STUDY", "/work/store/route-serve-bench/k64-04c77ec3/study")  # caches
-import json, sys
-import torch, torch.nn.functional as F
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from common import OUT, STUDY, TASKS as tasks
+
 torch.set_num_threads(1)
-root = "/work/store/route-serve-bench/k64-04c77ec3/out/movement-0.02-auto-SST-2-ag_news-subj-trec-mr-cr-mpqa-QNLI"
-tasks = "SST-2,ag_news,subj,trec,mr,cr,mpqa,QNLI".split(",")
+root = str(OUT)
 T = len(tasks)
 feats = torch.load(STUDY + "/feats.pt")
-import os
 scores = json.load(open(STUDY + "/scores.json")) if os.path.exists(STUDY + "/scores.json") else None
 hit = json.load(open(f"{root}/cross-test200.json"))
 m = json.load(open(f"{root}/merge.json"))
@@ -102,23 +105,23 @@ def run(name, fit, n_extra, which="all"):
           f"{res['dev2']['share']:.4f}  test {res['test']['routing']:.3f}/{res['test']['share']:.4f}", flush=True)
     return res, f
 
+def lexical(n_extra, analyzer="char_wb", ngram=(2, 4), C=1.0):
+    from sklearn.feature_extraction.text import HashingVectorizer
+    from sklearn.linear_model import LogisticRegression
+    import numpy as np
+    texts = json.load(open(STUDY + "/texts.json"))
+    hv = HashingVectorizer(analyzer=analyzer, ngram_range=ngram, n_features=2**18, alternate_sign=False, norm="l2")
+    ytr = feats["train"]["y"].numpy(); tx = list(texts["train"])
+    if n_extra:
+        ye = feats["extra"]["y"].numpy()
+        idx = [i for c in range(T) for i in np.nonzero(ye == c)[0][:n_extra]]
+        tx += [texts["extra"][i] for i in idx]; ytr = np.concatenate([ytr, ye[idx]])
+    clf = LogisticRegression(C=C, max_iter=2000).fit(hv.transform(tx), ytr)
+    return lambda split: torch.tensor(clf.decision_function(hv.transform(texts[split])), dtype=torch.float32)
+
+
 if __name__ == "__main__":
     for n in [int(a) for a in sys.argv[1:]] or [0]:
         run(f"probe-layers +{n}", fit_probe, n)
         run(f"probe-layers balanced +{n}", lambda x, y: fit_probe(x, y, balance=True), n)
         run(f"centroid-layers +{n}", fit_centroid, n)
-
-TEXTS = json.load(open(STUDY + "/texts.json"))
-
-def lexical(n_extra, analyzer="char_wb", ngram=(2, 4), C=1.0):
-    from sklearn.feature_extraction.text import HashingVectorizer
-    from sklearn.linear_model import LogisticRegression
-    import numpy as np
-    hv = HashingVectorizer(analyzer=analyzer, ngram_range=ngram, n_features=2**18, alternate_sign=False, norm="l2")
-    ytr = feats["train"]["y"].numpy(); tx = list(TEXTS["train"])
-    if n_extra:
-        ye = feats["extra"]["y"].numpy()
-        idx = [i for c in range(T) for i in np.nonzero(ye == c)[0][:n_extra]]
-        tx += [TEXTS["extra"][i] for i in idx]; ytr = np.concatenate([ytr, ye[idx]])
-    clf = LogisticRegression(C=C, max_iter=2000).fit(hv.transform(tx), ytr)
-    return lambda split: torch.tensor(clf.decision_function(hv.transform(TEXTS[split])), dtype=torch.float32)
