@@ -24,7 +24,7 @@ from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
 from skillgraft.evaluate.predict import evaluate
 from skillgraft.finite import FirstNonFinite, refuse_non_finite
-from skillgraft.models.compiled import compile_bodies, uncompile
+from skillgraft.models.compiled import compiled
 from skillgraft.models.freezing import freeze
 from skillgraft.train.config import FinetuneConfig
 
@@ -367,31 +367,30 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
 
     rows = {t: Tokenized.of(view_of(raw, t), train, accelerator.device) for t, (train, _) in sampler.data.items()}
     guard = FirstNonFinite(accelerator.device)
-    compiled = compile_bodies(raw) if config.compile else []
     loop = _Loop(wrapped, raw, params, anchors, opt, config, callbacks, accelerator, guard, rows, _direct(accelerator))
-    for step, (task, examples) in enumerate(bar, start=done):
-        t0 = time.perf_counter()
-        loss_ema = _step(loop, task, examples[rank::world], loss_ema, step + 1)
-        if timed is not None:  # the first step timed (synchronised once): the run's estimated time, said once
-            if accelerator.device.type == "cuda":
-                torch.cuda.synchronize(accelerator.device)
-            timed(time.perf_counter() - t0)
-            timed = None
-        evaluated = config.eval_every and (step + 1) % config.eval_every == 0 and step + 1 < steps
-        if evaluated:
-            guard.check("fine-tuning")  # the loss is read where the loop reads anyway, never inside a step
-            dev_score(step + 1)
-            wrapped.train()
-        if not bar.disable and (evaluated or step % 10 == 0):
-            guard.check("fine-tuning")
-            bar.set_postfix(loss=f"{float(loss_ema):.3f}",
-                            dev=f"{state.history[-1]['dev']:.3f}" if state.history else "-")
-        if saved is not None and step + 1 < steps and saved.due():
-            guard.check("fine-tuning")
-            saved.save(_state(step + 1, float(loss_ema), eval_seconds, time.perf_counter() - start, params, opt,
-                              state, callbacks, accelerator))
-    guard.check("fine-tuning")
-    uncompile(compiled)  # evaluation and whatever follows run eagerly, as before
+    with compiled(raw, config.compile):  # the body compiled for the steps; eager again after them, also on an error
+        for step, (task, examples) in enumerate(bar, start=done):
+            t0 = time.perf_counter()
+            loss_ema = _step(loop, task, examples[rank::world], loss_ema, step + 1)
+            if timed is not None:  # the first step timed (synchronised once): the run's estimated time, said once
+                if accelerator.device.type == "cuda":
+                    torch.cuda.synchronize(accelerator.device)
+                timed(time.perf_counter() - t0)
+                timed = None
+            evaluated = config.eval_every and (step + 1) % config.eval_every == 0 and step + 1 < steps
+            if evaluated:
+                guard.check("fine-tuning")  # the loss is read where the loop reads anyway, never inside a step
+                dev_score(step + 1)
+                wrapped.train()
+            if not bar.disable and (evaluated or step % 10 == 0):
+                guard.check("fine-tuning")
+                bar.set_postfix(loss=f"{float(loss_ema):.3f}",
+                                dev=f"{state.history[-1]['dev']:.3f}" if state.history else "-")
+            if saved is not None and step + 1 < steps and saved.due():
+                guard.check("fine-tuning")
+                saved.save(_state(step + 1, float(loss_ema), eval_seconds, time.perf_counter() - start, params, opt,
+                                  state, callbacks, accelerator))
+        guard.check("fine-tuning")
     seconds = time.perf_counter() - start - eval_seconds
     for p in params:  # the last step's update is checked by no later loss
         refuse_non_finite(p, f"fine-tuning stopped after step {steps}: a trained weight",
