@@ -15,6 +15,10 @@ TEST_WORKERS ?= 2
 # — also where the environment says PYTHONDONTWRITEBYTECODE (else every process would recompile torch on import).
 export PYTHONDONTWRITEBYTECODE :=
 PIP := $(PY) -m pip install -q --no-compile --disable-pip-version-check
+# uv (pinned) installs the lock: the same wheels pip would take, fetched in parallel (≈ 5 s where pip took ≈ 35 s);
+# torch stays with pip (its CPU build lies on this machine's disk, where only pip looks); pip takes over if uv fails
+UV_VERSION ?= 0.13.9
+UV := $(PY) -m uv pip install -q --native-tls --python $(PY) --no-deps
 WARM := import torch, transformers, peft, accelerate, safetensors.torch, scipy.stats, typer, rich, skillgraft.cli; \
 	from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, BertModel, Gemma3ForCausalLM
 
@@ -24,9 +28,9 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) torch==2.13.0
-	$(PIP) --no-deps -r requirements.lock
-	$(PIP) --no-deps -e .
+	$(PIP) torch==2.13.0 uv==$(UV_VERSION)
+	$(UV) -r requirements.lock || $(PIP) --no-deps -r requirements.lock
+	$(UV) -e . || $(PIP) --no-deps -e .
 	$(PY) -c "$(WARM)"
 	touch $(STAMP)
 
