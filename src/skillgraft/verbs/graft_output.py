@@ -313,6 +313,10 @@ def mean_share(rows: list[dict]) -> float:
 # report.md, the command line and ``metrics.json`` / ``--json`` (``metrics["fit"]``); the trajectory of the fit
 # share per budget is ``fit.png``.
 LITTLE_GAIN = 0.25  # a graft closing less of the gap between its reference and FT "keeps little of FT's gain"
+# The selection rows' halves apart (``apart``: the training rows FT was fine-tuned on, the dev rows it was not): a fit
+# share short of the target while the region keeps ≥ HELD_FIT of FT on the dev rows and FT fits ≥ MEMORIZED of its
+# own training rows is FT's memorization of them, said in one line.
+HELD_FIT, MEMORIZED = 0.98, 0.99
 
 
 def _budget_label(key: str) -> str:
@@ -343,12 +347,28 @@ def fit_section(summary: dict, rows: dict[str, object]) -> dict | None:
                         "stopped_at": stop["step"] if stop else f.get("last_step"),
                         "why": stop["why"] if stop else None}
         lines.append(_fit_line(key, budgets[key], summary.get("reference") or {}, fitting))
+        memorized = _memorized(budgets[key])
+        if memorized:
+            lines.append(memorized)
         if gap is not None and gap < LITTLE_GAIN:
             lines.append(f"  The {_budget_label(key)} graft keeps little of FT's gain (gap closed {gap:.2f}, fit "
                          f"share {share:.2f}): no region of this size that keeps the skill was found. A larger budget or a "
                          "keep target (--keep 0.9 finds the size that keeps 90 %) may"
                          + ("." if fitting else ", or --schedule fit."))
     return {"budgets": budgets, "reference": summary.get("reference"), "lines": lines}
+
+
+def _memorized(b: dict) -> str | None:
+    """The line for a fit gap that lies on the training rows FT memorized (None: it does not)."""
+    apart = b.get("apart") or {}
+    train, dev = apart.get("train"), apart.get("dev")
+    if not (train and dev and train["ft"] and dev["ft"]) or b.get("share") is None or b["share"] >= HELD_FIT:
+        return None
+    if dev["region"] / dev["ft"] < HELD_FIT or train["ft"] < MEMORIZED:
+        return None
+    return (f"  On the {dev['rows']} dev rows the region keeps {dev['region'] / dev['ft']:.2f} of FT; the rest of the gap "
+            f"is on the {train['rows']} training rows, which FT fits {train['ft']:.3f} (memorized) and the region "
+            f"{train['region']:.3f}: not a skill the region lacks on held-out rows.")
 
 
 def _fit_line(key: str, b: dict, reference: dict, fitting: bool) -> str:
@@ -361,6 +381,10 @@ def _fit_line(key: str, b: dict, reference: dict, fitting: bool) -> str:
         head = (f"Fit at {_budget_label(key)}: region {b['region']:.3f} vs FT{of} {b['ft']:.3f} on the {b['rows']} "
                 f"selection rows → fit share {b['share']:.3f}")
     tail = ""
+    apart = b.get("apart") or {}
+    if all(apart.get(k, {}).get("ft") for k in ("dev", "train")):
+        tail += "; " + ", ".join(f"{k} rows {apart[k]['region']:.3f} vs {apart[k]['ft']:.3f}"
+                                 for k in ("dev", "train"))
     if b.get("test_share") is not None:
         tail += f"; test {b['test_share']:.3f} of FT"
         if b.get("carry") is not None:

@@ -31,7 +31,7 @@ from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers.machinery import engine
 from skillgraft.graft.localizers.machinery.base import Localization, Localizer, examples_of
-from skillgraft.graft.localizers.machinery.fit import ScheduleOptions
+from skillgraft.graft.localizers.machinery.fit import ScheduleOptions, fit_apart
 from skillgraft.graft.localizers.machinery.relaxations import Sigmoid
 from skillgraft.graft.ranking import Ranking
 from skillgraft.graft.region import Region
@@ -174,6 +174,8 @@ def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, co
     select = train + (dev or []) if config.select_on == "train+dev" else train
     result = engine.run(pre, ft, rows, select, plan(config, base, candidates), accelerator=accelerator,
                         progress=progress, ranked=ranked or keep is not None)
+    if config.select_on == "train+dev":
+        fit_apart(pre, ft, result, train, dev, config.micro_batch, accelerator)
     if keep is not None:  # θ_pre is itself again: score grafts of the learned order on the selection split
         result.keep = keep_search(pre, ft, result.ranking, selection, keep)
     return result

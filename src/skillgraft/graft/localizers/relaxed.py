@@ -47,7 +47,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers.machinery import engine
 from skillgraft.graft.localizers.machinery.base import Localization, Localizer, LocalizerOptions, examples_of
 from skillgraft.graft.localizers.machinery.batches import accuracy  # noqa: F401 - what a region is scored by
-from skillgraft.graft.localizers.machinery.fit import ScheduleOptions
+from skillgraft.graft.localizers.machinery.fit import ScheduleOptions, fit_apart
 from skillgraft.graft.localizers.learned import LOCALIZE_LR
 from skillgraft.graft.localizers.movement import movement
 from skillgraft.graft.localizers.machinery import relaxations
@@ -169,6 +169,8 @@ def relaxed_localize(pre, ft, data, opts: RelaxedOptions, *, accelerator=None, p
         schedule=opts.stopping)
     select = {"dev": dev, "train+dev": train + dev, "train": train, "last": []}[opts.select_on]
     result = engine.run(pre, ft, rows, select, plan, accelerator=accelerator, progress=progress)
+    if opts.select_on == "train+dev":
+        fit_apart(pre, ft, result, train, dev, opts.micro_batch, accelerator)
     result.extra["score_seconds"] = score_seconds
     return result
 

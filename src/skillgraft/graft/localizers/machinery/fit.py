@@ -147,4 +147,28 @@ def fit_summary(history: Sequence[ScoredStep], best_score: dict[Budget, float], 
     return out
 
 
-__all__ = ["Schedule", "ScheduleOptions", "fit_summary", "rising"]
+def fit_apart(pre, ft, result, train: list, dev: list | None, micro_batch: int, accelerator=None) -> None:
+    """Each budget's region and FT scored on the training rows and on the dev rows apart, into ``result.fit[key]
+    ["apart"]``: the selection rows' two halves. FT fits the rows it was fine-tuned on, often all of them, so a fit
+    share short of its target can be memorization: the region at FT's level on the dev rows, short of it on the
+    training rows. Where the fit was measured on train + dev, in one process, with θ_ft loaded (not read from files)."""
+    from skillgraft.lazy import torch  # noqa: PLC0415
+    from skillgraft.graft.graft import Graft  # noqa: PLC0415
+    from skillgraft.graft.localizers.machinery.batches import accuracy  # noqa: PLC0415
+    from skillgraft.graft.localizers.machinery.sharded import is_sharded  # noqa: PLC0415
+
+    if not (train and dev and result.fit and accelerator is None and isinstance(ft, torch.nn.Module)
+            and not is_sharded(pre)):
+        return
+    halves = {"train": train, "dev": dev}
+    ft_score = {k: accuracy(ft, rows, micro_batch) for k, rows in halves.items()}
+    for budget, region in result.regions.items():
+        if budget.key not in result.fit:
+            continue
+        with Graft.from_models(pre, ft, region, {}).applied(pre):
+            mine = {k: accuracy(pre, rows, micro_batch) for k, rows in halves.items()}
+        result.fit[budget.key]["apart"] = {k: {"region": mine[k], "ft": ft_score[k], "rows": len(halves[k])}
+                                           for k in halves}
+
+
+__all__ = ["Schedule", "ScheduleOptions", "fit_apart", "fit_summary", "rising"]
