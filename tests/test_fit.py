@@ -258,7 +258,7 @@ def test_a_fit_gap_on_the_rows_ft_memorized_is_said_in_one_line():
         return fit_section(summary, {})["lines"]
 
     lines = section(0.828)
-    assert "; dev rows 0.828 vs 0.836, train rows 0.867 vs 1.000" in lines[0]
+    assert "; dev rows 0.828 vs FT 0.836, train rows 0.867 vs FT 1.000" in lines[0]
     assert lines[1] == ("  On the 128 dev rows the region keeps 0.99 of FT; the rest of the gap is on the 128 training "
                         "rows, which FT fits 1.000 (memorized) and the region 0.867: not a skill the region lacks on "
                         "held-out rows.")

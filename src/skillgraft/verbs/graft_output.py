@@ -383,7 +383,7 @@ def _fit_line(key: str, b: dict, reference: dict, fitting: bool) -> str:
     tail = ""
     apart = b.get("apart") or {}
     if all(apart.get(k, {}).get("ft") for k in ("dev", "train")):
-        tail += "; " + ", ".join(f"{k} rows {apart[k]['region']:.3f} vs {apart[k]['ft']:.3f}"
+        tail += "; " + ", ".join(f"{k} rows {apart[k]['region']:.3f} vs FT {apart[k]['ft']:.3f}"
                                  for k in ("dev", "train"))
     if b.get("test_share") is not None:
         tail += f"; test {b['test_share']:.3f} of FT"
