@@ -32,6 +32,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from merge_gemma import find_ft, prepare  # noqa: E402  (the Table 2 fine-tunes' rows and store keys)
 from route_serve import texts_of, test_rows  # noqa: E402
 
+# the one-model baselines of the same merge: the stitch of the same grafts (λ chosen on dev), dense task arithmetic
+BASELINES = ["--mergekit", "task_arithmetic", "--scales", "0.5,1", "--stitch-scales", "1,2", "--rules", "average"]
 RECIPES = {"SST-2": "gemma-table2-a", "mr": "gemma-table2-a", "mpqa": "gemma-table2-b", "ag_news": "gemma-table2-c"}
 
 
@@ -73,6 +75,79 @@ def main() -> None:
         print(f"fine-tuned {t}: {find_ft(store, t, args.k, args.seed)} ({seconds['finetune'][t]:.0f} s)", flush=True)
     if args.finetune_only:
         return
+    from skillgraft.data import load_kshot
+    from skillgraft.data.tasks import get_task
+    from skillgraft.graft.router import example_text
+
+    root = args.root / f"k{args.k}-s{args.seed}"
+    out = root / "out" / f"movement-{args.budget}-{'-'.join(tasks)}"
+    t1 = time.perf_counter()
+    if not (out / "merge.json").is_file():
+        cli = ["merge", "--pretrained", "gemma-3-270m", "--out", out, "--overwrite", "--mode", "causal",
+               "--localizer", "movement", "--budgets", args.budget, *BASELINES, "--routed", "--cache", store,
+               "--dev-limit", args.dev * 4]
+        for task in tasks:
+            data = prepare(task, args.k, args.seed, args.dev, args.test_limit, root)
+            cli += ["--finetuned", find_ft(store, task, args.k, args.seed), "--names", task, "--data",
+                    data / "spec.yaml", "--dev-data", data / "dev.jsonl"]
+        subprocess.run([sys.executable, "-m", "skillgraft", *map(str, cli)], check=True)
+    seconds["merge"] = time.perf_counter() - t1
+    summary = json.loads((out / "merge.json").read_text())
+    row = lambda method: next(r for r in summary["rows"] if r["method"] == method and r.get("on_test"))  # noqa: E731
+    ft_test = {t: row("fine-tuned")[f"{t}:test"] for t in tasks}
+
+    # every task's test rows as a request holds them (the prompt up to the label, as the router was fitted on)
+    from skillgraft import RoutedSkills
+
+    t2 = time.perf_counter()
+    skills = RoutedSkills.from_pretrained(out / "routed")
+    rows = {}
+    for t in tasks:
+        task = get_task(t)
+        rows[t] = [(example_text(e, task, "causal"), task.label_words[e.label])
+                   for e in load_kshot(task, args.k, args.seed, test_limit=args.test_limit).test]
+    oracle = {}
+    for t in tasks:
+        got = skills.score([p for p, _ in rows[t]], skill=t, batch_size=args.batch)
+        oracle[t] = sum(g.label == w for g, (_, w) in zip(got, rows[t])) / len(rows[t])
+    seconds["oracle"] = time.perf_counter() - t2
+    mixed = [(t, p, w) for t in tasks for p, w in rows[t]]
+    random.Random(0).shuffle(mixed)
+    t3 = time.perf_counter()
+    hits, routed = {t: 0 for t in tasks}, {t: {} for t in tasks}
+    for start in range(0, len(mixed), args.batch):  # mixed batches of every task's rows, skill="auto"
+        part = mixed[start:start + args.batch]
+        for (t, _, w), g in zip(part, skills.score([p for _, p, _ in part], skill="auto", batch_size=args.batch)):
+            hits[t] += g.label == w
+            routed[t][g.skill] = routed[t].get(g.skill, 0) + 1
+    seconds["auto"] = time.perf_counter() - t3
+    auto = {t: hits[t] / len(rows[t]) for t in tasks}
+    routing = {t: routed[t].get(t, 0) / len(rows[t]) for t in tasks}
+    norm = {name: {t: acc[t] / ft_test[t] for t in tasks} for name, acc in (("oracle", oracle), ("auto", auto))}
+    mean = {name: sum(v.values()) / len(tasks) for name, v in norm.items()}
+    baselines = [{k: r.get(k) for k in ("method", "config", "chosen_on_dev", "dev_mean_normalized", "mean_normalized",
+                                        "bytes_per_task")} | {t: r.get(f"{t}:normalized") for t in tasks}
+                 for r in summary["rows"] if r.get("on_test") and r["method"] != "fine-tuned"]
+    seconds["total"] = time.perf_counter() - t0
+    record = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+              "store": str(store), "merge": str(out), "router": summary["routed"].get("router"),
+              "routed_bytes_per_task": summary["routed"]["bytes_per_task"], "ft_test": ft_test,
+              "routing_accuracy": routing, "routing_accuracy_mean": sum(routing.values()) / len(tasks),
+              "confusion": routed, "oracle": oracle, "auto": auto, "normalized": norm, "mean_normalized": mean,
+              "auto_share_of_oracle": mean["auto"] / mean["oracle"], "baselines": baselines, "seconds": seconds,
+              "load_average": os.getloadavg()}
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(record, indent=2))
+    print("router:", {k: v for k, v in (record["router"] or {}).items() if k in ("kind", "accuracy")})
+    for t in tasks:
+        print(f"{t:>8}: FT {ft_test[t]:.3f}  routed {routing[t]:.3f}  oracle {norm['oracle'][t]:.3f}  "
+              f"auto {norm['auto'][t]:.3f}  confusion {routed[t]}")
+    print(f"    mean: routed {record['routing_accuracy_mean']:.3f}  oracle {mean['oracle']:.4f}  auto "
+          f"{mean['auto']:.4f}  auto ÷ oracle {record['auto_share_of_oracle']:.4f}")
+    for b in baselines:
+        print(f"{b['method']:>26} {b['config']:<32} dev {b['dev_mean_normalized'] or float('nan'):.4f}  test "
+              f"{b['mean_normalized'] or float('nan'):.4f}{'  (chosen on dev)' if b['chosen_on_dev'] else ''}")
+    print(json.dumps(seconds))
 
 
 if __name__ == "__main__":
