@@ -132,6 +132,7 @@ def main() -> None:
     record = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "store": str(store), "merge": str(out), "router": summary["routed"].get("router"),
               "routed_bytes_per_task": summary["routed"]["bytes_per_task"], "ft_test": ft_test,
+              "graft_row_test": {t: row("graft")[f"{t}:test"] for t in tasks},  # the merge's own oracle scoring
               "routing_accuracy": routing, "routing_accuracy_mean": sum(routing.values()) / len(tasks),
               "confusion": routed, "oracle": oracle, "auto": auto, "normalized": norm, "mean_normalized": mean,
               "auto_share_of_oracle": mean["auto"] / mean["oracle"], "baselines": baselines, "seconds": seconds,
@@ -140,7 +141,7 @@ def main() -> None:
     args.results.write_text(json.dumps(record, indent=2))
     print("router:", {k: v for k, v in (record["router"] or {}).items() if k in ("kind", "accuracy")})
     for t in tasks:
-        print(f"{t:>8}: FT {ft_test[t]:.3f}  routed {routing[t]:.3f}  oracle {norm['oracle'][t]:.3f}  "
+        print(f"{t:>8}: FT {ft_test[t]:.3f}  graft row {record['graft_row_test'][t]:.3f}  oracle acc {oracle[t]:.3f}  routed {routing[t]:.3f}  oracle {norm['oracle'][t]:.3f}  "
               f"auto {norm['auto'][t]:.3f}  confusion {routed[t]}")
     print(f"    mean: routed {record['routing_accuracy_mean']:.3f}  oracle {mean['oracle']:.4f}  auto "
           f"{mean['auto']:.4f}  auto ÷ oracle {record['auto_share_of_oracle']:.4f}")

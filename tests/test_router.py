@@ -205,11 +205,16 @@ def test_a_text_pair_is_routed_among_the_pair_skills_and_a_single_text_among_the
     assert [r.skill for r in old.route(sentiment, paired=True)] == ["sentiment"] * 6
 
 
-def _reference_logp(skills, model, prompt: str, word: str) -> float:
-    """Σ log p of ``word``'s tokens after ``prompt``: one unpadded sequence, the full logits (plain transformers)."""
-    from skillgraft.models.templates import word_ids
+TEMPLATE = "*cls**sent_0*_It_was*mask*."  # SST-2's causal template
 
-    ids = skills.tokenizer(prompt)["input_ids"]
+
+def _reference_logp(skills, model, text: str, word: str) -> float:
+    """Σ log p of ``word``'s tokens after ``text`` in TEMPLATE as the causal scorer renders it (models/templates.py
+    ``render``): one unpadded sequence, the full logits (plain transformers)."""
+    from skillgraft.data.loading import Example
+    from skillgraft.models.templates import render, word_ids
+
+    ids, _ = render(TEMPLATE, Example(text, 0), skills.tokenizer, 128, causal=True)
     w = word_ids(skills.tokenizer, word)
     logp = torch.log_softmax(model(input_ids=torch.tensor([ids + w])).logits[0].float(), -1)
     return sum(float(logp[len(ids) - 1 + j, t]) for j, t in enumerate(w))
@@ -217,7 +222,8 @@ def _reference_logp(skills, model, prompt: str, word: str) -> float:
 
 def test_causal_skills_with_label_words_score_each_prompt_routed_and_grouped(tiny_models, tmp_path):
     """merge --routed --mode causal keeps each task's label words: score reads them after each prompt (Σ log p of
-    the word's tokens, padded batches equal to one unpadded sequence each), auto's mixed batch gives each row what
+    the word's tokens, padded batches equal to one unpadded sequence each, tokenized as the causal scorer renders
+    the template), auto's mixed batch gives each row what
     its skill gives it alone, θ_pre bit-exact after; pairs and skills without words are refused in one line."""
     from skillgraft.graft.routed import RoutedSkills
     from skillgraft.graft.routed_calls import word_logp
@@ -229,15 +235,19 @@ def test_causal_skills_with_label_words_score_each_prompt_routed_and_grouped(tin
     skills = _fitted(folder, "centroid")
     assert skills.label_words["topic"] == record["tasks"]["topic"]["label_words"]
     before = {k: v.clone() for k, v in skills.model.state_dict().items()}
+    from skillgraft.data.loading import Example
+    from skillgraft.models.templates import template_text
+
     test = skill_rows(4, 5)
-    prompts = [t + " It was" for pair in zip(test["sentiment"], test["topic"]) for t in pair]
+    texts = [t for pair in zip(test["sentiment"], test["topic"]) for t in pair]
+    prompts = [template_text(TEMPLATE, Example(t, 0)).strip() for t in texts]  # as the router reads a request
     alone = {name: skills.score(prompts, skill=name) for name in ("sentiment", "topic")}
     for name, rows in alone.items():
         words = skills.label_words[name]
         assert all(r.label in record["tasks"][name]["labels"] and r.skill == name for r in rows)
         with skills.use(name) as model, torch.no_grad():
-            for prompt, row in zip(prompts, rows):
-                ref = torch.softmax(torch.tensor([_reference_logp(skills, model, prompt, w) for w in words]), -1)
+            for text, row in zip(texts, rows):
+                ref = torch.softmax(torch.tensor([_reference_logp(skills, model, text, w) for w in words]), -1)
                 assert torch.allclose(torch.tensor(list(row.probabilities.values())), ref, atol=1e-5)
     # one word of several tokens (a forward per label) against the reference too
     from skillgraft.models.templates import word_ids
@@ -245,7 +255,7 @@ def test_causal_skills_with_label_words_score_each_prompt_routed_and_grouped(tin
     assert len(word_ids(skills.tokenizer, "great")) == 1 and len(word_ids(skills.tokenizer, "zebrafish")) > 1
     with skills.use("sentiment") as model, torch.no_grad():
         got = word_logp(skills, model, prompts[:3], ["great", "zebrafish"], 64)
-        ref = [[_reference_logp(skills, model, p, w) for w in ("great", "zebrafish")] for p in prompts[:3]]
+        ref = [[_reference_logp(skills, model, t, w) for w in ("great", "zebrafish")] for t in texts[:3]]
         assert torch.allclose(got, torch.tensor(ref), atol=1e-4)
     assert len({tuple(r.label for r in rows) for rows in alone.values()}) > 1 or \
         alone["sentiment"][0].probabilities != alone["topic"][0].probabilities

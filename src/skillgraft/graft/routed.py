@@ -272,19 +272,17 @@ class RoutedSkills:
             "generative" if name.endswith("ForCausalLM") or name.endswith("ForConditionalGeneration") else "other"
 
     def encode(self, texts: Sequence[str], *, pairs: Sequence[str] | None = None, max_length: int = MAX_LENGTH,
-               side: str = "right", cut: str = "right") -> dict:
-        """Token ids and attention mask of ``texts`` (padded on ``side``; cut to ``max_length`` on ``cut``),
-        thread-safe."""
+               side: str = "right") -> dict:
+        """Token ids and attention mask of ``texts`` (padded on ``side``; cut to ``max_length``), thread-safe."""
         if not texts:
             raise SkillgraftError("no texts given")
         with self._tokenizing:
-            was = self.tokenizer.padding_side, self.tokenizer.truncation_side
-            self.tokenizer.padding_side, self.tokenizer.truncation_side = side, cut
+            was, self.tokenizer.padding_side = self.tokenizer.padding_side, side
             try:
                 enc = self.tokenizer(list(texts), list(pairs) if pairs is not None else None, return_tensors="pt",
                                      padding=True, truncation=True, max_length=max_length)
             finally:
-                self.tokenizer.padding_side, self.tokenizer.truncation_side = was
+                self.tokenizer.padding_side = was
         return dict(enc)
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -132,39 +132,42 @@ def _words(skills, name: str) -> list[str]:
 
 def word_logp(skills, model, prompts: Sequence[str], words: Sequence[str], max_length: int) -> torch.Tensor:
     """``[rows, labels]``: Σ log p of each label word's tokens (after a space, :func:`word_ids`) following each
-    prompt, under ``model`` as held; one forward when every word is one token, else one per label."""
+    prompt, under ``model`` as held; one forward when every word is one token, else one per label. A prompt is
+    tokenized as the causal scorer renders it (models/templates.py ``render``: BOS only where the tokenizer's
+    ``add_bos_token`` says so), cut from the left to fit."""
     from skillgraft.models.logits import head_logits  # noqa: PLC0415
     from skillgraft.models.placement import device_of, forward_context  # noqa: PLC0415
     from skillgraft.models.templates import word_ids  # noqa: PLC0415
 
-    ids = [word_ids(skills.tokenizer, w) for w in words]
-    room = max_length - max(len(i) for i in ids)
+    tok = skills.tokenizer
+    ids = [word_ids(tok, w) for w in words]
+    bos = [tok.bos_token_id] if getattr(tok, "add_bos_token", False) and tok.bos_token_id is not None else []
+    room = max_length - max(len(i) for i in ids) - len(bos)
     if room < 1:
         raise SkillgraftError(f"label words {list(words)} leave no room for a prompt in {max_length} tokens")
-    enc = skills.encode(list(prompts), max_length=room, side="right", cut="left")
+    with skills._tokenizing:
+        body = tok(list(prompts), add_special_tokens=False)["input_ids"]
+    heads = [bos + b[-room:] for b in body]
+    if not all(heads):
+        raise SkillgraftError("an empty prompt: a causal skill scores the word after a prompt")
     device = device_of(model)
-    lengths = enc["attention_mask"].sum(1)
-    rows = torch.arange(len(prompts)).unsqueeze(1)
-    if all(len(i) == 1 for i in ids):
-        with forward_context(model):
-            logits = head_logits(model, {k: v.to(device) for k, v in enc.items()}, rows.squeeze(1).to(device),
-                                 (lengths - 1).to(device))
-        return torch.log_softmax(logits.float(), -1)[:, [i[0] for i in ids]].cpu()
+    lengths = torch.tensor([len(h) for h in heads])
+    single = all(len(i) == 1 for i in ids)
     out = []
-    for word in ids:  # the prompt's own tokens, then the word's, right-padded
-        width = int(lengths.max()) + len(word)
-        seq = torch.full((len(prompts), width), skills.tokenizer.pad_token_id or 0, dtype=torch.long)
+    for word in [[]] if single else ids:  # each prompt's tokens, then the word's, right-padded
+        seq = torch.full((len(heads), int(lengths.max()) + len(word)), tok.pad_token_id or 0, dtype=torch.long)
         mask = torch.zeros_like(seq)
-        cols = lengths.unsqueeze(1) - 1 + torch.arange(len(word))  # positions that predict the word's tokens
-        for r, n in enumerate(lengths.tolist()):
-            seq[r, :n] = enc["input_ids"][r, :n]
-            seq[r, n:n + len(word)] = torch.tensor(word)
-            mask[r, :n + len(word)] = 1
+        for r, h in enumerate(heads):
+            seq[r, :len(h) + len(word)] = torch.tensor(h + word)
+            mask[r, :len(h) + len(word)] = 1
+        cols = lengths.unsqueeze(1) - 1 + torch.arange(max(len(word), 1))  # the positions that predict the word
         with forward_context(model):
             logits = head_logits(model, {"input_ids": seq.to(device), "attention_mask": mask.to(device)},
-                                 rows.to(device), cols.to(device))
+                                 torch.arange(len(heads)).unsqueeze(1).to(device), cols.to(device))
         logp = torch.log_softmax(logits.float(), -1).cpu()
-        out.append(logp.gather(-1, torch.tensor(word).expand(len(prompts), -1).unsqueeze(-1)).squeeze(-1).sum(-1))
+        if single:
+            return logp[:, 0, [i[0] for i in ids]]
+        out.append(logp.gather(-1, torch.tensor(word).expand(len(heads), -1).unsqueeze(-1)).squeeze(-1).sum(-1))
     return torch.stack(out, 1)
 
 
