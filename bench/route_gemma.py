@@ -13,7 +13,9 @@
 
     SKILLGRAFT_CACHE=/work/store/gemma78 OMP_NUM_THREADS=1 PYTHONPATH=src python bench/route_gemma.py [--finetune-only]
 
-Writes bench/results/route_gemma.json (bench/RESULTS.md § *Routed skills on Gemma-3-270M*). Resumes from the store.
+Writes bench/results/route_gemma.json (bench/RESULTS.md § *Routed skills on Gemma-3-270M: the four causal tasks
+routed, named, merged*). Resumes: fine-tunes from the store (each
+resumable step by step), a finished merge from its folder; only the scoring reruns.
 """
 
 from __future__ import annotations
