@@ -18,9 +18,10 @@ CAUSAL_SKILLS = (("sentiment", "SST-2"), ("topic", "ag_news"))
 
 
 def write_routed_folder(base, out, mode: str = "classifier", skills=CLASSIFIER_SKILLS, *, count: int = 400,
-                        scale: float = 0.3, seed: int = 0):
+                        scale: float = 0.3, seed: int = 0, words: bool = False):
     """``out`` as ``merge --routed`` writes it, from the tiny model ``base``: each skill a graft of ``count``
-    random coordinates per body tensor of a copy moved by ``scale`` (large enough that skills answer differently)."""
+    random coordinates per body tensor of a copy moved by ``scale`` (large enough that skills answer differently);
+    ``words``: causal skills keep their task's labels and label words, as ``merge --routed --mode causal``."""
     from skillgraft.graft.routed import write_routed
 
     pre = build_scorer(str(base), skills[0][1], mode)
@@ -35,8 +36,10 @@ def write_routed_folder(base, out, mode: str = "classifier", skills=CLASSIFIER_S
         shapes = {n: tuple(params[n].shape) for n in graftable_names(pre, "body")}
         idx = {n: torch.randperm(params[n].numel(), generator=gen)[:min(count, params[n].numel())] for n in shapes}
         grafts[name] = Graft.from_models(pre, ft, Region(shapes, idx), {"task": task, "mode": mode})
-        labels[name] = list(ft.task.labels) if mode == "classifier" else []
-    write_routed(out, pre, grafts, labels)
+        labels[name] = list(ft.task.labels) if mode == "classifier" or words else []
+    write_routed(out, pre, grafts, labels,
+                 words={name: list(build_scorer(str(base), task, mode).task.label_words) for name, task in skills}
+                 if words else None)
     return out
 
 

@@ -130,3 +130,31 @@ def test_bad_names_are_refused_in_one_line_before_any_weights_load(tiny_models, 
     args = ["merge", "--pretrained", base, "--finetuned", base, "--finetuned", base, "--data", tmp_path / "a.jsonl",
             "--data", tmp_path / "a.jsonl", "--mode", "causal", "--out", tmp_path / "out"]
     refused(tmp_path, args + [x for n in names for x in ("--names", n)], needle)
+
+
+def test_causal_routed_skills_score_their_test_prompts_as_the_merge_scored_them(causal_run):
+    """Issue 78 on causal skills: routed.json keeps each task's label words, and RoutedSkills.score on a task's test
+    prompts (its template up to the label, as the router reads them) gives the accuracy merge.json's graft row
+    measured; auto on all tasks' prompts mixed routes and answers each row."""
+    import skillgraft
+
+    out, _ = causal_run
+    s = json.loads((out / "merge.json").read_text())
+    record = json.loads((out / "routed" / "routed.json").read_text())
+    assert record["tasks"]["sentiment"]["label_words"] == ["terrible", "great"]
+    assert record["tasks"]["topic"]["label_words"] == ["World", "Sports"]
+    skills = skillgraft.RoutedSkills.from_pretrained(out / "routed")
+    graft = next(r for r in s["rows"] if r["method"] == "graft" and r.get("sentiment:test") is not None)
+    root = out.parent
+    templates = {"sentiment": "{text} It was {label}.", "topic": "{text} Topic: {label}"}
+    mixed, truth = [], []
+    for task, template in templates.items():
+        rows = [json.loads(line) for line in (root / f"{task}-test.jsonl").read_text().splitlines()]
+        prompts = [template.split("{label}")[0].replace("{text}", r["text"]).strip() for r in rows]
+        got = skills.score(prompts, skill=task)
+        assert sum(g.label == r["label"] for g, r in zip(got, rows)) / len(rows) == pytest.approx(
+            graft[f"{task}:test"], abs=1e-9)
+        mixed += prompts
+        truth += [r["label"] for r in rows]
+    auto = skills.score(mixed, skill="auto")
+    assert all(a.skill in templates and a.label in record["tasks"][a.skill]["labels"] for a in auto)

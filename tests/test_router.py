@@ -203,3 +203,67 @@ def test_a_text_pair_is_routed_among_the_pair_skills_and_a_single_text_among_the
     old = RoutedSkills.from_pretrained(folder)
     assert old.router.pairs is None
     assert [r.skill for r in old.route(sentiment, paired=True)] == ["sentiment"] * 6
+
+
+TEMPLATE = "*cls**sent_0*_It_was*mask*."  # SST-2's causal template
+
+
+def _reference_logp(skills, model, text: str, word: str) -> float:
+    """Σ log p of ``word``'s tokens after ``text`` in TEMPLATE as the causal scorer renders it (models/templates.py
+    ``render``): one unpadded sequence, the full logits (plain transformers)."""
+    from skillgraft.data.loading import Example
+    from skillgraft.models.templates import render, word_ids
+
+    ids, _ = render(TEMPLATE, Example(text, 0), skills.tokenizer, 128, causal=True)
+    w = word_ids(skills.tokenizer, word)
+    logp = torch.log_softmax(model(input_ids=torch.tensor([ids + w])).logits[0].float(), -1)
+    return sum(float(logp[len(ids) - 1 + j, t]) for j, t in enumerate(w))
+
+
+def test_causal_skills_with_label_words_score_each_prompt_routed_and_grouped(tiny_models, tmp_path):
+    """merge --routed --mode causal keeps each task's label words: score reads them after each prompt (Σ log p of
+    the word's tokens, padded batches equal to one unpadded sequence each, tokenized as the causal scorer renders
+    the template), auto's mixed batch gives each row what
+    its skill gives it alone, θ_pre bit-exact after; pairs and skills without words are refused in one line."""
+    from skillgraft.graft.routed import RoutedSkills
+    from skillgraft.graft.routed_calls import word_logp
+
+    folder = write_routed_folder(tiny_models["llama"], tmp_path / "routed", "causal", CAUSAL_SKILLS, count=2000,
+                                 scale=1.0, words=True)
+    record = json.loads((folder / "routed.json").read_text())
+    assert record["tasks"]["sentiment"]["label_words"] == ["terrible", "great"]
+    skills = _fitted(folder, "centroid")
+    assert skills.label_words["topic"] == record["tasks"]["topic"]["label_words"]
+    before = {k: v.clone() for k, v in skills.model.state_dict().items()}
+    from skillgraft.data.loading import Example
+    from skillgraft.models.templates import template_text
+
+    test = skill_rows(4, 5)
+    texts = [t for pair in zip(test["sentiment"], test["topic"]) for t in pair]
+    prompts = [template_text(TEMPLATE, Example(t, 0)).strip() for t in texts]  # as the router reads a request
+    alone = {name: skills.score(prompts, skill=name) for name in ("sentiment", "topic")}
+    for name, rows in alone.items():
+        words = skills.label_words[name]
+        assert all(r.label in record["tasks"][name]["labels"] and r.skill == name for r in rows)
+        with skills.use(name) as model, torch.no_grad():
+            for text, row in zip(texts, rows):
+                ref = torch.softmax(torch.tensor([_reference_logp(skills, model, text, w) for w in words]), -1)
+                assert torch.allclose(torch.tensor(list(row.probabilities.values())), ref, atol=1e-5)
+    # one word of several tokens (a forward per label) against the reference too
+    from skillgraft.models.templates import word_ids
+
+    assert len(word_ids(skills.tokenizer, "great")) == 1 and len(word_ids(skills.tokenizer, "zebrafish")) > 1
+    with skills.use("sentiment") as model, torch.no_grad():
+        got = word_logp(skills, model, prompts[:3], ["great", "zebrafish"], 64)
+        ref = [[_reference_logp(skills, model, t, w) for w in ("great", "zebrafish")] for t in texts[:3]]
+        assert torch.allclose(got, torch.tensor(ref), atol=1e-4)
+    assert len({tuple(r.label for r in rows) for rows in alone.values()}) > 1 or \
+        alone["sentiment"][0].probabilities != alone["topic"][0].probabilities
+    auto = skills.score(prompts, skill="auto")
+    assert len({r.skill for r in auto}) == 2
+    for i, row in enumerate(auto):
+        assert row.label == alone[row.skill][i].label and row.digest == skills.digests[row.skill]
+    after = skills.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    with pytest.raises(SkillgraftError, match="not text pairs"):
+        skills.score(prompts[:2], skill="topic", pairs=prompts[:2])

@@ -210,6 +210,10 @@ ROUTED_DAMAGE = {
     "tasks-a-list": (lambda r: r.update(tasks=["SST-2"]), ["field 'tasks' must be an object"]),
     "skill-without-path": (lambda r: r["tasks"]["SST-2"].pop("path"), ["tasks.SST-2.path", "relative path"]),
     "labels-a-string": (lambda r: r["tasks"]["SST-2"].update(labels="0,1"), ["tasks.SST-2.labels"]),
+    "label-words-too-few": (lambda r: r["tasks"]["SST-2"].update(label_words=["great"]),
+                            ["tasks.SST-2.label_words", "one word per label (2)"]),
+    "label-words-not-words": (lambda r: r["tasks"]["SST-2"].update(label_words=[1, " "]),
+                              ["tasks.SST-2.label_words"]),
     "other-format": (lambda r: r.update(format="x"), ["field 'format'"]),
 }
 

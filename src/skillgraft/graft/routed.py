@@ -43,9 +43,10 @@ FORMAT_VERSION = 1
 
 
 def write_routed(folder: Path, pre, grafts: dict[str, Graft], labels: dict[str, list[str]],
-                 keep: dict[str, dict] | None = None) -> dict:
+                 keep: dict[str, dict] | None = None, words: dict[str, list[str]] | None = None) -> dict:
     """Write ``folder`` (inside an atomic output folder): θ_pre's model and tokenizer, each graft, routed.json
-    (``keep``: each task's keep search, ``skillgraft merge --routed --keep τ``, recorded beside its graft)."""
+    (``keep``: each task's keep search, ``skillgraft merge --routed --keep τ``, recorded beside its graft; ``words``:
+    a causal task's label words, one per label, which :meth:`RoutedSkills.score` reads after its prompts)."""
     model = pre.model
     arch = getattr(model.config, "architectures", None)
     try:
@@ -60,6 +61,8 @@ def write_routed(folder: Path, pre, grafts: dict[str, Graft], labels: dict[str, 
                        "bytes": (path / "graft.safetensors").stat().st_size}
         if keep and name in keep:
             tasks[name]["keep"] = keep[name]
+        if words and words.get(name):
+            tasks[name]["label_words"] = [str(w) for w in words[name]]
     record = {"format": FORMAT, "format_version": FORMAT_VERSION, "base": "base", "tasks": tasks}
     (folder / "routed.json").write_text(json.dumps(record, indent=2))
     return record
@@ -91,6 +94,11 @@ def read_routed(folder: Path) -> dict:
         labels = t.get("labels", [])
         if not isinstance(labels, list) or not all(isinstance(x, (str, int)) for x in labels):
             raise SkillgraftError(f"{meta}: field 'tasks.{name}.labels' must be a list of labels, got {labels!r}")
+        words = t.get("label_words")
+        if words is not None and (not isinstance(words, list) or len(words) != len(labels)
+                                  or not all(isinstance(x, str) and x.strip() for x in words)):
+            raise SkillgraftError(f"{meta}: field 'tasks.{name}.label_words' must be one word per label "
+                                  f"({len(labels)}), got {words!r}"[:300])
         if t.get("keep") is not None and not isinstance(t["keep"], dict):
             raise SkillgraftError(f"{meta}: field 'tasks.{name}.keep' must be an object, got {t['keep']!r}")
     if record.get("router") is not None:
@@ -189,11 +197,13 @@ class RoutedSkills:
     a caller of another skill waits until the last one leaves, and θ_pre is restored bit-exactly in between."""
 
     def __init__(self, model, tokenizer, skills: dict[str, Graft], labels: dict[str, list[str]] | None = None,
-                 keep: dict[str, dict] | None = None, router=None, digests: dict[str, str] | None = None):
+                 keep: dict[str, dict] | None = None, router=None, digests: dict[str, str] | None = None,
+                 label_words: dict[str, list[str]] | None = None):
         import threading  # noqa: PLC0415
 
         self.model, self.tokenizer, self.skills = model, tokenizer, skills
         self.labels = labels or {}
+        self.label_words = label_words or {}  # causal classifier skills: the word read after the prompt per label
         self.keep = keep or {}  # each task's keep search (size, shares, bound, confidence), when sized by --keep
         self.router = router    # a FittedRouter (skillgraft.graft.router), None for a folder written without one
         self.digests = digests or {}  # each skill's graft files' content digest
@@ -247,7 +257,8 @@ class RoutedSkills:
 
         digests = {name: file_digest(sorted((folder / t["path"]).iterdir())) for name, t in record["tasks"].items()}
         return cls(model, tokenizer, skills, {name: t.get("labels") or [] for name, t in record["tasks"].items()},
-                   {name: t["keep"] for name, t in record["tasks"].items() if t.get("keep")}, router, digests)
+                   {name: t["keep"] for name, t in record["tasks"].items() if t.get("keep")}, router, digests,
+                   {name: t["label_words"] for name, t in record["tasks"].items() if t.get("label_words")})
 
     @property
     def tasks(self) -> list[str]:
@@ -279,8 +290,9 @@ class RoutedSkills:
             return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def score(self, texts: Sequence[str], skill: str = "auto", **kwargs) -> list:
-        """Each text's label under its skill (classifier skills): ``skill="auto"`` routes each row, a name (or
-        ``base``) takes them all; rows grouped by skill, one swap per group
+        """Each text's label under its skill (classifier skills, and causal skills with label words: each text is
+        the prompt up to the label, the label word likeliest after it wins): ``skill="auto"`` routes each row, a
+        name (or ``base``) takes them all; rows grouped by skill, one swap per group
         (:func:`skillgraft.graft.routed_calls.score`: ``pairs``, ``threshold``, ``batch_size``)."""
         from skillgraft.graft.routed_calls import score  # noqa: PLC0415
 

@@ -440,7 +440,9 @@ def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict,
         keep = {n: {**{k: v for k, v in k_.items() if k != "probes"}, "test_score": plain.tasks[n].test,
                     "test_share": plain.tasks[n].normalized()} for n, (_, k_) in kept.items()}
     grafts = {n: g for n, (g, _) in kept.items()} if kept else bench.grafts
-    record = write_routed(folder, bench.pre, grafts, labels, keep)
+    words = {n: list(member.data.task.label_words) for n, member in bench.members.items()} \
+        if summary["mode"] == "causal" else None  # what RoutedSkills.score reads after a causal skill's prompts
+    record = write_routed(folder, bench.pre, grafts, labels, keep, words)
     skills = RoutedSkills.from_pretrained(folder, runtime=bench.runtime)  # the merge's placement
     seconds = switch_seconds(skills)
     router = None
