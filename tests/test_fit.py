@@ -263,3 +263,25 @@ def test_a_fit_gap_on_the_rows_ft_memorized_is_said_in_one_line():
                         "rows, which FT fits 1.000 (memorized) and the region 0.867: not a skill the region lacks on "
                         "held-out rows.")
     assert len(section(0.75)) == 1  # 0.90 of FT on dev: the gap is not only memorization
+
+
+def test_a_region_that_fits_its_training_rows_but_not_the_dev_rows_is_said_in_one_line():
+    """Gemma QNLI/13's 1e-4 numbers at step 73: the region 0.953 of the training rows (FT 1.000) and 0.539 of the dev
+    rows (FT 0.633, 0.85 of it) — the line names the lever; at 0.91 of FT on dev no line."""
+    from skillgraft.verbs.graft_output import fit_section
+
+    def section(train_region, dev_region):
+        apart = {"train": {"region": train_region, "ft": 1.0, "rows": 128},
+                 "dev": {"region": dev_region, "ft": 0.633, "rows": 128}}
+        region = (train_region + dev_region) / 2
+        fit = {"0.0001": {"ft": 0.8165, "region": region, "share": region / 0.8165, "rows": 256, "last_step": 73,
+                          "rising": False, "apart": apart}}
+        return fit_section({"fit": fit, "stopped": [], "reference": {"score": 0.8165, "of": "fine-tuned"},
+                            "config": {"schedule": "fit"}}, {})["lines"]
+
+    lines = section(0.953, 0.539)
+    assert lines[1] == ("  The region keeps 0.95 of FT on the 128 training rows its gradient comes from and 0.85 on the "
+                        "128 dev rows: it fits the rows it is stepped on more than it carries. Rows FT was not trained "
+                        "on in each step (--step-rows train+dev, or more training rows) are the lever to try.")
+    assert len(section(0.953, 0.576)) == 1  # 0.91 of FT on the dev rows
+    assert len(section(0.9, 0.539)) == 1    # 0.90 of FT on the training rows: not fitted there either

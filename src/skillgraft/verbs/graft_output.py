@@ -317,6 +317,9 @@ LITTLE_GAIN = 0.25  # a graft closing less of the gap between its reference and 
 # share short of the target while the region keeps ≥ HELD_FIT of FT on the dev rows and FT fits ≥ MEMORIZED of its
 # own training rows is FT's memorization of them, said in one line.
 HELD_FIT, MEMORIZED = 0.98, 0.99
+# ... and the other way round: the region at ≥ STEPPED_FIT of FT on the training rows its gradient comes from, short of
+# CARRIED on the dev rows — it fits what it is stepped on more than it carries (Gemma QNLI/13, bench/RESULTS.md)
+STEPPED_FIT, CARRIED = 0.95, 0.9
 
 
 def _budget_label(key: str) -> str:
@@ -359,11 +362,17 @@ def fit_section(summary: dict, rows: dict[str, object]) -> dict | None:
 
 
 def _memorized(b: dict) -> str | None:
-    """The line for a fit gap that lies on the training rows FT memorized (None: it does not)."""
+    """The line for a fit gap that lies on the training rows FT memorized, or on the dev rows while the region fits
+    the training rows (None: neither)."""
     apart = b.get("apart") or {}
     train, dev = apart.get("train"), apart.get("dev")
     if not (train and dev and train["ft"] and dev["ft"]) or b.get("share") is None or b["share"] >= HELD_FIT:
         return None
+    if train["region"] / train["ft"] >= STEPPED_FIT and dev["region"] / dev["ft"] < CARRIED:
+        return (f"  The region keeps {train['region'] / train['ft']:.2f} of FT on the {train['rows']} training rows its "
+                f"gradient comes from and {dev['region'] / dev['ft']:.2f} on the {dev['rows']} dev rows: it fits the rows "
+                "it is stepped on more than it carries. Rows FT was not trained on in each step (--step-rows "
+                "train+dev, or more training rows) are the lever to try.")
     if dev["region"] / dev["ft"] < HELD_FIT or train["ft"] < MEMORIZED:
         return None
     return (f"  On the {dev['rows']} dev rows the region keeps {dev['region'] / dev['ft']:.2f} of FT; the rest of the gap "
