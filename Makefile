@@ -28,7 +28,8 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) torch==2.13.0 uv==$(UV_VERSION)
+	$(PIP) torch==2.13.0
+	$(PIP) uv==$(UV_VERSION) || echo "make setup: uv $(UV_VERSION) could not be installed; pip installs the lock"
 	$(UV) -r requirements.lock || $(PIP) --no-deps -r requirements.lock
 	$(UV) -e . || $(PIP) --no-deps -e .
 	$(PY) -c "$(WARM)"
