@@ -350,9 +350,9 @@ def fit_section(summary: dict, rows: dict[str, object]) -> dict | None:
                         "stopped_at": stop["step"] if stop else f.get("last_step"),
                         "why": stop["why"] if stop else None}
         lines.append(_fit_line(key, budgets[key], summary.get("reference") or {}, fitting))
-        memorized = _memorized(budgets[key])
-        if memorized:
-            lines.append(memorized)
+        said = _halves_line(budgets[key])
+        if said:
+            lines.append(said)
         if gap is not None and gap < LITTLE_GAIN:
             lines.append(f"  The {_budget_label(key)} graft keeps little of FT's gain (gap closed {gap:.2f}, fit "
                          f"share {share:.2f}): no region of this size that keeps the skill was found. A larger budget or a "
@@ -361,7 +361,7 @@ def fit_section(summary: dict, rows: dict[str, object]) -> dict | None:
     return {"budgets": budgets, "reference": summary.get("reference"), "lines": lines}
 
 
-def _memorized(b: dict) -> str | None:
+def _halves_line(b: dict) -> str | None:
     """The line for a fit gap that lies on the training rows FT memorized, or on the dev rows while the region fits
     the training rows (None: neither)."""
     apart = b.get("apart") or {}
