@@ -37,25 +37,36 @@ def resolutions(monkeypatch) -> Counter:
     return seen
 
 
-RESUMABLE = 0x20 | 0x80 | 0x100 | 0x200  # a generator, coroutine, … resumed: no entry, whoever iterates it
+RESUMABLE = 0x20 | 0x80 | 0x100 | 0x200  # a generator, coroutine, …: entered where it begins, not when resumed
 
 
 @pytest.fixture
 def loading_entries() -> Counter:
     """Each entry into ``models/loading.py``: a call of a function of that file from a frame outside it (traced, so
-    an import under any name counts), by the function entered; this file's spies (``resolutions``) are transparent."""
+    an import under any name counts), by the function entered; a generator of that file begun from outside counts
+    too, one resumed (an opened model asked for its tokenizer or weights: ``OpenedModel.load``) is part of the entry
+    that began it. This file's spies (``resolutions``) are transparent. ``.weights``: each model's weights read (a
+    call of ``_load_weights``, however reached), by its reference's name — what a resumed entry does is counted there."""
     import skillgraft.models.loading as loading
 
-    path, seen = loading.__file__, Counter()
+    path, seen, begun = loading.__file__, Counter(), {}
+    seen.weights = Counter()
 
     def profile(frame, event, arg):
         code = frame.f_code
-        if event == "call" and code.co_filename == path and not code.co_flags & RESUMABLE:
-            back = frame.f_back
-            while back is not None and back.f_code.co_filename == __file__:
-                back = back.f_back
-            if back is None or back.f_code.co_filename != path:
-                seen[code.co_name] += 1
+        if event != "call" or code.co_filename != path:
+            return
+        if code.co_name == "_load_weights":
+            seen.weights[frame.f_locals["ref"].name] += 1
+        if code.co_flags & RESUMABLE:
+            if id(frame) in begun:
+                return  # resumed: part of the entry that began it
+            begun[id(frame)] = frame  # (kept alive: its id is not reused)
+        back = frame.f_back
+        while back is not None and back.f_code.co_filename == __file__:
+            back = back.f_back
+        if back is None or back.f_code.co_filename != path:
+            seen[code.co_name] += 1
 
     sys.setprofile(profile)
     yield seen
@@ -78,19 +89,22 @@ def test_a_graft_run_resolves_its_base_model_once(ft_run, tiny_bert, toy_data, t
           out=tmp_path / "g", cache=tmp_path / "store")
     assert dict(resolutions) == {str(tiny_bert): 1}
     assert dict(loading_entries) == {"load": 2}
+    assert dict(loading_entries.weights) == {str(ft_run / "model"): 1, str(tiny_bert): 1}
 
 
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "both-loaded"])
 def test_a_graft_run_on_a_pair_resolves_each_model_once(llama_pair, toy_data, tmp_path, resolutions, lean,
                                                         loading_entries):
-    """Each model of a pair enters loading twice: resolved, then its tokenizer (compared with the other's before any
-    weights load, then handed down to the model; the weights of a causal pair are read by models/pair.py)."""
+    """Each model of a pair enters loading once (``open_model``): resolved, then — the rest of that entry, asked
+    through the opened model — its tokenizer (compared with the other's before any weights load) and its weights,
+    read once (a lean pair's θ_pre after θ_ft's release)."""
     a, b = llama_pair
     report = ReportSpec(baselines=[] if lean else ["movement"], lottery_zero=not lean)
     graft(GraftInputs(str(b), pretrained=str(a), task="SST-2", data=DataSpec(data_dir=str(toy_data))),
           report=report, localize=LocalizeConfig(**OPTIONS), keep=None, out=tmp_path / "g", cache=tmp_path / "store")
     assert dict(resolutions) == {str(a): 1, str(b): 1}
-    assert dict(loading_entries) == {"model_reference": 2, "load_tokenizer": 2}
+    assert dict(loading_entries) == {"open_model": 2}
+    assert dict(loading_entries.weights) == {str(a): 1, str(b): 1}
 
 
 def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions, monkeypatch, loading_entries):
@@ -111,7 +125,8 @@ def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions, mo
         "--mergekit", "", "--out", tmp_path / "m")
     assert dict(resolutions) == {str(c["base"]): 1, str(c["sentiment"][0]): 1, str(c["topic"][0]): 1}
     assert calls == ["movement"]
-    assert dict(loading_entries) == {"model_reference": 3, "load_tokenizer": 4, "load": 6}
+    assert dict(loading_entries) == {"open_model": 3}
+    assert dict(loading_entries.weights) == {}
 
 
 # the fields of a Member that say where its models are and what was recorded of them (pipeline/member.py)
@@ -210,14 +225,13 @@ def loads(monkeypatch) -> list:
     """The runtime each model load was given (``load_hf_model``, ``load_classifier``, ``complete_model``), wherever
     the loader was imported."""
     import skillgraft.models.loading as loading
-    import skillgraft.models.pair as pair
 
     seen = []
-    for module, name in ((loading, "load_hf_model"), (loading, "load_classifier"), (pair, "complete_model")):
+    for module, name in ((loading, "load_hf_model"), (loading, "load_classifier"), (loading, "complete_model")):
         original = getattr(module, name)
 
         def spy(*args, _original=original, **kwargs):
-            seen.append(kwargs.get("runtime", args[3] if _original.__name__ == "complete_model" and len(args) > 3
+            seen.append(kwargs.get("runtime", args[2] if _original.__name__ == "complete_model" and len(args) > 2
                                    else None))
             return _original(*args, **kwargs)
 
