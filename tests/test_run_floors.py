@@ -45,8 +45,9 @@ def loading_entries() -> Counter:
     """Each entry into ``models/loading.py``: a call of a function of that file from a frame outside it (traced, so
     an import under any name counts), by the function entered; a generator of that file begun from outside counts
     too, one resumed (an opened model asked for its tokenizer or weights: ``OpenedModel.load``) is part of the entry
-    that began it. This file's spies (``resolutions``) are transparent. ``.weights``: each model's weights read (a
-    call of ``_load_weights``, however reached), by its reference's name — what a resumed entry does is counted there."""
+    that began it. This file's spies (``resolutions``) are transparent. ``.weights``: how often each model's weights
+    are read from its files (a call of ``_load_weights``, however reached, that is not given the tensors in memory),
+    by its reference's name: what a resumed entry does is counted there."""
     import skillgraft.models.loading as loading
 
     path, seen, begun = loading.__file__, Counter(), {}
@@ -56,7 +57,7 @@ def loading_entries() -> Counter:
         code = frame.f_code
         if event != "call" or code.co_filename != path:
             return
-        if code.co_name == "_load_weights":
+        if code.co_name == "_load_weights" and frame.f_locals["want"].tensors is None:  # not built on tensors in memory
             seen.weights[frame.f_locals["ref"].name] += 1
         if code.co_flags & RESUMABLE:
             if id(frame) in begun:
@@ -109,10 +110,11 @@ def test_a_graft_run_on_a_pair_resolves_each_model_once(llama_pair, toy_data, tm
 
 def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions, monkeypatch, loading_entries):
     """Each model's reference and the localizer's options are resolved once (the options by the command line,
-    whose errors name the flags; the verb takes them as resolved). Loading is entered 13 times for three models:
-    each resolved once, the base's and each fine-tuned model's tokenizer compared per pair before any weights load,
-    and six loads (θ_pre and θ_ft of each of the two members — the second θ_pre's tensors become the bench's shared
-    ones — and each θ_ft read back once to write the merged classifiers)."""
+    whose errors name the flags; the verb takes them as resolved). Loading is entered once per model
+    (``open_model``, in ``check_inputs``): the base's tokenizer is compared with each fine-tuned model's, then each
+    model's weights are read from its files once — the second member's θ_pre classifier is built on the bench's
+    θ_pre tensors, and the merged classifiers are written from θ_pre's scorer with each θ_ft's head, config and
+    tokenizer kept at its release (no θ_ft read back)."""
     from userland import cli
 
     import skillgraft.pipeline.regions as regions
@@ -126,7 +128,7 @@ def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions, mo
     assert dict(resolutions) == {str(c["base"]): 1, str(c["sentiment"][0]): 1, str(c["topic"][0]): 1}
     assert calls == ["movement"]
     assert dict(loading_entries) == {"open_model": 3}
-    assert dict(loading_entries.weights) == {}
+    assert dict(loading_entries.weights) == {str(c["base"]): 1, str(c["sentiment"][0]): 1, str(c["topic"][0]): 1}
 
 
 # the fields of a Member that say where its models are and what was recorded of them (pipeline/member.py)

@@ -301,7 +301,10 @@ class Weights:
     """What an opened model's weights load as: ``kind`` ∈ {base, mlm, causal, classifier} (one output per
     ``labels``); ``mlm_check``: a masked LM without MLM-head weights loads as its bare encoder (``tied_decoder``);
     ``dtype`` / ``runtime``: the precision and the run's placement; ``role`` (a causal pair's "pre-trained" or
-    "fine-tuned" model): a checkpoint lacking a tensor the model has is refused, missing weights drawn from seed 0."""
+    "fine-tuned" model): a checkpoint lacking a tensor the model has is refused, missing weights drawn from seed 0;
+    ``tensors`` (a classifier): the model's weights already in memory by their names (a merge's θ_pre, loaded for
+    its first member): the classifier is built on them — nothing read, nothing copied — with its new head drawn as
+    loading draws it."""
 
     kind: str
     labels: tuple[str, ...] = ()
@@ -309,6 +312,7 @@ class Weights:
     dtype: object = None
     runtime: object = None
     role: str = ""
+    tensors: object = None
 
 
 @dataclass
@@ -362,7 +366,7 @@ def _load_weights(ref: ModelRef, tokenizer, want: Weights) -> LoadedModel:
         return LoadedModel(ref, complete_model(ref.path, want.role, want.runtime), tokenizer)
     if want.kind == "classifier":
         model, head = load_classifier(ref.path, want.labels, pad_token_id=tokenizer.pad_token_id, dtype=want.dtype,
-                                      runtime=want.runtime)
+                                      runtime=want.runtime, tensors=want.tensors)
         return LoadedModel(ref, model, tokenizer, carried=tuple(head))
     if want.kind == "mlm" and want.mlm_check:
         model, has_mlm_head = load_hf_model(ref.path, "mlm", dtype=want.dtype, with_mlm_check=True,
@@ -400,8 +404,9 @@ def complete_model(path: str, role: str, runtime=None):
 
 
 def load_classifier(path: str, labels: tuple[str, ...], *, pad_token_id: int | None = None,
-                    dtype: torch.dtype | None = None, runtime=None):
-    """``AutoModelForSequenceClassification`` from ``path`` with one output per label, and its carried names.
+                    dtype: torch.dtype | None = None, runtime=None, tensors=None):
+    """``AutoModelForSequenceClassification`` from ``path`` with one output per label, and its carried names;
+    ``tensors``: its weights by name, already in memory (used as they are: the weight files are not read).
 
     A checkpoint without that head (a base model, a masked LM) gets a new one; so do tensors the checkpoint
     lacks. Carried (HF names): the head modules (outside ``base_model``) and a pooler the checkpoint lacks.
@@ -424,8 +429,13 @@ def load_classifier(path: str, labels: tuple[str, ...], *, pad_token_id: int | N
 
         dtype = load_dtype(dtype, runtime)
         kwargs = {"dtype": dtype} if dtype is not None else {}
-        model, info = AutoModelForSequenceClassification.from_pretrained(
-            path, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+        if tensors is None:
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                path, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+        else:  # the same loading, on tensors in memory: missing ones (the new head) drawn as from the files
+            model, info = AutoModelForSequenceClassification._model_mapping[type(config)].from_pretrained(
+                None, config=config, state_dict=dict(tensors), output_loading_info=True, ignore_mismatched_sizes=True,
+                **kwargs)
     except (OSError, ValueError, KeyError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise SkillgraftError(f"could not load {path!r} as a sequence classifier: {first}") from None

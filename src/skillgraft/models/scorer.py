@@ -353,11 +353,12 @@ def position_limit(model: nn.Module) -> int | None:
 
 def build_scorer(model_name: str | ModelRef | OpenedModel | None, task: Task | str, mode: Mode = "head", *,
                  pooling: Pooling | None = None, max_length: int = MAX_LENGTH, head_seed: int = 0,
-                 dtype: torch.dtype | None = None, runtime=None) -> Scorer:
+                 dtype: torch.dtype | None = None, runtime=None, tensors=None) -> Scorer:
     """A Scorer for ``task`` from a hub name or local path (None: the bundled MiniLM), a model reference a run
     resolved once (:class:`~skillgraft.models.loading.ModelRef`), or a model the run opened once
     (:class:`~skillgraft.models.loading.OpenedModel`: a checkpoint pair's, its tokenizer compared before any weights
-    load; its weights loaded here, as the rest of that opening).
+    load; its weights loaded here, as the rest of that opening; ``tensors``, with an opened model: a classifier's
+    weights already in memory, which it is built on instead of reading its files: :class:`~skillgraft.models.loading.Weights`).
 
     ``classifier`` mode loads ``AutoModelForSequenceClassification`` with one output per task label (a
     checkpoint without that head gets a new one, carried); ``generative`` loads ``AutoModelForCausalLM``.
@@ -368,7 +369,7 @@ def build_scorer(model_name: str | ModelRef | OpenedModel | None, task: Task | s
         raise SkillgraftError(f"unknown scorer mode {mode!r}; use {', '.join(MODES)}")
     with torch.random.fork_rng(devices=[]):  # CPU only: models load there first
         torch.manual_seed(0)  # weights missing from the checkpoint (e.g. a pooler) initialise the same every time
-        want = Weights(LOADS[mode], tuple(task.labels), mode == "prompt", dtype, runtime)
+        want = Weights(LOADS[mode], tuple(task.labels), mode == "prompt", dtype, runtime, tensors=tensors)
         # resolved, its tokenizer and weights: one entry into models/loading.py (or the rest of the model's opening)
         loaded = model_name.load.send(want) if isinstance(model_name, OpenedModel) else load(
             model_name, want.kind, labels=want.labels, mlm_check=want.mlm_check, dtype=dtype, runtime=runtime)

@@ -192,7 +192,8 @@ def is_run_dir(path: str | os.PathLike) -> bool:
 
 def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None, max_length: int = MAX_LENGTH,
               data_dir: str | os.PathLike | None = None, lean: bool = False,
-              share_pre: Callable[[Scorer], Scorer] | None = None, runtime=None, opened=None) -> Member:
+              share_pre: Callable[[Scorer], Scorer] | None = None, runtime=None, opened=None,
+              pre_tensors=None) -> Member:
     """A Member from two Hugging Face checkpoints and the data to localize and evaluate on.
 
     ``pretrained`` (A) and ``finetuned`` (B) are hub names or folders saved by plain transformers (B may
@@ -208,6 +209,8 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
 
     ``share_pre`` (a :class:`~skillgraft.pipeline.workbench.Workbench`'s ``share``): θ_pre goes through it (its
     parameters become the bench's θ_pre): loaded first, then θ_ft; or, lean, when it loads (after θ_ft's release).
+    ``pre_tensors`` (a classifier pair; :meth:`Workbench.pre_tensors`): θ_pre's weights already in memory, which its
+    classifier is built on (its new head drawn as loading draws it) instead of reading A's files again.
 
     ``runtime``: the run's placement, passed down from its verb: every model of the pair is placed there as it loads;
     ``opened``: the two models when the verb opened them and checked the pair already (``merge``), else opened
@@ -293,7 +296,8 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         deferred = (load_pre if share_pre is None else lambda: share_pre(load_pre())) if lean else None
     else:
         if share_pre is not None:  # θ_pre first, shared: the old one is freed before θ_ft loads
-            pre = share_pre(build_scorer(pre_model, task, mode, max_length=max_length, runtime=runtime))
+            pre = share_pre(build_scorer(pre_model, task, mode, max_length=max_length, runtime=runtime,
+                                         tensors=pre_tensors if mode == "classifier" else None))
             ft = build_scorer(ft_model, task, mode, max_length=max_length, runtime=runtime)
         else:
             ft = build_scorer(ft_model, task, mode, max_length=max_length, runtime=runtime)
