@@ -131,6 +131,28 @@ def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions, mo
     assert dict(loading_entries.weights) == {str(c["base"]): 1, str(c["sentiment"][0]): 1, str(c["topic"][0]): 1}
 
 
+def test_an_opened_model_holds_no_weights_it_loaded(llama_pair):
+    """An opened model (``open_model``, which a merge keeps for its whole run) holds its reference and tokenizer, not
+    the weights it loaded: released by the run, they are freed (a merge once held every θ_ft this way: 4.7× one
+    model's weights at N = 2, bench/merge_memory.py). A second load gets a copy of the tokenizer the first got."""
+    import gc
+    import weakref
+
+    from skillgraft.models.loading import TOKENIZER, Weights, open_model
+
+    a, _ = llama_pair
+    opened = open_model(str(a))
+    compared = opened.load.send(TOKENIZER).tokenizer
+    loaded = opened.load.send(Weights("causal", role="pre-trained"))
+    assert loaded.tokenizer is compared
+    gone = weakref.ref(loaded.model)
+    del loaded
+    gc.collect()
+    assert gone() is None
+    again = opened.load.send(Weights("causal", role="pre-trained"))
+    assert again.tokenizer is not compared and again.tokenizer.get_vocab() == compared.get_vocab()
+
+
 # the fields of a Member that say where its models are and what was recorded of them (pipeline/member.py)
 MEMBER_STATE = {"state", "pre_state", "probs", "ft_metrics", "inputs", "graft", "head", "load_pre", "ft", "pre",
                 "loader"}

@@ -338,17 +338,21 @@ def open_model(name: str | os.PathLike | ModelRef | None) -> OpenedModel:
 
 
 def _stages(ref: ModelRef):
-    """The stages of one opened model: each request answered (its tokenizer, or its weights as asked)."""
-    tokenizer, handed, answer = None, False, None
+    """The stages of one opened model: each request answered (its tokenizer, or its weights as asked). What it
+    answers is not kept here (yielded straight from the expression): a model the run releases is freed."""
+    tokenizer = []  # loaded at the first request, then [tokenizer, handed to a load already]
+    request = yield None
     while True:
-        request = yield answer
-        if tokenizer is None:
-            tokenizer = load_tokenizer(ref.path)
-        if request == TOKENIZER:
-            answer = LoadedModel(ref, None, tokenizer)
-            continue
-        answer = _load_weights(ref, _fresh_copy(tokenizer, ref.path) if handed else tokenizer, request)
-        handed = True
+        request = yield _answer(ref, tokenizer, request)
+
+
+def _answer(ref: ModelRef, tokenizer: list, request):
+    if not tokenizer:
+        tokenizer += [load_tokenizer(ref.path), False]
+    if request == TOKENIZER:
+        return LoadedModel(ref, None, tokenizer[0])
+    handed, tokenizer[1] = tokenizer[1], True
+    return _load_weights(ref, _fresh_copy(tokenizer[0], ref.path) if handed else tokenizer[0], request)
 
 
 def load(name: str | os.PathLike | ModelRef | None, kind: str, *, labels: tuple[str, ...] = (),
