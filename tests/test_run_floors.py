@@ -37,21 +37,17 @@ def resolutions(monkeypatch) -> Counter:
     return seen
 
 
-RESUMABLE = 0x20 | 0x80 | 0x100 | 0x200  # a generator, coroutine, …: entered where it begins, not when resumed
-
-
 @pytest.fixture
 def loading_entries() -> Counter:
-    """Each entry into ``models/loading.py``: a call of a function of that file from a frame outside it (traced, so
-    an import under any name counts), by the function entered; a generator of that file begun from outside counts
-    too, one resumed (an opened model asked for its tokenizer or weights: ``OpenedModel.load``) is part of the entry
-    that began it. This file's spies (``resolutions``) are transparent. ``.weights``: how often each model's weights
-    are read from its files (a call of ``_load_weights``, however reached, that is not given the tensors in memory),
-    by its reference's name: what a resumed entry does is counted there."""
+    """Each entry into ``models/loading.py``: a call of a function of that file (a method of an opened model too)
+    from a frame outside it (traced, so an import under any name counts), by the function entered. This file's spies
+    (``resolutions``) are transparent. ``.weights``: how often each model's weights are read from its files (a call
+    of ``_load_weights``, however reached, that is not given the tensors in memory), by its reference's name;
+    ``.tokenizers``: how often each model's tokenizer is parsed from its files (``load_tokenizer``), by its path."""
     import skillgraft.models.loading as loading
 
-    path, seen, begun = loading.__file__, Counter(), {}
-    seen.weights = Counter()
+    path, seen = loading.__file__, Counter()
+    seen.weights, seen.tokenizers = Counter(), Counter()
 
     def profile(frame, event, arg):
         code = frame.f_code
@@ -59,10 +55,8 @@ def loading_entries() -> Counter:
             return
         if code.co_name == "_load_weights" and frame.f_locals["want"].tensors is None:  # not built on tensors in memory
             seen.weights[frame.f_locals["ref"].name] += 1
-        if code.co_flags & RESUMABLE:
-            if id(frame) in begun:
-                return  # resumed: part of the entry that began it
-            begun[id(frame)] = frame  # (kept alive: its id is not reused)
+        if code.co_name == "load_tokenizer":
+            seen.tokenizers[str(frame.f_locals["path"])] += 1
         back = frame.f_back
         while back is not None and back.f_code.co_filename == __file__:
             back = back.f_back
@@ -96,23 +90,24 @@ def test_a_graft_run_resolves_its_base_model_once(ft_run, tiny_bert, toy_data, t
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "both-loaded"])
 def test_a_graft_run_on_a_pair_resolves_each_model_once(llama_pair, toy_data, tmp_path, resolutions, lean,
                                                         loading_entries):
-    """Each model of a pair enters loading once (``open_model``): resolved, then — the rest of that entry, asked
-    through the opened model — its tokenizer (compared with the other's before any weights load) and its weights,
-    read once (a lean pair's θ_pre after θ_ft's release)."""
+    """Each model of a pair is opened once (``open_model``: resolved), then asked through the opened model for its
+    tokenizer, parsed once (compared with the other's before any weights load), and for its weights, read once (a
+    lean pair's θ_pre after θ_ft's release): three steps of one model, none repeated."""
     a, b = llama_pair
     report = ReportSpec(baselines=[] if lean else ["movement"], lottery_zero=not lean)
     graft(GraftInputs(str(b), pretrained=str(a), task="SST-2", data=DataSpec(data_dir=str(toy_data))),
           report=report, localize=LocalizeConfig(**OPTIONS), keep=None, out=tmp_path / "g", cache=tmp_path / "store")
     assert dict(resolutions) == {str(a): 1, str(b): 1}
-    assert dict(loading_entries) == {"open_model": 2}
+    assert dict(loading_entries) == {"open_model": 2, "tokenizer": 2, "weights": 2}
+    assert dict(loading_entries.tokenizers) == {str(a): 1, str(b): 1}
     assert dict(loading_entries.weights) == {str(a): 1, str(b): 1}
 
 
 def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions, monkeypatch, loading_entries):
     """Each model's reference and the localizer's options are resolved once (the options by the command line,
-    whose errors name the flags; the verb takes them as resolved). Loading is entered once per model
-    (``open_model``, in ``check_inputs``): the base's tokenizer is compared with each fine-tuned model's, then each
-    model's weights are read from its files once — the second member's θ_pre classifier is built on the bench's
+    whose errors name the flags; the verb takes them as resolved). Each model is opened once (``open_model``, in
+    ``check_inputs``); the base's tokenizer (parsed once, asked for twice) is compared with each fine-tuned model's;
+    then each model's weights are read from its files once (four weights requests, three reads) — the second member's θ_pre classifier is built on the bench's
     θ_pre tensors, and the merged classifiers are written from θ_pre's scorer with each θ_ft's head, config and
     tokenizer kept at its release (no θ_ft read back)."""
     from userland import cli
@@ -127,7 +122,8 @@ def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions, mo
         "--mergekit", "", "--out", tmp_path / "m")
     assert dict(resolutions) == {str(c["base"]): 1, str(c["sentiment"][0]): 1, str(c["topic"][0]): 1}
     assert calls == ["movement"]
-    assert dict(loading_entries) == {"open_model": 3}
+    assert dict(loading_entries) == {"open_model": 3, "tokenizer": 4, "weights": 4}
+    assert dict(loading_entries.tokenizers) == {str(c["base"]): 1, str(c["sentiment"][0]): 1, str(c["topic"][0]): 1}
     assert dict(loading_entries.weights) == {str(c["base"]): 1, str(c["sentiment"][0]): 1, str(c["topic"][0]): 1}
 
 
@@ -138,18 +134,18 @@ def test_an_opened_model_holds_no_weights_it_loaded(llama_pair):
     import gc
     import weakref
 
-    from skillgraft.models.loading import TOKENIZER, Weights, open_model
+    from skillgraft.models.loading import Weights, open_model
 
     a, _ = llama_pair
     opened = open_model(str(a))
-    compared = opened.load.send(TOKENIZER).tokenizer
-    loaded = opened.load.send(Weights("causal", role="pre-trained"))
+    compared = opened.tokenizer()
+    loaded = opened.weights(Weights("causal", role="pre-trained"))
     assert loaded.tokenizer is compared
     gone = weakref.ref(loaded.model)
     del loaded
     gc.collect()
     assert gone() is None
-    again = opened.load.send(Weights("causal", role="pre-trained"))
+    again = opened.weights(Weights("causal", role="pre-trained"))
     assert again.tokenizer is not compared and again.tokenizer.get_vocab() == compared.get_vocab()
 
 

@@ -293,9 +293,6 @@ class LoadedModel:
     carried: tuple[str, ...] = ()
 
 
-TOKENIZER = "tokenizer"  # what an opened model is asked for when only its tokenizer is wanted (a pair's check)
-
-
 @dataclass(frozen=True)
 class Weights:
     """What an opened model's weights load as: ``kind`` ∈ {base, mlm, causal, classifier} (one output per
@@ -315,51 +312,41 @@ class Weights:
     tensors: object = None
 
 
-@dataclass
 class OpenedModel:
-    """A model opened by one entry into this file (:func:`open_model`): its reference, resolved once; its tokenizer
-    and weights when the run asks for them through ``load``, the rest of that same entry (a generator, resumed:
-    ``load.send(TOKENIZER)`` or ``load.send(Weights(…))``, each answered with a :class:`LoadedModel`). So a pair's
-    tokenizers are compared before any weights load, and a lean pair's θ_pre loads after θ_ft's release, without
-    the model being resolved or its tokenizer parsed again."""
+    """A model opened once (:func:`open_model`): its reference, resolved once; its tokenizer, parsed once at the first
+    request (:meth:`tokenizer`: a pair's check compares it before any weights load); its weights when the run asks
+    for them (:meth:`weights`: a lean pair's θ_pre loads after θ_ft's release), beside that same tokenizer (the
+    first load gets the very tokenizer a pair compared, a later one a copy). The weights it loads are not kept here:
+    a model the run releases is freed."""
 
-    ref: ModelRef
-    load: object  # Generator[LoadedModel, TOKENIZER | Weights, None]
+    def __init__(self, ref: ModelRef):
+        self.ref = ref
+        self._tokenizer, self._handed = None, False
+
+    def tokenizer(self):
+        """The model's tokenizer, parsed from its files at the first request."""
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.ref.path)
+        return self._tokenizer
+
+    def weights(self, want: Weights) -> LoadedModel:
+        """The model's weights as ``want`` asks (:class:`Weights`), beside its tokenizer."""
+        tokenizer = self.tokenizer()
+        handed, self._handed = self._handed, True
+        return _load_weights(self.ref, _fresh_copy(tokenizer, self.ref.path) if handed else tokenizer, want)
 
 
 def open_model(name: str | os.PathLike | ModelRef | None) -> OpenedModel:
-    """One model, opened through one entry: ``name`` resolved (:func:`model_reference`; a reference passed down is
-    taken as it is); its tokenizer (loaded once: the first load gets the very tokenizer a pair compared, a later one
-    a copy of it) and its weights loaded when asked (:class:`OpenedModel`)."""
-    ref = model_reference(name)
-    stages = _stages(ref)
-    next(stages)
-    return OpenedModel(ref, stages)
-
-
-def _stages(ref: ModelRef):
-    """The stages of one opened model: each request answered (its tokenizer, or its weights as asked). What it
-    answers is not kept here (yielded straight from the expression): a model the run releases is freed."""
-    tokenizer = []  # loaded at the first request, then [tokenizer, handed to a load already]
-    request = yield None
-    while True:
-        request = yield _answer(ref, tokenizer, request)
-
-
-def _answer(ref: ModelRef, tokenizer: list, request):
-    if not tokenizer:
-        tokenizer += [load_tokenizer(ref.path), False]
-    if request == TOKENIZER:
-        return LoadedModel(ref, None, tokenizer[0])
-    handed, tokenizer[1] = tokenizer[1], True
-    return _load_weights(ref, _fresh_copy(tokenizer[0], ref.path) if handed else tokenizer[0], request)
+    """One model, opened: ``name`` resolved (:func:`model_reference`; a reference passed down is taken as it is);
+    its tokenizer and weights loaded when asked (:class:`OpenedModel`)."""
+    return OpenedModel(model_reference(name))
 
 
 def load(name: str | os.PathLike | ModelRef | None, kind: str, *, labels: tuple[str, ...] = (),
          mlm_check: bool = False, dtype: torch.dtype | None = None, runtime=None) -> LoadedModel:
     """One model, through one entry: ``name`` resolved (:func:`model_reference`; a reference passed down is taken
     as it is), its tokenizer (pad token set: eos, else unk) and its weights as ``kind`` (:class:`Weights`)."""
-    return open_model(name).load.send(Weights(kind, tuple(labels), mlm_check, dtype, runtime))
+    return open_model(name).weights(Weights(kind, tuple(labels), mlm_check, dtype, runtime))
 
 
 def _load_weights(ref: ModelRef, tokenizer, want: Weights) -> LoadedModel:

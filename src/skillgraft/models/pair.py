@@ -74,7 +74,6 @@ def check_pair(pretrained: str, finetuned: str, *, opened) -> None:
     two models (:class:`~skillgraft.models.loading.OpenedModel`, θ_pre's and θ_ft's, each opened once by the run),
     whose tokenizers it compares — the ones their weights then load beside."""
     from skillgraft.models.families import shape_fields  # noqa: PLC0415
-    from skillgraft.models.loading import TOKENIZER  # noqa: PLC0415
 
     refs = [o.ref for o in opened]
     configs_read = [read_config(ref.path, f"{role} model {ref.name!r}")
@@ -94,7 +93,7 @@ def check_pair(pretrained: str, finetuned: str, *, opened) -> None:
             raise SkillgraftError(f"different shapes: {key} is {a.get(key)} in {refs[0].name} but {b.get(key)} in "
                                   f"{refs[1].name}; a graft needs θ_ft fine-tuned from θ_pre")
     share_tokenizer(refs, a.get("vocab_size"), b.get("vocab_size"))
-    ta, tb = (o.load.send(TOKENIZER).tokenizer for o in opened)
+    ta, tb = (o.tokenizer() for o in opened)
     va, vb = ta.get_vocab(), tb.get_vocab()
     if va != vb:
         diff = sorted(set(va.items()) ^ set(vb.items()))

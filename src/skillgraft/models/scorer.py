@@ -371,7 +371,7 @@ def build_scorer(model_name: str | ModelRef | OpenedModel | None, task: Task | s
         torch.manual_seed(0)  # weights missing from the checkpoint (e.g. a pooler) initialise the same every time
         want = Weights(LOADS[mode], tuple(task.labels), mode == "prompt", dtype, runtime, tensors=tensors)
         # resolved, its tokenizer and weights: one entry into models/loading.py (or the rest of the model's opening)
-        loaded = model_name.load.send(want) if isinstance(model_name, OpenedModel) else load(
+        loaded = model_name.weights(want) if isinstance(model_name, OpenedModel) else load(
             model_name, want.kind, labels=want.labels, mlm_check=want.mlm_check, dtype=dtype, runtime=runtime)
     if loaded.tied_decoder:
         _tied_warning(loaded.ref.name, 3)  # at build_scorer's caller

@@ -270,7 +270,7 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         from skillgraft.models.scorer import Scorer  # noqa: PLC0415
 
         def causal(model, role: str) -> Scorer:  # its weights: the rest of the model's opening
-            loaded = model.load.send(Weights("causal", runtime=runtime, role=role))
+            loaded = model.weights(Weights("causal", runtime=runtime, role=role))
             return Scorer(loaded.model, loaded.tokenizer, task, mode, pooling="last", max_length=max_length,
                           base_model=loaded.ref.name, runtime=runtime)
 
