@@ -403,7 +403,8 @@ def load_classifier(path: str, labels: tuple[str, ...], *, pad_token_id: int | N
     lacks. Carried (HF names): the head modules (outside ``base_model``) and a pooler the checkpoint lacks.
     Any other tensor missing from the checkpoint is an error: the model would be half random.
     """
-    from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: PLC0415
+    from transformers import (MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING, AutoConfig,  # noqa: PLC0415
+                              AutoModelForSequenceClassification)
 
     vet_folder(path)  # no code of its own, no pickle that runs code, no config that lies (models/vet.py)
     check_weight_files(path)  # a damaged file named, not safetensors' bare message
@@ -424,7 +425,7 @@ def load_classifier(path: str, labels: tuple[str, ...], *, pad_token_id: int | N
             model, info = AutoModelForSequenceClassification.from_pretrained(
                 path, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
         else:  # the same loading, on tensors in memory: missing ones (the new head) drawn as from the files
-            model, info = AutoModelForSequenceClassification._model_mapping[type(config)].from_pretrained(
+            model, info = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING[type(config)].from_pretrained(
                 None, config=config, state_dict=dict(tensors), output_loading_info=True, ignore_mismatched_sizes=True,
                 **kwargs)
     except (OSError, ValueError, KeyError) as e:
