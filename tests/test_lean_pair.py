@@ -82,21 +82,21 @@ def test_cli_pair_never_holds_both_models_and_localizes_without_theta_ft(llama_p
     """Weak references to every model the pair loads: θ_ft is gone before θ_pre loads, and when localization
     starts (it reads θ_ft from B's files); the report still has FT's row."""
     import skillgraft.graft.localizers.learned as learned
-    import skillgraft.pipeline.opening as setup_module
+    import skillgraft.models.loading as loading
 
     a, b = llama_pair
     loaded: list[tuple[str, weakref.ref]] = []
     seen: dict[str, list] = {"pre-trained": [], "localize": []}
-    real_complete, real_localize = setup_module.complete_model, learned.localize
+    real_complete, real_localize = loading.complete_model, learned.localize
 
     def alive_ft() -> bool:
         gc.collect()
         return any(ref() is not None for role, ref in loaded if role == "fine-tuned")
 
-    def complete(path, mode, role, runtime=None):
+    def complete(path, role, runtime=None):
         if role == "pre-trained":
             seen["pre-trained"].append(alive_ft())
-        model = real_complete(path, mode, role, runtime)
+        model = real_complete(path, role, runtime)
         loaded.append((role, weakref.ref(model)))
         return model
 
@@ -104,7 +104,7 @@ def test_cli_pair_never_holds_both_models_and_localizes_without_theta_ft(llama_p
         seen["localize"].append((alive_ft(), type(ft).__name__))
         return real_localize(pre, ft, *args, **kwargs)
 
-    monkeypatch.setattr(setup_module, "complete_model", complete)
+    monkeypatch.setattr(loading, "complete_model", complete)
     monkeypatch.setattr(learned, "localize", localize)
     import skillgraft.heap as heap
 
@@ -185,7 +185,9 @@ def test_lean_pair_refuses_a_non_finite_theta_pre_before_any_work(llama_pair, to
     tensors[name][1, 2] = float("nan")
     save_file(tensors, weights, metadata={"format": "pt"})
     loaded = []
-    monkeypatch.setattr(setup_module, "complete_model", lambda *a, **k: loaded.append(a) or 1 / 0)
+    import skillgraft.models.loading as loading
+
+    monkeypatch.setattr(loading, "complete_model", lambda *a, **k: loaded.append(a) or 1 / 0)
     spec = DataSpec.build({"task": "SST-2", "k": 16, "seed": 42, "data_dir": str(toy_data)}, where="test")
     with pytest.raises(SkillgraftError, match=rf"--pretrained .*tensor '(model\.)?{name}' from row 0\[\d+\] is nan"):
         from_pair(str(bad), str(b), spec, data_dir=toy_data, lean=True)
@@ -350,10 +352,10 @@ def test_lean_pair_leaves_the_unused_rows_of_theta_pres_embedding_unread(wide_vo
     localization wrote. Each of these used to map the whole matrix (a 165M Llama: +94 MiB, 0.15× a forward pass)."""
     from skillgraft.graft.identity import cached_fingerprint
     from skillgraft.models.anatomy import fingerprint
-    from skillgraft.models.pair import complete_model
+    from skillgraft.models.loading import complete_model
 
     a, b = wide_vocab_pair
-    fresh = complete_model(str(a), "causal", "pre-trained")
+    fresh = complete_model(str(a), "pre-trained")
     if _present(fresh.model.embed_tokens.weight) > 0.5:
         pytest.skip("this transformers version does not memory-map the weights it loads")
     del fresh

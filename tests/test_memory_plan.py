@@ -87,11 +87,11 @@ def test_lean_chosen_where_dense_does_not_fit(llama_pair, monkeypatch):
 
 
 def test_nothing_fits_is_one_line_before_any_work(llama_pair, toy_data, tmp_path, monkeypatch):
-    import skillgraft.pipeline.opening as opening
+    import skillgraft.models.loading as loading
 
     a, b = llama_pair
     loads = []
-    monkeypatch.setattr(opening, "complete_model", lambda *x, **k: loads.append(x))
+    monkeypatch.setattr(loading, "complete_model", lambda *x, **k: loads.append(x))
     monkeypatch.setenv("SKILLGRAFT_FREE_MEMORY", "1K")
     out = tmp_path / "r"
     r = CliRunner().invoke(app, ["graft", "--pretrained", str(a), "--finetuned", str(b), "--data-dir", str(toy_data),

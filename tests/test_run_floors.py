@@ -37,25 +37,31 @@ def resolutions(monkeypatch) -> Counter:
     return seen
 
 
-RESUMABLE = 0x20 | 0x80 | 0x100 | 0x200  # a generator, coroutine, … resumed: no entry, whoever iterates it
-
-
 @pytest.fixture
 def loading_entries() -> Counter:
-    """Each entry into ``models/loading.py``: a call of a function of that file from a frame outside it (traced, so
-    an import under any name counts), by the function entered; this file's spies (``resolutions``) are transparent."""
+    """Each entry into ``models/loading.py``: a call of a function of that file (a method of an opened model too)
+    from a frame outside it (traced, so an import under any name counts), by the function entered. This file's spies
+    (``resolutions``) are transparent. ``.weights``: how often each model's weights are read from its files (a call
+    of ``_load_weights``, however reached, that is not given the tensors in memory), by its reference's name;
+    ``.tokenizers``: how often each model's tokenizer is parsed from its files (``load_tokenizer``), by its path."""
     import skillgraft.models.loading as loading
 
     path, seen = loading.__file__, Counter()
+    seen.weights, seen.tokenizers = Counter(), Counter()
 
     def profile(frame, event, arg):
         code = frame.f_code
-        if event == "call" and code.co_filename == path and not code.co_flags & RESUMABLE:
-            back = frame.f_back
-            while back is not None and back.f_code.co_filename == __file__:
-                back = back.f_back
-            if back is None or back.f_code.co_filename != path:
-                seen[code.co_name] += 1
+        if event != "call" or code.co_filename != path:
+            return
+        if code.co_name == "_load_weights" and frame.f_locals["want"].tensors is None:  # not built on tensors in memory
+            seen.weights[frame.f_locals["ref"].name] += 1
+        if code.co_name == "load_tokenizer":
+            seen.tokenizers[str(frame.f_locals["path"])] += 1
+        back = frame.f_back
+        while back is not None and back.f_code.co_filename == __file__:
+            back = back.f_back
+        if back is None or back.f_code.co_filename != path:
+            seen[code.co_name] += 1
 
     sys.setprofile(profile)
     yield seen
@@ -78,27 +84,32 @@ def test_a_graft_run_resolves_its_base_model_once(ft_run, tiny_bert, toy_data, t
           out=tmp_path / "g", cache=tmp_path / "store")
     assert dict(resolutions) == {str(tiny_bert): 1}
     assert dict(loading_entries) == {"load": 2}
+    assert dict(loading_entries.weights) == {str(ft_run / "model"): 1, str(tiny_bert): 1}
 
 
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "both-loaded"])
 def test_a_graft_run_on_a_pair_resolves_each_model_once(llama_pair, toy_data, tmp_path, resolutions, lean,
                                                         loading_entries):
-    """Each model of a pair enters loading twice: resolved, then its tokenizer (compared with the other's before any
-    weights load, then handed down to the model; the weights of a causal pair are read by models/pair.py)."""
+    """Each model of a pair is opened once (``open_model``: resolved), then asked through the opened model for its
+    tokenizer, parsed once (compared with the other's before any weights load), and for its weights, read once (a
+    lean pair's θ_pre after θ_ft's release): three steps of one model, none repeated."""
     a, b = llama_pair
     report = ReportSpec(baselines=[] if lean else ["movement"], lottery_zero=not lean)
     graft(GraftInputs(str(b), pretrained=str(a), task="SST-2", data=DataSpec(data_dir=str(toy_data))),
           report=report, localize=LocalizeConfig(**OPTIONS), keep=None, out=tmp_path / "g", cache=tmp_path / "store")
     assert dict(resolutions) == {str(a): 1, str(b): 1}
-    assert dict(loading_entries) == {"model_reference": 2, "load_tokenizer": 2}
+    assert dict(loading_entries) == {"open_model": 2, "tokenizer": 2, "weights": 2}
+    assert dict(loading_entries.tokenizers) == {str(a): 1, str(b): 1}
+    assert dict(loading_entries.weights) == {str(a): 1, str(b): 1}
 
 
 def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions, monkeypatch, loading_entries):
     """Each model's reference and the localizer's options are resolved once (the options by the command line,
-    whose errors name the flags; the verb takes them as resolved). Loading is entered 13 times for three models:
-    each resolved once, the base's and each fine-tuned model's tokenizer compared per pair before any weights load,
-    and six loads (θ_pre and θ_ft of each of the two members — the second θ_pre's tensors become the bench's shared
-    ones — and each θ_ft read back once to write the merged classifiers)."""
+    whose errors name the flags; the verb takes them as resolved). Each model is opened once (``open_model``, in
+    ``check_inputs``); the base's tokenizer (parsed once, asked for twice) is compared with each fine-tuned model's;
+    then each model's weights are read from its files once (four weights requests, three reads) — the second member's θ_pre classifier is built on the bench's
+    θ_pre tensors, and the merged classifiers are written from θ_pre's scorer with each θ_ft's head, config and
+    tokenizer kept at its release (no θ_ft read back)."""
     from userland import cli
 
     import skillgraft.pipeline.regions as regions
@@ -111,7 +122,31 @@ def test_a_merge_resolves_each_model_once(classifiers, tmp_path, resolutions, mo
         "--mergekit", "", "--out", tmp_path / "m")
     assert dict(resolutions) == {str(c["base"]): 1, str(c["sentiment"][0]): 1, str(c["topic"][0]): 1}
     assert calls == ["movement"]
-    assert dict(loading_entries) == {"model_reference": 3, "load_tokenizer": 4, "load": 6}
+    assert dict(loading_entries) == {"open_model": 3, "tokenizer": 4, "weights": 4}
+    assert dict(loading_entries.tokenizers) == {str(c["base"]): 1, str(c["sentiment"][0]): 1, str(c["topic"][0]): 1}
+    assert dict(loading_entries.weights) == {str(c["base"]): 1, str(c["sentiment"][0]): 1, str(c["topic"][0]): 1}
+
+
+def test_an_opened_model_holds_no_weights_it_loaded(llama_pair):
+    """An opened model (``open_model``, which a merge keeps for its whole run) holds its reference and tokenizer, not
+    the weights it loaded: released by the run, they are freed (a merge once held every θ_ft this way: 4.7× one
+    model's weights at N = 2, bench/merge_memory.py). A second load gets a copy of the tokenizer the first got."""
+    import gc
+    import weakref
+
+    from skillgraft.models.loading import Weights, open_model
+
+    a, _ = llama_pair
+    opened = open_model(str(a))
+    compared = opened.tokenizer()
+    loaded = opened.weights(Weights("causal", role="pre-trained"))
+    assert loaded.tokenizer is compared
+    gone = weakref.ref(loaded.model)
+    del loaded
+    gc.collect()
+    assert gone() is None
+    again = opened.weights(Weights("causal", role="pre-trained"))
+    assert again.tokenizer is not compared and again.tokenizer.get_vocab() == compared.get_vocab()
 
 
 # the fields of a Member that say where its models are and what was recorded of them (pipeline/member.py)
@@ -210,14 +245,13 @@ def loads(monkeypatch) -> list:
     """The runtime each model load was given (``load_hf_model``, ``load_classifier``, ``complete_model``), wherever
     the loader was imported."""
     import skillgraft.models.loading as loading
-    import skillgraft.models.pair as pair
 
     seen = []
-    for module, name in ((loading, "load_hf_model"), (loading, "load_classifier"), (pair, "complete_model")):
+    for module, name in ((loading, "load_hf_model"), (loading, "load_classifier"), (loading, "complete_model")):
         original = getattr(module, name)
 
         def spy(*args, _original=original, **kwargs):
-            seen.append(kwargs.get("runtime", args[3] if _original.__name__ == "complete_model" and len(args) > 3
+            seen.append(kwargs.get("runtime", args[2] if _original.__name__ == "complete_model" and len(args) > 2
                                    else None))
             return _original(*args, **kwargs)
 

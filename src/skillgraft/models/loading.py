@@ -1,6 +1,8 @@
 """Loading Hugging Face models and tokenizers by hub name or local path (default: bundled MiniLM). A run enters here
-once per model it loads: :func:`load` resolves the name (:func:`model_reference`), loads the tokenizer and the
-weights, and hands back a :class:`LoadedModel`."""
+once per model: :func:`load` resolves the name (:func:`model_reference`), loads the tokenizer and the weights, and
+hands back a :class:`LoadedModel`; :func:`open_model` resolves it and hands back an :class:`OpenedModel`, whose
+tokenizer and weights the run asks for later, as the rest of the same entry (a pair's check between them, a lean
+pair's θ_pre after θ_ft's release)."""
 
 from __future__ import annotations
 
@@ -291,36 +293,118 @@ class LoadedModel:
     carried: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Weights:
+    """What an opened model's weights load as: ``kind`` ∈ {base, mlm, causal, classifier} (one output per
+    ``labels``); ``mlm_check``: a masked LM without MLM-head weights loads as its bare encoder (``tied_decoder``);
+    ``dtype`` / ``runtime``: the precision and the run's placement; ``role`` (a causal pair's "pre-trained" or
+    "fine-tuned" model): a checkpoint lacking a tensor the model has is refused, missing weights drawn from seed 0;
+    ``tensors`` (a classifier): the model's weights already in memory by their names (a merge's θ_pre, loaded for
+    its first member): the classifier is built on them — nothing read, nothing copied — with its new head drawn as
+    loading draws it."""
+
+    kind: str
+    labels: tuple[str, ...] = ()
+    mlm_check: bool = False
+    dtype: object = None
+    runtime: object = None
+    role: str = ""
+    tensors: object = None
+
+
+class OpenedModel:
+    """A model opened once (:func:`open_model`): its reference, resolved once; its tokenizer, parsed once at the first
+    request (:meth:`tokenizer`: a pair's check compares it before any weights load); its weights when the run asks
+    for them (:meth:`weights`: a lean pair's θ_pre loads after θ_ft's release), beside that same tokenizer (the
+    first load gets the very tokenizer a pair compared, a later one a copy). The weights it loads are not kept here:
+    a model the run releases is freed."""
+
+    def __init__(self, ref: ModelRef):
+        self.ref = ref
+        self._tokenizer, self._handed = None, False
+
+    def tokenizer(self):
+        """The model's tokenizer, parsed from its files at the first request."""
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.ref.path)
+        return self._tokenizer
+
+    def weights(self, want: Weights) -> LoadedModel:
+        """The model's weights as ``want`` asks (:class:`Weights`), beside its tokenizer."""
+        tokenizer = self.tokenizer()
+        handed, self._handed = self._handed, True
+        return _load_weights(self.ref, _fresh_copy(tokenizer, self.ref.path) if handed else tokenizer, want)
+
+
+def open_model(name: str | os.PathLike | ModelRef | None) -> OpenedModel:
+    """One model, opened: ``name`` resolved (:func:`model_reference`; a reference passed down is taken as it is);
+    its tokenizer and weights loaded when asked (:class:`OpenedModel`)."""
+    return OpenedModel(model_reference(name))
+
+
 def load(name: str | os.PathLike | ModelRef | None, kind: str, *, labels: tuple[str, ...] = (),
-         mlm_check: bool = False, dtype: torch.dtype | None = None, runtime=None, tokenizer=None) -> LoadedModel:
+         mlm_check: bool = False, dtype: torch.dtype | None = None, runtime=None) -> LoadedModel:
     """One model, through one entry: ``name`` resolved (:func:`model_reference`; a reference passed down is taken
-    as it is), its tokenizer (pad token set: eos, else unk) and its weights as ``kind`` ∈ {base, mlm, causal,
-    classifier} (one output per ``labels``); ``mlm_check``: a masked LM without MLM-head weights loads as its bare
-    encoder (``tied_decoder``). ``runtime``: the run's placement (its precision is the dtype loaded);
-    ``tokenizer``: the model's, when the run loaded it already (a checkpoint pair's, compared before the weights)."""
-    ref = model_reference(name)
-    tokenizer = load_tokenizer(ref.path) if tokenizer is None else tokenizer
+    as it is), its tokenizer (pad token set: eos, else unk) and its weights as ``kind`` (:class:`Weights`)."""
+    return open_model(name).weights(Weights(kind, tuple(labels), mlm_check, dtype, runtime))
+
+
+def _load_weights(ref: ModelRef, tokenizer, want: Weights) -> LoadedModel:
+    """The weights of an opened model as ``want`` asks, beside its tokenizer (pad token set: eos, else unk)."""
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    if kind == "classifier":
-        model, head = load_classifier(ref.path, labels, pad_token_id=tokenizer.pad_token_id, dtype=dtype,
-                                      runtime=runtime)
+    if want.role:
+        return LoadedModel(ref, complete_model(ref.path, want.role, want.runtime), tokenizer)
+    if want.kind == "classifier":
+        model, head = load_classifier(ref.path, want.labels, pad_token_id=tokenizer.pad_token_id, dtype=want.dtype,
+                                      runtime=want.runtime, tensors=want.tensors)
         return LoadedModel(ref, model, tokenizer, carried=tuple(head))
-    if kind == "mlm" and mlm_check:
-        model, has_mlm_head = load_hf_model(ref.path, "mlm", dtype=dtype, with_mlm_check=True, runtime=runtime)
+    if want.kind == "mlm" and want.mlm_check:
+        model, has_mlm_head = load_hf_model(ref.path, "mlm", dtype=want.dtype, with_mlm_check=True,
+                                            runtime=want.runtime)
         return LoadedModel(ref, model, tokenizer, tied_decoder=not has_mlm_head)
-    return LoadedModel(ref, load_hf_model(ref.path, kind, dtype=dtype, runtime=runtime), tokenizer)
+    return LoadedModel(ref, load_hf_model(ref.path, want.kind, dtype=want.dtype, runtime=want.runtime), tokenizer)
+
+
+def complete_model(path: str, role: str, runtime=None):
+    """θ_pre or θ_ft of a causal pair, refusing a checkpoint that lacks tensors the model has (weights missing from
+    it would initialise from seed 0); ``runtime``: the run's placement."""
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+    from skillgraft.models.placement import load_dtype  # noqa: PLC0415
+
+    vet_folder(path, f"{role} model")  # no code of its own, no pickle that runs code (models/vet.py)
+    check_weight_files(path, f"{role} model")
+    hf_logging, level = quiet_transformers()
+    dtype = load_dtype(None, runtime)  # the run's precision (models/placement.py), else the checkpoint's own
+    try:
+        with torch.random.fork_rng(devices=[]):  # CPU only: models load there first
+            torch.manual_seed(0)
+            model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True,
+                                                               **({"dtype": dtype} if dtype is not None else {}))
+    except (OSError, ValueError) as e:
+        first = str(e).splitlines()[0]
+        raise SkillgraftError(f"could not load {role} model {path!r} as a causal LM: {first}") from None
+    finally:
+        hf_logging.set_verbosity(level)
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        raise SkillgraftError(f"the {role} model {path} lacks {len(missing)} tensor(s) the other has, e.g. "
+                              f"{missing[:3]} (a causal LM pair must have the same tensors)")
+    return model.eval()
 
 
 def load_classifier(path: str, labels: tuple[str, ...], *, pad_token_id: int | None = None,
-                    dtype: torch.dtype | None = None, runtime=None):
-    """``AutoModelForSequenceClassification`` from ``path`` with one output per label, and its carried names.
+                    dtype: torch.dtype | None = None, runtime=None, tensors=None):
+    """``AutoModelForSequenceClassification`` from ``path`` with one output per label, and its carried names;
+    ``tensors``: its weights by name, already in memory (used as they are: the weight files are not read).
 
     A checkpoint without that head (a base model, a masked LM) gets a new one; so do tensors the checkpoint
     lacks. Carried (HF names): the head modules (outside ``base_model``) and a pooler the checkpoint lacks.
     Any other tensor missing from the checkpoint is an error: the model would be half random.
     """
-    from transformers import AutoConfig, AutoModelForSequenceClassification  # noqa: PLC0415
+    from transformers import (MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING, AutoConfig,  # noqa: PLC0415
+                              AutoModelForSequenceClassification)
 
     vet_folder(path)  # no code of its own, no pickle that runs code, no config that lies (models/vet.py)
     check_weight_files(path)  # a damaged file named, not safetensors' bare message
@@ -337,8 +421,13 @@ def load_classifier(path: str, labels: tuple[str, ...], *, pad_token_id: int | N
 
         dtype = load_dtype(dtype, runtime)
         kwargs = {"dtype": dtype} if dtype is not None else {}
-        model, info = AutoModelForSequenceClassification.from_pretrained(
-            path, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+        if tensors is None:
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                path, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+        else:  # the same loading, on tensors in memory: missing ones (the new head) drawn as from the files
+            model, info = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING[type(config)].from_pretrained(
+                None, config=config, state_dict=dict(tensors), output_loading_info=True, ignore_mismatched_sizes=True,
+                **kwargs)
     except (OSError, ValueError, KeyError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise SkillgraftError(f"could not load {path!r} as a sequence classifier: {first}") from None

@@ -2,8 +2,8 @@
 
 ``pair_mode`` reads the fine-tuned checkpoint's class (…ForSequenceClassification → classifier, …ForCausalLM →
 causal or generative, …ForMaskedLM → prompt); ``check_pair`` refuses, before any weights load, two checkpoints
-of different architectures, shapes or tokenizer vocabularies; ``complete_model`` refuses a causal LM lacking
-tensors the other has. Used by ``skillgraft graft`` / ``evaluate`` on a pair (pipeline.opening.from_pair) and by
+of different architectures, shapes or tokenizer vocabularies (each model opened once: the tokenizers it compares
+are the ones the models then load with). Used by ``skillgraft graft`` / ``evaluate`` on a pair (pipeline.opening.from_pair) and by
 anything else that takes checkpoint pairs.
 """
 
@@ -69,14 +69,13 @@ def checkpoint_kind(path: str) -> str | None:
     return "base" if archs else None
 
 
-def check_pair(pretrained: str, finetuned: str, *, refs=None) -> tuple:
-    """Refuse, before loading any weights, a pair whose architectures, shapes or tokenizers differ (``refs``: the
-    two models' references, when the run resolved them already); returns the two tokenizers it compared, handed
-    down to the models' loads."""
+def check_pair(pretrained: str, finetuned: str, *, opened) -> None:
+    """Refuse, before loading any weights, a pair whose architectures, shapes or tokenizers differ; ``opened``: the
+    two models (:class:`~skillgraft.models.loading.OpenedModel`, θ_pre's and θ_ft's, each opened once by the run),
+    whose tokenizers it compares — the ones their weights then load beside."""
     from skillgraft.models.families import shape_fields  # noqa: PLC0415
-    from skillgraft.models.loading import load_tokenizer, model_reference  # noqa: PLC0415
 
-    refs = list(refs) if refs is not None else [model_reference(pretrained), model_reference(finetuned)]
+    refs = [o.ref for o in opened]
     configs_read = [read_config(ref.path, f"{role} model {ref.name!r}")
                     for ref, role in zip(refs, ("pre-trained (--pretrained)", "fine-tuned (--finetuned)"))]
     configs = [c.to_dict() for c in configs_read]
@@ -94,7 +93,7 @@ def check_pair(pretrained: str, finetuned: str, *, refs=None) -> tuple:
             raise SkillgraftError(f"different shapes: {key} is {a.get(key)} in {refs[0].name} but {b.get(key)} in "
                                   f"{refs[1].name}; a graft needs θ_ft fine-tuned from θ_pre")
     share_tokenizer(refs, a.get("vocab_size"), b.get("vocab_size"))
-    ta, tb = load_tokenizer(refs[0].path), load_tokenizer(refs[1].path)
+    ta, tb = (o.tokenizer() for o in opened)
     va, vb = ta.get_vocab(), tb.get_vocab()
     if va != vb:
         diff = sorted(set(va.items()) ^ set(vb.items()))
@@ -104,7 +103,6 @@ def check_pair(pretrained: str, finetuned: str, *, refs=None) -> tuple:
         raise SkillgraftError(f"--finetuned {finetuned} holds the same weights as --pretrained {pretrained} (identical "
                               "weight files): fine-tuning changed nothing, so there is nothing to graft; give the "
                               "fine-tuned checkpoint as --finetuned")
-    return ta, tb
 
 
 def same_weights(a: str, b: str) -> bool:
@@ -201,36 +199,6 @@ def read_config(path: str, who: str):
             raise SkillgraftError(f"{file}: no 'model_type' field, so transformers cannot tell the architecture of "
                                   f"{who} (add it, e.g. \"model_type\": \"bert\")") from None
         raise SkillgraftError(f"{who}: no readable config ({first})") from None
-
-
-def complete_model(path: str, mode: str, role: str, runtime=None):
-    """θ_pre or θ_ft of a causal pair, refusing a checkpoint that lacks tensors the model has (``runtime``: the run's
-    placement, passed down)."""
-    from transformers import AutoModelForCausalLM  # noqa: PLC0415
-
-    from skillgraft.lazy import quiet_transformers  # noqa: PLC0415
-    from skillgraft.models.placement import load_dtype  # noqa: PLC0415
-
-    from skillgraft.models.vet import check_weight_files, vet_folder  # noqa: PLC0415
-
-    vet_folder(path, f"{role} model")  # no code of its own, no pickle that runs code (models/vet.py)
-    check_weight_files(path, f"{role} model")
-    hf_logging, level = quiet_transformers()
-    dtype = load_dtype(None, runtime)  # the run's precision (models/placement.py), else the checkpoint's own
-    try:
-        with torch_fork(0):
-            model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True,
-                                                               **({"dtype": dtype} if dtype is not None else {}))
-    except (OSError, ValueError) as e:
-        first = str(e).splitlines()[0]
-        raise SkillgraftError(f"could not load {role} model {path!r} as a causal LM: {first}") from None
-    finally:
-        hf_logging.set_verbosity(level)
-    missing = sorted(info.get("missing_keys") or [])
-    if missing:
-        raise SkillgraftError(f"the {role} model {path} lacks {len(missing)} tensor(s) the other has, e.g. "
-                              f"{missing[:3]} (a causal LM pair must have the same tensors)")
-    return model.eval()
 
 
 def torch_fork(seed: int):

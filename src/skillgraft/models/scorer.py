@@ -31,7 +31,7 @@ from typing import Literal
 from skillgraft.lazy import F, nn, no_grad, torch
 from skillgraft.data.tasks import Task, get_task, task_from_dict
 from skillgraft.errors import SkillgraftError
-from skillgraft.models.loading import ModelRef, load, load_hf_model
+from skillgraft.models.loading import ModelRef, OpenedModel, Weights, load, load_hf_model
 from skillgraft.models.inputs import ScorerInputs
 from skillgraft.models.logits import head_logits
 from skillgraft.models.templates import word_ids
@@ -351,12 +351,14 @@ def position_limit(model: nn.Module) -> int | None:
     return None
 
 
-def build_scorer(model_name: str | ModelRef | None, task: Task | str, mode: Mode = "head", *,
+def build_scorer(model_name: str | ModelRef | OpenedModel | None, task: Task | str, mode: Mode = "head", *,
                  pooling: Pooling | None = None, max_length: int = MAX_LENGTH, head_seed: int = 0,
-                 dtype: torch.dtype | None = None, runtime=None, tokenizer=None) -> Scorer:
-    """A Scorer for ``task`` from a hub name or local path (None: the bundled MiniLM), or a model reference a run
-    resolved once (:class:`~skillgraft.models.loading.ModelRef`); ``tokenizer``: the model's, when the run loaded it
-    already (a checkpoint pair's, compared before any weights load).
+                 dtype: torch.dtype | None = None, runtime=None, tensors=None) -> Scorer:
+    """A Scorer for ``task`` from a hub name or local path (None: the bundled MiniLM), a model reference a run
+    resolved once (:class:`~skillgraft.models.loading.ModelRef`), or a model the run opened once
+    (:class:`~skillgraft.models.loading.OpenedModel`: a checkpoint pair's, its tokenizer compared before any weights
+    load; its weights loaded here, as the rest of that opening; ``tensors``, with an opened model: a classifier's
+    weights already in memory, which it is built on instead of reading its files: :class:`~skillgraft.models.loading.Weights`).
 
     ``classifier`` mode loads ``AutoModelForSequenceClassification`` with one output per task label (a
     checkpoint without that head gets a new one, carried); ``generative`` loads ``AutoModelForCausalLM``.
@@ -367,9 +369,10 @@ def build_scorer(model_name: str | ModelRef | None, task: Task | str, mode: Mode
         raise SkillgraftError(f"unknown scorer mode {mode!r}; use {', '.join(MODES)}")
     with torch.random.fork_rng(devices=[]):  # CPU only: models load there first
         torch.manual_seed(0)  # weights missing from the checkpoint (e.g. a pooler) initialise the same every time
-        # resolved, its tokenizer and weights: one entry into models/loading.py
-        loaded = load(model_name, LOADS[mode], labels=task.labels, mlm_check=mode == "prompt", dtype=dtype,
-                      runtime=runtime, tokenizer=tokenizer)
+        want = Weights(LOADS[mode], tuple(task.labels), mode == "prompt", dtype, runtime, tensors=tensors)
+        # resolved, its tokenizer and weights: one entry into models/loading.py (or the rest of the model's opening)
+        loaded = model_name.weights(want) if isinstance(model_name, OpenedModel) else load(
+            model_name, want.kind, labels=want.labels, mlm_check=want.mlm_check, dtype=dtype, runtime=runtime)
     if loaded.tied_decoder:
         _tied_warning(loaded.ref.name, 3)  # at build_scorer's caller
     if pooling is None:

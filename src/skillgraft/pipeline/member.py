@@ -46,6 +46,8 @@ class FineTunedFiles:
     base_model: str
     digest: str                          # scorer_digest of the model it was (part of every cache key)
     shapes: dict[str, tuple[int, ...]]   # its parameters' shapes (θ_pre loaded later is checked against them)
+    config: object = None                # its model's config and tokenizer: what writing its head on another body
+    tokenizer: object = None             # needs beside the carried tensors (a merge's classifiers), nothing read back
 
     def __fspath__(self) -> str:
         return str(self.path)

@@ -25,7 +25,7 @@ from skillgraft.errors import SkillgraftError
 from skillgraft.finite import refuse_non_finite_model
 from skillgraft.graft.graft_file import GraftMetadata
 from skillgraft.heap import release_freed_memory
-from skillgraft.models.pair import check_pair, complete_model, model_labels, pair_mode
+from skillgraft.models.pair import check_pair, model_labels, pair_mode
 from skillgraft.models.spec import MAX_LENGTH, ModelSpec
 from skillgraft.pipeline.member import Member, MemberInputs
 from skillgraft.pipeline.store import Store, draw_key
@@ -192,7 +192,8 @@ def is_run_dir(path: str | os.PathLike) -> bool:
 
 def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None, max_length: int = MAX_LENGTH,
               data_dir: str | os.PathLike | None = None, lean: bool = False,
-              share_pre: Callable[[Scorer], Scorer] | None = None, runtime=None, refs=None) -> Member:
+              share_pre: Callable[[Scorer], Scorer] | None = None, runtime=None, opened=None,
+              pre_tensors=None) -> Member:
     """A Member from two Hugging Face checkpoints and the data to localize and evaluate on.
 
     ``pretrained`` (A) and ``finetuned`` (B) are hub names or folders saved by plain transformers (B may
@@ -208,15 +209,17 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
 
     ``share_pre`` (a :class:`~skillgraft.pipeline.workbench.Workbench`'s ``share``): θ_pre goes through it (its
     parameters become the bench's θ_pre): loaded first, then θ_ft; or, lean, when it loads (after θ_ft's release).
+    ``pre_tensors`` (a classifier pair; :meth:`Workbench.pre_tensors`): θ_pre's weights already in memory, which its
+    classifier is built on (its new head drawn as loading draws it) instead of reading A's files again.
 
     ``runtime``: the run's placement, passed down from its verb: every model of the pair is placed there as it loads;
-    ``refs``: the two models' references when the verb resolved them and checked the pair already (``merge``), else
-    resolved and checked here once.
+    ``opened``: the two models when the verb opened them and checked the pair already (``merge``), else opened
+    (:func:`~skillgraft.models.loading.open_model`: each model's one entry into loading) and checked here once.
     """
     from skillgraft.data.sampling import FewShotData  # noqa: PLC0415
     from skillgraft.data.spec import UserDataSpec  # noqa: PLC0415
     from skillgraft.models.anatomy import check_compatible  # noqa: PLC0415
-    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+    from skillgraft.models.loading import Weights, open_model  # noqa: PLC0415
     from skillgraft.models.scorer import build_scorer  # noqa: PLC0415
 
     if is_run_dir(finetuned):
@@ -224,23 +227,23 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
             raise SkillgraftError(f"{finetuned} is a skillgraft run directory: it grafts on its own task data "
                                   "(drop --data)")
         return from_run(finetuned, data_dir=data_dir, test_limit=getattr(data, "test_limit", None), runtime=runtime)
-    given, refs = refs, []  # each model resolved once (here, or by the verb), then passed down (ModelRef)
+    given, models = opened, []  # each model opened once (here, or by the verb), then passed down (OpenedModel)
     for i, (name, role) in enumerate(((pretrained, "--pretrained"), (finetuned, "--finetuned"))):
         if name is None:
             raise SkillgraftError(f"{role} is required for a checkpoint pair")
         try:
-            refs.append(given[i] if given else model_reference(name))  # a path that does not exist is refused here
+            models.append(given[i] if given else open_model(name))  # a path that does not exist is refused here
         except SkillgraftError as e:
             raise SkillgraftError(f"{role}: {e}") from None
-    pre_ref, ft_ref = refs
+    pre_model, ft_model = models
+    pre_ref, ft_ref = pre_model.ref, ft_model.ref
     user = isinstance(data, UserDataSpec) and data.data is not None
     mode = pair_mode(finetuned, user and data.generative, mode, ref=ft_ref)
     if mode == "head":
         raise SkillgraftError("--mode head adds a new random head: a checkpoint pair has no head to carry; use "
                               "classifier (the fine-tuned model's own head), prompt, causal or generative")
-    # before any weights load (by the verb that resolved the references: merge's check_inputs); the two tokenizers
-    # compared are handed down to the loads
-    tokenizers = check_pair(pretrained, finetuned, refs=refs) if given is None else (None, None)
+    if given is None:  # before any weights load (else by the verb that opened the models: merge's check_inputs)
+        check_pair(pretrained, finetuned, opened=models)  # the tokenizers compared are the ones the models load with
     if user:
         if data.generative != (mode == "generative"):
             raise SkillgraftError(f"--mode {mode} needs {'prompt→completion' if mode == 'generative' else 'labelled'} "
@@ -266,19 +269,15 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
     if mode in ("causal", "generative"):
         from skillgraft.models.scorer import Scorer  # noqa: PLC0415
 
-        def causal(ref, role: str) -> Scorer:
-            tokenizer = tokenizers[0] if ref is pre_ref else tokenizers[1]
-            if tokenizer is None:
-                from skillgraft.models.loading import load_tokenizer  # noqa: PLC0415
-
-                tokenizer = load_tokenizer(ref.path)
-            return Scorer(complete_model(ref.path, mode, role, runtime), tokenizer, task, mode,
-                          pooling="last", max_length=max_length, base_model=ref.name, runtime=runtime)
+        def causal(model, role: str) -> Scorer:  # its weights: the rest of the model's opening
+            loaded = model.weights(Weights("causal", runtime=runtime, role=role))
+            return Scorer(loaded.model, loaded.tokenizer, task, mode, pooling="last", max_length=max_length,
+                          base_model=loaded.ref.name, runtime=runtime)
 
         def load_pre() -> Scorer:  # deferred: A's files were checked for non-finite values before any work
             from skillgraft.graft.identity import fingerprint_from_files  # noqa: PLC0415
 
-            pre = causal(pre_ref, "pre-trained")
+            pre = causal(pre_model, "pre-trained")
             # what the store keys and grafts need of θ_pre's identity, read from A's files: a memory-mapped model's
             # pages stay untouched until the work reads them (most of the embedding matrix never is)
             fingerprint_from_files(pre, pre_ref.path)
@@ -289,20 +288,20 @@ def from_pair(pretrained: str, finetuned: str, data, *, mode: str | None = None,
         if lean:  # θ_pre loads later: its weights are still checked before any work, slice by slice
             refuse_non_finite_files(pre_ref.path, f"--pretrained {pretrained}")
         if share_pre is not None and not lean:  # θ_pre first, shared: the old one is freed before θ_ft loads
-            pre = share_pre(causal(pre_ref, "pre-trained"))
-            ft = causal(ft_ref, "fine-tuned")
+            pre = share_pre(causal(pre_model, "pre-trained"))
+            ft = causal(ft_model, "fine-tuned")
         else:
-            ft = causal(ft_ref, "fine-tuned")
-            pre = None if lean else causal(pre_ref, "pre-trained")
+            ft = causal(ft_model, "fine-tuned")
+            pre = None if lean else causal(pre_model, "pre-trained")
         deferred = (load_pre if share_pre is None else lambda: share_pre(load_pre())) if lean else None
     else:
         if share_pre is not None:  # θ_pre first, shared: the old one is freed before θ_ft loads
-            pre = share_pre(build_scorer(pre_ref, task, mode, max_length=max_length, runtime=runtime,
-                                         tokenizer=tokenizers[0]))
-            ft = build_scorer(ft_ref, task, mode, max_length=max_length, runtime=runtime, tokenizer=tokenizers[1])
+            pre = share_pre(build_scorer(pre_model, task, mode, max_length=max_length, runtime=runtime,
+                                         tensors=pre_tensors if mode == "classifier" else None))
+            ft = build_scorer(ft_model, task, mode, max_length=max_length, runtime=runtime)
         else:
-            ft = build_scorer(ft_ref, task, mode, max_length=max_length, runtime=runtime, tokenizer=tokenizers[1])
-            pre = build_scorer(pre_ref, task, mode, max_length=max_length, runtime=runtime, tokenizer=tokenizers[0])
+            ft = build_scorer(ft_model, task, mode, max_length=max_length, runtime=runtime)
+            pre = build_scorer(pre_model, task, mode, max_length=max_length, runtime=runtime)
         if mode == "classifier" and ft.carried - pre.carried:
             raise SkillgraftError(f"the fine-tuned checkpoint {finetuned} lacks tensors of its own classifier: "
                                   f"{sorted(ft.carried - pre.carried)[:3]}")

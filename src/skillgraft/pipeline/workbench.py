@@ -138,6 +138,14 @@ class Workbench:
         release_freed_memory()
         return pre
 
+    def pre_tensors(self) -> dict[str, torch.Tensor] | None:
+        """θ_pre's weights by their names in its model (each task's own head aside), when loaded: a later member's
+        θ_pre classifier is built on them (``from_pair(pre_tensors=…)``), so θ_pre is read from its files once."""
+        if self.pre is None or self.pre_state != PreState.LOADED:
+            return None
+        carried = set(carried_names(self.pre))
+        return {name: t for name, t in self.pre.model.state_dict().items() if "model." + name not in carried}
+
     def release_pre(self) -> None:
         """Drop θ_pre's tensors (shared by every member's θ_pre; each task's own head aside) until the next member's
         θ_pre gives them back (:meth:`share`): a lean member then loads, scores and releases its θ_ft with no θ_pre
@@ -219,7 +227,8 @@ class Workbench:
         # its digest, part of every cache key, computed while θ_ft is in memory (a lean member's θ_pre loads later)
         digest = member.identity()["finetuned"] if member.pre_state == PreState.LOADED else scorer_digest(ft)
         member.ft = FineTunedFiles(folder or member.inputs.ft_dir, ft.base_model, digest,
-                                   {n: tuple(p.shape) for n, p in ft.named_parameters()})
+                                   {n: tuple(p.shape) for n, p in ft.named_parameters()},
+                                   getattr(ft.model, "config", None), ft.tokenizer)
         gone = weakref.ref(ft)
         del ft
         member.state = state

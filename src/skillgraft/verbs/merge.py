@@ -127,15 +127,16 @@ MergeSpec = create_model("MergeSpec", __base__=(MergeSettings, *[type(m).Options
 
 # ---------------------------------------------------------------------------------------------- one model
 def open_member(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None, lean: bool = False,
-                runtime=None, refs=None) -> Member:
+                runtime=None, opened=None, pre_tensors=None) -> Member:
     """θ_pre, θ_ft and the rows of one model: train (localize), dev (grid choice), test (report). ``lean``: θ_pre
-    loads later (:meth:`Workbench.load_pre`), when a causal pair allows it (``from_pair``). The member returned is a
-    new one holding the narrowed inputs (nothing is written into the one ``from_pair`` made)."""
+    loads later (:meth:`Workbench.load_pre`), when a causal pair allows it (``from_pair``); ``opened`` and
+    ``pre_tensors``: as ``from_pair`` takes them. The member returned is a new one holding the narrowed inputs
+    (nothing is written into the one ``from_pair`` made)."""
     from skillgraft.data.sampling import eval_subset  # noqa: PLC0415
     from skillgraft.pipeline.opening import from_pair  # noqa: PLC0415
 
     member = from_pair(pretrained, m.finetuned, m.data, mode=spec.mode, max_length=spec.max_length,
-                       share_pre=share_pre, lean=lean, runtime=runtime, refs=refs)
+                       share_pre=share_pre, lean=lean, runtime=runtime, opened=opened, pre_tensors=pre_tensors)
     data = member.data
     train = data.train
     if m.dev_data is not None:
@@ -160,7 +161,7 @@ def open_member(pretrained: str, m: ModelInput, spec: MergeSpec, share_pre=None,
                                                                   graft_metadata=metadata))
 
 
-def check_data(inputs: list[ModelInput], spec: MergeSpec, mode: str, refs: dict | None = None) -> None:
+def check_data(inputs: list[ModelInput], spec: MergeSpec, mode: str, opened: dict | None = None) -> None:
     """Read every model's data (its --data, --eval-data and --dev-data) before any model loads, as
     :func:`open_member` will: a bad file of the second model is refused before the first one is localized."""
     from skillgraft.models.pair import model_labels  # noqa: PLC0415
@@ -168,7 +169,8 @@ def check_data(inputs: list[ModelInput], spec: MergeSpec, mode: str, refs: dict 
     for m in inputs:
         if m.data is None or m.data.data is None:
             continue
-        labels = model_labels(m.finetuned, ref=(refs or {}).get(m.finetuned)) if mode == "classifier" else None
+        model = (opened or {}).get(m.finetuned)
+        labels = model_labels(m.finetuned, ref=model and model.ref) if mode == "classifier" else None
         loaded = m.data.load(labels)
         if labels is not None and len(labels) != loaded.task.num_labels:
             raise SkillgraftError(f"the fine-tuned classifier {m.finetuned} has {len(labels)} outputs but its data "
@@ -279,8 +281,8 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
     localize = resolve_once(spec.localizer, localize)  # the command line's, or resolved here: before any work
     check_keep(spec, inputs, localize)
     out = check_target(out, overwrite, merge_inputs(pretrained, inputs, store))
-    mode, refs = check_inputs(pretrained, inputs, spec)  # each model resolved once, its reference passed down
-    check_data(inputs, spec, mode, refs)  # every model's rows, before the first model loads
+    mode, opened = check_inputs(pretrained, inputs, spec)  # each model opened once, then passed down
+    check_data(inputs, spec, mode, opened)  # every model's rows, before the first model loads
     from skillgraft.pipeline.memory_plan import plan_localization  # noqa: PLC0415
 
     # one θ_ft at a time (lean when its localizer reads files): fits, with candidates auto resolved, or one line
@@ -302,12 +304,13 @@ def merge_models(pretrained: str, inputs: list[ModelInput], spec: MergeSpec, loc
         work = Path(work)
         reads_files = get_localizer(spec.localizer).reads_files
         for m in tqdm(inputs, desc="load, score, localize", unit="model", disable=not progress):  # one θ_ft at a time
-            bench.release_pre()  # the member's θ_pre gives the tensors back (share): loaded later when lean
+            if mode != "classifier":  # a classifier's θ_pre is built on the bench's tensors: read from its files once
+                bench.release_pre()  # the member's θ_pre gives the tensors back (share): loaded later when lean
             # a keep search scores θ_ft and θ_pre + γ⊙Δ on the same rows: both in memory (as graft --keep)
             lean = (m.graft is not None or reads_files) and spec.keep is None
             member = open_member(pretrained, m, spec, share_pre=bench.share, lean=lean, runtime=runtime,
-                                 refs=(refs[pretrained], refs[m.finetuned]))
-            bench.add(m.name, member, loader=_loader(member, refs[m.finetuned], spec.max_length, runtime))
+                                 opened=(opened[pretrained], opened[m.finetuned]), pre_tensors=bench.pre_tensors())
+            bench.add(m.name, member)
             ft.dev[m.name] = score(member.ft, member.data.dev)
             ft.test[m.name] = score(member.ft, member.test)
             bench.scored(m.name)
@@ -468,16 +471,6 @@ def write_routed_outputs(folder: Path, bench: MergeBench, summary: dict,
         out.update(keep_target=summary["settings"]["keep"], keep_confidence=summary["settings"]["keep_confidence"],
                    keep={n: {**kept[n][1], **k, "bytes": record["tasks"][n]["bytes"]} for n, k in keep.items()})
     return out
-
-
-def _loader(member: Member, finetuned, max_length: int, runtime=None):
-    """Reads a released fine-tuned model back, as ``from_pair`` loaded it (writing the merged classifiers)."""
-    def load():
-        from skillgraft.models.scorer import build_scorer  # noqa: PLC0415
-
-        return build_scorer(finetuned, member.data.task, member.pre.mode, max_length=max_length,
-                            runtime=runtime).eval()
-    return load
 
 
 def run_merge(*, pretrained: str | None, finetuned: list[str], data: list[str], eval_data: list[str],

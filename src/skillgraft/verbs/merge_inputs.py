@@ -157,37 +157,39 @@ def weight_files(path: str, ref=None) -> list[Path]:
 
 
 def check_inputs(pretrained: str, inputs: list[ModelInput], spec) -> tuple[str, dict]:
-    """Refuse, before any weights load, what cannot be merged; returns the scoring mode they share and each model's
-    reference by its name (resolved once here, then passed down: ``from_pair(refs=…)``)."""
-    from skillgraft.models.loading import model_reference  # noqa: PLC0415
+    """Refuse, before any weights load, what cannot be merged; returns the scoring mode they share and each model
+    opened by its name (:func:`~skillgraft.models.loading.open_model`: resolved and its tokenizer loaded once here,
+    then passed down: ``from_pair(opened=…)``)."""
+    from skillgraft.models.loading import open_model  # noqa: PLC0415
     from skillgraft.models.pair import check_pair, pair_mode  # noqa: PLC0415
     from skillgraft.pipeline.opening import is_run_dir  # noqa: PLC0415
     from skillgraft.digest import file_digest  # noqa: PLC0415
 
     try:
-        refs = {pretrained: model_reference(pretrained)}
+        opened = {pretrained: open_model(pretrained)}
     except SkillgraftError as e:
         raise SkillgraftError(f"--pretrained: {e}") from None
     seen: dict[str, str] = {}
-    base_files = weight_files(pretrained, refs[pretrained])
+    base_files = weight_files(pretrained, opened[pretrained].ref)
     if base_files:
         seen[file_digest(base_files)] = f"the --pretrained model {pretrained}"
     modes = {}
     for m in inputs:
         try:
-            ref = refs[m.finetuned] = refs.get(m.finetuned) or model_reference(m.finetuned)
+            model = opened[m.finetuned] = opened.get(m.finetuned) or open_model(m.finetuned)
         except SkillgraftError as e:
             raise SkillgraftError(f"--finetuned: {e}") from None
         if is_run_dir(m.finetuned):
             raise SkillgraftError(f"--finetuned {m.finetuned} is a skillgraft run directory; merge takes Hugging Face "
                                   "checkpoints (export the run's model/ folder, or pass it directly)")
+        ref = model.ref
         files = weight_files(m.finetuned, ref)
         key = file_digest(files) if files else os.path.realpath(ref.path)
         if key in seen:
             raise SkillgraftError(f"--finetuned {m.finetuned} is the same model as {seen[key]} (identical weights): "
                                   "give each fine-tuned model once")
         seen[key] = f"--finetuned {m.finetuned}"
-        check_pair(pretrained, m.finetuned, refs=(refs[pretrained], ref))  # architecture, shapes, vocabulary
+        check_pair(pretrained, m.finetuned, opened=(opened[pretrained], model))  # architecture, shapes, vocabulary
         modes[m.finetuned] = pair_mode(m.finetuned, m.data.generative, spec.mode, ref=ref)
     if len(set(modes.values())) > 1:
         shown = ", ".join(f"{k} → {v}" for k, v in modes.items())
@@ -196,7 +198,7 @@ def check_inputs(pretrained: str, inputs: list[ModelInput], spec) -> tuple[str, 
     if len(prints - {None}) > 1:
         raise SkillgraftError(f"the --grafts were learned on different base models "
                               f"(fingerprints {sorted(prints - {None})})")
-    return next(iter(modes.values())), refs
+    return next(iter(modes.values())), opened
 
 
 def merge_inputs(pretrained: str, inputs: list[ModelInput], store=None) -> dict:

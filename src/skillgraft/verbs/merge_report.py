@@ -3,6 +3,7 @@ task's graft (:func:`write_outputs`), report.md and README.md."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
@@ -152,8 +153,9 @@ def write_grafts(folder: Path, bench) -> None:
 def write_outputs(folder: Path, bench, use) -> None:
     """The merged model (``tasks/<task>/`` or ``model/``) and each task's graft (``grafts/<task>/``); ``use``: each
     task's scorer on the merged body (the written row's :attr:`Scored.reuse`: the stitch, or a mergekit body with
-    the task's own head). A released fine-tuned classifier is read back from its files, one at a time
-    (:meth:`Workbench.finetuned`)."""
+    the task's own head). A classifier is the task's θ_pre scorer (θ_ft's class) holding the merged body, θ_ft's
+    carried head (:attr:`Workbench.heads`) and θ_ft's config and tokenizer, kept when θ_ft was released
+    (:class:`~skillgraft.pipeline.member.FineTunedFiles`): nothing is read back."""
     from skillgraft.models.anatomy import carried_names  # noqa: PLC0415
 
     write_grafts(folder, bench)
@@ -163,15 +165,26 @@ def write_outputs(folder: Path, bench, use) -> None:
             merged.model.save_pretrained(folder / "model")
         pre.tokenizer.save_pretrained(folder / "model")
         return
-    for name in bench.members:
+    for name, member in bench.members.items():
         # the merged body written into the task's own fine-tuned classifier
         with use(name) as merged:
             state = {n: t.detach().clone() for n, t in body_module(merged).state_dict().items()}
-        with bench.finetuned(name) as ft, swapped(body_module(ft), state):
-            ft.model.save_pretrained(folder / "tasks" / name)
-            ft.tokenizer.save_pretrained(folder / "tasks" / name)
-            del ft  # the bench frees this θ_ft at the block's end, before the next task's is read back
+        pre, ft = member.pre, member.ft  # θ_ft released: its FineTunedFiles keep its config and tokenizer
+        config = ft.config if member.released else ft.model.config
+        with swapped(pre, bench.heads[name]), swapped(body_module(pre), state), _config(pre.model, config):
+            pre.model.save_pretrained(folder / "tasks" / name)
+        ft.tokenizer.save_pretrained(folder / "tasks" / name)
         del state
+
+
+@contextlib.contextmanager
+def _config(model, config):
+    """``model`` with ``config`` for the block (a classifier written with its fine-tuned model's config)."""
+    was, model.config = model.config, config
+    try:
+        yield model
+    finally:
+        model.config = was
 
 
 def report_markdown(s: dict, methods: list[MergeMethod]) -> str:
