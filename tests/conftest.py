@@ -179,12 +179,21 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_bert, toy_data):
+def pair(tiny_bert, toy_data, tmp_path_factory):
     """(pre, ft, data): the tiny BERT and its plain-AdamW copy (localizing.adamw_pair); one per module, since a
-    test that breaks its promise to give ``pre`` back intact must not spoil another module's."""
-    from localizing import adamw_pair  # noqa: PLC0415
+    test that breaks its promise to give ``pre`` back intact must not spoil another module's. The training runs once
+    per test run (built_once); each module builds its own two scorers and reads back ft's trained state, the
+    gradients it was left holding and the global RNG state the training left: the same pair, bit for bit."""
+    import torch  # noqa: PLC0415
+    from localizing import adamw_pair, load_pair  # noqa: PLC0415
 
-    return adamw_pair(tiny_bert, toy_data)
+    def build(folder):
+        folder.mkdir()
+        _, ft, _ = adamw_pair(tiny_bert, toy_data)
+        grads = {n: p.grad for n, p in ft.named_parameters() if p.grad is not None}  # the embeddings' (no optimizer)
+        torch.save({"state": ft.state_dict(), "grads": grads, "rng": torch.get_rng_state()}, folder / "ft.pt")
+
+    return load_pair(tiny_bert, toy_data, built_once(tmp_path_factory, "adamw-pair", build) / "ft.pt")
 
 
 @pytest.fixture(scope="session")
