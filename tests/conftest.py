@@ -37,7 +37,8 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 # Figures are built but not rendered: every PNG a verb writes is a 1x1 placeholder (SKILLGRAFT_FIGURES=placeholder,
 # skillgraft.evaluate.plots.save_figure; inherited by the CLI processes tests start). Rendering was ~14 % of the
 # suite's CPU and most tests only check that a figure file is there; a test that looks at a figure's pixels is marked
-# `figures` and renders for real. SKILLGRAFT_FIGURES=png in the environment renders everywhere.
+# `figures` and renders for real (`figures(NAME, …)`: those files only). SKILLGRAFT_FIGURES=png in the environment
+# renders everywhere.
 os.environ.setdefault("SKILLGRAFT_FIGURES", "placeholder")
 
 
@@ -95,9 +96,11 @@ def fixture_store(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def rendered_figures(request, monkeypatch):
-    """A test marked `figures` renders its figures (the suite's default writes placeholders)."""
-    if request.node.get_closest_marker("figures"):
-        monkeypatch.setenv("SKILLGRAFT_FIGURES", "png")
+    """A test marked `figures` renders its figures (the suite's default writes placeholders); `figures(NAME, …)`:
+    only the files whose names match those patterns (the others are placeholders)."""
+    marker = request.node.get_closest_marker("figures")
+    if marker:
+        monkeypatch.setenv("SKILLGRAFT_FIGURES", "png:" + ",".join(marker.args) if marker.args else "png")
 
 
 @pytest.fixture(autouse=True)
