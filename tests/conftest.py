@@ -37,7 +37,8 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 # Figures are built but not rendered: every PNG a verb writes is a 1x1 placeholder (SKILLGRAFT_FIGURES=placeholder,
 # skillgraft.evaluate.plots.save_figure; inherited by the CLI processes tests start). Rendering was ~14 % of the
 # suite's CPU and most tests only check that a figure file is there; a test that looks at a figure's pixels is marked
-# `figures` and renders for real. SKILLGRAFT_FIGURES=png in the environment renders everywhere.
+# `figures` and renders for real (`figures(NAME, …)`: those files only). SKILLGRAFT_FIGURES=png in the environment
+# renders everywhere.
 os.environ.setdefault("SKILLGRAFT_FIGURES", "placeholder")
 
 
@@ -95,9 +96,11 @@ def fixture_store(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def rendered_figures(request, monkeypatch):
-    """A test marked `figures` renders its figures (the suite's default writes placeholders)."""
-    if request.node.get_closest_marker("figures"):
-        monkeypatch.setenv("SKILLGRAFT_FIGURES", "png")
+    """A test marked `figures` renders its figures (the suite's default writes placeholders); `figures(NAME, …)`:
+    only the files whose names match those patterns (the others are placeholders)."""
+    marker = request.node.get_closest_marker("figures")
+    if marker:
+        monkeypatch.setenv("SKILLGRAFT_FIGURES", "png:" + ",".join(marker.args) if marker.args else "png")
 
 
 @pytest.fixture(autouse=True)
@@ -179,12 +182,21 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(scope="module")
-def pair(tiny_bert, toy_data):
+def pair(tiny_bert, toy_data, tmp_path_factory):
     """(pre, ft, data): the tiny BERT and its plain-AdamW copy (localizing.adamw_pair); one per module, since a
-    test that breaks its promise to give ``pre`` back intact must not spoil another module's."""
-    from localizing import adamw_pair  # noqa: PLC0415
+    test that breaks its promise to give ``pre`` back intact must not spoil another module's. The training runs once
+    per test run (built_once); each module builds its own two scorers and reads back ft's trained state, the
+    gradients it was left holding and the global RNG state the training left: the same pair, bit for bit."""
+    import torch  # noqa: PLC0415
+    from localizing import adamw_pair, load_pair  # noqa: PLC0415
 
-    return adamw_pair(tiny_bert, toy_data)
+    def build(folder):
+        folder.mkdir()
+        _, ft, _ = adamw_pair(tiny_bert, toy_data)
+        grads = {n: p.grad for n, p in ft.named_parameters() if p.grad is not None}  # the embeddings' (no optimizer)
+        torch.save({"state": ft.state_dict(), "grads": grads, "rng": torch.get_rng_state()}, folder / "ft.pt")
+
+    return load_pair(tiny_bert, toy_data, built_once(tmp_path_factory, "adamw-pair", build) / "ft.pt")
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,20 @@ def adamw_pair(tiny_bert, toy_data):
     return (*trained_pair(tiny_bert, "head", data, steps=40, dropout=True), data)
 
 
+def load_pair(tiny_bert, toy_data, saved):
+    """:func:`adamw_pair` read back from ``saved``: ft's trained state, the gradients it was left holding and the
+    global RNG state its training left."""
+    data = load_kshot("SST-2", 16, 13, toy_data)
+    pre = build_scorer(str(tiny_bert), "SST-2", "head")
+    ft = build_scorer(str(tiny_bert), "SST-2", "head", head_seed=1)
+    stored = torch.load(saved)
+    ft.load_state_dict(stored["state"])
+    for n, p in ft.named_parameters():
+        p.grad = stored["grads"].get(n)
+    torch.set_rng_state(stored["rng"])
+    return pre, ft.eval(), data
+
+
 def trained_pair(path, mode, data, dtype=None, steps=20, dropout=False):
     """(pre, ft) of any tiny model: ``ft`` moved by ``steps`` plain AdamW steps of 8 rows (embeddings frozen; the
     whole scorer in train mode with ``dropout``, else as it loaded), returned in eval mode."""

@@ -18,11 +18,20 @@ FAST = {"sparsity": 0.01, "steps": 6, "seed": 3, "budgets": [0.005, 0.02], "micr
         "schedule": "fixed", "eval_every": 1}
 
 
-def test_the_fit_share_is_the_regions_score_over_fts_on_the_selection_rows(pair):
+@pytest.fixture(scope="module")
+def fast_run(pair):
+    """(the learned localizer's FAST run on the pair, the model's attributes before it and after it): one run read
+    by the tests below that only look at it."""
     pre, ft, data = pair
     attributes = set(pre.__dict__)
     res = get_localizer("learned").run(pre, ft, data, FAST)
-    assert set(pre.__dict__) == attributes  # the run's tokenized rows are the run's own (RunRows), not the model's
+    return res, attributes, set(pre.__dict__)
+
+
+def test_the_fit_share_is_the_regions_score_over_fts_on_the_selection_rows(pair, fast_run):
+    pre, ft, data = pair
+    res, attributes, after = fast_run
+    assert after == attributes  # the run's tokenized rows are the run's own (RunRows), not the model's
     select = list(data.train) + list(data.dev)  # select_on train+dev (the default)
     ft_score = accuracy(ft, select)
     assert res.reference == {"score": ft_score, "of": "fine-tuned"}
@@ -36,11 +45,12 @@ def test_the_fit_share_is_the_regions_score_over_fts_on_the_selection_rows(pair)
     assert summary["stopped"] == [{"budget": None, "step": FAST["steps"], "why": f"the step cap ({FAST['steps']})"}]
 
 
-def test_from_files_the_fit_is_measured_against_the_whole_universe_graft_and_nothing_else_changes(pair, tmp_path):
+def test_from_files_the_fit_is_measured_against_the_whole_universe_graft_and_nothing_else_changes(pair, fast_run,
+                                                                                                tmp_path):
     pre, ft, data = pair
     ft.save_pretrained(tmp_path / "ft")
     before = snapshot(pre)
-    loaded = get_localizer("learned").run(pre, ft, data, FAST)
+    loaded, _, _ = fast_run  # θ_ft in memory
     lazy = get_localizer("learned").run(pre, str(tmp_path / "ft"), data, FAST)  # θ_ft read from its files
     assert_intact(pre, before)  # θ_pre + Δ was held for the reference, and given back bit for bit
     assert {b: digest(r) for b, r in lazy.regions.items()} == {b: digest(r) for b, r in loaded.regions.items()}
@@ -223,13 +233,13 @@ def test_step_rows_train_dev_takes_each_steps_gradient_from_the_dev_rows_too(pai
         get_localizer(name).run(pre, ft, list(data.train), {**options, "step_rows": "train+dev"})
 
 
-def test_the_fit_is_also_measured_on_the_training_rows_and_the_dev_rows_apart(pair):
+def test_the_fit_is_also_measured_on_the_training_rows_and_the_dev_rows_apart(pair, fast_run):
     """The selection rows' halves: FT and each region scored on the training rows and on the dev rows apart, their
     row-weighted mean the fit's own region score (nothing measured twice differently)."""
     from skillgraft.graft import Graft  # noqa: PLC0415
 
     pre, ft, data = pair
-    res = get_localizer("learned").run(pre, ft, data, FAST)
+    res, _, _ = fast_run
     train, dev = list(data.train), list(data.dev)
     for budget, region in res.regions.items():
         apart = res.fit[budget.key]["apart"]

@@ -41,6 +41,26 @@ def gemma_data(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def converted_gemma(tiny_gemma, tmp_path_factory) -> Path:
+    """A store holding the tiny GGUF's conversion (what a recipe's first use of the file makes): each run below
+    starts from a copy of it, so every run takes the `gemma-3-270m` path — the GGUF file, its converted folder found
+    in the store — without converting the same file again (the conversion itself: tests/test_gemma.py)."""
+    from skillgraft.models.gguf import converted_folder, in_store
+
+    root = tmp_path_factory.mktemp("gemma-store")
+    with in_store(root):
+        converted_folder(tiny_gemma)
+    return root
+
+
+def _store_with_conversion(converted: Path, cache: Path) -> Path:
+    import shutil
+
+    shutil.copytree(converted, cache, symlinks=True)
+    return cache
+
+
 def tiny_overrides(values: dict, model: Path, data: Path) -> dict:
     """The file's settings shrunk: its first data seed, k 4, 4 fine-tuning steps, 8 test (and OOD) examples,
     budgets × SCALE, 2 localizer steps, a Fisher over 4 examples and stability checkpoints within the 4 steps; its
@@ -108,12 +128,15 @@ def test_every_gemma_recipe_validates():
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow if p.stem in _RUN_ELSEWHERE else ())
                                   for p in GEMMA], ids=lambda p: p.stem)
-def test_every_gemma_recipe_runs_tiny(path, tiny_gemma, gemma_data, tmp_path):
+def test_every_gemma_recipe_runs_tiny(path, tiny_gemma, converted_gemma, gemma_data, tmp_path):
     values = yaml.safe_load(path.read_text())
     assert values["model"] == "gemma-3-270m" and values.get("mode", "causal") == "causal"
     over = tiny_overrides(values, tiny_gemma, gemma_data)
     _, spec = load_recipe(path, over)
-    out = run_recipe(path, tmp_path / "run", overrides=over, cache=tmp_path / "cache")
+    cache = _store_with_conversion(converted_gemma, tmp_path / "cache")
+    converted = sorted(cache.glob("gguf-*"))
+    out = run_recipe(path, tmp_path / "run", overrides=over, cache=cache)
+    assert sorted(cache.glob("gguf-*")) == converted  # the conversion was found, not made again
     metrics = json.loads((out / "metrics.json").read_text())
     report = (out / "report.md").read_text()
     rows = metrics["rows"]

@@ -1,5 +1,7 @@
 import json
 
+import math
+
 import pytest
 import torch
 
@@ -51,6 +53,33 @@ def test_region_algebra():
         Region(shapes(), {"b": [4]})
     with pytest.raises(SkillgraftError, match="not in its universe"):
         Region(shapes(), {"c": [0]})
+
+
+def test_region_iou_and_indices_match_the_set_algebra():
+    """iou counts |A ∩ B| by binary search (|A ∪ B| = |A| + |B| − |A ∩ B|): equal to the union and intersection built
+    as regions, on random regions (tensors in one, both or neither); a region's indices are sorted, unique and its
+    own copy whether they came sorted or not."""
+    gen = torch.Generator().manual_seed(0)
+    universe = {"a": (40, 5), "b": (300,), "c": (3,)}
+
+    def draw():
+        out = {}
+        for name, shape in universe.items():
+            if torch.rand(1, generator=gen) < 0.7:
+                n = math.prod(shape)
+                idx = torch.randint(0, n, (int(torch.randint(0, n, (1,), generator=gen)),), generator=gen)
+                out[name] = torch.unique(idx)[::2] if torch.rand(1, generator=gen) < 0.5 else idx
+        return Region(universe, out)
+
+    for _ in range(50):
+        a, b = draw(), draw()
+        assert a.iou(b) == (len(a & b) / len(a | b) if len(a | b) else 0.0)
+        for idx in a.indices.values():
+            assert idx.dtype == torch.long and idx.is_contiguous() and bool((idx[1:] > idx[:-1]).all())
+    given = torch.arange(5)
+    region = Region({"b": (300,)}, {"b": given})
+    given[0] = 9
+    assert region.indices["b"].tolist() == [0, 1, 2, 3, 4]
 
 
 def test_region_save_load(tmp_path):

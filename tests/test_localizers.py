@@ -11,7 +11,12 @@ from skillgraft.graft.localizers import Localizer, LocalizerOptions
 from skillgraft.graft.selection import region_universe, select_streamed
 
 # Options that keep every registered localizer fast on the tiny model.
-FAST = {"learned": {"sparsity": 0.01, "steps": 2}, "fish": {"fisher": {"n_examples": 8}}}
+# A few steps of each learned localizer (their default 50-90 per budget, twice per case, were most of this file): the
+# region's exact size is set by the last step's top-k whatever the step count; prune still anneals to each budget.
+SHORT = {"steps": 4, "eval_every": 2}
+FAST = {"learned": {"sparsity": 0.01, "steps": 2}, "fish": {"fisher": {"n_examples": 8}},
+        **dict.fromkeys(("learned-adam", "learned-saliency", "straight-through", "hard-concrete"), SHORT),
+        "prune": {**SHORT, "steps": 6, "anneal_steps": 4}}
 
 
 # ---------------------------------------------------------------------------------------------- budgets

@@ -218,6 +218,18 @@ def test_solve_k_meets_the_byte_budget():
         assert bigger > 400.0 * 0.98  # the largest k within the budget, to about 1%
 
 
+def test_byte_sizes_are_the_models_bytes():
+    """What solve_k bisects on (T-Switch's without a top-k) is what each method's models count, at every size up to
+    past the nonzero coordinates of a task vector and at a density."""
+    tau = taus(p=4000)
+    tau[1, ::3] = 0  # a task vector with fewer nonzero coordinates than some k below
+    for method in (Tall(), TSwitch(), Emr()):
+        for params in [method.sized(k) for k in (1, 7, 500, 2666, 2667, 2700, 4000)] + [{"density": 0.3}]:
+            if "density" in params and not isinstance(method, TSwitch):
+                continue
+            assert method.byte_sizes(tau, params) == [b for _, _, b in method.models(tau, params)], (method, params)
+
+
 def test_peers_end_to_end(refit_run):
     out, _ = refit_run
     s = json.loads((out / "merge.json").read_text())

@@ -50,7 +50,7 @@ def _png_size(path) -> tuple[int, int]:
 
 def test_the_suites_figures_are_placeholders_unless_a_test_renders(tmp_path, monkeypatch):
     """tests/conftest.py's SKILLGRAFT_FIGURES=placeholder: a figure is built, then written as a 1x1 PNG that reads
-    back (atomically, the figure closed); unset (a user's run), it renders."""
+    back (atomically, the figure closed); png:NAME,… renders those files only; unset (a user's run), it renders."""
     from PIL import Image
 
     import matplotlib.pyplot as plt
@@ -60,6 +60,9 @@ def test_the_suites_figures_are_placeholders_unless_a_test_renders(tmp_path, mon
     with Image.open(path) as im:
         assert im.size == (1, 1)
     assert not plt.get_fignums() and not list(tmp_path.glob(".*tmp"))
+    monkeypatch.setenv("SKILLGRAFT_FIGURES", "png:x.png,d*.png")  # a `figures(NAME, …)` test: those files only
+    assert _png_size(confidence_histogram({"a": p}, tmp_path / "e.png")) == (1, 1)
+    assert _png_size(confidence_histogram({"a": p}, tmp_path / "d1.png")) == (440, 352)
     monkeypatch.delenv("SKILLGRAFT_FIGURES")
     assert _png_size(confidence_histogram({"a": p}, tmp_path / "d.png")) == (440, 352)
 

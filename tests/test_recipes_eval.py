@@ -182,7 +182,7 @@ def test_ood_recipe_tiny(tiny_bert, toy_root, tmp_path):
     assert "imdb acc" in report and "81.5 (0.7)" in report  # Table 3 SST-2 → IMDb grafting, quoted
 
 
-@pytest.mark.figures  # the two WiSE figures are drawn (their size)
+@pytest.mark.figures("wise_*.png")  # the two WiSE figures are drawn (their size); the others: placeholders
 def test_wise_recipe_tiny(tiny_bert, toy_root, tmp_path):
     over = tiny_overrides(tiny_bert, toy_root, seeds=[13], alphas=[0, 0.5, 1], graft_budgets=[0.1],
                           transfers=[{"source": "SST-2", "targets": [{"task": "imdb",

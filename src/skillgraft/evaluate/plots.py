@@ -75,9 +75,11 @@ def save_figure(fig, path: str | os.PathLike, *, layout: bool = True) -> Path:
     """Write a matplotlib figure as PNG atomically (110 dpi) and close it; ``layout``: tight layout first (else the
     caller placed the axes, e.g. with :func:`panel_margins`). ``SKILLGRAFT_FIGURES=placeholder`` (a test-suite
     switch, never a default: tests/conftest.py sets it) writes a 1x1 PNG instead of rendering the figure, which is
-    built all the same: rendering is most of a figure's cost and most tests never look at the pixels."""
+    built all the same: rendering is most of a figure's cost and most tests never look at the pixels.
+    ``SKILLGRAFT_FIGURES=png:NAME,…`` renders only the files whose names match a pattern (placeholders elsewhere)."""
     path = Path(path)
-    if os.environ.get("SKILLGRAFT_FIGURES") == "placeholder":
+    mode = os.environ.get("SKILLGRAFT_FIGURES")
+    if mode == "placeholder" or (mode or "").startswith("png:") and not _named(path.name, mode[4:]):
         with atomic_path(path) as tmp:
             Path(tmp).write_bytes(PLACEHOLDER_PNG)
         plt.close(fig)
@@ -89,3 +91,10 @@ def save_figure(fig, path: str | os.PathLike, *, layout: bool = True) -> Path:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
     return path
+
+
+def _named(name: str, patterns: str) -> bool:
+    from fnmatch import fnmatch  # noqa: PLC0415
+
+    return any(fnmatch(name, p) for p in patterns.split(","))
+

@@ -34,8 +34,9 @@ class Region:
             if name not in self.shapes:
                 raise SkillgraftError(f"region names tensor {name!r} that is not in its universe")
             idx = torch.as_tensor(idx, dtype=torch.long).reshape(-1).cpu()
-            if idx.numel():
-                idx = torch.unique(idx)  # sorted
+            if idx.numel():  # sorted unique: as given when it already is (a copy, as unique makes), else unique's
+                idx = idx.clone(memory_format=torch.contiguous_format) if bool((idx[1:] > idx[:-1]).all()) \
+                    else torch.unique(idx)
                 if idx[0] < 0 or idx[-1] >= numel_of(self.shapes[name]):
                     raise SkillgraftError(f"region indices out of range for {name!r} of shape {self.shapes[name]}")
                 clean[name] = idx
@@ -143,9 +144,15 @@ class Region:
         return len(self & other) / len(other) if len(other) else 0.0
 
     def iou(self, other: Region) -> float:
-        """|A ∩ B| / |A ∪ B| (paper Table 8)."""
-        union = len(self | other)
-        return len(self & other) / union if union else 0.0
+        """|A ∩ B| / |A ∪ B| (paper Table 8); |A ∪ B| = |A| + |B| − |A ∩ B| (no union built)."""
+        self._check(other)
+        both = 0
+        for name, a in self.indices.items():
+            b = other.indices.get(name)  # sorted, unique, never empty (__post_init__): a binary search per index
+            if b is not None:
+                both += int((b[torch.searchsorted(b, a).clamp_(max=len(b) - 1)] == a).sum())
+        union = len(self) + len(other) - both
+        return both / union if union else 0.0
 
     def contains(self, name: str, flat_index: int) -> bool:
         """Whether coordinate ``flat_index`` of tensor ``name`` is in the region."""

@@ -266,11 +266,16 @@ class TaskAware(MergeMethod):
             out.append(s)
         return out
 
+    def byte_sizes(self, tau: torch.Tensor, params: dict) -> list[float]:
+        """Each task's bytes of :meth:`models` at ``params`` (a method whose sizes need less than its models says
+        so: :meth:`solve_k` asks at every step of its bisection)."""
+        return [b for _, _, b in self.models(tau, params)]
+
     def solve_k(self, tau: torch.Tensor, budget: float) -> int:
         """The largest k whose mean bytes per task (less the head) stay within ``budget`` (bisection on a log scale,
         to 1%)."""
         def fits(k: int) -> bool:
-            return float(np.mean([b for _, _, b in self.models(tau, self.sized(k))])) <= budget
+            return float(np.mean(self.byte_sizes(tau, self.sized(k)))) <= budget
 
         lo, hi = 1, int(tau.shape[1])
         if budget <= 0 or not fits(lo):
@@ -323,6 +328,15 @@ class TSwitch(TaskAware):
             mask, alpha = tswitch(t, k)
             n = int(mask.sum())
             out.append((*_sparse(mask, alpha * torch.sign(t)), mask_bytes(n, t.numel()) + -(-n // 8) + 4))
+        return out
+
+    def byte_sizes(self, tau, params):
+        """As :meth:`models` counts them, without a top-k: its mask holds min(k, nonzero |τ_t|) coordinates."""
+        out = []
+        for t in tau:
+            k = max(0, min(int(params.get("k") or int(round(params["density"] * t.numel()))), t.numel()))
+            n = min(k, int((t != 0).sum()))
+            out.append(mask_bytes(n, t.numel()) + -(-n // 8) + 4)
         return out
 
 

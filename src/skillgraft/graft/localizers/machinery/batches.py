@@ -72,16 +72,24 @@ def micro_batches(mine: np.ndarray, micro_batch: int, lockstep: int | None):
 
 
 @no_grad
-def accuracy_on(scorer, examples: list[Example], micro_batch: int, accelerator, lockstep: bool = False) -> float:
-    """Accuracy of ``scorer`` on ``examples`` (sharded over processes, counts summed)."""
+def accuracy_on(scorer, examples: list[Example], micro_batch: int, accelerator, lockstep: bool = False,
+                collated: dict | None = None) -> float:
+    """Accuracy of ``scorer`` on ``examples`` (sharded over processes, counts summed). ``collated``: where the
+    micro-batches are kept between calls scoring the same rows with the same scorer (a trajectory's every scored
+    step and budget), collated and moved once; hits never change a batch."""
     world, rank = accelerator.num_processes, accelerator.process_index
     mine = [examples[i] for i in by_length(examples, np.arange(rank, len(examples), world))]
     correct = torch.zeros(2, device=accelerator.device)
     slots = math.ceil(len(examples) / world) if lockstep else len(mine)
     for start in range(0, slots, micro_batch):
         part = mine[start:start + micro_batch]
-        batch = scorer.collate(part or examples[:1])
-        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+        key = (id(scorer), micro_batch, world, rank, slots, str(accelerator.device), start)
+        batch = None if collated is None else collated.get(key)
+        if batch is None:
+            batch = scorer.collate(part or examples[:1])
+            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+            if collated is not None:
+                collated[key] = batch
         hits, count = batch_hits(scorer, batch)  # labels right (generative: next completion tokens right)
         if part:
             correct[0] += hits

@@ -280,6 +280,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
         still.update(state.get("still", {"moved": True}))  # a state saved before it was kept: as if one moved
         return state["step"]
     lockstep = group.sharded and world > 1  # every process runs every forward (FSDP gathers in each)
+    collated: dict = {}  # the selection rows' micro-batches, collated at the first scoring (accuracy_on)
 
     def score(step: int) -> None:
         row = ScoredStep(step, budgets[0].label if plan.one_budget_each(relax) else None, relax.row())
@@ -288,7 +289,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
             acc = 0.0
             if select:
                 held = layout.hold_choice(masks, relax.absolute)
-                acc = accuracy_on(pre, select, plan.micro_batch, accelerator, lockstep)
+                acc = accuracy_on(pre, select, plan.micro_batch, accelerator, lockstep, collated)
                 layout.release(held, relax.absolute)
                 del held
                 layout.forget()
