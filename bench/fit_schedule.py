@@ -146,12 +146,12 @@ def best_of(runs: list):
     and history with it: the history kept is the first budget's best restart's)."""
     if len(runs) == 1:
         return runs[0]
+    tops = {b: max(runs, key=lambda r: r.best_score[b]) for b in runs[0].regions}  # read before any is changed
     out = runs[0]
-    for b in list(out.regions):
-        top = max(runs, key=lambda r: r.best_score[b])
+    for b, top in tops.items():
         out.regions[b], out.best_step[b], out.best_score[b] = top.regions[b], top.best_step[b], top.best_score[b]
         out.fit[b.key] = top.fit[b.key]
-    out.history = max(runs, key=lambda r: r.best_score[next(iter(r.regions))]).history
+    out.history = next(iter(tops.values())).history
     return out
 
 
