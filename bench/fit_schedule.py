@@ -5,9 +5,14 @@ options), learns the regions of the run's k-shot rows and prints per budget: FT'
 selection rows (the fit share), the step the region came from, where the trajectory stopped and why, and the graft's
 test score ÷ FT's (the share of FT) with carry = test share ÷ fit share, and each graft's score on the k-shot training
 rows and on the dev rows apart beside FT's (FT fits the rows it was trained on, often all of them: the selection rows'
-gap can be memorization). Two objectives beside the scorer's cross-entropy on the gold labels, as levers to try:
-``--objective distill`` (the cross-entropy against FT's own predicted distribution on each row) and ``--pseudo N``
-(N more rows of the task's training pool, none of the k-shot, dev or test rows, labelled by FT's own prediction).
+gap can be memorization). Objectives beside the scorer's cross-entropy on the gold labels, as levers to try:
+``--objective distill`` (the cross-entropy against FT's own predicted distribution on each row), ``--objective focal``
+(each row's cross-entropy times (1 − p_gold)^γ, ``--gamma``), ``--objective hard`` (weight ``--hard-weight`` on the
+rows the smallest budget's region, as last scored, gets wrong and FT gets right; refreshed at every scoring), and
+``--pseudo N`` (N more rows of the task's training pool, none of the k-shot, dev or test rows, labelled by FT's own
+prediction). focal's and hard's row weights are scaled to mean 1 over each micro-batch (focal) or over the step's
+rows (hard), so the step on S keeps its size and only its direction changes. ``--restarts N``: each setting run from N
+seeds (its ``seed``, +1, …), each budget's region the restart that scores best on the selection rows.
 
     OMP_NUM_THREADS=1 python bench/fit_schedule.py --run runs/cache/ft-SST-2-64-42-head-*/run \\
         --budgets 1e-4,1e-3 --setting '{"steps": 100}' --setting '{"schedule": "fit", "steps": 1000}' \\
@@ -31,8 +36,15 @@ def main() -> int:
     ap.add_argument("--test-limit", type=int, default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--progress", action="store_true", help="the localizers' progress bars (on stderr)")
-    ap.add_argument("--objective", choices=["gold", "distill"], default="gold",
-                    help="distill: each step's loss is the cross-entropy against FT's predicted distribution")
+    ap.add_argument("--objective", choices=["gold", "distill", "focal", "hard"], default="gold",
+                    help="distill: each step's loss is the cross-entropy against FT's predicted distribution; focal: "
+                    "each row's CE times (1 − p_gold)^gamma; hard: weight --hard-weight on the rows the region gets "
+                    "wrong and FT right")
+    ap.add_argument("--gamma", type=float, default=2.0, help="focal: the exponent γ of (1 − p_gold)^γ")
+    ap.add_argument("--hard-weight", type=float, default=5.0, help="hard: the weight of a row the region gets wrong "
+                    "and FT right (others 1; then scaled to mean 1)")
+    ap.add_argument("--restarts", type=int, default=1, help="run each setting from this many seeds; keep per budget "
+                    "the restart that scores best on the selection rows")
     ap.add_argument("--pseudo", type=int, default=0, help="this many unused training-pool rows, labelled by FT, "
                     "added to the rows the localizer steps and selects on")
     args = ap.parse_args()
@@ -52,6 +64,11 @@ def main() -> int:
         distill(ft)
     if args.pseudo:
         data = with_pseudo_rows(member, ft, args.pseudo)
+    hard = None
+    if args.objective == "focal":
+        focal(args.gamma)
+    elif args.objective == "hard":
+        hard = HardRows(pre, ft, [*data.train, *(data.dev or [])], args.hard_weight)
     results = []
     for setting in args.setting or ["{}"]:
         name = "learned"
@@ -59,9 +76,23 @@ def main() -> int:
             name, setting = setting.split(":", 1)
         options = {"budgets": args.budgets, **json.loads(setting)}
         t0 = time.perf_counter()
-        loc = get_localizer(name).run(pre, ft, data, options, progress=args.progress)
+        runs = []
+        for r in range(args.restarts):
+            seeded = {**options, "seed": options.get("seed", 0) + r} if args.restarts > 1 else options
+            if hard is not None:
+                hard.reset(len(str(options["budgets"]).split(",")) if not options.get("per_size") else 1)
+            runs.append(get_localizer(name).run(pre, ft, data, seeded, progress=args.progress))
+            if hard is not None:
+                print(f"    hard rows (region wrong, FT right) at each scoring: {hard.counts}", flush=True)
+            if args.restarts > 1:
+                print(f"    restart {r} (seed {seeded['seed']}): " + "; ".join(
+                    f"{b.key}: fit {(runs[-1].fit.get(b.key) or {}).get('share') or 0:.3f} (step "
+                    f"{runs[-1].best_step.get(b)})" for b in runs[-1].regions)
+                    + f"; {time.perf_counter() - t0:.0f} s", flush=True)
+        loc = best_of(runs)
         seconds = time.perf_counter() - t0
-        row = {"localizer": name, "setting": json.loads(setting), "seconds": seconds,
+        row = {"localizer": name, "setting": json.loads(setting), "seconds": seconds, "restarts": args.restarts,
+               "restart_fits": [{b.key: (r.fit.get(b.key) or {}).get("share") for b in r.regions} for r in runs],
                "stopped": loc.stopped, "reference": loc.reference, "budgets": {}}
         for budget, region in loc.regions.items():
             graft = Graft.from_models(pre, ft, region, {})
@@ -87,6 +118,7 @@ def main() -> int:
     if args.out:
         Path(args.out).write_text(json.dumps({"run": args.run, "task": member.task, "k": member.k,
                                               "objective": args.objective, "pseudo": args.pseudo,
+                                              "gamma": args.gamma, "hard_weight": args.hard_weight,
                                               "seed": member.seed, "ft_test": ft_test, "results": results},
                                              indent=1))
     return 0
@@ -107,6 +139,111 @@ def distill(ft) -> None:
         return F.cross_entropy(scorer(**inputs).float(), target, reduction=reduction)
 
     engine.batch_loss = loss
+
+
+def best_of(runs: list):
+    """One localization whose region per budget is the best restart's on the selection rows (its fit, best step
+    and history with it: the history kept is the first budget's best restart's)."""
+    if len(runs) == 1:
+        return runs[0]
+    tops = {b: max(runs, key=lambda r: r.best_score[b]) for b in runs[0].regions}  # read before any is changed
+    out = runs[0]
+    for b, top in tops.items():
+        out.regions[b], out.best_step[b], out.best_score[b] = top.regions[b], top.best_step[b], top.best_score[b]
+        out.fit[b.key] = top.fit[b.key]
+    out.history = next(iter(tops.values())).history
+    return out
+
+
+def focal(gamma: float) -> None:
+    """Every step's loss becomes the focal loss: each row's cross-entropy on its gold label times (1 − p_gold)^γ
+    (Lin et al. 2017), the factor's mean over the micro-batch (held fixed) divided out so the step keeps its size:
+    the rows the graft already gets right with confidence weigh little, the ones it gets wrong much."""
+    import torch.nn.functional as F
+
+    from skillgraft.graft.localizers.machinery import engine
+
+    def loss(scorer, batch, reduction="mean"):
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        logp = F.log_softmax(scorer(**inputs).float(), -1).gather(1, batch["labels"].unsqueeze(1)).squeeze(1)
+        w = (1 - logp.exp()).clamp(min=0).pow(gamma)
+        rows = -w * logp / w.detach().mean().clamp(min=1e-12)
+        return rows.sum() if reduction == "sum" else rows.mean()
+
+    engine.batch_loss = loss
+
+
+class HardRows:
+    """The ``hard`` objective: each step's cross-entropy weighted per row, ``weight`` on the rows (of the step's and
+    selection rows) that the smallest budget's region gets wrong at its last scoring while FT gets them right, 1
+    elsewhere, scaled to mean 1 over the rows. The engine's scoring of a region (``accuracy_on``) is wrapped to read
+    each row's hit; its step batches (``RunRows.batch``) to know which rows a micro-batch holds."""
+
+    def __init__(self, pre, ft, rows: list, weight: float):
+        import torch
+
+        from skillgraft.graft.localizers.machinery import engine
+
+        self.pre, self.rows, self.weight = pre, rows, weight
+        self.ft_right = self._hits(ft, rows)
+        self.per_scoring, self.calls, self.current, self.counts = 1, 0, None, []
+        self.w = {ex: 1.0 for ex in rows}
+        original_accuracy, outer = engine.accuracy_on, self
+
+        def accuracy_on(scorer, examples, micro_batch, accelerator, lockstep=False):
+            if scorer is not outer.pre or lockstep:
+                return original_accuracy(scorer, examples, micro_batch, accelerator, lockstep)
+            hits = outer._hits(scorer, examples, micro_batch)
+            if outer.calls % outer.per_scoring == 0:  # the first budget scored at each scoring: the smallest
+                outer.refresh(hits)
+            outer.calls += 1
+            return sum(hits.values()) / max(1, len(hits))
+
+        class Rows(engine.RunRows):
+            def batch(self, scorer, chunk, device):
+                outer.current = [self.examples[int(i)] for i in chunk]
+                return super().batch(scorer, chunk, device)
+
+        def loss(scorer, batch, reduction="mean"):
+            import torch.nn.functional as F
+
+            inputs = {k: v for k, v in batch.items() if k != "labels"}
+            ce = F.cross_entropy(scorer(**inputs).float(), batch["labels"], reduction="none")
+            w = torch.tensor([outer.w.get(ex, 1.0) for ex in outer.current], dtype=ce.dtype, device=ce.device)
+            rows = w * ce
+            return rows.sum() if reduction == "sum" else rows.mean()
+
+        engine.accuracy_on, engine.RunRows, engine.batch_loss = accuracy_on, Rows, loss
+
+    def reset(self, per_scoring: int) -> None:
+        """A new localization: ``per_scoring`` regions are scored at each scoring (the first one sets the weights)."""
+        self.per_scoring, self.calls, self.counts = per_scoring, 0, []
+        self.w = {ex: 1.0 for ex in self.rows}
+
+    def refresh(self, hits: dict) -> None:
+        raw = {ex: (self.weight if self.ft_right.get(ex) and not hits.get(ex, True) else 1.0) for ex in self.rows}
+        mean = sum(raw.values()) / len(raw)
+        self.w = {ex: v / mean for ex, v in raw.items()}
+        self.counts.append(sum(v != 1.0 for v in raw.values()))
+
+    @staticmethod
+    def _hits(scorer, examples: list, micro_batch: int = 64) -> dict:
+        """Each example's hit (argmax == gold) under ``scorer`` as it is now, in eval mode."""
+        import torch
+
+        out, was = {}, scorer.training
+        scorer.eval()
+        with torch.no_grad():
+            for i in range(0, len(examples), micro_batch):
+                part = examples[i:i + micro_batch]
+                batch = scorer.collate(part)
+                device = next(scorer.parameters()).device
+                inputs = {k: v.to(device) for k, v in batch.items() if k != "labels"}
+                pred = scorer(**inputs).argmax(-1).cpu()
+                for ex, p, y in zip(part, pred, batch["labels"]):
+                    out[ex] = bool(p == y)
+        scorer.train(was)
+        return out
 
 
 def with_pseudo_rows(member, ft, n: int):
