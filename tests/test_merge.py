@@ -37,43 +37,22 @@ READER = textwrap.dedent("""
 """)
 
 
-READ_BACK: list[tuple[str, list[bool]]] = []  # merged: each θ_ft read back, and whether the earlier ones were alive
-
-
 @pytest.fixture(scope="module")
 def merged(classifiers, tmp_path_factory) -> tuple[Path, str]:
-    """``skillgraft merge`` of the two classifiers (mergekit stood in for by :func:`fake_mergekit`); each θ_ft the
-    bench reads back while writing the tasks' models is logged in READ_BACK."""
-    import contextlib
-    import weakref
-
-    from skillgraft.pipeline.workbench import Workbench
-
-    real, earlier = Workbench.finetuned, []
-
-    @contextlib.contextmanager
-    def logged(bench, name):
-        with real(bench, name) as ft:
-            READ_BACK.append((name, [ref() is not None for ref in earlier]))
-            earlier.append(weakref.ref(ft))
-            del ft
-            yield earlier[-1]()
-
+    """``skillgraft merge`` of the two classifiers (mergekit stood in for by :func:`fake_mergekit`)."""
     out = tmp_path_factory.mktemp("merged") / "out"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Workbench, "finetuned", logged)
-        text = cli(*merge_args(classifiers, out, "--localizer", "movement", "--budget", "0.05", "--mergekit",
-                               "ties,task_arithmetic", "--scales", "0.5,1.5", "--densities", "0.5", "--rules",
-                               "average,max-delta,disjoint"), obj={"mergekit_runner": fake_mergekit})
+    text = cli(*merge_args(classifiers, out, "--localizer", "movement", "--budget", "0.05", "--mergekit",
+                           "ties,task_arithmetic", "--scales", "0.5,1.5", "--densities", "0.5", "--rules",
+                           "average,max-delta,disjoint"), obj={"mergekit_runner": fake_mergekit})
     return out, text
 
 
-def test_no_task_model_is_read_back_to_write_the_merged_classifiers(merged):
-    """Writing ``tasks/<task>/`` reads no released θ_ft back (it once read each from its files, one at a time): each
-    task's classifier is its θ_pre scorer holding the merged body, θ_ft's carried head and θ_ft's config and
-    tokenizer, kept when θ_ft was released (the end-to-end tests below check what is written)."""
+def test_each_task_gets_a_merged_classifier(merged):
+    """Writing ``tasks/<task>/`` reads no released θ_ft back (the bench has no way to: each θ_ft's weights are read
+    from its files once, tests/test_run_floors.py::test_a_merge_resolves_each_model_once): each task's classifier is
+    its θ_pre scorer holding the merged body, θ_ft's carried head and θ_ft's config and tokenizer, kept when θ_ft was
+    released (the end-to-end tests below check what is written)."""
     out, _ = merged
-    assert READ_BACK == []
     assert {p.name for p in (out / "tasks").iterdir()} == {"sentiment", "topic"}
 
 

@@ -150,8 +150,7 @@ def test_an_opened_model_holds_no_weights_it_loaded(llama_pair):
 
 
 # the fields of a Member that say where its models are and what was recorded of them (pipeline/member.py)
-MEMBER_STATE = {"state", "pre_state", "probs", "ft_metrics", "inputs", "graft", "head", "load_pre", "ft", "pre",
-                "loader"}
+MEMBER_STATE = {"state", "pre_state", "probs", "ft_metrics", "inputs", "graft", "head", "load_pre", "ft", "pre"}
 
 
 def test_the_workbench_is_the_only_writer_of_member_state():

@@ -56,7 +56,7 @@ def test_a_bench_holds_theta_pre_once_and_releases_each_member(classifier_pair, 
     members = []
     for name in ("a", "b"):
         member = from_pair(str(base), str(ft), UserDataSpec(data=str(data)), share_pre=bench.share)
-        bench.add(name, member, loader=lambda s=member: build_scorer(str(ft), s.data.task, "classifier"))
+        bench.add(name, member)
         members.append(member)
         assert bench.states[name] == "loaded" and bench.members[name].pre_state == PreState.LOADED
         bench.scored(name)
@@ -68,9 +68,6 @@ def test_a_bench_holds_theta_pre_once_and_releases_each_member(classifier_pair, 
     second = dict(members[1].pre.named_parameters())
     assert all(second[n] is dict(bench.pre.named_parameters())[n] for n in body)  # θ_pre in memory once
     assert bench.heads["a"] and all(torch.is_tensor(t) for t in bench.heads["a"].values())
-    with bench.finetuned("b") as model:  # read back from its files for the block
-        assert dict(model.named_parameters())[next(iter(bench.heads["b"]))].shape == next(iter(
-            bench.heads["b"].values())).shape
 
 
 def test_releasing_a_member_frees_its_model_without_a_full_collection(classifier_pair, monkeypatch):
@@ -84,7 +81,7 @@ def test_releasing_a_member_frees_its_model_without_a_full_collection(classifier
     base, ft, data = classifier_pair
     bench = Workbench()
     member = from_pair(str(base), str(ft), UserDataSpec(data=str(data)), share_pre=bench.share)
-    bench.add("a", member, loader=lambda: build_scorer(str(ft), member.data.task, "classifier"))
+    bench.add("a", member)
     model = weakref.ref(member.ft)
     collections = []
     monkeypatch.setattr(gc, "collect", lambda *a: collections.append(a) or 0)
@@ -101,10 +98,6 @@ def test_releasing_a_member_frees_its_model_without_a_full_collection(classifier
     mine, theirs = dict(second.pre.named_parameters()), dict(bench.pre.named_parameters())
     assert all(mine[n] is theirs[n] for n in mine if n not in set(carried_names(second.pre)))
     assert copies and all(ref() is None for ref in copies) and collections == []
-    with bench.finetuned("a") as again:  # read back, then dropped the same way
-        back = weakref.ref(again)
-        del again
-    assert back() is None and collections == []
     bench.release_pre()  # θ_pre's tensors dropped (one collection): the next θ_pre gives its tensors back first
     collections.clear()
     copies.clear()

@@ -5,8 +5,8 @@ where its models are changes, and the member's :class:`MemberState` is the one r
 
     loaded    θ_ft in memory; FT not scored yet
     scored    θ_ft in memory and FT's scores recorded (``probs`` / ``ft_metrics``)
-    released  θ_ft dropped: ``ft`` is a :class:`FineTunedFiles` and its head (the carried tensors) stays;
-              :meth:`~skillgraft.pipeline.workbench.Workbench.finetuned` reads it back whole
+    released  θ_ft dropped: ``ft`` is a :class:`FineTunedFiles` (its files, config and tokenizer) and its head (the
+              carried tensors) stays
     lazy      released to files that hold exactly the loaded θ_ft (checked): a ``reads_files`` localizer and
               ``Graft.from_models`` read it tensor by tensor, as they did the model
 
@@ -98,7 +98,7 @@ class MemberState(str, Enum):
 
     LOADED = "loaded"      # in memory, FT not scored yet
     SCORED = "scored"      # in memory, FT's scores recorded
-    RELEASED = "released"  # dropped: its checkpoint files, read back whole by the member's loader
+    RELEASED = "released"  # dropped: its checkpoint files, what was kept of it (head, config, tokenizer) beside
     LAZY = "lazy"          # dropped: files holding exactly θ_ft, read tensor by tensor
 
     @property
@@ -140,7 +140,6 @@ class Member:
     probs: dict[str, np.ndarray] = field(default_factory=dict)  # FT's probabilities per evaluation set
     ft_metrics: dict[str, dict] = field(default_factory=dict)   # FT's metrics per evaluation set
     head: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
-    loader: Callable | None = field(default=None, repr=False)
     graft: object | None = None
     _identity: dict | None = field(default=None, repr=False)
 

@@ -1,7 +1,7 @@
 """A Workbench: one θ_pre and N fine-tuned members, each a :class:`~skillgraft.pipeline.member.Member` with one
 explicit, typed state (:class:`~skillgraft.pipeline.member.MemberState`), changed here only: :meth:`Workbench.record`
 (FT's scores on a set: ``scored``), :meth:`Workbench.scored`, :meth:`Workbench.release` (θ_ft dropped to its checkpoint
-files, its head kept; :meth:`Workbench.finetuned` reads it back whole) and :meth:`Workbench.release_to_files`
+files, its head, config and tokenizer kept) and :meth:`Workbench.release_to_files`
 (``lazy``: files holding exactly θ_ft, read tensor by tensor); a member's graft is set by :meth:`Workbench.set_graft`.
 θ_pre has a state too (:class:`~skillgraft.pipeline.member.PreState`): ``deferred`` for a lean pair until
 :meth:`Workbench.load_pre`, then ``loaded``, or ``released`` when :meth:`Workbench.release_pre` dropped its tensors.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,15 +167,14 @@ class Workbench:
         bench.add(member.name, member)
         return bench
 
-    def add(self, name: str, member: Member, loader: Callable | None = None) -> Member:
+    def add(self, name: str, member: Member) -> Member:
         """``member`` on the bench as ``name``, in the state it was made in (``loaded``, or ``scored`` when FT's
-        scores are recorded: :meth:`record`); ``loader()`` reads its θ_ft back after it is released
-        (:meth:`finetuned`). The first member's θ_pre, when loaded, is the bench's (a later one's is shared through
-        :meth:`share`)."""
+        scores are recorded: :meth:`record`). The first member's θ_pre, when loaded, is the bench's (a later one's is
+        shared through :meth:`share`)."""
         if self.pre is None and member.pre_state == PreState.LOADED:
             self.pre, self.pre_state = member.pre, PreState.LOADED
         params = dict(member.ft.named_parameters())
-        member.name, member.loader = name, loader
+        member.name = name
         member.head = {n: params[n].detach().clone() for n in carried_names(member.ft)}
         self.members[name] = member
         return member
@@ -248,20 +247,4 @@ class Workbench:
             return False
         self.release(name, folder, state=MemberState.LAZY)
         return True
-
-    @contextlib.contextmanager
-    def finetuned(self, name: str) -> Iterator[object]:
-        """Member ``name``'s θ_ft: the loaded one, or read back from its files for the block (then dropped)."""
-        member = self.members[name]
-        if not member.released:
-            yield member.ft
-            return
-        ft = member.loader()  # placed by the runtime the verb gave its loader
-        try:
-            yield ft
-        finally:
-            gone = weakref.ref(ft)
-            del ft
-            collect_if_alive(gone)
-            release_freed_memory()
 
