@@ -113,3 +113,87 @@ def start_main(args: list, stderr_file: Path, env: dict | None = None, rlimit_fs
             sys.stderr.flush()
             os._exit(code)
     return Child(pid)
+
+
+class Launched:
+    """What :func:`launch_ranks` gives back, as ``subprocess.run`` would: the exit code (0 when every rank exited 0,
+    else the first failing rank's code, or 128+N for signal N) and the ranks' stderr, rank 0's first."""
+
+    def __init__(self, returncode: int, stderr: str):
+        self.returncode, self.stderr = returncode, stderr
+
+
+def launch_ranks(config: Path, port: int, script: Path, args: list, env: dict, folder: Path) -> Launched:
+    """``accelerate launch --config_file CONFIG --main_process_port PORT SCRIPT ARGS`` with ``env`` added (a None
+    value: that variable removed), its ranks
+    forked from this process (their imports shared: a launch costs no interpreter start) where that is safe, else
+    (:func:`must_spawn`) the real launcher. Each rank's environment is what Accelerate's own launcher prepares
+    (``prepare_multi_gpu_env``) plus torchrun's rank variables; as torchrun does, once one rank fails the others are
+    stopped. The ranks' stderr is kept in ``folder``."""
+    args = [str(a) for a in args]
+    launch = ["--config_file", str(config), "--main_process_port", str(port), str(script), *args]
+    if must_spawn():
+        return subprocess.run([sys.executable, "-m", "accelerate.commands.launch", *launch], capture_output=True,
+                              text=True, env=_with(os.environ, env), timeout=600)
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    parsed, _, _ = _validate_launch_command(launch_command_parser().parse_args(launch))
+    base = _with(prepare_multi_gpu_env(parsed), env)
+    world = int(parsed.num_processes)
+    logs = [folder / f".rank{rank}.stderr" for rank in range(world)]
+    children = {}
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:  # a rank: never returns into pytest
+            code = 70
+            try:
+                os.environ.clear()
+                os.environ.update(base, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                                  LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                                  MASTER_PORT=str(port))
+                os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+                os.dup2(os.open(logs[rank], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+                sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+                from accelerate.state import AcceleratorState
+
+                AcceleratorState._reset_state(reset_partial_state=True)  # what an earlier test of this worker left
+                sys.argv = [str(script), *args]
+                import runpy
+
+                try:
+                    runpy.run_path(str(script), run_name="__main__")
+                    code = 0
+                except SystemExit as e:
+                    code = e.code if isinstance(e.code, int) else 1
+                except BaseException:  # noqa: BLE001 - shown in the assertion (os._exit would drop the traceback)
+                    import traceback
+
+                    traceback.print_exc()
+                    code = 1
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        children[pid] = rank
+    returncode, deadline = 0, time.monotonic() + 600
+    while children:
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if not done:
+                continue
+            del children[pid]
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+            if code and not returncode:  # torchrun's rule: one rank failed, the others are stopped
+                returncode = code
+                for other in children:
+                    os.kill(other, signal.SIGTERM)
+        if children and time.monotonic() > deadline:
+            returncode = returncode or 124
+            for other in children:
+                os.kill(other, signal.SIGKILL)
+        time.sleep(0.01)
+    return Launched(returncode, "".join(log.read_text() for log in logs))
+
+
+def _with(environ, env: dict) -> dict:
+    return {k: v for k, v in {**environ, **env}.items() if v is not None}

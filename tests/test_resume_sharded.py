@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from localizing import free_port, trained_pair
+from processes import launch_ranks
 
 from skillgraft.data import load_kshot
 from skillgraft.graft import LocalizeConfig, localize
@@ -97,14 +98,13 @@ acc.end_training()
 """
 
 
-def _launch(script: Path, *args, crash: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SKILLGRAFT_CHECKPOINT_SECONDS": "0", "OMP_NUM_THREADS": "1"}
-    env.pop("SKILLGRAFT_CRASH_AT", None)
-    if crash:
-        env["SKILLGRAFT_CRASH_AT"] = f"file-written:{crash}"  # rank 1 SIGKILLs itself, its file not yet in place
-    return subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIG),
-                           "--main_process_port", str(free_port()), str(script), *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=600)
+def _launch(script: Path, *args, crash: str | None = None):
+    """`accelerate launch --config_file configs/fsdp2-cpu.yaml SCRIPT ARGS`, its two ranks forked from this worker
+    (processes.launch_ranks: Accelerate's own environment for them; no interpreter start per rank)."""
+    env = {"SKILLGRAFT_CHECKPOINT_SECONDS": "0", "OMP_NUM_THREADS": "1",
+           # rank 1 SIGKILLs itself, its file not yet in place
+           "SKILLGRAFT_CRASH_AT": f"file-written:{crash}" if crash else None}
+    return launch_ranks(CONFIG, free_port(), script, list(args), env, script.parent)
 
 
 def _same(a: dict, b: dict) -> bool:
