@@ -68,10 +68,11 @@ class Child:
             self.wait()
 
 
-def start_main(args: list, stderr_file: Path, env: dict | None = None, rlimit_fsize: int | None = None) -> Child:
-    """Start ``skillgraft.cli.main`` with ``args`` in another process (its stdout dropped, its stderr in
-    ``stderr_file``, ``env`` added to its environment, files it writes limited to ``rlimit_fsize`` bytes: a full
-    disk's twin), forked where that is safe and spawned after CUDA (:func:`must_spawn`); returns at once."""
+def start_main(args: list, stderr_file: Path, env: dict | None = None, rlimit_fsize: int | None = None,
+               stdout_file: Path | None = None) -> Child:
+    """Start ``skillgraft.cli.main`` with ``args`` in another process (its stderr in ``stderr_file``, its stdout in
+    ``stdout_file`` or dropped, ``env`` added to its environment, files it writes limited to ``rlimit_fsize`` bytes: a
+    full disk's twin), forked where that is safe and spawned after CUDA (:func:`must_spawn`); returns at once."""
     import resource
 
     args = [str(a) for a in args]
@@ -81,26 +82,38 @@ def start_main(args: list, stderr_file: Path, env: dict | None = None, rlimit_fs
             resource.setrlimit(resource.RLIMIT_FSIZE, (rlimit_fsize, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
     if must_spawn():
-        with open(stderr_file, "w") as err:
-            proc = subprocess.Popen([sys.executable, "-c", SPAWNED, *args], stdout=subprocess.DEVNULL, stderr=err,
+        with open(stderr_file, "w") as err, open(stdout_file or os.devnull, "w") as out:
+            proc = subprocess.Popen([sys.executable, "-c", SPAWNED, *args], stdout=out, stderr=err,
                                     env={**os.environ, **(env or {})}, preexec_fn=limit)
         return Child(proc.pid, proc)
+
+    def main():
+        limit()
+        sys.argv = ["skillgraft", *args]
+        from skillgraft.cli import main
+
+        main()
+
+    return fork_call(main, stderr_file, env, stdout_file)
+
+
+def fork_call(fn, stderr_file: Path, env: dict | None = None, stdout_file: Path | None = None) -> Child:
+    """``fn()`` in a child forked from this process (its imports shared: no interpreter start), ``env`` added to its
+    environment, its stderr in ``stderr_file`` and its stdout in ``stdout_file`` (or dropped); the child's exit code
+    is fn's SystemExit code, 0 when it returns, 1 (its traceback in stderr) when it raises. Returns at once."""
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         code = 70
         try:
             os.environ.update(env or {})
-            out = os.open(os.devnull, os.O_WRONLY)
+            out = os.open(stdout_file or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             err = os.open(stderr_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(out, 1)
             os.dup2(err, 2)
-            limit()
-            sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
-            sys.argv = ["skillgraft", *args]
-            from skillgraft.cli import main
-
+            sys.stdout = open(1, "w", closefd=False, buffering=1)
+            sys.stderr = open(2, "w", closefd=False, buffering=1)
             try:
-                main()
+                fn()
                 code = 0
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else 1
@@ -110,6 +123,7 @@ def start_main(args: list, stderr_file: Path, env: dict | None = None, rlimit_fs
                 traceback.print_exc()
                 code = 1
         finally:
+            sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
     return Child(pid)
@@ -197,3 +211,23 @@ def launch_ranks(config: Path, port: int, script: Path, args: list, env: dict, f
 
 def _with(environ, env: dict) -> dict:
     return {k: v for k, v in {**environ, **env}.items() if v is not None}
+
+
+def run_console_script(name: str, args: list, env: dict, stderr_file: Path) -> int:
+    """The installed command ``name`` (a console script, e.g. mergekit-yaml) with ``args``: its entry point run as
+    its script runs it (``sys.exit(main())``), forked from this process (its imports shared) where that is safe,
+    else (:func:`must_spawn`) the script itself. Its exit code; its stderr in ``stderr_file``."""
+    args = [str(a) for a in args]
+    if must_spawn():
+        with open(stderr_file, "w") as err:
+            return subprocess.run([str(Path(sys.executable).with_name(name)), *args], stdout=subprocess.DEVNULL,
+                                  stderr=err, env={**os.environ, **env}).returncode
+    from importlib.metadata import entry_points
+
+    (point,) = entry_points(group="console_scripts", name=name)
+
+    def script():
+        sys.argv = [name, *args]
+        sys.exit(point.load()())
+
+    return fork_call(script, stderr_file, env).wait()

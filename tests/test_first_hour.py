@@ -352,16 +352,15 @@ def test_graft_logged_to_a_file_and_the_figures_its_report_shows_first(ft_run, t
 
 # ------------------------------------------------------------- 6. mergekit with a classifier adapter, as documented
 def _mergekit(config: str, tmp_path, name: str, *extra):
-    import subprocess
-    import sys
-    from pathlib import Path
+    """``mergekit-yaml CONFIG OUT EXTRA…``: mergekit's own command (pinned in requirements.lock), forked from this
+    worker (processes.run_console_script: its entry point, no interpreter start)."""
+    from processes import run_console_script
 
-    exe = Path(sys.executable).with_name("mergekit-yaml")
-    assert exe.is_file(), "mergekit is in requirements.lock: run `make setup`"
     (tmp_path / f"{name}.yml").write_text(config)
-    r = subprocess.run([str(exe), str(tmp_path / f"{name}.yml"), str(tmp_path / name), *extra], capture_output=True,
-                       text=True, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
-    assert r.returncode == 0, r.stderr[-2000:]
+    err = tmp_path / f"{name}.stderr"
+    code = run_console_script("mergekit-yaml", [tmp_path / f"{name}.yml", tmp_path / name, *extra],
+                              {"HF_HUB_OFFLINE": "1"}, err)
+    assert code == 0, err.read_text()[-2000:]
     return tmp_path / name
 
 

@@ -171,15 +171,14 @@ def test_sigterm_from_outside_during_graft_leaves_nothing(ft_run, toy_data, tmp_
     out, store = tmp_path / "g", tmp_path / "store"
     args = graft_args(ft_run, toy_data, out, store)
     args[args.index("--steps") + 1] = "400"  # long enough to be caught mid-localization
-    proc = subprocess.Popen([sys.executable, "-m", "skillgraft.cli", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    err = tmp_path / "stderr.txt"
+    child = start_main(args, err, {"OMP_NUM_THREADS": "1"})  # the real entry point, forked: no interpreter start
     deadline = time.monotonic() + 300
-    while proc.poll() is None and time.monotonic() < deadline and not leftovers(tmp_path):
+    while not child.ended() and time.monotonic() < deadline and not leftovers(tmp_path):
         time.sleep(0.01)
-    assert proc.poll() is None, f"finished before its report folder was seen: {proc.communicate()[1][-2000:]}"
-    proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=300)
-    interrupted_ok(proc.returncode, stderr, sig, "graft")
+    assert not child.ended(), f"finished before its report folder was seen: {err.read_text()[-2000:]}"
+    os.kill(child.pid, sig)
+    interrupted_ok(child.wait(), err.read_text(), sig, "graft")
     assert not out.exists() and leftovers(tmp_path) == []
     assert not store.exists() or leftovers(store) == []
 

@@ -118,8 +118,10 @@ def test_auto_lean_graft_runs_and_reports_its_plan(llama_pair, toy_data, tmp_pat
     assert "## Memory plan" in (out / "report.md").read_text()
 
 
-def test_rlimit_as_is_what_is_free(llama_pair, toy_data, tmp_path):
-    """In a subprocess under RLIMIT_AS (ulimit -v), the plan reads the address space left and refuses the graft."""
+def test_rlimit_as_is_what_is_free(llama_pair, toy_data, tmp_path, monkeypatch):
+    """In a child process under RLIMIT_AS (ulimit -v), the plan reads the address space left and refuses the graft."""
+    from processes import fork_call, must_spawn
+
     a, b = llama_pair
     script = textwrap.dedent(f"""
         import os, resource, sys
@@ -138,12 +140,18 @@ def test_rlimit_as_is_what_is_free(llama_pair, toy_data, tmp_path):
         print("EXIT", r.exit_code, repr(r.exception))
         print(r.output)
     """)
-    env = {k: v for k, v in __import__("os").environ.items() if k != "SKILLGRAFT_FREE_MEMORY"}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-    assert "FREE" in done.stdout, done.stderr[-2000:]
-    free_line = next(l for l in done.stdout.splitlines() if l.startswith("FREE"))
+    monkeypatch.delenv("SKILLGRAFT_FREE_MEMORY", raising=False)
+    if must_spawn():
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        said, err = done.stdout, done.stderr
+    else:  # forked from this worker: the imports are there already (the script's are no-ops), no interpreter start
+        out, err_file = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+        fork_call(lambda: exec(script, {}), err_file, stdout_file=out).wait()
+        said, err = out.read_text(), err_file.read_text()
+    assert "FREE" in said, err[-2000:]
+    free_line = next(l for l in said.splitlines() if l.startswith("FREE"))
     assert "RLIMIT_AS" in free_line and int(free_line.split()[1]) <= 4 * 2**20
-    assert "EXIT 2" in done.stdout and "not enough memory" in done.stdout, done.stdout[-2000:]
+    assert "EXIT 2" in said and "not enough memory" in said, said[-2000:]
     assert not (tmp_path / "r").exists()
 
 

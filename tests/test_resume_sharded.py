@@ -6,10 +6,7 @@ not resumed from (one line each) and the loop starts over."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -17,12 +15,10 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from processes import start_main
 from routing import CAUSAL_SKILLS, skill_rows, write_routed_folder
 
 openai = pytest.importorskip("openai")
-
-START = "import sys; from skillgraft.cli import main; sys.argv = ['skillgraft', *sys.argv[1:]]; main()"
-
 
 def _with_router(folder):
     from skillgraft.graft.routed import RoutedSkills, attach_router
@@ -34,33 +30,28 @@ def _with_router(folder):
 
 @pytest.fixture(scope="module")
 def server(tiny_models, tmp_path_factory):
-    """`skillgraft serve` in a child process on a free port (its address read from its ready line); stopped by
-    SIGTERM at the end, which must drain the request in flight and exit 0."""
+    """`skillgraft serve` in a child process on a free port (its address read from its ready line: stdout), forked
+    from this worker (processes.start_main: the real entry point, no interpreter start); stopped by SIGTERM at the
+    end, which must drain the request in flight and exit 0."""
     root = tmp_path_factory.mktemp("serve")
     folder = _with_router(write_routed_folder(tiny_models["llama"], root / "routed", "causal", CAUSAL_SKILLS,
                                               count=2000, scale=1.0))
-    log = open(root / "stderr.txt", "w")
-    proc = subprocess.Popen([sys.executable, "-c", START, "serve", str(folder), "--port", "0", "--device", "cpu",
-                             "--max-body-bytes", "4096", "--max-rows", "16"], stdout=subprocess.PIPE, stderr=log,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
+    out = root / "stdout.txt"
+    proc = start_main(["serve", folder, "--port", "0", "--device", "cpu", "--max-body-bytes", "4096", "--max-rows", 16],
+                      root / "stderr.txt", {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}, stdout_file=out)
     deadline = time.monotonic() + 180
     url = None
     while url is None:
-        url = next((w.rstrip("/") for line in list(lines) for w in line.split() if w.startswith("http://")), None)
-        if proc.poll() is not None or time.monotonic() > deadline:
+        url = next((w.rstrip("/") for w in out.read_text().split() if w.startswith("http://")), None) \
+            if out.is_file() else None
+        if proc.ended() or time.monotonic() > deadline:
             proc.kill()
             raise AssertionError(f"no server: {(root / 'stderr.txt').read_text()[-2000:]}")
-        time.sleep(0.1)
+        time.sleep(0.05)
     try:
-        yield url, proc, lines
+        yield url, proc, out
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(30)
-        log.close()
+        proc.kill()
 
 
 def _client(url):
@@ -133,7 +124,7 @@ def test_bad_requests_get_json_errors_with_the_status_a_client_expects(server):
 
 
 def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(server):
-    url, proc, lines = server
+    url, proc, out = server
     client = _client(url)
     prompts = skill_rows(8, 11)["topic"]
     done: dict = {}
@@ -147,13 +138,12 @@ def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(server):
     t = threading.Thread(target=long_request)
     t.start()
     time.sleep(0.5)  # the request is being generated
-    proc.send_signal(signal.SIGTERM)
+    os.kill(proc.pid, signal.SIGTERM)
     t.join(120)
     assert "e" not in done, done.get("e")
     assert len(done["r"].choices) == 8
-    assert proc.wait(60) == 0
-    time.sleep(0.2)
-    assert any("stopped by SIGTERM" in line for line in lines), lines
+    assert proc.wait() == 0
+    assert "stopped by SIGTERM" in out.read_text(), out.read_text()
     with pytest.raises(openai.APIConnectionError):  # gone: no new connections
         client.models.list()
 
