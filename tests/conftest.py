@@ -131,6 +131,17 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
     return folder
 
 
+@pytest.fixture(scope="session")
+def clean_python(tmp_path_factory):
+    """An interpreter that never imported skillgraft, forking a child per program (tests/clean.py): what a fresh
+    ``python -c`` would do, without paying torch's and transformers' imports per test."""
+    from clean import CleanPython  # noqa: PLC0415
+
+    clean = CleanPython(tmp_path_factory.mktemp("clean-python"))
+    yield clean
+    clean.close()
+
+
 TINY_KINDS = ("bert", "roberta", "gpt2", "llama", "llama3", "qwen3", "gemma3")
 
 

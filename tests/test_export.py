@@ -508,14 +508,14 @@ READER = textwrap.dedent("""
 """)
 
 
-def test_fresh_interpreter_reads_the_adapter_without_skillgraft(tiny_models, tmp_path):
+def test_fresh_interpreter_reads_the_adapter_without_skillgraft(tiny_models, tmp_path, clean_python):
     from safetensors.torch import load_file
 
     pre, graft = make_graft(tiny_models["llama"], "causal")
     s = export_peft(graft, pre, tmp_path / "adapter")
     assert s["routes"]["shira"]["peft_type"] == "SUPERTUNING"  # auto: the fewer bytes for this graft
-    subprocess.run([sys.executable, "-c", READER, str(tiny_models["llama"]), str(tmp_path / "adapter"),
-                    str(tmp_path / "read.safetensors")], check=True, capture_output=True, cwd=tmp_path)
+    clean_python.run(READER, tiny_models["llama"], tmp_path / "adapter", tmp_path / "read.safetensors", cwd=tmp_path,
+                     check=True)
     read = load_file(str(tmp_path / "read.safetensors"))
     ids = torch.arange(5, 26).view(3, 7)
     ref, _ = grafted_outputs(pre, graft, ids, torch.ones_like(ids))

@@ -7,8 +7,6 @@ label sets, tiny Llama SFT pairs); the merged checkpoint is read back with plain
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -159,12 +157,11 @@ def test_merge_classifiers_end_to_end(classifiers, merged):
         f"strength λ = {s['headline']['stitch_scale']:g}" in (out / "README.md").read_text()
 
 
-def test_merged_checkpoint_reads_without_skillgraft(classifiers, merged):
+def test_merged_checkpoint_reads_without_skillgraft(classifiers, merged, clean_python):
     """A fresh interpreter with transformers only (no skillgraft import) computes the merged model written."""
     out, _ = merged
     texts = ["the news said football today", "a good film", "market said"]
-    r = subprocess.run([sys.executable, "-c", READER, str(out), "topic", json.dumps(texts)], capture_output=True,
-                       text=True, check=True)
+    r = clean_python.run(READER, out, "topic", json.dumps(texts), check=True)
     read = json.loads(r.stdout)
     assert read["labels"] == ["money", "sport", "vote"]
     assert (torch.tensor(read["logits"]) - written_topic(classifiers, out, texts)).abs().max() <= 1e-5

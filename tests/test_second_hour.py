@@ -84,16 +84,10 @@ assert "skillgraft.cli" not in " ".join(sys.modules)
 """
 
 
-def test_the_python_api_logs_one_line_per_phase_as_the_cli_does(tiny_bert, tmp_path):
+def test_the_python_api_logs_one_line_per_phase_as_the_cli_does(tiny_bert, tmp_path, clean_python):
     """A library call with a progress bar, in a fresh interpreter that never imported the CLI, with stderr a file:
     one line for the phase, no carriage-return refresh per batch (before: the CLI alone installed the line mode)."""
-    import subprocess
-    import sys
-
-    log = tmp_path / "log"
-    with open(log, "w") as err:
-        subprocess.run([sys.executable, "-c", API_PROGRESS, str(tiny_bert)], stderr=err, check=True, timeout=300)
-    text = log.read_text()
+    text = clean_python.run(API_PROGRESS, tiny_bert, check=True).stderr
     lines = [x for x in text.splitlines() if x.startswith("predict")]
     assert "\r" not in text and len(lines) == 1 and "20/20" in lines[0], text
 
