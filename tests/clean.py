@@ -1,10 +1,11 @@
 """A Python interpreter that never imported skillgraft, for the tests that read what skillgraft wrote as a user's own
 tools would (plain transformers / peft / safetensors) or call the library from a program that never touched the CLI.
 
-Starting a fresh interpreter per such test paid torch's and transformers' imports each time (≈ 5 s). Instead one
-*clean* interpreter per pytest worker imports those libraries once, and nothing of skillgraft, and forks a child per
-program: each child starts as a fresh interpreter would after those imports (skillgraft not in ``sys.modules``), runs
-the program as ``python -c CODE ARGS…`` runs it, and exits."""
+Starting a fresh interpreter per such test paid torch's and transformers' imports each time (≈ 5 s). Instead each
+pytest worker, before it collects any test (so before anything imports skillgraft), imports those libraries — which
+its tests need anyway — and forks a *clean* process (:func:`fork_clean`) that waits for programs. For each program the
+clean process forks a child that starts as a fresh interpreter would after those imports (skillgraft not in
+``sys.modules``), runs the program as ``python -c CODE ARGS…`` runs it, and exits."""
 
 from __future__ import annotations
 
@@ -15,48 +16,51 @@ import sys
 import threading
 from pathlib import Path
 
-ZYGOTE = r"""
-import json, os, sys, traceback
-import torch, transformers, peft, safetensors.torch  # the readers' libraries, imported once
-assert not any(m.startswith("skillgraft") for m in sys.modules)
-for line in sys.stdin:
-    job = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        code = 70
-        try:
-            os.chdir(job["cwd"])
-            os.environ.clear()
-            os.environ.update(job["env"])
-            for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
-                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-            sys.stdout = open(1, "w", closefd=False)
-            sys.stderr = open(2, "w", closefd=False)
-            sys.argv = ["-c", *job["args"]]
-            try:
-                exec(compile(job["code"], "<string>", "exec"), {"__name__": "__main__"})
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 1
-            except BaseException:
-                traceback.print_exc()
-                code = 1
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    print(os.waitstatus_to_exitcode(status), flush=True)
-"""
+
+def _serve(jobs: int, results: int) -> None:
+    """The clean process: a job per line on ``jobs`` (JSON), the exit code of its program per line on ``results``."""
+    import traceback
+
+    assert not any(m.startswith("skillgraft") for m in sys.modules), "the clean interpreter imported skillgraft"
+    with os.fdopen(jobs) as lines, os.fdopen(results, "w") as said:
+        for line in lines:
+            job = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                code = 70
+                try:
+                    os.chdir(job["cwd"])
+                    os.environ.clear()
+                    os.environ.update(job["env"])
+                    for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
+                        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+                    sys.stdout = open(1, "w", closefd=False)
+                    sys.stderr = open(2, "w", closefd=False)
+                    sys.argv = ["-c", *job["args"]]
+                    try:
+                        exec(compile(job["code"], "<string>", "exec"), {"__name__": "__main__"})
+                        code = 0
+                    except SystemExit as e:
+                        code = e.code if isinstance(e.code, int) else 1
+                    except BaseException:  # noqa: BLE001 - the program's traceback, as python -c prints it
+                        traceback.print_exc()
+                        code = 1
+                finally:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            said.write(f"{os.waitstatus_to_exitcode(status)}\n")
+            said.flush()
 
 
 class CleanPython:
-    """``run(code, *args)``: ``python -c CODE ARGS…`` in a child of the clean interpreter; a CompletedProcess."""
+    """``run(code, *args)``: ``python -c CODE ARGS…`` in a child of the clean process; a CompletedProcess."""
 
-    def __init__(self, folder: Path):
-        self.folder, self.count, self.lock = folder, 0, threading.Lock()
-        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=os.environ.copy())
+    def __init__(self, pid: int, jobs: int, results: int):
+        self.pid, self.count, self.lock = pid, 0, threading.Lock()
+        self.jobs, self.results = os.fdopen(jobs, "w"), os.fdopen(results)
+        self.folder: Path | None = None
 
     def run(self, code: str, *args, cwd: Path | None = None, env: dict | None = None,
             check: bool = False) -> subprocess.CompletedProcess:
@@ -65,11 +69,11 @@ class CleanPython:
             out, err = self.folder / f"{self.count}.stdout", self.folder / f"{self.count}.stderr"
             job = {"code": code, "args": [str(a) for a in args], "cwd": str(cwd or os.getcwd()),
                    "env": {**os.environ, **(env or {})}, "stdout": str(out), "stderr": str(err)}
-            self.proc.stdin.write(json.dumps(job) + "\n")
-            self.proc.stdin.flush()
-            said = self.proc.stdout.readline()
+            self.jobs.write(json.dumps(job) + "\n")
+            self.jobs.flush()
+            said = self.results.readline()
             if not said:
-                raise RuntimeError(f"the clean interpreter ended (exit {self.proc.wait()})")
+                raise RuntimeError("the clean interpreter ended")
         done = subprocess.CompletedProcess(["python", "-c", code, *job["args"]], int(said), out.read_text(),
                                            err.read_text())
         if check and done.returncode:
@@ -77,5 +81,39 @@ class CleanPython:
         return done
 
     def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(60)
+        self.jobs.close()
+        self.results.close()
+        os.waitpid(self.pid, 0)
+
+
+def fork_clean() -> CleanPython:
+    """Fork the clean process from this one, which must not have imported skillgraft (its readers' libraries
+    imported first: the child shares them). The child keeps only its two pipes (not pytest's or xdist's files)."""
+    import peft  # noqa: F401
+    import safetensors.torch  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    jobs_r, jobs_w = os.pipe()
+    results_r, results_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            keep = {0, 1, 2, jobs_r, results_w}
+            for fd in map(int, os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ()):
+                if fd not in keep:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            _serve(jobs_r, results_w)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(jobs_r)
+    os.close(results_w)
+    return CleanPython(pid, jobs_w, results_r)

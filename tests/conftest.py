@@ -31,6 +31,10 @@ def pytest_collection(session):
         import torch  # noqa: PLC0415
 
         torch.set_num_threads(int(os.environ.get("SKILLGRAFT_TEST_THREADS", "1")))
+        if hasattr(os, "fork") and "skillgraft" not in sys.modules:  # before any test module imports skillgraft
+            from clean import fork_clean  # noqa: PLC0415
+
+            session.config._clean_python = fork_clean()
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -132,12 +136,14 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
 
 
 @pytest.fixture(scope="session")
-def clean_python(tmp_path_factory):
+def clean_python(request, tmp_path_factory):
     """An interpreter that never imported skillgraft, forking a child per program (tests/clean.py): what a fresh
-    ``python -c`` would do, without paying torch's and transformers' imports per test."""
-    from clean import CleanPython  # noqa: PLC0415
+    ``python -c`` would do, without paying torch's and transformers' imports per test. Forked before collection
+    (pytest_collection), or here where that did not happen."""
+    from clean import fork_clean  # noqa: PLC0415
 
-    clean = CleanPython(tmp_path_factory.mktemp("clean-python"))
+    clean = getattr(request.config, "_clean_python", None) or fork_clean()
+    clean.folder = tmp_path_factory.mktemp("clean-python")
     yield clean
     clean.close()
 
