@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restore", default=None, metavar="RECORDS", help=(
         "first put back into the store what a cell's records (bench/gemma_records.py's folder) hold whole: its "
         "screened grid points (scores only: their weights were dropped) and its zero-shot scores — a new machine "
-        "then skips them; an entry the store has, or whose record's key is not the stage's, is left as it is"))
+        "then skips them; an entry the store has, or whose record's key is not the stage's, is left as it is; and "
+        "each cell's fine-tuning, once done or found, is set beside its record's test score and checkpoint"))
     args = ap.parse_args(argv)
 
     from skillgraft.models.gguf import in_store
@@ -109,6 +110,10 @@ def cells(entry, spec, store, tasks: list[str], args) -> int:
                                        runtime=active())
             t2 = time.perf_counter()
             stamp(f"{task} seed {seed}: full fine-tuning {t2 - t1:.0f} s → {run_dir}")
+            if args.restore:
+                said = against_record(Path(args.restore), run_dir)
+                if said:
+                    stamp(f"{task} seed {seed}: {said}")
             if args.finetune_only:
                 zs = zero_shot(spec, store, data)
                 ft = read_json(run_dir / "metrics.json", what="fine-tuning metrics")
@@ -121,6 +126,35 @@ def cells(entry, spec, store, tasks: list[str], args) -> int:
             run_spec(entry, cell, out, overwrite=True)
             stamp(f"{task} seed {seed}: grafts and rows {time.perf_counter() - t2:.0f} s → {out}/report.md")
     return 0
+
+
+def against_record(records: Path, run_dir: Path) -> str | None:
+    """A fine-tuning checked against its record (issue 74: re-fine-tuned where the store is gone): the record of the
+    same store key (``records/<entry>/run/metrics.json``, bench/gemma_records.py's folder) beside this run's test
+    score and chosen checkpoint, in one line; None without a record. Another machine or thread count repeats a
+    fine-tuning's computation, not its last bits: over thousands of SGD steps the runs part, and the dev split may
+    then choose another checkpoint, so the line says how far apart the two are (two proportions' z)."""
+    import math
+
+    record = records / run_dir.parent.name / "run" / "metrics.json"
+    if not record.is_file():
+        return None
+    old = read_json(record, what="a record")
+    new = read_json(run_dir / "metrics.json", what="fine-tuning metrics")
+    a, b = new["test"]["score"], old["test"]["score"]
+    n, m = new["test"].get("n"), old["test"].get("n")
+    here = f"FT test {a:.4g} (best dev {new['best_dev']:.4g} at step {new['best_step']:,})"
+    if (a, new["best_step"], new["best_dev"]) == (b, old["best_step"], old["best_dev"]):
+        return f"{here}: its record's, exactly ({record.parent.parent})"
+    z = ""
+    if n and m and new["test"].get("accuracy") == a:  # a proportion: the difference's z, pooled
+        p = (a * n + b * m) / (n + m)
+        if 0 < p < 1:
+            z = f", z {(a - b) / math.sqrt(p * (1 - p) * (1 / n + 1 / m)):+.1f} ({n:,} / {m:,} rows)"
+    return (f"{here} against its record's {b:.4g} ({old['best_dev']:.4g} at step {old['best_step']:,}): "
+            f"{100 * (a - b):+.1f} points{z} — not the recorded fine-tuning (a re-run: another machine or thread "
+            f"count repeats its computation, not its last bits), so this cell's shares are of this FT "
+            f"({record.parent.parent})")
 
 
 def zero_shot_stage(spec, data) -> tuple[str, dict, str]:

@@ -244,6 +244,40 @@ def test_the_bench_runner_restores_a_new_stores_grid_and_zero_shot_from_the_reco
     assert runner.main([*args, "--override", again, "--finetune-only"]) == 0  # the chosen run trains, and opens
 
 
+def test_the_bench_runner_checks_a_new_fine_tuning_against_its_record(tiny_gemma, data, tmp_path, capsys):
+    """Issue 74 (4): where the store is gone the cell fine-tunes again; with --restore its test score and checkpoint
+    are set beside the record of the same key, in one line: the same figures ("exactly"), or how far apart."""
+    import sys
+
+    sys.path.insert(0, str(RECIPE.parents[1]))
+    import gemma_paper_schedule as runner
+    import gemma_records
+
+    over = {**overrides(tiny_gemma, data, {"batch_sizes": [2], "lrs": [1e-2], "steps": 2, "eval_every": 1,
+                                           "test_limit": 4}), "cache_dir": str(tmp_path / "old")}
+    args = [str(RECIPE), "--out", str(tmp_path / "runs"), "--finetune-only", "--tasks", "SST-2", "--seeds", "13"]
+    assert runner.main([*args, "--override", json.dumps(over)]) == 0
+    gemma_records.keep(tmp_path / "old", tmp_path / "records")
+    new = [*args, "--override", json.dumps({**over, "cache_dir": str(tmp_path / "new")}), "--restore",
+           str(tmp_path / "records")]
+    capsys.readouterr()
+    assert runner.main(new) == 0
+    said = [x for x in capsys.readouterr().out.splitlines() if "its record's" in x]
+    assert len(said) == 1 and ": its record's, exactly" in said[0], said  # this machine, same threads: same bits
+    record = next((tmp_path / "records").glob("ft-SST-2-*")) / "run" / "metrics.json"
+    old = json.loads(record.read_text())
+    other = 0.25 if old["test"]["score"] != 0.25 else 0.75  # a proportion strictly inside (0, 1): a z is defined
+    record.write_text(json.dumps({**old, "best_step": old["best_step"] + 100,
+                                  "test": {**old["test"], "score": other, "accuracy": other}}))
+    shutil.rmtree(tmp_path / "new")
+    assert runner.main(new) == 0
+    said = [x for x in capsys.readouterr().out.splitlines() if "its record's" in x]
+    got = json.loads(next((tmp_path / "new").glob("ft-SST-2-*/run/metrics.json")).read_text())["test"]["score"]
+    assert len(said) == 1 and f"against its record's {other:.4g} (" in said[0]
+    assert f"{100 * (got - other):+.1f} points" in said[0]
+    assert "not the recorded fine-tuning" in said[0] and ", z " in said[0]
+
+
 def test_the_bench_runner_runs_every_stage_under_the_recipes_placement(tiny_gemma, data, tmp_path, monkeypatch):
     """The grid, the full fine-tuning and the zero-shot scores run under the recipe's device and precision (as its
     grafts do under `skillgraft run`): on a GPU machine they compute there, and a bf16-mixed stage is keyed as one."""
