@@ -152,8 +152,8 @@ def against_record(records: Path, run_dir: Path) -> str | None:
         if 0 < p < 1:
             z = f", z {(a - b) / math.sqrt(p * (1 - p) * (1 / n + 1 / m)):+.1f} ({n:,} / {m:,} rows)"
     return (f"{here} against its record's {b:.4g} ({old['best_dev']:.4g} at step {old['best_step']:,}): "
-            f"{100 * (a - b):+.1f} points{z} — not the recorded fine-tuning (a re-run: another machine or thread "
-            f"count repeats its computation, not its last bits), so this cell's shares are of this FT "
+            f"{100 * (a - b):+.1f} points{z} — not the recorded fine-tuning (a re-run: another machine, thread count or "
+            f"version of the code repeats its computation, not its last bits), so this cell's shares are of this FT "
             f"({record.parent.parent})")
 
 
