@@ -264,15 +264,18 @@ def test_the_bench_runner_checks_a_new_fine_tuning_against_its_record(tiny_gemma
     assert runner.main(new) == 0
     said = [x for x in capsys.readouterr().out.splitlines() if "its record's" in x]
     assert len(said) == 1 and ": its record's, exactly" in said[0], said  # this machine, same threads: same bits
-    record = next((tmp_path / "records").glob("ft-SST-2-*")) / "run" / "metrics.json"
-    old = json.loads(record.read_text())
-    other = 0.25 if old["test"]["score"] != 0.25 else 0.75  # a proportion strictly inside (0, 1): a z is defined
-    record.write_text(json.dumps({**old, "best_step": old["best_step"] + 100,
-                                  "test": {**old["test"], "score": other, "accuracy": other}}))
+    for record in (tmp_path / "records").glob("ft-SST-2-*/run/metrics.json"):  # the chosen run's and the grid's
+        old = json.loads(record.read_text())
+        other = 0.25 if old["test"]["score"] != 0.25 else 0.75  # a proportion strictly inside (0, 1): a z is defined
+        record.write_text(json.dumps({**old, "best_step": old["best_step"] + 100,
+                                      "test": {**old["test"], "score": other, "accuracy": other}}))
     shutil.rmtree(tmp_path / "new")
     assert runner.main(new) == 0
     said = [x for x in capsys.readouterr().out.splitlines() if "its record's" in x]
-    got = json.loads(next((tmp_path / "new").glob("ft-SST-2-*/run/metrics.json")).read_text())["test"]["score"]
+    chosen = next(p for p in (tmp_path / "new").glob("ft-SST-2-*/run") if (p / "model").is_dir())
+    got = json.loads((chosen / "metrics.json").read_text())["test"]["score"]
+    other = json.loads((tmp_path / "records" / chosen.parent.name / "run" / "metrics.json").read_text())["test"][
+        "score"]  # the chosen run's record, as made above
     assert len(said) == 1 and f"against its record's {other:.4g} (" in said[0]
     assert f"{100 * (got - other):+.1f} points" in said[0]
     assert "not the recorded fine-tuning" in said[0] and ", z " in said[0]
