@@ -18,39 +18,23 @@ from pathlib import Path
 
 
 def _serve(jobs: int, results: int) -> None:
-    """The clean process: a job per line on ``jobs`` (JSON), the exit code of its program per line on ``results``."""
-    import traceback
+    """The clean process: a job per line on ``jobs`` (JSON), the exit code of its program per line on ``results``
+    (-N: ended by signal N, as subprocess reports it)."""
+    from processes import fork_call
 
     assert not any(m.startswith("skillgraft") for m in sys.modules), "the clean interpreter imported skillgraft"
     with os.fdopen(jobs) as lines, os.fdopen(results, "w") as said:
         for line in lines:
             job = json.loads(line)
-            pid = os.fork()
-            if pid == 0:
-                code = 70
-                try:
-                    os.chdir(job["cwd"])
-                    os.environ.clear()
-                    os.environ.update(job["env"])
-                    for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
-                        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-                    sys.stdout = open(1, "w", closefd=False)
-                    sys.stderr = open(2, "w", closefd=False)
-                    sys.argv = ["-c", *job["args"]]
-                    try:
-                        exec(compile(job["code"], "<string>", "exec"), {"__name__": "__main__"})
-                        code = 0
-                    except SystemExit as e:
-                        code = e.code if isinstance(e.code, int) else 1
-                    except BaseException:  # noqa: BLE001 - the program's traceback, as python -c prints it
-                        traceback.print_exc()
-                        code = 1
-                finally:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                    os._exit(code)
-            _, status = os.waitpid(pid, 0)
-            said.write(f"{os.waitstatus_to_exitcode(status)}\n")
+
+            def program(job=job):
+                os.chdir(job["cwd"])
+                os.environ.clear()
+                os.environ.update(job["env"])
+                sys.argv = ["-c", *job["args"]]
+                exec(compile(job["code"], "<string>", "exec"), {"__name__": "__main__"})
+
+            said.write(f"{fork_call(program, Path(job['stderr']), stdout_file=Path(job['stdout'])).wait()}\n")
             said.flush()
 
 

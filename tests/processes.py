@@ -156,55 +156,38 @@ def launch_ranks(config: Path, port: int, script: Path, args: list, env: dict, f
     base = _with(prepare_multi_gpu_env(parsed), env)
     world = int(parsed.num_processes)
     logs = [folder / f".rank{rank}.stderr" for rank in range(world)]
-    children = {}
-    for rank in range(world):
-        pid = os.fork()
-        if pid == 0:  # a rank: never returns into pytest
-            code = 70
-            try:
-                os.environ.clear()
-                os.environ.update(base, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                                  LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
-                                  MASTER_PORT=str(port))
-                os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-                os.dup2(os.open(logs[rank], os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
-                sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
-                from accelerate.state import AcceleratorState
 
-                AcceleratorState._reset_state(reset_partial_state=True)  # what an earlier test of this worker left
-                sys.argv = [str(script), *args]
-                import runpy
+    def rank_main(rank: int):
+        def main():
+            os.environ.clear()
+            os.environ.update(base, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                              LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=str(port))
+            from accelerate.state import AcceleratorState
 
-                try:
-                    runpy.run_path(str(script), run_name="__main__")
-                    code = 0
-                except SystemExit as e:
-                    code = e.code if isinstance(e.code, int) else 1
-                except BaseException:  # noqa: BLE001 - shown in the assertion (os._exit would drop the traceback)
-                    import traceback
+            AcceleratorState._reset_state(reset_partial_state=True)  # what an earlier test of this worker left
+            sys.argv = [str(script), *args]
+            import runpy
 
-                    traceback.print_exc()
-                    code = 1
-            finally:
-                sys.stderr.flush()
-                os._exit(code)
-        children[pid] = rank
+            runpy.run_path(str(script), run_name="__main__")
+
+        return main
+
+    pending = [fork_call(rank_main(rank), logs[rank]) for rank in range(world)]
     returncode, deadline = 0, time.monotonic() + 600
-    while children:
-        for pid in list(children):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if not done:
-                continue
-            del children[pid]
-            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+    while pending:
+        for child in [c for c in pending if c.ended()]:
+            pending.remove(child)
+            code = child.wait()
+            code = 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell reports it
             if code and not returncode:  # torchrun's rule: one rank failed, the others are stopped
                 returncode = code
-                for other in children:
-                    os.kill(other, signal.SIGTERM)
-        if children and time.monotonic() > deadline:
+                for other in pending:
+                    os.kill(other.pid, signal.SIGTERM)
+        if pending and time.monotonic() > deadline:
             returncode = returncode or 124
-            for other in children:
-                os.kill(other, signal.SIGKILL)
+            for other in pending:
+                os.kill(other.pid, signal.SIGKILL)
         time.sleep(0.01)
     return Launched(returncode, "".join(log.read_text() for log in logs))
 
