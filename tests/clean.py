@@ -87,13 +87,10 @@ def fork_clean() -> CleanPython:
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
-            keep = {0, 1, 2, jobs_r, results_w}
-            for fd in map(int, os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ()):
-                if fd not in keep:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
+            low, high = sorted((jobs_r, results_w))  # every other descriptor closed (pytest's, xdist's pipes)
+            os.closerange(3, low)
+            os.closerange(low + 1, high)
+            os.closerange(high + 1, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
             _serve(jobs_r, results_w)
             code = 0
         finally:
