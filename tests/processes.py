@@ -137,15 +137,15 @@ class Launched:
         self.returncode, self.stderr = returncode, stderr
 
 
-def launch_ranks(config: Path, port: int, script: Path, args: list, env: dict, folder: Path) -> Launched:
-    """``accelerate launch --config_file CONFIG --main_process_port PORT SCRIPT ARGS`` with ``env`` added (a None
-    value: that variable removed), its ranks
-    forked from this process (their imports shared: a launch costs no interpreter start) where that is safe, else
-    (:func:`must_spawn`) the real launcher. Each rank's environment is what Accelerate's own launcher prepares
+def launch_ranks(launch: list, script: Path, args: list, env: dict, folder: Path) -> Launched:
+    """``accelerate launch LAUNCH… SCRIPT ARGS…`` (LAUNCH: the launcher's own flags, e.g. ``--config_file F
+    --main_process_port P``, which must name the port) with ``env`` added (a None value: that variable removed), its
+    ranks forked from this process (their imports shared: a launch costs no interpreter start) where that is safe,
+    else (:func:`must_spawn`) the real launcher. Each rank's environment is what Accelerate's own launcher prepares
     (``prepare_multi_gpu_env``) plus torchrun's rank variables; as torchrun does, once one rank fails the others are
     stopped. The ranks' stderr is kept in ``folder``."""
     args = [str(a) for a in args]
-    launch = ["--config_file", str(config), "--main_process_port", str(port), str(script), *args]
+    launch = [*map(str, launch), str(script), *args]
     if must_spawn():
         return subprocess.run([sys.executable, "-m", "accelerate.commands.launch", *launch], capture_output=True,
                               text=True, env=_with(os.environ, env), timeout=600)
@@ -153,27 +153,24 @@ def launch_ranks(config: Path, port: int, script: Path, args: list, env: dict, f
     from accelerate.utils.launch import prepare_multi_gpu_env
 
     parsed, _, _ = _validate_launch_command(launch_command_parser().parse_args(launch))
+    # Accelerate's own choice of launcher (commands/launch.py): torchrun's ranks for FSDP / DeepSpeed / Megatron /
+    # --multi_gpu without --cpu (a config's `use_cpu` is not --cpu); else its simple launcher: ONE process, however
+    # many --num_processes say (`--cpu --num_processes 2` runs one process)
+    ranked = (parsed.use_fsdp or parsed.use_deepspeed or parsed.use_megatron_lm or parsed.multi_gpu) and not parsed.cpu
+    if not ranked:
+        from accelerate.utils.launch import prepare_simple_launcher_cmd_env
+
+        alone = _with(prepare_simple_launcher_cmd_env(parsed)[1], env)
+        code = fork_call(_script(alone, script, args), folder / ".rank0.stderr").wait()
+        return Launched(128 - code if code < 0 else code, (folder / ".rank0.stderr").read_text())
     base = _with(prepare_multi_gpu_env(parsed), env)
     world = int(parsed.num_processes)
     logs = [folder / f".rank{rank}.stderr" for rank in range(world)]
 
-    def rank_main(rank: int):
-        def main():
-            os.environ.clear()
-            os.environ.update(base, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                              LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=str(port))
-            from accelerate.state import AcceleratorState
-
-            AcceleratorState._reset_state(reset_partial_state=True)  # what an earlier test of this worker left
-            sys.argv = [str(script), *args]
-            import runpy
-
-            runpy.run_path(str(script), run_name="__main__")
-
-        return main
-
-    pending = [fork_call(rank_main(rank), logs[rank]) for rank in range(world)]
+    ranks = {rank: {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                    "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(parsed.main_process_port)} for rank in range(world)}
+    pending = [fork_call(_script(ranks[rank], script, args), logs[rank]) for rank in range(world)]
     returncode, deadline = 0, time.monotonic() + 600
     while pending:
         for child in [c for c in pending if c.ended()]:
@@ -214,3 +211,21 @@ def run_console_script(name: str, args: list, env: dict, stderr_file: Path) -> i
         sys.exit(point.load()())
 
     return fork_call(script, stderr_file, env).wait()
+
+
+def _script(environ: dict, script: Path, args: list):
+    """A launched process's body: exactly ``environ`` as its environment, no Accelerate state left from an earlier
+    test of this worker, then ``script`` run as ``__main__`` with ``args``."""
+
+    def main():
+        os.environ.clear()
+        os.environ.update(environ)
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        sys.argv = [str(script), *args]
+        import runpy
+
+        runpy.run_path(str(script), run_name="__main__")
+
+    return main

@@ -1,6 +1,5 @@
 import json
-import subprocess
-import sys
+import shutil
 
 import numpy as np
 import pytest
@@ -141,28 +140,39 @@ scorer = build_scorer(sys.argv[1], "SST-2", "head")
 config = FinetuneConfig(lr=0.1, steps=6, batch_size=8, eval_every=0, max_grad_norm=None)
 res = finetune(scorer, data.train, None, config, accelerator=acc, progress=False)
 if acc.is_main_process:
-    torch.save({n: p.detach() for n, p in res.scorer.named_parameters()}, sys.argv[3])
+    torch.save({"world": acc.num_processes, "weights": {n: p.detach() for n, p in res.scorer.named_parameters()}},
+               sys.argv[3])
 acc.wait_for_everyone()
 acc.end_training()
 """
 
 
-@pytest.mark.slow  # two launched processes (~14 s); multi-process launching stays in make test through the sharded
-# localization tests (tests/test_scale.py, tests/test_resume_sharded.py)
 def test_two_process_accelerate_matches_one(tiny_bert, toy_data, tmp_path):
-    """`accelerate launch --num_processes 2 --cpu` gives the same weights as one process (atol 1e-5)."""
+    """`accelerate launch --multi_gpu --num_processes 2` on the CPU (gloo) gives the same weights as one process
+    (atol 1e-5): each process takes its half of every global batch and DDP averages the gradients. The ranks are
+    forked from this worker (processes.launch_ranks: Accelerate's own environment for each). Two things this needs
+    that the test once missed: `--cpu` makes Accelerate's launcher run ONE process whatever --num_processes says
+    (the test compared one process with itself; the script now reports its world size), and dropout draws other masks
+    for a half batch than for the whole one, so the model here has none."""
+    from localizing import free_port
+    from processes import launch_ranks
+
+    model = tmp_path / "no-dropout"
+    shutil.copytree(tiny_bert, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": 0.0,
+                                                   "attention_probs_dropout_prob": 0.0}))
     script = tmp_path / "ddp.py"
     script.write_text(SCRIPT)
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    env_cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no"]
-    subprocess.run([*env_cmd, "--num_processes", "1", str(script), str(tiny_bert), str(toy_data), str(one)],
-                   check=True, capture_output=True)
-    r = subprocess.run([*env_cmd, "--num_processes", "2", "--main_process_port", "29517", str(script),
-                        str(tiny_bert), str(toy_data), str(two)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    a, b = torch.load(one), torch.load(two)
-    start = {n: p for n, p in build_scorer(str(tiny_bert), "SST-2", "head").named_parameters()}
+    flags = ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    for launcher, out, world in ((["--cpu", "--num_processes", 1], one, 1),
+                                 (["--multi_gpu", "--num_processes", 2, "--main_process_port", free_port()], two, 2)):
+        r = launch_ranks([*flags, *launcher], script, [model, toy_data, out], {"OMP_NUM_THREADS": "1"}, tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert torch.load(out)["world"] == world
+    a, b = torch.load(one)["weights"], torch.load(two)["weights"]
+    start = {n: p for n, p in build_scorer(str(model), "SST-2", "head").named_parameters()}
     assert any(not torch.equal(a[n], start[n]) for n in a)  # it trained
     for n in a:
         assert torch.allclose(a[n], b[n], atol=1e-5), n

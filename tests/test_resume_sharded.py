@@ -101,7 +101,8 @@ def _launch(script: Path, *args, crash: str | None = None):
     env = {"SKILLGRAFT_CHECKPOINT_SECONDS": "0", "OMP_NUM_THREADS": "1",
            # rank 1 SIGKILLs itself, its file not yet in place
            "SKILLGRAFT_CRASH_AT": f"file-written:{crash}" if crash else None}
-    return launch_ranks(CONFIG, free_port(), script, list(args), env, script.parent)
+    return launch_ranks(["--config_file", CONFIG, "--main_process_port", free_port()], script, list(args), env,
+                        script.parent)
 
 
 def _same(a: dict, b: dict) -> bool:

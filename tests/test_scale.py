@@ -1,14 +1,13 @@
 """Localization at scale: candidate-restricted state, exact streamed/distributed top-k, FSDP2 sharding."""
 
 import random
-import subprocess
-import sys
 import threading
 import types
 
 import pytest
 import torch
 from localizing import Interrupt, assert_intact, digest, free_port, snapshot, trained_pair
+from processes import launch_ranks
 
 from skillgraft.data import load_kshot
 from skillgraft.errors import SkillgraftError
@@ -302,8 +301,6 @@ acc.end_training()       # destroys the process group
 """
 
 
-@pytest.mark.slow  # two launched processes (~12 s); make test keeps the two-process sharded localization through
-# tests/test_resume_sharded.py (its regions equal one process's, bit for bit)
 def test_two_process_fsdp2_localization_matches_one(tiny_models, data, toy_data, tmp_path):
     """`accelerate launch` with configs/fsdp2-cpu.yaml (2 CPU processes, gloo): each rank keeps its shards'
     candidates only, budgets by the distributed top-k; the regions equal the single-process ones. 9 training
@@ -319,11 +316,9 @@ def test_two_process_fsdp2_localization_matches_one(tiny_models, data, toy_data,
     script = tmp_path / "fsdp.py"
     script.write_text(SCRIPT)
     config = Path(__file__).resolve().parents[1] / "configs" / "fsdp2-cpu.yaml"
-    r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-                        "--main_process_port", str(free_port()), str(script), str(tiny_models["llama"]),
-                        str(tmp_path / "ft"),
-                        str(toy_data), str(tmp_path / "two.pt"), cfg.model_dump_json()],
-                       capture_output=True, text=True, timeout=900)  # a loaded machine
+    r = launch_ranks(["--config_file", config, "--main_process_port", free_port()], script,  # ranks forked
+                     [tiny_models["llama"], tmp_path / "ft", toy_data, tmp_path / "two.pt", cfg.model_dump_json()],
+                     {"OMP_NUM_THREADS": "1"}, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     two = torch.load(tmp_path / "two.pt")
     assert two["intact"] and two["sharded"] == len(list(pre.model.parameters()))  # every base tensor sharded
