@@ -9,7 +9,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
 import torch
 from localizing import free_port, trained_pair
 from processes import launch_ranks
@@ -152,8 +151,6 @@ def test_two_process_sharded_localization_resumes_bit_for_bit(tiny_models, toy_d
     assert _same({k.key: v.indices for k, v in one.regions.items()}, ref["regions"])
 
 
-@pytest.mark.slow  # 4 launches of 2 processes; one-process fine-tuning resume (test_resume.py) and two-process
-# fine-tuning equal to one (test_finetune.py) run in `make test`
 def test_two_process_finetuning_resumes_bit_for_bit(tiny_bert, toy_data, tmp_path):
     script = tmp_path / "finetune.py"
     script.write_text(FINETUNE)
