@@ -7,8 +7,6 @@ safetensors (and one test runs the reader in a fresh interpreter to prove it).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -543,23 +541,21 @@ def test_mergekit_adapter_path(tiny_models, tmp_path, kind):
     assert_same_weights(load_file(str(tmp_path / "merged" / "model.safetensors")), reference)
 
 
-# Under SKILLGRAFT_SLOW=1 (a mergekit-yaml process, ~6 s): make test runs mergekit-yaml itself on the classifier
-# adapter's README YAML (test_first_hour.py) and mergekit's adapter steps on llama and gpt2 in process (above)
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])  # gpt2: Conv1D's layout
 def test_mergekit_yaml_merges_the_adapter(tiny_models, tmp_path, kind):
-    """The YAML of docs/export.md through mergekit itself (``mergekit-yaml``, pinned in requirements.lock)."""
+    """The YAML of docs/export.md through mergekit itself (``mergekit-yaml``, pinned in requirements.lock: its entry
+    point forked from this worker, processes.run_console_script)."""
+    from processes import run_console_script
     from safetensors.torch import load_file
 
-    mergekit_yaml = Path(sys.executable).with_name("mergekit-yaml")
-    assert mergekit_yaml.is_file(), "mergekit is in requirements.lock: run `make setup`"
     pre, graft = make_graft(tiny_models[kind], "causal")
     s = export_peft(graft, pre, tmp_path / "adapter")
     assert kind == "gpt2" or s["routes"]["shira"]["peft_type"] == "SUPERTUNING"  # auto: the fewer bytes here
     (tmp_path / "merge.yml").write_text(MERGEKIT_YAML.format(base=tiny_models[kind], adapter=tmp_path / "adapter"))
-    r = subprocess.run([str(mergekit_yaml), str(tmp_path / "merge.yml"), str(tmp_path / "mk"), "--lora-merge-cache",
-                        str(tmp_path / "cache")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
+    err = tmp_path / "mergekit.stderr"
+    code = run_console_script("mergekit-yaml", [tmp_path / "merge.yml", tmp_path / "mk", "--lora-merge-cache",
+                                                tmp_path / "cache"], {"HF_HUB_OFFLINE": "1"}, err)
+    assert code == 0, err.read_text()[-2000:]
     reference = exported_weights(pre, graft, tmp_path / "hf")
     assert_same_weights(load_file(str(tmp_path / "mk" / "model.safetensors")), reference)  # bit-equal, adapter included
 
