@@ -235,3 +235,27 @@ def test_the_null_tail_is_the_sum_over_every_outcome_at_or_above_the_observed_on
             for w, got in zip(weights, tail):
                 want = multinomial.pmf(up, n, _face(tau, w[None])[0]).sum()
                 assert got == pytest.approx(want, rel=1e-9, abs=1e-15), (n, tau, observed, w)
+
+
+def test_the_outcome_lattice_and_its_monotone_statistic_match_their_definitions():
+    """The lattice is every (u1 ≤ u2 ≤ u3) of the cube in the cube's order, and the statistic at an outcome is the
+    least studentized mean over the outcomes that dominate it: both against a brute force on small n."""
+    import itertools
+
+    from skillgraft.keep.stats import paired_exact as pe
+
+    for n in (0, 1, 5, 9):
+        counts, flat = pe._lattice(n)
+        cube = [(a, b, c) for a, b, c in itertools.product(range(n + 1), repeat=3) if a <= b <= c]
+        assert [tuple(x) for x in counts] == [(a, b - a, c - b, n - c) for a, b, c in cube]
+        assert flat.tolist() == [(a * (n + 1) + b) * (n + 1) + c for a, b, c in cube]
+        for target in (0.9, 1.0) if n else ():
+            z = np.array([1.0, 1.0 - target, 0.0, -target])
+            mean = counts @ z / n
+            raw = mean / np.sqrt((np.maximum(counts @ (z * z) / n - mean * mean, 0) + 1 / n ** 2) / n)
+            stat = pe._z_statistic(n, target)
+            for i, (a, b, c) in enumerate(cube):
+                above = [j for j, (x, y, w) in enumerate(cube) if x >= a and y >= b and w >= c]
+                assert stat[i] == raw[above].min()
+            for i, (a, b, c) in enumerate(cube):
+                assert pe._lattice_index(n, (a, b - a, c - b, n - c)) == i
