@@ -48,23 +48,21 @@ os.environ.setdefault("SKILLGRAFT_FIGURES", "placeholder")
 
 # The files that take longest, longest first, run first: with `make test`'s `--dist loadfile` a long file started last
 # would leave the other worker idle at the end (`make test` passes --no-loadscope-reorder: xdist otherwise reorders
-# files by their number of tests). Order within a file is kept. Ordered by the summed CPU seconds per file of a full
-# run (setup + call per test, its children's included; refreshed after the figures became placeholders); the files
-# not named (each under 2 s) follow in file order.
-LONG_FIRST = ("test_resume_sharded.py", "test_gemma_recipes.py", "test_keep.py", "test_kill.py", "test_docs.py",
-              "test_multitask.py", "test_keep_paired.py", "test_first_hour.py", "test_lean_pair.py",
-              "test_open_world.py", "test_resume.py", "test_paper_schedule.py", "test_second_hour.py",
-              "test_merge_routed_keep.py", "test_merge.py", "test_export.py", "test_localizers.py", "test_gemma.py",
-              "test_serve.py", "test_families.py", "test_recipes_eval.py", "test_merge_task_aware.py",
-              "test_memory_plan.py", "test_fit.py", "test_layers.py", "test_engine.py", "test_scale.py",
-              "test_shared_store.py", "test_export_gguf.py", "test_placement.py", "test_keep_generative.py",
-              "test_fisher.py", "test_cli_config.py", "test_routed_threads.py", "test_cli_json.py",
-              "test_paper_recipe.py", "test_caveats.py", "test_cli_bad_inputs.py", "test_metrics.py",
-              "test_inputs_outputs_specials.py", "test_io_bad_inputs.py", "test_cli.py", "test_pipeline.py",
-              "test_localizers_extra.py", "test_cli_help.py", "test_workbench.py", "test_overhead.py",
-              "test_merge_causal_routed.py", "test_export_readback.py", "test_registries.py", "test_cli_exports.py",
-              "test_graft_bad_inputs.py", "test_finetune.py", "test_router.py", "test_run_layer.py",
-              "test_kill_merge.py", "test_setup_bad_inputs.py", "test_eta.py", "test_scorer.py")
+# files by their number of tests). Order within a file is kept. Ordered by the summed seconds per file of a full
+# two-worker run (setup + call per test; refreshed in session 28, after the forked children and the clean
+# interpreter); the files not named (each under 2 s) follow in file order.
+LONG_FIRST = ("test_gemma_recipes.py", "test_keep.py", "test_export_gguf.py", "test_keep_paired.py",
+              "test_multitask.py", "test_docs.py", "test_open_world.py", "test_resume_sharded.py",
+              "test_paper_schedule.py", "test_export.py", "test_lean_pair.py", "test_merge_routed_keep.py",
+              "test_engine.py", "test_run_floors.py", "test_fit.py", "test_resume.py", "test_gemma.py",
+              "test_scale.py", "test_families.py", "test_kill.py", "test_recipes_eval.py", "test_merge.py",
+              "test_layers.py", "test_merge_task_aware.py", "test_fisher.py", "test_keep_generative.py",
+              "test_first_hour.py", "test_inputs_outputs_specials.py", "test_cli_config.py", "test_paper_recipe.py",
+              "test_serve.py", "test_placement.py", "test_localizers.py", "test_cli_bad_inputs.py",
+              "test_shared_store.py", "test_router.py", "test_metrics.py", "test_registries.py", "test_cli_json.py",
+              "test_second_hour.py", "test_overhead.py", "test_graft_bad_inputs.py", "test_cli_help.py",
+              "test_merge_causal_routed.py", "test_finetune.py", "test_memory_plan.py", "test_cli.py",
+              "test_routed_threads.py", "test_localizers_extra.py", "test_io_bad_inputs.py", "test_workbench.py")
 
 
 def pytest_collection_modifyitems(config, items):
