@@ -42,7 +42,8 @@ def split(rows: list[dict]) -> tuple[list[str], list[str] | None]:
 
 
 def ft_hits(folder: Path, rows: list[dict]) -> list[bool]:
-    """The fine-tuned classifier read by plain transformers: right or wrong per row."""
+    """The fine-tuned classifier read by plain transformers: right or wrong per row. (On route_serve.py's 200 test
+    rows per task it gives merge.json's fine-tuned accuracy on all eight tasks, to the row.)"""
     import transformers as tf
 
     tok = tf.AutoTokenizer.from_pretrained(folder)

@@ -39,15 +39,22 @@ def _serve(jobs: int, results: int) -> None:
 
 
 class CleanPython:
-    """``run(code, *args)``: ``python -c CODE ARGS…`` in a child of the clean process; a CompletedProcess."""
+    """``run(code, *args)``: ``python -c CODE ARGS…`` in a child of the clean process; a CompletedProcess. Without a
+    clean process (``pid`` None: none was forked before collection), each program runs in a fresh interpreter."""
 
-    def __init__(self, pid: int, jobs: int, results: int):
+    def __init__(self, pid: int | None = None, jobs: int | None = None, results: int | None = None):
         self.pid, self.count, self.lock = pid, 0, threading.Lock()
-        self.jobs, self.results = os.fdopen(jobs, "w"), os.fdopen(results)
+        self.jobs, self.results = (os.fdopen(jobs, "w"), os.fdopen(results)) if pid is not None else (None, None)
         self.folder: Path | None = None
 
     def run(self, code: str, *args, cwd: Path | None = None, env: dict | None = None,
             check: bool = False) -> subprocess.CompletedProcess:
+        if self.pid is None:
+            done = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                                  cwd=cwd, env={**os.environ, **(env or {})})
+            if check and done.returncode:
+                raise AssertionError(f"python -c … exited {done.returncode}: {done.stderr[-3000:]}")
+            return done
         with self.lock:
             self.count += 1
             out, err = self.folder / f"{self.count}.stdout", self.folder / f"{self.count}.stderr"
@@ -65,9 +72,10 @@ class CleanPython:
         return done
 
     def close(self) -> None:
-        self.jobs.close()
-        self.results.close()
-        os.waitpid(self.pid, 0)
+        if self.pid is not None:
+            self.jobs.close()
+            self.results.close()
+            os.waitpid(self.pid, 0)
 
 
 def fork_clean() -> CleanPython:

@@ -137,10 +137,10 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
 def clean_python(request, tmp_path_factory):
     """An interpreter that never imported skillgraft, forking a child per program (tests/clean.py): what a fresh
     ``python -c`` would do, without paying torch's and transformers' imports per test. Forked before collection
-    (pytest_collection), or here where that did not happen."""
-    from clean import fork_clean  # noqa: PLC0415
+    (pytest_collection); where that could not be (no os.fork), each program runs in a fresh interpreter."""
+    from clean import CleanPython  # noqa: PLC0415
 
-    clean = getattr(request.config, "_clean_python", None) or fork_clean()
+    clean = getattr(request.config, "_clean_python", None) or CleanPython()
     clean.folder = tmp_path_factory.mktemp("clean-python")
     yield clean
     clean.close()

@@ -129,21 +129,15 @@ def fork_call(fn, stderr_file: Path, env: dict | None = None, stdout_file: Path 
     return Child(pid)
 
 
-class Launched:
-    """What :func:`launch_ranks` gives back, as ``subprocess.run`` would: the exit code (0 when every rank exited 0,
-    else the first failing rank's code, or 128+N for signal N) and the ranks' stderr, rank 0's first."""
-
-    def __init__(self, returncode: int, stderr: str):
-        self.returncode, self.stderr = returncode, stderr
-
-
-def launch_ranks(launch: list, script: Path, args: list, env: dict, folder: Path) -> Launched:
+def launch_ranks(launch: list, script: Path, args: list, env: dict, folder: Path) -> subprocess.CompletedProcess:
     """``accelerate launch LAUNCH… SCRIPT ARGS…`` (LAUNCH: the launcher's own flags, e.g. ``--config_file F
     --main_process_port P``, which must name the port) with ``env`` added (a None value: that variable removed), its
-    ranks forked from this process (their imports shared: a launch costs no interpreter start) where that is safe,
-    else (:func:`must_spawn`) the real launcher. Each rank's environment is what Accelerate's own launcher prepares
-    (``prepare_multi_gpu_env``) plus torchrun's rank variables; as torchrun does, once one rank fails the others are
-    stopped. The ranks' stderr is kept in ``folder``."""
+    processes forked from this one (their imports shared: a launch costs no interpreter start) where that is safe,
+    else (:func:`must_spawn`) the real launcher. As Accelerate's launcher would, it runs torchrun's ranks (each
+    with the environment ``prepare_multi_gpu_env`` prepares plus torchrun's rank variables; once one rank fails the
+    others are stopped) or, for its simple launcher, one process. Returns the exit code (the first failing rank's;
+    128 + N for signal N) and the processes' stderr, rank 0's first, as ``subprocess.run`` would; the stderr files
+    are kept in ``folder``."""
     args = [str(a) for a in args]
     launch = [*map(str, launch), str(script), *args]
     if must_spawn():
@@ -162,7 +156,8 @@ def launch_ranks(launch: list, script: Path, args: list, env: dict, folder: Path
 
         alone = _with(prepare_simple_launcher_cmd_env(parsed)[1], env)
         code = fork_call(_script(alone, script, args), folder / ".rank0.stderr").wait()
-        return Launched(128 - code if code < 0 else code, (folder / ".rank0.stderr").read_text())
+        return subprocess.CompletedProcess(launch, 128 - code if code < 0 else code, "",
+                                           (folder / ".rank0.stderr").read_text())
     base = _with(prepare_multi_gpu_env(parsed), env)
     world = int(parsed.num_processes)
     logs = [folder / f".rank{rank}.stderr" for rank in range(world)]
@@ -186,7 +181,7 @@ def launch_ranks(launch: list, script: Path, args: list, env: dict, folder: Path
             for other in pending:
                 os.kill(other.pid, signal.SIGKILL)
         time.sleep(0.01)
-    return Launched(returncode, "".join(log.read_text() for log in logs))
+    return subprocess.CompletedProcess(launch, returncode, "", "".join(log.read_text() for log in logs))
 
 
 def _with(environ, env: dict) -> dict:

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from processes import SPAWNED, must_spawn, run_main_forked, start_main
+from processes import SPAWNED, fork_call, must_spawn, run_main_forked, start_main
 
 from skillgraft.cli import app
 from skillgraft.graft import Graft
@@ -49,23 +49,10 @@ def run_forked(args: list[str], crash_at: str | None = None):
         env = {**os.environ, **({"SKILLGRAFT_CRASH_AT": crash_at} if crash_at else {})}
         code = subprocess.run([sys.executable, "-c", SPAWNED, *args], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL).returncode
-        return "SIGKILL" if code == -signal.SIGKILL else (f"signal {-code}" if code < 0 else code)
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 70
-        try:
-            if crash_at:
-                os.environ["SKILLGRAFT_CRASH_AT"] = crash_at
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
-            code = runner.invoke(app, args).exit_code
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        return "SIGKILL" if os.WTERMSIG(status) == signal.SIGKILL else f"signal {os.WTERMSIG(status)}"
-    return os.WEXITSTATUS(status)
+    else:
+        code = fork_call(lambda: sys.exit(runner.invoke(app, args).exit_code), Path(os.devnull),
+                         {"SKILLGRAFT_CRASH_AT": crash_at} if crash_at else None).wait()
+    return "SIGKILL" if code == -signal.SIGKILL else (f"signal {-code}" if code < 0 else code)
 
 
 def consistent(out: Path, store: Path) -> str:

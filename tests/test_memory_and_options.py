@@ -37,32 +37,20 @@ def test_a_memory_limit_below_the_libraries_is_one_line_before_any_import(tiny_g
 @pytest.mark.skipif(sys.platform != "linux", reason="fork and /proc")
 def test_a_command_left_too_little_memory_by_its_limit_is_one_line(tiny_graft, tiny_bert, tmp_path):
     """The real entry point in a forked child (its libraries imported) whose limit leaves 16 MiB beyond them."""
-    from processes import Child
+    from processes import fork_call
+
+    def limited():
+        with open("/proc/self/status") as f:
+            size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+        resource.setrlimit(resource.RLIMIT_AS, (size + (16 << 20), resource.RLIM_INFINITY))
+        sys.argv = ["skillgraft", "export", str(tiny_graft), "--model", str(tiny_bert), "--to", "hf", "--out",
+                    str(tmp_path / "e")]
+        from skillgraft.cli import main
+
+        main()
 
     err = tmp_path / "stderr"
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 70
-        try:
-            os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-            sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
-            with open("/proc/self/status") as f:
-                size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-            resource.setrlimit(resource.RLIMIT_AS, (size + (16 << 20), resource.RLIM_INFINITY))
-            sys.argv = ["skillgraft", "export", str(tiny_graft), "--model", str(tiny_bert), "--to", "hf", "--out",
-                        str(tmp_path / "e")]
-            from skillgraft.cli import main
-
-            try:
-                main()
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 1
-        finally:
-            sys.stderr.flush()
-            os._exit(code)
-    assert Child(pid).wait() == 2, err.read_text()[-2000:]
+    assert fork_call(limited, err).wait() == 2, err.read_text()[-2000:]
     text = err.read_text()
     assert text.startswith("error: not enough memory for a skillgraft command") and "Traceback" not in text, text
     assert not (tmp_path / "e").exists() and not _hidden(tmp_path)
