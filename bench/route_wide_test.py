@@ -6,7 +6,10 @@ training rows, its kind chosen on dev), (nothing chosen on test) on a larger
 seeded sample of each task's test split (``--test`` rows per task; the tasks with fewer: all of them): each task's
 fine-tuned model (plain transformers, its own tokenizer: the normalizer), each task's graft with the task named
 (oracle) and ``skill="auto"`` on all tasks' rows shuffled into mixed batches; the mean normalized accuracy of each,
-their ratio and its bootstrap interval (rows resampled within each task).
+their ratio and its bootstrap interval (rows resampled within each task). Each row is also marked *shared* when its
+text (both texts of a pair, joined; compared lower-cased and stripped) occurs verbatim in another routed task's data
+(any split of ../shared/data), and the ratio is given again on the rows no other task holds: a router over the text
+alone has no way to route a shared row by its content.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/route_wide_test.py [--test 1000]
 
@@ -39,6 +42,18 @@ def split(rows: list[dict]) -> tuple[list[str], list[str] | None]:
     if "text_a" in rows[0]:
         return [r["text_a"] for r in rows], [r["text_b"] for r in rows]
     return [r["text"] for r in rows], None
+
+
+def key(row: dict) -> str:
+    """A row's text as the router sees it (a pair's two texts joined), compared case-folded and stripped."""
+    return (" ".join([row["text_a"], row["text_b"]]) if "text_a" in row else row["text"]).strip().lower()
+
+
+def shared_texts(tasks: list[str]) -> dict[str, set[str]]:
+    """Per task, the texts of every other routed task's rows (all splits on disk)."""
+    own = {t: {key(r) for part in ("train", "dev", "test") if (DATA / t / f"{part}.jsonl").exists()
+               for r in rows_of(DATA / t / f"{part}.jsonl")} for t in tasks}
+    return {t: set().union(*(own[u] for u in tasks if u != t)) for t in tasks}
 
 
 def ft_hits(folder: Path, rows: list[dict]) -> list[bool]:
@@ -115,29 +130,48 @@ def main() -> None:
                 routed_to[t][g.skill] = routed_to[t].get(g.skill, 0) + 1
     print(f"auto scored ({time.perf_counter() - t0:.0f} s)", flush=True)
 
-    def share(pick) -> tuple[float, float, float]:
-        norm = {name: np.mean([np.mean(pick(h, t)) / np.mean(pick(ft[t], t)) for t in tasks])
+    def share(keep: dict[str, np.ndarray]) -> tuple[float, float, float]:
+        """Oracle's and auto's mean normalized accuracy and their ratio, over the rows ``keep`` indexes per task
+        (each task normalized by FT on the same rows)."""
+        norm = {name: np.mean([np.asarray(h[t])[keep[t]].mean() / np.asarray(ft[t])[keep[t]].mean() for t in tasks])
                 for name, h in (("oracle", oracle), ("auto", auto))}
         return norm["oracle"], norm["auto"], norm["auto"] / norm["oracle"]
 
-    o, a, r = share(lambda h, t: h[t] if isinstance(h, dict) else h)
-    rng = np.random.default_rng(0)
-    boot = []
-    for _ in range(2000):
-        idx = {t: rng.integers(0, len(rows[t]), len(rows[t])) for t in tasks}
-        boot.append(share(lambda h, t: np.asarray(h[t] if isinstance(h, dict) else h)[idx[t]])[2])
-    lo, hi = np.quantile(boot, [0.025, 0.975])
+    def interval(keep: dict[str, np.ndarray], seed: int = 0) -> tuple[float, float, float]:
+        """The ratio's bootstrap 95 % interval (rows resampled within each task) and the share of resamples ≥ 0.99."""
+        rng = np.random.default_rng(seed)
+        boot = np.array([share({t: rng.choice(keep[t], len(keep[t])) for t in tasks})[2] for _ in range(2000)])
+        lo, hi = np.quantile(boot, [0.025, 0.975])
+        return float(lo), float(hi), float(np.mean(boot >= 0.99))
+
+    everything = {t: np.arange(len(rows[t])) for t in tasks}
+    o, a, r = share(everything)
+    lo, hi, above = interval(everything)
+    others = shared_texts(tasks)
+    shared = {t: np.array([key(row) in others[t] for row in rows[t]]) for t in tasks}
+    alone = {t: np.flatnonzero(~shared[t]) for t in tasks}
+    o1, a1, r1 = share(alone)
+    lo1, hi1, above1 = interval(alone)
     per_task = {t: {"rows": len(rows[t]), "ft": float(np.mean(ft[t])), "oracle": float(np.mean(oracle[t])),
-                    "auto": float(np.mean(auto[t])), "routed_to": routed_to[t]} for t in tasks}
+                    "auto": float(np.mean(auto[t])), "routed_to": routed_to[t],
+                    "shared_rows": int(shared[t].sum()),
+                    "unshared": {"ft": float(np.mean(np.asarray(ft[t])[alone[t]])),
+                                 "oracle": float(np.mean(np.asarray(oracle[t])[alone[t]])),
+                                 "auto": float(np.mean(np.asarray(auto[t])[alone[t]]))}} for t in tasks}
     out = {"store": str(args.store), "routed": str(routed), "router": skills.router.kind, "test_per_task": args.test,
            "per_task": per_task, "oracle_mean_normalized": o, "auto_mean_normalized": a, "auto_share_of_oracle": r,
-           "bootstrap_95": [float(lo), float(hi)], "bootstrap_at_least_0.99": float(np.mean(np.array(boot) >= 0.99)),
+           "bootstrap_95": [lo, hi], "bootstrap_at_least_0.99": above,
+           "unshared": {"rows": int(sum(len(v) for v in alone.values())), "oracle_mean_normalized": o1,
+                        "auto_mean_normalized": a1, "auto_share_of_oracle": r1, "bootstrap_95": [lo1, hi1],
+                        "bootstrap_at_least_0.99": above1},
            "seconds": time.perf_counter() - t0}
     args.results.write_text(json.dumps(out, indent=2))
     for t, v in per_task.items():
-        print(f"{t:8} FT {v['ft']:.3f} oracle {v['oracle']:.3f} auto {v['auto']:.3f} → {v['routed_to']}")
-    print(f"oracle {o:.4f}, auto {a:.4f}: auto ÷ oracle {r:.4f} (95 % {lo:.4f}–{hi:.4f}; "
-          f"{out['bootstrap_at_least_0.99']:.0%} of resamples ≥ 0.99)")
+        print(f"{t:8} FT {v['ft']:.3f} oracle {v['oracle']:.3f} auto {v['auto']:.3f} → {v['routed_to']}; "
+              f"{v['shared_rows']} rows verbatim in another task's data")
+    print(f"oracle {o:.4f}, auto {a:.4f}: auto ÷ oracle {r:.4f} (95 % {lo:.4f}–{hi:.4f}; {above:.0%} of resamples ≥ 0.99)")
+    print(f"rows no other task holds ({out['unshared']['rows']}): oracle {o1:.4f}, auto {a1:.4f}: auto ÷ oracle "
+          f"{r1:.4f} (95 % {lo1:.4f}–{hi1:.4f}; {above1:.0%} of resamples ≥ 0.99)")
 
 
 if __name__ == "__main__":

@@ -71,6 +71,12 @@ def test_routed_merge_fits_a_router_on_the_prompts_and_router_none_skips_it(caus
     assert json.loads((out / "routed" / "router" / "router.json").read_text())["pairs"] == [False, False]
     assert router["rows"] == {"sentiment": 24, "topic": 24} and router["dev_rows"] == {"sentiment": 12, "topic": 12}
     assert json.loads((out / "routed" / "routed.json").read_text())["router"] == "router"
+    routes = router["dev_routes"]  # where each task's 12 dev rows went, the report's line from the same record
+    assert set(routes) == {"sentiment", "topic"} and all(sum(r.values()) == 12 for r in routes.values())
+    own = (routes["sentiment"].get("sentiment", 0) + routes["topic"].get("topic", 0)) / 24
+    assert own == pytest.approx(router["accuracy"][router["kind"]]["dev"])
+    assert f"- router `{router['kind']}` for `skill=\"auto\"`: {100 * own:.1f} % of the dev rows" \
+        in (out / "report.md").read_text()
     skills = skillgraft.RoutedSkills.from_pretrained(out / "routed")
     routes = skills.route(["row 5 says great It was", "row 7 says Sports Topic:"])
     assert all(r.skill in ("sentiment", "topic") and 0 < r.confidence <= 1 for r in routes)

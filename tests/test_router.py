@@ -267,3 +267,31 @@ def test_causal_skills_with_label_words_score_each_prompt_routed_and_grouped(tin
     assert all(torch.equal(before[k], after[k]) for k in before)
     with pytest.raises(SkillgraftError, match="not text pairs"):
         skills.score(prompts[:2], skill="topic", pairs=prompts[:2])
+
+
+def test_dev_routes_name_the_tasks_whose_requests_look_alike(tiny_models, tmp_path):
+    """fit_router records where each task's dev rows went; two tasks asked of the same texts (no router can tell
+    them apart) are flagged by ``confused`` and named in the merge report's line, distinct ones are not."""
+    from skillgraft.graft.routed import RoutedSkills
+    from skillgraft.graft.router import confused, dev_routes, fit_router
+    from skillgraft.verbs.merge_report import router_lines
+
+    assert dev_routes(["a", "b"], [0, 0, 0, 1], [0, 1, 1, 1]) == {"a": {"b": 2, "a": 1}, "b": {"b": 1}}
+    assert confused({"a": {"a": 9, "b": 1}, "b": {"b": 10}}) == {"a": {"b": 0.1}}  # 10 %: at the threshold
+    assert confused({"a": {"a": 91, "b": 9}}) == {}
+    skills = RoutedSkills.from_pretrained(write_routed_folder(tiny_models["bert"], tmp_path / "routed"))
+    apart = fit_router(skills, skill_rows(40, 0), skill_rows(16, 1), "centroid")
+    assert confused(apart.info["dev_routes"]) == {}  # held-out rows of distinct words: each to its own skill
+    same = skill_rows(40, 0)["sentiment"]
+    dev = skill_rows(16, 1)["sentiment"]
+    alike = fit_router(skills, {"sentiment": same, "topic": same}, {"sentiment": dev, "topic": dev}, "centroid")
+    routes = alike.info["dev_routes"]
+    assert all(sum(r.values()) == 16 for r in routes.values())
+    # one text, one route: each dev text went to the same skill for both tasks, so one task lost all of them
+    assert routes["sentiment"] == {k: routes["topic"][k] for k in routes["sentiment"]}
+    flagged = confused(routes)
+    assert flagged and all(set(v) <= {"sentiment", "topic"} - {t} for t, v in flagged.items())
+    lines = router_lines({"kind": "centroid", **alike.info})
+    task = next(iter(flagged))
+    assert any(f"of {task}'s dev rows to" in line and f'`skill="{task}"`' in line for line in lines)
+    assert len(router_lines({"kind": "centroid", **apart.info})) == 1  # only the router's own line

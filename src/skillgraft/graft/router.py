@@ -3,7 +3,7 @@
 ``skillgraft merge --routed`` fits it on each task's training rows (the texts a request would hold: a classifier's
 text, a causal task's prompt up to its label) and keeps it beside the skills::
 
-    routed/router/router.json          kind, tasks in order, threshold, pooling, dev accuracies (JSON)
+    routed/router/router.json          kind, tasks in order, threshold, pooling, dev accuracies and routes (JSON)
     routed/router/router.safetensors   its tensors (no pickle)
 
 A router is a registered kind (:data:`ROUTERS`, ``register_router``) over features = the mean of θ_pre's hidden
@@ -315,7 +315,31 @@ def fit_router(skills, train: Mapping[str, Sequence[str]], dev: Mapping[str, Seq
     router.info = {"chosen": "dev accuracy" if kind == "auto" and xds is not None else kind,
                    "accuracy": accuracy, "rows": {t: len(rows[t]) for t in tasks},
                    "dev_rows": {t: len(dev[t]) for t in tasks}}
+    if xds is not None:
+        picked = router.probs(xds[router.layers], paired_dev).argmax(-1).tolist()
+        router.info["dev_routes"] = dev_routes(tasks, yd.tolist(), picked)
     return router
+
+
+def dev_routes(tasks: Sequence[str], truth: Sequence[int], picked: Sequence[int]) -> dict[str, dict[str, int]]:
+    """Per task with dev rows, where the router sent them: ``{task: {skill: rows}}``, skills by count (most first)."""
+    out: dict[str, dict[str, int]] = {}
+    for t, p in zip(truth, picked):
+        row = out.setdefault(tasks[t], {})
+        row[tasks[p]] = row.get(tasks[p], 0) + 1
+    return {t: dict(sorted(row.items(), key=lambda kv: (-kv[1], tasks.index(kv[0])))) for t, row in out.items()}
+
+
+def confused(routes: Mapping[str, Mapping[str, int]], share: float = 0.1) -> dict[str, dict[str, float]]:
+    """The tasks whose dev rows the router sends to another skill at ``share`` or more: ``{task: {other: share}}``
+    (a caller should name these skills rather than ask for ``auto``: their requests look alike)."""
+    out = {}
+    for task, row in routes.items():
+        total = sum(row.values())
+        away = {k: n / total for k, n in row.items() if k != task and total and n / total >= share}
+        if away:
+            out[task] = away
+    return out
 
 
 def member_texts(member, split: str, mode: str) -> list[str]:

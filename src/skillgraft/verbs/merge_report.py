@@ -296,12 +296,33 @@ def routed_markdown(s: dict) -> list[str]:
              f"- mean normalized accuracy {_fmt(r.get('mean_normalized'))} (each task's graft alone: {row})"
              + (f"; with refitted heads {_fmt(r['mean_normalized_refit'])}" if "mean_normalized_refit" in r else ""),
              f"- bytes per task {r['bytes_per_task']:,.0f}{share}",
-             f"- switch time {r['switch_ms']:.2f} ms (median of apply + revert through `RoutedSkills.use`)", "",
+             f"- switch time {r['switch_ms']:.2f} ms (median of apply + revert through `RoutedSkills.use`)",
+             *router_lines(r.get("router")), "",
              "```python", "from skillgraft import RoutedSkills",
              "skills = RoutedSkills.from_pretrained(\"routed\")",
              f"with skills.use(\"{next(iter(s['tasks']))}\") as model:",
              "    logits = model(**skills.tokenizer(texts, return_tensors=\"pt\", padding=True)).logits", "```"]
     return lines + routed_keep_markdown(r, s["tasks"])
+
+
+def router_lines(router: dict | None) -> list[str]:
+    """The stored router (`skill="auto"`): its kind, how it routed the dev rows, and each task whose dev rows it sends
+    elsewhere at 10 % or more — those requests look like another task's, so name their skill."""
+    if not router:
+        return []
+    from skillgraft.graft.router import confused  # noqa: PLC0415
+
+    dev = (router.get("accuracy") or {}).get(router["kind"], {}).get("dev")
+    lines = [f"- router `{router['kind']}` for `skill=\"auto\"`"
+             + (f": {100 * dev:.1f} % of the dev rows to their own task's skill" if dev is not None else
+                " (no dev rows: not measured)")]
+    for task, away in confused(router.get("dev_routes") or {}).items():
+        (first, share), *rest = away.items()
+        where = "".join(f", {100 * v:.0f} % to {k}" for k, v in rest)
+        lines.append(f"- the router sends {100 * share:.0f} % of {task}'s dev rows to {first}{where}: their requests "
+                     "look alike, so unless these skills answer the same question of a text, name the skill "
+                     f"(`skill=\"{task}\"`; `model` in `skillgraft serve`)")
+    return lines
 
 
 def checkpoint_share(nbytes: float, task: dict) -> str:
