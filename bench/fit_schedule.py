@@ -17,6 +17,9 @@ seeds (its ``seed``, +1, …), each budget's region the restart that scores best
     OMP_NUM_THREADS=1 python bench/fit_schedule.py --run runs/cache/ft-SST-2-64-42-head-*/run \\
         --budgets 1e-4,1e-3 --setting '{"steps": 100}' --setting '{"schedule": "fit", "steps": 1000}' \\
         --out bench/results/fit_schedule_minilm.json
+
+``--precision bf16-mixed`` runs it all under autocast (issue 74 item 6: the localizer in bf16 beside its fp32 run on
+one stored fine-tune); ``--resume DIR`` lets a long localization stop and go on where it saved.
 """
 
 from __future__ import annotations
@@ -47,16 +50,31 @@ def main() -> int:
                     "the restart that scores best on the selection rows")
     ap.add_argument("--pseudo", type=int, default=0, help="this many unused training-pool rows, labelled by FT, "
                     "added to the rows the localizer steps and selects on")
+    ap.add_argument("--precision", default=None, help="run everything (FT's scores, the localizations, the test "
+                    "rows) in this precision, e.g. bf16-mixed (default: the placement's default, fp32)")
+    ap.add_argument("--resume", default=None, metavar="DIR", help="each localization saves its state under DIR every "
+                    "few minutes and the same command, run again, resumes it (one sub-folder per setting and restart, "
+                    "named by its options and precision; a finished one's folder is deleted)")
     args = ap.parse_args()
+    from skillgraft.models.placement import Placement, using
+
+    with using(Placement.build({"precision": args.precision}) if args.precision else None) as runtime:
+        return run(args, runtime)
+
+
+def run(args, runtime) -> int:
+    import contextlib
+    import hashlib
 
     from skillgraft.graft import Graft, get_localizer
     from skillgraft.graft.localizers.machinery.batches import accuracy
     from skillgraft.pipeline.opening import from_run
 
-    member = from_run(args.run, test_limit=args.test_limit)
+    member = from_run(args.run, test_limit=args.test_limit, runtime=runtime)  # both models placed as they load
     pre, ft, data = member.pre, member.ft, member.data
     ft_test = accuracy(ft, member.test)
-    print(f"{member.task} k={member.k} seed={member.seed}: train {len(data.train)}, dev {len(data.dev or [])}, "
+    where = f" ({runtime.describe()})" if runtime else ""
+    print(f"{member.task} k={member.k} seed={member.seed}{where}: train {len(data.train)}, dev {len(data.dev or [])}, "
           f"test {len(member.test)}; FT test {ft_test:.4f}; pre test {accuracy(pre, member.test):.4f}", flush=True)
     splits = {"train": data.train, "dev": data.dev or []}
     ft_splits = {k: accuracy(ft, rows) for k, rows in splits.items() if rows}
@@ -81,7 +99,17 @@ def main() -> int:
             seeded = {**options, "seed": options.get("seed", 0) + r} if args.restarts > 1 else options
             if hard is not None:
                 hard.reset(len(str(options["budgets"]).split(",")) if not options.get("per_size") else 1)
-            runs.append(get_localizer(name).run(pre, ft, data, seeded, progress=args.progress))
+            folder = None
+            if args.resume:  # a state saved by other options or another precision sits in another sub-folder
+                tag = json.dumps([args.run, name, seeded, args.precision, args.objective, args.pseudo], sort_keys=True)
+                folder = Path(args.resume) / hashlib.sha256(tag.encode()).hexdigest()[:16]
+                folder.mkdir(parents=True, exist_ok=True)
+            from skillgraft.resume import discard, resume_point
+
+            with resume_point(folder) if folder else contextlib.nullcontext():
+                runs.append(get_localizer(name).run(pre, ft, data, seeded, progress=args.progress))
+            if folder:
+                discard(folder)
             if hard is not None:
                 print(f"    hard rows (region wrong, FT right) at each scoring: {hard.counts}", flush=True)
             if args.restarts > 1:
