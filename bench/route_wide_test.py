@@ -87,7 +87,12 @@ def main() -> None:
 
     t0 = time.perf_counter()
     tasks = args.tasks.split(",")
-    routed = next((args.store / "out").glob("movement-*-auto-*")) / "routed"
+    # the merge of exactly these tasks (route_serve.py names its output folder by them)
+    merged = sorted((args.store / "out").glob(f"movement-*-auto-{'-'.join(tasks)}"))
+    if not merged:
+        raise SystemExit(f"{args.store / 'out'}: no routed merge of {', '.join(tasks)} (run bench/route_serve.py "
+                         f"--tasks {args.tasks} first)")
+    routed = merged[0] / "routed"
     skills = RoutedSkills.from_pretrained(routed)
     # the router bench/route_serve.py measured (its --refit default): every kind fitted by this code on the stored
     # training rows, auto's choice made on the dev rows (the stored routed/ keeps an older router)
