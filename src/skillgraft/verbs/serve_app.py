@@ -201,6 +201,10 @@ def build_app(skills, spec):
                         labels=[str(x) for x in skills.labels.get(model_id) or []])
         else:
             info["skill"] = "auto: routed per row" if model_id == "auto" else "the base model, no skill"
+        if model_id == "auto" and skills.router is not None:  # the tasks whose requests the router mistakes (dev)
+            from skillgraft.graft.router import confused  # noqa: PLC0415
+
+            info["name_the_skill_for"] = sorted(confused(skills.router.info.get("dev_routes") or {}))
         return info
 
     def generative(model: str) -> None:
