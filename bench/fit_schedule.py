@@ -72,12 +72,22 @@ def run(args, runtime) -> int:
 
     member = from_run(args.run, test_limit=args.test_limit, runtime=runtime)  # both models placed as they load
     pre, ft, data = member.pre, member.ft, member.data
-    ft_test = accuracy(ft, member.test)
+    splits = {"train": data.train, "dev": data.dev or []}
+    # FT's and θ_pre's scores, kept beside the resume states: a resumed run does not score the test rows again
+    memo = Path(args.resume) / ("scores-" + hashlib.sha256(json.dumps(
+        [args.run, args.test_limit, args.precision]).encode()).hexdigest()[:16] + ".json") if args.resume else None
+    if memo is not None and memo.is_file():
+        scores = json.loads(memo.read_text())
+    else:
+        scores = {"ft_test": accuracy(ft, member.test), "pre_test": accuracy(pre, member.test),
+                  "ft_splits": {k: accuracy(ft, rows) for k, rows in splits.items() if rows}}
+        if memo is not None:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            memo.write_text(json.dumps(scores))
+    ft_test, ft_splits = scores["ft_test"], scores["ft_splits"]
     where = f" ({runtime.describe()})" if runtime else ""
     print(f"{member.task} k={member.k} seed={member.seed}{where}: train {len(data.train)}, dev {len(data.dev or [])}, "
-          f"test {len(member.test)}; FT test {ft_test:.4f}; pre test {accuracy(pre, member.test):.4f}", flush=True)
-    splits = {"train": data.train, "dev": data.dev or []}
-    ft_splits = {k: accuracy(ft, rows) for k, rows in splits.items() if rows}
+          f"test {len(member.test)}; FT test {ft_test:.4f}; pre test {scores['pre_test']:.4f}", flush=True)
     if args.objective == "distill":
         distill(ft)
     if args.pseudo:
