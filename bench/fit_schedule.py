@@ -69,6 +69,7 @@ def run(args, runtime) -> int:
     from skillgraft.graft import Graft, get_localizer
     from skillgraft.graft.localizers.machinery.batches import accuracy
     from skillgraft.pipeline.opening import from_run
+    from skillgraft.resume import discard, resume_point
 
     member = from_run(args.run, test_limit=args.test_limit, runtime=runtime)  # both models placed as they load
     pre, ft, data = member.pre, member.ft, member.data
@@ -114,8 +115,6 @@ def run(args, runtime) -> int:
                 tag = json.dumps([args.run, name, seeded, args.precision, args.objective, args.pseudo], sort_keys=True)
                 folder = Path(args.resume) / hashlib.sha256(tag.encode()).hexdigest()[:16]
                 folder.mkdir(parents=True, exist_ok=True)
-            from skillgraft.resume import discard, resume_point
-
             with resume_point(folder) if folder else contextlib.nullcontext():
                 runs.append(get_localizer(name).run(pre, ft, data, seeded, progress=args.progress))
             if folder:

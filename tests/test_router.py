@@ -89,6 +89,11 @@ def test_a_damaged_router_is_one_line_naming_the_file(classifier_folder, tmp_pat
     meta.write_text(json.dumps({**record, "kind": "pickle"}))
     with pytest.raises(SkillgraftError, match="unknown router 'pickle'"):
         RoutedSkills.from_pretrained(folder)
+    assert record["dev_routes"]  # what serve's /v1/models reads: a damaged one is refused on reading, not served
+    for bad in ([1, 2], {"sentiment": {"topic": -1}}, {"sentiment": {"elsewhere": 3}}, {"nobody": {}}):
+        meta.write_text(json.dumps({**record, "dev_routes": bad}))
+        with pytest.raises(SkillgraftError, match="router.json: field 'dev_routes'"):
+            RoutedSkills.from_pretrained(folder)
     meta.write_text(json.dumps(record))
     (folder / "router" / "router.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
     with pytest.raises(SkillgraftError, match="router.safetensors"):

@@ -38,6 +38,7 @@ FOLDER = "router"
 BASE = "base"        # what a row routed to no skill is said to use
 MAX_TRAIN_ROWS = 512  # training rows per task the router is fitted on (a seeded sample of more)
 MAX_LENGTH = 128      # tokens of a text the features read
+CONFUSED_AT = 0.1     # a task whose dev rows go to another skill at this share or more is named (name its skill)
 
 
 class Router:
@@ -223,6 +224,13 @@ class FittedRouter:
         if pairs is not None and (not isinstance(pairs, list) or len(pairs) != len(tasks)
                                   or any(type(v) is not bool for v in pairs)):
             raise SkillgraftError(f"{meta}: field 'pairs': {pairs!r} is not one true/false per task"[:300])
+        routes = record.get("dev_routes")
+        if routes is not None and not (isinstance(routes, dict) and all(
+                t in tasks and isinstance(row, dict) and all(k in tasks and type(n) is int and n >= 0
+                                                             for k, n in row.items())
+                for t, row in routes.items())):
+            raise SkillgraftError(f"{meta}: field 'dev_routes': {routes!r} is not, per task, a count of dev rows per "
+                                  "skill"[:300])
         info = {k: v for k, v in record.items() if k not in ("format", "format_version", "kind", "tasks",
                                                               "threshold", "pairs", "layers")}
         return cls(record["kind"], list(tasks), {k: params[k].float() for k in kind.shapes}, float(threshold), info,
@@ -301,14 +309,15 @@ def fit_router(skills, train: Mapping[str, Sequence[str]], dev: Mapping[str, Seq
     xds = _by_layers(pooled(skills, [s for t in tasks for s in dev[t]], layers)) if any(dev.values()) else None
     yd = torch.tensor([i for i, t in enumerate(tasks) for _ in dev[t]])
     paired_dev = [shapes[i] for i in yd.tolist()] if shapes else None
-    fitted, accuracy = {}, {}
+    fitted, accuracy, picked = {}, {}, {}
     for k in kinds:
         x = xs[ROUTERS.get(k).layers]
         fitted[k] = FittedRouter(k, list(tasks), ROUTERS.get(k).fit(x, y, len(tasks)), threshold, pairs=shapes)
         train_acc = float((fitted[k].probs(x, paired).argmax(-1) == y).float().mean())
-        dev_acc = float((fitted[k].probs(xds[ROUTERS.get(k).layers], paired_dev).argmax(-1) == yd).float().mean()) \
-            if xds is not None else None
-        accuracy[k] = {"train": train_acc, "dev": dev_acc}
+        if xds is not None:  # each dev row's skill: the kind's dev accuracy and, for the chosen kind, its dev routes
+            picked[k] = fitted[k].probs(xds[ROUTERS.get(k).layers], paired_dev).argmax(-1)
+        accuracy[k] = {"train": train_acc,
+                       "dev": float((picked[k] == yd).float().mean()) if xds is not None else None}
     chosen = max(kinds, key=lambda k: (accuracy[k]["dev"] if accuracy[k]["dev"] is not None else -1.0,
                                        -kinds.index(k)))
     router = fitted[chosen]
@@ -316,8 +325,7 @@ def fit_router(skills, train: Mapping[str, Sequence[str]], dev: Mapping[str, Seq
                    "accuracy": accuracy, "rows": {t: len(rows[t]) for t in tasks},
                    "dev_rows": {t: len(dev[t]) for t in tasks}}
     if xds is not None:
-        picked = router.probs(xds[router.layers], paired_dev).argmax(-1).tolist()
-        router.info["dev_routes"] = dev_routes(tasks, yd.tolist(), picked)
+        router.info["dev_routes"] = dev_routes(tasks, yd.tolist(), picked[chosen].tolist())
     return router
 
 
@@ -330,7 +338,7 @@ def dev_routes(tasks: Sequence[str], truth: Sequence[int], picked: Sequence[int]
     return {t: dict(sorted(row.items(), key=lambda kv: (-kv[1], tasks.index(kv[0])))) for t, row in out.items()}
 
 
-def confused(routes: Mapping[str, Mapping[str, int]], share: float = 0.1) -> dict[str, dict[str, float]]:
+def confused(routes: Mapping[str, Mapping[str, int]], share: float = CONFUSED_AT) -> dict[str, dict[str, float]]:
     """The tasks whose dev rows the router sends to another skill at ``share`` or more: ``{task: {other: share}}``
     (a caller should name these skills rather than ask for ``auto``: their requests look alike)."""
     out = {}
