@@ -161,7 +161,10 @@ def zero_shot_stage(spec, data) -> tuple[str, dict, str]:
     """The store's (kind, key, label) of a draw's zero-shot scores: keyed by the model and the draw."""
     from skillgraft.pipeline.store import draw_key
 
-    return "zero-shot", draw_key(spec.model_spec(), data), f"{data.task}-{data.k}-{data.seed}-{spec.mode}"
+    precision = active().precision if active() is not None else "fp32"  # bf16 scores are another entry (as FT's)
+    return ("zero-shot", {**draw_key(spec.model_spec(), data), **({"precision": precision} if precision != "fp32"
+                                                                   else {})},
+            f"{data.task}-{data.k}-{data.seed}-{spec.mode}")
 
 
 def zero_shot(spec, store, data) -> dict:
@@ -283,7 +286,8 @@ def status(spec, store, tasks: list[str], args) -> int:
             zs = store.get(*zero_shot_stage(spec, data))
             if zs is not None:
                 cell["zero_shot"] = json.loads((zs / "metrics.json").read_text())
-            cell["grafts"] = grafts_progress(store.root, spec, task, seed)
+            ft_done = bool(cell.get("chosen", {}).get("done"))  # no graft of this precision before its FT
+            cell["grafts"] = grafts_progress(store.root, spec, task, seed, ft_done)
             out.append(cell)
             print(status_line(cell))
     Path(args.status).write_text(json.dumps({"recipe": args.recipe, "cells": out}, indent=1, default=str) + "\n")
@@ -324,15 +328,27 @@ def status_line(cell: dict) -> str:
     return "; ".join(parts)
 
 
-def grafts_progress(root: Path, spec, task: str, seed: int) -> dict:
+def grafts_progress(root: Path, spec, task: str, seed: int, ft_done: bool = True) -> dict:
     """A cell's grafts stage as the store's folders show it (the newest of each, by the entries' labels): the learned
     localization done (its best steps, seconds a step) or stopped at a saved step (with the time left at its pace),
     and the test rows scored of the recipe's pre-trained + FT + localizers × budgets; then, per OOD set of the task,
-    the models scored of pre-trained + FT + `ood_localizers` × budgets."""
-    from skillgraft.pipeline.store import Store
+    the models scored of pre-trained + FT + `ood_localizers` × budgets. Only entries of the run's precision count (a
+    bf16 cell's and an fp32 cell's share their labels: their keys tell them apart); nothing is counted before the
+    cell's fine-tuning is done (``ft_done``), since a stopped graft's resume folder has no key to tell."""
+    from skillgraft.pipeline.store import KEY_FILE, Store
     from skillgraft.resume import saved_state
 
+    precision = active().precision if active() is not None else "fp32"
+
     store = Store(root)
+
+    def newest(kind: str, label: str, *, finished: bool = True) -> Path | None:  # of this run's precision
+        if not ft_done or not finished:
+            return store.newest(kind, label, finished=False) if ft_done else None
+        mine = [e for e in store.entries(kind, label)
+                if json.loads((e / KEY_FILE).read_text()).get("setup", {}).get("precision", "fp32") == precision]
+        return mine[-1] if mine else None
+
     cell = f"{task}-{spec.k}-{seed}"
     learned = next((loc for loc in spec.localizers if loc.name == "learned"), None)
     steps = spec.options_of(learned).steps if learned else None  # the recipe's resolved options, not a copy
@@ -340,20 +356,20 @@ def grafts_progress(root: Path, spec, task: str, seed: int) -> dict:
         return 2 + (spec.mode == "head") + len(localizers) * len(spec.budgets)  # each localizer at each budget
 
     out: dict = {"localize": {"done": False}, "rows": {"done": 0, "of": models(spec.localizers)}}
-    if (done := store.newest("regions", f"{cell}-learned")) is not None:
+    if (done := newest("regions", f"{cell}-learned")) is not None:
         summary = json.loads((done / "summary.json").read_text())
         out["localize"] = {"done": True, "best_step": summary.get("best_step"),
                            "seconds_per_step": round(summary.get("step_seconds", 0.0), 1)}
-    elif (state := store.newest("regions", f"{cell}-learned", finished=False)) is not None:
+    elif (state := newest("regions", f"{cell}-learned", finished=False)) is not None:
         saved = saved_state(state / "localize-0.pt") or {"step": 0, "step_times": []}  # unreadable: as not started
         pace = sum(saved["step_times"]) / max(len(saved["step_times"]), 1)
         out["localize"] = {"done": False, "step": saved["step"], "of": steps,
                            "seconds_per_step": round(pace, 1),
                            "eta_seconds": round((steps - saved["step"]) * pace) if steps else None}
     def scored(kind: str, label: str) -> int:  # a finished entry's rows, else a stopped comparison's saved rows
-        if (done := store.newest(kind, label)) is not None:
+        if (done := newest(kind, label)) is not None:
             return len(json.loads((done / "rows.json").read_text())["rows"])
-        if (state := store.newest(kind, label, finished=False)) is not None:
+        if (state := newest(kind, label, finished=False)) is not None:
             return len((saved_state(state / "compare-0.pt") or {}).get("done", []))
         return 0
 

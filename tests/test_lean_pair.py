@@ -78,6 +78,34 @@ def test_lean_pair_report_equals_the_report_with_both_models_loaded(llama_pair, 
         assert g1.metadata.task_spec["name"] == "SST-2"
 
 
+def test_a_bf16_mixed_localization_is_another_store_entry_and_fp32_keys_stay(llama_pair, toy_data, tmp_path):
+    """The regions (and every row) learned under bf16-mixed are keyed apart from fp32's, as the fine-tuning is
+    (pipeline/opening.finetune_key): a bf16 run never reuses, or is reused as, an fp32 entry. fp32's identity has
+    no precision field, so the keys a store already holds are unchanged. A lean member (θ_pre deferred) knows its
+    precision from θ_ft, which it opens with."""
+    from skillgraft.models.placement import Placement
+    from skillgraft.pipeline.regions import _regions_key, say_why
+
+    a, b = llama_pair
+    spec = DataSpec.build({"task": "SST-2", "k": 16, "seed": 42, "data_dir": str(toy_data)}, where="test")
+    mixed_runtime = Placement.build({"precision": "bf16-mixed"}).resolve()
+    fp32 = from_pair(str(a), str(b), spec, data_dir=toy_data)
+    mixed = from_pair(str(a), str(b), spec, data_dir=toy_data, runtime=mixed_runtime)
+    assert fp32.precision == "fp32" and mixed.precision == "bf16-mixed"
+    assert "precision" not in fp32.identity()
+    assert mixed.identity() == {**fp32.identity(), "precision": "bf16-mixed"}
+    options = localizer_options("learned", OPTIONS)
+    assert _regions_key(mixed, "learned", options)[0]["setup"]["precision"] == "bf16-mixed"
+    assert _regions_key(mixed, "learned", options)[0] != _regions_key(fp32, "learned", options)[0]
+    store = Store(tmp_path)  # an fp32 localization stored: the bf16-mixed one reruns and says why
+    key, label = _regions_key(fp32, "learned", options)
+    store.fetch("regions", key, lambda folder: None, label=label)
+    assert say_why(store, _regions_key(mixed, "learned", options)[0], label, options) == (
+        "regions recomputed: the precision changed")
+    lean = from_pair(str(a), str(b), spec, data_dir=toy_data, lean=True, runtime=mixed_runtime)
+    assert lean.pre is None and lean.precision == "bf16-mixed"
+
+
 def test_cli_pair_never_holds_both_models_and_localizes_without_theta_ft(llama_pair, toy_data, tmp_path, monkeypatch):
     """Weak references to every model the pair loads: θ_ft is gone before θ_pre loads, and when localization
     starts (it reads θ_ft from B's files); the report still has FT's row."""

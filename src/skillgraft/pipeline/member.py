@@ -142,10 +142,16 @@ class Member:
     head: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
     graft: object | None = None
     _identity: dict | None = field(default=None, repr=False)
+    precision: str = field(default="fp32", init=False)  # the models' precision, read once they are made
 
     def __post_init__(self) -> None:
         if self.pre is None:
             self.pre_state = PreState.DEFERRED
+        from skillgraft.models.placement import precision_of  # noqa: PLC0415
+
+        loaded = self.ft if not isinstance(self.ft, FineTunedFiles) else self.pre
+        if loaded is not None:
+            self.precision = precision_of(loaded)
 
     @property
     def data(self) -> FewShotData:
@@ -180,11 +186,14 @@ class Member:
 
     def identity(self) -> dict:
         """What determines everything learned from this member (part of every downstream cache key): the contents of
-        θ_ft (with its head) and θ_pre, and the data (the draw and the files' content digest)."""
+        θ_ft (with its head) and θ_pre, the data (the draw and the files' content digest) and, outside fp32, the
+        precision the models compute in (a localization under bf16-mixed is another entry, as its fine-tuning is:
+        ``pipeline.opening.finetune_key``; fp32's keys are as they always were)."""
         if self._identity is None:
             ft = self.ft.digest if isinstance(self.ft, FineTunedFiles) else scorer_digest(self.ft)
             self._identity = {"finetuned": ft, "pretrained": scorer_digest(self.pre), "mode": self.pre.mode,
-                              "data": self.inputs.data_key}
+                              "data": self.inputs.data_key,
+                              **({"precision": self.precision} if self.precision != "fp32" else {})}
         return self._identity
 
 

@@ -159,8 +159,8 @@ def say_why(store, key: dict, label: str, options: Spec) -> str | None:
         return None
     why = []
     for part, text in (("finetuned", "the fine-tuned model changed"), ("pretrained", "the pre-trained model changed"),
-                       ("mode", "the scoring mode changed")):
-        if old.get("setup", {}).get(part) != new["setup"].get(part):
+                       ("mode", "the scoring mode changed"), ("precision", "the precision changed")):
+        if old.get("setup", {}).get(part) != new["setup"].get(part):  # (precision: absent in fp32)
             why.append(text)
     if old["rows"].get("train") != new["rows"].get("train"):
         why.append("the localization rows changed")
