@@ -7,7 +7,8 @@ its fit share is measured on; a finished localization's report gives them itself
         --out bench/results/fit_halves_qnli13.json
 
 Copy a running job's state first (it is replaced at each save). Gemma-3-270M: ≈ 4 min for FT and three regions on
-one thread (128 + 128 rows each).
+one thread (128 + 128 rows each). ``--against ENTRY``: a stored localization of the same run (a store's
+``regions-…`` folder, e.g. the same settings in another precision): each budget's IoU with its region there.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def main() -> int:
     ap.add_argument("state", help="a learned localization's resume state (localize-0.pt)")
     ap.add_argument("run", help="the fine-tuning run folder the localization grafts")
     ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--against", default=None, metavar="ENTRY", help="a stored regions entry of the same run: each "
+                    "budget's IoU with its region there")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -30,11 +33,12 @@ def main() -> int:
 
     from skillgraft.graft import Graft
     from skillgraft.graft.localizers.machinery.batches import accuracy
-    from skillgraft.graft.region import _region_of_state
+    from skillgraft.graft.region import Region, _region_of_state
+    from skillgraft.graft.selection import Budget
     from skillgraft.pipeline.opening import from_run
 
     state = torch.load(args.state, mmap=True, weights_only=False)
-    best = [(b["__budget__"], score, step, _region_of_state(r["__region__"]))
+    best = [(Budget.model_validate(b["__budget__"]), score, step, _region_of_state(r["__region__"]))
             for b, (score, step, r) in state["best"]["__items__"]]
     out = {"state_step": state["step"], "run": args.run, "budgets": {}}
     del state
@@ -47,9 +51,12 @@ def main() -> int:
     for budget, score, step, region in best:
         with Graft.from_models(member.pre, member.ft, region, {}).applied(member.pre):
             mine = {k: accuracy(member.pre, rows, args.micro_batch) for k in ft for rows in [halves[k]]}
-        out["budgets"][str(budget)] = {"best_score": score, "best_step": step, "size": len(region), **mine}
+        row = out["budgets"][str(budget)] = {"best_score": score, "best_step": step, "size": len(region), **mine}
+        if args.against:  # the stored region of the same budget (its folder is named by the budget's key)
+            row["iou_against"] = region.iou(Region.load(Path(args.against) / budget.key))
         print(f"{budget}: best {score:.3f} at step {step}; " + ", ".join(
             f"{k} {mine[k]:.3f} = {mine[k] / ft[k]:.3f} of FT" for k in mine if ft[k]) +
+            (f"; IoU {row['iou_against']:.3f} with {Path(args.against).name}" if args.against else "") +
             f" ({time.perf_counter() - t0:.0f} s)", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))
