@@ -14,7 +14,9 @@
 # Environment: SKILLGRAFT_CACHE (the store; required), SKILLGRAFT_DATA (the data root), PY (default: .venv/bin/python
 # of this checkout), OUT (the per-cell run folders; default runs/g46), RECORDS (if set: after each pass, the store's
 # scores are copied there by bench/gemma_records.py — commit that folder: a new machine starts with an empty store,
-# and each fine-tuning pass first restores from it what it holds whole: the grid's screened points, the zero-shot scores).
+# and each fine-tuning pass first restores from it what it holds whole: the grid's screened points, the zero-shot scores),
+# PRECISION (if set, e.g. bf16-mixed: every stage of every cell runs in it, laid over the recipe's `precision`; its
+# store entries are apart from fp32's — issue 74 (6) found bf16-mixed within noise of fp32 on QNLI/13, RESULTS).
 set -u
 cd "$(dirname "$0")/.."
 : "${SKILLGRAFT_CACHE:?set SKILLGRAFT_CACHE to the store the cells resume from}"
@@ -33,6 +35,7 @@ for cell in "$@"; do
   IFS=: read -r k task seed <<< "$cell"
   for pass in finetune grafts; do
     extra=(); [ "$pass" = finetune ] && extra=(--finetune-only)
+    [ -n "${PRECISION:-}" ] && extra+=(--override "{\"precision\": \"$PRECISION\"}")
     # a new machine's empty store gets back what the records hold whole (grid screens, zero-shot scores)
     [ "$pass" = finetune ] && [ -n "${RECORDS:-}" ] && extra+=(--restore "$RECORDS")
     echo "=== $(date -u) $pass K=$k $task seed $seed"

@@ -365,6 +365,8 @@ def test_status_reads_a_stopped_localization_and_rows_from_their_saved_state(tmp
 
     import torch
 
+    from skillgraft.models.placement import Placement, using
+
     sys.path.insert(0, str(RECIPE.parents[1]))
     import gemma_paper_schedule as runner
 
@@ -391,6 +393,14 @@ def test_status_reads_a_stopped_localization_and_rows_from_their_saved_state(tmp
     (yelp / "key.json").write_text("{}")  # finished: the store's mark
     assert runner.grafts_progress(tmp_path, spec, "mpqa", 13)["ood"] == {"SST-2": {"done": 2, "of": 2 + 4},
                                                                          "yelp_polarity": {"done": 6, "of": 6}}
+    # a finished entry of another precision (same label, its key says bf16-mixed) is not this fp32 cell's; before the
+    # cell's fine-tuning is done nothing counts, a stopped state included (its folder has no key to tell)
+    (yelp / "key.json").write_text(json.dumps({"setup": {"precision": "bf16-mixed"}}))
+    assert runner.grafts_progress(tmp_path, spec, "mpqa", 13)["ood"]["yelp_polarity"] == {"done": 0, "of": 6}
+    with using(Placement.build({"precision": "bf16-mixed"})):
+        assert runner.grafts_progress(tmp_path, spec, "mpqa", 13)["ood"]["yelp_polarity"] == {"done": 6, "of": 6}
+    assert runner.grafts_progress(tmp_path, spec, "SST-2", 13, ft_done=False) == {"localize": {"done": False},
+                                                                                  "rows": {"done": 0, "of": 14}}
 
 
 def test_the_cell_queue_runs_each_cells_two_passes_in_order(tmp_path):
@@ -424,6 +434,13 @@ def test_the_cell_queue_runs_each_cells_two_passes_in_order(tmp_path):
     assert all(f"--out {tmp_path / 'out'}" in line and "--progress" in line for line in lines)  # a log that speaks
     # a fine-tuning pass first restores, from the records, what a new machine's store would otherwise redo
     assert all((f"--restore {tmp_path / 'records'}" in line) == ("--finetune-only" in line) for line in lines)
+    assert not any("--override" in line for line in lines)
+    # PRECISION lays the precision over every pass's recipe
+    calls.unlink()
+    run = subprocess.run([script, "64:mr:13"], env={**env, "PRECISION": "bf16-mixed"}, capture_output=True, text=True)
+    lines = [line for line in calls.read_text().splitlines() if not line.startswith("bench/gemma_records.py")]
+    assert run.returncode == 0 and len(lines) == 2
+    assert all('--override {"precision": "bf16-mixed"}' in line for line in lines)
 
 
 def test_status_line_says_where_each_cell_stands():
