@@ -60,8 +60,9 @@ def open_spec(path: str, override: dict):
     return entry.name, spec
 
 
-def open_member(name: str, spec, store, task: str, seed: int):
-    """θ_pre, θ_ft and the draw from the store (refused when the fine-tuning is not there)."""
+def open_member(name: str, spec, store, task: str, seed: int, runtime=None):
+    """θ_pre, θ_ft and the draw from the store (refused when the fine-tuning is not there). ``runtime``: the recipe's
+    placement (a bf16 recipe's fine-tuning is its own store entry; both models are placed in it)."""
     from skillgraft.errors import SkillgraftError
     from skillgraft.pipeline.report import RunDir
     from skillgraft.pipeline.opening import from_run, stored_run
@@ -76,13 +77,13 @@ def open_member(name: str, spec, store, task: str, seed: int):
     if getattr(spec, "grid", None) is not None:  # the (batch, lr) chosen on dev (issue 46), read from the store
         from skillgraft.pipeline.grid import stored_choice
 
-        choice = stored_choice(store, spec.model_spec(), data, spec.finetune, spec.grid)
+        choice = stored_choice(store, spec.model_spec(), data, spec.finetune, spec.grid, runtime)
         config = choice[0] if choice is not None else None
-    run = stored_run(store, spec.model_spec(), data, config) if config is not None else None
+    run = stored_run(store, spec.model_spec(), data, config, runtime) if config is not None else None
     if run is None:
         raise SkillgraftError(f"the store {store.root} holds no fine-tuning of {task} (k {spec.k}, seed {seed}) with "
                               "these settings: run the recipe first")
-    return from_run(run, data_dir=spec.data_dir, test_limit=spec.test_limit)
+    return from_run(run, data_dir=spec.data_dir, test_limit=spec.test_limit, runtime=runtime)
 
 
 def where_of(pre):
@@ -236,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     from skillgraft.errors import SkillgraftError
     from skillgraft.io import atomic_path
     from skillgraft.pipeline.store import Store
+    from skillgraft.recipes.base import placement_of
 
     try:
         try:
@@ -264,13 +266,14 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
         results = []
         os.environ["SKILLGRAFT_CACHE"] = str(store.root)  # the bundled Gemma converted into (found in) this store
+        runtime = placement_of(spec).resolve()  # the recipe's device and precision: its fine-tunings are keyed by it
         for task in tasks:
             draw_seeds = spec.seeds_of(task) if hasattr(spec, "seeds_of") else spec.seeds
             for seed in seeds or draw_seeds:
                 if seed not in draw_seeds:
                     raise SkillgraftError(f"--seeds: {seed} is not a data seed of {task} in the recipe {draw_seeds}")
                 t0 = time.perf_counter()
-                setup = open_member(name, spec, store, task, seed)
+                setup = open_member(name, spec, store, task, seed, runtime)
                 r = diagnose(spec, store, setup, fractions, splits)
                 r["seconds"] = round(time.perf_counter() - t0, 1)
                 results.append(r)

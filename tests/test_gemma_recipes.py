@@ -229,7 +229,10 @@ def check_diagnostics(path: Path, over: dict, spec, tmp_path: Path) -> None:
     from skillgraft.pipeline.store import Store
     from skillgraft.pipeline.variants import universe
 
-    member = gd.open_member(name, spec2, Store(tmp_path / "cache"), task, seed)
+    from skillgraft.recipes.base import placement_of
+
+    # in the recipe's precision (a bf16-mixed recipe's fine-tuning is its own store entry)
+    member = gd.open_member(name, spec2, Store(tmp_path / "cache"), task, seed, placement_of(spec2).resolve())
 
     pre, ft = dict(member.pre.named_parameters()), dict(member.ft.named_parameters())
     delta = torch.cat([(ft[n] - pre[n]).detach().double().reshape(-1) for n in universe(member.pre)])
