@@ -52,6 +52,8 @@ def main() -> int:
                     "added to the rows the localizer steps and selects on")
     ap.add_argument("--precision", default=None, help="run everything (FT's scores, the localizations, the test "
                     "rows) in this precision, e.g. bf16-mixed (default: the placement's default, fp32)")
+    ap.add_argument("--save-regions", default=None, metavar="DIR", help="write each setting's final regions under "
+                    "DIR/<setting index>/<budget> (Region.save: what bench/fit_halves.py --against and a store entry read)")
     ap.add_argument("--resume", default=None, metavar="DIR", help="each localization saves its state under DIR every "
                     "few minutes and the same command, run again, resumes it (one sub-folder per setting and restart, "
                     "named by its options and precision; a finished one's folder is deleted)")
@@ -132,6 +134,10 @@ def run(args, runtime) -> int:
                "restart_fits": [{b.key: (r.fit.get(b.key) or {}).get("share") for b in r.regions} for r in runs],
                "stopped": loc.stopped, "reference": loc.reference, "budgets": {}}
         for budget, region in loc.regions.items():
+            if args.save_regions:
+                folder = Path(args.save_regions) / str(len(results))
+                folder.mkdir(parents=True, exist_ok=True)
+                region.save(folder / budget.key)
             graft = Graft.from_models(pre, ft, region, {})
             with graft.applied(pre):
                 test = accuracy(pre, member.test)
