@@ -254,6 +254,25 @@ def check_diagnostics(path: Path, over: dict, spec, tmp_path: Path) -> None:
     assert all(0.0 < v["label_mass"] <= 1.0 and 0.0 <= v["accuracy"] <= 1.0 for v in know.values())
 
 
+def test_a_bf16_generative_recipe_keys_its_fine_tuning_and_rows_apart(tiny_gemma, converted_gemma, gemma_data,
+                                                                      tmp_path):
+    """The generative recipe in bf16-mixed: its SFT and its rows are store entries of their own (keys naming the
+    precision), never an fp32 run's found again; in fp32 the keys hold no precision (the entries a store has)."""
+    path = ROOT / "bench" / "fidelity" / "gemma-generative.yaml"
+    over = tiny_overrides(yaml.safe_load(path.read_text()), tiny_gemma, gemma_data)
+    cache = _store_with_conversion(converted_gemma, tmp_path / "cache")
+    precisions = {}
+    for precision in ("fp32", "bf16-mixed"):
+        run_recipe(path, tmp_path / precision, overrides={**over, "precision": precision}, cache=cache)
+        for kind in ("generative-ft", "generative-rows"):
+            keys = [json.loads((e / "key.json").read_text()) for e in sorted(cache.glob(f"{kind}-*"))]
+            precisions[precision, kind] = sorted(
+                str((k if kind == "generative-ft" else k["setup"]).get("precision")) for k in keys)
+    assert precisions[("fp32", "generative-ft")] == precisions[("fp32", "generative-rows")] == ["None"]
+    assert precisions[("bf16-mixed", "generative-ft")] == precisions[("bf16-mixed", "generative-rows")] == [
+        "None", "bf16-mixed"]
+
+
 def test_diagnostics_refuse_what_the_store_lacks(tiny_gemma, gemma_data, tmp_path, capsys):
     import sys
 

@@ -144,7 +144,9 @@ def generative_member(spec: GenerativeSpec, run: RunDir, task: str, seed: int, t
     ``stored_only``: refuse (one line) when the store does not hold the fine-tuning, instead of training it."""
     data, pairs = pair_data(spec, task, seed)
     data_spec = spec.data_spec(task, seed)
-    key = {**draw_key(spec.model_spec(), data_spec), "pairs": pairs, "finetune": spec.finetune.to_dict()}
+    precision = run.runtime.precision if run.runtime is not None else "fp32"  # a bf16 SFT is its own entry
+    key = {**draw_key(spec.model_spec(), data_spec), "pairs": pairs, "finetune": spec.finetune.to_dict(),
+           **({"precision": precision} if precision != "fp32" else {})}
     label = f"{data.task.name}-{data.k}-{seed}-generative"
     if stored_only and run.store.get("generative-ft", key, label) is None:
         raise SkillgraftError(f"the store {run.store.root} holds no generative fine-tuning of {data.task.name} "
@@ -177,6 +179,8 @@ def generative_member(spec: GenerativeSpec, run: RunDir, task: str, seed: int, t
                          "test_n": len(data.test)}}
     inputs = MemberInputs(data, entry, None, data_root=str(spec.data_dir) if spec.data_dir else None)
     member = Member(data.task.name, inputs, ft, pre, _identity=identity)
+    if member.precision != "fp32":  # as Member.identity() does: a bf16 run's rows are its own entries
+        identity["precision"] = member.precision
     return member, record
 
 
