@@ -347,3 +347,34 @@ def test_docs_name_every_field_of_the_surgical_and_fish_specs():
     for spec in (SurgicalSpec, FishSpec, TrackingSpec):
         for field in set(spec.model_fields) - shared:
             assert f"`{field}`" in doc, (spec.__name__, field)
+
+
+def _precisions_by_kind(cache, kinds) -> dict:
+    """Each store kind's entries' precision (None: fp32's key, which names none), sorted."""
+    out = {}
+    for kind in kinds:
+        keys = [json.loads((e / "key.json").read_text()) for e in cache.glob(f"{kind}-*") if (e / "key.json").is_file()]
+        out[kind] = sorted(str(k.get("precision")) for k in keys if k.get("kind") == kind)
+    return out
+
+
+@pytest.mark.parametrize("name", ["surgical", "fish"])
+def test_a_bf16_mixed_recipe_run_keeps_its_own_store_entries(name, tiny_bert, toy_data, tmp_path):
+    """Run in fp32, then in bf16-mixed on the same store: every stage of the second run is an entry of its own (its
+    key names the precision), never the fp32 run's found again; fp32's keys name none."""
+    from skillgraft.recipes import run_recipe
+
+    base = {"model": str(tiny_bert), "data_dir": str(toy_data), "tasks": ["SST-2"], "seeds": [13], "k": 4,
+            "test_limit": 8, "fisher": {"n_examples": 4}}
+    if name == "surgical":
+        over = {**base, "layers_k": [1], "methods": ["full"], "finetune": {"steps": 2, "eval_every": 0, "batch_size": 4},
+                "stability_steps": [0, 2]}
+        kinds = ["surgical", "surgical-stability"]
+    else:
+        over = {**base, "finetune": {"steps": 2, "eval_every": 0, "batch_size": 4}, "sparsities": [0.01],
+                "localize": {"steps": 1}, "heatmap_tasks": [], "tracking": {"task": "SST-2", "steps": [2], "learn_at": 2}}
+        kinds = ["fish-tracking"]
+    for precision in ("fp32", "bf16-mixed"):
+        run_recipe(f"recipes/{name}.yaml", tmp_path / precision, cache=tmp_path / "cache",
+                   overrides={**over, "precision": precision})
+    assert _precisions_by_kind(tmp_path / "cache", kinds) == {kind: ["None", "bf16-mixed"] for kind in kinds}

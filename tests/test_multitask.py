@@ -394,3 +394,32 @@ def test_docs_name_every_field_of_the_multitask_and_continual_specs():
     for spec in (MultitaskSpec, ContinualSpec, PurifySpec):
         for field in set(spec.model_fields) - set(ExperimentSpec.model_fields):
             assert f"`{field}`" in doc, (spec.__name__, field)
+
+
+@pytest.mark.parametrize("recipe", ["continual", "multitask"])
+def test_a_bf16_mixed_run_of_the_multi_task_recipes_keeps_its_own_store_entries(recipe, tiny_bert, multi_data,
+                                                                                  tmp_path):
+    """Run in fp32, then in bf16-mixed on the same store: the multi-task model and each continual step trained in
+    bf16-mixed are entries of their own (keys naming the precision), never fp32's found again."""
+    import yaml
+
+    from skillgraft.recipes import run_recipe
+
+    fast = {"optimizer": "adamw", "lr": 2e-3, "steps": 2, "eval_every": 0, "weight_decay": 0.0}
+    cfg = {"recipe": recipe, "model": str(tiny_bert), "k": 8, "seed": 13, "data_dir": str(multi_data),
+           "test_limit": 8, "finetune": fast}
+    if recipe == "continual":
+        cfg |= {"tasks": ["ag_news", "SST-2"], "continual_finetune": fast, "localize": {"sparsity": 0.01, "steps": 1}}
+        kinds = ["continual-naive", "continual-graft"]
+    else:
+        cfg |= {"tasks": ["SST-2", "cr"], "multitask": fast, "localize": {"steps": 1, "eval_every": 1},
+                "bases": [0.0], "groups": [["SST-2", "cr"]], "purify": {"steps": 1}}
+        kinds = ["multitask"]
+    for precision in ("fp32", "bf16-mixed"):
+        (tmp_path / f"{precision}.yaml").write_text(yaml.safe_dump({**cfg, "precision": precision}))
+        run_recipe(tmp_path / f"{precision}.yaml", tmp_path / precision, cache=tmp_path / "cache")
+    for kind in kinds:
+        keys = [json.loads((e / "key.json").read_text()) for e in (tmp_path / "cache").glob(f"{kind}-*")
+                if (e / "key.json").is_file()]
+        precisions = sorted(str(k.get("precision")) for k in keys if k.get("kind") == kind)
+        assert precisions == (["None"] * 2 + ["bf16-mixed"] * 2 if recipe == "continual" else ["None", "bf16-mixed"])

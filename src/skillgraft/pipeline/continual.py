@@ -49,7 +49,7 @@ from skillgraft.models.anatomy import fingerprint, graftable_names
 from skillgraft.models.spec import MAX_LENGTH, ModelSpec
 from skillgraft.pipeline.regions import learned_regions
 from skillgraft.pipeline.member import Member
-from skillgraft.pipeline.store import Store, draw_key
+from skillgraft.pipeline.store import Store, draw_key, precision_key
 from skillgraft.train.finetune import FinetuneConfig
 from skillgraft.train.multitask import MultiTaskScorer, finetune_region, multitask_finetune
 
@@ -275,8 +275,10 @@ def task_region(member: Member, store: Store, localize=None, *, progress: bool =
 
 # ---------------------------------------------------------------------------------------------- store stages
 def naive_steps(store: Store, model: ModelSpec, draws: list[DataSpec], data: dict[str, FewShotData],
-                config: FinetuneConfig, *, head_seed: int, progress: bool = False) -> Iterator[MultiTaskScorer]:
-    """Naive continual FT: one body fine-tuned on each task in turn (a new head per task, seeded ``head_seed``).
+                config: FinetuneConfig, *, head_seed: int, progress: bool = False,
+                runtime=None) -> Iterator[MultiTaskScorer]:
+    """Naive continual FT: one body fine-tuned on each task in turn (a new head per task, seeded ``head_seed``);
+    ``runtime``: the run's placement (outside fp32 its precision is part of each step's key).
 
     Yields the model right after each task (the same object, trained further after the next ``next``). Step n is
     the store entry ``continual-naive`` keyed by the draws of tasks 1 … n, ``config`` and ``head_seed``.
@@ -284,7 +286,8 @@ def naive_steps(store: Store, model: ModelSpec, draws: list[DataSpec], data: dic
     current = None
     for n, draw in enumerate(draws, 1):
         task = data[draw.task].task.name
-        key = {"draws": [draw_key(model, d) for d in draws[:n]], "finetune": config.to_dict(), "head_seed": head_seed}
+        key = {"draws": [draw_key(model, d) for d in draws[:n]], "finetune": config.to_dict(), "head_seed": head_seed,
+               **precision_key(runtime)}
         label = f"{n}-{task}"
         found = store.get("continual-naive", key, label)
         if found is not None:
@@ -310,7 +313,7 @@ def naive_steps(store: Store, model: ModelSpec, draws: list[DataSpec], data: dic
 def grafting_steps(store: Store, model: ModelSpec, draws: list[DataSpec], data: dict[str, FewShotData],
                    regions: dict[str, Region], config: FinetuneConfig, *, region_key: dict,
                    init: dict[str, Graft] | None = None,
-                   progress: bool = False) -> Iterator[tuple[ContinualLearner, dict]]:
+                   progress: bool = False, runtime=None) -> Iterator[tuple[ContinualLearner, dict]]:
     """Grafting continual: task t_n trains γ_{t_n} minus the earlier regions (:meth:`ContinualLearner.add_task`).
 
     Yields ``(learner, entry)`` right after each task. Step n is the store entry ``continual-graft`` keyed by the
@@ -321,7 +324,7 @@ def grafting_steps(store: Store, model: ModelSpec, draws: list[DataSpec], data: 
     for n, draw in enumerate(draws, 1):
         task = data[draw.task].task.name
         key = {"draws": [draw_key(model, d) for d in draws[:n]], "regions": region_key,
-               "finetune": config.to_dict(), "init": "graft" if init else "current"}
+               "finetune": config.to_dict(), "init": "graft" if init else "current", **precision_key(runtime)}
         label = f"{n}-{task}"
         found = store.get("continual-graft", key, label)
         if found is not None:

@@ -28,7 +28,7 @@ from skillgraft.heap import release_freed_memory
 from skillgraft.models.pair import check_pair, model_labels, pair_mode
 from skillgraft.models.spec import MAX_LENGTH, ModelSpec
 from skillgraft.pipeline.member import Member, MemberInputs
-from skillgraft.pipeline.store import Store, draw_key
+from skillgraft.pipeline.store import Store, draw_key, precision_key
 from skillgraft.train import FinetuneConfig
 from skillgraft.train.run import load_finetuned, run_finetune
 
@@ -94,8 +94,7 @@ def finetune_key(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, run
     """The store key of a fine-tuning run: its draw (:func:`~skillgraft.pipeline.store.draw_key`) and settings; a
     run in bf16 or bf16-mixed is another run (the device is not part of it: the same run on a CPU or a GPU). The
     precision is ``runtime``'s, the run's placement passed down from its verb or recipe (None: fp32)."""
-    precision = {"precision": runtime.precision} if runtime is not None and runtime.precision != "fp32" else {}
-    return {**draw_key(model, data), "finetune": finetune.to_dict(), **precision}
+    return {**draw_key(model, data), "finetune": finetune.to_dict(), **precision_key(runtime)}
 
 
 def ft_stage(model: ModelSpec, data: DataSpec, finetune: FinetuneConfig, runtime=None) -> tuple[str, dict, str]:

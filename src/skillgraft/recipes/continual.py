@@ -82,7 +82,7 @@ def continual(spec: ContinualSpec, run: RunDir) -> dict:
     t0 = time.perf_counter()  # naive continual FT: one body, tasks in order, a head per task
     naive_right_after = {}
     for t, naive in zip(tasks, naive_steps(run.store, model, draws, data, ft_cfg, head_seed=cont_cfg.seed,
-                                           progress=progress)):
+                                           progress=progress, runtime=run.runtime)):
         naive_right_after[t] = evaluate(naive[t], test[t], batch_size=batch)[0]["score"]
     naive_final = {t: evaluate(naive[t], test[t], batch_size=batch)[0]["score"] for t in tasks}
     del naive
@@ -94,7 +94,7 @@ def continual(spec: ContinualSpec, run: RunDir) -> dict:
     for t, (learner, entry) in zip(tasks, grafting_steps(run.store, model, draws, data, regions, cont_cfg,
                                                          region_key=region_key,
                                                          init=grafts if spec.init == "graft" else None,
-                                                         progress=progress)):
+                                                         progress=progress, runtime=run.runtime)):
         graft_right_after[t] = learner.evaluate(t, test[t], batch_size=batch)[0]["score"]
         entries.append(entry)
     graft_final = {t: learner.evaluate(t, test[t], batch_size=batch)[0]["score"] for t in tasks}

@@ -40,7 +40,7 @@ from skillgraft.untrusted import read_json
 from skillgraft.models import param_groups
 from skillgraft.pipeline.regions import learned_regions
 from skillgraft.pipeline.report import RunDir, aggregate, md_table, pct, setting_line
-from skillgraft.pipeline.store import draw_key
+from skillgraft.pipeline.store import draw_key, precision_key
 from skillgraft.pipeline.variants import base_variants, compare, graft_variant
 from skillgraft.recipes.base import ExperimentSpec, SeedsMixin, recipe
 from skillgraft.spec import COUNT_MAX, Seed, Spec
@@ -263,7 +263,8 @@ def tracking_rows(spec: FishSpec, run: RunDir, loc: LocalizeConfig) -> list[dict
     steps, learn_at = sorted(set(tr.steps)), tr.learn_step
     sparsity = tr.sparsity or sorted(spec.sparsities)[len(spec.sparsities) // 2]
     learn_cfg = loc.replace(budgets=[sparsity])
-    key = {**draw_key(model, data_spec), "finetune": config.to_dict(), "steps": steps, "learn_at": learn_at,
+    key = {**draw_key(model, data_spec), **precision_key(run.runtime), "finetune": config.to_dict(), "steps": steps,
+           "learn_at": learn_at,
            "localize": learn_cfg.to_dict()}
 
     def make(folder: Path) -> None:

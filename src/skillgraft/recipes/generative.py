@@ -42,7 +42,7 @@ from skillgraft.models.templates import template_text
 from skillgraft.pipeline.regions import learned_regions
 from skillgraft.pipeline.report import RunDir, md_table, pct
 from skillgraft.pipeline.member import Member, MemberInputs, scorer_digest
-from skillgraft.pipeline.store import draw_key
+from skillgraft.pipeline.store import draw_key, precision_key
 from skillgraft.pipeline.variants import base_variants, compare, graft_variant
 from skillgraft.recipes.base import (ExperimentSpec, LocalizerRun, SeedsMixin, check_localizer_runs, recipe,
                                      size_budgets)
@@ -144,9 +144,8 @@ def generative_member(spec: GenerativeSpec, run: RunDir, task: str, seed: int, t
     ``stored_only``: refuse (one line) when the store does not hold the fine-tuning, instead of training it."""
     data, pairs = pair_data(spec, task, seed)
     data_spec = spec.data_spec(task, seed)
-    precision = run.runtime.precision if run.runtime is not None else "fp32"  # a bf16 SFT is its own entry
     key = {**draw_key(spec.model_spec(), data_spec), "pairs": pairs, "finetune": spec.finetune.to_dict(),
-           **({"precision": precision} if precision != "fp32" else {})}
+           **precision_key(run.runtime)}  # a bf16 SFT is its own entry
     label = f"{data.task.name}-{data.k}-{seed}-generative"
     if stored_only and run.store.get("generative-ft", key, label) is None:
         raise SkillgraftError(f"the store {run.store.root} holds no generative fine-tuning of {data.task.name} "

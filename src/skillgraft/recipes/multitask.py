@@ -33,7 +33,7 @@ from skillgraft.untrusted import read_json
 from skillgraft.pipeline.report import RunDir, md_table
 from skillgraft.pipeline.member import Member, MemberInputs
 from skillgraft.pipeline.regions import learned_regions
-from skillgraft.pipeline.store import data_digest, model_digest
+from skillgraft.pipeline.store import data_digest, model_digest, precision_key
 from skillgraft.recipes.base import ExperimentSpec, OneSeedMixin, TaskNames, inherit_finetune, recipe
 from skillgraft.spec import COUNT_MAX, Spec
 from skillgraft.train import FinetuneConfig
@@ -137,7 +137,7 @@ def train_multitask(spec: MultitaskSpec, run: RunDir, data: dict) -> tuple[Multi
     key = {"model": model.to_dict(), "model_digest": model_digest(model.model),
            "data": [{"task": t, "k": spec.k, "seed": spec.seed, "digest": data_digest(t, spec.data_dir)}
                     for t in spec.tasks],
-           "multitask": cfg.to_dict()}
+           "multitask": cfg.to_dict(), **precision_key(run.runtime)}
     holder: dict = {}
 
     def make(folder: Path) -> None:

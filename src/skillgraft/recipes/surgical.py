@@ -33,7 +33,7 @@ from skillgraft.io import write_json
 from skillgraft.untrusted import read_json
 from skillgraft.models.anatomy import is_carried
 from skillgraft.pipeline.report import RunDir, md_table, pct, setting_line
-from skillgraft.pipeline.store import Store, draw_key
+from skillgraft.pipeline.store import Store, draw_key, precision_key
 from skillgraft.recipes.base import ExperimentSpec, SeedsMixin, recipe
 from skillgraft.spec import COUNT_MAX
 from skillgraft.train import AutoRGN, FinetuneConfig, Snapshots, finetune
@@ -120,7 +120,7 @@ def surgical(spec: SurgicalSpec, run: RunDir) -> dict:
             fim_rows.append({"task": data.task.name, "seed": seed, "ranking": scores.ranking(),
                              "scores": scores.scores, "seconds": round(fim_seconds, 2)})
             fim_plot.setdefault(data.task.name, scores)
-            key = draw_key(model, data_spec)
+            key = {**draw_key(model, data_spec), **precision_key(run.runtime)}  # a bf16 run: its own entries
             for label, layers in selections(spec.methods, spec.layers_k, scores, n_blocks, seed):
                 m = train_and_test(run.store, key, pre, data, spec.finetune.replace(layers=layers),
                                    auto_rgn=label == "auto-rgn", label=f"{data.task.name}-{spec.k}-{seed}-{label}")
@@ -146,7 +146,8 @@ def stability_rows(spec: SurgicalSpec, run: RunDir) -> list[dict]:
     model, seed = spec.model_spec(), spec.seeds[0]
     data_spec = spec.data_spec(spec.tasks[0], seed)
     config = spec.finetune.replace(eval_every=0, layers=None)  # no best-dev restore: the last checkpoint = last step
-    key = {**draw_key(model, data_spec), "finetune": config.to_dict(), "steps": sorted(set(spec.stability_steps)),
+    key = {**draw_key(model, data_spec), **precision_key(run.runtime), "finetune": config.to_dict(),
+           "steps": sorted(set(spec.stability_steps)),
            "fisher": spec.fisher.to_dict(), "aggregate": spec.fisher_aggregate, "normalize": spec.fisher_normalize}
 
     def make(folder: Path) -> None:
