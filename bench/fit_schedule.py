@@ -85,8 +85,10 @@ def run(args, runtime) -> int:
         scores = {"ft_test": accuracy(ft, member.test), "pre_test": accuracy(pre, member.test),
                   "ft_splits": {k: accuracy(ft, rows) for k, rows in splits.items() if rows}}
         if memo is not None:
+            from skillgraft.io import write_json
+
             memo.parent.mkdir(parents=True, exist_ok=True)
-            memo.write_text(json.dumps(scores))
+            write_json(memo, scores)  # atomically: a run stopped while writing leaves none, not half of one
     ft_test, ft_splits = scores["ft_test"], scores["ft_splits"]
     where = f" ({runtime.describe()})" if runtime else ""
     print(f"{member.task} k={member.k} seed={member.seed}{where}: train {len(data.train)}, dev {len(data.dev or [])}, "

@@ -159,11 +159,10 @@ def against_record(records: Path, run_dir: Path) -> str | None:
 
 def zero_shot_stage(spec, data) -> tuple[str, dict, str]:
     """The store's (kind, key, label) of a draw's zero-shot scores: keyed by the model and the draw."""
-    from skillgraft.pipeline.store import draw_key
+    from skillgraft.pipeline.store import draw_key, precision_key
 
-    precision = active().precision if active() is not None else "fp32"  # bf16 scores are another entry (as FT's)
-    return ("zero-shot", {**draw_key(spec.model_spec(), data), **({"precision": precision} if precision != "fp32"
-                                                                   else {})},
+    # bf16 scores are another entry, as its fine-tuning is
+    return ("zero-shot", {**draw_key(spec.model_spec(), data), **precision_key(active())},
             f"{data.task}-{data.k}-{data.seed}-{spec.mode}")
 
 
@@ -335,19 +334,19 @@ def grafts_progress(root: Path, spec, task: str, seed: int, ft_done: bool = True
     the models scored of pre-trained + FT + `ood_localizers` × budgets. Only entries of the run's precision count (a
     bf16 cell's and an fp32 cell's share their labels: their keys tell them apart); nothing is counted before the
     cell's fine-tuning is done (``ft_done``), since a stopped graft's resume folder has no key to tell."""
-    from skillgraft.pipeline.store import KEY_FILE, Store
+    from skillgraft.pipeline.store import KEY_FILE, Store, precision_key
     from skillgraft.resume import saved_state
 
-    precision = active().precision if active() is not None else "fp32"
-
-    store = Store(root)
+    store, mine = Store(root), precision_key(active()).get("precision")
 
     def newest(kind: str, label: str, *, finished: bool = True) -> Path | None:  # of this run's precision
-        if not ft_done or not finished:
-            return store.newest(kind, label, finished=False) if ft_done else None
-        mine = [e for e in store.entries(kind, label)
-                if json.loads((e / KEY_FILE).read_text()).get("setup", {}).get("precision", "fp32") == precision]
-        return mine[-1] if mine else None
+        if not ft_done:
+            return None
+        if not finished:
+            return store.newest(kind, label, finished=False)
+        found = [e for e in store.entries(kind, label)
+                 if json.loads((e / KEY_FILE).read_text()).get("setup", {}).get("precision") == mine]
+        return found[-1] if found else None
 
     cell = f"{task}-{spec.k}-{seed}"
     learned = next((loc for loc in spec.localizers if loc.name == "learned"), None)

@@ -28,7 +28,7 @@ from skillgraft.lazy import torch
 
 from skillgraft.data.sampling import FewShotData
 from skillgraft.graft.graft_file import GraftMetadata
-from skillgraft.pipeline.store import data_digest
+from skillgraft.pipeline.store import data_digest, precision_key
 from skillgraft.train import FinetuneConfig
 from skillgraft.train.run import RunConfig
 
@@ -192,8 +192,7 @@ class Member:
         if self._identity is None:
             ft = self.ft.digest if isinstance(self.ft, FineTunedFiles) else scorer_digest(self.ft)
             self._identity = {"finetuned": ft, "pretrained": scorer_digest(self.pre), "mode": self.pre.mode,
-                              "data": self.inputs.data_key,
-                              **({"precision": self.precision} if self.precision != "fp32" else {})}
+                              "data": self.inputs.data_key, **precision_key(self)}
         return self._identity
 
 

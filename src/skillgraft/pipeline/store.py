@@ -110,10 +110,11 @@ def draw_key(model, data) -> dict:
             "data": data.to_dict() | {"data_dir": None}, "data_digest": data_digest(data.task, data.data_dir)}
 
 
-def precision_key(runtime) -> dict:
-    """The part of a store key that says a run computed in bf16 or bf16-mixed (``runtime``: its placement, passed down;
-    None or fp32: nothing, so fp32's keys are as they always were). The device is never part of a key."""
-    precision = getattr(runtime, "precision", None) or "fp32"
+def precision_key(placed) -> dict:
+    """The part of a store key that says a run computed in bf16 or bf16-mixed. ``placed``: the run's placement (a
+    Runtime, passed down) or what was placed by it (a Member); None or fp32: nothing, so fp32's keys are as they
+    always were. The device is never part of a key."""
+    precision = getattr(placed, "precision", None) or "fp32"
     return {"precision": precision} if precision != "fp32" else {}
 
 

@@ -178,8 +178,7 @@ def generative_member(spec: GenerativeSpec, run: RunDir, task: str, seed: int, t
                          "test_n": len(data.test)}}
     inputs = MemberInputs(data, entry, None, data_root=str(spec.data_dir) if spec.data_dir else None)
     member = Member(data.task.name, inputs, ft, pre, _identity=identity)
-    if member.precision != "fp32":  # as Member.identity() does: a bf16 run's rows are its own entries
-        identity["precision"] = member.precision
+    identity.update(precision_key(member))  # as Member.identity() does: a bf16 run's rows are its own entries
     return member, record
 
 
