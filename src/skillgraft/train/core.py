@@ -143,8 +143,8 @@ def dev_metrics(model, sampler, step: int, batch_size: int) -> dict | None:
 
 def _plan(desc: str, sampler, config: FinetuneConfig, steps: int, world: int):
     """Say the fine-tuning's plan before step 1 (:mod:`skillgraft.eta`: rows, steps, dev scoring) and return what
-    says its estimated time once the first batch is timed."""
-    from skillgraft.eta import estimate_line, forward_equivalents, plan_line, say  # noqa: PLC0415
+    says its estimated time once a warm batch is timed (a :class:`~skillgraft.eta.WarmTimer`: the second)."""
+    from skillgraft.eta import WarmTimer, estimate_line, forward_equivalents, plan_line, say  # noqa: PLC0415
 
     rows = sum(len(train or []) for train, _ in sampler.data.values())
     dev = sum(len(d or []) for _, d in sampler.data.values())
@@ -152,7 +152,7 @@ def _plan(desc: str, sampler, config: FinetuneConfig, steps: int, world: int):
     what = (desc or "finetune").split(" (")[0]
     say(plan_line(what, rows=rows, steps=steps, batch=config.batch_size, scored=evals, score_rows=dev))
     scoring = forward_equivalents(evals * dev, config.batch_size)  # the dev forwards, in training batches
-    return lambda seconds: say(estimate_line(what, seconds, steps, scoring=scoring))
+    return WarmTimer(lambda seconds: say(estimate_line(what, seconds, steps, scoring=scoring)))
 
 
 def _checkpoint(config: FinetuneConfig, sampler, callbacks, params, model, accelerator):
@@ -372,11 +372,11 @@ def fit(model, sampler, config: FinetuneConfig, callbacks=(), *, accelerator=Non
         for step, (task, examples) in enumerate(bar, start=done):
             t0 = time.perf_counter()
             loss_ema = _step(loop, task, examples[rank::world], loss_ema, step + 1)
-            if timed is not None:  # the first step timed (synchronised once): the run's estimated time, said once
+            if timed is not None:  # the first steps timed (synchronised): the run's estimated time from the second
                 if accelerator.device.type == "cuda":
                     torch.cuda.synchronize(accelerator.device)
-                timed(time.perf_counter() - t0)
-                timed = None
+                if timed(time.perf_counter() - t0):
+                    timed = None
             evaluated = config.eval_every and (step + 1) % config.eval_every == 0 and step + 1 < steps
             if evaluated:
                 guard.check("fine-tuning")  # the loss is read where the loop reads anyway, never inside a step

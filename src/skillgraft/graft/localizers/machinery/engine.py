@@ -324,7 +324,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
             t0 = time.perf_counter()
             score(0)
             if timed is not None:
-                timed.scoring = time.perf_counter() - t0
+                timed.estimate.scoring = time.perf_counter() - t0
     why, last = f"the step cap ({plan.steps})", done
     stop = plan.schedule.stop(history, budgets, reference, done) if done == 0 and scored(0) else None
     unchanged = lambda: None if still["moved"] else still["since"]  # noqa: E731
@@ -339,8 +339,9 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
             order = rng.permutation(len(train))[:batch_n] if batch_n < len(train) else np.arange(len(train))
             _step(pre, layout, relax, optimizer, train, by_length(train, order[rank::world]), plan.micro_batch, batch_n,
                   math.ceil(len(order) / world) if lockstep else None, accelerator.device, group, guard, step,
-                  *([timed] if timed is not None else []))  # the first micro-batch's time, for the estimate
-            timed = None  # the first micro-batch only
+                  *([timed] if timed is not None else []))  # the second micro-batch's time, for the estimate
+            if timed is not None and not timed.waiting:
+                timed = None  # said: no more micro-batch is timed
             step_times.append(time.perf_counter() - t0)
             if scored(step) or step == plan.steps:
                 guard.check()  # the loss is read here, where the loop reads anyway, never inside a step
@@ -370,7 +371,8 @@ def _step(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, train, m
           timed: Callable[[float], None] | None = None) -> None:
     """One update of z and the mask it writes, with no host synchronisation (batches go to the device
     ``non_blocking``; the loss stays there, its finiteness gating the update: :class:`_FirstNonFinite`).
-    ``timed``: given the seconds of this step's first micro-batch (synchronised once: the run's time estimate)."""
+    ``timed``: given the seconds of each micro-batch until it has said the run's time estimate (a
+    :class:`~skillgraft.eta.WarmTimer`, synchronised for each: the first two micro-batches of the run)."""
     total = None
     for chunk, weight in micro_batches(mine, micro_batch, lockstep):
         t0 = time.perf_counter()
@@ -382,8 +384,8 @@ def _step(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, train, m
         if timed is not None:
             if torch.device(device).type == "cuda":
                 torch.cuda.synchronize(device)
-            timed(time.perf_counter() - t0)
-            timed = None
+            if timed(time.perf_counter() - t0):
+                timed = None
     finite = guard.see(group.sum_(total), step)
     if not relax.fused(layout, optimizer, finite):  # in place where it can (the dense sigmoid's with sgd)
         layout.current  # noqa: B018 - the held mask, recomputed (if dropped) before its parameters move
@@ -395,9 +397,9 @@ def _step(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, train, m
 def _plan(plan: Plan, relax: Relaxation, budgets: list[Budget], train, select, batch_n: int, world: int, scored,
           label: str):
     """Say the localization's plan before step 1 (:mod:`skillgraft.eta`) and return what says its estimated time
-    once the first micro-batch is timed (an :class:`~skillgraft.eta.Estimate`; with the first scoring's time, when it
-    scores at step 0)."""
-    from skillgraft.eta import Estimate, plan_line, say  # noqa: PLC0415
+    once its second micro-batch is timed (an :class:`~skillgraft.eta.Estimate` in a
+    :class:`~skillgraft.eta.WarmTimer`; with the first scoring's time, when it scores at step 0)."""
+    from skillgraft.eta import Estimate, WarmTimer, plan_line, say  # noqa: PLC0415
 
     trajectories = len(plan.budgets) if plan.one_budget_each(relax) else 1
     per_step = math.ceil(math.ceil(batch_n / world) / plan.micro_batch)
@@ -410,8 +412,8 @@ def _plan(plan: Plan, relax: Relaxation, budgets: list[Budget], train, select, b
     if plan.schedule.kind == "fit":  # the time of every step to the cap; the schedule usually stops sooner
         cap = (f"the fit schedule stops sooner once every region fits, none gains for {plan.schedule.patience} steps"
                + (f" or none moves in {plan.schedule.still}" if plan.schedule.still else ""))
-    return Estimate(what, trajectories * plan.steps * per_step, trajectories * times,
-                    len(budgets) * math.ceil(len(select or []) / world), rows, cap)
+    return WarmTimer(Estimate(what, trajectories * plan.steps * per_step, trajectories * times,
+                              len(budgets) * math.ceil(len(select or []) / world), rows, cap))
 
 
 class _FirstNonFinite(FirstNonFinite):
