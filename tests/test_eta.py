@@ -1,5 +1,6 @@
 """A long run's plan and estimated time before its work (issue 80, skillgraft.eta): the localizer and fine-tuning
-say their rows, steps and scoring before step 1, and their estimated time from the timed second micro-batch (the first warms up)."""
+say their rows, steps and scoring before step 1, and their estimated time from the timed second micro-batch (the
+first warms up)."""
 
 from __future__ import annotations
 
