@@ -1,0 +1,42 @@
+"""bench/cell_rows.py (issue 74): a cell's test rows from a fine-tune and saved learned regions, beside top-|Δ| and
+random of the same budgets — the recipe's rows for a cell localized through bench/fit_schedule.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _bench(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_saved_regions_are_scored_as_the_localizer_that_made_them(trained_run, toy_data, tmp_path, monkeypatch):
+    """Saved as 'learned', top-|Δ|'s own regions must score exactly as its rows do: the saved regions are loaded,
+    applied and scored on the run's test rows, budget by budget, at the same sizes."""
+    from skillgraft.graft import get_localizer
+    from skillgraft.pipeline.opening import from_run
+
+    monkeypatch.setenv("SKILLGRAFT_DATA", str(toy_data))
+    member = from_run(trained_run)
+    loc = get_localizer("movement").run(member.pre, member.ft, member.data, {"budgets": "0.01,0.05"}, progress=False)
+    for budget, region in loc.regions.items():
+        region.save(tmp_path / "regions" / budget.key)
+    out = tmp_path / "rows.json"
+    monkeypatch.setattr(sys, "argv", ["cell_rows", str(trained_run), str(tmp_path / "regions"), "--budgets",
+                                      "0.01,0.05", "--out", str(out)])
+    assert _bench("cell_rows").main() == 0
+    rows = {r["model"]: r for r in json.loads(out.read_text())["rows"]}
+    assert {"pre-trained", "fine-tuned", "learned 0.01", "top-|Δ| 0.05", "random 0.01"} <= set(rows)
+    for key in ("0.01", "0.05"):
+        learned, top = rows[f"learned {key}"], rows[f"top-|Δ| {key}"]
+        assert learned["size"] == top["size"] == rows[f"random {key}"]["size"] > 0
+        assert (learned["score"], learned["ece"], learned["agreement"]) == (top["score"], top["ece"], top["agreement"])
+    assert rows["fine-tuned"]["share_of_ft"] == 1.0 and rows["pre-trained"]["gap_closed"] == 0.0
