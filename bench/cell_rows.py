@@ -5,17 +5,16 @@ fit_schedule (e.g. in bf16-mixed on an fp32 fine-tune). Scores are the task's me
 the run's own test rows, with ECE, the share of FT and the gap closed from the pre-trained model.
 
     SKILLGRAFT_CACHE=runs/store OMP_NUM_THREADS=1 python bench/cell_rows.py \\
-        runs/store/ft-MRPC-64-13-causal-*/run runs/regions-mrpc13-bf16/0 --budgets 1e-4,5e-4,1e-3 \\
-        --out bench/results/cell_rows_mrpc13.json
+        runs/store/ft-MRPC-64-13-causal-*/run runs/regions-mrpc13-bf16/0 --out bench/results/cell_rows_mrpc13.json
 
-REGIONS holds one saved Region per budget key (``1e-04`` …, fit_schedule's layout). ``--precision`` scores every row
-in that precision (default fp32, the recipe's scoring).
+REGIONS holds one saved Region per budget, named by its key (``0.0001`` …, fit_schedule's layout): those budgets are
+the ones top-|Δ| and random are drawn at. ``--precision`` scores every row in that precision (default fp32, the
+recipe's scoring).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 
@@ -23,11 +22,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", help="the fine-tuning run folder")
     ap.add_argument("regions", help="a folder of the learned regions, one sub-folder per budget key")
-    ap.add_argument("--budgets", default="1e-4,5e-4,1e-3")
     ap.add_argument("--precision", default=None)
     ap.add_argument("--test-limit", type=int, default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    folders = sorted(p for p in Path(args.regions).glob("*") if p.is_dir()) if Path(args.regions).is_dir() else []
+    if not folders:
+        raise SystemExit(f"{args.regions}: no saved regions (one folder per budget, as fit_schedule --save-regions "
+                         "writes them)")
 
     from skillgraft.models.placement import Placement, using
 
@@ -39,6 +41,8 @@ def run(args, runtime) -> int:
     from skillgraft.evaluate.predict import evaluate
     from skillgraft.graft import Graft, get_localizer
     from skillgraft.graft.region import Region
+    from skillgraft.graft.selection import Budget
+    from skillgraft.io import write_json
     from skillgraft.pipeline.opening import from_run
 
     member = from_run(args.run, test_limit=args.test_limit, runtime=runtime)
@@ -57,10 +61,10 @@ def run(args, runtime) -> int:
         return out
 
     rows = [row("pre-trained", pre_metrics), row("fine-tuned", ft_metrics)]
-    saved = {p.name: Region.load(p) for p in sorted(Path(args.regions).iterdir()) if p.is_dir()}
+    saved = {Budget.parse(p.name).key: Region.load(p) for p in Path(args.regions).iterdir() if p.is_dir()}
     regions = {"learned": saved}
-    for name in ("movement", "random"):
-        loc = get_localizer(name).run(pre, ft, member.data, {"budgets": args.budgets}, progress=False)
+    for name in ("movement", "random"):  # at the saved regions' own budgets
+        loc = get_localizer(name).run(pre, ft, member.data, {"budgets": ",".join(saved)}, progress=False)
         regions[name] = {b.key: r for b, r in loc.regions.items()}
     for name, found in regions.items():
         for key, region in sorted(found.items(), key=lambda kv: float(kv[0])):
@@ -74,9 +78,8 @@ def run(args, runtime) -> int:
         size = f" ({r['size']:,} params)" if r["size"] else ""
         print(f"  {r['model']}{size}: {r['score']:.4f}  ECE {r['ece']:.3f}{extra}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"run": args.run, "regions": args.regions, "task": member.task,
-                                              "k": member.k, "seed": member.seed, "precision": args.precision,
-                                              "rows": rows}, indent=1))
+        write_json(Path(args.out), {"run": args.run, "regions": args.regions, "task": member.task, "k": member.k,
+                                    "seed": member.seed, "precision": args.precision, "rows": rows})
     return 0
 
 

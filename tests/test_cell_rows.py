@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -30,8 +32,7 @@ def test_saved_regions_are_scored_as_the_localizer_that_made_them(trained_run, t
     for budget, region in loc.regions.items():
         region.save(tmp_path / "regions" / budget.key)
     out = tmp_path / "rows.json"
-    monkeypatch.setattr(sys, "argv", ["cell_rows", str(trained_run), str(tmp_path / "regions"), "--budgets",
-                                      "0.01,0.05", "--out", str(out)])
+    monkeypatch.setattr(sys, "argv", ["cell_rows", str(trained_run), str(tmp_path / "regions"), "--out", str(out)])
     assert _bench("cell_rows").main() == 0
     rows = {r["model"]: r for r in json.loads(out.read_text())["rows"]}
     assert {"pre-trained", "fine-tuned", "learned 0.01", "top-|Δ| 0.05", "random 0.01"} <= set(rows)
@@ -40,3 +41,11 @@ def test_saved_regions_are_scored_as_the_localizer_that_made_them(trained_run, t
         assert learned["size"] == top["size"] == rows[f"random {key}"]["size"] > 0
         assert (learned["score"], learned["ece"], learned["agreement"]) == (top["score"], top["ece"], top["agreement"])
     assert rows["fine-tuned"]["share_of_ft"] == 1.0 and rows["pre-trained"]["gap_closed"] == 0.0
+
+
+def test_a_folder_without_saved_regions_is_one_line_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["cell_rows", str(tmp_path / "run"), str(tmp_path / "none")])
+    with pytest.raises(SystemExit) as stop:
+        _bench("cell_rows").main()
+    assert str(stop.value) == (f"{tmp_path / 'none'}: no saved regions (one folder per budget, as fit_schedule "
+                               "--save-regions writes them)")

@@ -264,8 +264,7 @@ def tracking_rows(spec: FishSpec, run: RunDir, loc: LocalizeConfig) -> list[dict
     sparsity = tr.sparsity or sorted(spec.sparsities)[len(spec.sparsities) // 2]
     learn_cfg = loc.replace(budgets=[sparsity])
     key = {**draw_key(model, data_spec), **precision_key(run.runtime), "finetune": config.to_dict(), "steps": steps,
-           "learn_at": learn_at,
-           "localize": learn_cfg.to_dict()}
+           "learn_at": learn_at, "localize": learn_cfg.to_dict()}
 
     def make(folder: Path) -> None:
         data = data_spec.load()

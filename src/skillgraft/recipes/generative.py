@@ -175,10 +175,10 @@ def generative_member(spec: GenerativeSpec, run: RunDir, task: str, seed: int, t
     pre = pre_scorer()
     identity = {"finetuned": scorer_digest(ft), "pretrained": scorer_digest(pre), "mode": "generative",
                 "data": {"draw": key["data"], "data_digest": key["data_digest"], "pairs": pairs,
-                         "test_n": len(data.test)}}
+                         "test_n": len(data.test)},
+                **precision_key(run.runtime)}  # as Member.identity(): a bf16 run's rows are its own entries
     inputs = MemberInputs(data, entry, None, data_root=str(spec.data_dir) if spec.data_dir else None)
     member = Member(data.task.name, inputs, ft, pre, _identity=identity)
-    identity.update(precision_key(member))  # as Member.identity() does: a bf16 run's rows are its own entries
     return member, record
 
 

@@ -368,7 +368,7 @@ def _trajectory(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, bu
 
 def _step(pre, layout: Layout, relax: Relaxation, optimizer: Optimizer, train, mine: np.ndarray, micro_batch: int,
           batch_n: int, lockstep: int | None, device, group: Group, guard: _FirstNonFinite, step: int,
-          timed: Callable[[float], None] | None = None) -> None:
+          timed: Callable[[float], bool] | None = None) -> None:
     """One update of z and the mask it writes, with no host synchronisation (batches go to the device
     ``non_blocking``; the loss stays there, its finiteness gating the update: :class:`_FirstNonFinite`).
     ``timed``: given the seconds of each micro-batch until it has said the run's time estimate (a
