@@ -4,8 +4,10 @@ data → the top-level helpers): a call from a lower layer's file into a higher 
 ``pipeline`` object's property, or a pipeline stage calling back a verb's function.
 
     PYTHONPATH=src:tests python bench/graft_walk.py          # a tiny BERT, 2 localization steps, one baseline
+    PYTHONPATH=src:tests python bench/graft_walk.py --lines  # the distinct lines the run executes, per file
 
-Prints the counts and each climbing edge (caller → callee, with how often)."""
+Prints the counts and each climbing edge (caller → callee, with how often); ``--lines`` instead traces every line
+event (lazy.py and spec.py included) and prints, per file, the lines executed beside the lines the file holds."""
 
 from __future__ import annotations
 
@@ -78,6 +80,27 @@ def trace(fn, *args, **kw) -> list[tuple[str | None, str, str]]:
     return calls
 
 
+def executed_lines(fn, *args, **kw) -> dict[str, set[int]]:
+    """The distinct line numbers executed in each skillgraft source file while ``fn`` runs (``sys.settrace``)."""
+    root = str(SRC) + "/"
+    seen: dict[str, set[int]] = {}
+
+    def local(frame, event, arg):
+        if event == "line":
+            seen.setdefault(frame.f_code.co_filename[len(root):], set()).add(frame.f_lineno)
+        return local
+
+    def tracer(frame, event, arg):
+        return local if frame.f_code.co_filename.startswith(root) else None
+
+    sys.settrace(tracer)
+    try:
+        fn(*args, **kw)
+    finally:
+        sys.settrace(None)
+    return seen
+
+
 def main() -> None:
     from tiny import build_tiny, write_sentiment_data
 
@@ -96,9 +119,17 @@ def main() -> None:
         cfg = FinetuneConfig.build({"optimizer": "adamw", "lr": 1e-3, "steps": 6, "eval_every": 3}, where="-")
         run = finetune(spec, ModelSpec.build({"model": str(model)}, where="-"), cfg, out=tmp / "ft").out
         options = LocalizeConfig.build({"budgets": ["0.01"], "steps": 2, "eval_every": 1}, where="-")
-        calls = trace(graft, GraftInputs(run, data=DataSpec(data_dir=str(data))),
+        how = executed_lines if "--lines" in sys.argv else trace
+        calls = how(graft, GraftInputs(run, data=DataSpec(data_dir=str(data))),
                       report=ReportSpec(baselines=["movement"], lottery_zero=False), localize=options,
                       out=tmp / "g", cache=tmp / "store")
+    if "--lines" in sys.argv:
+        held = {f: len((SRC / f).read_text().splitlines()) for f in calls}
+        print(f"one graft run executes {sum(map(len, calls.values())):,} distinct lines in {len(calls)} files, "
+              f"which hold {sum(held.values()):,} lines")
+        for f, lines in sorted(calls.items(), key=lambda x: -len(x[1])):
+            print(f"  {len(lines):5d} of {held[f]:5d}  {f}")
+        return
     w = walk(calls)
     print(f"one graft run: {w['files']} files in {w['folders']} folders; {w['climbs']} calls climb back to a higher "
           f"layer over {w['climbing_edges']} caller → callee file pairs")
