@@ -49,3 +49,25 @@ def test_a_folder_without_saved_regions_is_one_line_before_any_work(tmp_path, mo
         _bench("cell_rows").main()
     assert str(stop.value) == (f"{tmp_path / 'none'}: no saved regions (one folder per budget, as fit_schedule "
                                "--save-regions writes them)")
+
+
+def test_pseudo_rows_are_unused_pool_rows_labelled_by_ft(trained_run, toy_data, monkeypatch):
+    """fit_schedule --pseudo N (issue 74's lever for held-out fit): N more training rows, none of the run's k-shot,
+    dev or test rows, each carrying FT's own prediction as its label (no gold label read)."""
+    from skillgraft.data.loading import load_split
+    from skillgraft.evaluate.predict import predict_probs
+    from skillgraft.pipeline.opening import from_run
+
+    monkeypatch.setenv("SKILLGRAFT_DATA", str(toy_data))
+    member = from_run(trained_run)
+    labeller = member.pre  # a model that disagrees with the gold labels, so a gold label read would show
+    data = _bench("fit_schedule").with_pseudo_rows(member, labeller, 12)
+    old = member.data
+    assert data.train[:len(old.train)] == old.train and data.dev == old.dev
+    added = data.train[len(old.train):]
+    assert len(added) == 12
+    used = {e.text_a for e in [*old.train, *(old.dev or []), *member.test]}
+    assert not used & {e.text_a for e in added}
+    assert [e.label for e in added] == [int(p.argmax()) for p in predict_probs(labeller, added)]
+    gold = {e.text_a: e.label for e in load_split(member.task, "train")}
+    assert any(gold[e.text_a] != e.label for e in added)
