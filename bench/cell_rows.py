@@ -9,7 +9,9 @@ the run's own test rows, with ECE, the share of FT and the gap closed from the p
 
 REGIONS holds one saved Region per budget, named by its key (``0.0001`` …, fit_schedule's layout): those budgets are
 the ones top-|Δ| and random are drawn at. ``--precision`` scores every row in that precision (default fp32, the
-recipe's scoring).
+recipe's scoring). ``--rows dev`` (or ``train``) scores the run's dev (k-shot training) rows instead of its test rows:
+the selection rows' halves, where a fit share by accuracy can hide a region that agrees little with FT (each row's
+``agreement`` is the share of rows on which it predicts what FT predicts).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def main() -> int:
     ap.add_argument("regions", help="a folder of the learned regions, one sub-folder per budget key")
     ap.add_argument("--precision", default=None)
     ap.add_argument("--test-limit", type=int, default=None)
+    ap.add_argument("--rows", choices=["test", "dev", "train"], default="test", help="the rows scored (default test)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     folders = sorted(p for p in Path(args.regions).glob("*") if p.is_dir()) if Path(args.regions).is_dir() else []
@@ -47,8 +50,11 @@ def run(args, runtime) -> int:
 
     member = from_run(args.run, test_limit=args.test_limit, runtime=runtime)
     pre, ft = member.pre, member.ft
-    ft_metrics, ft_probs = evaluate(ft, member.test)
-    pre_metrics, _ = evaluate(pre, member.test, reference=ft_probs)
+    scored = {"test": member.test, "dev": member.data.dev or [], "train": member.data.train}[args.rows]
+    if not scored:
+        raise SystemExit(f"{args.run}: no {args.rows} rows to score")
+    ft_metrics, ft_probs = evaluate(ft, scored)
+    pre_metrics, _ = evaluate(pre, scored, reference=ft_probs)
     ft_score, pre_score = ft_metrics["score"], pre_metrics["score"]
 
     def row(model: str, metrics: dict, size: int | None = None) -> dict:
@@ -70,16 +76,17 @@ def run(args, runtime) -> int:
         for key, region in sorted(found.items(), key=lambda kv: float(kv[0])):
             graft = Graft.from_models(pre, ft, region, {})
             with graft.applied(pre):
-                metrics, _ = evaluate(pre, member.test, reference=ft_probs)
+                metrics, _ = evaluate(pre, scored, reference=ft_probs)
             rows.append(row(f"{'top-|Δ|' if name == 'movement' else name} {key}", metrics, len(region)))
-    print(f"{member.task} k={member.k} seed={member.seed}: {len(member.test)} test rows ({ft.task.metric})")
+    print(f"{member.task} k={member.k} seed={member.seed}: {len(scored)} {args.rows} rows ({ft.task.metric})")
     for r in rows:
         extra = "".join(f"  {k} {r[k]:.3f}" for k in ("share_of_ft", "gap_closed", "agreement") if r.get(k) is not None)
         size = f" ({r['size']:,} params)" if r["size"] else ""
         print(f"  {r['model']}{size}: {r['score']:.4f}  ECE {r['ece']:.3f}{extra}")
     if args.out:
         write_json(Path(args.out), {"run": args.run, "regions": args.regions, "task": member.task, "k": member.k,
-                                    "seed": member.seed, "precision": args.precision, "rows": rows})
+                                    "seed": member.seed, "precision": args.precision, "scored": args.rows,
+                                    "rows": rows})
     return 0
 
 

@@ -71,3 +71,28 @@ def test_pseudo_rows_are_unused_pool_rows_labelled_by_ft(trained_run, toy_data, 
     assert [e.label for e in added] == [int(p.argmax()) for p in predict_probs(labeller, added)]
     gold = {e.text_a: e.label for e in load_split(member.task, "train")}
     assert any(gold[e.text_a] != e.label for e in added)
+
+
+def test_rows_dev_scores_the_dev_rows_with_agreement(trained_run, toy_data, tmp_path, monkeypatch):
+    """--rows dev: the selection rows' held-out half is scored instead of the test rows (FT's and θ_pre's scores are
+    those of evaluate() on the dev rows), each region with its agreement with FT there."""
+    from skillgraft.evaluate.predict import evaluate
+    from skillgraft.graft import get_localizer
+    from skillgraft.pipeline.opening import from_run
+
+    monkeypatch.setenv("SKILLGRAFT_DATA", str(toy_data))
+    member = from_run(trained_run)
+    assert member.data.dev and len(member.data.dev) != len(member.test)
+    loc = get_localizer("movement").run(member.pre, member.ft, member.data, {"budgets": "0.01"}, progress=False)
+    for budget, region in loc.regions.items():
+        region.save(tmp_path / "regions" / budget.key)
+    out = tmp_path / "rows.json"
+    monkeypatch.setattr(sys, "argv", ["cell_rows", str(trained_run), str(tmp_path / "regions"), "--rows", "dev",
+                                      "--out", str(out)])
+    assert _bench("cell_rows").main() == 0
+    saved = json.loads(out.read_text())
+    rows = {r["model"]: r for r in saved["rows"]}
+    ft_metrics, ft_probs = evaluate(member.ft, member.data.dev)
+    assert saved["scored"] == "dev" and rows["fine-tuned"]["score"] == ft_metrics["score"]
+    assert rows["pre-trained"]["score"] == evaluate(member.pre, member.data.dev, reference=ft_probs)[0]["score"]
+    assert 0 <= rows["learned 0.01"]["agreement"] <= 1
