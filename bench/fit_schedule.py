@@ -10,7 +10,9 @@ gap can be memorization). Objectives beside the scorer's cross-entropy on the go
 (each row's cross-entropy times (1 − p_gold)^γ, ``--gamma``), ``--objective hard`` (weight ``--hard-weight`` on the
 rows the smallest budget's region, as last scored, gets wrong and FT gets right; refreshed at every scoring), and
 ``--pseudo N`` (N more rows of the task's training pool, none of the k-shot, dev or test rows, labelled by FT's own
-prediction). focal's and hard's row weights are scaled to mean 1 over each micro-batch (focal) or over the step's
+prediction), ``--relabel`` (every training and dev row labelled by FT's prediction instead of its gold label: the
+region is then stepped and selected toward FT's behaviour, no gold label read, and its fit share is its agreement
+with FT on the selection rows). focal's and hard's row weights are scaled to mean 1 over each micro-batch (focal) or over the step's
 rows (hard), so the step on S keeps its size and only its direction changes. ``--restarts N``: each setting run from N
 seeds (its ``seed``, +1, …), each budget's region the restart that scores best on the selection rows.
 
@@ -50,6 +52,8 @@ def main() -> int:
                     "the restart that scores best on the selection rows")
     ap.add_argument("--pseudo", type=int, default=0, help="this many unused training-pool rows, labelled by FT, "
                     "added to the rows the localizer steps and selects on")
+    ap.add_argument("--relabel", action="store_true", help="label every training and dev row by FT's prediction "
+                    "(the fit share becomes agreement with FT; no gold label is read by the localizer)")
     ap.add_argument("--precision", default=None, help="run everything (FT's scores, the localizations, the test "
                     "rows) in this precision, e.g. bf16-mixed (default: the placement's default, fp32)")
     ap.add_argument("--save-regions", default=None, metavar="DIR", help="write each setting's final regions under "
@@ -97,6 +101,8 @@ def run(args, runtime) -> int:
         distill(ft)
     if args.pseudo:
         data = with_pseudo_rows(member, ft, args.pseudo)
+    if args.relabel:
+        data = relabelled(data, ft)
     hard = None
     if args.objective == "focal":
         focal(args.gamma)
@@ -116,7 +122,8 @@ def run(args, runtime) -> int:
                 hard.reset(len(str(options["budgets"]).split(",")) if not options.get("per_size") else 1)
             folder = None
             if args.resume:  # a state saved by other options or another precision sits in another sub-folder
-                tag = json.dumps([args.run, name, seeded, args.precision, args.objective, args.pseudo], sort_keys=True)
+                tag = json.dumps([args.run, name, seeded, args.precision, args.objective, args.pseudo]
+                                 + (["relabel"] if args.relabel else []), sort_keys=True)
                 folder = Path(args.resume) / hashlib.sha256(tag.encode()).hexdigest()[:16]
                 folder.mkdir(parents=True, exist_ok=True)
             with resume_point(folder) if folder else contextlib.nullcontext():
@@ -163,6 +170,7 @@ def run(args, runtime) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps({"run": args.run, "task": member.task, "k": member.k,
                                               "objective": args.objective, "pseudo": args.pseudo,
+                                              "relabel": args.relabel,
                                               "gamma": args.gamma, "hard_weight": args.hard_weight,
                                               "seed": member.seed, "ft_test": ft_test, "results": results},
                                              indent=1))
@@ -310,6 +318,23 @@ def with_pseudo_rows(member, ft, n: int):
     print(f"+ {len(rows)} pool rows labelled by FT (FT's agreement with their gold labels "
           f"{sum(int(p.argmax()) == e.label for e, p in zip(pool[:n], probs)) / max(1, len(rows)):.3f})", flush=True)
     return dataclasses.replace(data, train=[*data.train, *rows])
+
+
+def relabelled(data, ft):
+    """The run's data with every training and dev row's label replaced by FT's own prediction (argmax): what the
+    localizer steps toward and selects on is then FT's behaviour on those rows, not the gold labels."""
+    import dataclasses
+
+    from skillgraft.evaluate.predict import predict_probs
+
+    def by_ft(rows):
+        probs = predict_probs(ft, rows) if rows else []
+        return [dataclasses.replace(e, label=int(p.argmax())) for e, p in zip(rows, probs)]
+
+    train, dev = by_ft(data.train), by_ft(data.dev or [])
+    moved = sum(a.label != b.label for a, b in zip([*data.train, *(data.dev or [])], [*train, *dev]))
+    print(f"relabelled by FT: {len(train)} training and {len(dev)} dev rows, {moved} labels changed", flush=True)
+    return dataclasses.replace(data, train=train, dev=dev or data.dev)
 
 
 if __name__ == "__main__":

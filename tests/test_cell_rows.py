@@ -96,3 +96,19 @@ def test_rows_dev_scores_the_dev_rows_with_agreement(trained_run, toy_data, tmp_
     assert saved["scored"] == "dev" and rows["fine-tuned"]["score"] == ft_metrics["score"]
     assert rows["pre-trained"]["score"] == evaluate(member.pre, member.data.dev, reference=ft_probs)[0]["score"]
     assert 0 <= rows["learned 0.01"]["agreement"] <= 1
+
+
+def test_relabel_gives_every_training_and_dev_row_ft_s_prediction(trained_run, toy_data, monkeypatch):
+    """fit_schedule --relabel: the localizer's rows carry the labeller's predictions (here θ_pre's, which disagree
+    with the gold labels), so its fit share is agreement with that model; the texts and their order are kept."""
+    from skillgraft.evaluate.predict import predict_probs
+    from skillgraft.pipeline.opening import from_run
+
+    monkeypatch.setenv("SKILLGRAFT_DATA", str(toy_data))
+    member = from_run(trained_run)
+    old, labeller = member.data, member.pre
+    data = _bench("fit_schedule").relabelled(old, labeller)
+    for before, after in ((old.train, data.train), (old.dev, data.dev)):
+        assert [e.text_a for e in after] == [e.text_a for e in before]
+        assert [e.label for e in after] == [int(p.argmax()) for p in predict_probs(labeller, before)]
+    assert any(a.label != b.label for a, b in zip([*old.train, *old.dev], [*data.train, *data.dev]))
