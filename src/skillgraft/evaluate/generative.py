@@ -25,15 +25,15 @@ def evaluate_generative(scorer, examples: list[Example], *, batch_size: int = 64
                         progress: bool | str = False, top: list | None = None) -> tuple[dict[str, float], np.ndarray]:
     """Metrics (see the module doc) and per-example candidate probabilities of a generative scorer; ``top`` (a
     list) is extended with each example's top next-token ids at its completion positions, from the same pass."""
+    from skillgraft.models.freezing import evaluating  # noqa: PLC0415
     from skillgraft.models.placement import forward_context  # noqa: PLC0415
 
-    with forward_context(scorer):  # one autocast region for the set: bf16-mixed casts each weight once
+    # one autocast region for the set (bf16-mixed casts each weight once); every sub-module's mode given back after
+    with evaluating(scorer), forward_context(scorer):
         return _evaluate_generative(scorer, examples, batch_size, reference, progress, top)
 
 
 def _evaluate_generative(scorer, examples, batch_size, reference, progress, top):
-    was_training = scorer.training
-    scorer.eval()
     device = scorer.device
     desc = progress if isinstance(progress, str) else "evaluate"
     losses, correct, tokens = [], 0, 0
@@ -64,7 +64,6 @@ def _evaluate_generative(scorer, examples, batch_size, reference, progress, top)
         if reference is not None:
             metrics["agreement"] = float("nan")
     metrics.update({"loss": loss, "token_accuracy": token_accuracy})
-    scorer.train(was_training)
     return metrics, probs
 
 
@@ -72,14 +71,13 @@ def _evaluate_generative(scorer, examples, batch_size, reference, progress, top)
 def greedy_completions(scorer, prompts: list[str], *, max_new_tokens: int = 32, batch_size: int = 16) -> list[str]:
     """Each prompt's greedy (argmax, no sampling) continuation by the scorer's model: at most ``max_new_tokens``
     tokens, up to its first EOS (left out), as text — the reference of a prompt given without a completion."""
+    from skillgraft.models.freezing import evaluating  # noqa: PLC0415
     from skillgraft.models.placement import forward_context  # noqa: PLC0415
 
-    was_training = scorer.training
-    scorer.eval()
     tok, pad, eos = scorer.tokenizer, scorer.tokenizer.pad_token_id, scorer.tokenizer.eos_token_id
     room = max(1, scorer.max_length - max_new_tokens)  # the prompt's end, as the completion loss cuts it
     out = []
-    try:
+    with evaluating(scorer):  # the scorer's modes as they were after, also after an interruption
         for start in range(0, len(prompts), batch_size):
             ids = [scorer.prompt_ids(p)[-room:] for p in prompts[start:start + batch_size]]
             width = max(len(r) for r in ids)  # left padding: every prompt ends where generation starts
@@ -90,6 +88,4 @@ def greedy_completions(scorer, prompts: list[str], *, max_new_tokens: int = 32, 
                                             do_sample=False, num_beams=1, pad_token_id=pad, eos_token_id=eos)
             for row in new[:, width:].tolist():
                 out.append(tok.decode(row[:row.index(eos)] if eos in row else row, skip_special_tokens=True))
-    finally:  # the scorer's mode as it was, also after an interruption
-        scorer.train(was_training)
     return out

@@ -10,6 +10,7 @@ from skillgraft.progress import bar as tqdm
 
 from skillgraft.data.loading import Example, text_length
 from skillgraft.evaluate.metrics import summarize
+from skillgraft.models.freezing import evaluating
 from skillgraft.models.placement import forward_context
 
 if TYPE_CHECKING:
@@ -20,22 +21,19 @@ if TYPE_CHECKING:
 def predict_probs(scorer: Scorer, examples: list[Example], *, batch_size: int = 64, progress: bool | str = False
                   ) -> np.ndarray:
     """Softmax over the label logits for every example, ``[n, num_labels]`` (float64)."""
-    was_training = scorer.training
-    scorer.eval()
     device = scorer.device
     order = np.argsort([text_length(ex) for ex in examples])  # length-sorted batches
     out = np.zeros((len(examples), scorer.task.num_labels))
     desc = progress if isinstance(progress, str) else "predict"
     # one forward context around every batch: under bf16-mixed, autocast's bf16 copies of the weights are made
     # once for the whole set, not once per batch (the weights cannot change in between: nothing here writes them)
-    with forward_context(scorer):
+    with evaluating(scorer), forward_context(scorer):
         for start in tqdm(range(0, len(examples), batch_size), desc=desc, disable=not progress, leave=False):
             idx = order[start:start + batch_size]
             batch = scorer.collate([examples[i] for i in idx])
             batch = {k: v.to(device) for k, v in batch.items()}
             logits = scorer(**batch).float()
             out[idx] = torch.softmax(logits, -1).cpu().double().numpy()
-    scorer.train(was_training)
     return out
 
 

@@ -22,6 +22,7 @@ from skillgraft.lazy import no_grad, torch
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.merge import swapped
 from skillgraft.models.anatomy import carried_names
+from skillgraft.models.freezing import evaluating
 
 L2 = 1e-2          # α: pull toward the fine-tuned head (a few rows must not undo it)
 MAX_ITER = 100     # L-BFGS iterations
@@ -49,15 +50,13 @@ def head_inputs(scorer, layer: torch.nn.Linear, rows: list, batch_size: int = 64
     """The head layer's input on each row, ``[len(rows), in_features]`` (the scorer in eval mode)."""
     got: list[torch.Tensor] = []
     hook = layer.register_forward_hook(lambda mod, args, out: got.append(args[0].detach().float().cpu()))
-    was = scorer.training
-    scorer.eval()
     try:
-        for start in range(0, len(rows), batch_size):
-            batch = scorer.collate(rows[start:start + batch_size])
-            scorer(**{k: v.to(scorer.device) for k, v in batch.items()})
+        with evaluating(scorer):
+            for start in range(0, len(rows), batch_size):
+                batch = scorer.collate(rows[start:start + batch_size])
+                scorer(**{k: v.to(scorer.device) for k, v in batch.items()})
     finally:
         hook.remove()
-        scorer.train(was)
     return torch.cat(got)
 
 

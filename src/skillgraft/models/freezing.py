@@ -1,4 +1,4 @@
-"""Where parameters sit (blocks, embeddings, head) and which ones train.
+"""Where parameters sit (blocks, embeddings, head), which ones train, and a model's train/eval mode held for a while.
 
 Blocks are found by module structure — the longest ``nn.ModuleList`` of same-typed modules — never by
 name prefixes (``layer.1`` is not a prefix match for ``layer.10`` here).
@@ -6,9 +6,26 @@ name prefixes (``layer.1`` is not a prefix match for ``layer.10`` here).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from skillgraft.lazy import nn
 
 from skillgraft.errors import SkillgraftError
+
+
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode inside the block, and every sub-module's own mode given back after it, also on an
+    error: ``model.train(was)`` would set every sub-module to the top's mode, and a scorer may hold a body in eval
+    mode under a top in train mode (the localizer's θ_pre: dropout off while its mask trains)."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, was in modes:
+            m.training = was
 
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:

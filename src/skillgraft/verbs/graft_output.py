@@ -320,6 +320,9 @@ HELD_FIT, MEMORIZED = 0.98, 0.99
 # ... and the other way round: the region at ≥ STEPPED_FIT of FT on the training rows its gradient comes from, short of
 # CARRIED on the dev rows — it fits what it is stepped on more than it carries (Gemma QNLI/13, bench/RESULTS.md)
 STEPPED_FIT, CARRIED = 0.95, 0.9
+# ... and a region at ≥ CARRIED of FT's accuracy on the dev rows that gives FT's answer on fewer than AGREES of them:
+# it matches FT's score there, not its behaviour (Gemma MRPC/13: 0.97 of FT's accuracy, agreement 0.63, test 0.63)
+AGREES = 0.8
 
 
 def _budget_label(key: str) -> str:
@@ -350,9 +353,9 @@ def fit_section(summary: dict, rows: dict[str, object]) -> dict | None:
                         "stopped_at": stop["step"] if stop else f.get("last_step"),
                         "why": stop["why"] if stop else None}
         lines.append(_fit_line(key, budgets[key], summary.get("reference") or {}, fitting))
-        said = _halves_line(budgets[key])
-        if said:
-            lines.append(said)
+        for said in (_halves_line(budgets[key]), _agreement_line(budgets[key])):
+            if said:
+                lines.append(said)
         if gap is not None and gap < LITTLE_GAIN:
             lines.append(f"  The {_budget_label(key)} graft keeps little of FT's gain (gap closed {gap:.2f}, fit "
                          f"share {share:.2f}): no region of this size that keeps the skill was found. A larger budget or a "
@@ -380,6 +383,18 @@ def _halves_line(b: dict) -> str | None:
             f"{train['region']:.3f}: not a skill the region lacks on held-out rows.")
 
 
+def _agreement_line(b: dict) -> str | None:
+    """The line for a region that keeps FT's accuracy on the dev rows but not its answers (None: it agrees, or no
+    agreement was measured)."""
+    dev = (b.get("apart") or {}).get("dev") or {}
+    agreement = dev.get("agreement")
+    if agreement is None or not dev.get("ft") or dev["region"] / dev["ft"] < CARRIED or agreement >= AGREES:
+        return None
+    return (f"  On the {dev['rows']} dev rows the region scores {dev['region'] / dev['ft']:.2f} of FT's accuracy but "
+            f"gives FT's answer on only {agreement:.2f} of them (FT is right on {dev['ft']:.3f}): it matches FT's "
+            "score there, not its behaviour, and the agreement is what carries to test.")
+
+
 def _fit_line(key: str, b: dict, reference: dict, fitting: bool) -> str:
     """One budget's fit line; ``fitting``: the trajectory ran the fit schedule (then only its cap, --steps, is
     left to raise)."""
@@ -393,6 +408,7 @@ def _fit_line(key: str, b: dict, reference: dict, fitting: bool) -> str:
     apart = b.get("apart") or {}
     if all(apart.get(k, {}).get("ft") for k in ("dev", "train")):
         tail += "; " + ", ".join(f"{k} rows {apart[k]['region']:.3f} vs FT {apart[k]['ft']:.3f}"
+                                 + (f" (agreement {apart[k]['agreement']:.2f})" if "agreement" in apart[k] else "")
                                  for k in ("dev", "train"))
     if b.get("test_share") is not None:
         tail += f"; test {b['test_share']:.3f} of FT"

@@ -117,14 +117,11 @@ def run(pre, ft, train: list[Example], select: list[Example], plan: Plan, *, acc
 
 def _own_accuracy(ft, select: list[Example], micro_batch: int) -> float:
     """The fine-tuned model's accuracy on the selection rows, where it is (its train/eval mode kept)."""
+    from skillgraft.models.freezing import evaluating  # noqa: PLC0415
     from skillgraft.models.placement import accelerator_for  # noqa: PLC0415
 
-    was = ft.training
-    ft.eval()
-    try:
+    with evaluating(ft):
         return accuracy_on(ft, select, micro_batch, accelerator_for(ft))
-    finally:
-        ft.train(was)
 
 
 def _optimise(pre, source, names, carried, train, select, plan, accelerator, group, progress, lean, ranked,

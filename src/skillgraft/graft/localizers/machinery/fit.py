@@ -151,8 +151,13 @@ def fit_apart(pre, ft, result, train: list, dev: list | None, micro_batch: int, 
     """Each budget's region and FT scored on the training rows and on the dev rows apart, into ``result.fit[key]
     ["apart"]``: the selection rows' two halves. FT fits the rows it was fine-tuned on, often all of them, so a fit
     share short of its target can be memorization: the region at FT's level on the dev rows, short of it on the
-    training rows. Where the fit was measured on train + dev, in one process, with θ_ft loaded (not read from files)."""
+    training rows. Where the fit was measured on train + dev, in one process, with θ_ft loaded (not read from files).
+
+    On the dev rows also the region's *agreement* with FT (the share of rows where it predicts FT's label; a label
+    classifier's, not a generative scorer's): where FT is near chance there, a region can match its accuracy while
+    answering otherwise on many rows, and it is the agreement that carries to test (bench/RESULTS.md, MRPC/13)."""
     from skillgraft.lazy import torch  # noqa: PLC0415
+    from skillgraft.evaluate.predict import predict_probs  # noqa: PLC0415
     from skillgraft.graft.graft import Graft  # noqa: PLC0415
     from skillgraft.graft.localizers.machinery.batches import accuracy  # noqa: PLC0415
     from skillgraft.graft.localizers.machinery.sharded import is_sharded  # noqa: PLC0415
@@ -162,13 +167,22 @@ def fit_apart(pre, ft, result, train: list, dev: list | None, micro_batch: int, 
         return
     halves = {"train": train, "dev": dev}
     ft_score = {k: accuracy(ft, rows, micro_batch) for k, rows in halves.items()}
+    labels = getattr(ft, "mode", None) != "generative"  # a label per row to agree on
+
+    def answers(scorer):
+        return predict_probs(scorer, dev, batch_size=micro_batch).argmax(-1)
+
+    ft_answers = answers(ft) if labels else None
     for budget, region in result.regions.items():
         if budget.key not in result.fit:
             continue
         with Graft.from_models(pre, ft, region, {}).applied(pre):
             mine = {k: accuracy(pre, rows, micro_batch) for k, rows in halves.items()}
-        result.fit[budget.key]["apart"] = {k: {"region": mine[k], "ft": ft_score[k], "rows": len(halves[k])}
-                                           for k in halves}
+            agreement = float((answers(pre) == ft_answers).mean()) if labels else None
+        apart = {k: {"region": mine[k], "ft": ft_score[k], "rows": len(halves[k])} for k in halves}
+        if agreement is not None:
+            apart["dev"]["agreement"] = agreement
+        result.fit[budget.key]["apart"] = apart
 
 
 __all__ = ["Schedule", "ScheduleOptions", "fit_apart", "fit_summary", "rising"]
