@@ -342,3 +342,34 @@ def test_scoring_gives_back_every_sub_module_s_own_mode(pair):
     finally:
         for m, was in before:
             m.training = was
+
+
+def test_fit_to_ft_steps_and_selects_toward_ft_s_own_answers(pair, fast_run):
+    """fit_to 'ft': every training and dev row carries FT's answer, so FT's score on the selection rows is 1 (it agrees
+    with itself, where on the gold labels it is not), and each budget's fit is its region's agreement with FT; the
+    model is given back intact and the gold run's store key is unchanged (the option is left out at its default)."""
+    from skillgraft.evaluate.predict import predict_probs  # noqa: PLC0415
+    from skillgraft.graft import Graft  # noqa: PLC0415
+
+    pre, ft, data = pair
+    gold, _, _ = fast_run
+    assert gold.reference["score"] < 1
+    before = snapshot(pre)
+    res = get_localizer("learned").run(pre, ft, data, {**FAST, "fit_to": "ft"})
+    assert_intact(pre, before)
+    assert res.reference == {"score": 1.0, "of": "its own answers"}
+    select = list(data.train) + list(data.dev)
+    answers = predict_probs(ft, select).argmax(-1)
+    for budget, region in res.regions.items():
+        with Graft.from_models(pre, ft, region, {}).applied(pre):
+            agreement = float((predict_probs(pre, select).argmax(-1) == answers).mean())
+        assert res.fit[budget.key]["region"] == pytest.approx(agreement)
+    assert res.config["fit_to"] == "ft" and "fit_to" not in gold.config
+
+
+def test_fit_to_ft_is_refused_in_one_line_without_ft_loaded(pair, tmp_path):
+    pre, ft, data = pair
+    ft.save_pretrained(tmp_path / "ft")
+    with pytest.raises(SkillgraftError, match="fit_to 'ft' labels the rows by the fine-tuned model's answers: pass it "
+                                              "loaded, not as a folder"):
+        get_localizer("learned").run(pre, str(tmp_path / "ft"), data, {**FAST, "fit_to": "ft"})

@@ -31,7 +31,7 @@ from skillgraft.data.loading import Example
 from skillgraft.errors import SkillgraftError
 from skillgraft.graft.localizers.machinery import engine
 from skillgraft.graft.localizers.machinery.base import Localization, Localizer, examples_of
-from skillgraft.graft.localizers.machinery.fit import ScheduleOptions, fit_apart
+from skillgraft.graft.localizers.machinery.fit import ScheduleOptions, answered_by, fit_apart
 from skillgraft.graft.localizers.machinery.relaxations import Sigmoid
 from skillgraft.graft.ranking import Ranking
 from skillgraft.graft.region import Region
@@ -99,6 +99,12 @@ class LocalizeConfig(ScheduleOptions):
     gradient_checkpointing: bool = Field(False, description=(
         "recompute each transformer block's activations in the backward pass (less memory; each block's "
         "forward runs twice)"), json_schema_extra=OMITTED_AT_DEFAULT)
+    fit_to: Literal["labels", "ft"] = Field("labels", description=(
+        "what the region is stepped toward and selected on: labels = the rows' gold labels (the paper's); ft = the "
+        "fine-tuned model's own answer on each training and dev row (no gold label read; the fit share is then the "
+        "region's agreement with FT: where FT is near chance, its score can be matched by a region that answers "
+        "otherwise, and the agreement is what carries to test). Label classifiers, with FT loaded"),
+        json_schema_extra=OMITTED_AT_DEFAULT)  # runs at the default keep their store keys
     compile: bool = Field(False, json_schema_extra=OMITTED_AT_DEFAULT, description=(
         "torch.compile the transformer body for the localization's steps and scorings (equal to eager within "
         "rounding; pays a compile at the start and at new batch shapes: for long runs)"))
@@ -159,6 +165,10 @@ def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, co
     if config.per_size and base is not None:
         raise SkillgraftError("per_size starts each budget from the top-|Δ| of its own size: give base= or per_size, "
                               "not both")
+    if config.fit_to == "ft":  # FT's own answers as the rows' labels (refused here, before any work)
+        answered = answered_by(ft, accelerator)
+        selection = answered(dev) if selection is dev else selection
+        train, dev = answered(train), answered(dev) if dev else dev
     rows = config.step_examples(train, dev)  # each step's gradient rows (refused here, before any work)
     if keep is not None or ranked:
         refuse_unordered(config)
@@ -174,6 +184,8 @@ def localize(pre, ft, train: list[Example], dev: list[Example] | None = None, co
     select = train + (dev or []) if config.select_on == "train+dev" else train
     result = engine.run(pre, ft, rows, select, plan(config, base, candidates), accelerator=accelerator,
                         progress=progress, ranked=ranked or keep is not None)
+    if config.fit_to == "ft" and result.reference:  # the fit line says whose labels: FT's own answers
+        result.reference = {**result.reference, "of": "its own answers"}
     if config.select_on == "train+dev":
         fit_apart(pre, ft, result, train, dev, config.micro_batch, accelerator)
     if keep is not None:  # θ_pre is itself again: score grafts of the learned order on the selection split

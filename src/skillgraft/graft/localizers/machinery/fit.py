@@ -185,4 +185,29 @@ def fit_apart(pre, ft, result, train: list, dev: list | None, micro_batch: int, 
         result.fit[budget.key]["apart"] = apart
 
 
-__all__ = ["Schedule", "ScheduleOptions", "fit_apart", "fit_summary", "rising"]
+def answered_by(ft, accelerator=None):
+    """``fit_to: ft``: a function giving rows back with each label replaced by FT's own answer (the argmax of its
+    label probabilities), so that a region is fitted and selected toward FT's behaviour, not the gold labels. Needs a
+    label classifier held in memory in one process (refused in one line otherwise, before any work)."""
+    import dataclasses  # noqa: PLC0415
+
+    from skillgraft.lazy import torch  # noqa: PLC0415
+    from skillgraft.evaluate.predict import predict_probs  # noqa: PLC0415
+
+    if not isinstance(ft, torch.nn.Module):
+        raise SkillgraftError("fit_to 'ft' labels the rows by the fine-tuned model's answers: pass it loaded, not as "
+                              "a folder")
+    if getattr(ft, "mode", None) == "generative":
+        raise SkillgraftError("fit_to 'ft' needs a label classifier: a generative scorer's targets are its "
+                              "completions, not one label per row")
+    if accelerator is not None:
+        raise SkillgraftError("fit_to 'ft' runs in one process: FT's answers are taken before the localization")
+
+    def answered(rows: list) -> list:
+        probs = predict_probs(ft, rows) if rows else []
+        return [dataclasses.replace(e, label=int(p.argmax())) for e, p in zip(rows, probs)]
+
+    return answered
+
+
+__all__ = ["Schedule", "ScheduleOptions", "answered_by", "fit_apart", "fit_summary", "rising"]
