@@ -322,15 +322,13 @@ def with_pseudo_rows(member, ft, n: int):
 
 def relabelled(data, ft):
     """The run's data with every training and dev row's label replaced by FT's own prediction (argmax): what the
-    localizer steps toward and selects on is then FT's behaviour on those rows, not the gold labels."""
+    localizer steps toward and selects on is then FT's behaviour on those rows, not the gold labels — the learned
+    localizer's ``fit_to: ft`` (its :func:`answered_by`), here also over the ``--pseudo`` rows and for every setting."""
     import dataclasses
 
-    from skillgraft.evaluate.predict import predict_probs
+    from skillgraft.graft.localizers.machinery.fit import answered_by
 
-    def by_ft(rows):
-        probs = predict_probs(ft, rows) if rows else []
-        return [dataclasses.replace(e, label=int(p.argmax())) for e, p in zip(rows, probs)]
-
+    by_ft = answered_by(ft)
     train, dev = by_ft(data.train), by_ft(data.dev or [])
     moved = sum(a.label != b.label for a, b in zip([*data.train, *(data.dev or [])], [*train, *dev]))
     print(f"relabelled by FT: {len(train)} training and {len(dev)} dev rows, {moved} labels changed", flush=True)
