@@ -326,8 +326,8 @@ def test_a_region_at_ft_s_accuracy_on_dev_but_not_its_answers_is_said_in_one_lin
 
 
 def test_scoring_gives_back_every_sub_module_s_own_mode(pair):
-    """predict_probs on a scorer whose top is in train mode and whose body is in eval mode (the localizer's θ_pre)
-    leaves both as they were: ``train(was)`` would switch the body's dropout on."""
+    """predict_probs on a scorer whose top is in train mode and whose body is in eval mode (a Scorer just built on a
+    from_pretrained body) leaves both as they were: ``train(was)`` would switch the body's dropout on."""
     from skillgraft.evaluate.predict import predict_probs  # noqa: PLC0415
 
     pre, _, data = pair

@@ -18,7 +18,8 @@ from skillgraft.errors import SkillgraftError
 def evaluating(model: nn.Module) -> Iterator[nn.Module]:
     """``model`` in eval mode inside the block, and every sub-module's own mode given back after it, also on an
     error: ``model.train(was)`` would set every sub-module to the top's mode, and a scorer may hold a body in eval
-    mode under a top in train mode (the localizer's θ_pre: dropout off while its mask trains)."""
+    mode under a top in train mode (a Scorer just built: transformers' ``from_pretrained`` returns its model in eval
+    mode, the new top module is in train mode; ``train(True)`` after a scoring switched the body's dropout on)."""
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
