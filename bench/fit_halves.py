@@ -7,7 +7,8 @@ its fit share is measured on; a finished localization's report gives them itself
         --out bench/results/fit_halves_qnli13.json
 
 Copy a running job's state first (it is replaced at each save). Gemma-3-270M: ≈ 4 min for FT and three regions on
-one thread (128 + 128 rows each). ``--against ENTRY``: a stored localization of the same run (a store's
+one thread (128 + 128 rows each). ``--save-regions DIR`` writes the state's best regions instead (for
+bench/cell_rows.py: a stopped run's test rows so far). ``--against ENTRY``: a stored localization of the same run (a store's
 ``regions-…`` folder, e.g. the same settings in another precision): each budget's IoU with its region there.
 """
 
@@ -27,6 +28,8 @@ def main() -> int:
     ap.add_argument("--against", default=None, metavar="ENTRY", help="a stored regions entry of the same run: each "
                     "budget's IoU with its region there")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--save-regions", default=None, metavar="DIR", help="write the state's best regions under "
+                    "DIR/<budget key> (fit_schedule --save-regions' layout, what bench/cell_rows.py reads) and stop")
     args = ap.parse_args()
 
     import torch
@@ -42,6 +45,11 @@ def main() -> int:
             for b, (score, step, r) in state["best"]["__items__"]]
     out = {"state_step": state["step"], "run": args.run, "budgets": {}}
     del state
+    if args.save_regions:  # a stopped localization's best regions so far, for the test rows of bench/cell_rows.py
+        for budget, score, step, region in best:
+            region.save(Path(args.save_regions) / budget.key)
+            print(f"{budget}: best {score:.3f} at step {step} → {Path(args.save_regions) / budget.key}", flush=True)
+        return 0
     t0 = time.perf_counter()
     member = from_run(args.run)
     halves = {"train": list(member.inputs.data.train), "dev": list(member.inputs.data.dev or [])}
